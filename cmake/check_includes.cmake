@@ -1,0 +1,22 @@
+# cmake -DSTAMP=... -DPATTERNS=a;b -DFILES=x;y -P check_includes.cmake
+# Fails when one of FILES has an #include whose target matches one of PATTERNS, or one that climbs out
+# of its module with "../".
+set(errors "")
+foreach(file IN LISTS FILES)
+  file(STRINGS "${file}" lines REGEX "^[ \t]*#[ \t]*include")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*" "" target "${line}")
+    foreach(pattern IN LISTS PATTERNS)
+      if(target MATCHES "${pattern}")
+        string(APPEND errors "${file}: forbidden include ${target} in this module\n")
+      endif()
+    endforeach()
+    if(target MATCHES "^\"\\.\\./")
+      string(APPEND errors "${file}: include ${target} climbs out of its folder; include from the module root\n")
+    endif()
+  endforeach()
+endforeach()
+if(errors)
+  message(FATAL_ERROR "Layering violation:\n${errors}")
+endif()
+file(TOUCH "${STAMP}")

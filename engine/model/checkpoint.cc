@@ -1,0 +1,88 @@
+#include "engine/model/checkpoint.h"
+
+#include <filesystem>
+
+#include "common/strings.h"
+#include "absl/strings/match.h"
+
+namespace lmserve::engine {
+
+int64_t TensorView::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::ShapeString() const { return StrCat("[", StrJoin(shape, ", "), "]"); }
+
+std::string LayerTensorName(int64_t layer, std::string_view suffix) {
+  return StrCat("model.layers.", layer, ".", std::string(suffix));
+}
+
+absl::StatusOr<const TensorView*> Checkpoint::Find(std::string_view name) const {
+  auto it = tensors().find(name);
+  if (it == tensors().end()) {
+    return absl::NotFoundError(StrCat(path(), ": missing tensor '", std::string(name), "'"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<const TensorView*> Checkpoint::Get(std::string_view name,
+                                                  const std::vector<int64_t>& expected_shape) const {
+  absl::StatusOr<const TensorView*> tensor = Find(name);
+  if (!tensor.ok()) return tensor.status();
+  if ((*tensor)->shape != expected_shape) {
+    return absl::InvalidArgumentError(StrCat(
+        (*tensor)->file, ": tensor '", std::string(name), "' has shape ", (*tensor)->ShapeString(),
+        ", expected [", StrJoin(expected_shape, ", "), "]"));
+  }
+  return tensor;
+}
+
+absl::Status ValidateCheckpointTensors(const Checkpoint& checkpoint) {
+  const ModelConfig& c = checkpoint.config();
+  const int64_t q_rows = c.num_attention_heads * c.head_dim;
+  const int64_t kv_rows = c.num_kv_heads * c.head_dim;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}},
+      {"model.norm.weight", {c.hidden_size}},
+  };
+  if (!c.tie_word_embeddings) expected.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    expected.push_back({LayerTensorName(l, "input_layernorm.weight"), {c.hidden_size}});
+    expected.push_back({LayerTensorName(l, "self_attn.q_proj.weight"), {q_rows, c.hidden_size}});
+    expected.push_back({LayerTensorName(l, "self_attn.k_proj.weight"), {kv_rows, c.hidden_size}});
+    expected.push_back({LayerTensorName(l, "self_attn.v_proj.weight"), {kv_rows, c.hidden_size}});
+    expected.push_back({LayerTensorName(l, "self_attn.o_proj.weight"), {c.hidden_size, q_rows}});
+    if (c.attention_bias) {
+      expected.push_back({LayerTensorName(l, "self_attn.q_proj.bias"), {q_rows}});
+      expected.push_back({LayerTensorName(l, "self_attn.k_proj.bias"), {kv_rows}});
+      expected.push_back({LayerTensorName(l, "self_attn.v_proj.bias"), {kv_rows}});
+    }
+    expected.push_back({LayerTensorName(l, "post_attention_layernorm.weight"), {c.hidden_size}});
+    expected.push_back(
+        {LayerTensorName(l, "mlp.gate_proj.weight"), {c.intermediate_size, c.hidden_size}});
+    expected.push_back(
+        {LayerTensorName(l, "mlp.up_proj.weight"), {c.intermediate_size, c.hidden_size}});
+    expected.push_back(
+        {LayerTensorName(l, "mlp.down_proj.weight"), {c.hidden_size, c.intermediate_size}});
+  }
+  for (const auto& [name, shape] : expected) {
+    absl::StatusOr<const TensorView*> tensor = checkpoint.Get(name, shape);
+    if (!tensor.ok()) return tensor.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return OpenHfCheckpoint(path);
+  if (absl::EndsWith(path, ".gguf")) return OpenGgufCheckpoint(path);
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(StrCat(path, ": no such file or directory"));
+  }
+  return absl::InvalidArgumentError(StrCat(
+      path, ": not a model: expected a Hugging Face model directory or a .gguf file"));
+}
+
+}  // namespace lmserve::engine

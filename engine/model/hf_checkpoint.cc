@@ -1,0 +1,118 @@
+// Hugging Face model directories: config.json (+ generation_config.json), and model.safetensors or
+// shards listed by model.safetensors.index.json. Every shard stays memory-mapped; tensors point into
+// the mappings.
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/strings.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace lmserve::engine {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+absl::StatusOr<json> ReadJsonFile(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(StrCat(path.string(), ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  json parsed = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return absl::InvalidArgumentError(StrCat(path.string(), ": not valid JSON"));
+  }
+  return parsed;
+}
+
+class HfCheckpoint : public Checkpoint {
+ public:
+  CheckpointFormat format() const override { return CheckpointFormat::kSafetensors; }
+  const std::string& path() const override { return path_; }
+  const ModelConfig& config() const override { return config_; }
+  const std::map<std::string, TensorView, std::less<>>& tensors() const override {
+    return tensors_;
+  }
+
+  std::string path_;
+  ModelConfig config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::map<std::string, TensorView, std::less<>> tensors_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& directory) {
+  const fs::path dir(directory);
+  auto checkpoint = std::make_unique<HfCheckpoint>();
+  checkpoint->path_ = directory;
+
+  absl::StatusOr<json> config = ReadJsonFile(dir / "config.json");
+  if (!config.ok()) return config.status();
+  std::optional<json> generation_config;
+  std::error_code ec;
+  if (fs::exists(dir / "generation_config.json", ec)) {
+    absl::StatusOr<json> parsed = ReadJsonFile(dir / "generation_config.json");
+    if (!parsed.ok()) return parsed.status();
+    generation_config = *std::move(parsed);
+  }
+  absl::StatusOr<ModelConfig> model_config =
+      ParseHfConfig(*config, generation_config ? &*generation_config : nullptr);
+  if (!model_config.ok()) {
+    return absl::Status(model_config.status().code(),
+                        StrCat((dir / "config.json").string(), ": ",
+                                     model_config.status().message()));
+  }
+  checkpoint->config_ = *std::move(model_config);
+  if (checkpoint->config_.name.empty()) checkpoint->config_.name = dir.filename().string();
+  if (checkpoint->config_.name.empty()) checkpoint->config_.name = dir.parent_path().filename();
+
+  // The shards: one file, or those the index names.
+  std::vector<std::string> shard_names;
+  if (fs::exists(dir / "model.safetensors", ec)) {
+    shard_names.push_back("model.safetensors");
+  } else if (fs::exists(dir / "model.safetensors.index.json", ec)) {
+    absl::StatusOr<json> index = ReadJsonFile(dir / "model.safetensors.index.json");
+    if (!index.ok()) return index.status();
+    auto weight_map = index->find("weight_map");
+    if (weight_map == index->end() || !weight_map->is_object()) {
+      return absl::InvalidArgumentError(StrCat(
+          (dir / "model.safetensors.index.json").string(), ": no weight_map object"));
+    }
+    std::set<std::string> unique;
+    for (const auto& [tensor, file] : weight_map->items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+        return absl::InvalidArgumentError(
+            StrCat((dir / "model.safetensors.index.json").string(), ": tensor '", tensor,
+                         "' maps to a bad file name"));
+      }
+      unique.insert(file.get<std::string>());
+    }
+    shard_names.assign(unique.begin(), unique.end());
+  } else {
+    return absl::NotFoundError(StrCat(
+        directory, ": no model.safetensors or model.safetensors.index.json"));
+  }
+
+  for (const std::string& name : shard_names) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> shard =
+        SafetensorsFile::Open((dir / name).string());
+    if (!shard.ok()) return shard.status();
+    for (const auto& [tensor_name, view] : (*shard)->tensors()) {
+      if (!checkpoint->tensors_.emplace(tensor_name, view).second) {
+        return absl::InvalidArgumentError(StrCat(
+            (dir / name).string(), ": tensor '", tensor_name, "' also appears in another shard"));
+      }
+    }
+    checkpoint->shards_.push_back(*std::move(shard));
+  }
+  if (absl::Status s = ValidateCheckpointTensors(*checkpoint); !s.ok()) return s;
+  return checkpoint;
+}
+
+}  // namespace lmserve::engine

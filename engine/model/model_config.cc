@@ -1,0 +1,297 @@
+#include "engine/model/model_config.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "common/strings.h"
+#include "nlohmann/json.hpp"
+
+namespace lmserve::engine {
+namespace {
+
+using nlohmann::json;
+
+// Reads an optional integer; errors name the key when it has another type.
+absl::Status ReadInt(const json& object, const char* key, int64_t* out) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number_integer()) {
+    return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not an integer"));
+  }
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const json& object, const char* key, double* out) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not a number"));
+  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const json& object, const char* key, bool* out) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) {
+    return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not a boolean"));
+  }
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+// eos_token_id is an integer or a list of integers.
+absl::Status ReadTokenIds(const json& object, const char* key, std::vector<int32_t>* out) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  out->clear();
+  if (it->is_number_integer()) {
+    out->push_back(it->get<int32_t>());
+    return absl::OkStatus();
+  }
+  if (it->is_array()) {
+    for (const json& id : *it) {
+      if (!id.is_number_integer()) break;
+      out->push_back(id.get<int32_t>());
+    }
+    if (out->size() == it->size()) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      StrCat("config: '", key, "' is neither an integer nor a list of integers"));
+}
+
+absl::Status ParseRopeScaling(const json& scaling, RopeConfig* rope) {
+  std::string type = "default";
+  if (auto it = scaling.find("rope_type"); it != scaling.end() && it->is_string()) {
+    type = it->get<std::string>();
+  } else if (auto it2 = scaling.find("type"); it2 != scaling.end() && it2->is_string()) {
+    type = it2->get<std::string>();
+  }
+  // transformers 5 moves rope_theta into this object (rope_parameters).
+  if (absl::Status s = ReadDouble(scaling, "rope_theta", &rope->theta); !s.ok()) return s;
+  if (type == "default") {
+    rope->scaling = RopeScaling::kDefault;
+    return absl::OkStatus();
+  }
+  if (absl::Status s = ReadDouble(scaling, "factor", &rope->factor); !s.ok()) return s;
+  if (type == "linear") {
+    rope->scaling = RopeScaling::kLinear;
+  } else if (type == "llama3") {
+    rope->scaling = RopeScaling::kLlama3;
+    if (absl::Status s = ReadDouble(scaling, "low_freq_factor", &rope->low_freq_factor); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ReadDouble(scaling, "high_freq_factor", &rope->high_freq_factor);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ReadInt(scaling, "original_max_position_embeddings",
+                                 &rope->original_max_position_embeddings);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    return absl::UnimplementedError(StrCat(
+        "config.json: rope scaling type '", type, "' is not supported (supported: default, linear, llama3)"));
+  }
+  if (!(rope->factor > 0)) {
+    return absl::InvalidArgumentError("config.json: rope scaling factor must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ArchitectureName(Architecture architecture) {
+  switch (architecture) {
+    case Architecture::kLlama: return "LlamaForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* generation_config) {
+  if (!config.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
+  ModelConfig out;
+  std::string arch;
+  if (auto it = config.find("architectures"); it != config.end() && it->is_array() && !it->empty() &&
+                                              (*it)[0].is_string()) {
+    arch = (*it)[0].get<std::string>();
+  }
+  std::string model_type = config.value("model_type", std::string());
+  if (arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama")) {
+    out.architecture = Architecture::kLlama;
+  } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
+    out.architecture = Architecture::kMistral;
+  } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
+    out.architecture = Architecture::kQwen2;
+    out.attention_bias = true;
+  } else {
+    return absl::UnimplementedError(StrCat(
+        "config.json: architecture '", arch.empty() ? model_type : arch,
+        "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
+  }
+  out.architecture_name = arch.empty() ? ArchitectureName(out.architecture) : arch;
+  out.name = config.value("_name_or_path", std::string());
+
+  const std::string act = config.value("hidden_act", std::string("silu"));
+  if (act != "silu") {
+    return absl::UnimplementedError(
+        StrCat("config.json: hidden_act '", act, "' is not supported (only silu)"));
+  }
+  if (absl::Status s = ReadInt(config, "vocab_size", &out.vocab_size); !s.ok()) return s;
+  if (absl::Status s = ReadInt(config, "hidden_size", &out.hidden_size); !s.ok()) return s;
+  if (absl::Status s = ReadInt(config, "intermediate_size", &out.intermediate_size); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadInt(config, "num_hidden_layers", &out.num_layers); !s.ok()) return s;
+  if (absl::Status s = ReadInt(config, "num_attention_heads", &out.num_attention_heads); !s.ok()) {
+    return s;
+  }
+  out.num_kv_heads = out.num_attention_heads;
+  if (absl::Status s = ReadInt(config, "num_key_value_heads", &out.num_kv_heads); !s.ok()) return s;
+  if (out.num_attention_heads > 0) out.head_dim = out.hidden_size / out.num_attention_heads;
+  if (absl::Status s = ReadInt(config, "head_dim", &out.head_dim); !s.ok()) return s;
+  if (absl::Status s = ReadInt(config, "max_position_embeddings", &out.max_position_embeddings);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadDouble(config, "rms_norm_eps", &out.rms_norm_eps); !s.ok()) return s;
+  if (absl::Status s = ReadBool(config, "tie_word_embeddings", &out.tie_word_embeddings); !s.ok()) {
+    return s;
+  }
+  if (out.architecture != Architecture::kQwen2) {
+    bool attention_bias = false, mlp_bias = false;
+    if (absl::Status s = ReadBool(config, "attention_bias", &attention_bias); !s.ok()) return s;
+    if (absl::Status s = ReadBool(config, "mlp_bias", &mlp_bias); !s.ok()) return s;
+    if (attention_bias || mlp_bias) {
+      return absl::UnimplementedError(
+          "config.json: attention_bias / mlp_bias on a Llama model are not supported");
+    }
+  }
+
+  // Sliding-window attention is not implemented: serve only the window, so answers stay exact.
+  int64_t sliding_window = 0;
+  bool use_sliding_window = out.architecture == Architecture::kMistral;
+  if (absl::Status s = ReadBool(config, "use_sliding_window", &use_sliding_window); !s.ok()) return s;
+  if (absl::Status s = ReadInt(config, "sliding_window", &sliding_window); !s.ok()) return s;
+  if (use_sliding_window && sliding_window > 0 && sliding_window < out.max_position_embeddings) {
+    out.max_position_embeddings = sliding_window;
+  }
+
+  if (absl::Status s = ReadDouble(config, "rope_theta", &out.rope.theta); !s.ok()) return s;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    auto it = config.find(key);
+    if (it == config.end() || it->is_null()) continue;
+    if (!it->is_object()) {
+      return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not an object"));
+    }
+    if (absl::Status s = ParseRopeScaling(*it, &out.rope); !s.ok()) return s;
+  }
+  if (auto it = config.find("partial_rotary_factor"); it != config.end() && !it->is_null() &&
+                                                      it->is_number() && it->get<double>() != 1.0) {
+    return absl::UnimplementedError("config.json: partial_rotary_factor is not supported");
+  }
+
+  int64_t bos = -1;
+  if (absl::Status s = ReadInt(config, "bos_token_id", &bos); !s.ok()) return s;
+  if (absl::Status s = ReadTokenIds(config, "eos_token_id", &out.eos_token_ids); !s.ok()) return s;
+  if (generation_config != nullptr && generation_config->is_object()) {
+    if (absl::Status s = ReadInt(*generation_config, "bos_token_id", &bos); !s.ok()) return s;
+    if (absl::Status s = ReadTokenIds(*generation_config, "eos_token_id", &out.eos_token_ids);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (bos >= 0) out.bos_token_id = static_cast<int32_t>(bos);
+
+  if (absl::Status s = ValidateModelConfig(out); !s.ok()) return s;
+  return out;
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& c) {
+  auto positive = [](const char* what, int64_t value) -> absl::Status {
+    if (value > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        StrCat("model config: ", what, " must be positive (got ", value, ")"));
+  };
+  for (auto [what, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                             {"hidden_size", c.hidden_size},
+                             {"intermediate_size", c.intermediate_size},
+                             {"num_hidden_layers", c.num_layers},
+                             {"num_attention_heads", c.num_attention_heads},
+                             {"num_key_value_heads", c.num_kv_heads},
+                             {"head_dim", c.head_dim},
+                             {"max_position_embeddings", c.max_position_embeddings}}) {
+    if (absl::Status s = positive(what, value); !s.ok()) return s;
+  }
+  if (c.num_attention_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(StrCat(
+        "model config: num_attention_heads (", c.num_attention_heads,
+        ") is not a multiple of num_key_value_heads (", c.num_kv_heads, ")"));
+  }
+  if (c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("model config: head_dim must be even for rotary embedding (got ", c.head_dim, ")"));
+  }
+  if (!(c.rope.theta > 0)) return absl::InvalidArgumentError("model config: rope_theta must be positive");
+  if (!(c.rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError("model config: rms_norm_eps must be positive");
+  }
+  if (!c.rope.freq_factors.empty() &&
+      static_cast<int64_t>(c.rope.freq_factors.size()) != c.head_dim / 2) {
+    return absl::InvalidArgumentError(StrCat(
+        "model config: ", c.rope.freq_factors.size(), " rope frequency factors for head_dim ",
+        c.head_dim, " (want head_dim / 2)"));
+  }
+  for (int32_t id : c.eos_token_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: eos_token_id ", id, " is outside the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
+  const RopeConfig& rope = config.rope;
+  const int64_t pairs = config.head_dim / 2;
+  std::vector<double> inv_freq(pairs);
+  for (int64_t i = 0; i < pairs; ++i) {
+    inv_freq[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / config.head_dim);
+  }
+  if (!rope.freq_factors.empty()) {
+    for (int64_t i = 0; i < pairs; ++i) inv_freq[i] /= rope.freq_factors[i];
+    return inv_freq;
+  }
+  switch (rope.scaling) {
+    case RopeScaling::kDefault:
+      break;
+    case RopeScaling::kLinear:
+      for (double& f : inv_freq) f /= rope.factor;
+      break;
+    case RopeScaling::kLlama3: {
+      const double old_context = static_cast<double>(rope.original_max_position_embeddings);
+      const double low_freq_wavelen = old_context / rope.low_freq_factor;
+      const double high_freq_wavelen = old_context / rope.high_freq_factor;
+      for (double& f : inv_freq) {
+        const double wavelen = 2 * std::numbers::pi / f;
+        if (wavelen < high_freq_wavelen) continue;  // high frequency: unchanged
+        if (wavelen > low_freq_wavelen) {           // low frequency: scaled
+          f /= rope.factor;
+          continue;
+        }
+        const double smooth = (old_context / wavelen - rope.low_freq_factor) /
+                              (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1 - smooth) * f / rope.factor + smooth * f;
+      }
+      break;
+    }
+  }
+  return inv_freq;
+}
+
+}  // namespace lmserve::engine

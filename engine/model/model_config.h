@@ -1,0 +1,76 @@
+// The shape and hyper-parameters of a Llama-family decoder, whatever file it came from.
+
+#ifndef LMSERVE_ENGINE_MODEL_MODEL_CONFIG_H_
+#define LMSERVE_ENGINE_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace lmserve::engine {
+
+enum class Architecture { kLlama, kMistral, kQwen2 };
+
+enum class RopeScaling { kDefault, kLinear, kLlama3 };
+
+// How rotary embedding pairs the dimensions of a head.
+enum class RopeLayout {
+  kHalfSplit,    // dims i and i + head_dim/2 (Hugging Face, GPT-NeoX)
+  kInterleaved,  // dims 2i and 2i + 1 (GPT-J; llama.cpp's layout for llama-architecture GGUF)
+};
+
+struct RopeConfig {
+  double theta = 10000.0;
+  RopeScaling scaling = RopeScaling::kDefault;
+  double factor = 1.0;                              // linear and llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+  RopeLayout layout = RopeLayout::kHalfSplit;
+  // Per-frequency divisors, head_dim / 2 of them, when the file gives them explicitly (GGUF's
+  // rope_freqs tensor). Empty: derived from `scaling`.
+  std::vector<float> freq_factors;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  std::string architecture_name;  // as the file names it: "LlamaForCausalLM", "qwen2", ...
+  std::string name;               // a human-readable model name, when the file has one
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;  // the context length
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v projections carry a bias (Qwen2)
+  RopeConfig rope;
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;  // any of these ends generation
+};
+
+// Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids win).
+// Errors say what is unsupported: another architecture, a rope_scaling type, an inconsistent shape.
+absl::StatusOr<ModelConfig> ParseHfConfig(const nlohmann::json& config,
+                                          const nlohmann::json* generation_config);
+
+// Checks the invariants every runner relies on (positive sizes, heads dividing evenly, ...).
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// The inverse frequency of each rotary pair i in [0, head_dim/2), scaling applied: what rotary
+// embedding multiplies positions by. fp64 so that CPU and GPU tables agree to the last fp32 bit.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+
+std::string ArchitectureName(Architecture architecture);
+
+}  // namespace lmserve::engine
+
+#endif  // LMSERVE_ENGINE_MODEL_MODEL_CONFIG_H_

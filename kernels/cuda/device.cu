@@ -1,0 +1,24 @@
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device.h"
+
+namespace lmserve::kernels::cuda {
+
+std::vector<DeviceInfo> ListDevices() {
+  std::vector<DeviceInfo> devices;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return devices;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    devices.push_back(DeviceInfo{i, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                                 static_cast<int64_t>(prop.totalGlobalMem),
+                                 static_cast<int64_t>(prop.l2CacheSize)});
+  }
+  return devices;
+}
+
+}  // namespace lmserve::kernels::cuda

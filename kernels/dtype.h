@@ -1,0 +1,42 @@
+// Element types of weights and activations, and the block layout of the quantized ones.
+//
+// Quantized types (the GGUF block formats of llama.cpp) pack a fixed number of elements into a block
+// of fixed size; a row of a quantized tensor is a whole number of blocks.
+
+#ifndef LMSERVE_KERNELS_DTYPE_H_
+#define LMSERVE_KERNELS_DTYPE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace lmserve::kernels {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,  // 32 elements: fp16 scale, 32 x int8
+  kQ4_0,  // 32 elements: fp16 scale, 16 bytes of 4-bit values (offset 8)
+  kQ4_1,  // 32 elements: fp16 scale, fp16 min, 16 bytes of 4-bit values
+  kQ4_K,  // 256 elements: super-block with 8 sub-blocks, 6-bit scales and mins
+  kQ5_K,  // 256 elements: as Q4_K plus one high bit per element
+  kQ6_K,  // 256 elements: 16 sub-blocks, 8-bit scales, 6-bit values
+};
+
+struct BlockLayout {
+  int64_t elements_per_block;
+  int64_t bytes_per_block;
+};
+
+std::string_view DTypeName(DType dtype);
+std::optional<DType> DTypeFromName(std::string_view name);  // inverse of DTypeName
+BlockLayout GetBlockLayout(DType dtype);
+bool IsQuantized(DType dtype);
+
+// Bytes of a row of `num_elements` elements. REQUIRES: num_elements is a multiple of the block size.
+int64_t RowBytes(DType dtype, int64_t num_elements);
+
+}  // namespace lmserve::kernels
+
+#endif  // LMSERVE_KERNELS_DTYPE_H_

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The README's second command: sets up (Debian packages, the demo model), builds, and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+LMSERVE_DEMO_MODEL=$(scripts/fetch-demo-model.sh)
+export LMSERVE_DEMO_MODEL
+scripts/build.sh "$@"
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 900
+if [[ -x scripts/fuzz.sh ]]; then
+  scripts/fuzz.sh
+fi

@@ -1,0 +1,22 @@
+// The subcommands of the `lmserve` binary. Each takes the arguments after its name and returns the
+// process exit code (0 success, 1 runtime error, 2 usage error).
+
+#ifndef LMSERVE_SERVER_CLI_H_
+#define LMSERVE_SERVER_CLI_H_
+
+#include <string_view>
+
+namespace lmserve::server {
+
+struct Subcommand {
+  std::string_view name;
+  std::string_view summary;
+  int (*run)(int argc, char** argv);
+};
+
+// Model inspection (cmd_info.cc).
+int RunInfo(int argc, char** argv);
+
+}  // namespace lmserve::server
+
+#endif  // LMSERVE_SERVER_CLI_H_

@@ -1,0 +1,2 @@
+// Must be rejected by the include scan: below server/, no gRPC.
+#include <grpcpp/grpcpp.h>

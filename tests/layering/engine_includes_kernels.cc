@@ -1,0 +1,3 @@
+// Must compile: engine/ may use kernels/.
+#include "engine/model/checkpoint.h"
+#include "kernels/dtype.h"

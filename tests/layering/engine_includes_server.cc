@@ -1,0 +1,2 @@
+// Must not compile: engine/ may not see server/ (tests/CMakeLists.txt expects this build to fail).
+#include "server/cli.h"

@@ -1,0 +1,87 @@
+#include "tests/testing/fixtures.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/strings.h"
+#include "engine/model/safetensors.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace lmserve::testing {
+
+const std::vector<std::string>& HfTinyModelNames() {
+  static const std::vector<std::string> kNames = {"llama-gqa", "llama-mqa-tied-llama3rope",
+                                                  "llama-hd128", "qwen2-bias"};
+  return kNames;
+}
+
+std::string FixturesDir() {
+  if (const char* env = std::getenv("LMSERVE_FIXTURES_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return LMSERVE_FIXTURES_DIR;
+}
+
+std::string HfTinyDir(const std::string& model_name) {
+  return StrCat(FixturesDir(), "/hf-tiny/", model_name);
+}
+
+HfTinyReference LoadHfTinyReference(const std::string& model_name) {
+  const std::string path = HfTinyDir(model_name) + "/reference.json";
+  std::ifstream in(path);
+  if (!in) ADD_FAILURE() << "cannot open " << path;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  HfTinyReference ref;
+  ref.prompts = j.at("prompts").get<std::vector<std::vector<int32_t>>>();
+  ref.greedy = j.at("greedy").get<std::vector<std::vector<int32_t>>>();
+  ref.greedy_margin = j.at("greedy_margin").get<std::vector<std::vector<double>>>();
+  return ref;
+}
+
+std::vector<float> LoadHfTinyReferenceLogits(const std::string& model_name, int prompt_index) {
+  const std::string path = HfTinyDir(model_name) + "/reference_logits.safetensors";
+  auto file = engine::SafetensorsFile::Open(path);
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status();
+    return {};
+  }
+  auto logits = (*file)->ReadF32(StrCat("logits_", prompt_index));
+  if (!logits.ok()) {
+    ADD_FAILURE() << logits.status();
+    return {};
+  }
+  return *std::move(logits);
+}
+
+std::optional<std::string> DemoModelPath() {
+  std::string path;
+  if (const char* env = std::getenv("LMSERVE_DEMO_MODEL"); env != nullptr && *env != '\0') {
+    path = env;
+  } else {
+    const char* cache = std::getenv("LMSERVE_CACHE_DIR");
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    std::string dir = cache != nullptr ? cache
+                      : xdg != nullptr ? StrCat(xdg, "/lmserve")
+                                       : StrCat(home != nullptr ? home : "", "/.cache/lmserve");
+    path = dir + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  return path;
+}
+
+std::string TempDir() {
+  static const std::string dir = [] {
+    std::string pattern = (std::filesystem::temp_directory_path() / "lmserve-test-XXXXXX").string();
+    const char* made = ::mkdtemp(pattern.data());
+    std::string path = made != nullptr ? made : "/tmp";
+    std::atexit([] {});
+    return path;
+  }();
+  return dir;
+}
+
+}  // namespace lmserve::testing

@@ -1,0 +1,38 @@
+// Access to the outside reference fixtures (../shared/fixtures) and the demo model.
+
+#ifndef LMSERVE_TESTS_TESTING_FIXTURES_H_
+#define LMSERVE_TESTS_TESTING_FIXTURES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lmserve::testing {
+
+// The four tiny Hugging Face checkpoints in fixtures/hf-tiny.
+const std::vector<std::string>& HfTinyModelNames();
+std::string FixturesDir();
+std::string HfTinyDir(const std::string& model_name);
+
+// fixtures/hf-tiny/NAME/reference.json
+struct HfTinyReference {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> greedy;
+  std::vector<std::vector<double>> greedy_margin;
+};
+HfTinyReference LoadHfTinyReference(const std::string& model_name);
+
+// logits_J of fixtures/hf-tiny/NAME/reference_logits.safetensors, row-major [len(prompt J), vocab].
+std::vector<float> LoadHfTinyReferenceLogits(const std::string& model_name, int prompt_index);
+
+// The demo model (SmolLM2-135M-Instruct Q4_1 GGUF): $LMSERVE_DEMO_MODEL, else the cache path that
+// scripts/fetch-demo-model.sh uses. nullopt when the file is absent.
+std::optional<std::string> DemoModelPath();
+
+// A fresh temporary directory, removed at process exit.
+std::string TempDir();
+
+}  // namespace lmserve::testing
+
+#endif  // LMSERVE_TESTS_TESTING_FIXTURES_H_
