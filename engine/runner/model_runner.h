@@ -1,0 +1,101 @@
+// The model runner: computes one engine step, a batch of sequences, on one backend.
+//
+// Contract (the CPU runner now, the CUDA runner later):
+// - The runner owns the model weights and the paged KV cache: `num_kv_blocks()` blocks of
+//   `block_size_tokens()` token slots each, for every layer. Block ids are integers in
+//   [0, num_kv_blocks()); which sequence owns which block is the caller's business (the engine's
+//   block manager): the runner only reads and writes the slots the block tables name.
+// - A step is a ragged batch. Sequence i computes `query_lens[i]` new tokens at positions
+//   [context_lens[i] - query_lens[i], context_lens[i]): their K/V are written into the cache slots
+//   that its block table gives for those positions, and attention reads positions
+//   [0, context_lens[i]) through the same table. Prefills (many tokens), chunked prefills and prefix
+//   hits (a prompt starting mid-sequence) and decodes (one token) mix freely in one step.
+// - Logits are produced only for the rows asked for: the last token of a sequence, or all of its
+//   tokens (teacher-forced scoring, prompt logprobs).
+//
+// Thread safety: a runner is used by one thread at a time (the engine thread).
+
+#ifndef LMSERVE_ENGINE_RUNNER_MODEL_RUNNER_H_
+#define LMSERVE_ENGINE_RUNNER_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+
+namespace lmserve::engine {
+
+class Checkpoint;
+
+enum class LogitsMode : uint8_t {
+  kNone,  // no logits (a prefill chunk that does not end the prompt)
+  kLast,  // the last token's logits
+  kAll,   // every token's logits
+};
+
+// One step's batch, in the compressed-sparse-row form that GPU kernels take.
+struct StepBatch {
+  std::vector<int32_t> token_ids;             // [num_tokens]: every sequence's new tokens, in order
+  std::vector<int32_t> query_start;           // [num_seqs + 1]: sequence i owns token_ids[query_start[i]..query_start[i+1])
+  std::vector<int32_t> context_lens;          // [num_seqs]: tokens in the cache after this step
+  std::vector<int32_t> block_table_start;     // [num_seqs + 1]: offsets into block_table_ids
+  std::vector<int32_t> block_table_ids;       // KV block ids; sequence i's block j holds positions [j*B, (j+1)*B)
+  std::vector<LogitsMode> logits_modes;       // [num_seqs]
+
+  int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+
+  // Appends a sequence: `new_tokens` computed after `num_computed_tokens` already in the cache, its
+  // blocks `block_ids` covering at least num_computed_tokens + new_tokens.size() positions.
+  void AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
+                   std::span<const int32_t> block_ids, LogitsMode logits_mode);
+  void Clear();
+};
+
+struct StepOutput {
+  // Row r of the logits belongs to the sequence and position that logits_rows names.
+  std::vector<float> logits;             // [num_rows, vocab_size], fp32, row-major
+  std::vector<int32_t> logits_row_start; // [num_seqs + 1]: sequence i's rows
+};
+
+enum class Backend { kCpu, kCuda };
+
+struct RunnerConfig {
+  Backend backend = Backend::kCpu;
+  int32_t block_size_tokens = 16;
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // memory for the KV pool, all layers
+  int32_t num_threads = 0;                    // CPU threads for BLAS and attention; 0: all cores
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  // Builds a runner for `checkpoint` (weights are converted or copied out of it: the checkpoint
+  // may be closed afterwards).
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Checkpoint& checkpoint,
+                                                             const RunnerConfig& config);
+
+  virtual const ModelConfig& model_config() const = 0;
+  virtual Backend backend() const = 0;
+  virtual int32_t block_size_tokens() const = 0;
+  virtual int32_t num_kv_blocks() const = 0;
+
+  // Runs one step. Validates the batch (token ids in the vocabulary, block ids in the pool, tables
+  // long enough, contexts within the model's) and returns InvalidArgument without touching the cache
+  // when it is malformed.
+  virtual absl::Status Execute(const StepBatch& batch, StepOutput* output) = 0;
+};
+
+// Checks a batch against a runner's limits; every runner calls it first.
+absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
+                               int32_t block_size_tokens, int32_t num_kv_blocks);
+
+}  // namespace lmserve::engine
+
+#endif  // LMSERVE_ENGINE_RUNNER_MODEL_RUNNER_H_
