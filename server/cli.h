@@ -17,6 +17,10 @@ struct Subcommand {
 // Model inspection (cmd_info.cc).
 int RunInfo(int argc, char** argv);
 
+// Text <-> token ids (cmd_tokenize.cc).
+int RunTokenize(int argc, char** argv);
+int RunDetokenize(int argc, char** argv);
+
 }  // namespace lmserve::server
 
 #endif  // LMSERVE_SERVER_CLI_H_

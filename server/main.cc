@@ -11,6 +11,8 @@ using lmserve::server::Subcommand;
 
 constexpr Subcommand kSubcommands[] = {
     {"info", "print a model's configuration and tensors", lmserve::server::RunInfo},
+    {"tokenize", "print the token ids of a text", lmserve::server::RunTokenize},
+    {"detokenize", "print the text of token ids", lmserve::server::RunDetokenize},
 };
 
 void PrintUsage(FILE* out) {

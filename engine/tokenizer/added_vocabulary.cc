@@ -58,12 +58,13 @@ std::pair<size_t, int32_t> AddedVocabulary::Matcher::LongestAt(std::string_view 
 AddedVocabulary::AddedVocabulary(std::vector<AddedToken> tokens, const Normalizer* normalizer)
     : tokens_(std::move(tokens)) {
   for (size_t i = 0; i < tokens_.size(); ++i) {
-    const AddedToken& token = tokens_[i];
+    AddedToken& token = tokens_[i];
     index_of_id_.try_emplace(token.id, i);
+    token.piece = token.content;
     if (token.normalized && normalizer != nullptr) {
-      std::string pattern = token.content;
-      normalizer->Normalize(&pattern);
-      matchers_[1].Add(pattern, static_cast<int32_t>(i));
+      // `tokenizers` also reports (and decodes) a normalized token by its normalized content.
+      normalizer->Normalize(&token.piece);
+      matchers_[1].Add(token.piece, static_cast<int32_t>(i));
     } else {
       matchers_[token.normalized].Add(token.content, static_cast<int32_t>(i));
     }

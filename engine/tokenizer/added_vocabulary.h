@@ -30,6 +30,9 @@ struct AddedToken {
   bool lstrip = false;       // absorbs whitespace on its left
   bool rstrip = false;       // absorbs whitespace on its right
   bool normalized = false;   // matched in normalized text rather than raw text
+  // The token's string as the vocabulary reports it (IdToPiece, Decode): the content, normalized
+  // when the token is. Set by AddedVocabulary.
+  std::string piece;
 };
 
 class AddedVocabulary {

@@ -42,7 +42,7 @@ absl::Status Annotate(const absl::Status& status, std::string_view context) {
 namespace tokenizer_internal {
 
 const std::string* PipelineIdToToken(const Pipeline& pipeline, int32_t id) {
-  if (const AddedToken* added = pipeline.added.Find(id); added != nullptr) return &added->content;
+  if (const AddedToken* added = pipeline.added.Find(id); added != nullptr) return &added->piece;
   return pipeline.model->IdToToken(id);
 }
 
