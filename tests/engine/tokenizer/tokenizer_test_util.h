@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/tokenizer/tokenizer.h"
@@ -81,6 +82,40 @@ inline const std::map<std::string, std::vector<TokenizerCase>>& TokenizerCases()
     return out;
   }();
   return *cases;
+}
+
+// Whether `text` is well-formed UTF-8 (an independent check: no surrogates, overlongs or values
+// past U+10FFFF).
+inline bool IsWellFormedUtf8(std::string_view text) {
+  size_t i = 0;
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  while (i < text.size()) {
+    const unsigned char b = byte(i);
+    size_t n;
+    uint32_t c;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      n = 1, c = b & 0x1F;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      n = 2, c = b & 0x0F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      n = 3, c = b & 0x07;
+    } else {
+      return false;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= text.size() || (byte(i + k) & 0xC0) != 0x80) return false;
+      c = (c << 6) | (byte(i + k) & 0x3F);
+    }
+    if ((n == 2 && c < 0x800) || (n == 3 && c < 0x10000) || c > 0x10FFFF ||
+        (c >= 0xD800 && c <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
 }
 
 }  // namespace lmserve::testing
