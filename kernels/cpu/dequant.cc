@@ -195,12 +195,18 @@ void DequantizeToF32(DType dtype, const void* src, float* dst, int64_t num_eleme
         dst[i] = dtype == DType::kF16 ? F16ToF32(bits) : Bf16ToF32(bits);
       }
       return;
-    case DType::kQ8_0: return DequantizeQ8_0(bytes, dst, num_blocks);
-    case DType::kQ4_0: return DequantizeQ4_0(bytes, dst, num_blocks);
-    case DType::kQ4_1: return DequantizeQ4_1(bytes, dst, num_blocks);
-    case DType::kQ4_K: return DequantizeQ4K(bytes, dst, num_blocks);
-    case DType::kQ5_K: return DequantizeQ5K(bytes, dst, num_blocks);
-    case DType::kQ6_K: return DequantizeQ6K(bytes, dst, num_blocks);
+    case DType::kQ8_0:
+      return DequantizeQ8_0(bytes, dst, num_blocks);
+    case DType::kQ4_0:
+      return DequantizeQ4_0(bytes, dst, num_blocks);
+    case DType::kQ4_1:
+      return DequantizeQ4_1(bytes, dst, num_blocks);
+    case DType::kQ4_K:
+      return DequantizeQ4K(bytes, dst, num_blocks);
+    case DType::kQ5_K:
+      return DequantizeQ5K(bytes, dst, num_blocks);
+    case DType::kQ6_K:
+      return DequantizeQ6K(bytes, dst, num_blocks);
   }
   std::fprintf(stderr, "DequantizeToF32: unknown dtype %d\n", static_cast<int>(dtype));
   std::abort();

@@ -2,6 +2,8 @@
 // definitions (llama.cpp's ggml-common.h block layouts): each test writes the bytes of a block
 // itself, from chosen scales, mins and quants, and states the value each element must have.
 
+#include "kernels/cpu/dequant.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
 #include "kernels/dtype.h"
 
@@ -39,16 +40,17 @@ std::vector<float> Dequantize(DType dtype, const std::vector<uint8_t>& bytes, in
   return out;
 }
 
-// ---- half.h --------------------------------------------------------------------------------------
+// ---- half.h
+// --------------------------------------------------------------------------------------
 
 TEST(HalfTest, F16ToF32ExactValues) {
   EXPECT_EQ(F16ToF32(0x3C00), 1.0f);
   EXPECT_EQ(F16ToF32(0xC000), -2.0f);
   EXPECT_EQ(F16ToF32(0x3555), 0.25f * (1 + 0x155 / 1024.0f));  // 0.333251953125
-  EXPECT_EQ(F16ToF32(0x7BFF), 65504.0f);                     // largest finite
-  EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.0f, -14));        // smallest normal
-  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));        // smallest subnormal
-  EXPECT_EQ(F16ToF32(0x03FF), std::ldexp(1023.0f, -24));     // largest subnormal
+  EXPECT_EQ(F16ToF32(0x7BFF), 65504.0f);                       // largest finite
+  EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.0f, -14));          // smallest normal
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));          // smallest subnormal
+  EXPECT_EQ(F16ToF32(0x03FF), std::ldexp(1023.0f, -24));       // largest subnormal
   EXPECT_EQ(F16ToF32(0x8001), -std::ldexp(1.0f, -24));
   EXPECT_EQ(F16ToF32(0x0000), 0.0f);
   EXPECT_TRUE(std::signbit(F16ToF32(0x8000)));
@@ -77,14 +79,14 @@ TEST(HalfTest, F32ToF16RoundsToNearestEven) {
 
 TEST(HalfTest, F32ToF16Subnormals) {
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);         // halfway to 0 and 1 unit: even
-  EXPECT_EQ(F32ToF16(std::ldexp(1.001f, -25)), 0x0001);       // above halfway
-  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units: up to 2 (even)
-  EXPECT_EQ(F32ToF16(std::ldexp(5.0f, -25)), 0x0002);         // 2.5 units: down to 2 (even)
-  EXPECT_EQ(F32ToF16(std::ldexp(2047.0f, -25)), 0x0400);      // 1023.5 units: up to the normal
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);     // halfway to 0 and 1 unit: even
+  EXPECT_EQ(F32ToF16(std::ldexp(1.001f, -25)), 0x0001);   // above halfway
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);     // 1.5 units: up to 2 (even)
+  EXPECT_EQ(F32ToF16(std::ldexp(5.0f, -25)), 0x0002);     // 2.5 units: down to 2 (even)
+  EXPECT_EQ(F32ToF16(std::ldexp(2047.0f, -25)), 0x0400);  // 1023.5 units: up to the normal
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -30)), 0x0000);
   EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -24)), 0x8001);
-  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -30)), 0x8000);        // signed zero
+  EXPECT_EQ(F32ToF16(-std::ldexp(1.0f, -30)), 0x8000);  // signed zero
 }
 
 TEST(HalfTest, F32ToF16InfAndNan) {
@@ -118,7 +120,8 @@ TEST(HalfTest, Bf16) {
   EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::bit_cast<float>(0x7F800001u)))));
 }
 
-// ---- unquantized types ---------------------------------------------------------------------------
+// ---- unquantized types
+// ---------------------------------------------------------------------------
 
 TEST(DequantTest, FloatTypes) {
   const float f32[3] = {1.5f, -0.0f, 3e38f};
@@ -146,10 +149,12 @@ TEST(DequantTest, FloatTypes) {
   EXPECT_EQ(out[1], -2.0f);
 }
 
-// ---- 32-element blocks ---------------------------------------------------------------------------
+// ---- 32-element blocks
+// ---------------------------------------------------------------------------
 
 TEST(DequantTest, Q8_0) {
-  // Two blocks {half d, int8 qs[32]}: d = 0.5 with qs = -128, -120, ..., and d = 2 with qs = 127 - j.
+  // Two blocks {half d, int8 qs[32]}: d = 0.5 with qs = -128, -120, ..., and d = 2 with qs = 127 -
+  // j.
   std::vector<uint8_t> bytes(2 * 34);
   PutHalf(bytes, 0, kHalfHalf);
   PutHalf(bytes, 34, kHalfTwo);
@@ -196,7 +201,8 @@ TEST(DequantTest, Q4_1AddsTheMin) {
   }
 }
 
-// ---- K-quants ------------------------------------------------------------------------------------
+// ---- K-quants
+// ------------------------------------------------------------------------------------
 
 // Sub-block scales and mins (6 bits each) of the Q4_K / Q5_K tests: the upper sub-blocks 4..7 use
 // values >= 16 so that their top two bits, stored apart from the low four, matter.
@@ -303,7 +309,8 @@ TEST(DequantTest, Q6_K) {
   }
 }
 
-// ---- Q8_0 quantization ---------------------------------------------------------------------------
+// ---- Q8_0 quantization
+// ---------------------------------------------------------------------------
 
 TEST(QuantizeTest, Q8_0RoundsHalfAwayFromZero) {
   // amax 127 gives d = 1 exactly: quants are roundf(x), which rounds halfway cases away from zero.
