@@ -16,6 +16,8 @@ struct Subcommand {
 
 // Model inspection (cmd_info.cc).
 int RunInfo(int argc, char** argv);
+// GGUF export (cmd_export_gguf.cc).
+int RunExportGguf(int argc, char** argv);
 
 }  // namespace lmserve::server
 

@@ -11,6 +11,7 @@ using lmserve::server::Subcommand;
 
 constexpr Subcommand kSubcommands[] = {
     {"info", "print a model's configuration and tensors", lmserve::server::RunInfo},
+    {"export-gguf", "write a model as a GGUF file (f32, f16, q8_0)", lmserve::server::RunExportGguf},
 };
 
 void PrintUsage(FILE* out) {
