@@ -11,6 +11,8 @@ using lmserve::server::Subcommand;
 
 constexpr Subcommand kSubcommands[] = {
     {"info", "print a model's configuration and tensors", lmserve::server::RunInfo},
+    {"logits", "teacher-forced logits of token ids, to a file", lmserve::server::RunLogits},
+    {"generate", "greedy decoding of token ids", lmserve::server::RunGenerate},
 };
 
 void PrintUsage(FILE* out) {
