@@ -1,9 +1,11 @@
 #include "engine/tokenizer/gguf_tokenizer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "common/strings.h"
+#include "engine/model/gguf.h"
 #include "engine/tokenizer/bpe_model.h"
 #include "engine/tokenizer/tokenizer_pipeline.h"
 
@@ -194,6 +196,78 @@ absl::StatusOr<std::vector<std::string>> GgufPreTokenizerRegexes(std::string_vie
                                            "\" (supported: ", SupportedPreNames(), ")"));
   }
   return std::vector<std::string>(entry->regexes.begin(), entry->regexes.end());
+}
+
+absl::StatusOr<GgufTokenizerData> GgufTokenizerDataFromFile(const GgufFile& file) {
+  GgufTokenizerData data;
+  absl::Status status;
+  const auto wrong_type = [&](std::string_view key) {
+    status = absl::InvalidArgumentError(StrCat(file.path(), ": ", key, " has type ",
+                                               GgufTypeName(file.Find(key)->type)));
+  };
+  const auto read_string = [&](std::string_view key, std::string* out) {
+    if (!status.ok() || file.Find(key) == nullptr) return;
+    std::optional<std::string> value = file.GetString(key);
+    if (!value.has_value()) return wrong_type(key);
+    *out = *std::move(value);
+  };
+  const auto read_id = [&](std::string_view key, std::optional<int32_t>* out) {
+    if (!status.ok() || file.Find(key) == nullptr) return;
+    const std::optional<int64_t> value = file.GetInt(key);
+    if (!value.has_value()) return wrong_type(key);
+    if (*value < 0 || *value > INT32_MAX) {
+      status = absl::InvalidArgumentError(StrCat(file.path(), ": ", key, " = ", *value));
+      return;
+    }
+    *out = static_cast<int32_t>(*value);
+  };
+  const auto read_bool = [&](std::string_view key, std::optional<bool>* out) {
+    if (!status.ok() || file.Find(key) == nullptr) return;
+    const std::optional<bool> value = file.GetBool(key);
+    if (!value.has_value()) return wrong_type(key);
+    *out = *value;
+  };
+  const auto read_strings = [&](std::string_view key, std::vector<std::string>* out) {
+    if (!status.ok() || file.Find(key) == nullptr) return;
+    std::optional<std::vector<std::string>> value = file.GetStringArray(key);
+    if (!value.has_value()) return wrong_type(key);
+    *out = *std::move(value);
+  };
+  if (file.Find("tokenizer.ggml.model") == nullptr || file.Find("tokenizer.ggml.tokens") == nullptr) {
+    return absl::InvalidArgumentError(
+        StrCat(file.path(), ": no tokenizer (tokenizer.ggml.model and tokenizer.ggml.tokens)"));
+  }
+  read_string("tokenizer.ggml.model", &data.model);
+  read_string("tokenizer.ggml.pre", &data.pre);
+  read_string("tokenizer.chat_template", &data.chat_template);
+  read_strings("tokenizer.ggml.tokens", &data.tokens);
+  read_strings("tokenizer.ggml.merges", &data.merges);
+  read_id("tokenizer.ggml.bos_token_id", &data.bos_id);
+  read_id("tokenizer.ggml.eos_token_id", &data.eos_id);
+  read_id("tokenizer.ggml.eot_token_id", &data.eot_id);
+  read_id("tokenizer.ggml.padding_token_id", &data.pad_id);
+  read_id("tokenizer.ggml.unknown_token_id", &data.unk_id);
+  read_bool("tokenizer.ggml.add_bos_token", &data.add_bos);
+  read_bool("tokenizer.ggml.add_eos_token", &data.add_eos);
+  read_bool("tokenizer.ggml.add_space_prefix", &data.add_space_prefix);
+  if (status.ok() && file.Find("tokenizer.ggml.scores") != nullptr) {
+    std::optional<std::vector<double>> scores = file.GetFloatArray("tokenizer.ggml.scores");
+    if (!scores.has_value()) {
+      wrong_type("tokenizer.ggml.scores");
+    } else {
+      data.scores.assign(scores->begin(), scores->end());
+    }
+  }
+  if (status.ok() && file.Find("tokenizer.ggml.token_type") != nullptr) {
+    std::optional<std::vector<int64_t>> types = file.GetIntArray("tokenizer.ggml.token_type");
+    if (!types.has_value()) {
+      wrong_type("tokenizer.ggml.token_type");
+    } else {
+      data.token_types.assign(types->begin(), types->end());
+    }
+  }
+  if (!status.ok()) return status;
+  return data;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufTokenizerData& data) {

@@ -60,9 +60,9 @@ struct GgufTokenizerData {
 // a value this table does not know.
 absl::StatusOr<std::vector<std::string>> GgufPreTokenizerRegexes(std::string_view pre);
 
-// TODO(lead): implement once engine/model/gguf.h (GgufFile) is merged: read the keys listed in
-// GgufTokenizerData from `file` (absent optional keys stay nullopt/empty; a wrong type is an error
-// naming the key). Declared here so that callers can be written against it.
+// Reads the keys listed in GgufTokenizerData from `file`. Absent optional keys stay nullopt/empty;
+// a missing tokenizer.ggml.model or tokenizer.ggml.tokens, or a key of the wrong type, is an
+// InvalidArgument error naming the file and the key.
 absl::StatusOr<GgufTokenizerData> GgufTokenizerDataFromFile(const GgufFile& file);
 
 }  // namespace lmserve::engine

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "common/strings.h"
+#include "engine/model/gguf.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
 #include "engine/tokenizer/tokenizer_pipeline.h"
 #include "engine/tokenizer/unicode.h"
 
@@ -139,11 +141,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
   }
   if (!fs::exists(path, ec)) return absl::NotFoundError(StrCat(path_string, ": no such file"));
   if (path.extension() == ".gguf" || HasGgufMagic(path)) {
-    // TODO(lead): wire GgufFile -> GgufTokenizerDataFromFile (gguf_tokenizer.h) -> FromGguf here once
-    // engine/model/gguf.h lands.
-    return absl::UnimplementedError(
-        StrCat(path_string, ": reading a tokenizer from a GGUF file needs the GGUF reader "
-                            "(engine/model/gguf.h), which is not wired in yet"));
+    absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path_string);
+    if (!file.ok()) return file.status();
+    absl::StatusOr<GgufTokenizerData> data = GgufTokenizerDataFromFile(**file);
+    if (!data.ok()) return data.status();
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = FromGguf(*data);
+    if (!tokenizer.ok()) return Annotate(tokenizer.status(), path_string);
+    return tokenizer;
   }
   absl::StatusOr<std::string> json = ReadFile(path);
   if (!json.ok()) return json.status();

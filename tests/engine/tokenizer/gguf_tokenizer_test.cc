@@ -6,10 +6,12 @@
 #include "engine/tokenizer/gguf_tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/engine/tokenizer/gguf_test_reader.h"
+#include "engine/model/gguf.h"
 #include "tests/engine/tokenizer/tokenizer_test_util.h"
 
 namespace lmserve::engine {
@@ -160,12 +162,15 @@ TEST(GgufTokenizerTest, RejectsWhatItCannotBuild) {
 TEST(GgufTokenizerTest, DemoModelMatchesHuggingFace) {
   const std::optional<std::string> path = testing::DemoModelPath();
   if (!path.has_value()) GTEST_SKIP() << "demo model absent (scripts/fetch-demo-model.sh)";
-  std::string error;
-  const std::optional<GgufTokenizerData> data = testing::GgufTestReader::Read(*path, &error);
-  ASSERT_TRUE(data.has_value()) << error;
+  auto file = GgufFile::Open(*path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto data = GgufTokenizerDataFromFile(**file);
+  ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->model, "gpt2");
   EXPECT_EQ(data->pre, "smollm");
-  auto tokenizer = Tokenizer::FromGguf(*data);
+  EXPECT_EQ(data->merges.size(), 48900u);
+  EXPECT_EQ(data->add_bos, false);
+  auto tokenizer = Tokenizer::Load(*path);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const Tokenizer& t = **tokenizer;
   EXPECT_EQ(t.vocab_size(), 49152);
@@ -195,6 +200,24 @@ TEST(GgufTokenizerTest, DemoModelMatchesHuggingFace) {
     EXPECT_EQ(t.Decode(ids, false), text);
   }
   EXPECT_EQ(t.Decode({1, 4093, 198, 6004, 665, 2, 198}, true), "user\nhi there\n");
+}
+
+TEST(GgufTokenizerTest, FileWithoutATokenizerIsAClearError) {
+  // A GGUF file with no tokenizer.* keys.
+  const std::string path = testing::TempDir() + "/no-tokenizer.gguf";
+  {
+    std::ofstream out(path, std::ios::binary);
+    const uint32_t version = 3;
+    const uint64_t zero = 0;
+    out.write("GGUF", 4);
+    out.write(reinterpret_cast<const char*>(&version), 4);
+    out.write(reinterpret_cast<const char*>(&zero), 8);  // tensors
+    out.write(reinterpret_cast<const char*>(&zero), 8);  // keys
+  }
+  const absl::Status status = Tokenizer::Load(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("tokenizer.ggml.model"));
+  EXPECT_THAT(status.message(), HasSubstr("no-tokenizer.gguf"));
 }
 
 }  // namespace
