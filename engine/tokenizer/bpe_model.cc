@@ -1,8 +1,8 @@
 #include "engine/tokenizer/bpe_model.h"
 
+#include <atomic>
 #include <queue>
 
-#include "absl/hash/hash.h"
 #include "common/strings.h"
 #include "engine/tokenizer/unicode.h"
 
@@ -30,7 +30,40 @@ std::string ByteToken(int byte) {
   return StrCat("<0x", kHex[byte >> 4], kHex[byte & 15], ">");
 }
 
+// The word caches of one thread.
+struct ThreadWordCaches {
+  struct Cache {
+    uint64_t serial = 0;  // the model's; 0 for an unused slot
+    uint64_t last_use = 0;
+    absl::flat_hash_map<std::string, std::vector<int32_t>> words;
+  };
+  std::array<Cache, BpeModel::kCachedModelsPerThread> caches;
+  uint64_t clock = 0;
+
+  // The cache of model `serial`, taking over the least recently used slot if it has none.
+  Cache& For(uint64_t serial) {
+    ++clock;
+    Cache* victim = &caches[0];
+    for (Cache& cache : caches) {
+      if (cache.serial == serial) {
+        cache.last_use = clock;
+        return cache;
+      }
+      if (cache.last_use < victim->last_use) victim = &cache;
+    }
+    victim->serial = serial;
+    victim->last_use = clock;
+    victim->words.clear();
+    return *victim;
+  }
+};
+
+std::atomic<uint64_t> next_serial{1};
+
 }  // namespace
+
+BpeModel::BpeModel(BpeOptions options)
+    : options_(std::move(options)), serial_(next_serial.fetch_add(1)) {}
 
 absl::Status BpeModel::BuildVocab(std::vector<std::pair<std::string, int32_t>> vocab) {
   int32_t max_id = -1;
@@ -132,22 +165,17 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
     TokenizeUncached(word, ids);
     return;
   }
-  const size_t hash = absl::Hash<absl::string_view>{}(AbslView(word));
-  CacheShard& shard = cache_[hash % kCacheShards];
-  {
-    absl::ReaderMutexLock lock(&shard.mu);
-    const auto it = shard.words.find(AbslView(word));
-    if (it != shard.words.end()) {
-      ids->insert(ids->end(), it->second.begin(), it->second.end());
-      return;
-    }
+  thread_local ThreadWordCaches thread_caches;
+  ThreadWordCaches::Cache& cache = thread_caches.For(serial_);
+  const auto it = cache.words.find(AbslView(word));
+  if (it != cache.words.end()) {
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return;
   }
-  std::vector<int32_t> word_ids;
-  TokenizeUncached(word, &word_ids);
-  ids->insert(ids->end(), word_ids.begin(), word_ids.end());
-  absl::MutexLock lock(&shard.mu);
-  if (shard.words.size() >= kCacheEntriesPerShard) shard.words.clear();
-  shard.words.try_emplace(std::string(word), std::move(word_ids));
+  const size_t first = ids->size();
+  TokenizeUncached(word, ids);
+  if (cache.words.size() >= kCacheEntries) cache.words.clear();
+  cache.words.try_emplace(std::string(word), ids->begin() + first, ids->end());
 }
 
 void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids) const {

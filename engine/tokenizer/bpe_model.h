@@ -10,14 +10,16 @@
 //
 // Both run in O(n log n) for a word of n characters: the symbols form a doubly linked list and the
 // candidate merges a priority queue whose stale entries are skipped when popped. Results for words
-// up to kMaxCachedWordBytes are kept in a bounded cache shared by all threads.
+// up to kMaxCachedWordBytes are kept in a per-thread cache (no locks on the hot path): each thread
+// keeps the words of the kCachedModelsPerThread models it used last, at most kCacheEntries each,
+// cleared when full.
 //
 // Characters that are not in the vocabulary become byte-fallback tokens (<0xXX>) where the options
 // allow and the vocabulary has them, else the unknown token (fused into one for a run when fuse_unk),
 // else they are dropped, as `tokenizers` does.
 //
-// Thread safety: immutable after creation but for the internally synchronized cache; Tokenize may be
-// called from many threads at once. Internal to engine/tokenizer.
+// Thread safety: immutable after creation (the caches are per thread); Tokenize may be called from
+// many threads at once. Internal to engine/tokenizer.
 
 #ifndef LMSERVE_ENGINE_TOKENIZER_BPE_MODEL_H_
 #define LMSERVE_ENGINE_TOKENIZER_BPE_MODEL_H_
@@ -32,7 +34,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/tokenizer/pipeline.h"
 
 namespace lmserve::engine::tokenizer_internal {
@@ -61,6 +62,8 @@ class BpeModel : public Model {
                                                                 BpeOptions options);
 
   static constexpr size_t kMaxCachedWordBytes = 256;
+  static constexpr size_t kCacheEntries = 8192;
+  static constexpr int kCachedModelsPerThread = 2;
 
   void Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(id_to_token_.size()); }
@@ -74,7 +77,7 @@ class BpeModel : public Model {
     int32_t new_id;
   };
 
-  explicit BpeModel(BpeOptions options) : options_(std::move(options)) {}
+  explicit BpeModel(BpeOptions options);
   absl::Status BuildVocab(std::vector<std::pair<std::string, int32_t>> vocab);
 
   void TokenizeUncached(std::string_view word, std::vector<int32_t>* ids) const;
@@ -95,14 +98,7 @@ class BpeModel : public Model {
   absl::flat_hash_map<uint64_t, MergeResult> merges_;   // ranked: (left id, right id) -> merge
   std::vector<float> scores_;                           // scored: by id
 
-  // The word cache: sharded by hash, each shard cleared when it reaches its bound.
-  static constexpr int kCacheShards = 16;
-  static constexpr size_t kCacheEntriesPerShard = 4096;
-  struct CacheShard {
-    mutable absl::Mutex mu;
-    absl::flat_hash_map<std::string, std::vector<int32_t>> words ABSL_GUARDED_BY(mu);
-  };
-  mutable std::array<CacheShard, kCacheShards> cache_;
+  uint64_t serial_;  // distinguishes this model's cache from other models', for ever
 };
 
 }  // namespace lmserve::engine::tokenizer_internal

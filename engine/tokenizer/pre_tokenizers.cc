@@ -136,31 +136,61 @@ class ByteLevelPreTokenizer : public PreTokenizer {
       : add_prefix_space_(add_prefix_space), regex_(std::move(regex)) {}
 
   void PreTokenize(std::vector<std::string>* pieces) const override {
-    if (add_prefix_space_ || regex_ != nullptr) {
-      SplitEach(pieces, [this](std::string_view piece, std::vector<std::string>* out) {
-        std::string prefixed;
-        if (add_prefix_space_ && (piece.empty() || piece.front() != ' ')) {
-          prefixed = StrCat(" ", piece);
-          piece = prefixed;
-        }
-        if (regex_ == nullptr) {
-          if (!piece.empty()) out->emplace_back(piece);
-          return;
-        }
-        const std::vector<Span> spans = SpansFromMatches(piece.size(), regex_->FindAll(piece));
-        SplitSpans(piece, spans, SplitBehavior::kIsolated, out);
-      });
+    std::vector<std::string> out;
+    out.reserve(pieces->size() * 4);
+    std::string prefixed;
+    for (const std::string& original : *pieces) {
+      std::string_view piece = original;
+      if (add_prefix_space_ && (piece.empty() || piece.front() != ' ')) {
+        prefixed = StrCat(" ", piece);
+        piece = prefixed;
+      }
+      if (piece.empty()) continue;
+      if (regex_ == nullptr) {
+        out.push_back(Map(piece));
+        continue;
+      }
+      // Split (Isolated: matches and the gaps between them) and map in one pass.
+      size_t prev = 0;
+      for (const auto& [start, end] : regex_->FindAll(piece)) {
+        if (prev != start) out.push_back(Map(piece.substr(prev, start - prev)));
+        out.push_back(Map(piece.substr(start, end - start)));
+        prev = end;
+      }
+      if (prev != piece.size()) out.push_back(Map(piece.substr(prev)));
     }
-    const std::array<std::string, 256>& table = ByteToUnicode();
-    for (std::string& piece : *pieces) {
-      std::string mapped;
-      mapped.reserve(piece.size() * 2);
-      for (const char c : piece) mapped.append(table[static_cast<uint8_t>(c)]);
-      piece = std::move(mapped);
-    }
+    *pieces = std::move(out);
   }
 
  private:
+  // The bytes of `text` as GPT-2's byte-to-unicode characters.
+  static std::string Map(std::string_view text) {
+    // (UTF-8 bytes, length) of each byte's character, built once.
+    struct Entry {
+      char bytes[2];
+      uint8_t length;
+    };
+    static const std::array<Entry, 256> kTable = [] {
+      std::array<Entry, 256> table{};
+      for (int b = 0; b < 256; ++b) {
+        const std::string& mapped = ByteToUnicode()[b];
+        table[b].length = static_cast<uint8_t>(mapped.size());
+        for (size_t k = 0; k < mapped.size(); ++k) table[b].bytes[k] = mapped[k];
+      }
+      return table;
+    }();
+    std::string mapped(text.size() * 2, '\0');
+    char* out = mapped.data();
+    for (const char c : text) {
+      const Entry& entry = kTable[static_cast<uint8_t>(c)];
+      out[0] = entry.bytes[0];
+      out[1] = entry.bytes[1];
+      out += entry.length;
+    }
+    mapped.resize(out - mapped.data());
+    return mapped;
+  }
+
   bool add_prefix_space_;
   std::unique_ptr<Regex> regex_;  // null: no split
 };
