@@ -2,17 +2,19 @@
 //
 // What it measures: Tokenizer::Encode(text, add_special=false) on 1 MiB of varied UTF-8 text (about
 // half English prose, then code, numbers, CJK, Cyrillic/Greek/accented text and emoji, generated
-// deterministically), single-threaded, for each fixture tokenizer and the demo model's GGUF tokenizer
-// when present. Reported as MB/s of input text (1 MB = 1e6 bytes), the median of 5 timed runs after one
-// warm-up run ("warm": the BPE word cache holds the corpus's frequent words), and the first run of a
-// freshly loaded tokenizer ("cold"). Also Decode of the ids (MB/s of output text). Times are the
-// thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that other load on a shared machine does not count.
+// deterministically), single-threaded, for each fixture tokenizer and the demo model's GGUF
+// tokenizer when present. Reported as MB/s of input text (1 MB = 1e6 bytes), the median of 5 timed
+// runs after one warm-up run ("warm": the BPE word cache holds the corpus's frequent words), and
+// the first run of a freshly loaded tokenizer ("cold"). Also Decode of the ids (MB/s of output
+// text). Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that other load on a shared
+// machine does not count.
 //
 // The floor it is measured against: the same text split by the GPT-2 regex alone (PCRE2, JIT) — the
 // pre-tokenization every byte-level tokenizer does before any BPE work.
 //
 // Usage: lmserve-tokenizer-bench [FIXTURES_DIR] [GGUF]
-//   FIXTURES_DIR defaults to $LMSERVE_FIXTURES_DIR, else ../shared/fixtures; GGUF to the demo model.
+//   FIXTURES_DIR defaults to $LMSERVE_FIXTURES_DIR, else ../shared/fixtures; GGUF to the demo
+//   model.
 
 #include <time.h>
 
@@ -48,14 +50,76 @@ std::string MakeCorpus(size_t target_bytes) {
   const auto pick = [&](const std::vector<std::string>& items) -> const std::string& {
     return items[rng() % items.size()];
   };
-  const std::vector<std::string> words = {
-      "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be",
-      "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have",
-      "an", "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
-      "been", "if", "more", "when", "will", "would", "who", "so", "no", "model", "server", "token",
-      "language", "inference", "throughput", "latency", "request", "batch", "memory", "kernel",
-      "attention", "quickly", "understanding", "nevertheless", "extraordinary", "I'm", "don't",
-      "they'll", "we've", "it's"};
+  const std::vector<std::string> words = {"the",
+                                          "of",
+                                          "and",
+                                          "to",
+                                          "in",
+                                          "a",
+                                          "is",
+                                          "that",
+                                          "for",
+                                          "it",
+                                          "as",
+                                          "was",
+                                          "with",
+                                          "be",
+                                          "by",
+                                          "on",
+                                          "not",
+                                          "he",
+                                          "this",
+                                          "are",
+                                          "or",
+                                          "his",
+                                          "from",
+                                          "at",
+                                          "which",
+                                          "but",
+                                          "have",
+                                          "an",
+                                          "had",
+                                          "they",
+                                          "you",
+                                          "were",
+                                          "their",
+                                          "one",
+                                          "all",
+                                          "we",
+                                          "can",
+                                          "her",
+                                          "has",
+                                          "there",
+                                          "been",
+                                          "if",
+                                          "more",
+                                          "when",
+                                          "will",
+                                          "would",
+                                          "who",
+                                          "so",
+                                          "no",
+                                          "model",
+                                          "server",
+                                          "token",
+                                          "language",
+                                          "inference",
+                                          "throughput",
+                                          "latency",
+                                          "request",
+                                          "batch",
+                                          "memory",
+                                          "kernel",
+                                          "attention",
+                                          "quickly",
+                                          "understanding",
+                                          "nevertheless",
+                                          "extraordinary",
+                                          "I'm",
+                                          "don't",
+                                          "they'll",
+                                          "we've",
+                                          "it's"};
   const std::vector<std::string> code = {
       "for (int i = 0; i < n; ++i) {\n    sum += values[i] * weights[i];\n}\n",
       "def forward(self, x):\n    return self.proj(torch.relu(self.fc(x)))\n",
@@ -65,13 +129,16 @@ std::string MakeCorpus(size_t target_bytes) {
       "<div class=\"row\"><span>{{ item.title }}</span></div>\n",
       "\tmov rax, [rbp-8]\n\tadd rax, 1\n",
       "fn main() { println!(\"{}\", x.iter().map(|v| v * 2).sum::<i64>()); }\n"};
-  const std::vector<std::string> cjk = {"今天天气很好，我们去公园散步吧。", "机器学习模型的推理速度非常重要。",
-                                        "日本語のテキストを処理します。", "東京都は日本の首都です。",
-                                        "한국어 문장도 포함합니다.", "你好，世界！"};
-  const std::vector<std::string> other = {"Привет, как дела? ", "Ελληνικά γράμματα ", "café naïve façade ",
-                                          "Grüße aus München ", "¿Dónde está la biblioteca? ",
-                                          "שלום עולם ", "مرحبا بالعالم "};
-  const std::vector<std::string> emoji = {"😀", "👍🏽", "🚀", "🤖", "❤️", "🇫🇷", "👨‍👩‍👧", "✨"};
+  const std::vector<std::string> cjk = {
+      "今天天气很好，我们去公园散步吧。", "机器学习模型的推理速度非常重要。",
+      "日本語のテキストを処理します。",   "東京都は日本の首都です。",
+      "한국어 문장도 포함합니다.",        "你好，世界！"};
+  const std::vector<std::string> other = {
+      "Привет, как дела? ", "Ελληνικά γράμματα ",          "café naïve façade ",
+      "Grüße aus München ", "¿Dónde está la biblioteca? ", "שלום עולם ",
+      "مرحبا بالعالم "};
+  const std::vector<std::string> emoji = {"😀",  "👍🏽",           "🚀", "🤖", "❤️",
+                                          "🇫🇷", "👨‍👩‍👧", "✨"};
   std::string text;
   text.reserve(target_bytes + 256);
   while (text.size() < target_bytes) {
@@ -122,7 +189,8 @@ double MedianSeconds(int runs, Fn fn) {
 void BenchOne(const std::string& name, const std::string& path, const std::string& text) {
   auto fresh = Tokenizer::Load(path);
   if (!fresh.ok()) {
-    std::printf("%-22s load failed: %s\n", name.c_str(), std::string(fresh.status().message()).c_str());
+    std::printf("%-22s load failed: %s\n", name.c_str(),
+                std::string(fresh.status().message()).c_str());
     return;
   }
   const Tokenizer& tokenizer = **fresh;
@@ -134,11 +202,12 @@ void BenchOne(const std::string& name, const std::string& path, const std::strin
   const double warm = MedianSeconds(5, [&] { ids = tokenizer.Encode(text, false); });
   std::string decoded;
   const double decode = MedianSeconds(5, [&] { decoded = tokenizer.Decode(ids, false); });
-  std::printf("%-22s %8zu tokens  %5.2f bytes/token  encode cold %6.1f MB/s  warm %6.1f MB/s  "
-              "decode %6.1f MB/s%s\n",
-              name.c_str(), ids.size(), static_cast<double>(text.size()) / ids.size(), mb / cold,
-              mb / warm, static_cast<double>(decoded.size()) / 1e6 / decode,
-              decoded == text ? "" : "  (decode differs from the text)");
+  std::printf(
+      "%-22s %8zu tokens  %5.2f bytes/token  encode cold %6.1f MB/s  warm %6.1f MB/s  "
+      "decode %6.1f MB/s%s\n",
+      name.c_str(), ids.size(), static_cast<double>(text.size()) / ids.size(), mb / cold, mb / warm,
+      static_cast<double>(decoded.size()) / 1e6 / decode,
+      decoded == text ? "" : "  (decode differs from the text)");
 }
 
 }  // namespace
@@ -157,8 +226,9 @@ int main(int argc, char** argv) {
            "/.cache/lmserve/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   }
   const std::string text = MakeCorpus(1 << 20);
-  std::printf("corpus: %zu bytes of generated text (prose, code, numbers, CJK, other scripts, emoji)\n",
-              text.size());
+  std::printf(
+      "corpus: %zu bytes of generated text (prose, code, numbers, CJK, other scripts, emoji)\n",
+      text.size());
 
   // The floor: GPT-2 regex split alone.
   auto regex = lmserve::engine::tokenizer_internal::Regex::Compile(
@@ -169,7 +239,8 @@ int main(int argc, char** argv) {
     std::printf("%-22s %8zu pieces                       split        %6.1f MB/s  (the floor)\n",
                 "gpt2 regex (PCRE2 JIT)", pieces, static_cast<double>(text.size()) / 1e6 / split);
   }
-  for (const char* name : {"gpt2-bytelevel", "llama3-regex", "smollm-digits", "sentencepiece-bpe"}) {
+  for (const char* name :
+       {"gpt2-bytelevel", "llama3-regex", "smollm-digits", "sentencepiece-bpe"}) {
     BenchOne(name, fixtures + "/tokenizers/" + name + ".json", text);
   }
   std::error_code ec;

@@ -45,7 +45,8 @@ int RunTokenize(int argc, char** argv) {
                  std::string(tokenizer.status().message()).c_str());
     return 1;
   }
-  const std::vector<int32_t> ids = (*tokenizer)->Encode(args.Get("text"), args.GetFlag("add-special"));
+  const std::vector<int32_t> ids =
+      (*tokenizer)->Encode(args.Get("text"), args.GetFlag("add-special"));
   nlohmann::json out = {{"ids", ids}};
   if (args.GetFlag("pieces")) {
     nlohmann::json pieces = nlohmann::json::array();

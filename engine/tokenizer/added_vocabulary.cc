@@ -100,8 +100,9 @@ void AddedVocabulary::Split(std::string_view text, bool normalized_set,
     pos = stop;  // the next search starts after this match, whether it is kept or not
     if (start < emitted) continue;  // inside whitespace that an rstrip token absorbed
     if (token.single_word) {
-      const bool word_before = start > 0 && IsWordCharacter(FirstChar(
-                                                text.substr(LastCharStart(text.substr(0, start)))));
+      const bool word_before =
+          start > 0 &&
+          IsWordCharacter(FirstChar(text.substr(LastCharStart(text.substr(0, start)))));
       const bool word_after = stop < text.size() && IsWordCharacter(FirstChar(text.substr(stop)));
       if (word_before || word_after) continue;
     }

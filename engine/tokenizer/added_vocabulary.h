@@ -1,7 +1,8 @@
 // Added tokens (special tokens such as "<|im_start|>", and user-defined ones) and the matcher that
 // finds them in text ahead of the model, as `tokenizers`' AddedVocabulary does:
 //
-//  * Tokens whose `normalized` flag is false are matched in the raw text; the others in each piece of
+//  * Tokens whose `normalized` flag is false are matched in the raw text; the others in each piece
+//  of
 //    normalized text, against their own content normalized the same way.
 //  * Matching is leftmost-longest and non-overlapping. A single_word token only matches between
 //    non-word characters; lstrip/rstrip tokens absorb the whitespace before/after them.

@@ -126,7 +126,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::CreateScored(std::vector<std
                                                                  std::vector<float> scores,
                                                                  BpeOptions options) {
   if (scores.size() != tokens.size()) {
-    return absl::InvalidArgumentError(StrCat(tokens.size(), " tokens but ", scores.size(), " scores"));
+    return absl::InvalidArgumentError(
+        StrCat(tokens.size(), " tokens but ", scores.size(), " scores"));
   }
   std::unique_ptr<BpeModel> model(new BpeModel(std::move(options)));
   model->scored_ = true;
@@ -185,8 +186,8 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
     for (size_t pos = 0; pos < word.size();) {
       const size_t length = std::min(Utf8SequenceLength(word[pos]), word.size() - pos);
       const int32_t index = static_cast<int32_t>(symbols.size());
-      symbols.push_back({-1, static_cast<uint32_t>(pos), static_cast<uint32_t>(length), index - 1,
-                         index + 1});
+      symbols.push_back(
+          {-1, static_cast<uint32_t>(pos), static_cast<uint32_t>(length), index - 1, index + 1});
       pos += length;
     }
     symbols.back().next = -1;
@@ -205,8 +206,8 @@ void BpeModel::InitialSymbols(std::string_view word, std::vector<Symbol>* symbol
       !options_.continuing_subword_prefix.empty() || !options_.end_of_word_suffix.empty();
   const auto add = [symbols](int32_t id, size_t start, size_t length) {
     const int32_t index = static_cast<int32_t>(symbols->size());
-    symbols->push_back({id, static_cast<uint32_t>(start), static_cast<uint32_t>(length), index - 1,
-                        index + 1});
+    symbols->push_back(
+        {id, static_cast<uint32_t>(start), static_cast<uint32_t>(length), index - 1, index + 1});
   };
   // A pending unknown token: start and length, or length 0 for none.
   size_t unk_start = 0, unk_length = 0;

@@ -15,8 +15,8 @@
 // cleared when full.
 //
 // Characters that are not in the vocabulary become byte-fallback tokens (<0xXX>) where the options
-// allow and the vocabulary has them, else the unknown token (fused into one for a run when fuse_unk),
-// else they are dropped, as `tokenizers` does.
+// allow and the vocabulary has them, else the unknown token (fused into one for a run when
+// fuse_unk), else they are dropped, as `tokenizers` does.
 //
 // Thread safety: immutable after creation (the caches are per thread); Tokenize may be called from
 // many threads at once. Internal to engine/tokenizer.
@@ -94,9 +94,9 @@ class BpeModel : public Model {
   std::vector<bool> has_id_;  // false for holes in the id space
   absl::flat_hash_map<std::string, int32_t> token_to_id_;
   absl::flat_hash_map<char32_t, int32_t> char_to_id_;  // single-character entries
-  std::array<int32_t, 256> byte_to_id_;                 // <0xXX> entries, -1 where absent
-  absl::flat_hash_map<uint64_t, MergeResult> merges_;   // ranked: (left id, right id) -> merge
-  std::vector<float> scores_;                           // scored: by id
+  std::array<int32_t, 256> byte_to_id_;                // <0xXX> entries, -1 where absent
+  absl::flat_hash_map<uint64_t, MergeResult> merges_;  // ranked: (left id, right id) -> merge
+  std::vector<float> scores_;                          // scored: by id
 
   uint64_t serial_;  // distinguishes this model's cache from other models', for ever
 };

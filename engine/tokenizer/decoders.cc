@@ -331,9 +331,9 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> PostProcessorFromJson(const nlohm
     return std::unique_ptr<PostProcessor>(
         std::make_unique<SequencePostProcessor>(std::move(stages)));
   }
-  return absl::UnimplementedError(StrCat(
-      "unsupported post-processor type \"", type,
-      "\" (supported: TemplateProcessing, RobertaProcessing, BertProcessing, ByteLevel, Sequence)"));
+  return absl::UnimplementedError(StrCat("unsupported post-processor type \"", type,
+                                         "\" (supported: TemplateProcessing, RobertaProcessing, "
+                                         "BertProcessing, ByteLevel, Sequence)"));
 }
 
 }  // namespace lmserve::engine::tokenizer_internal

@@ -16,8 +16,8 @@ bool EndsWithReplacement(std::string_view text) {
 
 std::string Detokenizer::Delta(bool* complete) const {
   const absl::Span<const int32_t> ids(ids_);
-  const std::string prefix_text = tokenizer_.Decode(
-      ids.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
+  const std::string prefix_text =
+      tokenizer_.Decode(ids.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string new_text = tokenizer_.Decode(ids.subspan(prefix_offset_), skip_special_);
   *complete = !EndsWithReplacement(new_text);
   // The window starts after complete text, so the new text extends the prefix text.

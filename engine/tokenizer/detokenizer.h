@@ -3,10 +3,10 @@
 //
 // Each step decodes a short window: the tokens of the last emitted piece plus the tokens not yet
 // emitted, and emits what the window's text adds to the text of those last emitted tokens. Text is
-// held back while it ends in U+FFFD (a multi-byte character whose bytes have not all arrived) and while
-// the newest token is a byte-fallback token (<0xXX>: a run of them decodes as a unit). Because the
-// window always starts right after emitted text, decoders that look at the start of the text
-// (SentencePiece's "strip the leading space") see the same start as in the one-shot Decode.
+// held back while it ends in U+FFFD (a multi-byte character whose bytes have not all arrived) and
+// while the newest token is a byte-fallback token (<0xXX>: a run of them decodes as a unit).
+// Because the window always starts right after emitted text, decoders that look at the start of the
+// text (SentencePiece's "strip the leading space") see the same start as in the one-shot Decode.
 //
 // Thread safety: one Detokenizer per sequence, used by one thread at a time. The Tokenizer must
 // outlive it.

@@ -23,9 +23,11 @@ using tokenizer_internal::Pipeline;
 constexpr std::string_view kGpt2Regex =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
 constexpr std::string_view kLlama3Regex =
-    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kQwen2Regex =
-    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+)"
+    R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 struct PreTokenizerEntry {
   std::vector<std::string_view> names;
@@ -41,7 +43,10 @@ const std::vector<PreTokenizerEntry>& PreTokenizerTable() {
        {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2Regex, R"(\p{N}+)", "[0-9][0-9][0-9]"},
        false,
        false},
-      {{"gpt2", "gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "jais"}, {kGpt2Regex}, false, false},
+      {{"gpt2", "gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "jais"},
+       {kGpt2Regex},
+       false,
+       false},
       {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {kLlama3Regex}, true, true},
       {{"dbrx", "smaug-bpe"}, {kLlama3Regex}, false, false},
       {{"qwen2", "stablelm2", "deepseek-r1-qwen"}, {kQwen2Regex}, false, false},
@@ -121,8 +126,8 @@ absl::Status BuildGpt2(const GgufTokenizerData& data, Pipeline* pipeline) {
     // llama.cpp looks for the separator from the second byte on: the left part may be a space.
     const size_t space = merge.find(' ', 1);
     if (space == std::string::npos) {
-      return absl::InvalidArgumentError(StrCat("tokenizer.ggml.merges: \"", merge,
-                                               "\" is not two tokens"));
+      return absl::InvalidArgumentError(
+          StrCat("tokenizer.ggml.merges: \"", merge, "\" is not two tokens"));
     }
     merges.emplace_back(merge.substr(0, space), merge.substr(space + 1));
   }
@@ -131,7 +136,8 @@ absl::Status BuildGpt2(const GgufTokenizerData& data, Pipeline* pipeline) {
   absl::StatusOr<std::unique_ptr<BpeModel>> model =
       BpeModel::CreateRanked(std::move(vocab), merges, std::move(options));
   if (!model.ok()) {
-    return absl::Status(model.status().code(), StrCat("tokenizer.ggml: ", model.status().message()));
+    return absl::Status(model.status().code(),
+                        StrCat("tokenizer.ggml: ", model.status().message()));
   }
   pipeline->model = *std::move(model);
 
@@ -202,8 +208,8 @@ absl::StatusOr<GgufTokenizerData> GgufTokenizerDataFromFile(const GgufFile& file
   GgufTokenizerData data;
   absl::Status status;
   const auto wrong_type = [&](std::string_view key) {
-    status = absl::InvalidArgumentError(StrCat(file.path(), ": ", key, " has type ",
-                                               GgufTypeName(file.Find(key)->type)));
+    status = absl::InvalidArgumentError(
+        StrCat(file.path(), ": ", key, " has type ", GgufTypeName(file.Find(key)->type)));
   };
   const auto read_string = [&](std::string_view key, std::string* out) {
     if (!status.ok() || file.Find(key) == nullptr) return;
@@ -233,7 +239,8 @@ absl::StatusOr<GgufTokenizerData> GgufTokenizerDataFromFile(const GgufFile& file
     if (!value.has_value()) return wrong_type(key);
     *out = *std::move(value);
   };
-  if (file.Find("tokenizer.ggml.model") == nullptr || file.Find("tokenizer.ggml.tokens") == nullptr) {
+  if (file.Find("tokenizer.ggml.model") == nullptr ||
+      file.Find("tokenizer.ggml.tokens") == nullptr) {
     return absl::InvalidArgumentError(
         StrCat(file.path(), ": no tokenizer (tokenizer.ggml.model and tokenizer.ggml.tokens)"));
   }
@@ -280,9 +287,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufTokeniz
   auto pipeline = std::make_unique<Pipeline>();
   const bool is_llama = data.model == "llama";
   // llama.cpp's defaults for SentencePiece vocabularies, where the metadata says nothing.
-  pipeline->bos_id = data.bos_id.has_value() ? data.bos_id : (is_llama ? 1 : std::optional<int32_t>());
-  pipeline->eos_id = data.eos_id.has_value() ? data.eos_id : (is_llama ? 2 : std::optional<int32_t>());
-  pipeline->unk_id = data.unk_id.has_value() ? data.unk_id : (is_llama ? 0 : std::optional<int32_t>());
+  pipeline->bos_id =
+      data.bos_id.has_value() ? data.bos_id : (is_llama ? 1 : std::optional<int32_t>());
+  pipeline->eos_id =
+      data.eos_id.has_value() ? data.eos_id : (is_llama ? 2 : std::optional<int32_t>());
+  pipeline->unk_id =
+      data.unk_id.has_value() ? data.unk_id : (is_llama ? 0 : std::optional<int32_t>());
   pipeline->pad_id = data.pad_id;
   pipeline->eot_id = data.eot_id;
   for (const auto& [id, key] : {std::pair{&pipeline->bos_id, "bos_token_id"},
@@ -303,11 +313,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufTokeniz
     if (absl::Status status = BuildLlama(data, pipeline.get()); !status.ok()) return status;
     add_bos_default = true;
   } else {
-    return absl::UnimplementedError(StrCat("unsupported tokenizer.ggml.model \"", data.model,
-                                           "\" (supported: gpt2, llama)"));
+    return absl::UnimplementedError(
+        StrCat("unsupported tokenizer.ggml.model \"", data.model, "\" (supported: gpt2, llama)"));
   }
   pipeline->added = AddedTokensOf(data);
-  if (!pipeline->eot_id.has_value()) pipeline->eot_id = tokenizer_internal::FindEndOfTurnToken(*pipeline);
+  if (!pipeline->eot_id.has_value())
+    pipeline->eot_id = tokenizer_internal::FindEndOfTurnToken(*pipeline);
 
   std::vector<int32_t> prefix, suffix;
   if (data.add_bos.value_or(add_bos_default) && pipeline->bos_id.has_value()) {

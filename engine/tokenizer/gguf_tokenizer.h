@@ -1,18 +1,18 @@
-// Tokenizers from GGUF metadata (tokenizer.ggml.*), decoupled from the GGUF reader: the reader fills
-// a GgufTokenizerData, Tokenizer::FromGguf builds the tokenizer from it.
+// Tokenizers from GGUF metadata (tokenizer.ggml.*), decoupled from the GGUF reader: the reader
+// fills a GgufTokenizerData, Tokenizer::FromGguf builds the tokenizer from it.
 //
 // Supported tokenizer.ggml.model values, with llama.cpp's semantics:
 //  * "gpt2": byte-level BPE with ranked merges. tokenizer.ggml.pre selects the split regexes, the
-//    exact ones llama.cpp uses (GgufPreTokenizerRegexes); "llama-bpe"/"llama3" also take a word that is
-//    a vocabulary entry whole (ignore_merges), as Llama 3's tokenizer.json does.
+//    exact ones llama.cpp uses (GgufPreTokenizerRegexes); "llama-bpe"/"llama3" also take a word
+//    that is a vocabulary entry whole (ignore_merges), as Llama 3's tokenizer.json does.
 //  * "llama": SentencePiece BPE with scored merges: the text gets a leading space when
 //    add_space_prefix (default true) and its spaces become "▁"; characters outside the vocabulary
-//    fall back to <0xXX> byte tokens, else to the unknown token. Decoding turns "▁" back into spaces
-//    and drops the leading one.
+//    fall back to <0xXX> byte tokens, else to the unknown token. Decoding turns "▁" back into
+//    spaces and drops the leading one.
 //
 // Token types: CONTROL and UNKNOWN tokens are special (found in text, skipped by
-// Decode(skip_special)); USER_DEFINED tokens are found in text but are not special; BYTE, NORMAL and
-// UNUSED tokens belong to the model.
+// Decode(skip_special)); USER_DEFINED tokens are found in text but are not special; BYTE, NORMAL
+// and UNUSED tokens belong to the model.
 
 #ifndef LMSERVE_ENGINE_TOKENIZER_GGUF_TOKENIZER_H_
 #define LMSERVE_ENGINE_TOKENIZER_GGUF_TOKENIZER_H_

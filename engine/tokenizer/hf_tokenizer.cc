@@ -80,8 +80,9 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const nlohmann::json& j) {
           StrCat("unk_token \"", unk_token, "\" is not in the vocabulary"));
     }
   }
-  LMSERVE_TOK_ASSIGN_OR_RETURN(std::unique_ptr<BpeModel> model,
-                               BpeModel::CreateRanked(std::move(vocab), merges, std::move(options)));
+  LMSERVE_TOK_ASSIGN_OR_RETURN(
+      std::unique_ptr<BpeModel> model,
+      BpeModel::CreateRanked(std::move(vocab), merges, std::move(options)));
   return std::unique_ptr<Model>(std::move(model));
 }
 
@@ -188,8 +189,8 @@ absl::Status ApplyConfig(const nlohmann::json& config, Pipeline* pipeline) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(std::string_view tokenizer_json,
-                                                             std::string_view tokenizer_config_json) {
+absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(
+    std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
   const nlohmann::json j = nlohmann::json::parse(tokenizer_json.begin(), tokenizer_json.end(),
                                                  nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -209,12 +210,14 @@ absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(std::string_view to
     pipeline->model = *std::move(model);
   }
   {
-    absl::StatusOr<std::unique_ptr<Normalizer>> normalizer = NormalizerFromJson(member("normalizer"));
+    absl::StatusOr<std::unique_ptr<Normalizer>> normalizer =
+        NormalizerFromJson(member("normalizer"));
     if (!normalizer.ok()) return Context(normalizer.status(), "normalizer");
     pipeline->normalizer = *std::move(normalizer);
   }
   {
-    absl::StatusOr<std::unique_ptr<PreTokenizer>> pre = PreTokenizerFromJson(member("pre_tokenizer"));
+    absl::StatusOr<std::unique_ptr<PreTokenizer>> pre =
+        PreTokenizerFromJson(member("pre_tokenizer"));
     if (!pre.ok()) return Context(pre.status(), "pre_tokenizer");
     pipeline->pre_tokenizer = *std::move(pre);
   }
@@ -230,7 +233,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(std::string_view to
     pipeline->decoder = *std::move(decoder);
   }
   {
-    absl::StatusOr<std::vector<AddedToken>> added = AddedTokensFromJson(JsonMember(j, "added_tokens"));
+    absl::StatusOr<std::vector<AddedToken>> added =
+        AddedTokensFromJson(JsonMember(j, "added_tokens"));
     if (!added.ok()) return Context(added.status(), "added_tokens");
     pipeline->added = AddedVocabulary(*std::move(added), pipeline->normalizer.get());
   }
@@ -239,8 +243,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(std::string_view to
   pipeline->bos_id = TemplateLeadingToken(member("post_processor"));
   pipeline->eos_id = FindSpecialToken(*pipeline, {"</s>", "<|end_of_text|>", "<|endoftext|>",
                                                   "<|im_end|>", "<|eot_id|>", "<end_of_turn>"});
-  if (const int32_t unk = pipeline->model->TokenToId(
-          JsonString(model_json, "unk_token", "").value_or(""));
+  if (const int32_t unk =
+          pipeline->model->TokenToId(JsonString(model_json, "unk_token", "").value_or(""));
       unk >= 0) {
     pipeline->unk_id = unk;
   }

@@ -60,15 +60,15 @@ inline absl::StatusOr<int64_t> JsonInt(const nlohmann::json& j, std::string_view
 
 }  // namespace lmserve::engine::tokenizer_internal
 
-// Evaluates `expr` (an absl::StatusOr); returns its status on error, else assigns its value to `lhs`
-// (which may be a declaration).
+// Evaluates `expr` (an absl::StatusOr); returns its status on error, else assigns its value to
+// `lhs` (which may be a declaration).
 #define LMSERVE_TOK_CONCAT_INNER(a, b) a##b
 #define LMSERVE_TOK_CONCAT(a, b) LMSERVE_TOK_CONCAT_INNER(a, b)
-#define LMSERVE_TOK_ASSIGN_OR_RETURN(lhs, expr)                                                    \
-  auto LMSERVE_TOK_CONCAT(status_or_, __LINE__) = (expr);                                          \
-  if (!LMSERVE_TOK_CONCAT(status_or_, __LINE__).ok()) {                                            \
-    return std::move(LMSERVE_TOK_CONCAT(status_or_, __LINE__)).status();                           \
-  }                                                                                                \
+#define LMSERVE_TOK_ASSIGN_OR_RETURN(lhs, expr)                          \
+  auto LMSERVE_TOK_CONCAT(status_or_, __LINE__) = (expr);                \
+  if (!LMSERVE_TOK_CONCAT(status_or_, __LINE__).ok()) {                  \
+    return std::move(LMSERVE_TOK_CONCAT(status_or_, __LINE__)).status(); \
+  }                                                                      \
   lhs = *std::move(LMSERVE_TOK_CONCAT(status_or_, __LINE__))
 
 #endif  // LMSERVE_ENGINE_TOKENIZER_JSON_UTIL_H_

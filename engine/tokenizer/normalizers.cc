@@ -24,7 +24,8 @@ std::vector<std::pair<size_t, size_t>> Pattern::FindAll(std::string_view text) c
 absl::StatusOr<Pattern> PatternFromJson(const nlohmann::json& j) {
   Pattern pattern;
   if (const nlohmann::json* literal = JsonMember(j, "String"); literal != nullptr) {
-    if (!literal->is_string()) return absl::InvalidArgumentError("pattern \"String\" is not a string");
+    if (!literal->is_string())
+      return absl::InvalidArgumentError("pattern \"String\" is not a string");
     pattern.literal = literal->get<std::string>();
     return pattern;
   }
@@ -125,7 +126,8 @@ std::unique_ptr<Normalizer> MakePrependNormalizer(std::string prefix) {
 std::unique_ptr<Normalizer> MakeReplaceNormalizer(Pattern pattern, std::string content) {
   return std::make_unique<ReplaceNormalizer>(std::move(pattern), std::move(content));
 }
-std::unique_ptr<Normalizer> MakeSequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> stages) {
+std::unique_ptr<Normalizer> MakeSequenceNormalizer(
+    std::vector<std::unique_ptr<Normalizer>> stages) {
   return std::make_unique<SequenceNormalizer>(std::move(stages));
 }
 

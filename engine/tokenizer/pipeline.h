@@ -2,8 +2,8 @@
 // -> model on the way in, post-processor after the model, decoder on the way out. Tokenizer (the
 // public class) chains them; tokenizer.json and GGUF metadata are both turned into these stages.
 //
-// Differences from `tokenizers`: no offsets or alignments are tracked (nothing here needs them), and
-// only single sequences are post-processed (no pairs).
+// Differences from `tokenizers`: no offsets or alignments are tracked (nothing here needs them),
+// and only single sequences are post-processed (no pairs).
 //
 // Contracts shared by every stage: text in and out is valid UTF-8; the stages are immutable after
 // construction and safe to call from many threads at once.
@@ -81,7 +81,8 @@ struct Pattern {
 // What Split does with the pattern's matches (`tokenizers`' SplitDelimiterBehavior).
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
-// ---- Constructors used by the GGUF builder ---------------------------------------------------------
+// ---- Constructors used by the GGUF builder
+// ---------------------------------------------------------
 std::unique_ptr<Normalizer> MakePrependNormalizer(std::string prefix);
 std::unique_ptr<Normalizer> MakeReplaceNormalizer(Pattern pattern, std::string content);
 std::unique_ptr<Normalizer> MakeSequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> stages);

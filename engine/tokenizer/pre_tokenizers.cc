@@ -283,7 +283,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohman
   if (j.is_null()) return nullptr;
   LMSERVE_TOK_ASSIGN_OR_RETURN(const std::string type, JsonString(j, "type"));
   if (type == "ByteLevel") {
-    LMSERVE_TOK_ASSIGN_OR_RETURN(const bool add_prefix_space, JsonBool(j, "add_prefix_space", true));
+    LMSERVE_TOK_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                                 JsonBool(j, "add_prefix_space", true));
     LMSERVE_TOK_ASSIGN_OR_RETURN(const bool use_regex, JsonBool(j, "use_regex", true));
     return MakeByteLevelPreTokenizer(add_prefix_space, use_regex);
   }
@@ -292,7 +293,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohman
     if (pattern_json == nullptr) return absl::InvalidArgumentError("Split without \"pattern\"");
     LMSERVE_TOK_ASSIGN_OR_RETURN(Pattern pattern, PatternFromJson(*pattern_json));
     LMSERVE_TOK_ASSIGN_OR_RETURN(const std::string behavior_name, JsonString(j, "behavior"));
-    LMSERVE_TOK_ASSIGN_OR_RETURN(const SplitBehavior behavior, SplitBehaviorFromName(behavior_name));
+    LMSERVE_TOK_ASSIGN_OR_RETURN(const SplitBehavior behavior,
+                                 SplitBehaviorFromName(behavior_name));
     LMSERVE_TOK_ASSIGN_OR_RETURN(const bool invert, JsonBool(j, "invert", false));
     return MakeSplitPreTokenizer(std::move(pattern), behavior, invert);
   }

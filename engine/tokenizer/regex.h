@@ -1,6 +1,6 @@
-// A compiled PCRE2 regular expression in UTF + Unicode-property mode, JIT-compiled where the platform
-// allows, with the find-all iteration the pre-tokenizers need. The PCRE2 headers stay out of this
-// header (PCRE2 is a private dependency of lmserve_engine).
+// A compiled PCRE2 regular expression in UTF + Unicode-property mode, JIT-compiled where the
+// platform allows, with the find-all iteration the pre-tokenizers need. The PCRE2 headers stay out
+// of this header (PCRE2 is a private dependency of lmserve_engine).
 //
 // Thread safety: a compiled Regex is immutable; FindAll may be called from many threads at once
 // (match data and JIT stacks are per thread).

@@ -67,8 +67,7 @@ std::optional<int32_t> FindEndOfTurnToken(const Pipeline& pipeline) {
   // llama.cpp's list of end-of-turn tokens.
   return FindSpecialToken(pipeline, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
                                      "<|endoftext|>", "<EOT>", "_<EOT>",
-                                     "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence"
-                                     "\xEF\xBD\x9C>"});
+                                     "<｜end▁of▁sentence｜>"});
 }
 
 std::unique_ptr<Tokenizer> FinishTokenizer(std::unique_ptr<Pipeline> pipeline) {
@@ -85,7 +84,9 @@ std::unique_ptr<Tokenizer> FinishTokenizer(std::unique_ptr<Pipeline> pipeline) {
       continue;
     }
     const std::string* token = pipeline->model->IdToToken(id);
-    if (token != nullptr && ByteFallbackValue(*token) >= 0) pipeline->flags[id] |= kByteFallbackFlag;
+    if (token != nullptr && ByteFallbackValue(*token) >= 0) {
+      pipeline->flags[id] |= kByteFallbackFlag;
+    }
   }
   // What the post-processor puts around a sequence.
   if (pipeline->post_processor != nullptr) {
@@ -115,8 +116,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
     const fs::path json_path = path / "tokenizer.json";
     if (!fs::exists(json_path, ec)) {
       return absl::NotFoundError(
-          StrCat(path_string, ": no tokenizer.json in this directory (only tokenizer.json-based "
-                              "Hugging Face tokenizers are supported)"));
+          StrCat(path_string,
+                 ": no tokenizer.json in this directory (only tokenizer.json-based "
+                 "Hugging Face tokenizers are supported)"));
     }
     absl::StatusOr<std::string> json = ReadFile(json_path);
     if (!json.ok()) return json.status();

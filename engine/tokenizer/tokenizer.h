@@ -8,11 +8,11 @@
 //    GgufTokenizerData (engine/tokenizer/gguf_tokenizer.h).
 //
 // Encoding follows Hugging Face `tokenizers` exactly (the tests compare with its output): added and
-// special tokens are found in the text first (always, whatever add_special says), the remaining text
-// is normalized, pre-tokenized into words and each word BPE-merged; add_special then applies the
-// post-processor (e.g. prepends BOS). Decoding maps ids back to token strings and runs the decoder
-// chain. GGUF tokenizers are built into the same stages, with the split regexes llama.cpp uses for
-// each tokenizer.ggml.pre.
+// special tokens are found in the text first (always, whatever add_special says), the remaining
+// text is normalized, pre-tokenized into words and each word BPE-merged; add_special then applies
+// the post-processor (e.g. prepends BOS). Decoding maps ids back to token strings and runs the
+// decoder chain. GGUF tokenizers are built into the same stages, with the split regexes llama.cpp
+// uses for each tokenizer.ggml.pre.
 //
 // Thread safety: a loaded Tokenizer is immutable (its word cache is internally synchronized); any
 // number of threads may call Encode, Decode and the accessors at once.
@@ -69,13 +69,14 @@ class Tokenizer {
 
   // One past the largest id (vocabulary and added tokens).
   int32_t vocab_size() const;
-  // The vocabulary string of `id` ("Ġhello", "▁hello", "<0x0A>", "<|im_end|>"); "" for an id outside
-  // the vocabulary. Valid as long as the Tokenizer.
+  // The vocabulary string of `id` ("Ġhello", "▁hello", "<0x0A>", "<|im_end|>"); "" for an id
+  // outside the vocabulary. Valid as long as the Tokenizer.
   std::string_view IdToPiece(int32_t id) const;
   // The id of vocabulary string `piece`, or nullopt.
   std::optional<int32_t> PieceToId(std::string_view piece) const;
 
-  // Special tokens; nullopt where the tokenizer has none. eot is the end-of-turn token of chat models
+  // Special tokens; nullopt where the tokenizer has none. eot is the end-of-turn token of chat
+  // models
   // ("<|eot_id|>", "<|im_end|>", ...): from GGUF metadata, else found by its well-known text.
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;

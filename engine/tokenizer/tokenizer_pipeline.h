@@ -53,8 +53,8 @@ std::optional<int32_t> FindSpecialToken(const Pipeline& pipeline,
 std::optional<int32_t> FindEndOfTurnToken(const Pipeline& pipeline);
 
 // Builds the pipeline of a tokenizer.json (text) and optional tokenizer_config.json ("" for none).
-absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(std::string_view tokenizer_json,
-                                                             std::string_view tokenizer_config_json);
+absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(
+    std::string_view tokenizer_json, std::string_view tokenizer_config_json);
 
 // Derives the remaining fields (vocabulary size, token flags, add_bos/add_eos) and wraps the
 // pipeline. REQUIRES: pipeline->model is set.

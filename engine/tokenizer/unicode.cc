@@ -167,7 +167,8 @@ absl::StatusOr<std::string> NormalizeUnicode(std::string_view text, Normalizatio
   normalizer->normalizeUTF8(0, icu::StringPiece(text.data(), static_cast<int32_t>(text.size())),
                             sink, nullptr, status);
   if (U_FAILURE(status)) {
-    return absl::InvalidArgumentError(StrCat("Unicode normalization failed: ", u_errorName(status)));
+    return absl::InvalidArgumentError(
+        StrCat("Unicode normalization failed: ", u_errorName(status)));
   }
   return out;
 }

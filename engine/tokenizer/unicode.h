@@ -56,7 +56,8 @@ absl::StatusOr<std::string> NormalizeUnicode(std::string_view text, Normalizatio
 // GPT-2's reversible map from bytes to printable characters: byte b is written as the UTF-8 text
 // ByteToUnicode()[b] by byte-level pre-tokenizers, and read back by byte-level decoders.
 const std::array<std::string, 256>& ByteToUnicode();
-// The byte that character `c` stands for in that map, or -1 when `c` is not one of its 256 characters.
+// The byte that character `c` stands for in that map, or -1 when `c` is not one of its 256
+// characters.
 int UnicodeToByte(char32_t c);
 
 }  // namespace lmserve::engine::tokenizer_internal

@@ -46,7 +46,8 @@ std::string FixturesDir() {
 const std::vector<FuzzTokenizer>& Tokenizers() {
   static const std::vector<FuzzTokenizer>* tokenizers = [] {
     auto* out = new std::vector<FuzzTokenizer>();
-    for (const char* name : {"gpt2-bytelevel", "llama3-regex", "smollm-digits", "sentencepiece-bpe"}) {
+    for (const char* name :
+         {"gpt2-bytelevel", "llama3-regex", "smollm-digits", "sentencepiece-bpe"}) {
       const std::string path = FixturesDir() + "/tokenizers/" + name + ".json";
       auto tokenizer = Tokenizer::Load(path);
       if (!tokenizer.ok()) {
@@ -128,7 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The bytes as token ids (two bytes each, some out of range).
     std::vector<int32_t> ids;
     for (size_t i = 0; i + 1 < size; i += 2) {
-      ids.push_back(static_cast<int32_t>(data[i] | (data[i + 1] << 8)) % (tokenizer.vocab_size() + 8));
+      ids.push_back(static_cast<int32_t>(data[i] | (data[i + 1] << 8)) %
+                    (tokenizer.vocab_size() + 8));
     }
     Check(IsUtf8(tokenizer.Decode(ids, false)));
     CheckStream(tokenizer, ids, false);

@@ -1,6 +1,6 @@
-// Streaming detokenization: random token sequences (byte-fallback runs, partial multi-byte byte-level
-// pieces and special tokens included) streamed one id at a time must give chunks that are each valid
-// UTF-8 and concatenate to the one-shot Decode.
+// Streaming detokenization: random token sequences (byte-fallback runs, partial multi-byte
+// byte-level pieces and special tokens included) streamed one id at a time must give chunks that
+// are each valid UTF-8 and concatenate to the one-shot Decode.
 
 #include "engine/tokenizer/detokenizer.h"
 
@@ -38,7 +38,8 @@ TEST_P(DetokenizerTest, RandomSequencesStreamLikeOneShotDecode) {
   const Tokenizer& tokenizer = testing::FixtureTokenizer(GetParam());
   std::mt19937 rng(1234);
   const int32_t vocab_size = tokenizer.vocab_size();
-  // Ids of pieces that are parts of multi-byte characters are drawn more often: byte-fallback tokens
+  // Ids of pieces that are parts of multi-byte characters are drawn more often: byte-fallback
+  // tokens
   // (<0xXX>, ids 3..258 in the SentencePiece fixture) and byte-level pieces of bytes >= 0x80.
   std::vector<int32_t> partial_ids;
   for (int32_t id = 0; id < vocab_size; ++id) {
@@ -109,7 +110,8 @@ TEST(DetokenizerSentencePieceTest, HoldsByteFallbackRunsAndKeepsLeadingSpaceRule
   // The leading "▁" is stripped as in Decode; the run is emitted whole with the next token.
   const int32_t h = tokenizer.PieceToId("H").value();
   EXPECT_EQ(detokenizer.Add(h), "\xE4\xBD\xA0H");
-  // An invalid run (A, then a lone lead byte, then B) decodes as one U+FFFD per byte, as Decode does.
+  // An invalid run (A, then a lone lead byte, then B) decodes as one U+FFFD per byte, as Decode
+  // does.
   EXPECT_EQ(detokenizer.Add(byte(0x41)), "");
   EXPECT_EQ(detokenizer.Add(byte(0xE4)), "");
   EXPECT_EQ(detokenizer.Add(byte(0x42)), "");

@@ -1,7 +1,7 @@
 // Tokenizers built from GGUF metadata (GgufTokenizerData), checked against Hugging Face output: the
-// fixture vocabularies rebuilt as GGUF "gpt2" and "llama" tokenizers must reproduce the fixture ids,
-// and the demo model's GGUF tokenizer must reproduce ids that HF `tokenizers` gives for the same
-// vocabulary in SmolLM2's tokenizer.json layout.
+// fixture vocabularies rebuilt as GGUF "gpt2" and "llama" tokenizers must reproduce the fixture
+// ids, and the demo model's GGUF tokenizer must reproduce ids that HF `tokenizers` gives for the
+// same vocabulary in SmolLM2's tokenizer.json layout.
 
 #include "engine/tokenizer/gguf_tokenizer.h"
 
@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/model/gguf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/model/gguf.h"
 #include "tests/engine/tokenizer/tokenizer_test_util.h"
 
 namespace lmserve::engine {
@@ -38,9 +38,9 @@ GgufTokenizerData GgufFromFixture(const std::string& name, std::string model, st
   data.token_types.assign(vocab.size(), kNormal);
   for (const auto& [token, id] : vocab.items()) data.tokens.at(id.get<size_t>()) = token;
   for (const auto& merge : j.at("model").at("merges")) {
-    data.merges.push_back(merge.is_string() ? merge.get<std::string>()
-                                            : merge[0].get<std::string>() + " " +
-                                                  merge[1].get<std::string>());
+    data.merges.push_back(merge.is_string()
+                              ? merge.get<std::string>()
+                              : merge[0].get<std::string>() + " " + merge[1].get<std::string>());
   }
   for (const auto& added : j.at("added_tokens")) {
     const auto id = added.at("id").get<size_t>();
@@ -185,10 +185,10 @@ TEST(GgufTokenizerTest, DemoModelMatchesHuggingFace) {
   EXPECT_THAT(t.chat_template(), HasSubstr("<|im_start|>"));
   const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
       {"Hello world! How are you?", {19556, 905, 17, 1073, 359, 346, 47}},
-      {"numbers 1234567 and 3.14", {28707, 216, 33, 34, 35, 36, 37, 38, 39, 284, 216, 35, 30, 33, 36}},
+      {"numbers 1234567 and 3.14",
+       {28707, 216, 33, 34, 35, 36, 37, 38, 39, 284, 216, 35, 30, 33, 36}},
       {"<|im_start|>user\nhi there<|im_end|>\n", {1, 4093, 198, 6004, 665, 2, 198}},
-      {"你好世界 😀 café",
-       {18645, 250, 48392, 138, 7906, 240, 178, 239, 230, 40303, 218, 37366}},
+      {"你好世界 😀 café", {18645, 250, 48392, 138, 7906, 240, 178, 239, 230, 40303, 218, 37366}},
       {"def f(x):\n    return x ** 2\n",
        {1604, 275, 24, 104, 727, 472, 1003, 1792, 1903, 216, 34, 198}},
       {"I'm sure they'll say we've done it",

@@ -20,7 +20,8 @@ TEST_P(HfCasesTest, MatchesHuggingFaceExactly) {
   for (const testing::TokenizerCase& c : cases) {
     SCOPED_TRACE("text: \"" + c.text + "\"");
     EXPECT_THAT(tokenizer.Encode(c.text, /*add_special=*/false), ElementsAreArray(c.ids));
-    EXPECT_THAT(tokenizer.Encode(c.text, /*add_special=*/true), ElementsAreArray(c.ids_with_special));
+    EXPECT_THAT(tokenizer.Encode(c.text, /*add_special=*/true),
+                ElementsAreArray(c.ids_with_special));
     EXPECT_EQ(tokenizer.Decode(c.ids, /*skip_special=*/false), c.decoded);
     EXPECT_EQ(tokenizer.Decode(c.ids_with_special, /*skip_special=*/true), c.decoded_skip_special);
   }

@@ -1,7 +1,8 @@
 // tokenizer.json variants that exercise what the four shared fixtures do not (Split behaviours and
-// invert, NFC/NFKC, Replace, added-token flags, ignore_merges, legacy merges, subword prefix/suffix,
-// unknown tokens, other decoders and post-processors), against the ids and decodes of Hugging Face
-// `tokenizers` recorded in testdata/variant_cases.json (made by testdata/make_variant_cases.py).
+// invert, NFC/NFKC, Replace, added-token flags, ignore_merges, legacy merges, subword
+// prefix/suffix, unknown tokens, other decoders and post-processors), against the ids and decodes
+// of Hugging Face `tokenizers` recorded in testdata/variant_cases.json (made by
+// testdata/make_variant_cases.py).
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -13,12 +14,14 @@ namespace {
 using ::testing::ElementsAreArray;
 
 const nlohmann::json& VariantCases() {
-  static const nlohmann::json* cases = new nlohmann::json(nlohmann::json::parse(testing::ReadTextFile(
-      std::string(LMSERVE_SOURCE_DIR) + "/tests/engine/tokenizer/testdata/variant_cases.json")));
+  static const nlohmann::json* cases = new nlohmann::json(nlohmann::json::parse(
+      testing::ReadTextFile(std::string(LMSERVE_SOURCE_DIR) +
+                            "/tests/engine/tokenizer/testdata/variant_cases.json")));
   return *cases;
 }
 
-// The base fixture's tokenizer.json with the variant's patch applied (as make_variant_cases.py does).
+// The base fixture's tokenizer.json with the variant's patch applied (as make_variant_cases.py
+// does).
 std::string PatchedJson(const nlohmann::json& variant) {
   const nlohmann::json& patch = variant.at("patch");
   if (patch.contains("full")) return patch.at("full").dump();

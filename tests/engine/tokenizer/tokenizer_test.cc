@@ -1,5 +1,5 @@
-// The Tokenizer interface: loading (files, directories, configs, errors), round trips on varied text,
-// invalid input, accessors and concurrent use.
+// The Tokenizer interface: loading (files, directories, configs, errors), round trips on varied
+// text, invalid input, accessors and concurrent use.
 
 #include "engine/tokenizer/tokenizer.h"
 
@@ -27,11 +27,44 @@ void WriteFile(const fs::path& path, const std::string& contents) {
 // Deterministic varied text: words, code, numbers, whitespace runs, CJK, emoji, combining marks,
 // special-token strings and random code points from every plane.
 std::string VariedText(std::mt19937& rng) {
-  static const std::vector<std::string> kPieces = {
-      "the", "Quick", "brown", "fox's", "THEY'LL", "we've", "def f(x):\n    return x ** 2\n", "{ a[i] += 1; }",
-      "1234567", "3.14159", "1,000", "２０２４", "٣٤", "½", "你好世界", "こんにちは", "Привет", "😀", "👍🏽",
-      "👨‍👩‍👧", "e\u0301", "\u00a0", "\u3000", "\u2028", "\t", "\n\n", "\r\n", "   ", " ", "<|im_start|>",
-      "<|endoftext|>", "<|eot_id|>", "'s", "'S", "https://example.org/?a=b", "--", "...", "\uFFFD"};
+  static const std::vector<std::string> kPieces = {"the",
+                                                   "Quick",
+                                                   "brown",
+                                                   "fox's",
+                                                   "THEY'LL",
+                                                   "we've",
+                                                   "def f(x):\n    return x ** 2\n",
+                                                   "{ a[i] += 1; }",
+                                                   "1234567",
+                                                   "3.14159",
+                                                   "1,000",
+                                                   "２０２４",
+                                                   "٣٤",
+                                                   "½",
+                                                   "你好世界",
+                                                   "こんにちは",
+                                                   "Привет",
+                                                   "😀",
+                                                   "👍🏽",
+                                                   "👨‍👩‍👧",
+                                                   "e\u0301",
+                                                   "\u00a0",
+                                                   "\u3000",
+                                                   "\u2028",
+                                                   "\t",
+                                                   "\n\n",
+                                                   "\r\n",
+                                                   "   ",
+                                                   " ",
+                                                   "<|im_start|>",
+                                                   "<|endoftext|>",
+                                                   "<|eot_id|>",
+                                                   "'s",
+                                                   "'S",
+                                                   "https://example.org/?a=b",
+                                                   "--",
+                                                   "...",
+                                                   "\uFFFD"};
   std::string text;
   const int parts = 1 + static_cast<int>(rng() % 16);
   for (int i = 0; i < parts; ++i) {
@@ -40,7 +73,9 @@ std::string VariedText(std::mt19937& rng) {
       uint32_t c;
       do {
         const uint32_t plane = rng() % 4;
-        c = plane == 0 ? 0x20 + rng() % 0x60 : plane == 1 ? 0x80 + rng() % 0xF780 : rng() % 0x110000;
+        c = plane == 0   ? 0x20 + rng() % 0x60
+            : plane == 1 ? 0x80 + rng() % 0xF780
+                         : rng() % 0x110000;
       } while ((c >= 0xD800 && c <= 0xDFFF) || c == 0);
       if (c < 0x80) {
         text += static_cast<char>(c);
@@ -75,8 +110,9 @@ TEST(TokenizerTest, ByteLevelRoundTripsVariedText) {
     for (const std::string& text : texts) {
       ASSERT_EQ(tokenizer.Decode(tokenizer.Encode(text, false), false), text) << name;
       // Special tokens written in the text decode back too, unless skipped.
-      ASSERT_EQ(tokenizer.Decode(tokenizer.Encode(text, true), false).find(text) != std::string::npos,
-                true)
+      ASSERT_EQ(
+          tokenizer.Decode(tokenizer.Encode(text, true), false).find(text) != std::string::npos,
+          true)
           << name;
     }
   }
@@ -95,9 +131,15 @@ TEST(TokenizerTest, SentencePieceRoundTripsTextWithoutLeadingSpace) {
 
 TEST(TokenizerTest, InvalidUtf8IsReplacedNotTrusted) {
   const Tokenizer& tokenizer = testing::FixtureTokenizer("gpt2-bytelevel");
-  const std::string bad = "a\xFF" "b\xE4\xBD" "c\xED\xA0\x80";
+  const std::string bad =
+      "a\xFF"
+      "b\xE4\xBD"
+      "c\xED\xA0\x80";
   const std::string decoded = tokenizer.Decode(tokenizer.Encode(bad, false), false);
-  EXPECT_EQ(decoded, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(decoded,
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD"
+            "c\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_TRUE(testing::IsWellFormedUtf8(tokenizer.Decode({130}, false)));  // half a character
 }
 
@@ -165,10 +207,10 @@ TEST(TokenizerTest, LoadsAHuggingFaceDirectoryWithItsConfig) {
 }
 
 TEST(TokenizerTest, ConfigFlagsAddSpecialTokensWhenThereIsNoPostProcessor) {
-  nlohmann::json j = nlohmann::json::parse(
-      testing::ReadTextFile(testing::FixtureTokenizerPath("gpt2-bytelevel")));
-  auto tokenizer = Tokenizer::FromHfJson(
-      j.dump(), R"({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+  nlohmann::json j =
+      nlohmann::json::parse(testing::ReadTextFile(testing::FixtureTokenizerPath("gpt2-bytelevel")));
+  auto tokenizer =
+      Tokenizer::FromHfJson(j.dump(), R"({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
                     "add_bos_token": true, "add_eos_token": true})");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_THAT((*tokenizer)->Encode("", true), ElementsAre(1, 2));
@@ -177,7 +219,8 @@ TEST(TokenizerTest, ConfigFlagsAddSpecialTokensWhenThereIsNoPostProcessor) {
 }
 
 TEST(TokenizerTest, ErrorsNameTheProblem) {
-  EXPECT_EQ(Tokenizer::Load("/no/such/tokenizer.json").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Tokenizer::Load("/no/such/tokenizer.json").status().code(),
+            absl::StatusCode::kNotFound);
   const fs::path empty_dir = fs::path(testing::TempDir()) / "empty-dir";
   fs::create_directories(empty_dir);
   EXPECT_THAT(Tokenizer::Load(empty_dir.string()).status().message(), HasSubstr("tokenizer.json"));
@@ -185,25 +228,27 @@ TEST(TokenizerTest, ErrorsNameTheProblem) {
   EXPECT_FALSE(Tokenizer::FromHfJson("[]").ok());
   EXPECT_FALSE(Tokenizer::FromHfJson(R"({"model": {"type": "BPE", "vocab": 3}})").ok());
 
-  const nlohmann::json base = nlohmann::json::parse(
-      testing::ReadTextFile(testing::FixtureTokenizerPath("gpt2-bytelevel")));
+  const nlohmann::json base =
+      nlohmann::json::parse(testing::ReadTextFile(testing::FixtureTokenizerPath("gpt2-bytelevel")));
   const auto with = [&](const char* key, nlohmann::json value) {
     nlohmann::json j = base;
     j[key] = std::move(value);
     return Tokenizer::FromHfJson(j.dump()).status();
   };
-  const absl::Status unigram = with("model", {{"type", "Unigram"}, {"vocab", nlohmann::json::array()}});
+  const absl::Status unigram =
+      with("model", {{"type", "Unigram"}, {"vocab", nlohmann::json::array()}});
   EXPECT_EQ(unigram.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(unigram.message(), HasSubstr("Unigram"));
-  EXPECT_THAT(with("normalizer", {{"type", "BertNormalizer"}}).message(), HasSubstr("BertNormalizer"));
+  EXPECT_THAT(with("normalizer", {{"type", "BertNormalizer"}}).message(),
+              HasSubstr("BertNormalizer"));
   EXPECT_THAT(with("pre_tokenizer", {{"type", "Metaspace"}}).message(), HasSubstr("Metaspace"));
   EXPECT_THAT(with("decoder", {{"type", "WordPiece"}}).message(), HasSubstr("WordPiece"));
   EXPECT_THAT(with("post_processor", {{"type", "Mystery"}}).message(), HasSubstr("Mystery"));
-  EXPECT_THAT(with("pre_tokenizer", {{"type", "Split"},
-                                     {"pattern", {{"Regex", "(unclosed"}}},
-                                     {"behavior", "Isolated"}})
-                  .message(),
-              HasSubstr("(unclosed"));
+  EXPECT_THAT(
+      with("pre_tokenizer",
+           {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}})
+          .message(),
+      HasSubstr("(unclosed"));
   nlohmann::json bad_merge = base;
   bad_merge["model"]["merges"].push_back({"zzz", "qqq"});
   EXPECT_THAT(Tokenizer::FromHfJson(bad_merge.dump()).status().message(), HasSubstr("zzz"));

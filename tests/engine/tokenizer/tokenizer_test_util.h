@@ -73,10 +73,11 @@ inline const std::map<std::string, std::vector<TokenizerCase>>& TokenizerCases()
         nlohmann::json::parse(ReadTextFile(FixturesDir() + "/tokenizers/tokenizer_cases.json"));
     for (const auto& [name, rows] : j.items()) {
       for (const auto& row : rows) {
-        out->operator[](name).push_back(
-            {row.at("text").get<std::string>(), row.at("ids").get<std::vector<int32_t>>(),
-             row.at("ids_with_special").get<std::vector<int32_t>>(),
-             row.at("decoded").get<std::string>(), row.at("decoded_skip_special").get<std::string>()});
+        out->operator[](name).push_back({row.at("text").get<std::string>(),
+                                         row.at("ids").get<std::vector<int32_t>>(),
+                                         row.at("ids_with_special").get<std::vector<int32_t>>(),
+                                         row.at("decoded").get<std::string>(),
+                                         row.at("decoded_skip_special").get<std::string>()});
       }
     }
     return out;
