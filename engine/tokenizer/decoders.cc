@@ -150,6 +150,36 @@ class StripDecoder : public Decoder {
   int stop_;
 };
 
+class MetaspaceDecoder : public Decoder {
+ public:
+  MetaspaceDecoder(std::string replacement, PrependScheme prepend_scheme)
+      : replacement_(std::move(replacement)), prepend_scheme_(prepend_scheme) {}
+
+  void DecodeChain(std::vector<std::string>* tokens) const override {
+    for (size_t i = 0; i < tokens->size(); ++i) {
+      std::string& token = (*tokens)[i];
+      // `tokenizers` drops every replacement character of the first token when it prepends one.
+      const bool drop = i == 0 && prepend_scheme_ != PrependScheme::kNever;
+      std::string out;
+      out.reserve(token.size());
+      size_t pos = 0;
+      while (pos < token.size()) {
+        if (token.compare(pos, replacement_.size(), replacement_) == 0) {
+          if (!drop) out.push_back(' ');
+          pos += replacement_.size();
+        } else {
+          out.push_back(token[pos++]);
+        }
+      }
+      token = std::move(out);
+    }
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme prepend_scheme_;
+};
+
 class SequenceDecoder : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> stages)
@@ -261,6 +291,10 @@ std::unique_ptr<Decoder> MakeFuseDecoder() { return std::make_unique<FuseDecoder
 std::unique_ptr<Decoder> MakeStripDecoder(std::string content, int start, int stop) {
   return std::make_unique<StripDecoder>(std::move(content), start, stop);
 }
+std::unique_ptr<Decoder> MakeMetaspaceDecoder(std::string replacement,
+                                              PrependScheme prepend_scheme) {
+  return std::make_unique<MetaspaceDecoder>(std::move(replacement), prepend_scheme);
+}
 std::unique_ptr<Decoder> MakeSequenceDecoder(std::vector<std::unique_ptr<Decoder>> stages) {
   return std::make_unique<SequenceDecoder>(std::move(stages));
 }
@@ -292,6 +326,11 @@ absl::StatusOr<std::unique_ptr<Decoder>> DecoderFromJson(const nlohmann::json& j
     }
     return MakeStripDecoder(std::move(content), static_cast<int>(start), static_cast<int>(stop));
   }
+  if (type == "Metaspace") {
+    LMSERVE_TOK_ASSIGN_OR_RETURN(std::string replacement, MetaspaceReplacementFromJson(j));
+    LMSERVE_TOK_ASSIGN_OR_RETURN(const PrependScheme scheme, MetaspaceSchemeFromJson(j));
+    return MakeMetaspaceDecoder(std::move(replacement), scheme);
+  }
   if (type == "Sequence") {
     const nlohmann::json* list = JsonMember(j, "decoders");
     if (list == nullptr || !list->is_array()) {
@@ -306,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> DecoderFromJson(const nlohmann::json& j
   }
   return absl::UnimplementedError(
       StrCat("unsupported decoder type \"", type,
-             "\" (supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, Sequence)"));
+             "\" (supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence)"));
 }
 
 absl::StatusOr<std::unique_ptr<PostProcessor>> PostProcessorFromJson(const nlohmann::json& j) {

@@ -30,6 +30,10 @@ std::string Detokenizer::Delta(bool* complete) const {
 
 std::string Detokenizer::Add(int32_t id) {
   ids_.push_back(id);
+  // Tokens that Decode leaves out change nothing, and must not end a run of byte-fallback tokens.
+  if ((skip_special_ && tokenizer_.IsSpecial(id)) || id < 0 || id >= tokenizer_.vocab_size()) {
+    return std::string();
+  }
   // A run of byte-fallback tokens decodes as one unit (an invalid run becomes one U+FFFD per byte).
   if (tokenizer_.IsByteFallback(id)) return std::string();
   bool complete = false;

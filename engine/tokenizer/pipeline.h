@@ -37,7 +37,9 @@ class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
   // Replaces each of `pieces` by the pieces it splits into, in order. Empty pieces are dropped.
-  virtual void PreTokenize(std::vector<std::string>* pieces) const = 0;
+  // `*starts_text`: whether pieces->front() begins at the start of the text being encoded
+  // (Metaspace prepends only there); a stage that drops that beginning clears it.
+  virtual void PreTokenize(std::vector<std::string>* pieces, bool* starts_text) const = 0;
 };
 
 // Turns one word into token ids (BPE).
@@ -91,6 +93,10 @@ std::unique_ptr<PreTokenizer> MakeByteLevelPreTokenizer(bool add_prefix_space, b
 std::unique_ptr<PreTokenizer> MakeSplitPreTokenizer(Pattern pattern, SplitBehavior behavior,
                                                     bool invert);
 std::unique_ptr<PreTokenizer> MakeDigitsPreTokenizer(bool individual_digits);
+// `tokenizers`' PrependScheme of Metaspace.
+enum class PrependScheme { kAlways, kNever, kFirst };
+std::unique_ptr<PreTokenizer> MakeMetaspacePreTokenizer(std::string replacement,
+                                                        PrependScheme prepend_scheme, bool split);
 std::unique_ptr<PreTokenizer> MakeSequencePreTokenizer(
     std::vector<std::unique_ptr<PreTokenizer>> stages);
 
@@ -99,6 +105,8 @@ std::unique_ptr<Decoder> MakeReplaceDecoder(Pattern pattern, std::string content
 std::unique_ptr<Decoder> MakeByteFallbackDecoder();
 std::unique_ptr<Decoder> MakeFuseDecoder();
 std::unique_ptr<Decoder> MakeStripDecoder(std::string content, int start, int stop);
+std::unique_ptr<Decoder> MakeMetaspaceDecoder(std::string replacement,
+                                              PrependScheme prepend_scheme);
 std::unique_ptr<Decoder> MakeSequenceDecoder(std::vector<std::unique_ptr<Decoder>> stages);
 
 // Prepends `prefix` and appends `suffix` (ids) to every sequence.
@@ -112,6 +120,10 @@ absl::StatusOr<std::unique_ptr<Normalizer>> NormalizerFromJson(const nlohmann::j
 absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohmann::json& j);
 absl::StatusOr<std::unique_ptr<Decoder>> DecoderFromJson(const nlohmann::json& j);
 absl::StatusOr<std::unique_ptr<PostProcessor>> PostProcessorFromJson(const nlohmann::json& j);
+
+// Metaspace's "prepend_scheme" (or the older "add_prefix_space") and "replacement".
+absl::StatusOr<PrependScheme> MetaspaceSchemeFromJson(const nlohmann::json& j);
+absl::StatusOr<std::string> MetaspaceReplacementFromJson(const nlohmann::json& j);
 
 // Reads a Split/Replace "pattern" object: {"String": "..."} or {"Regex": "..."}.
 absl::StatusOr<Pattern> PatternFromJson(const nlohmann::json& j);

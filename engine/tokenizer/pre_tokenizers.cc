@@ -116,10 +116,15 @@ class SplitPreTokenizer : public PreTokenizer {
   SplitPreTokenizer(Pattern pattern, SplitBehavior behavior, bool invert)
       : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
 
-  void PreTokenize(std::vector<std::string>* pieces) const override {
-    SplitEach(pieces, [this](std::string_view piece, std::vector<std::string>* out) {
+  void PreTokenize(std::vector<std::string>* pieces, bool* starts_text) const override {
+    bool first = true;
+    SplitEach(pieces, [&](std::string_view piece, std::vector<std::string>* out) {
       std::vector<Span> spans = SpansFromMatches(piece.size(), pattern_.FindAll(piece));
       if (invert_) InvertSpans(&spans);
+      if (first && behavior_ == SplitBehavior::kRemoved && !spans.empty() && spans[0].is_match) {
+        *starts_text = false;
+      }
+      first = false;
       SplitSpans(piece, spans, behavior_, out);
     });
   }
@@ -135,7 +140,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   ByteLevelPreTokenizer(bool add_prefix_space, std::unique_ptr<Regex> regex)
       : add_prefix_space_(add_prefix_space), regex_(std::move(regex)) {}
 
-  void PreTokenize(std::vector<std::string>* pieces) const override {
+  void PreTokenize(std::vector<std::string>* pieces, bool* starts_text) const override {
     std::vector<std::string> out;
     out.reserve(pieces->size() * 4);
     std::string prefixed;
@@ -199,7 +204,7 @@ class DigitsPreTokenizer : public PreTokenizer {
  public:
   explicit DigitsPreTokenizer(bool individual_digits) : individual_digits_(individual_digits) {}
 
-  void PreTokenize(std::vector<std::string>* pieces) const override {
+  void PreTokenize(std::vector<std::string>* pieces, bool* starts_text) const override {
     SplitEach(pieces, [this](std::string_view piece, std::vector<std::string>* out) {
       std::vector<std::pair<size_t, size_t>> matches;
       size_t pos = 0;
@@ -229,12 +234,53 @@ class DigitsPreTokenizer : public PreTokenizer {
   bool individual_digits_;
 };
 
+class MetaspacePreTokenizer : public PreTokenizer {
+ public:
+  MetaspacePreTokenizer(std::string replacement, PrependScheme prepend_scheme, bool split)
+      : replacement_(std::move(replacement)), prepend_scheme_(prepend_scheme), split_(split) {}
+
+  void PreTokenize(std::vector<std::string>* pieces, bool* starts_text) const override {
+    bool first = true;
+    SplitEach(pieces, [&](std::string_view piece, std::vector<std::string>* out) {
+      std::string replaced;
+      replaced.reserve(piece.size() + replacement_.size());
+      for (const char c : piece) {
+        if (c == ' ') {
+          replaced.append(replacement_);
+        } else {
+          replaced.push_back(c);
+        }
+      }
+      const bool prepend = prepend_scheme_ == PrependScheme::kAlways ||
+                           (prepend_scheme_ == PrependScheme::kFirst && first && *starts_text);
+      if (prepend && replaced.rfind(replacement_, 0) != 0) replaced.insert(0, replacement_);
+      first = false;
+      if (!split_) {
+        if (!replaced.empty()) out->push_back(std::move(replaced));
+        return;
+      }
+      std::vector<std::pair<size_t, size_t>> matches;
+      for (size_t pos = replaced.find(replacement_); pos != std::string::npos;
+           pos = replaced.find(replacement_, pos + replacement_.size())) {
+        matches.emplace_back(pos, pos + replacement_.size());
+      }
+      SplitSpans(replaced, SpansFromMatches(replaced.size(), matches),
+                 SplitBehavior::kMergedWithNext, out);
+    });
+  }
+
+ private:
+  std::string replacement_;  // one character
+  PrependScheme prepend_scheme_;
+  bool split_;
+};
+
 class SequencePreTokenizer : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> stages)
       : stages_(std::move(stages)) {}
-  void PreTokenize(std::vector<std::string>* pieces) const override {
-    for (const auto& stage : stages_) stage->PreTokenize(pieces);
+  void PreTokenize(std::vector<std::string>* pieces, bool* starts_text) const override {
+    for (const auto& stage : stages_) stage->PreTokenize(pieces, starts_text);
   }
 
  private:
@@ -274,6 +320,37 @@ std::unique_ptr<PreTokenizer> MakeDigitsPreTokenizer(bool individual_digits) {
   return std::make_unique<DigitsPreTokenizer>(individual_digits);
 }
 
+std::unique_ptr<PreTokenizer> MakeMetaspacePreTokenizer(std::string replacement,
+                                                        PrependScheme prepend_scheme, bool split) {
+  return std::make_unique<MetaspacePreTokenizer>(std::move(replacement), prepend_scheme, split);
+}
+
+absl::StatusOr<PrependScheme> MetaspaceSchemeFromJson(const nlohmann::json& j) {
+  const nlohmann::json* scheme = JsonMember(j, "prepend_scheme");
+  if (scheme == nullptr || scheme->is_null()) {
+    // Before tokenizers 0.19: add_prefix_space.
+    LMSERVE_TOK_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                                 JsonBool(j, "add_prefix_space", true));
+    return add_prefix_space ? PrependScheme::kAlways : PrependScheme::kNever;
+  }
+  if (!scheme->is_string()) return absl::InvalidArgumentError("\"prepend_scheme\" is not a string");
+  const std::string name = scheme->get<std::string>();
+  if (name == "always") return PrependScheme::kAlways;
+  if (name == "never") return PrependScheme::kNever;
+  if (name == "first") return PrependScheme::kFirst;
+  return absl::InvalidArgumentError(StrCat("unknown prepend_scheme \"", name, "\""));
+}
+
+absl::StatusOr<std::string> MetaspaceReplacementFromJson(const nlohmann::json& j) {
+  absl::StatusOr<std::string> replacement = JsonString(j, "replacement", "\u2581");
+  if (!replacement.ok()) return replacement.status();
+  const std::string_view text = *replacement;
+  if (text.empty() || Utf8SequenceLength(static_cast<uint8_t>(text.front())) != text.size()) {
+    return absl::InvalidArgumentError("Metaspace: \"replacement\" must be one character");
+  }
+  return replacement;
+}
+
 std::unique_ptr<PreTokenizer> MakeSequencePreTokenizer(
     std::vector<std::unique_ptr<PreTokenizer>> stages) {
   return std::make_unique<SequencePreTokenizer>(std::move(stages));
@@ -302,6 +379,12 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohman
     LMSERVE_TOK_ASSIGN_OR_RETURN(const bool individual, JsonBool(j, "individual_digits", false));
     return MakeDigitsPreTokenizer(individual);
   }
+  if (type == "Metaspace") {
+    LMSERVE_TOK_ASSIGN_OR_RETURN(std::string replacement, MetaspaceReplacementFromJson(j));
+    LMSERVE_TOK_ASSIGN_OR_RETURN(const PrependScheme scheme, MetaspaceSchemeFromJson(j));
+    LMSERVE_TOK_ASSIGN_OR_RETURN(const bool split, JsonBool(j, "split", true));
+    return MakeMetaspacePreTokenizer(std::move(replacement), scheme, split);
+  }
   if (type == "Sequence") {
     const nlohmann::json* list = JsonMember(j, "pretokenizers");
     if (list == nullptr || !list->is_array()) {
@@ -314,8 +397,9 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohman
     }
     return MakeSequencePreTokenizer(std::move(stages));
   }
-  return absl::UnimplementedError(StrCat("unsupported pre-tokenizer type \"", type,
-                                         "\" (supported: ByteLevel, Split, Digits, Sequence)"));
+  return absl::UnimplementedError(
+      StrCat("unsupported pre-tokenizer type \"", type,
+             "\" (supported: ByteLevel, Split, Digits, Metaspace, Sequence)"));
 }
 
 }  // namespace lmserve::engine::tokenizer_internal

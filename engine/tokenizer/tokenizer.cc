@@ -66,8 +66,7 @@ std::optional<int32_t> FindSpecialToken(const Pipeline& pipeline,
 std::optional<int32_t> FindEndOfTurnToken(const Pipeline& pipeline) {
   // llama.cpp's list of end-of-turn tokens.
   return FindSpecialToken(pipeline, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                     "<|endoftext|>", "<EOT>", "_<EOT>",
-                                     "<｜end▁of▁sentence｜>"});
+                                     "<|endoftext|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>"});
 }
 
 std::unique_ptr<Tokenizer> FinishTokenizer(std::unique_ptr<Pipeline> pipeline) {
@@ -184,6 +183,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view raw_text, bool add_speci
       ids.push_back(raw.id);
       continue;
     }
+    const bool raw_starts_text = raw.text.data() == text.data();
     normalized.assign(raw.text);
     if (p.normalizer != nullptr) p.normalizer->Normalize(&normalized);
     if (normalized.empty()) continue;
@@ -199,7 +199,8 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view raw_text, bool add_speci
         continue;
       }
       words.assign(1, std::string(segment.text));
-      if (p.pre_tokenizer != nullptr) p.pre_tokenizer->PreTokenize(&words);
+      bool starts_text = raw_starts_text && segment.text.data() == normalized.data();
+      if (p.pre_tokenizer != nullptr) p.pre_tokenizer->PreTokenize(&words, &starts_text);
       for (const std::string& word : words) p.model->Tokenize(word, &ids);
     }
   }

@@ -118,5 +118,16 @@ TEST(DetokenizerSentencePieceTest, HoldsByteFallbackRunsAndKeepsLeadingSpaceRule
   EXPECT_EQ(detokenizer.Flush(), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
+TEST(DetokenizerSentencePieceTest, SkippedTokensDoNotEndAByteRun) {
+  // Found by tokenizer_fuzz: with skip_special, Decode drops <s> and <unk> and the two byte tokens
+  // around them form one (invalid) run: two U+FFFD, not ")" and one U+FFFD.
+  const Tokenizer& tokenizer = testing::FixtureTokenizer("sentencepiece-bpe");
+  const std::vector<int32_t> ids = {1908, 915, 3 + 0x29, 1, 0, 3 + 0xB9, 99999, 3 + 0x41};
+  ExpectStreamsLikeDecode(tokenizer, ids, /*skip_special=*/true);
+  ExpectStreamsLikeDecode(tokenizer, ids, /*skip_special=*/false);
+  // And a valid character split by skipped tokens.
+  ExpectStreamsLikeDecode(tokenizer, {3 + 0xE4, 1, 3 + 0xBD, 2, 3 + 0xA0, 445}, true);
+}
+
 }  // namespace
 }  // namespace lmserve::engine

@@ -241,7 +241,7 @@ TEST(TokenizerTest, ErrorsNameTheProblem) {
   EXPECT_THAT(unigram.message(), HasSubstr("Unigram"));
   EXPECT_THAT(with("normalizer", {{"type", "BertNormalizer"}}).message(),
               HasSubstr("BertNormalizer"));
-  EXPECT_THAT(with("pre_tokenizer", {{"type", "Metaspace"}}).message(), HasSubstr("Metaspace"));
+  EXPECT_THAT(with("pre_tokenizer", {{"type", "Whitespace"}}).message(), HasSubstr("Whitespace"));
   EXPECT_THAT(with("decoder", {{"type", "WordPiece"}}).message(), HasSubstr("WordPiece"));
   EXPECT_THAT(with("post_processor", {{"type", "Mystery"}}).message(), HasSubstr("Mystery"));
   EXPECT_THAT(

@@ -14,7 +14,7 @@ def base(name):
     with open(os.path.join(fixtures, name + ".json")) as f:
         return json.load(f)
 
-TEXTS = ["Hello, world! How are you?", "  two  spaces\tand\ttabs\n\nnew lines  ", "numbers 1234567 and 3.14159",
+TEXTS = ["Hello, world! How are you?", "<s>x y</s> z", "  lead", "</s> after special", "  two  spaces\tand\ttabs\n\nnew lines  ", "numbers 1234567 and 3.14159",
          "caf\u00e9 vs cafe\u0301 \u212b \ufb01", "\u4f60\u597d\u4e16\u754c \U0001F600 done", "I'm sure they'll say WE'VE done it",
          "<tool>call</tool> <tool> spaced </tool>", "hello world, shello hello_x hello", "x<|im_end|>y <|im_end|> z",
          "", " ", "a", "ALL CAPS, lower; mixed.Case!", "foo bar foo-bar foobar", "[MASK] the [MASK]", "\u00a0nbsp\u00a0"]
@@ -59,6 +59,18 @@ variant("sp_unknown_unfused", "sentencepiece-bpe", {"model_patch": {"byte_fallba
 variant("sp_normalized_added_token", "sentencepiece-bpe", {"added_tokens_extra": [added(2056, "foo", special=False, normalized=True), added(2057, "\u2581bar", special=False, normalized=True)]})
 variant("sp_strip_both_ends", "sentencepiece-bpe", {"decoder": {"type": "Sequence", "decoders": [
     {"type": "Replace", "pattern": {"Regex": "\u2581+"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 2, "stop": 1}]}})
+
+def metaspace(scheme, split, legacy=False):
+    if legacy:
+        return {"type": "Metaspace", "replacement": "\u2581", "add_prefix_space": scheme == "always"}
+    return {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme, "split": split}
+for scheme in ("first", "always", "never"):
+    for split in (False, True):
+        variant(f"metaspace_{scheme}_{'split' if split else 'nosplit'}", "sentencepiece-bpe",
+                {"normalizer": None, "pre_tokenizer": metaspace(scheme, split), "decoder": metaspace(scheme, split)})
+variant("metaspace_legacy_add_prefix_space", "sentencepiece-bpe",
+        {"normalizer": None, "pre_tokenizer": metaspace("always", True, legacy=True),
+         "decoder": {"type": "Sequence", "decoders": [metaspace("always", True, legacy=True), {"type": "ByteFallback"}, {"type": "Fuse"}]}})
 
 def patched(base_name, patch):
     j = base(base_name)
