@@ -118,6 +118,33 @@ TEST(DetokenizerSentencePieceTest, HoldsByteFallbackRunsAndKeepsLeadingSpaceRule
   EXPECT_EQ(detokenizer.Flush(), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
+TEST(DetokenizerSentencePieceTest, MetaspaceDecoderStreamsLikeDecode) {
+  // The SentencePiece fixture with a Metaspace pre-tokenizer and decoder (which drops the "▁" of the
+  // first token, whatever the window): random sequences with byte runs and "▁" pieces.
+  nlohmann::json j = nlohmann::json::parse(
+      testing::ReadTextFile(testing::FixtureTokenizerPath("sentencepiece-bpe")));
+  const nlohmann::json metaspace = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}};
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = metaspace;
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", {metaspace, {{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
+  auto tokenizer = Tokenizer::FromHfJson(j.dump());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const int32_t space = (*tokenizer)->PieceToId("\u2581").value();
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int32_t> ids(1 + rng() % 30);
+    for (int32_t& id : ids) {
+      const unsigned kind = rng() % 4;
+      id = kind == 0 ? space : kind == 1 ? 3 + static_cast<int32_t>(rng() % 256)
+                                         : static_cast<int32_t>(rng() % 2056);
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    ExpectStreamsLikeDecode(**tokenizer, ids, trial % 2 == 0);
+  }
+}
+
 TEST(DetokenizerSentencePieceTest, SkippedTokensDoNotEndAByteRun) {
   // Found by tokenizer_fuzz: with skip_special, Decode drops <s> and <unk> and the two byte tokens
   // around them form one (invalid) run: two U+FFFD, not ")" and one U+FFFD.
