@@ -33,7 +33,7 @@ fi
 
 missing=()
 for p in "${packages[@]}"; do
-  [[ -n $p ]] && ! installed "$p" && missing+=("$p")
+  if [[ -n $p ]] && ! installed "$p"; then missing+=("$p"); fi
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all packages present"
