@@ -266,7 +266,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
 
   // Shapes the config depends on.
   absl::StatusOr<const TensorView*> embed = checkpoint->Find("model.embed_tokens.weight");
-  if (!embed.ok()) return embed.status();
+  if (!embed.ok()) return WithGgufName(embed.status());
   if ((*embed)->shape.size() != 2) {
     return absl::InvalidArgumentError(StrCat(path, ": tensor 'token_embd.weight' has shape ",
                                              (*embed)->ShapeString(), ", expected 2 dimensions"));
