@@ -188,17 +188,27 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            "' is not supported (supported: none, linear)"));
   }
 
-  if (std::optional<int64_t> bos = file.GetInt("tokenizer.ggml.bos_token_id"); bos.has_value()) {
-    c.bos_token_id = static_cast<int32_t>(*bos);
-  }
-  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
-    std::optional<int64_t> id = file.GetInt(key);
-    if (!id.has_value()) continue;
-    if (*id < 0 || *id > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(StrCat(path, ": metadata key '", key, "' is ", *id));
+  // Token ids: a negative id is llama.cpp's "no such token" and is skipped.
+  auto token_id = [&](const char* key) -> absl::StatusOr<std::optional<int32_t>> {
+    const GgufValue* value = file.Find(key);
+    if (value == nullptr) return std::nullopt;
+    const std::optional<int64_t> id = value->AsInt();
+    if (!id.has_value() || *id > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(
+          StrCat(path, ": metadata key '", key, "' is ", value->ToString(), ", not a token id"));
     }
-    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *id) == c.eos_token_ids.end()) {
-      c.eos_token_ids.push_back(static_cast<int32_t>(*id));
+    if (*id < 0) return std::nullopt;
+    return static_cast<int32_t>(*id);
+  };
+  absl::StatusOr<std::optional<int32_t>> bos = token_id("tokenizer.ggml.bos_token_id");
+  if (!bos.ok()) return bos.status();
+  c.bos_token_id = *bos;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    absl::StatusOr<std::optional<int32_t>> id = token_id(key);
+    if (!id.ok()) return id.status();
+    if (id->has_value() &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), **id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(**id);
     }
   }
   return c;

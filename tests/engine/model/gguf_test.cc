@@ -317,6 +317,7 @@ struct TinyModelOptions {
   std::string skip_tensor;            // leave this tensor out
   std::string misshapen_tensor;       // give this 1-D tensor one element less
   std::optional<uint32_t> rope_dims;  // rope.dimension_count
+  GgufValue eot_token_id = GgufValue::Uint(GgufType::kUint32, 3);
 };
 
 TinyModelOptions Arch(std::string architecture) {
@@ -359,7 +360,7 @@ GgufWriter TinyModel(const TinyModelOptions& options = {}) {
   if (options.rope_dims) w.Add(arch + ".rope.dimension_count", u32(*options.rope_dims));
   w.Add("tokenizer.ggml.bos_token_id", u32(1));
   w.Add("tokenizer.ggml.eos_token_id", u32(2));
-  w.Add("tokenizer.ggml.eot_token_id", u32(3));
+  w.Add("tokenizer.ggml.eot_token_id", options.eot_token_id);
   auto add = [&](const std::string& name, std::vector<int64_t> dims) {
     if (name == options.skip_tensor) return;
     if (name == options.misshapen_tensor) dims[0] -= 1;
@@ -427,6 +428,34 @@ TEST(GgufCheckpointTest, TinyModelLoads) {
   EXPECT_EQ((*qwen)->config().architecture, Architecture::kQwen2);
   EXPECT_EQ((*qwen)->config().rope.layout, RopeLayout::kHalfSplit);
   EXPECT_TRUE((*qwen)->config().attention_bias);
+}
+
+TEST(GgufCheckpointTest, TokenIds) {
+  TinyModelOptions null_eot;  // llama.cpp writes -1 for "no such token"
+  null_eot.eot_token_id = GgufValue::Int(GgufType::kInt32, -1);
+  auto checkpoint = LoadBytes(TinyModel(null_eot).Serialize());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_EQ((*checkpoint)->config().eos_token_ids, (std::vector<int32_t>{2}));
+
+  TinyModelOptions same_eot;  // eot equal to eos is listed once
+  same_eot.eot_token_id = GgufValue::Int(GgufType::kInt64, 2);
+  checkpoint = LoadBytes(TinyModel(same_eot).Serialize());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_EQ((*checkpoint)->config().eos_token_ids, (std::vector<int32_t>{2}));
+
+  TinyModelOptions outside;  // beyond the vocabulary of 8
+  outside.eot_token_id = GgufValue::Uint(GgufType::kUint32, 8);
+  checkpoint = LoadBytes(TinyModel(outside).Serialize());
+  ASSERT_FALSE(checkpoint.ok());
+  EXPECT_THAT(std::string(checkpoint.status().message()), HasSubstr("tiny.gguf"));
+  EXPECT_THAT(std::string(checkpoint.status().message()), HasSubstr("outside the vocabulary"));
+
+  TinyModelOptions text;
+  text.eot_token_id = GgufValue::String("3");
+  checkpoint = LoadBytes(TinyModel(text).Serialize());
+  ASSERT_FALSE(checkpoint.ok());
+  EXPECT_THAT(std::string(checkpoint.status().message()),
+              HasSubstr("tiny.gguf: metadata key 'tokenizer.ggml.eot_token_id' is \"3\""));
 }
 
 TEST(GgufCheckpointTest, MissingTensorWrongShapeAndUnsupportedConfigs) {
