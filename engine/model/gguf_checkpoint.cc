@@ -159,14 +159,16 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                              c.max_position_embeddings,
                                              ", beyond any supported model"));
   }
-  const std::optional<int64_t> value_length = file.GetInt(StrCat(*arch, ".attention.value_length"));
-  if (value_length.has_value() && *value_length != c.head_dim) {
-    return absl::UnimplementedError(StrCat(path, ": attention.value_length ", *value_length,
-                                           " differs from key_length ", c.head_dim));
+  int64_t value_length = c.head_dim, rope_dims = c.head_dim;
+  if (absl::Status s = optional_int("attention.value_length", &value_length); !s.ok()) return s;
+  if (absl::Status s = optional_int("rope.dimension_count", &rope_dims); !s.ok()) return s;
+  if (value_length != c.head_dim) {
+    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".attention.value_length ",
+                                           value_length, " differs from the key length ",
+                                           c.head_dim));
   }
-  if (const std::optional<int64_t> rope_dims = file.GetInt(StrCat(*arch, ".rope.dimension_count"));
-      rope_dims.has_value() && *rope_dims != c.head_dim) {
-    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".rope.dimension_count ", *rope_dims,
+  if (rope_dims != c.head_dim) {
+    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".rope.dimension_count ", rope_dims,
                                            " differs from the head dimension ", c.head_dim,
                                            " (partial rotary embedding is not supported)"));
   }
@@ -271,7 +273,11 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
     view.shape.assign(info.dims.rbegin(), info.dims.rend());
     view.data = info.data;
     view.num_bytes = info.num_bytes;
-    checkpoint->tensors_.emplace(view.name, std::move(view));
+    const std::string hf = view.name;
+    if (!checkpoint->tensors_.emplace(hf, std::move(view)).second) {
+      return absl::InvalidArgumentError(StrCat(path, ": tensor '", info.name, "' is a second '", hf,
+                                               "' (another tensor has that name too)"));
+    }
   }
 
   // Shapes the config depends on.

@@ -215,6 +215,8 @@ TEST(GgufParseTest, GgmlTypeMapping) {
   EXPECT_EQ(DTypeFromGgmlType(6), std::nullopt);  // Q5_0
   EXPECT_EQ(GgmlTypeName(16), "IQ2_XXS");
   EXPECT_EQ(GgmlTypeName(17), "IQ2_XS");
+  EXPECT_EQ(GgmlTypeName(30), "BF16");
+  EXPECT_EQ(GgmlTypeName(39), "MXFP4");
   EXPECT_EQ(GgmlTypeName(1000), "unknown");
 }
 
@@ -486,6 +488,14 @@ TEST(GgufCheckpointTest, MissingTensorWrongShapeAndUnsupportedConfigs) {
   EXPECT_EQ(partial_rope.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(partial_rope.status().message()), HasSubstr("rope.dimension_count 8"));
   EXPECT_TRUE(LoadBytes(TinyModel(RopeDims(16)).Serialize()).ok());
+
+  GgufWriter alias = TinyModel();  // blk.00 is blk.0 again
+  alias.AddTensor("blk.00.attn_norm.weight", {32}, 0, std::vector<std::byte>(128));
+  auto aliased = LoadBytes(alias.Serialize());
+  ASSERT_FALSE(aliased.ok());
+  EXPECT_THAT(std::string(aliased.status().message()),
+              HasSubstr("tiny.gguf: tensor 'blk.00.attn_norm.weight' is a second "
+                        "'model.layers.0.input_layernorm.weight'"));
 
   GgufWriter duplicate = TinyModel();
   duplicate.Add("llama.attention.head_count", GgufValue::String("two"));  // duplicate key
