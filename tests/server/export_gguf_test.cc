@@ -1,5 +1,6 @@
 // lmserve export-gguf, called as the binary's dispatcher calls it.
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -21,11 +22,14 @@ TEST(ExportGgufCommandTest, WritesALoadableFile) {
   const std::string out = testing::TempDir() + "/cli-export.gguf";
   ASSERT_EQ(
       RunExport({"--model", testing::HfTinyDir("qwen2-bias"), "--type", "q8_0", "--out", out}), 0);
-  auto checkpoint = engine::OpenCheckpoint(out);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  EXPECT_EQ((*checkpoint)->config().architecture, engine::Architecture::kQwen2);
-  EXPECT_EQ((*(*checkpoint)->Find("model.layers.0.mlp.up_proj.weight"))->dtype,
-            kernels::DType::kQ8_0);
+  {
+    auto checkpoint = engine::OpenCheckpoint(out);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    EXPECT_EQ((*checkpoint)->config().architecture, engine::Architecture::kQwen2);
+    EXPECT_EQ((*(*checkpoint)->Find("model.layers.0.mlp.up_proj.weight"))->dtype,
+              kernels::DType::kQ8_0);
+  }
+  std::filesystem::remove(out);
 }
 
 TEST(ExportGgufCommandTest, BadArguments) {

@@ -31,6 +31,20 @@ using kernels::DType;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
+// A file in the test's scratch directory, removed when the test ends (TempDir itself is kept).
+class ScratchFile {
+ public:
+  explicit ScratchFile(std::string_view name) : path_(StrCat(testing::TempDir(), "/", name)) {}
+  ~ScratchFile() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // ---- A GGUF file assembled byte by byte, independent of GgufWriter ----------------------------
 
 class Bytes {
@@ -596,7 +610,8 @@ TEST_P(GgufFixtureTest, WrittenAsF32F16AndQ8_0ReloadsWithTheSameTensors) {
   for (const char* type_name : {"f32", "f16", "q8_0"}) {
     SCOPED_TRACE(StrCat(model, " ", type_name));
     const GgufOutputType type = *GgufOutputTypeFromName(type_name);
-    const std::string path = StrCat(testing::TempDir(), "/", model, ".", type_name, ".gguf");
+    const ScratchFile scratch(StrCat(model, ".", type_name, ".gguf"));
+    const std::string& path = scratch.path();
     ASSERT_TRUE(WriteGgufCheckpoint(**hf, type, path).ok());
     auto gguf = OpenCheckpoint(path);
     ASSERT_TRUE(gguf.ok()) << gguf.status();
@@ -663,6 +678,20 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufFixtureTest,
                            return name;
                          });
 
+TEST(GgufCorruptTest, TruncatedFileOnDiskNamesFileAndTensor) {
+  auto hf = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const ScratchFile scratch("truncated.gguf");
+  const std::string& path = scratch.path();
+  ASSERT_TRUE(WriteGgufCheckpoint(**hf, GgufOutputType::kQ8_0, path).ok());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4096);
+  auto checkpoint = OpenCheckpoint(path);
+  ASSERT_FALSE(checkpoint.ok());
+  const std::string message(checkpoint.status().message());
+  EXPECT_THAT(message, StartsWith(path + ": corrupt GGUF file: tensor 'output.weight'"));
+  EXPECT_THAT(message, HasSubstr("truncated"));
+}
+
 TEST(GgufWriterTest, PermuteRotaryRowsMatchesConvertAndInverts) {
   // convert's permute on 2 heads of head_dim 4, one column: reshape(2, 2, 2, 1).swapaxes(1, 2)
   // maps rows [0 1 2 3 | 4 5 6 7] to [0 2 1 3 | 4 6 5 7].
@@ -680,7 +709,8 @@ TEST(GgufWriterTest, PermuteRotaryRowsMatchesConvertAndInverts) {
 TEST(GgufWriterTest, Llama3RopeIsWrittenAsFrequencyDivisors) {
   auto hf = OpenCheckpoint(testing::HfTinyDir("llama-mqa-tied-llama3rope"));
   ASSERT_TRUE(hf.ok()) << hf.status();
-  const std::string path = testing::TempDir() + "/llama3rope.gguf";
+  const ScratchFile scratch("llama3rope.gguf");
+  const std::string& path = scratch.path();
   ASSERT_TRUE(WriteGgufCheckpoint(**hf, GgufOutputType::kF32, path).ok());
   auto file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
@@ -765,7 +795,8 @@ TEST(GgufDemoModelTest, ExportsAsQ8_0WithTokenizerAndUnpermutedRows) {
   if (!path.has_value()) GTEST_SKIP() << "demo model absent (scripts/fetch-demo-model.sh)";
   auto source = OpenCheckpoint(*path);
   ASSERT_TRUE(source.ok()) << source.status();
-  const std::string out = testing::TempDir() + "/demo.q8_0.gguf";
+  const ScratchFile scratch("demo.q8_0.gguf");  // about 145 MB
+  const std::string& out = scratch.path();
   ASSERT_TRUE(WriteGgufCheckpoint(**source, GgufOutputType::kQ8_0, out).ok());
   auto copy = OpenCheckpoint(out);
   ASSERT_TRUE(copy.ok()) << copy.status();
