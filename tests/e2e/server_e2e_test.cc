@@ -213,7 +213,10 @@ TEST(ServerE2eTest, CancellingAStreamFreesItsKvCache) {
   auto stub = v1::Lmserve::NewStub(server->Channel());
   RunningStream stream;
   ASSERT_TRUE(stream.Start(stub.get(), LongRequest()));
-  EXPECT_GT(Status(stub.get()).kv_cache_usage(), 0);
+  // The status is the engine's as of its last step: poll until it shows the request's blocks.
+  double usage = 0;
+  for (int i = 0; i < 500 && usage == 0; ++i) usage = Status(stub.get()).kv_cache_usage();
+  EXPECT_GT(usage, 0);
   stream.context.TryCancel();
   v1::CompleteStreamResponse message;
   int extra = 0;
@@ -523,36 +526,47 @@ TEST(ServerE2eTest, HealthTransitionsFromLoadToDrain) {
 }
 
 TEST(ServerE2eTest, SigtermDrainsInFlightStreamsAndRefusesNewCalls) {
-  auto server = ServerProcess::Start(Args({"--max-num-seqs", "2", "--grace-period-s", "120"}));
+  auto server = ServerProcess::Start(Args({"--max-num-seqs", "32", "--grace-period-s", "300"}));
   ASSERT_NE(server, nullptr);
   auto stub = v1::Lmserve::NewStub(server->Channel());
-  constexpr int kStreams = 3;
+  // Two long requests (16 choices of 500 tokens, with logprobs), side by side: the drain lasts
+  // seconds; the checks below take milliseconds.
+  constexpr int kStreams = 2;
   std::vector<std::unique_ptr<RunningStream>> streams;
   for (int i = 0; i < kStreams; ++i) {
+    v1::CompleteRequest request = IdsRequest({5, 6, 7 + i}, 500, 16);
+    request.mutable_sampling()->set_logprobs(20);
     streams.push_back(std::make_unique<RunningStream>());
-    ASSERT_TRUE(streams.back()->Start(stub.get(), IdsRequest({5, 6, 7 + i}, 400, 4)));
+    ASSERT_TRUE(streams.back()->Start(stub.get(), request));
   }
   server->Signal(SIGTERM);
-  // New calls are refused once the signal is handled.
-  grpc::Status refused;
-  for (int i = 0; i < 500; ++i) {
+  // Once the signal is handled (health says NOT_SERVING), new calls are refused while both
+  // streams are still in flight.
+  ASSERT_TRUE(server->WaitHealth(false, 30));
+  {
     grpc::ClientContext context;
-    SetDeadline(&context, 5);
+    SetDeadline(&context, 10);
     v1::CompleteResponse response;
-    refused = stub->Complete(&context, IdsRequest({1, 2}, 2), &response);
-    if (refused.error_code() == grpc::StatusCode::UNAVAILABLE) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const grpc::Status refused = stub->Complete(&context, IdsRequest({1, 2}, 2), &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(refused.error_message(), HasSubstr("shutting down")) << server->Log();
   }
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(refused.error_message(), HasSubstr("shutting down"));
+  const v1::ServerStatus draining = Status(stub.get());
+  EXPECT_TRUE(draining.draining());
+  EXPECT_EQ(draining.num_requests_in_flight(), kStreams);
   // The in-flight streams run to the end.
   for (int i = 0; i < kStreams; ++i) {
     int tokens = streams[i]->first.token_ids_size();
+    int logprobs = streams[i]->first.logprobs_size();
     v1::CompleteStreamResponse message;
-    while (streams[i]->reader->Read(&message)) tokens += message.token_ids_size();
+    while (streams[i]->reader->Read(&message)) {
+      tokens += message.token_ids_size();
+      logprobs += message.logprobs_size();
+    }
     const grpc::Status status = streams[i]->reader->Finish();
     EXPECT_TRUE(status.ok()) << i << ": " << status.error_message();
-    EXPECT_EQ(tokens, 1600) << i;
+    EXPECT_EQ(tokens, 8000) << i;
+    EXPECT_EQ(logprobs, 8000) << i;
   }
   EXPECT_EQ(server->WaitExit(60), 0) << server->Log();
 }
