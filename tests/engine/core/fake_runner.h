@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -79,6 +80,7 @@ struct FakeRunnerOptions {
   ManualClock* clock = nullptr;  // advanced by each Execute when set
   double seconds_per_step = 0.0;
   double seconds_per_token = 0.0;
+  std::function<void()> on_execute;  // called first in each Execute (engine thread), when set
 };
 
 class FakeRunner final : public ModelRunner {
@@ -98,6 +100,7 @@ class FakeRunner final : public ModelRunner {
   int32_t num_kv_blocks() const override { return options_.num_kv_blocks; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
+    if (options_.on_execute) options_.on_execute();
     if (options_.clock != nullptr) {
       options_.clock->AdvanceSeconds(options_.seconds_per_step +
                                      options_.seconds_per_token * batch.num_tokens());
