@@ -234,31 +234,21 @@ bool EngineCore::Step() {
 }
 
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {
-  batch_.token_ids.clear();
-  batch_.query_start.assign(1, 0);
-  batch_.context_lens.clear();
-  batch_.block_table_start.assign(1, 0);
-  batch_.block_table_ids.clear();
-  batch_.logits_modes.clear();
+  batch_.Clear();
   for (const ScheduledSequence& scheduled : plan.scheduled) {
     const Sequence& seq = *scheduled.seq;
     const RequestState& r = *samples_by_seq_id_.at(seq.seq_id)->request;
     const int32_t begin = seq.num_computed_tokens;
     const int32_t end = begin + scheduled.num_new_tokens;
-    batch_.token_ids.insert(batch_.token_ids.end(), seq.tokens.begin() + begin,
-                            seq.tokens.begin() + end);
-    batch_.query_start.push_back(static_cast<int32_t>(batch_.token_ids.size()));
-    batch_.context_lens.push_back(end);
-    const std::span<const int32_t> table = block_manager_.BlockTable(seq.seq_id);
-    batch_.block_table_ids.insert(batch_.block_table_ids.end(), table.begin(), table.end());
-    batch_.block_table_start.push_back(static_cast<int32_t>(batch_.block_table_ids.size()));
     // Row p predicts token p + 1: prompt logprobs need rows next_position - 1 .. P - 2.
     const bool wants_prompt_rows = seq.sample_index == 0 && r.owes_prompt_logprobs() &&
                                    end > r.next_prompt_logprob_position - 1 &&
                                    begin <= r.num_prompt_tokens() - 2;
-    batch_.logits_modes.push_back(wants_prompt_rows              ? LogitsMode::kAll
-                                  : end == seq.num_known_tokens() ? LogitsMode::kLast
-                                                                   : LogitsMode::kNone);
+    const LogitsMode mode = wants_prompt_rows                ? LogitsMode::kAll
+                            : end == seq.num_known_tokens() ? LogitsMode::kLast
+                                                             : LogitsMode::kNone;
+    batch_.AddSequence(std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens),
+                       begin, block_manager_.BlockTable(seq.seq_id), mode);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -79,6 +80,7 @@ struct FakeRunnerOptions {
   ManualClock* clock = nullptr;  // advanced by each Execute when set
   double seconds_per_step = 0.0;
   double seconds_per_token = 0.0;
+  std::function<void()> on_execute;  // called first in each Execute (engine thread), when set
 };
 
 class FakeRunner final : public ModelRunner {
@@ -98,6 +100,7 @@ class FakeRunner final : public ModelRunner {
   int32_t num_kv_blocks() const override { return options_.num_kv_blocks; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
+    if (options_.on_execute) options_.on_execute();
     if (options_.clock != nullptr) {
       options_.clock->AdvanceSeconds(options_.seconds_per_step +
                                      options_.seconds_per_token * batch.num_tokens());
@@ -158,35 +161,7 @@ class FakeRunner final : public ModelRunner {
 
  private:
   absl::Status Validate(const StepBatch& batch) const {
-    const int32_t num_seqs = batch.num_seqs();
-    if (static_cast<int32_t>(batch.query_start.size()) != num_seqs + 1 ||
-        static_cast<int32_t>(batch.block_table_start.size()) != num_seqs + 1 ||
-        static_cast<int32_t>(batch.logits_modes.size()) != num_seqs ||
-        batch.query_start.back() != batch.num_tokens()) {
-      return absl::InvalidArgumentError("FakeRunner: inconsistent batch shape");
-    }
-    for (int32_t i = 0; i < num_seqs; ++i) {
-      const int32_t num_new = batch.query_start[i + 1] - batch.query_start[i];
-      const int32_t num_blocks = batch.block_table_start[i + 1] - batch.block_table_start[i];
-      if (num_new <= 0 || batch.context_lens[i] < num_new ||
-          batch.context_lens[i] > options_.max_position_embeddings) {
-        return absl::InvalidArgumentError(StrCat("FakeRunner: seq ", i, " bad lengths"));
-      }
-      if (int64_t{num_blocks} * options_.block_size_tokens < batch.context_lens[i]) {
-        return absl::InvalidArgumentError(StrCat("FakeRunner: seq ", i, " table too short"));
-      }
-      for (int32_t j = batch.block_table_start[i]; j < batch.block_table_start[i + 1]; ++j) {
-        if (batch.block_table_ids[j] < 0 || batch.block_table_ids[j] >= options_.num_kv_blocks) {
-          return absl::InvalidArgumentError(StrCat("FakeRunner: block id ", batch.block_table_ids[j]));
-        }
-      }
-    }
-    for (int32_t token : batch.token_ids) {
-      if (token < 0 || token >= options_.vocab_size) {
-        return absl::InvalidArgumentError(StrCat("FakeRunner: token ", token));
-      }
-    }
-    return absl::OkStatus();
+    return ValidateStepBatch(batch, config_, options_.block_size_tokens, options_.num_kv_blocks);
   }
 
   FakeRunnerOptions options_;
