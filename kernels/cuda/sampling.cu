@@ -1,0 +1,448 @@
+#include <cfloat>
+#include <climits>
+
+#include "kernels/cpu/philox.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/sampling.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kBins = 2048;  // first radix level: the top 11 bits of a key
+
+struct SamplerSmem {
+  uint32_t bin_count[kBins];
+  float bin_weight[kBins];
+  float scan[kThreads];
+  uint32_t cand_key[kSamplingCandidates];
+  float cand_weight[kSamplingCandidates];
+  int32_t cand_index[kSamplingCandidates];
+};
+
+// Order-preserving map of floats to unsigned integers; NaN maps to 0, below everything.
+__device__ __forceinline__ uint32_t OrderedKey(float z) {
+  if (z != z) return 0u;
+  const uint32_t bits = __float_as_uint(z);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Argmax order: a number beats NaN, a larger value beats a smaller, a lower index breaks ties.
+__device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i) {
+  const bool nan_v = v != v, nan_best = best_v != best_v;
+  if (nan_v != nan_best) return nan_best;
+  if (!nan_v && v != best_v) return v > best_v;
+  return i < best_i;
+}
+
+// Calls f(index, logit) for every element of the row, 16-byte loads.
+template <typename F>
+__device__ __forceinline__ void ForEachLogit(const float* row, int vocab_size, F&& f) {
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  const int n4 = vocab_size / 4;
+#pragma unroll 4
+  for (int v = threadIdx.x; v < n4; v += kThreads) {
+    const float4 x = __ldg(row4 + v);
+    f(4 * v, x.x);
+    f(4 * v + 1, x.y);
+    f(4 * v + 2, x.z);
+    f(4 * v + 3, x.w);
+  }
+}
+
+__device__ int BlockArgmax(const float* row, int vocab_size, float* s_value, int* s_index) {
+  float best_v = NAN;
+  int best_i = INT_MAX;
+  ForEachLogit(row, vocab_size, [&](int i, float x) {
+    if (Better(x, i, best_v, best_i)) best_v = x, best_i = i;
+  });
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) s_value[warp] = best_v, s_index[warp] = best_i;
+  __syncthreads();
+  best_v = s_value[lane];
+  best_i = s_index[lane];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
+  }
+  return best_i;  // all-NaN rows: index 0
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxKernel(const float* logits, int64_t stride, int vocab_size, int32_t* output) {
+  __shared__ float s_value[32];
+  __shared__ int s_index[32];
+  const int best = BlockArgmax(logits + blockIdx.x * stride, vocab_size, s_value, s_index);
+  if (threadIdx.x == 0) output[blockIdx.x] = best;
+}
+
+// Inclusive prefix sum over the block, in thread order; returns it and sets *exclusive to the
+// previous thread's inclusive value (exactly: the intervals partition the total). Barriers inside.
+__device__ float BlockScan(float x, float* exclusive, float* total, float* s_scan, float* s_warp) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float v = x;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float t = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += t;
+  }
+  __syncthreads();
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = s_warp[lane];
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float t = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += t;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  const float inclusive = (warp > 0 ? s_warp[warp - 1] : 0.0f) + v;
+  s_scan[threadIdx.x] = inclusive;
+  __syncthreads();
+  *exclusive = threadIdx.x > 0 ? s_scan[threadIdx.x - 1] : 0.0f;
+  *total = s_scan[kThreads - 1];
+  return inclusive;
+}
+
+struct Shared {
+  SamplerSmem* big;
+  float* warp;      // [32]
+  int* best_bin;    // [1]
+  float* best_above;  // [1]
+};
+
+// Over the histogram of `num_bins` bins in shared memory: the lowest non-empty bin b with
+// above_total + (weight of the bins above b) < limit, and that weight. -1 if none.
+__device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float above_total,
+                         float limit, float* above_best) {
+  const int per_thread = num_bins / kThreads;  // 1 or 2, from the top: thread 0 owns the top bins
+  float own[2] = {0.0f, 0.0f};
+  int bins[2] = {-1, -1};
+  float local = 0.0f;
+  for (int j = 0; j < per_thread; ++j) {
+    const int b = num_bins - 1 - (threadIdx.x * per_thread + j);
+    bins[j] = b;
+    own[j] = use_weight ? sh.big->bin_weight[b] : static_cast<float>(sh.big->bin_count[b]);
+    local += own[j];
+  }
+  if (threadIdx.x == 0) *sh.best_bin = INT_MAX;
+  float exclusive, total;
+  BlockScan(local, &exclusive, &total, sh.big->scan, sh.warp);  // its barriers publish best_bin
+  float above = exclusive;
+  float my_above[2];
+  for (int j = 0; j < per_thread; ++j) {
+    my_above[j] = above;
+    if (sh.big->bin_count[bins[j]] > 0 && above_total + above < limit) {
+      atomicMin(sh.best_bin, bins[j]);
+    }
+    above += own[j];
+  }
+  __syncthreads();
+  const int best = *sh.best_bin;
+  for (int j = 0; j < per_thread; ++j) {
+    if (bins[j] == best) *sh.best_above = my_above[j];
+  }
+  __syncthreads();
+  *above_best = *sh.best_above;
+  __syncthreads();
+  return best == INT_MAX ? -1 : best;
+}
+
+// Radix selection of the threshold key: the smallest key v among the elements with key >= lower
+// such that the weight (count, or w when use_weight) of those with key > v is below limit.
+// for_each(f) calls f(key, w) for every element.
+template <typename ForEach>
+__device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool use_weight,
+                                   uint32_t lower, float limit) {
+  uint32_t prefix = 0;
+  float above_total = 0.0f;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+    const int num_bins = level == 2 ? 1024 : 2048;
+    const uint32_t high_mask = level == 0 ? 0u : (level == 1 ? 0xFFE00000u : 0xFFFFFC00u);
+    __syncthreads();
+    for (int b = threadIdx.x; b < num_bins; b += kThreads) {
+      sh.big->bin_count[b] = 0;
+      sh.big->bin_weight[b] = 0.0f;
+    }
+    __syncthreads();
+    for_each([&](uint32_t key, float w) {
+      if (key >= lower && (key & high_mask) == prefix) {
+        const int b = (key >> shift) & (num_bins - 1);
+        atomicAdd(&sh.big->bin_count[b], 1u);
+        if (use_weight) atomicAdd(&sh.big->bin_weight[b], w);
+      }
+    });
+    __syncthreads();
+    float above_best;
+    const int best = SelectBin(sh, num_bins, use_weight, above_total, limit, &above_best);
+    if (best < 0) return lower;  // unreachable with limit > 0: keep everything from `lower`
+    above_total += above_best;
+    prefix |= static_cast<uint32_t>(best) << shift;
+  }
+  return prefix;
+}
+
+struct SampleArgs {
+  const float* logits;
+  int32_t* output;
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const uint64_t* seeds;
+  const uint64_t* steps;
+  int64_t stride;
+  int vocab_size;
+};
+
+__global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float s_warp[32];
+  __shared__ int s_warp_index[32];
+  __shared__ int s_best_bin;
+  __shared__ float s_best_above;
+  __shared__ int s_token;
+  Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
+  SamplerSmem& big = *sh.big;
+
+  const int row_index = blockIdx.x;
+  const float* row = a.logits + row_index * a.stride;
+  const int vocab = a.vocab_size;
+  const float temperature = a.temperature[row_index];
+  if (!(temperature > 0.0f)) {
+    const int best = BlockArgmax(row, vocab, s_warp, s_warp_index);
+    if (threadIdx.x == 0) a.output[row_index] = best;
+    return;
+  }
+  const int top_k = a.top_k != nullptr ? a.top_k[row_index] : 0;
+  const float top_p = a.top_p != nullptr ? a.top_p[row_index] : 1.0f;
+  const float min_p = a.min_p != nullptr ? a.min_p[row_index] : 0.0f;
+  const bool use_top_k = top_k > 0 && top_k < vocab;
+  const bool use_top_p = top_p < 1.0f;
+  const bool use_min_p = min_p > 0.0f;
+  const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
+
+  // 1. Maximum and normalizer (online: per-thread running maximum).
+  float m = -INFINITY, s = 0.0f;
+  ForEachLogit(row, vocab, [&](int, float x) {
+    const float z = x / temperature;
+    if (z > m) {
+      s = s * __expf(m - z) + 1.0f;
+      m = z;
+    } else if (z > -INFINITY) {  // not NaN, and m is finite here
+      s += __expf(z - m);
+    }
+  });
+  const float max_z = BlockMax(m, s_warp);
+  const float total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+  if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
+    if (threadIdx.x == 0) a.output[row_index] = 0;
+    return;
+  }
+  auto global_for_each = [&](auto&& f) {
+    ForEachLogit(row, vocab, [&](int, float x) {
+      const float z = x / temperature;
+      f(OrderedKey(z), z == z ? __expf(z - max_z) : 0.0f);
+    });
+  };
+
+  // 2. A lower bound on the kept keys from a histogram of the top 11 bits; 3. the candidates.
+  uint32_t lower = 0;
+  int num_candidates = -1;  // -1: read global memory
+  if (use_top_k || use_top_p || use_min_p) {
+    for (int b = threadIdx.x; b < kBins; b += kThreads) {
+      big.bin_count[b] = 0;
+      big.bin_weight[b] = 0.0f;
+    }
+    __syncthreads();
+    global_for_each([&](uint32_t key, float w) {
+      atomicAdd(&big.bin_count[key >> 21], 1u);
+      atomicAdd(&big.bin_weight[key >> 21], w);
+    });
+    __syncthreads();
+    int lower_bin = 0;
+    float unused;
+    if (use_top_k) {
+      lower_bin = max(lower_bin, SelectBin(sh, kBins, false, 0.0f, static_cast<float>(top_k), &unused));
+    } else if (use_top_p) {
+      const float limit = fmaxf(top_p * total_weight, FLT_MIN);
+      lower_bin = max(lower_bin, SelectBin(sh, kBins, true, 0.0f, limit, &unused));
+    }
+    if (use_min_p) {
+      // w >= min_p needs z >= max_z + log(min_p); a little lower, to be safe from rounding.
+      const float z_floor = max_z + logf(min_p);
+      const int min_p_bin = static_cast<int>(OrderedKey(z_floor - 1e-3f * (1.0f + fabsf(z_floor))) >> 21);
+      lower_bin = max(lower_bin, min_p_bin);
+    }
+    lower = static_cast<uint32_t>(lower_bin) << 21;
+    float count = 0.0f;
+    for (int b = lower_bin + threadIdx.x; b < kBins; b += kThreads) count += big.bin_count[b];
+    count = BlockSum(count, s_warp);
+    if (count <= static_cast<float>(kSamplingCandidates)) {
+      // Ordered compaction of the elements with key >= lower, 4096 at a time.
+      float base = 0.0f;
+      const float4* row4 = reinterpret_cast<const float4*>(row);
+      for (int tile = 0; tile < vocab; tile += 4 * kThreads) {
+        const int i0 = tile + 4 * threadIdx.x;
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (i0 < vocab) {
+          const float4 v = __ldg(row4 + i0 / 4);
+          x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+        }
+        uint32_t key[4];
+        float flags = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          key[e] = i0 + e < vocab ? OrderedKey(x[e] / temperature) : 0u;
+          if (i0 + e < vocab && key[e] >= lower) flags += 1.0f;
+        }
+        float exclusive, tile_total;
+        BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
+        int slot = static_cast<int>(base + exclusive);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (i0 + e < vocab && key[e] >= lower) {
+            const float z = x[e] / temperature;
+            big.cand_key[slot] = key[e];
+            big.cand_weight[slot] = z == z ? __expf(z - max_z) : 0.0f;
+            big.cand_index[slot] = i0 + e;
+            ++slot;
+          }
+        }
+        base += tile_total;
+      }
+      num_candidates = static_cast<int>(base);
+      __syncthreads();
+    }
+  }
+  auto shared_for_each = [&](auto&& f) {
+    for (int i = threadIdx.x; i < num_candidates; i += kThreads) {
+      f(big.cand_key[i], big.cand_weight[i]);
+    }
+  };
+  auto for_each = [&](auto&& f) {
+    if (num_candidates >= 0) {
+      shared_for_each(f);
+    } else {
+      global_for_each(f);
+    }
+  };
+
+  // 4. Exact thresholds.
+  uint32_t threshold = lower;
+  if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, static_cast<float>(top_k));
+  if (use_top_p) {
+    float set_weight = 0.0f;
+    for_each([&](uint32_t key, float w) {
+      if (key >= threshold) set_weight += w;
+    });
+    set_weight = BlockSum(set_weight, s_warp);
+    threshold = RadixThreshold(sh, for_each, true, threshold, fmaxf(top_p * set_weight, FLT_MIN));
+  }
+  auto kept_weight = [&](uint32_t key, float w) {
+    return key >= threshold && (!use_min_p || w >= min_p) ? w : 0.0f;
+  };
+
+  // 5. The token: u * (kept weight) located by an ordered prefix sum.
+  float kept_total = 0.0f;
+  for_each([&](uint32_t key, float w) { kept_total += kept_weight(key, w); });
+  kept_total = BlockSum(kept_total, s_warp);
+  const float target = uniform * kept_total;
+  const int n = num_candidates >= 0 ? num_candidates : vocab;
+  if (threadIdx.x == 0) s_token = -1;
+  float running = 0.0f;
+  int last_kept = -1;  // this thread's last kept index: the fallback when rounding misses
+  for (int tile = 0; tile < n; tile += 4 * kThreads) {
+    const int i0 = tile + 4 * threadIdx.x;
+    float w[4];
+    int index[4];
+    float local = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = i0 + e;
+      w[e] = 0.0f;
+      index[e] = i;
+      if (i < n) {
+        if (num_candidates >= 0) {
+          w[e] = kept_weight(big.cand_key[i], big.cand_weight[i]);
+          index[e] = big.cand_index[i];
+        } else {
+          const float z = row[i] / temperature;
+          w[e] = kept_weight(OrderedKey(z), z == z ? __expf(z - max_z) : 0.0f);
+        }
+      }
+      local += w[e];
+      if (w[e] > 0.0f) last_kept = index[e];
+    }
+    float exclusive, tile_total;
+    const float inclusive = BlockScan(local, &exclusive, &tile_total, big.scan, s_warp);
+    if (target < running + tile_total) {  // the same value in every thread: uniform branch
+      if (running + exclusive <= target && target < running + inclusive) {
+        float cumulative = running + exclusive;
+        int chosen = -1;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (w[e] > 0.0f) {
+            chosen = index[e];
+            cumulative += w[e];
+            if (target < cumulative) break;
+          }
+        }
+        s_token = chosen;
+      }
+      break;
+    }
+    running += tile_total;
+  }
+  __syncthreads();
+  int token = s_token;
+  if (token < 0) {  // rounding put the target past the end: the last kept token
+    __syncthreads();
+    if (threadIdx.x == 0) s_token = -1;
+    __syncthreads();
+    atomicMax(&s_token, last_kept);
+    __syncthreads();
+    token = max(s_token, 0);
+  }
+  if (threadIdx.x == 0) a.output[row_index] = token;
+}
+
+}  // namespace
+
+cudaError_t Launch(const ArgmaxParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.num_rows == 0) return cudaSuccess;
+  ArgmaxKernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(
+      p.logits, p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
+      static_cast<int>(p.vocab_size), p.output);
+  return cudaGetLastError();
+}
+
+cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.num_rows == 0) return cudaSuccess;
+  constexpr int kSmemBytes = sizeof(SamplerSmem);
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+  SampleArgs a{p.logits, p.output, p.temperature, p.top_k, p.top_p, p.min_p, p.seeds, p.steps,
+               p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
+               static_cast<int>(p.vocab_size)};
+  SampleKernel<<<static_cast<unsigned>(p.num_rows), kThreads, kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace lmserve::kernels::cuda
