@@ -35,8 +35,9 @@ SamplingDecision SampleRow(const float* logits, int64_t vocab_size, float temper
   std::vector<float> z(n);
   float max_z = -INFINITY;
   bool any = false;
+  const float inv_temperature = 1.0f / temperature;
   for (size_t i = 0; i < n; ++i) {
-    z[i] = logits[i] / temperature;
+    z[i] = logits[i] * inv_temperature;
     if (!std::isnan(z[i])) {
       max_z = any ? std::max(max_z, z[i]) : z[i];
       any = true;

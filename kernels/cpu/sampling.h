@@ -3,7 +3,7 @@
 // this definition, for each row:
 //
 //   temperature <= 0: the argmax (as Argmax in kernels/cpu/argmax.h).
-//   Otherwise z_i = logit_i / temperature (fp32 division; NaN logits are never chosen), M = max z,
+//   Otherwise z_i = logit_i * (1 / temperature) (fp32; NaN logits are never chosen), M = max z,
 //   w_i = exp(z_i - M). Filters, in this order, each keeping ties at its boundary:
 //     top-k (0 < k < vocab):  keep i if fewer than k tokens have a larger z;
 //     top-p (0 < p < 1):      keep i (of the top-k set) if the weight of the kept tokens with a

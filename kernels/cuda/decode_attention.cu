@@ -1,6 +1,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -33,20 +34,37 @@ struct DecodeShape {
   static constexpr int kTokenGroups = kWarps * kGroupsPerWarp;  // tokens in flight per step
 };
 
-// grid (max_splits, num_kv_heads * head_chunks, num_seqs). Each lane group runs its own online
-// softmax over the tokens it reads (no barrier in the loop); the groups merge through shared memory
-// at the end.
+template <int kHeadDim, int kGroup>
+struct DecodeConfig {
+  using Shape = DecodeShape<kHeadDim>;
+  static constexpr int kUnroll = (kGroup >= 8 || kHeadDim > 128) ? 2 : 4;  // tokens per group
+  static constexpr int kTile = Shape::kTokenGroups * kUnroll;               // tokens per step
+  static constexpr int kStages = 4;  // steps of K/V in flight (cp.async ring)
+  static constexpr int kRingBytes = kStages * 2 * kUnroll * kThreads * 16;
+  static constexpr int kMergeBytes = Shape::kTokenGroups * kGroup * kHeadDim * 4;
+  static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+};
+
+// grid (max_splits, num_kv_heads * head_chunks, num_seqs). Each thread streams its own 16-byte
+// pieces of K and V through a ring of kStages steps in shared memory (cp.async; a thread reads
+// back only what it copied, so the loop has no barrier), and each lane group runs its own online
+// softmax over its tokens; the groups merge through shared memory at the end.
 template <typename T, int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) {
   using Shape = DecodeShape<kHeadDim>;
+  using Config = DecodeConfig<kHeadDim, kGroup>;
   constexpr int kLanes = Shape::kLanes;
   constexpr int kTokenGroups = Shape::kTokenGroups;
-  constexpr int kUnroll = (kGroup >= 8 || kHeadDim > 128) ? 2 : 4;
-  constexpr int kTile = kTokenGroups * kUnroll;
+  constexpr int kUnroll = Config::kUnroll;
+  constexpr int kTile = Config::kTile;
+  constexpr int kStages = Config::kStages;
   constexpr float kNegBig = -1e30f;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint4* ring = reinterpret_cast<uint4*>(smem_raw);  // [kStages][K, V][kUnroll][kThreads]
+  // After the loop the ring is reused for the merge.
+  auto s_acc = reinterpret_cast<float (*)[kGroup][kHeadDim]>(smem_raw);
   __shared__ float s_m[kTokenGroups][kGroup];
   __shared__ float s_l[kTokenGroups][kGroup];
-  __shared__ __align__(16) float s_acc[kTokenGroups][kGroup][kHeadDim];
 
   const int split = blockIdx.x;
   const int kv_head = blockIdx.y / a.head_chunks;
@@ -73,6 +91,37 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   const bool active = lane_in_group < Shape::kLanesUsed;
   const int d0 = lane_in_group * 8;
 
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int32_t* table = a.block_table_ids + a.block_table_start[seq];
+  const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
+  const int64_t head_offset = int64_t{kv_head} * kHeadDim + d0;
+  const int num_steps = (end - begin + kTile - 1) / kTile;
+  auto issue = [&](int step) {
+    const int stage = step % kStages;
+    const int tile = begin + step * kTile;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = tile + u * kTokenGroups + group_id;
+      const bool valid = active && t < end;
+      int64_t index = 0;
+      if (valid) {
+        const int block_index = t / a.block_size;
+        const int64_t slot =
+            int64_t{table[block_index]} * a.block_size + (t - block_index * a.block_size);
+        index = slot * token_stride + head_offset;
+      }
+      uint4* dst = ring + ((stage * 2) * kUnroll + u) * kThreads + threadIdx.x;
+      CpAsync16(dst, key_cache + index, valid);
+      CpAsync16(dst + kUnroll * kThreads, value_cache + index, valid);
+    }
+  };
+#pragma unroll
+  for (int step = 0; step < kStages - 1; ++step) {
+    if (step < num_steps) issue(step);
+    CpAsyncCommit();
+  }
+
   float q[kGroup][8];
   const T* q_base =
       static_cast<const T*>(a.query) + seq * a.query_stride + int64_t{head0} * kHeadDim + d0;
@@ -96,28 +145,17 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
     for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
   }
 
-  const T* key_cache = static_cast<const T*>(a.key_cache);
-  const T* value_cache = static_cast<const T*>(a.value_cache);
-  const int32_t* table = a.block_table_ids + a.block_table_start[seq];
-  const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
-  const int64_t head_offset = int64_t{kv_head} * kHeadDim + d0;
-
-  for (int tile = begin; tile < end; tile += kTile) {
+  for (int step = 0; step < num_steps; ++step) {
+    if (step + kStages - 1 < num_steps) issue(step + kStages - 1);
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    const int tile = begin + step * kTile;
+    const uint4* src = ring + ((step % kStages) * 2 * kUnroll) * kThreads + threadIdx.x;
     uint4 k_raw[kUnroll], v_raw[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int t = tile + u * kTokenGroups + group_id;
-      if (active && t < end) {
-        const int block_index = t / a.block_size;
-        const int64_t slot =
-            int64_t{table[block_index]} * a.block_size + (t - block_index * a.block_size);
-        const int64_t index = slot * token_stride + head_offset;
-        k_raw[u] = LoadStream16(key_cache + index);
-        v_raw[u] = LoadStream16(value_cache + index);
-      } else {
-        k_raw[u] = make_uint4(0, 0, 0, 0);
-        v_raw[u] = make_uint4(0, 0, 0, 0);
-      }
+      k_raw[u] = src[u * kThreads];
+      v_raw[u] = src[(kUnroll + u) * kThreads];
     }
     float s[kUnroll][kGroup];
 #pragma unroll
@@ -169,6 +207,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
       }
     }
   }
+  CpAsyncWait<0>();
+  __syncthreads();  // every thread is done with the ring before it becomes s_acc
 
   // Merge the lane groups' partial softmaxes.
   if (lane_in_group == 0) {
@@ -268,7 +308,12 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
         a.head_chunks = static_cast<int>(CeilDiv(group_size, kGroup));
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
-        DecodeAttentionKernel<T, kHeadDim, kGroup><<<grid, kThreads, 0, stream>>>(a);
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, kGroup>;
+        constexpr int kSmemBytes = DecodeConfig<kHeadDim, kGroup>::kSmemBytes;
+        static const cudaError_t attribute_status = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+        kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
         LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
         if (p.max_splits > 1) {
           const dim3 combine_grid(static_cast<unsigned>(p.num_heads),

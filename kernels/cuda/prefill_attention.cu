@@ -8,8 +8,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBlockM = kPrefillBlockRows;  // 16 rows per warp
-static_assert(kBlockM == 16 * kWarps, "each warp owns 16 query rows");
 constexpr int kPlanThreads = 1024;
 
 struct PrefillArgs {
@@ -29,14 +27,20 @@ struct PrefillArgs {
 
 template <int kHeadDim>
 struct PrefillShape {
-  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;  // keys per tile
+  // Each warp owns kMTiles x 16 query rows: two m-tiles share every K and V fragment read from
+  // shared memory (half the shared-memory traffic per FLOP); head dim 256 keeps one for registers.
+  static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kBlockM = kWarps * 16 * kMTiles;
+  static_assert(kBlockM == PrefillBlockRows(kHeadDim), "the plan and the kernel agree");
+  // Keys per tile: 64 where the registers allow (no spills), else 32.
+  static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
   static constexpr int kStride = kHeadDim + 8;  // shared-memory row, padded: ldmatrix conflict-free
   static constexpr int kSmemElements = (kBlockM + 4 * kBlockN) * kStride;  // Q, 2 x (K, V)
 };
 
 // One block: tile_start[i] = sum over j < i of ceil(query_len_j / kBlockM).
 __global__ void __launch_bounds__(kPlanThreads)
-    PrefillPlanKernel(const int32_t* __restrict__ query_start, int num_seqs,
+    PrefillPlanKernel(const int32_t* __restrict__ query_start, int num_seqs, int block_m,
                       int32_t* __restrict__ tile_start) {
   __shared__ int32_t warp_sums[32];
   __shared__ int32_t carry;
@@ -48,7 +52,7 @@ __global__ void __launch_bounds__(kPlanThreads)
     int tiles = 0;
     if (i < num_seqs) {
       const int len = query_start[i + 1] - query_start[i];
-      tiles = len > 0 ? (len + kBlockM - 1) / kBlockM : 0;
+      tiles = len > 0 ? (len + block_m - 1) / block_m : 0;
     }
     int inclusive = tiles;
 #pragma unroll
@@ -82,6 +86,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a) {
   using Shape = PrefillShape<kHeadDim>;
+  constexpr int kMTiles = Shape::kMTiles;
+  constexpr int kBlockM = Shape::kBlockM;
   constexpr int kBlockN = Shape::kBlockN;
   constexpr int kStride = Shape::kStride;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
@@ -148,14 +154,17 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   load_kv(0, 0);
   CpAsyncCommit();
 
-  float o[kHeadDim / 8][4];
+  float o[kMTiles][kHeadDim / 8][4];
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.0f, 0.0f};
-  const int warp_row0 = warp * 16;
-  const int pos_a = first_pos + warp_row0 + lane / 4;  // this thread's rows: pos_a and pos_a + 8
-  const int ldm = lane / 8, ldr = lane % 8;             // ldmatrix: matrix and row of this lane
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+  }
+  float m[kMTiles][2], l[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+  const int warp_row0 = warp * 16 * kMTiles;
+  const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row of this lane
 
   for (int j = 0; j < num_kv_tiles; ++j) {
     if (j + 1 < num_kv_tiles) load_kv(j + 1, (j + 1) & 1);
@@ -165,20 +174,29 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
     const T* sk = s_k + (j & 1) * kBlockN * kStride;
     const T* sv = s_v + (j & 1) * kBlockN * kStride;
 
-    // S = Q K^T for this warp's 16 rows.
-    float s[kBlockN / 8][4];
+    // S = Q K^T for this warp's rows; each K fragment serves every m-tile.
+    float s[kMTiles][kBlockN / 8][4];
 #pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+    }
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t qa[4];
-      LdMatrixX4(qa, s_q + (warp_row0 + lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+      uint32_t qa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        LdMatrixX4(qa[mt], s_q + (warp_row0 + mt * 16 + lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+      }
 #pragma unroll
       for (int nn = 0; nn < kBlockN / 16; ++nn) {
         uint32_t kb[4];
         LdMatrixX4(kb, sk + (nn * 16 + (ldm / 2) * 8 + ldr) * kStride + kk * 16 + (ldm % 2) * 8);
-        Mma16816<T>(s[2 * nn], qa, kb[0], kb[1]);
-        Mma16816<T>(s[2 * nn + 1], qa, kb[2], kb[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma16816<T>(s[mt][2 * nn], qa[mt], kb[0], kb[1]);
+          Mma16816<T>(s[mt][2 * nn + 1], qa[mt], kb[2], kb[3]);
+        }
       }
     }
 
@@ -186,90 +204,104 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
     const int n0 = j * kBlockN;
     const bool needs_mask = n0 + kBlockN - 1 > first_pos + warp_row0 || n0 + kBlockN > kv_end;
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int pos_a = first_pos + warp_row0 + mt * 16 + lane / 4;  // rows pos_a, pos_a + 8
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] *= a.scale_log2;
-        if (needs_mask) {
-          const int key = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-          const int pos = pos_a + (e >= 2 ? 8 : 0);
-          if (key > pos || key >= kv_end) s[nt][e] = -INFINITY;
+      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mt][nt][e] *= a.scale_log2;
+          if (needs_mask) {
+            const int key = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+            const int pos = pos_a + (e >= 2 ? 8 : 0);
+            if (key > pos || key >= kv_end) s[mt][nt][e] = -INFINITY;
+          }
         }
       }
-    }
-    float row_max[2] = {-INFINITY, -INFINITY};
+      float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-      row_max[0] = fmaxf(row_max[0], fmaxf(s[nt][0], s[nt][1]));
-      row_max[1] = fmaxf(row_max[1], fmaxf(s[nt][2], s[nt][3]));
-    }
-    float base[2], rescale[2];
+      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+        row_max[0] = fmaxf(row_max[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
+        row_max[1] = fmaxf(row_max[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
+      }
+      float base[2], rescale[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet stays at zero
-      rescale[r] = exp2f(m[r] - base[r]);
-      m[r] = m_new;
-      l[r] *= rescale[r];
-    }
+      for (int r = 0; r < 2; ++r) {
+        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+        row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+        const float m_new = fmaxf(m[mt][r], row_max[r]);
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet stays at zero
+        rescale[r] = exp2f(m[mt][r] - base[r]);
+        m[mt][r] = m_new;
+        l[mt][r] *= rescale[r];
+      }
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - base[0]);
-      s[nt][1] = exp2f(s[nt][1] - base[0]);
-      s[nt][2] = exp2f(s[nt][2] - base[1]);
-      s[nt][3] = exp2f(s[nt][3] - base[1]);
-      l[0] += s[nt][0] + s[nt][1];
-      l[1] += s[nt][2] + s[nt][3];
-    }
+      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+        s[mt][nt][0] = exp2f(s[mt][nt][0] - base[0]);
+        s[mt][nt][1] = exp2f(s[mt][nt][1] - base[0]);
+        s[mt][nt][2] = exp2f(s[mt][nt][2] - base[1]);
+        s[mt][nt][3] = exp2f(s[mt][nt][3] - base[1]);
+        l[mt][0] += s[mt][nt][0] + s[mt][nt][1];
+        l[mt][1] += s[mt][nt][2] + s[mt][nt][3];
+      }
 #pragma unroll
-    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-      o[dt][0] *= rescale[0];
-      o[dt][1] *= rescale[0];
-      o[dt][2] *= rescale[1];
-      o[dt][3] *= rescale[1];
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        o[mt][dt][0] *= rescale[0];
+        o[mt][dt][1] *= rescale[0];
+        o[mt][dt][2] *= rescale[1];
+        o[mt][dt][3] *= rescale[1];
+      }
     }
 
     // O += P V, P straight from the score registers (the accumulator layout of two adjacent
-    // 8-key tiles is the A-operand layout of one 16-key step).
+    // 8-key tiles is the A-operand layout of one 16-key step); each V fragment serves every m-tile.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {Pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                              Pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              Pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              Pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = Pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = Pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = Pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = Pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dd = 0; dd < kHeadDim / 16; ++dd) {
         uint32_t vb[4];
         LdMatrixX4Trans(vb, sv + (kk * 16 + (ldm % 2) * 8 + ldr) * kStride + dd * 16 + (ldm / 2) * 8);
-        Mma16816<T>(o[2 * dd], pa, vb[0], vb[1]);
-        Mma16816<T>(o[2 * dd + 1], pa, vb[2], vb[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          Mma16816<T>(o[mt][2 * dd], pa[mt], vb[0], vb[1]);
+          Mma16816<T>(o[mt][2 * dd + 1], pa[mt], vb[2], vb[3]);
+        }
       }
     }
     __syncthreads();  // the next iteration's loads overwrite this buffer
   }
 
-  float inv_l[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv_l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-  }
   const int64_t out_stride = int64_t{a.num_heads} * kHeadDim;
   T* out = static_cast<T*>(a.output) + int64_t{seq_token0 + row0} * out_stride +
            int64_t{head} * kHeadDim + 2 * (lane % 4);
-  const int row_a = warp_row0 + lane / 4, row_b = row_a + 8;
 #pragma unroll
-  for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-    if (row_a < rows) {
-      *reinterpret_cast<uint32_t*>(out + row_a * out_stride + dt * 8) =
-          Pack2<T>(o[dt][0] * inv_l[0], o[dt][1] * inv_l[0]);
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
+      inv_l[r] = l[mt][r] > 0.0f ? 1.0f / l[mt][r] : 0.0f;
     }
-    if (row_b < rows) {
-      *reinterpret_cast<uint32_t*>(out + row_b * out_stride + dt * 8) =
-          Pack2<T>(o[dt][2] * inv_l[1], o[dt][3] * inv_l[1]);
+    const int row_a = warp_row0 + mt * 16 + lane / 4, row_b = row_a + 8;
+#pragma unroll
+    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      if (row_a < rows) {
+        *reinterpret_cast<uint32_t*>(out + row_a * out_stride + dt * 8) =
+            Pack2<T>(o[mt][dt][0] * inv_l[0], o[mt][dt][1] * inv_l[0]);
+      }
+      if (row_b < rows) {
+        *reinterpret_cast<uint32_t*>(out + row_b * out_stride + dt * 8) =
+            Pack2<T>(o[mt][dt][2] * inv_l[1], o[mt][dt][3] * inv_l[1]);
+      }
     }
   }
 }
@@ -281,7 +313,7 @@ cudaError_t LaunchPrefillKernel(const PrefillArgs& a, int64_t num_tokens, cudaSt
   static const cudaError_t attribute_status = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
-  const dim3 grid(static_cast<unsigned>(CeilDiv(num_tokens, kBlockM) + a.num_seqs),
+  const dim3 grid(static_cast<unsigned>(CeilDiv(num_tokens, PrefillShape<kHeadDim>::kBlockM) + a.num_seqs),
                   static_cast<unsigned>(a.num_heads));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
   return cudaGetLastError();
@@ -293,6 +325,7 @@ cudaError_t LaunchPrefillPlan(const PrefillAttentionParams& p, cudaStream_t stre
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_seqs == 0) return cudaSuccess;
   PrefillPlanKernel<<<1, kPlanThreads, 0, stream>>>(p.query_start, static_cast<int>(p.num_seqs),
+                                                   PrefillBlockRows(p.head_dim),
                                                    static_cast<int32_t*>(p.workspace));
   return cudaGetLastError();
 }

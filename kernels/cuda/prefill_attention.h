@@ -5,7 +5,8 @@
 // and V must already be in the cache (QkvPostProcess writes them).
 //
 // Flash-attention tiling on the tensor cores (mma.sync m16n8k16, fp32 accumulation): a thread
-// block of 4 warps takes 64 query rows of one head and walks the key tiles up to the diagonal,
+// block of 4 warps takes PrefillBlockRows(head_dim) query rows of one head and walks the key tiles
+// up to the diagonal,
 // gathering K and V tiles from the cache blocks with cp.async into double-buffered shared memory;
 // online softmax in fp32 registers. Which block takes which (sequence, query tile) comes from a
 // tile plan computed on the device from query_start, so the launch configuration depends on
@@ -23,7 +24,8 @@
 
 namespace lmserve::kernels::cuda {
 
-inline constexpr int kPrefillBlockRows = 64;  // query rows per thread block
+// Query rows per thread block: 4 warps of 32 rows, or of 16 rows for head dim 256.
+constexpr int PrefillBlockRows(int64_t head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 struct PrefillAttentionParams {
   const void* query = nullptr;  // [num_tokens, num_heads, head_dim], row stride query_stride; device

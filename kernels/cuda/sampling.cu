@@ -126,7 +126,7 @@ struct Shared {
 // Over the histogram of `num_bins` bins in shared memory: the lowest non-empty bin b with
 // above_total + (weight of the bins above b) < limit, and that weight. -1 if none.
 __device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float above_total,
-                         float limit, float* above_best) {
+                         float limit, float* above_best, float* all_bins = nullptr) {
   const int per_thread = num_bins / kThreads;  // 1 or 2, from the top: thread 0 owns the top bins
   float own[2] = {0.0f, 0.0f};
   int bins[2] = {-1, -1};
@@ -140,6 +140,7 @@ __device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float 
   if (threadIdx.x == 0) *sh.best_bin = INT_MAX;
   float exclusive, total;
   BlockScan(local, &exclusive, &total, sh.big->scan, sh.warp);  // its barriers publish best_bin
+  if (all_bins != nullptr) *all_bins = total;
   float above = exclusive;
   float my_above[2];
   for (int j = 0; j < per_thread; ++j) {
@@ -208,6 +209,22 @@ struct SampleArgs {
   int vocab_size;
 };
 
+constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
+constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
+constexpr int kTileItems = kItems * kThreads;
+
+// 16 contiguous logits from i0 (a multiple of 16); past the end: NaN, which is never kept.
+__device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size, int i0,
+                                               float (&x)[kItems]) {
+  const float4* p = reinterpret_cast<const float4*>(row + i0);
+#pragma unroll
+  for (int v = 0; v < kItems / 4; ++v) {
+    float4 t = make_float4(NAN, NAN, NAN, NAN);
+    if (i0 + 4 * v < vocab_size) t = __ldg(p + v);
+    x[4 * v] = t.x, x[4 * v + 1] = t.y, x[4 * v + 2] = t.z, x[4 * v + 3] = t.w;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_warp[32];
@@ -227,6 +244,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     if (threadIdx.x == 0) a.output[row_index] = best;
     return;
   }
+  const float inv_t = 1.0f / temperature;
   const int top_k = a.top_k != nullptr ? a.top_k[row_index] : 0;
   const float top_p = a.top_p != nullptr ? a.top_p[row_index] : 1.0f;
   const float min_p = a.min_p != nullptr ? a.min_p[row_index] : 0.0f;
@@ -235,10 +253,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const bool use_min_p = min_p > 0.0f;
   const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
 
-  // 1. Maximum and normalizer (online: per-thread running maximum).
+  // 1. Maximum and normalizer (online: a running maximum per thread).
   float m = -INFINITY, s = 0.0f;
   ForEachLogit(row, vocab, [&](int, float x) {
-    const float z = x / temperature;
+    const float z = x * inv_t;
     if (z > m) {
       s = s * __expf(m - z) + 1.0f;
       m = z;
@@ -252,90 +270,94 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     if (threadIdx.x == 0) a.output[row_index] = 0;
     return;
   }
+  auto weight_of = [&](float z) { return z == z ? __expf(z - max_z) : 0.0f; };
   auto global_for_each = [&](auto&& f) {
     ForEachLogit(row, vocab, [&](int, float x) {
-      const float z = x / temperature;
-      f(OrderedKey(z), z == z ? __expf(z - max_z) : 0.0f);
+      const float z = x * inv_t;
+      f(OrderedKey(z), weight_of(z));
     });
   };
 
-  // 2. A lower bound on the kept keys from a histogram of the top 11 bits; 3. the candidates.
+  // 2. A lower bound on the kept keys from a count histogram of d = max - z over
+  //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
+  //    3. the candidates above it, compacted in vocabulary order into shared memory.
   uint32_t lower = 0;
   int num_candidates = -1;  // -1: read global memory
   if (use_top_k || use_top_p || use_min_p) {
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      big.bin_count[b] = 0;
-      big.bin_weight[b] = 0.0f;
-    }
+    constexpr float kBinsPerNat = kBins / kRangeNats;
+    for (int b = threadIdx.x; b < kBins; b += kThreads) big.bin_count[b] = 0;
     __syncthreads();
-    global_for_each([&](uint32_t key, float w) {
-      atomicAdd(&big.bin_count[key >> 21], 1u);
-      atomicAdd(&big.bin_weight[key >> 21], w);
+    ForEachLogit(row, vocab, [&](int, float x) {
+      const float d = max_z - x * inv_t;
+      if (d < kRangeNats) {
+        atomicAdd(&big.bin_count[kBins - 1 - min(static_cast<int>(d * kBinsPerNat), kBins - 1)], 1u);
+      }
     });
     __syncthreads();
-    int lower_bin = 0;
-    float unused;
+    // A lower bound on each bin's weight, so that the selected bin is never above the true one.
+    for (int h = threadIdx.x; h < kBins; h += kThreads) {
+      big.bin_weight[h] = static_cast<float>(big.bin_count[h]) *
+                          __expf(-static_cast<float>(kBins - h) / kBinsPerNat);
+    }
+    __syncthreads();
+    int selected = -1;  // the lowest bin that may hold the threshold; -1: below the range
+    float unused, in_range;
     if (use_top_k) {
-      lower_bin = max(lower_bin, SelectBin(sh, kBins, false, 0.0f, static_cast<float>(top_k), &unused));
+      const int h = SelectBin(sh, kBins, false, 0.0f, static_cast<float>(top_k), &unused, &in_range);
+      selected = in_range >= static_cast<float>(top_k) ? h : -1;
     } else if (use_top_p) {
       const float limit = fmaxf(top_p * total_weight, FLT_MIN);
-      lower_bin = max(lower_bin, SelectBin(sh, kBins, true, 0.0f, limit, &unused));
+      const int h = SelectBin(sh, kBins, true, 0.0f, limit, &unused, &in_range);
+      selected = in_range >= limit ? h : -1;
+    } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
+      const float d_max = -logf(min_p);
+      selected = d_max < kRangeNats ? kBins - 1 - static_cast<int>(d_max * kBinsPerNat) : -1;
     }
-    if (use_min_p) {
-      // w >= min_p needs z >= max_z + log(min_p); a little lower, to be safe from rounding.
-      const float z_floor = max_z + logf(min_p);
-      const int min_p_bin = static_cast<int>(OrderedKey(z_floor - 1e-3f * (1.0f + fabsf(z_floor))) >> 21);
-      lower_bin = max(lower_bin, min_p_bin);
-    }
-    lower = static_cast<uint32_t>(lower_bin) << 21;
-    float count = 0.0f;
-    for (int b = lower_bin + threadIdx.x; b < kBins; b += kThreads) count += big.bin_count[b];
-    count = BlockSum(count, s_warp);
-    if (count <= static_cast<float>(kSamplingCandidates)) {
-      // Ordered compaction of the elements with key >= lower, 4096 at a time.
-      float base = 0.0f;
-      const float4* row4 = reinterpret_cast<const float4*>(row);
-      for (int tile = 0; tile < vocab; tile += 4 * kThreads) {
-        const int i0 = tile + 4 * threadIdx.x;
-        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (i0 < vocab) {
-          const float4 v = __ldg(row4 + i0 / 4);
-          x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-        }
-        uint32_t key[4];
-        float flags = 0.0f;
+    if (selected > 0) selected -= 1;  // one bin of margin against rounding
+    if (selected >= 0) {
+      lower = OrderedKey(max_z - static_cast<float>(kBins - selected) / kBinsPerNat);
+      float count = 0.0f;
+      for (int h = selected + threadIdx.x; h < kBins; h += kThreads) count += big.bin_count[h];
+      count = BlockSum(count, s_warp);
+      if (count <= static_cast<float>(kSamplingCandidates)) {
+        float base = 0.0f;
+        for (int tile = 0; tile < vocab; tile += kTileItems) {
+          const int i0 = tile + kItems * threadIdx.x;
+          float x[kItems];
+          LoadContiguous(row, vocab, i0, x);
+          uint32_t key[kItems];
+          float flags = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          key[e] = i0 + e < vocab ? OrderedKey(x[e] / temperature) : 0u;
-          if (i0 + e < vocab && key[e] >= lower) flags += 1.0f;
-        }
-        float exclusive, tile_total;
-        BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
-        int slot = static_cast<int>(base + exclusive);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (i0 + e < vocab && key[e] >= lower) {
-            const float z = x[e] / temperature;
-            big.cand_key[slot] = key[e];
-            big.cand_weight[slot] = z == z ? __expf(z - max_z) : 0.0f;
-            big.cand_index[slot] = i0 + e;
-            ++slot;
+          for (int e = 0; e < kItems; ++e) {
+            key[e] = OrderedKey(x[e] * inv_t);  // NaN (and past the end): 0
+            if (key[e] >= lower && key[e] != 0u) flags += 1.0f;
           }
+          float exclusive, tile_total;
+          BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
+          int slot = static_cast<int>(base + exclusive);
+#pragma unroll
+          for (int e = 0; e < kItems; ++e) {
+            if (key[e] >= lower && key[e] != 0u) {
+              if (slot < kSamplingCandidates) {
+                big.cand_key[slot] = key[e];
+                big.cand_weight[slot] = weight_of(x[e] * inv_t);
+                big.cand_index[slot] = i0 + e;
+              }
+              ++slot;
+            }
+          }
+          base += tile_total;
         }
-        base += tile_total;
+        num_candidates = base <= static_cast<float>(kSamplingCandidates) ? static_cast<int>(base) : -1;
+        __syncthreads();
       }
-      num_candidates = static_cast<int>(base);
-      __syncthreads();
     }
   }
-  auto shared_for_each = [&](auto&& f) {
-    for (int i = threadIdx.x; i < num_candidates; i += kThreads) {
-      f(big.cand_key[i], big.cand_weight[i]);
-    }
-  };
   auto for_each = [&](auto&& f) {
     if (num_candidates >= 0) {
-      shared_for_each(f);
+      for (int i = threadIdx.x; i < num_candidates; i += kThreads) {
+        f(big.cand_key[i], big.cand_weight[i]);
+      }
     } else {
       global_for_each(f);
     }
@@ -345,11 +367,14 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   uint32_t threshold = lower;
   if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, static_cast<float>(top_k));
   if (use_top_p) {
-    float set_weight = 0.0f;
-    for_each([&](uint32_t key, float w) {
-      if (key >= threshold) set_weight += w;
-    });
-    set_weight = BlockSum(set_weight, s_warp);
+    float set_weight = total_weight;  // no top-k: the whole vocabulary
+    if (use_top_k) {
+      set_weight = 0.0f;
+      for_each([&](uint32_t key, float w) {
+        if (key >= threshold) set_weight += w;
+      });
+      set_weight = BlockSum(set_weight, s_warp);
+    }
     threshold = RadixThreshold(sh, for_each, true, threshold, fmaxf(top_p * set_weight, FLT_MIN));
   }
   auto kept_weight = [&](uint32_t key, float w) {
@@ -357,33 +382,41 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   };
 
   // 5. The token: u * (kept weight) located by an ordered prefix sum.
-  float kept_total = 0.0f;
-  for_each([&](uint32_t key, float w) { kept_total += kept_weight(key, w); });
-  kept_total = BlockSum(kept_total, s_warp);
+  float kept_total = total_weight;  // nothing filtered: every token
+  if (use_top_k || use_top_p || use_min_p) {
+    kept_total = 0.0f;
+    for_each([&](uint32_t key, float w) { kept_total += kept_weight(key, w); });
+    kept_total = BlockSum(kept_total, s_warp);
+  }
   const float target = uniform * kept_total;
   const int n = num_candidates >= 0 ? num_candidates : vocab;
   if (threadIdx.x == 0) s_token = -1;
   float running = 0.0f;
   int last_kept = -1;  // this thread's last kept index: the fallback when rounding misses
-  for (int tile = 0; tile < n; tile += 4 * kThreads) {
-    const int i0 = tile + 4 * threadIdx.x;
-    float w[4];
-    int index[4];
+  for (int tile = 0; tile < n; tile += kTileItems) {
+    const int i0 = tile + kItems * threadIdx.x;
+    float w[kItems];
+    int index[kItems];
     float local = 0.0f;
+    if (num_candidates >= 0) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + e;
-      w[e] = 0.0f;
-      index[e] = i;
-      if (i < n) {
-        if (num_candidates >= 0) {
-          w[e] = kept_weight(big.cand_key[i], big.cand_weight[i]);
-          index[e] = big.cand_index[i];
-        } else {
-          const float z = row[i] / temperature;
-          w[e] = kept_weight(OrderedKey(z), z == z ? __expf(z - max_z) : 0.0f);
-        }
+      for (int e = 0; e < kItems; ++e) {
+        const int i = i0 + e;
+        w[e] = i < n ? kept_weight(big.cand_key[i], big.cand_weight[i]) : 0.0f;
+        index[e] = i < n ? big.cand_index[i] : 0;
       }
+    } else {
+      float x[kItems];
+      LoadContiguous(row, vocab, i0, x);
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        const float z = x[e] * inv_t;
+        w[e] = kept_weight(OrderedKey(z), weight_of(z));
+        index[e] = i0 + e;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kItems; ++e) {
       local += w[e];
       if (w[e] > 0.0f) last_kept = index[e];
     }
@@ -394,11 +427,12 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         float cumulative = running + exclusive;
         int chosen = -1;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (w[e] > 0.0f) {
-            chosen = index[e];
-            cumulative += w[e];
-            if (target < cumulative) break;
+        for (int e = 0; e < kItems; ++e) {
+          if (chosen < 0 || !(target < cumulative)) {
+            if (w[e] > 0.0f) {
+              chosen = index[e];
+              cumulative += w[e];
+            }
           }
         }
         s_token = chosen;

@@ -4,12 +4,15 @@
 //
 // The sampler never sorts the vocabulary. One thread block of 1024 threads per row:
 //   1. one pass for the maximum and the softmax normalizer;
-//   2. one pass for a 2048-bin histogram (count and weight) of the order-preserving bits of z,
-//      which bounds the kept set from below (top-k, top-p, min-p);
-//   3. one pass that compacts the candidates above that bound, in vocabulary order, into shared
-//      memory (up to kSamplingCandidates of them; beyond that the next steps read global memory);
-//   4. exact top-k and top-p thresholds by radix selection (11 + 11 + 10 bits) over the candidates,
-//      then an ordered prefix-sum search for the token that u * (kept weight) falls on.
+//   2. (with a filter) one pass for a count histogram of the distance from the maximum,
+//      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
+//      top-p by a lower bound on each bin's weight, min-p directly);
+//   3. one pass that compacts the tokens above that bound, in vocabulary order, into shared memory
+//      (up to kSamplingCandidates; when more, or when the bound falls past the histogram's range,
+//      the next steps read global memory instead);
+//   4. exact top-k and top-p thresholds by radix selection (11 + 11 + 10 bits of the
+//      order-preserving bits of z) over the candidates, then an ordered prefix-sum search for the
+//      token that u * (kept weight) falls on.
 // Every per-row setting is read from device memory, so one launch serves any mix of requests.
 
 #ifndef LMSERVE_KERNELS_CUDA_SAMPLING_H_
