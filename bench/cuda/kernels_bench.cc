@@ -308,8 +308,9 @@ class Bench {
             0, 0, "", ">=85% copy", 0.85});
   }
 
-  void Decode(int64_t batch, int64_t context, double target) {
-    const std::string name = "decode attention b" + std::to_string(batch);
+  void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0) {
+    const std::string name = "decode attention b" + std::to_string(batch) +
+                             (forced_splits > 0 ? " (fixed splits)" : "");
     if (!Selected("decode")) return;
     const int64_t heads = 32, kv_heads = 8, head_dim = 128, block = 16;
     const int64_t blocks_per_seq = (context + block - 1) / block;
@@ -329,7 +330,9 @@ class Bench {
     Upload(starts, start);
     Upload(ids, block_ids);
     const int max_splits =
-        DecodeAttentionParams::ChooseMaxSplits(batch, heads, kv_heads, device_.multiprocessor_count);
+        forced_splits > 0
+            ? forced_splits
+            : DecodeAttentionParams::ChooseMaxSplits(batch, heads, kv_heads, head_dim, DType::kBF16);
     Buffer ws(DecodeAttentionParams::WorkspaceBytes(batch, heads, head_dim, max_splits));
     DecodeAttentionParams p;
     p.query = q.get();
@@ -356,7 +359,11 @@ class Bench {
                   static_cast<long long>(context), max_splits);
     char target_text[32];
     std::snprintf(target_text, sizeof(target_text), ">=%.0f%% copy", 100 * target);
-    Record({name, shape, us, min_us, bytes, 0, 0, 0, 0, "", target_text, target});
+    if (forced_splits > 0) {
+      Record({name, shape, us, min_us, bytes, 0});
+    } else {
+      Record({name, shape, us, min_us, bytes, 0, 0, 0, 0, "", target_text, target});
+    }
   }
 
   void Prefill(const std::vector<int32_t>& seq_lens, int64_t head_dim, const std::string& name,
@@ -605,6 +612,8 @@ int Main(int argc, char** argv) {
   bench.Silu();
   bench.Decode(64, 4096, 0.80);
   bench.Decode(1, 32768, 0.60);
+  bench.Decode(64, 4096, 0, 5);     // run 2's split cap, for comparison
+  bench.Decode(1, 32768, 0, 128);
   bench.Prefill({8192}, 128, "prefill attention", 300.0);
   bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
   bench.Prefill({8192}, 64, "prefill attention d64", 0);

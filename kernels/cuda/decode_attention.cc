@@ -17,17 +17,6 @@ int64_t DecodeAttentionParams::WorkspaceBytes(int64_t num_seqs, int64_t num_head
   return partials * head_dim * 4 + partials * 4;
 }
 
-int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
-                                           int64_t num_kv_heads, int num_multiprocessors) {
-  if (num_seqs <= 0 || num_kv_heads <= 0) return 1;
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t chunks = (group + kMaxDecodeGroup - 1) / kMaxDecodeGroup;
-  const int64_t blocks = num_seqs * num_kv_heads * chunks;
-  // About 16 blocks per multiprocessor: several resident at once, and small tails.
-  const int64_t target = int64_t{std::max(1, num_multiprocessors)} * 16;
-  return static_cast<int>(std::clamp<int64_t>((target + blocks - 1) / blocks, 1, kDecodeMaxSplits));
-}
-
 absl::Status DecodeAttentionParams::Validate() const {
   constexpr const char* kName = "DecodeAttention";
   if (absl::Status s = CheckActivationDType(kName, dtype); !s.ok()) return s;

@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/dispatch.h"
@@ -274,6 +276,50 @@ __global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, in
 }
 
 }  // namespace
+
+int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
+                                           int64_t num_kv_heads, int64_t head_dim, DType dtype) {
+  if (num_seqs <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
+  const int64_t group_size = num_heads / num_kv_heads;
+  int device = 0, sms = 0, resident = 0;
+  int64_t blocks = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
+      constexpr int kHeadDim = decltype(head_dim_constant)::value;
+      return DispatchDecodeGroup(group_size, [&](auto group_constant) {
+        constexpr int kGroup = decltype(group_constant)::value;
+        blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kGroup);
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, kGroup>;
+        constexpr int kSmemBytes = DecodeConfig<kHeadDim, kGroup>::kSmemBytes;
+        LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads,
+                                                             kSmemBytes);
+      });
+    });
+  });
+  if (status != cudaSuccess || resident <= 0) {
+    cudaGetLastError();
+    resident = 2;
+  }
+  const double slots = static_cast<double>(sms) * resident;
+  int best = 1;
+  double best_efficiency = 0;
+  for (int splits = 1; splits <= kDecodeMaxSplits; ++splits) {
+    const double waves = static_cast<double>(blocks) * splits / slots;
+    if (waves < 0.85) continue;
+    const double efficiency = waves / std::ceil(waves);  // the last wave's filling
+    if (efficiency >= 0.9) return splits;
+    if (efficiency > best_efficiency) best = splits, best_efficiency = efficiency;
+  }
+  return best_efficiency > 0 ? best : kDecodeMaxSplits;
+}
 
 cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   static_assert(kDecodeMaxSplits <= kThreads, "the combine kernel holds a split per thread");

@@ -10,7 +10,10 @@
 // launch configuration depends on num_seqs, the head counts and max_splits only, so one
 // configuration (and one captured CUDA graph) serves every context length.
 //
-// bf16 or fp16 query, cache and output; fp32 scores, softmax and accumulation.
+// Inside a block, each thread streams its 16-byte pieces of K and V through a 4-step cp.async ring
+// in shared memory (no barrier in the loop), and each group of lanes keeps its own online softmax;
+// the groups merge at the end. bf16 or fp16 query, cache and output; fp32 scores, softmax and
+// accumulation.
 
 #ifndef LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
@@ -73,9 +76,11 @@ struct DecodeAttentionParams {
   // Scratch for the split partial results.
   static int64_t WorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
                                 int max_splits);
-  // A split cap that gives the GPU a few waves of blocks for this batch shape.
+  // A split cap for this batch shape on the current device: the smallest that fills the
+  // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
+  // Lengths are not needed: shorter contexts take fewer splits on the device.
   static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                             int num_multiprocessors);
+                             int64_t head_dim, DType dtype);
 
   absl::Status Validate() const;  // shapes and pointers; the lengths and tables live on the device
 };

@@ -35,18 +35,30 @@ __device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i)
   return i < best_i;
 }
 
-// Calls f(index, logit) for every element of the row, 16-byte loads.
+// Calls f(index, logit) for every element of the row: 16-byte loads, four per thread issued
+// before any is used (several loads in flight: a pass runs at the memory's pace).
 template <typename F>
 __device__ __forceinline__ void ForEachLogit(const float* row, int vocab_size, F&& f) {
+  constexpr int kBatch = 4;
   const float4* row4 = reinterpret_cast<const float4*>(row);
   const int n4 = vocab_size / 4;
-#pragma unroll 4
-  for (int v = threadIdx.x; v < n4; v += kThreads) {
-    const float4 x = __ldg(row4 + v);
-    f(4 * v, x.x);
-    f(4 * v + 1, x.y);
-    f(4 * v + 2, x.z);
-    f(4 * v + 3, x.w);
+  for (int base = threadIdx.x; base < n4; base += kBatch * kThreads) {
+    float4 x[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kThreads;
+      x[u] = v < n4 ? __ldg(row4 + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kThreads;
+      if (v < n4) {
+        f(4 * v, x[u].x);
+        f(4 * v + 1, x[u].y);
+        f(4 * v + 2, x[u].z);
+        f(4 * v + 3, x[u].w);
+      }
+    }
   }
 }
 
@@ -210,6 +222,7 @@ struct SampleArgs {
 };
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
+constexpr float kProvisionalNats = 10.0f;  // pass 2 also keeps the tokens with w > e^-10
 constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
 constexpr int kTileItems = kItems * kThreads;
 
@@ -287,12 +300,43 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     constexpr float kBinsPerNat = kBins / kRangeNats;
     for (int b = threadIdx.x; b < kBins; b += kThreads) big.bin_count[b] = 0;
     __syncthreads();
-    ForEachLogit(row, vocab, [&](int, float x) {
-      const float d = max_z - x * inv_t;
-      if (d < kRangeNats) {
-        atomicAdd(&big.bin_count[kBins - 1 - min(static_cast<int>(d * kBinsPerNat), kBins - 1)], 1u);
+    // The histogram, and in the same pass a provisional compaction of the tokens with
+    // d < kProvisionalNats: when the bound found below is within it, no third pass is needed.
+    float provisional = 0.0f;
+    for (int tile = 0; tile < vocab; tile += kTileItems) {
+      const int i0 = tile + kItems * threadIdx.x;
+      float x[kItems];
+      LoadContiguous(row, vocab, i0, x);
+      float flags = 0.0f;
+      uint32_t keep = 0;  // bit e: element e goes to the provisional candidates
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        x[e] *= inv_t;  // z; NaN (and past the end) stays NaN
+        const float d = max_z - x[e];
+        if (d < kRangeNats) {
+          atomicAdd(&big.bin_count[kBins - 1 - min(static_cast<int>(d * kBinsPerNat), kBins - 1)], 1u);
+        }
+        if (d < kProvisionalNats) {
+          keep |= 1u << e;
+          flags += 1.0f;
+        }
       }
-    });
+      float exclusive, tile_total;
+      BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
+      int slot = static_cast<int>(provisional + exclusive);
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (keep & (1u << e)) {
+          if (slot < kSamplingCandidates) {
+            big.cand_key[slot] = OrderedKey(x[e]);
+            big.cand_weight[slot] = weight_of(x[e]);
+            big.cand_index[slot] = i0 + e;
+          }
+          ++slot;
+        }
+      }
+      provisional += tile_total;
+    }
     __syncthreads();
     // A lower bound on each bin's weight, so that the selected bin is never above the true one.
     for (int h = threadIdx.x; h < kBins; h += kThreads) {
@@ -315,11 +359,16 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     }
     if (selected > 0) selected -= 1;  // one bin of margin against rounding
     if (selected >= 0) {
-      lower = OrderedKey(max_z - static_cast<float>(kBins - selected) / kBinsPerNat);
+      const float bound_nats = static_cast<float>(kBins - selected) / kBinsPerNat;
+      lower = OrderedKey(max_z - bound_nats);
+      if (bound_nats + 1.0f / kBinsPerNat <= kProvisionalNats &&
+          provisional <= static_cast<float>(kSamplingCandidates)) {
+        num_candidates = static_cast<int>(provisional);  // a superset of the tokens >= lower
+      }
       float count = 0.0f;
       for (int h = selected + threadIdx.x; h < kBins; h += kThreads) count += big.bin_count[h];
       count = BlockSum(count, s_warp);
-      if (count <= static_cast<float>(kSamplingCandidates)) {
+      if (num_candidates < 0 && count <= static_cast<float>(kSamplingCandidates)) {
         float base = 0.0f;
         for (int tile = 0; tile < vocab; tile += kTileItems) {
           const int i0 = tile + kItems * threadIdx.x;

@@ -124,11 +124,6 @@ DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* work
   return p;
 }
 
-int NumSms() {
-  const auto devices = ListDevices();
-  return devices.empty() ? 1 : devices[0].multiprocessor_count;
-}
-
 constexpr int32_t kLengths[] = {1, 15, 16, 17, 97, 4099};
 
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
@@ -144,7 +139,8 @@ void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t gro
   BuildBatch(b, seqs, rng);
   const std::vector<float> ref = CpuAttention(b);
 
-  const int chosen = DecodeAttentionParams::ChooseMaxSplits(batch, b.num_heads, num_kv_heads, NumSms());
+  const int chosen =
+      DecodeAttentionParams::ChooseMaxSplits(batch, b.num_heads, num_kv_heads, head_dim, dtype);
   for (int max_splits : {1, 7, chosen}) {
     SCOPED_TRACE(::testing::Message() << "max_splits " << max_splits);
     DeviceBuffer<uint16_t> d_out(ref.size());
@@ -187,7 +183,7 @@ TEST(DecodeAttentionGpuTest, GraphReplayFollowsDeviceLengths) {
   std::vector<std::pair<int32_t, int32_t>> seqs;
   for (int i = 0; i < 17; ++i) seqs.push_back({1, 4099});
   BuildBatch(b, seqs, rng);
-  const int max_splits = DecodeAttentionParams::ChooseMaxSplits(17, 32, 8, NumSms());
+  const int max_splits = DecodeAttentionParams::ChooseMaxSplits(17, 32, 8, 128, dtype);
   DeviceBuffer<uint16_t> d_out(b.num_tokens() * b.num_heads * b.head_dim);
   DeviceBuffer<uint8_t> d_ws(DecodeAttentionParams::WorkspaceBytes(17, 32, 128, max_splits) + 16);
   const DecodeAttentionParams p = DecodeParams(b, d_out.get(), d_ws.get(), max_splits);
