@@ -1,4 +1,5 @@
-// The linear layer y = x W^T (+ bias) (+ y), through OpenBLAS's cblas_sgemm.
+// The linear layer y = x W^T (+ bias) (+ y), through OpenBLAS's cblas_sgemm, optionally with the
+// reduction split into chunks summed in double.
 //
 // W is fp32 row-major [out_features, in_features], as PyTorch stores nn.Linear weights, so each
 // output feature is a contiguous row. Rows of x and y may be strided: a projection can write into a
@@ -8,6 +9,7 @@
 #define LMSERVE_KERNELS_CPU_LINEAR_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -24,6 +26,12 @@ struct LinearParams {
   int64_t input_stride = 0;   // 0 means in_features
   int64_t output_stride = 0;  // 0 means out_features
   bool accumulate = false;    // y += x W^T (+ bias) instead of y = ...; output may not alias input
+  // The reduction over in_features. 0: one fp32 GEMM. k > 0: one fp32 GEMM per chunk of k features,
+  // the chunks summed in double in split_accumulator, so that outputs carry the rounding error of
+  // k-term fp32 sums rather than in_features-term ones (for logits, whose magnitude makes that
+  // error visible). Costs an [num_tokens, out_features] pass per chunk.
+  int64_t split_k = 0;
+  double* split_accumulator = nullptr;  // [num_tokens, out_features] when split_k > 0
 
   absl::Status Validate() const;
 };
@@ -35,6 +43,9 @@ void Linear(const LinearParams& params);
 void SetBlasThreads(int num_threads);
 // The number of threads OpenBLAS uses now.
 int GetBlasThreads();
+// OpenBLAS's build configuration and the core type whose kernels it chose ("... core Haswell"), for
+// benchmark reports.
+std::string BlasDescription();
 
 }  // namespace lmserve::kernels
 
