@@ -31,9 +31,7 @@ struct LayerWeights {
   std::vector<float> down;        // [hidden, intermediate]
 };
 
-// lm_head runs on at most this many rows at a time (bounding its double accumulator) ...
-constexpr int64_t kLogitsRowsPerGemm = 32;
-// ... with its reduction over hidden split into fp32 GEMMs of this many features, summed in double.
+// lm_head sums its reduction over hidden in double, over fp32 chunks of this many features.
 constexpr int64_t kLogitsSplitK = 32;
 
 // A zero-filled float array from calloc: large pools come from fresh mappings, so pages are only
@@ -97,18 +95,17 @@ class CpuRunner final : public ModelRunner {
   PoolPtr kv_pool_;
 
   // Workspaces, [tokens, ...] unless noted.
-  std::vector<float> residual_;             // [tokens, hidden]: the residual stream
-  std::vector<float> normed_;               // [tokens, hidden]: normalized input of a projection
-  std::vector<float> qkv_;                  // [tokens, qkv_dim]
-  std::vector<float> attention_;            // [tokens, q_dim]
-  std::vector<float> projected_;            // [tokens, hidden]: o_proj and down_proj outputs
-  std::vector<float> gate_up_;              // [tokens, 2 intermediate]
-  std::vector<float> activation_;           // [tokens, intermediate]
-  std::vector<float> attention_scratch_;    // PagedAttentionParams::WorkspaceFloats
-  std::vector<int32_t> positions_;          // [tokens]
-  std::vector<int64_t> slots_;              // [tokens]: KV cache slot of each new token
-  std::vector<int32_t> logits_rows_;        // [rows]: the token index of each logits row
-  std::vector<double> logits_accumulator_;  // [kLogitsRowsPerGemm, vocab]: lm_head's split-K sums
+  std::vector<float> residual_;           // [tokens, hidden]: the residual stream
+  std::vector<float> normed_;             // [tokens, hidden]: normalized input of a projection
+  std::vector<float> qkv_;                // [tokens, qkv_dim]
+  std::vector<float> attention_;          // [tokens, q_dim]
+  std::vector<float> projected_;          // [tokens, hidden]: o_proj and down_proj outputs
+  std::vector<float> gate_up_;            // [tokens, 2 intermediate]
+  std::vector<float> activation_;         // [tokens, intermediate]
+  std::vector<float> attention_scratch_;  // PagedAttentionParams::WorkspaceFloats
+  std::vector<int32_t> positions_;        // [tokens]
+  std::vector<int64_t> slots_;            // [tokens]: KV cache slot of each new token
+  std::vector<int32_t> logits_rows_;      // [rows]: the token index of each logits row
 };
 
 CpuRunner::CpuRunner(const ModelConfig& config, const RunnerConfig& runner_config)
@@ -279,7 +276,6 @@ void CpuRunner::EnsureWorkspace(int64_t num_tokens, int64_t max_context_len) {
   Grow(&positions_, num_tokens);
   Grow(&slots_, num_tokens);
   Grow(&logits_rows_, num_tokens);
-  Grow(&logits_accumulator_, std::min(num_tokens, kLogitsRowsPerGemm) * c.vocab_size);
   Grow(&attention_scratch_,
        kernels::PagedAttentionParams::WorkspaceFloats(max_context_len, c.num_attention_heads,
                                                       c.num_kv_heads, num_threads_));
@@ -456,18 +452,16 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
                               .hidden_size = hidden,
                               .epsilon = c.rms_norm_eps});
   }
-  // lm_head in groups of rows, its reduction split into chunks summed in double (logits of
-  // tied-embedding models reach the hundreds, where fp32 sums over all of hidden lose 1e-4).
-  for (int64_t r = 0; r < num_rows; r += kLogitsRowsPerGemm) {
-    kernels::Linear({.input = normed_.data() + r * hidden,
-                     .weight = lm_head_,
-                     .output = output->logits.data() + r * c.vocab_size,
-                     .num_tokens = std::min(kLogitsRowsPerGemm, num_rows - r),
-                     .in_features = hidden,
-                     .out_features = c.vocab_size,
-                     .split_k = kLogitsSplitK,
-                     .split_accumulator = logits_accumulator_.data()});
-  }
+  // lm_head, its reduction summed in double over fp32 chunks: logits of tied-embedding models
+  // reach the hundreds, where fp32 sums over all of hidden lose 1e-4.
+  kernels::Linear({.input = normed_.data(),
+                   .weight = lm_head_,
+                   .output = output->logits.data(),
+                   .num_tokens = num_rows,
+                   .in_features = hidden,
+                   .out_features = c.vocab_size,
+                   .split_k = kLogitsSplitK,
+                   .num_threads = num_threads_});
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
@@ -30,47 +31,82 @@ absl::Status LinearParams::Validate() const {
   if (std::max(input_stride, output_stride) > kMaxBlasInt) {
     return absl::InvalidArgumentError("Linear: row stride too large for BLAS");
   }
-  if (split_k < 0 || (split_k > 0 && num_tokens > 0 && split_accumulator == nullptr)) {
-    return absl::InvalidArgumentError(
-        StrCat("Linear: split_k ", split_k, " needs to be >= 0, and a split_accumulator when > 0"));
+  if (split_k < 0 || num_threads < 1) {
+    return absl::InvalidArgumentError(StrCat(
+        "Linear: split_k (", split_k, ") must be >= 0 and num_threads (", num_threads, ") >= 1"));
   }
   return absl::OkStatus();
 }
 
 namespace {
 
-// y = x W^T over features [k_begin, k_begin + k_count), with beta as cblas_sgemm takes it.
+// y = x W^T over features [k_begin, k_begin + k_count), with beta as cblas_sgemm takes it. One
+// token goes through sgemv: sgemm would pack all of W for a single row (twice the time).
 void Sgemm(const LinearParams& p, int64_t ldx, int64_t ldy, int64_t k_begin, int64_t k_count,
            float beta) {
+  if (p.num_tokens == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(p.out_features),
+                static_cast<blasint>(k_count), 1.0f, p.weight + k_begin,
+                static_cast<blasint>(p.in_features), p.input + k_begin, 1, beta, p.output, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(p.num_tokens),
               static_cast<blasint>(p.out_features), static_cast<blasint>(k_count), 1.0f,
               p.input + k_begin, static_cast<blasint>(ldx), p.weight + k_begin,
               static_cast<blasint>(p.in_features), beta, p.output, static_cast<blasint>(ldy));
 }
 
-// The split-K form: fp32 GEMMs over chunks of features, summed in double.
-void SplitLinear(const LinearParams& p, int64_t ldx, int64_t ldy) {
-  const int64_t n = p.out_features;
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    double* acc = p.split_accumulator + t * n;
-    const float* y = p.output + t * ldy;
-    for (int64_t o = 0; o < n; ++o) {
-      acc[o] = (p.accumulate ? double{y[o]} : 0.0) + (p.bias != nullptr ? double{p.bias[o]} : 0.0);
+// The double sum of fp32 dot products over chunks of `chunk` features; each chunk keeps eight fp32
+// partial sums, combined in a fixed order, so the result does not depend on the instruction set.
+inline double SplitDot(const float* x, const float* w, int64_t n, int64_t chunk) {
+  double total = 0;
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t end = std::min(n, begin + chunk);
+    float lanes[8] = {};
+    int64_t k = begin;
+    for (; k + 8 <= end; k += 8) {
+      for (int l = 0; l < 8; ++l) lanes[l] += x[k + l] * w[k + l];
     }
+    float tail = 0;
+    for (; k < end; ++k) tail += x[k] * w[k];
+    total += static_cast<double>(((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+                                 ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])) + tail);
   }
-  for (int64_t k = 0; k < p.in_features; k += p.split_k) {
-    Sgemm(p, ldx, ldy, k, std::min(p.split_k, p.in_features - k), 0.0f);
+  return total;
+}
+
+// Output features [out_begin, out_end) of the split form, for every token. AVX2 where the CPU has
+// it (the same arithmetic, wider registers; fp contraction is off in ISO C++ mode).
+__attribute__((target_clones("avx2", "default"))) void SplitLinearRange(const LinearParams& p,
+                                                                        int64_t ldx, int64_t ldy,
+                                                                        int64_t out_begin,
+                                                                        int64_t out_end) {
+  for (int64_t o = out_begin; o < out_end; ++o) {
+    const float* w = p.weight + o * p.in_features;
+    const double bias = p.bias != nullptr ? double{p.bias[o]} : 0.0;
     for (int64_t t = 0; t < p.num_tokens; ++t) {
-      double* acc = p.split_accumulator + t * n;
-      const float* y = p.output + t * ldy;
-      for (int64_t o = 0; o < n; ++o) acc[o] += y[o];
+      float* y = p.output + t * ldy + o;
+      const double base = (p.accumulate ? double{*y} : 0.0) + bias;
+      *y = static_cast<float>(base + SplitDot(p.input + t * ldx, w, p.in_features, p.split_k));
     }
   }
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const double* acc = p.split_accumulator + t * n;
-    float* y = p.output + t * ldy;
-    for (int64_t o = 0; o < n; ++o) y[o] = static_cast<float>(acc[o]);
+}
+
+// The split form over threads, each a contiguous range of output features.
+void SplitLinear(const LinearParams& p, int64_t ldx, int64_t ldy) {
+  constexpr int64_t kMinWorkPerThread = int64_t{1} << 20;  // multiply-adds
+  const int64_t work = p.num_tokens * p.out_features * p.in_features;
+  const int64_t num_workers =
+      std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max(1, p.num_threads));
+  const int64_t per_worker = (p.out_features + num_workers - 1) / num_workers;
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < num_workers; ++w) {
+    const int64_t begin = std::min(p.out_features, w * per_worker);
+    const int64_t end = std::min(p.out_features, begin + per_worker);
+    threads.emplace_back(SplitLinearRange, std::cref(p), ldx, ldy, begin, end);
   }
+  SplitLinearRange(p, ldx, ldy, 0, std::min(p.out_features, per_worker));
+  for (std::thread& thread : threads) thread.join();
 }
 
 }  // namespace
@@ -80,7 +116,7 @@ void Linear(const LinearParams& p) {
   if (p.num_tokens == 0) return;
   const int64_t ldx = p.input_stride != 0 ? p.input_stride : p.in_features;
   const int64_t ldy = p.output_stride != 0 ? p.output_stride : p.out_features;
-  if (p.split_k > 0 && p.split_k < p.in_features) {
+  if (p.split_k > 0) {
     SplitLinear(p, ldx, ldy);
     return;
   }

@@ -377,7 +377,6 @@ TEST(LinearTest, SplitReductionIsExactUpToChunkRounding) {
       const auto bias = RandomVector(out_features, 21);
       auto y = RandomVector(tokens * out_features, 22);
       const auto y0 = y;
-      std::vector<double> accumulator(static_cast<size_t>(tokens * out_features), kPoison);
       LinearParams p{.input = x.data(),
                      .weight = w.data(),
                      .bias = bias.data(),
@@ -387,7 +386,7 @@ TEST(LinearTest, SplitReductionIsExactUpToChunkRounding) {
                      .out_features = out_features,
                      .accumulate = true,
                      .split_k = split,
-                     .split_accumulator = accumulator.data()};
+                     .num_threads = 3};
       ASSERT_TRUE(p.Validate().ok());
       Linear(p);
       for (int64_t t = 0; t < tokens; ++t) {
@@ -401,10 +400,15 @@ TEST(LinearTest, SplitReductionIsExactUpToChunkRounding) {
       }
     }
   }
-  LinearParams missing{.num_tokens = 1, .in_features = 4, .out_features = 4, .split_k = 2};
   std::vector<float> buf(16);
-  missing.input = missing.weight = missing.output = buf.data();
-  EXPECT_THAT(missing.Validate().message(), HasSubstr("split_accumulator"));
+  LinearParams negative{.input = buf.data(),
+                        .weight = buf.data(),
+                        .output = buf.data(),
+                        .num_tokens = 1,
+                        .in_features = 4,
+                        .out_features = 4,
+                        .split_k = -1};
+  EXPECT_THAT(negative.Validate().message(), HasSubstr("split_k"));
 }
 
 TEST(LinearTest, ValidateRejectsShortStrides) {
