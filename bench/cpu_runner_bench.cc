@@ -1,5 +1,5 @@
 // lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128] [--decode-tokens 64]
-//                          [--repeats 5]
+//                          [--repeats 3]
 //
 // Measures the CPU runner on one model:
 // - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, conversion of every
@@ -52,7 +52,7 @@ struct Options {
   int threads = 0;
   int prompt_tokens = 128;
   int decode_tokens = 64;
-  int repeats = 5;
+  int repeats = 3;
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128]"
-                 " [--decode-tokens 64] [--repeats 5]\n");
+                 " [--decode-tokens 64] [--repeats 3]\n");
     return 2;
   }
 
