@@ -40,20 +40,19 @@ absl::Status LinearParams::Validate() const {
 
 namespace {
 
-// y = x W^T over features [k_begin, k_begin + k_count), with beta as cblas_sgemm takes it. One
-// token goes through sgemv: sgemm would pack all of W for a single row (twice the time).
-void Sgemm(const LinearParams& p, int64_t ldx, int64_t ldy, int64_t k_begin, int64_t k_count,
-           float beta) {
+// y = x W^T + beta y through OpenBLAS. One token goes through sgemv: sgemm would pack all of W
+// for a single row (about twice the time).
+void BlasLinear(const LinearParams& p, int64_t ldx, int64_t ldy, float beta) {
+  const auto n = static_cast<blasint>(p.out_features);
+  const auto k = static_cast<blasint>(p.in_features);
   if (p.num_tokens == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(p.out_features),
-                static_cast<blasint>(k_count), 1.0f, p.weight + k_begin,
-                static_cast<blasint>(p.in_features), p.input + k_begin, 1, beta, p.output, 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, p.weight, k, p.input, 1, beta, p.output,
+                1);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(p.num_tokens),
-              static_cast<blasint>(p.out_features), static_cast<blasint>(k_count), 1.0f,
-              p.input + k_begin, static_cast<blasint>(ldx), p.weight + k_begin,
-              static_cast<blasint>(p.in_features), beta, p.output, static_cast<blasint>(ldy));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(p.num_tokens), n, k,
+              1.0f, p.input, static_cast<blasint>(ldx), p.weight, k, beta, p.output,
+              static_cast<blasint>(ldy));
 }
 
 // The double sum of fp32 dot products over chunks of `chunk` features; each chunk keeps eight fp32
@@ -76,7 +75,8 @@ inline double SplitDot(const float* x, const float* w, int64_t n, int64_t chunk)
 }
 
 // Output features [out_begin, out_end) of the split form, for every token. AVX2 where the CPU has
-// it (the same arithmetic, wider registers; fp contraction is off in ISO C++ mode).
+// it: the same operations in wider registers (no FMA: adding "fma" here would let the compiler
+// contract a*b+c and change the rounding from one CPU to another).
 __attribute__((target_clones("avx2", "default"))) void SplitLinearRange(const LinearParams& p,
                                                                         int64_t ldx, int64_t ldy,
                                                                         int64_t out_begin,
@@ -132,7 +132,7 @@ void Linear(const LinearParams& p) {
     }
     beta = 1.0f;
   }
-  Sgemm(p, ldx, ldy, 0, p.in_features, beta);
+  BlasLinear(p, ldx, ldy, beta);
 }
 
 void SetBlasThreads(int num_threads) {
