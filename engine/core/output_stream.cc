@@ -37,13 +37,29 @@ bool OutputStream::finished() const {
 }
 
 void OutputStream::Push(RequestOutput output) {
-  absl::MutexLock lock(&mu_);
-  if (output.finished) {
-    LMSERVE_CORE_CHECK(num_unfinished_samples_ > 0, "request ", request_id_,
-                       ": a final output after every sample finished");
-    --num_unfinished_samples_;
+  std::shared_ptr<const std::function<void()>> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (output.finished) {
+      LMSERVE_CORE_CHECK(num_unfinished_samples_ > 0, "request ", request_id_,
+                         ": a final output after every sample finished");
+      --num_unfinished_samples_;
+    }
+    queue_.push_back(std::move(output));
+    listener = listener_;
   }
-  queue_.push_back(std::move(output));
+  if (listener != nullptr) (*listener)();
+}
+
+void OutputStream::SetListener(std::function<void()> listener) {
+  auto shared = std::make_shared<const std::function<void()>>(std::move(listener));
+  bool waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = shared;
+    waiting = !queue_.empty();
+  }
+  if (waiting) (*shared)();
 }
 
 }  // namespace lmserve::engine

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,11 +42,18 @@ class OutputStream {
   // Engine side: appends an output; the stream finishes with the last sample's final output.
   void Push(RequestOutput output);
 
+  // Registers `listener`, called after every Push (on the engine thread, no lock held), and once at
+  // once when outputs are already waiting, so that an asynchronous reader (a gRPC reactor) needs no
+  // thread blocked in Next. The listener must be quick and must not block: it should only hand the
+  // work to the reader's own thread. Replaces any previous listener.
+  void SetListener(std::function<void()> listener);
+
  private:
   const RequestId request_id_;
   mutable absl::Mutex mu_;
   std::deque<RequestOutput> queue_ ABSL_GUARDED_BY(mu_);
   int32_t num_unfinished_samples_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::function<void()>> listener_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lmserve::engine
