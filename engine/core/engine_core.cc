@@ -418,6 +418,7 @@ EngineStats EngineCore::Stats() const {
   EngineStats stats = stats_;
   stats.num_running_seqs = scheduler_.num_running();
   stats.num_waiting_seqs = scheduler_.num_waiting();
+  stats.num_preempted_seqs = scheduler_.num_preempted();
   stats.num_unfinished_requests = static_cast<int32_t>(requests_.size());
   stats.num_kv_blocks = block_manager_.num_blocks();
   stats.num_free_kv_blocks = block_manager_.num_free_blocks();

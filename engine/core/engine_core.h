@@ -48,7 +48,8 @@ struct EngineConfig {
 // A snapshot for metrics.
 struct EngineStats {
   int32_t num_running_seqs = 0;
-  int32_t num_waiting_seqs = 0;
+  int32_t num_waiting_seqs = 0;      // preempted ones included
+  int32_t num_preempted_seqs = 0;    // waiting to be recomputed after a preemption
   int32_t num_unfinished_requests = 0;
   int32_t num_kv_blocks = 0;
   int32_t num_free_kv_blocks = 0;  // unreferenced, cached content included

@@ -106,6 +106,7 @@ int32_t Sampler::Sample(std::span<const float> logits, const SamplingParams& par
       candidates_.push_back(token_id);
     }
   }
+  if (candidates_.empty()) return ArgMax(work_);  // non-finite logits: nothing to draw from
   // Most likely first; equal probabilities by lower id.
   auto more_likely = [this](int32_t a, int32_t b) {
     return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);

@@ -89,6 +89,7 @@ SchedulerOutput Scheduler::Schedule() {
       const int32_t num_new = CapTokens(seq->num_known_tokens() - num_computed, budget);
       if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix)) break;
       it = waiting_.erase(it);
+      if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
       const bool looked_up = (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) ||
                              seq->prompt_source != nullptr;
       if (looked_up) {
@@ -133,9 +134,10 @@ void Scheduler::Remove(Sequence* seq) {
     auto it = std::find(running_.begin(), running_.end(), seq);
     LMSERVE_CORE_CHECK(it != running_.end(), "running seq ", seq->seq_id, " not in running_");
     running_.erase(it);
-  } else if (seq->state == SequenceState::kWaiting) {
+  } else if (seq->state == SequenceState::kWaiting || seq->state == SequenceState::kPreempted) {
     LMSERVE_CORE_CHECK(waiting_.erase(seq) == 1, "waiting seq ", seq->seq_id,
                        " not in waiting_");
+    if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
   }
   block_manager_->Free(seq->seq_id);
   seq->state = SequenceState::kRemoved;
@@ -147,7 +149,8 @@ void Scheduler::Preempt(Sequence* seq) {
   running_.erase(it);
   block_manager_->Free(seq->seq_id);
   seq->num_computed_tokens = 0;
-  seq->state = SequenceState::kWaiting;
+  seq->state = SequenceState::kPreempted;
+  ++num_preempted_waiting_;
   ++seq->num_preemptions;
   ++num_preemptions_;
   waiting_.insert(seq);

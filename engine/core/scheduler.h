@@ -39,7 +39,9 @@
 
 namespace lmserve::engine {
 
-enum class SequenceState : uint8_t { kWaiting, kRunning, kRemoved };
+// A sequence's lifecycle: kWaiting -> kRunning -> (kPreempted -> kRunning)* -> kRemoved (finished
+// or aborted, from any state). kWaiting and kPreempted sequences sit in the waiting queue.
+enum class SequenceState : uint8_t { kWaiting, kRunning, kPreempted, kRemoved };
 
 // The scheduler's view of one sample of one request. Owned by the engine, which must Remove it from
 // the scheduler before destroying it.
@@ -113,7 +115,8 @@ class Scheduler {
   const std::vector<Sequence*>& running() const { return running_; }
   std::vector<Sequence*> waiting() const { return {waiting_.begin(), waiting_.end()}; }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
-  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }  // preempted too
+  int32_t num_preempted() const { return num_preempted_waiting_; }  // waiting after a preemption
 
   // Statistics since construction.
   int64_t prefix_cache_queried_tokens() const { return prefix_cache_queried_tokens_; }
@@ -140,6 +143,7 @@ class Scheduler {
   int64_t prefix_cache_queried_tokens_ = 0;
   int64_t prefix_cache_hit_tokens_ = 0;
   int64_t num_preemptions_ = 0;
+  int32_t num_preempted_waiting_ = 0;
 };
 
 }  // namespace lmserve::engine

@@ -96,6 +96,10 @@ TEST(SchedulerTableTest, PreemptionOfTheLatestAndResumptionFromThePrefixCache) {
                   // A needs a 4th block: B is preempted; its cached blocks go to the free list
                   // tail first (5 3 2), so A takes 5.
                   {6, "A:1", "A", "B", "A[0 1 4 5]", "B"},
+              });
+  EXPECT_EQ(h.core().Stats().num_preempted_seqs, 1);
+  ExpectSteps(h, &step,
+              {
                   // B (13 tokens known) would reuse cached 2 3 and take 2 more: 4 > 2 free.
                   {7, "A:1", "A", "B", "A[0 1 4 5]"},
                   {8, "A:1", "", "B", "", "", "A:max_tokens"},
@@ -108,6 +112,7 @@ TEST(SchedulerTableTest, PreemptionOfTheLatestAndResumptionFromThePrefixCache) {
   ExpectGreedyOutputs(h, {{a, "A"}, {b, "B"}}, {{8, 8}, {8, 8}});
   const EngineStats stats = h.core().Stats();
   EXPECT_EQ(stats.num_preemptions, 1);
+  EXPECT_EQ(stats.num_preempted_seqs, 0);
   EXPECT_EQ(stats.prefix_cache_queried_tokens, 8 + 8 + 13);
   EXPECT_EQ(stats.prefix_cache_hit_tokens, 8);
   EXPECT_EQ(stats.num_free_kv_blocks, 6);
