@@ -1,5 +1,7 @@
 #include "engine/tokenizer/detokenizer.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 namespace lmserve::engine {
@@ -20,12 +22,17 @@ std::string Detokenizer::Delta(bool* complete) const {
       tokenizer_.Decode(ids.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string new_text = tokenizer_.Decode(ids.subspan(prefix_offset_), skip_special_);
   *complete = !EndsWithReplacement(new_text);
-  // The window starts after complete text, so the new text extends the prefix text.
-  if (new_text.size() <= prefix_text.size() ||
-      std::string_view(new_text).substr(0, prefix_text.size()) != prefix_text) {
-    return std::string();
+  // The window starts after complete text, so the new text extends the prefix text. (Only a
+  // context ending in an incomplete character breaks that: then what follows the common prefix is
+  // new, from a character boundary on.)
+  size_t common = 0;
+  const size_t limit = std::min(prefix_text.size(), new_text.size());
+  while (common < limit && prefix_text[common] == new_text[common]) ++common;
+  if (common < prefix_text.size()) {
+    while (common > 0 && (static_cast<uint8_t>(new_text[common]) & 0xC0) == 0x80) --common;
   }
-  return new_text.substr(prefix_text.size());
+  if (new_text.size() <= common) return std::string();
+  return new_text.substr(common);
 }
 
 std::string Detokenizer::Add(int32_t id) {

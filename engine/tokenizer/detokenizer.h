@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace lmserve::engine {
@@ -28,6 +29,17 @@ class Detokenizer {
   Detokenizer(const Tokenizer& tokenizer, bool skip_special)
       : tokenizer_(tokenizer), skip_special_(skip_special) {}
 
+  // A stream that continues `context` (e.g. the last few prompt tokens): the context's own text is
+  // not returned, but it is decoded with the new tokens, so that the first new token keeps the
+  // leading space a SentencePiece decoder strips at the start of a text. Then the concatenated
+  // chunks equal Decode(context + ids) minus Decode(context) whenever the context ends with
+  // complete characters.
+  Detokenizer(const Tokenizer& tokenizer, bool skip_special, absl::Span<const int32_t> context)
+      : tokenizer_(tokenizer),
+        skip_special_(skip_special),
+        ids_(context.begin(), context.end()),
+        read_offset_(context.size()) {}
+
   // Adds `id` and returns the text that became final (often empty; always valid UTF-8).
   std::string Add(int32_t id);
 
@@ -35,7 +47,7 @@ class Detokenizer {
   // end as U+FFFD, as Decode writes it).
   std::string Flush();
 
-  // Every id added so far.
+  // The context, then every id added so far.
   const std::vector<int32_t>& ids() const { return ids_; }
 
  private:

@@ -145,6 +145,25 @@ TEST(DetokenizerSentencePieceTest, MetaspaceDecoderStreamsLikeDecode) {
   }
 }
 
+TEST(DetokenizerTest, ContextKeepsTheLeadingSpaceOfTheFirstNewToken) {
+  for (const std::string& name : testing::FixtureTokenizerNames()) {
+    SCOPED_TRACE(name);
+    const Tokenizer& tokenizer = testing::FixtureTokenizer(name);
+    const std::vector<int32_t> all = tokenizer.Encode("Hello world, 你好 there", true);
+    for (size_t split = 1; split < all.size(); ++split) {
+      const std::vector<int32_t> prompt(all.begin(), all.begin() + split);
+      const std::string prompt_text = tokenizer.Decode(prompt, true);
+      const std::string all_text = tokenizer.Decode(all, true);
+      if (prompt_text.find("\xEF\xBF\xBD") != std::string::npos) continue;  // mid-character
+      Detokenizer detokenizer(tokenizer, /*skip_special=*/true, prompt);
+      std::string streamed;
+      for (size_t i = split; i < all.size(); ++i) streamed += detokenizer.Add(all[i]);
+      streamed += detokenizer.Flush();
+      EXPECT_EQ(prompt_text + streamed, all_text) << "split " << split;
+    }
+  }
+}
+
 TEST(DetokenizerSentencePieceTest, SkippedTokensDoNotEndAByteRun) {
   // Found by tokenizer_fuzz: with skip_special, Decode drops <s> and <unk> and the two byte tokens
   // around them form one (invalid) run: two U+FFFD, not ")" and one U+FFFD.
