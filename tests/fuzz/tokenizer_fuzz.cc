@@ -5,9 +5,10 @@
 //  * Decode and every Detokenizer chunk are valid UTF-8, and the chunks concatenate to Decode;
 //  * for valid UTF-8 input, the byte-level tokenizers give decode(encode(x)) == x.
 //
-// Needs: the fixtures directory, from the LMSERVE_FIXTURES_DIR environment variable, else the
-// LMSERVE_FIXTURES_DIR compile definition (as tests/testing/fixtures.cc); link with lmserve_engine.
-// Example: build/tests/fuzz/tokenizer_fuzz -max_len=512 -runs=100000
+// Needs the fixtures directory: $LMSERVE_FIXTURES_DIR, else the LMSERVE_FIXTURES_DIR compile
+// definition where the build sets one, else ../shared/fixtures from the working directory (the
+// repository root, where scripts/fuzz.sh runs the fuzzers). Seeds: tests/fuzz/corpus/tokenizer_fuzz/.
+// Example: scripts/fuzz.sh, or build-fuzz/bin/tokenizer_fuzz -max_len=512 -runs=100000
 
 #include <cstddef>
 #include <cstdint>
@@ -38,8 +39,7 @@ std::string FixturesDir() {
 #ifdef LMSERVE_FIXTURES_DIR
   return LMSERVE_FIXTURES_DIR;
 #else
-  std::fprintf(stderr, "tokenizer_fuzz: set LMSERVE_FIXTURES_DIR\n");
-  std::abort();
+  return "../shared/fixtures";
 #endif
 }
 
@@ -51,7 +51,7 @@ const std::vector<FuzzTokenizer>& Tokenizers() {
       const std::string path = FixturesDir() + "/tokenizers/" + name + ".json";
       auto tokenizer = Tokenizer::Load(path);
       if (!tokenizer.ok()) {
-        std::fprintf(stderr, "tokenizer_fuzz: %s: %s\n", path.c_str(),
+        std::fprintf(stderr, "tokenizer_fuzz: %s: %s (set LMSERVE_FIXTURES_DIR)\n", path.c_str(),
                      std::string(tokenizer.status().message()).c_str());
         std::abort();
       }
