@@ -187,6 +187,52 @@ TEST(SamplerTest, TheFixtureDistributionsReallyAreTruncated) {
   EXPECT_GE(std::count(all.begin(), all.end(), 0.0), 2);
 }
 
+// Top-p over a large, flat vocabulary (the nucleus holds hundreds of tokens, so the sampler's
+// growing partial sort must extend several times) picks exactly what a full sort picks.
+TEST(SamplerTest, TopPOnALargeFlatVocabularyMatchesAFullSort) {
+  constexpr int kVocab = 5000;
+  std::vector<float> logits(kVocab);
+  for (int i = 0; i < kVocab; ++i) {
+    logits[i] = static_cast<float>(SampleUniform(99, 0, i) * 3.0);
+  }
+  SamplingParams params;
+  params.temperature = 1.3;
+  params.top_p = 0.7;
+  // Reference: every probability, one full sort, the smallest prefix reaching top_p.
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(kVocab);
+  const double inverse_temperature = 1.0 / params.temperature;  // as the sampler computes it
+  for (int i = 0; i < kVocab; ++i) p[i] = std::exp((double{logits[i]} - max_logit) * inverse_temperature);
+  std::vector<int32_t> order(kVocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  double total = 0.0;
+  for (int32_t id : order) total += p[id];
+  double cumulative = 0.0;
+  size_t keep = 0;
+  while (keep < order.size() && cumulative < params.top_p * total) cumulative += p[order[keep++]];
+  ASSERT_GT(keep, 1000u) << "the nucleus should be large";
+  order.resize(keep);
+  double kept_total = 0.0;
+  for (int32_t id : order) kept_total += p[id];
+
+  Sampler sampler(kVocab);
+  for (int draw = 0; draw < 200; ++draw) {
+    const double u = SampleUniform(5, 0, draw);
+    double running = 0.0;
+    int32_t expected = order.back();
+    for (int32_t id : order) {
+      running += p[id];
+      if (u * kept_total < running) {
+        expected = id;
+        break;
+      }
+    }
+    ASSERT_EQ(sampler.Sample(logits, params, {}, {}, {}, u), expected) << "draw " << draw;
+  }
+}
+
 // ---- Exact behaviours -----------------------------------------------------------------------
 int32_t Greedy(const std::vector<float>& logits, SamplingParams params,
                std::vector<int32_t> prompt = {}, std::vector<int32_t> output = {},
