@@ -63,9 +63,9 @@ ChiSquare ChiSquareTest(const std::vector<int>& counts, const std::vector<double
     ++categories;
   }
   result.degrees_of_freedom = categories - 1;
-  result.p_value = result.impossible_draw
-                       ? 0.0
-                       : UpperIncompleteGammaQ(result.degrees_of_freedom / 2.0, result.statistic / 2.0);
+  result.p_value = result.impossible_draw ? 0.0
+                                          : UpperIncompleteGammaQ(result.degrees_of_freedom / 2.0,
+                                                                  result.statistic / 2.0);
   return result;
 }
 
@@ -166,16 +166,17 @@ TEST_P(SamplerDistributionTest, MatchesTheDefinitionAndRejectsAWrongOne) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Filters, SamplerDistributionTest,
-    ::testing::Values(DistributionCase{"temperature_1", 1.0, 0, 1.0, 0.0},
-                      DistributionCase{"temperature_0_5", 0.5, 0, 1.0, 0.0},
-                      DistributionCase{"temperature_1_7", 1.7, 0, 1.0, 0.0},
-                      DistributionCase{"top_k_3", 1.0, 3, 1.0, 0.0},
-                      DistributionCase{"top_p_0_8", 1.0, 0, 0.8, 0.0},
-                      DistributionCase{"min_p_0_1", 1.0, 0, 1.0, 0.1},
-                      DistributionCase{"all_filters", 1.3, 6, 0.95, 0.05}),
-    [](const ::testing::TestParamInfo<DistributionCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Filters, SamplerDistributionTest,
+                         ::testing::Values(DistributionCase{"temperature_1", 1.0, 0, 1.0, 0.0},
+                                           DistributionCase{"temperature_0_5", 0.5, 0, 1.0, 0.0},
+                                           DistributionCase{"temperature_1_7", 1.7, 0, 1.0, 0.0},
+                                           DistributionCase{"top_k_3", 1.0, 3, 1.0, 0.0},
+                                           DistributionCase{"top_p_0_8", 1.0, 0, 0.8, 0.0},
+                                           DistributionCase{"min_p_0_1", 1.0, 0, 1.0, 0.1},
+                                           DistributionCase{"all_filters", 1.3, 6, 0.95, 0.05}),
+                         [](const ::testing::TestParamInfo<DistributionCase>& info) {
+                           return info.param.name;
+                         });
 
 TEST(SamplerTest, TheFixtureDistributionsReallyAreTruncated) {
   // Guards the cases above against vacuous filters.
@@ -202,7 +203,8 @@ TEST(SamplerTest, TopPOnALargeFlatVocabularyMatchesAFullSort) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   std::vector<double> p(kVocab);
   const double inverse_temperature = 1.0 / params.temperature;  // as the sampler computes it
-  for (int i = 0; i < kVocab; ++i) p[i] = std::exp((double{logits[i]} - max_logit) * inverse_temperature);
+  for (int i = 0; i < kVocab; ++i)
+    p[i] = std::exp((double{logits[i]} - max_logit) * inverse_temperature);
   std::vector<int32_t> order(kVocab);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),
