@@ -25,6 +25,10 @@ int RunExportGguf(int argc, char** argv);
 // The gRPC server (cmd_serve.cc).
 int RunServe(int argc, char** argv);
 
+// Text <-> token ids (cmd_tokenize.cc).
+int RunTokenize(int argc, char** argv);
+int RunDetokenize(int argc, char** argv);
+
 }  // namespace lmserve::server
 
 #endif  // LMSERVE_SERVER_CLI_H_
