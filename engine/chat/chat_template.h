@@ -49,7 +49,7 @@ struct ChatMessage {
 
 struct ChatTemplateLimits {
   int64_t max_output_bytes = 16 << 20;  // the prompt, and any one string or list built
-  int64_t max_steps = 5'000'000;        // expressions evaluated + statements executed
+  int64_t max_steps = 2'000'000;        // expressions evaluated + statements executed
   int max_call_depth = 64;              // nested macro calls
 };
 

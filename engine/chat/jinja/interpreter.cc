@@ -524,23 +524,27 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt) {
   }
   const int64_t length = static_cast<int64_t>(items->size());
   for (int64_t i = 0; i < length; ++i) {
+    absl::Status spent = Spend(1);  // an empty body still costs an iteration
+    if (!spent.ok()) return Located(spent, stmt.pos);
     auto frame = std::make_shared<Frame>();
+    frame->variables.reserve(2);
     frame->parent = outer;
     absl::Status status = Store(frame.get(), stmt.target, (*items)[i]);
     if (!status.ok()) return Located(status, stmt.pos);
     Dict loop;
-    loop.Set("index", Value::Int(i + 1));
-    loop.Set("index0", Value::Int(i));
-    loop.Set("revindex", Value::Int(length - i));
-    loop.Set("revindex0", Value::Int(length - i - 1));
-    loop.Set("first", Value::Bool(i == 0));
-    loop.Set("last", Value::Bool(i == length - 1));
-    loop.Set("length", Value::Int(length));
-    loop.Set("depth", Value::Int(1));
-    loop.Set("depth0", Value::Int(0));
-    if (i > 0) loop.Set("previtem", (*items)[i - 1]);
-    if (i + 1 < length) loop.Set("nextitem", (*items)[i + 1]);
-    loop.Set("cycle", Value::MakeCallable(std::make_shared<CycleCallable>(i)));
+    loop.Reserve(12);
+    loop.Append("index", Value::Int(i + 1));
+    loop.Append("index0", Value::Int(i));
+    loop.Append("revindex", Value::Int(length - i));
+    loop.Append("revindex0", Value::Int(length - i - 1));
+    loop.Append("first", Value::Bool(i == 0));
+    loop.Append("last", Value::Bool(i == length - 1));
+    loop.Append("length", Value::Int(length));
+    loop.Append("depth", Value::Int(1));
+    loop.Append("depth0", Value::Int(0));
+    if (i > 0) loop.Append("previtem", (*items)[i - 1]);
+    if (i + 1 < length) loop.Append("nextitem", (*items)[i + 1]);
+    loop.Append("cycle", Value::MakeCallable(std::make_shared<CycleCallable>(i)));
     frame->Set("loop", Value::MakeDict(std::move(loop)));
     frame_ = std::move(frame);
     status = ExecBody(stmt.body);

@@ -37,7 +37,7 @@
 namespace lmserve::engine::jinja {
 
 struct RenderLimits {
-  int64_t max_steps = 5'000'000;          // expressions evaluated + statements executed
+  int64_t max_steps = 2'000'000;          // expressions evaluated + statements executed
   int64_t max_output_bytes = 16 << 20;    // the rendered text, and any one string or list built
   int max_call_depth = 64;                // nested macro calls
   // Nested statements, expressions and calls at once: bounds the interpreter's C++ recursion

@@ -119,6 +119,11 @@ class Dict {
   // Replaces the value of an existing key (keeping its position) or appends.
   void Set(Value key, Value value);
   void Set(std::string_view key, Value value) { Set(Value::String(std::string(key)), std::move(value)); }
+  // Appends without looking for the key. REQUIRES: `key` is not in the dict.
+  void Append(std::string_view key, Value value) {
+    entries_.emplace_back(Value::String(std::string(key)), std::move(value));
+  }
+  void Reserve(size_t size) { entries_.reserve(size); }
 
   size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
