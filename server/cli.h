@@ -16,6 +16,12 @@ struct Subcommand {
 
 // Model inspection (cmd_info.cc).
 int RunInfo(int argc, char** argv);
+// Teacher-forced logits of token ids, to a safetensors file (cmd_logits.cc).
+int RunLogits(int argc, char** argv);
+// Greedy decoding of token ids (cmd_generate.cc).
+int RunGenerate(int argc, char** argv);
+// GGUF export (cmd_export_gguf.cc).
+int RunExportGguf(int argc, char** argv);
 
 }  // namespace lmserve::server
 

@@ -11,6 +11,9 @@ using lmserve::server::Subcommand;
 
 constexpr Subcommand kSubcommands[] = {
     {"info", "print a model's configuration and tensors", lmserve::server::RunInfo},
+    {"logits", "teacher-forced logits of token ids, to a file", lmserve::server::RunLogits},
+    {"generate", "greedy decoding of token ids", lmserve::server::RunGenerate},
+    {"export-gguf", "write a model as a GGUF file (f32, f16, q8_0)", lmserve::server::RunExportGguf},
 };
 
 void PrintUsage(FILE* out) {

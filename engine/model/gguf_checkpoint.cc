@@ -1,11 +1,321 @@
-// Placeholder until the GGUF reader lands (same session): GGUF files are rejected clearly.
+// GGUF checkpoints: the model configuration from the {arch}.* metadata, tensors renamed to Hugging
+// Face names and their shapes reversed to outermost-first.
+//
+// Rotary layout: llama.cpp's converter permutes the Q/K rows of llama-architecture models so that
+// rotary pairs are adjacent (dims 2i, 2i+1). The rows are kept as stored and the config says
+// RopeLayout::kInterleaved; qwen2 files are not permuted (kHalfSplit).
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
 #include "common/strings.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/gguf.h"
+#include "kernels/cpu/dequant.h"
 
 namespace lmserve::engine {
+namespace {
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> OpenGgufCheckpoint(const std::string& file) {
-  return absl::UnimplementedError(StrCat(file, ": GGUF loading is not built yet"));
+class GgufCheckpoint : public Checkpoint {
+ public:
+  CheckpointFormat format() const override { return CheckpointFormat::kGguf; }
+  const std::string& path() const override { return path_; }
+  const ModelConfig& config() const override { return config_; }
+  const std::map<std::string, TensorView, std::less<>>& tensors() const override {
+    return tensors_;
+  }
+  const GgufFile* gguf() const override { return file_.get(); }
+
+  std::string path_;
+  ModelConfig config_;
+  std::unique_ptr<GgufFile> file_;
+  std::map<std::string, TensorView, std::less<>> tensors_;
+};
+
+// GGUF tensor names (the part after "blk.N." for layers) and their Hugging Face names.
+constexpr std::pair<std::string_view, std::string_view> kGlobalNames[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+
+constexpr std::string_view kRopeFreqsTensor = "rope_freqs.weight";
+
+// Sizes beyond these are rejected before anything is sized by them (they would overflow products).
+constexpr int64_t kMaxModelDim = int64_t{1} << 24;
+constexpr int64_t kMaxContextLength = int64_t{1} << 31;
+
+// Appends the GGUF name to a message that quotes a Hugging Face tensor name.
+absl::Status WithGgufName(const absl::Status& status) {
+  const std::string message(status.message());
+  const size_t open = message.find('\'');
+  const size_t close = open == std::string::npos ? open : message.find('\'', open + 1);
+  if (close == std::string::npos) return status;
+  std::optional<std::string> gguf = HfToGgufTensorName(message.substr(open + 1, close - open - 1));
+  if (!gguf.has_value()) return status;
+  return absl::Status(status.code(), StrCat(message, " (GGUF tensor '", *gguf, "')"));
+}
+
+// Reads the model configuration. `path` prefixes every message.
+absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
+  const std::string& path = file.path();
+  ModelConfig c;
+  const std::optional<std::string> arch = file.GetString("general.architecture");
+  if (!arch.has_value()) {
+    return absl::InvalidArgumentError(
+        StrCat(path, ": metadata key 'general.architecture' is missing or not a string"));
+  }
+  if (*arch == "llama") {
+    c.architecture = Architecture::kLlama;
+    c.rope.layout = RopeLayout::kInterleaved;
+  } else if (*arch == "qwen2") {
+    c.architecture = Architecture::kQwen2;
+    c.attention_bias = true;
+    c.rope.layout = RopeLayout::kHalfSplit;
+  } else {
+    return absl::UnimplementedError(
+        StrCat(path, ": architecture '", *arch, "' is not supported (supported: llama, qwen2)"));
+  }
+  c.architecture_name = *arch;
+  c.name = file.GetString("general.name").value_or(std::filesystem::path(path).stem().string());
+
+  auto required_int = [&](std::string_view suffix, int64_t* out) -> absl::Status {
+    const std::string key = StrCat(*arch, ".", suffix);
+    std::optional<int64_t> value = file.GetInt(key);
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(
+          StrCat(path, ": metadata key '", key, "' is missing or not an integer"));
+    }
+    *out = *value;
+    return absl::OkStatus();
+  };
+  auto optional_int = [&](std::string_view suffix, int64_t* out) -> absl::Status {
+    const std::string key = StrCat(*arch, ".", suffix);
+    const GgufValue* value = file.Find(key);
+    if (value == nullptr) return absl::OkStatus();
+    if (!value->AsInt().has_value()) {
+      return absl::InvalidArgumentError(StrCat(path, ": metadata key '", key, "' has type ",
+                                               GgufTypeName(value->type), ", expected an integer"));
+    }
+    *out = *value->AsInt();
+    return absl::OkStatus();
+  };
+  auto optional_float = [&](std::string_view suffix, double* out) -> absl::Status {
+    const std::string key = StrCat(*arch, ".", suffix);
+    const GgufValue* value = file.Find(key);
+    if (value == nullptr) return absl::OkStatus();
+    if (!value->AsFloat().has_value()) {
+      return absl::InvalidArgumentError(StrCat(path, ": metadata key '", key, "' has type ",
+                                               GgufTypeName(value->type), ", expected f32"));
+    }
+    *out = *value->AsFloat();
+    return absl::OkStatus();
+  };
+  for (const auto& [suffix, out] :
+       {std::pair<std::string_view, int64_t*>{"context_length", &c.max_position_embeddings},
+        {"embedding_length", &c.hidden_size},
+        {"feed_forward_length", &c.intermediate_size},
+        {"block_count", &c.num_layers},
+        {"attention.head_count", &c.num_attention_heads}}) {
+    if (absl::Status s = required_int(suffix, out); !s.ok()) return s;
+  }
+  c.num_kv_heads = c.num_attention_heads;
+  if (absl::Status s = optional_int("attention.head_count_kv", &c.num_kv_heads); !s.ok()) return s;
+  if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (absl::Status s = optional_int("attention.key_length", &c.head_dim); !s.ok()) return s;
+  for (const auto& [what, value] :
+       {std::pair<std::string_view, int64_t>{"embedding_length", c.hidden_size},
+        {"feed_forward_length", c.intermediate_size},
+        {"block_count", c.num_layers},
+        {"attention.head_count", c.num_attention_heads},
+        {"attention.head_count_kv", c.num_kv_heads},
+        {"attention.key_length", c.head_dim}}) {
+    if (value > kMaxModelDim) {
+      return absl::InvalidArgumentError(
+          StrCat(path, ": ", *arch, ".", what, " is ", value, ", beyond any supported model"));
+    }
+  }
+  if (c.max_position_embeddings > kMaxContextLength) {
+    return absl::InvalidArgumentError(StrCat(path, ": ", *arch, ".context_length is ",
+                                             c.max_position_embeddings,
+                                             ", beyond any supported model"));
+  }
+  const std::optional<int64_t> value_length = file.GetInt(StrCat(*arch, ".attention.value_length"));
+  if (value_length.has_value() && *value_length != c.head_dim) {
+    return absl::UnimplementedError(StrCat(path, ": attention.value_length ", *value_length,
+                                           " differs from key_length ", c.head_dim));
+  }
+  if (const std::optional<int64_t> rope_dims = file.GetInt(StrCat(*arch, ".rope.dimension_count"));
+      rope_dims.has_value() && *rope_dims != c.head_dim) {
+    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".rope.dimension_count ", *rope_dims,
+                                           " differs from the head dimension ", c.head_dim,
+                                           " (partial rotary embedding is not supported)"));
+  }
+  if (absl::Status s = optional_float("rope.freq_base", &c.rope.theta); !s.ok()) return s;
+  if (absl::Status s = optional_float("attention.layer_norm_rms_epsilon", &c.rms_norm_eps);
+      !s.ok()) {
+    return s;
+  }
+  const std::string scaling = file.GetString(StrCat(*arch, ".rope.scaling.type")).value_or("none");
+  if (scaling == "linear") {
+    c.rope.scaling = RopeScaling::kLinear;
+    if (absl::Status s = optional_float("rope.scaling.factor", &c.rope.factor); !s.ok()) return s;
+    if (!(c.rope.factor > 0)) {
+      return absl::InvalidArgumentError(
+          StrCat(path, ": ", *arch, ".rope.scaling.factor must be positive"));
+    }
+  } else if (scaling != "none") {
+    return absl::UnimplementedError(StrCat(path, ": rope scaling type '", scaling,
+                                           "' is not supported (supported: none, linear)"));
+  }
+
+  if (std::optional<int64_t> bos = file.GetInt("tokenizer.ggml.bos_token_id"); bos.has_value()) {
+    c.bos_token_id = static_cast<int32_t>(*bos);
+  }
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    std::optional<int64_t> id = file.GetInt(key);
+    if (!id.has_value()) continue;
+    if (*id < 0 || *id > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(StrCat(path, ": metadata key '", key, "' is ", *id));
+    }
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(static_cast<int32_t>(*id));
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+std::optional<std::string> GgufToHfTensorName(std::string_view gguf_name) {
+  for (const auto& [gguf, hf] : kGlobalNames) {
+    if (gguf_name == gguf) return std::string(hf);
+  }
+  constexpr std::string_view kBlk = "blk.";
+  if (gguf_name.substr(0, kBlk.size()) != kBlk) return std::nullopt;
+  const std::string_view rest = gguf_name.substr(kBlk.size());
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  const std::optional<int64_t> layer = ParseInt<int64_t>(rest.substr(0, dot));
+  if (!layer.has_value() || *layer < 0) return std::nullopt;
+  const std::string_view suffix = rest.substr(dot + 1);
+  for (const auto& [gguf, hf] : kLayerNames) {
+    if (suffix == gguf) return LayerTensorName(*layer, hf);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> HfToGgufTensorName(std::string_view hf_name) {
+  for (const auto& [gguf, hf] : kGlobalNames) {
+    if (hf_name == hf) return std::string(gguf);
+  }
+  constexpr std::string_view kLayers = "model.layers.";
+  if (hf_name.substr(0, kLayers.size()) != kLayers) return std::nullopt;
+  const std::string_view rest = hf_name.substr(kLayers.size());
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  const std::optional<int64_t> layer = ParseInt<int64_t>(rest.substr(0, dot));
+  if (!layer.has_value() || *layer < 0) return std::nullopt;
+  const std::string_view suffix = rest.substr(dot + 1);
+  for (const auto& [gguf, hf] : kLayerNames) {
+    if (suffix == hf) return StrCat("blk.", *layer, ".", gguf);
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_ptr<GgufFile> file) {
+  auto checkpoint = std::make_unique<GgufCheckpoint>();
+  checkpoint->path_ = file->path();
+  const std::string& path = checkpoint->path_;
+  absl::StatusOr<ModelConfig> config = ReadConfig(*file);
+  if (!config.ok()) return config.status();
+  ModelConfig& c = checkpoint->config_;
+  c = *std::move(config);
+
+  for (const GgufTensorInfo& info : file->tensors()) {
+    std::optional<std::string> hf_name = GgufToHfTensorName(info.name);
+    if (!hf_name.has_value()) continue;  // tensors the decoder does not use
+    TensorView view;
+    view.name = *hf_name;
+    view.file = path;
+    view.dtype = info.dtype;
+    view.shape.assign(info.dims.rbegin(), info.dims.rend());
+    view.data = info.data;
+    view.num_bytes = info.num_bytes;
+    checkpoint->tensors_.emplace(view.name, std::move(view));
+  }
+
+  // Shapes the config depends on.
+  absl::StatusOr<const TensorView*> embed = checkpoint->Find("model.embed_tokens.weight");
+  if (!embed.ok()) return embed.status();
+  if ((*embed)->shape.size() != 2) {
+    return absl::InvalidArgumentError(StrCat(path, ": tensor 'token_embd.weight' has shape ",
+                                             (*embed)->ShapeString(), ", expected 2 dimensions"));
+  }
+  c.vocab_size = (*embed)->shape[0];
+  c.tie_word_embeddings = !checkpoint->tensors_.contains("lm_head.weight");
+  if (c.architecture == Architecture::kLlama &&
+      checkpoint->tensors_.contains(LayerTensorName(0, "self_attn.q_proj.bias"))) {
+    return absl::UnimplementedError(
+        StrCat(path, ": attention biases on a llama-architecture model are not supported"));
+  }
+
+  if (const GgufTensorInfo* freqs = file->FindTensor(kRopeFreqsTensor); freqs != nullptr) {
+    if (freqs->dims.size() != 1 || freqs->dims[0] != c.head_dim / 2) {
+      return absl::InvalidArgumentError(StrCat(
+          path, ": tensor '", kRopeFreqsTensor, "' has ", freqs->NumElements(), " elements in ",
+          freqs->dims.size(), " dimensions, expected [", c.head_dim / 2, "] (head_dim / 2)"));
+    }
+    c.rope.freq_factors.resize(static_cast<size_t>(freqs->dims[0]));
+    kernels::DequantizeToF32(freqs->dtype, freqs->data, c.rope.freq_factors.data(), freqs->dims[0]);
+    for (float f : c.rope.freq_factors) {
+      if (!(f > 0) || f == std::numeric_limits<float>::infinity()) {
+        return absl::InvalidArgumentError(StrCat(path, ": tensor '", kRopeFreqsTensor,
+                                                 "' holds a factor that is not positive and "
+                                                 "finite (",
+                                                 f, ")"));
+      }
+    }
+  }
+
+  if (absl::Status s = ValidateModelConfig(c); !s.ok()) {
+    return absl::Status(s.code(), StrCat(path, ": ", s.message()));
+  }
+  // Every layer has at least 9 tensors: a block count beyond that cannot be right, and bounds the
+  // work of the check below.
+  if (static_cast<uint64_t>(c.num_layers) > file->tensors().size()) {
+    return absl::InvalidArgumentError(StrCat(path, ": ", c.architecture_name, ".block_count is ",
+                                             c.num_layers, " but the file has only ",
+                                             file->tensors().size(), " tensors"));
+  }
+  checkpoint->file_ = std::move(file);
+  if (absl::Status s = ValidateCheckpointTensors(*checkpoint); !s.ok()) return WithGgufName(s);
+  return checkpoint;
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenGgufCheckpoint(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  if (!file.ok()) return file.status();
+  return GgufCheckpointFromFile(*std::move(file));
 }
 
 }  // namespace lmserve::engine

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "common/strings.h"
 #include "nlohmann/json.hpp"
@@ -29,6 +30,16 @@ absl::Status ReadDouble(const json& object, const char* key, double* out) {
     return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not a number"));
   }
   *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const json& object, const char* key, std::string* out) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not a string"));
+  }
+  *out = it->get<std::string>();
   return absl::OkStatus();
 }
 
@@ -121,7 +132,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* genera
                                               (*it)[0].is_string()) {
     arch = (*it)[0].get<std::string>();
   }
-  std::string model_type = config.value("model_type", std::string());
+  std::string model_type;
+  if (absl::Status s = ReadString(config, "model_type", &model_type); !s.ok()) return s;
   if (arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama")) {
     out.architecture = Architecture::kLlama;
   } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
@@ -135,9 +147,10 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* genera
         "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
   }
   out.architecture_name = arch.empty() ? ArchitectureName(out.architecture) : arch;
-  out.name = config.value("_name_or_path", std::string());
+  if (absl::Status s = ReadString(config, "_name_or_path", &out.name); !s.ok()) return s;
 
-  const std::string act = config.value("hidden_act", std::string("silu"));
+  std::string act = "silu";
+  if (absl::Status s = ReadString(config, "hidden_act", &act); !s.ok()) return s;
   if (act != "silu") {
     return absl::UnimplementedError(
         StrCat("config.json: hidden_act '", act, "' is not supported (only silu)"));
@@ -228,6 +241,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                              {"max_position_embeddings", c.max_position_embeddings}}) {
     if (absl::Status s = positive(what, value); !s.ok()) return s;
   }
+  // Bounds far above any real model; they keep a corrupt config from asking for absurd memory.
+  for (auto [what, value, limit] :
+       {std::tuple<const char*, int64_t, int64_t>{"vocab_size", c.vocab_size, int64_t{1} << 24},
+        {"hidden_size", c.hidden_size, int64_t{1} << 17},
+        {"intermediate_size", c.intermediate_size, int64_t{1} << 20},
+        {"num_hidden_layers", c.num_layers, 1024},
+        {"num_attention_heads", c.num_attention_heads, 1024},
+        {"head_dim", c.head_dim, 1024},
+        {"max_position_embeddings", c.max_position_embeddings, int64_t{1} << 24}}) {
+    if (value > limit) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: ", what, " = ", value, " exceeds the supported maximum ", limit));
+    }
+  }
   if (c.num_attention_heads % c.num_kv_heads != 0) {
     return absl::InvalidArgumentError(StrCat(
         "model config: num_attention_heads (", c.num_attention_heads,
@@ -241,11 +268,23 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (!(c.rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rms_norm_eps must be positive");
   }
+  if (c.rope.scaling == RopeScaling::kLlama3 &&
+      (!(c.rope.high_freq_factor > c.rope.low_freq_factor) || !(c.rope.low_freq_factor > 0) ||
+       c.rope.original_max_position_embeddings <= 0)) {
+    return absl::InvalidArgumentError(
+        "model config: llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and a "
+        "positive original_max_position_embeddings");
+  }
   if (!c.rope.freq_factors.empty() &&
       static_cast<int64_t>(c.rope.freq_factors.size()) != c.head_dim / 2) {
     return absl::InvalidArgumentError(StrCat(
         "model config: ", c.rope.freq_factors.size(), " rope frequency factors for head_dim ",
         c.head_dim, " (want head_dim / 2)"));
+  }
+  for (float factor : c.rope.freq_factors) {
+    if (!(factor > 0) || !std::isfinite(factor)) {
+      return absl::InvalidArgumentError("model config: rope frequency factors must be positive");
+    }
   }
   for (int32_t id : c.eos_token_ids) {
     if (id < 0 || id >= c.vocab_size) {

@@ -1,0 +1,125 @@
+#include "engine/runner/model_runner.h"
+
+#include "common/strings.h"
+#include "engine/runner/cpu_runner.h"
+
+namespace lmserve::engine {
+namespace {
+
+absl::Status Malformed(std::string message) {
+  return absl::InvalidArgumentError(StrCat("step batch: ", message));
+}
+
+}  // namespace
+
+void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
+                            std::span<const int32_t> block_ids, LogitsMode logits_mode) {
+  if (query_start.empty()) query_start.push_back(0);
+  if (block_table_start.empty()) block_table_start.push_back(0);
+  token_ids.insert(token_ids.end(), new_tokens.begin(), new_tokens.end());
+  query_start.push_back(num_tokens());
+  context_lens.push_back(num_computed_tokens + static_cast<int32_t>(new_tokens.size()));
+  block_table_ids.insert(block_table_ids.end(), block_ids.begin(), block_ids.end());
+  block_table_start.push_back(static_cast<int32_t>(block_table_ids.size()));
+  logits_modes.push_back(logits_mode);
+}
+
+void StepBatch::Clear() {
+  token_ids.clear();
+  query_start.clear();
+  context_lens.clear();
+  block_table_start.clear();
+  block_table_ids.clear();
+  logits_modes.clear();
+}
+
+absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
+                               int32_t block_size_tokens, int32_t num_kv_blocks) {
+  const int64_t num_seqs = batch.num_seqs();
+  const int64_t num_tokens = batch.num_tokens();
+  if (num_seqs == 0) {
+    // The empty batch, as constructed or after Clear().
+    const bool empty_starts = batch.query_start.size() <= 1 &&
+                              batch.block_table_start.size() <= 1 &&
+                              (batch.query_start.empty() || batch.query_start[0] == 0) &&
+                              (batch.block_table_start.empty() || batch.block_table_start[0] == 0);
+    if (num_tokens != 0 || !batch.block_table_ids.empty() || !batch.logits_modes.empty() ||
+        !empty_starts) {
+      return Malformed("no sequences (context_lens is empty) but tokens, tables or modes given");
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(batch.query_start.size()) != num_seqs + 1 ||
+      static_cast<int64_t>(batch.block_table_start.size()) != num_seqs + 1 ||
+      static_cast<int64_t>(batch.logits_modes.size()) != num_seqs) {
+    return Malformed(StrCat(num_seqs, " sequences but ", batch.query_start.size(), " query_start, ",
+                            batch.block_table_start.size(), " block_table_start and ",
+                            batch.logits_modes.size(),
+                            " logits_modes entries (want n + 1, n + 1 and n)"));
+  }
+  if (batch.query_start[0] != 0 || batch.query_start[num_seqs] != num_tokens) {
+    return Malformed(StrCat("query_start runs from ", batch.query_start[0], " to ",
+                            batch.query_start[num_seqs], "; want 0 to num_tokens (", num_tokens,
+                            ")"));
+  }
+  const int64_t num_table_ids = static_cast<int64_t>(batch.block_table_ids.size());
+  if (batch.block_table_start[0] != 0 || batch.block_table_start[num_seqs] != num_table_ids) {
+    return Malformed(StrCat("block_table_start runs from ", batch.block_table_start[0], " to ",
+                            batch.block_table_start[num_seqs], "; want 0 to ", num_table_ids));
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int32_t id = batch.token_ids[t];
+    if (id < 0 || id >= config.vocab_size) {
+      return Malformed(StrCat("token ", t, " has id ", id, ", outside the vocabulary [0, ",
+                              config.vocab_size, ")"));
+    }
+  }
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t query_len = int64_t{batch.query_start[i + 1]} - batch.query_start[i];
+    const int64_t context_len = batch.context_lens[i];
+    if (query_len < 1) {
+      return Malformed(StrCat("sequence ", i, " has ", query_len, " new tokens (want >= 1)"));
+    }
+    if (query_len > context_len) {
+      return Malformed(StrCat("sequence ", i, " has ", query_len,
+                              " new tokens but a context of only ", context_len));
+    }
+    if (context_len > config.max_position_embeddings) {
+      return Malformed(StrCat("sequence ", i, " has a context of ", context_len,
+                              " tokens, beyond the model's ", config.max_position_embeddings));
+    }
+    const int64_t num_blocks = int64_t{batch.block_table_start[i + 1]} - batch.block_table_start[i];
+    if (num_blocks < 0 || num_blocks * block_size_tokens < context_len) {
+      return Malformed(StrCat("sequence ", i, " has ", num_blocks, " blocks of ", block_size_tokens,
+                              " tokens for a context of ", context_len));
+    }
+    for (int64_t b = batch.block_table_start[i]; b < batch.block_table_start[i + 1]; ++b) {
+      const int32_t block = batch.block_table_ids[b];
+      if (block < 0 || block >= num_kv_blocks) {
+        return Malformed(StrCat("sequence ", i, " names block ", block, ", outside the pool [0, ",
+                                num_kv_blocks, ")"));
+      }
+    }
+    const LogitsMode mode = batch.logits_modes[i];
+    if (mode != LogitsMode::kNone && mode != LogitsMode::kLast && mode != LogitsMode::kAll) {
+      return Malformed(
+          StrCat("sequence ", i, " has an unknown logits mode ", static_cast<int>(mode)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoint& checkpoint,
+                                                                 const RunnerConfig& config) {
+  switch (config.backend) {
+    case Backend::kCpu:
+      return CreateCpuRunner(checkpoint, config);
+    case Backend::kCuda:
+      return absl::UnimplementedError(
+          "the CUDA model runner is not built yet; use the CPU backend (Backend::kCpu)");
+  }
+  return absl::InvalidArgumentError(
+      StrCat("unknown runner backend ", static_cast<int>(config.backend)));
+}
+
+}  // namespace lmserve::engine

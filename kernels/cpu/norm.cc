@@ -1,0 +1,87 @@
+#include "kernels/cpu/norm.h"
+
+#include <cmath>
+
+#include "common/strings.h"
+#include "kernels/cpu/check.h"
+
+namespace lmserve::kernels {
+namespace {
+
+absl::Status ValidateShape(const char* kernel, int64_t num_tokens, int64_t hidden_size,
+                           double epsilon) {
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        StrCat(kernel, ": num_tokens is negative (", num_tokens, ")"));
+  }
+  if (hidden_size <= 0) {
+    return absl::InvalidArgumentError(
+        StrCat(kernel, ": hidden_size must be positive (got ", hidden_size, ")"));
+  }
+  if (!(epsilon > 0))
+    return absl::InvalidArgumentError(StrCat(kernel, ": epsilon must be positive"));
+  return absl::OkStatus();
+}
+
+// Writes x / rms(x) * weight; `x` and `out` may alias.
+inline void NormalizeRow(const float* x, const float* weight, float* out, int64_t hidden_size,
+                         double epsilon) {
+  double sum_squares = 0;
+  for (int64_t i = 0; i < hidden_size; ++i) sum_squares += double{x[i]} * x[i];
+  const float inv_rms =
+      static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(hidden_size) + epsilon));
+  for (int64_t i = 0; i < hidden_size; ++i) out[i] = x[i] * inv_rms * weight[i];
+}
+
+}  // namespace
+
+absl::Status RmsNormParams::Validate() const {
+  if (absl::Status s = ValidateShape("RmsNorm", num_tokens, hidden_size, epsilon); !s.ok())
+    return s;
+  if (num_tokens > 0 && (input == nullptr || weight == nullptr || output == nullptr)) {
+    return absl::InvalidArgumentError("RmsNorm: null input, weight or output");
+  }
+  if ((input_stride != 0 && input_stride < hidden_size) ||
+      (output_stride != 0 && output_stride < hidden_size)) {
+    return absl::InvalidArgumentError(StrCat("RmsNorm: row strides (", input_stride, ", ",
+                                             output_stride, ") below hidden_size ", hidden_size));
+  }
+  return absl::OkStatus();
+}
+
+void RmsNorm(const RmsNormParams& p) {
+  CheckValid(p.Validate(), "RmsNorm");
+  const int64_t in_stride = p.input_stride != 0 ? p.input_stride : p.hidden_size;
+  const int64_t out_stride = p.output_stride != 0 ? p.output_stride : p.hidden_size;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    NormalizeRow(p.input + t * in_stride, p.weight, p.output + t * out_stride, p.hidden_size,
+                 p.epsilon);
+  }
+}
+
+absl::Status FusedAddRmsNormParams::Validate() const {
+  if (absl::Status s = ValidateShape("FusedAddRmsNorm", num_tokens, hidden_size, epsilon);
+      !s.ok()) {
+    return s;
+  }
+  if (num_tokens > 0 &&
+      (residual == nullptr || input == nullptr || weight == nullptr || output == nullptr)) {
+    return absl::InvalidArgumentError("FusedAddRmsNorm: null residual, input, weight or output");
+  }
+  if (num_tokens > 0 && output == residual) {
+    return absl::InvalidArgumentError("FusedAddRmsNorm: output may not alias residual");
+  }
+  return absl::OkStatus();
+}
+
+void FusedAddRmsNorm(const FusedAddRmsNormParams& p) {
+  CheckValid(p.Validate(), "FusedAddRmsNorm");
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    float* residual = p.residual + t * p.hidden_size;
+    const float* input = p.input + t * p.hidden_size;
+    for (int64_t i = 0; i < p.hidden_size; ++i) residual[i] += input[i];
+    NormalizeRow(residual, p.weight, p.output + t * p.hidden_size, p.hidden_size, p.epsilon);
+  }
+}
+
+}  // namespace lmserve::kernels

@@ -1,0 +1,48 @@
+// Rotary position embedding (RoPE), applied in place to the query and key heads of a batch of
+// tokens.
+//
+// Pair k of a head (k in [0, head_dim/2)) is rotated by the angle position * inv_freq[k]:
+//   (a, b) -> (a cos - b sin, a sin + b cos)
+// where the pair is (x[k], x[k + head_dim/2]) in the half-split layout (Hugging Face, GPT-NeoX) and
+// (x[2k], x[2k+1]) in the interleaved layout (GPT-J, llama.cpp's llama GGUF). The angle, its cosine
+// and sine are computed in double and rounded to fp32; the rotation itself is fp32.
+
+#ifndef LMSERVE_KERNELS_CPU_ROTARY_H_
+#define LMSERVE_KERNELS_CPU_ROTARY_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace lmserve::kernels {
+
+enum class RotaryLayout : uint8_t {
+  kHalfSplit,    // pairs (k, k + head_dim/2)
+  kInterleaved,  // pairs (2k, 2k + 1)
+};
+
+struct RotaryParams {
+  float* query = nullptr;  // [num_tokens, num_heads, head_dim], row stride query_stride
+  float* key = nullptr;    // [num_tokens, num_kv_heads, head_dim], row stride key_stride;
+                           // may be null (query only)
+  const int32_t* positions = nullptr;  // [num_tokens], >= 0
+  const double* inv_freq = nullptr;    // [head_dim / 2]
+  int64_t num_tokens = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;      // even, at most kMaxHeadDim
+  int64_t query_stride = 0;  // elements between tokens; 0 means num_heads * head_dim
+  int64_t key_stride = 0;    // elements between tokens; 0 means num_kv_heads * head_dim
+  RotaryLayout layout = RotaryLayout::kHalfSplit;
+
+  static constexpr int64_t kMaxHeadDim = 1024;
+
+  absl::Status Validate() const;
+};
+
+// REQUIRES: params.Validate().ok() (checked; aborts otherwise).
+void ApplyRotary(const RotaryParams& params);
+
+}  // namespace lmserve::kernels
+
+#endif  // LMSERVE_KERNELS_CPU_ROTARY_H_

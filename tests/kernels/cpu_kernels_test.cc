@@ -1,0 +1,408 @@
+// The element-wise, normalization, rotary, linear and argmax CPU kernels against naive
+// double-precision references computed here, at awkward sizes, with poisoned output buffers.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/argmax.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rotary.h"
+
+namespace lmserve::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Max |a - b| / (atol + rtol |b|) must stay below 1.
+void ExpectNear(const std::vector<float>& actual, const std::vector<double>& expected, double atol,
+                double rtol, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double tol = atol + rtol * std::abs(expected[i]);
+    ASSERT_LE(std::abs(actual[i] - expected[i]), tol)
+        << what << ": element " << i << " is " << actual[i] << ", expected " << expected[i];
+  }
+}
+
+std::vector<double> RmsNormReference(const std::vector<float>& x, const std::vector<float>& w,
+                                     int64_t tokens, int64_t hidden, double eps) {
+  std::vector<double> out(static_cast<size_t>(tokens * hidden));
+  for (int64_t t = 0; t < tokens; ++t) {
+    double sum = 0;
+    for (int64_t i = 0; i < hidden; ++i) sum += double{x[t * hidden + i]} * x[t * hidden + i];
+    const double inv = 1.0 / std::sqrt(sum / hidden + eps);
+    for (int64_t i = 0; i < hidden; ++i) out[t * hidden + i] = x[t * hidden + i] * inv * w[i];
+  }
+  return out;
+}
+
+TEST(RmsNormTest, MatchesDoubleReference) {
+  for (int64_t hidden : {1, 15, 16, 17, 97, 576, 4096}) {
+    for (int64_t tokens : {1, 3, 17}) {
+      const auto x = RandomVector(tokens * hidden, 1, 3.0f);
+      const auto w = RandomVector(hidden, 2);
+      std::vector<float> out(x.size(), kPoison);
+      RmsNormParams p{.input = x.data(),
+                      .weight = w.data(),
+                      .output = out.data(),
+                      .num_tokens = tokens,
+                      .hidden_size = hidden,
+                      .epsilon = 1e-5};
+      ASSERT_TRUE(p.Validate().ok());
+      RmsNorm(p);
+      ExpectNear(out, RmsNormReference(x, w, tokens, hidden, 1e-5), 1e-6, 1e-6,
+                 "hidden " + std::to_string(hidden));
+    }
+  }
+}
+
+TEST(RmsNormTest, InPlaceAndStrided) {
+  const int64_t hidden = 97, tokens = 5, stride = 100;
+  auto x = RandomVector(tokens * stride, 3);
+  const auto w = RandomVector(hidden, 4);
+  std::vector<float> dense(static_cast<size_t>(tokens * hidden));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < hidden; ++i) dense[t * hidden + i] = x[t * stride + i];
+  }
+  const std::vector<double> expected = RmsNormReference(dense, w, tokens, hidden, 1e-6);
+  const std::vector<float> original = x;
+  RmsNorm({.input = x.data(),
+           .weight = w.data(),
+           .output = x.data(),
+           .num_tokens = tokens,
+           .hidden_size = hidden,
+           .input_stride = stride,
+           .output_stride = stride});
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < stride; ++i) {
+      if (i < hidden) {
+        EXPECT_NEAR(x[t * stride + i], expected[t * hidden + i], 1e-5);
+      } else {
+        EXPECT_EQ(x[t * stride + i], original[t * stride + i]) << "padding was written";
+      }
+    }
+  }
+}
+
+TEST(RmsNormTest, ValidateRejectsBadShapes) {
+  std::vector<float> buf(16);
+  RmsNormParams p{.input = buf.data(),
+                  .weight = buf.data(),
+                  .output = buf.data(),
+                  .num_tokens = 1,
+                  .hidden_size = 0};
+  EXPECT_THAT(p.Validate().message(), HasSubstr("hidden_size"));
+  p.hidden_size = 16;
+  p.input_stride = 8;
+  EXPECT_EQ(p.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FusedAddRmsNormTest, UpdatesResidualAndNormalizes) {
+  for (int64_t hidden : {1, 16, 17, 97, 2048}) {
+    const int64_t tokens = 7;
+    auto residual = RandomVector(tokens * hidden, 5);
+    const auto x = RandomVector(tokens * hidden, 6);
+    const auto w = RandomVector(hidden, 7);
+    std::vector<float> sum(residual.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = residual[i] + x[i];
+    std::vector<float> out(x.size(), kPoison);
+    FusedAddRmsNorm({.residual = residual.data(),
+                     .input = x.data(),
+                     .weight = w.data(),
+                     .output = out.data(),
+                     .num_tokens = tokens,
+                     .hidden_size = hidden,
+                     .epsilon = 1e-6});
+    EXPECT_EQ(residual, sum) << "residual += x must be the plain fp32 sum";
+    ExpectNear(out, RmsNormReference(sum, w, tokens, hidden, 1e-6), 1e-6, 1e-6, "fused");
+  }
+  std::vector<float> buf(4);
+  FusedAddRmsNormParams aliased{.residual = buf.data(),
+                                .input = buf.data(),
+                                .weight = buf.data(),
+                                .output = buf.data(),
+                                .num_tokens = 1,
+                                .hidden_size = 4};
+  EXPECT_THAT(aliased.Validate().message(), HasSubstr("alias"));
+}
+
+// Rotary in double: pairs (a, b) of `layout`, angle position * inv_freq[k].
+std::vector<double> RotaryReference(const std::vector<float>& x, const std::vector<int32_t>& pos,
+                                    const std::vector<double>& inv_freq, int64_t heads,
+                                    int64_t head_dim, RotaryLayout layout) {
+  std::vector<double> out(x.begin(), x.end());
+  const int64_t half = head_dim / 2;
+  for (size_t t = 0; t < pos.size(); ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      double* head = out.data() + (t * heads + h) * head_dim;
+      for (int64_t k = 0; k < half; ++k) {
+        const int64_t ia = layout == RotaryLayout::kHalfSplit ? k : 2 * k;
+        const int64_t ib = layout == RotaryLayout::kHalfSplit ? k + half : 2 * k + 1;
+        const double angle = pos[t] * inv_freq[k];
+        const double a = head[ia], b = head[ib];
+        head[ia] = a * std::cos(angle) - b * std::sin(angle);
+        head[ib] = a * std::sin(angle) + b * std::cos(angle);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> InvFreq(int64_t head_dim, double theta) {
+  std::vector<double> f(static_cast<size_t>(head_dim / 2));
+  for (int64_t k = 0; k < head_dim / 2; ++k) f[k] = std::pow(theta, -2.0 * k / head_dim);
+  return f;
+}
+
+TEST(RotaryTest, MatchesDoubleReferenceInBothLayouts) {
+  const std::vector<int32_t> positions = {0, 1, 15, 16, 17, 97, 4095, 131071};
+  const int64_t tokens = static_cast<int64_t>(positions.size());
+  for (int64_t head_dim : {32, 64, 80, 128}) {
+    for (RotaryLayout layout : {RotaryLayout::kHalfSplit, RotaryLayout::kInterleaved}) {
+      const int64_t heads = 4, kv_heads = 1;
+      const std::vector<double> inv_freq = InvFreq(head_dim, 500000.0);
+      auto q = RandomVector(tokens * heads * head_dim, 8);
+      auto k = RandomVector(tokens * kv_heads * head_dim, 9);
+      const auto q_expected = RotaryReference(q, positions, inv_freq, heads, head_dim, layout);
+      const auto k_expected = RotaryReference(k, positions, inv_freq, kv_heads, head_dim, layout);
+      RotaryParams p{.query = q.data(),
+                     .key = k.data(),
+                     .positions = positions.data(),
+                     .inv_freq = inv_freq.data(),
+                     .num_tokens = tokens,
+                     .num_heads = heads,
+                     .num_kv_heads = kv_heads,
+                     .head_dim = head_dim,
+                     .layout = layout};
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      ApplyRotary(p);
+      const std::string what = "head_dim " + std::to_string(head_dim);
+      ExpectNear(q, q_expected, 2e-6, 2e-6, what);
+      ExpectNear(k, k_expected, 2e-6, 2e-6, what);
+    }
+  }
+}
+
+TEST(RotaryTest, LayoutsAgreeAfterPermutation) {
+  // Interleaved dim 2k holds half-split dim k; interleaved 2k+1 holds half-split k + d/2.
+  const int64_t head_dim = 80, heads = 3, tokens = 17;
+  std::vector<int32_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t * 13 + 5);
+  const std::vector<double> inv_freq = InvFreq(head_dim, 10000.0);
+  auto half_split = RandomVector(tokens * heads * head_dim, 10);
+  std::vector<float> interleaved(half_split.size());
+  auto permute = [&](const std::vector<float>& in, std::vector<float>* out) {
+    for (int64_t row = 0; row < tokens * heads; ++row) {
+      for (int64_t k = 0; k < head_dim / 2; ++k) {
+        (*out)[row * head_dim + 2 * k] = in[row * head_dim + k];
+        (*out)[row * head_dim + 2 * k + 1] = in[row * head_dim + k + head_dim / 2];
+      }
+    }
+  };
+  permute(half_split, &interleaved);
+  RotaryParams p{.positions = positions.data(),
+                 .inv_freq = inv_freq.data(),
+                 .num_tokens = tokens,
+                 .num_heads = heads,
+                 .head_dim = head_dim};
+  p.query = half_split.data();
+  ApplyRotary(p);
+  p.query = interleaved.data();
+  p.layout = RotaryLayout::kInterleaved;
+  ApplyRotary(p);
+  std::vector<float> permuted(half_split.size());
+  permute(half_split, &permuted);
+  EXPECT_EQ(permuted, interleaved);  // the same fp32 operations on the same pairs: bit-exact
+}
+
+TEST(RotaryTest, StridedRowsLeaveTheRestUntouched) {
+  // Query and key heads inside a fused [q | k | v] row, as the runner lays them out.
+  const int64_t head_dim = 32, heads = 4, kv_heads = 2, tokens = 15;
+  const int64_t row = (heads + 2 * kv_heads) * head_dim;
+  std::vector<int32_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t);
+  const std::vector<double> inv_freq = InvFreq(head_dim, 10000.0);
+  auto fused = RandomVector(tokens * row, 11);
+  const auto original = fused;
+  ApplyRotary({.query = fused.data(),
+               .key = fused.data() + heads * head_dim,
+               .positions = positions.data(),
+               .inv_freq = inv_freq.data(),
+               .num_tokens = tokens,
+               .num_heads = heads,
+               .num_kv_heads = kv_heads,
+               .head_dim = head_dim,
+               .query_stride = row,
+               .key_stride = row});
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = (heads + kv_heads) * head_dim; i < row; ++i) {
+      ASSERT_EQ(fused[t * row + i], original[t * row + i]) << "v was touched";
+    }
+  }
+  std::vector<float> q0(fused.begin(), fused.begin() + heads * head_dim);
+  EXPECT_EQ(q0, std::vector<float>(original.begin(), original.begin() + heads * head_dim))
+      << "position 0 must be the identity";
+}
+
+TEST(RotaryTest, ValidateRejectsOddHeadDimAndNegativePositions) {
+  std::vector<float> q(64);
+  std::vector<double> f(16);
+  std::vector<int32_t> pos = {-1};
+  RotaryParams p{.query = q.data(),
+                 .positions = pos.data(),
+                 .inv_freq = f.data(),
+                 .num_tokens = 1,
+                 .num_heads = 1,
+                 .head_dim = 31};
+  EXPECT_THAT(p.Validate().message(), HasSubstr("head_dim 31"));
+  p.head_dim = 32;
+  EXPECT_THAT(p.Validate().message(), HasSubstr("negative position"));
+}
+
+TEST(SiluAndMulTest, MatchesDoubleReference) {
+  for (int64_t inter : {1, 15, 16, 17, 97, 1536}) {
+    const int64_t tokens = 3;
+    const auto gate_up = RandomVector(tokens * 2 * inter, 12, 4.0f);
+    std::vector<float> out(static_cast<size_t>(tokens * inter), kPoison);
+    SiluAndMul({.gate_up = gate_up.data(),
+                .output = out.data(),
+                .num_tokens = tokens,
+                .intermediate_size = inter});
+    std::vector<double> expected(out.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < inter; ++i) {
+        const double g = gate_up[t * 2 * inter + i], u = gate_up[t * 2 * inter + inter + i];
+        expected[t * inter + i] = g / (1 + std::exp(-g)) * u;
+      }
+    }
+    ExpectNear(out, expected, 1e-6, 1e-6, "silu");
+  }
+}
+
+TEST(EmbeddingTest, GathersRowsAndRejectsOutOfRangeIds) {
+  const int64_t vocab = 97, hidden = 17;
+  const auto table = RandomVector(vocab * hidden, 13);
+  const std::vector<int32_t> ids = {0, 96, 5, 5, 42};
+  std::vector<float> out(ids.size() * hidden, kPoison);
+  EmbeddingParams p{.table = table.data(),
+                    .ids = ids.data(),
+                    .output = out.data(),
+                    .num_tokens = static_cast<int64_t>(ids.size()),
+                    .vocab_size = vocab,
+                    .hidden_size = hidden};
+  ASSERT_TRUE(p.Validate().ok());
+  EmbeddingGather(p);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (int64_t i = 0; i < hidden; ++i) {
+      ASSERT_EQ(out[t * hidden + i], table[ids[t] * hidden + i]);
+    }
+  }
+  const std::vector<int32_t> bad = {3, 97};
+  p.ids = bad.data();
+  p.num_tokens = 2;
+  EXPECT_THAT(p.Validate().message(), HasSubstr("id 97"));
+}
+
+TEST(LinearTest, MatchesDoubleReference) {
+  for (int64_t tokens : {1, 17, 97}) {
+    for (int64_t in : {15, 64, 80}) {
+      for (int64_t out_features : {16, 33}) {
+        for (bool with_bias : {false, true}) {
+          for (bool accumulate : {false, true}) {
+            const int64_t ldx = in + 3, ldy = out_features + 5;
+            const auto x = RandomVector(tokens * ldx, 14);
+            const auto w = RandomVector(out_features * in, 15);
+            const auto bias = RandomVector(out_features, 16);
+            auto y = RandomVector(tokens * ldy, 17);
+            const auto y0 = y;
+            Linear({.input = x.data(),
+                    .weight = w.data(),
+                    .bias = with_bias ? bias.data() : nullptr,
+                    .output = y.data(),
+                    .num_tokens = tokens,
+                    .in_features = in,
+                    .out_features = out_features,
+                    .input_stride = ldx,
+                    .output_stride = ldy,
+                    .accumulate = accumulate});
+            for (int64_t t = 0; t < tokens; ++t) {
+              for (int64_t o = 0; o < ldy; ++o) {
+                const float actual = y[t * ldy + o];
+                if (o >= out_features) {
+                  ASSERT_EQ(actual, y0[t * ldy + o]) << "wrote past the row";
+                  continue;
+                }
+                double expected = accumulate ? y0[t * ldy + o] : 0.0;
+                if (with_bias) expected += bias[o];
+                for (int64_t i = 0; i < in; ++i) expected += double{x[t * ldx + i]} * w[o * in + i];
+                ASSERT_NEAR(actual, expected, 1e-5 * std::sqrt(double(in)))
+                    << tokens << "x" << in << "x" << out_features;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearTest, ValidateRejectsShortStrides) {
+  std::vector<float> buf(64);
+  LinearParams p{.input = buf.data(),
+                 .weight = buf.data(),
+                 .output = buf.data(),
+                 .num_tokens = 2,
+                 .in_features = 8,
+                 .out_features = 4,
+                 .input_stride = 4};
+  EXPECT_EQ(p.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BlasThreadsTest, SetAndGet) {
+  SetBlasThreads(1);
+  EXPECT_EQ(GetBlasThreads(), 1);
+  SetBlasThreads(0);
+  EXPECT_GE(GetBlasThreads(), 1);
+}
+
+TEST(ArgmaxTest, PicksTheFirstMaximumAndSkipsNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> rows = {1,   3,   3,  2,    //
+                                   nan, -5,  -1, -1,   //
+                                   -1,  nan, 7,  nan,  //
+                                   0,   0,   0,  0};
+  std::vector<int32_t> out(4, -1);
+  Argmax({.input = rows.data(), .output = out.data(), .num_rows = 4, .row_size = 4});
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 2, 0}));
+  const auto big = RandomVector(3 * 1031, 18);
+  std::vector<int32_t> ids(3);
+  Argmax({.input = big.data(), .output = ids.data(), .num_rows = 3, .row_size = 1031});
+  for (int r = 0; r < 3; ++r) {
+    int32_t best = 0;
+    for (int i = 1; i < 1031; ++i) {
+      if (big[r * 1031 + i] > big[r * 1031 + best]) best = i;
+    }
+    EXPECT_EQ(ids[r], best);
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::kernels
