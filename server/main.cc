@@ -14,6 +14,7 @@ constexpr Subcommand kSubcommands[] = {
     {"logits", "teacher-forced logits of token ids, to a file", lmserve::server::RunLogits},
     {"generate", "greedy decoding of token ids", lmserve::server::RunGenerate},
     {"export-gguf", "write a model as a GGUF file (f32, f16, q8_0)", lmserve::server::RunExportGguf},
+    {"chat-template", "render messages with a chat template", lmserve::server::RunChatTemplate},
 };
 
 void PrintUsage(FILE* out) {

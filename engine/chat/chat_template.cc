@@ -189,10 +189,8 @@ absl::StatusOr<std::string> ResolveChatTemplate(const std::string& name_or_file,
   }
   std::error_code error;
   if (!std::filesystem::is_regular_file(name_or_file, error)) {
-    return absl::NotFoundError(StrCat("chat template '", name_or_file,
-                                      "' is neither a built-in (", StrJoin(BuiltinChatTemplateNames(),
-                                                                           ", "),
-                                      ") nor a file"));
+    return absl::NotFoundError(StrCat("chat template '", name_or_file, "' is neither a built-in (",
+                                      StrJoin(BuiltinChatTemplateNames(), ", "), ") nor a file"));
   }
   absl::StatusOr<std::string> text = ReadFile(name_or_file);
   if (!text.ok()) return text.status();

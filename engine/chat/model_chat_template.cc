@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "common/strings.h"
+#include "engine/model/gguf.h"
 #include "nlohmann/json.hpp"
 
 namespace lmserve::engine {
@@ -119,13 +120,43 @@ absl::StatusOr<ModelChatTemplate> ParseTokenizerConfig(std::string_view json_tex
 }
 
 absl::StatusOr<ModelChatTemplate> LoadGgufChatTemplate(const std::string& gguf_path) {
-  // TODO(lead): wire to GgufFile once engine/model/gguf.h lands:
-  //   result.chat_template = gguf.GetString("tokenizer.chat_template") (absent: empty);
-  //   tokens = gguf.GetStringArray("tokenizer.ggml.tokens");
-  //   result.bos_token = tokens[gguf.GetUint32("tokenizer.ggml.bos_token_id")] (when present);
-  //   result.eos_token = tokens[gguf.GetUint32("tokenizer.ggml.eos_token_id")] (when present).
-  return absl::UnimplementedError(
-      StrCat(gguf_path, ": reading the chat template from GGUF files is not wired yet"));
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(gguf_path);
+  if (!file.ok()) return file.status();
+  return GgufChatTemplate(**file);
+}
+
+absl::StatusOr<ModelChatTemplate> GgufChatTemplate(const GgufFile& gguf) {
+  ModelChatTemplate result;
+  if (const GgufValue* source = gguf.Find("tokenizer.chat_template"); source != nullptr) {
+    if (source->type != GgufType::kString) {
+      return absl::InvalidArgumentError(StrCat(gguf.path(), ": tokenizer.chat_template is a ",
+                                               GgufTypeName(source->type), ", not a string"));
+    }
+    result.chat_template = source->string_value;
+  }
+  // The special tokens are the vocabulary's strings at their ids (when both are present).
+  const GgufValue* tokens = gguf.Find("tokenizer.ggml.tokens");
+  if (tokens == nullptr || tokens->type != GgufType::kArray ||
+      tokens->element_type != GgufType::kString) {
+    return result;
+  }
+  const auto token_at = [&](const char* key) -> absl::StatusOr<std::optional<std::string>> {
+    const std::optional<int64_t> id = gguf.GetInt(key);
+    if (!id.has_value()) return std::optional<std::string>();
+    if (*id < 0 || *id >= static_cast<int64_t>(tokens->elements.size())) {
+      return absl::InvalidArgumentError(StrCat(gguf.path(), ": ", key, " = ", *id,
+                                               " is outside the vocabulary of ",
+                                               tokens->elements.size(), " tokens"));
+    }
+    return std::optional<std::string>(tokens->elements[static_cast<size_t>(*id)].string_value);
+  };
+  absl::StatusOr<std::optional<std::string>> bos = token_at("tokenizer.ggml.bos_token_id");
+  if (!bos.ok()) return bos.status();
+  result.bos_token = *std::move(bos);
+  absl::StatusOr<std::optional<std::string>> eos = token_at("tokenizer.ggml.eos_token_id");
+  if (!eos.ok()) return eos.status();
+  result.eos_token = *std::move(eos);
+  return result;
 }
 
 absl::StatusOr<ModelChatTemplate> LoadModelChatTemplate(const std::string& path) {
@@ -136,8 +167,7 @@ absl::StatusOr<ModelChatTemplate> LoadModelChatTemplate(const std::string& path)
   if (model_path.extension() == ".gguf") return LoadGgufChatTemplate(path);
   if (model_path.extension() == ".json") {
     // tokenizer.json or tokenizer_config.json: the model directory is where it lies.
-    return LoadHfDirectory(model_path.has_parent_path() ? model_path.parent_path()
-                                                        : fs::path("."));
+    return LoadHfDirectory(model_path.has_parent_path() ? model_path.parent_path() : fs::path("."));
   }
   return absl::InvalidArgumentError(
       StrCat(path, ": expected a model directory, a tokenizer.json or a .gguf file"));

@@ -6,8 +6,8 @@
 //                            bos_token / eos_token from tokenizer_config.json (a string, or an
 //                            AddedToken object {"content": ...}).
 //   tokenizer.json or tokenizer_config.json file: the directory it is in, as above.
-//   GGUF file                tokenizer.chat_template, and the token strings at
-//                            tokenizer.ggml.bos_token_id / eos_token_id (see LoadGgufChatTemplate).
+//   GGUF file                tokenizer.chat_template, and the strings of tokenizer.ggml.tokens at
+//                            tokenizer.ggml.bos_token_id / eos_token_id.
 
 #ifndef LMSERVE_ENGINE_CHAT_MODEL_CHAT_TEMPLATE_H_
 #define LMSERVE_ENGINE_CHAT_MODEL_CHAT_TEMPLATE_H_
@@ -19,6 +19,8 @@
 #include "absl/status/statusor.h"
 
 namespace lmserve::engine {
+
+class GgufFile;
 
 struct ModelChatTemplate {
   std::string chat_template;  // empty when the model has none
@@ -34,10 +36,9 @@ absl::StatusOr<ModelChatTemplate> LoadModelChatTemplate(const std::string& path)
 // The template and tokens of tokenizer_config.json's text.
 absl::StatusOr<ModelChatTemplate> ParseTokenizerConfig(std::string_view json_text);
 
-// GGUF files. TODO(lead): wire to GgufFile (engine/model/gguf.h, in progress on its own branch):
-// read the string tokenizer.chat_template, and tokenizer.ggml.tokens[bos_token_id / eos_token_id].
-// Until then this returns Unimplemented, and `lmserve chat-template` asks for --chat-template.
+// The template and special tokens of a GGUF file (LoadModelChatTemplate calls this for .gguf).
 absl::StatusOr<ModelChatTemplate> LoadGgufChatTemplate(const std::string& gguf_path);
+absl::StatusOr<ModelChatTemplate> GgufChatTemplate(const GgufFile& gguf);
 
 }  // namespace lmserve::engine
 

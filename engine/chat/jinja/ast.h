@@ -47,23 +47,23 @@ enum class ExprKind {
 struct Expr {
   ExprKind kind = ExprKind::kLiteral;
   SourcePos pos;
-  Value literal;                    // kLiteral
-  std::string name;                 // kName, kGetAttr, kFilter, kTest
-  std::string op;                   // kUnary, kBinary
+  Value literal;     // kLiteral
+  std::string name;  // kName, kGetAttr, kFilter, kTest
+  std::string op;    // kUnary, kBinary
   std::vector<ExprPtr> operands;
   std::vector<std::string> compare_ops;  // kCompare: == != < > <= >= in "not in"
-  ArgExprs args;                    // kCall, kFilter, kTest
-  bool negated = false;             // kTest
-  int height = 1;                   // of this subtree; the parser bounds it
+  ArgExprs args;                         // kCall, kFilter, kTest
+  bool negated = false;                  // kTest
+  int height = 1;                        // of this subtree; the parser bounds it
 };
 
 // The left side of {% set %} and the variables of {% for %}.
 struct Target {
   enum class Kind { kName, kAttribute, kTuple };
   Kind kind = Kind::kName;
-  std::string name;             // kName: the variable; kAttribute: the namespace variable
-  std::string attribute;        // kAttribute: ns.attribute
-  std::vector<Target> items;    // kTuple
+  std::string name;           // kName: the variable; kAttribute: the namespace variable
+  std::string attribute;      // kAttribute: ns.attribute
+  std::vector<Target> items;  // kTuple
 };
 
 // A macro's (or a call block's caller's) parameters.
@@ -85,7 +85,7 @@ enum class StmtKind {
   kFilterBlock,  // filter chain body: expr applies the chain to a placeholder named ""
   kBreak,
   kContinue,
-  kGeneration,   // transformers' {% generation %}: renders its body
+  kGeneration,  // transformers' {% generation %}: renders its body
 };
 
 struct IfBranch {
@@ -96,14 +96,14 @@ struct IfBranch {
 struct Stmt {
   StmtKind kind = StmtKind::kText;
   SourcePos pos;
-  std::string text;          // kText; kMacro: the macro's name
-  ExprPtr expr;              // see StmtKind
-  ExprPtr condition;         // kFor: the loop filter
-  Target target;             // kFor, kSet, kSetBlock
+  std::string text;                // kText; kMacro: the macro's name
+  ExprPtr expr;                    // see StmtKind
+  ExprPtr condition;               // kFor: the loop filter
+  Target target;                   // kFor, kSet, kSetBlock
   std::vector<IfBranch> branches;  // kIf
   Body body;
-  Body else_body;            // kIf, kFor
-  Parameters parameters;     // kMacro, kCallBlock
+  Body else_body;         // kIf, kFor
+  Parameters parameters;  // kMacro, kCallBlock
 };
 
 }  // namespace lmserve::engine::jinja

@@ -212,8 +212,7 @@ absl::StatusOr<Value> FilterSafe(Interpreter&, const Value& value, const CallArg
   return value;
 }
 
-absl::StatusOr<Value> FilterEscape(Interpreter& interpreter, const Value& value,
-                                   const CallArgs&) {
+absl::StatusOr<Value> FilterEscape(Interpreter& interpreter, const Value& value, const CallArgs&) {
   const std::string text = ToStr(value);
   std::string out;
   for (const char c : text) {
@@ -300,9 +299,9 @@ absl::StatusOr<Value> FilterReplace(Interpreter& interpreter, const Value& value
   const std::string from = ToStr(*(*bound)[0]);
   const std::string to = ToStr(*(*bound)[1]);
   // Bound the result before building it.
-  const int64_t occurrences =
-      from.empty() ? CodePointCount(text) + 1
-                   : static_cast<int64_t>(PySplit(text, from, -1).size()) - 1;
+  const int64_t occurrences = from.empty()
+                                  ? CodePointCount(text) + 1
+                                  : static_cast<int64_t>(PySplit(text, from, -1).size()) - 1;
   const int64_t replaced = count < 0 ? occurrences : std::min(count, occurrences);
   absl::Status size = interpreter.CheckSize(
       static_cast<int64_t>(text.size()) +
@@ -323,8 +322,8 @@ absl::StatusOr<Value> FilterToJson(Interpreter& interpreter, const Value& value,
     if (indent->is_string()) {
       format.indent = indent->AsString();
     } else if (indent->is_int()) {
-      format.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(indent->AsInt(), 0, 64)),
-                                  ' ');
+      format.indent =
+          std::string(static_cast<size_t>(std::clamp<int64_t>(indent->AsInt(), 0, 64)), ' ');
     } else {
       return TypeError(StrCat("tojson() indent must be an int or a str, not ", TypeName(*indent)));
     }
@@ -515,7 +514,8 @@ absl::StatusOr<Value> FilterDictSort(Interpreter& interpreter, const Value& valu
   if (!value.is_dict()) return TypeError("dictsort() needs a mapping");
   const bool case_sensitive = (*bound)[0].has_value() && Truthy(*(*bound)[0]);
   const std::string by = (*bound)[1].has_value() ? ToStr(*(*bound)[1]) : "key";
-  if (by != "key" && by != "value") return TypeError("You can only sort by either 'key' or 'value'");
+  if (by != "key" && by != "value")
+    return TypeError("You can only sort by either 'key' or 'value'");
   const bool reverse = (*bound)[2].has_value() && Truthy(*(*bound)[2]);
   absl::Status spent = interpreter.Spend(static_cast<int64_t>(value.AsDict().size()) * 16);
   if (!spent.ok()) return spent;
@@ -578,8 +578,8 @@ absl::StatusOr<Value> Add(const Value& a, const Value& b) {
     if (__builtin_add_overflow(a.AsInt(), b.AsInt(), &sum)) return TypeError("integer overflow");
     return Value::Int(sum);
   }
-  return TypeError(StrCat("unsupported operand type(s) for +: '", TypeName(a), "' and '",
-                          TypeName(b), "'"));
+  return TypeError(
+      StrCat("unsupported operand type(s) for +: '", TypeName(a), "' and '", TypeName(b), "'"));
 }
 
 absl::StatusOr<Value> FilterSum(Interpreter& interpreter, const Value& value,
@@ -692,6 +692,8 @@ absl::StatusOr<Value> SelectOrReject(Interpreter& interpreter, const Value& valu
   CallArgs test_args;
   test_args.positional = std::move(positional);
   test_args.keyword = args.keyword;
+  // jinja2 iterates only a truthy sequence: none|selectattr(...) is empty, not an error.
+  if (!Truthy(value)) return Value::MakeList({});
   absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
   if (!items.ok()) return items.status();
   absl::Status spent = interpreter.Spend(static_cast<int64_t>((*items)->size()));
@@ -732,6 +734,7 @@ absl::StatusOr<Value> FilterRejectAttr(Interpreter& i, const Value& v, const Cal
 
 absl::StatusOr<Value> FilterMap(Interpreter& interpreter, const Value& value,
                                 const CallArgs& args) {
+  if (!Truthy(value)) return Value::MakeList({});  // as select: none|map(...) is empty
   absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
   if (!items.ok()) return items.status();
   absl::Status spent = interpreter.Spend(static_cast<int64_t>((*items)->size()));
@@ -850,9 +853,7 @@ absl::StatusOr<bool> TestDefined(Interpreter&, const Value& v, const CallArgs&) 
 absl::StatusOr<bool> TestUndefined(Interpreter&, const Value& v, const CallArgs&) {
   return v.is_undefined();
 }
-absl::StatusOr<bool> TestNone(Interpreter&, const Value& v, const CallArgs&) {
-  return v.is_none();
-}
+absl::StatusOr<bool> TestNone(Interpreter&, const Value& v, const CallArgs&) { return v.is_none(); }
 absl::StatusOr<bool> TestBoolean(Interpreter&, const Value& v, const CallArgs&) {
   return v.is_bool();
 }
@@ -985,52 +986,33 @@ struct NamedTest {
 };
 
 constexpr NamedTest kTests[] = {
-    {"!=", TestCompare<1>},
-    {"<", TestCompare<2>},
-    {"<=", TestCompare<3>},
-    {"==", TestCompare<0>},
-    {">", TestCompare<4>},
-    {">=", TestCompare<5>},
-    {"boolean", TestBoolean},
-    {"callable", TestCallable},
-    {"defined", TestDefined},
-    {"divisibleby", TestDivisibleBy},
-    {"eq", TestCompare<0>},
-    {"equalto", TestCompare<0>},
-    {"escaped", TestEscaped},
-    {"even", TestEven},
-    {"false", TestFalse},
-    {"float", TestFloat},
-    {"ge", TestCompare<5>},
-    {"greaterthan", TestCompare<4>},
-    {"gt", TestCompare<4>},
-    {"in", TestIn},
-    {"integer", TestInteger},
-    {"iterable", TestIterable},
-    {"le", TestCompare<3>},
-    {"lessthan", TestCompare<2>},
-    {"lower", TestLower},
-    {"lt", TestCompare<2>},
-    {"mapping", TestMapping},
-    {"ne", TestCompare<1>},
-    {"none", TestNone},
-    {"number", TestNumber},
-    {"odd", TestOdd},
-    {"sameas", TestSameAs},
-    {"sequence", TestSequence},
-    {"string", TestString},
-    {"true", TestTrue},
-    {"undefined", TestUndefined},
+    {"!=", TestCompare<1>},     {"<", TestCompare<2>},
+    {"<=", TestCompare<3>},     {"==", TestCompare<0>},
+    {">", TestCompare<4>},      {">=", TestCompare<5>},
+    {"boolean", TestBoolean},   {"callable", TestCallable},
+    {"defined", TestDefined},   {"divisibleby", TestDivisibleBy},
+    {"eq", TestCompare<0>},     {"equalto", TestCompare<0>},
+    {"escaped", TestEscaped},   {"even", TestEven},
+    {"false", TestFalse},       {"float", TestFloat},
+    {"ge", TestCompare<5>},     {"greaterthan", TestCompare<4>},
+    {"gt", TestCompare<4>},     {"in", TestIn},
+    {"integer", TestInteger},   {"iterable", TestIterable},
+    {"le", TestCompare<3>},     {"lessthan", TestCompare<2>},
+    {"lower", TestLower},       {"lt", TestCompare<2>},
+    {"mapping", TestMapping},   {"ne", TestCompare<1>},
+    {"none", TestNone},         {"number", TestNumber},
+    {"odd", TestOdd},           {"sameas", TestSameAs},
+    {"sequence", TestSequence}, {"string", TestString},
+    {"true", TestTrue},         {"undefined", TestUndefined},
     {"upper", TestUpper},
 };
 
 // ---- Methods -----------------------------------------------------------------------------------
 
 constexpr std::string_view kStringMethods[] = {
-    "capitalize", "count",   "endswith", "find",     "format",     "isalnum", "isalpha",
-    "isdigit",    "islower", "isspace",  "isupper",  "join",       "lower",   "lstrip",
-    "replace",    "rstrip",  "split",    "splitlines", "startswith", "strip",   "title",
-    "upper",
+    "capitalize", "count",      "endswith",   "find",  "format", "isalnum", "isalpha", "isdigit",
+    "islower",    "isspace",    "isupper",    "join",  "lower",  "lstrip",  "replace", "rstrip",
+    "split",      "splitlines", "startswith", "strip", "title",  "upper",
 };
 constexpr std::string_view kDictMethods[] = {"get", "items", "keys", "values"};
 
@@ -1135,9 +1117,9 @@ absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::stri
     absl::StatusOr<std::optional<std::string>> chars =
         OptionalStringArg((*bound)[0], StrCat(name, " arg"));
     if (!chars.ok()) return chars.status();
-    const StripSide side = name == "strip" ? StripSide::kBoth
-                                           : (name == "lstrip" ? StripSide::kLeft
-                                                               : StripSide::kRight);
+    const StripSide side = name == "strip"
+                               ? StripSide::kBoth
+                               : (name == "lstrip" ? StripSide::kLeft : StripSide::kRight);
     return Value::String(PyStrip(text, *chars, side));
   }
   if (name == "split") {
@@ -1172,8 +1154,7 @@ absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::stri
     if (args.positional.size() != 1 || !args.keyword.empty()) {
       return TypeError(StrCat(name, "() takes exactly one argument"));
     }
-    absl::StatusOr<bool> matches =
-        AffixMatch(text, args.positional.front(), name == "startswith");
+    absl::StatusOr<bool> matches = AffixMatch(text, args.positional.front(), name == "startswith");
     if (!matches.ok()) return matches.status();
     return Value::Bool(*matches);
   }
@@ -1220,8 +1201,8 @@ absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::stri
     for (size_t i = 0; i < (*items)->size(); ++i) {
       const Value& item = (**items)[i];
       if (!item.is_string()) {
-        return TypeError(StrCat("sequence item ", i, ": expected str instance, ", TypeName(item),
-                                " found"));
+        return TypeError(
+            StrCat("sequence item ", i, ": expected str instance, ", TypeName(item), " found"));
       }
       if (i > 0) out += text;
       out += item.AsString();
@@ -1268,13 +1249,15 @@ absl::StatusOr<Value> CallDictMethod(const Value& dict, std::string_view name,
   }
   if (name == "items") return DictItems(dict);
   List out;
-  for (const auto& [key, item] : dict.AsDict().entries()) out.push_back(name == "keys" ? key : item);
+  for (const auto& [key, item] : dict.AsDict().entries())
+    out.push_back(name == "keys" ? key : item);
   return Value::MakeList(std::move(out));
 }
 
 class MethodCallable : public Callable {
  public:
-  MethodCallable(Value object, std::string name) : object_(std::move(object)), name_(std::move(name)) {}
+  MethodCallable(Value object, std::string name)
+      : object_(std::move(object)), name_(std::move(name)) {}
   std::string_view name() const override { return name_; }
   absl::StatusOr<Value> Call(Interpreter& interpreter, const CallArgs& args) const override {
     return CallMethod(interpreter, object_, name_, args);
@@ -1434,8 +1417,8 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
   switch (container.type()) {
     case Value::Type::kString:
       if (!item.is_string()) {
-        return TypeError(StrCat("'in <string>' requires string as left operand, not ",
-                                TypeName(item)));
+        return TypeError(
+            StrCat("'in <string>' requires string as left operand, not ", TypeName(item)));
       }
       return container.AsString().find(item.AsString()) != std::string::npos;
     case Value::Type::kList:
@@ -1508,8 +1491,8 @@ Value BoundMethod(const Value& object, std::string_view name) {
 
 void AddGlobals(Dict* globals) {
   for (const NamedGlobal& global : kGlobals) {
-    globals->Set(global.name,
-                 Value::MakeCallable(std::make_shared<GlobalCallable>(global.name, global.function)));
+    globals->Set(global.name, Value::MakeCallable(
+                                  std::make_shared<GlobalCallable>(global.name, global.function)));
   }
 }
 

@@ -55,8 +55,8 @@ absl::Status Located(absl::Status status, SourcePos pos) {
       status.GetPayload(kRaisedPayload).has_value()) {
     return status;
   }
-  absl::Status located(status.code(), StrCat("line ", pos.line, ", column ", pos.column, ": ",
-                                             status.message()));
+  absl::Status located(status.code(),
+                       StrCat("line ", pos.line, ", column ", pos.column, ": ", status.message()));
   located.SetPayload(kLocatedPayload, absl::Cord("1"));
   return located;
 }
@@ -332,8 +332,8 @@ absl::Status Interpreter::CheckSize(int64_t bytes) const {
 absl::Status Interpreter::Spend(int64_t count) {
   steps_ += count;
   if (steps_ > options_.limits.max_steps) {
-    return absl::ResourceExhaustedError(StrCat("the chat template ran more than ",
-                                               options_.limits.max_steps, " steps"));
+    return absl::ResourceExhaustedError(
+        StrCat("the chat template ran more than ", options_.limits.max_steps, " steps"));
   }
   return absl::OkStatus();
 }
@@ -352,9 +352,8 @@ void Interpreter::TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
 
 absl::Status Interpreter::Store(Frame* frame, const Target& target, Value value) {
   if (value.height() > kMaxStoredValueHeight) {
-    return absl::ResourceExhaustedError(
-        StrCat("the chat template nested lists or dicts deeper than ", kMaxStoredValueHeight,
-               " levels"));
+    return absl::ResourceExhaustedError(StrCat(
+        "the chat template nested lists or dicts deeper than ", kMaxStoredValueHeight, " levels"));
   }
   switch (target.kind) {
     case Target::Kind::kName:
@@ -380,8 +379,8 @@ absl::Status Interpreter::Store(Frame* frame, const Target& target, Value value)
             StrCat("too many values to unpack (expected ", expected, ")"));
       }
       if ((*items)->size() < expected) {
-        return absl::InvalidArgumentError(StrCat("not enough values to unpack (expected ",
-                                                 expected, ", got ", (*items)->size(), ")"));
+        return absl::InvalidArgumentError(StrCat("not enough values to unpack (expected ", expected,
+                                                 ", got ", (*items)->size(), ")"));
       }
       for (size_t i = 0; i < expected; ++i) {
         absl::Status status = Store(frame, target.items[i], (**items)[i]);
@@ -799,8 +798,7 @@ absl::StatusOr<Value> Interpreter::EvalCall(const Expr& expr) {
 absl::StatusOr<Value> Interpreter::CallValue(const Value& callee, const CallArgs& args) {
   if (callee.is_undefined()) return UndefinedError(callee);
   if (!callee.is_callable()) {
-    return absl::InvalidArgumentError(
-        StrCat("'", TypeName(callee), "' object is not callable"));
+    return absl::InvalidArgumentError(StrCat("'", TypeName(callee), "' object is not callable"));
   }
   return callee.AsCallable().Call(*this, args);
 }
@@ -911,14 +909,13 @@ absl::StatusOr<Value> Interpreter::Slice(const Value& object, const Expr& expr) 
     const std::string& text = object.AsString();
     const std::vector<size_t> offsets = CodePointOffsets(text);
     std::string out;
-    for (int64_t i : SliceIndices(static_cast<int64_t>(offsets.size()) - 1, bounds[0], bounds[1],
-                                  step)) {
+    for (int64_t i :
+         SliceIndices(static_cast<int64_t>(offsets.size()) - 1, bounds[0], bounds[1], step)) {
       out.append(text, offsets[i], offsets[i + 1] - offsets[i]);
     }
     return Value::String(std::move(out));
   }
-  return absl::InvalidArgumentError(
-      StrCat("'", TypeName(object), "' object is not subscriptable"));
+  return absl::InvalidArgumentError(StrCat("'", TypeName(object), "' object is not subscriptable"));
 }
 
 absl::StatusOr<Value> Interpreter::EvalBinary(const Expr& expr) {
@@ -954,8 +951,10 @@ absl::StatusOr<Value> Interpreter::EvalCompare(const Expr& expr) {
       if (!order.ok()) {
         return absl::InvalidArgumentError(StrCat("'", op, "' ", order.status().message()));
       }
-      holds = op == "<" ? *order < 0 : op == "<=" ? *order <= 0 : op == ">" ? *order > 0
-                                                                              : *order >= 0;
+      holds = op == "<"    ? *order < 0
+              : op == "<=" ? *order <= 0
+              : op == ">"  ? *order > 0
+                           : *order >= 0;
     }
     if (!holds) return Value::Bool(false);
     left = std::move(right);

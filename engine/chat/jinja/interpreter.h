@@ -37,9 +37,9 @@
 namespace lmserve::engine::jinja {
 
 struct RenderLimits {
-  int64_t max_steps = 2'000'000;          // expressions evaluated + statements executed
-  int64_t max_output_bytes = 16 << 20;    // the rendered text, and any one string or list built
-  int max_call_depth = 64;                // nested macro calls
+  int64_t max_steps = 2'000'000;        // expressions evaluated + statements executed
+  int64_t max_output_bytes = 16 << 20;  // the rendered text, and any one string or list built
+  int max_call_depth = 64;              // nested macro calls
   // Nested statements, expressions and calls at once: bounds the interpreter's C++ recursion
   // (about 1 KiB of stack per level).
   int max_depth = 600;
@@ -89,8 +89,7 @@ class Interpreter {
   absl::StatusOr<Value> CallValue(const Value& callee, const CallArgs& args);
   absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& subject,
                                     const CallArgs& args);
-  absl::StatusOr<bool> ApplyTest(std::string_view name, const Value& subject,
-                                 const CallArgs& args);
+  absl::StatusOr<bool> ApplyTest(std::string_view name, const Value& subject, const CallArgs& args);
   // jinja2's environment.getattr / getitem (see the header comment). Errors only for Undefined.
   absl::StatusOr<Value> GetAttr(const Value& object, std::string_view name);
   absl::StatusOr<Value> GetItem(const Value& object, const Value& key);
@@ -155,7 +154,7 @@ class Interpreter {
   std::string* out_ = nullptr;    // where output goes now
   Flow flow_ = Flow::kNormal;
   int64_t steps_ = 0;
-  int64_t output_bytes_ = 0;      // everything emitted, captured blocks included
+  int64_t output_bytes_ = 0;  // everything emitted, captured blocks included
   int call_depth_ = 0;
   int depth_ = 0;
   std::vector<std::shared_ptr<Frame>> macro_frames_;  // scopes that define a macro

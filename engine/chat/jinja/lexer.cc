@@ -308,8 +308,8 @@ class Lexer {
     while (pos_ < source_.size()) {
       if (IsDigit(source_[pos_])) {
         digits.push_back(source_[pos_++]);
-      } else if (source_[pos_] == '_' && pos_ + 1 < source_.size() &&
-                 IsDigit(source_[pos_ + 1]) && !digits.empty()) {
+      } else if (source_[pos_] == '_' && pos_ + 1 < source_.size() && IsDigit(source_[pos_ + 1]) &&
+                 !digits.empty()) {
         ++pos_;
       } else {
         break;
@@ -445,8 +445,8 @@ class Lexer {
         default:
           if (e >= '0' && e <= '7') {
             char32_t code_point = e - '0';
-            for (int i = 0; i < 2 && pos_ < source_.size() && source_[pos_] >= '0' &&
-                            source_[pos_] <= '7';
+            for (int i = 0;
+                 i < 2 && pos_ < source_.size() && source_[pos_] >= '0' && source_[pos_] <= '7';
                  ++i) {
               code_point = code_point * 8 + (source_[pos_++] - '0');
             }

@@ -134,9 +134,8 @@ class Parser {
   // Parses statements until "{% word" for a word of `end_words` (consumed up to the word; the
   // rest of that tag is the caller's) or the end of the template (an error when `end_words` is
   // not empty). `opener` and `opened_at` describe the enclosing block for that error.
-  absl::Status ParseBody(std::initializer_list<std::string_view> end_words,
-                         std::string_view opener, SourcePos opened_at, Body* body,
-                         std::string* found) {
+  absl::Status ParseBody(std::initializer_list<std::string_view> end_words, std::string_view opener,
+                         SourcePos opened_at, Body* body, std::string* found) {
     Nesting nesting(this);
     if (nesting.too_deep()) return TooDeep();
     while (true) {
@@ -184,10 +183,11 @@ class Parser {
           if (end_words.size() == 0) return absl::OkStatus();
           std::vector<std::string> quoted;
           for (std::string_view end_word : end_words) quoted.push_back(StrCat("'", end_word, "'"));
-          return ErrorAt(token.pos,
-                         StrCat("unexpected end of template: the '", opener, "' block opened at "
-                                "line ", opened_at.line, " is not closed (expected ",
-                                StrJoin(quoted, " or "), ")"));
+          return ErrorAt(token.pos, StrCat("unexpected end of template: the '", opener,
+                                           "' block opened at "
+                                           "line ",
+                                           opened_at.line, " is not closed (expected ",
+                                           StrJoin(quoted, " or "), ")"));
         }
         default:
           return Unexpected("template text or a tag");
@@ -926,8 +926,8 @@ class Parser {
     const Token& token = Current();
     const bool starts_argument =
         token.kind == TokenKind::kName || token.kind == TokenKind::kString ||
-        token.kind == TokenKind::kInteger || token.kind == TokenKind::kFloat ||
-        IsOperator("(") || IsOperator("[") || IsOperator("{");
+        token.kind == TokenKind::kInteger || token.kind == TokenKind::kFloat || IsOperator("(") ||
+        IsOperator("[") || IsOperator("{");
     if (starts_argument && !IsName("else") && !IsName("or") && !IsName("and") && !IsName("if") &&
         !IsName("is") && !IsName("in") && !IsName("not")) {
       Nesting nesting(this);

@@ -254,8 +254,7 @@ std::string JinjaTitle(std::string_view text) {
   // "".join(w[0].upper() + w[1:].lower() for w in re.split(r"([-\s({\[<]+)", text) if w)
   bool word_start = true;
   return MapCodePoints(text, [&](char32_t c) {
-    const bool boundary =
-        IsPySpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    const bool boundary = IsPySpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
     if (boundary) {
       word_start = true;
       return c;

@@ -227,8 +227,8 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b) {
     }
     return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
   }
-  return absl::InvalidArgumentError(StrCat("not supported between instances of '", TypeName(a),
-                                           "' and '", TypeName(b), "'"));
+  return absl::InvalidArgumentError(
+      StrCat("not supported between instances of '", TypeName(a), "' and '", TypeName(b), "'"));
 }
 
 std::string FloatRepr(double value) {
@@ -613,8 +613,7 @@ absl::StatusOr<std::shared_ptr<const List>> Iterate(const Value& value) {
       return std::make_shared<const List>(std::move(chars));
     }
     default:
-      return absl::InvalidArgumentError(
-          StrCat("'", TypeName(value), "' object is not iterable"));
+      return absl::InvalidArgumentError(StrCat("'", TypeName(value), "' object is not iterable"));
   }
 }
 

@@ -118,7 +118,9 @@ class Dict {
   const Value* Find(std::string_view key) const;
   // Replaces the value of an existing key (keeping its position) or appends.
   void Set(Value key, Value value);
-  void Set(std::string_view key, Value value) { Set(Value::String(std::string(key)), std::move(value)); }
+  void Set(std::string_view key, Value value) {
+    Set(Value::String(std::string(key)), std::move(value));
+  }
   // Appends without looking for the key. REQUIRES: `key` is not in the dict.
   void Append(std::string_view key, Value value) {
     entries_.emplace_back(Value::String(std::string(key)), std::move(value));

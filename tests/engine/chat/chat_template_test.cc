@@ -1,13 +1,16 @@
 // ChatTemplate's surroundings: built-in templates, --chat-template resolution, messages from JSON,
 // and reading a model's template and special tokens from its files.
 
+#include "engine/chat/chat_template.h"
+
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "engine/chat/chat_template.h"
 #include "engine/chat/model_chat_template.h"
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/chat/chat_testdata.h"
@@ -17,9 +20,9 @@ namespace lmserve::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using testdata::ReadTestdata;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testdata::ReadTestdata;
 using Json = nlohmann::ordered_json;
 
 void WriteFile(const fs::path& path, const std::string& text) {
@@ -39,11 +42,8 @@ TEST(BuiltinChatTemplateTest, AreThePublishedTexts) {
   EXPECT_THAT(BuiltinChatTemplateNames(),
               ElementsAre("chatml", "llama2", "llama3", "mistral", "zephyr"));
   const std::vector<std::pair<std::string, std::string>> files = {
-      {"chatml", "chatml.jinja"},
-      {"llama2", "llama2.jinja"},
-      {"llama3", "llama3.jinja"},
-      {"mistral", "mistral_v0_2.jinja"},
-      {"zephyr", "zephyr.jinja"},
+      {"chatml", "chatml.jinja"},        {"llama2", "llama2.jinja"}, {"llama3", "llama3.jinja"},
+      {"mistral", "mistral_v0_2.jinja"}, {"zephyr", "zephyr.jinja"},
   };
   for (const auto& [name, file] : files) {
     std::optional<std::string_view> builtin = BuiltinChatTemplate(name);
@@ -111,8 +111,9 @@ TEST(ChatMessagesFromJsonTest, KeepsExtraFieldsAndNonStringContent) {
   ASSERT_TRUE(chat_template.ok());
   absl::StatusOr<std::string> text = chat_template->Render(*messages, {});
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_EQ(*text,
-            "user=hibob;assistant=None[{'id': '1'}];user=[{'type': 'text', 'text': 'part'}];tool=;");
+  EXPECT_EQ(
+      *text,
+      "user=hibob;assistant=None[{'id': '1'}];user=[{'type': 'text', 'text': 'part'}];tool=;");
 }
 
 TEST(ChatMessagesFromJsonTest, RejectsMalformedMessages) {
@@ -208,11 +209,50 @@ TEST(ModelChatTemplateTest, LoadsFromDirectoryTokenizerJsonAndSideFiles) {
   EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("tokenizer_config.json"));
 }
 
-TEST(ModelChatTemplateTest, GgufIsNotWiredYet) {
+TEST(ModelChatTemplateTest, ReadsGgufTemplateAndTokens) {
   const fs::path dir = FreshDir("gguf");
-  WriteFile(dir / "model.gguf", "GGUF");
-  EXPECT_EQ(LoadModelChatTemplate((dir / "model.gguf").string()).status().code(),
-            absl::StatusCode::kUnimplemented);
+  GgufWriter writer;
+  writer.Add("general.architecture", GgufValue::String("llama"));
+  writer.Add("tokenizer.chat_template", GgufValue::String("{{ bos_token }}{{ eos_token }}"));
+  writer.Add(
+      "tokenizer.ggml.tokens",
+      GgufValue::Array(GgufType::kString, {GgufValue::String("<unk>"), GgufValue::String("<s>"),
+                                           GgufValue::String("</s>")}));
+  writer.Add("tokenizer.ggml.bos_token_id", GgufValue::Uint(GgufType::kUint32, 1));
+  writer.Add("tokenizer.ggml.eos_token_id", GgufValue::Uint(GgufType::kUint32, 2));
+  ASSERT_TRUE(writer.WriteFile((dir / "model.gguf").string()).ok());
+  absl::StatusOr<ModelChatTemplate> loaded = LoadModelChatTemplate((dir / "model.gguf").string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chat_template, "{{ bos_token }}{{ eos_token }}");
+  EXPECT_EQ(loaded->bos_token, "<s>");
+  EXPECT_EQ(loaded->eos_token, "</s>");
+
+  // Without a template or token ids: nothing, and no error. An id outside the vocabulary is one.
+  GgufWriter bare;
+  bare.Add("general.architecture", GgufValue::String("llama"));
+  ASSERT_TRUE(bare.WriteFile((dir / "bare.gguf").string()).ok());
+  loaded = LoadModelChatTemplate((dir / "bare.gguf").string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chat_template, "");
+  EXPECT_FALSE(loaded->bos_token.has_value());
+  GgufWriter bad;
+  bad.Add("tokenizer.ggml.tokens", GgufValue::Array(GgufType::kString, {GgufValue::String("a")}));
+  bad.Add("tokenizer.ggml.eos_token_id", GgufValue::Uint(GgufType::kUint32, 7));
+  ASSERT_TRUE(bad.WriteFile((dir / "bad.gguf").string()).ok());
+  loaded = LoadModelChatTemplate((dir / "bad.gguf").string());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("outside the vocabulary"));
+}
+
+TEST(ModelChatTemplateTest, DemoModelCarriesTheSmolLM2Template) {
+  const std::optional<std::string> demo = testing::DemoModelPath();
+  if (!demo.has_value()) GTEST_SKIP() << "demo model not present (scripts/fetch-demo-model.sh)";
+  absl::StatusOr<ModelChatTemplate> loaded = LoadModelChatTemplate(*demo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // testdata/templates/smollm2.jinja was extracted from this file with Python's gguf package.
+  EXPECT_EQ(loaded->chat_template, ReadTestdata("templates/smollm2.jinja"));
+  EXPECT_EQ(loaded->bos_token, "<|im_start|>");
+  EXPECT_EQ(loaded->eos_token, "<|im_end|>");
 }
 
 }  // namespace

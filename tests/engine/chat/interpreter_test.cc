@@ -2,6 +2,8 @@
 // resource limits against hostile templates, thread safety and the injected clock. (Rendering
 // semantics are compared with jinja2 in reference_test.cc.)
 
+#include "engine/chat/jinja/interpreter.h"
+
 #include <pthread.h>
 
 #include <string>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "engine/chat/chat_template.h"
-#include "engine/chat/jinja/interpreter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -60,7 +61,8 @@ TEST(InterpreterErrorTest, SyntaxErrorsNameLineAndColumn) {
     absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(c.source);
     ASSERT_FALSE(parsed.ok()) << c.source;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.source;
-    EXPECT_THAT(std::string(parsed.status().message()), StartsWith("chat template: " + c.position + ": "))
+    EXPECT_THAT(std::string(parsed.status().message()),
+                StartsWith("chat template: " + c.position + ": "))
         << c.source;
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(c.what)) << c.source;
   }
@@ -142,7 +144,9 @@ TEST(ChatTemplateRenderTest, UnsetSpecialTokensAreUndefined) {
 TEST(ChatTemplateRenderTest, StrftimeNowReadsTheInjectedClock) {
   ChatTemplateOptions options;
   // 2021-03-04 12:00:00 UTC: the same date in every time zone within 11 hours of UTC.
-  options.now = [] { return std::chrono::system_clock::time_point(std::chrono::seconds(1614859200)); };
+  options.now = [] {
+    return std::chrono::system_clock::time_point(std::chrono::seconds(1614859200));
+  };
   absl::StatusOr<std::string> text = Render("{{ strftime_now('%d %B %Y') }}", options);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(*text, "04 March 2021");
@@ -196,8 +200,7 @@ TEST(InterpreterLimitTest, StepsBoundLoops) {
   ExpectExhausted("{% for i in range(100000) %}{{ range(100000)|length }}{% endfor %}",
                   "more than 100000 steps", options);
   options.limits.max_steps = 1000;
-  ExpectExhausted("{% for i in range(600) %}{{ i }}{% endfor %}", "more than 1000 steps",
-                  options);
+  ExpectExhausted("{% for i in range(600) %}{{ i }}{% endfor %}", "more than 1000 steps", options);
   EXPECT_TRUE(Render("{% for i in range(100) %}{{ i }}{% endfor %}", options).ok());
 }
 
@@ -219,8 +222,7 @@ TEST(InterpreterLimitTest, OutputAndValueSizesAreBounded) {
       "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
       "{% endfor %}",
       "larger than the limit", options);
-  ExpectExhausted("{{ ('x' * 1000)|replace('x', 'y' * 10000) }}", "larger than the limit",
-                  options);
+  ExpectExhausted("{{ ('x' * 1000)|replace('x', 'y' * 10000) }}", "larger than the limit", options);
   // Captured blocks count too: a macro cannot build a huge string out of sight.
   ExpectExhausted(
       "{% macro big() %}{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}{% endmacro %}"
@@ -257,7 +259,8 @@ TEST(InterpreterLimitTest, DeepNestingIsASyntaxErrorNotACrash) {
   for (const std::string& source : sources) {
     absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
     ASSERT_FALSE(parsed.ok()) << source.substr(0, 40);
-    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("deeper than")) << source.substr(0, 40);
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("deeper than"))
+        << source.substr(0, 40);
   }
   // Nesting that real templates use parses.
   EXPECT_TRUE(Render(Repeat("{% if true %}", 30) + "ok" + Repeat("{% endif %}", 30)).ok());
@@ -292,8 +295,9 @@ TEST(InterpreterLimitTest, NamespaceCyclesAndChainsAreSafe) {
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(*text, "done");
   // Macros refer to their own scope (a reference cycle the interpreter breaks afterwards).
-  text = Render("{% macro m() %}x{% endmacro %}{% for i in range(3) %}{% macro n() %}{{ m() }}"
-                "{% endmacro %}{{ n() }}{% endfor %}");
+  text = Render(
+      "{% macro m() %}x{% endmacro %}{% for i in range(3) %}{% macro n() %}{{ m() }}"
+      "{% endmacro %}{{ n() }}{% endfor %}");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(*text, "xxx");
 }

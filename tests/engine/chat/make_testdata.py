@@ -301,6 +301,9 @@ INTERPRETER_CASES = [
      " {{ ms|map(attribute='missing', default='d')|list }}"
      " {{ [[1, 2], [3]]|map('length')|list }} {{ ['a', 'b']|map('replace', 'a', 'z')|list }}",
      {"ms": [{"role": "user"}, {"role": "assistant", "tool_calls": [1]}, {"role": "user"}]}),
+    ("filter_select_map_on_none", "{{ n|selectattr('a')|list }} {{ n|map('upper')|list }}"
+     " {{ n|reject|list }} {{ ''|select|list }}", {"n": None}),
+    ("filter_join_on_none_error", "{{ n|join }}", {"n": None}),
     ("filter_selectattr_dotted", "{{ ms|selectattr('function.name', 'in', ['a', 'c'])|list|length }}",
      {"ms": [{"function": {"name": "a"}}, {"function": {"name": "b"}}, {"function": {"name": "c"}}]}),
     ("filter_sum_min_max", "{{ [1, 2, 3]|sum }} {{ [1.5, 2]|sum }} {{ [{'v': 2}, {'v': 3}]|sum('v') }}"
