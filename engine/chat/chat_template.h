@@ -93,7 +93,8 @@ class ChatTemplate {
 bool IsRaisedByChatTemplate(const absl::Status& status);
 
 // Messages in the OpenAI chat format: a JSON array of objects with a string "role" and a
-// "content" (a string, null or a list of parts); other keys go to ChatMessage::extra.
+// "content" (a string, null or a list of parts); other keys go to ChatMessage::extra. A message
+// without "content" gets "" (transformers would leave message.content undefined).
 absl::StatusOr<std::vector<ChatMessage>> ChatMessagesFromJson(
     const nlohmann::ordered_json& messages);
 

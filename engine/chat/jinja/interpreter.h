@@ -14,6 +14,11 @@
 // evaluated plus statements executed), macro call depth, output bytes and the size of any one
 // string or list a template builds. Past a bound, rendering stops with ResourceExhausted.
 //
+// Not supported (no published chat template we know of needs them): include/extends/import and
+// blocks, recursive loops, loop.changed, {% with %}, {% do %}, *args/**kwargs at call sites,
+// '%' string formatting and str.format specs, cycler/joiner/lipsum; case mapping is ASCII-only.
+// Ints are 64-bit (overflow is an error, where Python would grow).
+//
 // Errors: syntax errors are InvalidArgument "line L, column C: ..."; runtime errors are
 // InvalidArgument "line L, column C: ..." except raise_exception(message), which is
 // InvalidArgument with exactly `message` (see IsRaisedByTemplate).
