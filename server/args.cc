@@ -46,7 +46,7 @@ absl::StatusOr<bool> Args::Parse(int argc, char** argv) {
     auto it = specs_.find(name);
     if (it == specs_.end()) {
       return absl::InvalidArgumentError(
-          StrCat("lmserve ", command_, ": unknown option --", name, " (see --help)"));
+          StrCat(program_, " ", command_, ": unknown option --", name, " (see --help)"));
     }
     if (it->second.is_flag) {
       if (value.has_value() && *value != "true" && *value != "false") {
@@ -66,14 +66,14 @@ absl::StatusOr<bool> Args::Parse(int argc, char** argv) {
   for (const auto& [name, spec] : specs_) {
     if (spec.required && !values_.contains(name)) {
       return absl::InvalidArgumentError(
-          StrCat("lmserve ", command_, ": --", name, " is required (see --help)"));
+          StrCat(program_, " ", command_, ": --", name, " is required (see --help)"));
     }
   }
   return true;
 }
 
 std::string Args::Help() const {
-  std::string out = StrCat("usage: lmserve ", command_, " [options]");
+  std::string out = StrCat("usage: ", program_, " ", command_, " [options]");
   for (const auto& [name, help] : positional_specs_) out += StrCat(" ", name);
   out += StrCat("\n\n", summary_, "\n\noptions:\n");
   for (const auto& [name, help] : positional_specs_) {

@@ -21,6 +21,12 @@ class Args {
   Args(std::string command, std::string summary)
       : command_(std::move(command)), summary_(std::move(summary)) {}
 
+  // The program named in the usage line (default "lmserve").
+  Args& Program(std::string program) {
+    program_ = std::move(program);
+    return *this;
+  }
+
   // Declarations. `default_value` empty and `required` false: the option is optional with no value.
   Args& Option(std::string name, std::string help, std::string default_value = "",
                bool required = false);
@@ -51,6 +57,7 @@ class Args {
     bool required = false;
     bool is_flag = false;
   };
+  std::string program_ = "lmserve";
   std::string command_;
   std::string summary_;
   std::map<std::string, Spec, std::less<>> specs_;

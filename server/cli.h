@@ -22,6 +22,8 @@ int RunLogits(int argc, char** argv);
 int RunGenerate(int argc, char** argv);
 // GGUF export (cmd_export_gguf.cc).
 int RunExportGguf(int argc, char** argv);
+// The gRPC server (cmd_serve.cc).
+int RunServe(int argc, char** argv);
 // Chat template rendering (cmd_chat_template.cc).
 int RunChatTemplate(int argc, char** argv);
 

@@ -10,6 +10,7 @@ namespace {
 using lmserve::server::Subcommand;
 
 constexpr Subcommand kSubcommands[] = {
+    {"serve", "serve a model over gRPC, with metrics and health", lmserve::server::RunServe},
     {"info", "print a model's configuration and tensors", lmserve::server::RunInfo},
     {"logits", "teacher-forced logits of token ids, to a file", lmserve::server::RunLogits},
     {"generate", "greedy decoding of token ids", lmserve::server::RunGenerate},

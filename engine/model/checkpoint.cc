@@ -1,6 +1,8 @@
 #include "engine/model/checkpoint.h"
 
 #include <filesystem>
+#include <fstream>
+#include <string_view>
 
 #include "common/strings.h"
 #include "absl/strings/match.h"
@@ -77,10 +79,14 @@ absl::Status ValidateCheckpointTensors(const Checkpoint& checkpoint) {
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return OpenHfCheckpoint(path);
-  if (absl::EndsWith(path, ".gguf")) return OpenGgufCheckpoint(path);
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(StrCat(path, ": no such file or directory"));
   }
+  if (absl::EndsWith(path, ".gguf")) return OpenGgufCheckpoint(path);
+  // A GGUF file under another name: recognise it by its magic.
+  char magic[4] = {};
+  std::ifstream(path, std::ios::binary).read(magic, sizeof(magic));
+  if (std::string_view(magic, sizeof(magic)) == "GGUF") return OpenGgufCheckpoint(path);
   return absl::InvalidArgumentError(StrCat(
       path, ": not a model: expected a Hugging Face model directory or a .gguf file"));
 }

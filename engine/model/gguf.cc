@@ -18,48 +18,16 @@ constexpr uint64_t kMinKvBytes = 8 + 4 + 1;  // empty key, type, a 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // empty name, n_dims 0, type, offset
 
 // Names of every ggml type id, supported or not, for error messages (ggml.h's enum ggml_type).
+// clang-format off
 constexpr std::array<std::string_view, 40> kGgmlTypeNames = {
-    "F32",
-    "F16",
-    "Q4_0",
-    "Q4_1",
-    "Q4_2 (removed)",
-    "Q4_3 (removed)",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q8_1",
-    "Q2_K",
-    "Q3_K",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-    "Q8_K",
-    "IQ2_XXS",
-    "IQ2_XS",
-    "IQ3_XXS",
-    "IQ1_S",
-    "IQ4_NL",
-    "IQ3_S",
-    "IQ2_S",
-    "IQ4_XS",
-    "I8",
-    "I16",
-    "I32",
-    "I64",
-    "F64",
-    "IQ1_M",
-    "BF16",
-    "Q4_0_4_4",
-    "Q4_0_4_8",
-    "Q4_0_8_8",
-    "TQ1_0",
-    "TQ2_0",
-    "IQ4_NL_4_4",
-    "IQ4_NL_4_8",
-    "IQ4_NL_8_8",
-    "MXFP4",
+    "F32", "F16", "Q4_0", "Q4_1", "Q4_2 (removed)", "Q4_3 (removed)", "Q5_0", "Q5_1",   //  0..7
+    "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",                     //  8..15
+    "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",      // 16..23
+    "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16", "Q4_0_4_4",                      // 24..31
+    "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", // 32..38
+    "MXFP4",                                                                            // 39
 };
+// clang-format on
 
 struct SupportedType {
   uint32_t ggml_type;

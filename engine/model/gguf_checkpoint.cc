@@ -159,14 +159,16 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                              c.max_position_embeddings,
                                              ", beyond any supported model"));
   }
-  const std::optional<int64_t> value_length = file.GetInt(StrCat(*arch, ".attention.value_length"));
-  if (value_length.has_value() && *value_length != c.head_dim) {
-    return absl::UnimplementedError(StrCat(path, ": attention.value_length ", *value_length,
-                                           " differs from key_length ", c.head_dim));
+  int64_t value_length = c.head_dim, rope_dims = c.head_dim;
+  if (absl::Status s = optional_int("attention.value_length", &value_length); !s.ok()) return s;
+  if (absl::Status s = optional_int("rope.dimension_count", &rope_dims); !s.ok()) return s;
+  if (value_length != c.head_dim) {
+    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".attention.value_length ",
+                                           value_length, " differs from the key length ",
+                                           c.head_dim));
   }
-  if (const std::optional<int64_t> rope_dims = file.GetInt(StrCat(*arch, ".rope.dimension_count"));
-      rope_dims.has_value() && *rope_dims != c.head_dim) {
-    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".rope.dimension_count ", *rope_dims,
+  if (rope_dims != c.head_dim) {
+    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".rope.dimension_count ", rope_dims,
                                            " differs from the head dimension ", c.head_dim,
                                            " (partial rotary embedding is not supported)"));
   }
@@ -188,17 +190,27 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            "' is not supported (supported: none, linear)"));
   }
 
-  if (std::optional<int64_t> bos = file.GetInt("tokenizer.ggml.bos_token_id"); bos.has_value()) {
-    c.bos_token_id = static_cast<int32_t>(*bos);
-  }
-  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
-    std::optional<int64_t> id = file.GetInt(key);
-    if (!id.has_value()) continue;
-    if (*id < 0 || *id > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(StrCat(path, ": metadata key '", key, "' is ", *id));
+  // Token ids: a negative id is llama.cpp's "no such token" and is skipped.
+  auto token_id = [&](const char* key) -> absl::StatusOr<std::optional<int32_t>> {
+    const GgufValue* value = file.Find(key);
+    if (value == nullptr) return std::nullopt;
+    const std::optional<int64_t> id = value->AsInt();
+    if (!id.has_value() || *id > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(
+          StrCat(path, ": metadata key '", key, "' is ", value->ToString(), ", not a token id"));
     }
-    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *id) == c.eos_token_ids.end()) {
-      c.eos_token_ids.push_back(static_cast<int32_t>(*id));
+    if (*id < 0) return std::nullopt;
+    return static_cast<int32_t>(*id);
+  };
+  absl::StatusOr<std::optional<int32_t>> bos = token_id("tokenizer.ggml.bos_token_id");
+  if (!bos.ok()) return bos.status();
+  c.bos_token_id = *bos;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    absl::StatusOr<std::optional<int32_t>> id = token_id(key);
+    if (!id.ok()) return id.status();
+    if (id->has_value() &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), **id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(**id);
     }
   }
   return c;
@@ -261,12 +273,16 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
     view.shape.assign(info.dims.rbegin(), info.dims.rend());
     view.data = info.data;
     view.num_bytes = info.num_bytes;
-    checkpoint->tensors_.emplace(view.name, std::move(view));
+    const std::string hf = view.name;
+    if (!checkpoint->tensors_.emplace(hf, std::move(view)).second) {
+      return absl::InvalidArgumentError(StrCat(path, ": tensor '", info.name, "' is a second '", hf,
+                                               "' (another tensor has that name too)"));
+    }
   }
 
   // Shapes the config depends on.
   absl::StatusOr<const TensorView*> embed = checkpoint->Find("model.embed_tokens.weight");
-  if (!embed.ok()) return embed.status();
+  if (!embed.ok()) return WithGgufName(embed.status());
   if ((*embed)->shape.size() != 2) {
     return absl::InvalidArgumentError(StrCat(path, ": tensor 'token_embd.weight' has shape ",
                                              (*embed)->ShapeString(), ", expected 2 dimensions"));

@@ -77,9 +77,15 @@ std::string TempDir() {
   static const std::string dir = [] {
     std::string pattern = (std::filesystem::temp_directory_path() / "lmserve-test-XXXXXX").string();
     const char* made = ::mkdtemp(pattern.data());
-    std::string path = made != nullptr ? made : "/tmp";
-    std::atexit([] {});
-    return path;
+    if (made == nullptr) {
+      ADD_FAILURE() << "mkdtemp failed";
+      std::abort();
+    }
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(TempDir(), ec);
+    });
+    return std::string(made);
   }();
   return dir;
 }

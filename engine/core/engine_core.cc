@@ -1,0 +1,431 @@
+#include "engine/core/engine_core.h"
+
+#include <algorithm>
+#include <optional>
+#include <span>
+#include <utility>
+
+#include "common/strings.h"
+#include "engine/core/check.h"
+
+namespace lmserve::engine {
+
+struct EngineCore::SampleState {
+  Sequence seq;
+  RequestState* request = nullptr;
+  std::unique_ptr<IncrementalTextDecoder> decoder;  // null without a text decoder
+  StopStringMatcher matcher{{}};
+  bool finished = false;
+  double first_scheduled_seconds = -1.0;
+  double first_token_seconds = -1.0;
+};
+
+struct EngineCore::RequestState {
+  RequestId id = 0;
+  Request request;
+  double arrival_seconds = 0.0;
+  std::shared_ptr<OutputStream> stream;
+  uint64_t seed = 0;
+  int32_t max_total_tokens = 0;  // prompt + generated tokens at most
+  std::vector<std::unique_ptr<SampleState>> samples;
+  int32_t num_unfinished_samples = 0;
+  // Prompt logprobs, computed by sample 0 and sent with its first token.
+  std::vector<PositionLogprobs> prompt_logprobs;
+  int32_t next_prompt_logprob_position = 1;
+  bool prompt_logprobs_sent = false;
+
+  const SamplingParams& params() const { return request.sampling; }
+  int32_t num_prompt_tokens() const {
+    return static_cast<int32_t>(request.prompt_token_ids.size());
+  }
+  bool owes_prompt_logprobs() const {
+    return params().prompt_logprobs.has_value() &&
+           next_prompt_logprob_position < num_prompt_tokens();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
+    std::unique_ptr<ModelRunner> runner, const EngineConfig& config,
+    std::unique_ptr<TextDecoder> text_decoder) {
+  if (runner == nullptr) return absl::InvalidArgumentError("EngineCore: no runner");
+  if (runner->block_size_tokens() <= 0 || runner->num_kv_blocks() <= 0) {
+    return absl::InvalidArgumentError(
+        StrCat("EngineCore: the runner has ", runner->num_kv_blocks(), " KV blocks of ",
+               runner->block_size_tokens(), " tokens; the KV cache budget is too small"));
+  }
+  const ModelConfig& model = runner->model_config();
+  if (model.vocab_size <= 0) return absl::InvalidArgumentError("EngineCore: empty vocabulary");
+  if (config.max_num_seqs < 1) {
+    return absl::InvalidArgumentError(
+        StrCat("EngineConfig.max_num_seqs: must be >= 1, got ", config.max_num_seqs));
+  }
+  if (config.max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError(StrCat(
+        "EngineConfig.max_num_batched_tokens: must be >= 1, got ", config.max_num_batched_tokens));
+  }
+  if (config.long_prefill_token_threshold < 0 || config.max_model_len < 0 ||
+      config.max_logprobs < 0 || config.max_n < 1) {
+    return absl::InvalidArgumentError(
+        "EngineConfig: long_prefill_token_threshold, max_model_len and max_logprobs must be >= 0, "
+        "max_n >= 1");
+  }
+  int64_t context_tokens = model.max_position_embeddings;
+  if (config.max_model_len > 0) {
+    context_tokens =
+        context_tokens > 0 ? std::min<int64_t>(context_tokens, config.max_model_len)
+                           : config.max_model_len;
+  }
+  if (context_tokens < 2) {
+    return absl::InvalidArgumentError(
+        StrCat("EngineCore: context length ", context_tokens,
+               " (model max_position_embeddings, EngineConfig.max_model_len) is too small"));
+  }
+  for (int32_t token_id : model.eos_token_ids) {
+    if (token_id < 0 || token_id >= model.vocab_size) {
+      return absl::InvalidArgumentError(
+          StrCat("EngineCore: the model's EOS token id ", token_id, " is outside the vocabulary"));
+    }
+  }
+  RequestLimits limits;
+  limits.vocab_size = model.vocab_size;
+  limits.max_context_tokens = static_cast<int32_t>(std::min<int64_t>(context_tokens, INT32_MAX));
+  limits.kv_cache_tokens = int64_t{runner->num_kv_blocks()} * runner->block_size_tokens();
+  limits.max_logprobs = config.max_logprobs;
+  limits.max_n = config.max_n;
+  limits.has_text_decoder = text_decoder != nullptr;
+  return std::unique_ptr<EngineCore>(
+      new EngineCore(std::move(runner), config, std::move(text_decoder), limits));
+}
+
+EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& config,
+                       std::unique_ptr<TextDecoder> text_decoder, const RequestLimits& limits)
+    : config_(config),
+      clock_(config.clock != nullptr ? config.clock : SystemClock::Get()),
+      limits_(limits),
+      runner_(std::move(runner)),
+      text_decoder_(std::move(text_decoder)),
+      eos_token_ids_(runner_->model_config().eos_token_ids),
+      vocab_size_(runner_->model_config().vocab_size),
+      block_manager_(runner_->num_kv_blocks(), runner_->block_size_tokens(),
+                     config.enable_prefix_caching),
+      scheduler_(SchedulerConfig{.max_num_seqs = config.max_num_seqs,
+                                 .max_num_batched_tokens = config.max_num_batched_tokens,
+                                 .long_prefill_token_threshold =
+                                     config.long_prefill_token_threshold},
+                 &block_manager_),
+      sampler_(runner_->model_config().vocab_size),
+      seed_state_(config.seed) {}
+
+EngineCore::~EngineCore() = default;
+
+void EngineCore::AddRequest(RequestId id, Request request, double arrival_seconds,
+                            std::shared_ptr<OutputStream> stream) {
+  LMSERVE_CORE_CHECK(!requests_.contains(id), "request id ", id, " added twice");
+  auto state = std::make_unique<RequestState>();
+  RequestState& r = *state;
+  r.id = id;
+  r.request = std::move(request);
+  r.arrival_seconds = arrival_seconds;
+  r.stream = std::move(stream);
+  const SamplingParams& params = r.params();
+  r.seed = params.seed.has_value() ? *params.seed : SplitMix64(&seed_state_);
+  const int64_t limit = std::min<int64_t>(limits_.max_context_tokens, limits_.kv_cache_tokens);
+  r.max_total_tokens = static_cast<int32_t>(
+      params.max_tokens.has_value()
+          ? std::min<int64_t>(limit, int64_t{r.num_prompt_tokens()} + *params.max_tokens)
+          : limit);
+  const int64_t arrival_order = next_arrival_order_++;
+  for (int32_t index = 0; index < params.n; ++index) {
+    auto sample = std::make_unique<SampleState>();
+    sample->request = &r;
+    Sequence& seq = sample->seq;
+    seq.seq_id = next_seq_id_++;
+    seq.request_id = id;
+    seq.sample_index = index;
+    seq.priority = r.request.priority;
+    seq.arrival_order = arrival_order;
+    seq.num_prompt_tokens = r.num_prompt_tokens();
+    seq.tokens = r.request.prompt_token_ids;
+    seq.prompt_source = index == 0 ? nullptr : &r.samples[0]->seq;
+    seq.use_prefix_cache = !(index == 0 && r.owes_prompt_logprobs());
+    if (text_decoder_ != nullptr) {
+      sample->decoder = text_decoder_->NewSequence(r.request.prompt_token_ids);
+    }
+    sample->matcher = StopStringMatcher(params.stop);
+    samples_by_seq_id_[seq.seq_id] = sample.get();
+    r.samples.push_back(std::move(sample));
+  }
+  r.num_unfinished_samples = params.n;
+  for (auto& sample : r.samples) scheduler_.AddWaiting(&sample->seq);
+  requests_.emplace(id, std::move(state));
+}
+
+void EngineCore::Abort(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const double now = clock_->NowSeconds();
+  for (auto& sample : it->second->samples) {
+    if (!sample->finished) FinishSample(sample.get(), FinishReason::kAborted, now, {});
+  }
+  ReapFinishedRequests();
+}
+
+void EngineCore::ReapFinishedRequests() {
+  std::vector<RequestId> done;
+  for (SampleState* sample : finished_this_step_) {
+    if (sample->request->num_unfinished_samples == 0) done.push_back(sample->request->id);
+  }
+  finished_this_step_.clear();
+  for (RequestId id : done) requests_.erase(id);  // a request may be listed more than once
+}
+
+void EngineCore::AbortAll() {
+  std::vector<RequestId> ids;
+  ids.reserve(requests_.size());
+  for (const auto& [id, state] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (RequestId id : ids) Abort(id);
+}
+
+bool EngineCore::Step() {
+  if (!scheduler_.HasWork()) return false;
+  const double start = clock_->NowSeconds();
+  last_schedule_ = scheduler_.Schedule();
+  const SchedulerOutput& plan = last_schedule_;
+  LMSERVE_CORE_CHECK(!plan.scheduled.empty(), "an empty plan with ", scheduler_.num_running(),
+                     " running and ", scheduler_.num_waiting(), " waiting sequences");
+  last_scheduled_.clear();
+  last_preempted_.clear();
+  for (const ScheduledSequence& scheduled : plan.scheduled) {
+    SampleState* sample = samples_by_seq_id_.at(scheduled.seq->seq_id);
+    if (sample->first_scheduled_seconds < 0.0) sample->first_scheduled_seconds = start;
+    last_scheduled_.push_back(
+        {scheduled.seq->request_id, scheduled.seq->sample_index, scheduled.num_new_tokens});
+  }
+  for (const Sequence* seq : plan.preempted) {
+    last_preempted_.push_back({seq->request_id, seq->sample_index, 0});
+  }
+
+  BuildBatch(plan);
+  absl::Status status = runner_->Execute(batch_, &step_output_);
+  if (status.ok()) status = CheckStepOutput(plan);
+  const double now = clock_->NowSeconds();
+  if (status.ok()) {
+    scheduler_.OnStepComputed(plan);
+    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+      ProcessSequence(plan.scheduled[i], static_cast<int32_t>(i), now);
+    }
+  } else {
+    for (const ScheduledSequence& scheduled : plan.scheduled) {
+      RequestOutput output;
+      output.error = status.ToString();
+      FinishSample(samples_by_seq_id_.at(scheduled.seq->seq_id), FinishReason::kError, now,
+                   std::move(output));
+    }
+  }
+  ReapFinishedRequests();
+
+  ++stats_.num_steps;
+  stats_.last_step_seconds = now - start;
+  stats_.total_step_seconds += now - start;
+  stats_.last_step_tokens = plan.num_batched_tokens;
+  stats_.total_step_tokens += plan.num_batched_tokens;
+  return true;
+}
+
+void EngineCore::BuildBatch(const SchedulerOutput& plan) {
+  batch_.Clear();
+  for (const ScheduledSequence& scheduled : plan.scheduled) {
+    const Sequence& seq = *scheduled.seq;
+    const RequestState& r = *samples_by_seq_id_.at(seq.seq_id)->request;
+    const int32_t begin = seq.num_computed_tokens;
+    const int32_t end = begin + scheduled.num_new_tokens;
+    // Row p predicts token p + 1: prompt logprobs need rows next_position - 1 .. P - 2.
+    const bool wants_prompt_rows = seq.sample_index == 0 && r.owes_prompt_logprobs() &&
+                                   end > r.next_prompt_logprob_position - 1 &&
+                                   begin <= r.num_prompt_tokens() - 2;
+    const LogitsMode mode = wants_prompt_rows                ? LogitsMode::kAll
+                            : end == seq.num_known_tokens() ? LogitsMode::kLast
+                                                             : LogitsMode::kNone;
+    batch_.AddSequence(std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens),
+                       begin, block_manager_.BlockTable(seq.seq_id), mode);
+  }
+}
+
+absl::Status EngineCore::CheckStepOutput(const SchedulerOutput& plan) const {
+  const std::vector<int32_t>& row_start = step_output_.logits_row_start;
+  if (row_start.size() != plan.scheduled.size() + 1 || row_start[0] != 0) {
+    return absl::InternalError(StrCat("runner returned ", row_start.size(),
+                                      " logits_row_start entries for ", plan.scheduled.size(),
+                                      " sequences"));
+  }
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const int32_t expected = batch_.logits_modes[i] == LogitsMode::kAll    ? plan.scheduled[i].num_new_tokens
+                             : batch_.logits_modes[i] == LogitsMode::kLast ? 1
+                                                                           : 0;
+    if (row_start[i + 1] - row_start[i] != expected) {
+      return absl::InternalError(StrCat("runner returned ", row_start[i + 1] - row_start[i],
+                                        " logits rows for sequence ", i, ", expected ", expected));
+    }
+  }
+  if (static_cast<int64_t>(step_output_.logits.size()) != int64_t{row_start.back()} * vocab_size_) {
+    return absl::InternalError(StrCat("runner returned ", step_output_.logits.size(),
+                                      " logits for ", row_start.back(), " rows of ", vocab_size_));
+  }
+  return absl::OkStatus();
+}
+
+void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t batch_index,
+                                 double now) {
+  SampleState* sample = samples_by_seq_id_.at(scheduled.seq->seq_id);
+  Sequence& seq = sample->seq;
+  const float* rows = step_output_.logits.data() +
+                      int64_t{step_output_.logits_row_start[batch_index]} * vocab_size_;
+  const LogitsMode mode = batch_.logits_modes[batch_index];
+  if (mode == LogitsMode::kAll) {
+    RecordPromptLogprobs(sample, seq.num_computed_tokens - scheduled.num_new_tokens,
+                         scheduled.num_new_tokens, rows);
+  }
+  if (seq.num_computed_tokens < seq.num_known_tokens()) return;  // a chunk mid-sequence
+  const float* last_row =
+      mode == LogitsMode::kAll ? rows + int64_t{scheduled.num_new_tokens - 1} * vocab_size_ : rows;
+  const RequestState& r = *sample->request;
+  const std::span<const int32_t> tokens(seq.tokens);
+  const double uniform = SampleUniform(r.seed, seq.sample_index, seq.num_known_tokens());
+  const int32_t token_id = sampler_.Sample(
+      std::span<const float>(last_row, static_cast<size_t>(vocab_size_)), r.params(),
+      tokens.first(seq.num_prompt_tokens), tokens.subspan(seq.num_prompt_tokens), eos_token_ids_,
+      uniform);
+  AppendToken(sample, token_id, last_row, now);
+}
+
+void EngineCore::RecordPromptLogprobs(SampleState* sample, int32_t first_position,
+                                      int32_t num_rows, const float* rows) {
+  RequestState& r = *sample->request;
+  if (sample->seq.sample_index != 0 || !r.owes_prompt_logprobs()) return;
+  for (int32_t row = 0; row < num_rows; ++row) {
+    const int32_t target = first_position + row + 1;  // the prompt position row predicts
+    if (target != r.next_prompt_logprob_position || target >= r.num_prompt_tokens()) continue;
+    r.prompt_logprobs.push_back(sampler_.Logprobs(
+        std::span<const float>(rows + int64_t{row} * vocab_size_, static_cast<size_t>(vocab_size_)),
+        r.request.prompt_token_ids[target], *r.params().prompt_logprobs));
+    ++r.next_prompt_logprob_position;
+  }
+  if (!r.owes_prompt_logprobs()) sample->seq.use_prefix_cache = true;
+}
+
+void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float* logits_row,
+                             double now) {
+  RequestState& r = *sample->request;
+  const SamplingParams& params = r.params();
+  Sequence& seq = sample->seq;
+  seq.tokens.push_back(token_id);
+  ++stats_.num_generated_tokens;
+  if (sample->first_token_seconds < 0.0) sample->first_token_seconds = now;
+
+  RequestOutput output;
+  output.token_ids.push_back(token_id);
+  output.token_times_seconds.push_back(now - r.arrival_seconds);
+  if (params.logprobs.has_value()) {
+    output.logprobs.push_back(sampler_.Logprobs(
+        std::span<const float>(logits_row, static_cast<size_t>(vocab_size_)), token_id,
+        *params.logprobs));
+  }
+  if (seq.sample_index == 0 && params.prompt_logprobs.has_value() && !r.prompt_logprobs_sent) {
+    output.prompt_logprobs = std::move(r.prompt_logprobs);
+    r.prompt_logprobs.clear();
+    r.prompt_logprobs_sent = true;
+  }
+
+  const bool can_stop = seq.num_output_tokens() >= params.min_tokens;
+  std::optional<FinishReason> reason;
+  if (can_stop && !params.ignore_eos &&
+      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token_id) != eos_token_ids_.end()) {
+    reason = FinishReason::kEos;
+    output.stop_token_id = token_id;
+  } else if (can_stop && std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                   token_id) != params.stop_token_ids.end()) {
+    reason = FinishReason::kStopToken;
+    output.stop_token_id = token_id;
+  } else if (sample->decoder != nullptr) {
+    std::optional<std::string> matched;
+    output.text = sample->matcher.Push(sample->decoder->Append(token_id), can_stop, &matched);
+    if (matched.has_value()) {
+      reason = FinishReason::kStopString;
+      output.stop_string = *std::move(matched);
+    }
+  }
+  if (!reason.has_value() && seq.num_known_tokens() >= r.max_total_tokens) {
+    reason = params.max_tokens.has_value() ? FinishReason::kMaxTokens
+                                           : FinishReason::kContextLength;
+  }
+  if (reason.has_value()) {
+    FinishSample(sample, *reason, now, std::move(output));
+  } else {
+    Emit(sample, std::move(output));
+  }
+}
+
+void EngineCore::FinishSample(SampleState* sample, FinishReason reason, double now,
+                              RequestOutput output) {
+  if (sample->finished) return;
+  RequestState& r = *sample->request;
+  Sequence& seq = sample->seq;
+  // Text still held back is released when generation ends for a reason other than a stop string
+  // (an EOS or stop token's own text is never decoded).
+  if (sample->decoder != nullptr && !sample->matcher.stopped() && reason != FinishReason::kAborted &&
+      reason != FinishReason::kError) {
+    std::optional<std::string> matched;
+    output.text += sample->matcher.Push(sample->decoder->Finish(),
+                                        seq.num_output_tokens() >= r.params().min_tokens, &matched);
+    if (matched.has_value()) {
+      reason = FinishReason::kStopString;
+      output.stop_string = *std::move(matched);
+      output.stop_token_id.reset();
+    } else {
+      output.text += sample->matcher.Flush();
+    }
+  }
+  output.finished = true;
+  output.finish_reason = reason;
+  output.usage.prompt_tokens = seq.num_prompt_tokens;
+  output.usage.completion_tokens = seq.num_output_tokens();
+  output.usage.cached_tokens =
+      std::min(seq.num_cached_tokens_at_first_admission, seq.num_prompt_tokens);
+  const double scheduled_at =
+      sample->first_scheduled_seconds >= 0.0 ? sample->first_scheduled_seconds : now;
+  output.timings.queue_seconds = scheduled_at - r.arrival_seconds;
+  output.timings.first_token_seconds =
+      sample->first_token_seconds >= 0.0 ? sample->first_token_seconds - r.arrival_seconds : 0.0;
+  output.timings.finish_seconds = now - r.arrival_seconds;
+
+  sample->finished = true;
+  --r.num_unfinished_samples;
+  if (r.num_unfinished_samples == 0) ++stats_.num_finished_requests;
+  scheduler_.Remove(&seq);
+  samples_by_seq_id_.erase(seq.seq_id);
+  finished_this_step_.push_back(sample);
+  Emit(sample, std::move(output));
+}
+
+void EngineCore::Emit(SampleState* sample, RequestOutput output) {
+  output.request_id = sample->request->id;
+  output.sample_index = sample->seq.sample_index;
+  sample->request->stream->Push(std::move(output));
+}
+
+EngineStats EngineCore::Stats() const {
+  EngineStats stats = stats_;
+  stats.num_running_seqs = scheduler_.num_running();
+  stats.num_waiting_seqs = scheduler_.num_waiting();
+  stats.num_unfinished_requests = static_cast<int32_t>(requests_.size());
+  stats.num_kv_blocks = block_manager_.num_blocks();
+  stats.num_free_kv_blocks = block_manager_.num_free_blocks();
+  stats.kv_cache_usage = block_manager_.usage();
+  stats.prefix_cache_queried_tokens = scheduler_.prefix_cache_queried_tokens();
+  stats.prefix_cache_hit_tokens = scheduler_.prefix_cache_hit_tokens();
+  stats.num_preemptions = scheduler_.num_preemptions();
+  return stats;
+}
+
+}  // namespace lmserve::engine

@@ -1,0 +1,162 @@
+// The engine core: one engine step = schedule -> run -> sample -> update -> emit.
+//
+// EngineCore is the single-threaded heart of the engine: it owns the runner, the block manager, the
+// scheduler and the sampler, and every request's state. Engine (engine.h) runs it on its own thread
+// behind a thread-safe inbox; tests drive it directly, a step at a time.
+//
+// Per step: the scheduler plans (allocating KV blocks, preempting when they run out); the plan
+// becomes a StepBatch (each sequence's new tokens, its block table, which logits rows are needed);
+// the runner computes it; the scheduler advances num_computed_tokens and caches full blocks; each
+// sequence that has caught up with its known tokens gets one sampled token, which is checked against
+// the stop conditions (EOS, stop tokens, stop strings, max_tokens, context length); outputs go to the
+// requests' streams; finished sequences release their blocks.
+
+#ifndef LMSERVE_ENGINE_CORE_ENGINE_CORE_H_
+#define LMSERVE_ENGINE_CORE_ENGINE_CORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/core/block_manager.h"
+#include "engine/core/clock.h"
+#include "engine/core/output_stream.h"
+#include "engine/core/request.h"
+#include "engine/core/sampler.h"
+#include "engine/core/scheduler.h"
+#include "engine/core/text.h"
+#include "engine/runner/model_runner.h"
+
+namespace lmserve::engine {
+
+struct EngineConfig {
+  int32_t max_num_seqs = 64;              // running sequences per step at most
+  int32_t max_num_batched_tokens = 2048;  // tokens computed per step at most
+  int32_t long_prefill_token_threshold = 0;  // tokens per sequence per step at most; 0: no cap
+  bool enable_prefix_caching = true;
+  int32_t max_model_len = 0;  // the context length; 0: the model's max_position_embeddings
+  int32_t max_logprobs = 20;  // bound on sampling.logprobs and prompt_logprobs
+  int32_t max_n = 64;         // bound on sampling.n
+  uint64_t seed = 0;          // seeds the per-request seeds of requests that bring none
+  const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
+};
+
+// A snapshot for metrics.
+struct EngineStats {
+  int32_t num_running_seqs = 0;
+  int32_t num_waiting_seqs = 0;
+  int32_t num_unfinished_requests = 0;
+  int32_t num_kv_blocks = 0;
+  int32_t num_free_kv_blocks = 0;  // unreferenced, cached content included
+  double kv_cache_usage = 0.0;     // referenced fraction of the pool
+  int64_t prefix_cache_queried_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  double last_step_seconds = 0.0;
+  double total_step_seconds = 0.0;
+  int32_t last_step_tokens = 0;       // tokens computed in the last step
+  int64_t total_step_tokens = 0;      // tokens computed in all steps (prefix hits excluded)
+  int64_t num_generated_tokens = 0;
+  int64_t num_finished_requests = 0;
+};
+
+class EngineCore {
+ public:
+  // `text_decoder` may be null (no text, no stop strings). Fails on an unusable configuration.
+  static absl::StatusOr<std::unique_ptr<EngineCore>> Create(
+      std::unique_ptr<ModelRunner> runner, const EngineConfig& config,
+      std::unique_ptr<TextDecoder> text_decoder);
+
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+  ~EngineCore();
+
+  // What requests are validated against; immutable, so thread-safe.
+  const RequestLimits& limits() const { return limits_; }
+  absl::Status Validate(const Request& request) const { return ValidateRequest(request, limits_); }
+
+  // Adds a request that passed Validate. Its outputs go to `stream` (n samples). `arrival_seconds`
+  // is on the engine's clock.
+  void AddRequest(RequestId id, Request request, double arrival_seconds,
+                  std::shared_ptr<OutputStream> stream);
+  // Finishes every unfinished sample of request `id` as kAborted and frees its blocks now.
+  // No-op for an unknown or finished request.
+  void Abort(RequestId id);
+  // Aborts every request.
+  void AbortAll();
+
+  // Runs one step. Returns false when there was nothing to do.
+  bool Step();
+  bool HasWork() const { return scheduler_.HasWork(); }
+  EngineStats Stats() const;
+
+  // What the last step scheduled and preempted, by id (its sequences may be gone since).
+  struct StepEntry {
+    RequestId request_id = 0;
+    int32_t sample_index = 0;
+    int32_t num_new_tokens = 0;  // 0 for preempted entries
+  };
+  const std::vector<StepEntry>& last_scheduled() const { return last_scheduled_; }
+  const std::vector<StepEntry>& last_preempted() const { return last_preempted_; }
+
+  // Test access.
+  const Scheduler& scheduler() const { return scheduler_; }
+  const BlockManager& block_manager() const { return block_manager_; }
+  const ModelRunner& runner() const { return *runner_; }
+
+ private:
+  struct RequestState;
+  struct SampleState;
+
+  EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& config,
+             std::unique_ptr<TextDecoder> text_decoder, const RequestLimits& limits);
+
+  void BuildBatch(const SchedulerOutput& plan);
+  absl::Status CheckStepOutput(const SchedulerOutput& plan) const;
+  // Consumes the logits rows of one scheduled sequence.
+  void ProcessSequence(const ScheduledSequence& scheduled, int32_t batch_index, double now);
+  void RecordPromptLogprobs(SampleState* sample, int32_t first_position, int32_t num_rows,
+                            const float* rows);
+  void AppendToken(SampleState* sample, int32_t token_id, const float* logits_row, double now);
+  void FinishSample(SampleState* sample, FinishReason reason, double now, RequestOutput output);
+  void Emit(SampleState* sample, RequestOutput output);
+  // Destroys the requests whose every sample has finished.
+  void ReapFinishedRequests();
+
+  const EngineConfig config_;
+  const Clock* const clock_;
+  const RequestLimits limits_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<TextDecoder> text_decoder_;
+  std::vector<int32_t> eos_token_ids_;
+  int64_t vocab_size_ = 0;
+
+  BlockManager block_manager_;
+  Scheduler scheduler_;
+  Sampler sampler_;
+  uint64_t seed_state_;
+
+  absl::flat_hash_map<RequestId, std::unique_ptr<RequestState>> requests_;
+  absl::flat_hash_map<int64_t, SampleState*> samples_by_seq_id_;
+  int64_t next_seq_id_ = 0;
+  int64_t next_arrival_order_ = 0;
+
+  // Per-step buffers, reused.
+  SchedulerOutput last_schedule_;  // pointers valid during Step() only
+  std::vector<StepEntry> last_scheduled_;
+  std::vector<StepEntry> last_preempted_;
+  StepBatch batch_;
+  StepOutput step_output_;
+  std::vector<SampleState*> finished_this_step_;  // finished since the last reap
+
+  EngineStats stats_;
+};
+
+}  // namespace lmserve::engine
+
+#endif  // LMSERVE_ENGINE_CORE_ENGINE_CORE_H_

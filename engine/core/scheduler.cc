@@ -1,0 +1,184 @@
+#include "engine/core/scheduler.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "engine/core/check.h"
+
+namespace lmserve::engine {
+
+bool Scheduler::SeqKeyLess::operator()(const Sequence* a, const Sequence* b) const {
+  return std::tie(a->priority, a->arrival_order, a->sample_index) <
+         std::tie(b->priority, b->arrival_order, b->sample_index);
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager)
+    : config_(config), block_manager_(block_manager) {
+  LMSERVE_CORE_CHECK(config.max_num_seqs > 0, "max_num_seqs ", config.max_num_seqs);
+  LMSERVE_CORE_CHECK(config.max_num_batched_tokens > 0, "max_num_batched_tokens ",
+                     config.max_num_batched_tokens);
+}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  LMSERVE_CORE_CHECK(seq->state == SequenceState::kWaiting && seq->num_computed_tokens == 0,
+                     "seq ", seq->seq_id, " is not a fresh waiting sequence");
+  LMSERVE_CORE_CHECK(seq->num_known_tokens() > 0, "seq ", seq->seq_id, " has no tokens");
+  LMSERVE_CORE_CHECK(waiting_.insert(seq).second, "seq ", seq->seq_id, " queued twice");
+}
+
+int32_t Scheduler::CapTokens(int32_t num_tokens, int32_t budget) const {
+  num_tokens = std::min(num_tokens, budget);
+  if (config_.long_prefill_token_threshold > 0) {
+    num_tokens = std::min(num_tokens, config_.long_prefill_token_threshold);
+  }
+  return num_tokens;
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int32_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running sequences, in admission order.
+  size_t index = 0;
+  while (index < running_.size() && budget > 0) {
+    Sequence* seq = running_[index];
+    const int32_t num_lacking = seq->num_known_tokens() - seq->num_computed_tokens;
+    LMSERVE_CORE_CHECK(num_lacking > 0, "running seq ", seq->seq_id, " lacks no token");
+    const int32_t num_new = CapTokens(num_lacking, budget);
+    bool allocated = false;
+    while (true) {
+      if (block_manager_->Allocate(seq->seq_id, int64_t{seq->num_computed_tokens} + num_new)) {
+        allocated = true;
+        break;
+      }
+      // Out of blocks: preempt the lowest-priority, latest running sequence.
+      auto victim_it = std::max_element(running_.begin(), running_.end(), SeqKeyLess());
+      Sequence* victim = *victim_it;
+      const size_t victim_index = static_cast<size_t>(victim_it - running_.begin());
+      auto planned = std::find_if(out.scheduled.begin(), out.scheduled.end(),
+                                  [victim](const ScheduledSequence& s) { return s.seq == victim; });
+      if (planned != out.scheduled.end()) {
+        budget += planned->num_new_tokens;
+        out.scheduled.erase(planned);
+      }
+      Preempt(victim);
+      out.preempted.push_back(victim);
+      if (victim == seq) break;
+      if (victim_index < index) --index;
+    }
+    if (allocated) {
+      out.scheduled.push_back({seq, num_new});
+      budget -= num_new;
+      ++index;
+    }
+  }
+
+  // 2. Admission, in (priority, arrival) order, unless this step had to preempt.
+  if (out.preempted.empty()) {
+    auto it = waiting_.begin();
+    while (it != waiting_.end() && budget > 0 &&
+           static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+      Sequence* seq = *it;
+      if (WaitsForPromptSource(seq)) {
+        ++it;
+        continue;
+      }
+      const std::vector<int32_t> prefix = FindComputedPrefix(seq);
+      const int32_t num_computed =
+          static_cast<int32_t>(prefix.size()) * block_manager_->block_size_tokens();
+      const int32_t num_new = CapTokens(seq->num_known_tokens() - num_computed, budget);
+      if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix)) break;
+      it = waiting_.erase(it);
+      const bool looked_up = (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) ||
+                             seq->prompt_source != nullptr;
+      if (looked_up) {
+        prefix_cache_queried_tokens_ += seq->num_known_tokens();
+        prefix_cache_hit_tokens_ += num_computed;
+      }
+      if (!seq->admitted_before) {
+        seq->admitted_before = true;
+        seq->num_cached_tokens_at_first_admission = num_computed;
+      }
+      seq->num_computed_tokens = num_computed;
+      seq->state = SequenceState::kRunning;
+      running_.push_back(seq);
+      out.scheduled.push_back({seq, num_new});
+      out.admitted.push_back(seq);
+      budget -= num_new;
+    }
+  }
+
+  out.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  return out;
+}
+
+void Scheduler::OnStepComputed(const SchedulerOutput& output) {
+  for (const ScheduledSequence& scheduled : output.scheduled) {
+    Sequence* seq = scheduled.seq;
+    LMSERVE_CORE_CHECK(seq->state == SequenceState::kRunning, "seq ", seq->seq_id,
+                       " computed but not running");
+    seq->num_computed_tokens += scheduled.num_new_tokens;
+    LMSERVE_CORE_CHECK(seq->num_computed_tokens <= seq->num_known_tokens(), "seq ", seq->seq_id,
+                       " computed beyond its known tokens");
+    if (block_manager_->prefix_caching_enabled()) {
+      block_manager_->ExtendBlockHashes(seq->tokens, &seq->block_hashes);
+      block_manager_->CacheComputedBlocks(seq->seq_id, seq->block_hashes,
+                                          seq->num_computed_tokens);
+    }
+  }
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  if (seq->state == SequenceState::kRunning) {
+    auto it = std::find(running_.begin(), running_.end(), seq);
+    LMSERVE_CORE_CHECK(it != running_.end(), "running seq ", seq->seq_id, " not in running_");
+    running_.erase(it);
+  } else if (seq->state == SequenceState::kWaiting) {
+    LMSERVE_CORE_CHECK(waiting_.erase(seq) == 1, "waiting seq ", seq->seq_id,
+                       " not in waiting_");
+  }
+  block_manager_->Free(seq->seq_id);
+  seq->state = SequenceState::kRemoved;
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  auto it = std::find(running_.begin(), running_.end(), seq);
+  LMSERVE_CORE_CHECK(it != running_.end(), "preempting seq ", seq->seq_id, " not running");
+  running_.erase(it);
+  block_manager_->Free(seq->seq_id);
+  seq->num_computed_tokens = 0;
+  seq->state = SequenceState::kWaiting;
+  ++seq->num_preemptions;
+  ++num_preemptions_;
+  waiting_.insert(seq);
+}
+
+bool Scheduler::WaitsForPromptSource(const Sequence* seq) const {
+  const Sequence* source = seq->prompt_source;
+  return source != nullptr && source->state != SequenceState::kRemoved &&
+         source->num_computed_tokens < seq->num_prompt_tokens;
+}
+
+std::vector<int32_t> Scheduler::FindComputedPrefix(Sequence* seq) {
+  const int32_t block_size = block_manager_->block_size_tokens();
+  // At least one token is left to compute: its logits pick the next token.
+  const int32_t max_blocks = (seq->num_known_tokens() - 1) / block_size;
+  std::vector<int32_t> prefix;
+  if (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) {
+    block_manager_->ExtendBlockHashes(seq->tokens, &seq->block_hashes);
+    prefix = block_manager_->FindCachedBlocks(seq->block_hashes, max_blocks);
+  }
+  const Sequence* source = seq->prompt_source;
+  if (source != nullptr && source->state == SequenceState::kRunning) {
+    const int32_t num_shareable =
+        std::min(max_blocks,
+                 std::min(source->num_computed_tokens, seq->num_prompt_tokens) / block_size);
+    if (num_shareable > static_cast<int32_t>(prefix.size())) {
+      const std::span<const int32_t> table = block_manager_->BlockTable(source->seq_id);
+      prefix.assign(table.begin(), table.begin() + num_shareable);
+    }
+  }
+  return prefix;
+}
+
+}  // namespace lmserve::engine

@@ -1,0 +1,310 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/strings.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace lmserve::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+// vLLM's time-to-first-token buckets.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,  0.1,
+                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,   10.0,
+                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+
+// 1 ms steps up to 10 ms (GPU decode steps), then vLLM's inter-token buckets.
+std::vector<double> TokenLatencyBuckets() {
+  std::vector<double> buckets;
+  for (int ms = 1; ms <= 10; ++ms) buckets.push_back(ms * 0.001);
+  for (double b : {0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                   0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}) {
+    buckets.push_back(b);
+  }
+  return buckets;
+}
+
+// vLLM's request latency buckets, with finer ones below 0.3 s for small models.
+const std::vector<double> kRequestLatencyBuckets = {
+    0.01, 0.025, 0.05, 0.1,  0.2,  0.3,  0.5,  0.8,   1.0,   1.5,   2.0,   2.5,   5.0,   10.0,
+    15.0, 20.0,  30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+// vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to `max_value`.
+std::vector<double> Buckets125(double max_value) {
+  std::vector<double> buckets;
+  for (double exponent = 1;; exponent *= 10) {
+    for (double mantissa : {1.0, 2.0, 5.0}) {
+      const double value = mantissa * exponent;
+      if (value > max_value) return buckets;
+      buckets.push_back(value);
+    }
+  }
+}
+
+// vLLM's iteration-token buckets, up to the step's token budget.
+std::vector<double> IterationTokenBuckets(int32_t max_num_batched_tokens) {
+  std::vector<double> buckets;
+  for (double b : {1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+                   8192.0, 16384.0}) {
+    if (b <= max_num_batched_tokens) buckets.push_back(b);
+  }
+  return buckets;
+}
+
+// Adds `count` observations of `mean_value` (their sum `sum`) to `histogram`.
+void ObserveMany(Histogram* histogram, const std::vector<double>& buckets, int64_t count,
+                 double sum) {
+  if (count <= 0) return;
+  const double mean = sum / static_cast<double>(count);
+  std::vector<double> increments(buckets.size() + 1, 0.0);
+  const size_t bucket =
+      std::lower_bound(buckets.begin(), buckets.end(), mean) - buckets.begin();
+  increments[bucket] = static_cast<double>(count);
+  histogram->ObserveMultiple(increments, sum);
+}
+
+}  // namespace
+
+std::string_view FinishedReasonLabel(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kEos:
+    case engine::FinishReason::kStopToken:
+    case engine::FinishReason::kStopString:
+      return "stop";
+    case engine::FinishReason::kMaxTokens:
+    case engine::FinishReason::kContextLength:
+      return "length";
+    case engine::FinishReason::kAborted:
+      return "abort";
+    case engine::FinishReason::kError:
+      return "error";
+  }
+  return "error";
+}
+
+struct Metrics::Impl {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int port = -1;
+  prometheus::Labels labels;
+
+  std::vector<double> token_latency_buckets = TokenLatencyBuckets();
+  std::vector<double> iteration_token_buckets;
+
+  Histogram* ttft = nullptr;
+  Histogram* itl = nullptr;
+  Histogram* e2e = nullptr;
+  Histogram* queue = nullptr;
+  Histogram* prefill = nullptr;
+  Histogram* decode = nullptr;
+  Histogram* request_prompt_tokens = nullptr;
+  Histogram* request_generation_tokens = nullptr;
+  Histogram* iteration_tokens = nullptr;
+  Histogram* step_duration = nullptr;
+  Gauge* running = nullptr;
+  Gauge* waiting = nullptr;
+  Gauge* kv_usage = nullptr;
+  Counter* prefix_queries = nullptr;
+  Counter* prefix_hits = nullptr;
+  Counter* preemptions = nullptr;
+  Counter* prompt_tokens = nullptr;
+  Counter* generation_tokens = nullptr;
+  Counter* steps = nullptr;
+  prometheus::Family<Counter>* success_family = nullptr;
+  std::map<std::string, Counter*, std::less<>> success;  // by finished_reason, made up front
+  prometheus::Family<Counter>* rpc_family = nullptr;
+
+  absl::Mutex mu;  // the last engine snapshot and the rpc counters' index
+  engine::EngineStats last_stats ABSL_GUARDED_BY(mu);
+  std::map<std::pair<std::string, std::string>, Counter*> rpc ABSL_GUARDED_BY(mu);
+
+  Histogram* MakeHistogram(const std::string& name, const std::string& help,
+                           const std::vector<double>& buckets) {
+    return &BuildHistogram().Name(name).Help(help).Register(*registry).Add(labels, buckets);
+  }
+  Gauge* MakeGauge(const std::string& name, const std::string& help) {
+    return &BuildGauge().Name(name).Help(help).Register(*registry).Add(labels);
+  }
+  Counter* MakeCounter(const std::string& name, const std::string& help) {
+    return &BuildCounter().Name(name).Help(help).Register(*registry).Add(labels);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host, int metrics_port,
+                                                         const std::string& model_name,
+                                                         int32_t max_model_len,
+                                                         int32_t max_num_batched_tokens) {
+  auto impl = std::make_unique<Impl>();
+  impl->labels = {{"model_name", model_name}};
+  impl->iteration_token_buckets = IterationTokenBuckets(max_num_batched_tokens);
+  Impl& m = *impl;
+  m.ttft = m.MakeHistogram("lmserve_time_to_first_token_seconds",
+                           "Histogram of time to first token in seconds.", kTtftBuckets);
+  m.itl = m.MakeHistogram("lmserve_inter_token_latency_seconds",
+                          "Histogram of inter-token latency in seconds.", m.token_latency_buckets);
+  m.e2e = m.MakeHistogram("lmserve_e2e_request_latency_seconds",
+                          "Histogram of end to end request latency in seconds.",
+                          kRequestLatencyBuckets);
+  m.queue = m.MakeHistogram("lmserve_request_queue_time_seconds",
+                            "Histogram of time spent in WAITING phase for request.",
+                            kRequestLatencyBuckets);
+  m.prefill = m.MakeHistogram("lmserve_request_prefill_time_seconds",
+                              "Histogram of time spent in PREFILL phase for request.",
+                              kRequestLatencyBuckets);
+  m.decode = m.MakeHistogram("lmserve_request_decode_time_seconds",
+                             "Histogram of time spent in DECODE phase for request.",
+                             kRequestLatencyBuckets);
+  const std::vector<double> length_buckets = Buckets125(std::max(1, max_model_len));
+  m.request_prompt_tokens =
+      m.MakeHistogram("lmserve_request_prompt_tokens",
+                      "Number of prefill tokens processed.", length_buckets);
+  m.request_generation_tokens =
+      m.MakeHistogram("lmserve_request_generation_tokens",
+                      "Number of generation tokens processed.", length_buckets);
+  m.iteration_tokens = m.MakeHistogram("lmserve_iteration_tokens_total",
+                                       "Histogram of number of tokens per engine_step.",
+                                       m.iteration_token_buckets);
+  m.step_duration = m.MakeHistogram("lmserve_engine_step_duration_seconds",
+                                    "Histogram of the duration of engine steps in seconds.",
+                                    m.token_latency_buckets);
+  m.running = m.MakeGauge("lmserve_num_requests_running",
+                          "Number of requests in model execution batches.");
+  m.waiting = m.MakeGauge("lmserve_num_requests_waiting", "Number of requests waiting to be processed.");
+  m.kv_usage = m.MakeGauge("lmserve_kv_cache_usage_perc",
+                           "KV-cache usage. 1 means 100 percent usage.");
+  m.prefix_queries = m.MakeCounter(
+      "lmserve_prefix_cache_queries_total",
+      "Prefix cache queries, in terms of number of queried tokens.");
+  m.prefix_hits = m.MakeCounter("lmserve_prefix_cache_hits_total",
+                                "Prefix cache hits, in terms of number of cached tokens.");
+  m.preemptions = m.MakeCounter("lmserve_num_preemptions_total",
+                                "Cumulative number of preemption from the engine.");
+  m.prompt_tokens = m.MakeCounter("lmserve_prompt_tokens_total",
+                                  "Number of prefill tokens processed.");
+  m.generation_tokens = m.MakeCounter("lmserve_generation_tokens_total",
+                                      "Number of generation tokens processed.");
+  m.steps = m.MakeCounter("lmserve_engine_steps_total", "Number of engine steps run.");
+  m.success_family = &BuildCounter()
+                          .Name("lmserve_request_success_total")
+                          .Help("Count of successfully processed requests.")
+                          .Register(*m.registry);
+  for (std::string_view reason : {"stop", "length", "abort", "error"}) {
+    prometheus::Labels labels = m.labels;
+    labels["finished_reason"] = std::string(reason);
+    m.success.emplace(std::string(reason), &m.success_family->Add(labels));
+  }
+  m.rpc_family = &BuildCounter()
+                      .Name("lmserve_grpc_server_handled_total")
+                      .Help("gRPC calls completed, by method and status code.")
+                      .Register(*m.registry);
+
+  if (metrics_port >= 0) {
+    const std::string address =
+        host.find(':') != std::string::npos && host.front() != '['
+            ? StrCat("[", host, "]:", metrics_port)
+            : StrCat(host, ":", metrics_port);
+    try {
+      m.exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          StrCat("--metrics-port: cannot serve metrics on ", address, ": ", e.what()));
+    }
+    m.exposer->RegisterCollectable(m.registry);
+    const std::vector<int> ports = m.exposer->GetListeningPorts();
+    m.port = ports.empty() ? metrics_port : ports.front();
+  }
+  return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
+}
+
+Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Metrics::~Metrics() = default;
+
+int Metrics::port() const { return impl_->port; }
+
+void Metrics::ObserveTimeToFirstToken(double seconds) { impl_->ttft->Observe(seconds); }
+void Metrics::ObserveInterTokenLatency(double seconds) { impl_->itl->Observe(seconds); }
+void Metrics::AddGenerationTokens(int64_t count) {
+  if (count > 0) impl_->generation_tokens->Increment(static_cast<double>(count));
+}
+void Metrics::AddPromptTokens(int64_t count) {
+  if (count > 0) impl_->prompt_tokens->Increment(static_cast<double>(count));
+}
+
+void Metrics::CountFinishedChoice(engine::FinishReason reason) {
+  impl_->success.find(FinishedReasonLabel(reason))->second->Increment();
+}
+
+void Metrics::ObserveFinishedRequest(const FinishedRequestStats& stats) {
+  const engine::RequestTimings& t = stats.timings;
+  impl_->e2e->Observe(t.finish_seconds);
+  impl_->queue->Observe(t.queue_seconds);
+  if (stats.has_first_token) {
+    impl_->prefill->Observe(std::max(0.0, t.first_token_seconds - t.queue_seconds));
+    impl_->decode->Observe(std::max(0.0, t.finish_seconds - t.first_token_seconds));
+  }
+  impl_->request_prompt_tokens->Observe(stats.prompt_tokens);
+  impl_->request_generation_tokens->Observe(stats.generation_tokens);
+}
+
+void Metrics::CountRpc(std::string_view method, std::string_view code) {
+  Counter* counter;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto key = std::make_pair(std::string(method), std::string(code));
+    auto it = impl_->rpc.find(key);
+    if (it == impl_->rpc.end()) {
+      prometheus::Labels labels = impl_->labels;
+      labels["grpc_method"] = key.first;
+      labels["grpc_code"] = key.second;
+      it = impl_->rpc.emplace(std::move(key), &impl_->rpc_family->Add(labels)).first;
+    }
+    counter = it->second;
+  }
+  counter->Increment();
+}
+
+void Metrics::UpdateEngineStats(const engine::EngineStats& stats) {
+  Impl& m = *impl_;
+  m.running->Set(stats.num_running_seqs);
+  m.waiting->Set(stats.num_waiting_seqs);
+  m.kv_usage->Set(stats.kv_cache_usage);
+  absl::MutexLock lock(&m.mu);
+  const engine::EngineStats& last = m.last_stats;
+  auto add = [](Counter* counter, int64_t delta) {
+    if (delta > 0) counter->Increment(static_cast<double>(delta));
+  };
+  add(m.prefix_queries, stats.prefix_cache_queried_tokens - last.prefix_cache_queried_tokens);
+  add(m.prefix_hits, stats.prefix_cache_hit_tokens - last.prefix_cache_hit_tokens);
+  add(m.preemptions, stats.num_preemptions - last.num_preemptions);
+  const int64_t new_steps = stats.num_steps - last.num_steps;
+  if (new_steps > 0) {
+    add(m.steps, new_steps);
+    ObserveMany(m.step_duration, m.token_latency_buckets, new_steps,
+                stats.total_step_seconds - last.total_step_seconds);
+    ObserveMany(m.iteration_tokens, m.iteration_token_buckets, new_steps,
+                static_cast<double>(stats.total_step_tokens - last.total_step_tokens));
+  }
+  m.last_stats = stats;
+}
+
+}  // namespace lmserve::server

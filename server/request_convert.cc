@@ -1,0 +1,376 @@
+#include "server/request_convert.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/strings.h"
+
+namespace lmserve::server {
+namespace {
+
+absl::Status Invalid(std::string_view field, std::string_view message) {
+  return absl::InvalidArgumentError(StrCat(field, ": ", message));
+}
+
+absl::Status CheckTokenIds(std::string_view field, const google::protobuf::RepeatedField<int32_t>& ids,
+                           int64_t vocab_size) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return Invalid(field, StrCat("token id ", ids[i], " at index ", i,
+                                   " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRequestId(const std::string& request_id, const ApiLimits& api) {
+  if (static_cast<int64_t>(request_id.size()) > api.max_request_id_chars) {
+    return Invalid("request_id", StrCat("longer than ", api.max_request_id_chars, " characters"));
+  }
+  if (!IsValidUtf8(request_id)) return Invalid("request_id", "not valid UTF-8");
+  for (char c : request_id) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return Invalid("request_id", "holds a control character");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The prompt-length checks of the engine, with the API's field name.
+absl::Status CheckPromptLength(std::string_view field, int64_t num_tokens,
+                               const engine::RequestLimits& limits) {
+  if (num_tokens == 0) return Invalid(field, "empty (no tokens)");
+  const int64_t room = std::min<int64_t>(limits.max_context_tokens, limits.kv_cache_tokens);
+  if (num_tokens >= room) {
+    return Invalid(field, StrCat("the prompt is too long: ", num_tokens,
+                                 " tokens leave no room to generate within the context length of ",
+                                 room, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+// Shared by Complete and Chat once the prompt's ids are known.
+absl::Status FinishPrepare(const v1::SamplingParams& sampling, int32_t priority,
+                           const std::string& request_id, const engine::RequestLimits& limits,
+                           const ApiLimits& api, PreparedRequest* prepared) {
+  if (absl::Status status = CheckRequestId(request_id, api); !status.ok()) return status;
+  prepared->request_id = request_id;
+  absl::StatusOr<engine::SamplingParams> params = ConvertSampling(sampling, limits, api);
+  if (!params.ok()) return params.status();
+  prepared->request.sampling = *std::move(params);
+  prepared->request.priority = priority;
+  // Whatever the engine checks beyond the above (it names the field the same way).
+  return engine::ValidateRequest(prepared->request, limits);
+}
+
+}  // namespace
+
+bool IsValidUtf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int length;
+    uint32_t min_code_point;
+    uint32_t code_point;
+    if ((c & 0xE0) == 0xC0) {
+      length = 2, min_code_point = 0x80, code_point = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      length = 3, min_code_point = 0x800, code_point = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      length = 4, min_code_point = 0x10000, code_point = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + length > n) return false;
+    for (int k = 1; k < length; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+      code_point = (code_point << 6) | (s[i + k] & 0x3F);
+    }
+    if (code_point < min_code_point || code_point > 0x10FFFF ||
+        (code_point >= 0xD800 && code_point <= 0xDFFF)) {
+      return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
+absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams& s,
+                                                       const engine::RequestLimits& limits,
+                                                       const ApiLimits& api) {
+  engine::SamplingParams out;
+  out.max_tokens = s.has_max_tokens() ? s.max_tokens() : api.default_max_tokens;
+  if (*out.max_tokens < 1) {
+    return Invalid("sampling.max_tokens", StrCat("must be >= 1, got ", *out.max_tokens));
+  }
+  if (*out.max_tokens >= limits.max_context_tokens) {
+    return Invalid("sampling.max_tokens",
+                   StrCat(*out.max_tokens, " does not fit in the context length of ",
+                          limits.max_context_tokens, " tokens with a prompt"));
+  }
+  if (s.has_temperature()) {
+    if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
+      return Invalid("sampling.temperature", StrCat("must be >= 0, got ", s.temperature()));
+    }
+    out.temperature = s.temperature();
+  }
+  if (s.top_k() < 0) return Invalid("sampling.top_k", StrCat("must be >= 0, got ", s.top_k()));
+  out.top_k = s.top_k();
+  if (s.has_top_p()) {
+    if (!(s.top_p() > 0.0f && s.top_p() <= 1.0f)) {
+      return Invalid("sampling.top_p", StrCat("must be in (0, 1], got ", s.top_p()));
+    }
+    out.top_p = s.top_p();
+  }
+  if (!(s.min_p() >= 0.0f && s.min_p() <= 1.0f)) {
+    return Invalid("sampling.min_p", StrCat("must be in [0, 1], got ", s.min_p()));
+  }
+  out.min_p = s.min_p();
+  if (s.has_repetition_penalty()) {
+    if (!(s.repetition_penalty() > 0.0f && s.repetition_penalty() <= 2.0f)) {
+      return Invalid("sampling.repetition_penalty",
+                     StrCat("must be in (0, 2], got ", s.repetition_penalty()));
+    }
+    out.repetition_penalty = s.repetition_penalty();
+  }
+  if (!(s.presence_penalty() >= -2.0f && s.presence_penalty() <= 2.0f)) {
+    return Invalid("sampling.presence_penalty",
+                   StrCat("must be in [-2, 2], got ", s.presence_penalty()));
+  }
+  out.presence_penalty = s.presence_penalty();
+  if (!(s.frequency_penalty() >= -2.0f && s.frequency_penalty() <= 2.0f)) {
+    return Invalid("sampling.frequency_penalty",
+                   StrCat("must be in [-2, 2], got ", s.frequency_penalty()));
+  }
+  out.frequency_penalty = s.frequency_penalty();
+  if (s.logit_bias_size() > api.max_logit_bias) {
+    return Invalid("sampling.logit_bias", StrCat("more than ", api.max_logit_bias, " entries"));
+  }
+  for (const auto& [token_id, bias] : s.logit_bias()) {
+    if (token_id < 0 || token_id >= limits.vocab_size) {
+      return Invalid("sampling.logit_bias", StrCat("token id ", token_id,
+                                                   " is outside the vocabulary [0, ",
+                                                   limits.vocab_size, ")"));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return Invalid("sampling.logit_bias",
+                     StrCat("the bias of token ", token_id, " must be in [-100, 100], got ", bias));
+    }
+    out.logit_bias.emplace_back(token_id, bias);
+  }
+  std::sort(out.logit_bias.begin(), out.logit_bias.end());  // a map's order is unspecified
+  if (s.has_seed()) out.seed = s.seed();
+  if (s.min_tokens() < 0) {
+    return Invalid("sampling.min_tokens", StrCat("must be >= 0, got ", s.min_tokens()));
+  }
+  if (s.min_tokens() > *out.max_tokens) {
+    return Invalid("sampling.min_tokens", StrCat("(", s.min_tokens(), ") exceeds max_tokens (",
+                                                 *out.max_tokens, ")"));
+  }
+  out.min_tokens = s.min_tokens();
+  out.ignore_eos = s.ignore_eos();
+  if (s.stop_size() > api.max_stop_strings) {
+    return Invalid("sampling.stop", StrCat("more than ", api.max_stop_strings, " stop strings (",
+                                           s.stop_size(), ")"));
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    const std::string& stop = s.stop(i);
+    if (stop.empty()) return Invalid("sampling.stop", StrCat("stop string ", i, " is empty"));
+    if (static_cast<int64_t>(stop.size()) > api.max_stop_string_bytes) {
+      return Invalid("sampling.stop", StrCat("stop string ", i, " is longer than ",
+                                             api.max_stop_string_bytes, " bytes"));
+    }
+    if (!IsValidUtf8(stop)) {
+      return Invalid("sampling.stop", StrCat("stop string ", i, " is not valid UTF-8"));
+    }
+    out.stop.push_back(stop);
+  }
+  if (!out.stop.empty() && !limits.has_text_decoder) {
+    return absl::FailedPreconditionError(
+        "sampling.stop: stop strings need a tokenizer, and this model has none");
+  }
+  if (s.stop_token_ids_size() > api.max_stop_token_ids) {
+    return Invalid("sampling.stop_token_ids", StrCat("more than ", api.max_stop_token_ids, " ids"));
+  }
+  if (absl::Status status =
+          CheckTokenIds("sampling.stop_token_ids", s.stop_token_ids(), limits.vocab_size);
+      !status.ok()) {
+    return status;
+  }
+  out.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  if (s.logprobs() < 0 || s.logprobs() > api.max_logprobs) {
+    return Invalid("sampling.logprobs",
+                   StrCat("must be in [0, ", api.max_logprobs, "], got ", s.logprobs()));
+  }
+  if (s.logprobs() > 0) out.logprobs = s.logprobs();
+  if (s.prompt_logprobs() < 0 || s.prompt_logprobs() > api.max_logprobs) {
+    return Invalid("sampling.prompt_logprobs",
+                   StrCat("must be in [0, ", api.max_logprobs, "], got ", s.prompt_logprobs()));
+  }
+  if (s.prompt_logprobs() > 0) out.prompt_logprobs = s.prompt_logprobs();
+  const int32_t n = s.has_n() ? s.n() : 1;
+  const int32_t max_n = std::min(api.max_n, limits.max_n);
+  if (n < 1 || n > max_n) {
+    return Invalid("sampling.n", StrCat("must be in [1, ", max_n, "], got ", n));
+  }
+  out.n = n;
+  return out;
+}
+
+absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest& request,
+                                                       const ModelText& text,
+                                                       const engine::RequestLimits& limits,
+                                                       const ApiLimits& api) {
+  PreparedRequest prepared;
+  prepared.echo = request.echo();
+  switch (request.prompt_case()) {
+    case v1::CompleteRequest::PROMPT_NOT_SET:
+      return Invalid("prompt", "missing: set prompt.text or prompt.token_ids");
+    case v1::CompleteRequest::kText: {
+      const std::string& prompt = request.text();
+      if (prompt.empty()) return Invalid("prompt.text", "empty");
+      if (!IsValidUtf8(prompt)) return Invalid("prompt.text", "not valid UTF-8");
+      if (!text.has_tokenizer()) {
+        return absl::FailedPreconditionError(
+            "prompt.text: this model has no tokenizer; send prompt.token_ids");
+      }
+      absl::StatusOr<std::vector<int32_t>> ids =
+          text.Encode(prompt, request.has_add_special_tokens() ? request.add_special_tokens() : true);
+      if (!ids.ok()) return ids.status();
+      if (absl::Status status =
+              CheckPromptLength("prompt.text", static_cast<int64_t>(ids->size()), limits);
+          !status.ok()) {
+        return status;
+      }
+      prepared.request.prompt_token_ids = *std::move(ids);
+      if (prepared.echo) prepared.echo_text = prompt;
+      prepared.log_text = prompt;
+      break;
+    }
+    case v1::CompleteRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return Invalid("prompt.token_ids", "empty");
+      if (absl::Status status = CheckTokenIds("prompt.token_ids", ids, limits.vocab_size);
+          !status.ok()) {
+        return status;
+      }
+      if (absl::Status status = CheckPromptLength("prompt.token_ids", ids.size(), limits);
+          !status.ok()) {
+        return status;
+      }
+      prepared.request.prompt_token_ids.assign(ids.begin(), ids.end());
+      if (text.has_tokenizer()) {
+        absl::StatusOr<std::string> decoded =
+            text.Decode(prepared.request.prompt_token_ids, /*skip_special=*/false);
+        if (decoded.ok()) {
+          if (prepared.echo) prepared.echo_text = *decoded;
+          prepared.log_text = *std::move(decoded);
+        }
+      } else {
+        prepared.log_text = StrCat("[", StrJoin(prepared.request.prompt_token_ids, ","), "]");
+      }
+      break;
+    }
+  }
+  if (absl::Status status = FinishPrepare(request.sampling(), request.priority(),
+                                          request.request_id(), limits, api, &prepared);
+      !status.ok()) {
+    return status;
+  }
+  return prepared;
+}
+
+absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& request,
+                                                   const ModelText& text,
+                                                   const engine::RequestLimits& limits,
+                                                   const ApiLimits& api) {
+  if (request.messages_size() == 0) return Invalid("messages", "empty: send at least one message");
+  if (request.messages_size() > api.max_chat_messages) {
+    return Invalid("messages", StrCat("more than ", api.max_chat_messages, " messages"));
+  }
+  std::vector<ChatTurn> turns;
+  turns.reserve(request.messages_size());
+  for (int i = 0; i < request.messages_size(); ++i) {
+    const v1::ChatMessage& message = request.messages(i);
+    if (message.role().empty()) return Invalid(StrCat("messages[", i, "].role"), "empty");
+    if (!IsValidUtf8(message.content())) {
+      return Invalid(StrCat("messages[", i, "].content"), "not valid UTF-8");
+    }
+    turns.push_back({message.role(), message.content()});
+  }
+  if (!text.has_chat_template()) {
+    return absl::FailedPreconditionError("messages: this model has no chat template; use Complete");
+  }
+  absl::StatusOr<std::string> prompt = text.RenderChat(
+      turns, request.has_add_generation_prompt() ? request.add_generation_prompt() : true);
+  if (!prompt.ok()) return prompt.status();
+  // The template writes the special tokens (BOS included) itself.
+  absl::StatusOr<std::vector<int32_t>> ids = text.Encode(*prompt, /*add_special=*/false);
+  if (!ids.ok()) return ids.status();
+  if (absl::Status status =
+          CheckPromptLength("messages", static_cast<int64_t>(ids->size()), limits);
+      !status.ok()) {
+    return status;
+  }
+  PreparedRequest prepared;
+  prepared.request.prompt_token_ids = *std::move(ids);
+  prepared.log_text = *std::move(prompt);
+  if (absl::Status status = FinishPrepare(request.sampling(), request.priority(),
+                                          request.request_id(), limits, api, &prepared);
+      !status.ok()) {
+    return status;
+  }
+  return prepared;
+}
+
+v1::FinishReason ToProtoFinishReason(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kEos:
+    case engine::FinishReason::kStopToken:
+    case engine::FinishReason::kStopString:
+      return v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kMaxTokens:
+    case engine::FinishReason::kContextLength:
+      return v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAborted:
+      return v1::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_ERROR;
+}
+
+std::string StopReason(const engine::RequestOutput& output) {
+  if (output.finish_reason == engine::FinishReason::kStopString) return output.stop_string;
+  if (output.stop_token_id.has_value() &&
+      (output.finish_reason == engine::FinishReason::kEos ||
+       output.finish_reason == engine::FinishReason::kStopToken)) {
+    return StrCat(*output.stop_token_id);
+  }
+  return "";
+}
+
+void ToProtoLogprobs(const engine::PositionLogprobs& logprobs, const ModelText& text,
+                     v1::PositionLogprobs* out) {
+  v1::TokenLogprob* chosen = out->mutable_chosen();
+  chosen->set_token_id(logprobs.token_id);
+  chosen->set_token(text.TokenText(logprobs.token_id));
+  chosen->set_logprob(logprobs.logprob);
+  chosen->set_rank(logprobs.rank);
+  for (const engine::TokenLogprob& top : logprobs.top) {
+    v1::TokenLogprob* entry = out->add_top();
+    entry->set_token_id(top.token_id);
+    entry->set_token(text.TokenText(top.token_id));
+    entry->set_logprob(top.logprob);
+  }
+}
+
+}  // namespace lmserve::server

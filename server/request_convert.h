@@ -1,0 +1,69 @@
+// Between the API's messages (proto/lmserve/v1/lmserve.proto) and the engine's requests and
+// outputs: validation with errors that name the field, tokenization, and the response pieces.
+// No gRPC here: the service (service.cc) turns the absl::Status into a grpc::Status.
+
+#ifndef LMSERVE_SERVER_REQUEST_CONVERT_H_
+#define LMSERVE_SERVER_REQUEST_CONVERT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "engine/core/request.h"
+#include "lmserve/v1/lmserve.pb.h"
+#include "server/model_text.h"
+
+namespace lmserve::server {
+
+// Bounds the API puts on requests, beyond the engine's RequestLimits.
+struct ApiLimits {
+  int32_t max_n = 16;
+  int32_t max_stop_strings = 16;
+  int32_t max_stop_string_bytes = 1024;
+  int32_t max_stop_token_ids = 1024;
+  int32_t max_logit_bias = 1024;
+  int32_t max_logprobs = 20;
+  int32_t max_request_id_chars = 128;
+  int32_t max_chat_messages = 4096;
+  int32_t default_max_tokens = 16;
+};
+
+// A request ready for Engine::Submit, and what the response needs besides the engine's outputs.
+struct PreparedRequest {
+  engine::Request request;
+  std::string request_id;   // the client's; "" when it gave none
+  bool echo = false;
+  std::string echo_text;    // the prompt's text, when echo
+  std::string log_text;     // the prompt text, for --debug-log-text
+};
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool IsValidUtf8(std::string_view text);
+
+// Checks and converts. InvalidArgument names the field ("sampling.top_p: must be in (0, 1], got
+// 0"); FailedPrecondition when the request needs what the model lacks (a tokenizer for text).
+absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest& request,
+                                                       const ModelText& text,
+                                                       const engine::RequestLimits& limits,
+                                                       const ApiLimits& api);
+// The same for chat: the messages go through the model's chat template.
+absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& request,
+                                                   const ModelText& text,
+                                                   const engine::RequestLimits& limits,
+                                                   const ApiLimits& api);
+
+// The sampling parameters alone (exposed for tests).
+absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams& sampling,
+                                                       const engine::RequestLimits& limits,
+                                                       const ApiLimits& api);
+
+v1::FinishReason ToProtoFinishReason(engine::FinishReason reason);
+// The stop string or token id that ended a choice ("" when none did).
+std::string StopReason(const engine::RequestOutput& output);
+void ToProtoLogprobs(const engine::PositionLogprobs& logprobs, const ModelText& text,
+                     v1::PositionLogprobs* out);
+
+}  // namespace lmserve::server
+
+#endif  // LMSERVE_SERVER_REQUEST_CONVERT_H_

@@ -1,0 +1,1166 @@
+#include "server/service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/strings.h"
+#include "engine/core/engine.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runner/model_runner.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "lmserve/v1/lmserve.grpc.pb.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "server/model_text.h"
+#include "server/request_convert.h"
+
+namespace lmserve::server {
+namespace {
+
+namespace health = ::grpc::health::v1;
+
+constexpr std::string_view kServiceName = "lmserve.v1.Lmserve";
+
+// ---- The one conversion from absl::Status to grpc::Status ------------------------------------------
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share their numbering (both are google.rpc.Code).
+  const int code = static_cast<int>(status.code());
+  const grpc::StatusCode grpc_code =
+      code >= 0 && code <= 16 ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::UNKNOWN;
+  return grpc::Status(grpc_code, std::string(status.message()));
+}
+
+std::string_view CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+// ---- The pump: one thread that runs every call's response work, in posting order ------------------
+
+class Pump {
+ public:
+  Pump() : thread_([this] { Loop(); }) {}
+  ~Pump() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void Post(std::function<void()> work) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(work));
+  }
+
+ private:
+  void Loop() {
+    std::deque<std::function<void()>> batch;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Pump* pump) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return pump->stop_ || !pump->queue_.empty();
+            },
+            this));
+        if (queue_.empty() && stop_) return;
+        batch.swap(queue_);
+      }
+      for (auto& work : batch) work();
+      batch.clear();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the fields above
+};
+
+// ---- grpc.health.v1.Health -------------------------------------------------------------------------
+
+// The standard health service, ours rather than gRPC's default one so that it says NOT_SERVING from
+// the first instant (the default starts out SERVING). Knows "" (the server) and lmserve.v1.Lmserve.
+class HealthService final : public health::Health::CallbackService {
+ public:
+  void SetServing(bool serving) {
+    absl::MutexLock lock(&mu_);
+    serving_ = serving;
+    for (Watcher* watcher : watchers_) watcher->Update(Status());
+  }
+  // Ends every Watch (at shutdown).
+  void Shutdown() {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    serving_ = false;
+    for (Watcher* watcher : watchers_) watcher->End();
+  }
+
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
+                                  const health::HealthCheckRequest* request,
+                                  health::HealthCheckResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (!Known(request->service())) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service"));
+      return reactor;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      response->set_status(Status());
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerWriteReactor<health::HealthCheckResponse>* Watch(
+      grpc::CallbackServerContext* context, const health::HealthCheckRequest* request) override {
+    auto* watcher = new Watcher(this, Known(request->service()));
+    absl::MutexLock lock(&mu_);
+    watchers_.insert(watcher);
+    if (shutdown_) {
+      watcher->End();
+    } else {
+      watcher->Update(watcher->known() ? Status() : health::HealthCheckResponse::SERVICE_UNKNOWN);
+    }
+    return watcher;
+  }
+
+ private:
+  class Watcher final : public grpc::ServerWriteReactor<health::HealthCheckResponse> {
+   public:
+    Watcher(HealthService* service, bool known) : service_(service), known_(known) {}
+    bool known() const { return known_; }
+    // Sends `status` when it differs from the last one sent. Holds service_->mu_.
+    void Update(health::HealthCheckResponse::ServingStatus status) {
+      if (!known_ && status != health::HealthCheckResponse::SERVICE_UNKNOWN) return;
+      absl::MutexLock lock(&mu_);
+      pending_ = status;
+      MaybeWrite();
+    }
+    void End() {
+      absl::MutexLock lock(&mu_);
+      ending_ = true;
+      MaybeWrite();
+    }
+    void OnWriteDone(bool ok) override {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) ending_ = true;
+      MaybeWrite();
+    }
+    void OnCancel() override { End(); }
+    void OnDone() override {
+      {
+        absl::MutexLock lock(&service_->mu_);
+        service_->watchers_.erase(this);
+      }
+      delete this;
+    }
+
+   private:
+    void MaybeWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (writing_ || finished_) return;
+      if (ending_) {
+        finished_ = true;
+        Finish(grpc::Status::OK);
+        return;
+      }
+      if (pending_ == sent_) return;
+      sent_ = pending_;
+      response_.set_status(static_cast<health::HealthCheckResponse::ServingStatus>(sent_));
+      writing_ = true;
+      StartWrite(&response_);
+    }
+
+    HealthService* const service_;
+    const bool known_;
+    absl::Mutex mu_;
+    int pending_ ABSL_GUARDED_BY(mu_) = -1;
+    int sent_ ABSL_GUARDED_BY(mu_) = -1;
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool ending_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+    health::HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
+  };
+
+  static bool Known(const std::string& service) {
+    return service.empty() || service == kServiceName;
+  }
+  health::HealthCheckResponse::ServingStatus Status() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return serving_ ? health::HealthCheckResponse::SERVING
+                    : health::HealthCheckResponse::NOT_SERVING;
+  }
+
+  absl::Mutex mu_;
+  bool serving_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---- lmserve.v1.Lmserve ----------------------------------------------------------------------------
+
+class GenerationCall;
+
+enum class ServerState { kStarting, kServing, kDraining, kStopped };
+
+// What the calls share: the model, the engine, admission and the registry of calls in flight.
+class LmserveService final : public v1::Lmserve::CallbackService {
+ public:
+  LmserveService(const ServeConfig& config, Pump* pump) : config_(config), pump_(pump) {}
+
+  // Set once by LoadModel before the state becomes kServing; read-only afterwards.
+  struct Model {
+    std::unique_ptr<engine::Engine> engine;
+    std::unique_ptr<ModelText> text;
+    std::unique_ptr<Metrics> metrics;
+    v1::ModelInfo info;
+  };
+  void SetModel(Model model) {
+    model_ = std::move(model);
+    metrics_.store(model_.metrics.get());
+  }
+  Model& model() { return model_; }
+
+  void SetState(ServerState state) {
+    absl::MutexLock lock(&calls_mu_);
+    state_ = state;
+  }
+  ServerState state() const {
+    absl::MutexLock lock(&calls_mu_);
+    return state_;
+  }
+
+  // Registers a call about to submit a request: fails with UNAVAILABLE when not serving and
+  // RESOURCE_EXHAUSTED when the waiting queue is full.
+  absl::Status Register(GenerationCall* call);
+  void Unregister(GenerationCall* call);
+  // The call's engine request has ended (its stream finished).
+  void EngineRequestEnded() {
+    absl::MutexLock lock(&calls_mu_);
+    --num_engine_requests_;
+  }
+  int NumCalls() const {
+    absl::MutexLock lock(&calls_mu_);
+    return static_cast<int>(calls_.size());
+  }
+  // Waits up to `timeout` for every call to end. Returns whether they did.
+  bool AwaitNoCalls(absl::Duration timeout) {
+    absl::MutexLock lock(&calls_mu_);
+    return calls_mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::set<GenerationCall*>* calls) { return calls->empty(); }, &calls_),
+        timeout);
+  }
+  // Aborts every call's request (drain): they end with status UNAVAILABLE.
+  void AbortAllForDrain();
+
+  // Authorization and readiness for every Lmserve method.
+  absl::Status Admit(grpc::CallbackServerContext* context, bool needs_model) const;
+
+  // Finishes `reactor` with `status`, counted in the metrics.
+  void FinishUnary(std::string_view method, grpc::ServerUnaryReactor* reactor,
+                   const absl::Status& status) {
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    CountRpc(method, grpc_status.error_code());
+    reactor->Finish(grpc_status);
+  }
+  void CountRpc(std::string_view method, grpc::StatusCode code) {
+    if (Metrics* metrics = metrics_.load(); metrics != nullptr) {
+      metrics->CountRpc(method, CodeName(code));
+    }
+  }
+
+  const ServeConfig& config() const { return config_; }
+  Pump* pump() const { return pump_; }
+  const ApiLimits& api_limits() const { return api_limits_; }
+
+  // ---- The RPCs ----
+  grpc::ServerUnaryReactor* Complete(grpc::CallbackServerContext* context,
+                                     const v1::CompleteRequest* request,
+                                     v1::CompleteResponse* response) override;
+  grpc::ServerWriteReactor<v1::CompleteStreamResponse>* CompleteStream(
+      grpc::CallbackServerContext* context, const v1::CompleteRequest* request) override;
+  grpc::ServerUnaryReactor* Chat(grpc::CallbackServerContext* context,
+                                 const v1::ChatRequest* request,
+                                 v1::CompleteResponse* response) override;
+  grpc::ServerWriteReactor<v1::CompleteStreamResponse>* ChatStream(
+      grpc::CallbackServerContext* context, const v1::ChatRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* GetServerStatus(grpc::CallbackServerContext* context,
+                                            const v1::GetServerStatusRequest* request,
+                                            v1::ServerStatus* response) override;
+
+ private:
+  const ServeConfig& config_;
+  Pump* const pump_;
+  const ApiLimits api_limits_;
+  Model model_;
+  std::atomic<Metrics*> metrics_{nullptr};  // model_.metrics, readable before the model is set
+
+  mutable absl::Mutex calls_mu_;
+  ServerState state_ ABSL_GUARDED_BY(calls_mu_) = ServerState::kStarting;
+  std::set<GenerationCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  int num_engine_requests_ ABSL_GUARDED_BY(calls_mu_) = 0;
+};
+
+// Where the engine's listener finds its call. Only the pump thread reads or writes `call`.
+struct Mailbox {
+  std::atomic<bool> scheduled{false};
+  GenerationCall* call = nullptr;
+};
+
+// A Complete, CompleteStream, Chat or ChatStream call: one engine request, its outputs turned into
+// responses on the pump thread. Subclasses are the gRPC reactors; they call Begin() from the
+// handler and are deleted on the pump thread after gRPC's OnDone.
+class GenerationCall {
+ public:
+  GenerationCall(LmserveService* service, std::string_view method)
+      : service_(service), method_(method), started_(absl::Now()) {}
+  virtual ~GenerationCall() = default;
+
+  // Handler thread: admits, registers, submits. A non-OK result means nothing was submitted (the
+  // caller finishes the reactor with it).
+  absl::Status Begin(grpc::CallbackServerContext* context,
+                     const std::function<absl::StatusOr<PreparedRequest>()>& prepare);
+
+  // Any thread: aborts the engine request.
+  void AbortRequest(bool for_drain) {
+    if (for_drain) {
+      drain_aborted_.store(true);
+    } else {
+      client_aborted_.store(true);
+    }
+    if (submitted_.load()) service_->model().engine->Abort(request_id_);
+  }
+
+  // Pump thread: new outputs are waiting.
+  void OnEngineOutputs();
+
+  // Pump thread, after gRPC's OnDone: forgets the call.
+  void Destroy() {
+    if (mailbox_ != nullptr) mailbox_->call = nullptr;
+    service_->Unregister(this);
+    delete this;
+  }
+
+ protected:
+  // Pump thread: outputs to turn into responses (already counted in the metrics).
+  virtual void Deliver(std::vector<engine::RequestOutput> outputs) = 0;
+
+  // The status the call ends with, once every choice has finished.
+  absl::Status FinalStatus() const;
+  bool all_finished() const { return num_finished_ == num_samples_; }
+  void FillUsageAndTimings(v1::Usage* usage, v1::Timings* timings) const;
+  void LogEnd(const absl::Status& status);
+
+  LmserveService* const service_;
+  const std::string_view method_;
+  const absl::Time started_;
+  PreparedRequest prepared_;
+  std::string response_request_id_;
+  engine::RequestId request_id_ = 0;
+  std::shared_ptr<engine::OutputStream> stream_;
+  std::shared_ptr<Mailbox> mailbox_;
+  int32_t num_samples_ = 1;
+  int32_t num_finished_ = 0;
+  std::atomic<bool> submitted_{false};
+  std::atomic<bool> client_aborted_{false};
+  std::atomic<bool> drain_aborted_{false};
+  std::string engine_error_;
+  std::string output_log_text_;  // with --debug-log-text
+
+ private:
+  void Account(const engine::RequestOutput& output);
+
+  // Metrics bookkeeping (pump thread).
+  bool counted_prompt_ = false;
+  bool seen_first_token_ = false;
+  std::vector<double> last_token_time_;  // per sample; < 0 before its first token
+  int32_t generation_tokens_ = 0;
+  int32_t cached_tokens_ = 0;
+  engine::RequestTimings timings_;
+  bool has_timings_ = false;
+};
+
+absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
+  if (!config_.auth_token.empty()) {
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find("authorization");
+    if (it == metadata.end()) {
+      return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
+    }
+    const std::string_view value(it->second.data(), it->second.size());
+    const std::string expected = StrCat("Bearer ", config_.auth_token);
+    // Constant-time comparison: the time taken does not depend on where the strings differ.
+    unsigned char difference = value.size() == expected.size() ? 0 : 1;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      difference |= static_cast<unsigned char>(expected[i] ^ (i < value.size() ? value[i] : 0));
+    }
+    if (difference != 0) return absl::UnauthenticatedError("invalid bearer token");
+  }
+  if (needs_model) {
+    switch (state()) {
+      case ServerState::kStarting:
+        return absl::UnavailableError("the server is starting: the model is loading");
+      case ServerState::kDraining:
+      case ServerState::kStopped:
+        return absl::UnavailableError("the server is shutting down");
+      case ServerState::kServing:
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LmserveService::Register(GenerationCall* call) {
+  const engine::EngineStats stats = model_.engine->Stats();
+  absl::MutexLock lock(&calls_mu_);
+  if (state_ != ServerState::kServing) {
+    return absl::UnavailableError("the server is shutting down");
+  }
+  // Requests submitted but not yet running, estimated from the engine's last step.
+  const int waiting = num_engine_requests_ - std::min(num_engine_requests_, stats.num_running_seqs);
+  if (waiting >= config_.max_queued_requests) {
+    return absl::ResourceExhaustedError(
+        StrCat("the waiting queue is full (", waiting, " requests wait; --max-queued-requests ",
+               config_.max_queued_requests, "): retry later"));
+  }
+  calls_.insert(call);
+  ++num_engine_requests_;
+  return absl::OkStatus();
+}
+
+void LmserveService::Unregister(GenerationCall* call) {
+  absl::MutexLock lock(&calls_mu_);
+  calls_.erase(call);
+}
+
+void LmserveService::AbortAllForDrain() {
+  absl::MutexLock lock(&calls_mu_);
+  for (GenerationCall* call : calls_) call->AbortRequest(/*for_drain=*/true);
+}
+
+absl::Status GenerationCall::Begin(
+    grpc::CallbackServerContext* context,
+    const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
+  if (absl::Status status = service_->Admit(context, /*needs_model=*/true); !status.ok()) {
+    return status;
+  }
+  absl::StatusOr<PreparedRequest> prepared = prepare();
+  if (!prepared.ok()) return prepared.status();
+  prepared_ = *std::move(prepared);
+  num_samples_ = prepared_.request.sampling.n;
+  last_token_time_.assign(num_samples_, -1.0);
+  if (absl::Status status = service_->Register(this); !status.ok()) return status;
+  LmserveService::Model& model = service_->model();
+  const size_t num_prompt_tokens = prepared_.request.prompt_token_ids.size();
+  absl::StatusOr<engine::RequestHandle> handle = model.engine->Submit(prepared_.request);
+  if (!handle.ok()) {
+    service_->EngineRequestEnded();
+    service_->Unregister(this);
+    return handle.status();
+  }
+  request_id_ = handle->id;
+  stream_ = handle->stream;
+  response_request_id_ = prepared_.request_id.empty() ? StrCat("lmserve-", request_id_)
+                                                      : prepared_.request_id;
+  if (LogText()) {
+    LogInfo("request ", response_request_id_, " ", method_, ": ", num_prompt_tokens,
+            " prompt tokens: ", prepared_.log_text);
+  }
+  // gRPC calls OnCancel (which aborts a submitted request) only after the handler returns.
+  submitted_.store(true);
+  mailbox_ = std::make_shared<Mailbox>();
+  mailbox_->call = this;
+  std::shared_ptr<Mailbox> mailbox = mailbox_;
+  Pump* pump = service_->pump();
+  // The mailbox is set up before the listener can run: the listener posts to the pump, whose work
+  // runs after this handler has queued nothing else for this call.
+  stream_->SetListener([pump, mailbox] {
+    if (mailbox->scheduled.exchange(true)) return;
+    pump->Post([mailbox] {
+      mailbox->scheduled.store(false);
+      if (mailbox->call != nullptr) mailbox->call->OnEngineOutputs();
+    });
+  });
+  return absl::OkStatus();
+}
+
+void GenerationCall::Account(const engine::RequestOutput& output) {
+  Metrics* metrics = service_->model().metrics.get();
+  if (!counted_prompt_) {
+    counted_prompt_ = true;
+    metrics->AddPromptTokens(static_cast<int64_t>(prepared_.request.prompt_token_ids.size()));
+  }
+  const int32_t new_tokens = static_cast<int32_t>(output.token_ids.size());
+  generation_tokens_ += new_tokens;
+  metrics->AddGenerationTokens(new_tokens);
+  double& last = last_token_time_[output.sample_index];
+  for (double time : output.token_times_seconds) {
+    if (!seen_first_token_) {
+      seen_first_token_ = true;
+      metrics->ObserveTimeToFirstToken(time);
+    }
+    if (last >= 0) metrics->ObserveInterTokenLatency(std::max(0.0, time - last));
+    last = time;
+  }
+  if (!output.finished) return;
+  ++num_finished_;
+  metrics->CountFinishedChoice(output.finish_reason);
+  if (output.finish_reason == engine::FinishReason::kError && engine_error_.empty()) {
+    engine_error_ = output.error.empty() ? "engine fault" : output.error;
+  }
+  if (output.sample_index == 0) cached_tokens_ = output.usage.cached_tokens;
+  const engine::RequestTimings& t = output.timings;
+  if (!has_timings_) {
+    timings_ = t;
+    has_timings_ = true;
+  } else {
+    timings_.queue_seconds = std::min(timings_.queue_seconds, t.queue_seconds);
+    timings_.finish_seconds = std::max(timings_.finish_seconds, t.finish_seconds);
+    if (t.first_token_seconds > 0 &&
+        (timings_.first_token_seconds <= 0 || t.first_token_seconds < timings_.first_token_seconds)) {
+      timings_.first_token_seconds = t.first_token_seconds;
+    }
+  }
+  if (all_finished()) {
+    service_->EngineRequestEnded();
+    FinishedRequestStats stats;
+    stats.prompt_tokens = static_cast<int32_t>(prepared_.request.prompt_token_ids.size());
+    stats.generation_tokens = generation_tokens_;
+    stats.has_first_token = seen_first_token_;
+    stats.timings = timings_;
+    metrics->ObserveFinishedRequest(stats);
+  }
+}
+
+void GenerationCall::OnEngineOutputs() {
+  std::vector<engine::RequestOutput> outputs = stream_->TakeAvailable();
+  if (outputs.empty()) return;
+  for (const engine::RequestOutput& output : outputs) Account(output);
+  if (LogText()) {
+    for (const engine::RequestOutput& output : outputs) output_log_text_ += output.text;
+  }
+  Deliver(std::move(outputs));
+}
+
+absl::Status GenerationCall::FinalStatus() const {
+  if (drain_aborted_.load()) {
+    return absl::UnavailableError(
+        "the server is shutting down: the request was aborted at the end of the grace period");
+  }
+  if (client_aborted_.load()) return absl::CancelledError("cancelled by the client");
+  if (!engine_error_.empty()) {
+    return absl::InternalError(StrCat("the engine failed this request: ", engine_error_));
+  }
+  return absl::OkStatus();
+}
+
+void GenerationCall::FillUsageAndTimings(v1::Usage* usage, v1::Timings* timings) const {
+  usage->set_prompt_tokens(static_cast<int32_t>(prepared_.request.prompt_token_ids.size()));
+  usage->set_completion_tokens(generation_tokens_);
+  usage->set_cached_tokens(cached_tokens_);
+  timings->set_queue_seconds(timings_.queue_seconds);
+  timings->set_time_to_first_token_seconds(timings_.first_token_seconds);
+  timings->set_total_seconds(timings_.finish_seconds);
+}
+
+void GenerationCall::LogEnd(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kInternal) {
+    LogError("request ", response_request_id_, " ", method_, ": ", status.message());
+  }
+  if (LogText()) {
+    LogInfo("request ", response_request_id_, " ", method_, " ended (",
+            CodeName(ToGrpcStatus(status).error_code()), ", ", generation_tokens_,
+            " tokens): ", output_log_text_);
+  }
+}
+
+// Complete and Chat.
+class UnaryCall final : public grpc::ServerUnaryReactor, public GenerationCall {
+ public:
+  UnaryCall(LmserveService* service, std::string_view method, v1::CompleteResponse* response)
+      : GenerationCall(service, method), response_(response) {}
+
+  // Handler thread.
+  void Start(grpc::CallbackServerContext* context,
+             const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
+    absl::Status status = Begin(context, prepare);
+    if (!status.ok()) {
+      service_->FinishUnary(method_, this, status);
+      return;
+    }
+    response_->set_request_id(response_request_id_);
+    response_->set_model(service_->model().info.name());
+    for (int i = 0; i < num_samples_; ++i) response_->add_choices()->set_index(i);
+  }
+
+  void OnCancel() override { AbortRequest(/*for_drain=*/false); }
+  void OnDone() override {
+    service_->pump()->Post([this] { Destroy(); });
+  }
+
+ private:
+  void Deliver(std::vector<engine::RequestOutput> outputs) override {
+    const ModelText& text = *service_->model().text;
+    for (engine::RequestOutput& output : outputs) {
+      v1::Choice* choice = response_->mutable_choices(output.sample_index);
+      if (prepared_.echo && !echoed_[output.sample_index]) {
+        echoed_[output.sample_index] = true;
+        choice->mutable_text()->insert(0, prepared_.echo_text);
+      }
+      choice->mutable_text()->append(output.text);
+      choice->mutable_token_ids()->Add(output.token_ids.begin(), output.token_ids.end());
+      for (const engine::PositionLogprobs& logprobs : output.logprobs) {
+        ToProtoLogprobs(logprobs, text, choice->add_logprobs());
+      }
+      for (const engine::PositionLogprobs& logprobs : output.prompt_logprobs) {
+        ToProtoLogprobs(logprobs, text, response_->add_prompt_logprobs());
+      }
+      if (output.finished) {
+        choice->set_finish_reason(ToProtoFinishReason(output.finish_reason));
+        choice->set_stop_reason(StopReason(output));
+      }
+    }
+    if (!all_finished()) return;
+    FillUsageAndTimings(response_->mutable_usage(), response_->mutable_timings());
+    const absl::Status status = FinalStatus();
+    LogEnd(status);
+    service_->FinishUnary(method_, this, status);
+  }
+
+  v1::CompleteResponse* const response_;
+  std::map<int32_t, bool> echoed_;
+};
+
+// CompleteStream and ChatStream.
+class StreamCall final : public grpc::ServerWriteReactor<v1::CompleteStreamResponse>,
+                         public GenerationCall {
+ public:
+  StreamCall(LmserveService* service, std::string_view method)
+      : GenerationCall(service, method) {}
+
+  // Handler thread.
+  void Start(grpc::CallbackServerContext* context,
+             const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
+    absl::Status status = Begin(context, prepare);
+    if (!status.ok()) {
+      const grpc::Status grpc_status = ToGrpcStatus(status);
+      service_->CountRpc(method_, grpc_status.error_code());
+      finished_ = true;
+      Finish(grpc_status);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    service_->pump()->Post([this, ok] {
+      writing_ = false;
+      if (!ok && !broken_) {
+        // The client is gone: stop generating, drop what is queued.
+        broken_ = true;
+        to_write_.clear();
+        AbortRequest(/*for_drain=*/false);
+      }
+      TryWrite();
+    });
+  }
+  void OnCancel() override { AbortRequest(/*for_drain=*/false); }
+  void OnDone() override {
+    service_->pump()->Post([this] { Destroy(); });
+  }
+
+ private:
+  void Deliver(std::vector<engine::RequestOutput> outputs) override {
+    const ModelText& text = *service_->model().text;
+    if (!broken_) {
+      for (engine::RequestOutput& output : outputs) {
+        v1::CompleteStreamResponse* message = PendingMessage(output.sample_index);
+        message->mutable_text()->append(output.text);
+        message->mutable_token_ids()->Add(output.token_ids.begin(), output.token_ids.end());
+        for (const engine::PositionLogprobs& logprobs : output.logprobs) {
+          ToProtoLogprobs(logprobs, text, message->add_logprobs());
+        }
+        for (const engine::PositionLogprobs& logprobs : output.prompt_logprobs) {
+          ToProtoLogprobs(logprobs, text, message->add_prompt_logprobs());
+        }
+        if (output.finished) {
+          message->set_finish_reason(ToProtoFinishReason(output.finish_reason));
+          message->set_stop_reason(StopReason(output));
+        }
+      }
+      if (all_finished() && !to_write_.empty()) {
+        v1::CompleteStreamResponse& last = to_write_.back();
+        FillUsageAndTimings(last.mutable_usage(), last.mutable_timings());
+      }
+    }
+    TryWrite();
+  }
+
+  // The queued message of choice `index` that new output may extend, or a new one. Merging only
+  // into the newest queued message of the choice keeps each choice's order.
+  v1::CompleteStreamResponse* PendingMessage(int32_t index) {
+    for (auto it = to_write_.rbegin(); it != to_write_.rend(); ++it) {
+      if (it->index() == index) {
+        if (it->finish_reason() == v1::FINISH_REASON_UNSPECIFIED) return &*it;
+        break;
+      }
+    }
+    v1::CompleteStreamResponse& message = to_write_.emplace_back();
+    message.set_request_id(response_request_id_);
+    message.set_index(index);
+    if (prepared_.echo && !echoed_[index]) {
+      echoed_[index] = true;
+      message.set_text(prepared_.echo_text);
+    }
+    return &message;
+  }
+
+  // Pump thread: starts the next write, or finishes the stream once everything is written.
+  void TryWrite() {
+    if (writing_ || finished_) return;
+    if (!to_write_.empty()) {
+      in_flight_ = std::move(to_write_.front());
+      to_write_.pop_front();
+      writing_ = true;
+      StartWrite(&in_flight_);
+      return;
+    }
+    if (!all_finished()) return;
+    finished_ = true;
+    const absl::Status status = FinalStatus();
+    LogEnd(status);
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    service_->CountRpc(method_, grpc_status.error_code());
+    Finish(grpc_status);
+  }
+
+  std::deque<v1::CompleteStreamResponse> to_write_;
+  v1::CompleteStreamResponse in_flight_;  // valid until OnWriteDone
+  std::map<int32_t, bool> echoed_;
+  bool writing_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+};
+
+grpc::ServerUnaryReactor* LmserveService::Complete(grpc::CallbackServerContext* context,
+                                                   const v1::CompleteRequest* request,
+                                                   v1::CompleteResponse* response) {
+  auto* call = new UnaryCall(this, "Complete", response);
+  call->Start(context, [this, request] {
+    return PrepareCompleteRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+  });
+  return call;
+}
+
+grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::CompleteStream(
+    grpc::CallbackServerContext* context, const v1::CompleteRequest* request) {
+  auto* call = new StreamCall(this, "CompleteStream");
+  call->Start(context, [this, request] {
+    return PrepareCompleteRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+  });
+  return call;
+}
+
+grpc::ServerUnaryReactor* LmserveService::Chat(grpc::CallbackServerContext* context,
+                                               const v1::ChatRequest* request,
+                                               v1::CompleteResponse* response) {
+  auto* call = new UnaryCall(this, "Chat", response);
+  call->Start(context, [this, request] {
+    return PrepareChatRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+  });
+  return call;
+}
+
+grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::ChatStream(
+    grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
+  auto* call = new StreamCall(this, "ChatStream");
+  call->Start(context, [this, request] {
+    return PrepareChatRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+  });
+  return call;
+}
+
+grpc::ServerUnaryReactor* LmserveService::Tokenize(grpc::CallbackServerContext* context,
+                                                   const v1::TokenizeRequest* request,
+                                                   v1::TokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = Admit(context, /*needs_model=*/true);
+  if (status.ok()) {
+    if (request->text().empty()) {
+      status = absl::InvalidArgumentError("text: empty");
+    } else if (!IsValidUtf8(request->text())) {
+      status = absl::InvalidArgumentError("text: not valid UTF-8");
+    } else {
+      absl::StatusOr<std::vector<int32_t>> ids = model_.text->Encode(
+          request->text(), request->has_add_special_tokens() ? request->add_special_tokens() : true);
+      if (ids.ok()) {
+        response->mutable_token_ids()->Add(ids->begin(), ids->end());
+      } else {
+        status = ids.status();
+      }
+    }
+  }
+  FinishUnary("Tokenize", reactor, status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LmserveService::Detokenize(grpc::CallbackServerContext* context,
+                                                     const v1::DetokenizeRequest* request,
+                                                     v1::DetokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = Admit(context, /*needs_model=*/true);
+  if (status.ok()) {
+    const int64_t vocab_size = model_.engine->limits().vocab_size;
+    for (int i = 0; i < request->token_ids_size() && status.ok(); ++i) {
+      const int32_t id = request->token_ids(i);
+      if (id < 0 || id >= vocab_size) {
+        status = absl::InvalidArgumentError(StrCat("token_ids: token id ", id, " at index ", i,
+                                                   " is outside the vocabulary [0, ", vocab_size,
+                                                   ")"));
+      }
+    }
+    if (status.ok()) {
+      std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+      absl::StatusOr<std::string> text = model_.text->Decode(ids, request->skip_special_tokens());
+      if (text.ok()) {
+        response->set_text(*std::move(text));
+      } else {
+        status = text.status();
+      }
+    }
+  }
+  FinishUnary("Detokenize", reactor, status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LmserveService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                       const v1::GetModelInfoRequest*,
+                                                       v1::ModelInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = Admit(context, /*needs_model=*/true);
+  if (status.ok()) *response = model_.info;
+  FinishUnary("GetModelInfo", reactor, status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerContext* context,
+                                                          const v1::GetServerStatusRequest*,
+                                                          v1::ServerStatus* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = Admit(context, /*needs_model=*/false);
+  if (status.ok()) {
+    const ServerState current = state();
+    response->set_ready(current == ServerState::kServing);
+    response->set_draining(current == ServerState::kDraining || current == ServerState::kStopped);
+    response->set_num_requests_in_flight(NumCalls());
+    if (current != ServerState::kStarting && model_.engine != nullptr) {
+      const engine::EngineStats stats = model_.engine->Stats();
+      response->set_num_requests_running(stats.num_running_seqs);
+      response->set_num_requests_waiting(stats.num_waiting_seqs);
+      response->set_kv_cache_usage(stats.kv_cache_usage);
+      response->set_kv_blocks_total(stats.num_kv_blocks);
+      response->set_kv_blocks_free(stats.num_free_kv_blocks);
+    }
+  }
+  FinishUnary("GetServerStatus", reactor, status);
+  return reactor;
+}
+
+std::string ListenAddress(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos && host.front() != '[') {
+    return StrCat("[", host, "]:", port);
+  }
+  return StrCat(host, ":", port);
+}
+
+absl::StatusOr<std::string> ReadFile(std::string_view option, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::InvalidArgumentError(StrCat("--", option, ": cannot read ", path));
+  std::stringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+std::string DefaultModelName(const engine::ModelConfig& config, const std::string& path) {
+  if (!config.name.empty()) return config.name;
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
+  std::string name = p.filename().string();
+  if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
+  return name.empty() ? std::string("model") : name;
+}
+
+}  // namespace
+
+struct LmserveServer::Impl {
+  explicit Impl(const ServeConfig& server_config)
+      : config(server_config), service(config, &pump) {}
+
+  ServeConfig config;
+  Pump pump;  // before the service and the server: they post to it
+  LmserveService service;
+  HealthService health;
+  std::unique_ptr<grpc::Server> server;
+  int port = -1;
+
+  // Engine statistics for the metrics, every few milliseconds.
+  absl::Mutex poller_mu;
+  bool poller_stop ABSL_GUARDED_BY(poller_mu) = false;
+  std::thread poller;
+
+  bool drained = false;
+
+  void StopPoller() {
+    if (!poller.joinable()) return;
+    {
+      absl::MutexLock lock(&poller_mu);
+      poller_stop = true;
+    }
+    poller.join();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const ServeConfig& config) {
+  auto impl = std::make_unique<Impl>(config);
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (!config.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadFile("tls-cert", config.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile("tls-key", config.tls_key_file);
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions options(
+        config.tls_client_ca_file.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    if (!config.tls_client_ca_file.empty()) {
+      absl::StatusOr<std::string> ca = ReadFile("tls-client-ca", config.tls_client_ca_file);
+      if (!ca.ok()) return ca.status();
+      options.pem_root_certs = *std::move(ca);
+    }
+    options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+    credentials = grpc::SslServerCredentials(options);
+  } else {
+    credentials = grpc::InsecureServerCredentials();
+  }
+
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = ListenAddress(config.host, config.port);
+  builder.AddListeningPort(address, credentials, &impl->port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
+  builder.RegisterService(&impl->service);
+  builder.RegisterService(&impl->health);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port <= 0) {
+    return absl::UnavailableError(StrCat("--port: cannot listen on ", address));
+  }
+  LogInfo("listening on ", ListenAddress(config.host, impl->port), " (gRPC",
+          config.tls_cert_file.empty() ? "" : ", TLS",
+          config.tls_client_ca_file.empty() ? "" : " with client certificates",
+          config.auth_token.empty() ? "" : ", bearer token", ")");
+  return std::unique_ptr<LmserveServer>(new LmserveServer(std::move(impl)));
+}
+
+LmserveServer::LmserveServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+LmserveServer::~LmserveServer() {
+  if (!impl_->drained) Drain(absl::ZeroDuration());
+}
+
+int LmserveServer::port() const { return impl_->port; }
+
+int LmserveServer::metrics_port() const {
+  const auto& metrics = impl_->service.model().metrics;
+  return metrics == nullptr ? -1 : metrics->port();
+}
+
+absl::Status LmserveServer::LoadModel() {
+  const ServeConfig& config = impl_->config;
+  const absl::Time load_start = absl::Now();
+  absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
+      engine::OpenCheckpoint(config.model_path);
+  if (!checkpoint.ok()) {
+    return absl::InvalidArgumentError(StrCat("--model: ", checkpoint.status().message()));
+  }
+  const engine::ModelConfig model_config = (*checkpoint)->config();
+
+  std::string warning;
+  absl::StatusOr<std::unique_ptr<ModelText>> text = ModelText::Load(
+      config.model_path, config.tokenizer_path, model_config.vocab_size, &warning);
+  if (!text.ok()) return text.status();
+  if (!warning.empty()) LogWarning(warning);
+
+  engine::RunnerConfig runner_config;
+  runner_config.backend = config.backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
+  runner_config.kv_cache_bytes = config.kv_cache_bytes;
+  runner_config.num_threads = config.threads;
+  absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
+      engine::ModelRunner::Create(**checkpoint, runner_config);
+  if (!runner.ok()) return runner.status();
+  checkpoint->reset();  // the runner holds its own copy of the weights
+  const int64_t kv_tokens =
+      int64_t{(*runner)->num_kv_blocks()} * (*runner)->block_size_tokens();
+
+  engine::EngineConfig engine_config;
+  engine_config.max_num_seqs = config.max_num_seqs;
+  engine_config.max_num_batched_tokens = config.max_num_batched_tokens;
+  engine_config.enable_prefix_caching = config.enable_prefix_caching;
+  engine_config.max_model_len = config.max_model_len;
+  engine_config.max_logprobs = impl_->service.api_limits().max_logprobs;
+  engine_config.max_n = impl_->service.api_limits().max_n;
+  engine_config.seed = config.seed;
+  std::unique_ptr<engine::TextDecoder> decoder = (*text)->NewTextDecoder();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Engine::Create(*std::move(runner), engine_config, std::move(decoder));
+  if (!engine.ok()) return engine.status();
+
+  LmserveService::Model model;
+  model.engine = *std::move(engine);
+  model.text = *std::move(text);
+  const engine::RequestLimits& limits = model.engine->limits();
+  model.info.set_name(config.served_model_name.empty()
+                          ? DefaultModelName(model_config, config.model_path)
+                          : config.served_model_name);
+  model.info.set_architecture(model_config.architecture_name.empty()
+                                  ? engine::ArchitectureName(model_config.architecture)
+                                  : model_config.architecture_name);
+  model.info.set_context_length(limits.max_context_tokens);
+  model.info.set_vocab_size(static_cast<int32_t>(limits.vocab_size));
+  model.info.set_dtype(runner_config.backend == engine::Backend::kCpu ? "float32" : "bfloat16");
+  model.info.set_backend(config.backend);
+  for (int32_t id : model_config.eos_token_ids) model.info.add_eos_token_ids(id);
+  model.info.set_has_chat_template(model.text->has_chat_template());
+  model.info.set_has_tokenizer(model.text->has_tokenizer());
+  model.info.set_kv_cache_tokens(kv_tokens);
+
+  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
+      Metrics::Create(config.host, config.metrics_port, model.info.name(),
+                      limits.max_context_tokens, config.max_num_batched_tokens);
+  if (!metrics.ok()) return metrics.status();
+  model.metrics = *std::move(metrics);
+  if (model.metrics->port() >= 0) {
+    LogInfo("metrics on http://", ListenAddress(config.host, model.metrics->port()), "/metrics");
+  }
+
+  // Warm-up: one short request through every stage (prefill, sampling, decode) before SERVING.
+  engine::Request warmup;
+  warmup.prompt_token_ids = {model_config.bos_token_id.value_or(0),
+                             static_cast<int32_t>(1 % model_config.vocab_size)};
+  warmup.sampling.temperature = 0;
+  warmup.sampling.max_tokens = 2;
+  warmup.sampling.ignore_eos = true;
+  absl::StatusOr<engine::RequestHandle> handle = model.engine->Submit(warmup);
+  if (!handle.ok()) {
+    return absl::InternalError(StrCat("warm-up request: ", handle.status().message()));
+  }
+  engine::RequestOutput output;
+  while (handle->stream->Next(&output, absl::Minutes(10)) ==
+         engine::OutputStream::NextResult::kOutput) {
+    if (output.finished && output.finish_reason == engine::FinishReason::kError) {
+      return absl::InternalError(StrCat("warm-up request failed: ", output.error));
+    }
+  }
+  if (!handle->stream->finished()) return absl::InternalError("warm-up request: no answer");
+
+  LogInfo("model ", model.info.name(), " (", model.info.architecture(), ", vocabulary ",
+          model.info.vocab_size(), ", context ", model.info.context_length(), ", KV cache ",
+          kv_tokens, " tokens, tokenizer: ", model.info.has_tokenizer() ? "yes" : "no",
+          ") loaded and warmed up in ", absl::ToDoubleSeconds(absl::Now() - load_start), " s");
+  impl_->service.SetModel(std::move(model));
+
+  Impl* impl = impl_.get();
+  impl->poller = std::thread([impl] {
+    engine::Engine* engine = impl->service.model().engine.get();
+    Metrics* metrics = impl->service.model().metrics.get();
+    while (true) {
+      {
+        absl::MutexLock lock(&impl->poller_mu);
+        if (impl->poller_mu.AwaitWithTimeout(absl::Condition(&impl->poller_stop),
+                                             absl::Milliseconds(10))) {
+          return;
+        }
+      }
+      metrics->UpdateEngineStats(engine->Stats());
+    }
+  });
+
+  impl_->service.SetState(ServerState::kServing);
+  impl_->health.SetServing(true);
+  LogInfo("SERVING");
+  return absl::OkStatus();
+}
+
+void LmserveServer::Drain(absl::Duration grace, const std::function<bool()>& hurry) {
+  Impl& impl = *impl_;
+  if (impl.drained) return;
+  impl.drained = true;
+  impl.service.SetState(ServerState::kDraining);
+  impl.health.SetServing(false);
+  const int in_flight = impl.service.NumCalls();
+  LogInfo("draining: ", in_flight, " requests in flight, grace period ",
+          absl::ToDoubleSeconds(grace), " s");
+  const absl::Time deadline = absl::Now() + grace;
+  while (!impl.service.AwaitNoCalls(std::min(absl::Milliseconds(100), deadline - absl::Now()))) {
+    if (absl::Now() >= deadline || (hurry && hurry())) break;
+  }
+  if (const int remaining = impl.service.NumCalls(); remaining > 0) {
+    LogWarning("aborting ", remaining, " requests still in flight");
+    impl.service.AbortAllForDrain();
+    // Their streams end within a step or two; a client that reads nothing is cut off below.
+    impl.service.AwaitNoCalls(absl::Seconds(5));
+  }
+  impl.service.SetState(ServerState::kStopped);
+  impl.health.Shutdown();
+  impl.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  impl.server->Wait();
+  impl.StopPoller();
+  if (impl.service.model().engine != nullptr) impl.service.model().engine->Shutdown();
+  LogInfo("stopped");
+}
+
+}  // namespace lmserve::server

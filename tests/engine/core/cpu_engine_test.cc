@@ -1,0 +1,219 @@
+// The engine over the real CPU runner and the Hugging Face fixture models: each request's greedy
+// output is the same alone as among 16 concurrent requests with chunked prefill, preemption and
+// prefix-cache hits all happening; and alone it matches the Hugging Face greedy reference.
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/core/engine_core.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runner/cpu_runner.h"
+#include "engine/runner/model_runner.h"
+#include "gtest/gtest.h"
+#include "tests/testing/fixtures.h"
+
+namespace lmserve::engine {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+constexpr int32_t kMaxTokens = 24;
+// Below this top-1 / top-2 logit margin a float32 engine may pick either token (batched and
+// single-sequence arithmetic differ in the last bits); outputs are compared up to such a step.
+constexpr double kTieMargin = 1e-3;
+
+// Delegates to a runner and records what the steps looked like.
+class RecordingRunner final : public ModelRunner {
+ public:
+  explicit RecordingRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& model_config() const override { return inner_->model_config(); }
+  Backend backend() const override { return inner_->backend(); }
+  int32_t block_size_tokens() const override { return inner_->block_size_tokens(); }
+  int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
+    for (int32_t i = 0; i < batch.num_seqs(); ++i) {
+      // A chunk that neither ends its sequence nor asks for logits: a partial prefill.
+      if (batch.logits_modes[i] == LogitsMode::kNone) ++num_partial_prefills_;
+      const int32_t num_new = batch.query_start[i + 1] - batch.query_start[i];
+      if (num_new == 1) ++num_decodes_;
+    }
+    max_seqs_per_step_ = std::max(max_seqs_per_step_, batch.num_seqs());
+    return inner_->Execute(batch, output);
+  }
+  int64_t num_partial_prefills() const { return num_partial_prefills_; }
+  int64_t num_decodes() const { return num_decodes_; }
+  int32_t max_seqs_per_step() const { return max_seqs_per_step_; }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  int64_t num_partial_prefills_ = 0;
+  int64_t num_decodes_ = 0;
+  int32_t max_seqs_per_step_ = 0;
+};
+
+std::unique_ptr<EngineCore> MakeEngine(const Checkpoint& checkpoint, int32_t num_blocks,
+                                       const EngineConfig& config, RecordingRunner** recorder) {
+  RunnerConfig runner_config;
+  runner_config.block_size_tokens = kBlockSize;
+  runner_config.kv_cache_bytes = CpuKvBlockBytes(checkpoint.config(), kBlockSize) * num_blocks;
+  runner_config.num_threads = 1;
+  auto runner = ModelRunner::Create(checkpoint, runner_config);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return nullptr;
+  EXPECT_EQ((*runner)->num_kv_blocks(), num_blocks);
+  auto recording = std::make_unique<RecordingRunner>(*std::move(runner));
+  *recorder = recording.get();
+  auto core = EngineCore::Create(std::move(recording), config, nullptr);
+  EXPECT_TRUE(core.ok()) << core.status();
+  return core.ok() ? *std::move(core) : nullptr;
+}
+
+Request Greedy(std::vector<int32_t> prompt) {
+  Request request;
+  request.prompt_token_ids = std::move(prompt);
+  request.sampling.temperature = 0.0;
+  request.sampling.max_tokens = kMaxTokens;
+  request.sampling.ignore_eos = true;
+  request.sampling.logprobs = 1;  // the top-2 margin, for the tie rule
+  return request;
+}
+
+// The 16 prompts: the four fixture prompts, prefixes and extensions of them (prefix-cache hits),
+// and seeded random ones.
+std::vector<std::vector<int32_t>> Prompts(const testing::HfTinyReference& ref, int64_t vocab) {
+  const std::vector<int32_t>& p1 = ref.prompts[1];  // 7 tokens
+  const std::vector<int32_t>& p2 = ref.prompts[2];  // 33
+  const std::vector<int32_t>& p3 = ref.prompts[3];  // 130
+  std::vector<std::vector<int32_t>> prompts = ref.prompts;
+  for (size_t length : {40, 64, 100}) prompts.emplace_back(p3.begin(), p3.begin() + length);
+  prompts.push_back(p3);  // the same prompt twice
+  std::vector<int32_t> joined = p2;
+  joined.insert(joined.end(), p3.begin(), p3.begin() + 20);
+  prompts.push_back(joined);
+  joined = p1;
+  joined.insert(joined.end(), p2.begin(), p2.end());
+  prompts.push_back(joined);
+  std::mt19937 rng(17);
+  while (prompts.size() < 16) {
+    std::vector<int32_t> prompt(static_cast<size_t>(std::uniform_int_distribution<int>(20, 90)(rng)));
+    for (int32_t& token : prompt) {
+      token = std::uniform_int_distribution<int32_t>(3, static_cast<int32_t>(vocab) - 1)(rng);
+    }
+    prompts.push_back(prompt);
+  }
+  return prompts;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<double> margins;  // top-1 minus top-2 logprob at each step
+};
+
+void Collect(OutputStream& stream, Result* result) {
+  for (RequestOutput& output : stream.TakeAvailable()) {
+    result->tokens.insert(result->tokens.end(), output.token_ids.begin(), output.token_ids.end());
+    for (const PositionLogprobs& lp : output.logprobs) {
+      result->margins.push_back(lp.top.size() >= 2 ? lp.top[0].logprob - lp.top[1].logprob : 1e9);
+    }
+  }
+}
+
+class CpuEngineTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuEngineTest, GreedyOutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
+  const std::string& model = GetParam();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const testing::HfTinyReference ref = testing::LoadHfTinyReference(model);
+  const std::vector<std::vector<int32_t>> prompts =
+      Prompts(ref, (*checkpoint)->config().vocab_size);
+  ASSERT_EQ(prompts.size(), 16u);
+
+  // Alone: one request at a time, a roomy pool, no prefix cache.
+  EngineConfig alone_config;
+  alone_config.enable_prefix_caching = false;
+  alone_config.max_num_batched_tokens = 4096;
+  RecordingRunner* alone_recorder = nullptr;
+  auto alone = MakeEngine(**checkpoint, /*num_blocks=*/16, alone_config, &alone_recorder);
+  ASSERT_NE(alone, nullptr);
+  std::vector<Result> alone_results(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto stream = std::make_shared<OutputStream>(i, 1);
+    alone->AddRequest(i, Greedy(prompts[i]), 0.0, stream);
+    while (alone->Step()) {
+    }
+    Collect(*stream, &alone_results[i]);
+    ASSERT_EQ(alone_results[i].tokens.size(), static_cast<size_t>(kMaxTokens));
+  }
+  EXPECT_EQ(alone_recorder->num_partial_prefills(), 0);
+  EXPECT_EQ(alone_recorder->max_seqs_per_step(), 1);
+
+  // Alone, the fixture prompts give Hugging Face's greedy tokens (up to a near-tie).
+  for (size_t j = 0; j < ref.prompts.size(); ++j) {
+    for (size_t step = 0; step < ref.greedy[j].size(); ++step) {
+      if (ref.greedy_margin[j][step] <= kTieMargin) break;
+      ASSERT_EQ(alone_results[j].tokens[step], ref.greedy[j][step])
+          << model << " prompt " << j << " step " << step;
+    }
+  }
+
+  // Concurrent: all 16 at once; a 64-token budget chunks the long prompts; 24 blocks (384
+  // tokens) cannot hold them all, so some are preempted; shared prefixes hit the cache.
+  EngineConfig config;
+  config.max_num_batched_tokens = 64;
+  config.max_num_seqs = 16;
+  RecordingRunner* recorder = nullptr;
+  auto concurrent = MakeEngine(**checkpoint, /*num_blocks=*/24, config, &recorder);
+  ASSERT_NE(concurrent, nullptr);
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    streams.push_back(std::make_shared<OutputStream>(i, 1));
+    concurrent->AddRequest(i, Greedy(prompts[i]), 0.0, streams.back());
+  }
+  std::vector<Result> results(prompts.size());
+  int64_t steps = 0;
+  while (concurrent->Step()) {
+    ++steps;
+    for (size_t i = 0; i < prompts.size(); ++i) Collect(*streams[i], &results[i]);
+  }
+  const EngineStats stats = concurrent->Stats();
+  EXPECT_GT(recorder->num_partial_prefills(), 0) << "no chunked prefill happened";
+  EXPECT_GT(stats.num_preemptions, 0) << "no preemption happened";
+  EXPECT_GT(stats.prefix_cache_hit_tokens, 0) << "no prefix-cache hit happened";
+  EXPECT_GT(recorder->max_seqs_per_step(), 4);
+  EXPECT_EQ(stats.num_free_kv_blocks, 24);
+
+  int64_t compared = 0;
+  int64_t total = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(streams[i]->finished());
+    ASSERT_EQ(results[i].tokens.size(), static_cast<size_t>(kMaxTokens)) << "request " << i;
+    for (size_t step = 0; step < static_cast<size_t>(kMaxTokens); ++step, ++total) {
+      EXPECT_EQ(results[i].tokens[step], alone_results[i].tokens[step])
+          << model << " request " << i << " step " << step << " (alone margin "
+          << alone_results[i].margins[step] << ")";
+      if (results[i].tokens[step] != alone_results[i].tokens[step]) break;
+      ++compared;
+    }
+  }
+  std::printf("[ engine   ] %-26s %ld steps, %ld preemptions, %ld of %ld prompt tokens from the "
+              "prefix cache, %ld partial prefills, %ld/%ld tokens equal\n",
+              model.c_str(), static_cast<long>(steps), static_cast<long>(stats.num_preemptions),
+              static_cast<long>(stats.prefix_cache_hit_tokens),
+              static_cast<long>(stats.prefix_cache_queried_tokens),
+              static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
+              static_cast<long>(total));
+}
+
+INSTANTIATE_TEST_SUITE_P(HfTiny, CpuEngineTest, ::testing::ValuesIn(testing::HfTinyModelNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace lmserve::engine

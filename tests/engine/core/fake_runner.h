@@ -1,0 +1,184 @@
+// A fake model runner for engine tests: fast, exact, and strict about the runner contract.
+//
+// It keeps a real paged cache of token ids (one slot per block position) and computes logits from
+// what it reads back through each sequence's block table, so a wrong block table, a prefix-cache hit
+// on the wrong block or a lost block after preemption changes the tokens, and reading a slot never
+// written is an error. The logits after a context are a pure function of the context's tokens
+// (FakeLogits), so an oracle can compute what any request must produce without the engine.
+
+#ifndef LMSERVE_TESTS_ENGINE_CORE_FAKE_RUNNER_H_
+#define LMSERVE_TESTS_ENGINE_CORE_FAKE_RUNNER_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/strings.h"
+#include "engine/core/clock.h"
+#include "engine/runner/model_runner.h"
+
+namespace lmserve::engine::testing {
+
+inline uint64_t FakeMix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// The state after a context: fold each token in.
+inline uint64_t FakeContextHash(uint64_t hash, int32_t token_id) {
+  return FakeMix(hash ^ (static_cast<uint64_t>(static_cast<uint32_t>(token_id)) + 0x9e3779b97f4a7c15ULL));
+}
+constexpr uint64_t kFakeEmptyContextHash = 0x1234567ULL;
+
+// The logits after a context whose hash is `context_hash`: values in [0, 4), distinct.
+inline void FakeLogitsFromHash(uint64_t context_hash, int64_t vocab_size, float* out) {
+  for (int64_t v = 0; v < vocab_size; ++v) {
+    const uint64_t bits = FakeMix(context_hash ^ (static_cast<uint64_t>(v) * 0xd1b54a32d192ed03ULL));
+    out[v] = static_cast<float>(bits >> 40) * (4.0f / 16777216.0f);
+  }
+}
+
+inline std::vector<float> FakeLogits(std::span<const int32_t> context, int64_t vocab_size) {
+  uint64_t hash = kFakeEmptyContextHash;
+  for (int32_t token_id : context) hash = FakeContextHash(hash, token_id);
+  std::vector<float> logits(static_cast<size_t>(vocab_size));
+  FakeLogitsFromHash(hash, vocab_size, logits.data());
+  return logits;
+}
+
+// What greedy decoding of the fake model gives: tokens after `prompt` until one of `stop_ids`
+// (included) or `max_tokens`.
+inline std::vector<int32_t> FakeGreedy(std::vector<int32_t> context, int32_t max_tokens,
+                                       const std::vector<int32_t>& stop_ids, int64_t vocab_size) {
+  std::vector<int32_t> output;
+  while (static_cast<int32_t>(output.size()) < max_tokens) {
+    const std::vector<float> logits = FakeLogits(context, vocab_size);
+    const int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                               logits.begin());
+    output.push_back(token);
+    context.push_back(token);
+    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
+  }
+  return output;
+}
+
+struct FakeRunnerOptions {
+  int64_t vocab_size = 64;
+  int32_t block_size_tokens = 4;
+  int32_t num_kv_blocks = 64;
+  int64_t max_position_embeddings = 256;
+  std::vector<int32_t> eos_token_ids = {0};
+  ManualClock* clock = nullptr;  // advanced by each Execute when set
+  double seconds_per_step = 0.0;
+  double seconds_per_token = 0.0;
+  std::function<void()> on_execute;  // called first in each Execute (engine thread), when set
+};
+
+class FakeRunner final : public ModelRunner {
+ public:
+  explicit FakeRunner(const FakeRunnerOptions& options)
+      : options_(options),
+        slots_(static_cast<size_t>(options.num_kv_blocks) * options.block_size_tokens, -1) {
+    config_.vocab_size = options.vocab_size;
+    config_.max_position_embeddings = options.max_position_embeddings;
+    config_.eos_token_ids = options.eos_token_ids;
+    config_.name = "fake";
+  }
+
+  const ModelConfig& model_config() const override { return config_; }
+  Backend backend() const override { return Backend::kCpu; }
+  int32_t block_size_tokens() const override { return options_.block_size_tokens; }
+  int32_t num_kv_blocks() const override { return options_.num_kv_blocks; }
+
+  absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
+    if (options_.on_execute) options_.on_execute();
+    if (options_.clock != nullptr) {
+      options_.clock->AdvanceSeconds(options_.seconds_per_step +
+                                     options_.seconds_per_token * batch.num_tokens());
+    }
+    ++num_steps_;
+    if (!fail_next_.ok()) {
+      absl::Status status = fail_next_;
+      fail_next_ = absl::OkStatus();
+      return status;
+    }
+    if (absl::Status status = Validate(batch); !status.ok()) return status;
+    const int32_t block_size = options_.block_size_tokens;
+    output->logits.clear();
+    output->logits_row_start.assign(1, 0);
+    for (int32_t i = 0; i < batch.num_seqs(); ++i) {
+      const std::span<const int32_t> table(
+          batch.block_table_ids.data() + batch.block_table_start[i],
+          static_cast<size_t>(batch.block_table_start[i + 1] - batch.block_table_start[i]));
+      const int32_t num_new = batch.query_start[i + 1] - batch.query_start[i];
+      const int32_t context_len = batch.context_lens[i];
+      const int32_t first_new = context_len - num_new;
+      auto slot = [&](int32_t position) -> int32_t& {
+        return slots_[static_cast<size_t>(table[position / block_size]) * block_size +
+                      position % block_size];
+      };
+      for (int32_t j = 0; j < num_new; ++j) {
+        slot(first_new + j) = batch.token_ids[batch.query_start[i] + j];
+      }
+      uint64_t hash = kFakeEmptyContextHash;
+      for (int32_t position = 0; position < context_len; ++position) {
+        const int32_t token = slot(position);
+        if (token < 0) {
+          return absl::InternalError(StrCat("FakeRunner: seq ", i, " reads unwritten position ",
+                                            position, " (block ", table[position / block_size],
+                                            ")"));
+        }
+        hash = FakeContextHash(hash, token);
+        const bool want = (batch.logits_modes[i] == LogitsMode::kAll && position >= first_new) ||
+                          (batch.logits_modes[i] == LogitsMode::kLast &&
+                           position == context_len - 1);
+        if (want) {
+          const size_t offset = output->logits.size();
+          output->logits.resize(offset + static_cast<size_t>(options_.vocab_size));
+          FakeLogitsFromHash(hash, options_.vocab_size, output->logits.data() + offset);
+        }
+      }
+      output->logits_row_start.push_back(
+          static_cast<int32_t>(output->logits.size() / static_cast<size_t>(options_.vocab_size)));
+    }
+    max_batch_tokens_ = std::max(max_batch_tokens_, batch.num_tokens());
+    return absl::OkStatus();
+  }
+
+  // The next Execute returns `status` without computing anything.
+  void FailNextStep(absl::Status status) { fail_next_ = std::move(status); }
+  int64_t num_steps() const { return num_steps_; }
+  int32_t max_batch_tokens() const { return max_batch_tokens_; }
+
+ private:
+  absl::Status Validate(const StepBatch& batch) const {
+    return ValidateStepBatch(batch, config_, options_.block_size_tokens, options_.num_kv_blocks);
+  }
+
+  FakeRunnerOptions options_;
+  ModelConfig config_;
+  std::vector<int32_t> slots_;  // [num_kv_blocks * block_size]: the token id written, -1: never
+  absl::Status fail_next_;
+  int64_t num_steps_ = 0;
+  int32_t max_batch_tokens_ = 0;
+};
+
+// A text decoder for the fake vocabulary: token t decodes to kFakeTokenText[t % size].
+inline std::string FakeTokenText(int32_t token_id) {
+  static const char* const kPieces[] = {"<eos>", "a", "b", "c", " ", "ab", "ba", "cc", "x", "y",
+                                        "z", "\n", "STOP", "S", "TO", "P"};
+  return kPieces[token_id % 16];
+}
+
+}  // namespace lmserve::engine::testing
+
+#endif  // LMSERVE_TESTS_ENGINE_CORE_FAKE_RUNNER_H_
