@@ -1,7 +1,7 @@
 // The engine over the real CPU runner and the Hugging Face fixture models: each request's output
-// (greedy, or seeded sampling for four of them) is the same alone as among 16 concurrent requests with
-// chunked prefill, preemption and prefix-cache hits all happening; and alone, greedy decoding of the
-// fixture prompts matches the Hugging Face greedy reference.
+// (greedy, or seeded sampling for four of them) is the same alone as among 16 concurrent requests
+// with chunked prefill, preemption and prefix-cache hits all happening; and alone, greedy decoding
+// of the fixture prompts matches the Hugging Face greedy reference.
 
 #include <algorithm>
 #include <cstdio>
@@ -106,7 +106,8 @@ std::vector<std::vector<int32_t>> Prompts(const testing::HfTinyReference& ref, i
   prompts.push_back(joined);
   std::mt19937 rng(17);
   while (prompts.size() < 16) {
-    std::vector<int32_t> prompt(static_cast<size_t>(std::uniform_int_distribution<int>(20, 90)(rng)));
+    std::vector<int32_t> prompt(
+        static_cast<size_t>(std::uniform_int_distribution<int>(20, 90)(rng)));
     for (int32_t& token : prompt) {
       token = std::uniform_int_distribution<int32_t>(3, static_cast<int32_t>(vocab) - 1)(rng);
     }
@@ -207,13 +208,14 @@ TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
       ++compared;
     }
   }
-  std::printf("[ engine   ] %-26s %ld steps, %ld preemptions, %ld of %ld prompt tokens from the "
-              "prefix cache, %ld partial prefills, %ld/%ld tokens equal\n",
-              model.c_str(), static_cast<long>(steps), static_cast<long>(stats.num_preemptions),
-              static_cast<long>(stats.prefix_cache_hit_tokens),
-              static_cast<long>(stats.prefix_cache_queried_tokens),
-              static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
-              static_cast<long>(total));
+  std::printf(
+      "[ engine   ] %-26s %ld steps, %ld preemptions, %ld of %ld prompt tokens from the "
+      "prefix cache, %ld partial prefills, %ld/%ld tokens equal\n",
+      model.c_str(), static_cast<long>(steps), static_cast<long>(stats.num_preemptions),
+      static_cast<long>(stats.prefix_cache_hit_tokens),
+      static_cast<long>(stats.prefix_cache_queried_tokens),
+      static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
+      static_cast<long>(total));
 }
 
 INSTANTIATE_TEST_SUITE_P(HfTiny, CpuEngineTest, ::testing::ValuesIn(testing::HfTinyModelNames()),

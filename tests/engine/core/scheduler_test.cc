@@ -26,7 +26,8 @@ EngineConfig Config(int32_t max_num_batched_tokens, int32_t max_num_seqs = 8) {
 }
 
 // Every greedy request produced exactly what the fake model gives alone.
-void ExpectGreedyOutputs(CoreHarness& h, const std::vector<std::pair<RequestId, std::string>>& requests,
+void ExpectGreedyOutputs(CoreHarness& h,
+                         const std::vector<std::pair<RequestId, std::string>>& requests,
                          const std::vector<std::pair<int32_t, int32_t>>& prompt_and_max_tokens) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [id, name] = requests[i];
@@ -175,7 +176,7 @@ TEST(SchedulerTableTest, AbortMidPrefillAndMidDecode) {
   EXPECT_EQ(h.result(b).final_output->usage.completion_tokens, 2);
   ExpectSteps(h, &step, {{5, "C:1", "", "", "", "", "C:max_tokens"}});
   EXPECT_EQ(h.core().block_manager().num_free_blocks(), 16);
-  h.Abort(b);  // finished: no-op
+  h.Abort(b);      // finished: no-op
   h.Abort(12345);  // unknown: no-op
   EXPECT_EQ(h.Finished(), "");
   EXPECT_FALSE(h.Step());
