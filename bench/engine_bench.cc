@@ -188,7 +188,8 @@ int Main(int argc, char** argv) {
     return 1;
   }
   int64_t weight_elements = 0;
-  for (const auto& [name, tensor] : (*checkpoint)->tensors()) weight_elements += tensor.NumElements();
+  for (const auto& [name, tensor] : (*checkpoint)->tensors())
+    weight_elements += tensor.NumElements();
   const double weight_bytes_fp32 = 4.0 * static_cast<double>(weight_elements);
 
   engine::RunnerConfig runner_config;
@@ -208,8 +209,8 @@ int Main(int argc, char** argv) {
   engine::EngineConfig config;
   config.enable_prefix_caching = false;
   config.max_num_batched_tokens = options.max_batched_tokens;
-  config.max_num_seqs = std::max(64, *std::max_element(options.concurrency.begin(),
-                                                       options.concurrency.end()));
+  config.max_num_seqs =
+      std::max(64, *std::max_element(options.concurrency.begin(), options.concurrency.end()));
   auto eng = engine::Engine::Create(*std::move(runner), config);
   if (!eng.ok()) {
     std::fprintf(stderr, "lmserve-engine-bench: %s\n", eng.status().ToString().c_str());
@@ -223,13 +224,15 @@ int Main(int argc, char** argv) {
               static_cast<long long>(model_config.num_layers),
               static_cast<long long>(model_config.hidden_size),
               static_cast<long long>(model_config.vocab_size), weight_bytes_fp32 / 1e6);
-  std::printf("runner: CPU, %d threads (0: all %u cores), KV pool %d blocks of %d tokens; "
-              "budget %d tokens per step\n",
-              options.threads, std::thread::hardware_concurrency(), num_kv_blocks,
-              options.block_size, options.max_batched_tokens);
-  std::printf("workload: C concurrent greedy requests, %d random prompt tokens + %d generated "
-              "each, EOS ignored, prefix caching off; median of %d runs after a warm-up\n\n",
-              options.prompt_tokens, options.max_tokens, options.repeats);
+  std::printf(
+      "runner: CPU, %d threads (0: all %u cores), KV pool %d blocks of %d tokens; "
+      "budget %d tokens per step\n",
+      options.threads, std::thread::hardware_concurrency(), num_kv_blocks, options.block_size,
+      options.max_batched_tokens);
+  std::printf(
+      "workload: C concurrent greedy requests, %d random prompt tokens + %d generated "
+      "each, EOS ignored, prefix caching off; median of %d runs after a warm-up\n\n",
+      options.prompt_tokens, options.max_tokens, options.repeats);
   std::printf("%11s %11s %11s %12s %9s %9s %7s %11s\n", "concurrency", "gen tok/s", "total tok/s",
               "weight GB/s", "TTFT ms", "ITL ms", "steps", "preemptions");
 
@@ -243,7 +246,8 @@ int Main(int argc, char** argv) {
     std::vector<double> gen, total, ttft, itl;
     RunResult last;
     for (int32_t r = 0; r < options.repeats; ++r) {
-      absl::StatusOr<RunResult> result = Run(**eng, options, concurrency, options.max_tokens, seed++);
+      absl::StatusOr<RunResult> result =
+          Run(**eng, options, concurrency, options.max_tokens, seed++);
       if (!result.ok()) {
         std::fprintf(stderr, "lmserve-engine-bench: %s\n", result.status().ToString().c_str());
         return 1;

@@ -27,6 +27,10 @@ int RunServe(int argc, char** argv);
 // Chat template rendering (cmd_chat_template.cc).
 int RunChatTemplate(int argc, char** argv);
 
+// Text <-> token ids (cmd_tokenize.cc).
+int RunTokenize(int argc, char** argv);
+int RunDetokenize(int argc, char** argv);
+
 }  // namespace lmserve::server
 
 #endif  // LMSERVE_SERVER_CLI_H_

@@ -107,9 +107,9 @@ void BlockManager::CacheComputedBlocks(SeqId seq, std::span<const uint64_t> bloc
   auto it = tables_.find(seq);
   LMSERVE_CORE_CHECK(it != tables_.end(), "seq ", seq, " holds no blocks");
   Table& table = it->second;
-  const int64_t limit = std::min({static_cast<int64_t>(block_hashes.size()),
-                                  num_computed_tokens / block_size_tokens_,
-                                  static_cast<int64_t>(table.block_ids.size())});
+  const int64_t limit =
+      std::min({static_cast<int64_t>(block_hashes.size()), num_computed_tokens / block_size_tokens_,
+                static_cast<int64_t>(table.block_ids.size())});
   for (int64_t i = table.num_cached_blocks; i < limit; ++i) {
     const int32_t block = table.block_ids[static_cast<size_t>(i)];
     const uint64_t hash = block_hashes[static_cast<size_t>(i)];

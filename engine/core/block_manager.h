@@ -10,18 +10,18 @@
 // H(hash(j-1), tokens of block j), so equal hashes mean equal whole prefixes (up to a 64-bit hash
 // collision, which is not guarded against). Once a sequence has computed a full block, the block is
 // entered in the cache under its hash. At admission, a sequence looks its block hashes up in order
-// and takes references on the leading blocks found. A block stays cached after its last reference is
-// dropped, until it is reused for something else (evicted).
+// and takes references on the leading blocks found. A block stays cached after its last reference
+// is dropped, until it is reused for something else (evicted).
 //
 // Free list = eviction order. Blocks with no references sit in one doubly linked list: blocks that
-// hold no cached content first (they are worth nothing), then cached blocks, least recently released
-// first. A sequence releases its blocks last-to-first, so a chain's tail is evicted before its head
-// (a tail is useless without its head). Allocation takes blocks from the front, evicting any cached
-// content they hold; a cache hit on a free block takes it out of the middle of the list.
+// hold no cached content first (they are worth nothing), then cached blocks, least recently
+// released first. A sequence releases its blocks last-to-first, so a chain's tail is evicted before
+// its head (a tail is useless without its head). Allocation takes blocks from the front, evicting
+// any cached content they hold; a cache hit on a free block takes it out of the middle of the list.
 //
 // Invariants (CheckInvariants() verifies all of them):
-//  - every block is either referenced (ref_count > 0, not in the free list) or free (ref_count == 0,
-//    in the free list exactly once);
+//  - every block is either referenced (ref_count > 0, not in the free list) or free
+//    (ref_count == 0, in the free list exactly once);
 //  - a block's ref_count is the number of block tables that hold it;
 //  - block b has hash h if and only if the cache maps h to b;
 //  - in the free list, every uncached block precedes every cached block.
@@ -70,16 +70,16 @@ class BlockManager {
   std::vector<int32_t> FindCachedBlocks(std::span<const uint64_t> hashes, int32_t max_blocks) const;
 
   // Extends sequence `seq`'s block table to cover `num_tokens` positions. If the sequence holds no
-  // table yet, `prefix_blocks` (cache hits, or blocks shared with another sequence) become its first
-  // blocks, referenced rather than allocated. Returns the number of blocks newly taken from the free
-  // list, or nullopt (changing nothing) when they do not fit. Blocks are never allocated partially.
-  // REQUIRES: prefix_blocks is empty unless seq holds no table.
+  // table yet, `prefix_blocks` (cache hits, or blocks shared with another sequence) become its
+  // first blocks, referenced rather than allocated. Returns the number of blocks newly taken from
+  // the free list, or nullopt (changing nothing) when they do not fit. Blocks are never allocated
+  // partially. REQUIRES: prefix_blocks is empty unless seq holds no table.
   std::optional<int32_t> Allocate(SeqId seq, int64_t num_tokens,
                                   std::span<const int32_t> prefix_blocks = {});
 
   // Enters seq's full blocks among its first `num_computed_tokens` positions into the prefix cache
-  // under `block_hashes` (the sequence's chained hashes). A hash already cached for another block is
-  // left alone (that block keeps it). No-op when prefix caching is off.
+  // under `block_hashes` (the sequence's chained hashes). A hash already cached for another block
+  // is left alone (that block keeps it). No-op when prefix caching is off.
   void CacheComputedBlocks(SeqId seq, std::span<const uint64_t> block_hashes,
                            int64_t num_computed_tokens);
 

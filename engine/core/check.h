@@ -21,12 +21,12 @@ namespace lmserve::engine::core_internal {
 }  // namespace lmserve::engine::core_internal
 
 // LMSERVE_CORE_CHECK(condition, message parts...): the parts go through lmserve::StrCat.
-#define LMSERVE_CORE_CHECK(condition, ...)                                                  \
-  do {                                                                                      \
-    if (!(condition)) {                                                                     \
-      ::lmserve::engine::core_internal::CheckFailed(__FILE__, __LINE__, #condition,         \
-                                                    ::lmserve::StrCat(__VA_ARGS__));        \
-    }                                                                                       \
+#define LMSERVE_CORE_CHECK(condition, ...)                                           \
+  do {                                                                               \
+    if (!(condition)) {                                                              \
+      ::lmserve::engine::core_internal::CheckFailed(__FILE__, __LINE__, #condition,  \
+                                                    ::lmserve::StrCat(__VA_ARGS__)); \
+    }                                                                                \
   } while (false)
 
 #endif  // LMSERVE_ENGINE_CORE_CHECK_H_

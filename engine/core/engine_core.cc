@@ -49,9 +49,9 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
     std::unique_ptr<TextDecoder> text_decoder) {
   if (runner == nullptr) return absl::InvalidArgumentError("EngineCore: no runner");
   if (runner->block_size_tokens() <= 0 || runner->num_kv_blocks() <= 0) {
-    return absl::InvalidArgumentError(
-        StrCat("EngineCore: the runner has ", runner->num_kv_blocks(), " KV blocks of ",
-               runner->block_size_tokens(), " tokens; the KV cache budget is too small"));
+    return absl::InvalidArgumentError(StrCat("EngineCore: the runner has ", runner->num_kv_blocks(),
+                                             " KV blocks of ", runner->block_size_tokens(),
+                                             " tokens; the KV cache budget is too small"));
   }
   const ModelConfig& model = runner->model_config();
   if (model.vocab_size <= 0) return absl::InvalidArgumentError("EngineCore: empty vocabulary");
@@ -71,9 +71,8 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
   }
   int64_t context_tokens = model.max_position_embeddings;
   if (config.max_model_len > 0) {
-    context_tokens =
-        context_tokens > 0 ? std::min<int64_t>(context_tokens, config.max_model_len)
-                           : config.max_model_len;
+    context_tokens = context_tokens > 0 ? std::min<int64_t>(context_tokens, config.max_model_len)
+                                        : config.max_model_len;
   }
   if (context_tokens < 2) {
     return absl::InvalidArgumentError(
@@ -108,11 +107,11 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
       vocab_size_(runner_->model_config().vocab_size),
       block_manager_(runner_->num_kv_blocks(), runner_->block_size_tokens(),
                      config.enable_prefix_caching),
-      scheduler_(SchedulerConfig{.max_num_seqs = config.max_num_seqs,
-                                 .max_num_batched_tokens = config.max_num_batched_tokens,
-                                 .long_prefill_token_threshold =
-                                     config.long_prefill_token_threshold},
-                 &block_manager_),
+      scheduler_(
+          SchedulerConfig{.max_num_seqs = config.max_num_seqs,
+                          .max_num_batched_tokens = config.max_num_batched_tokens,
+                          .long_prefill_token_threshold = config.long_prefill_token_threshold},
+          &block_manager_),
       sampler_(runner_->model_config().vocab_size),
       seed_state_(config.seed) {}
 
@@ -244,11 +243,12 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
     const bool wants_prompt_rows = seq.sample_index == 0 && r.owes_prompt_logprobs() &&
                                    end > r.next_prompt_logprob_position - 1 &&
                                    begin <= r.num_prompt_tokens() - 2;
-    const LogitsMode mode = wants_prompt_rows                ? LogitsMode::kAll
+    const LogitsMode mode = wants_prompt_rows               ? LogitsMode::kAll
                             : end == seq.num_known_tokens() ? LogitsMode::kLast
-                                                             : LogitsMode::kNone;
-    batch_.AddSequence(std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens),
-                       begin, block_manager_.BlockTable(seq.seq_id), mode);
+                                                            : LogitsMode::kNone;
+    batch_.AddSequence(
+        std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens), begin,
+        block_manager_.BlockTable(seq.seq_id), mode);
   }
 }
 
@@ -260,7 +260,8 @@ absl::Status EngineCore::CheckStepOutput(const SchedulerOutput& plan) const {
                                       " sequences"));
   }
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {
-    const int32_t expected = batch_.logits_modes[i] == LogitsMode::kAll    ? plan.scheduled[i].num_new_tokens
+    const int32_t expected = batch_.logits_modes[i] == LogitsMode::kAll
+                                 ? plan.scheduled[i].num_new_tokens
                              : batch_.logits_modes[i] == LogitsMode::kLast ? 1
                                                                            : 0;
     if (row_start[i + 1] - row_start[i] != expected) {
@@ -292,15 +293,15 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
   const RequestState& r = *sample->request;
   const std::span<const int32_t> tokens(seq.tokens);
   const double uniform = SampleUniform(r.seed, seq.sample_index, seq.num_known_tokens());
-  const int32_t token_id = sampler_.Sample(
-      std::span<const float>(last_row, static_cast<size_t>(vocab_size_)), r.params(),
-      tokens.first(seq.num_prompt_tokens), tokens.subspan(seq.num_prompt_tokens), eos_token_ids_,
-      uniform);
+  const int32_t token_id =
+      sampler_.Sample(std::span<const float>(last_row, static_cast<size_t>(vocab_size_)),
+                      r.params(), tokens.first(seq.num_prompt_tokens),
+                      tokens.subspan(seq.num_prompt_tokens), eos_token_ids_, uniform);
   AppendToken(sample, token_id, last_row, now);
 }
 
-void EngineCore::RecordPromptLogprobs(SampleState* sample, int32_t first_position,
-                                      int32_t num_rows, const float* rows) {
+void EngineCore::RecordPromptLogprobs(SampleState* sample, int32_t first_position, int32_t num_rows,
+                                      const float* rows) {
   RequestState& r = *sample->request;
   if (sample->seq.sample_index != 0 || !r.owes_prompt_logprobs()) return;
   for (int32_t row = 0; row < num_rows; ++row) {
@@ -327,9 +328,9 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
   output.token_ids.push_back(token_id);
   output.token_times_seconds.push_back(now - r.arrival_seconds);
   if (params.logprobs.has_value()) {
-    output.logprobs.push_back(sampler_.Logprobs(
-        std::span<const float>(logits_row, static_cast<size_t>(vocab_size_)), token_id,
-        *params.logprobs));
+    output.logprobs.push_back(
+        sampler_.Logprobs(std::span<const float>(logits_row, static_cast<size_t>(vocab_size_)),
+                          token_id, *params.logprobs));
   }
   if (seq.sample_index == 0 && params.prompt_logprobs.has_value() && !r.prompt_logprobs_sent) {
     output.prompt_logprobs = std::move(r.prompt_logprobs);
@@ -356,8 +357,8 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
     }
   }
   if (!reason.has_value() && seq.num_known_tokens() >= r.max_total_tokens) {
-    reason = params.max_tokens.has_value() ? FinishReason::kMaxTokens
-                                           : FinishReason::kContextLength;
+    reason =
+        params.max_tokens.has_value() ? FinishReason::kMaxTokens : FinishReason::kContextLength;
   }
   if (reason.has_value()) {
     FinishSample(sample, *reason, now, std::move(output));
@@ -373,8 +374,8 @@ void EngineCore::FinishSample(SampleState* sample, FinishReason reason, double n
   Sequence& seq = sample->seq;
   // Text still held back is released when generation ends for a reason other than a stop string
   // (an EOS or stop token's own text is never decoded).
-  if (sample->decoder != nullptr && !sample->matcher.stopped() && reason != FinishReason::kAborted &&
-      reason != FinishReason::kError) {
+  if (sample->decoder != nullptr && !sample->matcher.stopped() &&
+      reason != FinishReason::kAborted && reason != FinishReason::kError) {
     std::optional<std::string> matched;
     output.text += sample->matcher.Push(sample->decoder->Finish(),
                                         seq.num_output_tokens() >= r.params().min_tokens, &matched);
@@ -418,6 +419,7 @@ EngineStats EngineCore::Stats() const {
   EngineStats stats = stats_;
   stats.num_running_seqs = scheduler_.num_running();
   stats.num_waiting_seqs = scheduler_.num_waiting();
+  stats.num_preempted_seqs = scheduler_.num_preempted();
   stats.num_unfinished_requests = static_cast<int32_t>(requests_.size());
   stats.num_kv_blocks = block_manager_.num_blocks();
   stats.num_free_kv_blocks = block_manager_.num_free_blocks();

@@ -7,9 +7,9 @@
 // Per step: the scheduler plans (allocating KV blocks, preempting when they run out); the plan
 // becomes a StepBatch (each sequence's new tokens, its block table, which logits rows are needed);
 // the runner computes it; the scheduler advances num_computed_tokens and caches full blocks; each
-// sequence that has caught up with its known tokens gets one sampled token, which is checked against
-// the stop conditions (EOS, stop tokens, stop strings, max_tokens, context length); outputs go to the
-// requests' streams; finished sequences release their blocks.
+// sequence that has caught up with its known tokens gets one sampled token, which is checked
+// against the stop conditions (EOS, stop tokens, stop strings, max_tokens, context length); outputs
+// go to the requests' streams; finished sequences release their blocks.
 
 #ifndef LMSERVE_ENGINE_CORE_ENGINE_CORE_H_
 #define LMSERVE_ENGINE_CORE_ENGINE_CORE_H_
@@ -34,21 +34,22 @@
 namespace lmserve::engine {
 
 struct EngineConfig {
-  int32_t max_num_seqs = 64;              // running sequences per step at most
-  int32_t max_num_batched_tokens = 2048;  // tokens computed per step at most
+  int32_t max_num_seqs = 64;                 // running sequences per step at most
+  int32_t max_num_batched_tokens = 2048;     // tokens computed per step at most
   int32_t long_prefill_token_threshold = 0;  // tokens per sequence per step at most; 0: no cap
   bool enable_prefix_caching = true;
-  int32_t max_model_len = 0;  // the context length; 0: the model's max_position_embeddings
-  int32_t max_logprobs = 20;  // bound on sampling.logprobs and prompt_logprobs
-  int32_t max_n = 64;         // bound on sampling.n
-  uint64_t seed = 0;          // seeds the per-request seeds of requests that bring none
+  int32_t max_model_len = 0;     // the context length; 0: the model's max_position_embeddings
+  int32_t max_logprobs = 20;     // bound on sampling.logprobs and prompt_logprobs
+  int32_t max_n = 64;            // bound on sampling.n
+  uint64_t seed = 0;             // seeds the per-request seeds of requests that bring none
   const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
 };
 
 // A snapshot for metrics.
 struct EngineStats {
   int32_t num_running_seqs = 0;
-  int32_t num_waiting_seqs = 0;
+  int32_t num_waiting_seqs = 0;    // preempted ones included
+  int32_t num_preempted_seqs = 0;  // waiting to be recomputed after a preemption
   int32_t num_unfinished_requests = 0;
   int32_t num_kv_blocks = 0;
   int32_t num_free_kv_blocks = 0;  // unreferenced, cached content included
@@ -59,8 +60,8 @@ struct EngineStats {
   int64_t num_steps = 0;
   double last_step_seconds = 0.0;
   double total_step_seconds = 0.0;
-  int32_t last_step_tokens = 0;       // tokens computed in the last step
-  int64_t total_step_tokens = 0;      // tokens computed in all steps (prefix hits excluded)
+  int32_t last_step_tokens = 0;   // tokens computed in the last step
+  int64_t total_step_tokens = 0;  // tokens computed in all steps (prefix hits excluded)
   int64_t num_generated_tokens = 0;
   int64_t num_finished_requests = 0;
 };

@@ -13,8 +13,8 @@ absl::Status Invalid(std::string_view field, std::string_view message) {
 
 absl::Status CheckTokenId(std::string_view field, int32_t token_id, int64_t vocab_size) {
   if (token_id < 0 || token_id >= vocab_size) {
-    return Invalid(field, StrCat("token id ", token_id, " is outside the vocabulary [0, ",
-                                 vocab_size, ")"));
+    return Invalid(
+        field, StrCat("token id ", token_id, " is outside the vocabulary [0, ", vocab_size, ")"));
   }
   return absl::OkStatus();
 }
@@ -23,13 +23,20 @@ absl::Status CheckTokenId(std::string_view field, int32_t token_id, int64_t voca
 
 std::string_view FinishReasonName(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kEos: return "eos";
-    case FinishReason::kStopToken: return "stop_token";
-    case FinishReason::kStopString: return "stop_string";
-    case FinishReason::kMaxTokens: return "max_tokens";
-    case FinishReason::kContextLength: return "context_length";
-    case FinishReason::kAborted: return "aborted";
-    case FinishReason::kError: return "error";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kContextLength:
+      return "context_length";
+    case FinishReason::kAborted:
+      return "aborted";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -49,9 +56,10 @@ absl::Status ValidateRequest(const Request& request, const RequestLimits& limits
                           " length of ", limits.max_context_tokens, " tokens"));
   }
   if (num_prompt_tokens >= limits.kv_cache_tokens) {
-    return Invalid("prompt_token_ids",
-                   StrCat(num_prompt_tokens, " tokens leave no room to generate within the whole KV",
-                          " cache (", limits.kv_cache_tokens, " tokens)"));
+    return Invalid(
+        "prompt_token_ids",
+        StrCat(num_prompt_tokens, " tokens leave no room to generate within the whole KV",
+               " cache (", limits.kv_cache_tokens, " tokens)"));
   }
   if (s.n < 1 || s.n > limits.max_n) {
     return Invalid("sampling.n", StrCat("must be in [1, ", limits.max_n, "], got ", s.n));
@@ -92,24 +100,24 @@ absl::Status ValidateRequest(const Request& request, const RequestLimits& limits
       return Invalid("sampling.max_tokens", StrCat("must be >= 1, got ", *s.max_tokens));
     }
     if (num_prompt_tokens + *s.max_tokens > limits.max_context_tokens) {
-      return Invalid("sampling.max_tokens",
-                     StrCat("the prompt (", num_prompt_tokens, " tokens) + max_tokens (",
-                            *s.max_tokens, ") exceeds the context length of ",
-                            limits.max_context_tokens, " tokens"));
+      return Invalid(
+          "sampling.max_tokens",
+          StrCat("the prompt (", num_prompt_tokens, " tokens) + max_tokens (", *s.max_tokens,
+                 ") exceeds the context length of ", limits.max_context_tokens, " tokens"));
     }
     if (num_prompt_tokens + *s.max_tokens > limits.kv_cache_tokens) {
-      return Invalid("sampling.max_tokens",
-                     StrCat("the prompt (", num_prompt_tokens, " tokens) + max_tokens (",
-                            *s.max_tokens, ") can never fit in the whole KV cache (",
-                            limits.kv_cache_tokens, " tokens)"));
+      return Invalid(
+          "sampling.max_tokens",
+          StrCat("the prompt (", num_prompt_tokens, " tokens) + max_tokens (", *s.max_tokens,
+                 ") can never fit in the whole KV cache (", limits.kv_cache_tokens, " tokens)"));
     }
   }
   if (s.min_tokens < 0) {
     return Invalid("sampling.min_tokens", StrCat("must be >= 0, got ", s.min_tokens));
   }
   if (s.max_tokens.has_value() && s.min_tokens > *s.max_tokens) {
-    return Invalid("sampling.min_tokens", StrCat("(", s.min_tokens, ") exceeds max_tokens (",
-                                                 *s.max_tokens, ")"));
+    return Invalid("sampling.min_tokens",
+                   StrCat("(", s.min_tokens, ") exceeds max_tokens (", *s.max_tokens, ")"));
   }
   for (const std::string& stop : s.stop) {
     if (stop.empty()) return Invalid("sampling.stop", "empty stop string");

@@ -36,10 +36,11 @@ struct SamplingParams {
   // parameters and the seed, never on what else is in the batch. Without one the engine draws it.
   std::optional<uint64_t> seed;
   std::optional<int32_t> max_tokens;  // >= 1; nullopt: up to the context length
-  int32_t min_tokens = 0;             // EOS and stop tokens are suppressed, stop strings ignored, before this
-  bool ignore_eos = false;            // generate past the model's EOS tokens
-  std::vector<std::string> stop;      // stop strings: generation ends before the first occurrence
-  std::vector<int32_t> stop_token_ids;  // generation ends on one of these (the id is returned, not its text)
+  int32_t min_tokens = 0;   // EOS and stop tokens are suppressed, stop strings ignored, before this
+  bool ignore_eos = false;  // generate past the model's EOS tokens
+  std::vector<std::string> stop;  // stop strings: generation ends before the first occurrence
+  std::vector<int32_t>
+      stop_token_ids;  // generation ends on one of these (the id is returned, not its text)
   // With a value N: the sampled token's logprob and the N most likely tokens' (raw model logprobs:
   // log-softmax of the logits before any processing above). nullopt: none.
   std::optional<int32_t> logprobs;
@@ -84,9 +85,9 @@ struct Usage {
 };
 
 struct RequestTimings {
-  double queue_seconds = 0.0;         // arrival to first scheduled
-  double first_token_seconds = 0.0;   // arrival to first generated token (TTFT)
-  double finish_seconds = 0.0;        // arrival to finish (end to end)
+  double queue_seconds = 0.0;        // arrival to first scheduled
+  double first_token_seconds = 0.0;  // arrival to first generated token (TTFT)
+  double finish_seconds = 0.0;       // arrival to finish (end to end)
 };
 
 // One increment of one sample's output. A stream carries, per sample, zero or more increments and

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 
 #include "engine/core/check.h"
@@ -106,6 +107,7 @@ int32_t Sampler::Sample(std::span<const float> logits, const SamplingParams& par
       candidates_.push_back(token_id);
     }
   }
+  if (candidates_.empty()) return ArgMax(work_);  // non-finite logits: nothing to draw from
   // Most likely first; equal probabilities by lower id.
   auto more_likely = [this](int32_t a, int32_t b) {
     return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
@@ -118,22 +120,32 @@ int32_t Sampler::Sample(std::span<const float> logits, const SamplingParams& par
     sorted = true;
   }
   if (params.top_p < 1.0) {
-    if (!sorted) std::sort(candidates_.begin(), candidates_.end(), more_likely);
-    sorted = true;
     double total = 0.0;
     for (int32_t token_id : candidates_) total += probs_[token_id];
     const double threshold = params.top_p * total;
-    double cumulative = 0.0;
+    // The nucleus is a prefix of the sorted candidates: sort a growing prefix (usually the first
+    // few dozen tokens hold it) rather than the whole vocabulary. Same result as a full sort.
+    size_t num_sorted = sorted ? candidates_.size() : std::min<size_t>(64, candidates_.size());
     size_t keep = 0;
-    while (keep < candidates_.size()) {
-      cumulative += probs_[candidates_[keep++]];
-      if (cumulative >= threshold) break;
+    double cumulative = 0.0;
+    while (true) {
+      if (!sorted) {
+        std::partial_sort(candidates_.begin() + static_cast<std::ptrdiff_t>(keep),
+                          candidates_.begin() + static_cast<std::ptrdiff_t>(num_sorted),
+                          candidates_.end(), more_likely);
+      }
+      while (keep < num_sorted && cumulative < threshold) {
+        cumulative += probs_[candidates_[keep++]];
+      }
+      if (cumulative >= threshold || num_sorted == candidates_.size()) break;
+      num_sorted = std::min(candidates_.size(), num_sorted * 4);
     }
     candidates_.resize(keep);
   }
   if (params.min_p > 0.0) {
     double top_probability = 0.0;
-    for (int32_t token_id : candidates_) top_probability = std::max(top_probability, probs_[token_id]);
+    for (int32_t token_id : candidates_)
+      top_probability = std::max(top_probability, probs_[token_id]);
     const double floor = params.min_p * top_probability;
     std::erase_if(candidates_, [&](int32_t token_id) { return probs_[token_id] < floor; });
   }

@@ -40,11 +40,11 @@ class Sampler {
 
  private:
   const int64_t vocab_size_;
-  std::vector<float> work_;           // [vocab_size] processed logits
-  std::vector<int32_t> counts_;       // [vocab_size] occurrences in the output; zero between calls
-  std::vector<uint8_t> seen_;         // [vocab_size] in prompt or output; zero between calls
-  std::vector<int32_t> candidates_;   // token ids still in play
-  std::vector<double> probs_;         // [vocab_size] unnormalized probabilities
+  std::vector<float> work_;          // [vocab_size] processed logits
+  std::vector<int32_t> counts_;      // [vocab_size] occurrences in the output; zero between calls
+  std::vector<uint8_t> seen_;        // [vocab_size] in prompt or output; zero between calls
+  std::vector<int32_t> candidates_;  // token ids still in play
+  std::vector<double> probs_;        // [vocab_size] unnormalized probabilities
 };
 
 }  // namespace lmserve::engine

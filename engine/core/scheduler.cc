@@ -20,8 +20,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager)
 }
 
 void Scheduler::AddWaiting(Sequence* seq) {
-  LMSERVE_CORE_CHECK(seq->state == SequenceState::kWaiting && seq->num_computed_tokens == 0,
-                     "seq ", seq->seq_id, " is not a fresh waiting sequence");
+  LMSERVE_CORE_CHECK(seq->state == SequenceState::kWaiting && seq->num_computed_tokens == 0, "seq ",
+                     seq->seq_id, " is not a fresh waiting sequence");
   LMSERVE_CORE_CHECK(seq->num_known_tokens() > 0, "seq ", seq->seq_id, " has no tokens");
   LMSERVE_CORE_CHECK(waiting_.insert(seq).second, "seq ", seq->seq_id, " queued twice");
 }
@@ -89,6 +89,7 @@ SchedulerOutput Scheduler::Schedule() {
       const int32_t num_new = CapTokens(seq->num_known_tokens() - num_computed, budget);
       if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix)) break;
       it = waiting_.erase(it);
+      if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
       const bool looked_up = (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) ||
                              seq->prompt_source != nullptr;
       if (looked_up) {
@@ -122,8 +123,7 @@ void Scheduler::OnStepComputed(const SchedulerOutput& output) {
                        " computed beyond its known tokens");
     if (block_manager_->prefix_caching_enabled()) {
       block_manager_->ExtendBlockHashes(seq->tokens, &seq->block_hashes);
-      block_manager_->CacheComputedBlocks(seq->seq_id, seq->block_hashes,
-                                          seq->num_computed_tokens);
+      block_manager_->CacheComputedBlocks(seq->seq_id, seq->block_hashes, seq->num_computed_tokens);
     }
   }
 }
@@ -133,9 +133,9 @@ void Scheduler::Remove(Sequence* seq) {
     auto it = std::find(running_.begin(), running_.end(), seq);
     LMSERVE_CORE_CHECK(it != running_.end(), "running seq ", seq->seq_id, " not in running_");
     running_.erase(it);
-  } else if (seq->state == SequenceState::kWaiting) {
-    LMSERVE_CORE_CHECK(waiting_.erase(seq) == 1, "waiting seq ", seq->seq_id,
-                       " not in waiting_");
+  } else if (seq->state == SequenceState::kWaiting || seq->state == SequenceState::kPreempted) {
+    LMSERVE_CORE_CHECK(waiting_.erase(seq) == 1, "waiting seq ", seq->seq_id, " not in waiting_");
+    if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
   }
   block_manager_->Free(seq->seq_id);
   seq->state = SequenceState::kRemoved;
@@ -147,7 +147,8 @@ void Scheduler::Preempt(Sequence* seq) {
   running_.erase(it);
   block_manager_->Free(seq->seq_id);
   seq->num_computed_tokens = 0;
-  seq->state = SequenceState::kWaiting;
+  seq->state = SequenceState::kPreempted;
+  ++num_preempted_waiting_;
   ++seq->num_preemptions;
   ++num_preemptions_;
   waiting_.insert(seq);
@@ -170,9 +171,8 @@ std::vector<int32_t> Scheduler::FindComputedPrefix(Sequence* seq) {
   }
   const Sequence* source = seq->prompt_source;
   if (source != nullptr && source->state == SequenceState::kRunning) {
-    const int32_t num_shareable =
-        std::min(max_blocks,
-                 std::min(source->num_computed_tokens, seq->num_prompt_tokens) / block_size);
+    const int32_t num_shareable = std::min(
+        max_blocks, std::min(source->num_computed_tokens, seq->num_prompt_tokens) / block_size);
     if (num_shareable > static_cast<int32_t>(prefix.size())) {
       const std::span<const int32_t> table = block_manager_->BlockTable(source->seq_id);
       prefix.assign(table.begin(), table.begin() + num_shareable);

@@ -11,8 +11,8 @@
 // One step:
 //  1. Running sequences, in admission order, each get their tokens and the KV blocks to hold them.
 //     When blocks run out, the running sequence with the lowest priority and latest arrival (the
-//     greatest SeqKey) is preempted: its blocks are freed, num_computed_tokens = 0, and it returns to
-//     the waiting queue (it may be the sequence asking, which then gets nothing this step).
+//     greatest SeqKey) is preempted: its blocks are freed, num_computed_tokens = 0, and it returns
+//     to the waiting queue (it may be the sequence asking, which then gets nothing this step).
 //  2. If nobody was preempted, waiting sequences are admitted in SeqKey order (priority, then
 //     arrival) while the budget, max_num_seqs and the blocks allow. Admission looks the sequence's
 //     full blocks up in the prefix cache (and, for samples 1..n-1 of a request, takes sample 0's
@@ -24,8 +24,8 @@
 // lacks at least one token (the engine samples one whenever it catches up).
 //
 // Invariants: each sequence is in exactly one of waiting_ and running_, or in neither once removed;
-// a waiting sequence holds no blocks and has num_computed_tokens == 0; a running one holds blocks for
-// at least num_computed_tokens positions. Thread safety: none; engine thread only.
+// a waiting sequence holds no blocks and has num_computed_tokens == 0; a running one holds blocks
+// for at least num_computed_tokens positions. Thread safety: none; engine thread only.
 
 #ifndef LMSERVE_ENGINE_CORE_SCHEDULER_H_
 #define LMSERVE_ENGINE_CORE_SCHEDULER_H_
@@ -39,7 +39,9 @@
 
 namespace lmserve::engine {
 
-enum class SequenceState : uint8_t { kWaiting, kRunning, kRemoved };
+// A sequence's lifecycle: kWaiting -> kRunning -> (kPreempted -> kRunning)* -> kRemoved (finished
+// or aborted, from any state). kWaiting and kPreempted sequences sit in the waiting queue.
+enum class SequenceState : uint8_t { kWaiting, kRunning, kPreempted, kRemoved };
 
 // The scheduler's view of one sample of one request. Owned by the engine, which must Remove it from
 // the scheduler before destroying it.
@@ -47,8 +49,8 @@ struct Sequence {
   int64_t seq_id = 0;  // unique; the block manager's key
   RequestId request_id = 0;
   int32_t sample_index = 0;
-  int32_t priority = 0;        // lower first
-  int64_t arrival_order = 0;   // earlier first, among equal priorities
+  int32_t priority = 0;       // lower first
+  int64_t arrival_order = 0;  // earlier first, among equal priorities
   int32_t num_prompt_tokens = 0;
   std::vector<int32_t> tokens;  // known tokens: the prompt, then the generated ones
   // Sample 0 of the same request, for samples 1..n-1: its computed prompt blocks are shared at
@@ -71,8 +73,8 @@ struct Sequence {
 };
 
 struct SchedulerConfig {
-  int32_t max_num_seqs = 64;               // running sequences at most
-  int32_t max_num_batched_tokens = 2048;   // tokens computed per step at most
+  int32_t max_num_seqs = 64;                 // running sequences at most
+  int32_t max_num_batched_tokens = 2048;     // tokens computed per step at most
   int32_t long_prefill_token_threshold = 0;  // tokens per sequence per step at most; 0: no cap
 };
 
@@ -113,7 +115,8 @@ class Scheduler {
   const std::vector<Sequence*>& running() const { return running_; }
   std::vector<Sequence*> waiting() const { return {waiting_.begin(), waiting_.end()}; }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
-  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }  // preempted too
+  int32_t num_preempted() const { return num_preempted_waiting_; }  // waiting after a preemption
 
   // Statistics since construction.
   int64_t prefix_cache_queried_tokens() const { return prefix_cache_queried_tokens_; }
@@ -140,6 +143,7 @@ class Scheduler {
   int64_t prefix_cache_queried_tokens_ = 0;
   int64_t prefix_cache_hit_tokens_ = 0;
   int64_t num_preemptions_ = 0;
+  int32_t num_preempted_waiting_ = 0;
 };
 
 }  // namespace lmserve::engine

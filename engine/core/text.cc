@@ -15,9 +15,7 @@ class FunctionIncrementalDecoder final : public IncrementalTextDecoder {
  public:
   FunctionIncrementalDecoder(const FunctionTextDecoder::DecodeFn* decode,
                              std::span<const int32_t> context)
-      : decode_(decode),
-        tokens_(context.begin(), context.end()),
-        read_offset_(tokens_.size()) {}
+      : decode_(decode), tokens_(context.begin(), context.end()), read_offset_(tokens_.size()) {}
 
   std::string Append(int32_t token_id) override {
     tokens_.push_back(token_id);

@@ -136,8 +136,8 @@ TEST(BlockManagerTest, FreedCachedBlocksAreEvictedLeastRecentlyReleasedFirstTail
   BlockManager manager(6, 2, true);
   const std::vector<int32_t> a = Tokens(4, 10);  // 2 full blocks
   const std::vector<int32_t> b = Tokens(4, 20);
-  ASSERT_EQ(AdmitAndCompute(manager, 1, a), 0);  // 0 1
-  ASSERT_EQ(AdmitAndCompute(manager, 2, b), 0);  // 2 3
+  ASSERT_EQ(AdmitAndCompute(manager, 1, a), 0);     // 0 1
+  ASSERT_EQ(AdmitAndCompute(manager, 2, b), 0);     // 2 3
   ASSERT_TRUE(manager.Allocate(3, 2).has_value());  // 4: uncached, still held
   manager.Free(1);
   manager.Free(2);

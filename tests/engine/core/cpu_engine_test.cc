@@ -1,6 +1,7 @@
-// The engine over the real CPU runner and the Hugging Face fixture models: each request's greedy
-// output is the same alone as among 16 concurrent requests with chunked prefill, preemption and
-// prefix-cache hits all happening; and alone it matches the Hugging Face greedy reference.
+// The engine over the real CPU runner and the Hugging Face fixture models: each request's output
+// (greedy, or seeded sampling for four of them) is the same alone as among 16 concurrent requests
+// with chunked prefill, preemption and prefix-cache hits all happening; and alone, greedy decoding
+// of the fixture prompts matches the Hugging Face greedy reference.
 
 #include <algorithm>
 #include <cstdio>
@@ -21,8 +22,8 @@ namespace {
 
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kMaxTokens = 24;
-// Below this top-1 / top-2 logit margin a float32 engine may pick either token (batched and
-// single-sequence arithmetic differ in the last bits); outputs are compared up to such a step.
+// Below this top-1 / top-2 logit margin of the float64 reference, a float32 engine may pick either
+// token; the reference comparison stops at such a step.
 constexpr double kTieMargin = 1e-3;
 
 // Delegates to a runner and records what the steps looked like.
@@ -71,13 +72,20 @@ std::unique_ptr<EngineCore> MakeEngine(const Checkpoint& checkpoint, int32_t num
   return core.ok() ? *std::move(core) : nullptr;
 }
 
-Request Greedy(std::vector<int32_t> prompt) {
+// Request i: greedy, except 6, 9, 12 and 15, which sample with a seed of their own (the same seed
+// alone and batched must give the same tokens). Requests 0-3 are the fixture prompts.
+Request MakeRequest(std::vector<int32_t> prompt, size_t i) {
   Request request;
   request.prompt_token_ids = std::move(prompt);
   request.sampling.temperature = 0.0;
+  if (i >= 4 && i % 3 == 0) {
+    request.sampling.temperature = 0.8;
+    request.sampling.top_p = 0.9;
+    request.sampling.seed = 1000 + i;
+  }
   request.sampling.max_tokens = kMaxTokens;
   request.sampling.ignore_eos = true;
-  request.sampling.logprobs = 1;  // the top-2 margin, for the tie rule
+  request.sampling.logprobs = 1;  // the top-2 margin, reported when outputs differ
   return request;
 }
 
@@ -98,7 +106,8 @@ std::vector<std::vector<int32_t>> Prompts(const testing::HfTinyReference& ref, i
   prompts.push_back(joined);
   std::mt19937 rng(17);
   while (prompts.size() < 16) {
-    std::vector<int32_t> prompt(static_cast<size_t>(std::uniform_int_distribution<int>(20, 90)(rng)));
+    std::vector<int32_t> prompt(
+        static_cast<size_t>(std::uniform_int_distribution<int>(20, 90)(rng)));
     for (int32_t& token : prompt) {
       token = std::uniform_int_distribution<int32_t>(3, static_cast<int32_t>(vocab) - 1)(rng);
     }
@@ -123,7 +132,7 @@ void Collect(OutputStream& stream, Result* result) {
 
 class CpuEngineTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(CpuEngineTest, GreedyOutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
+TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
   const std::string& model = GetParam();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
@@ -142,7 +151,7 @@ TEST_P(CpuEngineTest, GreedyOutputIsTheSameAloneAndAmongSixteenConcurrentRequest
   std::vector<Result> alone_results(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto stream = std::make_shared<OutputStream>(i, 1);
-    alone->AddRequest(i, Greedy(prompts[i]), 0.0, stream);
+    alone->AddRequest(i, MakeRequest(prompts[i], i), 0.0, stream);
     while (alone->Step()) {
     }
     Collect(*stream, &alone_results[i]);
@@ -171,7 +180,7 @@ TEST_P(CpuEngineTest, GreedyOutputIsTheSameAloneAndAmongSixteenConcurrentRequest
   std::vector<std::shared_ptr<OutputStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
     streams.push_back(std::make_shared<OutputStream>(i, 1));
-    concurrent->AddRequest(i, Greedy(prompts[i]), 0.0, streams.back());
+    concurrent->AddRequest(i, MakeRequest(prompts[i], i), 0.0, streams.back());
   }
   std::vector<Result> results(prompts.size());
   int64_t steps = 0;
@@ -199,13 +208,14 @@ TEST_P(CpuEngineTest, GreedyOutputIsTheSameAloneAndAmongSixteenConcurrentRequest
       ++compared;
     }
   }
-  std::printf("[ engine   ] %-26s %ld steps, %ld preemptions, %ld of %ld prompt tokens from the "
-              "prefix cache, %ld partial prefills, %ld/%ld tokens equal\n",
-              model.c_str(), static_cast<long>(steps), static_cast<long>(stats.num_preemptions),
-              static_cast<long>(stats.prefix_cache_hit_tokens),
-              static_cast<long>(stats.prefix_cache_queried_tokens),
-              static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
-              static_cast<long>(total));
+  std::printf(
+      "[ engine   ] %-26s %ld steps, %ld preemptions, %ld of %ld prompt tokens from the "
+      "prefix cache, %ld partial prefills, %ld/%ld tokens equal\n",
+      model.c_str(), static_cast<long>(steps), static_cast<long>(stats.num_preemptions),
+      static_cast<long>(stats.prefix_cache_hit_tokens),
+      static_cast<long>(stats.prefix_cache_queried_tokens),
+      static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
+      static_cast<long>(total));
 }
 
 INSTANTIATE_TEST_SUITE_P(HfTiny, CpuEngineTest, ::testing::ValuesIn(testing::HfTinyModelNames()),

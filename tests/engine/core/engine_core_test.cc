@@ -226,9 +226,15 @@ TEST(EngineCoreTest, ARequestThatCanNeverFitIsRejectedNamingTheField) {
       {[](Request& r) { r.sampling.repetition_penalty = 0.0; }, "sampling.repetition_penalty"},
       {[](Request& r) { r.sampling.presence_penalty = 3.0; }, "sampling.presence_penalty"},
       {[](Request& r) { r.sampling.frequency_penalty = -2.5; }, "sampling.frequency_penalty"},
-      {[](Request& r) { r.sampling.logit_bias = {{99, 1.0f}}; }, "sampling.logit_bias"},
+      {[](Request& r) {
+         r.sampling.logit_bias = {{99, 1.0f}};
+       },
+       "sampling.logit_bias"},
       {[](Request& r) { r.sampling.max_tokens = 0; }, "sampling.max_tokens"},
-      {[](Request& r) { r.sampling.min_tokens = 5; r.sampling.max_tokens = 4; },
+      {[](Request& r) {
+         r.sampling.min_tokens = 5;
+         r.sampling.max_tokens = 4;
+       },
        "sampling.min_tokens"},
       {[](Request& r) { r.sampling.stop = {""}; }, "sampling.stop"},
       {[](Request& r) { r.sampling.stop_token_ids = {-1}; }, "sampling.stop_token_ids"},
@@ -283,8 +289,7 @@ TEST(EngineCoreTest, LogprobsAndChunkedPromptLogprobsMatchTheModel) {
     EXPECT_EQ(lp.token_id, prompt[p]);
     EXPECT_NEAR(lp.logprob, LogSoftmaxAt(logits, prompt[p]), 1e-5) << p;
     ASSERT_EQ(lp.top.size(), 2u);
-    EXPECT_EQ(lp.top[0].token_id,
-              std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(lp.top[0].token_id, std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   ASSERT_EQ(r.logprobs.size(), 4u);
   std::vector<int32_t> context = prompt;

@@ -112,8 +112,8 @@ class CoreHarness {
   std::string Scheduled() const {
     std::vector<std::string> parts;
     for (const EngineCore::StepEntry& entry : core_->last_scheduled()) {
-      parts.push_back(StrCat(SeqName(entry.request_id, entry.sample_index), ":",
-                             entry.num_new_tokens));
+      parts.push_back(
+          StrCat(SeqName(entry.request_id, entry.sample_index), ":", entry.num_new_tokens));
     }
     return StrJoin(parts, " ");
   }
@@ -170,9 +170,9 @@ class CoreHarness {
         if (output.finished) {
           ++r.num_finished_outputs;
           const bool multi = samples_.at(id).size() > 1;
-          finished_this_step_.push_back(
-              StrCat(names_.at(id), multi ? StrCat(output.sample_index) : std::string(), ":",
-                     FinishReasonName(output.finish_reason)));
+          finished_this_step_.push_back(StrCat(names_.at(id),
+                                               multi ? StrCat(output.sample_index) : std::string(),
+                                               ":", FinishReasonName(output.finish_reason)));
           r.final_output = std::move(output);
         }
       }

@@ -1,13 +1,12 @@
 // The threaded Engine: submission from many threads, blocking and polling reads, abort, stats and
 // shutdown. The engine thread runs a FakeRunner.
 
-#include "engine/core/engine.h"
-
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
 
+#include "engine/core/engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/core/fake_runner.h"

@@ -1,9 +1,9 @@
 // A fake model runner for engine tests: fast, exact, and strict about the runner contract.
 //
 // It keeps a real paged cache of token ids (one slot per block position) and computes logits from
-// what it reads back through each sequence's block table, so a wrong block table, a prefix-cache hit
-// on the wrong block or a lost block after preemption changes the tokens, and reading a slot never
-// written is an error. The logits after a context are a pure function of the context's tokens
+// what it reads back through each sequence's block table, so a wrong block table, a prefix-cache
+// hit on the wrong block or a lost block after preemption changes the tokens, and reading a slot
+// never written is an error. The logits after a context are a pure function of the context's tokens
 // (FakeLogits), so an oracle can compute what any request must produce without the engine.
 
 #ifndef LMSERVE_TESTS_ENGINE_CORE_FAKE_RUNNER_H_
@@ -35,14 +35,16 @@ inline uint64_t FakeMix(uint64_t x) {
 
 // The state after a context: fold each token in.
 inline uint64_t FakeContextHash(uint64_t hash, int32_t token_id) {
-  return FakeMix(hash ^ (static_cast<uint64_t>(static_cast<uint32_t>(token_id)) + 0x9e3779b97f4a7c15ULL));
+  return FakeMix(hash ^
+                 (static_cast<uint64_t>(static_cast<uint32_t>(token_id)) + 0x9e3779b97f4a7c15ULL));
 }
 constexpr uint64_t kFakeEmptyContextHash = 0x1234567ULL;
 
 // The logits after a context whose hash is `context_hash`: values in [0, 4), distinct.
 inline void FakeLogitsFromHash(uint64_t context_hash, int64_t vocab_size, float* out) {
   for (int64_t v = 0; v < vocab_size; ++v) {
-    const uint64_t bits = FakeMix(context_hash ^ (static_cast<uint64_t>(v) * 0xd1b54a32d192ed03ULL));
+    const uint64_t bits =
+        FakeMix(context_hash ^ (static_cast<uint64_t>(v) * 0xd1b54a32d192ed03ULL));
     out[v] = static_cast<float>(bits >> 40) * (4.0f / 16777216.0f);
   }
 }
@@ -62,8 +64,8 @@ inline std::vector<int32_t> FakeGreedy(std::vector<int32_t> context, int32_t max
   std::vector<int32_t> output;
   while (static_cast<int32_t>(output.size()) < max_tokens) {
     const std::vector<float> logits = FakeLogits(context, vocab_size);
-    const int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                               logits.begin());
+    const int32_t token =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     output.push_back(token);
     context.push_back(token);
     if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
@@ -138,9 +140,9 @@ class FakeRunner final : public ModelRunner {
                                             ")"));
         }
         hash = FakeContextHash(hash, token);
-        const bool want = (batch.logits_modes[i] == LogitsMode::kAll && position >= first_new) ||
-                          (batch.logits_modes[i] == LogitsMode::kLast &&
-                           position == context_len - 1);
+        const bool want =
+            (batch.logits_modes[i] == LogitsMode::kAll && position >= first_new) ||
+            (batch.logits_modes[i] == LogitsMode::kLast && position == context_len - 1);
         if (want) {
           const size_t offset = output->logits.size();
           output->logits.resize(offset + static_cast<size_t>(options_.vocab_size));
@@ -174,8 +176,8 @@ class FakeRunner final : public ModelRunner {
 
 // A text decoder for the fake vocabulary: token t decodes to kFakeTokenText[t % size].
 inline std::string FakeTokenText(int32_t token_id) {
-  static const char* const kPieces[] = {"<eos>", "a", "b", "c", " ", "ab", "ba", "cc", "x", "y",
-                                        "z", "\n", "STOP", "S", "TO", "P"};
+  static const char* const kPieces[] = {"<eos>", "a", "b", "c",  " ",    "ab", "ba", "cc",
+                                        "x",     "y", "z", "\n", "STOP", "S",  "TO", "P"};
   return kPieces[token_id % 16];
 }
 

@@ -63,9 +63,9 @@ ChiSquare ChiSquareTest(const std::vector<int>& counts, const std::vector<double
     ++categories;
   }
   result.degrees_of_freedom = categories - 1;
-  result.p_value = result.impossible_draw
-                       ? 0.0
-                       : UpperIncompleteGammaQ(result.degrees_of_freedom / 2.0, result.statistic / 2.0);
+  result.p_value = result.impossible_draw ? 0.0
+                                          : UpperIncompleteGammaQ(result.degrees_of_freedom / 2.0,
+                                                                  result.statistic / 2.0);
   return result;
 }
 
@@ -166,16 +166,17 @@ TEST_P(SamplerDistributionTest, MatchesTheDefinitionAndRejectsAWrongOne) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Filters, SamplerDistributionTest,
-    ::testing::Values(DistributionCase{"temperature_1", 1.0, 0, 1.0, 0.0},
-                      DistributionCase{"temperature_0_5", 0.5, 0, 1.0, 0.0},
-                      DistributionCase{"temperature_1_7", 1.7, 0, 1.0, 0.0},
-                      DistributionCase{"top_k_3", 1.0, 3, 1.0, 0.0},
-                      DistributionCase{"top_p_0_8", 1.0, 0, 0.8, 0.0},
-                      DistributionCase{"min_p_0_1", 1.0, 0, 1.0, 0.1},
-                      DistributionCase{"all_filters", 1.3, 6, 0.95, 0.05}),
-    [](const ::testing::TestParamInfo<DistributionCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Filters, SamplerDistributionTest,
+                         ::testing::Values(DistributionCase{"temperature_1", 1.0, 0, 1.0, 0.0},
+                                           DistributionCase{"temperature_0_5", 0.5, 0, 1.0, 0.0},
+                                           DistributionCase{"temperature_1_7", 1.7, 0, 1.0, 0.0},
+                                           DistributionCase{"top_k_3", 1.0, 3, 1.0, 0.0},
+                                           DistributionCase{"top_p_0_8", 1.0, 0, 0.8, 0.0},
+                                           DistributionCase{"min_p_0_1", 1.0, 0, 1.0, 0.1},
+                                           DistributionCase{"all_filters", 1.3, 6, 0.95, 0.05}),
+                         [](const ::testing::TestParamInfo<DistributionCase>& info) {
+                           return info.param.name;
+                         });
 
 TEST(SamplerTest, TheFixtureDistributionsReallyAreTruncated) {
   // Guards the cases above against vacuous filters.
@@ -185,6 +186,53 @@ TEST(SamplerTest, TheFixtureDistributionsReallyAreTruncated) {
   EXPECT_EQ(std::count(min_p.begin(), min_p.end(), 0.0), 3);
   const std::vector<double> all = Expected(1.3, 6, 0.95, 0.05);
   EXPECT_GE(std::count(all.begin(), all.end(), 0.0), 2);
+}
+
+// Top-p over a large, flat vocabulary (the nucleus holds hundreds of tokens, so the sampler's
+// growing partial sort must extend several times) picks exactly what a full sort picks.
+TEST(SamplerTest, TopPOnALargeFlatVocabularyMatchesAFullSort) {
+  constexpr int kVocab = 5000;
+  std::vector<float> logits(kVocab);
+  for (int i = 0; i < kVocab; ++i) {
+    logits[i] = static_cast<float>(SampleUniform(99, 0, i) * 3.0);
+  }
+  SamplingParams params;
+  params.temperature = 1.3;
+  params.top_p = 0.7;
+  // Reference: every probability, one full sort, the smallest prefix reaching top_p.
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(kVocab);
+  const double inverse_temperature = 1.0 / params.temperature;  // as the sampler computes it
+  for (int i = 0; i < kVocab; ++i)
+    p[i] = std::exp((double{logits[i]} - max_logit) * inverse_temperature);
+  std::vector<int32_t> order(kVocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  double total = 0.0;
+  for (int32_t id : order) total += p[id];
+  double cumulative = 0.0;
+  size_t keep = 0;
+  while (keep < order.size() && cumulative < params.top_p * total) cumulative += p[order[keep++]];
+  ASSERT_GT(keep, 1000u) << "the nucleus should be large";
+  order.resize(keep);
+  double kept_total = 0.0;
+  for (int32_t id : order) kept_total += p[id];
+
+  Sampler sampler(kVocab);
+  for (int draw = 0; draw < 200; ++draw) {
+    const double u = SampleUniform(5, 0, draw);
+    double running = 0.0;
+    int32_t expected = order.back();
+    for (int32_t id : order) {
+      running += p[id];
+      if (u * kept_total < running) {
+        expected = id;
+        break;
+      }
+    }
+    ASSERT_EQ(sampler.Sample(logits, params, {}, {}, {}, u), expected) << "draw " << draw;
+  }
 }
 
 // ---- Exact behaviours -----------------------------------------------------------------------

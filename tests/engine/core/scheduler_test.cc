@@ -26,7 +26,8 @@ EngineConfig Config(int32_t max_num_batched_tokens, int32_t max_num_seqs = 8) {
 }
 
 // Every greedy request produced exactly what the fake model gives alone.
-void ExpectGreedyOutputs(CoreHarness& h, const std::vector<std::pair<RequestId, std::string>>& requests,
+void ExpectGreedyOutputs(CoreHarness& h,
+                         const std::vector<std::pair<RequestId, std::string>>& requests,
                          const std::vector<std::pair<int32_t, int32_t>>& prompt_and_max_tokens) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& [id, name] = requests[i];
@@ -96,6 +97,10 @@ TEST(SchedulerTableTest, PreemptionOfTheLatestAndResumptionFromThePrefixCache) {
                   // A needs a 4th block: B is preempted; its cached blocks go to the free list
                   // tail first (5 3 2), so A takes 5.
                   {6, "A:1", "A", "B", "A[0 1 4 5]", "B"},
+              });
+  EXPECT_EQ(h.core().Stats().num_preempted_seqs, 1);
+  ExpectSteps(h, &step,
+              {
                   // B (13 tokens known) would reuse cached 2 3 and take 2 more: 4 > 2 free.
                   {7, "A:1", "A", "B", "A[0 1 4 5]"},
                   {8, "A:1", "", "B", "", "", "A:max_tokens"},
@@ -108,6 +113,7 @@ TEST(SchedulerTableTest, PreemptionOfTheLatestAndResumptionFromThePrefixCache) {
   ExpectGreedyOutputs(h, {{a, "A"}, {b, "B"}}, {{8, 8}, {8, 8}});
   const EngineStats stats = h.core().Stats();
   EXPECT_EQ(stats.num_preemptions, 1);
+  EXPECT_EQ(stats.num_preempted_seqs, 0);
   EXPECT_EQ(stats.prefix_cache_queried_tokens, 8 + 8 + 13);
   EXPECT_EQ(stats.prefix_cache_hit_tokens, 8);
   EXPECT_EQ(stats.num_free_kv_blocks, 6);
@@ -170,7 +176,7 @@ TEST(SchedulerTableTest, AbortMidPrefillAndMidDecode) {
   EXPECT_EQ(h.result(b).final_output->usage.completion_tokens, 2);
   ExpectSteps(h, &step, {{5, "C:1", "", "", "", "", "C:max_tokens"}});
   EXPECT_EQ(h.core().block_manager().num_free_blocks(), 16);
-  h.Abort(b);  // finished: no-op
+  h.Abort(b);      // finished: no-op
   h.Abort(12345);  // unknown: no-op
   EXPECT_EQ(h.Finished(), "");
   EXPECT_FALSE(h.Step());

@@ -125,7 +125,8 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
       request.prompt_token_ids.push_back(uniform(1, kVocabSize - 1));
     }
     request.sampling.temperature = 0.0;
-    if (chance(0.8)) request.sampling.max_tokens = uniform(1, std::min(24, kContextTokens - prompt_len));
+    if (chance(0.8))
+      request.sampling.max_tokens = uniform(1, std::min(24, kContextTokens - prompt_len));
     request.sampling.ignore_eos = chance(0.3);
     if (chance(0.2)) request.sampling.stop_token_ids = {uniform(1, kVocabSize - 1)};
     request.priority = uniform(0, 2);
@@ -155,8 +156,8 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
       if (reason == FinishReason::kAborted) {
         ASSERT_TRUE(l.abort_requested);
         ASSERT_LT(l.tokens[sample].size(), l.oracle.tokens.size());
-        ASSERT_TRUE(std::equal(l.tokens[sample].begin(), l.tokens[sample].end(),
-                               l.oracle.tokens.begin()));
+        ASSERT_TRUE(
+            std::equal(l.tokens[sample].begin(), l.tokens[sample].end(), l.oracle.tokens.begin()));
       } else {
         ASSERT_EQ(reason, l.oracle.reason);
         ASSERT_EQ(l.tokens[sample], l.oracle.tokens);
@@ -189,7 +190,8 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
       core.Abort(it->first);
     }
     if (!finished_ids.empty() && chance(0.01)) {  // aborting a finished request is a no-op
-      core.Abort(finished_ids[static_cast<size_t>(uniform(0, static_cast<int>(finished_ids.size()) - 1))]);
+      core.Abort(
+          finished_ids[static_cast<size_t>(uniform(0, static_cast<int>(finished_ids.size()) - 1))]);
     }
     core.Step();
     ++steps;
@@ -237,21 +239,23 @@ TEST(EngineStressTest, TenThousandRequestsWithAbortsDownToABarelyFittingPool) {
     if (HasFatalFailure()) return;
   }
   EXPECT_EQ(totals.requests, 10000);
-  for (FinishReason reason : {FinishReason::kEos, FinishReason::kStopToken, FinishReason::kMaxTokens,
-                              FinishReason::kContextLength, FinishReason::kAborted}) {
+  for (FinishReason reason :
+       {FinishReason::kEos, FinishReason::kStopToken, FinishReason::kMaxTokens,
+        FinishReason::kContextLength, FinishReason::kAborted}) {
     EXPECT_GT(totals.reasons[reason], 50) << FinishReasonName(reason);
   }
   EXPECT_EQ(totals.reasons[FinishReason::kError], 0);
   EXPECT_GT(totals.preemptions, 100);
   EXPECT_GT(totals.prefix_hit_tokens, 10000);
-  std::printf("reasons: eos %ld stop_token %ld max_tokens %ld context_length %ld aborted %ld; "
-              "preemptions %ld, prefix-hit tokens %ld\n",
-              static_cast<long>(totals.reasons[FinishReason::kEos]),
-              static_cast<long>(totals.reasons[FinishReason::kStopToken]),
-              static_cast<long>(totals.reasons[FinishReason::kMaxTokens]),
-              static_cast<long>(totals.reasons[FinishReason::kContextLength]),
-              static_cast<long>(totals.reasons[FinishReason::kAborted]),
-              static_cast<long>(totals.preemptions), static_cast<long>(totals.prefix_hit_tokens));
+  std::printf(
+      "reasons: eos %ld stop_token %ld max_tokens %ld context_length %ld aborted %ld; "
+      "preemptions %ld, prefix-hit tokens %ld\n",
+      static_cast<long>(totals.reasons[FinishReason::kEos]),
+      static_cast<long>(totals.reasons[FinishReason::kStopToken]),
+      static_cast<long>(totals.reasons[FinishReason::kMaxTokens]),
+      static_cast<long>(totals.reasons[FinishReason::kContextLength]),
+      static_cast<long>(totals.reasons[FinishReason::kAborted]),
+      static_cast<long>(totals.preemptions), static_cast<long>(totals.prefix_hit_tokens));
 }
 
 }  // namespace
