@@ -530,20 +530,44 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt) {
     frame->parent = outer;
     absl::Status status = Store(frame.get(), stmt.target, (*items)[i]);
     if (!status.ok()) return Located(status, stmt.pos);
+    // The loop object's keys are made once (strings are shared, so copies are cheap).
+    enum LoopKey {
+      kIndex,
+      kIndex0,
+      kRevindex,
+      kRevindex0,
+      kFirst,
+      kLast,
+      kLength,
+      kDepth,
+      kDepth0,
+      kPrevitem,
+      kNextitem,
+      kCycle,
+      kNumLoopKeys
+    };
+    static const Value* const kLoopKeys = [] {
+      static const char* const kNames[] = {"index",  "index0",   "revindex", "revindex0",
+                                           "first",  "last",     "length",   "depth",
+                                           "depth0", "previtem", "nextitem", "cycle"};
+      Value* keys = new Value[kNumLoopKeys];
+      for (int k = 0; k < kNumLoopKeys; ++k) keys[k] = Value::String(kNames[k]);
+      return keys;
+    }();
     Dict loop;
-    loop.Reserve(12);
-    loop.Append("index", Value::Int(i + 1));
-    loop.Append("index0", Value::Int(i));
-    loop.Append("revindex", Value::Int(length - i));
-    loop.Append("revindex0", Value::Int(length - i - 1));
-    loop.Append("first", Value::Bool(i == 0));
-    loop.Append("last", Value::Bool(i == length - 1));
-    loop.Append("length", Value::Int(length));
-    loop.Append("depth", Value::Int(1));
-    loop.Append("depth0", Value::Int(0));
-    if (i > 0) loop.Append("previtem", (*items)[i - 1]);
-    if (i + 1 < length) loop.Append("nextitem", (*items)[i + 1]);
-    loop.Append("cycle", Value::MakeCallable(std::make_shared<CycleCallable>(i)));
+    loop.Reserve(kNumLoopKeys);
+    loop.Append(kLoopKeys[kIndex], Value::Int(i + 1));
+    loop.Append(kLoopKeys[kIndex0], Value::Int(i));
+    loop.Append(kLoopKeys[kRevindex], Value::Int(length - i));
+    loop.Append(kLoopKeys[kRevindex0], Value::Int(length - i - 1));
+    loop.Append(kLoopKeys[kFirst], Value::Bool(i == 0));
+    loop.Append(kLoopKeys[kLast], Value::Bool(i == length - 1));
+    loop.Append(kLoopKeys[kLength], Value::Int(length));
+    loop.Append(kLoopKeys[kDepth], Value::Int(1));
+    loop.Append(kLoopKeys[kDepth0], Value::Int(0));
+    if (i > 0) loop.Append(kLoopKeys[kPrevitem], (*items)[i - 1]);
+    if (i + 1 < length) loop.Append(kLoopKeys[kNextitem], (*items)[i + 1]);
+    loop.Append(kLoopKeys[kCycle], Value::MakeCallable(std::make_shared<CycleCallable>(i)));
     frame->Set("loop", Value::MakeDict(std::move(loop)));
     frame_ = std::move(frame);
     status = ExecBody(stmt.body);

@@ -12,12 +12,22 @@
 
 namespace lmserve::engine::jinja {
 
-Value Value::Undefined(std::string hint) { return Value(Type::kUndefined, std::move(hint)); }
+Value Value::Undefined(std::string hint) {
+  return Value(Type::kUndefined, std::make_shared<const std::string>(std::move(hint)));
+}
 Value Value::None() { return Value(Type::kNone, std::monostate()); }
 Value Value::Bool(bool value) { return Value(Type::kBool, value); }
 Value Value::Int(int64_t value) { return Value(Type::kInt, value); }
 Value Value::Float(double value) { return Value(Type::kFloat, value); }
-Value Value::String(std::string value) { return Value(Type::kString, std::move(value)); }
+Value Value::String(std::string value) {
+  return Value(Type::kString, std::make_shared<const std::string>(std::move(value)));
+}
+
+const std::string& Value::undefined_hint() const {
+  static const std::string* const kNoHint = new std::string();
+  const Text* text = std::get_if<Text>(&data_);
+  return text != nullptr && *text != nullptr ? **text : *kNoHint;
+}
 namespace {
 uint16_t ChildHeight(int child) { return static_cast<uint16_t>(std::min(child + 1, 65535)); }
 }  // namespace

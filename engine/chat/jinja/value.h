@@ -81,7 +81,7 @@ class Value {
   bool AsBool() const { return std::get<bool>(data_); }
   int64_t AsInt() const;
   double AsDouble() const;
-  const std::string& AsString() const { return std::get<std::string>(data_); }
+  const std::string& AsString() const { return *std::get<Text>(data_); }
   const List& AsList() const { return *std::get<std::shared_ptr<const List>>(data_); }
   const std::shared_ptr<const List>& ListPointer() const {
     return std::get<std::shared_ptr<const List>>(data_);
@@ -90,14 +90,16 @@ class Value {
   Namespace& AsNamespace() const { return *std::get<std::shared_ptr<Namespace>>(data_); }
   const Callable& AsCallable() const { return *std::get<std::shared_ptr<const Callable>>(data_); }
   // REQUIRES: is_undefined().
-  const std::string& undefined_hint() const { return std::get<std::string>(data_); }
+  const std::string& undefined_hint() const;
 
   // How deeply lists and dicts nest in this value: 0 for scalars, 1 for a flat list. Saturates at
   // 65535. Namespaces count as 0 (the interpreter bounds what is stored in them).
   int height() const { return height_; }
 
  private:
-  using Data = std::variant<std::monostate, bool, int64_t, double, std::string,
+  // Strings are shared, immutable: copying a Value never copies text.
+  using Text = std::shared_ptr<const std::string>;
+  using Data = std::variant<std::monostate, bool, int64_t, double, Text,
                             std::shared_ptr<const List>, std::shared_ptr<const Dict>,
                             std::shared_ptr<Namespace>, std::shared_ptr<const Callable>>;
   Value(Type type, Data data) : type_(type), data_(std::move(data)) {}
@@ -105,7 +107,7 @@ class Value {
   Type type_ = Type::kUndefined;
   bool tuple_ = false;
   uint16_t height_ = 0;
-  Data data_ = std::string();
+  Data data_;
 };
 
 // An insertion-ordered dictionary with Python's key equality (1 == 1.0 == True). Lookups are
@@ -125,6 +127,7 @@ class Dict {
   void Append(std::string_view key, Value value) {
     entries_.emplace_back(Value::String(std::string(key)), std::move(value));
   }
+  void Append(const Value& key, Value value) { entries_.emplace_back(key, std::move(value)); }
   void Reserve(size_t size) { entries_.reserve(size); }
 
   size_t size() const { return entries_.size(); }
