@@ -83,5 +83,45 @@ EOF
 check promtool-parse-queries promtool check rules "$out/queries-as-rules.yaml"
 check promtool-test-rules promtool test rules tests/deploy/prometheus/rules_test.yaml
 
+# A real Prometheus (Debian's), with the rules loaded, scraping tests/deploy/fake_exporter.py (every
+# metric of docs/deploying.md's table, moving): every line of deploy/promql-queries.txt must return
+# data that is not NaN. Loopback only; both processes are stopped here.
+queries_in_prometheus() {
+  local dir=$out/prometheus exporter_pid prometheus_pid="" port rc
+  mkdir -p "$dir"
+  python3 tests/deploy/fake_exporter.py "$dir/exporter.port" &
+  exporter_pid=$!
+  for _ in $(seq 100); do [[ -s $dir/exporter.port ]] && break; sleep 0.1; done
+  cat >"$dir/prometheus.yml" <<EOF
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: ["$PWD/deploy/prometheus/lmserve-rules.yaml"]
+scrape_configs:
+  - job_name: lmserve
+    static_configs: [{targets: ["127.0.0.1:$(cat "$dir/exporter.port")"]}]
+EOF
+  for _ in 1 2 3 4 5; do  # a free port for Prometheus' web listener
+    port=$((20000 + RANDOM % 20000))
+    prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+      --web.listen-address="127.0.0.1:$port" >"$dir/prometheus.log" 2>&1 &
+    prometheus_pid=$!
+    sleep 1
+    kill -0 "$prometheus_pid" 2>/dev/null && break
+    prometheus_pid=""
+  done
+  if [[ -z $prometheus_pid ]]; then
+    cat "$dir/prometheus.log"
+    rc=1
+  else
+    rc=0
+    python3 tests/deploy/query_prometheus.py --url "http://127.0.0.1:$port" --timeout 60 \
+      --strict-nan || rc=$?
+    kill "$prometheus_pid"
+  fi
+  kill "$exporter_pid"
+  wait
+  return "$rc"
+}
+check prometheus-queries queries_in_prometheus
+
 echo "ci-deploy-checks: $passed passed, $failed failed (logs in $out)"
 [[ $failed -eq 0 ]]
