@@ -46,7 +46,7 @@ COPY . .
 RUN BUILD_TYPE=Release BUILD_DIR=/build scripts/build.sh \
       -DLMSERVE_CUDA="${LMSERVE_CUDA}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
       -DLMSERVE_BUILD_TESTS=OFF \
-    && deploy/docker/collect-runtime-libs.sh /build/bin/lmserve /out
+    && deploy/docker/collect-runtime-libs.sh /out /build/bin/lmserve /build/bin/lmserve-cli
 
 # ---- runtime ------------------------------------------------------------------------------------
 # The variant stages differ only in the default command: the server's default backend is the CPU one.
@@ -62,11 +62,12 @@ CMD ["serve", "--model=/models/model.gguf", "--backend=cpu", "--host=0.0.0.0", "
 # hadolint ignore=DL3006
 FROM runtime-${VARIANT}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# /out holds usr/local/bin/lmserve, usr/local/lib/lmserve/*.so* and etc/ld.so.conf.d/lmserve.conf.
+# /out holds usr/local/bin/{lmserve,lmserve-cli}, usr/local/lib/lmserve/*.so* and
+# etc/ld.so.conf.d/lmserve.conf.
 COPY --from=build /out/ /
 # Every library resolves (but the driver's libcuda, which the NVIDIA container runtime mounts).
 RUN ldconfig \
-    && ! ldd /usr/local/bin/lmserve | grep -v 'libcuda\.so' | grep 'not found' \
+    && ! ldd /usr/local/bin/lmserve /usr/local/bin/lmserve-cli | grep -v 'libcuda\.so' | grep 'not found' \
     && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin lmserve \
     && mkdir -p /models
@@ -79,7 +80,8 @@ WORKDIR /tmp
 VOLUME ["/models"]
 # gRPC (lmserve.v1, grpc.health.v1, reflection) and Prometheus /metrics.
 EXPOSE 50051 9400
-# The gRPC health protocol (grpc.health.v1.Health/Check), through the binary's own client. The start
-# period covers loading the model and warming up; Kubernetes uses its native grpc probes instead.
-HEALTHCHECK --start-period=600s --interval=30s --timeout=5s --retries=3 \
-  CMD ["/usr/local/bin/lmserve", "health", "--addr", "127.0.0.1:50051"]
+# The gRPC health protocol (grpc.health.v1.Health/Check) through lmserve-cli, the project's own client
+# (exit 0 when SERVING; the server says SERVING once the model is loaded and warmed up). The start
+# period covers that; Kubernetes uses its native grpc probes instead.
+HEALTHCHECK --start-period=600s --interval=30s --timeout=10s --retries=3 \
+  CMD ["/usr/local/bin/lmserve-cli", "health", "--addr", "127.0.0.1:50051"]

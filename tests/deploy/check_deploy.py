@@ -18,7 +18,7 @@ hadolint and promtool check one file at a time:
     - the HorizontalPodAutoscaler targets the Deployment on the metric the Prometheus adapter's rule
       (deploy/kubernetes/prometheus-adapter/values.yaml) serves
     - the gpu overlay asks for a GPU and runs --backend=cuda on the cuda image; the cpu overlay neither
-  Dockerfile: a non-root USER, a HEALTHCHECK through `lmserve health`, the build through
+  Dockerfile: a non-root USER, a HEALTHCHECK through `lmserve-cli health`, the build through
     scripts/setup.sh and scripts/build.sh, the default command's ports equal to the manifests'
   Prometheus rules: every alert has a `promtool test rules` case where it fires and one where it does
     not; every alert has summary and description annotations and a severity
@@ -358,8 +358,8 @@ def check_dockerfile(text, overlays, errors):
     if not users or users[-1].split(":")[0] in ("0", "root"):
         errors.append("Dockerfile: the last USER must be a non-root user")
     health = [i for i in instructions if i.upper().startswith("HEALTHCHECK ")]
-    if len(health) != 1 or '"health"' not in health[0]:
-        errors.append("Dockerfile: needs one HEALTHCHECK running `lmserve health`")
+    if len(health) != 1 or '"lmserve-cli", "health"' not in health[0].replace("/usr/local/bin/", ""):
+        errors.append("Dockerfile: needs one HEALTHCHECK running `lmserve-cli health`")
     runs = " ".join(i for i in instructions if i.upper().startswith("RUN "))
     for script in ("scripts/setup.sh", "scripts/build.sh"):
         if script not in runs:

@@ -3,7 +3,8 @@
 # The deployment starts the server with flags of its own: the Deployment's args (base and overlays)
 # and the Dockerfile's default commands. Each must be an option of `lmserve serve` (an unknown option
 # stops the server, so a renamed flag would crash every pod), and the HEALTHCHECK needs the
-# `lmserve health --addr` subcommand. Skips (77) while the binary has no `serve` command.
+# `lmserve-cli health --addr` (bin/lmserve-cli beside BINARY). Skips (77) while the binary has no
+# `serve` command.
 set -euo pipefail
 binary=${1:?usage: server_flags_test.sh BINARY}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,9 +36,10 @@ done
 [[ ${#used[@]} -gt 3 ]] || { echo "server_flags_test: FAIL: found only ${#used[@]} flags"; failed=1; }
 [[ $failed -eq 0 ]] || exit 1
 
-if ! health_help=$("$binary" health --help 2>&1) || ! grep -q -- '--addr' <<<"$health_help"; then
-  echo "server_flags_test: SKIP: the serve flags match, but lmserve has no 'health --addr' command:"
-  echo "  the Dockerfile's HEALTHCHECK runs 'lmserve health --addr 127.0.0.1:50051'"
-  exit 77
+cli=$(dirname "$binary")/lmserve-cli
+if [[ ! -x $cli ]] || ! health_help=$("$cli" health --help 2>&1) || ! grep -q -- '--addr' <<<"$health_help"; then
+  echo "server_flags_test: FAIL: no 'lmserve-cli health --addr' beside $binary:"
+  echo "  the Dockerfile's HEALTHCHECK runs 'lmserve-cli health --addr 127.0.0.1:50051'"
+  exit 1
 fi
-echo "server_flags_test: PASS: ${#used[@]} flags are options of lmserve serve; lmserve health --addr exists"
+echo "server_flags_test: PASS: ${#used[@]} flags are options of lmserve serve; lmserve-cli health --addr exists"
