@@ -43,8 +43,7 @@ cleanup() {
 trap cleanup EXIT
 "$here/make_image_root.sh" "$root" "$binary" "$cli" >/dev/null
 chmod 755 "$root"
-ln "$LMSERVE_DEMO_MODEL" "$root/models/model.gguf" 2>/dev/null ||
-  cp "$LMSERVE_DEMO_MODEL" "$root/models/model.gguf"
+cp "$LMSERVE_DEMO_MODEL" "$root/models/model.gguf"   # a copy: the cached file's mode stays as it is
 chmod 644 "$root/models/model.gguf"
 
 # The image's user and environment (the Dockerfile's USER and ENV), nothing of this shell's.
