@@ -1,40 +1,87 @@
 # syntax=docker/dockerfile:1
-# lmserve container image. The build steps are the repository's own scripts, so CI exercises the
-# same commands. A CUDA image is the default; `--build-arg VARIANT=cpu` builds a CPU-only image on
-# Debian slim.
+# lmserve container image.
+#
+#   docker build -t lmserve:cuda .                         # CUDA (default): CUDA devel image -> CUDA runtime image
+#   docker build -t lmserve:cpu --build-arg VARIANT=cpu .  # CPU only: debian:12-slim -> debian:12-slim
+#
+# The build steps are the repository's own scripts (scripts/setup.sh, scripts/build.sh), the same
+# commands CI runs. The runtime stage gets no packages of its own: the build stage collects the shared
+# libraries the binary links (deploy/docker/collect-runtime-libs.sh, by ldd), minus glibc and the CUDA
+# libraries that the runtime image and the NVIDIA container runtime provide. So the runtime stage never
+# guesses package names (Ubuntu 24.04's t64 names differ from Debian 12's).
+#
+# At run time the process runs as uid 10001 and writes nothing outside mounted volumes: the root
+# filesystem can be read-only (`docker run --read-only --tmpfs /tmp`). The model is mounted read-only at
+# /models (or fetched there by an init container: see deploy/kubernetes and docs/deploying.md):
+#
+#   docker run --read-only --tmpfs /tmp --gpus all -v "$PWD/models:/models:ro" \
+#     -p 50051:50051 -p 9400:9400 lmserve:cuda
+# serves /models/model.gguf on 0.0.0.0:50051 (gRPC) and :9400 (/metrics); arguments after the image
+# name replace the default command (`serve --model=... --backend=... --host=... --port=...`).
 ARG VARIANT=cuda
 ARG CUDA_DEVEL_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
 ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04
 ARG CPU_IMAGE=debian:12-slim
 
+# ---- build --------------------------------------------------------------------------------------
 FROM ${CUDA_DEVEL_IMAGE} AS build-cuda
+ENV LMSERVE_CUDA=ON
 FROM ${CPU_IMAGE} AS build-cpu
+ENV LMSERVE_CUDA=OFF
 
 # hadolint ignore=DL3006
 FROM build-${VARIANT} AS build
-ARG VARIANT
+# CUDA architectures to compile for (CMake's list syntax: "90;100").
+ARG CUDA_ARCHITECTURES=90
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
+# The setup script alone first, so that the Debian packages are a layer of their own that source
+# changes do not rebuild. (`apt-get update` first: a fresh image has no package lists, and setup.sh
+# looks packages up before it updates.)
+COPY scripts/setup.sh scripts/
+RUN apt-get update -qq \
+    && scripts/setup.sh \
+    && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN scripts/setup.sh \
-    && if [ "${VARIANT}" = "cpu" ]; then cuda=OFF; else cuda=ON; fi \
-    && BUILD_TYPE=Release scripts/build.sh -DLMSERVE_CUDA="${cuda}" -DLMSERVE_BUILD_TESTS=OFF \
-    && mkdir -p /out/bin && cp build/bin/lmserve /out/bin/
+RUN BUILD_TYPE=Release BUILD_DIR=/build scripts/build.sh \
+      -DLMSERVE_CUDA="${LMSERVE_CUDA}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
+      -DLMSERVE_BUILD_TESTS=OFF \
+    && deploy/docker/collect-runtime-libs.sh /out /build/bin/lmserve /build/bin/lmserve-cli
 
+# ---- runtime ------------------------------------------------------------------------------------
+# The variant stages differ only in the default command: the server's default backend is the CPU one.
+# (ENTRYPOINT and CMD live here, not in the final stage: an ENTRYPOINT there would reset the CMD.)
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
+ENTRYPOINT ["/usr/local/bin/lmserve"]
+CMD ["serve", "--model=/models/model.gguf", "--backend=cuda", "--host=0.0.0.0", "--port=50051", "--metrics-port=9400"]
+
 FROM ${CPU_IMAGE} AS runtime-cpu
+ENTRYPOINT ["/usr/local/bin/lmserve"]
+CMD ["serve", "--model=/models/model.gguf", "--backend=cpu", "--host=0.0.0.0", "--port=50051", "--metrics-port=9400"]
 
 # hadolint ignore=DL3006
 FROM runtime-${VARIANT}
-# Runtime libraries only (the -dev packages pull them in at build time).
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends libopenblas0 libpcre2-8-0 \
-       libabsl20220623 ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home lmserve
-COPY --from=build /out/bin/lmserve /usr/local/bin/lmserve
-USER 10001
-# The model is mounted at /models (read-only); nothing is written outside mounted volumes.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# /out holds usr/local/bin/{lmserve,lmserve-cli}, usr/local/lib/lmserve/*.so* and
+# etc/ld.so.conf.d/lmserve.conf.
+COPY --from=build /out/ /
+# Every library resolves (but the driver's libcuda, which the NVIDIA container runtime mounts).
+RUN ldconfig \
+    && ! ldd /usr/local/bin/lmserve /usr/local/bin/lmserve-cli | grep -v 'libcuda\.so' | grep 'not found' \
+    && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin lmserve \
+    && mkdir -p /models
+# Nothing in the image is written at run time. HOME and the CUDA JIT cache point at /tmp, which is a
+# mounted tmpfs or emptyDir where the root filesystem is read-only.
+ENV HOME=/tmp \
+    CUDA_CACHE_PATH=/tmp/cuda-cache
+USER 10001:10001
+WORKDIR /tmp
 VOLUME ["/models"]
-ENTRYPOINT ["/usr/local/bin/lmserve"]
-CMD ["info", "--model", "/models/model.gguf"]
+# gRPC (lmserve.v1, grpc.health.v1, reflection) and Prometheus /metrics.
+EXPOSE 50051 9400
+# The gRPC health protocol (grpc.health.v1.Health/Check) through lmserve-cli, the project's own client
+# (exit 0 when SERVING; the server says SERVING once the model is loaded and warmed up). The start
+# period covers that; Kubernetes uses its native grpc probes instead.
+HEALTHCHECK --start-period=600s --interval=30s --timeout=10s --retries=3 \
+  CMD ["/usr/local/bin/lmserve-cli", "health", "--addr", "127.0.0.1:50051"]

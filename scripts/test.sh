@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/ci-deploy-checks.sh  # Dockerfile lint, manifest schemas, promtool rules and tests
 LMSERVE_DEMO_MODEL=$(scripts/fetch-demo-model.sh)
 export LMSERVE_DEMO_MODEL
 scripts/build.sh "$@"
