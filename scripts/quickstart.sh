@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # The README's first command: sets up (Debian packages), builds, fetches the demo model
-# (SmolLM2-135M-Instruct, GGUF Q4_1), starts `lmserve serve` on it in the background, waits until it
-# is SERVING, streams a completion with lmserve-cli, then stops the server with SIGTERM (a graceful
-# drain) and prints how to run it yourself. Non-interactive: it ends on its own (CI can run it).
+# (SmolLM2-135M-Instruct, GGUF Q4_1), starts `lmserve serve` on it, waits until it is SERVING and
+# streams a completion with lmserve-cli. On a terminal the server then keeps serving until Ctrl-C
+# (a graceful drain); without one (CI, scripts) or with LMSERVE_QUICKSTART_EXIT=1 it drains and
+# the script ends.
 #
-# Environment: LMSERVE_PORT and LMSERVE_METRICS_PORT on 127.0.0.1 (default 0: any free port).
+# Environment: LMSERVE_PORT and LMSERVE_METRICS_PORT on 127.0.0.1 (default: 50051 and 9400 on a
+# terminal, any free port otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 model=$(scripts/fetch-demo-model.sh)
-port=${LMSERVE_PORT:-0}
-metrics_port=${LMSERVE_METRICS_PORT:-0}
+keep_serving=false
+if [[ -t 0 && -t 1 && ${LMSERVE_QUICKSTART_EXIT:-0} != 1 ]]; then keep_serving=true; fi
+if $keep_serving; then
+  port=${LMSERVE_PORT:-50051}
+  metrics_port=${LMSERVE_METRICS_PORT:-9400}
+else
+  port=${LMSERVE_PORT:-0}
+  metrics_port=${LMSERVE_METRICS_PORT:-0}
+fi
 log=$(mktemp -t lmserve-quickstart.XXXXXX.log)
 
 serve=(build/bin/lmserve serve --model "$model" --served-model-name SmolLM2-135M-Instruct
@@ -47,17 +56,17 @@ metrics_port=$(sed -n 's|.*metrics on http://127\.0\.0\.1:\([0-9]*\)/metrics.*|\
 echo "quickstart: SERVING on $LMSERVE_ADDR (metrics: http://127.0.0.1:$metrics_port/metrics)"
 
 prompt="The capital of France is"
-if "${cli[@]}" info | grep -q '"has_tokenizer":true'; then
-  echo "quickstart: lmserve-cli complete \"$prompt\" --max-tokens 32 --temperature 0"
-  "${cli[@]}" complete "$prompt" --max-tokens 32 --temperature 0
-else
-  # Until the tokenizer reads GGUF files, the server takes token ids: these are the prompt's ids
-  # in SmolLM2's vocabulary (tokenizer.ggml.tokens of the GGUF file).
-  echo "quickstart: this build serves token ids only (no tokenizer for the model yet);" \
-       "streaming a completion of \"$prompt\" as ids:"
-  "${cli[@]}" complete --ids 504,3575,282,4649,314 --max-tokens 32 --temperature 0
-fi
+echo "quickstart: lmserve-cli complete \"$prompt\" --max-tokens 32 --temperature 0"
+"${cli[@]}" complete "$prompt" --max-tokens 32 --temperature 0
 
+if $keep_serving; then
+  echo "quickstart: serving on $LMSERVE_ADDR until Ctrl-C. In another terminal:"
+  echo "  build/bin/lmserve-cli complete --addr $LMSERVE_ADDR \"$prompt\""
+  echo "  build/bin/lmserve-cli chat --addr $LMSERVE_ADDR"
+  trap 'stop_server; exit 0' INT TERM
+  wait "$server_pid"
+  exit 0
+fi
 stop_server
 trap - EXIT
 echo "quickstart: the server drained and stopped. To run it yourself:"

@@ -1,7 +1,10 @@
 // lmserve tokenize / detokenize: text <-> token ids with a model's tokenizer, as JSON.
 
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -35,18 +38,45 @@ void PrintJson(const nlohmann::json& out) {
 int RunTokenize(int argc, char** argv) {
   Args args("tokenize", "Prints the token ids of a text as JSON: {\"ids\": [...]}.");
   args.Required("tokenizer", "a tokenizer.json, a Hugging Face model directory or a .gguf file")
-      .Required("text", "the text to tokenize")
+      .Option("text", "the text to tokenize")
+      .Option("text-file", "tokenize this file's contents instead of --text")
+      .Flag("lines", "with --text-file: tokenize each line on its own; prints {\"ids\": [[...], ...]}")
       .Flag("add-special", "add the special tokens the tokenizer adds (e.g. BOS)")
       .Flag("pieces", "also print the vocabulary string of each token");
   if (const int code = ParseOrExit(args, argc, argv); code >= 0) return code;
+  if (args.Has("text") == args.Has("text-file")) {
+    std::fprintf(stderr, "lmserve tokenize: give exactly one of --text and --text-file\n");
+    return 2;
+  }
+  std::string text = args.Get("text");
+  if (args.Has("text-file")) {
+    std::ifstream in(args.Get("text-file"), std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "lmserve tokenize: cannot read %s\n", args.Get("text-file").c_str());
+      return 1;
+    }
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer = LoadTokenizer(args);
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "lmserve tokenize: %s\n",
                  std::string(tokenizer.status().message()).c_str());
     return 1;
   }
-  const std::vector<int32_t> ids =
-      (*tokenizer)->Encode(args.Get("text"), args.GetFlag("add-special"));
+  if (args.GetFlag("lines")) {
+    nlohmann::json lines = nlohmann::json::array();
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      lines.push_back((*tokenizer)->Encode(std::string_view(text).substr(start, end - start),
+                                           args.GetFlag("add-special")));
+      start = end + 1;
+    }
+    PrintJson({{"ids", std::move(lines)}});
+    return 0;
+  }
+  const std::vector<int32_t> ids = (*tokenizer)->Encode(text, args.GetFlag("add-special"));
   nlohmann::json out = {{"ids", ids}};
   if (args.GetFlag("pieces")) {
     nlohmann::json pieces = nlohmann::json::array();

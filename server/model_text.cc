@@ -1,5 +1,7 @@
 #include "server/model_text.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -7,6 +9,9 @@
 
 #if LMSERVE_HAVE_TOKENIZER
 #include "absl/types/span.h"
+#include "engine/chat/chat_template.h"
+#include "engine/chat/model_chat_template.h"
+#include "engine/tokenizer/detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #endif
 
@@ -36,17 +41,51 @@ class NoText final : public ModelText {
 
 #if LMSERVE_HAVE_TOKENIZER
 
-// Over engine::Tokenizer. The engine's text decoder is FunctionTextDecoder over Tokenizer::Decode:
-// its window starts a few prompt tokens back, so that a first generated token keeps the leading
-// space a SentencePiece decoder would strip at the start of a text.
+// The engine's streaming text over the tokenizer's Detokenizer: chunks are whole UTF-8 characters
+// and concatenate to Tokenizer::Decode of the generated ids (byte-fallback runs included). The
+// detokenizer starts from the prompt's last tokens, so a first generated SentencePiece token keeps
+// its leading space.
+class DetokenizerTextDecoder final : public engine::TextDecoder {
+ public:
+  explicit DetokenizerTextDecoder(const engine::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+
+  std::unique_ptr<engine::IncrementalTextDecoder> NewSequence(
+      std::span<const int32_t> prompt_token_ids) const override {
+    constexpr size_t kContextTokens = 8;
+    const size_t context = std::min(prompt_token_ids.size(), kContextTokens);
+    return std::make_unique<Sequence>(
+        tokenizer_, absl::MakeConstSpan(prompt_token_ids.data() + prompt_token_ids.size() - context,
+                                        context));
+  }
+
+ private:
+  class Sequence final : public engine::IncrementalTextDecoder {
+   public:
+    Sequence(const engine::Tokenizer& tokenizer, absl::Span<const int32_t> context)
+        : detokenizer_(tokenizer, /*skip_special=*/true, context) {}
+    std::string Append(int32_t token_id) override { return detokenizer_.Add(token_id); }
+    std::string Finish() override { return detokenizer_.Flush(); }
+
+   private:
+    engine::Detokenizer detokenizer_;
+  };
+
+  const engine::Tokenizer& tokenizer_;
+};
+
+// Over engine::Tokenizer, with DetokenizerTextDecoder for the engine's streaming text.
 class TokenizerText final : public ModelText {
  public:
-  explicit TokenizerText(std::unique_ptr<engine::Tokenizer> tokenizer)
-      : tokenizer_(std::move(tokenizer)) {}
+  // `chat_template` may be null: no Chat calls.
+  TokenizerText(std::unique_ptr<engine::Tokenizer> tokenizer,
+                std::optional<engine::ChatTemplate> chat_template,
+                engine::ChatTemplateOptions chat_options)
+      : tokenizer_(std::move(tokenizer)),
+        chat_template_(std::move(chat_template)),
+        chat_options_(std::move(chat_options)) {}
 
   bool has_tokenizer() const override { return true; }
-  // TODO(server): render tokenizer_->chat_template() once engine/chat/ (Jinja) lands.
-  bool has_chat_template() const override { return false; }
+  bool has_chat_template() const override { return chat_template_.has_value(); }
 
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
                                               bool add_special) const override {
@@ -60,21 +99,62 @@ class TokenizerText final : public ModelText {
     return tokenizer_->Decode(absl::MakeConstSpan(&id, 1), /*skip_special=*/false);
   }
   std::unique_ptr<engine::TextDecoder> NewTextDecoder() const override {
-    const engine::Tokenizer* tokenizer = tokenizer_.get();
-    return std::make_unique<engine::FunctionTextDecoder>(
-        [tokenizer](std::span<const int32_t> ids) {
-          return tokenizer->Decode(absl::MakeConstSpan(ids.data(), ids.size()),
-                                   /*skip_special=*/true);
-        });
+    return std::make_unique<DetokenizerTextDecoder>(*tokenizer_);
   }
-  absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn>, bool) const override {
-    return absl::FailedPreconditionError(
-        StrCat(kNoChatTemplate, " (chat templates are not supported by this build)"));
+  absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn> turns,
+                                         bool add_generation_prompt) const override {
+    if (!chat_template_.has_value()) return absl::FailedPreconditionError(kNoChatTemplate);
+    std::vector<engine::ChatMessage> messages;
+    messages.reserve(turns.size());
+    for (const ChatTurn& turn : turns) {
+      engine::ChatMessage message;
+      message.role = turn.role;
+      message.content = turn.content;
+      messages.push_back(std::move(message));
+    }
+    engine::ChatTemplateOptions options = chat_options_;
+    options.add_generation_prompt = add_generation_prompt;
+    absl::StatusOr<std::string> text = chat_template_->Render(messages, options);
+    // The template's own raise_exception() rejects the conversation: the client's error. Anything
+    // else (a broken template, a limit) is the served model's problem, reported as is.
+    if (!text.ok() && engine::IsRaisedByChatTemplate(text.status())) {
+      return absl::InvalidArgumentError(StrCat("messages: ", text.status().message()));
+    }
+    return text;
   }
 
  private:
   std::unique_ptr<engine::Tokenizer> tokenizer_;
+  std::optional<engine::ChatTemplate> chat_template_;
+  engine::ChatTemplateOptions chat_options_;
 };
+
+// The chat template: `chat_template` (a built-in name or a file) when given, else the model's.
+// nullopt, with `*warning` set, when the model has none.
+absl::StatusOr<std::optional<engine::ChatTemplate>> LoadChatTemplate(
+    const std::string& model_path, const std::string& chat_template,
+    engine::ChatTemplateOptions* options, std::string* warning) {
+  absl::StatusOr<engine::ModelChatTemplate> model = engine::LoadModelChatTemplate(model_path);
+  if (!model.ok()) {
+    if (!chat_template.empty()) return model.status();
+    *warning = StrCat("no chat template (", model.status().message(), "): Chat calls fail");
+    return std::optional<engine::ChatTemplate>();
+  }
+  options->bos_token = model->bos_token;
+  options->eos_token = model->eos_token;
+  if (chat_template.empty() && model->chat_template.empty()) {
+    *warning = "the model has no chat template: Chat calls fail (--chat-template gives one)";
+    return std::optional<engine::ChatTemplate>();
+  }
+  absl::StatusOr<std::string> source =
+      engine::ResolveChatTemplate(chat_template, model->chat_template);
+  if (!source.ok()) {
+    return absl::Status(source.status().code(), StrCat("--chat-template: ", source.status().message()));
+  }
+  absl::StatusOr<engine::ChatTemplate> parsed = engine::ChatTemplate::Parse(*source);
+  if (!parsed.ok()) return parsed.status();
+  return std::optional<engine::ChatTemplate>(*std::move(parsed));
+}
 
 #endif  // LMSERVE_HAVE_TOKENIZER
 
@@ -84,6 +164,7 @@ std::unique_ptr<ModelText> ModelText::None() { return std::make_unique<NoText>()
 
 absl::StatusOr<std::unique_ptr<ModelText>> ModelText::Load(const std::string& model_path,
                                                            const std::string& tokenizer_path,
+                                                           const std::string& chat_template,
                                                            int64_t vocab_size,
                                                            std::string* warning) {
 #if LMSERVE_HAVE_TOKENIZER
@@ -105,9 +186,17 @@ absl::StatusOr<std::unique_ptr<ModelText>> ModelText::Load(const std::string& mo
     *warning = StrCat("no tokenizer (", message, "): serving token-id prompts only");
     return None();
   }
-  return std::unique_ptr<ModelText>(std::make_unique<TokenizerText>(*std::move(tokenizer)));
+  engine::ChatTemplateOptions chat_options;
+  std::string chat_warning;
+  absl::StatusOr<std::optional<engine::ChatTemplate>> chat = LoadChatTemplate(
+      tokenizer_path.empty() ? model_path : tokenizer_path, chat_template, &chat_options,
+      &chat_warning);
+  if (!chat.ok()) return chat.status();
+  if (!chat_warning.empty()) *warning = chat_warning;
+  return std::unique_ptr<ModelText>(std::make_unique<TokenizerText>(
+      *std::move(tokenizer), *std::move(chat), std::move(chat_options)));
 #else
-  if (!tokenizer_path.empty()) {
+  if (!tokenizer_path.empty() || !chat_template.empty()) {
     return absl::UnimplementedError("--tokenizer: this build has no tokenizer (engine/tokenizer/)");
   }
   *warning = "this build has no tokenizer: serving token-id prompts only";

@@ -34,9 +34,12 @@ class ModelText {
 
   // The tokenizer of `tokenizer_path` when given (an error when it does not load), otherwise of
   // `model_path` (a model without a usable tokenizer gets one without: `*warning` says why).
-  // `vocab_size` is the model's: token ids at or beyond it are rejected.
+  // `vocab_size` is the model's: token ids at or beyond it are rejected. The chat template is
+  // `chat_template` (a built-in name or a file; an error when it does not load or parse), else the
+  // model's own; a model without one serves no Chat calls (`*warning` says so).
   static absl::StatusOr<std::unique_ptr<ModelText>> Load(const std::string& model_path,
                                                          const std::string& tokenizer_path,
+                                                         const std::string& chat_template,
                                                          int64_t vocab_size, std::string* warning);
   // No tokenizer, no chat template.
   static std::unique_ptr<ModelText> None();

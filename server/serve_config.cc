@@ -47,6 +47,9 @@ void AddServeOptions(Args* args) {
       .Option("tokenizer",
               "a tokenizer.json, a model directory or a .gguf file to take the tokenizer from "
               "(default: the model's own; without one, only token-id prompts are served)")
+      .Option("chat-template",
+              "the chat template for Chat calls: a built-in name (chatml, llama2, llama3, mistral, "
+              "zephyr) or a .jinja / .json file (default: the model's own)")
       .Option("served-model-name", "the model name in responses and metrics (default: the model's)")
       .Option("backend", "cpu or cuda", "cpu")
       .Option("threads", "CPU threads for matrix products and attention; 0: one per core", "0")
@@ -84,6 +87,7 @@ absl::StatusOr<ServeConfig> ServeConfigFromArgs(const Args& args) {
   ServeConfig config;
   config.model_path = args.Get("model");
   config.tokenizer_path = args.Get("tokenizer");
+  config.chat_template = args.Get("chat-template");
   config.served_model_name = args.Get("served-model-name");
   config.backend = args.Get("backend");
   if (config.backend != "cpu" && config.backend != "cuda") {
@@ -170,6 +174,7 @@ std::string DescribeServeConfig(const ServeConfig& config) {
   return StrCat(
       "configuration:\n", "  model: ", config.model_path, "\n",
       "  tokenizer: ", or_default(config.tokenizer_path, "(the model's)"), "\n",
+      "  chat template: ", or_default(config.chat_template, "(the model's)"), "\n",
       "  served model name: ", or_default(config.served_model_name, "(the model's)"), "\n",
       "  backend: ", config.backend, ", threads: ", config.threads, "\n",
       "  listen: ", config.host, ":", config.port, ", metrics port: ",

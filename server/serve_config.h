@@ -15,6 +15,7 @@ struct ServeConfig {
   // The model.
   std::string model_path;         // a Hugging Face directory or a .gguf file
   std::string tokenizer_path;     // "" : the model's own
+  std::string chat_template;      // "" : the model's own; else a built-in name or a file
   std::string served_model_name;  // "" : from the checkpoint
   std::string backend = "cpu";    // "cpu" or "cuda"
   int32_t threads = 0;            // CPU threads; 0: one per core

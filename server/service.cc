@@ -1031,7 +1031,8 @@ absl::Status LmserveServer::LoadModel() {
 
   std::string warning;
   absl::StatusOr<std::unique_ptr<ModelText>> text = ModelText::Load(
-      config.model_path, config.tokenizer_path, model_config.vocab_size, &warning);
+      config.model_path, config.tokenizer_path, config.chat_template, model_config.vocab_size,
+      &warning);
   if (!text.ok()) return text.status();
   if (!warning.empty()) LogWarning(warning);
 

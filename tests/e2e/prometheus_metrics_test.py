@@ -3,8 +3,9 @@
 then agree with what the clients saw: the TTFT histogram counts the requests sent, and
 generation_tokens_total the tokens streamed.
 
-Every query in QUERIES_WITH_DATA must return data: extend that list with the dashboards' queries and
-the alert rules' expressions.
+Every query in QUERIES_WITH_DATA must return data, and so must every query of the Grafana dashboard and
+every recording and alert rule expression (deploy/promql-queries.txt, checked by
+tests/deploy/query_prometheus.py with the rules of deploy/prometheus/lmserve-rules.yaml loaded).
 """
 
 import argparse
@@ -21,6 +22,8 @@ import urllib.request
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_util  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # PromQL that must return at least one series once the test's requests have been scraped.
 QUERIES_WITH_DATA = [
@@ -81,6 +84,7 @@ def main():
     config_path = os.path.join(storage, "prometheus.yml")
     with open(config_path, "w", encoding="utf-8") as f:
         f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                f"rule_files:\n  - {os.path.join(REPO, 'deploy', 'prometheus', 'lmserve-rules.yaml')}\n"
                 "scrape_configs:\n  - job_name: lmserve\n    static_configs:\n"
                 f"      - targets: ['127.0.0.1:{server.metrics_port}']\n")
     prom = subprocess.Popen(
@@ -130,6 +134,14 @@ def main():
                     failures.append(f"no data: {promql}")
             except (OSError, RuntimeError) as e:
                 failures.append(f"query failed: {promql}: {e}")
+        # The dashboard's queries and the rules' expressions, NaN not counted as data.
+        checker = subprocess.run(
+            [sys.executable, os.path.join(REPO, "tests", "deploy", "query_prometheus.py"),
+             "--url", f"http://127.0.0.1:{prometheus_port}", "--strict-nan", "--timeout", "60"],
+            capture_output=True, text=True, timeout=120)
+        print(checker.stdout.replace(" passed, ", " dashboard/rule queries passed, "), end="")
+        if checker.returncode != 0:
+            failures.append(f"dashboard/rule queries: {checker.stdout[-2000:]}{checker.stderr[-500:]}")
     finally:
         prom.terminate()
         try:

@@ -108,7 +108,7 @@ def main():
     # --- logits ---
     if not args.skip_logits:
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename,
-                                                     torch_dtype=torch.float32)
+                                                     dtype=torch.float32)
         model = model.double().eval()
         prompts = ["The capital of France is",
                    "def fibonacci(n):\n    if n < 2:\n        return n\n",

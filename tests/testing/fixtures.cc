@@ -74,20 +74,22 @@ std::optional<std::string> DemoModelPath() {
 }
 
 std::string TempDir() {
-  static const std::string dir = [] {
+  // Never freed: the exit handler that removes the directory runs after static destructors.
+  static const std::string* const dir = [] {
     std::string pattern = (std::filesystem::temp_directory_path() / "lmserve-test-XXXXXX").string();
     const char* made = ::mkdtemp(pattern.data());
     if (made == nullptr) {
       ADD_FAILURE() << "mkdtemp failed";
       std::abort();
     }
+    auto* path = new std::string(made);
     std::atexit([] {
       std::error_code ec;
       std::filesystem::remove_all(TempDir(), ec);
     });
-    return std::string(made);
+    return path;
   }();
-  return dir;
+  return *dir;
 }
 
 }  // namespace lmserve::testing

@@ -1,0 +1,84 @@
+// The same model gives the same numbers from either file: each fixture model written by the project
+// as GGUF (F32, F16, Q8_0; llama's Q/K rows permuted as llama.cpp's converter does) is run by the
+// CPU runner and compared with its safetensors form. F32 must agree within 1e-5; F16 and Q8_0 change
+// the weights (rounding), so their error is reported and bounded loosely to catch a broken loader.
+
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "engine/model/checkpoint.h"
+#include "engine/model/gguf_writer.h"
+#include "engine/runner/model_runner.h"
+#include "gtest/gtest.h"
+#include "tests/testing/fixtures.h"
+
+namespace lmserve::engine {
+namespace {
+
+// Teacher-forced logits of every fixture prompt, [sum of prompt lengths, vocab].
+std::vector<float> AllLogits(const Checkpoint& checkpoint, const std::string& model) {
+  RunnerConfig config;
+  config.kv_cache_bytes = int64_t{64} << 20;
+  config.num_threads = 1;
+  auto runner = ModelRunner::Create(checkpoint, config);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return {};
+  const testing::HfTinyReference ref = testing::LoadHfTinyReference(model);
+  std::vector<float> all;
+  for (const std::vector<int32_t>& prompt : ref.prompts) {
+    const int32_t block = (*runner)->block_size_tokens();
+    std::vector<int32_t> blocks((prompt.size() + block - 1) / block);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    StepBatch batch;
+    batch.AddSequence(prompt, 0, blocks, LogitsMode::kAll);
+    StepOutput output;
+    EXPECT_TRUE((*runner)->Execute(batch, &output).ok());
+    all.insert(all.end(), output.logits.begin(), output.logits.end());
+  }
+  return all;
+}
+
+TEST(GgufLogitsTest, GgufFormsGiveTheSafetensorsLogits) {
+  struct Form {
+    GgufOutputType type;
+    const char* name;
+    double bound;  // max abs error allowed
+  };
+  // F32 holds the bf16 weights exactly: only summation order may differ. F16 rounds weights with
+  // 11-bit mantissas (bf16 has 8): exact except for tiny values. Q8_0 quantizes to 8 bits per block.
+  const Form forms[] = {{GgufOutputType::kF32, "F32", 1e-5},
+                        {GgufOutputType::kF16, "F16", 1e-3},
+                        {GgufOutputType::kQ8_0, "Q8_0", 0.5}};
+  for (const std::string& model : testing::HfTinyModelNames()) {
+    auto hf = OpenCheckpoint(testing::HfTinyDir(model));
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    const std::vector<float> expected = AllLogits(**hf, model);
+    double max_abs_logit = 0;
+    for (float v : expected) max_abs_logit = std::max<double>(max_abs_logit, std::fabs(v));
+    for (const Form& form : forms) {
+      const std::string path = testing::TempDir() + "/" + model + "-" + form.name + ".gguf";
+      ASSERT_TRUE(WriteGgufCheckpoint(**hf, form.type, path).ok()) << model << " " << form.name;
+      auto gguf = OpenCheckpoint(path);
+      ASSERT_TRUE(gguf.ok()) << gguf.status();
+      if (model.rfind("llama", 0) == 0) {
+        EXPECT_EQ((*gguf)->config().rope.layout, RopeLayout::kInterleaved) << model;
+      }
+      const std::vector<float> actual = AllLogits(**gguf, model);
+      ASSERT_EQ(actual.size(), expected.size());
+      double max_err = 0;
+      for (size_t i = 0; i < actual.size(); ++i) {
+        max_err = std::max<double>(max_err, std::fabs(actual[i] - expected[i]));
+      }
+      std::printf("%-28s GGUF %-5s max |logit - safetensors logit| = %.3g (|logit| max %.1f)\n",
+                  model.c_str(), form.name, max_err, max_abs_logit);
+      EXPECT_LE(max_err, form.bound) << model << " " << form.name;
+      std::remove(path.c_str());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::engine
