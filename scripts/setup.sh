@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git clang libclang-rt-dev
   # libraries the build links
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  prometheus-cpp-dev libpcre2-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
+  prometheus-cpp-dev libpcre2-dev libicu-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # server end-to-end tests: a real Prometheus, a generic reflection client, throwaway TLS certificates

@@ -24,6 +24,12 @@ int RunGenerate(int argc, char** argv);
 int RunExportGguf(int argc, char** argv);
 // The gRPC server (cmd_serve.cc).
 int RunServe(int argc, char** argv);
+// Chat template rendering (cmd_chat_template.cc).
+int RunChatTemplate(int argc, char** argv);
+
+// Text <-> token ids (cmd_tokenize.cc).
+int RunTokenize(int argc, char** argv);
+int RunDetokenize(int argc, char** argv);
 
 }  // namespace lmserve::server
 

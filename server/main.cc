@@ -15,6 +15,9 @@ constexpr Subcommand kSubcommands[] = {
     {"logits", "teacher-forced logits of token ids, to a file", lmserve::server::RunLogits},
     {"generate", "greedy decoding of token ids", lmserve::server::RunGenerate},
     {"export-gguf", "write a model as a GGUF file (f32, f16, q8_0)", lmserve::server::RunExportGguf},
+    {"tokenize", "print the token ids of a text", lmserve::server::RunTokenize},
+    {"detokenize", "print the text of token ids", lmserve::server::RunDetokenize},
+    {"chat-template", "render messages with a chat template", lmserve::server::RunChatTemplate},
 };
 
 void PrintUsage(FILE* out) {

@@ -31,6 +31,9 @@ struct LayerWeights {
   std::vector<float> down;        // [hidden, intermediate]
 };
 
+// lm_head sums its reduction over hidden in double, over fp32 chunks of this many features.
+constexpr int64_t kLogitsSplitK = 32;
+
 // A zero-filled float array from calloc: large pools come from fresh mappings, so pages are only
 // touched (and counted in the resident set) once the cache writes them.
 struct FreeDeleter {
@@ -449,12 +452,16 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
                               .hidden_size = hidden,
                               .epsilon = c.rms_norm_eps});
   }
+  // lm_head, its reduction summed in double over fp32 chunks: logits of tied-embedding models
+  // reach the hundreds, where fp32 sums over all of hidden lose 1e-4.
   kernels::Linear({.input = normed_.data(),
                    .weight = lm_head_,
                    .output = output->logits.data(),
                    .num_tokens = num_rows,
                    .in_features = hidden,
-                   .out_features = c.vocab_size});
+                   .out_features = c.vocab_size,
+                   .split_k = kLogitsSplitK,
+                   .num_threads = num_threads_});
   return absl::OkStatus();
 }
 

@@ -8,8 +8,8 @@
 // - A step is a ragged batch. Sequence i computes `query_lens[i]` new tokens at positions
 //   [context_lens[i] - query_lens[i], context_lens[i]): their K/V are written into the cache slots
 //   that its block table gives for those positions, and attention reads positions
-//   [0, context_lens[i]) through the same table. Prefills (many tokens), chunked prefills and
-//   prefix hits (a prompt starting mid-sequence) and decodes (one token) mix freely in one step.
+//   [0, context_lens[i]) through the same table. Prefills (many tokens), chunked prefills and prefix
+//   hits (a prompt starting mid-sequence) and decodes (one token) mix freely in one step.
 // - Logits are produced only for the rows asked for: the last token of a sequence, or all of its
 //   tokens (teacher-forced scoring, prompt logprobs).
 //
@@ -40,14 +40,12 @@ enum class LogitsMode : uint8_t {
 
 // One step's batch, in the compressed-sparse-row form that GPU kernels take.
 struct StepBatch {
-  std::vector<int32_t> token_ids;  // [num_tokens]: every sequence's new tokens, in order
-  std::vector<int32_t>
-      query_start;  // [num_seqs + 1]: sequence i owns token_ids[query_start[i]..query_start[i+1])
-  std::vector<int32_t> context_lens;       // [num_seqs]: tokens in the cache after this step
-  std::vector<int32_t> block_table_start;  // [num_seqs + 1]: offsets into block_table_ids
-  std::vector<int32_t>
-      block_table_ids;  // KV block ids; sequence i's block j holds positions [j*B, (j+1)*B)
-  std::vector<LogitsMode> logits_modes;  // [num_seqs]
+  std::vector<int32_t> token_ids;             // [num_tokens]: every sequence's new tokens, in order
+  std::vector<int32_t> query_start;           // [num_seqs + 1]: sequence i owns token_ids[query_start[i]..query_start[i+1])
+  std::vector<int32_t> context_lens;          // [num_seqs]: tokens in the cache after this step
+  std::vector<int32_t> block_table_start;     // [num_seqs + 1]: offsets into block_table_ids
+  std::vector<int32_t> block_table_ids;       // KV block ids; sequence i's block j holds positions [j*B, (j+1)*B)
+  std::vector<LogitsMode> logits_modes;       // [num_seqs]
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
@@ -61,8 +59,8 @@ struct StepBatch {
 
 struct StepOutput {
   // Row r of the logits belongs to the sequence and position that logits_rows names.
-  std::vector<float> logits;              // [num_rows, vocab_size], fp32, row-major
-  std::vector<int32_t> logits_row_start;  // [num_seqs + 1]: sequence i's rows
+  std::vector<float> logits;             // [num_rows, vocab_size], fp32, row-major
+  std::vector<int32_t> logits_row_start; // [num_seqs + 1]: sequence i's rows
 };
 
 enum class Backend { kCpu, kCuda };
@@ -89,8 +87,8 @@ class ModelRunner {
   virtual int32_t num_kv_blocks() const = 0;
 
   // Runs one step. Validates the batch (token ids in the vocabulary, block ids in the pool, tables
-  // long enough, contexts within the model's) and returns InvalidArgument without touching the
-  // cache when it is malformed.
+  // long enough, contexts within the model's) and returns InvalidArgument without touching the cache
+  // when it is malformed.
   virtual absl::Status Execute(const StepBatch& batch, StepOutput* output) = 0;
 };
 

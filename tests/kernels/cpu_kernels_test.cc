@@ -364,6 +364,53 @@ TEST(LinearTest, MatchesDoubleReference) {
   }
 }
 
+TEST(LinearTest, SplitReductionIsExactUpToChunkRounding) {
+  // Same-signed terms, so that the error bound of a k-term fp32 sum is k ulps of the result: the
+  // split form must stay within the bound of its chunk length (bias, accumulate, chunk offsets).
+  for (int64_t in : {15, 64, 80, 576}) {
+    for (int64_t split : {1, 16, 32, 1000}) {
+      const int64_t tokens = 5, out_features = 33;
+      auto x = RandomVector(tokens * in, 19);
+      auto w = RandomVector(out_features * in, 20);
+      for (float& v : x) v = std::abs(v) + 0.5f;
+      for (float& v : w) v = std::abs(v) + 0.5f;
+      const auto bias = RandomVector(out_features, 21);
+      auto y = RandomVector(tokens * out_features, 22);
+      const auto y0 = y;
+      LinearParams p{.input = x.data(),
+                     .weight = w.data(),
+                     .bias = bias.data(),
+                     .output = y.data(),
+                     .num_tokens = tokens,
+                     .in_features = in,
+                     .out_features = out_features,
+                     .accumulate = true,
+                     .split_k = split,
+                     .num_threads = 3};
+      ASSERT_TRUE(p.Validate().ok());
+      Linear(p);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t o = 0; o < out_features; ++o) {
+          double expected = double{y0[t * out_features + o]} + bias[o];
+          for (int64_t i = 0; i < in; ++i) expected += double{x[t * in + i]} * w[o * in + i];
+          const double bound = std::min<double>(split, in) * 1.2e-7 * std::abs(expected);
+          ASSERT_NEAR(y[t * out_features + o], expected, bound + 6e-8 * std::abs(expected))
+              << "in " << in << " split " << split;
+        }
+      }
+    }
+  }
+  std::vector<float> buf(16);
+  LinearParams negative{.input = buf.data(),
+                        .weight = buf.data(),
+                        .output = buf.data(),
+                        .num_tokens = 1,
+                        .in_features = 4,
+                        .out_features = 4,
+                        .split_k = -1};
+  EXPECT_THAT(negative.Validate().message(), HasSubstr("split_k"));
+}
+
 TEST(LinearTest, ValidateRejectsShortStrides) {
   std::vector<float> buf(64);
   LinearParams p{.input = buf.data(),

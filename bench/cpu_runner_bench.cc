@@ -1,0 +1,245 @@
+// lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128] [--decode-tokens 64]
+//                          [--repeats 3]
+//
+// Measures the CPU runner on one model:
+// - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, conversion of every
+// weight
+//   to fp32, fusing, KV pool allocation);
+// - prefill: one step computing a --prompt-tokens prompt (pseudo-random ids, logits of the last
+//   token only), tokens per second, the median of --repeats runs after one warm-up;
+// - decode: single-stream greedy decoding of --decode-tokens tokens after that prompt, one token
+// per
+//   step through the paged cache, tokens per second (median of --repeats runs);
+// - peak RSS: getrusage's ru_maxrss at the end (weights, KV pages touched, workspaces).
+// Floors, measured on the same machine: prefill against the GEMM throughput of OpenBLAS (a square
+// 1024^3 sgemm through kernels::Linear), decode against the time to stream the fp32 weights once
+// from memory (memcpy bandwidth of a 256 MiB buffer).
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/model/checkpoint.h"
+#include "engine/runner/model_runner.h"
+#include "kernels/cpu/argmax.h"
+#include "kernels/cpu/linear.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using lmserve::engine::LogitsMode;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Options {
+  std::string model;
+  int threads = 0;
+  int prompt_tokens = 128;
+  int decode_tokens = 64;
+  int repeats = 3;
+};
+
+bool ParseOptions(int argc, char** argv, Options* options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (i + 1 >= argc) return false;
+    const char* value = argv[++i];
+    if (arg == "--model") {
+      options->model = value;
+    } else if (arg == "--threads") {
+      options->threads = std::atoi(value);
+    } else if (arg == "--prompt-tokens") {
+      options->prompt_tokens = std::atoi(value);
+    } else if (arg == "--decode-tokens") {
+      options->decode_tokens = std::atoi(value);
+    } else if (arg == "--repeats") {
+      options->repeats = std::atoi(value);
+    } else {
+      return false;
+    }
+  }
+  return !options->model.empty() && options->prompt_tokens > 0 && options->decode_tokens > 0 &&
+         options->repeats > 0 && options->threads >= 0;
+}
+
+// GFLOP/s of a square fp32 GEMM through kernels::Linear (median of 5 after a warm-up).
+double MeasureGemmGflops() {
+  constexpr int64_t kSize = 1024;
+  std::vector<float> a(kSize * kSize, 0.5f), b(kSize * kSize, 0.25f), c(kSize * kSize);
+  std::vector<double> times;
+  for (int run = 0; run < 6; ++run) {
+    const auto start = Clock::now();
+    lmserve::kernels::Linear({.input = a.data(),
+                              .weight = b.data(),
+                              .output = c.data(),
+                              .num_tokens = kSize,
+                              .in_features = kSize,
+                              .out_features = kSize});
+    if (run > 0) times.push_back(Seconds(start));
+  }
+  return 2.0 * kSize * kSize * kSize / Median(times) / 1e9;
+}
+
+// GB/s of memcpy over 256 MiB (counting the bytes read, as a weight stream reads them).
+double MeasureCopyGBps() {
+  constexpr size_t kBytes = size_t{256} << 20;
+  std::vector<char> src(kBytes, 1), dst(kBytes, 0);
+  std::vector<double> times;
+  for (int run = 0; run < 6; ++run) {
+    const auto start = Clock::now();
+    std::memcpy(dst.data(), src.data(), kBytes);
+    if (run > 0) times.push_back(Seconds(start));
+  }
+  return kBytes / Median(times) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (!ParseOptions(argc, argv, &options)) {
+    std::fprintf(stderr,
+                 "usage: lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128]"
+                 " [--decode-tokens 64] [--repeats 3]\n");
+    return 2;
+  }
+
+  // Load.
+  const auto load_start = Clock::now();
+  auto checkpoint = lmserve::engine::OpenCheckpoint(options.model);
+  if (!checkpoint.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(checkpoint.status().message()).c_str());
+    return 1;
+  }
+  lmserve::engine::RunnerConfig config;
+  config.num_threads = options.threads;
+  const int64_t context = options.prompt_tokens + options.decode_tokens;
+  auto runner = lmserve::engine::ModelRunner::Create(**checkpoint, config);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
+    return 1;
+  }
+  const double load_seconds = Seconds(load_start);
+  lmserve::engine::ModelRunner& model = **runner;
+  const lmserve::engine::ModelConfig& c = model.model_config();
+  if (context > c.max_position_embeddings ||
+      context > int64_t{model.num_kv_blocks()} * model.block_size_tokens()) {
+    std::fprintf(stderr, "prompt + decode tokens (%lld) exceed the context or the KV cache\n",
+                 static_cast<long long>(context));
+    return 1;
+  }
+
+  std::vector<int32_t> blocks((context + model.block_size_tokens() - 1) /
+                              model.block_size_tokens());
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> id_dist(0, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<int32_t> prompt(static_cast<size_t>(options.prompt_tokens));
+  for (int32_t& id : prompt) id = id_dist(rng);
+
+  lmserve::engine::StepBatch batch;
+  lmserve::engine::StepOutput output;
+  auto prefill = [&]() -> bool {
+    batch.Clear();
+    batch.AddSequence(prompt, 0, blocks, LogitsMode::kLast);
+    return model.Execute(batch, &output).ok();
+  };
+  auto argmax = [&]() {
+    int32_t id = 0;
+    lmserve::kernels::Argmax(
+        {.input = output.logits.data(), .output = &id, .num_rows = 1, .row_size = c.vocab_size});
+    return id;
+  };
+
+  // Prefill.
+  std::vector<double> prefill_times;
+  for (int run = 0; run <= options.repeats; ++run) {
+    const auto start = Clock::now();
+    if (!prefill()) return 1;
+    if (run > 0) prefill_times.push_back(Seconds(start));
+  }
+  const double prefill_seconds = Median(prefill_times);
+
+  // Decode.
+  std::vector<double> decode_times;
+  for (int run = 0; run <= options.repeats; ++run) {
+    if (!prefill()) return 1;
+    int32_t token = argmax();
+    int32_t computed = options.prompt_tokens;
+    const auto start = Clock::now();
+    for (int step = 0; step < options.decode_tokens; ++step) {
+      batch.Clear();
+      const int32_t next[1] = {token};
+      batch.AddSequence(next, computed, blocks, LogitsMode::kLast);
+      if (!model.Execute(batch, &output).ok()) return 1;
+      token = argmax();
+      ++computed;
+    }
+    if (run > 0) decode_times.push_back(Seconds(start));
+  }
+  const double decode_seconds = Median(decode_times);
+
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double peak_rss_mib = usage.ru_maxrss / 1024.0;
+
+  // Floors.
+  const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  const int64_t layer_params = (q_dim + 2 * kv_dim) * h + h * q_dim + 3 * c.intermediate_size * h;
+  const int64_t matmul_params = c.num_layers * layer_params;
+  const int64_t lm_head_params = c.vocab_size * h;
+  const double gemm_gflops = MeasureGemmGflops();
+  const double copy_gbps = MeasureCopyGBps();
+  const double p = options.prompt_tokens;
+  // Prefill FLOPs: projections for every token, causal attention (QK^T and PV), lm_head for one
+  // row.
+  const double prefill_flops = 2.0 * matmul_params * p +
+                               c.num_layers * 2.0 * 2.0 * q_dim * (p * (p + 1) / 2) +
+                               2.0 * lm_head_params;
+  const double decode_bytes_per_token = 4.0 * (matmul_params + lm_head_params);
+
+  std::printf(
+      "model            %s (%s, %lld layers, hidden %lld, %lld/%lld heads, head_dim %lld)\n",
+      options.model.c_str(), c.architecture_name.c_str(), static_cast<long long>(c.num_layers),
+      static_cast<long long>(h), static_cast<long long>(c.num_attention_heads),
+      static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim));
+  std::printf("blas             %s, %d threads\n", lmserve::kernels::BlasDescription().c_str(),
+              lmserve::kernels::GetBlasThreads());
+  std::printf("load             %.3f s (open + fp32 conversion + KV pool of %d blocks)\n",
+              load_seconds, model.num_kv_blocks());
+  std::printf(
+      "prefill          %.1f tokens/s (%d-token prompt, median of %d: %.2f ms; %.2f GFLOP/s = "
+      "%.0f%% of the %.2f GFLOP/s sgemm floor)\n",
+      p / prefill_seconds, options.prompt_tokens, options.repeats, prefill_seconds * 1e3,
+      prefill_flops / prefill_seconds / 1e9,
+      100 * prefill_flops / prefill_seconds / 1e9 / gemm_gflops, gemm_gflops);
+  const double per_token = decode_seconds / options.decode_tokens;
+  std::printf(
+      "decode           %.1f tokens/s (greedy, %d tokens after the prompt, median of %d: %.2f "
+      "ms/token; weights stream %.1f MB/token: floor %.2f ms/token at %.1f GB/s copy bandwidth, "
+      "%.0f%% of it)\n",
+      1 / per_token, options.decode_tokens, options.repeats, per_token * 1e3,
+      decode_bytes_per_token / 1e6, decode_bytes_per_token / (copy_gbps * 1e9) * 1e3, copy_gbps,
+      100 * decode_bytes_per_token / (copy_gbps * 1e9) / per_token);
+  std::printf("peak RSS         %.1f MiB (getrusage ru_maxrss; fp32 weights are %.1f MiB)\n",
+              peak_rss_mib,
+              4.0 * (matmul_params + lm_head_params * (c.tie_word_embeddings ? 1 : 2)) / 1048576);
+  return 0;
+}

@@ -1,0 +1,629 @@
+// lmserve-kernels-bench: times the CUDA decoder-step kernels against the device's own ceilings.
+//
+// Measures, in one run: the device-to-device copy bandwidth (bytes read + written over time, a
+// 1 GiB cudaMemcpyAsync) and the cuBLASLt bf16 GEMM rate (8192^3, fp32 accumulation); then each
+// kernel at the sizes of the acceptance targets, reporting the bytes it must move (each input read
+// once, each output written once) over its median time next to the copy bandwidth, or its FLOPs
+// over time next to the GEMM rate. Every timed launch follows an L2 flush (a write of twice the L2
+// size), is bracketed by CUDA events, and comes after warm-up launches; inputs are random, never
+// zeros.
+//
+// Usage: lmserve-kernels-bench [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING]
+
+#include <cuda_runtime.h>
+
+// Results are written as partial aggregates; the rest keep their defaults.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/qkv_postprocess.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/dequant.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/qkv_postprocess.h"
+#include "kernels/cuda/sampling.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+#define CHECK_CUDA(expr)                                                                    \
+  do {                                                                                      \
+    const cudaError_t err_ = (expr);                                                        \
+    if (err_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                    \
+                   cudaGetErrorString(err_));                                               \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+struct Options {
+  std::string json_path;
+  std::string commit = "unknown";
+  std::string command;
+  int iters = 30;
+  std::string filter;
+};
+
+// Device memory owned for the whole run.
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes) : bytes_(bytes) { CHECK_CUDA(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16))); }
+  ~Buffer() { cudaFree(ptr_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+std::mt19937 rng(12345);
+
+// Random values (bf16 of N(0, stddev), or fp32), uploaded: up to 4M fresh values, then repeated
+// by device copies to fill large buffers quickly.
+void FillRepeated(const Buffer& b, const void* host, size_t host_bytes) {
+  const size_t first = std::min(host_bytes, b.bytes());
+  CHECK_CUDA(cudaMemcpy(b.get(), host, first, cudaMemcpyHostToDevice));
+  for (size_t done = first; done < b.bytes();) {
+    const size_t n = std::min(done, b.bytes() - done);
+    CHECK_CUDA(cudaMemcpy(b.get<char>() + done, b.get(), n, cudaMemcpyDeviceToDevice));
+    done += n;
+  }
+}
+void FillBf16(const Buffer& b, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<uint16_t> host(std::min<size_t>(b.bytes() / 2, size_t{1} << 22));
+  for (auto& x : host) x = F32ToBf16(dist(rng));
+  FillRepeated(b, host.data(), host.size() * 2);
+}
+void FillF32(const Buffer& b, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> host(std::min<size_t>(b.bytes() / 4, size_t{1} << 22));
+  for (auto& x : host) x = dist(rng);
+  FillRepeated(b, host.data(), host.size() * 4);
+}
+template <typename T>
+void Upload(const Buffer& b, const std::vector<T>& host) {
+  CHECK_CUDA(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+struct Result {
+  std::string name;
+  std::string shape;
+  double median_us = 0, min_us = 0;
+  double bytes = 0, flops = 0;
+  double rate = 0;  // GB/s or TFLOP/s
+  double ceiling = 0;
+  double fraction = 0;
+  std::string unit;
+  std::string target;  // e.g. ">= 85% copy BW"
+  double target_fraction = 0;  // 0: none
+  double target_us = 0;        // 0: none
+  bool pass = true;
+};
+
+class Bench {
+ public:
+  explicit Bench(const Options& options) : options_(options) {
+    CHECK_CUDA(cudaStreamCreate(&stream_));
+    CHECK_CUDA(cudaEventCreate(&start_));
+    CHECK_CUDA(cudaEventCreate(&stop_));
+    const auto devices = ListDevices();
+    if (devices.empty()) {
+      std::fprintf(stderr, "no CUDA device\n");
+      std::exit(2);
+    }
+    device_ = devices[0];
+    flush_ = std::make_unique<Buffer>(std::max<int64_t>(device_.l2_cache_bytes * 2, 64 << 20));
+  }
+
+  // Median time of `fn` in microseconds over iters launches, each after an L2 flush.
+  std::pair<double, double> Time(const std::function<void()>& fn, int warmup = 3) {
+    for (int i = 0; i < warmup; ++i) fn();
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    CHECK_CUDA(cudaGetLastError());
+    std::vector<double> times;
+    for (int i = 0; i < options_.iters; ++i) {
+      CHECK_CUDA(cudaMemsetAsync(flush_->get(), i & 0xff, flush_->bytes(), stream_));
+      CHECK_CUDA(cudaEventRecord(start_, stream_));
+      fn();
+      CHECK_CUDA(cudaEventRecord(stop_, stream_));
+      CHECK_CUDA(cudaEventSynchronize(stop_));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+      times.push_back(ms * 1e3);
+    }
+    CHECK_CUDA(cudaGetLastError());
+    std::sort(times.begin(), times.end());
+    return {times[times.size() / 2], times.front()};
+  }
+
+  bool Selected(const std::string& name) const {
+    return options_.filter.empty() || name.find(options_.filter) != std::string::npos;
+  }
+
+  void Record(Result r) {
+    if (r.bytes > 0) {
+      r.unit = "GB/s";
+      r.rate = r.bytes / (r.median_us * 1e-6) / 1e9;
+      r.ceiling = copy_gbps_;
+    } else {
+      r.unit = "TFLOP/s";
+      r.rate = r.flops / (r.median_us * 1e-6) / 1e12;
+      r.ceiling = gemm_tflops_;
+    }
+    r.fraction = r.ceiling > 0 ? r.rate / r.ceiling : 0;
+    if (r.target_fraction > 0) r.pass = r.fraction >= r.target_fraction;
+    if (r.target_us > 0) r.pass = r.median_us <= r.target_us;
+    std::printf("%-34s %-44s %10.1f us %9.1f %-7s %5.1f%% of %7.1f  %s%s\n", r.name.c_str(),
+                r.shape.c_str(), r.median_us, r.rate, r.unit.c_str(), 100 * r.fraction, r.ceiling,
+                r.target.c_str(), r.target.empty() ? "" : (r.pass ? " PASS" : " MISS"));
+    std::fflush(stdout);
+    results_.push_back(r);
+  }
+
+  void MeasureCeilings() {
+    // Copy bandwidth: 1 GiB device to device.
+    const size_t bytes = size_t{1} << 30;
+    Buffer src(bytes), dst(bytes);
+    CHECK_CUDA(cudaMemset(src.get(), 0x3c, bytes));
+    auto [copy_us, copy_min] = Time([&] {
+      CHECK_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream_));
+    });
+    copy_gbps_ = 2.0 * bytes / (copy_us * 1e-6) / 1e9;
+    // cuBLASLt bf16 GEMM rate, 8192^3, random inputs.
+    auto handle = BlasLtHandle::Create();
+    if (!handle.ok()) std::exit(3);
+    handle_ = std::move(*handle);
+    gemm_workspace_ = std::make_unique<Buffer>(32 << 20);
+    const int64_t n = 8192;
+    Buffer a(n * n * 2), b(n * n * 2), c(n * n * 2);
+    FillBf16(a);
+    FillBf16(b);
+    GemmShape shape;
+    shape.m = shape.n = shape.k = n;
+    auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
+                                 gemm_workspace_->bytes(), true, stream_);
+    if (!plan.ok()) std::exit(3);
+    auto [gemm_us, gemm_min] = Time([&] { (*plan)->Run(a.get(), b.get(), c.get(), stream_); });
+    gemm_tflops_ = 2.0 * n * n * n / (gemm_us * 1e-6) / 1e12;
+    std::printf("device: %s, %d SMs, L2 %lld MB\n", device_.name.c_str(),
+                device_.multiprocessor_count,
+                static_cast<long long>(device_.l2_cache_bytes >> 20));
+    std::printf("ceilings: copy %.1f GB/s (1 GiB D2D, read+write, median %.1f us); cuBLASLt bf16 "
+                "GEMM 8192^3 %.1f TFLOP/s (median %.1f us)\n\n",
+                copy_gbps_, copy_us, gemm_tflops_, gemm_us);
+    Result copy{"copy (ceiling)", "1 GiB D2D", copy_us, copy_min, 2.0 * bytes};
+    Result gemm{"cuBLASLt GEMM (ceiling)", "bf16 8192x8192x8192", gemm_us, gemm_min, 0,
+                2.0 * n * n * n};
+    Record(copy);
+    Record(gemm);
+  }
+
+  void Norms() {
+    const int64_t tokens = 8192, hidden = 4096;
+    Buffer x(tokens * hidden * 2), res(tokens * hidden * 2), w(hidden * 2), out(tokens * hidden * 2);
+    FillBf16(x);
+    FillBf16(res);
+    FillBf16(w);
+    if (Selected("add_rmsnorm")) {
+      FusedAddRmsNormParams p;
+      p.residual = res.get();
+      p.input = x.get();
+      p.weight = w.get();
+      p.output = out.get();
+      p.num_tokens = tokens;
+      p.hidden_size = hidden;
+      auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Record({"fused add+RMSNorm", "8192 tok x 4096, bf16", us, min_us,
+              4.0 * tokens * hidden * 2 + hidden * 2, 0, 0, 0, 0, "", ">=85% copy", 0.85});
+    }
+    if (Selected("rmsnorm")) {
+      RmsNormParams p;
+      p.input = x.get();
+      p.weight = w.get();
+      p.output = out.get();
+      p.num_tokens = tokens;
+      p.hidden_size = hidden;
+      auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Record({"RMSNorm", "8192 tok x 4096, bf16", us, min_us,
+              2.0 * tokens * hidden * 2 + hidden * 2, 0});
+    }
+  }
+
+  void Qkv() {
+    if (!Selected("qkv")) return;
+    const int64_t tokens = 8192, heads = 32, kv_heads = 8, head_dim = 128, block = 16;
+    const int64_t row = (heads + 2 * kv_heads) * head_dim;
+    const int64_t num_blocks = tokens / block + 16;
+    Buffer qkv(tokens * row * 2), q(tokens * heads * head_dim * 2),
+        k(num_blocks * block * kv_heads * head_dim * 2), v(k.bytes()), pos(tokens * 4),
+        slots(tokens * 8), table(tokens * head_dim * 4);
+    FillBf16(qkv);
+    std::vector<int32_t> positions(tokens);
+    std::iota(positions.begin(), positions.end(), 0);
+    std::vector<int64_t> slot_ids(num_blocks * block);
+    std::iota(slot_ids.begin(), slot_ids.end(), 0);
+    std::vector<int32_t> block_order(num_blocks);
+    std::iota(block_order.begin(), block_order.end(), 0);
+    std::shuffle(block_order.begin(), block_order.end(), rng);
+    for (int64_t t = 0; t < tokens; ++t) slot_ids[t] = block_order[t / block] * block + t % block;
+    slot_ids.resize(tokens);
+    Upload(pos, positions);
+    Upload(slots, slot_ids);
+    std::vector<double> inv_freq(head_dim / 2);
+    for (int64_t i = 0; i < head_dim / 2; ++i) inv_freq[i] = std::pow(500000.0, -2.0 * i / head_dim);
+    Upload(table, RotaryCosSinTable(inv_freq.data(), head_dim, tokens));
+    QkvPostProcessParams p;
+    p.qkv = qkv.get();
+    p.positions = pos.get<int32_t>();
+    p.cos_sin = table.get<float>();
+    p.slot_mapping = slots.get<int64_t>();
+    p.query_out = q.get();
+    p.key_cache = k.get();
+    p.value_cache = v.get();
+    p.num_tokens = tokens;
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = head_dim;
+    p.block_size = block;
+    p.num_blocks = num_blocks;
+    p.max_position = tokens;
+    auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+    // qkv read, q/k/v written, positions, slots and each token's cos/sin row read once.
+    const double bytes = 2.0 * tokens * row * 2 + tokens * (4 + 8 + head_dim * 4);
+    Record({"QKV post-processing (rotary+KV)", "8192 tok, 32/8 heads, d128, bf16", us, min_us,
+            bytes, 0, 0, 0, 0, "", ">=75% copy", 0.75});
+  }
+
+  void Silu() {
+    if (!Selected("silu")) return;
+    const int64_t tokens = 8192, inter = 14336;
+    Buffer in(tokens * inter * 4), out(tokens * inter * 2);
+    FillBf16(in, 3.0f);
+    SiluAndMulParams p{in.get(), out.get(), tokens, inter, DType::kBF16};
+    auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+    Record({"SiLU-and-mul", "8192 tok x 14336, bf16", us, min_us, 3.0 * tokens * inter * 2, 0, 0,
+            0, 0, "", ">=85% copy", 0.85});
+  }
+
+  void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0) {
+    const std::string name = "decode attention b" + std::to_string(batch) +
+                             (forced_splits > 0 ? " (fixed splits)" : "");
+    if (!Selected("decode")) return;
+    const int64_t heads = 32, kv_heads = 8, head_dim = 128, block = 16;
+    const int64_t blocks_per_seq = (context + block - 1) / block;
+    const int64_t num_blocks = batch * blocks_per_seq;
+    Buffer q(batch * heads * head_dim * 2), out(q.bytes()),
+        k(num_blocks * block * kv_heads * head_dim * 2), v(k.bytes()), lens(batch * 4),
+        starts((batch + 1) * 4), ids(num_blocks * 4);
+    FillBf16(q);
+    FillBf16(k);
+    FillBf16(v);
+    std::vector<int32_t> block_ids(num_blocks);
+    std::iota(block_ids.begin(), block_ids.end(), 0);
+    std::shuffle(block_ids.begin(), block_ids.end(), rng);
+    std::vector<int32_t> start(batch + 1);
+    for (int64_t i = 0; i <= batch; ++i) start[i] = static_cast<int32_t>(i * blocks_per_seq);
+    Upload(lens, std::vector<int32_t>(batch, static_cast<int32_t>(context)));
+    Upload(starts, start);
+    Upload(ids, block_ids);
+    const int max_splits =
+        forced_splits > 0
+            ? forced_splits
+            : DecodeAttentionParams::ChooseMaxSplits(batch, heads, kv_heads, head_dim, DType::kBF16);
+    Buffer ws(DecodeAttentionParams::WorkspaceBytes(batch, heads, head_dim, max_splits));
+    DecodeAttentionParams p;
+    p.query = q.get();
+    p.key_cache = k.get();
+    p.value_cache = v.get();
+    p.context_lens = lens.get<int32_t>();
+    p.block_table_start = starts.get<int32_t>();
+    p.block_table_ids = ids.get<int32_t>();
+    p.output = out.get();
+    p.workspace = ws.get();
+    p.num_seqs = batch;
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = head_dim;
+    p.block_size = block;
+    p.num_blocks = num_blocks;
+    p.max_splits = max_splits;
+    p.scale = 1.0f / std::sqrt(128.0f);
+    auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+    const double bytes = 2.0 * batch * context * kv_heads * head_dim * 2 +
+                         2.0 * batch * heads * head_dim * 2 + batch * (4 + blocks_per_seq * 4);
+    char shape[96];
+    std::snprintf(shape, sizeof(shape), "ctx %lld, 32/8 heads, d128, blk16, splits<=%d",
+                  static_cast<long long>(context), max_splits);
+    char target_text[32];
+    std::snprintf(target_text, sizeof(target_text), ">=%.0f%% copy", 100 * target);
+    if (forced_splits > 0) {
+      Record({name, shape, us, min_us, bytes, 0});
+    } else {
+      Record({name, shape, us, min_us, bytes, 0, 0, 0, 0, "", target_text, target});
+    }
+  }
+
+  void Prefill(const std::vector<int32_t>& seq_lens, int64_t head_dim, const std::string& name,
+               double target_tflops) {
+    if (!Selected("prefill")) return;
+    const int64_t heads = 32, kv_heads = 8, block = 16;
+    int64_t tokens = 0, num_blocks = 0;
+    double flops = 0;
+    std::vector<int32_t> query_start{0}, table_start{0}, table_ids;
+    for (int32_t len : seq_lens) {
+      tokens += len;
+      query_start.push_back(static_cast<int32_t>(tokens));
+      const int64_t nb = (len + block - 1) / block;
+      for (int64_t j = 0; j < nb; ++j) table_ids.push_back(static_cast<int32_t>(num_blocks + j));
+      num_blocks += nb;
+      table_start.push_back(static_cast<int32_t>(table_ids.size()));
+      flops += 4.0 * head_dim * heads * (static_cast<double>(len) * (len + 1) / 2);
+    }
+    std::shuffle(table_ids.begin(), table_ids.end(), rng);
+    Buffer q(tokens * heads * head_dim * 2), out(q.bytes()),
+        k(num_blocks * block * kv_heads * head_dim * 2), v(k.bytes()),
+        qs(query_start.size() * 4), lens(seq_lens.size() * 4), ts(table_start.size() * 4),
+        ids(table_ids.size() * 4), ws(PrefillAttentionParams::WorkspaceBytes(seq_lens.size()));
+    FillBf16(q);
+    FillBf16(k);
+    FillBf16(v);
+    Upload(qs, query_start);
+    Upload(lens, seq_lens);
+    Upload(ts, table_start);
+    Upload(ids, table_ids);
+    PrefillAttentionParams p;
+    p.query = q.get();
+    p.key_cache = k.get();
+    p.value_cache = v.get();
+    p.query_start = qs.get<int32_t>();
+    p.context_lens = lens.get<int32_t>();
+    p.block_table_start = ts.get<int32_t>();
+    p.block_table_ids = ids.get<int32_t>();
+    p.output = out.get();
+    p.workspace = ws.get();
+    p.num_seqs = static_cast<int64_t>(seq_lens.size());
+    p.num_tokens = tokens;
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = head_dim;
+    p.block_size = block;
+    p.num_blocks = num_blocks;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    CHECK_CUDA(LaunchPrefillPlan(p, stream_));
+    p.plan_ready = true;
+    auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+    char shape[96];
+    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok, 32/8 heads, d%lld, causal",
+                  seq_lens.size(), static_cast<long long>(tokens), static_cast<long long>(head_dim));
+    Result r{name, shape, us, min_us, 0, flops};
+    if (target_tflops > 0) {
+      r.target = ">=300 TFLOP/s";
+      r.target_fraction = target_tflops / std::max(gemm_tflops_, 1.0);
+    }
+    Record(r);
+  }
+
+  void Sampling() {
+    const int64_t rows = 128, vocab = 128256;
+    Buffer logits(rows * vocab * 4), out(rows * 4), temp(rows * 4), top_k(rows * 4),
+        top_p(rows * 4), min_p(rows * 4), seeds(rows * 8), steps(rows * 8);
+    FillF32(logits, 3.0f);
+    std::vector<uint64_t> seed_values(rows), step_values(rows, 7);
+    for (int64_t i = 0; i < rows; ++i) seed_values[i] = 1000 + i;
+    Upload(seeds, seed_values);
+    Upload(steps, step_values);
+    Upload(temp, std::vector<float>(rows, 0.8f));
+    struct Variant {
+      const char* name;
+      int32_t k;
+      float p, min_p;
+      bool target;
+    };
+    for (const Variant& var : {Variant{"sampling top-p 0.9", 0, 0.9f, 0.0f, true},
+                               Variant{"sampling top-k 50 + top-p 0.9", 50, 0.9f, 0.0f, true},
+                               Variant{"sampling temperature only", 0, 1.0f, 0.0f, false},
+                               Variant{"sampling min-p 0.05", 0, 1.0f, 0.05f, false}}) {
+      if (!Selected("sampling")) continue;
+      Upload(top_k, std::vector<int32_t>(rows, var.k));
+      Upload(top_p, std::vector<float>(rows, var.p));
+      Upload(min_p, std::vector<float>(rows, var.min_p));
+      SamplingParams p;
+      p.logits = logits.get<float>();
+      p.output = out.get<int32_t>();
+      p.temperature = temp.get<float>();
+      p.top_k = top_k.get<int32_t>();
+      p.top_p = top_p.get<float>();
+      p.min_p = min_p.get<float>();
+      p.seeds = seeds.get<uint64_t>();
+      p.steps = steps.get<uint64_t>();
+      p.num_rows = rows;
+      p.vocab_size = vocab;
+      auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Result r{var.name, "128 rows x 128256 fp32 logits", us, min_us, 4.0 * rows * vocab, 0};
+      if (var.target) {
+        r.target = "<100 us";
+        r.target_us = 100;
+      }
+      Record(r);
+    }
+    if (Selected("argmax")) {
+      ArgmaxParams p{logits.get<float>(), out.get<int32_t>(), rows, vocab, 0};
+      auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Record({"argmax", "128 rows x 128256 fp32 logits", us, min_us, 4.0 * rows * vocab, 0});
+    }
+  }
+
+  void Misc() {
+    if (Selected("embedding")) {
+      const int64_t vocab = 128256, hidden = 4096, tokens = 8192;
+      Buffer table(vocab * hidden * 2), ids(tokens * 4), out(tokens * hidden * 2);
+      FillBf16(table);
+      std::vector<int32_t> id_values(tokens);
+      std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+      for (auto& id : id_values) id = pick(rng);
+      Upload(ids, id_values);
+      EmbeddingParams p{table.get(), ids.get<int32_t>(), out.get(), tokens, vocab, hidden,
+                        DType::kBF16};
+      auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Record({"embedding gather", "8192 tok x 4096, bf16", us, min_us, 2.0 * tokens * hidden * 2, 0});
+    }
+    if (Selected("dequant")) {
+      const int64_t n = int64_t{4096} * 14336;
+      for (DType dtype : {DType::kQ4_K, DType::kQ8_0, DType::kQ6_K}) {
+        const BlockLayout layout = GetBlockLayout(dtype);
+        const int64_t src_bytes = n / layout.elements_per_block * layout.bytes_per_block;
+        Buffer src(src_bytes), dst(n * 2);
+        std::vector<uint8_t> host(src_bytes);
+        std::uniform_int_distribution<int> byte(0, 255);
+        for (auto& b : host) b = static_cast<uint8_t>(byte(rng));
+        Upload(src, host);
+        DequantizeParams p{src.get(), dst.get(), n, dtype};
+        auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+        Record({std::string("dequantize ") + std::string(DTypeName(dtype)) + " -> bf16",
+                "4096 x 14336", us, min_us, static_cast<double>(src_bytes) + n * 2, 0});
+      }
+    }
+    if (Selected("gemm")) {
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 6144, 4096},
+                             {8192, 6144, 4096}, {8192, 4096, 14336}}) {
+        Buffer x(m * k * 2), w(n * k * 2), y(m * n * 2);
+        FillBf16(x);
+        FillBf16(w, 0.05f);
+        GemmShape shape;
+        shape.m = m;
+        shape.n = n;
+        shape.k = k;
+        auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
+                                     gemm_workspace_->bytes(), true, stream_);
+        if (!plan.ok()) continue;
+        auto [us, min_us] = Time([&] { (*plan)->Run(x.get(), w.get(), y.get(), stream_); });
+        char shape_text[64];
+        std::snprintf(shape_text, sizeof(shape_text), "m %lld n %lld k %lld", static_cast<long long>(m),
+                      static_cast<long long>(n), static_cast<long long>(k));
+        if (m <= 64) {
+          Record({"GEMM (weights-bound)", shape_text, us, min_us, 2.0 * (n * k + m * k + m * n), 0});
+        } else {
+          Record({"GEMM", shape_text, us, min_us, 0, 2.0 * m * n * k});
+        }
+      }
+    }
+  }
+
+  void WriteJson() const {
+    if (options_.json_path.empty()) return;
+    FILE* f = std::fopen(options_.json_path.c_str(), "w");
+    if (f == nullptr) return;
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    std::fprintf(f,
+                 "{\n  \"device\": \"%s\",\n  \"multiprocessors\": %d,\n  \"l2_bytes\": %lld,\n"
+                 "  \"cuda_runtime\": %d,\n  \"cuda_driver\": %d,\n  \"commit\": \"%s\",\n"
+                 "  \"command\": \"%s\",\n  \"iters\": %d,\n  \"copy_gbps\": %.1f,\n"
+                 "  \"gemm_bf16_tflops\": %.1f,\n  \"results\": [\n",
+                 device_.name.c_str(), device_.multiprocessor_count,
+                 static_cast<long long>(device_.l2_cache_bytes), runtime, driver,
+                 options_.commit.c_str(), options_.command.c_str(), options_.iters, copy_gbps_,
+                 gemm_tflops_);
+    for (size_t i = 0; i < results_.size(); ++i) {
+      const Result& r = results_[i];
+      std::fprintf(f,
+                   "    {\"name\": \"%s\", \"shape\": \"%s\", \"median_us\": %.2f, \"min_us\": "
+                   "%.2f, \"bytes\": %.0f, \"flops\": %.0f, \"rate\": %.2f, \"unit\": \"%s\", "
+                   "\"fraction_of_ceiling\": %.4f, \"target\": \"%s\", \"pass\": %s}%s\n",
+                   r.name.c_str(), r.shape.c_str(), r.median_us, r.min_us, r.bytes, r.flops, r.rate,
+                   r.unit.c_str(), r.fraction, r.target.c_str(), r.pass ? "true" : "false",
+                   i + 1 < results_.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+  }
+
+  double gemm_tflops() const { return gemm_tflops_; }
+
+ private:
+  Options options_;
+  cudaStream_t stream_;
+  cudaEvent_t start_, stop_;
+  DeviceInfo device_;
+  std::unique_ptr<Buffer> flush_, gemm_workspace_;
+  std::unique_ptr<BlasLtHandle> handle_;
+  double copy_gbps_ = 0, gemm_tflops_ = 0;
+  std::vector<Result> results_;
+};
+
+int Main(int argc, char** argv) {
+  Options options;
+  for (int i = 0; i < argc; ++i) {
+    options.command += (i > 0 ? " " : "") + std::string(argv[i]);
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--json") {
+      options.json_path = next();
+    } else if (arg == "--commit") {
+      options.commit = next();
+    } else if (arg == "--iters") {
+      options.iters = std::max(1, std::stoi(next()));
+    } else if (arg == "--filter") {
+      options.filter = next();
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  Bench bench(options);
+  std::printf("%-34s %-44s %13s %17s\n", "kernel", "shape", "median", "rate");
+  bench.MeasureCeilings();
+  bench.Norms();
+  bench.Qkv();
+  bench.Silu();
+  bench.Decode(64, 4096, 0.80);
+  bench.Decode(1, 32768, 0.60);
+  bench.Decode(64, 4096, 0, 5);     // run 2's split cap, for comparison
+  bench.Decode(1, 32768, 0, 128);
+  bench.Prefill({8192}, 128, "prefill attention", 300.0);
+  bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
+  bench.Prefill({8192}, 64, "prefill attention d64", 0);
+  bench.Sampling();
+  bench.Misc();
+  bench.WriteJson();
+  return 0;
+}
+
+}  // namespace
+}  // namespace lmserve::kernels::cuda
+
+int main(int argc, char** argv) { return lmserve::kernels::cuda::Main(argc, argv); }

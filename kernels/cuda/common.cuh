@@ -1,0 +1,122 @@
+// Device helpers shared by the CUDA kernels: 16-byte vector loads and stores of 8 bf16/fp16
+// elements converted to fp32, warp and block reductions. Include only from .cu files.
+
+#ifndef LMSERVE_KERNELS_CUDA_COMMON_CUH_
+#define LMSERVE_KERNELS_CUDA_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lmserve::kernels::cuda {
+
+#define LMSERVE_CUDA_RETURN_IF_ERROR(expr)    \
+  do {                                        \
+    const cudaError_t lmserve_err_ = (expr);  \
+    if (lmserve_err_ != cudaSuccess) return lmserve_err_; \
+  } while (0)
+
+__host__ __device__ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+// Two fp32 values from one 32-bit word holding two 16-bit elements (low half first).
+template <typename T>
+__device__ __forceinline__ float2 Unpack2(uint32_t word);
+template <>
+__device__ __forceinline__ float2 Unpack2<__nv_bfloat16>(uint32_t word) {
+  return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 Unpack2<__half>(uint32_t word) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = word;
+  return __half22float2(h);
+}
+
+// One 32-bit word holding two 16-bit elements, each rounded to nearest even.
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 8 consecutive elements (16 bytes) <-> 8 fp32 values.
+template <typename T>
+__device__ __forceinline__ void Unpack8(const uint4& v, float (&out)[8]) {
+  const float2 a = Unpack2<T>(v.x), b = Unpack2<T>(v.y), c = Unpack2<T>(v.z), d = Unpack2<T>(v.w);
+  out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
+  out[4] = c.x, out[5] = c.y, out[6] = d.x, out[7] = d.y;
+}
+template <typename T>
+__device__ __forceinline__ uint4 Pack8(const float (&in)[8]) {
+  return make_uint4(Pack2<T>(in[0], in[1]), Pack2<T>(in[2], in[3]), Pack2<T>(in[4], in[5]),
+                    Pack2<T>(in[6], in[7]));
+}
+
+// 16-byte global loads and stores. REQUIRES: 16-byte aligned addresses.
+__device__ __forceinline__ uint4 Load16(const void* p) { return *static_cast<const uint4*>(p); }
+// Streaming load: data read once, not kept in L1.
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  return __ldcs(static_cast<const uint4*>(p));
+}
+__device__ __forceinline__ void Store16(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
+
+__device__ __forceinline__ float WarpSum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ float WarpMax(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats. Contains
+// __syncthreads(): every thread of the block must call it.
+__device__ __forceinline__ float BlockSum(float x, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int num_warps = (blockDim.x + 31) / 32;
+  x = WarpSum(x);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < num_warps ? scratch[lane] : 0.0f;
+  return WarpSum(x);
+}
+__device__ __forceinline__ float BlockMax(float x, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int num_warps = (blockDim.x + 31) / 32;
+  x = WarpMax(x);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < num_warps ? scratch[lane] : -INFINITY;
+  return WarpMax(x);
+}
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_COMMON_CUH_

@@ -1,0 +1,92 @@
+// Paged decode attention on the GPU: one query token per sequence, attending to every position of
+// its context through its block table (CPU twin: kernels/cpu/paged_attention.h with one query token
+// per sequence).
+//
+// Work decomposition: a thread block per (split, KV head, sequence) reads its KV head once for the
+// whole query group (GQA/MQA; groups over kMaxDecodeGroup heads take several passes). Long contexts
+// are split along the keys (flash-decoding): the number of splits of a sequence is chosen on the
+// device from its length (DecodeSplitPlan), at most max_splits; blocks past a sequence's splits
+// exit at once, and a second kernel merges the splits' partial results by their log-sum-exp. The
+// launch configuration depends on num_seqs, the head counts and max_splits only, so one
+// configuration (and one captured CUDA graph) serves every context length.
+//
+// Inside a block, each thread streams its 16-byte pieces of K and V through a 4-step cp.async ring
+// in shared memory (no barrier in the loop), and each group of lanes keeps its own online softmax;
+// the groups merge at the end. bf16 or fp16 query, cache and output; fp32 scores, softmax and
+// accumulation.
+
+#ifndef LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
+#define LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+// Tokens a split covers at least, and the granularity of split boundaries.
+inline constexpr int kDecodeMinSplitTokens = 256;
+inline constexpr int kDecodeSplitAlign = 64;
+inline constexpr int kDecodeMaxSplits = 128;
+
+// The splits of a sequence of `context_len` keys: num_splits blocks of chunk_len keys (the last
+// one shorter). Host and device compute it identically.
+struct DecodeSplit {
+  int num_splits;
+  int chunk_len;
+};
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline DecodeSplit
+    DecodeSplitPlan(int context_len, int max_splits) {
+  if (context_len <= 0) return {0, 0};
+  int splits = (context_len + kDecodeMinSplitTokens - 1) / kDecodeMinSplitTokens;
+  splits = splits < max_splits ? splits : max_splits;
+  splits = splits < 1 ? 1 : splits;
+  int chunk = (context_len + splits - 1) / splits;
+  chunk = (chunk + kDecodeSplitAlign - 1) / kDecodeSplitAlign * kDecodeSplitAlign;
+  return {(context_len + chunk - 1) / chunk, chunk};
+}
+
+struct DecodeAttentionParams {
+  const void* query = nullptr;  // [num_seqs, num_heads, head_dim], row stride query_stride; device
+  const void* key_cache = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]; device
+  const void* value_cache = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]; device
+  const int32_t* context_lens = nullptr;       // [num_seqs]: keys to attend to; device. A
+                                               // sequence with 0 keys gets a zero output.
+  const int32_t* block_table_start = nullptr;  // [num_seqs + 1] (CSR offsets); device
+  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks); device
+  void* output = nullptr;     // [num_seqs, num_heads, head_dim], contiguous; device
+  void* workspace = nullptr;  // WorkspaceBytes(...) bytes, 16-byte aligned; device; null if 0
+  int64_t num_seqs = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // divides num_heads
+  int64_t head_dim = 0;      // 64, 80, 96, 128 or 256
+  int64_t block_size = 0;    // tokens per cache block
+  int64_t num_blocks = 0;
+  int64_t query_stride = 0;  // elements between query rows, multiple of 8; 0: num_heads * head_dim
+  int max_splits = 1;        // in [1, kDecodeMaxSplits]; ChooseMaxSplits() picks one
+  float scale = 0;           // score multiplier, usually 1 / sqrt(head_dim)
+  DType dtype = DType::kBF16;  // of query, caches and output: kBF16 or kF16
+
+  // Scratch for the split partial results.
+  static int64_t WorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
+                                int max_splits);
+  // A split cap for this batch shape on the current device: the smallest that fills the
+  // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
+  // Lengths are not needed: shorter contexts take fewer splits on the device.
+  static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                             int64_t head_dim, DType dtype);
+
+  absl::Status Validate() const;  // shapes and pointers; the lengths and tables live on the device
+};
+
+cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_

@@ -1,0 +1,105 @@
+// Runtime-to-compile-time dispatch for the CUDA kernels: the one place that lists which element
+// types, head dimensions and query-group sizes are compiled.
+//
+// Validate() functions (host .cc files) use the Supports*() predicates and the *List() strings to
+// explain what is unsupported; launchers (.cu files) use the Dispatch*() templates, whose default
+// branch prints the supported values and returns cudaErrorInvalidValue (reaching it means the
+// caller skipped Validate()).
+
+#ifndef LMSERVE_KERNELS_CUDA_DISPATCH_H_
+#define LMSERVE_KERNELS_CUDA_DISPATCH_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <type_traits>
+
+#include "kernels/dtype.h"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace lmserve::kernels::cuda {
+
+// Activations, weights and the KV cache: bf16 or fp16 (math inside is fp32).
+inline bool SupportsActivationDType(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF16;
+}
+inline constexpr const char* kActivationDTypeList = "bf16, f16";
+
+// Head dimensions of the attention kernels.
+inline bool SupportsHeadDim(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+}
+inline constexpr const char* kHeadDimList = "64, 80, 96, 128, 256";
+
+// Query heads per KV head that the decode kernel handles in one pass over the KV head. Larger
+// groups (MQA with many heads) are split into chunks of kMaxDecodeGroup heads, each of which reads
+// the KV head once.
+inline constexpr int kMaxDecodeGroup = 8;
+
+#ifdef __CUDACC__
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<__nv_bfloat16>{}) or f(TypeTag<__half>{}).
+template <typename F>
+cudaError_t DispatchActivationDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kBF16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case DType::kF16:
+      return f(TypeTag<__half>{});
+    default:
+      std::fprintf(stderr, "lmserve CUDA kernels: dtype %d is not supported (supported: %s)\n",
+                   static_cast<int>(dtype), kActivationDTypeList);
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Calls f(std::integral_constant<int, head_dim>{}).
+template <typename F>
+cudaError_t DispatchHeadDim(int64_t head_dim, F&& f) {
+  switch (head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 80:
+      return f(std::integral_constant<int, 80>{});
+    case 96:
+      return f(std::integral_constant<int, 96>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    default:
+      std::fprintf(stderr, "lmserve CUDA kernels: head_dim %lld is not supported (supported: %s)\n",
+                   static_cast<long long>(head_dim), kHeadDimList);
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Calls f(std::integral_constant<int, G>{}) with G the compiled group tile (1, 2, 4 or 8) that
+// covers `group_size` query heads per KV head: the smallest that is >= group_size, or 8.
+template <typename F>
+cudaError_t DispatchDecodeGroup(int64_t group_size, F&& f) {
+  if (group_size <= 0) {
+    std::fprintf(stderr, "lmserve CUDA kernels: query group size %lld must be positive\n",
+                 static_cast<long long>(group_size));
+    return cudaErrorInvalidValue;
+  }
+  if (group_size == 1) return f(std::integral_constant<int, 1>{});
+  if (group_size == 2) return f(std::integral_constant<int, 2>{});
+  if (group_size <= 4) return f(std::integral_constant<int, 4>{});
+  return f(std::integral_constant<int, 8>{});
+}
+
+#endif  // __CUDACC__
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_DISPATCH_H_

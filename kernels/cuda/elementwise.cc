@@ -1,0 +1,44 @@
+// Validate() of the element-wise kernels (activation.h, embedding.h).
+
+#include "common/strings.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/embedding.h"
+
+namespace lmserve::kernels::cuda {
+
+absl::Status SiluAndMulParams::Validate() const {
+  if (absl::Status s = CheckActivationDType("SiluAndMul", dtype); !s.ok()) return s;
+  if (num_tokens < 0 || intermediate_size <= 0 || intermediate_size % 8 != 0) {
+    return KernelError("SiluAndMul", StrCat("shape [", num_tokens, ", ", intermediate_size,
+                                            "] is not supported (intermediate_size a positive "
+                                            "multiple of 8)"));
+  }
+  if (num_tokens > 0) {
+    if (gate_up == nullptr || output == nullptr) return KernelError("SiluAndMul", "null pointer");
+    if (!Aligned16(gate_up) || !Aligned16(output)) {
+      return KernelError("SiluAndMul", "gate_up and output must be 16-byte aligned");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingParams::Validate() const {
+  if (absl::Status s = CheckActivationDType("Embedding", dtype); !s.ok()) return s;
+  if (num_tokens < 0 || vocab_size <= 0 || hidden_size <= 0 || hidden_size % 8 != 0) {
+    return KernelError("Embedding", StrCat("shape (tokens ", num_tokens, ", vocab ", vocab_size,
+                                           ", hidden ", hidden_size,
+                                           ") is not supported (hidden a multiple of 8)"));
+  }
+  if (num_tokens > 0) {
+    if (table == nullptr || ids == nullptr || output == nullptr) {
+      return KernelError("Embedding", "null pointer");
+    }
+    if (!Aligned16(table) || !Aligned16(output)) {
+      return KernelError("Embedding", "table and output must be 16-byte aligned");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lmserve::kernels::cuda

@@ -1,0 +1,33 @@
+// Embedding gather on the GPU (CPU twin: kernels/cpu/embedding.h): output[t] = table[ids[t]].
+// bf16 or fp16 table and output.
+
+#ifndef LMSERVE_KERNELS_CUDA_EMBEDDING_H_
+#define LMSERVE_KERNELS_CUDA_EMBEDDING_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+struct EmbeddingParams {
+  const void* table = nullptr;   // [vocab_size, hidden_size], contiguous; device
+  const int32_t* ids = nullptr;  // [num_tokens]; device. An id outside [0, vocab_size) cannot be
+                                 // reported from the device: its row of the output is zeros.
+  void* output = nullptr;        // [num_tokens, hidden_size], contiguous; device
+  int64_t num_tokens = 0;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;     // multiple of 8
+  DType dtype = DType::kBF16;  // of table and output: kBF16 or kF16
+
+  absl::Status Validate() const;  // shapes and pointers only: the ids live on the device
+};
+
+cudaError_t Launch(const EmbeddingParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_EMBEDDING_H_

@@ -1,0 +1,84 @@
+// Dense GEMMs through cuBLASLt: y[m, n] = x[m, k] W[n, k]^T, the linear layer with PyTorch's weight
+// layout (CPU twin: kernels/cpu/linear.h). bf16 or fp16 inputs, fp32 accumulation, output in the
+// input type or fp32 (logits).
+//
+// A GemmPlan fixes the shape and chooses the algorithm once, at start-up: cuBLASLt's heuristic
+// candidates, each timed on the device when `autotune`, the fastest kept. The runner creates one
+// plan per (projection, token-count bucket) and runs it every step.
+
+#ifndef LMSERVE_KERNELS_CUDA_GEMM_H_
+#define LMSERVE_KERNELS_CUDA_GEMM_H_
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+// Owns a cuBLASLt handle.
+class BlasLtHandle {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlasLtHandle>> Create();
+  ~BlasLtHandle();
+  BlasLtHandle(const BlasLtHandle&) = delete;
+  BlasLtHandle& operator=(const BlasLtHandle&) = delete;
+  cublasLtHandle_t get() const { return handle_; }
+
+ private:
+  explicit BlasLtHandle(cublasLtHandle_t handle) : handle_(handle) {}
+  cublasLtHandle_t handle_;
+};
+
+struct GemmShape {
+  int64_t m = 0;  // rows of x and y (tokens)
+  int64_t n = 0;  // output features: rows of W; multiple of 8
+  int64_t k = 0;  // input features; multiple of 8
+  int64_t x_stride = 0;  // elements between rows of x, multiple of 8; 0 means k
+  int64_t y_stride = 0;  // elements between rows of y, multiple of 8; 0 means n
+  DType input_dtype = DType::kBF16;   // of x and W: kBF16 or kF16
+  DType output_dtype = DType::kBF16;  // of y: input_dtype or kF32
+
+  absl::Status Validate() const;
+};
+
+class GemmPlan {
+ public:
+  // Chooses the algorithm for `shape`. `workspace` (device, workspace_bytes) is used by every
+  // Run and must outlive the plan; 32 MiB suits Hopper. With `autotune`, the candidates are timed
+  // on `stream` over scratch buffers allocated and freed here.
+  static absl::StatusOr<std::unique_ptr<GemmPlan>> Create(cublasLtHandle_t handle,
+                                                          const GemmShape& shape, void* workspace,
+                                                          size_t workspace_bytes, bool autotune,
+                                                          cudaStream_t stream);
+  ~GemmPlan();
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+
+  // y = x W^T. x: [m, k] (row stride x_stride), w: [n, k] contiguous, y: [m, n] (row stride
+  // y_stride); device, 16-byte aligned.
+  cublasStatus_t Run(const void* x, const void* w, void* y, cudaStream_t stream) const;
+
+  const GemmShape& shape() const { return shape_; }
+  int candidates_tried() const { return candidates_tried_; }
+
+ private:
+  GemmPlan() = default;
+  GemmShape shape_;
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_layout_ = nullptr, b_layout_ = nullptr, c_layout_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  int candidates_tried_ = 0;
+};
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_GEMM_H_

@@ -1,0 +1,60 @@
+#include "kernels/cuda/norm.h"
+
+#include "common/strings.h"
+#include "kernels/cuda/check.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+absl::Status CheckShape(const char* kernel, int64_t num_tokens, int64_t hidden_size,
+                        float epsilon) {
+  if (num_tokens < 0) return KernelError(kernel, StrCat("num_tokens is negative (", num_tokens, ")"));
+  if (hidden_size <= 0 || hidden_size % 8 != 0 || hidden_size > RmsNormParams::kMaxHiddenSize) {
+    return KernelError(kernel, StrCat("hidden_size ", hidden_size,
+                                      " is not supported (a positive multiple of 8, at most ",
+                                      RmsNormParams::kMaxHiddenSize, ")"));
+  }
+  if (!(epsilon > 0)) return KernelError(kernel, "epsilon must be positive");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RmsNormParams::Validate() const {
+  if (absl::Status s = CheckShape("RmsNorm", num_tokens, hidden_size, epsilon); !s.ok()) return s;
+  if (absl::Status s = CheckActivationDType("RmsNorm", dtype); !s.ok()) return s;
+  if ((input_stride != 0 && (input_stride < hidden_size || input_stride % 8 != 0)) ||
+      (output_stride != 0 && (output_stride < hidden_size || output_stride % 8 != 0))) {
+    return KernelError("RmsNorm", StrCat("row strides (", input_stride, ", ", output_stride,
+                                         ") must be multiples of 8 and at least hidden_size ",
+                                         hidden_size));
+  }
+  if (num_tokens > 0) {
+    if (input == nullptr || weight == nullptr || output == nullptr) {
+      return KernelError("RmsNorm", "null input, weight or output");
+    }
+    if (!Aligned16(input) || !Aligned16(weight) || !Aligned16(output)) {
+      return KernelError("RmsNorm", "input, weight and output must be 16-byte aligned");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FusedAddRmsNormParams::Validate() const {
+  if (absl::Status s = CheckShape("FusedAddRmsNorm", num_tokens, hidden_size, epsilon); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckActivationDType("FusedAddRmsNorm", dtype); !s.ok()) return s;
+  if (num_tokens > 0) {
+    if (residual == nullptr || input == nullptr || weight == nullptr || output == nullptr) {
+      return KernelError("FusedAddRmsNorm", "null residual, input, weight or output");
+    }
+    if (output == residual) return KernelError("FusedAddRmsNorm", "output may not alias residual");
+    if (!Aligned16(residual) || !Aligned16(input) || !Aligned16(weight) || !Aligned16(output)) {
+      return KernelError("FusedAddRmsNorm", "every tensor must be 16-byte aligned");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lmserve::kernels::cuda

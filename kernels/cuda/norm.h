@@ -1,0 +1,59 @@
+// RMSNorm on the GPU, plain and fused with the residual addition before it (the CPU twins are in
+// kernels/cpu/norm.h):
+//
+//   RmsNorm:          out = x / sqrt(mean(x^2) + eps) * weight
+//   FusedAddRmsNorm:  residual += x (rounded to the storage type);  out = RmsNorm(residual)
+//
+// bf16 or fp16 in and out (weight in the same type), fp32 math. One thread block per token; the
+// row stays in registers, so every element is read once and written once.
+
+#ifndef LMSERVE_KERNELS_CUDA_NORM_H_
+#define LMSERVE_KERNELS_CUDA_NORM_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+struct RmsNormParams {
+  const void* input = nullptr;   // [num_tokens, hidden_size], row stride input_stride; device
+  const void* weight = nullptr;  // [hidden_size]; device
+  void* output = nullptr;  // [num_tokens, hidden_size], row stride output_stride; device; may be input
+  int64_t num_tokens = 0;
+  int64_t hidden_size = 0;    // multiple of 8, at most kMaxHiddenSize
+  int64_t input_stride = 0;   // elements between rows, multiple of 8; 0 means hidden_size
+  int64_t output_stride = 0;  // elements between rows, multiple of 8; 0 means hidden_size
+  float epsilon = 1e-6f;
+  DType dtype = DType::kBF16;  // of input, weight and output: kBF16 or kF16
+
+  static constexpr int64_t kMaxHiddenSize = 32768;
+
+  absl::Status Validate() const;
+};
+
+struct FusedAddRmsNormParams {
+  void* residual = nullptr;  // [num_tokens, hidden_size], contiguous; device; updated in place
+  const void* input = nullptr;   // [num_tokens, hidden_size], contiguous; device; added to residual
+  const void* weight = nullptr;  // [hidden_size]; device
+  void* output = nullptr;  // [num_tokens, hidden_size], contiguous; device; may be input, not residual
+  int64_t num_tokens = 0;
+  int64_t hidden_size = 0;  // multiple of 8, at most kMaxHiddenSize
+  float epsilon = 1e-6f;
+  DType dtype = DType::kBF16;  // of every tensor: kBF16 or kF16
+
+  static constexpr int64_t kMaxHiddenSize = RmsNormParams::kMaxHiddenSize;
+
+  absl::Status Validate() const;
+};
+
+// Launchers: return cudaErrorInvalidValue when Validate() fails, else the launch's error.
+cudaError_t Launch(const RmsNormParams& params, cudaStream_t stream);
+cudaError_t Launch(const FusedAddRmsNormParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_NORM_H_

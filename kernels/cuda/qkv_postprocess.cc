@@ -1,0 +1,49 @@
+#include "kernels/cuda/qkv_postprocess.h"
+
+#include "common/strings.h"
+#include "kernels/cuda/check.h"
+
+namespace lmserve::kernels::cuda {
+
+absl::Status QkvPostProcessParams::Validate() const {
+  constexpr const char* kName = "QkvPostProcess";
+  if (absl::Status s = CheckActivationDType(kName, dtype); !s.ok()) return s;
+  if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > 512) {
+    return KernelError(kName, StrCat("head_dim ", head_dim,
+                                     " is not supported (a positive multiple of 16, at most 512)"));
+  }
+  if (num_tokens < 0 || num_heads <= 0 || num_kv_heads <= 0 || block_size <= 0 ||
+      num_blocks <= 0) {
+    return KernelError(kName, StrCat("bad shape (tokens ", num_tokens, ", heads ", num_heads,
+                                     ", kv heads ", num_kv_heads, ", blocks ", num_blocks, " x ",
+                                     block_size, ")"));
+  }
+  const int64_t row = (num_heads + 2 * num_kv_heads) * head_dim;
+  if (qkv_stride != 0 && (qkv_stride < row || qkv_stride % 8 != 0)) {
+    return KernelError(kName, StrCat("qkv_stride ", qkv_stride,
+                                     " must be a multiple of 8 and at least ", row));
+  }
+  if (query_out_stride != 0 &&
+      (query_out_stride < num_heads * head_dim || query_out_stride % 8 != 0)) {
+    return KernelError(kName, StrCat("query_out_stride ", query_out_stride,
+                                     " must be a multiple of 8 and at least ",
+                                     num_heads * head_dim));
+  }
+  if (cos_sin != nullptr && max_position <= 0) {
+    return KernelError(kName, "max_position must be positive with a cos/sin table");
+  }
+  if (num_tokens > 0) {
+    if (qkv == nullptr || positions == nullptr || slot_mapping == nullptr ||
+        query_out == nullptr || key_cache == nullptr || value_cache == nullptr) {
+      return KernelError(kName, "a null pointer");
+    }
+    if (!Aligned16(qkv) || !Aligned16(query_out) || !Aligned16(key_cache) ||
+        !Aligned16(value_cache) || (bias != nullptr && !Aligned16(bias)) ||
+        (cos_sin != nullptr && !Aligned16(cos_sin))) {
+      return KernelError(kName, "tensors must be 16-byte aligned");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lmserve::kernels::cuda

@@ -1,0 +1,58 @@
+// QKV post-processing on the GPU, in one kernel for a batch that mixes prefill and decode tokens
+// (CPU twin: kernels/cpu/qkv_postprocess.h): optional q/k/v bias, rotary embedding of Q and K, the
+// write of Q to its own buffer and of K and V into each token's slot of the paged KV cache.
+//
+// Rotary scaling (default, linear, llama3, explicit GGUF factors) lives in the inverse frequencies
+// the engine computes; the kernel reads the fp32 cos/sin table that RotaryCosSinTable
+// (kernels/cpu/qkv_postprocess.h) builds from them once at start-up. Positions and slots are read
+// from device memory, so one launch configuration serves every batch of the same token count.
+//
+// Work: 16 elements of one head of one token per thread (two 16-byte loads and stores); bf16 or
+// fp16 in and out, fp32 math.
+
+#ifndef LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_
+#define LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/rotary.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+struct QkvPostProcessParams {
+  const void* qkv = nullptr;   // [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], row
+                               // stride qkv_stride: query heads, key heads, value heads; device
+  const void* bias = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim] or null; device
+  const int32_t* positions = nullptr;  // [num_tokens]; device. Clamped to [0, max_position).
+  const float* cos_sin = nullptr;  // [max_position, head_dim] (RotaryCosSinTable); device; null:
+                                   // no rotary embedding
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]: cache slot; negative: no write (padding);
+                                          // device
+  void* query_out = nullptr;  // [num_tokens, num_heads, head_dim], row stride query_out_stride;
+                              // device; may be qkv itself (query_out_stride = qkv_stride)
+  void* key_cache = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]; device
+  void* value_cache = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]; device
+  int64_t num_tokens = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  // multiple of 16, at most 512
+  int64_t block_size = 0;
+  int64_t num_blocks = 0;
+  int64_t qkv_stride = 0;        // multiple of 8; 0 means (num_heads + 2 * num_kv_heads) * head_dim
+  int64_t query_out_stride = 0;  // multiple of 8; 0 means num_heads * head_dim
+  int64_t max_position = 0;      // rows of cos_sin
+  RotaryLayout layout = RotaryLayout::kHalfSplit;
+  DType dtype = DType::kBF16;  // of qkv, bias, query_out and the caches: kBF16 or kF16
+
+  absl::Status Validate() const;
+};
+
+cudaError_t Launch(const QkvPostProcessParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_

@@ -1,0 +1,531 @@
+#include <cfloat>
+#include <climits>
+
+#include "kernels/cpu/philox.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/sampling.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kBins = 2048;  // first radix level: the top 11 bits of a key
+
+struct SamplerSmem {
+  uint32_t bin_count[kBins];
+  float bin_weight[kBins];
+  float scan[kThreads];
+  uint32_t cand_key[kSamplingCandidates];
+  float cand_weight[kSamplingCandidates];
+  int32_t cand_index[kSamplingCandidates];
+};
+
+// Order-preserving map of floats to unsigned integers; NaN maps to 0, below everything.
+__device__ __forceinline__ uint32_t OrderedKey(float z) {
+  if (z != z) return 0u;
+  const uint32_t bits = __float_as_uint(z);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Argmax order: a number beats NaN, a larger value beats a smaller, a lower index breaks ties.
+__device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i) {
+  const bool nan_v = v != v, nan_best = best_v != best_v;
+  if (nan_v != nan_best) return nan_best;
+  if (!nan_v && v != best_v) return v > best_v;
+  return i < best_i;
+}
+
+// Calls f(index, logit) for every element of the row: 16-byte loads, four per thread issued
+// before any is used (several loads in flight: a pass runs at the memory's pace).
+template <typename F>
+__device__ __forceinline__ void ForEachLogit(const float* row, int vocab_size, F&& f) {
+  constexpr int kBatch = 4;
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  const int n4 = vocab_size / 4;
+  for (int base = threadIdx.x; base < n4; base += kBatch * kThreads) {
+    float4 x[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kThreads;
+      x[u] = v < n4 ? __ldg(row4 + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kThreads;
+      if (v < n4) {
+        f(4 * v, x[u].x);
+        f(4 * v + 1, x[u].y);
+        f(4 * v + 2, x[u].z);
+        f(4 * v + 3, x[u].w);
+      }
+    }
+  }
+}
+
+__device__ int BlockArgmax(const float* row, int vocab_size, float* s_value, int* s_index) {
+  float best_v = NAN;
+  int best_i = INT_MAX;
+  ForEachLogit(row, vocab_size, [&](int i, float x) {
+    if (Better(x, i, best_v, best_i)) best_v = x, best_i = i;
+  });
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) s_value[warp] = best_v, s_index[warp] = best_i;
+  __syncthreads();
+  best_v = s_value[lane];
+  best_i = s_index[lane];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
+  }
+  return best_i;  // all-NaN rows: index 0
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxKernel(const float* logits, int64_t stride, int vocab_size, int32_t* output) {
+  __shared__ float s_value[32];
+  __shared__ int s_index[32];
+  const int best = BlockArgmax(logits + blockIdx.x * stride, vocab_size, s_value, s_index);
+  if (threadIdx.x == 0) output[blockIdx.x] = best;
+}
+
+// Inclusive prefix sum over the block, in thread order; returns it and sets *exclusive to the
+// previous thread's inclusive value (exactly: the intervals partition the total). Barriers inside.
+__device__ float BlockScan(float x, float* exclusive, float* total, float* s_scan, float* s_warp) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float v = x;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float t = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += t;
+  }
+  __syncthreads();
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = s_warp[lane];
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float t = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += t;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  const float inclusive = (warp > 0 ? s_warp[warp - 1] : 0.0f) + v;
+  s_scan[threadIdx.x] = inclusive;
+  __syncthreads();
+  *exclusive = threadIdx.x > 0 ? s_scan[threadIdx.x - 1] : 0.0f;
+  *total = s_scan[kThreads - 1];
+  return inclusive;
+}
+
+struct Shared {
+  SamplerSmem* big;
+  float* warp;      // [32]
+  int* best_bin;    // [1]
+  float* best_above;  // [1]
+};
+
+// Over the histogram of `num_bins` bins in shared memory: the lowest non-empty bin b with
+// above_total + (weight of the bins above b) < limit, and that weight. -1 if none.
+__device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float above_total,
+                         float limit, float* above_best, float* all_bins = nullptr) {
+  const int per_thread = num_bins / kThreads;  // 1 or 2, from the top: thread 0 owns the top bins
+  float own[2] = {0.0f, 0.0f};
+  int bins[2] = {-1, -1};
+  float local = 0.0f;
+  for (int j = 0; j < per_thread; ++j) {
+    const int b = num_bins - 1 - (threadIdx.x * per_thread + j);
+    bins[j] = b;
+    own[j] = use_weight ? sh.big->bin_weight[b] : static_cast<float>(sh.big->bin_count[b]);
+    local += own[j];
+  }
+  if (threadIdx.x == 0) *sh.best_bin = INT_MAX;
+  float exclusive, total;
+  BlockScan(local, &exclusive, &total, sh.big->scan, sh.warp);  // its barriers publish best_bin
+  if (all_bins != nullptr) *all_bins = total;
+  float above = exclusive;
+  float my_above[2];
+  for (int j = 0; j < per_thread; ++j) {
+    my_above[j] = above;
+    if (sh.big->bin_count[bins[j]] > 0 && above_total + above < limit) {
+      atomicMin(sh.best_bin, bins[j]);
+    }
+    above += own[j];
+  }
+  __syncthreads();
+  const int best = *sh.best_bin;
+  for (int j = 0; j < per_thread; ++j) {
+    if (bins[j] == best) *sh.best_above = my_above[j];
+  }
+  __syncthreads();
+  *above_best = *sh.best_above;
+  __syncthreads();
+  return best == INT_MAX ? -1 : best;
+}
+
+// Radix selection of the threshold key: the smallest key v among the elements with key >= lower
+// such that the weight (count, or w when use_weight) of those with key > v is below limit.
+// for_each(f) calls f(key, w) for every element.
+template <typename ForEach>
+__device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool use_weight,
+                                   uint32_t lower, float limit) {
+  uint32_t prefix = 0;
+  float above_total = 0.0f;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+    const int num_bins = level == 2 ? 1024 : 2048;
+    const uint32_t high_mask = level == 0 ? 0u : (level == 1 ? 0xFFE00000u : 0xFFFFFC00u);
+    __syncthreads();
+    for (int b = threadIdx.x; b < num_bins; b += kThreads) {
+      sh.big->bin_count[b] = 0;
+      sh.big->bin_weight[b] = 0.0f;
+    }
+    __syncthreads();
+    for_each([&](uint32_t key, float w) {
+      if (key >= lower && (key & high_mask) == prefix) {
+        const int b = (key >> shift) & (num_bins - 1);
+        atomicAdd(&sh.big->bin_count[b], 1u);
+        if (use_weight) atomicAdd(&sh.big->bin_weight[b], w);
+      }
+    });
+    __syncthreads();
+    float above_best;
+    const int best = SelectBin(sh, num_bins, use_weight, above_total, limit, &above_best);
+    if (best < 0) return lower;  // unreachable with limit > 0: keep everything from `lower`
+    above_total += above_best;
+    prefix |= static_cast<uint32_t>(best) << shift;
+  }
+  return prefix;
+}
+
+struct SampleArgs {
+  const float* logits;
+  int32_t* output;
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const uint64_t* seeds;
+  const uint64_t* steps;
+  int64_t stride;
+  int vocab_size;
+};
+
+constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
+constexpr float kProvisionalNats = 10.0f;  // pass 2 also keeps the tokens with w > e^-10
+constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
+constexpr int kTileItems = kItems * kThreads;
+
+// 16 contiguous logits from i0 (a multiple of 16); past the end: NaN, which is never kept.
+__device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size, int i0,
+                                               float (&x)[kItems]) {
+  const float4* p = reinterpret_cast<const float4*>(row + i0);
+#pragma unroll
+  for (int v = 0; v < kItems / 4; ++v) {
+    float4 t = make_float4(NAN, NAN, NAN, NAN);
+    if (i0 + 4 * v < vocab_size) t = __ldg(p + v);
+    x[4 * v] = t.x, x[4 * v + 1] = t.y, x[4 * v + 2] = t.z, x[4 * v + 3] = t.w;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ float s_warp[32];
+  __shared__ int s_warp_index[32];
+  __shared__ int s_best_bin;
+  __shared__ float s_best_above;
+  __shared__ int s_token;
+  Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
+  SamplerSmem& big = *sh.big;
+
+  const int row_index = blockIdx.x;
+  const float* row = a.logits + row_index * a.stride;
+  const int vocab = a.vocab_size;
+  const float temperature = a.temperature[row_index];
+  if (!(temperature > 0.0f)) {
+    const int best = BlockArgmax(row, vocab, s_warp, s_warp_index);
+    if (threadIdx.x == 0) a.output[row_index] = best;
+    return;
+  }
+  const float inv_t = 1.0f / temperature;
+  const int top_k = a.top_k != nullptr ? a.top_k[row_index] : 0;
+  const float top_p = a.top_p != nullptr ? a.top_p[row_index] : 1.0f;
+  const float min_p = a.min_p != nullptr ? a.min_p[row_index] : 0.0f;
+  const bool use_top_k = top_k > 0 && top_k < vocab;
+  const bool use_top_p = top_p < 1.0f;
+  const bool use_min_p = min_p > 0.0f;
+  const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
+
+  // 1. Maximum and normalizer (online: a running maximum per thread).
+  float m = -INFINITY, s = 0.0f;
+  ForEachLogit(row, vocab, [&](int, float x) {
+    const float z = x * inv_t;
+    if (z > m) {
+      s = s * __expf(m - z) + 1.0f;
+      m = z;
+    } else if (z > -INFINITY) {  // not NaN, and m is finite here
+      s += __expf(z - m);
+    }
+  });
+  const float max_z = BlockMax(m, s_warp);
+  const float total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+  if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
+    if (threadIdx.x == 0) a.output[row_index] = 0;
+    return;
+  }
+  auto weight_of = [&](float z) { return z == z ? __expf(z - max_z) : 0.0f; };
+  auto global_for_each = [&](auto&& f) {
+    ForEachLogit(row, vocab, [&](int, float x) {
+      const float z = x * inv_t;
+      f(OrderedKey(z), weight_of(z));
+    });
+  };
+
+  // 2. A lower bound on the kept keys from a count histogram of d = max - z over
+  //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
+  //    3. the candidates above it, compacted in vocabulary order into shared memory.
+  uint32_t lower = 0;
+  int num_candidates = -1;  // -1: read global memory
+  if (use_top_k || use_top_p || use_min_p) {
+    constexpr float kBinsPerNat = kBins / kRangeNats;
+    for (int b = threadIdx.x; b < kBins; b += kThreads) big.bin_count[b] = 0;
+    __syncthreads();
+    // The histogram, and in the same pass a provisional compaction of the tokens with
+    // d < kProvisionalNats: when the bound found below is within it, no third pass is needed.
+    float provisional = 0.0f;
+    for (int tile = 0; tile < vocab; tile += kTileItems) {
+      const int i0 = tile + kItems * threadIdx.x;
+      float x[kItems];
+      LoadContiguous(row, vocab, i0, x);
+      float flags = 0.0f;
+      uint32_t keep = 0;  // bit e: element e goes to the provisional candidates
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        x[e] *= inv_t;  // z; NaN (and past the end) stays NaN
+        const float d = max_z - x[e];
+        if (d < kRangeNats) {
+          atomicAdd(&big.bin_count[kBins - 1 - min(static_cast<int>(d * kBinsPerNat), kBins - 1)], 1u);
+        }
+        if (d < kProvisionalNats) {
+          keep |= 1u << e;
+          flags += 1.0f;
+        }
+      }
+      float exclusive, tile_total;
+      BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
+      int slot = static_cast<int>(provisional + exclusive);
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (keep & (1u << e)) {
+          if (slot < kSamplingCandidates) {
+            big.cand_key[slot] = OrderedKey(x[e]);
+            big.cand_weight[slot] = weight_of(x[e]);
+            big.cand_index[slot] = i0 + e;
+          }
+          ++slot;
+        }
+      }
+      provisional += tile_total;
+    }
+    __syncthreads();
+    // A lower bound on each bin's weight, so that the selected bin is never above the true one.
+    for (int h = threadIdx.x; h < kBins; h += kThreads) {
+      big.bin_weight[h] = static_cast<float>(big.bin_count[h]) *
+                          __expf(-static_cast<float>(kBins - h) / kBinsPerNat);
+    }
+    __syncthreads();
+    int selected = -1;  // the lowest bin that may hold the threshold; -1: below the range
+    float unused, in_range;
+    if (use_top_k) {
+      const int h = SelectBin(sh, kBins, false, 0.0f, static_cast<float>(top_k), &unused, &in_range);
+      selected = in_range >= static_cast<float>(top_k) ? h : -1;
+    } else if (use_top_p) {
+      const float limit = fmaxf(top_p * total_weight, FLT_MIN);
+      const int h = SelectBin(sh, kBins, true, 0.0f, limit, &unused, &in_range);
+      selected = in_range >= limit ? h : -1;
+    } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
+      const float d_max = -logf(min_p);
+      selected = d_max < kRangeNats ? kBins - 1 - static_cast<int>(d_max * kBinsPerNat) : -1;
+    }
+    if (selected > 0) selected -= 1;  // one bin of margin against rounding
+    if (selected >= 0) {
+      const float bound_nats = static_cast<float>(kBins - selected) / kBinsPerNat;
+      lower = OrderedKey(max_z - bound_nats);
+      if (bound_nats + 1.0f / kBinsPerNat <= kProvisionalNats &&
+          provisional <= static_cast<float>(kSamplingCandidates)) {
+        num_candidates = static_cast<int>(provisional);  // a superset of the tokens >= lower
+      }
+      float count = 0.0f;
+      for (int h = selected + threadIdx.x; h < kBins; h += kThreads) count += big.bin_count[h];
+      count = BlockSum(count, s_warp);
+      if (num_candidates < 0 && count <= static_cast<float>(kSamplingCandidates)) {
+        float base = 0.0f;
+        for (int tile = 0; tile < vocab; tile += kTileItems) {
+          const int i0 = tile + kItems * threadIdx.x;
+          float x[kItems];
+          LoadContiguous(row, vocab, i0, x);
+          uint32_t key[kItems];
+          float flags = 0.0f;
+#pragma unroll
+          for (int e = 0; e < kItems; ++e) {
+            key[e] = OrderedKey(x[e] * inv_t);  // NaN (and past the end): 0
+            if (key[e] >= lower && key[e] != 0u) flags += 1.0f;
+          }
+          float exclusive, tile_total;
+          BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
+          int slot = static_cast<int>(base + exclusive);
+#pragma unroll
+          for (int e = 0; e < kItems; ++e) {
+            if (key[e] >= lower && key[e] != 0u) {
+              if (slot < kSamplingCandidates) {
+                big.cand_key[slot] = key[e];
+                big.cand_weight[slot] = weight_of(x[e] * inv_t);
+                big.cand_index[slot] = i0 + e;
+              }
+              ++slot;
+            }
+          }
+          base += tile_total;
+        }
+        num_candidates = base <= static_cast<float>(kSamplingCandidates) ? static_cast<int>(base) : -1;
+        __syncthreads();
+      }
+    }
+  }
+  auto for_each = [&](auto&& f) {
+    if (num_candidates >= 0) {
+      for (int i = threadIdx.x; i < num_candidates; i += kThreads) {
+        f(big.cand_key[i], big.cand_weight[i]);
+      }
+    } else {
+      global_for_each(f);
+    }
+  };
+
+  // 4. Exact thresholds.
+  uint32_t threshold = lower;
+  if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, static_cast<float>(top_k));
+  if (use_top_p) {
+    float set_weight = total_weight;  // no top-k: the whole vocabulary
+    if (use_top_k) {
+      set_weight = 0.0f;
+      for_each([&](uint32_t key, float w) {
+        if (key >= threshold) set_weight += w;
+      });
+      set_weight = BlockSum(set_weight, s_warp);
+    }
+    threshold = RadixThreshold(sh, for_each, true, threshold, fmaxf(top_p * set_weight, FLT_MIN));
+  }
+  auto kept_weight = [&](uint32_t key, float w) {
+    return key >= threshold && (!use_min_p || w >= min_p) ? w : 0.0f;
+  };
+
+  // 5. The token: u * (kept weight) located by an ordered prefix sum.
+  float kept_total = total_weight;  // nothing filtered: every token
+  if (use_top_k || use_top_p || use_min_p) {
+    kept_total = 0.0f;
+    for_each([&](uint32_t key, float w) { kept_total += kept_weight(key, w); });
+    kept_total = BlockSum(kept_total, s_warp);
+  }
+  const float target = uniform * kept_total;
+  const int n = num_candidates >= 0 ? num_candidates : vocab;
+  if (threadIdx.x == 0) s_token = -1;
+  float running = 0.0f;
+  int last_kept = -1;  // this thread's last kept index: the fallback when rounding misses
+  for (int tile = 0; tile < n; tile += kTileItems) {
+    const int i0 = tile + kItems * threadIdx.x;
+    float w[kItems];
+    int index[kItems];
+    float local = 0.0f;
+    if (num_candidates >= 0) {
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        const int i = i0 + e;
+        w[e] = i < n ? kept_weight(big.cand_key[i], big.cand_weight[i]) : 0.0f;
+        index[e] = i < n ? big.cand_index[i] : 0;
+      }
+    } else {
+      float x[kItems];
+      LoadContiguous(row, vocab, i0, x);
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        const float z = x[e] * inv_t;
+        w[e] = kept_weight(OrderedKey(z), weight_of(z));
+        index[e] = i0 + e;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kItems; ++e) {
+      local += w[e];
+      if (w[e] > 0.0f) last_kept = index[e];
+    }
+    float exclusive, tile_total;
+    const float inclusive = BlockScan(local, &exclusive, &tile_total, big.scan, s_warp);
+    if (target < running + tile_total) {  // the same value in every thread: uniform branch
+      if (running + exclusive <= target && target < running + inclusive) {
+        float cumulative = running + exclusive;
+        int chosen = -1;
+#pragma unroll
+        for (int e = 0; e < kItems; ++e) {
+          if (chosen < 0 || !(target < cumulative)) {
+            if (w[e] > 0.0f) {
+              chosen = index[e];
+              cumulative += w[e];
+            }
+          }
+        }
+        s_token = chosen;
+      }
+      break;
+    }
+    running += tile_total;
+  }
+  __syncthreads();
+  int token = s_token;
+  if (token < 0) {  // rounding put the target past the end: the last kept token
+    __syncthreads();
+    if (threadIdx.x == 0) s_token = -1;
+    __syncthreads();
+    atomicMax(&s_token, last_kept);
+    __syncthreads();
+    token = max(s_token, 0);
+  }
+  if (threadIdx.x == 0) a.output[row_index] = token;
+}
+
+}  // namespace
+
+cudaError_t Launch(const ArgmaxParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.num_rows == 0) return cudaSuccess;
+  ArgmaxKernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(
+      p.logits, p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
+      static_cast<int>(p.vocab_size), p.output);
+  return cudaGetLastError();
+}
+
+cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.num_rows == 0) return cudaSuccess;
+  constexpr int kSmemBytes = sizeof(SamplerSmem);
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+  SampleArgs a{p.logits, p.output, p.temperature, p.top_k, p.top_p, p.min_p, p.seeds, p.steps,
+               p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
+               static_cast<int>(p.vocab_size)};
+  SampleKernel<<<static_cast<unsigned>(p.num_rows), kThreads, kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace lmserve::kernels::cuda

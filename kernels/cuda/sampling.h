@@ -1,0 +1,62 @@
+// Token selection on the GPU: greedy argmax, and sampling with temperature, top-k, top-p and min-p,
+// seeded per request. CPU twins: kernels/cpu/argmax.h and kernels/cpu/sampling.h, whose header
+// gives the exact definition both implement.
+//
+// The sampler never sorts the vocabulary. One thread block of 1024 threads per row:
+//   1. one pass for the maximum and the softmax normalizer;
+//   2. (with a filter) one pass for a count histogram of the distance from the maximum,
+//      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
+//      top-p by a lower bound on each bin's weight, min-p directly);
+//   3. one pass that compacts the tokens above that bound, in vocabulary order, into shared memory
+//      (up to kSamplingCandidates; when more, or when the bound falls past the histogram's range,
+//      the next steps read global memory instead);
+//   4. exact top-k and top-p thresholds by radix selection (11 + 11 + 10 bits of the
+//      order-preserving bits of z) over the candidates, then an ordered prefix-sum search for the
+//      token that u * (kept weight) falls on.
+// Every per-row setting is read from device memory, so one launch serves any mix of requests.
+
+#ifndef LMSERVE_KERNELS_CUDA_SAMPLING_H_
+#define LMSERVE_KERNELS_CUDA_SAMPLING_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace lmserve::kernels::cuda {
+
+inline constexpr int kSamplingCandidates = 16384;
+
+struct ArgmaxParams {
+  const float* logits = nullptr;  // [num_rows, vocab_size], row stride logits_stride; device
+  int32_t* output = nullptr;      // [num_rows]; device
+  int64_t num_rows = 0;
+  int64_t vocab_size = 0;     // multiple of 4
+  int64_t logits_stride = 0;  // multiple of 4; 0 means vocab_size
+
+  absl::Status Validate() const;
+};
+
+struct SamplingParams {
+  const float* logits = nullptr;       // [num_rows, vocab_size], row stride logits_stride; device
+  int32_t* output = nullptr;           // [num_rows]: token ids; device
+  const float* temperature = nullptr;  // [num_rows]; <= 0: greedy; device
+  const int32_t* top_k = nullptr;      // [num_rows]; <= 0 or >= vocab_size: off; device; null: off
+  const float* top_p = nullptr;        // [num_rows]; >= 1: off; device; null: off
+  const float* min_p = nullptr;        // [num_rows]; <= 0: off; device; null: off
+  const uint64_t* seeds = nullptr;     // [num_rows]: each request's seed; device
+  const uint64_t* steps = nullptr;     // [num_rows]: each request's draw counter; device
+  int64_t num_rows = 0;
+  int64_t vocab_size = 0;     // multiple of 4
+  int64_t logits_stride = 0;  // multiple of 4; 0 means vocab_size
+
+  absl::Status Validate() const;
+};
+
+cudaError_t Launch(const ArgmaxParams& params, cudaStream_t stream);
+cudaError_t Launch(const SamplingParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_SAMPLING_H_

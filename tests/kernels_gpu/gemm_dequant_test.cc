@@ -1,0 +1,156 @@
+// cuBLASLt GEMM plans against the CPU linear layer, and dequantization to bf16 bit for bit
+// against the CPU's llama.cpp-exact dequantization.
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cuda/dequant.h"
+#include "kernels/cuda/gemm.h"
+#include "tests/kernels_gpu/gpu_test_util.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::FreshSeed;
+using testing::HalfToFloat;
+using testing::RandomFloats;
+using testing::RelativeL2;
+using testing::RoundToHalf;
+
+TEST(GemmGpuTest, MatchesCpuLinear) {
+  LMSERVE_REQUIRE_GPU();
+  auto handle = BlasLtHandle::Create();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  DeviceBuffer<uint8_t> workspace(32 << 20);
+  for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+    for (int64_t m : {1, 17, 64}) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64}, {4096, 4096}, {1032, 264}}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " out "
+                                          << DTypeName(out_dtype).data() << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
+        GemmShape shape;
+        shape.m = m;
+        shape.n = n;
+        shape.k = k;
+        shape.output_dtype = out_dtype;
+        auto plan = GemmPlan::Create((*handle)->get(), shape, workspace.get(), workspace.size(),
+                                     /*autotune=*/m == 17, nullptr);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        std::vector<float> ref(m * n);
+        kernels::LinearParams linear;
+        linear.input = x.data();
+        linear.weight = w.data();
+        linear.output = ref.data();
+        linear.num_tokens = m;
+        linear.in_features = k;
+        linear.out_features = n;
+        kernels::Linear(linear);
+        std::vector<float> out;
+        if (out_dtype == DType::kF32) {
+          DeviceBuffer<float> d_y(m * n);
+          d_y.Poison();
+          ASSERT_EQ((*plan)->Run(d_x.get(), d_w.get(), d_y.get(), nullptr), CUBLAS_STATUS_SUCCESS);
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          out = d_y.Download();
+          EXPECT_LE(RelativeL2(out, ref), 1e-4);
+        } else {
+          DeviceBuffer<uint16_t> d_y(m * n);
+          d_y.Poison();
+          ASSERT_EQ((*plan)->Run(d_x.get(), d_w.get(), d_y.get(), nullptr), CUBLAS_STATUS_SUCCESS);
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          out = HalfToFloat(d_y.Download(), DType::kBF16);
+          EXPECT_LE(RelativeL2(out, ref), 1e-2);
+        }
+      }
+    }
+  }
+}
+
+// Random blocks of each type with finite fp16 scales.
+std::vector<uint8_t> RandomBlocks(DType dtype, int64_t num_elements, std::mt19937& rng) {
+  const BlockLayout layout = GetBlockLayout(dtype);
+  const int64_t blocks = num_elements / layout.elements_per_block;
+  std::vector<uint8_t> bytes(blocks * layout.bytes_per_block);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+  auto put_half = [&](uint8_t* p) {
+    const uint16_t h = F32ToF16(scale(rng));
+    std::memcpy(p, &h, 2);
+  };
+  for (int64_t i = 0; i < blocks; ++i) {
+    uint8_t* block = bytes.data() + i * layout.bytes_per_block;
+    switch (dtype) {
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+        put_half(block);
+        break;
+      case DType::kQ4_1:
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+        put_half(block);
+        put_half(block + 2);
+        break;
+      case DType::kQ6_K:
+        put_half(block + 208);
+        break;
+      default:
+        break;
+    }
+  }
+  return bytes;
+}
+
+TEST(DequantGpuTest, BitExactWithCpuForEveryType) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K,
+                      DType::kQ6_K, DType::kF16, DType::kBF16, DType::kF32}) {
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " seed " << seed);
+    std::mt19937 rng(seed);
+    const int64_t n = 256 * 37;
+    std::vector<uint8_t> src;
+    if (IsQuantized(dtype)) {
+      src = RandomBlocks(dtype, n, rng);
+    } else {
+      std::vector<float> values = RandomFloats(n, rng);
+      if (dtype == DType::kF32) {
+        src.resize(n * 4);
+        std::memcpy(src.data(), values.data(), src.size());
+      } else {
+        const std::vector<uint16_t> bits = RoundToHalf(values, dtype);
+        src.resize(n * 2);
+        std::memcpy(src.data(), bits.data(), src.size());
+      }
+    }
+    std::vector<float> ref(n);
+    DequantizeToF32(dtype, src.data(), ref.data(), n);
+    DeviceBuffer<uint8_t> d_src(src);
+    DeviceBuffer<uint16_t> d_dst(n);
+    d_dst.Poison();
+    DequantizeParams p{d_src.get(), d_dst.get(), n, dtype};
+    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+    CUDA_ASSERT(Launch(p, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    const std::vector<uint16_t> out = d_dst.Download();
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (out[i] != F32ToBf16(ref[i]) && ++mismatches <= 5) {
+        ADD_FAILURE() << "element " << i << ": GPU " << out[i] << ", CPU " << F32ToBf16(ref[i]);
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::kernels::cuda

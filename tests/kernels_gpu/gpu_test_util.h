@@ -1,0 +1,140 @@
+// Helpers for the GPU kernel tests: skipping without a GPU, device buffers, fresh random inputs,
+// 16-bit conversions, poisoning and the relative L2 error.
+
+#ifndef LMSERVE_TESTS_KERNELS_GPU_GPU_TEST_UTIL_H_
+#define LMSERVE_TESTS_KERNELS_GPU_GPU_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cuda/device.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda::testing {
+
+// Skips the test unless a CUDA GPU of compute capability 8.0 or newer is present.
+#define LMSERVE_REQUIRE_GPU()                                                                  \
+  do {                                                                                         \
+    const auto devices = ::lmserve::kernels::cuda::ListDevices();                              \
+    if (devices.empty()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU kernel test skipped"; \
+    if (devices[0].compute_capability_major < 8)                                               \
+      GTEST_SKIP() << "GPU " << devices[0].name << " is older than sm_80: test skipped";       \
+  } while (0)
+
+#define CUDA_ASSERT(expr)                                                         \
+  do {                                                                            \
+    const cudaError_t err_ = (expr);                                              \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);    \
+  } while (0)
+
+// A seed for fresh inputs, printed so a failure can be replayed (LMSERVE_TEST_SEED overrides).
+inline uint32_t FreshSeed() {
+  static uint32_t base = [] {
+    if (const char* env = std::getenv("LMSERVE_TEST_SEED")) return static_cast<uint32_t>(std::stoul(env));
+    return std::random_device{}();
+  }();
+  static uint32_t counter = 0;
+  return base + 7919u * counter++;
+}
+
+// An owned device allocation of `count` elements of T.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count > 0 && cudaMalloc(&ptr_, count * sizeof(T)) != cudaSuccess) {
+      std::fprintf(stderr, "cudaMalloc of %zu bytes failed\n", count * sizeof(T));
+      std::abort();
+    }
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { Upload(host); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), count_(other.count_) {
+    other.ptr_ = nullptr;
+    other.count_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(ptr_, other.ptr_);
+    std::swap(count_, other.count_);
+    return *this;
+  }
+  void Upload(const std::vector<T>& host) {
+    if (!host.empty()) cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> host(count_);
+    if (count_ > 0) cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return host;
+  }
+  // Fills every byte with `byte` (0xff: NaN in bf16, fp16 and fp32).
+  void Poison(int byte = 0xff) {
+    if (count_ > 0) cudaMemset(ptr_, byte, count_ * sizeof(T));
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+inline std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float stddev = 1.0f,
+                                       float mean = 0.0f) {
+  std::normal_distribution<float> dist(mean, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+inline uint16_t ToHalfBits(float x, DType dtype) {
+  return dtype == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x);
+}
+inline float FromHalfBits(uint16_t bits, DType dtype) {
+  return dtype == DType::kBF16 ? Bf16ToF32(bits) : F16ToF32(bits);
+}
+
+// Rounds `values` to the 16-bit type in place and returns the bits.
+inline std::vector<uint16_t> RoundToHalf(std::vector<float>& values, DType dtype) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bits[i] = ToHalfBits(values[i], dtype);
+    values[i] = FromHalfBits(bits[i], dtype);
+  }
+  return bits;
+}
+inline std::vector<float> HalfToFloat(const std::vector<uint16_t>& bits, DType dtype) {
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = FromHalfBits(bits[i], dtype);
+  return v;
+}
+
+// ||out - ref|| / ||ref|| in double; infinity if any output is not finite.
+inline double RelativeL2(const std::vector<float>& out, const std::vector<float>& ref) {
+  if (out.size() != ref.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    const double d = static_cast<double>(out[i]) - ref[i];
+    diff += d * d;
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// Tolerance on the relative L2 error of a kernel's 16-bit output.
+inline double Tolerance(DType dtype) { return dtype == DType::kBF16 ? 1e-2 : 2e-3; }
+
+inline const char* Name(DType dtype) { return dtype == DType::kBF16 ? "bf16" : "f16"; }
+
+}  // namespace lmserve::kernels::cuda::testing
+
+#endif  // LMSERVE_TESTS_KERNELS_GPU_GPU_TEST_UTIL_H_

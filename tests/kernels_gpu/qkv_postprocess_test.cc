@@ -1,0 +1,198 @@
+// QKV post-processing (bias, rotary with each scaling and layout, paged KV write) on the GPU
+// against its CPU twin. Rotary inverse frequencies come from the engine's RopeInverseFrequencies,
+// the function the runners use.
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "engine/model/model_config.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/qkv_postprocess.h"
+#include "kernels/cuda/qkv_postprocess.h"
+#include "tests/kernels_gpu/gpu_test_util.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::FreshSeed;
+using testing::HalfToFloat;
+using testing::RandomFloats;
+using testing::RelativeL2;
+using testing::RoundToHalf;
+using testing::Tolerance;
+
+std::vector<double> InverseFrequencies(int64_t head_dim, engine::RopeScaling scaling) {
+  engine::ModelConfig config;
+  config.head_dim = head_dim;
+  config.rope.theta = 500000.0;
+  config.rope.scaling = scaling;
+  config.rope.factor = 8.0;
+  config.rope.low_freq_factor = 1.0;
+  config.rope.high_freq_factor = 4.0;
+  config.rope.original_max_position_embeddings = 8192;
+  return engine::RopeInverseFrequencies(config);
+}
+
+struct QkvCase {
+  DType dtype;
+  int64_t tokens, num_heads, num_kv_heads, head_dim;
+  RotaryLayout layout;
+  engine::RopeScaling scaling;
+  bool bias;
+};
+
+void RunQkvCase(const QkvCase& c) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message()
+               << testing::Name(c.dtype) << " tokens " << c.tokens << " heads " << c.num_heads
+               << "/" << c.num_kv_heads << " head_dim " << c.head_dim << " interleaved "
+               << (c.layout == RotaryLayout::kInterleaved) << " scaling "
+               << static_cast<int>(c.scaling) << " bias " << c.bias << " seed " << seed);
+  std::mt19937 rng(seed);
+  const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  const int64_t stride = row + 8;
+  const int64_t block_size = 16, num_blocks = (c.tokens + block_size - 1) / block_size * 2 + 3;
+  const int64_t max_position = 5000;
+  const int64_t kv_row = c.num_kv_heads * c.head_dim;
+
+  std::vector<float> qkv = RandomFloats(c.tokens * stride, rng);
+  std::vector<float> bias = RandomFloats(row, rng, 0.5f);
+  std::vector<int32_t> positions(c.tokens);
+  std::uniform_int_distribution<int32_t> pos_dist(0, static_cast<int32_t>(max_position - 1));
+  for (int32_t& p : positions) p = pos_dist(rng);
+  positions[0] = 4098;
+  // Distinct slots, shuffled; the last token is padding (no slot) when there are several.
+  std::vector<int64_t> slots(num_blocks * block_size);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(c.tokens);
+  if (c.tokens > 1) slots.back() = -1;
+
+  const std::vector<double> inv_freq = InverseFrequencies(c.head_dim, c.scaling);
+  const std::vector<float> table = RotaryCosSinTable(inv_freq.data(), c.head_dim, max_position);
+
+  DeviceBuffer<uint16_t> d_qkv(RoundToHalf(qkv, c.dtype)), d_bias(RoundToHalf(bias, c.dtype));
+  DeviceBuffer<int32_t> d_pos(positions);
+  DeviceBuffer<int64_t> d_slots(slots);
+  DeviceBuffer<float> d_table(table);
+  DeviceBuffer<uint16_t> d_q(c.tokens * c.num_heads * c.head_dim);
+  DeviceBuffer<uint16_t> d_k(num_blocks * block_size * kv_row), d_v(d_k.size());
+  d_q.Poison();
+  d_k.Poison();
+  d_v.Poison();
+  QkvPostProcessParams p;
+  p.qkv = d_qkv.get();
+  p.bias = c.bias ? d_bias.get() : nullptr;
+  p.positions = d_pos.get();
+  p.cos_sin = d_table.get();
+  p.slot_mapping = d_slots.get();
+  p.query_out = d_q.get();
+  p.key_cache = d_k.get();
+  p.value_cache = d_v.get();
+  p.num_tokens = c.tokens;
+  p.num_heads = c.num_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  p.block_size = block_size;
+  p.num_blocks = num_blocks;
+  p.qkv_stride = stride;
+  p.max_position = max_position;
+  p.layout = c.layout;
+  p.dtype = c.dtype;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+
+  std::vector<float> ref_q(c.tokens * c.num_heads * c.head_dim);
+  std::vector<float> ref_k(d_k.size(), 0.0f), ref_v(d_k.size(), 0.0f);
+  kernels::QkvPostProcessParams cpu;
+  cpu.qkv = qkv.data();
+  cpu.bias = c.bias ? bias.data() : nullptr;
+  cpu.positions = positions.data();
+  cpu.inv_freq = inv_freq.data();
+  cpu.slot_mapping = slots.data();
+  cpu.query_out = ref_q.data();
+  cpu.key_cache = ref_k.data();
+  cpu.value_cache = ref_v.data();
+  cpu.num_tokens = c.tokens;
+  cpu.num_heads = c.num_heads;
+  cpu.num_kv_heads = c.num_kv_heads;
+  cpu.head_dim = c.head_dim;
+  cpu.block_size = block_size;
+  cpu.num_blocks = num_blocks;
+  cpu.qkv_stride = stride;
+  cpu.layout = c.layout;
+  kernels::QkvPostProcess(cpu);
+
+  EXPECT_LE(RelativeL2(HalfToFloat(d_q.Download(), c.dtype), ref_q), Tolerance(c.dtype));
+  // Written slots match; every other slot still holds the poison.
+  const std::vector<uint16_t> k_bits = d_k.Download(), v_bits = d_v.Download();
+  std::vector<bool> written(num_blocks * block_size, false);
+  for (int64_t s : slots) {
+    if (s >= 0) written[s] = true;
+  }
+  std::vector<float> out_k, out_v, exp_k, exp_v;
+  for (int64_t s = 0; s < num_blocks * block_size; ++s) {
+    for (int64_t i = 0; i < kv_row; ++i) {
+      const int64_t e = s * kv_row + i;
+      if (!written[s]) {
+        ASSERT_EQ(k_bits[e], 0xffff) << "slot " << s << " written";
+        ASSERT_EQ(v_bits[e], 0xffff) << "slot " << s << " written";
+        continue;
+      }
+      out_k.push_back(testing::FromHalfBits(k_bits[e], c.dtype));
+      out_v.push_back(testing::FromHalfBits(v_bits[e], c.dtype));
+      exp_k.push_back(ref_k[e]);
+      exp_v.push_back(ref_v[e]);
+    }
+  }
+  EXPECT_LE(RelativeL2(out_k, exp_k), Tolerance(c.dtype));
+  EXPECT_LE(RelativeL2(out_v, exp_v), Tolerance(c.dtype));
+}
+
+TEST(QkvPostProcessGpuTest, MatchesCpuAcrossShapesLayoutsAndScalings) {
+  LMSERVE_REQUIRE_GPU();
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{8, 8}, {16, 4}, {32, 4}};
+  int variant = 0;
+  for (int64_t head_dim : {64, 80, 96, 128, 256}) {
+    for (int64_t tokens : {1, 17, 97}) {
+      for (const auto& [num_heads, num_kv_heads] : heads) {
+        ++variant;
+        const RotaryLayout layout =
+            variant % 2 == 0 ? RotaryLayout::kHalfSplit : RotaryLayout::kInterleaved;
+        const auto scaling = static_cast<engine::RopeScaling>(variant % 3);
+        const DType dtype = variant % 4 == 3 ? DType::kF16 : DType::kBF16;
+        RunQkvCase({dtype, tokens, num_heads, num_kv_heads, head_dim, layout, scaling,
+                    variant % 5 != 0});
+      }
+    }
+  }
+}
+
+TEST(QkvPostProcessGpuTest, BothLayoutsEveryScaling) {
+  LMSERVE_REQUIRE_GPU();
+  for (RotaryLayout layout : {RotaryLayout::kHalfSplit, RotaryLayout::kInterleaved}) {
+    for (auto scaling : {engine::RopeScaling::kDefault, engine::RopeScaling::kLinear,
+                         engine::RopeScaling::kLlama3}) {
+      for (DType dtype : {DType::kBF16, DType::kF16}) {
+        RunQkvCase({dtype, 64, 32, 8, 128, layout, scaling, true});
+      }
+    }
+  }
+}
+
+TEST(QkvPostProcessGpuTest, ValidateExplainsHeadDim) {
+  QkvPostProcessParams p;
+  p.num_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_dim = 72;
+  p.block_size = 16;
+  p.num_blocks = 1;
+  EXPECT_NE(std::string(p.Validate().message()).find("multiple of 16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lmserve::kernels::cuda

@@ -1,0 +1,202 @@
+// Argmax and the sampler on the GPU against their CPU twins.
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/argmax.h"
+#include "kernels/cpu/philox.h"
+#include "kernels/cpu/sampling.h"
+#include "kernels/cuda/sampling.h"
+#include "tests/kernels_gpu/gpu_test_util.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::FreshSeed;
+using testing::RandomFloats;
+
+TEST(ArgmaxGpuTest, MatchesCpuWithTiesAndNans) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t rows : {1, 17, 64}) {
+    for (int64_t vocab : {4, 1000, 128256}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << " vocab " << vocab << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> logits = RandomFloats(rows * vocab, rng, 4.0f);
+      std::uniform_int_distribution<int64_t> col(0, vocab - 1);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = logits.data() + r * vocab;
+        if (r % 3 == 1) row[col(rng)] = NAN;
+        if (r % 4 == 2) {  // a tie for the maximum
+          const int64_t a = col(rng), b = col(rng);
+          row[a] = row[b] = 100.0f;
+        }
+        if (r % 7 == 5) {
+          for (int64_t i = 0; i < vocab; ++i) row[i] = NAN;
+        }
+      }
+      DeviceBuffer<float> d_logits(logits);
+      DeviceBuffer<int32_t> d_out(rows);
+      d_out.Poison();
+      ArgmaxParams p{d_logits.get(), d_out.get(), rows, vocab, 0};
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<int32_t> ref(rows);
+      kernels::Argmax({logits.data(), ref.data(), rows, vocab});
+      EXPECT_EQ(d_out.Download(), ref);
+    }
+  }
+}
+
+struct RowSettings {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+};
+
+// The GPU token equals the CPU twin's, or (for a draw within rounding of a boundary) is a kept
+// token whose cumulative-weight interval reaches the target within 1e-4.
+void ExpectAgrees(const float* row, int64_t vocab, const RowSettings& s, uint64_t seed,
+                  uint64_t step, int32_t gpu_token) {
+  if (!(s.temperature > 0)) {
+    int32_t ref = 0;
+    kernels::Argmax({row, &ref, 1, vocab});
+    EXPECT_EQ(gpu_token, ref);
+    return;
+  }
+  const SamplingDecision d = SampleRow(row, vocab, s.temperature, s.top_k, s.top_p, s.min_p,
+                                       UniformFromSeed(seed, step));
+  if (gpu_token == d.token) return;
+  ASSERT_GE(gpu_token, 0);
+  ASSERT_LT(gpu_token, vocab);
+  ASSERT_TRUE(d.kept[gpu_token]) << "GPU token " << gpu_token << " is not kept (CPU: " << d.token
+                                 << ")";
+  double before = 0, total = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (i < gpu_token) before += d.weights[i];
+    total += d.weights[i];
+  }
+  const double slack = 1e-4 * total;
+  EXPECT_LE(before, d.target + slack) << "GPU " << gpu_token << " CPU " << d.token;
+  EXPECT_GT(before + d.weights[gpu_token], d.target - slack) << "GPU " << gpu_token << " CPU "
+                                                             << d.token;
+}
+
+void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, float spread) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " spread " << spread << " seed "
+                                    << seed);
+  std::mt19937 rng(seed);
+  const auto rows = static_cast<int64_t>(settings.size());
+  std::vector<float> logits = RandomFloats(rows * vocab, rng, spread);
+  std::vector<float> temperature, top_p, min_p;
+  std::vector<int32_t> top_k;
+  std::vector<uint64_t> seeds, steps;
+  for (int64_t r = 0; r < rows; ++r) {
+    temperature.push_back(settings[r].temperature);
+    top_k.push_back(settings[r].top_k);
+    top_p.push_back(settings[r].top_p);
+    min_p.push_back(settings[r].min_p);
+    seeds.push_back(rng());
+    steps.push_back(rng() % 1000);
+  }
+  DeviceBuffer<float> d_logits(logits), d_temp(temperature), d_top_p(top_p), d_min_p(min_p);
+  DeviceBuffer<int32_t> d_top_k(top_k), d_out(rows);
+  DeviceBuffer<uint64_t> d_seeds(seeds), d_steps(steps);
+  d_out.Poison();
+  SamplingParams p;
+  p.logits = d_logits.get();
+  p.output = d_out.get();
+  p.temperature = d_temp.get();
+  p.top_k = d_top_k.get();
+  p.top_p = d_top_p.get();
+  p.min_p = d_min_p.get();
+  p.seeds = d_seeds.get();
+  p.steps = d_steps.get();
+  p.num_rows = rows;
+  p.vocab_size = vocab;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<int32_t> out = d_out.Download();
+  for (int64_t r = 0; r < rows; ++r) {
+    SCOPED_TRACE(::testing::Message() << "row " << r << " T " << settings[r].temperature << " k "
+                                      << settings[r].top_k << " p " << settings[r].top_p
+                                      << " min_p " << settings[r].min_p);
+    ExpectAgrees(logits.data() + r * vocab, vocab, settings[r], seeds[r], steps[r], out[r]);
+  }
+  // Same seeds and steps: the same tokens.
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(d_out.Download(), out);
+}
+
+std::vector<RowSettings> SettingsMix(int64_t rows) {
+  const std::vector<RowSettings> kinds = {
+      {0.0f, 0, 1.0f, 0.0f},     {1.0f, 0, 1.0f, 0.0f},     {0.7f, 50, 1.0f, 0.0f},
+      {1.0f, 1, 1.0f, 0.0f},     {1.0f, 0, 0.9f, 0.0f},     {0.8f, 40, 0.95f, 0.0f},
+      {1.0f, 0, 1.0f, 0.05f},    {1.2f, 1000, 0.5f, 0.02f}, {1.0f, 20000, 1.0f, 0.0f},
+      {1.0f, 0, 0.0f, 0.0f},     {2.0f, 0, 0.99f, 0.0f},    {0.5f, 5, 0.3f, 0.1f},
+  };
+  std::vector<RowSettings> s;
+  for (int64_t r = 0; r < rows; ++r) s.push_back(kinds[r % kinds.size()]);
+  return s;
+}
+
+TEST(SamplingGpuTest, MatchesCpuAcrossSettings) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t rows : {1, 17, 64}) {
+    for (int64_t vocab : {1000, 128256}) {
+      for (float spread : {1.0f, 4.0f}) RunSamplingCase(vocab, SettingsMix(rows), spread);
+    }
+  }
+}
+
+// Flat logits put tens of thousands of candidates above the histogram bound: the sampler falls
+// back to reading global memory for the exact thresholds.
+TEST(SamplingGpuTest, FlatDistributionsTakeTheGlobalPath) {
+  LMSERVE_REQUIRE_GPU();
+  RunSamplingCase(128256, {{1.0f, 0, 0.9f, 0.0f}, {1.0f, 30000, 1.0f, 0.0f},
+                           {1.0f, 30000, 0.8f, 0.0f}, {1.0f, 0, 1.0f, 0.001f}},
+                  0.05f);
+}
+
+TEST(SamplingGpuTest, DrawsFollowTheDistribution) {
+  LMSERVE_REQUIRE_GPU();
+  // 4096 rows of the same 8 logits, different seeds: token frequencies near the probabilities.
+  const int64_t rows = 4096, vocab = 8;
+  const std::vector<float> base = {0.0f, 1.0f, 2.0f, 0.5f, -1.0f, 1.5f, -3.0f, 0.2f};
+  std::vector<float> logits;
+  for (int64_t r = 0; r < rows; ++r) logits.insert(logits.end(), base.begin(), base.end());
+  std::vector<float> temperature(rows, 1.0f);
+  std::vector<uint64_t> seeds(rows), steps(rows, 3);
+  for (int64_t r = 0; r < rows; ++r) seeds[r] = 1000 + r;
+  DeviceBuffer<float> d_logits(logits), d_temp(temperature);
+  DeviceBuffer<uint64_t> d_seeds(seeds), d_steps(steps);
+  DeviceBuffer<int32_t> d_out(rows);
+  SamplingParams p;
+  p.logits = d_logits.get();
+  p.output = d_out.get();
+  p.temperature = d_temp.get();
+  p.seeds = d_seeds.get();
+  p.steps = d_steps.get();
+  p.num_rows = rows;
+  p.vocab_size = vocab;
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<double> freq(vocab, 0.0);
+  for (int32_t t : d_out.Download()) freq[t] += 1.0 / rows;
+  double z = 0;
+  for (float x : base) z += std::exp(x);
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double prob = std::exp(base[i]) / z;
+    EXPECT_NEAR(freq[i], prob, 5 * std::sqrt(prob * (1 - prob) / rows) + 1e-3) << "token " << i;
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::kernels::cuda
