@@ -188,8 +188,9 @@ int Main(int argc, char** argv) {
     return 1;
   }
   int64_t weight_elements = 0;
-  for (const auto& [name, tensor] : (*checkpoint)->tensors())
+  for (const auto& [name, tensor] : (*checkpoint)->tensors()) {
     weight_elements += tensor.NumElements();
+  }
   const double weight_bytes_fp32 = 4.0 * static_cast<double>(weight_elements);
 
   engine::RunnerConfig runner_config;

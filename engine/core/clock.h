@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 
 namespace lmserve::engine {
@@ -39,7 +40,7 @@ class ManualClock final : public Clock {
   void AdvanceSeconds(double seconds) { nanos_.fetch_add(ToNanos(seconds)); }
 
  private:
-  static int64_t ToNanos(double seconds) { return static_cast<int64_t>(seconds * 1e9 + 0.5); }
+  static int64_t ToNanos(double seconds) { return std::llround(seconds * 1e9); }
   std::atomic<int64_t> nanos_;
 };
 

@@ -144,8 +144,9 @@ int32_t Sampler::Sample(std::span<const float> logits, const SamplingParams& par
   }
   if (params.min_p > 0.0) {
     double top_probability = 0.0;
-    for (int32_t token_id : candidates_)
+    for (int32_t token_id : candidates_) {
       top_probability = std::max(top_probability, probs_[token_id]);
+    }
     const double floor = params.min_p * top_probability;
     std::erase_if(candidates_, [&](int32_t token_id) { return probs_[token_id] < floor; });
   }

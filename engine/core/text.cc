@@ -90,10 +90,11 @@ std::string StopStringMatcher::Push(std::string_view text, bool can_stop,
   }
   // Hold back the longest suffix that is a proper prefix of some stop string.
   size_t hold = 0;
-  for (const std::string& stop : stop_strings_) {
-    for (size_t length = std::min(stop.size() - 1, pending_.size()); length > hold; --length) {
-      if (std::string_view(pending_).substr(pending_.size() - length) ==
-          std::string_view(stop).substr(0, length)) {
+  const std::string_view pending = pending_;
+  for (const std::string& stop_string : stop_strings_) {
+    const std::string_view stop = stop_string;
+    for (size_t length = std::min(stop.size() - 1, pending.size()); length > hold; --length) {
+      if (pending.substr(pending.size() - length) == stop.substr(0, length)) {
         hold = length;
         break;
       }

@@ -150,6 +150,7 @@ class CoreHarness {
   }
   std::string Names(const std::vector<Sequence*>& seqs) const {
     std::vector<std::string> parts;
+    parts.reserve(seqs.size());
     for (const Sequence* seq : seqs) parts.push_back(SeqName(*seq));
     return StrJoin(parts, " ");
   }
@@ -197,8 +198,8 @@ struct StepRow {
   std::string running;    // admission order
   std::string waiting;    // (priority, arrival) order
   std::string blocks;     // block tables of the running sequences
-  std::string preempted = "";
-  std::string finished = "";
+  std::string preempted{};
+  std::string finished{};
 };
 
 // Runs the rows' steps in order (each row's step must be the next one) and checks each.

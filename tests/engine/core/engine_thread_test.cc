@@ -24,8 +24,8 @@ std::unique_ptr<Engine> MakeEngine(FakeRunnerOptions options = {}, EngineConfig 
 }
 
 std::vector<int32_t> PromptFor(int i, int length) {
-  std::vector<int32_t> prompt;
-  for (int j = 0; j < length; ++j) prompt.push_back(1 + (i * 31 + j * 7) % 63);
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int j = 0; j < length; ++j) prompt[static_cast<size_t>(j)] = 1 + (i * 31 + j * 7) % 63;
   return prompt;
 }
 
@@ -86,6 +86,7 @@ TEST(EngineThreadTest, ManyThreadsSubmitConcurrently) {
   std::atomic<int> mismatches{0};
   std::atomic<int> completed{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i) {

@@ -203,8 +203,9 @@ TEST(SamplerTest, TopPOnALargeFlatVocabularyMatchesAFullSort) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   std::vector<double> p(kVocab);
   const double inverse_temperature = 1.0 / params.temperature;  // as the sampler computes it
-  for (int i = 0; i < kVocab; ++i)
+  for (int i = 0; i < kVocab; ++i) {
     p[i] = std::exp((double{logits[i]} - max_logit) * inverse_temperature);
+  }
   std::vector<int32_t> order(kVocab);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(),

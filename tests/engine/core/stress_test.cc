@@ -102,8 +102,8 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
   auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
   std::vector<std::vector<int32_t>> templates;
   for (int t = 0; t < 4; ++t) {
-    std::vector<int32_t> tokens;
-    for (int i = 0; i < 32; ++i) tokens.push_back(uniform(1, kVocabSize - 1));
+    std::vector<int32_t> tokens(32);
+    for (int32_t& token : tokens) token = uniform(1, kVocabSize - 1);
     templates.push_back(tokens);
   }
 
@@ -125,8 +125,9 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
       request.prompt_token_ids.push_back(uniform(1, kVocabSize - 1));
     }
     request.sampling.temperature = 0.0;
-    if (chance(0.8))
+    if (chance(0.8)) {
       request.sampling.max_tokens = uniform(1, std::min(24, kContextTokens - prompt_len));
+    }
     request.sampling.ignore_eos = chance(0.3);
     if (chance(0.2)) request.sampling.stop_token_ids = {uniform(1, kVocabSize - 1)};
     request.priority = uniform(0, 2);
