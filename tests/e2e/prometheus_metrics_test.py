@@ -93,10 +93,25 @@ def main():
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     failures = []
     try:
+        # Rates need an increase between two scrapes: let Prometheus scrape the idle server first.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if scalar(prometheus_port, 'up{job="lmserve"}') == 1:
+                    break
+            except OSError:
+                pass  # Prometheus is still starting
+            time.sleep(0.5)
+        else:
+            failures.append("Prometheus never scraped the server")
         # Requests: streamed, counting the tokens the client receives.
         num_requests = 6
         streamed_tokens = 0
         for i in range(num_requests):
+            if i == 1:
+                # Counter series appear with their first request: let Prometheus see them once
+                # before the rest, so that their rates over the load are not zero.
+                time.sleep(2.5)
             code, out = server.cli("complete", "--ids", f"{1 + i},{20 + i},7", "--max-tokens",
                                    str(5 + 3 * i), "--temperature", "0", "--ignore-eos", "--json")
             if code != 0:

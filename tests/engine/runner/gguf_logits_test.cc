@@ -1,7 +1,13 @@
 // The same model gives the same numbers from either file: each fixture model written by the project
 // as GGUF (F32, F16, Q8_0; llama's Q/K rows permuted as llama.cpp's converter does) is run by the
-// CPU runner and compared with its safetensors form. F32 must agree within 1e-5; F16 and Q8_0 change
-// the weights (rounding), so their error is reported and bounded loosely to catch a broken loader.
+// CPU runner and compared with its safetensors form.
+//
+// F32 holds the same weights, but llama-architecture GGUF rotates interleaved pairs over permuted
+// Q/K rows, so q.k is summed in another order: the logits agree to fp32 rounding, not bit for bit.
+// The bound is 1e-5 absolute for logits up to 10 and 1e-5 * |logit| / 10 beyond (the fixture with
+// tied embeddings reaches |logit| 218, where one fp32 step is 1.5e-5). F16 and Q8_0 round the
+// weights: their error is printed, and bounded only loosely (a wrong permutation or dequantization
+// gives errors of the logits' own size).
 
 #include <cmath>
 #include <cstdio>
@@ -45,13 +51,13 @@ TEST(GgufLogitsTest, GgufFormsGiveTheSafetensorsLogits) {
   struct Form {
     GgufOutputType type;
     const char* name;
-    double bound;  // max abs error allowed
+    double bound;  // max abs error allowed, times max(1, max |logit| / 10)
   };
   // F32 holds the bf16 weights exactly: only summation order may differ. F16 rounds weights with
   // 11-bit mantissas (bf16 has 8): exact except for tiny values. Q8_0 quantizes to 8 bits per block.
   const Form forms[] = {{GgufOutputType::kF32, "F32", 1e-5},
                         {GgufOutputType::kF16, "F16", 1e-3},
-                        {GgufOutputType::kQ8_0, "Q8_0", 0.5}};
+                        {GgufOutputType::kQ8_0, "Q8_0", 0.25}};
   for (const std::string& model : testing::HfTinyModelNames()) {
     auto hf = OpenCheckpoint(testing::HfTinyDir(model));
     ASSERT_TRUE(hf.ok()) << hf.status();
@@ -74,7 +80,7 @@ TEST(GgufLogitsTest, GgufFormsGiveTheSafetensorsLogits) {
       }
       std::printf("%-28s GGUF %-5s max |logit - safetensors logit| = %.3g (|logit| max %.1f)\n",
                   model.c_str(), form.name, max_err, max_abs_logit);
-      EXPECT_LE(max_err, form.bound) << model << " " << form.name;
+      EXPECT_LE(max_err, form.bound * std::max(1.0, max_abs_logit / 10)) << model << " " << form.name;
       std::remove(path.c_str());
     }
   }
