@@ -1,6 +1,5 @@
 #include "server/model_text.h"
 
-#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -11,7 +10,7 @@
 #include "absl/types/span.h"
 #include "engine/chat/chat_template.h"
 #include "engine/chat/model_chat_template.h"
-#include "engine/tokenizer/detokenizer.h"
+#include "engine/core/tokenizer_text.h"
 #include "engine/tokenizer/tokenizer.h"
 #endif
 
@@ -41,39 +40,8 @@ class NoText final : public ModelText {
 
 #if LMSERVE_HAVE_TOKENIZER
 
-// The engine's streaming text over the tokenizer's Detokenizer: chunks are whole UTF-8 characters
-// and concatenate to Tokenizer::Decode of the generated ids (byte-fallback runs included). The
-// detokenizer starts from the prompt's last tokens, so a first generated SentencePiece token keeps
-// its leading space.
-class DetokenizerTextDecoder final : public engine::TextDecoder {
- public:
-  explicit DetokenizerTextDecoder(const engine::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
-
-  std::unique_ptr<engine::IncrementalTextDecoder> NewSequence(
-      std::span<const int32_t> prompt_token_ids) const override {
-    constexpr size_t kContextTokens = 8;
-    const size_t context = std::min(prompt_token_ids.size(), kContextTokens);
-    return std::make_unique<Sequence>(
-        tokenizer_, absl::MakeConstSpan(prompt_token_ids.data() + prompt_token_ids.size() - context,
-                                        context));
-  }
-
- private:
-  class Sequence final : public engine::IncrementalTextDecoder {
-   public:
-    Sequence(const engine::Tokenizer& tokenizer, absl::Span<const int32_t> context)
-        : detokenizer_(tokenizer, /*skip_special=*/true, context) {}
-    std::string Append(int32_t token_id) override { return detokenizer_.Add(token_id); }
-    std::string Finish() override { return detokenizer_.Flush(); }
-
-   private:
-    engine::Detokenizer detokenizer_;
-  };
-
-  const engine::Tokenizer& tokenizer_;
-};
-
-// Over engine::Tokenizer, with DetokenizerTextDecoder for the engine's streaming text.
+// Over engine::Tokenizer, with engine::TokenizerTextDecoder (the streaming Detokenizer) for the
+// engine's text.
 class TokenizerText final : public ModelText {
  public:
   // `chat_template` may be null: no Chat calls.
@@ -99,7 +67,7 @@ class TokenizerText final : public ModelText {
     return tokenizer_->Decode(absl::MakeConstSpan(&id, 1), /*skip_special=*/false);
   }
   std::unique_ptr<engine::TextDecoder> NewTextDecoder() const override {
-    return std::make_unique<DetokenizerTextDecoder>(*tokenizer_);
+    return std::make_unique<engine::TokenizerTextDecoder>(tokenizer_.get());
   }
   absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn> turns,
                                          bool add_generation_prompt) const override {
