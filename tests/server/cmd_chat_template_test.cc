@@ -14,39 +14,17 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/run_lmserve.h"
 
 namespace lmserve::server {
 namespace {
 
+using testing::RunLmserve;
+using testing::RunResult;
+
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-RunResult RunLmserve(const std::string& arguments) {
-  static int counter = 0;
-  const std::string err_path = StrCat(testing::TempDir(), "/chat_stderr_", counter++, ".txt");
-  const std::string command =
-      StrCat(LMSERVE_BINARY_DIR, "/bin/lmserve ", arguments, " 2>", err_path);
-  RunResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  std::stringstream text;
-  text << err.rdbuf();
-  result.err = text.str();
-  return result;
-}
 
 Json ReadJson(const std::string& path) {
   std::ifstream in(path);
