@@ -7,7 +7,6 @@ scripts/ci-deploy-checks.sh  # Dockerfile lint, manifest schemas, promtool rules
 LMSERVE_DEMO_MODEL=$(scripts/fetch-demo-model.sh)
 export LMSERVE_DEMO_MODEL
 scripts/build.sh "$@"
+scripts/fuzz.sh  # the libFuzzer targets, each for a bounded time (LMSERVE_FUZZ_SECONDS)
+# Last, so that its summary closes the output.
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 900
-if [[ -x scripts/fuzz.sh ]]; then
-  scripts/fuzz.sh
-fi
