@@ -7,6 +7,7 @@
 #ifndef LMSERVE_ENGINE_TOKENIZER_UNICODE_H_
 #define LMSERVE_ENGINE_TOKENIZER_UNICODE_H_
 
+#include "common/utf8.h"
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -31,7 +32,7 @@ inline size_t Utf8SequenceLength(uint8_t lead) {
 char32_t DecodeUtf8(std::string_view text, size_t* pos);
 
 // Appends the UTF-8 encoding of `c` (a Unicode scalar value).
-void AppendUtf8(char32_t c, std::string* out);
+using ::lmserve::AppendUtf8;  // common/utf8.h
 
 // True when `text` is well-formed UTF-8 (no surrogates, no overlongs, at most U+10FFFF).
 bool IsValidUtf8(std::string_view text);

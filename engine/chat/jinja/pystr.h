@@ -8,6 +8,7 @@
 #ifndef LMSERVE_ENGINE_CHAT_JINJA_PYSTR_H_
 #define LMSERVE_ENGINE_CHAT_JINJA_PYSTR_H_
 
+#include "common/utf8.h"
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -20,7 +21,7 @@ namespace lmserve::engine::jinja {
 // Decodes the code point at byte `offset`; sets *length to its byte count (1 for an invalid byte,
 // which decodes to 0xFFFFFFFF, matching no character).
 char32_t DecodeUtf8At(std::string_view text, size_t offset, size_t* length);
-void AppendUtf8(char32_t code_point, std::string* out);
+using ::lmserve::AppendUtf8;  // common/utf8.h
 
 // Byte offset of every code point, followed by text.size().
 std::vector<size_t> CodePointOffsets(std::string_view text);
