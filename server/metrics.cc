@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <map>
 #include <string>
@@ -124,6 +125,13 @@ struct Metrics::Impl {
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;
   Gauge* kv_usage = nullptr;
+  Gauge* kv_blocks = nullptr;
+  Gauge* kv_blocks_used = nullptr;
+  Gauge* kv_bytes = nullptr;
+  Gauge* weight_bytes = nullptr;
+  Gauge* device_memory_used = nullptr;
+  Gauge* device_memory_total = nullptr;
+  Gauge* startup_seconds = nullptr;
   Counter* prefix_queries = nullptr;
   Counter* prefix_hits = nullptr;
   Counter* preemptions = nullptr;
@@ -192,6 +200,19 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   m.waiting = m.MakeGauge("lmserve_num_requests_waiting", "Number of requests waiting to be processed.");
   m.kv_usage = m.MakeGauge("lmserve_kv_cache_usage_perc",
                            "KV-cache usage. 1 means 100 percent usage.");
+  m.kv_blocks = m.MakeGauge("lmserve_kv_cache_blocks", "KV-cache blocks in the pool.");
+  m.kv_blocks_used = m.MakeGauge("lmserve_kv_cache_used_blocks",
+                                 "KV-cache blocks referenced by running or waiting requests.");
+  m.kv_bytes = m.MakeGauge("lmserve_kv_cache_bytes", "Memory of the KV-cache pool in bytes.");
+  m.weight_bytes = m.MakeGauge("lmserve_model_weight_bytes",
+                               "Memory of the model weights, as the runner holds them, in bytes.");
+  m.device_memory_used = m.MakeGauge(
+      "lmserve_gpu_memory_used_bytes",
+      "GPU memory in use on the device after start-up (every allocation is made then); 0 on CPU.");
+  m.device_memory_total = m.MakeGauge("lmserve_gpu_memory_total_bytes",
+                                      "The GPU's memory in bytes; 0 on CPU.");
+  m.startup_seconds = m.MakeGauge("lmserve_runner_startup_seconds",
+                                  "Time to build the model runner (weights, KV cache, CUDA graphs).");
   m.prefix_queries = m.MakeCounter(
       "lmserve_prefix_cache_queries_total",
       "Prefix cache queries, in terms of number of queried tokens.");
@@ -283,11 +304,22 @@ void Metrics::CountRpc(std::string_view method, std::string_view code) {
   counter->Increment();
 }
 
+void Metrics::SetRunnerStats(const engine::RunnerStats& stats) {
+  Impl& m = *impl_;
+  m.kv_bytes->Set(static_cast<double>(stats.kv_cache_bytes));
+  m.weight_bytes->Set(static_cast<double>(stats.weight_bytes));
+  m.device_memory_used->Set(static_cast<double>(stats.device_memory_used_bytes));
+  m.device_memory_total->Set(static_cast<double>(stats.device_memory_total_bytes));
+  m.startup_seconds->Set(stats.startup_seconds);
+}
+
 void Metrics::UpdateEngineStats(const engine::EngineStats& stats) {
   Impl& m = *impl_;
   m.running->Set(stats.num_running_seqs);
   m.waiting->Set(stats.num_waiting_seqs);
   m.kv_usage->Set(stats.kv_cache_usage);
+  m.kv_blocks->Set(stats.num_kv_blocks);
+  m.kv_blocks_used->Set(std::round(stats.kv_cache_usage * stats.num_kv_blocks));
   absl::MutexLock lock(&m.mu);
   const engine::EngineStats& last = m.last_stats;
   auto add = [](Counter* counter, int64_t delta) {

@@ -54,6 +54,9 @@ class Metrics {
   // A gRPC call ended with `code` (grpc::StatusCode's name, e.g. "OK", "INVALID_ARGUMENT").
   void CountRpc(std::string_view method, std::string_view code);
 
+  // The runner's memory and start-up figures (once, after start-up).
+  void SetRunnerStats(const engine::RunnerStats& stats);
+
   // Engine statistics: gauges and the deltas of its cumulative counters since the last update.
   void UpdateEngineStats(const engine::EngineStats& stats);
 

@@ -1,7 +1,11 @@
 #include "server/model_session.h"
 
 #include "common/strings.h"
+#include <algorithm>
+#include <string>
+
 #include "engine/runner/cpu_runner.h"
+#include "engine/runner/cuda_runner.h"
 
 namespace lmserve::server {
 
@@ -9,7 +13,8 @@ void AddModelOptions(Args* args) {
   args->Required("model", "a Hugging Face model directory or a .gguf file")
       .Required("ids", "the prompt's token ids, comma-separated: 1,2,3")
       .Option("kv-cache-mb", "KV cache size in MiB (default: just what the run needs)")
-      .Option("threads", "CPU threads for matrix products and attention; 0: one per core", "0");
+      .Option("threads", "CPU threads for matrix products and attention; 0: one per core", "0")
+      .Option("backend", "cpu (the fp32 reference) or cuda (bf16 on the GPU)", "cpu");
 }
 
 absl::StatusOr<ModelSession> OpenModelSession(const Args& args) {
@@ -42,6 +47,21 @@ absl::Status CreateRunner(const Args& args, int64_t context_tokens, ModelSession
     return absl::InvalidArgumentError(StrCat("--threads: ", *threads, " is not in [0, 1024]"));
   }
   runner_config.num_threads = static_cast<int32_t>(*threads);
+  const std::string backend = args.Get("backend");
+  if (backend != "cpu" && backend != "cuda") {
+    return absl::InvalidArgumentError(StrCat("--backend: '", backend, "' is not one of cpu, cuda"));
+  }
+  const bool cuda = backend == "cuda";
+  auto block_bytes = [&](int64_t block_size) {
+    return cuda ? engine::CudaKvBlockBytes(config, static_cast<int32_t>(block_size))
+                : engine::CpuKvBlockBytes(config, static_cast<int32_t>(block_size));
+  };
+  if (cuda) {
+    runner_config.backend = engine::Backend::kCuda;
+    runner_config.max_num_seqs = 8;
+    runner_config.max_num_batched_tokens =
+        static_cast<int32_t>(std::max<int64_t>(context_tokens, 256));
+  }
   const int64_t block_size = runner_config.block_size_tokens;
   const int64_t blocks_needed = (context_tokens + block_size - 1) / block_size;
   if (args.Has("kv-cache-mb")) {
@@ -52,8 +72,7 @@ absl::Status CreateRunner(const Args& args, int64_t context_tokens, ModelSession
     }
     runner_config.kv_cache_bytes = *megabytes << 20;
   } else {
-    runner_config.kv_cache_bytes =
-        blocks_needed * engine::CpuKvBlockBytes(config, runner_config.block_size_tokens);
+    runner_config.kv_cache_bytes = blocks_needed * block_bytes(block_size);
   }
   absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
       engine::ModelRunner::Create(*session->checkpoint, runner_config);
@@ -63,7 +82,7 @@ absl::Status CreateRunner(const Args& args, int64_t context_tokens, ModelSession
         StrCat("--kv-cache-mb: a KV cache of ", args.Get("kv-cache-mb"), " MiB holds ",
                int64_t{(*runner)->num_kv_blocks()} * block_size, " tokens; this run needs ",
                context_tokens, " (",
-               engine::CpuKvBlockBytes(config, runner_config.block_size_tokens) * blocks_needed,
+               block_bytes(block_size) * blocks_needed,
                " bytes)"));
   }
   session->runner = *std::move(runner);

@@ -51,7 +51,16 @@ void AddServeOptions(Args* args) {
               "the chat template for Chat calls: a built-in name (chatml, llama2, llama3, mistral, "
               "zephyr) or a .jinja / .json file (default: the model's own)")
       .Option("served-model-name", "the model name in responses and metrics (default: the model's)")
-      .Option("backend", "cpu or cuda", "cpu")
+      .Option("backend", "auto (cuda when a GPU is present, else cpu), cpu or cuda", "auto")
+      .Option("load-format",
+              "auto (the checkpoint's weights) or dummy (random weights of the model's shapes, "
+              "for benchmarks; --model may then be a config.json or its directory)",
+              "auto")
+      .Option("gpu-memory-utilization",
+              "CUDA: the share of the GPU's memory lmserve may take (weights, KV cache, "
+              "workspaces)",
+              "0.9")
+      .Flag("no-cuda-graphs", "CUDA: run decode steps eagerly instead of replaying CUDA graphs")
       .Option("threads", "CPU threads for matrix products and attention; 0: one per core", "0")
       .Option("host", "the address to listen on (0.0.0.0 or [::] for every interface)", "127.0.0.1")
       .Option("port", "the gRPC port; 0: any free port (logged)", "50051")
@@ -64,7 +73,10 @@ void AddServeOptions(Args* args) {
               "4194304")
       .Option("max-num-seqs", "sequences the engine runs at once at most", "64")
       .Option("max-num-batched-tokens", "tokens one engine step computes at most", "2048")
-      .Option("kv-cache-mb", "the KV cache's memory budget in MiB", "512")
+      .Option("kv-cache-mb",
+              "the KV cache's memory budget in MiB; auto: 512 on the CPU, on the GPU what "
+              "--gpu-memory-utilization leaves",
+              "auto")
       .Option("max-model-len", "the context length; 0: the model's", "0")
       .Flag("no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
       .Option("seed", "seeds the random seeds of requests that bring none", "0")
@@ -90,10 +102,25 @@ absl::StatusOr<ServeConfig> ServeConfigFromArgs(const Args& args) {
   config.chat_template = args.Get("chat-template");
   config.served_model_name = args.Get("served-model-name");
   config.backend = args.Get("backend");
-  if (config.backend != "cpu" && config.backend != "cuda") {
+  if (config.backend != "auto" && config.backend != "cpu" && config.backend != "cuda") {
     return absl::InvalidArgumentError(
-        StrCat("--backend: '", config.backend, "' is not one of cpu, cuda"));
+        StrCat("--backend: '", config.backend, "' is not one of auto, cpu, cuda"));
   }
+  const std::string load_format = args.Get("load-format");
+  if (load_format != "auto" && load_format != "dummy") {
+    return absl::InvalidArgumentError(
+        StrCat("--load-format: '", load_format, "' is not one of auto, dummy"));
+  }
+  config.dummy_weights = load_format == "dummy";
+  absl::StatusOr<double> utilization = args.GetDouble("gpu-memory-utilization");
+  if (!utilization.ok()) return utilization.status();
+  if (!(*utilization > 0.0 && *utilization <= 1.0)) {
+    return absl::InvalidArgumentError(StrCat("--gpu-memory-utilization: ",
+                                             args.Get("gpu-memory-utilization"),
+                                             " is not in (0, 1]"));
+  }
+  config.gpu_memory_utilization = *utilization;
+  config.cuda_graphs = !args.GetFlag("no-cuda-graphs");
   absl::StatusOr<int64_t> value = IntIn(args, "threads", 0, 1024);
   if (!value.ok()) return value.status();
   config.threads = static_cast<int32_t>(*value);
@@ -113,8 +140,12 @@ absl::StatusOr<ServeConfig> ServeConfigFromArgs(const Args& args) {
   config.max_num_seqs = static_cast<int32_t>(*value);
   if (!(value = IntIn(args, "max-num-batched-tokens", 1, 1 << 20)).ok()) return value.status();
   config.max_num_batched_tokens = static_cast<int32_t>(*value);
-  if (!(value = IntIn(args, "kv-cache-mb", 1, int64_t{1} << 22)).ok()) return value.status();
-  config.kv_cache_bytes = *value << 20;
+  if (args.Get("kv-cache-mb") == "auto") {
+    config.kv_cache_bytes = 0;
+  } else {
+    if (!(value = IntIn(args, "kv-cache-mb", 1, int64_t{1} << 22)).ok()) return value.status();
+    config.kv_cache_bytes = *value << 20;
+  }
   if (!(value = IntIn(args, "max-model-len", 0, 1 << 24)).ok()) return value.status();
   config.max_model_len = static_cast<int32_t>(*value);
   config.enable_prefix_caching = !args.GetFlag("no-prefix-caching");
@@ -176,13 +207,18 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       "  tokenizer: ", or_default(config.tokenizer_path, "(the model's)"), "\n",
       "  chat template: ", or_default(config.chat_template, "(the model's)"), "\n",
       "  served model name: ", or_default(config.served_model_name, "(the model's)"), "\n",
-      "  backend: ", config.backend, ", threads: ", config.threads, "\n",
+      "  backend: ", config.backend, ", threads: ", config.threads,
+      ", load format: ", config.dummy_weights ? "dummy" : "auto",
+      ", GPU memory utilization: ", config.gpu_memory_utilization,
+      ", CUDA graphs: ", config.cuda_graphs ? "on" : "off", "\n",
       "  listen: ", config.host, ":", config.port, ", metrics port: ",
       config.metrics_port < 0 ? std::string("off") : StrCat(config.metrics_port), "\n",
       "  max request bytes: ", config.max_request_bytes, "\n",
       "  max num seqs: ", config.max_num_seqs,
       ", max num batched tokens: ", config.max_num_batched_tokens, "\n",
-      "  KV cache: ", config.kv_cache_bytes >> 20, " MiB, max model len: ",
+      "  KV cache: ",
+      config.kv_cache_bytes == 0 ? std::string("auto") : StrCat(config.kv_cache_bytes >> 20, " MiB"),
+      ", max model len: ",
       config.max_model_len == 0 ? std::string("(the model's)") : StrCat(config.max_model_len),
       ", prefix caching: ", config.enable_prefix_caching ? "on" : "off", ", seed: ", config.seed,
       "\n", "  max queued requests: ", config.max_queued_requests,

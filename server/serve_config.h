@@ -17,7 +17,10 @@ struct ServeConfig {
   std::string tokenizer_path;     // "" : the model's own
   std::string chat_template;      // "" : the model's own; else a built-in name or a file
   std::string served_model_name;  // "" : from the checkpoint
-  std::string backend = "cpu";    // "cpu" or "cuda"
+  std::string backend = "auto";   // "auto" (cuda when a GPU is present), "cpu" or "cuda"
+  bool dummy_weights = false;     // --load-format dummy: random weights of the model's shapes
+  double gpu_memory_utilization = 0.9;  // CUDA: the share of the GPU's memory lmserve may hold
+  bool cuda_graphs = true;
   int32_t threads = 0;            // CPU threads; 0: one per core
 
   // Listening.
@@ -29,7 +32,8 @@ struct ServeConfig {
   // The engine.
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
-  int64_t kv_cache_bytes = int64_t{512} << 20;
+  int64_t kv_cache_bytes = 0;  // 0 ("auto"): 512 MiB on the CPU; on the GPU, what
+                               // gpu_memory_utilization leaves
   int32_t max_model_len = 0;  // 0: the model's context length
   bool enable_prefix_caching = true;
   uint64_t seed = 0;

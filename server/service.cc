@@ -1023,11 +1023,18 @@ absl::Status LmserveServer::LoadModel() {
   const ServeConfig& config = impl_->config;
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
-      engine::OpenCheckpoint(config.model_path);
+      config.dummy_weights ? engine::OpenConfigOnlyCheckpoint(config.model_path)
+                           : engine::OpenCheckpoint(config.model_path);
   if (!checkpoint.ok()) {
     return absl::InvalidArgumentError(StrCat("--model: ", checkpoint.status().message()));
   }
   const engine::ModelConfig model_config = (*checkpoint)->config();
+  std::string backend = config.backend;
+  if (backend == "auto") {
+    backend = engine::CudaRunnerAvailable() ? "cuda" : "cpu";
+    LogInfo("--backend auto: ", backend == "cuda" ? "a CUDA GPU is present, serving on it"
+                                                  : "no usable CUDA GPU, serving on the CPU");
+  }
 
   std::string warning;
   absl::StatusOr<std::unique_ptr<ModelText>> text = ModelText::Load(
@@ -1037,12 +1044,31 @@ absl::Status LmserveServer::LoadModel() {
   if (!warning.empty()) LogWarning(warning);
 
   engine::RunnerConfig runner_config;
-  runner_config.backend = config.backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
+  runner_config.backend = backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
+  runner_config.load_format =
+      config.dummy_weights ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   runner_config.kv_cache_bytes = config.kv_cache_bytes;
+  if (runner_config.backend == engine::Backend::kCpu && config.kv_cache_bytes == 0) {
+    runner_config.kv_cache_bytes = int64_t{512} << 20;
+  }
   runner_config.num_threads = config.threads;
+  runner_config.max_num_seqs = config.max_num_seqs;
+  runner_config.max_num_batched_tokens = config.max_num_batched_tokens;
+  runner_config.gpu_memory_utilization = config.gpu_memory_utilization;
+  runner_config.cuda_graphs = config.cuda_graphs;
   absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
       engine::ModelRunner::Create(**checkpoint, runner_config);
   if (!runner.ok()) return runner.status();
+  const engine::RunnerStats runner_stats = (*runner)->stats();
+  LogInfo("runner: ", backend, " on ", runner_stats.device_name, ", weights ",
+          runner_stats.weight_bytes >> 20, " MiB, KV cache ", runner_stats.kv_cache_bytes >> 20,
+          " MiB (", (*runner)->num_kv_blocks(), " blocks of ", (*runner)->block_size_tokens(),
+          " tokens), ", runner_stats.num_cuda_graphs, " CUDA graphs; start-up took ",
+          runner_stats.startup_seconds, " s",
+          runner_stats.device_memory_total_bytes > 0
+              ? StrCat("; GPU memory in use ", runner_stats.device_memory_used_bytes >> 20, " of ",
+                       runner_stats.device_memory_total_bytes >> 20, " MiB")
+              : std::string());
   checkpoint->reset();  // the runner holds its own copy of the weights
   const int64_t kv_tokens =
       int64_t{(*runner)->num_kv_blocks()} * (*runner)->block_size_tokens();
@@ -1073,7 +1099,7 @@ absl::Status LmserveServer::LoadModel() {
   model.info.set_context_length(limits.max_context_tokens);
   model.info.set_vocab_size(static_cast<int32_t>(limits.vocab_size));
   model.info.set_dtype(runner_config.backend == engine::Backend::kCpu ? "float32" : "bfloat16");
-  model.info.set_backend(config.backend);
+  model.info.set_backend(backend);
   for (int32_t id : model_config.eos_token_ids) model.info.add_eos_token_ids(id);
   model.info.set_has_chat_template(model.text->has_chat_template());
   model.info.set_has_tokenizer(model.text->has_tokenizer());
@@ -1084,6 +1110,7 @@ absl::Status LmserveServer::LoadModel() {
                       limits.max_context_tokens, config.max_num_batched_tokens);
   if (!metrics.ok()) return metrics.status();
   model.metrics = *std::move(metrics);
+  model.metrics->SetRunnerStats(runner_stats);
   if (model.metrics->port() >= 0) {
     LogInfo("metrics on http://", ListenAddress(config.host, model.metrics->port()), "/metrics");
   }

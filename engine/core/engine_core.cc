@@ -243,13 +243,41 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
     const bool wants_prompt_rows = seq.sample_index == 0 && r.owes_prompt_logprobs() &&
                                    end > r.next_prompt_logprob_position - 1 &&
                                    begin <= r.num_prompt_tokens() - 2;
-    const LogitsMode mode = wants_prompt_rows               ? LogitsMode::kAll
-                            : end == seq.num_known_tokens() ? LogitsMode::kLast
-                                                            : LogitsMode::kNone;
+    LogitsMode mode = wants_prompt_rows               ? LogitsMode::kAll
+                      : end == seq.num_known_tokens() ? LogitsMode::kLast
+                                                      : LogitsMode::kNone;
+    if (mode == LogitsMode::kLast && runner_->samples_on_device() &&
+        RunnerCanSample(r.params(), seq)) {
+      mode = LogitsMode::kSample;
+    }
     batch_.AddSequence(
         std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens), begin,
         block_manager_.BlockTable(seq.seq_id), mode);
+    if (runner_->samples_on_device()) {
+      const SamplingParams& p = r.params();
+      // The draw is a function of (seed, sample index, position), as SampleUniform's.
+      uint64_t seed_state = r.seed ^ (0x9e3779b97f4a7c15ULL *
+                                      (static_cast<uint64_t>(seq.sample_index) + 1));
+      batch_.sampling.push_back(
+          {.temperature = static_cast<float>(p.temperature),
+           .top_k = p.top_k,
+           .top_p = static_cast<float>(p.top_p),
+           .min_p = static_cast<float>(p.min_p),
+           .seed = SplitMix64(&seed_state),
+           .step = static_cast<uint64_t>(seq.num_known_tokens())});
+    }
   }
+}
+
+bool RunnerCanSample(const SamplingParams& params, const Sequence& seq) {
+  // The runner's sampler knows temperature, top-k, top-p and min-p only; logprobs need the row.
+  if (!params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
+      params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 ||
+      params.logprobs.has_value()) {
+    return false;
+  }
+  // Before min_tokens, EOS and stop tokens are masked: the engine's sampler does that.
+  return seq.num_output_tokens() >= params.min_tokens;
 }
 
 absl::Status EngineCore::CheckStepOutput(const SchedulerOutput& plan) const {
@@ -259,11 +287,17 @@ absl::Status EngineCore::CheckStepOutput(const SchedulerOutput& plan) const {
                                       " logits_row_start entries for ", plan.scheduled.size(),
                                       " sequences"));
   }
+  const bool sampled = step_output_.sampled_tokens.size() == plan.scheduled.size();
   for (size_t i = 0; i < plan.scheduled.size(); ++i) {
     const int32_t expected = batch_.logits_modes[i] == LogitsMode::kAll
                                  ? plan.scheduled[i].num_new_tokens
                              : batch_.logits_modes[i] == LogitsMode::kLast ? 1
                                                                            : 0;
+    if (batch_.logits_modes[i] == LogitsMode::kSample &&
+        (!sampled || step_output_.sampled_tokens[i] < 0 ||
+         step_output_.sampled_tokens[i] >= vocab_size_)) {
+      return absl::InternalError(StrCat("runner returned no valid sampled token for sequence ", i));
+    }
     if (row_start[i + 1] - row_start[i] != expected) {
       return absl::InternalError(StrCat("runner returned ", row_start[i + 1] - row_start[i],
                                         " logits rows for sequence ", i, ", expected ", expected));
@@ -280,9 +314,13 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
                                  double now) {
   SampleState* sample = samples_by_seq_id_.at(scheduled.seq->seq_id);
   Sequence& seq = sample->seq;
+  const LogitsMode mode = batch_.logits_modes[batch_index];
+  if (mode == LogitsMode::kSample) {
+    AppendToken(sample, step_output_.sampled_tokens[batch_index], nullptr, now);
+    return;
+  }
   const float* rows = step_output_.logits.data() +
                       int64_t{step_output_.logits_row_start[batch_index]} * vocab_size_;
-  const LogitsMode mode = batch_.logits_modes[batch_index];
   if (mode == LogitsMode::kAll) {
     RecordPromptLogprobs(sample, seq.num_computed_tokens - scheduled.num_new_tokens,
                          scheduled.num_new_tokens, rows);

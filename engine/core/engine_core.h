@@ -66,6 +66,10 @@ struct EngineStats {
   int64_t num_finished_requests = 0;
 };
 
+// Whether the runner's own sampler (LogitsMode::kSample) can pick this sequence's next token
+// exactly as the engine's Sampler would (no penalties, biases, logprobs or min_tokens masking).
+bool RunnerCanSample(const SamplingParams& params, const Sequence& seq);
+
 class EngineCore {
  public:
   // `text_decoder` may be null (no text, no stop strings). Fails on an unusable configuration.

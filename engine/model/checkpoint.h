@@ -61,6 +61,11 @@ class Checkpoint {
 // Opens a Hugging Face model directory (config.json + safetensors) or a GGUF file.
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& path);
 
+// The configuration alone, for the dummy load format (RunnerConfig::load_format): a Hugging Face
+// directory or its config.json, whose safetensors need not exist (no tensors are listed), or a
+// GGUF file (opened as OpenCheckpoint does).
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenConfigOnlyCheckpoint(const std::string& path);
+
 // Format-specific openers (OpenCheckpoint dispatches on the path).
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& directory);
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenGgufCheckpoint(const std::string& file);

@@ -47,7 +47,10 @@ class HfCheckpoint : public Checkpoint {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& directory) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHf(const std::string& directory,
+                                                   bool with_tensors) {
   const fs::path dir(directory);
   auto checkpoint = std::make_unique<HfCheckpoint>();
   checkpoint->path_ = directory;
@@ -71,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& 
   checkpoint->config_ = *std::move(model_config);
   if (checkpoint->config_.name.empty()) checkpoint->config_.name = dir.filename().string();
   if (checkpoint->config_.name.empty()) checkpoint->config_.name = dir.parent_path().filename();
+  if (!with_tensors) return checkpoint;
 
   // The shards: one file, or those the index names.
   std::vector<std::string> shard_names;
@@ -113,6 +117,22 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& 
   }
   if (absl::Status s = ValidateCheckpointTensors(*checkpoint); !s.ok()) return s;
   return checkpoint;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& directory) {
+  return OpenHf(directory, /*with_tensors=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> OpenConfigOnlyCheckpoint(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return OpenHf(path, /*with_tensors=*/false);
+  if (fs::path(path).filename() == "config.json") {
+    const std::string dir = fs::path(path).parent_path().string();
+    return OpenHf(dir.empty() ? "." : dir, /*with_tensors=*/false);
+  }
+  return OpenCheckpoint(path);  // a GGUF file: its metadata holds the configuration
 }
 
 }  // namespace lmserve::engine

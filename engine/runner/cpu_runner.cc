@@ -1,6 +1,7 @@
 #include "engine/runner/cpu_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "common/strings.h"
+#include "engine/runner/dummy_weights.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/embedding.h"
@@ -16,6 +18,7 @@
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rotary.h"
+#include "kernels/cpu/sampling.h"
 
 namespace lmserve::engine {
 namespace {
@@ -58,6 +61,7 @@ class CpuRunner final : public ModelRunner {
   int32_t num_kv_blocks() const override { return num_blocks_; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
+  RunnerStats stats() const override;
 
  private:
   CpuRunner(const ModelConfig& config, const RunnerConfig& runner_config);
@@ -80,6 +84,8 @@ class CpuRunner final : public ModelRunner {
   const int64_t qkv_dim_;  // q_dim + 2 kv_dim
   const kernels::RotaryLayout rotary_layout_;
   const std::vector<double> inv_freq_;  // [head_dim / 2]
+  const bool dummy_weights_;
+  double startup_seconds_ = 0;
 
   // Weights.
   std::vector<float> embed_;            // [vocab, hidden]
@@ -106,6 +112,11 @@ class CpuRunner final : public ModelRunner {
   std::vector<int32_t> positions_;        // [tokens]
   std::vector<int64_t> slots_;            // [tokens]: KV cache slot of each new token
   std::vector<int32_t> logits_rows_;      // [rows]: the token index of each logits row
+  // kSample sequences: their rows' logits (after the returned rows), settings, chosen tokens.
+  std::vector<float> sample_logits_;
+  std::vector<float> sample_temperature_, sample_top_p_, sample_min_p_;
+  std::vector<int32_t> sample_top_k_, sample_tokens_, sample_seqs_;
+  std::vector<uint64_t> sample_seeds_, sample_steps_;
 };
 
 CpuRunner::CpuRunner(const ModelConfig& config, const RunnerConfig& runner_config)
@@ -120,11 +131,22 @@ CpuRunner::CpuRunner(const ModelConfig& config, const RunnerConfig& runner_confi
       rotary_layout_(config.rope.layout == RopeLayout::kInterleaved
                          ? kernels::RotaryLayout::kInterleaved
                          : kernels::RotaryLayout::kHalfSplit),
-      inv_freq_(RopeInverseFrequencies(config)) {}
+      inv_freq_(RopeInverseFrequencies(config)),
+      dummy_weights_(runner_config.load_format == LoadFormat::kDummy) {}
+
+// With dummy weights (LoadFormat::kDummy), LoadTensor fills instead of reading. Start-up is
+// single-threaded, so a flag set for its duration is enough.
+thread_local bool g_dummy_weights = false;
 
 // Converts tensor `name` (checked against `shape`) to fp32 into dst[0 .. elements).
 absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
                         const std::vector<int64_t>& shape, float* dst) {
+  if (g_dummy_weights) {
+    int64_t elements = 1;
+    for (int64_t d : shape) elements *= d;
+    FillDummyF32(name, shape.size() == 2 ? shape[1] : shape[0], dst, elements);
+    return absl::OkStatus();
+  }
   absl::StatusOr<const TensorView*> tensor = checkpoint.Get(name, shape);
   if (!tensor.ok()) return tensor.status();
   const kernels::BlockLayout block = kernels::GetBlockLayout((*tensor)->dtype);
@@ -248,8 +270,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint&
         "runner config: kv_cache_bytes ", config.kv_cache_bytes, " is less than one KV block (",
         block_bytes, " bytes for ", config.block_size_tokens, " tokens of every layer)"));
   }
+  const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<CpuRunner> runner(new CpuRunner(model, config));
-  if (absl::Status s = runner->LoadWeights(checkpoint); !s.ok()) return s;
+  g_dummy_weights = runner->dummy_weights_;
+  absl::Status loaded = runner->LoadWeights(checkpoint);
+  g_dummy_weights = false;
+  if (!loaded.ok()) return loaded;
 
   runner->num_blocks_ = static_cast<int32_t>(num_blocks);
   runner->layer_cache_floats_ = num_blocks * config.block_size_tokens * runner->kv_dim_;
@@ -261,6 +287,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint&
                                                pool_floats * sizeof(float), " bytes"));
   }
   kernels::SetBlasThreads(runner->num_threads_);
+  runner->startup_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
@@ -403,6 +431,8 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
   EnsureWorkspace(num_tokens, max_context_len);
   output->logits_row_start.resize(static_cast<size_t>(num_seqs + 1));
   output->logits_row_start[0] = 0;
+  output->sampled_tokens.assign(static_cast<size_t>(num_seqs), -1);
+  sample_seqs_.clear();
   int64_t num_rows = 0;
   for (int64_t i = 0; i < num_seqs; ++i) {
     const int32_t begin = batch.query_start[i];
@@ -423,10 +453,16 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
       case LogitsMode::kAll:
         for (int32_t t = begin; t < end; ++t) logits_rows_[num_rows++] = t;
         break;
+      case LogitsMode::kSample:
+        sample_seqs_.push_back(static_cast<int32_t>(i));
+        break;
     }
     output->logits_row_start[i + 1] = static_cast<int32_t>(num_rows);
   }
   output->logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
+  // kSample rows go after the returned ones; their logits stay here.
+  const int64_t num_returned_rows = num_rows;
+  for (int32_t i : sample_seqs_) logits_rows_[num_rows++] = batch.query_start[i + 1] - 1;
   if (num_tokens == 0) return absl::OkStatus();
 
   kernels::EmbeddingGather({.table = embed_.data(),
@@ -454,15 +490,67 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
   }
   // lm_head, its reduction summed in double over fp32 chunks: logits of tied-embedding models
   // reach the hundreds, where fp32 sums over all of hidden lose 1e-4.
-  kernels::Linear({.input = normed_.data(),
+  if (num_returned_rows > 0) {
+    kernels::Linear({.input = normed_.data(),
+                     .weight = lm_head_,
+                     .output = output->logits.data(),
+                     .num_tokens = num_returned_rows,
+                     .in_features = hidden,
+                     .out_features = c.vocab_size,
+                     .split_k = kLogitsSplitK,
+                     .num_threads = num_threads_});
+  }
+  if (sample_seqs_.empty()) return absl::OkStatus();
+  const int64_t num_sampled = static_cast<int64_t>(sample_seqs_.size());
+  Grow(&sample_logits_, num_sampled * c.vocab_size);
+  kernels::Linear({.input = normed_.data() + num_returned_rows * hidden,
                    .weight = lm_head_,
-                   .output = output->logits.data(),
-                   .num_tokens = num_rows,
+                   .output = sample_logits_.data(),
+                   .num_tokens = num_sampled,
                    .in_features = hidden,
                    .out_features = c.vocab_size,
                    .split_k = kLogitsSplitK,
                    .num_threads = num_threads_});
+  sample_temperature_.clear(), sample_top_p_.clear(), sample_min_p_.clear();
+  sample_top_k_.clear(), sample_seeds_.clear(), sample_steps_.clear();
+  for (int32_t i : sample_seqs_) {
+    const RunnerSampling& s = batch.sampling[i];
+    sample_temperature_.push_back(s.temperature);
+    sample_top_k_.push_back(s.top_k);
+    sample_top_p_.push_back(s.top_p);
+    sample_min_p_.push_back(s.min_p);
+    sample_seeds_.push_back(s.seed);
+    sample_steps_.push_back(s.step);
+  }
+  sample_tokens_.resize(static_cast<size_t>(num_sampled));
+  kernels::Sample({.logits = sample_logits_.data(),
+                   .output = sample_tokens_.data(),
+                   .temperature = sample_temperature_.data(),
+                   .top_k = sample_top_k_.data(),
+                   .top_p = sample_top_p_.data(),
+                   .min_p = sample_min_p_.data(),
+                   .seeds = sample_seeds_.data(),
+                   .steps = sample_steps_.data(),
+                   .num_rows = num_sampled,
+                   .vocab_size = c.vocab_size});
+  for (int64_t k = 0; k < num_sampled; ++k) {
+    output->sampled_tokens[sample_seqs_[k]] = sample_tokens_[k];
+  }
   return absl::OkStatus();
+}
+
+RunnerStats CpuRunner::stats() const {
+  RunnerStats s;
+  auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  s.weight_bytes = bytes(embed_) + bytes(final_norm_) + bytes(lm_head_storage_);
+  for (const LayerWeights& w : layers_) {
+    s.weight_bytes += bytes(w.input_norm) + bytes(w.qkv) + bytes(w.qkv_bias) + bytes(w.o_proj) +
+                      bytes(w.post_norm) + bytes(w.gate_up) + bytes(w.down);
+  }
+  s.kv_cache_bytes = 2 * config_.num_layers * layer_cache_floats_ * 4;
+  s.startup_seconds = startup_seconds_;
+  s.device_name = "cpu";
+  return s;
 }
 
 }  // namespace

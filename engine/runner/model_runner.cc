@@ -2,6 +2,7 @@
 
 #include "common/strings.h"
 #include "engine/runner/cpu_runner.h"
+#include "engine/runner/cuda_runner.h"
 
 namespace lmserve::engine {
 namespace {
@@ -31,6 +32,7 @@ void StepBatch::Clear() {
   block_table_start.clear();
   block_table_ids.clear();
   logits_modes.clear();
+  sampling.clear();
 }
 
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
@@ -101,9 +103,21 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
       }
     }
     const LogitsMode mode = batch.logits_modes[i];
-    if (mode != LogitsMode::kNone && mode != LogitsMode::kLast && mode != LogitsMode::kAll) {
+    if (mode != LogitsMode::kNone && mode != LogitsMode::kLast && mode != LogitsMode::kAll &&
+        mode != LogitsMode::kSample) {
       return Malformed(
           StrCat("sequence ", i, " has an unknown logits mode ", static_cast<int>(mode)));
+    }
+    if (mode == LogitsMode::kSample) {
+      if (static_cast<int64_t>(batch.sampling.size()) != num_seqs) {
+        return Malformed(StrCat("sequence ", i, " asks for sampling but sampling has ",
+                                batch.sampling.size(), " entries for ", num_seqs, " sequences"));
+      }
+      const RunnerSampling& s = batch.sampling[i];
+      if (!(s.temperature == s.temperature) || !(s.top_p == s.top_p) ||
+          !(s.min_p == s.min_p)) {
+        return Malformed(StrCat("sequence ", i, " has NaN sampling parameters"));
+      }
     }
   }
   return absl::OkStatus();
@@ -115,11 +129,39 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
     case Backend::kCpu:
       return CreateCpuRunner(checkpoint, config);
     case Backend::kCuda:
+#ifdef LMSERVE_HAVE_CUDA_RUNNER
+      return CreateCudaRunner(checkpoint, config);
+#else
       return absl::UnimplementedError(
-          "the CUDA model runner is not built yet; use the CPU backend (Backend::kCpu)");
+          "this lmserve was built without CUDA (LMSERVE_CUDA=OFF or no nvcc): use the CPU "
+          "backend");
+#endif
   }
   return absl::InvalidArgumentError(
       StrCat("unknown runner backend ", static_cast<int>(config.backend)));
+}
+
+int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens) {
+  return 2 * config.num_layers * int64_t{block_size_tokens} * config.num_kv_heads *
+         config.head_dim * 2;
+}
+
+std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs) {
+  std::vector<int32_t> sizes;
+  for (int32_t b : {1, 2, 4}) {
+    if (b < max_num_seqs) sizes.push_back(b);
+  }
+  for (int32_t b = 8; b < max_num_seqs; b += 8) sizes.push_back(b);
+  sizes.push_back(max_num_seqs);
+  return sizes;
+}
+
+bool CudaRunnerAvailable() {
+#ifdef LMSERVE_HAVE_CUDA_RUNNER
+  return CudaDeviceCount() > 0;
+#else
+  return false;
+#endif
 }
 
 }  // namespace lmserve::engine

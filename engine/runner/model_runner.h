@@ -33,9 +33,22 @@ namespace lmserve::engine {
 class Checkpoint;
 
 enum class LogitsMode : uint8_t {
-  kNone,  // no logits (a prefill chunk that does not end the prompt)
-  kLast,  // the last token's logits
-  kAll,   // every token's logits
+  kNone,    // no logits (a prefill chunk that does not end the prompt)
+  kLast,    // the last token's logits
+  kAll,     // every token's logits
+  kSample,  // the runner picks the next token from the last token's logits itself
+            // (StepBatch::sampling) and returns only the token: no logits row
+};
+
+// Token selection done by the runner, for LogitsMode::kSample (as kernels/cpu/sampling.h defines
+// it: temperature <= 0 is greedy; top-k, top-p, min-p; the draw is a function of seed and step).
+struct RunnerSampling {
+  float temperature = 0.0f;
+  int32_t top_k = 0;     // <= 0: off
+  float top_p = 1.0f;    // >= 1: off
+  float min_p = 0.0f;    // <= 0: off
+  uint64_t seed = 0;
+  uint64_t step = 0;     // the draw counter: the engine passes the token's position
 };
 
 // One step's batch, in the compressed-sparse-row form that GPU kernels take.
@@ -46,6 +59,7 @@ struct StepBatch {
   std::vector<int32_t> block_table_start;     // [num_seqs + 1]: offsets into block_table_ids
   std::vector<int32_t> block_table_ids;       // KV block ids; sequence i's block j holds positions [j*B, (j+1)*B)
   std::vector<LogitsMode> logits_modes;       // [num_seqs]
+  std::vector<RunnerSampling> sampling;       // [num_seqs] when any mode is kSample, else empty
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
@@ -61,15 +75,45 @@ struct StepOutput {
   // Row r of the logits belongs to the sequence and position that logits_rows names.
   std::vector<float> logits;             // [num_rows, vocab_size], fp32, row-major
   std::vector<int32_t> logits_row_start; // [num_seqs + 1]: sequence i's rows
+  std::vector<int32_t> sampled_tokens;   // [num_seqs]: the token a kSample sequence drew, else -1
 };
 
 enum class Backend { kCpu, kCuda };
 
+// Where the weights come from.
+enum class LoadFormat {
+  kCheckpoint,  // the checkpoint's tensors
+  kDummy,       // random weights of the checkpoint's shapes (as vLLM's --load-format dummy): only
+                // the configuration is read, so a config-only checkpoint will do
+};
+
 struct RunnerConfig {
   Backend backend = Backend::kCpu;
+  LoadFormat load_format = LoadFormat::kCheckpoint;
   int32_t block_size_tokens = 16;
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // memory for the KV pool, all layers
+  // Memory for the KV pool, all layers. The CUDA runner: 0 sizes the pool from
+  // gpu_memory_utilization instead.
+  int64_t kv_cache_bytes = int64_t{1} << 30;
   int32_t num_threads = 0;                    // CPU threads for BLAS and attention; 0: all cores
+  // CUDA runner only. Steps are at most this large (the engine's limits): workspaces and CUDA
+  // graphs are sized for them at start-up.
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+  double gpu_memory_utilization = 0.9;  // the share of the GPU's memory the runner may hold
+  bool cuda_graphs = true;              // capture decode-only steps as CUDA graphs
+  int32_t device = 0;                   // CUDA device ordinal
+};
+
+// Memory and start-up figures of a runner, for logs and metrics.
+struct RunnerStats {
+  int64_t weight_bytes = 0;     // weights as the runner holds them
+  int64_t kv_cache_bytes = 0;   // the KV pool
+  int64_t workspace_bytes = 0;  // activations, logits, graphs' buffers
+  int64_t device_memory_used_bytes = 0;   // GPU memory in use on the device (all processes); 0 on CPU
+  int64_t device_memory_total_bytes = 0;  // the GPU's memory; 0 on CPU
+  double startup_seconds = 0;   // Create(), weights, graph capture included
+  int32_t num_cuda_graphs = 0;  // decode batch sizes captured
+  std::string device_name;      // "NVIDIA H100 80GB HBM3", or "cpu"
 };
 
 class ModelRunner {
@@ -85,12 +129,20 @@ class ModelRunner {
   virtual Backend backend() const = 0;
   virtual int32_t block_size_tokens() const = 0;
   virtual int32_t num_kv_blocks() const = 0;
+  // Whether Execute implements LogitsMode::kSample on the device (the engine then sends it the
+  // requests whose sampling it can do, and copies back only their tokens). The CPU runner
+  // implements kSample too but says false: the engine's own sampler is the CPU reference.
+  virtual bool samples_on_device() const { return false; }
+  virtual RunnerStats stats() const { return {}; }
 
   // Runs one step. Validates the batch (token ids in the vocabulary, block ids in the pool, tables
   // long enough, contexts within the model's) and returns InvalidArgument without touching the cache
   // when it is malformed.
   virtual absl::Status Execute(const StepBatch& batch, StepOutput* output) = 0;
 };
+
+// Whether this binary has the CUDA runner and a usable GPU is present.
+bool CudaRunnerAvailable();
 
 // Checks a batch against a runner's limits; every runner calls it first.
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,

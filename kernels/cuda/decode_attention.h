@@ -65,7 +65,7 @@ struct DecodeAttentionParams {
   int64_t num_seqs = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // divides num_heads
-  int64_t head_dim = 0;      // 64, 80, 96, 128 or 256
+  int64_t head_dim = 0;      // 32, 64, 80, 96, 128 or 256
   int64_t block_size = 0;    // tokens per cache block
   int64_t num_blocks = 0;
   int64_t query_stride = 0;  // elements between query rows, multiple of 8; 0: num_heads * head_dim

@@ -31,9 +31,9 @@ inline constexpr const char* kActivationDTypeList = "bf16, f16";
 
 // Head dimensions of the attention kernels.
 inline bool SupportsHeadDim(int64_t head_dim) {
-  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+  return head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
 }
-inline constexpr const char* kHeadDimList = "64, 80, 96, 128, 256";
+inline constexpr const char* kHeadDimList = "32, 64, 80, 96, 128, 256";
 
 // Query heads per KV head that the decode kernel handles in one pass over the KV head. Larger
 // groups (MQA with many heads) are split into chunks of kMaxDecodeGroup heads, each of which reads
@@ -66,6 +66,8 @@ cudaError_t DispatchActivationDType(DType dtype, F&& f) {
 template <typename F>
 cudaError_t DispatchHeadDim(int64_t head_dim, F&& f) {
   switch (head_dim) {
+    case 32:
+      return f(std::integral_constant<int, 32>{});
     case 64:
       return f(std::integral_constant<int, 64>{});
     case 80:

@@ -42,7 +42,7 @@ struct PrefillAttentionParams {
   int64_t num_tokens = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // divides num_heads
-  int64_t head_dim = 0;      // 64, 80, 96, 128 or 256
+  int64_t head_dim = 0;      // 32, 64, 80, 96, 128 or 256
   int64_t block_size = 0;
   int64_t num_blocks = 0;
   int64_t query_stride = 0;  // elements between query rows, multiple of 8; 0: num_heads * head_dim

@@ -158,7 +158,7 @@ void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t gro
 
 TEST(DecodeAttentionGpuTest, MatchesCpuEveryHeadDimAndGqaRatio) {
   LMSERVE_REQUIRE_GPU();
-  for (int64_t head_dim : {64, 80, 96, 128, 256}) {
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
     for (int64_t group : {1, 4, 8}) {
       for (int64_t batch : {1, 17, 64}) RunDecodeCase(DType::kBF16, batch, 2, group, head_dim);
     }
@@ -263,7 +263,7 @@ const std::vector<std::pair<int32_t, int32_t>> kMixedBatch = {
 
 TEST(PrefillAttentionGpuTest, MixedBatchEveryHeadDimAndGqaRatio) {
   LMSERVE_REQUIRE_GPU();
-  for (int64_t head_dim : {64, 80, 96, 128, 256}) {
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
     for (int64_t group : {1, 4, 8}) RunPrefillCase(DType::kBF16, 2, group, head_dim, kMixedBatch);
   }
 }

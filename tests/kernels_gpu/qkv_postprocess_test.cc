@@ -157,7 +157,7 @@ TEST(QkvPostProcessGpuTest, MatchesCpuAcrossShapesLayoutsAndScalings) {
   LMSERVE_REQUIRE_GPU();
   const std::vector<std::pair<int64_t, int64_t>> heads = {{8, 8}, {16, 4}, {32, 4}};
   int variant = 0;
-  for (int64_t head_dim : {64, 80, 96, 128, 256}) {
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
     for (int64_t tokens : {1, 17, 97}) {
       for (const auto& [num_heads, num_kv_heads] : heads) {
         ++variant;

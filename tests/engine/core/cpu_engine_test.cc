@@ -29,8 +29,12 @@ constexpr double kTieMargin = 1e-3;
 // Delegates to a runner and records what the steps looked like.
 class RecordingRunner final : public ModelRunner {
  public:
-  explicit RecordingRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
+  explicit RecordingRunner(std::unique_ptr<ModelRunner> inner, bool samples_on_device = false)
+      : inner_(std::move(inner)), samples_on_device_(samples_on_device) {}
   const ModelConfig& model_config() const override { return inner_->model_config(); }
+  // The CPU runner implements LogitsMode::kSample; saying so sends the engine down the path the
+  // CUDA runner takes (tokens, not logits, come back).
+  bool samples_on_device() const override { return samples_on_device_; }
   Backend backend() const override { return inner_->backend(); }
   int32_t block_size_tokens() const override { return inner_->block_size_tokens(); }
   int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
@@ -38,6 +42,7 @@ class RecordingRunner final : public ModelRunner {
     for (int32_t i = 0; i < batch.num_seqs(); ++i) {
       // A chunk that neither ends its sequence nor asks for logits: a partial prefill.
       if (batch.logits_modes[i] == LogitsMode::kNone) ++num_partial_prefills_;
+      if (batch.logits_modes[i] == LogitsMode::kSample) ++num_runner_samples_;
       const int32_t num_new = batch.query_start[i + 1] - batch.query_start[i];
       if (num_new == 1) ++num_decodes_;
     }
@@ -47,16 +52,20 @@ class RecordingRunner final : public ModelRunner {
   int64_t num_partial_prefills() const { return num_partial_prefills_; }
   int64_t num_decodes() const { return num_decodes_; }
   int32_t max_seqs_per_step() const { return max_seqs_per_step_; }
+  int64_t num_runner_samples() const { return num_runner_samples_; }
 
  private:
   std::unique_ptr<ModelRunner> inner_;
+  const bool samples_on_device_;
+  int64_t num_runner_samples_ = 0;
   int64_t num_partial_prefills_ = 0;
   int64_t num_decodes_ = 0;
   int32_t max_seqs_per_step_ = 0;
 };
 
 std::unique_ptr<EngineCore> MakeEngine(const Checkpoint& checkpoint, int32_t num_blocks,
-                                       const EngineConfig& config, RecordingRunner** recorder) {
+                                       const EngineConfig& config, RecordingRunner** recorder,
+                                       bool runner_samples = false) {
   RunnerConfig runner_config;
   runner_config.block_size_tokens = kBlockSize;
   runner_config.kv_cache_bytes = CpuKvBlockBytes(checkpoint.config(), kBlockSize) * num_blocks;
@@ -65,7 +74,7 @@ std::unique_ptr<EngineCore> MakeEngine(const Checkpoint& checkpoint, int32_t num
   EXPECT_TRUE(runner.ok()) << runner.status();
   if (!runner.ok()) return nullptr;
   EXPECT_EQ((*runner)->num_kv_blocks(), num_blocks);
-  auto recording = std::make_unique<RecordingRunner>(*std::move(runner));
+  auto recording = std::make_unique<RecordingRunner>(*std::move(runner), runner_samples);
   *recorder = recording.get();
   auto core = EngineCore::Create(std::move(recording), config, nullptr);
   EXPECT_TRUE(core.ok()) << core.status();
@@ -216,6 +225,63 @@ TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
       static_cast<long>(stats.prefix_cache_queried_tokens),
       static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
       static_cast<long>(total));
+}
+
+// The runner-sampling path (LogitsMode::kSample, as the CUDA runner does it), taken here by the CPU
+// runner: greedy requests give the engine sampler's tokens, seeded ones the same tokens alone as
+// among 16 concurrent requests with preemption and chunking; requests the runner cannot sample
+// exactly (logprobs, penalties, min_tokens) still get logits rows.
+TEST(CpuEngineRunnerSamplingTest, MatchesTheEngineSamplerAndStaysBatchInvariant) {
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const testing::HfTinyReference ref = testing::LoadHfTinyReference("llama-gqa");
+  const std::vector<std::vector<int32_t>> prompts =
+      Prompts(ref, (*checkpoint)->config().vocab_size);
+  auto request = [&](size_t i) {
+    Request r = MakeRequest(prompts[i], i);
+    r.sampling.logprobs.reset();
+    if (i == 5) r.sampling.logprobs = 1;            // needs the logits row
+    if (i == 7) r.sampling.repetition_penalty = 1.2;  // the engine's sampler only
+    if (i == 8) r.sampling.min_tokens = 4;          // engine-sampled until 4 tokens, then runner
+    return r;
+  };
+  auto run = [&](bool runner_samples, bool together, RecordingRunner** recorder) {
+    EngineConfig config;
+    config.max_num_batched_tokens = together ? 64 : 4096;
+    config.max_num_seqs = 16;
+    auto engine = MakeEngine(**checkpoint, together ? 24 : 16, config, recorder, runner_samples);
+    std::vector<Result> results(prompts.size());
+    if (engine == nullptr) return results;
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      streams.push_back(std::make_shared<OutputStream>(i, 1));
+      engine->AddRequest(i, request(i), 0.0, streams.back());
+      if (!together) {
+        while (engine->Step()) {
+        }
+      }
+    }
+    while (engine->Step()) {
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) Collect(*streams[i], &results[i]);
+    return results;
+  };
+  RecordingRunner *engine_sampled = nullptr, *alone = nullptr, *together = nullptr;
+  const std::vector<Result> reference = run(false, false, &engine_sampled);
+  const std::vector<Result> runner_alone = run(true, false, &alone);
+  const std::vector<Result> runner_together = run(true, true, &together);
+  EXPECT_EQ(engine_sampled->num_runner_samples(), 0);
+  EXPECT_GT(alone->num_runner_samples(), 0);
+  EXPECT_GT(together->num_runner_samples(), 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(runner_alone[i].tokens.size(), static_cast<size_t>(kMaxTokens)) << i;
+    EXPECT_EQ(runner_together[i].tokens, runner_alone[i].tokens) << "request " << i;
+    const bool seeded = i >= 4 && i % 3 == 0;
+    // Greedy: the runner's argmax is the engine's. Seeded sampling draws from another generator
+    // (Philox in the runner), so only batch invariance holds for it.
+    if (!seeded) EXPECT_EQ(runner_alone[i].tokens, reference[i].tokens) << "request " << i;
+  }
+  EXPECT_EQ(runner_alone[5].margins.size(), static_cast<size_t>(kMaxTokens));  // logprobs kept
 }
 
 INSTANTIATE_TEST_SUITE_P(HfTiny, CpuEngineTest, ::testing::ValuesIn(testing::HfTinyModelNames()),

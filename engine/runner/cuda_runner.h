@@ -1,0 +1,53 @@
+// The CUDA model runner: the ModelRunner contract (model_runner.h) on one NVIDIA GPU.
+//
+// Weights live on the GPU in bf16: GGUF-quantized and fp16/fp32 tensors are converted there at
+// load (kernels/cuda/dequant.h, bit-exact with the CPU's conversion), Q/K/V fused into one matrix
+// and gate/up into another. The KV pool is bf16, [num_blocks, block_size, kv_heads, head_dim] per
+// layer for keys and for values; unless RunnerConfig::kv_cache_bytes says otherwise it takes what
+// gpu_memory_utilization leaves after the weights, the workspaces and a reserve for CUDA graphs.
+//
+// A step runs on one stream: one host-to-device copy of the step's inputs (ids, positions, cache
+// slots, the block tables, the per-row sampling settings, packed into pinned memory), the
+// embedding, every layer, the final norm, the LM head in fp32 on only the rows that need logits,
+// and, for LogitsMode::kSample rows, the sampler (kernels/cuda/sampling.h). Only what the engine
+// asked for comes back: sampled token ids, and logits rows for kLast/kAll sequences.
+//
+// Decode-only steps (one new token per sequence, at most max_num_seqs of them) replay a CUDA graph
+// captured at start-up for the smallest batch bucket that holds them (1, 2, 4, 8, then every 8);
+// padding sequences have context length 0 and cache slot -1, so they read and write nothing. Every
+// length, position and table is read from device memory, so a graph is valid at any context
+// length. Steps with prefill tokens run eagerly.
+
+#ifndef LMSERVE_ENGINE_RUNNER_CUDA_RUNNER_H_
+#define LMSERVE_ENGINE_RUNNER_CUDA_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runner/model_runner.h"
+
+namespace lmserve::engine {
+
+// Builds the CUDA runner (ModelRunner::Create with Backend::kCuda lands here). Errors:
+// FailedPrecondition without a GPU of compute capability 9.0 (the kernels are built for sm_90),
+// Unimplemented for shapes the kernels do not cover, ResourceExhausted when the weights or the KV
+// pool do not fit.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Checkpoint& checkpoint,
+                                                              const RunnerConfig& config);
+
+// Bytes of one KV block in the CUDA runner: keys and values of every layer, bf16.
+int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens);
+
+// The number of CUDA devices (0 without a GPU or driver). Only in builds with the CUDA runner.
+int CudaDeviceCount();
+
+// The decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 8 up to max_num_seqs (and
+// max_num_seqs itself).
+std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs);
+
+}  // namespace lmserve::engine
+
+#endif  // LMSERVE_ENGINE_RUNNER_CUDA_RUNNER_H_

@@ -1,0 +1,48 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/random_fill.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// splitmix64's finalizer: a well-mixed 64-bit hash of the counter.
+__device__ __forceinline__ uint64_t Mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RandomFillKernel(T* output, int64_t n, float low, float span, uint64_t seed) {
+  const int64_t stride = int64_t{gridDim.x} * kThreads;
+  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += stride) {
+    const uint64_t bits = Mix64(seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1));
+    const float unit = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
+    output[i] = FromFloat<T>(low + span * unit);
+  }
+}
+
+}  // namespace
+
+cudaError_t Launch(const RandomFillParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.num_elements == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((p.num_elements + kThreads - 1) / kThreads, 65536);
+  return DispatchActivationDType(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RandomFillKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        static_cast<T*>(p.output), p.num_elements, p.low, p.high - p.low, p.seed);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace lmserve::kernels::cuda

@@ -1,0 +1,385 @@
+// The CUDA model runner against outside references (the Hugging Face float64 logits of the
+// fixtures) and against the CPU runner. Skips without a GPU.
+
+#include "engine/runner/cuda_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "engine/model/checkpoint.h"
+#include "engine/model/gguf.h"
+#include "engine/runner/model_runner.h"
+#include "engine/tokenizer/gguf_tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "testing/fixtures.h"
+
+namespace lmserve::engine {
+namespace {
+
+#define LMSERVE_REQUIRE_CUDA_RUNNER()                                                  \
+  do {                                                                                 \
+    if (!CudaRunnerAvailable()) GTEST_SKIP() << "no CUDA GPU here: CUDA runner test skipped"; \
+  } while (0)
+
+const char* const kFixtureModels[] = {"llama-gqa", "llama-mqa-tied-llama3rope", "llama-hd128",
+                                      "qwen2-bias"};
+
+double RelativeL2(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    den += double{b[i]} * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+int32_t ArgMax(const float* row, int64_t n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+// The gap between the largest and second-largest logit.
+double Margin(const float* row, int64_t n) {
+  std::vector<float> v(row, row + n);
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return double{v[0]} - v[1];
+}
+
+RunnerConfig CudaConfig(bool graphs = true) {
+  RunnerConfig config;
+  config.backend = Backend::kCuda;
+  config.kv_cache_bytes = int64_t{64} << 20;
+  config.max_num_seqs = 16;
+  config.max_num_batched_tokens = 1024;
+  config.cuda_graphs = graphs;
+  return config;
+}
+
+std::unique_ptr<ModelRunner> MakeRunner(const Checkpoint& checkpoint, const RunnerConfig& config) {
+  auto runner = ModelRunner::Create(checkpoint, config);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  return runner.ok() ? *std::move(runner) : nullptr;
+}
+
+// Blocks [first, first + n) for a sequence.
+std::vector<int32_t> Blocks(int32_t first, int64_t tokens, int32_t block_size) {
+  std::vector<int32_t> blocks(static_cast<size_t>((tokens + block_size - 1) / block_size));
+  std::iota(blocks.begin(), blocks.end(), first);
+  return blocks;
+}
+
+TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  for (const char* model : kFixtureModels) {
+    SCOPED_TRACE(model);
+    auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto runner = MakeRunner(**checkpoint, CudaConfig());
+    ASSERT_NE(runner, nullptr);
+    const int64_t vocab = (*checkpoint)->config().vocab_size;
+    const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
+    int64_t positions = 0, agree = 0;
+    double worst = 0;
+    for (size_t j = 0; j < reference.prompts.size(); ++j) {
+      const std::vector<int32_t>& prompt = reference.prompts[j];
+      const std::vector<float> expected =
+          testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
+      // The whole prompt in one step, and again as two chunks (the second starts mid-sequence).
+      for (int chunks : {1, 2}) {
+        std::vector<float> logits;
+        const int64_t split = chunks == 1 ? 0 : static_cast<int64_t>(prompt.size()) / 2;
+        const std::vector<int32_t> blocks = Blocks(0, prompt.size(), runner->block_size_tokens());
+        if (split > 0) {
+          StepBatch first;
+          first.AddSequence(std::span(prompt).first(split), 0, blocks, LogitsMode::kAll);
+          StepOutput out;
+          ASSERT_TRUE(runner->Execute(first, &out).ok());
+          logits = out.logits;
+        }
+        StepBatch rest;
+        rest.AddSequence(std::span(prompt).subspan(split), static_cast<int32_t>(split), blocks,
+                         LogitsMode::kAll);
+        StepOutput out;
+        absl::Status status = runner->Execute(rest, &out);
+        ASSERT_TRUE(status.ok()) << status;
+        logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+        ASSERT_EQ(logits.size(), expected.size());
+        const double error = RelativeL2(logits.data(), expected.data(), logits.size());
+        worst = std::max(worst, error);
+        EXPECT_LE(error, 2e-2) << "prompt " << j << ", " << chunks << " chunk(s)";
+        for (size_t p = 0; p < prompt.size(); ++p) {
+          ++positions;
+          agree += ArgMax(&logits[p * vocab], vocab) == ArgMax(&expected[p * vocab], vocab);
+        }
+      }
+    }
+    std::printf("%s: relative L2 at most %.3g, top-1 agreement %lld/%lld\n", model, worst,
+                static_cast<long long>(agree), static_cast<long long>(positions));
+    EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(positions));
+  }
+}
+
+// Greedy decoding of every prompt at once, on the device sampler, through the decode graphs
+// (3 sequences: the bucket of 4 with one padding sequence) and eagerly; checked against
+// transformers' greedy tokens up to the first step whose reference margin is within bf16 noise.
+TEST(CudaRunnerTest, BatchedGreedyDecodeMatchesHuggingFace) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  for (const char* model : kFixtureModels) {
+    for (bool graphs : {true, false}) {
+      SCOPED_TRACE(std::string(model) + (graphs ? " with graphs" : " eager"));
+      auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
+      ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+      auto runner = MakeRunner(**checkpoint, CudaConfig(graphs));
+      ASSERT_NE(runner, nullptr);
+      EXPECT_EQ(runner->stats().num_cuda_graphs > 0, graphs);
+      const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
+      const int32_t bs = runner->block_size_tokens();
+      const size_t num = 3;  // prompts 1..3 (7, 33 and 130 tokens)
+      std::vector<std::vector<int32_t>> seqs(num), blocks(num);
+      for (size_t s = 0; s < num; ++s) {
+        seqs[s] = reference.prompts[s + 1];
+        blocks[s] = Blocks(static_cast<int32_t>(s * 64), seqs[s].size() + 32, bs);
+      }
+      const size_t steps = reference.greedy[1].size();
+      std::vector<std::vector<int32_t>> generated(num);
+      for (size_t step = 0; step < steps; ++step) {
+        StepBatch batch;
+        for (size_t s = 0; s < num; ++s) {
+          const size_t computed = step == 0 ? 0 : seqs[s].size() - 1;
+          batch.AddSequence(std::span(seqs[s]).subspan(computed), static_cast<int32_t>(computed),
+                            blocks[s], LogitsMode::kSample);
+          batch.sampling.push_back({.temperature = 0.0f, .seed = 1, .step = step});
+        }
+        StepOutput out;
+        absl::Status status = runner->Execute(batch, &out);
+        ASSERT_TRUE(status.ok()) << status;
+        ASSERT_EQ(out.sampled_tokens.size(), num);
+        EXPECT_TRUE(out.logits.empty());
+        for (size_t s = 0; s < num; ++s) {
+          seqs[s].push_back(out.sampled_tokens[s]);
+          generated[s].push_back(out.sampled_tokens[s]);
+        }
+      }
+      for (size_t s = 0; s < num; ++s) {
+        const std::vector<int32_t>& want = reference.greedy[s + 1];
+        for (size_t t = 0; t < steps; ++t) {
+          if (generated[s][t] == want[t]) continue;
+          EXPECT_LT(reference.greedy_margin[s + 1][t], 0.05)
+              << "prompt " << s + 1 << " diverges at step " << t << ": " << generated[s][t]
+              << " vs " << want[t] << " with a reference margin of "
+              << reference.greedy_margin[s + 1][t];
+          break;  // what follows a legitimate divergence is a different continuation
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaRunnerTest, GraphReplayMatchesEagerAtAnyBatchAndLength) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-hd128"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto graphed = MakeRunner(**checkpoint, CudaConfig(true));
+  auto eager = MakeRunner(**checkpoint, CudaConfig(false));
+  ASSERT_NE(graphed, nullptr);
+  ASSERT_NE(eager, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int32_t bs = graphed->block_size_tokens();
+  // Batches of 1, 5 (bucket 8) and 16 sequences with contexts from 1 to 300 tokens.
+  for (int num : {1, 5, 16}) {
+    SCOPED_TRACE(num);
+    StepBatch prefill, decode;
+    std::vector<std::vector<int32_t>> tokens(num);
+    for (int s = 0; s < num; ++s) {
+      const int len = 1 + (s * 37) % 300;
+      for (int t = 0; t < len + 1; ++t) tokens[s].push_back((s * 131 + t * 7) % 1024);
+      const std::vector<int32_t> blocks = Blocks(s * 20, len + 1, bs);
+      prefill.AddSequence(std::span(tokens[s]).first(len), 0, blocks, LogitsMode::kNone);
+      decode.AddSequence(std::span(tokens[s]).subspan(len), len, blocks, LogitsMode::kLast);
+    }
+    StepOutput a, b;
+    ASSERT_TRUE(graphed->Execute(prefill, &a).ok());
+    ASSERT_TRUE(eager->Execute(prefill, &b).ok());
+    ASSERT_TRUE(graphed->Execute(decode, &a).ok());
+    ASSERT_TRUE(eager->Execute(decode, &b).ok());
+    ASSERT_EQ(a.logits.size(), static_cast<size_t>(num * vocab));
+    ASSERT_EQ(b.logits.size(), a.logits.size());
+    // Autotuned GEMM algorithms may sum in another order: bf16-level agreement, not bits.
+    EXPECT_LE(RelativeL2(a.logits.data(), b.logits.data(), a.logits.size()), 1e-2);
+    for (int s = 0; s < num; ++s) {
+      const float* row = &b.logits[s * vocab];
+      if (Margin(row, vocab) > 0.05) {
+        EXPECT_EQ(ArgMax(&a.logits[s * vocab], vocab), ArgMax(row, vocab)) << "sequence " << s;
+      }
+    }
+  }
+}
+
+TEST(CudaRunnerTest, SeededSamplingIsReproducibleAndMixesWithLogitsRows) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto runner = MakeRunner(**checkpoint, CudaConfig());
+  ASSERT_NE(runner, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  auto run = [&](uint64_t seed) {
+    StepBatch batch;
+    // Three sequences: a sampled one, one that returns logits, a greedy sampled one.
+    for (int s = 0; s < 3; ++s) {
+      batch.AddSequence(prompt, 0, Blocks(s * 4, prompt.size(), runner->block_size_tokens()),
+                        s == 1 ? LogitsMode::kLast : LogitsMode::kSample);
+      batch.sampling.push_back({.temperature = s == 0 ? 1.0f : 0.0f,
+                                .top_k = 50,
+                                .top_p = 0.9f,
+                                .seed = seed,
+                                .step = 5});
+    }
+    StepOutput out;
+    EXPECT_TRUE(runner->Execute(batch, &out).ok());
+    return out;
+  };
+  const StepOutput a = run(7), b = run(7);
+  EXPECT_EQ(a.sampled_tokens, b.sampled_tokens);
+  ASSERT_EQ(a.sampled_tokens.size(), 3u);
+  EXPECT_EQ(a.sampled_tokens[1], -1);
+  EXPECT_THAT(a.logits_row_start, ::testing::ElementsAre(0, 0, 1, 1));
+  ASSERT_EQ(a.logits.size(), static_cast<size_t>(vocab));
+  // The greedy sampled row picks the argmax of the returned (identical) row.
+  EXPECT_EQ(a.sampled_tokens[2], ArgMax(a.logits.data(), vocab));
+  EXPECT_GE(a.sampled_tokens[0], 0);
+  EXPECT_LT(a.sampled_tokens[0], vocab);
+  // Different seeds draw different tokens at least once in 16 tries.
+  bool differs = false;
+  for (uint64_t seed = 100; seed < 116 && !differs; ++seed) {
+    differs = run(seed).sampled_tokens[0] != a.sampled_tokens[0];
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST(CudaRunnerTest, DummyWeightsAgreeWithTheCpuRunner) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenConfigOnlyCheckpoint(testing::HfTinyDir("llama-gqa") + "/config.json");
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_TRUE((*checkpoint)->tensors().empty());
+  RunnerConfig gpu_config = CudaConfig();
+  gpu_config.load_format = LoadFormat::kDummy;
+  RunnerConfig cpu_config;
+  cpu_config.load_format = LoadFormat::kDummy;
+  cpu_config.kv_cache_bytes = int64_t{16} << 20;
+  auto gpu = MakeRunner(**checkpoint, gpu_config);
+  auto cpu = MakeRunner(**checkpoint, cpu_config);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = (i * 97) % 1024;
+  StepBatch batch;
+  batch.AddSequence(prompt, 0, Blocks(0, prompt.size(), 16), LogitsMode::kAll);
+  StepOutput g, c;
+  ASSERT_TRUE(gpu->Execute(batch, &g).ok());
+  ASSERT_TRUE(cpu->Execute(batch, &c).ok());
+  ASSERT_EQ(g.logits.size(), c.logits.size());
+  for (float x : g.logits) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_LE(RelativeL2(g.logits.data(), c.logits.data(), c.logits.size()), 3e-2);
+}
+
+TEST(CudaRunnerTest, RejectsBatchesBeyondItsLimitsWithoutDying) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("qwen2-bias"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig config = CudaConfig();
+  config.max_num_batched_tokens = 64;
+  auto runner = MakeRunner(**checkpoint, config);
+  ASSERT_NE(runner, nullptr);
+  std::vector<int32_t> long_prompt(100, 3);
+  StepBatch too_long;
+  too_long.AddSequence(long_prompt, 0, Blocks(0, 100, 16), LogitsMode::kLast);
+  StepOutput out;
+  EXPECT_EQ(runner->Execute(too_long, &out).code(), absl::StatusCode::kInvalidArgument);
+  StepBatch bad_id;
+  const std::vector<int32_t> ids = {1, 5000};
+  bad_id.AddSequence(ids, 0, Blocks(0, 2, 16), LogitsMode::kLast);
+  EXPECT_EQ(runner->Execute(bad_id, &out).code(), absl::StatusCode::kInvalidArgument);
+  // Still serving.
+  StepBatch ok;
+  ok.AddSequence(std::span(long_prompt).first(10), 0, Blocks(0, 10, 16), LogitsMode::kLast);
+  EXPECT_TRUE(runner->Execute(ok, &out).ok());
+}
+
+// The demo model (SmolLM2-135M Q4_1): 32 greedy tokens after each of 10 prompts, on the GPU and
+// on the CPU runner. A divergence must come where the CPU's own top-2 logit margin is within bf16
+// noise; the test prints each prompt's result and the margin at a divergence.
+TEST(CudaRunnerTest, DemoModelGreedyMatchesTheCpuRunner) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  const std::optional<std::string> path = testing::DemoModelPath();
+  if (!path.has_value()) GTEST_SKIP() << "the demo model is not here (scripts/fetch-demo-model.sh)";
+  auto checkpoint = OpenCheckpoint(*path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto data = GgufTokenizerDataFromFile(*(*checkpoint)->gguf());
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto tokenizer = Tokenizer::FromGguf(*data);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const char* const prompts[] = {
+      "The capital of France is",
+      "Once upon a time, in a small village,",
+      "The three primary colors are",
+      "def fibonacci(n):",
+      "Water boils at a temperature of",
+      "The largest planet in our solar system is",
+      "To make a cup of tea, first",
+      "In 1969, the first human to walk on the Moon was",
+      "The quick brown fox",
+      "Photosynthesis is the process by which",
+  };
+  RunnerConfig gpu_config = CudaConfig();
+  RunnerConfig cpu_config;
+  cpu_config.kv_cache_bytes = int64_t{64} << 20;
+  auto gpu = MakeRunner(**checkpoint, gpu_config);
+  auto cpu = MakeRunner(**checkpoint, cpu_config);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  int identical = 0;
+  for (const char* prompt : prompts) {
+    const std::vector<int32_t> ids = (*tokenizer)->Encode(prompt, /*add_special=*/true);
+    const std::vector<int32_t> blocks = Blocks(0, ids.size() + 32, 16);
+    std::vector<int32_t> g_seq = ids, c_seq = ids;
+    int diverged_at = -1;
+    double margin_at_divergence = 0;
+    for (int step = 0; step < 32; ++step) {
+      const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(g_seq.size()) - 1;
+      StepBatch gb, cb;
+      gb.AddSequence(std::span(g_seq).subspan(computed), computed, blocks, LogitsMode::kSample);
+      gb.sampling.push_back({.temperature = 0.0f});
+      cb.AddSequence(std::span(c_seq).subspan(computed), computed, blocks, LogitsMode::kLast);
+      StepOutput go, co;
+      ASSERT_TRUE(gpu->Execute(gb, &go).ok());
+      ASSERT_TRUE(cpu->Execute(cb, &co).ok());
+      const int32_t c_token = ArgMax(co.logits.data(), vocab);
+      if (diverged_at < 0 && go.sampled_tokens[0] != c_token) {
+        diverged_at = step;
+        margin_at_divergence = Margin(co.logits.data(), vocab);
+      }
+      g_seq.push_back(go.sampled_tokens[0]);
+      c_seq.push_back(c_token);
+    }
+    if (diverged_at < 0) {
+      ++identical;
+      std::printf("demo greedy, \"%s\": 32/32 tokens equal\n", prompt);
+    } else {
+      std::printf("demo greedy, \"%s\": diverges at token %d, CPU top-2 margin %.4f\n", prompt,
+                  diverged_at, margin_at_divergence);
+      EXPECT_LT(margin_at_divergence, 0.1) << prompt << ": divergence at a clear margin";
+    }
+  }
+  std::printf("demo greedy: %d of 10 prompts identical for 32 tokens\n", identical);
+}
+
+}  // namespace
+}  // namespace lmserve::engine
