@@ -1,0 +1,334 @@
+// lmserve-model-bench: the CUDA model runner's step times, each next to its floor from the same
+// run.
+//
+//   decode step at batch B, context C: the wall time of ModelRunner::Execute for B sequences of one
+//     new token at context C (the serving path: inputs copied in, the graph or eager step, the
+//     sampler, the tokens copied back). Floor: (weight bytes read + B * C KV bytes read) over the
+//     device-to-device copy bandwidth measured here (bytes read + bytes written per second).
+//   prefill: the wall time of one step of S sequences of N new tokens. Floor: the step's FLOPs
+//     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
+//     head on the S last rows) over the bf16 GEMM rate measured here (cuBLASLt, 8192^3).
+//
+// Usage: lmserve-model-bench --model PATH [--dummy] [--batches 1,8,64,256] [--context 1024]
+//        [--prefill-seqs 4 --prefill-tokens 1024] [--iters 30] [--no-graphs] [--json FILE]
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/strings.h"
+#include "engine/model/checkpoint.h"
+#include "engine/runner/cuda_runner.h"
+#include "engine/runner/model_runner.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "nlohmann/json.hpp"
+
+namespace lmserve {
+namespace {
+
+using engine::LogitsMode;
+using engine::StepBatch;
+using engine::StepOutput;
+
+struct Options {
+  std::string model;
+  bool dummy = false;
+  std::vector<int> batches = {1, 8, 64, 256};
+  int context = 1024;
+  int prefill_seqs = 4;
+  int prefill_tokens = 1024;
+  int iters = 30;
+  bool graphs = true;
+  std::string json;
+};
+
+int Usage(const char* message) {
+  std::fprintf(stderr,
+               "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--batches 1,8,64,256] "
+               "[--context 1024] [--prefill-seqs 4] [--prefill-tokens 1024] [--iters 30] "
+               "[--no-graphs] [--json FILE]\n",
+               message);
+  return 2;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth, bytes read + written per second, over 1 GiB buffers.
+double CopyBandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 3; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  std::vector<double> rates;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(start);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    rates.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  return Median(rates);
+}
+
+// The bf16 GEMM rate of cuBLASLt at 8192^3 on random-ish data, FLOP/s.
+double GemmRate() {
+  namespace kc = kernels::cuda;
+  const int64_t n = 8192;
+  auto handle = kc::BlasLtHandle::Create();
+  if (!handle.ok()) return 0;
+  void *x = nullptr, *w = nullptr, *y = nullptr, *ws = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  cudaMalloc(&x, n * n * 2);
+  cudaMalloc(&w, n * n * 2);
+  cudaMalloc(&y, n * n * 2);
+  cudaMalloc(&ws, ws_bytes);
+  cudaMemset(x, 0x3b, n * n * 2);
+  cudaMemset(w, 0x3b, n * n * 2);
+  auto plan = kc::GemmPlan::Create((*handle)->get(), {.m = n, .n = n, .k = n}, ws, ws_bytes,
+                                   /*autotune=*/true, nullptr);
+  double rate = 0;
+  if (plan.ok()) {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    for (int i = 0; i < 3; ++i) (*plan)->Run(x, w, y, nullptr);
+    std::vector<double> rates;
+    for (int i = 0; i < 10; ++i) {
+      cudaEventRecord(start);
+      (*plan)->Run(x, w, y, nullptr);
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      rates.push_back(2.0 * n * n * n / (ms * 1e-3));
+    }
+    rate = Median(rates);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  plan = absl::InternalError("released");
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  cudaFree(ws);
+  return rate;
+}
+
+// Seconds per Execute of `batch`, median of `iters` after 3 warm-ups.
+double TimeSteps(engine::ModelRunner& runner, const StepBatch& batch, int iters) {
+  StepOutput out;
+  for (int i = 0; i < 3; ++i) {
+    if (absl::Status s = runner.Execute(batch, &out); !s.ok()) {
+      std::fprintf(stderr, "step failed: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    (void)runner.Execute(batch, &out);
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return Median(times);
+}
+
+int Run(const Options& o) {
+  const std::vector<kernels::cuda::DeviceInfo> devices = kernels::cuda::ListDevices();
+  if (devices.empty()) {
+    std::fprintf(stderr, "lmserve-model-bench: no CUDA GPU on this machine\n");
+    return 1;
+  }
+  auto checkpoint = o.dummy ? engine::OpenConfigOnlyCheckpoint(o.model)
+                            : engine::OpenCheckpoint(o.model);
+  if (!checkpoint.ok()) {
+    std::fprintf(stderr, "%s\n", checkpoint.status().ToString().c_str());
+    return 1;
+  }
+  const engine::ModelConfig& c = (*checkpoint)->config();
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+
+  const double bandwidth = CopyBandwidth();
+  const double gemm_rate = GemmRate();
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); bf16 GEMM %.0f TFLOP/s\n",
+              devices[0].name.c_str(), bandwidth / 1e9, gemm_rate / 1e12);
+
+  engine::RunnerConfig config;
+  config.backend = engine::Backend::kCuda;
+  config.load_format = o.dummy ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
+  config.max_num_seqs = max_batch;
+  config.max_num_batched_tokens = std::max(o.prefill_seqs * o.prefill_tokens, 256);
+  config.kv_cache_bytes = 0;
+  config.cuda_graphs = o.graphs;
+  auto runner = engine::ModelRunner::Create(**checkpoint, config);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
+    return 1;
+  }
+  const engine::RunnerStats stats = (*runner)->stats();
+  std::printf("model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
+              "%.2f GiB bf16, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+              o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
+              static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
+              static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
+              stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(),
+              stats.startup_seconds, stats.num_cuda_graphs);
+
+  const int32_t block = (*runner)->block_size_tokens();
+  // Weights a decode step reads: all but the embedding table (a few rows), unless it is also
+  // the LM head.
+  const int64_t embed_bytes = c.vocab_size * c.hidden_size * 2;
+  const int64_t weight_read = stats.weight_bytes - (c.tie_word_embeddings ? 0 : embed_bytes);
+  const int64_t kv_token_bytes = engine::CudaKvBlockBytes(c, 1);
+  const int64_t params = stats.weight_bytes / 2;
+  nlohmann::json results = {
+      {"device", devices[0].name},
+      {"model", o.model},
+      {"dummy_weights", o.dummy},
+      {"cuda_graphs", o.graphs},
+      {"copy_bandwidth_bytes_per_s", bandwidth},
+      {"gemm_flops_per_s", gemm_rate},
+      {"weight_bytes", stats.weight_bytes},
+      {"startup_seconds", stats.startup_seconds},
+      {"decode", nlohmann::json::array()}};
+
+  std::printf("\n%-8s %-8s %12s %12s %8s %14s\n", "batch", "context", "step (ms)", "floor (ms)",
+              "ratio", "tokens/s");
+  const int blocks_per_seq = (o.context + 1 + block - 1) / block;
+  for (int b : o.batches) {
+    if (int64_t{b} * blocks_per_seq > (*runner)->num_kv_blocks()) {
+      std::printf("%-8d %-8d skipped: the KV pool holds %d blocks, this needs %lld\n", b,
+                  o.context, (*runner)->num_kv_blocks(),
+                  static_cast<long long>(int64_t{b} * blocks_per_seq));
+      continue;
+    }
+    StepBatch batch;
+    for (int s = 0; s < b; ++s) {
+      std::vector<int32_t> blocks(static_cast<size_t>(blocks_per_seq));
+      std::iota(blocks.begin(), blocks.end(), s * blocks_per_seq);
+      const int32_t token = static_cast<int32_t>((s * 7919 + 13) % c.vocab_size);
+      batch.AddSequence(std::span(&token, 1), o.context, blocks, LogitsMode::kSample);
+      batch.sampling.push_back({});
+    }
+    const double seconds = TimeSteps(**runner, batch, o.iters);
+    const double floor =
+        (static_cast<double>(weight_read) + double{1.0} * b * (o.context + 1) * kv_token_bytes) /
+        bandwidth;
+    std::printf("%-8d %-8d %12.3f %12.3f %8.2f %14.0f\n", b, o.context + 1, seconds * 1e3,
+                floor * 1e3, seconds / floor, b / seconds);
+    results["decode"].push_back({{"batch", b},
+                                 {"context", o.context + 1},
+                                 {"step_seconds", seconds},
+                                 {"floor_seconds", floor},
+                                 {"ratio", seconds / floor}});
+  }
+
+  // Prefill: S sequences of N new tokens from position 0.
+  if (o.prefill_seqs > 0 && o.prefill_tokens > 0) {
+    const int n = o.prefill_tokens;
+    const int nb = (n + block - 1) / block;
+    StepBatch batch;
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % c.vocab_size);
+    for (int s = 0; s < o.prefill_seqs; ++s) {
+      std::vector<int32_t> blocks(static_cast<size_t>(nb));
+      std::iota(blocks.begin(), blocks.end(), s * nb);
+      batch.AddSequence(tokens, 0, blocks, LogitsMode::kSample);
+      batch.sampling.push_back({});
+    }
+    const double seconds = TimeSteps(**runner, batch, std::max(5, o.iters / 3));
+    const double total_tokens = double{1.0} * o.prefill_seqs * n;
+    const double head_params = double{1.0} * c.vocab_size * c.hidden_size;
+    const double body_params = static_cast<double>(params) - head_params -
+                               (c.tie_word_embeddings ? 0.0 : head_params);
+    const double attention_flops = 2.0 * 2.0 * o.prefill_seqs * (double{1.0} * n * (n + 1) / 2) *
+                                   c.num_attention_heads * c.head_dim * c.num_layers;
+    const double flops = 2.0 * body_params * total_tokens + attention_flops +
+                         2.0 * head_params * o.prefill_seqs;
+    const double floor = flops / gemm_rate;
+    std::printf("\nprefill %d x %d tokens: %.2f ms (%.0f tokens/s, %.0f TFLOP/s); floor %.2f ms; "
+                "ratio %.2f\n",
+                o.prefill_seqs, n, seconds * 1e3, total_tokens / seconds, flops / seconds / 1e12,
+                floor * 1e3, seconds / floor);
+    results["prefill"] = {{"seqs", o.prefill_seqs}, {"tokens_per_seq", n},
+                          {"step_seconds", seconds}, {"flops", flops},
+                          {"floor_seconds", floor}, {"ratio", seconds / floor},
+                          {"tokens_per_second", total_tokens / seconds}};
+  }
+  if (!o.json.empty()) {
+    std::ofstream(o.json) << results.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lmserve
+
+int main(int argc, char** argv) {
+  lmserve::Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--model") {
+      o.model = value();
+    } else if (arg == "--dummy") {
+      o.dummy = true;
+    } else if (arg == "--no-graphs") {
+      o.graphs = false;
+    } else if (arg == "--batches") {
+      o.batches.clear();
+      const std::string list = value();
+      for (std::string_view part : lmserve::StrSplit(list, ',')) {
+        o.batches.push_back(std::atoi(std::string(part).c_str()));
+      }
+    } else if (arg == "--context") {
+      o.context = std::atoi(value().c_str());
+    } else if (arg == "--prefill-seqs") {
+      o.prefill_seqs = std::atoi(value().c_str());
+    } else if (arg == "--prefill-tokens") {
+      o.prefill_tokens = std::atoi(value().c_str());
+    } else if (arg == "--iters") {
+      o.iters = std::atoi(value().c_str());
+    } else if (arg == "--json") {
+      o.json = value();
+    } else {
+      return lmserve::Usage(("unknown argument " + arg).c_str());
+    }
+  }
+  if (o.model.empty()) return lmserve::Usage("--model is required");
+  if (o.batches.empty() || o.context < 0 || o.iters < 1) return lmserve::Usage("bad options");
+  for (int b : o.batches) {
+    if (b < 1) return lmserve::Usage("--batches: sizes must be positive");
+  }
+  return lmserve::Run(o);
+}
