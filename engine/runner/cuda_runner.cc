@@ -27,6 +27,7 @@
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::engine {
 namespace {
@@ -228,6 +229,10 @@ class CudaRunner final : public ModelRunner {
                         bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
   absl::Status Gemm(Projection projection, int64_t m, const void* x, const void* w, void* y);
+  // Whether the skinny GEMM beats cuBLASLt for this projection at m rows: timed on first use
+  // (never while a graph is being captured: the graphs' sizes are decided in their warm-up).
+  absl::StatusOr<bool> UseSkinny(Projection projection, int64_t m, const void* x, const void* w,
+                                 void* y);
 
   template <typename T>
   const T* In(size_t offset) const {
@@ -259,6 +264,7 @@ class CudaRunner final : public ModelRunner {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   DeviceMemory gemm_workspace_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kc::GemmPlan>> plans_;
+  std::map<std::pair<int, int64_t>, bool> use_skinny_;
 
   // Weights.
   DeviceMemory weights_;
@@ -647,8 +653,61 @@ absl::StatusOr<const kc::GemmPlan*> CudaRunner::Plan(Projection projection, int6
   return slot.get();
 }
 
+kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
+                                  void* y) {
+  return {.x = x, .w = w, .y = y, .m = shape.m, .n = shape.n, .k = shape.k,
+          .output_dtype = shape.output_dtype};
+}
+
+absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, int64_t m, const void* x,
+                                           const void* w, void* y) {
+  const auto key = std::make_pair(static_cast<int>(projection), m);
+  if (auto it = use_skinny_.find(key); it != use_skinny_.end()) return it->second;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LMSERVE_CUDA_RETURN(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return false;
+  absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
+  if (!plan.ok()) return plan.status();
+  const kc::SkinnyGemmParams skinny = SkinnyParams((*plan)->shape(), x, w, y);
+  if (!skinny.Validate().ok()) return use_skinny_[key] = false;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LMSERVE_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
+  LMSERVE_CUDA_RETURN(cudaEventCreate(&stop), "cudaEventCreate");
+  // Median of 5 timed runs after 2 warm-ups, each way.
+  auto time = [&](auto&& run) -> float {
+    for (int i = 0; i < 2; ++i) run();
+    std::vector<float> ms(5);
+    for (float& t : ms) {
+      cudaEventRecord(start, stream_);
+      run();
+      cudaEventRecord(stop, stream_);
+      cudaEventSynchronize(stop);
+      cudaEventElapsedTime(&t, start, stop);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[2];
+  };
+  const float blas_ms = time([&] { (*plan)->Run(x, w, y, stream_); });
+  const float skinny_ms = time([&] { kc::Launch(skinny, stream_); });
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  LMSERVE_CUDA_RETURN(cudaGetLastError(), "timing the GEMMs");
+  return use_skinny_[key] = skinny_ms < blas_ms;
+}
+
 absl::Status CudaRunner::Gemm(Projection projection, int64_t m, const void* x, const void* w,
                               void* y) {
+  if (m <= kc::kMaxSkinnyGemmRows) {
+    absl::StatusOr<bool> skinny = UseSkinny(projection, m, x, w, y);
+    if (!skinny.ok()) return skinny.status();
+    if (*skinny) {
+      absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
+      if (!plan.ok()) return plan.status();
+      LMSERVE_CUDA_RETURN(kc::Launch(SkinnyParams((*plan)->shape(), x, w, y), stream_),
+                          "skinny GEMM");
+      return absl::OkStatus();
+    }
+  }
   absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
   if (!plan.ok()) return plan.status();
   LMSERVE_BLAS_RETURN((*plan)->Run(x, w, y, stream_), "GEMM");

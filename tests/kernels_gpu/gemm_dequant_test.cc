@@ -11,6 +11,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
 namespace lmserve::kernels::cuda {
@@ -73,6 +74,60 @@ TEST(GemmGpuTest, MatchesCpuLinear) {
       }
     }
   }
+}
+
+TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+    for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64}, {4096, 4096}, {1034, 264},
+                          {130, 14336}}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " out "
+                                          << DTypeName(out_dtype).data() << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
+        std::vector<float> ref(m * n);
+        kernels::LinearParams linear;
+        linear.input = x.data();
+        linear.weight = w.data();
+        linear.output = ref.data();
+        linear.num_tokens = m;
+        linear.in_features = k;
+        linear.out_features = n;
+        kernels::Linear(linear);
+        SkinnyGemmParams p;
+        p.x = d_x.get();
+        p.w = d_w.get();
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        p.output_dtype = out_dtype;
+        if (out_dtype == DType::kF32) {
+          DeviceBuffer<float> d_y(m * n);
+          d_y.Poison();
+          p.y = d_y.get();
+          ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+          CUDA_ASSERT(Launch(p, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          EXPECT_LE(RelativeL2(d_y.Download(), ref), 1e-4);
+        } else {
+          DeviceBuffer<uint16_t> d_y(m * n);
+          d_y.Poison();
+          p.y = d_y.get();
+          CUDA_ASSERT(Launch(p, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2);
+        }
+      }
+    }
+  }
+  SkinnyGemmParams bad;
+  bad.m = kMaxSkinnyGemmRows + 1;
+  bad.n = 8;
+  bad.k = 8;
+  EXPECT_FALSE(bad.Validate().ok());
 }
 
 // Random blocks of each type with finite fp16 scales.

@@ -18,7 +18,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "testing/fixtures.h"
+#include "tests/testing/fixtures.h"
 
 namespace lmserve::engine {
 namespace {
@@ -185,8 +185,10 @@ TEST(CudaRunnerTest, GraphReplayMatchesEagerAtAnyBatchAndLength) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-hd128"));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  auto graphed = MakeRunner(**checkpoint, CudaConfig(true));
-  auto eager = MakeRunner(**checkpoint, CudaConfig(false));
+  RunnerConfig graphed_config = CudaConfig(true), eager_config = CudaConfig(false);
+  graphed_config.max_num_batched_tokens = eager_config.max_num_batched_tokens = 4096;
+  auto graphed = MakeRunner(**checkpoint, graphed_config);
+  auto eager = MakeRunner(**checkpoint, eager_config);
   ASSERT_NE(graphed, nullptr);
   ASSERT_NE(eager, nullptr);
   const int64_t vocab = (*checkpoint)->config().vocab_size;
@@ -204,10 +206,11 @@ TEST(CudaRunnerTest, GraphReplayMatchesEagerAtAnyBatchAndLength) {
       decode.AddSequence(std::span(tokens[s]).subspan(len), len, blocks, LogitsMode::kLast);
     }
     StepOutput a, b;
-    ASSERT_TRUE(graphed->Execute(prefill, &a).ok());
-    ASSERT_TRUE(eager->Execute(prefill, &b).ok());
-    ASSERT_TRUE(graphed->Execute(decode, &a).ok());
-    ASSERT_TRUE(eager->Execute(decode, &b).ok());
+    absl::Status status;
+    ASSERT_TRUE((status = graphed->Execute(prefill, &a)).ok()) << status;
+    ASSERT_TRUE((status = eager->Execute(prefill, &b)).ok()) << status;
+    ASSERT_TRUE((status = graphed->Execute(decode, &a)).ok()) << status;
+    ASSERT_TRUE((status = eager->Execute(decode, &b)).ok()) << status;
     ASSERT_EQ(a.logits.size(), static_cast<size_t>(num * vocab));
     ASSERT_EQ(b.logits.size(), a.logits.size());
     // Autotuned GEMM algorithms may sum in another order: bf16-level agreement, not bits.

@@ -1,0 +1,30 @@
+// Validate() of the skinny GEMM (skinny_gemm.h).
+
+#include "common/strings.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace lmserve::kernels::cuda {
+
+absl::Status SkinnyGemmParams::Validate() const {
+  if (absl::Status s = CheckActivationDType("SkinnyGemm", input_dtype); !s.ok()) return s;
+  if (output_dtype != input_dtype && output_dtype != DType::kF32) {
+    return KernelError("SkinnyGemm", "the output type must be the input type or f32");
+  }
+  if (m < 1 || m > kMaxSkinnyGemmRows || n <= 0 || n % 2 != 0 || k <= 0 || k % 8 != 0) {
+    return KernelError("SkinnyGemm",
+                       StrCat("shape m ", m, ", n ", n, ", k ", k, " is not supported (m in [1, ",
+                              kMaxSkinnyGemmRows, "], n even, k a multiple of 8)"));
+  }
+  const int64_t xs = x_stride != 0 ? x_stride : k, ys = y_stride != 0 ? y_stride : n;
+  if (xs < k || xs % 8 != 0 || ys < n) {
+    return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
+  }
+  if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
+  if (!Aligned16(x) || !Aligned16(w)) {
+    return KernelError("SkinnyGemm", "x and W must be 16-byte aligned");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lmserve::kernels::cuda

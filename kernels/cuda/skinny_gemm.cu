@@ -1,0 +1,143 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = 2;
+constexpr int kUnroll = 4;  // 16-byte pieces of each W row in flight per lane
+
+template <typename T>
+__device__ __forceinline__ void Store(T* p, float v) {
+  *p = FromFloat<T>(v);
+}
+template <>
+__device__ __forceinline__ void Store<float>(float* p, float v) {
+  *p = v;
+}
+
+// grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
+// (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp).
+template <typename T, typename OutT, int M>
+__global__ void __launch_bounds__(kThreads)
+    SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
+                     int n, int k, int64_t x_stride, int64_t y_stride) {
+  const int lane = threadIdx.x % 32;
+  const int row0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRowsPerWarp;
+  if (row0 >= n) return;
+  const int chunks = k / 8;
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  }
+  const T* w_rows[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) w_rows[r] = w + int64_t{row0 + r} * k;
+
+  int c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll][kRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) wv[u][r] = LoadStream16(w_rows[r] + (c + 32 * u) * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        float xf[8];
+        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + (c + 32 * u) * 8)), xf);
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          float wf[8];
+          Unpack8<T>(wv[u][r], wf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][t] = fmaf(wf[e], xf[e], acc[r][t]);
+        }
+      }
+    }
+  }
+  for (; c < chunks; c += 32) {  // the tail
+    uint4 wv[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) wv[r] = LoadStream16(w_rows[r] + c * 8);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      float xf[8];
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        float wf[8];
+        Unpack8<T>(wv[r], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][t] = fmaf(wf[e], xf[e], acc[r][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      if (row0 + r >= n) continue;
+#pragma unroll
+      for (int t = 0; t < M; ++t) Store(y + t * y_stride + row0 + r, acc[r][t]);
+    }
+  }
+}
+
+template <typename T, typename OutT>
+cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
+  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : p.n;
+  const unsigned blocks =
+      static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));
+  const T* x = static_cast<const T*>(p.x);
+  const T* w = static_cast<const T*>(p.w);
+  OutT* y = static_cast<OutT*>(p.y);
+  const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  switch (p.m) {
+#define LMSERVE_SKINNY_CASE(M)                                                          \
+  case M:                                                                               \
+    SkinnyGemmKernel<T, OutT, M><<<blocks, kThreads, 0, stream>>>(x, w, y, n, k, x_stride, \
+                                                                  y_stride);            \
+    break;
+    LMSERVE_SKINNY_CASE(1)
+    LMSERVE_SKINNY_CASE(2)
+    LMSERVE_SKINNY_CASE(3)
+    LMSERVE_SKINNY_CASE(4)
+    LMSERVE_SKINNY_CASE(5)
+    LMSERVE_SKINNY_CASE(6)
+    LMSERVE_SKINNY_CASE(7)
+    LMSERVE_SKINNY_CASE(8)
+#undef LMSERVE_SKINNY_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  return DispatchActivationDType(p.input_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float>(p, stream);
+    return LaunchTyped<T, T>(p, stream);
+  });
+}
+
+}  // namespace lmserve::kernels::cuda

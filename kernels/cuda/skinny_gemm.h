@@ -1,0 +1,44 @@
+// The linear layer for a few tokens (decode steps of small batches): y[m, n] = x[m, k] W[n, k]^T
+// with m <= kMaxSkinnyGemmRows, on the GPU (CPU twin: kernels/cpu/linear.h).
+//
+// Such a product only streams W once: its time is W's bytes over the memory bandwidth. A warp
+// takes two rows of W and walks them in 16-byte pieces with several loads in flight, multiplying
+// each piece with the m rows of x (small, read through L1), and keeps m x 2 fp32 sums that a warp
+// reduction finishes. cuBLASLt's kernels for m = 1..8 are GEMM tilings that leave part of the
+// bandwidth unused; the runner times both at start-up and keeps the faster per shape.
+// bf16 or fp16 x and W; y in the same type or fp32 (logits).
+
+#ifndef LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
+#define LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+inline constexpr int64_t kMaxSkinnyGemmRows = 8;
+
+struct SkinnyGemmParams {
+  const void* x = nullptr;  // [m, k], row stride x_stride; device, 16-byte aligned
+  const void* w = nullptr;  // [n, k], contiguous; device, 16-byte aligned
+  void* y = nullptr;        // [m, n], row stride y_stride; device
+  int64_t m = 0;            // 1 .. kMaxSkinnyGemmRows
+  int64_t n = 0;            // even
+  int64_t k = 0;            // multiple of 8
+  int64_t x_stride = 0;     // multiple of 8; 0 means k
+  int64_t y_stride = 0;     // 0 means n
+  DType input_dtype = DType::kBF16;   // of x and W: kBF16 or kF16
+  DType output_dtype = DType::kBF16;  // input_dtype or kF32
+
+  absl::Status Validate() const;
+};
+
+cudaError_t Launch(const SkinnyGemmParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
