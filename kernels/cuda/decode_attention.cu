@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_attention.h"
@@ -308,7 +310,11 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
     cudaGetLastError();
     resident = 2;
   }
-  const double slots = static_cast<double>(sms) * resident;
+  double min_waves = 1.0;
+  if (const char* env = std::getenv("LMSERVE_DECODE_ATTENTION_WAVES"); env != nullptr) {
+    min_waves = std::max(1.0, std::atof(env));
+  }
+  const double slots = static_cast<double>(sms) * resident * min_waves;
   int best = 1;
   double best_efficiency = 0;
   for (int splits = 1; splits <= kDecodeMaxSplits; ++splits) {

@@ -28,7 +28,7 @@
 namespace lmserve::kernels::cuda {
 
 // Tokens a split covers at least, and the granularity of split boundaries.
-inline constexpr int kDecodeMinSplitTokens = 256;
+inline constexpr int kDecodeMinSplitTokens = 64;
 inline constexpr int kDecodeSplitAlign = 64;
 inline constexpr int kDecodeMaxSplits = 128;
 
@@ -79,6 +79,8 @@ struct DecodeAttentionParams {
   // A split cap for this batch shape on the current device: the smallest that fills the
   // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
   // Lengths are not needed: shorter contexts take fewer splits on the device.
+  // $LMSERVE_DECODE_ATTENTION_WAVES (default 1, a tuning knob for benchmarks) asks for at least
+  // that many waves.
   static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                              int64_t head_dim, DType dtype);
 

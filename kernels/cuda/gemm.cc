@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   }
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                        &workspace_bytes, sizeof(workspace_bytes));
-  constexpr int kMaxCandidates = 8;
+  constexpr int kMaxCandidates = 16;
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
   int returned = 0;
   s = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
