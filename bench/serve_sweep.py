@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -86,6 +87,23 @@ def wait_metrics(url, server, timeout):
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
+def ports_from_log(log_path, server, port, metrics_port, timeout):
+    """Reads the ports a server given port 0 chose from its log."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(log_path, errors="replace") as f:
+            log = f.read()
+        listening = re.search(r"listening on [^\s]*:(\d+)", log)
+        metrics = re.search(r"metrics on http://[^\s]*:(\d+)/metrics", log)
+        if (port != 0 or listening) and (metrics_port != 0 or metrics):
+            return (port or int(listening.group(1)),
+                    metrics_port if metrics_port != 0 else int(metrics.group(1)))
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode}; see {log_path}")
+        time.sleep(0.2)
+    raise RuntimeError(f"the server logged no port within {timeout} s; see {log_path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,9 +117,12 @@ def main():
                         help="the lmserve-bench command (a shell-quoted string)")
     parser.add_argument("--backend", default="grpc", choices=["grpc", "http"])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50151, help="the server's gRPC (or HTTP) port")
+    parser.add_argument("--port", type=int, default=50151,
+                        help="the server's gRPC (or HTTP) port; 0: any free port, read from the "
+                             "server's log ('listening on HOST:PORT')")
     parser.add_argument("--metrics-port", type=int, default=9451,
-                        help="the server's metrics port; 0: do not scrape")
+                        help="the server's metrics port; 0: any free port, read from the log "
+                             "('metrics on http://...'); -1: do not scrape")
     parser.add_argument("--url", help="http: the base URL (default http://HOST:PORT)")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--concurrency", help="comma-separated concurrencies, e.g. 1,2,4,8,16")
@@ -119,7 +140,7 @@ def main():
 
     out_dir = args.out_dir or os.path.join(REPO, "bench", "results", args.name)
     os.makedirs(os.path.join(out_dir, "points"), exist_ok=True)
-    metrics_url = (f"http://{args.host}:{args.metrics_port}/metrics" if args.metrics_port else "")
+    scrape = args.metrics_port >= 0
     results = {
         "name": args.name,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -137,7 +158,7 @@ def main():
         server_cmd = [os.path.expanduser(a) for a in server_cmd]
         if not args.no_port_args:
             server_cmd += ["--host", args.host, "--port", str(args.port)]
-            if args.metrics_port:
+            if scrape:
                 server_cmd += ["--metrics-port", str(args.metrics_port)]
         results["server_command"] = " ".join(shlex.quote(a) for a in server_cmd)
         server_log = open(os.path.join(out_dir, "server.log"), "w")
@@ -147,25 +168,33 @@ def main():
     else:
         results["server_command"] = "none (already running)"
 
-    client_cmd = [os.path.expanduser(a) for a in shlex.split(args.client)] + ["serve"]
-    if args.backend == "grpc":
-        client_cmd += ["--backend", "grpc", "--addr", f"{args.host}:{args.port}"]
-    else:
-        client_cmd += ["--backend", "http", "--url", args.url or f"http://{args.host}:{args.port}"]
-    if metrics_url:
-        client_cmd += ["--metrics-url", metrics_url]
-    client_cmd += shlex.split(args.client_args)
-    results["client_command"] = " ".join(shlex.quote(a) for a in client_cmd)
-
     exit_code = 0
     try:
+        port, metrics_port = args.port, args.metrics_port
+        if server is not None and (port == 0 or metrics_port == 0):
+            port, metrics_port = ports_from_log(os.path.join(out_dir, "server.log"), server,
+                                                port, metrics_port, args.ready_timeout)
+        metrics_url = f"http://{args.host}:{metrics_port}/metrics" if scrape else ""
         if server is not None and metrics_url:
             wait_metrics(metrics_url, server, args.ready_timeout)
+        client_cmd = [os.path.expanduser(a) for a in shlex.split(args.client)] + ["serve"]
+        if args.backend == "grpc":
+            client_cmd += ["--backend", "grpc", "--addr", f"{args.host}:{port}"]
+        else:
+            client_cmd += ["--backend", "http", "--url", args.url or f"http://{args.host}:{port}"]
+        if metrics_url:
+            client_cmd += ["--metrics-url", metrics_url]
+        client_cmd += shlex.split(args.client_args)
+        results["client_command"] = " ".join(shlex.quote(a) for a in client_cmd)
+
         if args.concurrency:
             points = [("concurrency", int(c)) for c in args.concurrency.split(",")]
         else:
             points = [("rate", r) for r in args.rates.split(",")]
-        for kind, value in points:
+        # A seed per point: the same synthetic prompts again would hit the server's prefix cache
+        # and flatter TTFT (unless the client arguments fix a seed).
+        own_seed = "--seed" not in shlex.split(args.client_args)
+        for index, (kind, value) in enumerate(points):
             if kind == "concurrency":
                 num_prompts = max(args.min_prompts, args.prompts_per_slot * value)
                 load = ["--concurrency", str(value)]
@@ -180,6 +209,8 @@ def main():
             command = client_cmd + load + [
                 "--num-prompts", str(num_prompts), "--wait-ready-s", str(args.ready_timeout),
                 "--label", f"{kind} {value}", "--result-json", json_path]
+            if own_seed:
+                command += ["--seed", str(index + 1)]
             print(f"serve_sweep: {kind} {value}: {' '.join(shlex.quote(a) for a in command)}",
                   file=sys.stderr)
             if server is not None and server.poll() is not None:

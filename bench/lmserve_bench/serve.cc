@@ -62,7 +62,7 @@ LoadResult RunLoad(Client* client, const std::vector<Prompt>& prompts, const Loa
   std::condition_variable changed;
   int64_t in_flight = 0;
   std::vector<RequestRecord> records;
-  records.reserve(static_cast<size_t>(std::min<int64_t>(spec.num_requests, 1 << 20)));
+  records.reserve(static_cast<size_t>(std::min<int64_t>(spec.num_requests, 4096)));
 
   std::mt19937_64 generator(spec.seed);
   std::gamma_distribution<double> gap(spec.burstiness,
@@ -161,10 +161,21 @@ struct ServerTtft {
   std::string error;
 };
 
-absl::StatusOr<HistogramTotals> ScrapeTtft(const std::string& url) {
+// What the run changed in the server's counters (after minus before).
+struct ServerDeltas {
+  HistogramTotals ttft;
+  double prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache
+  double prefix_cache_hits = 0;     // of which found: repeated prompts would skew TTFT low
+};
+
+absl::StatusOr<ServerDeltas> Scrape(const std::string& url) {
   absl::StatusOr<std::string> text = HttpGet(url, 10);
   if (!text.ok()) return text.status();
-  return ReadHistogram(*text, kTtftHistogram);
+  ServerDeltas values;
+  values.ttft = ReadHistogram(*text, kTtftHistogram);
+  values.prefix_cache_queries = SumSamples(*text, "lmserve_prefix_cache_queries_total");
+  values.prefix_cache_hits = SumSamples(*text, "lmserve_prefix_cache_hits_total");
+  return values;
 }
 
 int Usage(const std::string& message) {
@@ -378,22 +389,28 @@ int RunServe(int argc, char** argv) {
   }
 
   const std::string metrics_url = args.Get("metrics-url");
-  absl::StatusOr<HistogramTotals> metrics_before = absl::UnavailableError("not scraped");
-  if (!metrics_url.empty()) metrics_before = ScrapeTtft(metrics_url);
+  absl::StatusOr<ServerDeltas> metrics_before = absl::UnavailableError("not scraped");
+  if (!metrics_url.empty()) metrics_before = Scrape(metrics_url);
 
   LoadResult run = RunLoad(client->get(), prompts, load);
 
   ServerTtft server_ttft;
+  ServerDeltas deltas;
   if (!metrics_url.empty()) {
-    absl::StatusOr<HistogramTotals> after = ScrapeTtft(metrics_url);
+    absl::StatusOr<ServerDeltas> after = Scrape(metrics_url);
     if (!metrics_before.ok() || !after.ok()) {
       server_ttft.error = std::string(
           (!metrics_before.ok() ? metrics_before.status() : after.status()).message());
     } else {
-      server_ttft.count = after->count - metrics_before->count;
+      deltas.ttft.count = after->ttft.count - metrics_before->ttft.count;
+      deltas.ttft.sum = after->ttft.sum - metrics_before->ttft.sum;
+      deltas.prefix_cache_queries =
+          after->prefix_cache_queries - metrics_before->prefix_cache_queries;
+      deltas.prefix_cache_hits = after->prefix_cache_hits - metrics_before->prefix_cache_hits;
+      server_ttft.count = deltas.ttft.count;
       if (server_ttft.count > 0) {
         server_ttft.measured = true;
-        server_ttft.mean_seconds = (after->sum - metrics_before->sum) / server_ttft.count;
+        server_ttft.mean_seconds = deltas.ttft.sum / server_ttft.count;
       } else {
         server_ttft.error = StrCat("no ", kTtftHistogram, " observations during the run");
       }
@@ -434,6 +451,9 @@ int RunServe(int argc, char** argv) {
       PrintLine("Server mean TTFT (ms):", Fixed(server_ttft.mean_seconds * 1e3));
       PrintLine("Server TTFT observations:", StrCat(static_cast<int64_t>(server_ttft.count)));
       PrintLine("Client vs server mean TTFT:", StrCat(Fixed(relative_difference * 100), " %"));
+      PrintLine("Server prefix cache hits (tokens):",
+                StrCat(static_cast<int64_t>(deltas.prefix_cache_hits), " of ",
+                       static_cast<int64_t>(deltas.prefix_cache_queries)));
     } else {
       PrintLine("Server mean TTFT:", StrCat("not measured: ", server_ttft.error));
     }
@@ -498,6 +518,8 @@ int RunServe(int argc, char** argv) {
         server["server_ttft_mean_ms"] = server_ttft.mean_seconds * 1e3;
         server["server_ttft_count"] = server_ttft.count;
         server["relative_difference"] = relative_difference;
+        server["prefix_cache_queries"] = deltas.prefix_cache_queries;
+        server["prefix_cache_hits"] = deltas.prefix_cache_hits;
       } else {
         server["error"] = server_ttft.error;
       }

@@ -32,9 +32,9 @@ TEST(GrpcServeTest, MeasuresARealServerAndComparesItsTtft) {
   EXPECT_EQ(r["token_counting"], "token_ids");
   EXPECT_EQ(r["total_output_tokens"], 6 * 6);  // ignore_eos and max_tokens: exactly as asked
   EXPECT_EQ(r["total_input_tokens"], 6 * 8);
-  // One gap per token after each request's first message (which normally holds one token).
+  // One gap per token after each request's first message. The first message holds at least one
+  // token, and more when the tiny model outruns the server's writer, so this is only a bound.
   EXPECT_LE(r["itl_ms"]["count"].get<int>(), 6 * 5);
-  EXPECT_GE(r["itl_ms"]["count"].get<int>(), 6 * 3);
   EXPECT_EQ(r["num_good"], 6);
   const nlohmann::json& ttft = r["server_ttft"];
   ASSERT_TRUE(ttft.contains("server_ttft_mean_ms")) << ttft.dump();
