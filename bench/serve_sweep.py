@@ -128,8 +128,8 @@ def main():
     group.add_argument("--concurrency", help="comma-separated concurrencies, e.g. 1,2,4,8,16")
     group.add_argument("--rates", help="comma-separated request rates (req/s), e.g. 1,2,4,inf")
     parser.add_argument("--prompts-per-slot", type=int, default=2,
-                        help="requests per point: this times the concurrency (rates: times the rate "
-                             "times 30 s), at least --min-prompts")
+                        help="requests per point: this times the concurrency (rates: times "
+                             "the rate times 30 s), at least --min-prompts")
     parser.add_argument("--min-prompts", type=int, default=8)
     parser.add_argument("--client-args", default="",
                         help="more lmserve-bench serve options (a shell-quoted string)")

@@ -57,13 +57,14 @@ def summary_markdown(results):
         lines.append("| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             _point_label(point), r["completed"], r["num_issued"],
             _fmt(r["request_throughput"], 3), _fmt(r["output_throughput"]),
-            _fmt(r["ttft_ms"]["mean"]), _fmt(r["ttft_ms"].get("p50")), _fmt(r["ttft_ms"].get("p99")),
+            _fmt(r["ttft_ms"]["mean"]), _fmt(r["ttft_ms"].get("p50")),
+            _fmt(r["ttft_ms"].get("p99")),
             _fmt(r["itl_ms"].get("p50")), _fmt(r["itl_ms"].get("p99")), _fmt(r["tpot_ms"]["mean"]),
             _fmt(r["e2el_ms"].get("p50")), _fmt(server.get("server_ttft_mean_ms")),
             "-" if diff is None else f"{diff * 100:+.2f} %"))
     lines.append("")
-    lines.append("Latencies in ms. TTFT from request send to the first streamed token; ITL the gaps "
-                 "between tokens; TPOT (e2e - TTFT) / (tokens - 1); server TTFT mean from the "
+    lines.append("Latencies in ms. TTFT from request send to the first streamed token; ITL the "
+                 "gaps between tokens; TPOT (e2e - TTFT) / (tokens - 1); server TTFT mean from the "
                  "lmserve_time_to_first_token_seconds histogram's _sum/_count deltas over the run "
                  "(warm-up excluded on both sides).")
     failed = [p for p in results.get("points", []) if p.get("result", {}).get("failed")]

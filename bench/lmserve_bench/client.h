@@ -1,6 +1,6 @@
 // The transports the load generator drives: the lmserve gRPC API (grpc_client.cc) and an
-// OpenAI-compatible HTTP streaming endpoint (http_client.cc). Both are asynchronous: Start() returns
-// at once and the request runs on the transport's own threads.
+// OpenAI-compatible HTTP streaming endpoint (http_client.cc). Both are asynchronous: Start()
+// returns at once and the request runs on the transport's own threads.
 
 #ifndef LMSERVE_BENCH_LMSERVE_BENCH_CLIENT_H_
 #define LMSERVE_BENCH_LMSERVE_BENCH_CLIENT_H_
@@ -20,12 +20,12 @@ namespace lmserve::bench {
 double NowSeconds();
 
 struct ClientOptions {
-  std::string target;      // gRPC: HOST:PORT. HTTP: the base URL, e.g. http://127.0.0.1:8000
+  std::string target;  // gRPC: HOST:PORT. HTTP: the base URL, e.g. http://127.0.0.1:8000
   std::string endpoint = "/v1/completions";  // HTTP only
-  std::string model;       // HTTP: the "model" field (OpenAI servers require it)
-  std::string token;       // a bearer token, "" for none
-  double temperature = 0;  // greedy by default: output lengths and work per token do not vary
-  bool ignore_eos = true;  // so that output lengths are what the dataset asks for
+  std::string model;                         // HTTP: the "model" field (OpenAI servers require it)
+  std::string token;                         // a bearer token, "" for none
+  double temperature = 0;    // greedy by default: output lengths and work per token do not vary
+  bool ignore_eos = true;    // so that output lengths are what the dataset asks for
   int32_t num_channels = 4;  // gRPC: connections requests are spread over (round-robin)
   double request_timeout_seconds = 0;  // 0: none
 };

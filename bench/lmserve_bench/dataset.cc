@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "common/strings.h"
 
@@ -14,8 +13,7 @@ namespace lmserve::bench {
 namespace {
 
 absl::StatusOr<int32_t> PositiveInt(const nlohmann::json& value, const std::string& where) {
-  if (!value.is_number_integer() || value.get<int64_t>() < 1 ||
-      value.get<int64_t>() > INT32_MAX) {
+  if (!value.is_number_integer() || value.get<int64_t>() < 1 || value.get<int64_t>() > INT32_MAX) {
     return absl::InvalidArgumentError(StrCat(where, ": want a positive integer"));
   }
   return static_cast<int32_t>(value.get<int64_t>());
@@ -63,8 +61,7 @@ absl::StatusOr<std::vector<Prompt>> ParseJsonlDataset(const std::string& content
       }
       prompt.input_tokens = static_cast<int32_t>(prompt.token_ids.size());
     } else {
-      return absl::InvalidArgumentError(
-          StrCat(where, ": no \"prompt\" or \"prompt_token_ids\""));
+      return absl::InvalidArgumentError(StrCat(where, ": no \"prompt\" or \"prompt_token_ids\""));
     }
     for (const char* key : {"output_len", "max_tokens", "output_tokens"}) {
       if (!object.contains(key)) continue;
@@ -74,7 +71,8 @@ absl::StatusOr<std::vector<Prompt>> ParseJsonlDataset(const std::string& content
       break;
     }
     if (object.contains("input_len") && prompt.token_ids.empty()) {
-      absl::StatusOr<int32_t> value = PositiveInt(object["input_len"], StrCat(where, ": input_len"));
+      absl::StatusOr<int32_t> value =
+          PositiveInt(object["input_len"], StrCat(where, ": input_len"));
       if (!value.ok()) return value.status();
       prompt.input_tokens = *value;
     }
@@ -115,8 +113,10 @@ absl::StatusOr<std::vector<Prompt>> MakeSyntheticDataset(const SyntheticSpec& sp
   }
   std::mt19937_64 generator(spec.seed);
   auto length = [&](int32_t len) {
-    const int32_t low = std::max<int32_t>(1, static_cast<int32_t>(std::floor(len * (1 - spec.range_ratio))));
-    const int32_t high = std::max(low, static_cast<int32_t>(std::ceil(len * (1 + spec.range_ratio))));
+    const int32_t low =
+        std::max<int32_t>(1, static_cast<int32_t>(std::floor(len * (1 - spec.range_ratio))));
+    const int32_t high =
+        std::max(low, static_cast<int32_t>(std::ceil(len * (1 + spec.range_ratio))));
     return std::uniform_int_distribution<int32_t>(low, high)(generator);
   };
   std::uniform_int_distribution<int32_t> id(spec.first_id, spec.vocab_size - 1);

@@ -2,13 +2,13 @@
 // Each streamed message carries the token ids generated since the previous one, so tokens are
 // counted exactly.
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "bench/lmserve_bench/client.h"
 #include "common/strings.h"
@@ -21,12 +21,23 @@ namespace {
 namespace v1 = ::lmserve::v1;
 
 std::string StatusText(const grpc::Status& status) {
-  static constexpr const char* kNames[] = {
-      "OK",          "CANCELLED",          "UNKNOWN",      "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",    "ALREADY_EXISTS", "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",  "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
   const int code = static_cast<int>(status.error_code());
   return StrCat("gRPC ", code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN", ": ",
                 status.error_message());
@@ -40,11 +51,12 @@ class StreamCall : public grpc::ClientReadReactor<v1::CompleteStreamResponse> {
       : request_(std::move(request)), done_(std::move(done)) {}
 
   void Begin(v1::Lmserve::Stub* stub, const ClientOptions& options, const Prompt& prompt) {
-    if (!options.token.empty()) context_.AddMetadata("authorization", StrCat("Bearer ", options.token));
+    if (!options.token.empty())
+      context_.AddMetadata("authorization", StrCat("Bearer ", options.token));
     if (options.request_timeout_seconds > 0) {
-      context_.set_deadline(std::chrono::system_clock::now() +
-                            std::chrono::microseconds(
-                                static_cast<int64_t>(options.request_timeout_seconds * 1e6)));
+      context_.set_deadline(
+          std::chrono::system_clock::now() +
+          std::chrono::microseconds(static_cast<int64_t>(options.request_timeout_seconds * 1e6)));
     }
     record_.prompt_tokens = prompt.input_tokens;
     record_.expected_output_tokens = prompt.output_tokens;
@@ -205,7 +217,8 @@ class GrpcClient : public Client {
 
  private:
   void Prepare(grpc::ClientContext* context) const {
-    if (!options_.token.empty()) context->AddMetadata("authorization", StrCat("Bearer ", options_.token));
+    if (!options_.token.empty())
+      context->AddMetadata("authorization", StrCat("Bearer ", options_.token));
   }
 
   ClientOptions options_;
@@ -220,15 +233,17 @@ class GrpcClient : public Client {
 }  // namespace
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::string TokenCountingName(TokenCounting counting) {
   switch (counting) {
-    case TokenCounting::kTokenIds: return "token_ids";
-    case TokenCounting::kUsage: return "usage";
-    case TokenCounting::kChunks: return "chunks";
+    case TokenCounting::kTokenIds:
+      return "token_ids";
+    case TokenCounting::kUsage:
+      return "usage";
+    case TokenCounting::kChunks:
+      return "chunks";
   }
   return "unknown";
 }

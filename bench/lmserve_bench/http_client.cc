@@ -13,10 +13,9 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/lmserve_bench/client.h"
 #include "bench/lmserve_bench/sse.h"
@@ -275,8 +274,8 @@ class HttpClient : public Client {
   std::thread loop_;
   std::mutex mu_;
   std::deque<std::unique_ptr<Transfer>> incoming_;  // guarded by mu_
-  bool cancel_ = false;                              // guarded by mu_
-  bool stop_ = false;                                // guarded by mu_
+  bool cancel_ = false;                             // guarded by mu_
+  bool stop_ = false;                               // guarded by mu_
   std::atomic<bool> saw_token_ids_{false};
   std::atomic<bool> saw_usage_{false};
 };

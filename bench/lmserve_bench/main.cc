@@ -26,8 +26,10 @@ constexpr Command kCommands[] = {
 };
 
 int PrintUsage(FILE* out) {
-  std::fprintf(out, "usage: lmserve-bench <command> [options]   (<command> --help for its options)\n\n");
-  for (const Command& command : kCommands) std::fprintf(out, "  %-10s %s\n", command.name, command.help);
+  std::fprintf(out,
+               "usage: lmserve-bench <command> [options]   (<command> --help for its options)\n\n");
+  for (const Command& command : kCommands)
+    std::fprintf(out, "  %-10s %s\n", command.name, command.help);
   return out == stdout ? 0 : 2;
 }
 

@@ -22,10 +22,9 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/lmserve_bench/client.h"
 #include "bench/lmserve_bench/dataset.h"
@@ -65,15 +64,15 @@ LoadResult RunLoad(Client* client, const std::vector<Prompt>& prompts, const Loa
   records.reserve(static_cast<size_t>(std::min<int64_t>(spec.num_requests, 4096)));
 
   std::mt19937_64 generator(spec.seed);
-  std::gamma_distribution<double> gap(spec.burstiness,
-                                      1.0 / (spec.request_rate * spec.burstiness));
+  std::gamma_distribution<double> gap(spec.burstiness, 1.0 / (spec.request_rate * spec.burstiness));
   const bool open_loop = std::isfinite(spec.request_rate);
   const double start = NowSeconds();
   const double bound = spec.duration_seconds > 0 ? start + spec.duration_seconds
                                                  : std::numeric_limits<double>::infinity();
   auto until = [](double seconds) {
-    return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(seconds)));
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(seconds)));
   };
   double next_arrival = start;
   for (int64_t i = 0; i < spec.num_requests; ++i) {
@@ -129,8 +128,8 @@ LoadResult RunLoad(Client* client, const std::vector<Prompt>& prompts, const Loa
 }
 
 nlohmann::json DistributionJson(const Distribution& d) {
-  nlohmann::json j = {{"count", d.count}, {"mean", d.mean}, {"std", d.stddev},
-                      {"min", d.min},     {"max", d.max}};
+  nlohmann::json j = {
+      {"count", d.count}, {"mean", d.mean}, {"std", d.stddev}, {"min", d.min}, {"max", d.max}};
   for (const auto& [p, value] : d.percentiles) j[StrCat("p", p)] = value;
   return j;
 }
@@ -145,8 +144,7 @@ std::string Fixed(double value, int digits = 2) {
   return buffer;
 }
 
-void PrintDistribution(const std::string& title, const std::string& name,
-                       const Distribution& d) {
+void PrintDistribution(const std::string& title, const std::string& name, const Distribution& d) {
   std::printf("%s\n", StrCat("---------------", title, "---------------").c_str());
   PrintLine(StrCat("Mean ", name, " (ms):"), Fixed(d.mean));
   for (const auto& [p, value] : d.percentiles) {
@@ -202,8 +200,9 @@ int RunServe(int argc, char** argv) {
       .Option("model", "http: the model name to send", "default")
       .Option("token-file", "send 'authorization: Bearer <token>', the token read from this file")
       .Option("channels", "grpc: connections to spread requests over", "4")
-      .Option("dataset", "a JSONL file: {\"prompt\": TEXT | \"prompt_token_ids\": [...], "
-                         "\"output_len\": N} per line (default: synthetic token-id prompts)")
+      .Option("dataset",
+              "a JSONL file: {\"prompt\": TEXT | \"prompt_token_ids\": [...], "
+              "\"output_len\": N} per line (default: synthetic token-id prompts)")
       .Option("input-len", "synthetic: prompt tokens", "128")
       .Option("output-len", "synthetic: output tokens (and the default for dataset lines)", "128")
       .Option("range-ratio", "synthetic: lengths uniform in len*(1-r)..len*(1+r)", "0")
@@ -217,15 +216,17 @@ int RunServe(int argc, char** argv) {
       .Option("max-concurrency", "with --request-rate: at most N in flight; 0: no limit", "0")
       .Option("duration-s", "stop issuing after this many seconds; 0: no bound", "0")
       .Option("grace-s", "with --duration-s: wait this long for requests in flight", "30")
-      .Option("warmup-requests", "requests run first and not counted (default: the concurrency, "
-                                 "else 4)")
+      .Option("warmup-requests",
+              "requests run first and not counted (default: the concurrency, "
+              "else 4)")
       .Option("request-timeout-s", "each request's deadline; 0: none", "0")
       .Option("temperature", "sampling temperature (0: greedy)", "0")
       .Flag("no-ignore-eos", "let the model stop at EOS (outputs may be shorter than asked)")
       .Option("goodput", "SLOs in ms for goodput, e.g. 'ttft:500 tpot:50' (ttft, tpot, e2el)")
       .Option("percentiles", "the percentiles to report", "50,90,99")
-      .Option("metrics-url", "the server's Prometheus /metrics, scraped before and after the run: "
-                             "the server's TTFT mean is compared with the client's")
+      .Option("metrics-url",
+              "the server's Prometheus /metrics, scraped before and after the run: "
+              "the server's TTFT mean is compared with the client's")
       .Option("wait-ready-s", "first wait up to this long for the server to be ready", "0")
       .Option("seed", "seeds the synthetic prompts and the arrivals", "0")
       .Option("result-json", "write the results to this JSON file")
@@ -268,7 +269,8 @@ int RunServe(int argc, char** argv) {
     std::ifstream file(args.Get("token-file"));
     if (!file) return Usage(StrCat("cannot read ", args.Get("token-file")));
     std::getline(file, options.token);
-    while (!options.token.empty() && (options.token.back() == '\r' || options.token.back() == ' ')) {
+    while (!options.token.empty() &&
+           (options.token.back() == '\r' || options.token.back() == ' ')) {
       options.token.pop_back();
     }
   }
@@ -288,8 +290,9 @@ int RunServe(int argc, char** argv) {
     load.max_concurrency = get_int("concurrency");
     if (load.max_concurrency < 1) return Usage("--concurrency: want >= 1");
     if (args.Get("request-rate") != "inf") {
-      return Usage("--concurrency is a closed loop: leave --request-rate at inf, or use "
-                   "--max-concurrency");
+      return Usage(
+          "--concurrency is a closed loop: leave --request-rate at inf, or use "
+          "--max-concurrency");
     }
   } else {
     load.max_concurrency = get_int("max-concurrency");
@@ -313,9 +316,9 @@ int RunServe(int argc, char** argv) {
     if (!p || *p < 0 || *p > 100) return Usage("--percentiles: want integers in [0, 100]");
     percentiles.push_back(*p);
   }
-  const int64_t warmup_requests =
-      args.Has("warmup-requests") ? get_int("warmup-requests")
-                                  : (load.max_concurrency > 0 ? load.max_concurrency : 4);
+  const int64_t warmup_requests = args.Has("warmup-requests")
+                                      ? get_int("warmup-requests")
+                                      : (load.max_concurrency > 0 ? load.max_concurrency : 4);
 
   absl::StatusOr<std::unique_ptr<Client>> client =
       backend == "grpc" ? CreateGrpcClient(options) : CreateHttpClient(options);
@@ -353,7 +356,8 @@ int RunServe(int argc, char** argv) {
     } else {
       absl::StatusOr<int32_t> vocab = (*client)->VocabSize();
       if (!vocab.ok()) {
-        std::fprintf(stderr, "lmserve-bench serve: %s\n", std::string(vocab.status().message()).c_str());
+        std::fprintf(stderr, "lmserve-bench serve: %s\n",
+                     std::string(vocab.status().message()).c_str());
         return 1;
       }
       spec.vocab_size = *vocab;
@@ -367,9 +371,9 @@ int RunServe(int argc, char** argv) {
     spec.seed = load.seed + 0x9e3779b97f4a7c15ULL;
     spec.num_prompts = static_cast<int32_t>(std::max<int64_t>(warmup_requests, 1));
     warmup_prompts = std::move(*MakeSyntheticDataset(spec));
-    dataset_name = StrCat("synthetic (input ", spec.input_len, ", output ", spec.output_len,
-                          ", range ratio ", spec.range_ratio, ", ids in [", spec.first_id, ", ",
-                          spec.vocab_size, "))");
+    dataset_name =
+        StrCat("synthetic (input ", spec.input_len, ", output ", spec.output_len, ", range ratio ",
+               spec.range_ratio, ", ids in [", spec.first_id, ", ", spec.vocab_size, "))");
   }
 
   if (warmup_requests > 0) {
@@ -402,8 +406,8 @@ int RunServe(int argc, char** argv) {
   if (!metrics_url.empty()) {
     absl::StatusOr<ServerDeltas> after = Scrape(metrics_url);
     if (!metrics_before.ok() || !after.ok()) {
-      server_ttft.error = std::string(
-          (!metrics_before.ok() ? metrics_before.status() : after.status()).message());
+      server_ttft.error =
+          std::string((!metrics_before.ok() ? metrics_before.status() : after.status()).message());
     } else {
       deltas.ttft.count = after->ttft.count - metrics_before->ttft.count;
       deltas.ttft.sum = after->ttft.sum - metrics_before->ttft.sum;
@@ -424,7 +428,8 @@ int RunServe(int argc, char** argv) {
   const TokenCounting counting = (*client)->token_counting();
 
   std::printf("============ Serving Benchmark Result ============\n");
-  PrintLine("Backend:", StrCat(backend, " (", options.target, backend == "http" ? options.endpoint : "", ")"));
+  PrintLine("Backend:",
+            StrCat(backend, " (", options.target, backend == "http" ? options.endpoint : "", ")"));
   PrintLine("Load:", load.max_concurrency > 0 && !std::isfinite(load.request_rate)
                          ? StrCat("concurrency ", load.max_concurrency)
                          : StrCat("rate ", args.Get("request-rate"), " req/s, burstiness ",
@@ -449,8 +454,8 @@ int RunServe(int argc, char** argv) {
   if (!metrics_url.empty()) {
     std::printf("---------------Server-side (Prometheus)---------------\n");
     if (server_ttft.measured) {
-      relative_difference =
-          (summary.ttft_ms.mean - server_ttft.mean_seconds * 1e3) / (server_ttft.mean_seconds * 1e3);
+      relative_difference = (summary.ttft_ms.mean - server_ttft.mean_seconds * 1e3) /
+                            (server_ttft.mean_seconds * 1e3);
       PrintLine("Server mean TTFT (ms):", Fixed(server_ttft.mean_seconds * 1e3));
       PrintLine("Server TTFT observations:", StrCat(static_cast<int64_t>(server_ttft.count)));
       PrintLine("Client vs server mean TTFT:", StrCat(Fixed(relative_difference * 100), " %"));
@@ -531,7 +536,8 @@ int RunServe(int argc, char** argv) {
     std::ofstream out(args.Get("result-json"));
     out << result.dump(2) << "\n";
     if (!out) {
-      std::fprintf(stderr, "lmserve-bench serve: cannot write %s\n", args.Get("result-json").c_str());
+      std::fprintf(stderr, "lmserve-bench serve: cannot write %s\n",
+                   args.Get("result-json").c_str());
       return 1;
     }
   }

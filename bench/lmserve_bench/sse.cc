@@ -53,8 +53,8 @@ absl::StatusOr<CompletionChunk> ParseCompletionChunk(const std::string& data) {
   }
   const nlohmann::json object = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
   if (!object.is_object()) {
-    return absl::InvalidArgumentError(StrCat("a stream chunk is not a JSON object: ",
-                                             data.substr(0, 200)));
+    return absl::InvalidArgumentError(
+        StrCat("a stream chunk is not a JSON object: ", data.substr(0, 200)));
   }
   if (object.contains("error")) {
     const nlohmann::json& error = object["error"];

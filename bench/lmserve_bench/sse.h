@@ -33,8 +33,8 @@ class SseParser {
 
 // One /v1/completions stream chunk.
 struct CompletionChunk {
-  bool done = false;           // the "[DONE]" sentinel
-  std::string text;            // choices[0].text ("" when the chunk has no choices)
+  bool done = false;  // the "[DONE]" sentinel
+  std::string text;   // choices[0].text ("" when the chunk has no choices)
   // Tokens in this chunk when the server says (choices[0].token_ids, as vLLM's return_token_ids
   // gives); nullopt otherwise.
   std::optional<int32_t> num_tokens;

@@ -2,7 +2,8 @@
 // defined as vLLM's benchmark_serving defines them so that figures can be compared:
 //
 //   TTFT  time to first token: from sending the request to receiving the first streamed token.
-//   ITL   inter-token latency: the gaps between streamed chunks after the first. A chunk that carries
+//   ITL   inter-token latency: the gaps between streamed chunks after the first. A chunk that
+//   carries
 //         k > 1 tokens after a gap g counts as k gaps of g / k, so that the ITL values of a request
 //         sum to its decode time (vLLM counts one gap per chunk; our gRPC stream may batch tokens).
 //   TPOT  time per output token: (e2e - ttft) / (output_tokens - 1), for requests with > 1 token.
@@ -26,13 +27,13 @@ namespace lmserve::bench {
 // What the client saw of one request. Times are seconds on the client's steady clock.
 struct RequestRecord {
   bool success = false;
-  std::string error;              // why it failed, when !success
-  int32_t prompt_tokens = 0;      // as sent (or as the server reported, when it did)
+  std::string error;          // why it failed, when !success
+  int32_t prompt_tokens = 0;  // as sent (or as the server reported, when it did)
   int32_t expected_output_tokens = 0;
-  int32_t output_tokens = 0;      // tokens received
-  double send_time = 0;           // when the request was handed to the transport
-  double first_token_time = -1;   // when the first token arrived; < 0: none arrived
-  double end_time = 0;            // when the stream ended
+  int32_t output_tokens = 0;        // tokens received
+  double send_time = 0;             // when the request was handed to the transport
+  double first_token_time = -1;     // when the first token arrived; < 0: none arrived
+  double end_time = 0;              // when the stream ended
   std::vector<double> itl_seconds;  // see the file comment
 
   double ttft_seconds() const { return first_token_time - send_time; }
@@ -79,14 +80,14 @@ bool MeetsSlos(const RequestRecord& record, const Slos& slos);
 // The benchmark's figures over the measured requests.
 struct BenchmarkSummary {
   int64_t num_issued = 0;
-  int64_t num_completed = 0;   // succeeded
-  int64_t num_failed = 0;      // errors (transport, HTTP or gRPC status), in-flight at the end included
-  int64_t num_good = 0;        // completed and met the SLOs (all completed when there are none)
+  int64_t num_completed = 0;  // succeeded
+  int64_t num_failed = 0;  // errors (transport, HTTP or gRPC status), in-flight at the end included
+  int64_t num_good = 0;    // completed and met the SLOs (all completed when there are none)
   double duration_seconds = 0;
-  int64_t total_input_tokens = 0;   // of completed requests
-  int64_t total_output_tokens = 0;  // of completed requests
-  double request_throughput = 0;    // completed / duration
-  double output_throughput = 0;     // output tokens / duration
+  int64_t total_input_tokens = 0;     // of completed requests
+  int64_t total_output_tokens = 0;    // of completed requests
+  double request_throughput = 0;      // completed / duration
+  double output_throughput = 0;       // output tokens / duration
   double total_token_throughput = 0;  // (input + output tokens) / duration
   double goodput = 0;                 // good / duration; equals request_throughput without SLOs
   Distribution ttft_ms, tpot_ms, itl_ms, e2el_ms;

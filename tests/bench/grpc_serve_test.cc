@@ -1,9 +1,8 @@
 // `lmserve-bench serve` over gRPC against a real `lmserve serve` of a fixture model (token-id
 // prompts), with the server's Prometheus TTFT histogram scraped around the run.
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/strings.h"
 #include "gtest/gtest.h"

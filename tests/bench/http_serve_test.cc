@@ -12,11 +12,10 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/strings.h"
 #include "gtest/gtest.h"
@@ -122,13 +121,13 @@ class FakeSseServer {
       Send(connection, StrCat("data: ", nlohmann::json({{"choices", {choice}}}).dump(), "\n\n"));
     }
     if (send_usage_) {
-      Send(connection,
-           StrCat("data: ",
-                  nlohmann::json({{"choices", nlohmann::json::array()},
-                                  {"usage", {{"prompt_tokens", prompt_tokens},
-                                             {"completion_tokens", max_tokens}}}})
-                      .dump(),
-                  "\n\n"));
+      Send(connection, StrCat("data: ",
+                              nlohmann::json({{"choices", nlohmann::json::array()},
+                                              {"usage",
+                                               {{"prompt_tokens", prompt_tokens},
+                                                {"completion_tokens", max_tokens}}}})
+                                  .dump(),
+                              "\n\n"));
     }
     Send(connection, "data: [DONE]\n\n");
     ::close(connection);
@@ -206,10 +205,10 @@ TEST(HttpServeTest, CountsTokenIdsOfMultiTokenChunks) {
 TEST(HttpServeTest, DurationBoundCountsRequestsInFlight) {
   // 200 tokens at >= 3 ms each: every request outlasts a 0.1 s bound with no grace.
   FakeSseServer server(/*send_usage=*/true, /*tokens_per_event=*/1);
-  const BenchRun run = RunBenchServe(
-      StrCat("--backend http --url http://127.0.0.1:", server.port(),
-             " --vocab-size 1000 --input-len 4 --output-len 200 --concurrency 3"
-             " --warmup-requests 0 --duration-s 0.1 --grace-s 0"));
+  const BenchRun run =
+      RunBenchServe(StrCat("--backend http --url http://127.0.0.1:", server.port(),
+                           " --vocab-size 1000 --input-len 4 --output-len 200 --concurrency 3"
+                           " --warmup-requests 0 --duration-s 0.1 --grace-s 0"));
   const nlohmann::json& r = run.result;
   ASSERT_TRUE(r.is_object()) << run.output;
   EXPECT_EQ(run.exit_code, 1) << run.output;  // nothing completed

@@ -7,10 +7,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "common/strings.h"
 #include "tests/testing/fixtures.h"
@@ -19,7 +18,7 @@ namespace lmserve::testing {
 
 struct BenchRun {
   int exit_code = -1;
-  std::string output;    // stdout and stderr
+  std::string output;     // stdout and stderr
   nlohmann::json result;  // the --result-json file; null when none was written
 };
 

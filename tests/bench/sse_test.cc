@@ -19,7 +19,9 @@ TEST(SseParserTest, EventsEndAtABlankLine) {
 }
 
 TEST(SseParserTest, BytesMaySplitAnywhere) {
-  const std::string stream = "data: one\r\n\r\n: keep-alive\r\n\r\ndata:two\r\r" "data: three\n\n";
+  const std::string stream =
+      "data: one\r\n\r\n: keep-alive\r\n\r\ndata:two\r\r"
+      "data: three\n\n";
   for (size_t piece = 1; piece <= 4; ++piece) {
     SseParser parser;
     std::vector<std::string> events;
@@ -42,8 +44,8 @@ TEST(SseParserTest, MultiLineDataAndOtherFields) {
 }
 
 TEST(CompletionChunkTest, ReadsTextTokensUsageAndErrors) {
-  absl::StatusOr<CompletionChunk> chunk =
-      ParseCompletionChunk(R"({"id":"x","choices":[{"index":0,"text":" Paris","finish_reason":null}]})");
+  absl::StatusOr<CompletionChunk> chunk = ParseCompletionChunk(
+      R"({"id":"x","choices":[{"index":0,"text":" Paris","finish_reason":null}]})");
   ASSERT_TRUE(chunk.ok());
   EXPECT_TRUE(chunk->has_choice);
   EXPECT_EQ(chunk->text, " Paris");

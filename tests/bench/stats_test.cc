@@ -78,9 +78,9 @@ TEST(SlosTest, ParsesPairsAndRejectsNonsense) {
 TEST(SlosTest, EveryGivenSloMustHold) {
   const Slos slos = *ParseSlos("ttft:500 tpot:50");
   EXPECT_TRUE(MeetsSlos(Finished(0.4, 0.4 + 9 * 0.05, 10), slos));   // TPOT exactly 50 ms
-  EXPECT_FALSE(MeetsSlos(Finished(0.6, 0.7, 10), slos));            // TTFT too long
+  EXPECT_FALSE(MeetsSlos(Finished(0.6, 0.7, 10), slos));             // TTFT too long
   EXPECT_FALSE(MeetsSlos(Finished(0.1, 0.1 + 9 * 0.06, 10), slos));  // TPOT too long
-  EXPECT_TRUE(MeetsSlos(Finished(0.1, 5.0, 1), slos));  // one token: no TPOT
+  EXPECT_TRUE(MeetsSlos(Finished(0.1, 5.0, 1), slos));               // one token: no TPOT
   RequestRecord failed = Finished(0.1, 0.2, 10);
   failed.success = false;
   EXPECT_FALSE(MeetsSlos(failed, slos));
