@@ -41,6 +41,8 @@ enum class TokenCounting {
 };
 std::string TokenCountingName(TokenCounting counting);
 
+// Start() and CancelAll() are called from one thread (the load generator's); `done` callbacks
+// run on the transport's threads.
 class Client {
  public:
   virtual ~Client() = default;

@@ -43,8 +43,9 @@ std::string StatusText(const grpc::Status& status) {
                 status.error_message());
 }
 
-// One CompleteStream call. Lives until the client is destroyed (never deletes itself), so that
-// CancelAll can reach any call without racing its end.
+// One CompleteStream call. It never deletes itself: the client frees it, on the issuing thread,
+// once released() says OnDone has run to its end, so CancelAll (on that same thread) never races
+// its end.
 class StreamCall : public grpc::ClientReadReactor<v1::CompleteStreamResponse> {
  public:
   StreamCall(v1::CompleteRequest request, std::function<void(RequestRecord)> done)
@@ -96,7 +97,10 @@ class StreamCall : public grpc::ClientReadReactor<v1::CompleteStreamResponse> {
     finished_.store(true);
     std::function<void(RequestRecord)> done = std::move(done_);
     done(std::move(record_));
+    released_.store(true);  // the last touch of this object
   }
+
+  bool released() const { return released_.load(); }
 
   void Cancel() {
     if (finished_.load()) return;
@@ -113,6 +117,7 @@ class StreamCall : public grpc::ClientReadReactor<v1::CompleteStreamResponse> {
   bool failed_finish_ = false;
   std::atomic<bool> finished_{false};
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> released_{false};
 };
 
 class GrpcClient : public Client {
@@ -132,15 +137,16 @@ class GrpcClient : public Client {
   }
 
   ~GrpcClient() override {
-    // Every call must have ended before its reactor goes: the load generator waits for them all.
+    // Every call must have ended before its reactor goes: the load generator waits for them all,
+    // and this makes sure of it.
     CancelAll();
     for (;;) {
-      bool all_done = true;
+      bool all_released = true;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        all_done = outstanding_ == 0;
+        for (const auto& call : calls_) all_released = all_released && call->released();
       }
-      if (all_done) break;
+      if (all_released) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
@@ -187,19 +193,15 @@ class GrpcClient : public Client {
     sampling->set_max_tokens(prompt.output_tokens);
     sampling->set_temperature(static_cast<float>(options_.temperature));
     sampling->set_ignore_eos(options_.ignore_eos);
-    auto wrapped = [this, done = std::move(done)](RequestRecord record) {
-      done(std::move(record));
-      std::lock_guard<std::mutex> lock(mu_);
-      --outstanding_;
-    };
     StreamCall* call = nullptr;
     size_t index = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      calls_.push_back(std::make_unique<StreamCall>(std::move(request), std::move(wrapped)));
+      // Free the calls that have ended, so that long runs do not accumulate them.
+      std::erase_if(calls_, [](const std::unique_ptr<StreamCall>& c) { return c->released(); });
+      calls_.push_back(std::make_unique<StreamCall>(std::move(request), std::move(done)));
       call = calls_.back().get();
       index = next_channel_++ % stubs_.size();
-      ++outstanding_;
     }
     call->Begin(stubs_[index].get(), options_, prompt);
   }
@@ -227,7 +229,6 @@ class GrpcClient : public Client {
   std::mutex mu_;
   std::vector<std::unique_ptr<StreamCall>> calls_;  // guarded by mu_
   size_t next_channel_ = 0;                         // guarded by mu_
-  int64_t outstanding_ = 0;                         // guarded by mu_
 };
 
 }  // namespace
