@@ -802,19 +802,6 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
                                  .epsilon = eps};
   LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
   LMSERVE_STATUS_RETURN(Gemm(kGateUp, tokens, normed_.get(), w.gate_up, gate_up_.get()));
-  if (tokens <= kc::kMaxSkinnyGemmRows) {
-    // Few tokens: SiLU-and-mul inside the down projection's skinny GEMM, one kernel fewer.
-    absl::StatusOr<bool> skinny =
-        UseSkinny(kDown, tokens, activation_.get(), w.down, projected_.get());
-    if (!skinny.ok()) return skinny.status();
-    if (*skinny) {
-      const kc::SkinnyGemmParams down{.x = gate_up_.get(), .w = w.down, .y = projected_.get(),
-                                      .m = tokens, .n = c.hidden_size,
-                                      .k = c.intermediate_size, .silu_and_mul = true};
-      LMSERVE_CUDA_RETURN(kc::Launch(down, stream_), "down projection with SiLU-and-mul");
-      return absl::OkStatus();
-    }
-  }
   kc::SiluAndMulParams act{.gate_up = gate_up_.get(), .output = activation_.get(),
                            .num_tokens = tokens, .intermediate_size = c.intermediate_size};
   LMSERVE_CUDA_RETURN(kc::Launch(act, stream_), "SiLU and mul");
