@@ -34,7 +34,7 @@ complete_all() {  # complete_all BACKEND PORT: 64 concurrent streams
       "${prompts[$i]}" >"$out/$1-$i.txt" 2>"$out/$1-$i.err" &
   done
   wait
-  echo "$1: 64 streams done in $(echo "$(date +%s.%N) - $start" | bc) s"
+  echo "$1: 64 streams done in $(awk "BEGIN { print $(date +%s.%N) - $start }") s"
 }
 
 serve cuda 50061
