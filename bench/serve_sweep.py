@@ -61,6 +61,10 @@ def machine_info():
 
 
 def git_commit():
+    # A copy of the tree on another machine (the GPU machine's) may carry a stale .git: the
+    # caller's LMSERVE_COMMIT wins.
+    if os.environ.get("LMSERVE_COMMIT"):
+        return os.environ["LMSERVE_COMMIT"]
     try:
         commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
@@ -68,7 +72,7 @@ def git_commit():
                                capture_output=True, text=True).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("LMSERVE_COMMIT", "unknown")
+        return "unknown"
 
 
 def wait_metrics(url, server, timeout):

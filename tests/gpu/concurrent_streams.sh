@@ -28,12 +28,13 @@ serve() {  # serve BACKEND PORT
 }
 
 complete_all() {  # complete_all BACKEND PORT: 64 concurrent streams
-  local start=$(date +%s.%N)
+  local start=$(date +%s.%N) pids=()
   for i in "${!prompts[@]}"; do
     ${run}lmserve-cli complete --addr "127.0.0.1:$2" --max-tokens 32 --temperature 0 \
       "${prompts[$i]}" >"$out/$1-$i.txt" 2>"$out/$1-$i.err" &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"  # the clients only: the server runs in the background too
   echo "$1: 64 streams done in $(awk "BEGIN { print $(date +%s.%N) - $start }") s"
 }
 
