@@ -22,21 +22,9 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
   *p = v;
 }
 
-// x's 8 elements at chunk c of token row `row`: plain, or silu(gate) * up of a [gate | up] row.
-template <typename T, bool kSilu>
-__device__ __forceinline__ void LoadX(const T* row, int c, int k, float (&xf)[8]) {
-  Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(row + c * 8)), xf);
-  if constexpr (kSilu) {
-    float up[8];
-    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(row + k + c * 8)), up);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) xf[e] = xf[e] / (1.0f + __expf(-xf[e])) * up[e];
-  }
-}
-
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp).
-template <typename T, typename OutT, int M, bool kSilu>
+template <typename T, typename OutT, int M>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
                      int n, int k, int64_t x_stride, int64_t y_stride) {
@@ -67,7 +55,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         float xf[8];
-        LoadX<T, kSilu>(x + t * x_stride, c + 32 * u, k, xf);
+        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + (c + 32 * u) * 8)), xf);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
           float wf[8];
@@ -85,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       float xf[8];
-      LoadX<T, kSilu>(x + t * x_stride, c, k, xf);
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         float wf[8];
@@ -110,9 +98,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, typename OutT, bool kSilu>
+template <typename T, typename OutT>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
-  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : (kSilu ? 2 * p.k : p.k);
+  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : p.n;
   const unsigned blocks =
       static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));
@@ -123,8 +111,8 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    SkinnyGemmKernel<T, OutT, M, kSilu><<<blocks, kThreads, 0, stream>>>(x, w, y, n, k,  \
-                                                                         x_stride, y_stride); \
+    SkinnyGemmKernel<T, OutT, M><<<blocks, kThreads, 0, stream>>>(x, w, y, n, k, x_stride, \
+                                                                  y_stride);            \
     break;
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
@@ -147,9 +135,8 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   return DispatchActivationDType(p.input_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false>(p, stream);
-    if (p.silu_and_mul) return LaunchTyped<T, T, true>(p, stream);
-    return LaunchTyped<T, T, false>(p, stream);
+    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float>(p, stream);
+    return LaunchTyped<T, T>(p, stream);
   });
 }
 

@@ -33,10 +33,6 @@ struct SkinnyGemmParams {
   int64_t y_stride = 0;     // 0 means n
   DType input_dtype = DType::kBF16;   // of x and W: kBF16 or kF16
   DType output_dtype = DType::kBF16;  // input_dtype or kF32
-  // x is the fused [gate | up] projection, [m, 2k] (x_stride >= 2k; 0 means 2k): the kernel
-  // multiplies by silu(gate) * up computed on the fly in fp32 (SiLU-and-mul fused into the down
-  // projection). Output in input_dtype only.
-  bool silu_and_mul = false;
 
   absl::Status Validate() const;
 };
