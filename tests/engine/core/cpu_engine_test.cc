@@ -279,7 +279,9 @@ TEST(CpuEngineRunnerSamplingTest, MatchesTheEngineSamplerAndStaysBatchInvariant)
     const bool seeded = i >= 4 && i % 3 == 0;
     // Greedy: the runner's argmax is the engine's. Seeded sampling draws from another generator
     // (Philox in the runner), so only batch invariance holds for it.
-    if (!seeded) EXPECT_EQ(runner_alone[i].tokens, reference[i].tokens) << "request " << i;
+    if (!seeded) {
+      EXPECT_EQ(runner_alone[i].tokens, reference[i].tokens) << "request " << i;
+    }
   }
   EXPECT_EQ(runner_alone[5].margins.size(), static_cast<size_t>(kMaxTokens));  // logprobs kept
 }
