@@ -1,6 +1,9 @@
 #include "kernels/cuda/gemm.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "common/strings.h"
@@ -8,6 +11,74 @@
 
 namespace lmserve::kernels::cuda {
 namespace {
+
+// cuBLASLt is loaded at run time (dlopen), not linked: its 94 KB of thread-local storage would
+// otherwise be reserved in every thread's stack, and libraries that start threads with small
+// stacks (civetweb, behind the Prometheus endpoint) then fail to create them. Loading it on first
+// use also lets a CUDA build start, and serve on the CPU, where cuBLAS is not installed.
+struct LtApi {
+  bool loaded = false;
+  std::string error;
+  decltype(&::cublasLtCreate) Create = nullptr;
+  decltype(&::cublasLtDestroy) Destroy = nullptr;
+  decltype(&::cublasLtGetStatusString) GetStatusString = nullptr;
+  decltype(&::cublasLtMatmul) Matmul = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+};
+
+const LtApi& Lt() {
+  static const LtApi* api = [] {
+    auto* loaded = new LtApi();
+    LtApi& api = *loaded;
+    void* library = nullptr;
+    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so"}) {
+      if ((library = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    }
+    if (library == nullptr) {
+      const char* error = dlerror();
+      api.error =
+          StrCat("cannot load libcublasLt.so.13: ", error != nullptr ? error : "not found");
+      return loaded;
+    }
+    bool complete = true;
+#define LMSERVE_LT_SYMBOL(field, name) \
+  api.field = reinterpret_cast<decltype(&::name)>(Symbol(#name))
+    auto Symbol = [&](const char* name) {
+      void* symbol = dlsym(library, name);
+      if (symbol == nullptr) {
+        complete = false;
+        api.error = StrCat("libcublasLt has no ", name);
+      }
+      return symbol;
+    };
+    LMSERVE_LT_SYMBOL(Create, cublasLtCreate);
+    LMSERVE_LT_SYMBOL(Destroy, cublasLtDestroy);
+    LMSERVE_LT_SYMBOL(GetStatusString, cublasLtGetStatusString);
+    LMSERVE_LT_SYMBOL(Matmul, cublasLtMatmul);
+    LMSERVE_LT_SYMBOL(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
+    LMSERVE_LT_SYMBOL(MatmulDescCreate, cublasLtMatmulDescCreate);
+    LMSERVE_LT_SYMBOL(MatmulDescDestroy, cublasLtMatmulDescDestroy);
+    LMSERVE_LT_SYMBOL(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute);
+    LMSERVE_LT_SYMBOL(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate);
+    LMSERVE_LT_SYMBOL(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy);
+    LMSERVE_LT_SYMBOL(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute);
+    LMSERVE_LT_SYMBOL(MatrixLayoutCreate, cublasLtMatrixLayoutCreate);
+    LMSERVE_LT_SYMBOL(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy);
+#undef LMSERVE_LT_SYMBOL
+    api.loaded = complete;
+    return loaded;
+  }();
+  return *api;
+}
+
 
 cudaDataType_t CudaType(DType dtype) {
   switch (dtype) {
@@ -22,20 +93,21 @@ cudaDataType_t CudaType(DType dtype) {
 
 absl::Status BlasError(const char* what, cublasStatus_t status) {
   return absl::InternalError(
-      StrCat("cuBLASLt: ", what, " failed: ", cublasLtGetStatusString(status)));
+      StrCat("cuBLASLt: ", what, " failed: ", Lt().GetStatusString(status)));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BlasLtHandle>> BlasLtHandle::Create() {
+  if (!Lt().loaded) return absl::FailedPreconditionError(StrCat("cuBLASLt: ", Lt().error));
   cublasLtHandle_t handle = nullptr;
-  if (cublasStatus_t s = cublasLtCreate(&handle); s != CUBLAS_STATUS_SUCCESS) {
+  if (cublasStatus_t s = Lt().Create(&handle); s != CUBLAS_STATUS_SUCCESS) {
     return BlasError("cublasLtCreate", s);
   }
   return std::unique_ptr<BlasLtHandle>(new BlasLtHandle(handle));
 }
 
-BlasLtHandle::~BlasLtHandle() { cublasLtDestroy(handle_); }
+BlasLtHandle::~BlasLtHandle() { Lt().Destroy(handle_); }
 
 absl::Status GemmShape::Validate() const {
   if (absl::Status s = CheckActivationDType("Gemm", input_dtype); !s.ok()) return s;
@@ -68,36 +140,36 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   const int64_t y_stride = shape.y_stride != 0 ? shape.y_stride : shape.n;
   // Column-major view: y^T [n, m] = W^T' ... i.e. C (n x m, ld y_stride) = op(A) B with A the
   // weight stored k x n (ld k), transposed, and B = x^T stored k x m (ld x_stride).
-  cublasStatus_t s = cublasLtMatmulDescCreate(&plan->desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasStatus_t s = Lt().MatmulDescCreate(&plan->desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (s != CUBLAS_STATUS_SUCCESS) return BlasError("MatmulDescCreate", s);
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+  Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                  sizeof(trans_a));
-  cublasLtMatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+  Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
                                  sizeof(trans_b));
   const cudaDataType_t in_type = CudaType(shape.input_dtype);
   const cudaDataType_t out_type = CudaType(shape.output_dtype);
-  if ((s = cublasLtMatrixLayoutCreate(&plan->a_layout_, in_type, shape.k, shape.n, shape.k)) !=
+  if ((s = Lt().MatrixLayoutCreate(&plan->a_layout_, in_type, shape.k, shape.n, shape.k)) !=
           CUBLAS_STATUS_SUCCESS ||
-      (s = cublasLtMatrixLayoutCreate(&plan->b_layout_, in_type, shape.k, shape.m, x_stride)) !=
+      (s = Lt().MatrixLayoutCreate(&plan->b_layout_, in_type, shape.k, shape.m, x_stride)) !=
           CUBLAS_STATUS_SUCCESS ||
-      (s = cublasLtMatrixLayoutCreate(&plan->c_layout_, out_type, shape.n, shape.m, y_stride)) !=
+      (s = Lt().MatrixLayoutCreate(&plan->c_layout_, out_type, shape.n, shape.m, y_stride)) !=
           CUBLAS_STATUS_SUCCESS) {
     return BlasError("MatrixLayoutCreate", s);
   }
   cublasLtMatmulPreference_t preference = nullptr;
-  if ((s = cublasLtMatmulPreferenceCreate(&preference)) != CUBLAS_STATUS_SUCCESS) {
+  if ((s = Lt().MatmulPreferenceCreate(&preference)) != CUBLAS_STATUS_SUCCESS) {
     return BlasError("MatmulPreferenceCreate", s);
   }
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  Lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                        &workspace_bytes, sizeof(workspace_bytes));
   constexpr int kMaxCandidates = 16;
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
   int returned = 0;
-  s = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
+  s = Lt().MatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
                                      plan->c_layout_, plan->c_layout_, preference, kMaxCandidates,
                                      results, &returned);
-  cublasLtMatmulPreferenceDestroy(preference);
+  Lt().MatmulPreferenceDestroy(preference);
   if (s != CUBLAS_STATUS_SUCCESS) return BlasError("MatmulAlgoGetHeuristic", s);
   if (returned == 0) {
     return absl::UnimplementedError(StrCat("cuBLASLt has no algorithm for m ", shape.m, ", n ",
@@ -154,15 +226,15 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
 }
 
 GemmPlan::~GemmPlan() {
-  if (c_layout_ != nullptr) cublasLtMatrixLayoutDestroy(c_layout_);
-  if (b_layout_ != nullptr) cublasLtMatrixLayoutDestroy(b_layout_);
-  if (a_layout_ != nullptr) cublasLtMatrixLayoutDestroy(a_layout_);
-  if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
+  if (c_layout_ != nullptr) Lt().MatrixLayoutDestroy(c_layout_);
+  if (b_layout_ != nullptr) Lt().MatrixLayoutDestroy(b_layout_);
+  if (a_layout_ != nullptr) Lt().MatrixLayoutDestroy(a_layout_);
+  if (desc_ != nullptr) Lt().MatmulDescDestroy(desc_);
 }
 
 cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t stream) const {
   const float alpha = 1.0f, beta = 0.0f;
-  return cublasLtMatmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_, &beta, y, c_layout_, y,
+  return Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_, &beta, y, c_layout_, y,
                         c_layout_, &algo_, workspace_, workspace_bytes_, stream);
 }
 
