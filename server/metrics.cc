@@ -1,5 +1,8 @@
 #include "server/metrics.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -18,6 +21,20 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+
+// civetweb, behind prometheus-cpp's Exposer, starts its threads with a fixed 100 KiB stack, and
+// glibc carves every library's static TLS out of that same stack: OpenBLAS alone takes 60 KiB, the
+// CUDA runtime 8 KiB, so the /metrics handler overflowed what was left and the process died on
+// the first scrape. This definition interposes on glibc's for the libraries this binary loads:
+// explicit stack sizes below 1 MiB are raised to 1 MiB (virtual memory; pages are touched only as
+// used).
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stack_size) {
+  using Function = int (*)(pthread_attr_t*, size_t);
+  static const Function real =
+      reinterpret_cast<Function>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kMinStackBytes = size_t{1} << 20;
+  return real(attr, stack_size < kMinStackBytes ? kMinStackBytes : stack_size);
+}
 
 namespace lmserve::server {
 namespace {
