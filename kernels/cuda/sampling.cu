@@ -11,9 +11,21 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBins = 2048;  // first radix level: the top 11 bits of a key
 
+// Bin weights are summed in fixed point (units of 2^-40) with integer atomics: integer addition
+// is associative, so a relaunch on the same row sums to the same bits and picks the same token
+// (float atomics summed in arrival order, and a top-p boundary within their rounding went either
+// way from one launch to the next).
+constexpr float kWeightUnit = 1099511627776.0f;  // 2^40
+__device__ __forceinline__ unsigned long long ToFixed(float w) {
+  return __float2ull_rn(w * kWeightUnit);
+}
+__device__ __forceinline__ float FromFixed(unsigned long long w) {
+  return __ull2float_rn(w) * (1.0f / kWeightUnit);
+}
+
 struct SamplerSmem {
   uint32_t bin_count[kBins];
-  float bin_weight[kBins];
+  unsigned long long bin_weight[kBins];  // fixed point, ToFixed
   float scan[kThreads];
   uint32_t cand_key[kSamplingCandidates];
   float cand_weight[kSamplingCandidates];
@@ -146,7 +158,7 @@ __device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float 
   for (int j = 0; j < per_thread; ++j) {
     const int b = num_bins - 1 - (threadIdx.x * per_thread + j);
     bins[j] = b;
-    own[j] = use_weight ? sh.big->bin_weight[b] : static_cast<float>(sh.big->bin_count[b]);
+    own[j] = use_weight ? FromFixed(sh.big->bin_weight[b]) : static_cast<float>(sh.big->bin_count[b]);
     local += own[j];
   }
   if (threadIdx.x == 0) *sh.best_bin = INT_MAX;
@@ -188,14 +200,14 @@ __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool us
     __syncthreads();
     for (int b = threadIdx.x; b < num_bins; b += kThreads) {
       sh.big->bin_count[b] = 0;
-      sh.big->bin_weight[b] = 0.0f;
+      sh.big->bin_weight[b] = 0ull;
     }
     __syncthreads();
     for_each([&](uint32_t key, float w) {
       if (key >= lower && (key & high_mask) == prefix) {
         const int b = (key >> shift) & (num_bins - 1);
         atomicAdd(&sh.big->bin_count[b], 1u);
-        if (use_weight) atomicAdd(&sh.big->bin_weight[b], w);
+        if (use_weight) atomicAdd(&sh.big->bin_weight[b], ToFixed(w));
       }
     });
     __syncthreads();
@@ -340,8 +352,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     __syncthreads();
     // A lower bound on each bin's weight, so that the selected bin is never above the true one.
     for (int h = threadIdx.x; h < kBins; h += kThreads) {
-      big.bin_weight[h] = static_cast<float>(big.bin_count[h]) *
-                          __expf(-static_cast<float>(kBins - h) / kBinsPerNat);
+      big.bin_weight[h] = ToFixed(static_cast<float>(big.bin_count[h]) *
+                                  __expf(-static_cast<float>(kBins - h) / kBinsPerNat));
     }
     __syncthreads();
     int selected = -1;  // the lowest bin that may hold the threshold; -1: below the range
