@@ -225,6 +225,9 @@ class CudaRunner final : public ModelRunner {
   // logits rows, reading its inputs through `layout` (already on the device).
   absl::Status Forward(const StepLayout& layout, int64_t tokens, int64_t seqs, int64_t rows,
                        bool decode_only, bool rows_are_tokens);
+  // The sampler over rows [first_row, first_row + num_rows), whose logits are in logits_; the
+  // tokens go to h_sampled_[first_row ...] when the stream gets there.
+  absl::Status SampleRows(const StepLayout& layout, int64_t first_row, int64_t num_rows);
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
                         bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
@@ -857,21 +860,29 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
     hidden_rows = rows_.get();
   }
   // Only the first chunk is computed here; Execute runs any further chunks (rows beyond
-  // logits_chunk_rows_ come only from teacher-forced scoring, never in a graph).
+  // logits_chunk_rows_ come only with kAll sequences, never in a graph).
   const int64_t chunk = std::min(rows, logits_chunk_rows_);
   LMSERVE_STATUS_RETURN(Gemm(kLmHead, chunk, hidden_rows, lm_head_, logits_.get()));
+  return SampleRows(layout, 0, chunk);
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::SampleRows(const StepLayout& layout, int64_t first_row,
+                                    int64_t num_rows) {
+  // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   kc::SamplingParams sample{.logits = logits_.as<float>(),
-                            .output = sampled_.as<int32_t>(),
-                            .temperature = In<float>(layout.temperature),
-                            .top_k = In<int32_t>(layout.top_k),
-                            .top_p = In<float>(layout.top_p),
-                            .min_p = In<float>(layout.min_p),
-                            .seeds = In<uint64_t>(layout.seeds),
-                            .steps = In<uint64_t>(layout.steps),
-                            .num_rows = chunk,
-                            .vocab_size = c.vocab_size};
+                            .output = sampled_.as<int32_t>() + first_row,
+                            .temperature = In<float>(layout.temperature) + first_row,
+                            .top_k = In<int32_t>(layout.top_k) + first_row,
+                            .top_p = In<float>(layout.top_p) + first_row,
+                            .min_p = In<float>(layout.min_p) + first_row,
+                            .seeds = In<uint64_t>(layout.seeds) + first_row,
+                            .steps = In<uint64_t>(layout.steps) + first_row,
+                            .num_rows = num_rows,
+                            .vocab_size = config_.vocab_size};
   LMSERVE_CUDA_RETURN(kc::Launch(sample, stream_), "sampling");
-  LMSERVE_CUDA_RETURN(cudaMemcpyAsync(h_sampled_.get(), sampled_.get(), chunk * 4,
+  LMSERVE_CUDA_RETURN(cudaMemcpyAsync(h_sampled_.as<int32_t>() + first_row,
+                                      sampled_.as<int32_t>() + first_row, num_rows * 4,
                                       cudaMemcpyDeviceToHost, stream_),
                       "copying the sampled tokens");
   return absl::OkStatus();
@@ -1035,10 +1046,15 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   for (int64_t chunk_start = 0; chunk_start < rows; chunk_start += logits_chunk_rows_) {
     const int64_t chunk = std::min(logits_chunk_rows_, rows - chunk_start);
     if (chunk_start > 0) {  // the first chunk ran in Forward (or the graph)
-      LMSERVE_STATUS_RETURN(Gemm(
-          kLmHead, chunk,
-          static_cast<const unsigned char*>(hidden_rows) + chunk_start * config_.hidden_size * kBf16Bytes,
-          lm_head_, logits_.get()));
+      LMSERVE_STATUS_RETURN(Gemm(kLmHead, chunk,
+                                 static_cast<const unsigned char*>(hidden_rows) +
+                                     chunk_start * config_.hidden_size * kBf16Bytes,
+                                 lm_head_, logits_.get()));
+      // A sampled row can sit past the first chunk (a long kAll sequence before it).
+      if (std::any_of(row_samples_.begin() + chunk_start,
+                      row_samples_.begin() + chunk_start + chunk, [](bool b) { return b; })) {
+        LMSERVE_STATUS_RETURN(SampleRows(layout, chunk_start, chunk));
+      }
     }
     // Copy each run of consecutive output rows at once.
     for (int64_t r = chunk_start; r < chunk_start + chunk;) {
@@ -1058,17 +1074,8 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
     }
   }
   LMSERVE_CUDA_RETURN(cudaStreamSynchronize(stream_), "running the step");
-  for (int64_t r = 0; r < std::min(rows, logits_chunk_rows_); ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     if (row_samples_[r]) output->sampled_tokens[row_seq_[r]] = h_sampled_.as<int32_t>()[r];
-  }
-  // kSample rows sit in the first chunk: more rows than a chunk come only from kAll sequences,
-  // and a kSample row past the first chunk would be missed. Check rather than trust.
-  for (int64_t r = logits_chunk_rows_; r < rows; ++r) {
-    if (row_samples_[r]) {
-      return absl::UnimplementedError(
-          StrCat("CUDA runner: a step with more than ", logits_chunk_rows_,
-                 " logits rows sampled past its first chunk; split the step"));
-    }
   }
   return absl::OkStatus();
 }

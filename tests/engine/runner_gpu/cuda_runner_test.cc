@@ -266,6 +266,41 @@ TEST(CudaRunnerTest, SeededSamplingIsReproducibleAndMixesWithLogitsRows) {
   EXPECT_TRUE(differs);
 }
 
+// More logits rows than one LM-head chunk (256): a long teacher-forced sequence, then a sampled
+// one whose row lands in the second chunk.
+TEST(CudaRunnerTest, SamplesRowsPastTheFirstLogitsChunk) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto runner = MakeRunner(**checkpoint, CudaConfig());
+  ASSERT_NE(runner, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  std::vector<int32_t> scored(300), prompt(10);
+  for (int i = 0; i < 300; ++i) scored[i] = (i * 37 + 11) % 1024;
+  for (int i = 0; i < 10; ++i) prompt[i] = (i * 101 + 5) % 1024;
+  StepBatch both, scored_alone, prompt_alone;
+  both.AddSequence(scored, 0, Blocks(0, 300, 16), LogitsMode::kAll);
+  both.AddSequence(prompt, 0, Blocks(40, 10, 16), LogitsMode::kSample);
+  both.sampling.resize(2);  // greedy
+  scored_alone.AddSequence(scored, 0, Blocks(0, 300, 16), LogitsMode::kAll);
+  prompt_alone.AddSequence(prompt, 0, Blocks(40, 10, 16), LogitsMode::kLast);
+  StepOutput out, scored_out, prompt_out;
+  absl::Status status = runner->Execute(both, &out);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_TRUE(runner->Execute(scored_alone, &scored_out).ok());
+  ASSERT_TRUE(runner->Execute(prompt_alone, &prompt_out).ok());
+  EXPECT_THAT(out.logits_row_start, ::testing::ElementsAre(0, 300, 300));
+  ASSERT_EQ(out.logits.size(), scored_out.logits.size());
+  EXPECT_LE(RelativeL2(out.logits.data(), scored_out.logits.data(), out.logits.size()), 1e-2);
+  ASSERT_EQ(out.sampled_tokens.size(), 2u);
+  EXPECT_EQ(out.sampled_tokens[0], -1);
+  const float* row = prompt_out.logits.data();
+  if (Margin(row, vocab) > 0.05) {
+    EXPECT_EQ(out.sampled_tokens[1], ArgMax(row, vocab));
+  }
+  EXPECT_GE(out.sampled_tokens[1], 0);
+}
+
 TEST(CudaRunnerTest, DummyWeightsAgreeWithTheCpuRunner) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenConfigOnlyCheckpoint(testing::HfTinyDir("llama-gqa") + "/config.json");
