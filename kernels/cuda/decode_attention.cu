@@ -43,7 +43,7 @@ struct DecodeConfig {
   using Shape = DecodeShape<kHeadDim>;
   static constexpr int kUnroll = 2;  // tokens per group per step: 2 keeps the ring small, occupancy high
   static constexpr int kTile = Shape::kTokenGroups * kUnroll;               // tokens per step
-  static constexpr int kStages = 4;  // steps of K/V in flight (cp.async ring)
+  static constexpr int kStages = 6;  // steps of K/V in flight (cp.async ring)
   static constexpr int kRingBytes = kStages * 2 * kUnroll * kThreads * 16;
   static constexpr int kMergeBytes = Shape::kTokenGroups * kGroup * kHeadDim * 4;
   static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
