@@ -10,7 +10,7 @@
 // launch configuration depends on num_seqs, the head counts and max_splits only, so one
 // configuration (and one captured CUDA graph) serves every context length.
 //
-// Inside a block, each thread streams its 16-byte pieces of K and V through a 4-step cp.async ring
+// Inside a block, each thread streams its 16-byte pieces of K and V through a 6-step cp.async ring
 // in shared memory (no barrier in the loop), and each group of lanes keeps its own online softmax;
 // the groups merge at the end. bf16 or fp16 query, cache and output; fp32 scores, softmax and
 // accumulation.
