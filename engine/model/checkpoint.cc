@@ -41,6 +41,19 @@ absl::StatusOr<const TensorView*> Checkpoint::Get(std::string_view name,
   return tensor;
 }
 
+absl::Status CheckTensorBytes(const TensorView& tensor) {
+  const kernels::BlockLayout block = kernels::GetBlockLayout(tensor.dtype);
+  const int64_t elements = tensor.NumElements();
+  if (elements % block.elements_per_block != 0 ||
+      tensor.num_bytes != elements / block.elements_per_block * block.bytes_per_block) {
+    return absl::InvalidArgumentError(StrCat(tensor.file, ": tensor '", tensor.name, "' holds ",
+                                             tensor.num_bytes, " bytes, not what ", elements,
+                                             " elements of ", kernels::DTypeName(tensor.dtype),
+                                             " take"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCheckpointTensors(const Checkpoint& checkpoint) {
   const ModelConfig& c = checkpoint.config();
   const int64_t q_rows = c.num_attention_heads * c.head_dim;

@@ -74,6 +74,10 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenGgufCheckpoint(const std::string
 // supported type. Errors name the file and the tensor.
 absl::Status ValidateCheckpointTensors(const Checkpoint& checkpoint);
 
+// OK if the tensor's byte count is what its element count takes in its type (whole blocks for the
+// GGUF block formats); else InvalidArgument naming the file and the tensor.
+absl::Status CheckTensorBytes(const TensorView& tensor);
+
 // Hugging Face tensor names of layer `layer`.
 std::string LayerTensorName(int64_t layer, std::string_view suffix);
 

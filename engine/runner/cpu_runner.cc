@@ -67,6 +67,10 @@ class CpuRunner final : public ModelRunner {
   CpuRunner(const ModelConfig& config, const RunnerConfig& runner_config);
 
   absl::Status LoadWeights(const Checkpoint& checkpoint);
+  absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
+                          const std::vector<int64_t>& shape, float* dst) const;
+  absl::Status LoadVector(const Checkpoint& checkpoint, const std::string& name,
+                          const std::vector<int64_t>& shape, std::vector<float>* out) const;
   // Makes the workspaces hold `num_tokens` tokens with contexts up to `max_context_len`.
   void EnsureWorkspace(int64_t num_tokens, int64_t max_context_len);
   void RunLayer(int64_t layer, const StepBatch& batch, int64_t num_tokens, int64_t max_context_len);
@@ -134,14 +138,11 @@ CpuRunner::CpuRunner(const ModelConfig& config, const RunnerConfig& runner_confi
       inv_freq_(RopeInverseFrequencies(config)),
       dummy_weights_(runner_config.load_format == LoadFormat::kDummy) {}
 
-// With dummy weights (LoadFormat::kDummy), LoadTensor fills instead of reading. Start-up is
-// single-threaded, so a flag set for its duration is enough.
-thread_local bool g_dummy_weights = false;
-
-// Converts tensor `name` (checked against `shape`) to fp32 into dst[0 .. elements).
-absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
-                        const std::vector<int64_t>& shape, float* dst) {
-  if (g_dummy_weights) {
+// Converts tensor `name` (checked against `shape`) to fp32 into dst[0 .. elements); with dummy
+// weights (LoadFormat::kDummy), fills it with their values instead.
+absl::Status CpuRunner::LoadTensor(const Checkpoint& checkpoint, const std::string& name,
+                                   const std::vector<int64_t>& shape, float* dst) const {
+  if (dummy_weights_) {
     int64_t elements = 1;
     for (int64_t d : shape) elements *= d;
     FillDummyF32(name, shape.size() == 2 ? shape[1] : shape[0], dst, elements);
@@ -149,20 +150,14 @@ absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
   }
   absl::StatusOr<const TensorView*> tensor = checkpoint.Get(name, shape);
   if (!tensor.ok()) return tensor.status();
-  const kernels::BlockLayout block = kernels::GetBlockLayout((*tensor)->dtype);
-  const int64_t elements = (*tensor)->NumElements();
-  if (elements % block.elements_per_block != 0 ||
-      (*tensor)->num_bytes != elements / block.elements_per_block * block.bytes_per_block) {
-    return absl::InvalidArgumentError(StrCat(
-        (*tensor)->file, ": tensor '", name, "' holds ", (*tensor)->num_bytes, " bytes, not what ",
-        elements, " elements of ", kernels::DTypeName((*tensor)->dtype), " take"));
-  }
-  kernels::DequantizeToF32((*tensor)->dtype, (*tensor)->data, dst, elements);
+  if (absl::Status s = CheckTensorBytes(**tensor); !s.ok()) return s;
+  kernels::DequantizeToF32((*tensor)->dtype, (*tensor)->data, dst, (*tensor)->NumElements());
   return absl::OkStatus();
 }
 
-absl::Status LoadVector(const Checkpoint& checkpoint, const std::string& name,
-                        const std::vector<int64_t>& shape, std::vector<float>* out) {
+absl::Status CpuRunner::LoadVector(const Checkpoint& checkpoint, const std::string& name,
+                                   const std::vector<int64_t>& shape,
+                                   std::vector<float>* out) const {
   int64_t elements = 1;
   for (int64_t d : shape) elements *= d;
   out->resize(static_cast<size_t>(elements));
@@ -272,10 +267,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint&
   }
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<CpuRunner> runner(new CpuRunner(model, config));
-  g_dummy_weights = runner->dummy_weights_;
-  absl::Status loaded = runner->LoadWeights(checkpoint);
-  g_dummy_weights = false;
-  if (!loaded.ok()) return loaded;
+  if (absl::Status s = runner->LoadWeights(checkpoint); !s.ok()) return s;
 
   runner->num_blocks_ = static_cast<int32_t>(num_blocks);
   runner->layer_cache_floats_ = num_blocks * config.block_size_tokens * runner->kv_dim_;

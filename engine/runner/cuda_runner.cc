@@ -228,14 +228,18 @@ class CudaRunner final : public ModelRunner {
   // The sampler over rows [first_row, first_row + num_rows), whose logits are in logits_; the
   // tokens go to h_sampled_[first_row ...] when the stream gets there.
   absl::Status SampleRows(const StepLayout& layout, int64_t first_row, int64_t num_rows);
+  // Prefill attention over `layer`'s cache for the step in `layout` (the plan and every layer's
+  // launch share it).
+  kc::PrefillAttentionParams PrefillParams(const StepLayout& layout, int64_t layer, int64_t tokens,
+                                           int64_t seqs) const;
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
                         bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
   absl::Status Gemm(Projection projection, int64_t m, const void* x, const void* w, void* y);
   // Whether the skinny GEMM beats cuBLASLt for this projection at m rows: timed on first use
   // (never while a graph is being captured: the graphs' sizes are decided in their warm-up).
-  absl::StatusOr<bool> UseSkinny(Projection projection, int64_t m, const void* x, const void* w,
-                                 void* y);
+  absl::StatusOr<bool> UseSkinny(Projection projection, const kc::GemmPlan& plan, const void* x,
+                                 const void* w, void* y);
 
   template <typename T>
   const T* In(size_t offset) const {
@@ -256,6 +260,7 @@ class CudaRunner final : public ModelRunner {
   const RunnerConfig runner_config_;
   const int32_t block_size_;
   const int64_t q_dim_, kv_dim_, qkv_dim_;
+  const float attention_scale_;  // 1 / sqrt(head_dim)
   const int64_t max_tokens_;  // tokens in a step, at most
   const int64_t max_seqs_;    // sequences in a step, at most
   int64_t max_table_ids_ = 0;
@@ -322,6 +327,7 @@ CudaRunner::CudaRunner(const ModelConfig& config, const RunnerConfig& runner_con
       q_dim_(config.num_attention_heads * config.head_dim),
       kv_dim_(config.num_kv_heads * config.head_dim),
       qkv_dim_(q_dim_ + 2 * kv_dim_),
+      attention_scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))),
       max_tokens_(std::max<int64_t>(runner_config.max_num_batched_tokens,
                                     runner_config.max_num_seqs)),
       max_seqs_(runner_config.max_num_seqs) {}
@@ -444,13 +450,7 @@ absl::Status CudaRunner::LoadTensor(const Checkpoint& checkpoint, const std::str
   absl::StatusOr<const TensorView*> tensor = checkpoint.Get(name, shape);
   if (!tensor.ok()) return tensor.status();
   const TensorView& t = **tensor;
-  const kernels::BlockLayout block = kernels::GetBlockLayout(t.dtype);
-  if (elements % block.elements_per_block != 0 ||
-      t.num_bytes != elements / block.elements_per_block * block.bytes_per_block) {
-    return absl::InvalidArgumentError(StrCat(t.file, ": tensor '", name, "' holds ", t.num_bytes,
-                                             " bytes, not what ", elements, " elements of ",
-                                             kernels::DTypeName(t.dtype), " take"));
-  }
+  if (absl::Status s = CheckTensorBytes(t); !s.ok()) return s;
   if (t.dtype == DType::kBF16) {  // already bf16: copy as is
     LMSERVE_CUDA_RETURN(cudaMemcpyAsync(dst, t.data, static_cast<size_t>(t.num_bytes),
                                         cudaMemcpyHostToDevice, stream_),
@@ -662,16 +662,14 @@ kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, con
           .output_dtype = shape.output_dtype};
 }
 
-absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, int64_t m, const void* x,
-                                           const void* w, void* y) {
-  const auto key = std::make_pair(static_cast<int>(projection), m);
+absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, const kc::GemmPlan& plan,
+                                           const void* x, const void* w, void* y) {
+  const auto key = std::make_pair(static_cast<int>(projection), plan.shape().m);
   if (auto it = use_skinny_.find(key); it != use_skinny_.end()) return it->second;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_CUDA_RETURN(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) return false;
-  absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
-  if (!plan.ok()) return plan.status();
-  const kc::SkinnyGemmParams skinny = SkinnyParams((*plan)->shape(), x, w, y);
+  const kc::SkinnyGemmParams skinny = SkinnyParams(plan.shape(), x, w, y);
   if (!skinny.Validate().ok()) return use_skinny_[key] = false;
   cudaEvent_t start = nullptr, stop = nullptr;
   LMSERVE_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
@@ -690,7 +688,7 @@ absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, int64_t m, con
     std::sort(ms.begin(), ms.end());
     return ms[2];
   };
-  const float blas_ms = time([&] { (*plan)->Run(x, w, y, stream_); });
+  const float blas_ms = time([&] { plan.Run(x, w, y, stream_); });
   const float skinny_ms = time([&] { kc::Launch(skinny, stream_); });
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -700,21 +698,42 @@ absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, int64_t m, con
 
 absl::Status CudaRunner::Gemm(Projection projection, int64_t m, const void* x, const void* w,
                               void* y) {
+  absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
+  if (!plan.ok()) return plan.status();
   if (m <= kc::kMaxSkinnyGemmRows) {
-    absl::StatusOr<bool> skinny = UseSkinny(projection, m, x, w, y);
+    absl::StatusOr<bool> skinny = UseSkinny(projection, **plan, x, w, y);
     if (!skinny.ok()) return skinny.status();
     if (*skinny) {
-      absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
-      if (!plan.ok()) return plan.status();
       LMSERVE_CUDA_RETURN(kc::Launch(SkinnyParams((*plan)->shape(), x, w, y), stream_),
                           "skinny GEMM");
       return absl::OkStatus();
     }
   }
-  absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
-  if (!plan.ok()) return plan.status();
   LMSERVE_BLAS_RETURN((*plan)->Run(x, w, y, stream_), "GEMM");
   return absl::OkStatus();
+}
+
+kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, int64_t layer,
+                                                     int64_t tokens, int64_t seqs) const {
+  const ModelConfig& c = config_;
+  return {.query = qkv_.get(),
+          .key_cache = KeyCache(layer),
+          .value_cache = ValueCache(layer),
+          .query_start = In<int32_t>(layout.query_start),
+          .context_lens = In<int32_t>(layout.context_lens),
+          .block_table_start = In<int32_t>(layout.block_table_start),
+          .block_table_ids = In<int32_t>(layout.block_table_ids),
+          .output = attention_.get(),
+          .workspace = prefill_workspace_.get(),
+          .num_seqs = seqs,
+          .num_tokens = tokens,
+          .num_heads = c.num_attention_heads,
+          .num_kv_heads = c.num_kv_heads,
+          .head_dim = c.head_dim,
+          .block_size = block_size_,
+          .num_blocks = num_blocks_,
+          .query_stride = qkv_dim_,
+          .scale = attention_scale_};
 }
 
 absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
@@ -756,7 +775,6 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
       .layout = c.rope.layout == RopeLayout::kInterleaved ? kernels::RotaryLayout::kInterleaved
                                                           : kernels::RotaryLayout::kHalfSplit};
   LMSERVE_CUDA_RETURN(kc::Launch(post, stream_), "QKV post-processing");
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   if (decode_only) {
     kc::DecodeAttentionParams attn{.query = qkv_.get(),
                                    .key_cache = KeyCache(layer),
@@ -774,28 +792,11 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
                                    .num_blocks = num_blocks_,
                                    .query_stride = qkv_dim_,
                                    .max_splits = decode_splits_.at(seqs),
-                                   .scale = scale};
+                                   .scale = attention_scale_};
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "decode attention");
   } else {
-    kc::PrefillAttentionParams attn{.query = qkv_.get(),
-                                    .key_cache = KeyCache(layer),
-                                    .value_cache = ValueCache(layer),
-                                    .query_start = In<int32_t>(layout.query_start),
-                                    .context_lens = In<int32_t>(layout.context_lens),
-                                    .block_table_start = In<int32_t>(layout.block_table_start),
-                                    .block_table_ids = In<int32_t>(layout.block_table_ids),
-                                    .output = attention_.get(),
-                                    .workspace = prefill_workspace_.get(),
-                                    .num_seqs = seqs,
-                                    .num_tokens = tokens,
-                                    .num_heads = c.num_attention_heads,
-                                    .num_kv_heads = c.num_kv_heads,
-                                    .head_dim = c.head_dim,
-                                    .block_size = block_size_,
-                                    .num_blocks = num_blocks_,
-                                    .query_stride = qkv_dim_,
-                                    .scale = scale,
-                                    .plan_ready = true};
+    kc::PrefillAttentionParams attn = PrefillParams(layout, layer, tokens, seqs);
+    attn.plan_ready = true;  // Forward planned the step
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "prefill attention");
   }
   LMSERVE_STATUS_RETURN(Gemm(kOut, tokens, attention_.get(), w.o_proj, projected_.get()));
@@ -820,25 +821,8 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
                             .vocab_size = c.vocab_size, .hidden_size = c.hidden_size};
   LMSERVE_CUDA_RETURN(kc::Launch(embed, stream_), "embedding");
   if (!decode_only) {
-    kc::PrefillAttentionParams plan{.query = qkv_.get(),
-                                    .key_cache = KeyCache(0),
-                                    .value_cache = ValueCache(0),
-                                    .query_start = In<int32_t>(layout.query_start),
-                                    .context_lens = In<int32_t>(layout.context_lens),
-                                    .block_table_start = In<int32_t>(layout.block_table_start),
-                                    .block_table_ids = In<int32_t>(layout.block_table_ids),
-                                    .output = attention_.get(),
-                                    .workspace = prefill_workspace_.get(),
-                                    .num_seqs = seqs,
-                                    .num_tokens = tokens,
-                                    .num_heads = c.num_attention_heads,
-                                    .num_kv_heads = c.num_kv_heads,
-                                    .head_dim = c.head_dim,
-                                    .block_size = block_size_,
-                                    .num_blocks = num_blocks_,
-                                    .query_stride = qkv_dim_,
-                                    .scale = 1.0f};
-    LMSERVE_CUDA_RETURN(kc::LaunchPrefillPlan(plan, stream_), "prefill plan");
+    LMSERVE_CUDA_RETURN(kc::LaunchPrefillPlan(PrefillParams(layout, 0, tokens, seqs), stream_),
+                        "prefill plan");
   }
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     LMSERVE_STATUS_RETURN(RunLayer(layer, layout, tokens, seqs, decode_only));
