@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/half.h"
@@ -38,6 +39,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -504,6 +506,52 @@ class Bench {
         auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
         Record({std::string("dequantize ") + std::string(DTypeName(dtype)) + " -> bf16",
                 "4096 x 14336", us, min_us, static_cast<double>(src_bytes) + n * 2, 0});
+      }
+    }
+    if (Selected("skinny")) {
+      // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32): the skinny
+      // kernel and cuBLASLt's autotuned plan at the batch sizes that decide between them.
+      struct Projection {
+        const char* name;
+        int64_t n, k;
+        bool f32_out;
+      };
+      for (const Projection& proj : {Projection{"qkv", 6144, 4096, false}, {"o", 4096, 4096, false},
+                                     {"gate_up", 28672, 4096, false}, {"down", 4096, 14336, false},
+                                     {"lm_head", 128256, 4096, true}}) {
+        Buffer w(proj.n * proj.k * 2), x(64 * proj.k * 2), y(64 * proj.n * 4);
+        FillBf16(w, 0.05f);
+        FillBf16(x);
+        for (int64_t m : {1, 8, 64}) {
+          char shape_text[64];
+          std::snprintf(shape_text, sizeof(shape_text), "%s m %lld n %lld k %lld", proj.name,
+                        static_cast<long long>(m), static_cast<long long>(proj.n),
+                        static_cast<long long>(proj.k));
+          const double bytes = 2.0 * (proj.n * proj.k + m * proj.k) + m * proj.n * (proj.f32_out ? 4 : 2);
+          if (m <= kMaxSkinnyGemmRows) {
+            SkinnyGemmParams p{.x = x.get(), .w = w.get(), .y = y.get(), .m = m, .n = proj.n,
+                               .k = proj.k,
+                               .output_dtype = proj.f32_out ? DType::kF32 : DType::kBF16};
+            auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+            Record({"skinny GEMM", shape_text, us, min_us, bytes, 0});
+            if (std::string_view(proj.name) == "gate_up") {
+              p.silu_and_mul = true;
+              auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+              Record({"skinny GEMM + SiLU", shape_text, fused_us, fused_min,
+                      bytes - m * proj.n, 0});
+            }
+          }
+          GemmShape shape;
+          shape.m = m;
+          shape.n = proj.n;
+          shape.k = proj.k;
+          if (proj.f32_out) shape.output_dtype = DType::kF32;
+          auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
+                                       gemm_workspace_->bytes(), true, stream_);
+          if (!plan.ok()) continue;
+          auto [us, min_us] = Time([&] { (*plan)->Run(x.get(), w.get(), y.get(), stream_); });
+          Record({"cuBLASLt GEMM", shape_text, us, min_us, bytes, 0});
+        }
       }
     }
     if (Selected("gemm")) {

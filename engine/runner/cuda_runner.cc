@@ -235,11 +235,18 @@ class CudaRunner final : public ModelRunner {
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
                         bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
-  absl::Status Gemm(Projection projection, int64_t m, const void* x, const void* w, void* y);
+  // y = x W^T through the plan or the skinny kernel; with silu_and_mul (kGateUp only), `act`
+  // gets silu(gate) * up: the skinny kernel's epilogue, or a SiLU-and-mul kernel after the GEMM
+  // writes y.
+  absl::Status Gemm(Projection projection, int64_t m, const void* x, const void* w, void* y,
+                    void* act = nullptr);
   // Whether the skinny GEMM beats cuBLASLt for this projection at m rows: timed on first use
-  // (never while a graph is being captured: the graphs' sizes are decided in their warm-up).
+  // (never while a graph is being captured: the graphs' sizes are decided in their warm-up),
+  // over every layer's weights in turn, so that they come from memory as in a step.
   absl::StatusOr<bool> UseSkinny(Projection projection, const kc::GemmPlan& plan, const void* x,
-                                 const void* w, void* y);
+                                 void* y);
+  // The weights of `projection` in `layer` (the LM head has one, whatever the layer).
+  const void* ProjectionWeights(Projection projection, int64_t layer) const;
 
   template <typename T>
   const T* In(size_t offset) const {
@@ -662,15 +669,31 @@ kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, con
           .output_dtype = shape.output_dtype};
 }
 
+const void* CudaRunner::ProjectionWeights(Projection projection, int64_t layer) const {
+  switch (projection) {
+    case kQkv:
+      return layers_[layer].qkv;
+    case kOut:
+      return layers_[layer].o_proj;
+    case kGateUp:
+      return layers_[layer].gate_up;
+    case kDown:
+      return layers_[layer].down;
+    default:
+      return lm_head_;
+  }
+}
+
 absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, const kc::GemmPlan& plan,
-                                           const void* x, const void* w, void* y) {
+                                           const void* x, void* y) {
   const auto key = std::make_pair(static_cast<int>(projection), plan.shape().m);
   if (auto it = use_skinny_.find(key); it != use_skinny_.end()) return it->second;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_CUDA_RETURN(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) return false;
-  const kc::SkinnyGemmParams skinny = SkinnyParams(plan.shape(), x, w, y);
+  kc::SkinnyGemmParams skinny = SkinnyParams(plan.shape(), x, ProjectionWeights(projection, 0), y);
   if (!skinny.Validate().ok()) return use_skinny_[key] = false;
+  const int64_t num_weights = projection == kLmHead ? 1 : config_.num_layers;
   cudaEvent_t start = nullptr, stop = nullptr;
   LMSERVE_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
   LMSERVE_CUDA_RETURN(cudaEventCreate(&stop), "cudaEventCreate");
@@ -688,8 +711,15 @@ absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, const kc::Gemm
     std::sort(ms.begin(), ms.end());
     return ms[2];
   };
-  const float blas_ms = time([&] { plan.Run(x, w, y, stream_); });
-  const float skinny_ms = time([&] { kc::Launch(skinny, stream_); });
+  const float blas_ms = time([&] {
+    for (int64_t l = 0; l < num_weights; ++l) plan.Run(x, ProjectionWeights(projection, l), y, stream_);
+  });
+  const float skinny_ms = time([&] {
+    for (int64_t l = 0; l < num_weights; ++l) {
+      skinny.w = ProjectionWeights(projection, l);
+      kc::Launch(skinny, stream_);
+    }
+  });
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   LMSERVE_CUDA_RETURN(cudaGetLastError(), "timing the GEMMs");
@@ -697,19 +727,25 @@ absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, const kc::Gemm
 }
 
 absl::Status CudaRunner::Gemm(Projection projection, int64_t m, const void* x, const void* w,
-                              void* y) {
+                              void* y, void* act) {
   absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
   if (!plan.ok()) return plan.status();
   if (m <= kc::kMaxSkinnyGemmRows) {
-    absl::StatusOr<bool> skinny = UseSkinny(projection, **plan, x, w, y);
+    absl::StatusOr<bool> skinny = UseSkinny(projection, **plan, x, y);
     if (!skinny.ok()) return skinny.status();
     if (*skinny) {
-      LMSERVE_CUDA_RETURN(kc::Launch(SkinnyParams((*plan)->shape(), x, w, y), stream_),
-                          "skinny GEMM");
+      kc::SkinnyGemmParams params = SkinnyParams((*plan)->shape(), x, w, act != nullptr ? act : y);
+      params.silu_and_mul = act != nullptr;
+      LMSERVE_CUDA_RETURN(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }
   }
   LMSERVE_BLAS_RETURN((*plan)->Run(x, w, y, stream_), "GEMM");
+  if (act != nullptr) {
+    kc::SiluAndMulParams silu{.gate_up = y, .output = act, .num_tokens = m,
+                              .intermediate_size = config_.intermediate_size};
+    LMSERVE_CUDA_RETURN(kc::Launch(silu, stream_), "SiLU and mul");
+  }
   return absl::OkStatus();
 }
 
@@ -805,10 +841,8 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
                                  .num_tokens = tokens, .hidden_size = c.hidden_size,
                                  .epsilon = eps};
   LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
-  LMSERVE_STATUS_RETURN(Gemm(kGateUp, tokens, normed_.get(), w.gate_up, gate_up_.get()));
-  kc::SiluAndMulParams act{.gate_up = gate_up_.get(), .output = activation_.get(),
-                           .num_tokens = tokens, .intermediate_size = c.intermediate_size};
-  LMSERVE_CUDA_RETURN(kc::Launch(act, stream_), "SiLU and mul");
+  LMSERVE_STATUS_RETURN(
+      Gemm(kGateUp, tokens, normed_.get(), w.gate_up, gate_up_.get(), activation_.get()));
   LMSERVE_STATUS_RETURN(Gemm(kDown, tokens, activation_.get(), w.down, projected_.get()));
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_attention.h"
@@ -70,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   __shared__ float s_m[kTokenGroups][kGroup];
   __shared__ float s_l[kTokenGroups][kGroup];
 
+  BeginDependentKernel();
   const int split = blockIdx.x;
   const int kv_head = blockIdx.y / a.head_chunks;
   const int chunk = blockIdx.y - kv_head * a.head_chunks;
@@ -253,11 +255,241 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   }
 }
 
+// The tensor-core variant: the query heads of a KV head are the M rows of mma.sync m16n8k16 tiles
+// (up to 16 heads; larger groups take several blocks), so a key's dot products with the whole group
+// are one tensor-core operation instead of per-lane sums and shuffles. Each warp owns every
+// kWarps-th tile of kTileN keys of the block's split, streams it through its own kStages-deep
+// cp.async ring (no block barrier in the loop) and keeps its own online softmax (the layout of
+// prefill_attention.cu's); the warps merge through shared memory at the end.
+template <int kHeadDim>
+struct MmaDecodeShape {
+  static constexpr int kRows = 16;   // query heads per block
+  static constexpr int kTileN = 16;  // keys per warp step
+  static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kTileElements = kTileN * kStride;
+  static constexpr int kWarpElements = kStages * 2 * kTileElements;  // [stage][K, V][key][dim]
+  static constexpr int kLoadBytes = (kRows + kWarps * 2 * kStages * kTileN) * kStride * 2;
+  static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;
+  static constexpr int kSmemBytes = kLoadBytes > kMergeBytes ? kLoadBytes : kMergeBytes;
+};
+
+// grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads) DecodeAttentionMmaKernel(DecodeArgs a) {
+  using Shape = MmaDecodeShape<kHeadDim>;
+  constexpr int kRows = Shape::kRows;
+  constexpr int kTileN = Shape::kTileN;
+  constexpr int kStride = Shape::kStride;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte pieces per row
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRows][kStride]
+  // After the loop the whole buffer is reused for the merge.
+  auto s_acc = reinterpret_cast<float (*)[kRows][kHeadDim]>(smem_raw);
+  __shared__ float s_m[kWarps][kRows];
+  __shared__ float s_l[kWarps][kRows];
+
+  BeginDependentKernel();
+  const int split = blockIdx.x;
+  const int kv_head = blockIdx.y / a.head_chunks;
+  const int chunk = blockIdx.y - kv_head * a.head_chunks;
+  const int seq = blockIdx.z;
+  const int context_len = a.context_lens[seq];
+  const DecodeSplit plan = DecodeSplitPlan(context_len, a.max_splits);
+  const int head0 = kv_head * a.group_size + chunk * kRows;
+  const int heads_here = min(kRows, a.group_size - chunk * kRows);
+  T* output = static_cast<T*>(a.output) + (int64_t{seq} * a.num_heads + head0) * kHeadDim;
+  if (plan.num_splits == 0) {  // no keys: a zero output, written by the first split's block
+    if (split == 0) {
+      for (int i = threadIdx.x; i < heads_here * kHeadDim; i += kThreads) output[i] = FromFloat<T>(0.0f);
+    }
+    return;
+  }
+  if (split >= plan.num_splits) return;
+  const int begin = split * plan.chunk_len;
+  const int end = min(context_len, begin + plan.chunk_len);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+  // This warp's tiles: warp, warp + kWarps, ... of the split's tiles.
+  const int num_tiles = (end - begin + kTileN - 1) / kTileN;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
+  T* ring = s_q + kRows * kStride + warp * Shape::kWarpElements;
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  const int32_t* table = a.block_table_ids + a.block_table_start[seq];
+  const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
+  auto load = [&](int j) {
+    const int t0 = begin + (warp + j * kWarps) * kTileN;
+    T* dst_k = ring + (j % kStages) * 2 * Shape::kTileElements;
+    T* dst_v = dst_k + Shape::kTileElements;
+#pragma unroll
+    for (int c = lane; c < kTileN * kChunks; c += 32) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const int pos = t0 + r;
+      const bool valid = pos < end;
+      int64_t offset = 0;
+      if (valid) {
+        const int block_index = pos / a.block_size;
+        const int64_t slot =
+            int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+        offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
+      }
+      CpAsync16(dst_k + r * kStride + col, key_cache + offset, valid);
+      CpAsync16(dst_v + r * kStride + col, value_cache + offset, valid);
+    }
+  };
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < my_tiles) load(j);
+    CpAsyncCommit();
+  }
+  // The query rows (zero past the group), shared by the warps.
+  const T* q_base = static_cast<const T*>(a.query) + seq * a.query_stride + int64_t{head0} * kHeadDim;
+  for (int c = tid; c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    Store16(s_q + r * kStride + col,
+            r < heads_here ? Load16(q_base + r * kHeadDim + col) : make_uint4(0, 0, 0, 0));
+  }
+  __syncthreads();
+
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8
+  const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row of this lane
+
+  for (int j = 0; j < my_tiles; ++j) {
+    if (j + kStages - 1 < my_tiles) load(j + kStages - 1);
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    __syncwarp();
+    const T* sk = ring + (j % kStages) * 2 * Shape::kTileElements;
+    const T* sv = sk + Shape::kTileElements;
+
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t qa[4], kb[4];
+      LdMatrixX4(qa, s_q + (lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+      LdMatrixX4(kb, sk + ((ldm / 2) * 8 + ldr) * kStride + kk * 16 + (ldm % 2) * 8);
+      Mma16816<T>(s[0], qa, kb[0], kb[1]);
+      Mma16816<T>(s[1], qa, kb[2], kb[3]);
+    }
+    const int t0 = begin + (warp + j * kWarps) * kTileN;
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = t0 + nt * 8 + 2 * (lane % 4) + (e & 1);
+        s[nt][e] = key < end ? s[nt][e] * a.scale_log2 : -INFINITY;
+        row_max[e / 2] = fmaxf(row_max[e / 2], s[nt][e]);
+      }
+    }
+    float base[2], rescale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      const float m_new = fmaxf(m[r], row_max[r]);
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;
+      rescale[r] = exp2f(m[r] - base[r]);
+      m[r] = m_new;
+      l[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - base[e / 2]);
+        l[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      o[dt][0] *= rescale[0];
+      o[dt][1] *= rescale[0];
+      o[dt][2] *= rescale[1];
+      o[dt][3] *= rescale[1];
+    }
+    // O += P V, P straight from the score registers (two 8-key accumulator tiles are one 16-key
+    // A operand).
+    uint32_t pa[4];
+    pa[0] = Pack2<T>(s[0][0], s[0][1]);
+    pa[1] = Pack2<T>(s[0][2], s[0][3]);
+    pa[2] = Pack2<T>(s[1][0], s[1][1]);
+    pa[3] = Pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+      uint32_t vb[4];
+      LdMatrixX4Trans(vb, sv + ((ldm % 2) * 8 + ldr) * kStride + dd * 16 + (ldm / 2) * 8);
+      Mma16816<T>(o[2 * dd], pa, vb[0], vb[1]);
+      Mma16816<T>(o[2 * dd + 1], pa, vb[2], vb[3]);
+    }
+    __syncwarp();  // every lane is done with this stage before it is loaded again
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  __syncthreads();  // every warp is done with the ring and s_q before they become s_acc
+
+  // Merge the warps' partial softmaxes.
+  const int row_a = lane / 4, row_b = row_a + 8;
+  if (lane % 4 == 0) {
+    s_m[warp][row_a] = m[0];
+    s_m[warp][row_b] = m[1];
+    s_l[warp][row_a] = l[0];
+    s_l[warp][row_b] = l[1];
+  }
+#pragma unroll
+  for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane % 4);
+    *reinterpret_cast<float2*>(&s_acc[warp][row_a][col]) = make_float2(o[dt][0], o[dt][1]);
+    *reinterpret_cast<float2*>(&s_acc[warp][row_b][col]) = make_float2(o[dt][2], o[dt][3]);
+  }
+  __syncthreads();
+  for (int i = tid; i < heads_here * kHeadDim; i += kThreads) {
+    const int g = i / kHeadDim, d = i - g * kHeadDim;
+    float max_m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) max_m = fmaxf(max_m, s_m[w][g]);
+    float sum_l = 0.0f, out = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = s_m[w][g] == -INFINITY ? 0.0f : exp2f(s_m[w][g] - max_m);
+      sum_l += s_l[w][g] * weight;
+      out += s_acc[w][g][d] * weight;
+    }
+    if (plan.num_splits == 1) {
+      output[i] = FromFloat<T>(out / sum_l);
+    } else {
+      const int64_t index = (int64_t{seq} * a.num_heads + head0 + g) * a.max_splits + split;
+      a.partial_out[index * kHeadDim + d] = out / sum_l;
+      if (d == 0) a.partial_lse[index] = max_m + log2f(sum_l);
+    }
+  }
+}
+
+// Which decode kernel: the tensor-core one unless $LMSERVE_DECODE_ATTENTION_KERNEL=simt (kept for
+// comparison in benchmarks).
+bool UseMmaDecode() {
+  static const bool use = [] {
+    const char* env = std::getenv("LMSERVE_DECODE_ATTENTION_KERNEL");
+    return env == nullptr || std::string_view(env) != "simt";
+  }();
+  return use;
+}
+
 // grid (num_heads, num_seqs): merges a sequence's splits, weighting each by exp2(lse - max lse).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, int head_dim) {
   __shared__ float s_weight[kDecodeMaxSplits];
   __shared__ float scratch[32];
+  BeginDependentKernel();
   const int head = blockIdx.x, seq = blockIdx.y;
   const DecodeSplit plan = DecodeSplitPlan(a.context_lens[seq], a.max_splits);
   if (plan.num_splits <= 1) return;
@@ -294,6 +526,15 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
+      if (UseMmaDecode()) {
+        using Shape = MmaDecodeShape<kHeadDim>;
+        blocks = num_seqs * num_kv_heads * CeilDiv(group_size, Shape::kRows);
+        auto kernel = DecodeAttentionMmaKernel<T, kHeadDim>;
+        LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads,
+                                                             Shape::kSmemBytes);
+      }
       return DispatchDecodeGroup(group_size, [&](auto group_constant) {
         constexpr int kGroup = decltype(group_constant)::value;
         blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kGroup);
@@ -355,6 +596,26 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
+      auto combine = [&]() -> cudaError_t {
+        if (p.max_splits <= 1) return cudaSuccess;
+        const dim3 combine_grid(static_cast<unsigned>(p.num_heads),
+                                static_cast<unsigned>(p.num_seqs));
+        return LaunchKernel(DecodeCombineKernel<T>, combine_grid, kThreads, 0, stream, a,
+                            static_cast<int>(kHeadDim));
+      };
+      if (UseMmaDecode()) {
+        using Shape = MmaDecodeShape<kHeadDim>;
+        a.head_chunks = static_cast<int>(CeilDiv(group_size, Shape::kRows));
+        const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
+                        static_cast<unsigned>(p.num_seqs));
+        auto kernel = DecodeAttentionMmaKernel<T, kHeadDim>;
+        static const cudaError_t attribute_status = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
+        LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+        LMSERVE_CUDA_RETURN_IF_ERROR(
+            LaunchKernel(kernel, grid, kThreads, Shape::kSmemBytes, stream, a));
+        return combine();
+      }
       return DispatchDecodeGroup(group_size, [&](auto group_constant) {
         constexpr int kGroup = decltype(group_constant)::value;
         a.head_chunks = static_cast<int>(CeilDiv(group_size, kGroup));
@@ -365,15 +626,8 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
         static const cudaError_t attribute_status = cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
         LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
-        kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
-        LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-        if (p.max_splits > 1) {
-          const dim3 combine_grid(static_cast<unsigned>(p.num_heads),
-                                  static_cast<unsigned>(p.num_seqs));
-          DecodeCombineKernel<T><<<combine_grid, kThreads, 0, stream>>>(a, kHeadDim);
-          LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-        }
-        return cudaSuccess;
+        LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, kThreads, kSmemBytes, stream, a));
+        return combine();
       });
     });
   });

@@ -1,5 +1,9 @@
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string_view>
+
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 
 namespace lmserve::kernels::cuda {
@@ -19,6 +23,22 @@ std::vector<DeviceInfo> ListDevices() {
                                  static_cast<int64_t>(prop.l2CacheSize)});
   }
   return devices;
+}
+
+bool ProgrammaticLaunchEnabled() {
+  static const bool enabled = [] {
+    if (const char* env = std::getenv("LMSERVE_PDL"); env != nullptr && std::string_view(env) == "0") {
+      return false;
+    }
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return enabled;
 }
 
 }  // namespace lmserve::kernels::cuda

@@ -17,6 +17,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const T* __restrict__ gate_up, T* __restrict__ output, int64_t num_vecs,
                      int64_t vecs_per_row) {
+  BeginDependentKernel();
   for (int64_t v = blockIdx.x * int64_t{kThreads} + threadIdx.x; v < num_vecs;
        v += int64_t{gridDim.x} * kThreads) {
     const int64_t token = v / vecs_per_row;
@@ -67,9 +68,9 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
     static const int sms = NumSms();
     const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), int64_t{sms} * 16);
-    SiluAndMulKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        static_cast<const T*>(p.gate_up), static_cast<T*>(p.output), num_vecs, vecs_per_row);
-    return cudaGetLastError();
+    return LaunchKernel(SiluAndMulKernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
+                        static_cast<const T*>(p.gate_up), static_cast<T*>(p.output), num_vecs,
+                        vecs_per_row);
   });
 }
 

@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(kNormThreads)
                   const T* __restrict__ weight, T* output, int64_t output_stride, int hidden_size,
                   float epsilon) {
   __shared__ float scratch[32];
+  BeginDependentKernel();
   const int64_t token = blockIdx.x;
   const int num_vecs = hidden_size / 8;
   const T* in_row = input + token * input_stride;
@@ -67,9 +68,8 @@ cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const 
   const dim3 grid(static_cast<unsigned>(num_tokens));
   const int hidden = static_cast<int>(hidden_size);
   auto launch = [&](auto kernel) {
-    kernel<<<grid, threads, 0, stream>>>(input, input_stride, residual, weight, output,
-                                         output_stride, hidden, epsilon);
-    return cudaGetLastError();
+    return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
+                        output, output_stride, hidden, epsilon);
   };
   if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, 1, kFused>);
   if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, 2, kFused>);

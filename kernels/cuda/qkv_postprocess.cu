@@ -25,6 +25,7 @@ struct QkvArgs {
 // [16u, 16u + 16) (8 pairs); value heads are copied 16 contiguous elements at a time.
 template <typename T, bool kInterleaved>
 __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
+  BeginDependentKernel();
   const int64_t token = blockIdx.x;
   const int units_per_head = a.head_dim / 16;
   const int num_all_heads = a.num_heads + 2 * a.num_kv_heads;
@@ -116,11 +117,9 @@ cudaError_t Launch(const QkvPostProcessParams& p, cudaStream_t stream) {
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.layout == RotaryLayout::kInterleaved) {
-      QkvPostProcessKernel<T, true><<<grid, kThreads, 0, stream>>>(a);
-    } else {
-      QkvPostProcessKernel<T, false><<<grid, kThreads, 0, stream>>>(a);
+      return LaunchKernel(QkvPostProcessKernel<T, true>, grid, kThreads, 0, stream, a);
     }
-    return cudaGetLastError();
+    return LaunchKernel(QkvPostProcessKernel<T, false>, grid, kThreads, 0, stream, a);
   });
 }
 

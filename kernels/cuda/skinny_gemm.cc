@@ -16,8 +16,12 @@ absl::Status SkinnyGemmParams::Validate() const {
                        StrCat("shape m ", m, ", n ", n, ", k ", k, " is not supported (m in [1, ",
                               kMaxSkinnyGemmRows, "], n even, k a multiple of 8)"));
   }
-  const int64_t xs = x_stride != 0 ? x_stride : k, ys = y_stride != 0 ? y_stride : n;
-  if (xs < k || xs % 8 != 0 || ys < n) {
+  if (silu_and_mul && output_dtype != input_dtype) {
+    return KernelError("SkinnyGemm", "silu_and_mul writes the input type");
+  }
+  const int64_t y_columns = silu_and_mul ? n / 2 : n;
+  const int64_t xs = x_stride != 0 ? x_stride : k, ys = y_stride != 0 ? y_stride : y_columns;
+  if (xs < k || xs % 8 != 0 || ys < y_columns) {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
   if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");

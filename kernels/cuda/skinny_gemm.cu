@@ -23,14 +23,21 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
 }
 
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
-// (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp).
-template <typename T, typename OutT, int M>
+// (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
+// column j = b * kWarps + w: the gate row j and the up row j + n / 2.
+template <typename T, typename OutT, int M, bool kSiluAndMul>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
                      int n, int k, int64_t x_stride, int64_t y_stride) {
+  static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
   const int lane = threadIdx.x % 32;
-  const int row0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRowsPerWarp;
-  if (row0 >= n) return;
+  const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
+  if (row0 >= (kSiluAndMul ? n / 2 : n)) {
+    WaitForPriorKernels();
+    return;
+  }
+  const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
   const int chunks = k / 8;
   float acc[kRowsPerWarp][M];
 #pragma unroll
@@ -40,16 +47,24 @@ __global__ void __launch_bounds__(kThreads)
   }
   const T* w_rows[kRowsPerWarp];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) w_rows[r] = w + int64_t{row0 + r} * k;
+  for (int r = 0; r < kRowsPerWarp; ++r) w_rows[r] = w + int64_t{row0 + r * row_step} * k;
 
-  int c = lane;
-  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[kUnroll][kRowsPerWarp];
+  uint4 wv[kUnroll][kRowsPerWarp];
+  auto load_w = [&](int c) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) wv[u][r] = LoadStream16(w_rows[r] + (c + 32 * u) * 8);
     }
+  };
+  // The weights do not depend on the previous kernel: the first pieces are requested before
+  // waiting for it (programmatic dependent launch, common.cuh).
+  int c = lane;
+  if (c + 32 * (kUnroll - 1) < chunks) load_w(c);
+  WaitForPriorKernels();
+  AllowDependentLaunch();
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    if (c != lane) load_w(c);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
@@ -88,6 +103,16 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
   }
+  if constexpr (kSiluAndMul) {
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        const float gate = ToFloat(FromFloat<T>(acc[0][t])), up = ToFloat(FromFloat<T>(acc[1][t]));
+        Store(y + t * y_stride + row0, gate / (1.0f + __expf(-gate)) * up);
+      }
+    }
+    return;
+  }
   if (lane == 0) {
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -101,9 +126,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename OutT>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
-  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : p.n;
+  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (p.silu_and_mul ? p.n / 2 : p.n);
   const unsigned blocks =
-      static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));
+      static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));  // both mappings
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
@@ -111,9 +136,11 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    SkinnyGemmKernel<T, OutT, M><<<blocks, kThreads, 0, stream>>>(x, w, y, n, k, x_stride, \
-                                                                  y_stride);            \
-    break;
+    return p.silu_and_mul                                                                 \
+               ? LaunchKernel(SkinnyGemmKernel<T, OutT, M, true>, blocks, kThreads, 0, stream, \
+                              x, w, y, n, k, x_stride, y_stride)                           \
+               : LaunchKernel(SkinnyGemmKernel<T, OutT, M, false>, blocks, kThreads, 0,    \
+                              stream, x, w, y, n, k, x_stride, y_stride);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)
@@ -126,7 +153,6 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace
@@ -135,7 +161,7 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   return DispatchActivationDType(p.input_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float>(p, stream);
+    if (p.output_dtype == DType::kF32 && !p.silu_and_mul) return LaunchTyped<T, float>(p, stream);
     return LaunchTyped<T, T>(p, stream);
   });
 }

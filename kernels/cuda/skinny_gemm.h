@@ -5,7 +5,8 @@
 // takes two rows of W and walks them in 16-byte pieces with several loads in flight, multiplying
 // each piece with the m rows of x (small, read through L1), and keeps m x 2 fp32 sums that a warp
 // reduction finishes. cuBLASLt's kernels for m = 1..8 are GEMM tilings that leave part of the
-// bandwidth unused; the runner times both at start-up and keeps the faster per shape.
+// bandwidth unused; the runner times both at start-up and keeps the faster per shape. With
+// silu_and_mul a warp takes a gate row and its up row instead, and writes the activation.
 // bf16 or fp16 x and W; y in the same type or fp32 (logits).
 
 #ifndef LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
@@ -33,6 +34,11 @@ struct SkinnyGemmParams {
   int64_t y_stride = 0;     // 0 means n
   DType input_dtype = DType::kBF16;   // of x and W: kBF16 or kF16
   DType output_dtype = DType::kBF16;  // input_dtype or kF32
+  // The MLP's activation as the epilogue: W is the fused [gate; up] projection (rows [0, n/2) the
+  // gate, [n/2, n) the up rows), and y[m, n/2] = silu(gate) * up, each product rounded to the
+  // input type first as a separate SiLU-and-mul kernel (activation.h) would see it. y_stride
+  // then counts n/2 columns; the output type must be the input type.
+  bool silu_and_mul = false;
 
   absl::Status Validate() const;
 };
