@@ -3,17 +3,18 @@
 // per sequence).
 //
 // Work decomposition: a thread block per (split, KV head, sequence) reads its KV head once for the
-// whole query group (GQA/MQA; groups over kMaxDecodeGroup heads take several passes). Long contexts
-// are split along the keys (flash-decoding): the number of splits of a sequence is chosen on the
-// device from its length (DecodeSplitPlan), at most max_splits; blocks past a sequence's splits
-// exit at once, and a second kernel merges the splits' partial results by their log-sum-exp. The
-// launch configuration depends on num_seqs, the head counts and max_splits only, so one
-// configuration (and one captured CUDA graph) serves every context length.
+// whole query group (GQA/MQA; the group's heads are the 16 rows of tensor-core tiles, larger groups
+// take a block per 16 heads). Long contexts are split along the keys (flash-decoding): the number
+// of splits of a sequence is chosen on the device from its length (DecodeSplitPlan), at most
+// max_splits; blocks past a sequence's splits exit at once, and a second kernel merges the splits'
+// partial results by their log-sum-exp. The launch configuration depends on num_seqs, the head
+// counts and max_splits only, so one configuration (and one captured CUDA graph) serves every
+// context length.
 //
-// Inside a block, each thread streams its 16-byte pieces of K and V through a 6-step cp.async ring
-// in shared memory (no barrier in the loop), and each group of lanes keeps its own online softmax;
-// the groups merge at the end. bf16 or fp16 query, cache and output; fp32 scores, softmax and
-// accumulation.
+// Inside a block, each warp streams its own tiles of 16 keys through a cp.async ring in shared
+// memory (no block barrier in the loop), computes the group's scores and weighted values with
+// mma.sync, and keeps its own online softmax; the warps merge at the end. bf16 or fp16 query,
+// cache and output; fp32 scores, softmax and accumulation.
 
 #ifndef LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_

@@ -35,11 +35,6 @@ inline bool SupportsHeadDim(int64_t head_dim) {
 }
 inline constexpr const char* kHeadDimList = "32, 64, 80, 96, 128, 256";
 
-// Query heads per KV head that the decode kernel handles in one pass over the KV head. Larger
-// groups (MQA with many heads) are split into chunks of kMaxDecodeGroup heads, each of which reads
-// the KV head once.
-inline constexpr int kMaxDecodeGroup = 8;
-
 #ifdef __CUDACC__
 
 template <typename T>
@@ -83,21 +78,6 @@ cudaError_t DispatchHeadDim(int64_t head_dim, F&& f) {
                    static_cast<long long>(head_dim), kHeadDimList);
       return cudaErrorInvalidValue;
   }
-}
-
-// Calls f(std::integral_constant<int, G>{}) with G the compiled group tile (1, 2, 4 or 8) that
-// covers `group_size` query heads per KV head: the smallest that is >= group_size, or 8.
-template <typename F>
-cudaError_t DispatchDecodeGroup(int64_t group_size, F&& f) {
-  if (group_size <= 0) {
-    std::fprintf(stderr, "lmserve CUDA kernels: query group size %lld must be positive\n",
-                 static_cast<long long>(group_size));
-    return cudaErrorInvalidValue;
-  }
-  if (group_size == 1) return f(std::integral_constant<int, 1>{});
-  if (group_size == 2) return f(std::integral_constant<int, 2>{});
-  if (group_size <= 4) return f(std::integral_constant<int, 4>{});
-  return f(std::integral_constant<int, 8>{});
 }
 
 #endif  // __CUDACC__

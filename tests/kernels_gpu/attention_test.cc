@@ -168,9 +168,10 @@ TEST(DecodeAttentionGpuTest, MatchesCpuEveryHeadDimAndGqaRatio) {
 TEST(DecodeAttentionGpuTest, SmallFp16MqaAndOddGroups) {
   LMSERVE_REQUIRE_GPU();
   RunDecodeCase(DType::kF16, 17, 2, 4, 128);
-  RunDecodeCase(DType::kBF16, 17, 1, 16, 128);  // MQA, two passes of 8 heads
+  RunDecodeCase(DType::kBF16, 17, 1, 16, 128);  // MQA, 16 heads: one block's rows
+  RunDecodeCase(DType::kBF16, 3, 1, 20, 64);     // 16 + 4: two blocks per KV head
   RunDecodeCase(DType::kBF16, 17, 2, 3, 64);    // group 3 in a tile of 4
-  RunDecodeCase(DType::kBF16, 5, 1, 12, 80);    // 8 + 4
+  RunDecodeCase(DType::kBF16, 5, 1, 12, 80);    // 12 of 16 rows
 }
 
 // One captured launch serves any lengths: replay the graph after changing the lengths on the
