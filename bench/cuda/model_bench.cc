@@ -13,6 +13,7 @@
 //        [--prefill-seqs 4 --prefill-tokens 1024] [--iters 30] [--no-graphs] [--json FILE]
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -148,10 +149,14 @@ double TimeSteps(engine::ModelRunner& runner, const StepBatch& batch, int iters)
   }
   std::vector<double> times;
   for (int i = 0; i < iters; ++i) {
+    // The last step in an NVTX range, for profilers (`ncu --nvtx --nvtx-include "step/"`); a
+    // no-op when none is attached.
+    if (i == iters - 1) nvtxRangePushA("step");
     const auto start = std::chrono::steady_clock::now();
     (void)runner.Execute(batch, &out);
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (i == iters - 1) nvtxRangePop();
   }
   return Median(times);
 }
