@@ -264,11 +264,23 @@ __global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, in
   if (threadIdx.x < plan.num_splits) s_weight[threadIdx.x] = w;
   const float inv_total = 1.0f / BlockSum(w, scratch);  // BlockSum's barriers publish s_weight
   T* output = static_cast<T*>(a.output) + (int64_t{seq} * a.num_heads + head) * head_dim;
+  // kUnroll partial results in flight per thread: the loads do not wait on one another.
+  constexpr int kUnroll = 8;
   for (int d = threadIdx.x; d < head_dim; d += kThreads) {
-    float out = 0.0f;
-    for (int i = 0; i < plan.num_splits; ++i) {
-      out += s_weight[i] * a.partial_out[(base + i) * head_dim + d];
+    const float* partial = a.partial_out + base * head_dim + d;
+    float sums[kUnroll] = {};
+    int i = 0;
+    for (; i + kUnroll <= plan.num_splits; i += kUnroll) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = partial[(i + u) * head_dim];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) sums[u] += s_weight[i + u] * v[u];
     }
+    for (; i < plan.num_splits; ++i) sums[0] += s_weight[i] * partial[i * head_dim];
+    float out = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) out += sums[u];
     output[d] = FromFloat<T>(out * inv_total);
   }
 }
