@@ -240,12 +240,6 @@ class CudaRunner final : public ModelRunner {
   // writes y.
   absl::Status Gemm(Projection projection, int64_t m, const void* x, const void* w, void* y,
                     void* act = nullptr);
-  // The layer's input norm, then Gemm of its output: RMSNorm(h_ + projected_) when `add` (the
-  // sum becoming the residual stream) or RMSNorm(h_). For one token where the skinny kernel runs
-  // the shape it does both (its norm prologue; h_ and h_other_ swap); else the norm kernel
-  // writes normed_.
-  absl::Status NormGemm(Projection projection, int64_t m, const void* norm_weight, bool add,
-                        const void* w, void* y, void* act = nullptr);
   // Whether the skinny GEMM beats cuBLASLt for this projection at m rows: timed on first use
   // (never while a graph is being captured: the graphs' sizes are decided in their warm-up),
   // over every layer's weights in turn, so that they come from memory as in a step.
@@ -307,11 +301,6 @@ class CudaRunner final : public ModelRunner {
 
   // Activations (bf16) and outputs.
   DeviceMemory residual_, normed_, qkv_, attention_, projected_, gate_up_, activation_, rows_;
-  // The residual stream: h_ is where it is now, h_other_ the buffer a skinny GEMM with the norm
-  // prologue writes the next one to (then they swap). Forward starts h_ at residual_.
-  DeviceMemory residual_other_;
-  void* h_ = nullptr;
-  void* h_other_ = nullptr;
   DeviceMemory logits_;          // [logits_chunk_rows, vocab] fp32
   DeviceMemory sampled_;         // [max_tokens] int32
   PinnedMemory h_sampled_;       // [max_tokens] int32
@@ -603,9 +592,6 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   const int64_t t = max_tokens_;
   const int64_t hidden_bytes = t * c.hidden_size * kBf16Bytes;
   LMSERVE_STATUS_RETURN(residual_.Allocate(hidden_bytes, "activations"));
-  LMSERVE_STATUS_RETURN(residual_other_.Allocate(
-      c.hidden_size * kBf16Bytes,  // one token's: the fused norm runs at m = 1 only
-      "activations"));
   LMSERVE_STATUS_RETURN(normed_.Allocate(hidden_bytes, "activations"));
   LMSERVE_STATUS_RETURN(projected_.Allocate(hidden_bytes, "activations"));
   LMSERVE_STATUS_RETURN(rows_.Allocate(hidden_bytes, "activations"));
@@ -763,42 +749,6 @@ absl::Status CudaRunner::Gemm(Projection projection, int64_t m, const void* x, c
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::NormGemm(Projection projection, int64_t m, const void* norm_weight,
-                                  bool add, const void* w, void* y, void* act) {
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  if (m == 1) {  // one row: each block rereading it costs less than a norm kernel (skinny_gemm.h)
-    absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
-    if (!plan.ok()) return plan.status();
-    absl::StatusOr<bool> skinny = UseSkinny(projection, **plan, normed_.get(), y);
-    if (!skinny.ok()) return skinny.status();
-    kc::SkinnyGemmParams params = SkinnyParams((*plan)->shape(), h_, w, act != nullptr ? act : y);
-    params.silu_and_mul = act != nullptr;
-    params.norm_weight = norm_weight;
-    params.norm_epsilon = eps;
-    if (add) {
-      params.residual_add = projected_.get();
-      params.residual_out = h_other_;
-    }
-    if (*skinny && params.Validate().ok()) {
-      LMSERVE_CUDA_RETURN(kc::Launch(params, stream_), "skinny GEMM with RMSNorm");
-      if (add) std::swap(h_, h_other_);
-      return absl::OkStatus();
-    }
-  }
-  if (add) {
-    kc::FusedAddRmsNormParams norm{.residual = h_, .input = projected_.get(),
-                                   .weight = norm_weight, .output = normed_.get(),
-                                   .num_tokens = m, .hidden_size = config_.hidden_size,
-                                   .epsilon = eps};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
-  } else {
-    kc::RmsNormParams norm{.input = h_, .weight = norm_weight, .output = normed_.get(),
-                           .num_tokens = m, .hidden_size = config_.hidden_size, .epsilon = eps};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "RMSNorm");
-  }
-  return Gemm(projection, m, normed_.get(), w, y, act);
-}
-
 kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, int64_t layer,
                                                      int64_t tokens, int64_t seqs) const {
   const ModelConfig& c = config_;
@@ -826,7 +776,20 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
                                   int64_t seqs, bool decode_only) {
   const ModelConfig& c = config_;
   const LayerWeights& w = layers_[layer];
-  LMSERVE_STATUS_RETURN(NormGemm(kQkv, tokens, w.input_norm, /*add=*/layer > 0, w.qkv, qkv_.get()));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (layer == 0) {
+    kc::RmsNormParams norm{.input = residual_.get(), .weight = w.input_norm,
+                           .output = normed_.get(), .num_tokens = tokens,
+                           .hidden_size = c.hidden_size, .epsilon = eps};
+    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "RMSNorm");
+  } else {
+    kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
+                                   .weight = w.input_norm, .output = normed_.get(),
+                                   .num_tokens = tokens, .hidden_size = c.hidden_size,
+                                   .epsilon = eps};
+    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
+  }
+  LMSERVE_STATUS_RETURN(Gemm(kQkv, tokens, normed_.get(), w.qkv, qkv_.get()));
   kc::QkvPostProcessParams post{
       .qkv = qkv_.get(),
       .bias = w.qkv_bias,
@@ -873,8 +836,13 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "prefill attention");
   }
   LMSERVE_STATUS_RETURN(Gemm(kOut, tokens, attention_.get(), w.o_proj, projected_.get()));
-  LMSERVE_STATUS_RETURN(NormGemm(kGateUp, tokens, w.post_norm, /*add=*/true, w.gate_up,
-                                 gate_up_.get(), activation_.get()));
+  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
+                                 .weight = w.post_norm, .output = normed_.get(),
+                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
+                                 .epsilon = eps};
+  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
+  LMSERVE_STATUS_RETURN(
+      Gemm(kGateUp, tokens, normed_.get(), w.gate_up, gate_up_.get(), activation_.get()));
   LMSERVE_STATUS_RETURN(Gemm(kDown, tokens, activation_.get(), w.down, projected_.get()));
   return absl::OkStatus();
 }
@@ -886,8 +854,6 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
                             .output = residual_.get(), .num_tokens = tokens,
                             .vocab_size = c.vocab_size, .hidden_size = c.hidden_size};
   LMSERVE_CUDA_RETURN(kc::Launch(embed, stream_), "embedding");
-  h_ = residual_.get();
-  h_other_ = residual_other_.get();
   if (!decode_only) {
     LMSERVE_CUDA_RETURN(kc::LaunchPrefillPlan(PrefillParams(layout, 0, tokens, seqs), stream_),
                         "prefill plan");
@@ -898,7 +864,7 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
   if (rows == 0) return absl::OkStatus();
   // The last MLP's residual add and the final norm (every token: cheaper than a gather first),
   // then the rows that need logits.
-  kc::FusedAddRmsNormParams norm{.residual = h_, .input = projected_.get(),
+  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
                                  .weight = final_norm_, .output = normed_.get(),
                                  .num_tokens = tokens, .hidden_size = c.hidden_size,
                                  .epsilon = static_cast<float>(c.rms_norm_eps)};
@@ -1174,8 +1140,7 @@ RunnerStats CudaRunner::stats() const {
   RunnerStats s;
   s.weight_bytes = weight_bytes_;
   s.kv_cache_bytes = kv_pool_.bytes();
-  s.workspace_bytes = residual_.bytes() + residual_other_.bytes() + normed_.bytes() +
-                      projected_.bytes() + rows_.bytes() +
+  s.workspace_bytes = residual_.bytes() + normed_.bytes() + projected_.bytes() + rows_.bytes() +
                       qkv_.bytes() + attention_.bytes() + gate_up_.bytes() + activation_.bytes() +
                       logits_.bytes() + d_inputs_.bytes() + decode_workspace_.bytes() +
                       gemm_workspace_.bytes() + cos_sin_.bytes();

@@ -1,7 +1,5 @@
 // Validate() of the skinny GEMM (skinny_gemm.h).
 
-#include <cmath>
-
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -27,24 +25,6 @@ absl::Status SkinnyGemmParams::Validate() const {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
   if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
-  if (norm_weight != nullptr) {
-    const int64_t bytes = m * k * 2;  // bf16 or fp16
-    if (output_dtype != input_dtype || bytes > kMaxSkinnyNormBytes) {
-      return KernelError("SkinnyGemm", StrCat("the norm prologue needs the input type out and m * k "
-                                              "elements within ", kMaxSkinnyNormBytes, " bytes"));
-    }
-    if (!Aligned16(norm_weight) || !Aligned16(residual_add) || !Aligned16(residual_out)) {
-      return KernelError("SkinnyGemm", "the norm's pointers must be 16-byte aligned");
-    }
-    if (residual_out != nullptr && (residual_out == x || residual_out == residual_add)) {
-      return KernelError("SkinnyGemm", "residual_out must not overlap x or residual_add");
-    }
-    if (!(norm_epsilon > 0) || !std::isfinite(norm_epsilon)) {
-      return KernelError("SkinnyGemm", "norm_epsilon must be positive and finite");
-    }
-  } else if (residual_add != nullptr || residual_out != nullptr) {
-    return KernelError("SkinnyGemm", "residual_add and residual_out need norm_weight");
-  }
   if (!Aligned16(x) || !Aligned16(w)) {
     return KernelError("SkinnyGemm", "x and W must be 16-byte aligned");
   }

@@ -6,12 +6,7 @@
 // each piece with the m rows of x (small, read through L1), and keeps m x 2 fp32 sums that a warp
 // reduction finishes. cuBLASLt's kernels for m = 1..8 are GEMM tilings that leave part of the
 // bandwidth unused; the runner times both at start-up and keeps the faster per shape. With
-// silu_and_mul a warp takes a gate row and its up row instead, and writes the activation; with
-// norm_weight every block applies the layer's RMSNorm (and residual add) to x itself, which saves
-// the norm kernel where x is one row (each block rereads x, so more rows cost more than they save:
-// on an H200, Llama-3-8B's batch-1 step took 4.28-4.30 ms fused against 4.37-4.41 ms, batch 2
-// 4.65 against 4.46-4.52). A grid that only fills the device, its warps looping over the rows,
-// was slower still (4.76 ms).
+// silu_and_mul a warp takes a gate row and its up row instead, and writes the activation.
 // bf16 or fp16 x and W; y in the same type or fp32 (logits).
 
 #ifndef LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
@@ -27,7 +22,6 @@
 namespace lmserve::kernels::cuda {
 
 inline constexpr int64_t kMaxSkinnyGemmRows = 8;
-inline constexpr int64_t kMaxSkinnyNormBytes = 96 * 1024;  // shared memory for normalized rows
 
 struct SkinnyGemmParams {
   const void* x = nullptr;  // [m, k], row stride x_stride; device, 16-byte aligned
@@ -45,16 +39,6 @@ struct SkinnyGemmParams {
   // input type first as a separate SiLU-and-mul kernel (activation.h) would see it. y_stride
   // then counts n/2 columns; the output type must be the input type.
   bool silu_and_mul = false;
-  // RMSNorm as the prologue (a decoder layer's input norms): with norm_weight set, the product
-  // is taken with x' = RMSNorm(h) * norm_weight instead of x, where h = x + residual_add (each
-  // sum rounded to the input type, as FusedAddRmsNorm in norm.h stores it) or h = x. Every block
-  // normalizes the m rows into shared memory (m * k elements, at most kMaxSkinnyNormBytes) and
-  // block 0 also writes h to residual_out when given, so residual_out must not overlap x or
-  // residual_add. residual_add and residual_out are [m, k], contiguous. Input type output only.
-  const void* norm_weight = nullptr;   // [k]; device, 16-byte aligned
-  const void* residual_add = nullptr;  // [m, k] or null; device, 16-byte aligned
-  void* residual_out = nullptr;        // [m, k] or null; device, 16-byte aligned
-  float norm_epsilon = 1e-6f;
 
   absl::Status Validate() const;
 };

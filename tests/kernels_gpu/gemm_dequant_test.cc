@@ -13,7 +13,6 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -197,99 +196,6 @@ TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
   bad.silu_and_mul = true;
   bad.output_dtype = DType::kF32;
   EXPECT_FALSE(bad.Validate().ok());
-}
-
-// The RMSNorm prologue: against the norm kernels followed by the plain skinny GEMM (the same
-// products; the mean of squares is summed in another order, so a rounding may differ), and the
-// residual sum it writes bit for bit against FusedAddRmsNorm's.
-TEST(SkinnyGemmGpuTest, NormPrologue) {
-  LMSERVE_REQUIRE_GPU();
-  struct Case {
-    int64_t m, n, k;
-    bool add, silu;
-  };
-  for (const Case& c : {Case{1, 1032, 1024, true, false}, Case{3, 2 * 1032, 1024, true, true},
-                        Case{8, 4096, 4096, true, false}, Case{2, 1032, 264, false, false},
-                        Case{1, 2 * 14336, 4096, true, true}}) {
-    const uint32_t seed = FreshSeed();
-    SCOPED_TRACE(::testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k << " add "
-                                      << c.add << " silu " << c.silu << " seed " << seed);
-    std::mt19937 rng(seed);
-    std::vector<float> h = RandomFloats(c.m * c.k, rng, 3.0f), delta = RandomFloats(c.m * c.k, rng);
-    std::vector<float> gamma = RandomFloats(c.k, rng, 0.5f, 1.0f);
-    std::vector<float> w = RandomFloats(c.n * c.k, rng, 0.05f);
-    DeviceBuffer<uint16_t> d_h(RoundToHalf(h, DType::kBF16)), d_delta(RoundToHalf(delta, DType::kBF16));
-    DeviceBuffer<uint16_t> d_gamma(RoundToHalf(gamma, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
-    const int64_t out_cols = c.silu ? c.n / 2 : c.n;
-
-    // Reference: the norm kernel into `normed`, then the GEMM (and activation).
-    DeviceBuffer<uint16_t> d_ref_h(RoundToHalf(h, DType::kBF16)), d_normed(c.m * c.k);
-    if (c.add) {
-      FusedAddRmsNormParams norm;
-      norm.residual = d_ref_h.get();
-      norm.input = d_delta.get();
-      norm.weight = d_gamma.get();
-      norm.output = d_normed.get();
-      norm.num_tokens = c.m;
-      norm.hidden_size = c.k;
-      norm.epsilon = 1e-5f;
-      CUDA_ASSERT(Launch(norm, nullptr));
-    } else {
-      RmsNormParams norm;
-      norm.input = d_ref_h.get();
-      norm.weight = d_gamma.get();
-      norm.output = d_normed.get();
-      norm.num_tokens = c.m;
-      norm.hidden_size = c.k;
-      norm.epsilon = 1e-5f;
-      CUDA_ASSERT(Launch(norm, nullptr));
-    }
-    DeviceBuffer<uint16_t> d_ref(c.m * out_cols), d_out(c.m * out_cols), d_h_out(c.m * c.k);
-    d_out.Poison();
-    d_h_out.Poison();
-    SkinnyGemmParams p;
-    p.x = d_normed.get();
-    p.w = d_w.get();
-    p.y = d_ref.get();
-    p.m = c.m;
-    p.n = c.n;
-    p.k = c.k;
-    p.silu_and_mul = c.silu;
-    CUDA_ASSERT(Launch(p, nullptr));
-
-    p.x = d_h.get();
-    p.y = d_out.get();
-    p.norm_weight = d_gamma.get();
-    p.norm_epsilon = 1e-5f;
-    if (c.add) {
-      p.residual_add = d_delta.get();
-      p.residual_out = d_h_out.get();
-    }
-    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-    CUDA_ASSERT(Launch(p, nullptr));
-    CUDA_ASSERT(cudaDeviceSynchronize());
-    EXPECT_LE(RelativeL2(HalfToFloat(d_out.Download(), DType::kBF16),
-                         HalfToFloat(d_ref.Download(), DType::kBF16)),
-              2e-3);
-    if (c.add) {
-      EXPECT_EQ(d_h_out.Download(), d_ref_h.Download());
-    }
-    EXPECT_EQ(d_h.Download(), RoundToHalf(h, DType::kBF16)) << "x is left as it was";
-
-    SkinnyGemmParams bad = p;
-    bad.residual_add = d_delta.get();
-    bad.residual_out = d_h.get();  // the input it reads
-    EXPECT_FALSE(bad.Validate().ok());
-  }
-  SkinnyGemmParams too_wide;
-  too_wide.y = reinterpret_cast<void*>(256);
-  too_wide.x = too_wide.w = too_wide.norm_weight = too_wide.y;
-  too_wide.m = 8;
-  too_wide.n = 8;
-  too_wide.k = 8192;  // 128 KiB of normalized rows
-  EXPECT_FALSE(too_wide.Validate().ok());
-  too_wide.m = 6;
-  EXPECT_TRUE(too_wide.Validate().ok()) << too_wide.Validate();
 }
 
 // Random blocks of each type with finite fp16 scales.
