@@ -26,6 +26,21 @@ using testing::RandomFloats;
 using testing::RelativeL2;
 using testing::RoundToHalf;
 
+// The CPU linear layer: y[m, n] = x[m, k] w[n, k]^T in fp32.
+std::vector<float> CpuLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
+                             int64_t n, int64_t k) {
+  std::vector<float> y(m * n);
+  kernels::LinearParams linear;
+  linear.input = x.data();
+  linear.weight = w.data();
+  linear.output = y.data();
+  linear.num_tokens = m;
+  linear.in_features = k;
+  linear.out_features = n;
+  kernels::Linear(linear);
+  return y;
+}
+
 TEST(GemmGpuTest, MatchesCpuLinear) {
   LMSERVE_REQUIRE_GPU();
   auto handle = BlasLtHandle::Create();
@@ -48,15 +63,7 @@ TEST(GemmGpuTest, MatchesCpuLinear) {
         auto plan = GemmPlan::Create((*handle)->get(), shape, workspace.get(), workspace.size(),
                                      /*autotune=*/m == 17, nullptr);
         ASSERT_TRUE(plan.ok()) << plan.status();
-        std::vector<float> ref(m * n);
-        kernels::LinearParams linear;
-        linear.input = x.data();
-        linear.weight = w.data();
-        linear.output = ref.data();
-        linear.num_tokens = m;
-        linear.in_features = k;
-        linear.out_features = n;
-        kernels::Linear(linear);
+        const std::vector<float> ref = CpuLinear(x, w, m, n, k);
         std::vector<float> out;
         if (out_dtype == DType::kF32) {
           DeviceBuffer<float> d_y(m * n);
@@ -90,15 +97,7 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
         std::mt19937 rng(seed);
         std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
         DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
-        std::vector<float> ref(m * n);
-        kernels::LinearParams linear;
-        linear.input = x.data();
-        linear.weight = w.data();
-        linear.output = ref.data();
-        linear.num_tokens = m;
-        linear.in_features = k;
-        linear.out_features = n;
-        kernels::Linear(linear);
+        const std::vector<float> ref = CpuLinear(x, w, m, n, k);
         SkinnyGemmParams p;
         p.x = d_x.get();
         p.w = d_w.get();
@@ -146,15 +145,8 @@ TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
       std::mt19937 rng(seed);
       std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
       DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
-      std::vector<float> gate_up(m * n), ref(m * inter);
-      kernels::LinearParams linear;
-      linear.input = x.data();
-      linear.weight = w.data();
-      linear.output = gate_up.data();
-      linear.num_tokens = m;
-      linear.in_features = k;
-      linear.out_features = n;
-      kernels::Linear(linear);
+      const std::vector<float> gate_up = CpuLinear(x, w, m, n, k);
+      std::vector<float> ref(m * inter);
       kernels::SiluAndMulParams act;
       act.gate_up = gate_up.data();
       act.output = ref.data();
