@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The GPU serving check, run by hand on a GPU machine (CI has none): 64 concurrent greedy streams
-# of one model through `lmserve serve --backend cuda`, then the same 64 requests through a server
-# on the CPU runner. Each pair is compared token by token; where they part, the CPU server's own
-# top-2 log-probability margin at that token is printed (its logprobs are asked for: they do not
-# change greedy tokens). Exits 1 if a stream failed or parted at a margin of 0.1 or more (bf16
-# against fp32 decides near-ties either way; a clear margin means a bug).
+# of one model through `lmserve serve --backend cuda`; the same 64 prompts one at a time on that
+# server, with the top-2 log-probabilities of each token; then the 64 concurrent streams through a
+# server on the CPU runner, with log-probabilities too (they do not change greedy tokens).
+#
+# It reports, stream by stream, where the GPU's concurrent output parts from the CPU's and from
+# the GPU's own one-at-a-time output, with each side's top-2 margin at that token: two engines
+# that round differently decide a near-tie differently, and the sum of the two margins is how far
+# apart their logit differences are there. Exits 1 if a stream failed or if the two engines'
+# logit differences at a parting are 1.0 or more apart (a gross error, not rounding).
 #
 # Usage: tests/gpu/concurrent_streams.sh RUN MODEL OUTDIR
 #   RUN: the command prefix that runs a built binary by name: "build/bin/" (then build/bin/lmserve)
@@ -44,6 +48,10 @@ complete_all() {  # complete_all BACKEND PORT [ARGS...]: 64 concurrent streams, 
 
 serve cuda 50061
 complete_all cuda 50061
+for i in "${!prompts[@]}"; do  # one at a time, with margins
+  ${run}lmserve-cli complete --addr "127.0.0.1:50061" --max-tokens 32 --temperature 0 --json \
+    --logprobs 2 "${prompts[$i]}" >"$out/cuda1-$i.json" 2>"$out/cuda1-$i.err"
+done
 kill -TERM "$(cat "$out/server-cuda.pid")"; wait "$(cat "$out/server-cuda.pid")" 2>/dev/null
 serve cpu 50062
 complete_all cpu 50062 --logprobs 2
@@ -65,34 +73,47 @@ def read(path):  # token ids, each token's top-2 log-probabilities, text, and wh
             tops += [[t["logprob"] for t in lp.get("top", [])] for lp in msg.get("logprobs", [])]
             finished = finished or "finish_reason" in msg
     return ids, tops, text, finished
-same = failed = clear = unknown = 0
-worst = 0.0
+def parting(a, b):  # the first index where two token lists differ (or the shorter one ends)
+    n = min(len(a), len(b))
+    return next((k for k in range(n) if a[k] != b[k]), n)
+def margin(tops, j):
+    return tops[j][0] - tops[j][1] if j < len(tops) and len(tops[j]) >= 2 else None
+def show(m):
+    return "?" if m is None else f"{m:.4f}"
+same = failed = gross = variant = 0
+apart = []
 for i, prompt in enumerate(prompts):
     g_ids, _, g_text, g_done = read(f"{out}/cuda-{i}.json")
+    s_ids, s_tops, _, s_done = read(f"{out}/cuda1-{i}.json")
     c_ids, c_tops, c_text, c_done = read(f"{out}/cpu-{i}.json")
-    if not g_done or not c_done:
+    if not (g_done and s_done and c_done):
         failed += 1
-        print(f"stream {i} failed (GPU finished: {g_done}, CPU: {c_done}); see {out}/*-{i}.err")
+        print(f"stream {i} failed (finished: GPU {g_done}, GPU alone {s_done}, CPU {c_done}); "
+              f"see {out}/*-{i}.err")
         continue
+    if g_ids != s_ids:
+        variant += 1
+        j = parting(g_ids, s_ids)
+        print(f"stream {i}: the GPU alone parts from the GPU under load at token {j}, "
+              f"its margin {show(margin(s_tops, j))}")
     if g_ids == c_ids:
         same += 1
         continue
-    j = next((k for k in range(min(len(g_ids), len(c_ids))) if g_ids[k] != c_ids[k]),
-             min(len(g_ids), len(c_ids)))  # or where the shorter one ended
-    top = c_tops[j] if j < len(c_tops) else []
-    if len(top) < 2:
-        unknown += 1
-        print(f'stream {i} parts at token {j} where one side ended, margin unknown: "{prompt}"')
-    else:
-        margin = top[0] - top[1]
-        worst = max(worst, margin)
-        clear += margin >= 0.1
-        print(f'stream {i} parts at token {j}, CPU top-2 margin {margin:.4f}: "{prompt}"')
+    j = parting(g_ids, c_ids)
+    m_cpu = margin(c_tops, j)
+    # The GPU's margin at j, where its one-at-a-time run took the same tokens up to j.
+    m_gpu = margin(s_tops, j) if s_ids[:j + 1] == g_ids[:j + 1] else None
+    if m_cpu is not None and m_gpu is not None:
+        apart.append(m_cpu + m_gpu)
+        gross += m_cpu + m_gpu >= 1.0
+    print(f'stream {i} parts from the CPU at token {j}: CPU margin {show(m_cpu)}, GPU margin '
+          f'{show(m_gpu)}: "{prompt}"')
     print(f"  cuda: {g_text!r}")
     print(f"  cpu:  {c_text!r}")
 parted = len(prompts) - same - failed
 print(f"concurrent streams: {same} of {len(prompts)} identical to the CPU runner, {failed} failed, "
-      f"{parted} parted: at CPU margins up to {worst:.4f} ({clear} at 0.1 or more), {unknown} where "
-      f"one side ended")
-sys.exit(1 if failed or clear else 0)
+      f"{parted} parted; the engines' logit differences at the parting tokens "
+      f"{min(apart, default=0):.4f}-{max(apart, default=0):.4f} apart ({gross} at 1.0 or more); "
+      f"{variant} outputs differ between the GPU under load and alone")
+sys.exit(1 if failed or gross else 0)
 PY
