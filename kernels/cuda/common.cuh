@@ -83,6 +83,7 @@ __device__ __forceinline__ uint4 LoadStream16(const void* p) {
   return __ldcs(static_cast<const uint4*>(p));
 }
 __device__ __forceinline__ void Store16(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
+
 __device__ __forceinline__ float WarpSum(float x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);

@@ -123,10 +123,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, typename OutT>
+template <typename T, typename OutT, bool kSiluAndMul>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
-  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (p.silu_and_mul ? p.n / 2 : p.n);
+  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
       static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));  // both mappings
   const T* x = static_cast<const T*>(p.x);
@@ -136,11 +136,8 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    return p.silu_and_mul                                                                 \
-               ? LaunchKernel(SkinnyGemmKernel<T, OutT, M, true>, blocks, kThreads, 0, stream, \
-                              x, w, y, n, k, x_stride, y_stride)                           \
-               : LaunchKernel(SkinnyGemmKernel<T, OutT, M, false>, blocks, kThreads, 0,    \
-                              stream, x, w, y, n, k, x_stride, y_stride);
+    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul>, blocks, kThreads, 0, stream, \
+                        x, w, y, n, k, x_stride, y_stride);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)
@@ -161,8 +158,10 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   return DispatchActivationDType(p.input_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.output_dtype == DType::kF32 && !p.silu_and_mul) return LaunchTyped<T, float>(p, stream);
-    return LaunchTyped<T, T>(p, stream);
+    // Validate() allows the activation with the input type out only.
+    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false>(p, stream);
+    if (p.silu_and_mul) return LaunchTyped<T, T, true>(p, stream);
+    return LaunchTyped<T, T, false>(p, stream);
   });
 }
 
