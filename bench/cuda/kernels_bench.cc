@@ -40,6 +40,7 @@
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/stream_gemm.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -510,7 +511,10 @@ class Bench {
     }
     if (Selected("skinny")) {
       // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32): the skinny
-      // kernel and cuBLASLt's autotuned plan at the batch sizes that decide between them.
+      // kernel, the stream GEMM and cuBLASLt's autotuned plan at the batch sizes that decide
+      // between them.
+      Buffer stream_workspace(StreamGemmWorkspaceBytes());
+      CHECK_CUDA(cudaMemset(stream_workspace.get(), 0, StreamGemmWorkspaceBytes()));
       struct Projection {
         const char* name;
         int64_t n, k;
@@ -539,6 +543,26 @@ class Bench {
               auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
               Record({"skinny GEMM + SiLU", shape_text, fused_us, fused_min,
                       bytes - m * proj.n, 0});
+            }
+          }
+          {
+            auto w_op = StreamGemmOperand::Weights(w.get(), proj.n, proj.k, DType::kBF16);
+            auto x_op = StreamGemmOperand::Input(x.get(), m, proj.k, 0, DType::kBF16);
+            if (w_op.ok() && x_op.ok()) {
+              StreamGemmParams p;
+              p.w = &*w_op;
+              p.x = &*x_op;
+              p.y = y.get();
+              p.output_dtype = proj.f32_out ? DType::kF32 : DType::kBF16;
+              p.workspace = stream_workspace.get();
+              auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+              Record({"stream GEMM", shape_text, us, min_us, bytes, 0});
+              if (std::string_view(proj.name) == "gate_up") {
+                p.silu_and_mul = true;
+                auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+                Record({"stream GEMM + SiLU", shape_text, fused_us, fused_min,
+                        bytes - m * proj.n, 0});
+              }
             }
           }
           GemmShape shape;

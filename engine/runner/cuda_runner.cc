@@ -3,12 +3,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/strings.h"
@@ -28,6 +31,7 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/stream_gemm.h"
 
 namespace lmserve::engine {
 namespace {
@@ -216,6 +220,11 @@ class CudaRunner final : public ModelRunner {
   absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
                           const std::vector<int64_t>& shape, int64_t fan_in, void* dst);
   absl::Status AllocateWorkspaces();
+  // The stream GEMM's weight descriptors and workspace; leaves stream_weights_ empty where the
+  // driver has no TMA descriptors to offer.
+  absl::Status PrepareStreamGemm();
+  // W's shape [n, k] of `projection`.
+  std::pair<int64_t, int64_t> ProjectionShape(Projection projection) const;
   absl::Status CaptureGraphs();
 
   // Fills the pinned input buffer for `batch` (padded to `padded_seqs` decode sequences when a
@@ -235,16 +244,23 @@ class CudaRunner final : public ModelRunner {
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
                         bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
-  // y = x W^T through the plan or the skinny kernel; with silu_and_mul (kGateUp only), `act`
-  // gets silu(gate) * up: the skinny kernel's epilogue, or a SiLU-and-mul kernel after the GEMM
-  // writes y.
-  absl::Status Gemm(Projection projection, int64_t m, const void* x, const void* w, void* y,
+  // y = x W^T with `layer`'s weights of `projection` (the LM head: any layer), through the
+  // kernel ChooseKernel picks; with `act` (kGateUp only), `act` gets silu(gate) * up: the skinny
+  // or stream kernel's epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y.
+  absl::Status Gemm(Projection projection, int64_t layer, int64_t m, const void* x, void* y,
                     void* act = nullptr);
-  // Whether the skinny GEMM beats cuBLASLt for this projection at m rows: timed on first use
-  // (never while a graph is being captured: the graphs' sizes are decided in their warm-up),
-  // over every layer's weights in turn, so that they come from memory as in a step.
-  absl::StatusOr<bool> UseSkinny(Projection projection, const kc::GemmPlan& plan, const void* x,
-                                 void* y);
+  enum class GemmKernel { kBlas, kSkinny, kStream };
+  // The fastest of cuBLASLt, the skinny and the stream GEMM for this projection at m rows:
+  // timed on first use (never while a graph is being captured: the graphs' sizes are decided in
+  // their warm-up), over every layer's weights in turn, so that they come from memory as in a
+  // step. $LMSERVE_DECODE_GEMM=blas|skinny|stream forces one where it applies, and =nostream
+  // leaves the stream GEMM out (benchmarks).
+  absl::StatusOr<GemmKernel> ChooseKernel(Projection projection, const kc::GemmPlan& plan,
+                                          const void* x, void* y, void* act);
+  // The stream GEMM's launch for x (its first m rows) and `layer`'s weights; an error where the
+  // stream kernel does not apply (no descriptors, too many rows).
+  absl::StatusOr<kc::StreamGemmParams> StreamParams(Projection projection, int64_t layer,
+                                                    int64_t m, const void* x, void* y, void* act);
   // The weights of `projection` in `layer` (the LM head has one, whatever the layer).
   const void* ProjectionWeights(Projection projection, int64_t layer) const;
 
@@ -279,7 +295,12 @@ class CudaRunner final : public ModelRunner {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   DeviceMemory gemm_workspace_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kc::GemmPlan>> plans_;
-  std::map<std::pair<int, int64_t>, bool> use_skinny_;
+  std::map<std::pair<int, int64_t>, GemmKernel> gemm_kernel_;
+  // The stream GEMM: W descriptors [layer][projection] (the LM head's in every layer's slot),
+  // x descriptors by (buffer, rows), its workspace. Empty where it does not apply (no TMA).
+  std::vector<std::array<kc::StreamGemmOperand, kNumProjections>> stream_weights_;
+  std::map<std::pair<const void*, int64_t>, kc::StreamGemmOperand> stream_inputs_;
+  DeviceMemory stream_workspace_;
 
   // Weights.
   DeviceMemory weights_;
@@ -407,6 +428,7 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   LMSERVE_STATUS_RETURN(gemm_workspace_.Allocate(kGemmWorkspaceBytes, "the GEMM workspace"));
   LMSERVE_STATUS_RETURN(LoadWeights(checkpoint));
   LMSERVE_STATUS_RETURN(AllocateWorkspaces());
+  LMSERVE_STATUS_RETURN(PrepareStreamGemm());
 
   // The KV pool: what the memory budget leaves, or what the caller fixed.
   const int64_t block_bytes = CudaKvBlockBytes(config_, block_size_);
@@ -634,33 +656,52 @@ absl::StatusOr<const kc::GemmPlan*> CudaRunner::Plan(Projection projection, int6
                                                      bool autotune) {
   auto& slot = plans_[{projection, m}];
   if (slot != nullptr) return slot.get();
-  const ModelConfig& c = config_;
   kc::GemmShape shape{.m = m};
-  switch (projection) {
-    case kQkv:
-      shape.n = qkv_dim_, shape.k = c.hidden_size;
-      break;
-    case kOut:
-      shape.n = c.hidden_size, shape.k = q_dim_;
-      break;
-    case kGateUp:
-      shape.n = 2 * c.intermediate_size, shape.k = c.hidden_size;
-      break;
-    case kDown:
-      shape.n = c.hidden_size, shape.k = c.intermediate_size;
-      break;
-    case kLmHead:
-      shape.n = c.vocab_size, shape.k = c.hidden_size, shape.output_dtype = DType::kF32;
-      break;
-    default:
-      return absl::InternalError("unknown projection");
-  }
+  std::tie(shape.n, shape.k) = ProjectionShape(projection);
+  if (projection == kLmHead) shape.output_dtype = DType::kF32;
   absl::StatusOr<std::unique_ptr<kc::GemmPlan>> plan =
       kc::GemmPlan::Create(blas_->get(), shape, gemm_workspace_.get(), kGemmWorkspaceBytes,
                            autotune, stream_);
   if (!plan.ok()) return plan.status();
   slot = *std::move(plan);
   return slot.get();
+}
+
+std::pair<int64_t, int64_t> CudaRunner::ProjectionShape(Projection projection) const {
+  const ModelConfig& c = config_;
+  switch (projection) {
+    case kQkv:
+      return {qkv_dim_, c.hidden_size};
+    case kOut:
+      return {c.hidden_size, q_dim_};
+    case kGateUp:
+      return {2 * c.intermediate_size, c.hidden_size};
+    case kDown:
+      return {c.hidden_size, c.intermediate_size};
+    default:
+      return {c.vocab_size, c.hidden_size};
+  }
+}
+
+absl::Status CudaRunner::PrepareStreamGemm() {
+  std::vector<std::array<kc::StreamGemmOperand, kNumProjections>> weights(
+      static_cast<size_t>(config_.num_layers));
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    for (int p = 0; p < kNumProjections; ++p) {
+      const auto projection = static_cast<Projection>(p);
+      const auto [n, k] = ProjectionShape(projection);
+      absl::StatusOr<kc::StreamGemmOperand> w = kc::StreamGemmOperand::Weights(
+          ProjectionWeights(projection, layer), n, k, DType::kBF16);
+      if (!w.ok()) return absl::OkStatus();  // cuBLASLt and the skinny kernel serve alone
+      weights[layer][p] = *w;
+    }
+  }
+  LMSERVE_STATUS_RETURN(
+      stream_workspace_.Allocate(kc::StreamGemmWorkspaceBytes(), "the stream GEMM workspace"));
+  LMSERVE_CUDA_RETURN(cudaMemsetAsync(stream_workspace_.get(), 0, stream_workspace_.bytes(), stream_),
+                      "zeroing the stream GEMM workspace");
+  stream_weights_ = std::move(weights);
+  return absl::OkStatus();
 }
 
 kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
@@ -684,15 +725,51 @@ const void* CudaRunner::ProjectionWeights(Projection projection, int64_t layer) 
   }
 }
 
-absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, const kc::GemmPlan& plan,
-                                           const void* x, void* y) {
-  const auto key = std::make_pair(static_cast<int>(projection), plan.shape().m);
-  if (auto it = use_skinny_.find(key); it != use_skinny_.end()) return it->second;
+absl::StatusOr<kc::StreamGemmParams> CudaRunner::StreamParams(Projection projection,
+                                                              int64_t layer, int64_t m,
+                                                              const void* x, void* y, void* act) {
+  if (stream_weights_.empty() || m > kc::kMaxStreamGemmRows) {
+    return absl::UnimplementedError("no stream GEMM for this step");
+  }
+  const kc::StreamGemmOperand& w = stream_weights_[layer][projection];
+  auto it = stream_inputs_.find({x, m});
+  if (it == stream_inputs_.end()) {
+    absl::StatusOr<kc::StreamGemmOperand> input =
+        kc::StreamGemmOperand::Input(x, m, w.cols, 0, DType::kBF16);
+    if (!input.ok()) return input.status();
+    it = stream_inputs_.emplace(std::make_pair(x, m), *input).first;
+  }
+  kc::StreamGemmParams params;
+  params.w = &w;
+  params.x = &it->second;
+  params.y = act != nullptr ? act : y;
+  params.silu_and_mul = act != nullptr;
+  params.output_dtype = projection == kLmHead ? DType::kF32 : DType::kBF16;
+  params.workspace = stream_workspace_.get();
+  return params;
+}
+
+absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection projection,
+                                                                const kc::GemmPlan& plan,
+                                                                const void* x, void* y,
+                                                                void* act) {
+  const int64_t m = plan.shape().m;
+  const auto key = std::make_pair(static_cast<int>(projection), m);
+  if (auto it = gemm_kernel_.find(key); it != gemm_kernel_.end()) return it->second;
+  kc::SkinnyGemmParams skinny = SkinnyParams(plan.shape(), x, ProjectionWeights(projection, 0),
+                                             act != nullptr ? act : y);
+  skinny.silu_and_mul = act != nullptr;
+  const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
+  const char* forced = std::getenv("LMSERVE_DECODE_GEMM");
+  const std::string force = forced != nullptr ? forced : "auto";
+  const bool stream_ok = force != "nostream" && StreamParams(projection, 0, m, x, y, act).ok();
+  if (force == "blas") return gemm_kernel_[key] = GemmKernel::kBlas;
+  if (force == "skinny" && skinny_ok) return gemm_kernel_[key] = GemmKernel::kSkinny;
+  if (force == "stream" && stream_ok) return gemm_kernel_[key] = GemmKernel::kStream;
+  if (!skinny_ok && !stream_ok) return gemm_kernel_[key] = GemmKernel::kBlas;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_CUDA_RETURN(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
-  if (capturing != cudaStreamCaptureStatusNone) return false;
-  kc::SkinnyGemmParams skinny = SkinnyParams(plan.shape(), x, ProjectionWeights(projection, 0), y);
-  if (!skinny.Validate().ok()) return use_skinny_[key] = false;
+  if (capturing != cudaStreamCaptureStatusNone) return GemmKernel::kBlas;
   const int64_t num_weights = projection == kLmHead ? 1 : config_.num_layers;
   cudaEvent_t start = nullptr, stop = nullptr;
   LMSERVE_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
@@ -711,32 +788,58 @@ absl::StatusOr<bool> CudaRunner::UseSkinny(Projection projection, const kc::Gemm
     std::sort(ms.begin(), ms.end());
     return ms[2];
   };
-  const float blas_ms = time([&] {
-    for (int64_t l = 0; l < num_weights; ++l) plan.Run(x, ProjectionWeights(projection, l), y, stream_);
-  });
-  const float skinny_ms = time([&] {
+  GemmKernel best = GemmKernel::kBlas;
+  float best_ms = time([&] {
     for (int64_t l = 0; l < num_weights; ++l) {
-      skinny.w = ProjectionWeights(projection, l);
-      kc::Launch(skinny, stream_);
+      plan.Run(x, ProjectionWeights(projection, l), y, stream_);
+      if (act != nullptr) {
+        kc::SiluAndMulParams silu{.gate_up = y, .output = act, .num_tokens = m,
+                                  .intermediate_size = config_.intermediate_size};
+        kc::Launch(silu, stream_);
+      }
     }
   });
+  if (skinny_ok) {
+    const float skinny_ms = time([&] {
+      for (int64_t l = 0; l < num_weights; ++l) {
+        skinny.w = ProjectionWeights(projection, l);
+        kc::Launch(skinny, stream_);
+      }
+    });
+    if (skinny_ms < best_ms) best = GemmKernel::kSkinny, best_ms = skinny_ms;
+  }
+  if (stream_ok) {
+    const float stream_ms = time([&] {
+      for (int64_t l = 0; l < num_weights; ++l) {
+        kc::Launch(*StreamParams(projection, l, m, x, y, act), stream_);
+      }
+    });
+    if (stream_ms < best_ms) best = GemmKernel::kStream, best_ms = stream_ms;
+  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   LMSERVE_CUDA_RETURN(cudaGetLastError(), "timing the GEMMs");
-  return use_skinny_[key] = skinny_ms < blas_ms;
+  return gemm_kernel_[key] = best;
 }
 
-absl::Status CudaRunner::Gemm(Projection projection, int64_t m, const void* x, const void* w,
+absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, const void* x,
                               void* y, void* act) {
   absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
   if (!plan.ok()) return plan.status();
-  if (m <= kc::kMaxSkinnyGemmRows) {
-    absl::StatusOr<bool> skinny = UseSkinny(projection, **plan, x, y);
-    if (!skinny.ok()) return skinny.status();
-    if (*skinny) {
+  const void* w = ProjectionWeights(projection, layer);
+  if (m <= std::max(kc::kMaxSkinnyGemmRows, kc::kMaxStreamGemmRows)) {
+    absl::StatusOr<GemmKernel> kernel = ChooseKernel(projection, **plan, x, y, act);
+    if (!kernel.ok()) return kernel.status();
+    if (*kernel == GemmKernel::kSkinny) {
       kc::SkinnyGemmParams params = SkinnyParams((*plan)->shape(), x, w, act != nullptr ? act : y);
       params.silu_and_mul = act != nullptr;
       LMSERVE_CUDA_RETURN(kc::Launch(params, stream_), "skinny GEMM");
+      return absl::OkStatus();
+    }
+    if (*kernel == GemmKernel::kStream) {
+      absl::StatusOr<kc::StreamGemmParams> params = StreamParams(projection, layer, m, x, y, act);
+      if (!params.ok()) return params.status();
+      LMSERVE_CUDA_RETURN(kc::Launch(*params, stream_), "stream GEMM");
       return absl::OkStatus();
     }
   }
@@ -789,7 +892,7 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
                                    .epsilon = eps};
     LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
   }
-  LMSERVE_STATUS_RETURN(Gemm(kQkv, tokens, normed_.get(), w.qkv, qkv_.get()));
+  LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
   kc::QkvPostProcessParams post{
       .qkv = qkv_.get(),
       .bias = w.qkv_bias,
@@ -835,15 +938,15 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
     attn.plan_ready = true;  // Forward planned the step
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "prefill attention");
   }
-  LMSERVE_STATUS_RETURN(Gemm(kOut, tokens, attention_.get(), w.o_proj, projected_.get()));
+  LMSERVE_STATUS_RETURN(Gemm(kOut, layer, tokens, attention_.get(), projected_.get()));
   kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
                                  .weight = w.post_norm, .output = normed_.get(),
                                  .num_tokens = tokens, .hidden_size = c.hidden_size,
                                  .epsilon = eps};
   LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
   LMSERVE_STATUS_RETURN(
-      Gemm(kGateUp, tokens, normed_.get(), w.gate_up, gate_up_.get(), activation_.get()));
-  LMSERVE_STATUS_RETURN(Gemm(kDown, tokens, activation_.get(), w.down, projected_.get()));
+      Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
+  LMSERVE_STATUS_RETURN(Gemm(kDown, layer, tokens, activation_.get(), projected_.get()));
   return absl::OkStatus();
 }
 
@@ -880,7 +983,7 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
   // Only the first chunk is computed here; Execute runs any further chunks (rows beyond
   // logits_chunk_rows_ come only with kAll sequences, never in a graph).
   const int64_t chunk = std::min(rows, logits_chunk_rows_);
-  LMSERVE_STATUS_RETURN(Gemm(kLmHead, chunk, hidden_rows, lm_head_, logits_.get()));
+  LMSERVE_STATUS_RETURN(Gemm(kLmHead, 0, chunk, hidden_rows, logits_.get()));
   return SampleRows(layout, 0, chunk);
   return absl::OkStatus();
 }
@@ -1064,10 +1167,10 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   for (int64_t chunk_start = 0; chunk_start < rows; chunk_start += logits_chunk_rows_) {
     const int64_t chunk = std::min(logits_chunk_rows_, rows - chunk_start);
     if (chunk_start > 0) {  // the first chunk ran in Forward (or the graph)
-      LMSERVE_STATUS_RETURN(Gemm(kLmHead, chunk,
+      LMSERVE_STATUS_RETURN(Gemm(kLmHead, 0, chunk,
                                  static_cast<const unsigned char*>(hidden_rows) +
                                      chunk_start * config_.hidden_size * kBf16Bytes,
-                                 lm_head_, logits_.get()));
+                                 logits_.get()));
       // A sampled row can sit past the first chunk (a long kAll sequence before it).
       if (std::any_of(row_samples_.begin() + chunk_start,
                       row_samples_.begin() + chunk_start + chunk, [](bool b) { return b; })) {
@@ -1143,7 +1246,7 @@ RunnerStats CudaRunner::stats() const {
   s.workspace_bytes = residual_.bytes() + normed_.bytes() + projected_.bytes() + rows_.bytes() +
                       qkv_.bytes() + attention_.bytes() + gate_up_.bytes() + activation_.bytes() +
                       logits_.bytes() + d_inputs_.bytes() + decode_workspace_.bytes() +
-                      gemm_workspace_.bytes() + cos_sin_.bytes();
+                      gemm_workspace_.bytes() + stream_workspace_.bytes() + cos_sin_.bytes();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     s.device_memory_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);

@@ -150,10 +150,21 @@ __device__ __forceinline__ void BeginDependentKernel() {
   WaitForPriorKernels();
   AllowDependentLaunch();
 }
+// The same for a short kernel that a stream GEMM (stream_gemm.h) may follow: with `early`, the
+// next kernel may launch before this one waits, so that the GEMM's blocks fill their rings with
+// weights while this kernel and the one before it still run.
+__device__ __forceinline__ void BeginDependentKernel(bool early) {
+  if (early) AllowDependentLaunch();
+  WaitForPriorKernels();
+  if (!early) AllowDependentLaunch();
+}
 
 // Whether LaunchKernel asks for programmatic dependent launch: on sm_90+ devices unless
 // $LMSERVE_PDL is 0. Decided once per process (for the current device at the first call).
 bool ProgrammaticLaunchEnabled();
+// The `early` of BeginDependentKernel(bool) for the kernels that take it (norms, the decode
+// attention merge): on unless $LMSERVE_PDL_EARLY is 0. Decided once per process.
+bool EarlyDependentLaunch();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where
 // enabled; the kernel must keep the contract above.

@@ -41,4 +41,12 @@ bool ProgrammaticLaunchEnabled() {
   return enabled;
 }
 
+bool EarlyDependentLaunch() {
+  static const bool early = [] {
+    const char* env = std::getenv("LMSERVE_PDL_EARLY");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return early;
+}
+
 }  // namespace lmserve::kernels::cuda

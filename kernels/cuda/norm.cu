@@ -13,9 +13,9 @@ template <typename T, int kVecs, bool kFused>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const T* input, int64_t input_stride, T* __restrict__ residual,
                   const T* __restrict__ weight, T* output, int64_t output_stride, int hidden_size,
-                  float epsilon) {
+                  float epsilon, bool early_dependents) {
   __shared__ float scratch[32];
-  BeginDependentKernel();
+  BeginDependentKernel(early_dependents);
   const int64_t token = blockIdx.x;
   const int num_vecs = hidden_size / 8;
   const T* in_row = input + token * input_stride;
@@ -69,7 +69,7 @@ cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const 
   const int hidden = static_cast<int>(hidden_size);
   auto launch = [&](auto kernel) {
     return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
-                        output, output_stride, hidden, epsilon);
+                        output, output_stride, hidden, epsilon, EarlyDependentLaunch());
   };
   if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, 1, kFused>);
   if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, 2, kFused>);
