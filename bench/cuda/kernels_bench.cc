@@ -546,23 +546,20 @@ class Bench {
             }
           }
           {
-            auto w_op = StreamGemmOperand::Weights(w.get(), proj.n, proj.k, DType::kBF16);
-            auto x_op = StreamGemmOperand::Input(x.get(), m, proj.k, 0, DType::kBF16);
+            const bool gate_up = std::string_view(proj.name) == "gate_up";
+            auto w_op = StreamGemmOperand::Weights(w.get(), proj.n, proj.k, gate_up);
+            auto x_op = StreamGemmOperand::Input(x.get(), m, proj.k);
             if (w_op.ok() && x_op.ok()) {
               StreamGemmParams p;
               p.w = &*w_op;
               p.x = &*x_op;
               p.y = y.get();
               p.output_dtype = proj.f32_out ? DType::kF32 : DType::kBF16;
+              p.silu_and_mul = gate_up;
               p.workspace = stream_workspace.get();
               auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-              Record({"stream GEMM", shape_text, us, min_us, bytes, 0});
-              if (std::string_view(proj.name) == "gate_up") {
-                p.silu_and_mul = true;
-                auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-                Record({"stream GEMM + SiLU", shape_text, fused_us, fused_min,
-                        bytes - m * proj.n, 0});
-              }
+              Record({gate_up ? "stream GEMM + SiLU" : "stream GEMM", shape_text, us, min_us,
+                      gate_up ? bytes - m * proj.n : bytes, 0});
             }
           }
           GemmShape shape;

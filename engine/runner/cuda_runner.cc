@@ -691,7 +691,7 @@ absl::Status CudaRunner::PrepareStreamGemm() {
       const auto projection = static_cast<Projection>(p);
       const auto [n, k] = ProjectionShape(projection);
       absl::StatusOr<kc::StreamGemmOperand> w = kc::StreamGemmOperand::Weights(
-          ProjectionWeights(projection, layer), n, k, DType::kBF16);
+          ProjectionWeights(projection, layer), n, k, /*gate_up=*/projection == kGateUp);
       if (!w.ok()) return absl::OkStatus();  // cuBLASLt and the skinny kernel serve alone
       weights[layer][p] = *w;
     }
@@ -735,7 +735,7 @@ absl::StatusOr<kc::StreamGemmParams> CudaRunner::StreamParams(Projection project
   auto it = stream_inputs_.find({x, m});
   if (it == stream_inputs_.end()) {
     absl::StatusOr<kc::StreamGemmOperand> input =
-        kc::StreamGemmOperand::Input(x, m, w.cols, 0, DType::kBF16);
+        kc::StreamGemmOperand::Input(x, m, w.cols);
     if (!input.ok()) return input.status();
     it = stream_inputs_.emplace(std::make_pair(x, m), *input).first;
   }

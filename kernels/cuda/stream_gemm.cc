@@ -6,6 +6,8 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
@@ -34,10 +36,10 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
   return fn;
 }
 
-// A descriptor of [rows, cols] 16-bit elements, row stride `stride`, read in boxes of
-// [box_rows, kStreamGemmChunk] with the 128-byte swizzle.
+// A descriptor of [rows, cols] bf16 elements, row stride `stride`, read in boxes of
+// [box_rows, kStreamGemmPieceK] with the 128-byte swizzle.
 absl::StatusOr<CUtensorMap> Encode(const void* data, int64_t rows, int64_t cols, int64_t stride,
-                                   int box_rows, DType dtype, const char* what) {
+                                   int box_rows, const char* what) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
   if (encode == nullptr) {
     return absl::FailedPreconditionError(
@@ -47,14 +49,13 @@ absl::StatusOr<CUtensorMap> Encode(const void* data, int64_t rows, int64_t cols,
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};  // bytes, of dim 1
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kStreamGemmChunk),
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kStreamGemmPieceK),
                              static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = encode(
-      &map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      2, const_cast<void*>(data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides,
+             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     return absl::InvalidArgumentError(StrCat(kName, ": cannot describe ", what, " [", rows, ", ",
                                              cols, "] (row stride ", stride,
@@ -65,8 +66,7 @@ absl::StatusOr<CUtensorMap> Encode(const void* data, int64_t rows, int64_t cols,
 }
 
 absl::Status CheckOperand(const void* data, int64_t rows, int64_t cols, int64_t stride,
-                          DType dtype, const char* what) {
-  if (absl::Status s = CheckActivationDType(kName, dtype); !s.ok()) return s;
+                          const char* what) {
   if (data == nullptr) return KernelError(kName, StrCat(what, " is null"));
   if (!Aligned16(data)) return KernelError(kName, StrCat(what, " must be 16-byte aligned"));
   if (rows <= 0 || cols <= 0 || cols % 8 != 0 || stride < cols || stride % 8 != 0 ||
@@ -80,53 +80,58 @@ absl::Status CheckOperand(const void* data, int64_t rows, int64_t cols, int64_t 
 }  // namespace
 
 absl::StatusOr<StreamGemmOperand> StreamGemmOperand::Weights(const void* w, int64_t n, int64_t k,
-                                                             DType dtype) {
-  if (absl::Status s = CheckOperand(w, n, k, k, dtype, "W"); !s.ok()) return s;
-  absl::StatusOr<CUtensorMap> map = Encode(w, n, k, k, kStreamGemmBoxRows, dtype, "W");
+                                                             bool gate_up) {
+  if (absl::Status s = CheckOperand(w, n, k, k, "W"); !s.ok()) return s;
+  if (gate_up && n % 2 != 0) return KernelError(kName, "a gate/up W needs an even n");
+  absl::StatusOr<CUtensorMap> map =
+      Encode(w, n, k, k, StreamGemmWeightBoxRows(gate_up), "W");
   if (!map.ok()) return map.status();
   StreamGemmOperand op;
   op.map = *map;
   op.data = w;
   op.rows = n;
   op.cols = k;
-  op.dtype = dtype;
-  op.is_input = false;
+  op.kind = gate_up ? Kind::kGateUpWeights : Kind::kWeights;
   return op;
 }
 
 absl::StatusOr<StreamGemmOperand> StreamGemmOperand::Input(const void* x, int64_t m, int64_t k,
-                                                           int64_t stride, DType dtype) {
+                                                           int64_t stride) {
   if (stride == 0) stride = k;
   if (m < 1 || m > kMaxStreamGemmRows) {
     return KernelError(kName, StrCat("m ", m, " outside [1, ", kMaxStreamGemmRows, "]"));
   }
-  if (absl::Status s = CheckOperand(x, m, k, stride, dtype, "x"); !s.ok()) return s;
-  absl::StatusOr<CUtensorMap> map = Encode(x, m, k, stride, StreamGemmTokens(m), dtype, "x");
+  if (absl::Status s = CheckOperand(x, m, k, stride, "x"); !s.ok()) return s;
+  // A box of exactly m rows: the kernel reads no row of x past m.
+  absl::StatusOr<CUtensorMap> map = Encode(x, m, k, stride, static_cast<int>(m), "x");
   if (!map.ok()) return map.status();
   StreamGemmOperand op;
   op.map = *map;
   op.data = x;
   op.rows = m;
   op.cols = k;
-  op.dtype = dtype;
-  op.is_input = true;
+  op.kind = Kind::kInput;
   return op;
 }
 
 absl::Status StreamGemmParams::Validate() const {
+  using Kind = StreamGemmOperand::Kind;
   if (w == nullptr || x == nullptr) return KernelError(kName, "no W or x descriptor");
-  if (w->is_input || !x->is_input) {
+  if (w->kind == Kind::kInput || x->kind != Kind::kInput) {
     return KernelError(kName, "W must come from Weights() and x from Input()");
   }
-  if (w->cols != x->cols || w->dtype != x->dtype) {
+  if (w->cols != x->cols) {
     return KernelError(kName, StrCat("W [", w->rows, ", ", w->cols, "] and x [", x->rows, ", ",
-                                     x->cols, "] disagree on k or type"));
+                                     x->cols, "] disagree on k"));
   }
-  if (output_dtype != x->dtype && output_dtype != DType::kF32) {
-    return KernelError(kName, "the output type must be the input type or f32");
+  if (output_dtype != DType::kBF16 && output_dtype != DType::kF32) {
+    return KernelError(kName, "the output type must be bf16 or f32");
   }
-  if (silu_and_mul && (output_dtype != x->dtype || w->rows % 2 != 0)) {
-    return KernelError(kName, "silu_and_mul needs an even n and writes the input type");
+  if (silu_and_mul != (w->kind == Kind::kGateUpWeights)) {
+    return KernelError(kName, "silu_and_mul goes with a gate/up W descriptor, and only it");
+  }
+  if (silu_and_mul && output_dtype != DType::kBF16) {
+    return KernelError(kName, "silu_and_mul writes bf16");
   }
   const int64_t columns = silu_and_mul ? w->rows / 2 : w->rows;
   if (y == nullptr || (y_stride != 0 && y_stride < columns)) {
@@ -137,6 +142,14 @@ absl::Status StreamGemmParams::Validate() const {
     return KernelError(kName, "the workspace must be given, 16-byte aligned");
   }
   return absl::OkStatus();
+}
+
+int StreamGemmVariant() {
+  static const int variant = [] {
+    const char* env = std::getenv("LMSERVE_STREAM_GEMM_VARIANT");
+    return env != nullptr && std::string_view(env) == "1" ? 1 : 0;
+  }();
+  return variant;
 }
 
 int StreamGemmGridLimit() {
@@ -160,9 +173,9 @@ int StreamGemmGridLimit() {
 }
 
 int64_t StreamGemmWorkspaceBytes() {
-  // At most 2 * grid split units (MakeStreamGemmSchedule), each of the largest partial.
-  return kStreamGemmCounterBytes +
-         2 * int64_t{StreamGemmGridLimit()} * StreamGemmPartialFloats(64) * 4;
+  // At most 2 * grid split units (MakeStreamGemmSchedule), each of the largest partial: 128 rows
+  // of 64 tokens.
+  return kStreamGemmCounterBytes + 2 * int64_t{StreamGemmGridLimit()} * 128 * 64 * 4;
 }
 
 }  // namespace lmserve::kernels::cuda

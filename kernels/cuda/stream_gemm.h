@@ -15,7 +15,7 @@
 // - Weights do not depend on the previous kernel: with programmatic dependent launch
 //   (common.cuh), each block fills its ring with W before it waits for its predecessor, so up to
 //   ~100 KB per multiprocessor (m <= 16) of the weights arrive while the previous kernel runs.
-// bf16 or fp16 x and W; y in the same type or fp32 (logits); fp32 accumulation.
+// bf16 x and W; y in bf16 or fp32 (logits); fp32 accumulation.
 
 #ifndef LMSERVE_KERNELS_CUDA_STREAM_GEMM_H_
 #define LMSERVE_KERNELS_CUDA_STREAM_GEMM_H_
@@ -33,39 +33,36 @@ namespace lmserve::kernels::cuda {
 
 inline constexpr int64_t kMaxStreamGemmRows = 64;
 
-// The tokens a launch for m rows computes (x's rows past m are read as zeros): 8, 16, 32 or 64.
-constexpr int StreamGemmTokens(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64; }
-
-// A TMA descriptor of one operand, a row-major matrix [rows, cols] of bf16 or fp16 with a row
-// stride of `stride` elements, made once on the host (weights at load, an activation buffer per
-// row count) and passed to the kernel by value. REQUIRES of the matrix: 16-byte aligned, stride a
-// multiple of 8. The device memory must outlive every launch that uses the descriptor.
+// A TMA descriptor of one operand, a row-major bf16 matrix [rows, cols] with a row stride of
+// `stride` elements, made once on the host (weights at load, an activation buffer per row count)
+// and passed to the kernel by value. REQUIRES of the matrix: 16-byte aligned, stride a multiple
+// of 8. The device memory must outlive every launch that uses the descriptor.
 struct StreamGemmOperand {
   CUtensorMap map;
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  DType dtype = DType::kBF16;
-  bool is_input = false;  // an activation (box rows StreamGemmTokens(rows)) rather than weights
+  enum class Kind { kWeights, kGateUpWeights, kInput } kind = Kind::kWeights;
 
-  // W [n, k]: rows are output features.
+  // W [n, k]: rows are output features. `gate_up`: the fused [gate; up] projection, for the
+  // SiLU-and-mul epilogue (and only for it: its descriptor reads rows in gate/up pairs of 8).
   static absl::StatusOr<StreamGemmOperand> Weights(const void* w, int64_t n, int64_t k,
-                                                   DType dtype);
+                                                   bool gate_up = false);
   // x [m, k] with row stride `stride` (0: k), m in [1, kMaxStreamGemmRows].
   static absl::StatusOr<StreamGemmOperand> Input(const void* x, int64_t m, int64_t k,
-                                                 int64_t stride, DType dtype);
+                                                 int64_t stride = 0);
 };
 
 struct StreamGemmParams {
   const StreamGemmOperand* w = nullptr;  // [n, k]: Weights(); host memory
-  const StreamGemmOperand* x = nullptr;  // [m, k]: Input() with the same k and dtype; host memory
+  const StreamGemmOperand* x = nullptr;  // [m, k]: Input() with the same k; host memory
   void* y = nullptr;  // [m, n], or [m, n / 2] with silu_and_mul; row stride y_stride; device
   int64_t y_stride = 0;               // elements; 0 means a row (n, or n / 2)
-  DType output_dtype = DType::kBF16;  // the input type or kF32
+  DType output_dtype = DType::kBF16;  // kBF16 or kF32
   // The MLP's activation as the epilogue: W is the fused [gate; up] projection (rows [0, n/2) the
-  // gate, [n/2, n) the up rows) and y[t, j] = silu(gate[t, j]) * up[t, j], with gate and up
-  // rounded to the input type first, as a separate SiLU-and-mul kernel (activation.h) would see
-  // them. n must be even; the output type must be the input type.
+  // gate, [n/2, n) the up rows; its descriptor made with gate_up) and y[t, j] = silu(gate[t, j])
+  // * up[t, j], with gate and up rounded to bf16 first, as a separate SiLU-and-mul kernel
+  // (activation.h) would see them. n must be even; the output type must be bf16.
   bool silu_and_mul = false;
   // StreamGemmWorkspaceBytes() bytes of device memory, zero-filled before its first launch (the
   // kernel leaves it so). Launches on one stream may share it; concurrent launches may not.

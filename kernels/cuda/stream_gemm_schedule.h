@@ -8,31 +8,52 @@
 
 namespace lmserve::kernels::cuda {
 
-inline constexpr int kStreamGemmChunk = 64;    // k per ring stage (128 bytes of a 16-bit row)
-inline constexpr int kStreamGemmBoxRows = 32;  // W rows per copy-engine box
+inline constexpr int kStreamGemmPieceK = 64;  // k per copy-engine box: one 128-byte swizzled row
 inline constexpr int kStreamGemmMaxSplits = 16;
 // Tile counters, at the start of the workspace: one int per split tile (fewer than the grid).
 inline constexpr int64_t kStreamGemmCounterBytes = 64 * 1024;
+// W rows per copy-engine box: 16 (an m16 tile), or 8 with the SiLU epilogue (a tile's 8 gate
+// rows and its 8 up rows are two boxes that together make one m16 tile).
+constexpr int StreamGemmWeightBoxRows(bool silu_and_mul) { return silu_and_mul ? 8 : 16; }
 
-// W rows per tile: 64 (four warps of one m16 tile each) up to 16 tokens, else 128 (two each, so
-// that each x fragment read from shared memory serves twice the rows).
-constexpr int StreamGemmTileRows(int tokens) { return tokens <= 16 ? 64 : 128; }
-// Ring stages: about 100 KB up to 16 tokens, so that two launches' blocks fit on a
-// multiprocessor together (the next one fills its ring while this one drains); 6 deeper ones.
-constexpr int StreamGemmStages(int tokens) { return tokens <= 16 ? 10 : 6; }
-// Floats of one split unit's partial sums.
-constexpr int64_t StreamGemmPartialFloats(int tokens) {
-  return int64_t{StreamGemmTileRows(tokens)} * tokens;
+// A kernel configuration: the shape of a tile and of a ring stage.
+struct StreamGemmConfig {
+  int tokens;      // x rows the tiles hold: 8, 16, 32 or 64 (a launch computes m <= tokens)
+  int tile_rows;   // W rows per tile: a multiple of 16
+  int stage_k;     // k per ring stage: a multiple of kStreamGemmPieceK
+  int warps;       // consumer warps
+  int stages;      // ring depth
+};
+
+// The configurations, by token bucket; `variant` 0 is the default, 1 an alternative kept for
+// benchmarks ($LMSERVE_STREAM_GEMM_VARIANT). The ring holds about 190 KB (variant 0): bytes in
+// flight per multiprocessor are what a streaming kernel's bandwidth rests on. Variant 1 rings
+// are half as deep, so that the next launch's blocks fit beside this one's.
+constexpr StreamGemmConfig StreamGemmConfigFor(int tokens, int variant) {
+  if (tokens <= 8) {
+    return variant == 0 ? StreamGemmConfig{8, 16, 256, 4, 16} : StreamGemmConfig{8, 16, 256, 4, 8};
+  }
+  if (tokens <= 16) {
+    return variant == 0 ? StreamGemmConfig{16, 16, 256, 4, 12}
+                        : StreamGemmConfig{16, 16, 256, 4, 6};
+  }
+  if (tokens <= 32) {
+    return variant == 0 ? StreamGemmConfig{32, 64, 128, 4, 7} : StreamGemmConfig{32, 64, 128, 4, 4};
+  }
+  return variant == 0 ? StreamGemmConfig{64, 128, 128, 8, 4} : StreamGemmConfig{64, 64, 128, 4, 6};
 }
 
+// The tokens a launch for m rows computes with: 8, 16, 32 or 64.
+constexpr int StreamGemmBucket(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+
 // Work units, in order: tiles [0, full_tiles) over all of k, then each remaining tile as `splits`
-// units of num_chunks / splits chunks each. Block b takes units b, b + grid, b + 2 grid, ...: the
-// whole tiles are whole waves of the grid, and the rest is split finely enough that the last wave
-// is about as long as the others, with at most 2 * grid split units (their partial sums go
-// through memory).
+// units of about num_chunks / splits stages each. Block b takes units b, b + grid, b + 2 grid,
+// ...: the whole tiles are whole waves of the grid, and the rest is split finely enough that the
+// last wave is about as long as the others, with at most 2 * grid split units (their partial
+// sums go through memory).
 struct StreamGemmSchedule {
   int num_tiles = 0;
-  int num_chunks = 0;  // k / kStreamGemmChunk, rounded up
+  int num_chunks = 0;  // ring stages per tile: k / stage_k, rounded up
   int full_tiles = 0;
   int splits = 1;
   int num_units = 0;
@@ -52,7 +73,7 @@ inline StreamGemmSchedule MakeStreamGemmSchedule(int64_t num_tiles, int64_t num_
     for (int64_t splits = 1; splits <= kStreamGemmMaxSplits && splits <= num_chunks; ++splits) {
       const int64_t units = rest * splits;
       if (splits > 1 && units > 2 * grid) break;
-      // The longest block's chunks: its whole tiles, then its split units.
+      // The longest block's stages: its whole tiles, then its split units.
       const int64_t per_unit = (num_chunks + splits - 1) / splits;
       const int64_t cost = waves * num_chunks + (units + grid - 1) / grid * per_unit;
       if (best_cost < 0 || cost < best_cost) best_cost = cost, best_splits = static_cast<int>(splits);
@@ -66,6 +87,8 @@ inline StreamGemmSchedule MakeStreamGemmSchedule(int64_t num_tiles, int64_t num_
 
 // Blocks a launch may have: one per multiprocessor of the current device (host only).
 int StreamGemmGridLimit();
+// $LMSERVE_STREAM_GEMM_VARIANT (0 or 1; default 0), read once (host only).
+int StreamGemmVariant();
 
 }  // namespace lmserve::kernels::cuda
 
