@@ -9,8 +9,13 @@
 //     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
 //     head on the S last rows) over the bf16 GEMM rate measured here (cuBLASLt, 8192^3).
 //
+// With --timeline, one more decode step of each batch runs with its kernels recorded (CUPTI), and
+// the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
+// kernel adds to the critical path, overlaps of programmatic dependent launch included.
+//
 // Usage: lmserve-model-bench --model PATH [--dummy] [--batches 1,8,64,256] [--context 1024]
 //        [--prefill-seqs 4 --prefill-tokens 1024] [--iters 30] [--no-graphs] [--json FILE]
+//        [--timeline FILE]
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -26,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/cuda/kernel_timeline.h"
 #include "common/strings.h"
 #include "engine/model/checkpoint.h"
 #include "engine/runner/cuda_runner.h"
@@ -51,13 +57,14 @@ struct Options {
   int iters = 30;
   bool graphs = true;
   std::string json;
+  std::string timeline;
 };
 
 int Usage(const char* message) {
   std::fprintf(stderr,
                "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--batches 1,8,64,256] "
                "[--context 1024] [--prefill-seqs 4] [--prefill-tokens 1024] [--iters 30] "
-               "[--no-graphs] [--json FILE]\n",
+               "[--no-graphs] [--json FILE] [--timeline FILE]\n",
                message);
   return 2;
 }
@@ -161,6 +168,42 @@ double TimeSteps(engine::ModelRunner& runner, const StepBatch& batch, int iters)
   return Median(times);
 }
 
+// One more step of `batch` with its kernels recorded: prints the kernels by their share of the
+// critical path, and returns the records (times relative to the first kernel's start, in us).
+nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batch, int b) {
+  auto timeline = bench::KernelTimeline::Start();
+  if (!timeline.ok()) {
+    std::printf("  timeline: %s\n", timeline.status().ToString().c_str());
+    return nlohmann::json::object();
+  }
+  StepOutput out;
+  (void)runner.Execute(batch, &out);
+  cudaDeviceSynchronize();
+  const std::vector<bench::KernelRecord> records = (*timeline)->Stop();
+  if (records.empty()) return nlohmann::json::object();
+  const uint64_t t0 = records.front().start_ns;
+  uint64_t first_start = t0;
+  for (const auto& r : records) first_start = std::min(first_start, r.start_ns);
+  const double span_us = (records.back().end_ns - first_start) * 1e-3;
+  std::printf("  batch %d timeline: %zu kernels over %.1f us; by share of the critical path:\n",
+              b, records.size(), span_us);
+  nlohmann::json shares = nlohmann::json::array();
+  for (const bench::KernelShare& s : bench::Summarize(records)) {
+    if (s.critical_us >= 0.005 * span_us) {
+      std::printf("    %8.1f us %5.1f%%  %4d x %7.2f us busy  %s\n", s.critical_us,
+                  100.0 * s.critical_us / span_us, s.count, s.busy_us / s.count, s.name.c_str());
+    }
+    shares.push_back({{"name", s.name}, {"count", s.count}, {"busy_us", s.busy_us},
+                      {"critical_us", s.critical_us}});
+  }
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const auto& r : records) {
+    kernels.push_back({{"name", r.name}, {"start_us", (r.start_ns - first_start) * 1e-3},
+                       {"end_us", (r.end_ns - first_start) * 1e-3}});
+  }
+  return {{"batch", b}, {"span_us", span_us}, {"shares", shares}, {"kernels", kernels}};
+}
+
 int Run(const Options& o) {
   const std::vector<kernels::cuda::DeviceInfo> devices = kernels::cuda::ListDevices();
   if (devices.empty()) {
@@ -224,6 +267,7 @@ int Run(const Options& o) {
   std::printf("\n%-8s %-8s %12s %12s %8s %14s\n", "batch", "context", "step (ms)", "floor (ms)",
               "ratio", "tokens/s");
   const int blocks_per_seq = (o.context + 1 + block - 1) / block;
+  nlohmann::json timelines = nlohmann::json::array();
   for (int b : o.batches) {
     if (int64_t{b} * blocks_per_seq > (*runner)->num_kv_blocks()) {
       std::printf("%-8d %-8d skipped: the KV pool holds %d blocks, this needs %lld\n", b,
@@ -250,7 +294,9 @@ int Run(const Options& o) {
                                  {"step_seconds", seconds},
                                  {"floor_seconds", floor},
                                  {"ratio", seconds / floor}});
+    if (!o.timeline.empty()) timelines.push_back(RecordTimeline(**runner, batch, b));
   }
+  if (!o.timeline.empty()) std::ofstream(o.timeline) << timelines.dump(1) << "\n";
 
   // Prefill: S sequences of N new tokens from position 0.
   if (o.prefill_seqs > 0 && o.prefill_tokens > 0) {
@@ -326,6 +372,8 @@ int main(int argc, char** argv) {
       o.iters = std::atoi(value().c_str());
     } else if (arg == "--json") {
       o.json = value();
+    } else if (arg == "--timeline") {
+      o.timeline = value();
     } else {
       return lmserve::Usage(("unknown argument " + arg).c_str());
     }

@@ -761,7 +761,13 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
   skinny.silu_and_mul = act != nullptr;
   const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
   const char* forced = std::getenv("LMSERVE_DECODE_GEMM");
-  const std::string force = forced != nullptr ? forced : "auto";
+  std::string force = forced != nullptr ? forced : "auto";
+  if (force.rfind("stream:", 0) == 0) {  // stream:o,qkv forces the stream GEMM for those
+    static const char* const kNames[] = {"qkv", "o", "gateup", "down", "lmhead"};
+    bool listed = false;
+    for (std::string_view part : StrSplit(force.substr(7), ',')) listed |= part == kNames[projection];
+    force = listed ? "stream" : "nostream";
+  }
   const bool stream_ok = force != "nostream" && StreamParams(projection, 0, m, x, y, act).ok();
   if (force == "blas") return gemm_kernel_[key] = GemmKernel::kBlas;
   if (force == "skinny" && skinny_ok) return gemm_kernel_[key] = GemmKernel::kSkinny;

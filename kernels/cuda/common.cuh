@@ -162,9 +162,9 @@ __device__ __forceinline__ void BeginDependentKernel(bool early) {
 // Whether LaunchKernel asks for programmatic dependent launch: on sm_90+ devices unless
 // $LMSERVE_PDL is 0. Decided once per process (for the current device at the first call).
 bool ProgrammaticLaunchEnabled();
-// The `early` of BeginDependentKernel(bool) for the kernels that take it (norms, the decode
-// attention merge): on unless $LMSERVE_PDL_EARLY is 0. Decided once per process.
-bool EarlyDependentLaunch();
+// The `early` of BeginDependentKernel(bool) for the kernels that take it, by kind ("norm",
+// "merge"): $LMSERVE_PDL_EARLY lists the kinds (or is 1 for all; default none). Read once.
+bool EarlyDependentLaunch(const char* kind);
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where
 // enabled; the kernel must keep the contract above.

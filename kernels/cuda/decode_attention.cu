@@ -357,7 +357,7 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.max_splits = p.max_splits;
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  a.early_dependents = EarlyDependentLaunch();
+  a.early_dependents = EarlyDependentLaunch("merge");
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {

@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "kernels/cuda/common.cuh"
@@ -41,12 +42,12 @@ bool ProgrammaticLaunchEnabled() {
   return enabled;
 }
 
-bool EarlyDependentLaunch() {
-  static const bool early = [] {
+bool EarlyDependentLaunch(const char* kind) {
+  static const std::string early = [] {
     const char* env = std::getenv("LMSERVE_PDL_EARLY");
-    return env == nullptr || std::string_view(env) != "0";
+    return std::string(env != nullptr ? env : "0");
   }();
-  return early;
+  return early == "1" || early.find(kind) != std::string::npos;
 }
 
 }  // namespace lmserve::kernels::cuda

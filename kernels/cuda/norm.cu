@@ -69,7 +69,7 @@ cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const 
   const int hidden = static_cast<int>(hidden_size);
   auto launch = [&](auto kernel) {
     return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
-                        output, output_stride, hidden, epsilon, EarlyDependentLaunch());
+                        output, output_stride, hidden, epsilon, EarlyDependentLaunch("norm"));
   };
   if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, 1, kFused>);
   if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, 2, kFused>);
