@@ -2,6 +2,7 @@
 
 #include "common/strings.h"
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "engine/runner/cpu_runner.h"
@@ -14,7 +15,11 @@ void AddModelOptions(Args* args) {
       .Required("ids", "the prompt's token ids, comma-separated: 1,2,3")
       .Option("kv-cache-mb", "KV cache size in MiB (default: just what the run needs)")
       .Option("threads", "CPU threads for matrix products and attention; 0: one per core", "0")
-      .Option("backend", "cpu (the fp32 reference) or cuda (bf16 on the GPU)", "cpu");
+      .Option("backend", "cpu (the fp32 reference) or cuda (bf16 on the GPU by default)", "cpu")
+      .Option("dtype",
+              "weights, activations and KV cache: auto (float32 on the CPU, bfloat16 on cuda), "
+              "bfloat16 (cuda only) or float32",
+              "auto");
 }
 
 absl::StatusOr<ModelSession> OpenModelSession(const Args& args) {
@@ -51,9 +56,15 @@ absl::Status CreateRunner(const Args& args, int64_t context_tokens, ModelSession
   if (backend != "cpu" && backend != "cuda") {
     return absl::InvalidArgumentError(StrCat("--backend: '", backend, "' is not one of cpu, cuda"));
   }
+  const std::optional<engine::RunnerDType> dtype = engine::RunnerDTypeFromName(args.Get("dtype"));
+  if (!dtype.has_value()) {
+    return absl::InvalidArgumentError(
+        StrCat("--dtype: '", args.Get("dtype"), "' is not one of auto, bfloat16, float32"));
+  }
+  runner_config.dtype = *dtype;
   const bool cuda = backend == "cuda";
   auto block_bytes = [&](int64_t block_size) {
-    return cuda ? engine::CudaKvBlockBytes(config, static_cast<int32_t>(block_size))
+    return cuda ? engine::CudaKvBlockBytes(config, static_cast<int32_t>(block_size), *dtype)
                 : engine::CpuKvBlockBytes(config, static_cast<int32_t>(block_size));
   };
   if (cuda) {

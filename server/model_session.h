@@ -15,7 +15,7 @@
 
 namespace lmserve::server {
 
-// Declares --model, --ids, --kv-cache-mb and --threads.
+// Declares --model, --ids, --kv-cache-mb, --threads, --backend and --dtype.
 void AddModelOptions(Args* args);
 
 struct ModelSession {
@@ -28,9 +28,9 @@ struct ModelSession {
 // option or the file at fault.
 absl::StatusOr<ModelSession> OpenModelSession(const Args& args);
 
-// Builds session->runner, a CPU runner whose KV cache holds `context_tokens` tokens: a cache of
-// --kv-cache-mb when given (an error when that is too small), otherwise exactly what is needed.
-// --threads sets the CPU threads. Errors name the option at fault.
+// Builds session->runner, a runner (--backend, --dtype) whose KV cache holds `context_tokens`
+// tokens: a cache of --kv-cache-mb when given (an error when that is too small), otherwise exactly
+// what is needed. --threads sets the CPU threads. Errors name the option at fault.
 absl::Status CreateRunner(const Args& args, int64_t context_tokens, ModelSession* session);
 
 // Blocks 0 .. n-1 covering `tokens` tokens in `runner`'s block size.

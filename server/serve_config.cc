@@ -52,6 +52,11 @@ void AddServeOptions(Args* args) {
               "zephyr) or a .jinja / .json file (default: the model's own)")
       .Option("served-model-name", "the model name in responses and metrics (default: the model's)")
       .Option("backend", "auto (cuda when a GPU is present, else cpu), cpu or cuda", "auto")
+      .Option("dtype",
+              "the element type of weights, activations and KV cache: auto (bfloat16 on cuda, "
+              "float32 on cpu), bfloat16 (cuda only) or float32 (on cuda: the CPU runner's "
+              "numbers, at twice bfloat16's memory and well below its speed)",
+              "auto")
       .Option("load-format",
               "auto (the checkpoint's weights) or dummy (random weights of the model's shapes, "
               "for benchmarks; --model may then be a config.json or its directory)",
@@ -105,6 +110,16 @@ absl::StatusOr<ServeConfig> ServeConfigFromArgs(const Args& args) {
   if (config.backend != "auto" && config.backend != "cpu" && config.backend != "cuda") {
     return absl::InvalidArgumentError(
         StrCat("--backend: '", config.backend, "' is not one of auto, cpu, cuda"));
+  }
+  config.dtype = args.Get("dtype");
+  if (config.dtype != "auto" && config.dtype != "bfloat16" && config.dtype != "float32") {
+    return absl::InvalidArgumentError(
+        StrCat("--dtype: '", config.dtype, "' is not one of auto, bfloat16, float32"));
+  }
+  if (config.backend == "cpu" && config.dtype == "bfloat16") {
+    return absl::InvalidArgumentError(
+        "--dtype bfloat16: the CPU backend computes in float32 only (use auto or float32, or "
+        "--backend cuda)");
   }
   const std::string load_format = args.Get("load-format");
   if (load_format != "auto" && load_format != "dummy") {
@@ -207,7 +222,7 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       "  tokenizer: ", or_default(config.tokenizer_path, "(the model's)"), "\n",
       "  chat template: ", or_default(config.chat_template, "(the model's)"), "\n",
       "  served model name: ", or_default(config.served_model_name, "(the model's)"), "\n",
-      "  backend: ", config.backend, ", threads: ", config.threads,
+      "  backend: ", config.backend, ", dtype: ", config.dtype, ", threads: ", config.threads,
       ", load format: ", config.dummy_weights ? "dummy" : "auto",
       ", GPU memory utilization: ", config.gpu_memory_utilization,
       ", CUDA graphs: ", config.cuda_graphs ? "on" : "off", "\n",

@@ -1045,6 +1045,9 @@ absl::Status LmserveServer::LoadModel() {
 
   engine::RunnerConfig runner_config;
   runner_config.backend = backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
+  // ServeConfigFromArgs checked the name.
+  runner_config.dtype =
+      engine::RunnerDTypeFromName(config.dtype).value_or(engine::RunnerDType::kAuto);
   runner_config.load_format =
       config.dummy_weights ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   runner_config.kv_cache_bytes = config.kv_cache_bytes;
@@ -1060,10 +1063,11 @@ absl::Status LmserveServer::LoadModel() {
       engine::ModelRunner::Create(**checkpoint, runner_config);
   if (!runner.ok()) return runner.status();
   const engine::RunnerStats runner_stats = (*runner)->stats();
-  LogInfo("runner: ", backend, " on ", runner_stats.device_name, ", weights ",
-          runner_stats.weight_bytes >> 20, " MiB, KV cache ", runner_stats.kv_cache_bytes >> 20,
-          " MiB (", (*runner)->num_kv_blocks(), " blocks of ", (*runner)->block_size_tokens(),
-          " tokens), ", runner_stats.num_cuda_graphs, " CUDA graphs; start-up took ",
+  LogInfo("runner: ", backend, " in ", engine::RunnerDTypeName(runner_stats.dtype), " on ",
+          runner_stats.device_name, ", weights ", runner_stats.weight_bytes >> 20,
+          " MiB, KV cache ", runner_stats.kv_cache_bytes >> 20, " MiB (",
+          (*runner)->num_kv_blocks(), " blocks of ", (*runner)->block_size_tokens(), " tokens), ",
+          runner_stats.num_cuda_graphs, " CUDA graphs; start-up took ",
           runner_stats.startup_seconds, " s",
           runner_stats.device_memory_total_bytes > 0
               ? StrCat("; GPU memory in use ", runner_stats.device_memory_used_bytes >> 20, " of ",
@@ -1098,7 +1102,7 @@ absl::Status LmserveServer::LoadModel() {
                                   : model_config.architecture_name);
   model.info.set_context_length(limits.max_context_tokens);
   model.info.set_vocab_size(static_cast<int32_t>(limits.vocab_size));
-  model.info.set_dtype(runner_config.backend == engine::Backend::kCpu ? "float32" : "bfloat16");
+  model.info.set_dtype(std::string(engine::RunnerDTypeName(runner_stats.dtype)));
   model.info.set_backend(backend);
   for (int32_t id : model_config.eos_token_ids) model.info.add_eos_token_ids(id);
   model.info.set_has_chat_template(model.text->has_chat_template());

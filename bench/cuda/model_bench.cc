@@ -7,15 +7,18 @@
 //     device-to-device copy bandwidth measured here (bytes read + bytes written per second).
 //   prefill: the wall time of one step of S sequences of N new tokens. Floor: the step's FLOPs
 //     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
-//     head on the S last rows) over the bf16 GEMM rate measured here (cuBLASLt, 8192^3).
+//     head on the S last rows) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
+//     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32).
+// Weight and KV bytes are those of the runner's dtype (--dtype: bfloat16, the default, or float32,
+// which holds everything in fp32: twice the bytes).
 //
 // With --timeline, one more decode step of each batch runs with its kernels recorded (CUPTI), and
 // the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
 // kernel adds to the critical path, overlaps of programmatic dependent launch included.
 //
-// Usage: lmserve-model-bench --model PATH [--dummy] [--batches 1,8,64,256] [--context 1024]
-//        [--prefill-seqs 4 --prefill-tokens 1024] [--iters 30] [--no-graphs] [--json FILE]
-//        [--timeline FILE]
+// Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
+//        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
+//        [--iters 30] [--no-graphs] [--json FILE] [--timeline FILE]
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -56,15 +59,17 @@ struct Options {
   int prefill_tokens = 1024;
   int iters = 30;
   bool graphs = true;
+  engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   std::string json;
   std::string timeline;
 };
 
 int Usage(const char* message) {
   std::fprintf(stderr,
-               "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--batches 1,8,64,256] "
-               "[--context 1024] [--prefill-seqs 4] [--prefill-tokens 1024] [--iters 30] "
-               "[--no-graphs] [--json FILE] [--timeline FILE]\n",
+               "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32] "
+               "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
+               "[--prefill-tokens 1024] [--iters 30] [--no-graphs] [--json FILE] "
+               "[--timeline FILE]\n",
                message);
   return 2;
 }
@@ -101,22 +106,25 @@ double CopyBandwidth() {
   return Median(rates);
 }
 
-// The bf16 GEMM rate of cuBLASLt at 8192^3 on random-ish data, FLOP/s.
-double GemmRate() {
+// The GEMM rate of cuBLASLt at 8192^3 on random-ish data in `dtype` (bf16: the tensor cores;
+// f32: true fp32, as the runner's float32 mode runs its projections), FLOP/s.
+double GemmRate(kernels::DType dtype) {
   namespace kc = kernels::cuda;
   const int64_t n = 8192;
+  const size_t bytes = n * n * (dtype == kernels::DType::kF32 ? 4 : 2);
   auto handle = kc::BlasLtHandle::Create();
   if (!handle.ok()) return 0;
   void *x = nullptr, *w = nullptr, *y = nullptr, *ws = nullptr;
   const size_t ws_bytes = size_t{32} << 20;
-  cudaMalloc(&x, n * n * 2);
-  cudaMalloc(&w, n * n * 2);
-  cudaMalloc(&y, n * n * 2);
+  cudaMalloc(&x, bytes);
+  cudaMalloc(&w, bytes);
+  cudaMalloc(&y, bytes);
   cudaMalloc(&ws, ws_bytes);
-  cudaMemset(x, 0x3b, n * n * 2);
-  cudaMemset(w, 0x3b, n * n * 2);
-  auto plan = kc::GemmPlan::Create((*handle)->get(), {.m = n, .n = n, .k = n}, ws, ws_bytes,
-                                   /*autotune=*/true, nullptr);
+  cudaMemset(x, 0x3b, bytes);
+  cudaMemset(w, 0x3b, bytes);
+  auto plan = kc::GemmPlan::Create(
+      (*handle)->get(), {.m = n, .n = n, .k = n, .input_dtype = dtype, .output_dtype = dtype}, ws,
+      ws_bytes, /*autotune=*/true, nullptr);
   double rate = 0;
   if (plan.ok()) {
     cudaEvent_t start, stop;
@@ -219,13 +227,16 @@ int Run(const Options& o) {
   const engine::ModelConfig& c = (*checkpoint)->config();
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
 
+  const bool f32 = o.dtype == engine::RunnerDType::kFloat32;
+  const std::string dtype_name(engine::RunnerDTypeName(o.dtype));
   const double bandwidth = CopyBandwidth();
-  const double gemm_rate = GemmRate();
-  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); bf16 GEMM %.0f TFLOP/s\n",
-              devices[0].name.c_str(), bandwidth / 1e9, gemm_rate / 1e12);
+  const double gemm_rate = GemmRate(f32 ? kernels::DType::kF32 : kernels::DType::kBF16);
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); %s GEMM %.0f TFLOP/s\n",
+              devices[0].name.c_str(), bandwidth / 1e9, dtype_name.c_str(), gemm_rate / 1e12);
 
   engine::RunnerConfig config;
   config.backend = engine::Backend::kCuda;
+  config.dtype = o.dtype;
   config.load_format = o.dummy ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   config.max_num_seqs = max_batch;
   config.max_num_batched_tokens = std::max(o.prefill_seqs * o.prefill_tokens, 256);
@@ -238,26 +249,29 @@ int Run(const Options& o) {
   }
   const engine::RunnerStats stats = (*runner)->stats();
   std::printf("model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
-              "%.2f GiB bf16, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+              "%.2f GiB %s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
               o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
               static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
               static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
+              std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
               stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(),
               stats.startup_seconds, stats.num_cuda_graphs);
 
   const int32_t block = (*runner)->block_size_tokens();
   // Weights a decode step reads: all but the embedding table (a few rows), unless it is also
   // the LM head.
-  const int64_t embed_bytes = c.vocab_size * c.hidden_size * 2;
+  const int64_t element_bytes = engine::RunnerDTypeBytes(stats.dtype);
+  const int64_t embed_bytes = c.vocab_size * c.hidden_size * element_bytes;
   const int64_t weight_read = stats.weight_bytes - (c.tie_word_embeddings ? 0 : embed_bytes);
-  const int64_t kv_token_bytes = engine::CudaKvBlockBytes(c, 1);
-  const int64_t params = stats.weight_bytes / 2;
+  const int64_t kv_token_bytes = engine::CudaKvBlockBytes(c, 1, stats.dtype);
+  const int64_t params = stats.weight_bytes / element_bytes;
   nlohmann::json results = {
       {"device", devices[0].name},
       {"model", o.model},
       {"dummy_weights", o.dummy},
       {"cuda_graphs", o.graphs},
+      {"dtype", dtype_name},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
       {"weight_bytes", stats.weight_bytes},
@@ -354,6 +368,13 @@ int main(int argc, char** argv) {
       o.model = value();
     } else if (arg == "--dummy") {
       o.dummy = true;
+    } else if (arg == "--dtype") {
+      const std::string name = value();
+      const auto dtype = lmserve::engine::RunnerDTypeFromName(name);
+      if (!dtype.has_value() || *dtype == lmserve::engine::RunnerDType::kAuto) {
+        return lmserve::Usage(("--dtype: '" + name + "' is not bfloat16 or float32").c_str());
+      }
+      o.dtype = *dtype;
     } else if (arg == "--no-graphs") {
       o.graphs = false;
     } else if (arg == "--batches") {

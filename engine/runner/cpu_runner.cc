@@ -252,6 +252,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint&
                ") and kv_cache_bytes (", config.kv_cache_bytes,
                ") must be positive and num_threads (", config.num_threads, ") non-negative"));
   }
+  if (ResolveRunnerDType(config.dtype, Backend::kCpu) != RunnerDType::kFloat32) {
+    return absl::InvalidArgumentError(
+        StrCat("CPU runner: dtype ", RunnerDTypeName(config.dtype),
+               " is not supported: the CPU runner computes in float32 only (use auto or float32; "
+               "bfloat16 needs the CUDA backend)"));
+  }
   if (model.head_dim > kernels::PagedAttentionParams::kMaxHeadDim) {
     return absl::UnimplementedError(StrCat("CPU runner: head_dim ", model.head_dim,
                                            " is not supported (at most ",
@@ -533,6 +539,7 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
 
 RunnerStats CpuRunner::stats() const {
   RunnerStats s;
+  s.dtype = RunnerDType::kFloat32;
   auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
   s.weight_bytes = bytes(embed_) + bytes(final_norm_) + bytes(lm_head_storage_);
   for (const LayerWeights& w : layers_) {

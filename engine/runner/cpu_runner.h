@@ -23,7 +23,8 @@
 namespace lmserve::engine {
 
 // Builds the CPU runner (ModelRunner::Create with Backend::kCpu lands here). Errors: an invalid
-// RunnerConfig, a KV budget smaller than one block, a missing or misshapen tensor.
+// RunnerConfig (RunnerDType::kBFloat16 included: the CPU runner is fp32 only), a KV budget
+// smaller than one block, a missing or misshapen tensor.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Checkpoint& checkpoint,
                                                              const RunnerConfig& config);
 

@@ -26,6 +26,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/paged_attention_f32.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/random_fill.h"
@@ -39,7 +40,6 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::DType;
 
-constexpr int64_t kBf16Bytes = 2;
 constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 // Logits rows computed at once (more rows, as teacher-forced scoring asks, go in chunks).
 constexpr int64_t kMinLogitsChunkRows = 256;
@@ -183,7 +183,7 @@ struct StepLayout {
   }
 };
 
-// Device pointers of one layer's weights (bf16).
+// Device pointers of one layer's weights (in the runner's dtype).
 struct LayerWeights {
   void* input_norm = nullptr;
   void* qkv = nullptr;       // [q_dim + 2 kv_dim, hidden]
@@ -216,7 +216,8 @@ class CudaRunner final : public ModelRunner {
 
   absl::Status Init(const Checkpoint& checkpoint);
   absl::Status LoadWeights(const Checkpoint& checkpoint);
-  // Converts tensor `name` (of `shape`) into bf16 at dst, or fills it with dummy values.
+  // Converts tensor `name` (of `shape`) into the runner's dtype at dst, or fills it with dummy
+  // values.
   absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
                           const std::vector<int64_t>& shape, int64_t fan_in, void* dst);
   absl::Status AllocateWorkspaces();
@@ -281,6 +282,9 @@ class CudaRunner final : public ModelRunner {
 
   const ModelConfig config_;
   const RunnerConfig runner_config_;
+  const RunnerDType dtype_;      // resolved: kBFloat16 or kFloat32
+  const DType kernel_dtype_;     // the kernels' name for it: kBF16 or kF32
+  const int64_t element_bytes_;  // 2 or 4
   const int32_t block_size_;
   const int64_t q_dim_, kv_dim_, qkv_dim_;
   const float attention_scale_;  // 1 / sqrt(head_dim)
@@ -320,7 +324,7 @@ class CudaRunner final : public ModelRunner {
   DeviceMemory d_inputs_;
   size_t inputs_capacity_ = 0;
 
-  // Activations (bf16) and outputs.
+  // Activations (in the runner's dtype) and outputs.
   DeviceMemory residual_, normed_, qkv_, attention_, projected_, gate_up_, activation_, rows_;
   DeviceMemory logits_;          // [logits_chunk_rows, vocab] fp32
   DeviceMemory sampled_;         // [max_tokens] int32
@@ -351,6 +355,9 @@ int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 CudaRunner::CudaRunner(const ModelConfig& config, const RunnerConfig& runner_config)
     : config_(config),
       runner_config_(runner_config),
+      dtype_(ResolveRunnerDType(runner_config.dtype, Backend::kCuda)),
+      kernel_dtype_(dtype_ == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16),
+      element_bytes_(RunnerDTypeBytes(dtype_)),
       block_size_(runner_config.block_size_tokens),
       q_dim_(config.num_attention_heads * config.head_dim),
       kv_dim_(config.num_kv_heads * config.head_dim),
@@ -384,6 +391,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(const Checkpoint
         ") must be positive, kv_cache_bytes (", config.kv_cache_bytes,
         ") non-negative and gpu_memory_utilization (", config.gpu_memory_utilization,
         ") in (0, 1]"));
+  }
+  const RunnerDType dtype = ResolveRunnerDType(config.dtype, Backend::kCuda);
+  if (dtype != RunnerDType::kBFloat16 && dtype != RunnerDType::kFloat32) {
+    return absl::InvalidArgumentError(StrCat("runner config: unknown dtype ",
+                                             static_cast<int>(config.dtype)));
   }
   const int num_devices = CudaDeviceCount();
   if (config.device < 0 || config.device >= num_devices) {
@@ -431,7 +443,7 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   LMSERVE_STATUS_RETURN(PrepareStreamGemm());
 
   // The KV pool: what the memory budget leaves, or what the caller fixed.
-  const int64_t block_bytes = CudaKvBlockBytes(config_, block_size_);
+  const int64_t block_bytes = CudaKvBlockBytes(config_, block_size_, dtype_);
   int64_t kv_bytes = runner_config_.kv_cache_bytes;
   size_t free_bytes = 0, total_bytes = 0;
   LMSERVE_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -450,7 +462,7 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   }
   num_blocks_ = static_cast<int32_t>(
       std::min<int64_t>(kv_bytes / block_bytes, std::numeric_limits<int32_t>::max()));
-  layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim_ * kBf16Bytes;
+  layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim_ * element_bytes_;
   LMSERVE_STATUS_RETURN(kv_pool_.Allocate(2 * config_.num_layers * layer_cache_bytes_,
                                           "the KV cache"));
   // Zeros: a padded or stale slot never holds NaNs that a masked-out read could spread.
@@ -472,7 +484,7 @@ absl::Status CudaRunner::LoadTensor(const Checkpoint& checkpoint, const std::str
                               .low = range.low,
                               .high = range.high,
                               .seed = DummyTensorSeed(name),
-                              .dtype = DType::kBF16};
+                              .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(fill, stream_), StrCat("dummy values of ", name));
     return absl::OkStatus();
   }
@@ -480,7 +492,7 @@ absl::Status CudaRunner::LoadTensor(const Checkpoint& checkpoint, const std::str
   if (!tensor.ok()) return tensor.status();
   const TensorView& t = **tensor;
   if (absl::Status s = CheckTensorBytes(t); !s.ok()) return s;
-  if (t.dtype == DType::kBF16) {  // already bf16: copy as is
+  if (t.dtype == kernel_dtype_) {  // already in the runner's dtype: copy as is
     LMSERVE_CUDA_RETURN(cudaMemcpyAsync(dst, t.data, static_cast<size_t>(t.num_bytes),
                                         cudaMemcpyHostToDevice, stream_),
                         StrCat("uploading ", name));
@@ -491,7 +503,7 @@ absl::Status CudaRunner::LoadTensor(const Checkpoint& checkpoint, const std::str
   DeviceMemory staging;
   LMSERVE_STATUS_RETURN(staging.Allocate(t.num_bytes, StrCat("staging ", name)));
   const kc::DequantizeParams convert{.src = staging.get(), .dst = dst, .num_elements = elements,
-                                     .dtype = t.dtype};
+                                     .dtype = t.dtype, .output_dtype = kernel_dtype_};
   if (convert.Validate().ok()) {
     LMSERVE_CUDA_RETURN(cudaMemcpyAsync(staging.get(), t.data, static_cast<size_t>(t.num_bytes),
                                         cudaMemcpyHostToDevice, stream_),
@@ -503,10 +515,15 @@ absl::Status CudaRunner::LoadTensor(const Checkpoint& checkpoint, const std::str
   // Shapes the GPU converter does not take (a count off its block multiple): on the host.
   std::vector<float> f32(static_cast<size_t>(elements));
   kernels::DequantizeToF32(t.dtype, t.data, f32.data(), elements);
-  std::vector<uint16_t> bf16(f32.size());
-  for (size_t i = 0; i < f32.size(); ++i) bf16[i] = kernels::F32ToBf16(f32[i]);
-  LMSERVE_CUDA_RETURN(cudaMemcpyAsync(dst, bf16.data(), bf16.size() * 2, cudaMemcpyHostToDevice,
-                                      stream_),
+  std::vector<uint16_t> bf16;
+  const void* host = f32.data();
+  if (kernel_dtype_ == DType::kBF16) {
+    bf16.resize(f32.size());
+    for (size_t i = 0; i < f32.size(); ++i) bf16[i] = kernels::F32ToBf16(f32[i]);
+    host = bf16.data();
+  }
+  LMSERVE_CUDA_RETURN(cudaMemcpyAsync(dst, host, static_cast<size_t>(elements * element_bytes_),
+                                      cudaMemcpyHostToDevice, stream_),
                       StrCat("uploading ", name));
   LMSERVE_CUDA_RETURN(cudaStreamSynchronize(stream_), StrCat("uploading ", name));
   return absl::OkStatus();
@@ -517,9 +534,9 @@ absl::Status CudaRunner::LoadWeights(const Checkpoint& checkpoint) {
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, vocab = c.vocab_size;
   // One allocation for every weight, each tensor 256-byte aligned.
   int64_t total = 0;
-  auto reserve = [&total](int64_t elements) {
+  auto reserve = [&total, this](int64_t elements) {
     const int64_t at = total;
-    total += Align256(elements * kBf16Bytes);
+    total += Align256(elements * element_bytes_);
     return at;
   };
   const int64_t embed_at = reserve(vocab * hidden);
@@ -562,9 +579,9 @@ absl::Status CudaRunner::LoadWeights(const Checkpoint& checkpoint) {
     w = {at(o.input_norm), at(o.qkv), at(o.qkv_bias), at(o.o_proj), at(o.post_norm),
          at(o.gate_up), at(o.down)};
     auto name = [l](const char* suffix) { return LayerTensorName(l, suffix); };
-    auto rows = [](void* matrix, int64_t first_row, int64_t width) {
+    auto rows = [this](void* matrix, int64_t first_row, int64_t width) {
       return static_cast<void*>(static_cast<unsigned char*>(matrix) +
-                                first_row * width * kBf16Bytes);
+                                first_row * width * element_bytes_);
     };
     LMSERVE_STATUS_RETURN(
         LoadTensor(checkpoint, name("input_layernorm.weight"), {hidden}, hidden, w.input_norm));
@@ -612,17 +629,16 @@ absl::Status CudaRunner::LoadWeights(const Checkpoint& checkpoint) {
 absl::Status CudaRunner::AllocateWorkspaces() {
   const ModelConfig& c = config_;
   const int64_t t = max_tokens_;
-  const int64_t hidden_bytes = t * c.hidden_size * kBf16Bytes;
+  const int64_t e = element_bytes_;
+  const int64_t hidden_bytes = t * c.hidden_size * e;
   LMSERVE_STATUS_RETURN(residual_.Allocate(hidden_bytes, "activations"));
   LMSERVE_STATUS_RETURN(normed_.Allocate(hidden_bytes, "activations"));
   LMSERVE_STATUS_RETURN(projected_.Allocate(hidden_bytes, "activations"));
   LMSERVE_STATUS_RETURN(rows_.Allocate(hidden_bytes, "activations"));
-  LMSERVE_STATUS_RETURN(qkv_.Allocate(t * qkv_dim_ * kBf16Bytes, "activations"));
-  LMSERVE_STATUS_RETURN(attention_.Allocate(t * q_dim_ * kBf16Bytes, "activations"));
-  LMSERVE_STATUS_RETURN(
-      gate_up_.Allocate(t * 2 * c.intermediate_size * kBf16Bytes, "activations"));
-  LMSERVE_STATUS_RETURN(
-      activation_.Allocate(t * c.intermediate_size * kBf16Bytes, "activations"));
+  LMSERVE_STATUS_RETURN(qkv_.Allocate(t * qkv_dim_ * e, "activations"));
+  LMSERVE_STATUS_RETURN(attention_.Allocate(t * q_dim_ * e, "activations"));
+  LMSERVE_STATUS_RETURN(gate_up_.Allocate(t * 2 * c.intermediate_size * e, "activations"));
+  LMSERVE_STATUS_RETURN(activation_.Allocate(t * c.intermediate_size * e, "activations"));
   logits_chunk_rows_ = std::max<int64_t>(max_seqs_, kMinLogitsChunkRows);
   logits_chunk_rows_ = std::min<int64_t>(logits_chunk_rows_, t);
   LMSERVE_STATUS_RETURN(
@@ -637,9 +653,10 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_STATUS_RETURN(h_inputs_.Allocate(static_cast<int64_t>(inputs_capacity_), "step inputs"));
   LMSERVE_STATUS_RETURN(d_inputs_.Allocate(static_cast<int64_t>(inputs_capacity_), "step inputs"));
 
-  // Decode attention: the split cap of each batch size, and room for the largest partials.
+  // Decode attention: the split cap of each batch size, and room for the largest partials
+  // (bf16 only: in float32 every attention runs on PagedAttentionF32, which needs neither).
   int64_t decode_bytes = 16;
-  for (int64_t b = 1; b <= max_seqs_; ++b) {
+  for (int64_t b = 1; dtype_ == RunnerDType::kBFloat16 && b <= max_seqs_; ++b) {
     const int splits = kc::DecodeAttentionParams::ChooseMaxSplits(
         b, c.num_attention_heads, c.num_kv_heads, c.head_dim, DType::kBF16);
     decode_splits_[b] = splits;
@@ -656,7 +673,7 @@ absl::StatusOr<const kc::GemmPlan*> CudaRunner::Plan(Projection projection, int6
                                                      bool autotune) {
   auto& slot = plans_[{projection, m}];
   if (slot != nullptr) return slot.get();
-  kc::GemmShape shape{.m = m};
+  kc::GemmShape shape{.m = m, .input_dtype = kernel_dtype_, .output_dtype = kernel_dtype_};
   std::tie(shape.n, shape.k) = ProjectionShape(projection);
   if (projection == kLmHead) shape.output_dtype = DType::kF32;
   absl::StatusOr<std::unique_ptr<kc::GemmPlan>> plan =
@@ -684,6 +701,7 @@ std::pair<int64_t, int64_t> CudaRunner::ProjectionShape(Projection projection) c
 }
 
 absl::Status CudaRunner::PrepareStreamGemm() {
+  if (dtype_ != RunnerDType::kBFloat16) return absl::OkStatus();  // bf16 only
   std::vector<std::array<kc::StreamGemmOperand, kNumProjections>> weights(
       static_cast<size_t>(config_.num_layers));
   for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
@@ -707,7 +725,7 @@ absl::Status CudaRunner::PrepareStreamGemm() {
 kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
                                   void* y) {
   return {.x = x, .w = w, .y = y, .m = shape.m, .n = shape.n, .k = shape.k,
-          .output_dtype = shape.output_dtype};
+          .input_dtype = shape.input_dtype, .output_dtype = shape.output_dtype};
 }
 
 const void* CudaRunner::ProjectionWeights(Projection projection, int64_t layer) const {
@@ -753,6 +771,8 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
                                                                 const kc::GemmPlan& plan,
                                                                 const void* x, void* y,
                                                                 void* act) {
+  // The skinny and stream kernels are bf16 only: float32 runs every GEMM through cuBLASLt.
+  if (dtype_ != RunnerDType::kBFloat16) return GemmKernel::kBlas;
   const int64_t m = plan.shape().m;
   const auto key = std::make_pair(static_cast<int>(projection), m);
   if (auto it = gemm_kernel_.find(key); it != gemm_kernel_.end()) return it->second;
@@ -852,7 +872,8 @@ absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, c
   LMSERVE_BLAS_RETURN((*plan)->Run(x, w, y, stream_), "GEMM");
   if (act != nullptr) {
     kc::SiluAndMulParams silu{.gate_up = y, .output = act, .num_tokens = m,
-                              .intermediate_size = config_.intermediate_size};
+                              .intermediate_size = config_.intermediate_size,
+                              .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(silu, stream_), "SiLU and mul");
   }
   return absl::OkStatus();
@@ -878,7 +899,8 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, i
           .block_size = block_size_,
           .num_blocks = num_blocks_,
           .query_stride = qkv_dim_,
-          .scale = attention_scale_};
+          .scale = attention_scale_,
+          .dtype = kernel_dtype_};
 }
 
 absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
@@ -889,13 +911,13 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
   if (layer == 0) {
     kc::RmsNormParams norm{.input = residual_.get(), .weight = w.input_norm,
                            .output = normed_.get(), .num_tokens = tokens,
-                           .hidden_size = c.hidden_size, .epsilon = eps};
+                           .hidden_size = c.hidden_size, .epsilon = eps, .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "RMSNorm");
   } else {
     kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
                                    .weight = w.input_norm, .output = normed_.get(),
                                    .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                   .epsilon = eps};
+                                   .epsilon = eps, .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
   }
   LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
@@ -918,9 +940,31 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
       .query_out_stride = qkv_dim_,
       .max_position = c.max_position_embeddings,
       .layout = c.rope.layout == RopeLayout::kInterleaved ? kernels::RotaryLayout::kInterleaved
-                                                          : kernels::RotaryLayout::kHalfSplit};
+                                                          : kernels::RotaryLayout::kHalfSplit,
+      .dtype = kernel_dtype_};
   LMSERVE_CUDA_RETURN(kc::Launch(post, stream_), "QKV post-processing");
-  if (decode_only) {
+  if (dtype_ == RunnerDType::kFloat32) {
+    // One fp32 kernel for decode and prefill tokens alike (the others are bf16 tensor-core ones).
+    kc::PagedAttentionF32Params attn{.query = qkv_.get(),
+                                     .key_cache = KeyCache(layer),
+                                     .value_cache = ValueCache(layer),
+                                     .query_start = In<int32_t>(layout.query_start),
+                                     .context_lens = In<int32_t>(layout.context_lens),
+                                     .block_table_start = In<int32_t>(layout.block_table_start),
+                                     .block_table_ids = In<int32_t>(layout.block_table_ids),
+                                     .output = attention_.get(),
+                                     .num_seqs = seqs,
+                                     .num_tokens = tokens,
+                                     .num_heads = c.num_attention_heads,
+                                     .num_kv_heads = c.num_kv_heads,
+                                     .head_dim = c.head_dim,
+                                     .block_size = block_size_,
+                                     .num_blocks = num_blocks_,
+                                     .query_stride = qkv_dim_,
+                                     .scale = attention_scale_,
+                                     .dtype = kernel_dtype_};
+    LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "attention");
+  } else if (decode_only) {
     kc::DecodeAttentionParams attn{.query = qkv_.get(),
                                    .key_cache = KeyCache(layer),
                                    .value_cache = ValueCache(layer),
@@ -937,7 +981,8 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
                                    .num_blocks = num_blocks_,
                                    .query_stride = qkv_dim_,
                                    .max_splits = decode_splits_.at(seqs),
-                                   .scale = attention_scale_};
+                                   .scale = attention_scale_,
+                                   .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "decode attention");
   } else {
     kc::PrefillAttentionParams attn = PrefillParams(layout, layer, tokens, seqs);
@@ -948,7 +993,7 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
   kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
                                  .weight = w.post_norm, .output = normed_.get(),
                                  .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                 .epsilon = eps};
+                                 .epsilon = eps, .dtype = kernel_dtype_};
   LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
   LMSERVE_STATUS_RETURN(
       Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
@@ -961,9 +1006,10 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
   const ModelConfig& c = config_;
   kc::EmbeddingParams embed{.table = embed_, .ids = In<int32_t>(layout.token_ids),
                             .output = residual_.get(), .num_tokens = tokens,
-                            .vocab_size = c.vocab_size, .hidden_size = c.hidden_size};
+                            .vocab_size = c.vocab_size, .hidden_size = c.hidden_size,
+                            .dtype = kernel_dtype_};
   LMSERVE_CUDA_RETURN(kc::Launch(embed, stream_), "embedding");
-  if (!decode_only) {
+  if (!decode_only && dtype_ == RunnerDType::kBFloat16) {
     LMSERVE_CUDA_RETURN(kc::LaunchPrefillPlan(PrefillParams(layout, 0, tokens, seqs), stream_),
                         "prefill plan");
   }
@@ -976,13 +1022,15 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
   kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
                                  .weight = final_norm_, .output = normed_.get(),
                                  .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                 .epsilon = static_cast<float>(c.rms_norm_eps)};
+                                 .epsilon = static_cast<float>(c.rms_norm_eps),
+                                 .dtype = kernel_dtype_};
   LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "final norm");
   const void* hidden_rows = normed_.get();
   if (!rows_are_tokens) {
     kc::EmbeddingParams gather{.table = normed_.get(), .ids = In<int32_t>(layout.logits_rows),
                                .output = rows_.get(), .num_tokens = rows,
-                               .vocab_size = tokens, .hidden_size = c.hidden_size};
+                               .vocab_size = tokens, .hidden_size = c.hidden_size,
+                               .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(gather, stream_), "gathering the logits rows");
     hidden_rows = rows_.get();
   }
@@ -1175,7 +1223,7 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
     if (chunk_start > 0) {  // the first chunk ran in Forward (or the graph)
       LMSERVE_STATUS_RETURN(Gemm(kLmHead, 0, chunk,
                                  static_cast<const unsigned char*>(hidden_rows) +
-                                     chunk_start * config_.hidden_size * kBf16Bytes,
+                                     chunk_start * config_.hidden_size * element_bytes_,
                                  logits_.get()));
       // A sampled row can sit past the first chunk (a long kAll sequence before it).
       if (std::any_of(row_samples_.begin() + chunk_start,
@@ -1247,6 +1295,7 @@ absl::Status CudaRunner::CaptureGraphs() {
 
 RunnerStats CudaRunner::stats() const {
   RunnerStats s;
+  s.dtype = dtype_;
   s.weight_bytes = weight_bytes_;
   s.kv_cache_bytes = kv_pool_.bytes();
   s.workspace_bytes = residual_.bytes() + normed_.bytes() + projected_.bytes() + rows_.bytes() +

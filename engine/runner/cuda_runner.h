@@ -1,10 +1,17 @@
 // The CUDA model runner: the ModelRunner contract (model_runner.h) on one NVIDIA GPU.
 //
-// Weights live on the GPU in bf16: GGUF-quantized and fp16/fp32 tensors are converted there at
-// load (kernels/cuda/dequant.h, bit-exact with the CPU's conversion), Q/K/V fused into one matrix
-// and gate/up into another. The KV pool is bf16, [num_blocks, block_size, kv_heads, head_dim] per
-// layer for keys and for values; unless RunnerConfig::kv_cache_bytes says otherwise it takes what
+// The runner holds weights, activations and the KV pool in one element type, RunnerConfig::dtype:
+// bf16 (the default) or fp32 (RunnerDType::kFloat32: the CPU runner's numerical twin up to the
+// order of sums, at twice the memory and a fraction of the speed). Weights live on the GPU in that
+// type: GGUF-quantized and fp16/fp32/bf16 tensors are converted there at load
+// (kernels/cuda/dequant.h, bit-exact with the CPU's conversion), Q/K/V fused into one matrix and
+// gate/up into another. The KV pool is [num_blocks, block_size, kv_heads, head_dim] per layer for
+// keys and for values; unless RunnerConfig::kv_cache_bytes says otherwise it takes what
 // gpu_memory_utilization leaves after the weights, the workspaces and a reserve for CUDA graphs.
+//
+// In bf16 attention runs on the tensor-core kernels (decode and prefill) and small-batch GEMMs may
+// take the skinny kernel; in fp32 every attention runs on PagedAttentionF32 (CUDA cores, fp32
+// math) and every GEMM on cuBLASLt in true fp32 (no TF32), the LM head included.
 //
 // A step runs on one stream: one host-to-device copy of the step's inputs (ids, positions, cache
 // slots, the block tables, the per-row sampling settings, packed into pinned memory), the
@@ -38,8 +45,9 @@ namespace lmserve::engine {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Checkpoint& checkpoint,
                                                               const RunnerConfig& config);
 
-// Bytes of one KV block in the CUDA runner: keys and values of every layer, bf16.
-int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens);
+// Bytes of one KV block in the CUDA runner: keys and values of every layer, in `dtype` (kAuto:
+// the CUDA runner's default, bf16).
+int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype);
 
 // The number of CUDA devices (0 without a GPU or driver). Only in builds with the CUDA runner.
 int CudaDeviceCount();

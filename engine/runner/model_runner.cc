@@ -13,6 +13,32 @@ absl::Status Malformed(std::string message) {
 
 }  // namespace
 
+std::string_view RunnerDTypeName(RunnerDType dtype) {
+  switch (dtype) {
+    case RunnerDType::kAuto:
+      return "auto";
+    case RunnerDType::kBFloat16:
+      return "bfloat16";
+    case RunnerDType::kFloat32:
+      return "float32";
+  }
+  return "unknown";
+}
+
+std::optional<RunnerDType> RunnerDTypeFromName(std::string_view name) {
+  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kBFloat16, RunnerDType::kFloat32}) {
+    if (RunnerDTypeName(dtype) == name) return dtype;
+  }
+  return std::nullopt;
+}
+
+RunnerDType ResolveRunnerDType(RunnerDType dtype, Backend backend) {
+  if (dtype != RunnerDType::kAuto) return dtype;
+  return backend == Backend::kCuda ? RunnerDType::kBFloat16 : RunnerDType::kFloat32;
+}
+
+int64_t RunnerDTypeBytes(RunnerDType dtype) { return dtype == RunnerDType::kFloat32 ? 4 : 2; }
+
 void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
                             std::span<const int32_t> block_ids, LogitsMode logits_mode) {
   if (query_start.empty()) query_start.push_back(0);
@@ -141,9 +167,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
       StrCat("unknown runner backend ", static_cast<int>(config.backend)));
 }
 
-int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens) {
+int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype) {
   return 2 * config.num_layers * int64_t{block_size_tokens} * config.num_kv_heads *
-         config.head_dim * 2;
+         config.head_dim * RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
 }
 
 std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs) {

@@ -20,8 +20,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -80,6 +82,24 @@ struct StepOutput {
 
 enum class Backend { kCpu, kCuda };
 
+// The element type a runner holds its weights, activations and KV cache in, and computes with
+// (math inside kernels is fp32 either way). The CPU runner is fp32 only; the CUDA runner holds
+// bf16 by default and fp32 on request (a numerical twin of the CPU runner, at twice the memory).
+enum class RunnerDType : uint8_t {
+  kAuto,      // the backend's default: bf16 on CUDA, fp32 on the CPU
+  kBFloat16,  // CUDA only
+  kFloat32,
+};
+
+// "auto", "bfloat16", "float32" (the names of `lmserve serve --dtype` and GetModelInfo's dtype).
+std::string_view RunnerDTypeName(RunnerDType dtype);
+// The inverse of RunnerDTypeName; nullopt for any other name.
+std::optional<RunnerDType> RunnerDTypeFromName(std::string_view name);
+// What kAuto means on `backend`; other values are returned as they are.
+RunnerDType ResolveRunnerDType(RunnerDType dtype, Backend backend);
+// Bytes per element of a resolved dtype (2 or 4). REQUIRES: dtype != kAuto.
+int64_t RunnerDTypeBytes(RunnerDType dtype);
+
 // Where the weights come from.
 enum class LoadFormat {
   kCheckpoint,  // the checkpoint's tensors
@@ -89,6 +109,8 @@ enum class LoadFormat {
 
 struct RunnerConfig {
   Backend backend = Backend::kCpu;
+  // Weights, activations and KV cache. The CPU runner rejects kBFloat16 (InvalidArgument).
+  RunnerDType dtype = RunnerDType::kAuto;
   LoadFormat load_format = LoadFormat::kCheckpoint;
   int32_t block_size_tokens = 16;
   // Memory for the KV pool, all layers. The CUDA runner: 0 sizes the pool from
@@ -106,6 +128,7 @@ struct RunnerConfig {
 
 // Memory and start-up figures of a runner, for logs and metrics.
 struct RunnerStats {
+  RunnerDType dtype = RunnerDType::kFloat32;  // what the runner holds and computes in (resolved)
   int64_t weight_bytes = 0;     // weights as the runner holds them
   int64_t kv_cache_bytes = 0;   // the KV pool
   int64_t workspace_bytes = 0;  // activations, logits, graphs' buffers

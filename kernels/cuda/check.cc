@@ -12,6 +12,22 @@ absl::Status CheckActivationDType(const char* kernel, DType dtype) {
                                            kActivationDTypeList, ")"));
 }
 
+absl::Status CheckHalfDType(const char* kernel, DType dtype, const char* f32_instead) {
+  if (dtype == DType::kF32) {
+    return absl::InvalidArgumentError(
+        StrCat(kernel, ": dtype F32 is not supported (supported: ", kActivationDTypeList,
+               ": a 16-bit kernel); for fp32 use ", f32_instead));
+  }
+  return CheckActivationDType(kernel, dtype);
+}
+
+absl::Status CheckElementwiseDType(const char* kernel, DType dtype) {
+  if (SupportsElementwiseDType(dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(StrCat(kernel, ": dtype ", DTypeName(dtype),
+                                           " is not supported (supported: ", kElementwiseDTypeList,
+                                           ")"));
+}
+
 absl::Status KernelError(const char* kernel, const std::string& message) {
   return absl::InvalidArgumentError(StrCat(kernel, ": ", message));
 }

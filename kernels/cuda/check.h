@@ -13,8 +13,15 @@ namespace lmserve::kernels::cuda {
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// OK if `dtype` is an activation type the kernels compile (bf16, f16); else names the kernel.
+// OK if `dtype` is an activation type the 16-bit kernels compile (bf16, f16); else names the
+// kernel.
 absl::Status CheckActivationDType(const char* kernel, DType dtype);
+// As CheckActivationDType, for the kernels built for the 16-bit types only (attention on the
+// tensor cores, the skinny GEMM): an fp32 dtype gets an error that names `f32_instead`, the way
+// to do it in fp32.
+absl::Status CheckHalfDType(const char* kernel, DType dtype, const char* f32_instead);
+// OK if `dtype` is a type the element-wise kernels compile (bf16, f16, f32); else names the kernel.
+absl::Status CheckElementwiseDType(const char* kernel, DType dtype);
 
 // InvalidArgument "<kernel>: <message>".
 absl::Status KernelError(const char* kernel, const std::string& message);

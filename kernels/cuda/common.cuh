@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA kernels: 16-byte vector loads and stores of 8 bf16/fp16
-// elements converted to fp32, warp and block reductions. Include only from .cu files.
+// elements converted to fp32 (and of 8 fp32 elements, for the element-wise kernels' fp32 path),
+// warp and block reductions. Include only from .cu files.
 
 #ifndef LMSERVE_KERNELS_CUDA_COMMON_CUH_
 #define LMSERVE_KERNELS_CUDA_COMMON_CUH_
@@ -9,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace lmserve::kernels::cuda {
@@ -23,6 +25,7 @@ __host__ __device__ constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a 
 
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToFloat(float x) { return x; }
 
 template <typename T>
 __device__ __forceinline__ T FromFloat(float x);
@@ -33,6 +36,10 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
 template <>
 __device__ __forceinline__ __half FromFloat<__half>(float x) {
   return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
 }
 
 // Two fp32 values from one 32-bit word holding two 16-bit elements (low half first).
@@ -84,7 +91,53 @@ __device__ __forceinline__ uint4 LoadStream16(const void* p) {
 }
 __device__ __forceinline__ void Store16(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
 
+// 8 consecutive elements of T (bf16, fp16 or fp32) <-> 8 fp32 values: one 16-byte access for the
+// 16-bit types, two for fp32. REQUIRES: 16-byte aligned addresses.
+template <typename T>
+__device__ __forceinline__ void Load8(const T* p, float (&out)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    Unpack8<T>(Load16(p), out);
+  }
+}
+// As Load8, streaming (data read once, not kept in L1).
+template <typename T>
+__device__ __forceinline__ void LoadStream8(const T* p, float (&out)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 a = __ldcs(reinterpret_cast<const float4*>(p));
+    const float4 b = __ldcs(reinterpret_cast<const float4*>(p + 4));
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    Unpack8<T>(LoadStream16(p), out);
+  }
+}
+// Stores 8 values rounded to T (nearest even; exact for fp32).
+template <typename T>
+__device__ __forceinline__ void Store8(T* p, const float (&in)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
+    *reinterpret_cast<float4*>(p + 4) = make_float4(in[4], in[5], in[6], in[7]);
+  } else {
+    Store16(p, Pack8<T>(in));
+  }
+}
+// Rounds 8 values to T and back, as storing and reloading them would: a no-op for fp32.
+template <typename T>
+__device__ __forceinline__ void RoundTrip8(float (&x)[8]) {
+  if constexpr (!std::is_same_v<T, float>) Unpack8<T>(Pack8<T>(x), x);
+}
+
 __device__ __forceinline__ float WarpSum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ __forceinline__ double WarpSum(double x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
@@ -105,6 +158,17 @@ __device__ __forceinline__ float BlockSum(float x, float* scratch) {
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
   x = lane < num_warps ? scratch[lane] : 0.0f;
+  return WarpSum(x);
+}
+// As BlockSum, in double (the fp32 norms sum their squares in double, as their CPU twins do).
+__device__ __forceinline__ double BlockSum(double x, double* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int num_warps = (blockDim.x + 31) / 32;
+  x = WarpSum(x);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < num_warps ? scratch[lane] : 0.0;
   return WarpSum(x);
 }
 __device__ __forceinline__ float BlockMax(float x, float* scratch) {

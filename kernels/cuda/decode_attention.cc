@@ -19,7 +19,10 @@ int64_t DecodeAttentionParams::WorkspaceBytes(int64_t num_seqs, int64_t num_head
 
 absl::Status DecodeAttentionParams::Validate() const {
   constexpr const char* kName = "DecodeAttention";
-  if (absl::Status s = CheckActivationDType(kName, dtype); !s.ok()) return s;
+  if (absl::Status s = CheckHalfDType(kName, dtype, "PagedAttentionF32 (paged_attention_f32.h)");
+      !s.ok()) {
+    return s;
+  }
   if (!SupportsHeadDim(head_dim)) {
     return KernelError(kName, StrCat("head_dim ", head_dim, " is not supported (supported: ",
                                      kHeadDimList, ")"));

@@ -11,6 +11,10 @@ absl::Status DequantizeParams::Validate() const {
     return KernelError("Dequantize", StrCat(num_elements, " elements of ", DTypeName(dtype),
                                             " is not a multiple of ", block > 32 ? block : 32));
   }
+  if (output_dtype != DType::kBF16 && output_dtype != DType::kF32) {
+    return KernelError("Dequantize", StrCat("output dtype ", DTypeName(output_dtype),
+                                            " is not supported (supported: bf16, f32)"));
+  }
   if (num_elements > 0) {
     if (src == nullptr || dst == nullptr) return KernelError("Dequantize", "null src or dst");
     if (!Aligned16(dst)) return KernelError("Dequantize", "dst must be 16-byte aligned");

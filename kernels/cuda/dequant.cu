@@ -91,29 +91,35 @@ __device__ __forceinline__ void DequantizeGroup(const uint8_t* src, int64_t g, f
   }
 }
 
-template <DType kType>
+template <DType kType, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    DequantizeKernel(const uint8_t* __restrict__ src, __nv_bfloat16* __restrict__ dst,
-                     int64_t num_groups) {
+    DequantizeKernel(const uint8_t* __restrict__ src, Out* __restrict__ dst, int64_t num_groups) {
   const int64_t g = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (g >= num_groups) return;
   float y[32];
   DequantizeGroup<kType>(src, g, y);
-  uint4* out = reinterpret_cast<uint4*>(dst + g * 32);
+  Out* out = dst + g * 32;
 #pragma unroll
   for (int v = 0; v < 4; ++v) {
     float part[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) part[j] = y[8 * v + j];
-    out[v] = Pack8<__nv_bfloat16>(part);
+    Store8<Out>(out + 8 * v, part);
   }
 }
 
 template <DType kType>
 cudaError_t LaunchDequantize(const DequantizeParams& p, cudaStream_t stream) {
   const int64_t groups = p.num_elements / 32;
-  DequantizeKernel<kType><<<static_cast<unsigned>(CeilDiv(groups, kThreads)), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(p.src), static_cast<__nv_bfloat16*>(p.dst), groups);
+  const auto blocks = static_cast<unsigned>(CeilDiv(groups, kThreads));
+  const auto* src = static_cast<const uint8_t*>(p.src);
+  if (p.output_dtype == DType::kF32) {
+    DequantizeKernel<kType, float>
+        <<<blocks, kThreads, 0, stream>>>(src, static_cast<float*>(p.dst), groups);
+  } else {
+    DequantizeKernel<kType, __nv_bfloat16>
+        <<<blocks, kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(p.dst), groups);
+  }
   return cudaGetLastError();
 }
 

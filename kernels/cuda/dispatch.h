@@ -23,11 +23,19 @@
 
 namespace lmserve::kernels::cuda {
 
-// Activations, weights and the KV cache: bf16 or fp16 (math inside is fp32).
+// Activations, weights and the KV cache of the 16-bit kernels (math inside is fp32): bf16 or
+// fp16. The tensor-core kernels (decode and prefill attention, the skinny GEMM) take only these.
 inline bool SupportsActivationDType(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16;
 }
 inline constexpr const char* kActivationDTypeList = "bf16, f16";
+
+// The element-wise and row-wise kernels (norms, QKV post-processing, SiLU-and-mul, embedding,
+// random fill) also take fp32, the runner's float32 mode.
+inline bool SupportsElementwiseDType(DType dtype) {
+  return SupportsActivationDType(dtype) || dtype == DType::kF32;
+}
+inline constexpr const char* kElementwiseDTypeList = "bf16, f16, f32";
 
 // Head dimensions of the attention kernels.
 inline bool SupportsHeadDim(int64_t head_dim) {
@@ -42,7 +50,7 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls f(TypeTag<__nv_bfloat16>{}) or f(TypeTag<__half>{}).
+// Calls f(TypeTag<__nv_bfloat16>{}) or f(TypeTag<__half>{}): never instantiates a kernel for float.
 template <typename F>
 cudaError_t DispatchActivationDType(DType dtype, F&& f) {
   switch (dtype) {
@@ -53,6 +61,23 @@ cudaError_t DispatchActivationDType(DType dtype, F&& f) {
     default:
       std::fprintf(stderr, "lmserve CUDA kernels: dtype %d is not supported (supported: %s)\n",
                    static_cast<int>(dtype), kActivationDTypeList);
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Calls f(TypeTag<__nv_bfloat16>{}), f(TypeTag<__half>{}) or f(TypeTag<float>{}).
+template <typename F>
+cudaError_t DispatchElementwiseDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kBF16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case DType::kF16:
+      return f(TypeTag<__half>{});
+    case DType::kF32:
+      return f(TypeTag<float>{});
+    default:
+      std::fprintf(stderr, "lmserve CUDA kernels: dtype %d is not supported (supported: %s)\n",
+                   static_cast<int>(dtype), kElementwiseDTypeList);
       return cudaErrorInvalidValue;
   }
 }

@@ -8,7 +8,7 @@
 namespace lmserve::kernels::cuda {
 
 absl::Status SiluAndMulParams::Validate() const {
-  if (absl::Status s = CheckActivationDType("SiluAndMul", dtype); !s.ok()) return s;
+  if (absl::Status s = CheckElementwiseDType("SiluAndMul", dtype); !s.ok()) return s;
   if (num_tokens < 0 || intermediate_size <= 0 || intermediate_size % 8 != 0) {
     return KernelError("SiluAndMul", StrCat("shape [", num_tokens, ", ", intermediate_size,
                                             "] is not supported (intermediate_size a positive "
@@ -24,7 +24,7 @@ absl::Status SiluAndMulParams::Validate() const {
 }
 
 absl::Status EmbeddingParams::Validate() const {
-  if (absl::Status s = CheckActivationDType("Embedding", dtype); !s.ok()) return s;
+  if (absl::Status s = CheckElementwiseDType("Embedding", dtype); !s.ok()) return s;
   if (num_tokens < 0 || vocab_size <= 0 || hidden_size <= 0 || hidden_size % 8 != 0) {
     return KernelError("Embedding", StrCat("shape (tokens ", num_tokens, ", vocab ", vocab_size,
                                            ", hidden ", hidden_size,

@@ -13,6 +13,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // Each thread handles 8 outputs per step of a grid-stride loop; two independent loads in flight.
+// The 16-bit types take the fast exponential (its error is far below their rounding); fp32 takes
+// expf, as the CPU twin's std::exp.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const T* __restrict__ gate_up, T* __restrict__ output, int64_t num_vecs,
@@ -23,28 +25,34 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t token = v / vecs_per_row;
     const int64_t col = v - token * vecs_per_row;
     const T* gate_ptr = gate_up + (token * 2 * vecs_per_row + col) * 8;
-    const uint4 g_raw = LoadStream16(gate_ptr);
-    const uint4 u_raw = LoadStream16(gate_ptr + vecs_per_row * 8);
     float g[8], u[8];
-    Unpack8<T>(g_raw, g);
-    Unpack8<T>(u_raw, u);
+    LoadStream8<T>(gate_ptr, g);
+    LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) g[j] = g[j] / (1.0f + __expf(-g[j])) * u[j];
-    Store16(output + v * 8, Pack8<T>(g));
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (std::is_same_v<T, float>) {
+        g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+      } else {
+        g[j] = g[j] / (1.0f + __expf(-g[j])) * u[j];
+      }
+    }
+    Store8<T>(output + v * 8, g);
   }
 }
 
+// Copies rows in 16-byte pieces (8 elements of a 16-bit type, 4 of fp32).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     EmbeddingKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
                     T* __restrict__ output, int64_t vocab_size, int64_t hidden_size) {
+  constexpr int64_t kPerPiece = 16 / sizeof(T);
   const int64_t token = blockIdx.x;
   const int32_t id = ids[token];
   const bool valid = id >= 0 && id < vocab_size;
   const T* row = table + static_cast<int64_t>(valid ? id : 0) * hidden_size;
   T* out = output + token * hidden_size;
-  for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * 8; c < hidden_size;
-       c += int64_t{gridDim.y} * kThreads * 8) {
+  for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
+       c += int64_t{gridDim.y} * kThreads * kPerPiece) {
     Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
   }
 }
@@ -62,7 +70,7 @@ int NumSms() {
 cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
-  return DispatchActivationDType(p.dtype, [&](auto tag) {
+  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t vecs_per_row = p.intermediate_size / 8;
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
@@ -77,10 +85,11 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
 cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
-  return DispatchActivationDType(p.dtype, [&](auto tag) {
+  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    const int64_t per_piece = 16 / sizeof(T);
     const dim3 grid(static_cast<unsigned>(p.num_tokens),
-                    static_cast<unsigned>(CeilDiv(p.hidden_size, kThreads * 8)));
+                    static_cast<unsigned>(CeilDiv(p.hidden_size, kThreads * per_piece)));
     EmbeddingKernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.table), p.ids,
                                                       static_cast<T*>(p.output), p.vocab_size,
                                                       p.hidden_size);

@@ -1,5 +1,5 @@
 // Embedding gather on the GPU (CPU twin: kernels/cpu/embedding.h): output[t] = table[ids[t]].
-// bf16 or fp16 table and output.
+// bf16, fp16 or fp32 table and output.
 
 #ifndef LMSERVE_KERNELS_CUDA_EMBEDDING_H_
 #define LMSERVE_KERNELS_CUDA_EMBEDDING_H_
@@ -21,7 +21,7 @@ struct EmbeddingParams {
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;     // multiple of 8
-  DType dtype = DType::kBF16;  // of table and output: kBF16 or kF16
+  DType dtype = DType::kBF16;  // of table and output: kBF16, kF16 or kF32
 
   absl::Status Validate() const;  // shapes and pointers only: the ids live on the device
 };

@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<BlasLtHandle>> BlasLtHandle::Create() {
 BlasLtHandle::~BlasLtHandle() { Lt().Destroy(handle_); }
 
 absl::Status GemmShape::Validate() const {
-  if (absl::Status s = CheckActivationDType("Gemm", input_dtype); !s.ok()) return s;
+  if (absl::Status s = CheckElementwiseDType("Gemm", input_dtype); !s.ok()) return s;
   if (output_dtype != input_dtype && output_dtype != DType::kF32) {
     return KernelError("Gemm", StrCat("output dtype ", DTypeName(output_dtype),
                                       " is not supported (the input type or f32)"));
@@ -163,6 +163,16 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   }
   Lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                        &workspace_bytes, sizeof(workspace_bytes));
+  if (shape.input_dtype == DType::kF32) {
+    // True fp32: CUBLAS_COMPUTE_32F never converts fp32 inputs to TF32, and this mask also keeps
+    // out any candidate that multiplies on tensor cores or takes reduced-precision inputs.
+    const uint64_t impl_mask = ~uint64_t{
+        CUBLASLT_NUMERICAL_IMPL_FLAGS_TENSOR_OP_MASK | CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32 |
+        CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16F | CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF |
+        CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_16F};
+    Lt().MatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_IMPL_MASK, &impl_mask,
+                                      sizeof(impl_mask));
+  }
   constexpr int kMaxCandidates = 16;
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
   int returned = 0;
@@ -172,8 +182,9 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   Lt().MatmulPreferenceDestroy(preference);
   if (s != CUBLAS_STATUS_SUCCESS) return BlasError("MatmulAlgoGetHeuristic", s);
   if (returned == 0) {
-    return absl::UnimplementedError(StrCat("cuBLASLt has no algorithm for m ", shape.m, ", n ",
-                                           shape.n, ", k ", shape.k));
+    return absl::UnimplementedError(
+        StrCat("cuBLASLt has no algorithm for m ", shape.m, ", n ", shape.n, ", k ", shape.k, " (",
+               DTypeName(shape.input_dtype), " in, ", DTypeName(shape.output_dtype), " out)"));
   }
   plan->algo_ = results[0].algo;
   plan->candidates_tried_ = 1;
@@ -182,7 +193,8 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   // Time each candidate on scratch data (small random-ish values: never zeros). A decode step
   // reads W from memory, not from the L2: the timed runs rotate over enough copies of W that
   // none is still cached when it comes round again.
-  const size_t in_bytes = 2, out_bytes = shape.output_dtype == DType::kF32 ? 4 : 2;
+  const size_t in_bytes = shape.input_dtype == DType::kF32 ? 4 : 2;
+  const size_t out_bytes = shape.output_dtype == DType::kF32 ? 4 : 2;
   const size_t w_bytes = shape.n * shape.k * in_bytes;
   int device = 0, l2_bytes = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -210,7 +222,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
     cudaGetLastError();
     return absl::ResourceExhaustedError("Gemm autotune: cannot allocate scratch buffers");
   }
-  // 0x3c00 is 1.0 in fp16, 0x3f80 in bf16; 0x3b ~ a value below 1 either way.
+  // 0x3c00 is 1.0 in fp16, 0x3f80 in bf16; 0x3b ~ a value below 1 in every type (fp32: 0.003).
   cudaMemsetAsync(x, 0x3b, x_stride * shape.m * in_bytes, stream);
   for (void* copy : w) cudaMemsetAsync(copy, 0x3b, w_bytes, stream);
   float best_ms = 0;

@@ -1,6 +1,8 @@
 // Dense GEMMs through cuBLASLt: y[m, n] = x[m, k] W[n, k]^T, the linear layer with PyTorch's weight
 // layout (CPU twin: kernels/cpu/linear.h). bf16 or fp16 inputs, fp32 accumulation, output in the
-// input type or fp32 (logits).
+// input type or fp32 (logits); or fp32 throughout (the runner's float32 mode): fp32 inputs,
+// CUBLAS_COMPUTE_32F, and only algorithms that multiply in fp32 on the CUDA cores (no TF32, no
+// tensor-core emulation: the plan filters the heuristic's candidates by their numerics).
 //
 // A GemmPlan fixes the shape and chooses the algorithm once, at start-up: cuBLASLt's heuristic
 // candidates, each timed on the device when `autotune`, the fastest kept. The runner creates one
@@ -41,7 +43,7 @@ struct GemmShape {
   int64_t k = 0;  // input features; multiple of 8
   int64_t x_stride = 0;  // elements between rows of x, multiple of 8; 0 means k
   int64_t y_stride = 0;  // elements between rows of y, multiple of 8; 0 means n
-  DType input_dtype = DType::kBF16;   // of x and W: kBF16 or kF16
+  DType input_dtype = DType::kBF16;   // of x and W: kBF16, kF16 or kF32
   DType output_dtype = DType::kBF16;  // of y: input_dtype or kF32
 
   absl::Status Validate() const;

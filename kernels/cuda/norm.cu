@@ -8,50 +8,58 @@ namespace {
 constexpr int kNormThreads = 256;
 
 // One block per token. Thread i holds vectors i, i + 256, ... (8 elements each) of the row in
-// registers between the reduction and the write.
+// registers between the reduction and the write. The 16-bit types sum the squares in fp32; fp32
+// rows sum them in double and take the inverse RMS in double, as the CPU twin does, so that the
+// runner's float32 mode normalizes as the CPU runner does up to the order of the sum.
 template <typename T, int kVecs, bool kFused>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const T* input, int64_t input_stride, T* __restrict__ residual,
                   const T* __restrict__ weight, T* output, int64_t output_stride, int hidden_size,
                   float epsilon, bool early_dependents) {
-  __shared__ float scratch[32];
+  using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
+  __shared__ Acc scratch[32];
   BeginDependentKernel(early_dependents);
   const int64_t token = blockIdx.x;
   const int num_vecs = hidden_size / 8;
   const T* in_row = input + token * input_stride;
   T* res_row = kFused ? residual + token * hidden_size : nullptr;
   float x[kVecs][8];
-  float sum_squares = 0.0f;
+  Acc sum_squares = 0;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kNormThreads;
     if (v < num_vecs) {
-      Unpack8<T>(LoadStream16(in_row + v * 8), x[i]);
+      LoadStream8<T>(in_row + v * 8, x[i]);
       if constexpr (kFused) {
         float r[8];
-        Unpack8<T>(LoadStream16(res_row + v * 8), r);
+        LoadStream8<T>(res_row + v * 8, r);
 #pragma unroll
         for (int j = 0; j < 8; ++j) x[i][j] += r[j];
-        const uint4 packed = Pack8<T>(x[i]);
-        Store16(res_row + v * 8, packed);
-        Unpack8<T>(packed, x[i]);  // normalize the residual as stored
+        RoundTrip8<T>(x[i]);  // normalize the residual as stored
+        Store8<T>(res_row + v * 8, x[i]);
       }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum_squares += x[i][j] * x[i][j];
+      for (int j = 0; j < 8; ++j) sum_squares += static_cast<Acc>(x[i][j]) * x[i][j];
     }
   }
   sum_squares = BlockSum(sum_squares, scratch);
-  const float inv_rms = rsqrtf(sum_squares / static_cast<float>(hidden_size) + epsilon);
+  float inv_rms;
+  if constexpr (std::is_same_v<Acc, double>) {
+    inv_rms = static_cast<float>(
+        1.0 / sqrt(sum_squares / static_cast<double>(hidden_size) + static_cast<double>(epsilon)));
+  } else {
+    inv_rms = rsqrtf(sum_squares / static_cast<float>(hidden_size) + epsilon);
+  }
   T* out_row = output + token * output_stride;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kNormThreads;
     if (v < num_vecs) {
       float w[8];
-      Unpack8<T>(Load16(weight + v * 8), w);
+      Load8<T>(weight + v * 8, w);
 #pragma unroll
       for (int j = 0; j < 8; ++j) x[i][j] = x[i][j] * inv_rms * w[j];
-      Store16(out_row + v * 8, Pack8<T>(x[i]));
+      Store8<T>(out_row + v * 8, x[i]);
     }
   }
 }
@@ -82,7 +90,7 @@ cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const 
 
 cudaError_t Launch(const RmsNormParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
-  return DispatchActivationDType(p.dtype, [&](auto tag) {
+  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return LaunchNorm<T, false>(static_cast<const T*>(p.input),
                                 p.input_stride != 0 ? p.input_stride : p.hidden_size, nullptr,
@@ -94,7 +102,7 @@ cudaError_t Launch(const RmsNormParams& p, cudaStream_t stream) {
 
 cudaError_t Launch(const FusedAddRmsNormParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
-  return DispatchActivationDType(p.dtype, [&](auto tag) {
+  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return LaunchNorm<T, true>(static_cast<const T*>(p.input), p.hidden_size,
                                static_cast<T*>(p.residual), static_cast<const T*>(p.weight),

@@ -4,8 +4,9 @@
 //   RmsNorm:          out = x / sqrt(mean(x^2) + eps) * weight
 //   FusedAddRmsNorm:  residual += x (rounded to the storage type);  out = RmsNorm(residual)
 //
-// bf16 or fp16 in and out (weight in the same type), fp32 math. One thread block per token; the
-// row stays in registers, so every element is read once and written once.
+// bf16, fp16 or fp32 in and out (weight in the same type), fp32 math; fp32 rows sum their squares
+// in double, as the CPU twin does. One thread block per token; the row stays in registers, so
+// every element is read once and written once.
 
 #ifndef LMSERVE_KERNELS_CUDA_NORM_H_
 #define LMSERVE_KERNELS_CUDA_NORM_H_
@@ -28,7 +29,7 @@ struct RmsNormParams {
   int64_t input_stride = 0;   // elements between rows, multiple of 8; 0 means hidden_size
   int64_t output_stride = 0;  // elements between rows, multiple of 8; 0 means hidden_size
   float epsilon = 1e-6f;
-  DType dtype = DType::kBF16;  // of input, weight and output: kBF16 or kF16
+  DType dtype = DType::kBF16;  // of input, weight and output: kBF16, kF16 or kF32
 
   static constexpr int64_t kMaxHiddenSize = 32768;
 
@@ -43,7 +44,7 @@ struct FusedAddRmsNormParams {
   int64_t num_tokens = 0;
   int64_t hidden_size = 0;  // multiple of 8, at most kMaxHiddenSize
   float epsilon = 1e-6f;
-  DType dtype = DType::kBF16;  // of every tensor: kBF16 or kF16
+  DType dtype = DType::kBF16;  // of every tensor: kBF16, kF16 or kF32
 
   static constexpr int64_t kMaxHiddenSize = RmsNormParams::kMaxHiddenSize;
 

@@ -10,7 +10,10 @@ namespace lmserve::kernels::cuda {
 
 absl::Status PrefillAttentionParams::Validate() const {
   constexpr const char* kName = "PrefillAttention";
-  if (absl::Status s = CheckActivationDType(kName, dtype); !s.ok()) return s;
+  if (absl::Status s = CheckHalfDType(kName, dtype, "PagedAttentionF32 (paged_attention_f32.h)");
+      !s.ok()) {
+    return s;
+  }
   if (!SupportsHeadDim(head_dim)) {
     return KernelError(kName, StrCat("head_dim ", head_dim, " is not supported (supported: ",
                                      kHeadDimList, ")"));

@@ -7,7 +7,7 @@ namespace lmserve::kernels::cuda {
 
 absl::Status QkvPostProcessParams::Validate() const {
   constexpr const char* kName = "QkvPostProcess";
-  if (absl::Status s = CheckActivationDType(kName, dtype); !s.ok()) return s;
+  if (absl::Status s = CheckElementwiseDType(kName, dtype); !s.ok()) return s;
   if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > 512) {
     return KernelError(kName, StrCat("head_dim ", head_dim,
                                      " is not supported (a positive multiple of 16, at most 512)"));

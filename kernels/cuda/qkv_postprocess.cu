@@ -20,6 +20,20 @@ struct QkvArgs {
   int64_t qkv_stride, query_out_stride, max_position;
 };
 
+// The rotation of a pair (a, b) by (cos c, sin s): (a c - b s, a s + b c). With kExact (fp32 I/O)
+// each product and sum is rounded on its own, as the CPU twin computes it; the 16-bit types let
+// the compiler fuse them (their rounding on output dwarfs the difference).
+template <bool kExact>
+__device__ __forceinline__ void Rotate(float a, float b, float c, float s, float* x, float* y) {
+  if constexpr (kExact) {
+    *x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *y = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  } else {
+    *x = a * c - b * s;
+    *y = a * s + b * c;
+  }
+}
+
 // grid (num_tokens, units / kThreads); a unit is 16 elements of one head: in the half-split layout
 // elements [8u, 8u + 8) and [half + 8u, half + 8u + 8) (8 pairs), in the interleaved layout
 // [16u, 16u + 16) (8 pairs); value heads are copied 16 contiguous elements at a time.
@@ -39,15 +53,16 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
   const int off0 = contiguous ? 16 * u : 8 * u;
   const int off1 = contiguous ? 16 * u + 8 : half + 8 * u;
 
+  constexpr bool kExact = std::is_same_v<T, float>;
   const T* src = static_cast<const T*>(a.qkv) + token * a.qkv_stride + head * a.head_dim;
   float x0[8], x1[8];
-  Unpack8<T>(Load16(src + off0), x0);
-  Unpack8<T>(Load16(src + off1), x1);
+  Load8<T>(src + off0, x0);
+  Load8<T>(src + off1, x1);
   if (a.bias != nullptr) {
     const T* b = static_cast<const T*>(a.bias) + head * a.head_dim;
     float b0[8], b1[8];
-    Unpack8<T>(Load16(b + off0), b0);
-    Unpack8<T>(Load16(b + off1), b1);
+    Load8<T>(b + off0, b0);
+    Load8<T>(b + off1, b1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) x0[j] += b0[j], x1[j] += b1[j];
   }
@@ -63,20 +78,12 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     if constexpr (kInterleaved) {
 #pragma unroll
       for (int p = 0; p < 4; ++p) {  // pairs 0..3 in x0, 4..7 in x1
-        const float a0 = x0[2 * p], b0 = x0[2 * p + 1];
-        x0[2 * p] = a0 * c[p] - b0 * s[p];
-        x0[2 * p + 1] = a0 * s[p] + b0 * c[p];
-        const float a1 = x1[2 * p], b1 = x1[2 * p + 1];
-        x1[2 * p] = a1 * c[p + 4] - b1 * s[p + 4];
-        x1[2 * p + 1] = a1 * s[p + 4] + b1 * c[p + 4];
+        Rotate<kExact>(x0[2 * p], x0[2 * p + 1], c[p], s[p], &x0[2 * p], &x0[2 * p + 1]);
+        Rotate<kExact>(x1[2 * p], x1[2 * p + 1], c[p + 4], s[p + 4], &x1[2 * p], &x1[2 * p + 1]);
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float lo = x0[j], hi = x1[j];
-        x0[j] = lo * c[j] - hi * s[j];
-        x1[j] = lo * s[j] + hi * c[j];
-      }
+      for (int j = 0; j < 8; ++j) Rotate<kExact>(x0[j], x1[j], c[j], s[j], &x0[j], &x1[j]);
     }
   }
   T* dst;
@@ -89,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     T* cache = static_cast<T*>(is_value ? a.value_cache : a.key_cache);
     dst = cache + (slot * a.num_kv_heads + kv_head) * a.head_dim;
   }
-  Store16(dst + off0, Pack8<T>(x0));
-  Store16(dst + off1, Pack8<T>(x1));
+  Store8<T>(dst + off0, x0);
+  Store8<T>(dst + off1, x1);
 }
 
 }  // namespace
@@ -114,7 +121,7 @@ cudaError_t Launch(const QkvPostProcessParams& p, cudaStream_t stream) {
             p.max_position};
   const int64_t units = (p.num_heads + 2 * p.num_kv_heads) * (p.head_dim / 16);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(CeilDiv(units, kThreads)));
-  return DispatchActivationDType(p.dtype, [&](auto tag) {
+  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.layout == RotaryLayout::kInterleaved) {
       return LaunchKernel(QkvPostProcessKernel<T, true>, grid, kThreads, 0, stream, a);

@@ -7,8 +7,9 @@
 // (kernels/cpu/qkv_postprocess.h) builds from them once at start-up. Positions and slots are read
 // from device memory, so one launch configuration serves every batch of the same token count.
 //
-// Work: 16 elements of one head of one token per thread (two 16-byte loads and stores); bf16 or
-// fp16 in and out, fp32 math.
+// Work: 16 elements of one head of one token per thread (two 8-element loads and stores); bf16,
+// fp16 or fp32 in and out, fp32 math. With fp32 the rotation rounds each product and sum on its
+// own (no fused multiply-adds), as the CPU twin does: the results are the CPU's bit for bit.
 
 #ifndef LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_
 #define LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_
@@ -46,7 +47,7 @@ struct QkvPostProcessParams {
   int64_t query_out_stride = 0;  // multiple of 8; 0 means num_heads * head_dim
   int64_t max_position = 0;      // rows of cos_sin
   RotaryLayout layout = RotaryLayout::kHalfSplit;
-  DType dtype = DType::kBF16;  // of qkv, bias, query_out and the caches: kBF16 or kF16
+  DType dtype = DType::kBF16;  // of qkv, bias, query_out and the caches: kBF16, kF16 or kF32
 
   absl::Status Validate() const;
 };

@@ -7,7 +7,7 @@
 namespace lmserve::kernels::cuda {
 
 absl::Status RandomFillParams::Validate() const {
-  if (absl::Status s = CheckActivationDType("RandomFill", dtype); !s.ok()) return s;
+  if (absl::Status s = CheckElementwiseDType("RandomFill", dtype); !s.ok()) return s;
   if (num_elements < 0) return KernelError("RandomFill", "negative element count");
   if (num_elements > 0 && output == nullptr) return KernelError("RandomFill", "null output");
   if (!(low <= high)) {

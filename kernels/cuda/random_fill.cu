@@ -27,7 +27,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += stride) {
     const uint64_t bits = Mix64(seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1));
     const float unit = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
-    output[i] = FromFloat<T>(low + span * unit);
+    if constexpr (std::is_same_v<T, float>) {
+      // Rounded step by step, as engine::FillDummyF32 computes it: the CPU runner's values.
+      output[i] = __fadd_rn(low, __fmul_rn(span, unit));
+    } else {
+      output[i] = FromFloat<T>(low + span * unit);
+    }
   }
 }
 
@@ -37,7 +42,7 @@ cudaError_t Launch(const RandomFillParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_elements == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((p.num_elements + kThreads - 1) / kThreads, 65536);
-  return DispatchActivationDType(p.dtype, [&](auto tag) {
+  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     RandomFillKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         static_cast<T*>(p.output), p.num_elements, p.low, p.high - p.low, p.seed);

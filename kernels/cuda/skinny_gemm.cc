@@ -7,7 +7,9 @@
 namespace lmserve::kernels::cuda {
 
 absl::Status SkinnyGemmParams::Validate() const {
-  if (absl::Status s = CheckActivationDType("SkinnyGemm", input_dtype); !s.ok()) return s;
+  if (absl::Status s = CheckHalfDType("SkinnyGemm", input_dtype, "a GemmPlan (gemm.h)"); !s.ok()) {
+    return s;
+  }
   if (output_dtype != input_dtype && output_dtype != DType::kF32) {
     return KernelError("SkinnyGemm", "the output type must be the input type or f32");
   }

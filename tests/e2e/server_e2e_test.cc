@@ -619,6 +619,20 @@ TEST(ServerE2eTest, BearerTokenAuth) {
   EXPECT_EQ(server->Serving(), true);  // health stays open
 }
 
+// GetModelInfo and the start-up log report the element type the runner really holds.
+TEST(ServerE2eTest, ModelInfoReportsTheServedDtype) {
+  auto server = ServerProcess::Start(Args({"--backend", "cpu", "--dtype", "float32"}));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Lmserve::NewStub(server->Channel());
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.dtype(), "float32");
+  EXPECT_EQ(info.backend(), "cpu");
+  EXPECT_THAT(server->Log(), HasSubstr("dtype: float32"));
+  EXPECT_THAT(server->Log(), HasSubstr("runner: cpu in float32"));
+}
+
 // Runs a shell command; returns its exit code and stdout.
 std::pair<int, std::string> Shell(const std::string& command) {
   std::string out;

@@ -1,5 +1,7 @@
-// Paged decode and prefill attention on the GPU against the CPU twin (kernels/cpu/paged_attention.h)
-// over the same bf16/fp16-rounded inputs, at awkward lengths, every head dim and GQA ratios 1, 4, 8.
+// Paged decode and prefill attention on the GPU against the CPU twin
+// (kernels/cpu/paged_attention.h) over the same bf16/fp16-rounded inputs, at awkward lengths, every
+// head dim and GQA ratios 1, 4, 8; and the fp32 attention of the runner's float32 mode
+// (PagedAttentionF32) over fp32 inputs.
 
 #include <algorithm>
 #include <numeric>
@@ -7,9 +9,11 @@
 #include <thread>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/paged_attention_f32.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -21,13 +25,12 @@ using testing::FreshSeed;
 using testing::HalfToFloat;
 using testing::RandomFloats;
 using testing::RelativeL2;
-using testing::RoundToHalf;
 using testing::Tolerance;
 
 constexpr int64_t kBlockSize = 16;
 
-// A ragged batch over a paged cache: host copies (fp32, already rounded to the 16-bit type) and
-// device copies.
+// A ragged batch over a paged cache: host copies (fp32, already rounded to the element type) and
+// device copies in the element type.
 struct PagedBatch {
   PagedBatch(DType dtype_in, int64_t heads, int64_t kv_heads, int64_t dim)
       : dtype(dtype_in), num_heads(heads), num_kv_heads(kv_heads), head_dim(dim) {}
@@ -35,7 +38,7 @@ struct PagedBatch {
   int64_t num_heads, num_kv_heads, head_dim, num_blocks = 0;
   std::vector<int32_t> query_start{0}, context_lens, table_start{0}, table_ids;
   std::vector<float> query, key_cache, value_cache;
-  DeviceBuffer<uint16_t> d_query, d_key, d_value;
+  DeviceBuffer<uint8_t> d_query, d_key, d_value;
   DeviceBuffer<int32_t> d_query_start, d_context_lens, d_table_start, d_table_ids;
 
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
@@ -62,9 +65,9 @@ void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& s
   b.query = RandomFloats(b.num_tokens() * b.num_heads * b.head_dim, rng);
   b.key_cache = RandomFloats(kv_elements, rng);
   b.value_cache = RandomFloats(kv_elements, rng);
-  b.d_query = DeviceBuffer<uint16_t>(RoundToHalf(b.query, b.dtype));
-  b.d_key = DeviceBuffer<uint16_t>(RoundToHalf(b.key_cache, b.dtype));
-  b.d_value = DeviceBuffer<uint16_t>(RoundToHalf(b.value_cache, b.dtype));
+  b.d_query = testing::Upload(b.query, b.dtype);
+  b.d_key = testing::Upload(b.key_cache, b.dtype);
+  b.d_value = testing::Upload(b.value_cache, b.dtype);
   b.d_query_start = DeviceBuffer<int32_t>(b.query_start);
   b.d_context_lens = DeviceBuffer<int32_t>(b.context_lens);
   b.d_table_start = DeviceBuffer<int32_t>(b.table_start);
@@ -278,6 +281,199 @@ TEST(PrefillAttentionGpuTest, SmallFp16) {
 TEST(PrefillAttentionGpuTest, LongPrefill) {
   LMSERVE_REQUIRE_GPU();
   RunPrefillCase(DType::kBF16, 2, 4, 128, {{4099, 4099}, {15, 15}, {1, 97}});
+}
+
+// ---- PagedAttentionF32: the float32 mode's attention, decode and prefill in one kernel ----------
+
+// Both sides compute in fp32 from the same fp32 inputs and differ only in the order of their sums
+// and in the exponentials (the CPU normalizes the weights after a max pass, the GPU keeps an online
+// softmax over four interleaved key streams and merges them; expf and std::exp differ by an ulp
+// or two). Each side's output carries a relative rounding error that grows like sqrt(context) *
+// 2^-24 from its long weighted sum of values. An emulation of the kernel's arithmetic on the CPU
+// (same lane split, butterfly sums, fused multiply-adds, merge) against the CPU twin, over these
+// normal(0, 1) inputs, gave relative L2 differences of 1.3e-7 to 1.6e-7 at 17 keys, 6e-7 to 7e-7 at
+// 1000 and 1.2e-6 to 1.4e-6 at 4099, for head dims 64 to 256 (each side alone is about as far from
+// a float64 answer). 1e-5 leaves a factor of 7 at the longest context and still fails for any
+// real bug (a wrong key or a missed rescale: 1e-2 and more) or bf16-rounded data (about 3e-3).
+constexpr double kF32AttentionTolerance = 1e-5;
+
+PagedAttentionF32Params F32Params(const PagedBatch& b, void* output) {
+  PagedAttentionF32Params p;
+  p.query = b.d_query.get();
+  p.key_cache = b.d_key.get();
+  p.value_cache = b.d_value.get();
+  p.query_start = b.d_query_start.get();
+  p.context_lens = b.d_context_lens.get();
+  p.block_table_start = b.d_table_start.get();
+  p.block_table_ids = b.d_table_ids.get();
+  p.output = output;
+  p.num_seqs = b.num_seqs();
+  p.num_tokens = b.num_tokens();
+  p.num_heads = b.num_heads;
+  p.num_kv_heads = b.num_kv_heads;
+  p.head_dim = b.head_dim;
+  p.block_size = kBlockSize;
+  p.num_blocks = b.num_blocks;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  return p;
+}
+
+void RunF32Case(int64_t num_kv_heads, int64_t group, int64_t head_dim,
+                const std::vector<std::pair<int32_t, int32_t>>& seqs) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message()
+               << "f32 kv heads " << num_kv_heads << " group " << group << " head_dim " << head_dim
+               << " seqs " << seqs.size() << " seed " << seed);
+  std::mt19937 rng(seed);
+  PagedBatch b{DType::kF32, num_kv_heads * group, num_kv_heads, head_dim};
+  BuildBatch(b, seqs, rng);
+  const std::vector<float> ref = CpuAttention(b);
+  DeviceBuffer<float> d_out(ref.size());
+  d_out.Poison();
+  const PagedAttentionF32Params p = F32Params(b, d_out.get());
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const double error = RelativeL2(d_out.Download(), ref);
+  EXPECT_LE(error, kF32AttentionTolerance);
+  std::printf("[ f32 attn ] head_dim %3lld group %2lld kv heads %lld, %zu seqs: relative L2 %.3g\n",
+              static_cast<long long>(head_dim), static_cast<long long>(group),
+              static_cast<long long>(num_kv_heads), seqs.size(), error);
+}
+
+// Prefills at awkward lengths, queries starting mid-sequence (prefix hits, chunked prefill) and
+// decode tokens in one ragged batch; MHA, GQA and MQA groups; head dims the runner takes and two
+// it never sees (the kernel takes any up to 256).
+TEST(PagedAttentionF32GpuTest, MixedBatchEveryHeadDimAndGroup) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256, 72, 200}) {
+    for (int64_t group : {1, 3, 8}) RunF32Case(2, group, head_dim, kMixedBatch);
+  }
+  RunF32Case(1, 9, 64, kMixedBatch);  // MQA: every head on one KV head
+  RunF32Case(3, 3, 64, kMixedBatch);  // the demo model's 9 heads on 3 KV heads
+  RunF32Case(8, 4, 128, {{4099, 4099}, {15, 15}, {1, 97}});  // a long prefill
+}
+
+// Decode steps: one token per sequence, contexts crossing pages (15, 16, 17) and long ones.
+TEST(PagedAttentionF32GpuTest, DecodeBatches) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t batch : {1, 17, 64}) {
+    std::vector<std::pair<int32_t, int32_t>> seqs;
+    for (int64_t i = 0; i < batch; ++i) seqs.push_back({1, kLengths[(i + 5) % 6]});
+    RunF32Case(2, 4, 128, seqs);
+    RunF32Case(1, 16, 64, seqs);
+  }
+}
+
+// A decode graph's padding: sequences of context 0 with one query token get zeros, and the real
+// sequences around them are unaffected.
+TEST(PagedAttentionF32GpuTest, PaddingSequencesGetZeros) {
+  LMSERVE_REQUIRE_GPU();
+  std::mt19937 rng(FreshSeed());
+  PagedBatch b{DType::kF32, 8, 2, 64};
+  BuildBatch(b, {{1, 33}, {1, 16}, {5, 40}}, rng);
+  const std::vector<float> ref = CpuAttention(b);
+  // Three padding sequences after the real ones: one token each, context 0, an empty table.
+  const int64_t row = b.num_heads * b.head_dim;
+  std::vector<float> query = b.query;
+  std::vector<float> extra = RandomFloats(3 * row, rng);
+  query.insert(query.end(), extra.begin(), extra.end());
+  std::vector<int32_t> query_start = b.query_start, context_lens = b.context_lens,
+                       table_start = b.table_start;
+  for (int i = 0; i < 3; ++i) {
+    query_start.push_back(query_start.back() + 1);
+    context_lens.push_back(0);
+    table_start.push_back(table_start.back());
+  }
+  DeviceBuffer<float> d_query(query), d_out(query.size());
+  DeviceBuffer<int32_t> d_query_start(query_start), d_context_lens(context_lens),
+      d_table_start(table_start);
+  d_out.Poison();
+  PagedAttentionF32Params p = F32Params(b, d_out.get());
+  p.query = d_query.get();
+  p.query_start = d_query_start.get();
+  p.context_lens = d_context_lens.get();
+  p.block_table_start = d_table_start.get();
+  p.num_seqs += 3;
+  p.num_tokens += 3;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> out = d_out.Download();
+  const std::vector<float> real(out.begin(), out.begin() + static_cast<int64_t>(ref.size()));
+  EXPECT_LE(RelativeL2(real, ref), kF32AttentionTolerance);
+  for (size_t i = ref.size(); i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f) << "element " << i;
+}
+
+// One captured launch serves any lengths (the float32 mode's decode graphs): replay after changing
+// the lengths on the device.
+TEST(PagedAttentionF32GpuTest, GraphReplayFollowsDeviceLengths) {
+  LMSERVE_REQUIRE_GPU();
+  std::mt19937 rng(FreshSeed());
+  PagedBatch b{DType::kF32, 32, 8, 128};
+  std::vector<std::pair<int32_t, int32_t>> seqs;
+  for (int i = 0; i < 17; ++i) seqs.push_back({1, 4099});
+  BuildBatch(b, seqs, rng);
+  DeviceBuffer<float> d_out(b.num_tokens() * b.num_heads * b.head_dim);
+  const PagedAttentionF32Params p = F32Params(b, d_out.get());
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  CUDA_ASSERT(Launch(p, stream));
+  CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 17; ++i) b.context_lens[i] = kLengths[(i + round) % 6];
+    if (round == 2) b.context_lens.assign(17, 4099);
+    b.d_context_lens.Upload(b.context_lens);
+    d_out.Poison();
+    CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    EXPECT_LE(RelativeL2(d_out.Download(), CpuAttention(b)), kF32AttentionTolerance)
+        << "round " << round;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Each attention kernel names the one to use for a dtype it does not take.
+TEST(PagedAttentionF32GpuTest, ValidateExplainsDtypes) {
+  PagedAttentionF32Params f32;
+  f32.num_heads = 8;
+  f32.num_kv_heads = 2;
+  f32.head_dim = 64;
+  f32.block_size = 16;
+  f32.num_blocks = 1;
+  f32.scale = 0.125f;
+  EXPECT_TRUE(f32.Validate().ok()) << f32.Validate();
+  f32.dtype = DType::kBF16;
+  EXPECT_THAT(std::string(f32.Validate().message()), ::testing::HasSubstr("DecodeAttention"));
+  EXPECT_EQ(Launch(f32, nullptr), cudaErrorInvalidValue);
+  f32.dtype = DType::kF32;
+  f32.head_dim = 320;
+  EXPECT_THAT(std::string(f32.Validate().message()), ::testing::HasSubstr("head_dim 320"));
+
+  DecodeAttentionParams decode;
+  decode.num_heads = 8;
+  decode.num_kv_heads = 2;
+  decode.head_dim = 64;
+  decode.block_size = 16;
+  decode.num_blocks = 1;
+  decode.scale = 0.125f;
+  decode.dtype = DType::kF32;
+  EXPECT_THAT(std::string(decode.Validate().message()), ::testing::HasSubstr("PagedAttentionF32"));
+  PrefillAttentionParams prefill;
+  prefill.num_heads = 8;
+  prefill.num_kv_heads = 2;
+  prefill.head_dim = 64;
+  prefill.block_size = 16;
+  prefill.num_blocks = 1;
+  prefill.scale = 0.125f;
+  prefill.dtype = DType::kF32;
+  EXPECT_THAT(std::string(prefill.Validate().message()), ::testing::HasSubstr("PagedAttentionF32"));
 }
 
 }  // namespace

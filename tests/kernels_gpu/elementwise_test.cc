@@ -1,8 +1,10 @@
-// RMSNorm, SiLU-and-mul and embedding gather on the GPU against their CPU twins.
+// RMSNorm, SiLU-and-mul, embedding gather and the dummy-weight fill on the GPU against their CPU
+// twins, in bf16, fp16 and fp32 (the runner's float32 mode).
 
 #include <random>
 #include <vector>
 
+#include "engine/runner/dummy_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/embedding.h"
@@ -10,22 +12,26 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/random_fill.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
 
 using testing::DeviceBuffer;
+using testing::Download;
 using testing::FreshSeed;
-using testing::HalfToFloat;
+using testing::Poisoned;
 using testing::RandomFloats;
 using testing::RelativeL2;
-using testing::RoundToHalf;
 using testing::Tolerance;
+using testing::Upload;
+
+constexpr DType kAllDTypes[] = {DType::kBF16, DType::kF16, DType::kF32};
 
 TEST(NormGpuTest, RmsNormMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t tokens : {1, 17, 64}) {
       for (int64_t hidden : {8, 200, 4096, 32768}) {
         const uint32_t seed = FreshSeed();
@@ -35,9 +41,8 @@ TEST(NormGpuTest, RmsNormMatchesCpu) {
         const int64_t in_stride = hidden + 8, out_stride = hidden + 16;
         std::vector<float> x = RandomFloats(tokens * in_stride, rng, 2.0f);
         std::vector<float> w = RandomFloats(hidden, rng, 0.5f, 1.0f);
-        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, dtype)), d_w(RoundToHalf(w, dtype));
-        DeviceBuffer<uint16_t> d_out(tokens * out_stride);
-        d_out.Poison();
+        DeviceBuffer<uint8_t> d_x = Upload(x, dtype), d_w = Upload(w, dtype);
+        DeviceBuffer<uint8_t> d_out = Poisoned(tokens * out_stride, dtype);
         RmsNormParams p;
         p.input = d_x.get();
         p.weight = d_w.get();
@@ -60,14 +65,20 @@ TEST(NormGpuTest, RmsNormMatchesCpu) {
         cpu.num_tokens = tokens;
         cpu.hidden_size = hidden;
         cpu.input_stride = in_stride;
-        cpu.epsilon = 1e-5;
+        cpu.epsilon = 1e-5f;  // the float the GPU kernel takes, widened
         kernels::RmsNorm(cpu);
-        const std::vector<float> all = HalfToFloat(d_out.Download(), dtype);
+        const std::vector<float> all = Download(d_out, dtype);
         std::vector<float> out(tokens * hidden);
         for (int64_t t = 0; t < tokens; ++t) {
           for (int64_t i = 0; i < hidden; ++i) out[t * hidden + i] = all[t * out_stride + i];
         }
-        EXPECT_LE(RelativeL2(out, ref), Tolerance(dtype));
+        if (dtype == DType::kF32) {
+          // The sum of squares and the inverse RMS in double, then the same fp32 products: the
+          // CPU's values exactly (an fp32 sum of squares would miss by an ulp in many rows).
+          EXPECT_TRUE(testing::SameValues(out, ref));
+        } else {
+          EXPECT_LE(RelativeL2(out, ref), Tolerance(dtype));
+        }
       }
     }
   }
@@ -75,7 +86,7 @@ TEST(NormGpuTest, RmsNormMatchesCpu) {
 
 TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t tokens : {1, 17, 64}) {
       for (int64_t hidden : {64, 1032, 4096, 8192}) {
         const uint32_t seed = FreshSeed();
@@ -85,10 +96,9 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         std::vector<float> x = RandomFloats(tokens * hidden, rng);
         std::vector<float> residual = RandomFloats(tokens * hidden, rng, 3.0f);
         std::vector<float> w = RandomFloats(hidden, rng, 0.5f, 1.0f);
-        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, dtype)), d_w(RoundToHalf(w, dtype));
-        DeviceBuffer<uint16_t> d_res(RoundToHalf(residual, dtype));
-        DeviceBuffer<uint16_t> d_out(tokens * hidden);
-        d_out.Poison();
+        DeviceBuffer<uint8_t> d_x = Upload(x, dtype), d_w = Upload(w, dtype);
+        DeviceBuffer<uint8_t> d_res = Upload(residual, dtype);
+        DeviceBuffer<uint8_t> d_out = Poisoned(tokens * hidden, dtype);
         FusedAddRmsNormParams p;
         p.residual = d_res.get();
         p.input = d_x.get();
@@ -96,6 +106,7 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         p.output = d_out.get();
         p.num_tokens = tokens;
         p.hidden_size = hidden;
+        p.epsilon = 1e-6f;
         p.dtype = dtype;
         ASSERT_TRUE(p.Validate().ok()) << p.Validate();
         CUDA_ASSERT(Launch(p, nullptr));
@@ -103,6 +114,7 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
 
         std::vector<float> ref(tokens * hidden);
         kernels::FusedAddRmsNormParams cpu;
+        cpu.epsilon = 1e-6f;
         cpu.residual = residual.data();
         cpu.input = x.data();
         cpu.weight = w.data();
@@ -110,8 +122,15 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         cpu.num_tokens = tokens;
         cpu.hidden_size = hidden;
         kernels::FusedAddRmsNorm(cpu);
-        EXPECT_LE(RelativeL2(HalfToFloat(d_res.Download(), dtype), residual), Tolerance(dtype));
-        EXPECT_LE(RelativeL2(HalfToFloat(d_out.Download(), dtype), ref), Tolerance(dtype));
+        const std::vector<float> new_residual = Download(d_res, dtype),
+                                 out = Download(d_out, dtype);
+        if (dtype == DType::kF32) {  // as RmsNormMatchesCpu: the CPU's values exactly
+          EXPECT_TRUE(testing::SameValues(new_residual, residual));
+          EXPECT_TRUE(testing::SameValues(out, ref));
+        } else {
+          EXPECT_LE(RelativeL2(new_residual, residual), Tolerance(dtype));
+          EXPECT_LE(RelativeL2(out, ref), Tolerance(dtype));
+        }
       }
     }
   }
@@ -123,14 +142,15 @@ TEST(NormGpuTest, ValidateExplainsUnsupportedShapes) {
   p.hidden_size = 100;  // not a multiple of 8
   EXPECT_NE(std::string(p.Validate().message()).find("multiple of 8"), std::string::npos);
   p.hidden_size = 64;
-  p.dtype = DType::kF32;
-  EXPECT_NE(std::string(p.Validate().message()).find("supported: bf16, f16"), std::string::npos);
+  p.dtype = DType::kQ8_0;
+  EXPECT_NE(std::string(p.Validate().message()).find("supported: bf16, f16, f32"),
+            std::string::npos);
   EXPECT_EQ(Launch(p, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(ActivationGpuTest, SiluAndMulMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t tokens : {1, 17, 64}) {
       for (int64_t inter : {8, 1032, 14336}) {
         const uint32_t seed = FreshSeed();
@@ -138,14 +158,14 @@ TEST(ActivationGpuTest, SiluAndMulMatchesCpu) {
                                           << " intermediate " << inter << " seed " << seed);
         std::mt19937 rng(seed);
         std::vector<float> gate_up = RandomFloats(tokens * 2 * inter, rng, 3.0f);
-        DeviceBuffer<uint16_t> d_in(RoundToHalf(gate_up, dtype)), d_out(tokens * inter);
-        d_out.Poison();
+        DeviceBuffer<uint8_t> d_in = Upload(gate_up, dtype);
+        DeviceBuffer<uint8_t> d_out = Poisoned(tokens * inter, dtype);
         SiluAndMulParams p{d_in.get(), d_out.get(), tokens, inter, dtype};
         CUDA_ASSERT(Launch(p, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
         std::vector<float> ref(tokens * inter);
         kernels::SiluAndMul({gate_up.data(), ref.data(), tokens, inter});
-        EXPECT_LE(RelativeL2(HalfToFloat(d_out.Download(), dtype), ref), Tolerance(dtype));
+        EXPECT_LE(RelativeL2(Download(d_out, dtype), ref), Tolerance(dtype));
       }
     }
   }
@@ -153,31 +173,70 @@ TEST(ActivationGpuTest, SiluAndMulMatchesCpu) {
 
 TEST(EmbeddingGpuTest, GatherMatchesCpuAndZeroesBadIds) {
   LMSERVE_REQUIRE_GPU();
-  for (DType dtype : {DType::kBF16, DType::kF16}) {
+  for (DType dtype : kAllDTypes) {
     for (int64_t tokens : {1, 17, 64}) {
       const int64_t vocab = 1000, hidden = 4104;
-      std::mt19937 rng(FreshSeed());
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << testing::Name(dtype) << " tokens " << tokens << " seed " << seed);
+      std::mt19937 rng(seed);
       std::vector<float> table = RandomFloats(vocab * hidden, rng);
       std::vector<int32_t> ids(tokens);
       std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
       for (int32_t& id : ids) id = pick(rng);
       ids[0] = static_cast<int32_t>(vocab - 1);
-      DeviceBuffer<uint16_t> d_table(RoundToHalf(table, dtype)), d_out(tokens * hidden);
+      DeviceBuffer<uint8_t> d_table = Upload(table, dtype);
+      DeviceBuffer<uint8_t> d_out = Poisoned(tokens * hidden, dtype);
       DeviceBuffer<int32_t> d_ids(ids);
-      d_out.Poison();
       EmbeddingParams p{d_table.get(), d_ids.get(), d_out.get(), tokens, vocab, hidden, dtype};
       CUDA_ASSERT(Launch(p, nullptr));
       CUDA_ASSERT(cudaDeviceSynchronize());
       std::vector<float> ref(tokens * hidden);
       kernels::EmbeddingGather({table.data(), ids.data(), ref.data(), tokens, vocab, hidden});
-      EXPECT_EQ(HalfToFloat(d_out.Download(), dtype), ref);
+      EXPECT_TRUE(testing::SameValues(Download(d_out, dtype), ref));
 
       ids[tokens - 1] = static_cast<int32_t>(vocab);  // out of range: zeros
       d_ids.Upload(ids);
       CUDA_ASSERT(Launch(p, nullptr));
       CUDA_ASSERT(cudaDeviceSynchronize());
-      const std::vector<uint16_t> out = d_out.Download();
-      for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(out[(tokens - 1) * hidden + i], 0);
+      const std::vector<uint8_t> out = d_out.Download();
+      const int64_t row_bytes = hidden * testing::ElementBytes(dtype);
+      for (int64_t i = 0; i < row_bytes; ++i) ASSERT_EQ(out[(tokens - 1) * row_bytes + i], 0);
+    }
+  }
+}
+
+// The dummy weights: in fp32 the GPU fill gives the CPU runner's values (engine::FillDummyF32) bit
+// for bit; in bf16 and fp16 the same values rounded.
+TEST(RandomFillGpuTest, MatchesTheCpuRunnersDummyWeights) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : kAllDTypes) {
+    for (const auto& [name, fan_in] :
+         {std::pair<std::string, int64_t>{"model.layers.3.mlp.down_proj.weight", 14336},
+          {"model.embed_tokens.weight", 4096},
+          {"model.layers.0.self_attn.q_proj.bias", 4096}}) {
+      SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " " << name);
+      const int64_t n = 100003;
+      std::vector<float> ref(n);
+      engine::FillDummyF32(name, fan_in, ref.data(), n);
+      const engine::DummyRange range = engine::DummyWeightRange(name, fan_in);
+      DeviceBuffer<uint8_t> d_out = Poisoned(n, dtype);
+      RandomFillParams p;
+      p.output = d_out.get();
+      p.num_elements = n;
+      p.low = range.low;
+      p.high = range.high;
+      p.seed = engine::DummyTensorSeed(name);
+      p.dtype = dtype;
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<float> out = Download(d_out, dtype);
+      if (dtype == DType::kF32) {
+        EXPECT_TRUE(testing::SameValues(out, ref));
+      } else {
+        EXPECT_LE(RelativeL2(out, ref), Tolerance(dtype));
+      }
     }
   }
 }

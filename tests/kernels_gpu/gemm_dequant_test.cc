@@ -1,10 +1,11 @@
-// cuBLASLt GEMM plans against the CPU linear layer, and dequantization to bf16 bit for bit
-// against the CPU's llama.cpp-exact dequantization.
+// cuBLASLt GEMM plans (bf16, and true fp32) and the skinny GEMM against the CPU linear layer, and
+// dequantization to bf16 and to fp32 bit for bit against the CPU's llama.cpp-exact dequantization.
 
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/dequant.h"
@@ -85,6 +86,50 @@ TEST(GemmGpuTest, MatchesCpuLinear) {
   }
 }
 
+// The float32 mode's GEMMs: fp32 x and W, fp32 y, fp32 products and sums. Against OpenBLAS's
+// sgemm, two fp32 summation orders differ by a few ulps of the partial sums: a relative L2 error
+// near 1e-6 for k = 4096 (about sqrt(k) * 2^-24 at worst for sequential sums, less for the
+// blocked sums both use). TF32 (10 mantissa bits: each product off by up to 2^-11) would land
+// near 3e-4, and bf16 inputs near 3e-3, so 1e-5 proves neither is used.
+TEST(GemmGpuTest, Fp32MatchesCpuLinearWithoutTf32) {
+  LMSERVE_REQUIRE_GPU();
+  auto handle = BlasLtHandle::Create();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  DeviceBuffer<uint8_t> workspace(32 << 20);
+  for (int64_t m : {1, 3, 17, 64, 300}) {
+    for (auto [n, k] :
+         {std::pair<int64_t, int64_t>{8, 64}, {4096, 4096}, {1032, 264}, {49152, 576}}) {
+      if (m == 300 && n == 49152) continue;  // keeps the CPU reference quick
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " n " << n << " k " << k << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+      DeviceBuffer<float> d_x(x), d_w(w), d_y(m * n);
+      d_y.Poison();
+      GemmShape shape;
+      shape.m = m;
+      shape.n = n;
+      shape.k = k;
+      shape.input_dtype = DType::kF32;
+      shape.output_dtype = DType::kF32;
+      auto plan = GemmPlan::Create((*handle)->get(), shape, workspace.get(), workspace.size(),
+                                   /*autotune=*/m == 17 || m == 1, nullptr);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_EQ((*plan)->Run(d_x.get(), d_w.get(), d_y.get(), nullptr), CUBLAS_STATUS_SUCCESS);
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeL2(d_y.Download(), CpuLinear(x, w, m, n, k)), 1e-5);
+    }
+  }
+  GemmShape mixed;
+  mixed.m = 1;
+  mixed.n = 8;
+  mixed.k = 8;
+  mixed.input_dtype = DType::kF32;
+  mixed.output_dtype = DType::kBF16;
+  EXPECT_FALSE(mixed.Validate().ok());
+}
+
 TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
   LMSERVE_REQUIRE_GPU();
   for (DType out_dtype : {DType::kBF16, DType::kF32}) {
@@ -129,6 +174,15 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
   bad.n = 8;
   bad.k = 8;
   EXPECT_FALSE(bad.Validate().ok());
+  // A 16-bit kernel: fp32 is refused with a pointer to the way to do it.
+  SkinnyGemmParams f32;
+  f32.m = 1;
+  f32.n = 8;
+  f32.k = 8;
+  f32.x = f32.w = f32.y = reinterpret_cast<void*>(256);
+  f32.input_dtype = f32.output_dtype = DType::kF32;
+  EXPECT_THAT(std::string(f32.Validate().message()), ::testing::HasSubstr("GemmPlan"));
+  EXPECT_EQ(Launch(f32, nullptr), cudaErrorInvalidValue);
 }
 
 // The SiLU-and-mul epilogue: against the CPU's linear layer and activation, and bit for bit
@@ -225,46 +279,71 @@ std::vector<uint8_t> RandomBlocks(DType dtype, int64_t num_elements, std::mt1993
   return bytes;
 }
 
+// Dequantizes random blocks of `dtype` to `output_dtype` on the GPU and compares the bits with
+// the CPU's DequantizeToF32 (rounded to bf16 for a bf16 output).
+void CheckDequantize(DType dtype, DType output_dtype) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " to "
+                                    << DTypeName(output_dtype).data() << " seed " << seed);
+  std::mt19937 rng(seed);
+  const int64_t n = 256 * 37;
+  std::vector<uint8_t> src;
+  if (IsQuantized(dtype)) {
+    src = RandomBlocks(dtype, n, rng);
+  } else {
+    std::vector<float> values = RandomFloats(n, rng);
+    if (dtype == DType::kF32) {
+      src.resize(n * 4);
+      std::memcpy(src.data(), values.data(), src.size());
+    } else {
+      const std::vector<uint16_t> bits = RoundToHalf(values, dtype);
+      src.resize(n * 2);
+      std::memcpy(src.data(), bits.data(), src.size());
+    }
+  }
+  std::vector<float> ref(n);
+  DequantizeToF32(dtype, src.data(), ref.data(), n);
+  DeviceBuffer<uint8_t> d_src(src);
+  DeviceBuffer<uint8_t> d_dst(n * (output_dtype == DType::kF32 ? 4 : 2));
+  d_dst.Poison();
+  DequantizeParams p{d_src.get(), d_dst.get(), n, dtype, output_dtype};
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<uint8_t> bytes = d_dst.Download();
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    // Bits, not values: fp32 outputs must be DequantizeToF32's own (NaNs and signed zeros too).
+    uint32_t got = 0, want = 0;
+    if (output_dtype == DType::kF32) {
+      std::memcpy(&got, bytes.data() + 4 * i, 4);
+      std::memcpy(&want, &ref[i], 4);
+    } else {
+      uint16_t bits = 0;
+      std::memcpy(&bits, bytes.data() + 2 * i, 2);
+      got = bits;
+      want = F32ToBf16(ref[i]);
+    }
+    if (got != want && ++mismatches <= 5) {
+      ADD_FAILURE() << "element " << i << ": GPU 0x" << std::hex << got << ", CPU 0x" << want
+                    << std::dec;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(DequantGpuTest, BitExactWithCpuForEveryType) {
   LMSERVE_REQUIRE_GPU();
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ5_K,
                       DType::kQ6_K, DType::kF16, DType::kBF16, DType::kF32}) {
-    const uint32_t seed = FreshSeed();
-    SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " seed " << seed);
-    std::mt19937 rng(seed);
-    const int64_t n = 256 * 37;
-    std::vector<uint8_t> src;
-    if (IsQuantized(dtype)) {
-      src = RandomBlocks(dtype, n, rng);
-    } else {
-      std::vector<float> values = RandomFloats(n, rng);
-      if (dtype == DType::kF32) {
-        src.resize(n * 4);
-        std::memcpy(src.data(), values.data(), src.size());
-      } else {
-        const std::vector<uint16_t> bits = RoundToHalf(values, dtype);
-        src.resize(n * 2);
-        std::memcpy(src.data(), bits.data(), src.size());
-      }
-    }
-    std::vector<float> ref(n);
-    DequantizeToF32(dtype, src.data(), ref.data(), n);
-    DeviceBuffer<uint8_t> d_src(src);
-    DeviceBuffer<uint16_t> d_dst(n);
-    d_dst.Poison();
-    DequantizeParams p{d_src.get(), d_dst.get(), n, dtype};
-    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-    CUDA_ASSERT(Launch(p, nullptr));
-    CUDA_ASSERT(cudaDeviceSynchronize());
-    const std::vector<uint16_t> out = d_dst.Download();
-    int64_t mismatches = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (out[i] != F32ToBf16(ref[i]) && ++mismatches <= 5) {
-        ADD_FAILURE() << "element " << i << ": GPU " << out[i] << ", CPU " << F32ToBf16(ref[i]);
-      }
-    }
-    EXPECT_EQ(mismatches, 0);
+    for (DType output_dtype : {DType::kBF16, DType::kF32}) CheckDequantize(dtype, output_dtype);
   }
+  DequantizeParams bad_output;
+  bad_output.num_elements = 32;
+  bad_output.dtype = DType::kQ8_0;
+  bad_output.output_dtype = DType::kF16;
+  EXPECT_THAT(std::string(bad_output.Validate().message()),
+              ::testing::HasSubstr("supported: bf16, f32"));
 }
 
 }  // namespace

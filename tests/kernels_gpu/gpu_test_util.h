@@ -1,5 +1,6 @@
 // Helpers for the GPU kernel tests: skipping without a GPU, device buffers, fresh random inputs,
-// 16-bit conversions, poisoning and the relative L2 error.
+// 16-bit conversions, buffers in any element type (bf16, fp16, fp32), poisoning and the relative
+// L2 error.
 
 #ifndef LMSERVE_TESTS_KERNELS_GPU_GPU_TEST_UTIL_H_
 #define LMSERVE_TESTS_KERNELS_GPU_GPU_TEST_UTIL_H_
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -130,10 +132,90 @@ inline double RelativeL2(const std::vector<float>& out, const std::vector<float>
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-// Tolerance on the relative L2 error of a kernel's 16-bit output.
-inline double Tolerance(DType dtype) { return dtype == DType::kBF16 ? 1e-2 : 2e-3; }
+inline int64_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
-inline const char* Name(DType dtype) { return dtype == DType::kBF16 ? "bf16" : "f16"; }
+// A device copy of `values` in `dtype`. For bf16 and fp16 `values` is rounded in place first, so
+// that the host copy (the CPU twin's input) is what the device holds; fp32 takes it as it is.
+inline DeviceBuffer<uint8_t> Upload(std::vector<float>& values, DType dtype) {
+  DeviceBuffer<uint8_t> buffer(values.size() * ElementBytes(dtype));
+  if (dtype == DType::kF32) {
+    if (!values.empty()) {
+      cudaMemcpy(buffer.get(), values.data(), values.size() * 4, cudaMemcpyHostToDevice);
+    }
+    return buffer;
+  }
+  const std::vector<uint16_t> bits = RoundToHalf(values, dtype);
+  if (!bits.empty()) cudaMemcpy(buffer.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice);
+  return buffer;
+}
+// A device buffer of `count` elements of `dtype`, every byte 0xff (NaN in each type).
+inline DeviceBuffer<uint8_t> Poisoned(size_t count, DType dtype) {
+  DeviceBuffer<uint8_t> buffer(count * ElementBytes(dtype));
+  buffer.Poison();
+  return buffer;
+}
+// The elements of a buffer of `dtype`, as fp32.
+inline std::vector<float> Download(const DeviceBuffer<uint8_t>& buffer, DType dtype) {
+  const std::vector<uint8_t> bytes = buffer.Download();
+  const size_t count = bytes.size() / ElementBytes(dtype);
+  std::vector<float> values(count);
+  if (dtype == DType::kF32) {
+    if (count > 0) std::memcpy(values.data(), bytes.data(), count * 4);
+    return values;
+  }
+  std::vector<uint16_t> bits(count);
+  if (count > 0) std::memcpy(bits.data(), bytes.data(), count * 2);
+  return HalfToFloat(bits, dtype);
+}
+
+// Success if `out` equals `ref` element for element (as floats: -0 equals 0); else the number of
+// differing elements and the first few of them.
+inline ::testing::AssertionResult SameValues(const std::vector<float>& out,
+                                             const std::vector<float>& ref) {
+  if (out.size() != ref.size()) {
+    return ::testing::AssertionFailure() << out.size() << " values, expected " << ref.size();
+  }
+  int64_t mismatches = 0;
+  std::string first;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == ref[i]) continue;
+    if (++mismatches <= 5) {
+      char line[128];
+      std::snprintf(line, sizeof(line), "\n  [%zu] %.9g, expected %.9g", i, out[i], ref[i]);
+      first += line;
+    }
+  }
+  if (mismatches == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << mismatches << " of " << out.size() << " values differ" << first;
+}
+
+// Tolerance on the relative L2 error of an element-wise kernel's output against its CPU twin over
+// the same (rounded) inputs: the output's rounding for the 16-bit types; for fp32, a few ulps
+// (2^-24 each, about 6e-8) of the element-wise math (expf, a division) at most.
+inline double Tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return 1e-2;
+    case DType::kF16:
+      return 2e-3;
+    default:
+      return 1e-6;
+  }
+}
+
+inline const char* Name(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kF32:
+      return "f32";
+    default:
+      return "other";
+  }
+}
 
 }  // namespace lmserve::kernels::cuda::testing
 

@@ -3,6 +3,7 @@
 // the function the runners use.
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -17,12 +18,13 @@ namespace lmserve::kernels::cuda {
 namespace {
 
 using testing::DeviceBuffer;
+using testing::Download;
 using testing::FreshSeed;
-using testing::HalfToFloat;
+using testing::Poisoned;
 using testing::RandomFloats;
 using testing::RelativeL2;
-using testing::RoundToHalf;
 using testing::Tolerance;
+using testing::Upload;
 
 std::vector<double> InverseFrequencies(int64_t head_dim, engine::RopeScaling scaling) {
   engine::ModelConfig config;
@@ -74,15 +76,14 @@ void RunQkvCase(const QkvCase& c) {
   const std::vector<double> inv_freq = InverseFrequencies(c.head_dim, c.scaling);
   const std::vector<float> table = RotaryCosSinTable(inv_freq.data(), c.head_dim, max_position);
 
-  DeviceBuffer<uint16_t> d_qkv(RoundToHalf(qkv, c.dtype)), d_bias(RoundToHalf(bias, c.dtype));
+  DeviceBuffer<uint8_t> d_qkv = Upload(qkv, c.dtype), d_bias = Upload(bias, c.dtype);
   DeviceBuffer<int32_t> d_pos(positions);
   DeviceBuffer<int64_t> d_slots(slots);
   DeviceBuffer<float> d_table(table);
-  DeviceBuffer<uint16_t> d_q(c.tokens * c.num_heads * c.head_dim);
-  DeviceBuffer<uint16_t> d_k(num_blocks * block_size * kv_row), d_v(d_k.size());
-  d_q.Poison();
-  d_k.Poison();
-  d_v.Poison();
+  const int64_t cache_elements = num_blocks * block_size * kv_row;
+  DeviceBuffer<uint8_t> d_q = Poisoned(c.tokens * c.num_heads * c.head_dim, c.dtype);
+  DeviceBuffer<uint8_t> d_k = Poisoned(cache_elements, c.dtype);
+  DeviceBuffer<uint8_t> d_v = Poisoned(cache_elements, c.dtype);
   QkvPostProcessParams p;
   p.qkv = d_qkv.get();
   p.bias = c.bias ? d_bias.get() : nullptr;
@@ -107,7 +108,7 @@ void RunQkvCase(const QkvCase& c) {
   CUDA_ASSERT(cudaDeviceSynchronize());
 
   std::vector<float> ref_q(c.tokens * c.num_heads * c.head_dim);
-  std::vector<float> ref_k(d_k.size(), 0.0f), ref_v(d_k.size(), 0.0f);
+  std::vector<float> ref_k(cache_elements, 0.0f), ref_v(cache_elements, 0.0f);
   kernels::QkvPostProcessParams cpu;
   cpu.qkv = qkv.data();
   cpu.bias = c.bias ? bias.data() : nullptr;
@@ -127,9 +128,18 @@ void RunQkvCase(const QkvCase& c) {
   cpu.layout = c.layout;
   kernels::QkvPostProcess(cpu);
 
-  EXPECT_LE(RelativeL2(HalfToFloat(d_q.Download(), c.dtype), ref_q), Tolerance(c.dtype));
-  // Written slots match; every other slot still holds the poison.
-  const std::vector<uint16_t> k_bits = d_k.Download(), v_bits = d_v.Download();
+  // fp32: bias, then the rotation rounded step by step from the same cos/sin values as the CPU's:
+  // its values exactly. The 16-bit types: within their rounding.
+  auto check = [&](const std::vector<float>& out, const std::vector<float>& ref) {
+    if (c.dtype == DType::kF32) {
+      EXPECT_TRUE(testing::SameValues(out, ref));
+    } else {
+      EXPECT_LE(RelativeL2(out, ref), Tolerance(c.dtype));
+    }
+  };
+  check(Download(d_q, c.dtype), ref_q);
+  // Written slots match; every other slot still holds the poison (NaN).
+  const std::vector<float> k_all = Download(d_k, c.dtype), v_all = Download(d_v, c.dtype);
   std::vector<bool> written(num_blocks * block_size, false);
   for (int64_t s : slots) {
     if (s >= 0) written[s] = true;
@@ -139,18 +149,18 @@ void RunQkvCase(const QkvCase& c) {
     for (int64_t i = 0; i < kv_row; ++i) {
       const int64_t e = s * kv_row + i;
       if (!written[s]) {
-        ASSERT_EQ(k_bits[e], 0xffff) << "slot " << s << " written";
-        ASSERT_EQ(v_bits[e], 0xffff) << "slot " << s << " written";
+        ASSERT_TRUE(std::isnan(k_all[e])) << "slot " << s << " written";
+        ASSERT_TRUE(std::isnan(v_all[e])) << "slot " << s << " written";
         continue;
       }
-      out_k.push_back(testing::FromHalfBits(k_bits[e], c.dtype));
-      out_v.push_back(testing::FromHalfBits(v_bits[e], c.dtype));
+      out_k.push_back(k_all[e]);
+      out_v.push_back(v_all[e]);
       exp_k.push_back(ref_k[e]);
       exp_v.push_back(ref_v[e]);
     }
   }
-  EXPECT_LE(RelativeL2(out_k, exp_k), Tolerance(c.dtype));
-  EXPECT_LE(RelativeL2(out_v, exp_v), Tolerance(c.dtype));
+  check(out_k, exp_k);
+  check(out_v, exp_v);
 }
 
 TEST(QkvPostProcessGpuTest, MatchesCpuAcrossShapesLayoutsAndScalings) {
@@ -164,7 +174,9 @@ TEST(QkvPostProcessGpuTest, MatchesCpuAcrossShapesLayoutsAndScalings) {
         const RotaryLayout layout =
             variant % 2 == 0 ? RotaryLayout::kHalfSplit : RotaryLayout::kInterleaved;
         const auto scaling = static_cast<engine::RopeScaling>(variant % 3);
-        const DType dtype = variant % 4 == 3 ? DType::kF16 : DType::kBF16;
+        const DType dtype = variant % 4 == 3   ? DType::kF16
+                            : variant % 4 == 2 ? DType::kF32
+                                               : DType::kBF16;
         RunQkvCase({dtype, tokens, num_heads, num_kv_heads, head_dim, layout, scaling,
                     variant % 5 != 0});
       }
@@ -177,7 +189,7 @@ TEST(QkvPostProcessGpuTest, BothLayoutsEveryScaling) {
   for (RotaryLayout layout : {RotaryLayout::kHalfSplit, RotaryLayout::kInterleaved}) {
     for (auto scaling : {engine::RopeScaling::kDefault, engine::RopeScaling::kLinear,
                          engine::RopeScaling::kLlama3}) {
-      for (DType dtype : {DType::kBF16, DType::kF16}) {
+      for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
         RunQkvCase({dtype, 64, 32, 8, 128, layout, scaling, true});
       }
     }

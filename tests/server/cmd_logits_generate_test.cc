@@ -138,5 +138,25 @@ TEST(CliErrorsTest, BadPathAndOutOfVocabularyIdsFailClearly) {
   EXPECT_THAT(usage.err, HasSubstr("--model is required"));
 }
 
+// --dtype: the CPU runner computes in float32 only (auto and float32 run, bfloat16 is refused
+// with the reason), and an unknown name is refused by the option.
+TEST(CliErrorsTest, TheCpuBackendTakesFloat32Only) {
+  const std::string base =
+      StrCat("generate --model ", testing::HfTinyDir("llama-gqa"), " --ids 1,2 --max-tokens 2");
+  const RunResult float32 = RunLmserve(base + " --dtype float32");
+  EXPECT_EQ(float32.exit_code, 0) << float32.err;
+  const RunResult bfloat16 = RunLmserve(base + " --dtype bfloat16");
+  EXPECT_NE(bfloat16.exit_code, 0);
+  EXPECT_THAT(bfloat16.err, HasSubstr("float32 only"));
+  const RunResult unknown = RunLmserve(base + " --dtype half");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_THAT(unknown.err, HasSubstr("--dtype: 'half'"));
+  // serve checks --backend cpu with bfloat16 before it opens the model.
+  const RunResult serve =
+      RunLmserve("serve --model /nonexistent/model --backend cpu --dtype bfloat16");
+  EXPECT_NE(serve.exit_code, 0);
+  EXPECT_THAT(serve.err, HasSubstr("--dtype bfloat16"));
+}
+
 }  // namespace
 }  // namespace lmserve::server

@@ -1,5 +1,6 @@
-// StepBatch construction, ValidateStepBatch's rejections (with the KV cache left as it was), and
-// ModelRunner::Create's errors.
+// StepBatch construction, ValidateStepBatch's rejections (with the KV cache left as it was),
+// ModelRunner::Create's errors, and the runner dtypes (names, resolution, sizes, the CPU runner's
+// float32-only rule).
 
 #include <functional>
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/runner/cpu_runner.h"
+#include "engine/runner/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -180,6 +182,53 @@ TEST(ModelRunnerCreateTest, ReportsUnsupportedBackendsAndBadConfigs) {
   config.block_size_tokens = 0;
   EXPECT_EQ(ModelRunner::Create(**checkpoint, config).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RunnerDTypeTest, NamesResolutionAndSizes) {
+  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kBFloat16, RunnerDType::kFloat32}) {
+    EXPECT_EQ(RunnerDTypeFromName(RunnerDTypeName(dtype)), dtype);
+  }
+  EXPECT_EQ(RunnerDTypeName(RunnerDType::kFloat32), "float32");
+  EXPECT_EQ(RunnerDTypeName(RunnerDType::kBFloat16), "bfloat16");
+  EXPECT_EQ(RunnerDTypeFromName("half"), std::nullopt);
+  EXPECT_EQ(RunnerDTypeFromName("fp32"), std::nullopt);
+  EXPECT_EQ(RunnerDTypeFromName("Float32"), std::nullopt);
+  EXPECT_EQ(ResolveRunnerDType(RunnerDType::kAuto, Backend::kCuda), RunnerDType::kBFloat16);
+  EXPECT_EQ(ResolveRunnerDType(RunnerDType::kAuto, Backend::kCpu), RunnerDType::kFloat32);
+  EXPECT_EQ(ResolveRunnerDType(RunnerDType::kFloat32, Backend::kCuda), RunnerDType::kFloat32);
+  EXPECT_EQ(RunnerDTypeBytes(RunnerDType::kBFloat16), 2);
+  EXPECT_EQ(RunnerDTypeBytes(RunnerDType::kFloat32), 4);
+}
+
+// The CUDA runner's KV block follows its element size (computed without a GPU).
+TEST(RunnerDTypeTest, CudaKvBlockBytesFollowTheElementSize) {
+  ModelConfig config;
+  config.num_layers = 30;
+  config.num_kv_heads = 3;
+  config.head_dim = 64;
+  const int64_t elements = 2 * 30 * 16 * 3 * 64;  // keys and values of every layer, 16 tokens
+  EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kBFloat16), elements * 2);
+  EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kAuto), elements * 2);
+  EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kFloat32), elements * 4);
+  EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kFloat32), CpuKvBlockBytes(config, 16));
+}
+
+TEST(RunnerDTypeTest, TheCpuRunnerIsFloat32Only) {
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig config;
+  config.kv_cache_bytes = 1 << 20;
+  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kFloat32}) {
+    config.dtype = dtype;
+    auto runner = ModelRunner::Create(**checkpoint, config);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    EXPECT_EQ((*runner)->stats().dtype, RunnerDType::kFloat32);
+  }
+  config.dtype = RunnerDType::kBFloat16;
+  auto bf16 = ModelRunner::Create(**checkpoint, config);
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bf16.status().message(), HasSubstr("dtype bfloat16 is not supported"));
+  EXPECT_THAT(bf16.status().message(), HasSubstr("float32 only"));
 }
 
 }  // namespace
