@@ -196,6 +196,12 @@ struct LayerWeights {
 
 enum Projection { kQkv, kOut, kGateUp, kDown, kLmHead, kNumProjections };
 
+// What a GEMM fuses around itself (the skinny kernel only; see CudaRunner::FusesAround).
+struct GemmFusion {
+  const void* norm_weight = nullptr;  // the RMSNorm of x first: x is the residual stream
+  bool residual_add = false;          // the residual stream += y; y is not written
+};
+
 class CudaRunner final : public ModelRunner {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Checkpoint& checkpoint,
@@ -242,14 +248,24 @@ class CudaRunner final : public ModelRunner {
   // launch share it).
   kc::PrefillAttentionParams PrefillParams(const StepLayout& layout, int64_t layer, int64_t tokens,
                                            int64_t seqs) const;
+  // One decoder layer. *residual_pending: projected_ holds an output not yet added to the
+  // residual stream (the previous layer's down projection, unless it added it itself).
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
-                        bool decode_only);
+                        bool decode_only, bool* residual_pending);
+  // normed_ = RMSNorm(residual_ (+= projected_ first if *residual_pending)) with `weight`.
+  absl::Status Norm(const void* weight, int64_t tokens, bool* residual_pending, const char* what);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
   // y = x W^T with `layer`'s weights of `projection` (the LM head: any layer), through the
   // kernel ChooseKernel picks; with `act` (kGateUp only), `act` gets silu(gate) * up: the skinny
   // or stream kernel's epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y.
   absl::Status Gemm(Projection projection, int64_t layer, int64_t m, const void* x, void* y,
-                    void* act = nullptr);
+                    void* act = nullptr, const GemmFusion& fusion = {});
+  // Whether `projection` at m rows runs on the skinny kernel, which fuses the RMSNorm before the
+  // QKV and gate/up projections and the residual add after the O and down projections (so that
+  // a decode step of few tokens has no norm kernels: at batch 1 on an H200 each cost ~5 us of
+  // the critical path per layer). $LMSERVE_FUSE_NORM=0 turns the fusions off (benchmarks).
+  absl::StatusOr<bool> FusesAround(Projection projection, int64_t m, const void* x, void* y,
+                                   void* act);
   enum class GemmKernel { kBlas, kSkinny, kStream };
   // The fastest of cuBLASLt, the skinny and the stream GEMM for this projection at m rows:
   // timed on first use (never while a graph is being captured: the graphs' sizes are decided in
@@ -848,8 +864,22 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
   return gemm_kernel_[key] = best;
 }
 
+absl::StatusOr<bool> CudaRunner::FusesAround(Projection projection, int64_t m, const void* x,
+                                              void* y, void* act) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("LMSERVE_FUSE_NORM");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  if (!enabled || dtype_ != RunnerDType::kBFloat16 || m > kc::kMaxSkinnyGemmRows) return false;
+  absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<GemmKernel> kernel = ChooseKernel(projection, **plan, x, y, act);
+  if (!kernel.ok()) return kernel.status();
+  return *kernel == GemmKernel::kSkinny;
+}
+
 absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, const void* x,
-                              void* y, void* act) {
+                              void* y, void* act, const GemmFusion& fusion) {
   absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
   if (!plan.ok()) return plan.status();
   const void* w = ProjectionWeights(projection, layer);
@@ -859,9 +889,19 @@ absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, c
     if (*kernel == GemmKernel::kSkinny) {
       kc::SkinnyGemmParams params = SkinnyParams((*plan)->shape(), x, w, act != nullptr ? act : y);
       params.silu_and_mul = act != nullptr;
+      params.norm_weight = fusion.norm_weight;
+      params.norm_epsilon = static_cast<float>(config_.rms_norm_eps);
+      if (fusion.residual_add) params.residual = residual_.get();
       LMSERVE_CUDA_RETURN(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }
+  }
+  if (fusion.norm_weight != nullptr || fusion.residual_add) {
+    return absl::InternalError("CUDA runner: a fused norm or residual add off the skinny kernel");
+  }
+  if (m <= std::max(kc::kMaxSkinnyGemmRows, kc::kMaxStreamGemmRows)) {
+    absl::StatusOr<GemmKernel> kernel = ChooseKernel(projection, **plan, x, y, act);
+    if (!kernel.ok()) return kernel.status();
     if (*kernel == GemmKernel::kStream) {
       absl::StatusOr<kc::StreamGemmParams> params = StreamParams(projection, layer, m, x, y, act);
       if (!params.ok()) return params.status();
@@ -903,24 +943,41 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, i
           .dtype = kernel_dtype_};
 }
 
-absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
-                                  int64_t seqs, bool decode_only) {
+absl::Status CudaRunner::Norm(const void* weight, int64_t tokens, bool* residual_pending,
+                              const char* what) {
   const ModelConfig& c = config_;
-  const LayerWeights& w = layers_[layer];
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (layer == 0) {
-    kc::RmsNormParams norm{.input = residual_.get(), .weight = w.input_norm,
-                           .output = normed_.get(), .num_tokens = tokens,
-                           .hidden_size = c.hidden_size, .epsilon = eps, .dtype = kernel_dtype_};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "RMSNorm");
-  } else {
+  if (*residual_pending) {
     kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                   .weight = w.input_norm, .output = normed_.get(),
+                                   .weight = weight, .output = normed_.get(),
                                    .num_tokens = tokens, .hidden_size = c.hidden_size,
                                    .epsilon = eps, .dtype = kernel_dtype_};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
+    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), what);
+  } else {
+    kc::RmsNormParams norm{.input = residual_.get(), .weight = weight, .output = normed_.get(),
+                           .num_tokens = tokens, .hidden_size = c.hidden_size, .epsilon = eps,
+                           .dtype = kernel_dtype_};
+    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), what);
   }
-  LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
+  *residual_pending = false;
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
+                                  int64_t seqs, bool decode_only, bool* residual_pending) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = layers_[layer];
+  // The input norm: fused into the QKV projection where the skinny kernel runs it (and the
+  // residual stream is up to date), else a kernel of its own.
+  absl::StatusOr<bool> fuse = FusesAround(kQkv, tokens, normed_.get(), qkv_.get(), nullptr);
+  if (!fuse.ok()) return fuse.status();
+  if (*fuse && !*residual_pending) {
+    LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, residual_.get(), qkv_.get(), nullptr,
+                               {.norm_weight = w.input_norm}));
+  } else {
+    LMSERVE_STATUS_RETURN(Norm(w.input_norm, tokens, residual_pending, "input norm"));
+    LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
+  }
   kc::QkvPostProcessParams post{
       .qkv = qkv_.get(),
       .bias = w.qkv_bias,
@@ -989,15 +1046,32 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
     attn.plan_ready = true;  // Forward planned the step
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "prefill attention");
   }
-  LMSERVE_STATUS_RETURN(Gemm(kOut, layer, tokens, attention_.get(), projected_.get()));
-  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                 .weight = w.post_norm, .output = normed_.get(),
-                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                 .epsilon = eps, .dtype = kernel_dtype_};
-  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
-  LMSERVE_STATUS_RETURN(
-      Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
-  LMSERVE_STATUS_RETURN(Gemm(kDown, layer, tokens, activation_.get(), projected_.get()));
+  // The output projections add into the residual stream themselves on the skinny kernel; else
+  // projected_ waits for the next norm to add it.
+  if (fuse = FusesAround(kOut, tokens, attention_.get(), projected_.get(), nullptr); !fuse.ok()) {
+    return fuse.status();
+  }
+  LMSERVE_STATUS_RETURN(Gemm(kOut, layer, tokens, attention_.get(), projected_.get(), nullptr,
+                             {.residual_add = *fuse}));
+  *residual_pending = !*fuse;
+  if (fuse = FusesAround(kGateUp, tokens, normed_.get(), gate_up_.get(), activation_.get());
+      !fuse.ok()) {
+    return fuse.status();
+  }
+  if (*fuse && !*residual_pending) {
+    LMSERVE_STATUS_RETURN(Gemm(kGateUp, layer, tokens, residual_.get(), gate_up_.get(),
+                               activation_.get(), {.norm_weight = w.post_norm}));
+  } else {
+    LMSERVE_STATUS_RETURN(Norm(w.post_norm, tokens, residual_pending, "post-attention norm"));
+    LMSERVE_STATUS_RETURN(
+        Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
+  }
+  if (fuse = FusesAround(kDown, tokens, activation_.get(), projected_.get(), nullptr); !fuse.ok()) {
+    return fuse.status();
+  }
+  LMSERVE_STATUS_RETURN(Gemm(kDown, layer, tokens, activation_.get(), projected_.get(), nullptr,
+                             {.residual_add = *fuse}));
+  *residual_pending = !*fuse;
   return absl::OkStatus();
 }
 
@@ -1013,18 +1087,14 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
     LMSERVE_CUDA_RETURN(kc::LaunchPrefillPlan(PrefillParams(layout, 0, tokens, seqs), stream_),
                         "prefill plan");
   }
+  bool residual_pending = false;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    LMSERVE_STATUS_RETURN(RunLayer(layer, layout, tokens, seqs, decode_only));
+    LMSERVE_STATUS_RETURN(RunLayer(layer, layout, tokens, seqs, decode_only, &residual_pending));
   }
   if (rows == 0) return absl::OkStatus();
-  // The last MLP's residual add and the final norm (every token: cheaper than a gather first),
-  // then the rows that need logits.
-  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                 .weight = final_norm_, .output = normed_.get(),
-                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                 .epsilon = static_cast<float>(c.rms_norm_eps),
-                                 .dtype = kernel_dtype_};
-  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "final norm");
+  // The last MLP's residual add (unless it made it) and the final norm (every token: cheaper than
+  // a gather first), then the rows that need logits.
+  LMSERVE_STATUS_RETURN(Norm(final_norm_, tokens, &residual_pending, "final norm"));
   const void* hidden_rows = normed_.get();
   if (!rows_are_tokens) {
     kc::EmbeddingParams gather{.table = normed_.get(), .ids = In<int32_t>(layout.logits_rows),
