@@ -1,6 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -30,13 +32,18 @@ struct Fusion {
   const void* norm_weight;
   float norm_epsilon;
   void* residual;
+  bool late_dependents;  // let the next kernel launch after the dot products, not at the start
+  bool prefetch_l2;      // ask for the warp's rows in the L2 before waiting for the last kernel
 };
 
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
 // column j = b * kWarps + w: the gate row j and the up row j + n / 2.
+// A kernel that streams W keeps as many bytes in flight as it has warps resident: for one row,
+// four blocks a multiprocessor (64 registers a thread; the fused norm's sums would otherwise take
+// it to 80 and three blocks, which cost an H200 a tenth of the bandwidth).
 template <typename T, typename OutT, int M, bool kSiluAndMul, bool kNorm, bool kResidual>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
                      int n, int k, int64_t x_stride, int64_t y_stride, Fusion fusion) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
@@ -91,9 +98,15 @@ __global__ void __launch_bounds__(kThreads)
   // The weights do not depend on the previous kernel: the first pieces are requested before
   // waiting for it (programmatic dependent launch, common.cuh).
   int c = lane;
+  if (fusion.prefetch_l2 && lane < kRowsPerWarp) {
+    // The whole row, while the previous kernel runs (it does not write W): one bulk prefetch.
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w_rows[lane]),
+                 "r"(static_cast<uint32_t>(k) * static_cast<uint32_t>(sizeof(T)))
+                 : "memory");
+  }
   if (c + 32 * (kUnroll - 1) < chunks) load_w(c);
   WaitForPriorKernels();
-  AllowDependentLaunch();
+  if (!fusion.late_dependents) AllowDependentLaunch();
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
     if (c != lane) load_w(c);
 #pragma unroll
@@ -133,6 +146,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if (fusion.late_dependents) AllowDependentLaunch();
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -185,7 +199,11 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-  const Fusion fusion{p.norm_weight, p.norm_epsilon, p.residual};
+  static const bool late = [] {
+    const char* env = std::getenv("LMSERVE_SKINNY_TRIGGER");
+    return env == nullptr || std::string_view(env) != "start";
+  }();
+  const Fusion fusion{p.norm_weight, p.norm_epsilon, p.residual, late, p.prefetch_l2};
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                                 \
   case M:                                                                                      \

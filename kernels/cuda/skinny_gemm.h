@@ -51,6 +51,10 @@ struct SkinnyGemmParams {
   // residual[t, j] = bf16(residual[t, j] + bf16(y[t, j])), in place, exactly as
   // FusedAddRmsNorm (norm.h) adds its input; y itself is not written (may be null).
   void* residual = nullptr;  // [m, n], row stride y_stride; device
+  // Each warp asks for its rows of W in the L2 (bulk prefetch, sm_90) before it waits for the
+  // previous kernel: for a W that fits in the L2 behind a kernel that leaves the memory idle
+  // (decode attention), most of it arrives before the product starts.
+  bool prefetch_l2 = false;
 
   absl::Status Validate() const;
 };

@@ -86,8 +86,11 @@ absl::StatusOr<StreamGemmOperand> StreamGemmOperand::Weights(const void* w, int6
   absl::StatusOr<CUtensorMap> map =
       Encode(w, n, k, k, StreamGemmWeightBoxRows(gate_up), "W");
   if (!map.ok()) return map.status();
+  absl::StatusOr<CUtensorMap> wide = Encode(w, n, k, k, kStreamGemmWideBoxRows, "W");
+  if (!wide.ok()) return wide.status();
   StreamGemmOperand op;
   op.map = *map;
+  op.map_wide = *wide;
   op.data = w;
   op.rows = n;
   op.cols = k;

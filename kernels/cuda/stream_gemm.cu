@@ -23,8 +23,9 @@ constexpr int kMTileBytes = 16 * kPieceBytes;  // 16 rows of one piece
 // 8 up rows), then each piece's x rows. Consumer warp w takes the m16 tiles {w % kWarpsM + j *
 // kWarpsM} and the pieces {w / kWarpsM + j * kWarpsK}; warps that share m16 tiles (kWarpsK > 1)
 // sum their accumulators through shared memory at the end of a unit.
-template <int kTokens_, int kTileRows_, int kStageK_, int kWarps_, int kStages_>
+template <int kTokens_, int kTileRows_, int kStageK_, int kWarps_, int kStages_, bool kWgmma_>
 struct Shape {
+  static constexpr bool kWgmma = kWgmma_;
   static constexpr int kTokens = kTokens_;
   static constexpr int kTileRows = kTileRows_;
   static constexpr int kStageK = kStageK_;
@@ -51,6 +52,8 @@ struct Shape {
   static_assert(kPieces % kWarpsK == 0, "warps along K");
   static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte alignment");
   static_assert(kSmemBytes <= 232448, "more shared memory than a block may have");
+  static_assert(!kWgmma || (kTileRows == 128 && kConsumerWarps == 8 && kPieces == 1),
+                "wgmma: two warpgroups of 64 rows, one piece a stage");
 };
 
 template <int kTokens, int kVariant>
@@ -58,7 +61,8 @@ using ShapeFor = Shape<StreamGemmConfigFor(kTokens, kVariant).tokens,
                        StreamGemmConfigFor(kTokens, kVariant).tile_rows,
                        StreamGemmConfigFor(kTokens, kVariant).stage_k,
                        StreamGemmConfigFor(kTokens, kVariant).warps,
-                       StreamGemmConfigFor(kTokens, kVariant).stages>;
+                       StreamGemmConfigFor(kTokens, kVariant).stages,
+                       StreamGemmConfigFor(kTokens, kVariant).wgmma>;
 
 struct KernelArgs {
   void* y;
@@ -114,6 +118,74 @@ __device__ __forceinline__ void ConsumerBarrier() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreadsBarrier) : "memory");
 }
 
+// Warpgroup MMAs (sm_90a): D[64 x N] (+)= A[64 x 16] B[16 x N], A and B K-major bf16 tiles in
+// shared memory, each row 128 bytes with the 128-byte swizzle, described by a matrix descriptor.
+// The accumulators of warp w of the warpgroup are rows 16w + lane / 4 (+ 8), columns as mma.sync
+// m16n8's for each n8 tile: d[4j + e].
+__device__ __forceinline__ uint64_t MatrixDescriptor(const void* tile) {
+  const uint32_t address = SmemAddress(tile);
+  return uint64_t{(address & 0x3FFFF) >> 4}  // start address
+         | uint64_t{1} << 16                 // leading byte offset (unused: swizzled K-major)
+         | uint64_t{1024 >> 4} << 32         // stride byte offset: 8 rows of 128 bytes
+         | uint64_t{1} << 62;                // 128-byte swizzle
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+template <int kN>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[kN / 2]) {
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int kN>
+__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <>
+__device__ __forceinline__ void Wgmma<64>(float (&d)[32], uint64_t a, uint64_t b,
+                                          int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void Wgmma<32>(float (&d)[16], uint64_t a, uint64_t b,
+                                          int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+#else
+// Compiled for sm_90a only (the build's stream GEMM target); never reached elsewhere.
+template <>
+__device__ __forceinline__ void Wgmma<64>(float (&)[32], uint64_t, uint64_t, int) { __trap(); }
+template <>
+__device__ __forceinline__ void Wgmma<32>(float (&)[16], uint64_t, uint64_t, int) { __trap(); }
+#endif
+
 template <typename OutT>
 __device__ __forceinline__ void StoreOut(OutT* p, float v) {
   if constexpr (std::is_same_v<OutT, float>) {
@@ -160,19 +232,28 @@ __global__ void __launch_bounds__(S::kThreads, 1)
       auto load_w = [&](const Cursor& c, int s) {
         unsigned char* stage = ring + s * S::kStageBytes;
         const int k0 = c.chunk * S::kStageK;
+        if constexpr (S::kWgmma) {
+          // Two boxes of 64 rows (w_map is the wide descriptor): the warpgroups' A tiles; with
+          // the SiLU epilogue the 64 gate rows, then their 64 up rows.
+          const int first = kSiluAndMul ? c.u.tile * 64 : c.u.tile * S::kTileRows;
+          const int second = kSiluAndMul ? a.up_offset + first : first + 64;
+          TmaLoad2d(stage, &w_map, k0, first, &full[s]);
+          TmaLoad2d(stage + 64 * kPieceBytes, &w_map, k0, second, &full[s]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < S::kMTiles; ++i) {
+          for (int i = 0; i < S::kMTiles; ++i) {
 #pragma unroll
-          for (int p = 0; p < S::kPieces; ++p) {
-            unsigned char* dst = stage + (p * S::kMTiles + i) * kMTileBytes;
-            if constexpr (kSiluAndMul) {
-              const int j0 = c.u.tile * (S::kTileRows / 2) + i * 8;  // output columns
-              TmaLoad2d(dst, &w_map, k0 + p * kPieceK, j0, &full[s]);
-              TmaLoad2d(dst + 8 * kPieceBytes, &w_map, k0 + p * kPieceK, a.up_offset + j0,
-                        &full[s]);
-            } else {
-              TmaLoad2d(dst, &w_map, k0 + p * kPieceK, c.u.tile * S::kTileRows + i * 16,
-                        &full[s]);
+            for (int p = 0; p < S::kPieces; ++p) {
+              unsigned char* dst = stage + (p * S::kMTiles + i) * kMTileBytes;
+              if constexpr (kSiluAndMul) {
+                const int j0 = c.u.tile * (S::kTileRows / 2) + i * 8;  // output columns
+                TmaLoad2d(dst, &w_map, k0 + p * kPieceK, j0, &full[s]);
+                TmaLoad2d(dst + 8 * kPieceBytes, &w_map, k0 + p * kPieceK, a.up_offset + j0,
+                          &full[s]);
+              } else {
+                TmaLoad2d(dst, &w_map, k0 + p * kPieceK, c.u.tile * S::kTileRows + i * 16,
+                          &full[s]);
+              }
             }
           }
         }
@@ -237,7 +318,37 @@ __global__ void __launch_bounds__(S::kThreads, 1)
         acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
       }
     }
-    for (int chunk = unit.chunk_begin; chunk < unit.chunk_end; ++chunk, ++q) {
+    if constexpr (S::kWgmma) {
+      // Warpgroup g multiplies the stage's W rows [64 g, 64 g + 64) with all the tokens.
+      float d[S::kTokens / 2];
+      const int warpgroup = warp / 4;
+      for (int chunk = unit.chunk_begin; chunk < unit.chunk_end; ++chunk, ++q) {
+        const int s = q % S::kStages;
+        const uint32_t phase = (q / S::kStages) & 1;
+        BarrierWait(&full[s], phase);
+        const unsigned char* stage = ring + s * S::kStageBytes;
+        const uint64_t a_desc = MatrixDescriptor(stage + warpgroup * 64 * kPieceBytes);
+        const uint64_t b_desc = MatrixDescriptor(stage + S::kWBytes);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kPieceK / 16; ++kk) {
+          // 16 k further: 32 bytes into each swizzled row (2 in the descriptor's units).
+          Wgmma<S::kTokens>(d, a_desc + 2 * kk, b_desc + 2 * kk,
+                            chunk != unit.chunk_begin || kk > 0);
+        }
+        WgmmaCommit();
+        WgmmaWaitAll();
+        FenceAccumulators<S::kTokens>(d);
+        __syncwarp();
+        if (lane == 0) BarrierArrive(&empty[s]);  // this warp's MMAs are done with the stage
+      }
+#pragma unroll
+      for (int nt = 0; nt < S::kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][nt][e] = d[4 * nt + e];
+      }
+    }
+    for (int chunk = unit.chunk_begin; !S::kWgmma && chunk < unit.chunk_end; ++chunk, ++q) {
       const int s = q % S::kStages;
       const uint32_t phase = (q / S::kStages) & 1;
       BarrierWait(&full[s], phase);
@@ -361,10 +472,12 @@ __global__ void __launch_bounds__(S::kThreads, 1)
         if (col >= a.n_out) continue;
         float v;
         if constexpr (kSiluAndMul) {
-          // Column j: m16 tile j / 8, its gate row j % 8 and up row 8 + j % 8.
-          const int gate_row = (j / 8) * 16 + j % 8;
+          // Column j: with wgmma, gate row j and up row 64 + j; else m16 tile j / 8, its gate
+          // row j % 8 and up row 8 + j % 8.
+          const int gate_row = S::kWgmma ? j : (j / 8) * 16 + j % 8;
+          const int up_row = S::kWgmma ? 64 + j : gate_row + 8;
           const float gate = ToFloat(FromFloat<T>(s_red[gate_row * S::kOutStride + token]));
-          const float up = ToFloat(FromFloat<T>(s_red[(gate_row + 8) * S::kOutStride + token]));
+          const float up = ToFloat(FromFloat<T>(s_red[up_row * S::kOutStride + token]));
           v = gate / (1.0f + __expf(-gate)) * up;
         } else {
           v = s_red[j * S::kOutStride + token];
@@ -386,8 +499,8 @@ cudaError_t LaunchShape(const StreamGemmParams& p, KernelArgs args, cudaStream_t
   args.schedule = MakeStreamGemmSchedule(CeilDiv(args.n_out, kCols), CeilDiv(args.k, S::kStageK),
                                          StreamGemmGridLimit());
   const int grid = std::min(args.schedule.num_units, StreamGemmGridLimit());
-  return LaunchKernel(kernel, dim3(grid), dim3(S::kThreads), S::kSmemBytes, stream, p.w->map,
-                      p.x->map, args);
+  return LaunchKernel(kernel, dim3(grid), dim3(S::kThreads), S::kSmemBytes, stream,
+                      S::kWgmma ? p.w->map_wide : p.w->map, p.x->map, args);
 }
 
 template <typename OutT, bool kSiluAndMul, int kVariant>

@@ -38,7 +38,8 @@ inline constexpr int64_t kMaxStreamGemmRows = 64;
 // and passed to the kernel by value. REQUIRES of the matrix: 16-byte aligned, stride a multiple
 // of 8. The device memory must outlive every launch that uses the descriptor.
 struct StreamGemmOperand {
-  CUtensorMap map;
+  CUtensorMap map;       // boxes of 16 rows (8 for gate/up pairs; m rows for x)
+  CUtensorMap map_wide;  // W only: boxes of 64 rows (the warpgroup-MMA kernels)
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;

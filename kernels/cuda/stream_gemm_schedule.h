@@ -16,32 +16,41 @@ inline constexpr int64_t kStreamGemmCounterBytes = 64 * 1024;
 // rows and its 8 up rows are two boxes that together make one m16 tile).
 constexpr int StreamGemmWeightBoxRows(bool silu_and_mul) { return silu_and_mul ? 8 : 16; }
 
-// A kernel configuration: the shape of a tile and of a ring stage.
+// A kernel configuration: the shape of a tile and of a ring stage, and the matrix instruction.
 struct StreamGemmConfig {
   int tokens;      // x rows the tiles hold: 8, 16, 32 or 64 (a launch computes m <= tokens)
-  int tile_rows;   // W rows per tile: a multiple of 16
-  int stage_k;     // k per ring stage: a multiple of kStreamGemmPieceK
-  int warps;       // consumer warps
+  int tile_rows;   // W rows per tile: a multiple of 16 (128 with wgmma)
+  int stage_k;     // k per ring stage: a multiple of kStreamGemmPieceK (64 with wgmma)
+  int warps;       // consumer warps (8, two warpgroups, with wgmma)
   int stages;      // ring depth
+  bool wgmma;      // warpgroup MMAs (sm_90a) with W's rows as M = 64 per warpgroup; else mma.sync
 };
 
 // The configurations, by token bucket; `variant` 0 is the default, 1 an alternative kept for
-// benchmarks ($LMSERVE_STREAM_GEMM_VARIANT). The ring holds about 190 KB (variant 0): bytes in
-// flight per multiprocessor are what a streaming kernel's bandwidth rests on. Variant 1 rings
-// are half as deep, so that the next launch's blocks fit beside this one's.
+// benchmarks ($LMSERVE_STREAM_GEMM_VARIANT). Up to 16 tokens the mma.sync kernels keep up with
+// the memory; beyond, mma.sync cannot (at 64 tokens a stream of W at 4.4 TB/s asks ~290 TFLOP/s
+// of it), and warpgroup MMAs read both operands straight from the ring. The rings hold 170-190
+// KB: bytes in flight per multiprocessor are what a streaming kernel's bandwidth rests on.
 constexpr StreamGemmConfig StreamGemmConfigFor(int tokens, int variant) {
   if (tokens <= 8) {
-    return variant == 0 ? StreamGemmConfig{8, 16, 256, 4, 16} : StreamGemmConfig{8, 16, 256, 4, 8};
+    return variant == 0 ? StreamGemmConfig{8, 16, 256, 4, 16, false}
+                        : StreamGemmConfig{8, 16, 256, 4, 8, false};
   }
   if (tokens <= 16) {
-    return variant == 0 ? StreamGemmConfig{16, 16, 256, 4, 12}
-                        : StreamGemmConfig{16, 16, 256, 4, 6};
+    return variant == 0 ? StreamGemmConfig{16, 16, 256, 4, 12, false}
+                        : StreamGemmConfig{16, 16, 256, 4, 6, false};
   }
   if (tokens <= 32) {
-    return variant == 0 ? StreamGemmConfig{32, 64, 128, 4, 7} : StreamGemmConfig{32, 64, 128, 4, 4};
+    return variant == 0 ? StreamGemmConfig{32, 128, 64, 8, 8, true}
+                        : StreamGemmConfig{32, 64, 128, 4, 7, false};
   }
-  return variant == 0 ? StreamGemmConfig{64, 128, 128, 8, 4} : StreamGemmConfig{64, 64, 128, 4, 6};
+  return variant == 0 ? StreamGemmConfig{64, 128, 64, 8, 7, true}
+                      : StreamGemmConfig{64, 128, 128, 8, 4, false};
 }
+
+// W rows per copy-engine box of the wide descriptor (StreamGemmOperand::map_wide): a warpgroup's
+// M.
+inline constexpr int kStreamGemmWideBoxRows = 64;
 
 // The tokens a launch for m rows computes with: 8, 16, 32 or 64.
 constexpr int StreamGemmBucket(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64; }
