@@ -40,7 +40,6 @@
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
-#include "kernels/cuda/stream_gemm.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -511,10 +510,7 @@ class Bench {
     }
     if (Selected("skinny")) {
       // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32): the skinny
-      // kernel, the stream GEMM and cuBLASLt's autotuned plan at the batch sizes that decide
-      // between them.
-      Buffer stream_workspace(StreamGemmWorkspaceBytes());
-      CHECK_CUDA(cudaMemset(stream_workspace.get(), 0, StreamGemmWorkspaceBytes()));
+      // kernel and cuBLASLt's autotuned plan at the batch sizes that decide between them.
       struct Projection {
         const char* name;
         int64_t n, k;
@@ -543,23 +539,6 @@ class Bench {
               auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
               Record({"skinny GEMM + SiLU", shape_text, fused_us, fused_min,
                       bytes - m * proj.n, 0});
-            }
-          }
-          {
-            const bool gate_up = std::string_view(proj.name) == "gate_up";
-            auto w_op = StreamGemmOperand::Weights(w.get(), proj.n, proj.k, gate_up);
-            auto x_op = StreamGemmOperand::Input(x.get(), m, proj.k);
-            if (w_op.ok() && x_op.ok()) {
-              StreamGemmParams p;
-              p.w = &*w_op;
-              p.x = &*x_op;
-              p.y = y.get();
-              p.output_dtype = proj.f32_out ? DType::kF32 : DType::kBF16;
-              p.silu_and_mul = gate_up;
-              p.workspace = stream_workspace.get();
-              auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-              Record({gate_up ? "stream GEMM + SiLU" : "stream GEMM", shape_text, us, min_us,
-                      gate_up ? bytes - m * proj.n : bytes, 0});
             }
           }
           GemmShape shape;

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -33,7 +32,6 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
-#include "kernels/cuda/stream_gemm.h"
 
 namespace lmserve::engine {
 namespace {
@@ -197,12 +195,6 @@ struct LayerWeights {
 
 enum Projection { kQkv, kOut, kGateUp, kDown, kLmHead, kNumProjections };
 
-// What a GEMM fuses around itself (the skinny kernel only; see CudaRunner::FusesAround).
-struct GemmFusion {
-  const void* norm_weight = nullptr;  // the RMSNorm of x first: x is the residual stream
-  bool residual_add = false;          // the residual stream += y; y is not written
-};
-
 class CudaRunner final : public ModelRunner {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Checkpoint& checkpoint,
@@ -228,9 +220,6 @@ class CudaRunner final : public ModelRunner {
   absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
                           const std::vector<int64_t>& shape, int64_t fan_in, void* dst);
   absl::Status AllocateWorkspaces();
-  // The stream GEMM's weight descriptors and workspace; leaves stream_weights_ empty where the
-  // driver has no TMA descriptors to offer.
-  absl::Status PrepareStreamGemm();
   // W's shape [n, k] of `projection`.
   std::pair<int64_t, int64_t> ProjectionShape(Projection projection) const;
   absl::Status CaptureGraphs();
@@ -249,36 +238,21 @@ class CudaRunner final : public ModelRunner {
   // launch share it).
   kc::PrefillAttentionParams PrefillParams(const StepLayout& layout, int64_t layer, int64_t tokens,
                                            int64_t seqs) const;
-  // One decoder layer. *residual_pending: projected_ holds an output not yet added to the
-  // residual stream (the previous layer's down projection, unless it added it itself).
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
-                        bool decode_only, bool* residual_pending);
-  // normed_ = RMSNorm(residual_ (+= projected_ first if *residual_pending)) with `weight`.
-  absl::Status Norm(const void* weight, int64_t tokens, bool* residual_pending, const char* what);
+                        bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
-  // y = x W^T with `layer`'s weights of `projection` (the LM head: any layer), through the
-  // kernel ChooseKernel picks; with `act` (kGateUp only), `act` gets silu(gate) * up: the skinny
-  // or stream kernel's epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y.
+  // y = x W^T with `layer`'s weights of `projection` (the LM head: any layer), through cuBLASLt
+  // or the skinny kernel (ChooseKernel); with `act` (kGateUp only), `act` gets silu(gate) * up:
+  // the skinny kernel's epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y.
   absl::Status Gemm(Projection projection, int64_t layer, int64_t m, const void* x, void* y,
-                    void* act = nullptr, const GemmFusion& fusion = {});
-  // Whether `projection` at m rows runs on the skinny kernel, which fuses the RMSNorm before the
-  // QKV and gate/up projections and the residual add after the O and down projections (so that
-  // a decode step of few tokens has no norm kernels: at batch 1 on an H200 each cost ~5 us of
-  // the critical path per layer). $LMSERVE_FUSE_NORM=0 turns the fusions off (benchmarks).
-  absl::StatusOr<bool> FusesAround(Projection projection, int64_t m, const void* x, void* y,
-                                   void* act);
-  enum class GemmKernel { kBlas, kSkinny, kStream };
-  // The fastest of cuBLASLt, the skinny and the stream GEMM for this projection at m rows:
-  // timed on first use (never while a graph is being captured: the graphs' sizes are decided in
-  // their warm-up), over every layer's weights in turn, so that they come from memory as in a
-  // step. $LMSERVE_DECODE_GEMM=blas|skinny|stream forces one where it applies, and =nostream
-  // leaves the stream GEMM out (benchmarks).
+                    void* act = nullptr);
+  enum class GemmKernel { kBlas, kSkinny };
+  // The faster of cuBLASLt and the skinny GEMM for this projection at m rows: timed on first
+  // use (never while a graph is being captured: the graphs' sizes are decided in their warm-up),
+  // over every layer's weights in turn, so that they come from memory as in a step.
+  // $LMSERVE_DECODE_GEMM=blas|skinny forces one where it applies (benchmarks).
   absl::StatusOr<GemmKernel> ChooseKernel(Projection projection, const kc::GemmPlan& plan,
                                           const void* x, void* y, void* act);
-  // The stream GEMM's launch for x (its first m rows) and `layer`'s weights; an error where the
-  // stream kernel does not apply (no descriptors, too many rows).
-  absl::StatusOr<kc::StreamGemmParams> StreamParams(Projection projection, int64_t layer,
-                                                    int64_t m, const void* x, void* y, void* act);
   // The weights of `projection` in `layer` (the LM head has one, whatever the layer).
   const void* ProjectionWeights(Projection projection, int64_t layer) const;
 
@@ -317,11 +291,6 @@ class CudaRunner final : public ModelRunner {
   DeviceMemory gemm_workspace_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kc::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, GemmKernel> gemm_kernel_;
-  // The stream GEMM: W descriptors [layer][projection] (the LM head's in every layer's slot),
-  // x descriptors by (buffer, rows), its workspace. Empty where it does not apply (no TMA).
-  std::vector<std::array<kc::StreamGemmOperand, kNumProjections>> stream_weights_;
-  std::map<std::pair<const void*, int64_t>, kc::StreamGemmOperand> stream_inputs_;
-  DeviceMemory stream_workspace_;
 
   // Weights.
   DeviceMemory weights_;
@@ -457,7 +426,6 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   LMSERVE_STATUS_RETURN(gemm_workspace_.Allocate(kGemmWorkspaceBytes, "the GEMM workspace"));
   LMSERVE_STATUS_RETURN(LoadWeights(checkpoint));
   LMSERVE_STATUS_RETURN(AllocateWorkspaces());
-  LMSERVE_STATUS_RETURN(PrepareStreamGemm());
 
   // The KV pool: what the memory budget leaves, or what the caller fixed.
   const int64_t block_bytes = CudaKvBlockBytes(config_, block_size_, dtype_);
@@ -717,28 +685,6 @@ std::pair<int64_t, int64_t> CudaRunner::ProjectionShape(Projection projection) c
   }
 }
 
-absl::Status CudaRunner::PrepareStreamGemm() {
-  if (dtype_ != RunnerDType::kBFloat16) return absl::OkStatus();  // bf16 only
-  std::vector<std::array<kc::StreamGemmOperand, kNumProjections>> weights(
-      static_cast<size_t>(config_.num_layers));
-  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
-    for (int p = 0; p < kNumProjections; ++p) {
-      const auto projection = static_cast<Projection>(p);
-      const auto [n, k] = ProjectionShape(projection);
-      absl::StatusOr<kc::StreamGemmOperand> w = kc::StreamGemmOperand::Weights(
-          ProjectionWeights(projection, layer), n, k, /*gate_up=*/projection == kGateUp);
-      if (!w.ok()) return absl::OkStatus();  // cuBLASLt and the skinny kernel serve alone
-      weights[layer][p] = *w;
-    }
-  }
-  LMSERVE_STATUS_RETURN(
-      stream_workspace_.Allocate(kc::StreamGemmWorkspaceBytes(), "the stream GEMM workspace"));
-  LMSERVE_CUDA_RETURN(cudaMemsetAsync(stream_workspace_.get(), 0, stream_workspace_.bytes(), stream_),
-                      "zeroing the stream GEMM workspace");
-  stream_weights_ = std::move(weights);
-  return absl::OkStatus();
-}
-
 kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
                                   void* y) {
   return {.x = x, .w = w, .y = y, .m = shape.m, .n = shape.n, .k = shape.k,
@@ -760,35 +706,11 @@ const void* CudaRunner::ProjectionWeights(Projection projection, int64_t layer) 
   }
 }
 
-absl::StatusOr<kc::StreamGemmParams> CudaRunner::StreamParams(Projection projection,
-                                                              int64_t layer, int64_t m,
-                                                              const void* x, void* y, void* act) {
-  if (stream_weights_.empty() || m > kc::kMaxStreamGemmRows) {
-    return absl::UnimplementedError("no stream GEMM for this step");
-  }
-  const kc::StreamGemmOperand& w = stream_weights_[layer][projection];
-  auto it = stream_inputs_.find({x, m});
-  if (it == stream_inputs_.end()) {
-    absl::StatusOr<kc::StreamGemmOperand> input =
-        kc::StreamGemmOperand::Input(x, m, w.cols);
-    if (!input.ok()) return input.status();
-    it = stream_inputs_.emplace(std::make_pair(x, m), *input).first;
-  }
-  kc::StreamGemmParams params;
-  params.w = &w;
-  params.x = &it->second;
-  params.y = act != nullptr ? act : y;
-  params.silu_and_mul = act != nullptr;
-  params.output_dtype = projection == kLmHead ? DType::kF32 : DType::kBF16;
-  params.workspace = stream_workspace_.get();
-  return params;
-}
-
 absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection projection,
                                                                 const kc::GemmPlan& plan,
                                                                 const void* x, void* y,
                                                                 void* act) {
-  // The skinny and stream kernels are bf16 only: float32 runs every GEMM through cuBLASLt.
+  // The skinny kernel is bf16 only: float32 runs every GEMM through cuBLASLt.
   if (dtype_ != RunnerDType::kBFloat16) return GemmKernel::kBlas;
   const int64_t m = plan.shape().m;
   const auto key = std::make_pair(static_cast<int>(projection), m);
@@ -798,18 +720,9 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
   skinny.silu_and_mul = act != nullptr;
   const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
   const char* forced = std::getenv("LMSERVE_DECODE_GEMM");
-  std::string force = forced != nullptr ? forced : "auto";
-  if (force.rfind("stream:", 0) == 0) {  // stream:o,qkv forces the stream GEMM for those
-    static const char* const kNames[] = {"qkv", "o", "gateup", "down", "lmhead"};
-    bool listed = false;
-    for (std::string_view part : StrSplit(force.substr(7), ',')) listed |= part == kNames[projection];
-    force = listed ? "stream" : "nostream";
-  }
-  const bool stream_ok = force != "nostream" && StreamParams(projection, 0, m, x, y, act).ok();
-  if (force == "blas") return gemm_kernel_[key] = GemmKernel::kBlas;
-  if (force == "skinny" && skinny_ok) return gemm_kernel_[key] = GemmKernel::kSkinny;
-  if (force == "stream" && stream_ok) return gemm_kernel_[key] = GemmKernel::kStream;
-  if (!skinny_ok && !stream_ok) return gemm_kernel_[key] = GemmKernel::kBlas;
+  const std::string_view force = forced != nullptr ? forced : "auto";
+  if (force == "blas" || !skinny_ok) return gemm_kernel_[key] = GemmKernel::kBlas;
+  if (force == "skinny") return gemm_kernel_[key] = GemmKernel::kSkinny;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_CUDA_RETURN(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) return GemmKernel::kBlas;
@@ -829,21 +742,12 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
       }
     }
   });
-  if (skinny_ok) {
-    candidates.emplace_back(GemmKernel::kSkinny, [&] {
-      for (int64_t l = 0; l < num_weights; ++l) {
-        skinny.w = ProjectionWeights(projection, l);
-        kc::Launch(skinny, stream_);
-      }
-    });
-  }
-  if (stream_ok) {
-    candidates.emplace_back(GemmKernel::kStream, [&] {
-      for (int64_t l = 0; l < num_weights; ++l) {
-        kc::Launch(*StreamParams(projection, l, m, x, y, act), stream_);
-      }
-    });
-  }
+  candidates.emplace_back(GemmKernel::kSkinny, [&] {
+    for (int64_t l = 0; l < num_weights; ++l) {
+      skinny.w = ProjectionWeights(projection, l);
+      kc::Launch(skinny, stream_);
+    }
+  });
   // Rounds that time every candidate in turn (after two warm-up rounds), so that a clock or
   // neighbour's change hits them alike; the median of 7 each. A single pass each, in order, once
   // let cuBLASLt win gate/up at one row on an H200 that ran it 8% slower in the step.
@@ -872,54 +776,18 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
   return gemm_kernel_[key] = best;
 }
 
-absl::StatusOr<bool> CudaRunner::FusesAround(Projection projection, int64_t m, const void* x,
-                                              void* y, void* act) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("LMSERVE_FUSE_NORM");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
-  if (!enabled || dtype_ != RunnerDType::kBFloat16 || m > kc::kMaxSkinnyGemmRows) return false;
-  absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
-  if (!plan.ok()) return plan.status();
-  absl::StatusOr<GemmKernel> kernel = ChooseKernel(projection, **plan, x, y, act);
-  if (!kernel.ok()) return kernel.status();
-  return *kernel == GemmKernel::kSkinny;
-}
-
 absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, const void* x,
-                              void* y, void* act, const GemmFusion& fusion) {
+                              void* y, void* act) {
   absl::StatusOr<const kc::GemmPlan*> plan = Plan(projection, m, /*autotune=*/false);
   if (!plan.ok()) return plan.status();
   const void* w = ProjectionWeights(projection, layer);
-  if (m <= std::max(kc::kMaxSkinnyGemmRows, kc::kMaxStreamGemmRows)) {
+  if (m <= kc::kMaxSkinnyGemmRows) {
     absl::StatusOr<GemmKernel> kernel = ChooseKernel(projection, **plan, x, y, act);
     if (!kernel.ok()) return kernel.status();
     if (*kernel == GemmKernel::kSkinny) {
       kc::SkinnyGemmParams params = SkinnyParams((*plan)->shape(), x, w, act != nullptr ? act : y);
       params.silu_and_mul = act != nullptr;
-      params.norm_weight = fusion.norm_weight;
-      params.norm_epsilon = static_cast<float>(config_.rms_norm_eps);
-      if (fusion.residual_add) params.residual = residual_.get();
-      static const std::string prefetch = [] {
-        const char* env = std::getenv("LMSERVE_L2_PREFETCH");
-        return std::string(env != nullptr ? env : "");
-      }();
-      static const char* const kNames[] = {"qkv", "o", "gateup", "down", "lmhead"};
-      params.prefetch_l2 = prefetch.find(kNames[projection]) != std::string::npos;
       LMSERVE_CUDA_RETURN(kc::Launch(params, stream_), "skinny GEMM");
-      return absl::OkStatus();
-    }
-  }
-  if (fusion.norm_weight != nullptr || fusion.residual_add) {
-    return absl::InternalError("CUDA runner: a fused norm or residual add off the skinny kernel");
-  }
-  if (m <= std::max(kc::kMaxSkinnyGemmRows, kc::kMaxStreamGemmRows)) {
-    absl::StatusOr<GemmKernel> kernel = ChooseKernel(projection, **plan, x, y, act);
-    if (!kernel.ok()) return kernel.status();
-    if (*kernel == GemmKernel::kStream) {
-      absl::StatusOr<kc::StreamGemmParams> params = StreamParams(projection, layer, m, x, y, act);
-      if (!params.ok()) return params.status();
-      LMSERVE_CUDA_RETURN(kc::Launch(*params, stream_), "stream GEMM");
       return absl::OkStatus();
     }
   }
@@ -957,41 +825,24 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, i
           .dtype = kernel_dtype_};
 }
 
-absl::Status CudaRunner::Norm(const void* weight, int64_t tokens, bool* residual_pending,
-                              const char* what) {
-  const ModelConfig& c = config_;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  if (*residual_pending) {
-    kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                   .weight = weight, .output = normed_.get(),
-                                   .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                   .epsilon = eps, .dtype = kernel_dtype_};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), what);
-  } else {
-    kc::RmsNormParams norm{.input = residual_.get(), .weight = weight, .output = normed_.get(),
-                           .num_tokens = tokens, .hidden_size = c.hidden_size, .epsilon = eps,
-                           .dtype = kernel_dtype_};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), what);
-  }
-  *residual_pending = false;
-  return absl::OkStatus();
-}
-
 absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
-                                  int64_t seqs, bool decode_only, bool* residual_pending) {
+                                  int64_t seqs, bool decode_only) {
   const ModelConfig& c = config_;
   const LayerWeights& w = layers_[layer];
-  // The input norm: fused into the QKV projection where the skinny kernel runs it (and the
-  // residual stream is up to date), else a kernel of its own.
-  absl::StatusOr<bool> fuse = FusesAround(kQkv, tokens, normed_.get(), qkv_.get(), nullptr);
-  if (!fuse.ok()) return fuse.status();
-  if (*fuse && !*residual_pending) {
-    LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, residual_.get(), qkv_.get(), nullptr,
-                               {.norm_weight = w.input_norm}));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (layer == 0) {
+    kc::RmsNormParams norm{.input = residual_.get(), .weight = w.input_norm,
+                           .output = normed_.get(), .num_tokens = tokens,
+                           .hidden_size = c.hidden_size, .epsilon = eps, .dtype = kernel_dtype_};
+    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "RMSNorm");
   } else {
-    LMSERVE_STATUS_RETURN(Norm(w.input_norm, tokens, residual_pending, "input norm"));
-    LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
+    kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
+                                   .weight = w.input_norm, .output = normed_.get(),
+                                   .num_tokens = tokens, .hidden_size = c.hidden_size,
+                                   .epsilon = eps, .dtype = kernel_dtype_};
+    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
   }
+  LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
   kc::QkvPostProcessParams post{
       .qkv = qkv_.get(),
       .bias = w.qkv_bias,
@@ -1060,32 +911,15 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
     attn.plan_ready = true;  // Forward planned the step
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "prefill attention");
   }
-  // The output projections add into the residual stream themselves on the skinny kernel; else
-  // projected_ waits for the next norm to add it.
-  if (fuse = FusesAround(kOut, tokens, attention_.get(), projected_.get(), nullptr); !fuse.ok()) {
-    return fuse.status();
-  }
-  LMSERVE_STATUS_RETURN(Gemm(kOut, layer, tokens, attention_.get(), projected_.get(), nullptr,
-                             {.residual_add = *fuse}));
-  *residual_pending = !*fuse;
-  if (fuse = FusesAround(kGateUp, tokens, normed_.get(), gate_up_.get(), activation_.get());
-      !fuse.ok()) {
-    return fuse.status();
-  }
-  if (*fuse && !*residual_pending) {
-    LMSERVE_STATUS_RETURN(Gemm(kGateUp, layer, tokens, residual_.get(), gate_up_.get(),
-                               activation_.get(), {.norm_weight = w.post_norm}));
-  } else {
-    LMSERVE_STATUS_RETURN(Norm(w.post_norm, tokens, residual_pending, "post-attention norm"));
-    LMSERVE_STATUS_RETURN(
-        Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
-  }
-  if (fuse = FusesAround(kDown, tokens, activation_.get(), projected_.get(), nullptr); !fuse.ok()) {
-    return fuse.status();
-  }
-  LMSERVE_STATUS_RETURN(Gemm(kDown, layer, tokens, activation_.get(), projected_.get(), nullptr,
-                             {.residual_add = *fuse}));
-  *residual_pending = !*fuse;
+  LMSERVE_STATUS_RETURN(Gemm(kOut, layer, tokens, attention_.get(), projected_.get()));
+  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
+                                 .weight = w.post_norm, .output = normed_.get(),
+                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
+                                 .epsilon = eps, .dtype = kernel_dtype_};
+  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
+  LMSERVE_STATUS_RETURN(
+      Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
+  LMSERVE_STATUS_RETURN(Gemm(kDown, layer, tokens, activation_.get(), projected_.get()));
   return absl::OkStatus();
 }
 
@@ -1101,14 +935,18 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
     LMSERVE_CUDA_RETURN(kc::LaunchPrefillPlan(PrefillParams(layout, 0, tokens, seqs), stream_),
                         "prefill plan");
   }
-  bool residual_pending = false;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    LMSERVE_STATUS_RETURN(RunLayer(layer, layout, tokens, seqs, decode_only, &residual_pending));
+    LMSERVE_STATUS_RETURN(RunLayer(layer, layout, tokens, seqs, decode_only));
   }
   if (rows == 0) return absl::OkStatus();
-  // The last MLP's residual add (unless it made it) and the final norm (every token: cheaper than
-  // a gather first), then the rows that need logits.
-  LMSERVE_STATUS_RETURN(Norm(final_norm_, tokens, &residual_pending, "final norm"));
+  // The last MLP's residual add and the final norm (every token: cheaper than a gather first),
+  // then the rows that need logits.
+  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
+                                 .weight = final_norm_, .output = normed_.get(),
+                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
+                                 .epsilon = static_cast<float>(c.rms_norm_eps),
+                                 .dtype = kernel_dtype_};
+  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "final norm");
   const void* hidden_rows = normed_.get();
   if (!rows_are_tokens) {
     kc::EmbeddingParams gather{.table = normed_.get(), .ids = In<int32_t>(layout.logits_rows),
@@ -1385,7 +1223,7 @@ RunnerStats CudaRunner::stats() const {
   s.workspace_bytes = residual_.bytes() + normed_.bytes() + projected_.bytes() + rows_.bytes() +
                       qkv_.bytes() + attention_.bytes() + gate_up_.bytes() + activation_.bytes() +
                       logits_.bytes() + d_inputs_.bytes() + decode_workspace_.bytes() +
-                      gemm_workspace_.bytes() + stream_workspace_.bytes() + cos_sin_.bytes();
+                      gemm_workspace_.bytes() + cos_sin_.bytes();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     s.device_memory_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);

@@ -195,7 +195,7 @@ __device__ __forceinline__ float BlockMax(float x, float* scratch) {
 // without waiting would break this chain).
 // AllowDependentLaunch() lets the next kernel launch once every block of this grid has called it
 // (or exited). The kernels call it right after their wait, which keeps at most two kernels
-// resident at once. (Calling it first thing, so that a chain of small kernels could be resident
+// resident at once; the skinny GEMM, later (skinny_gemm.cu says why). (Calling it first thing, so that a chain of small kernels could be resident
 // ahead of the running one, was measured slower: an H200 took 4.74 instead of 4.34 ms for a
 // batch-1 decode step of Llama-3-8B's shapes.) Both are no-ops in a kernel launched without the
 // attribute (older GPUs, $LMSERVE_PDL=0, or plain <<<>>>).
@@ -214,21 +214,10 @@ __device__ __forceinline__ void BeginDependentKernel() {
   WaitForPriorKernels();
   AllowDependentLaunch();
 }
-// The same for a short kernel that a stream GEMM (stream_gemm.h) may follow: with `early`, the
-// next kernel may launch before this one waits, so that the GEMM's blocks fill their rings with
-// weights while this kernel and the one before it still run.
-__device__ __forceinline__ void BeginDependentKernel(bool early) {
-  if (early) AllowDependentLaunch();
-  WaitForPriorKernels();
-  if (!early) AllowDependentLaunch();
-}
 
 // Whether LaunchKernel asks for programmatic dependent launch: on sm_90+ devices unless
 // $LMSERVE_PDL is 0. Decided once per process (for the current device at the first call).
 bool ProgrammaticLaunchEnabled();
-// The `early` of BeginDependentKernel(bool) for the kernels that take it, by kind ("norm",
-// "merge"): $LMSERVE_PDL_EARLY lists the kinds (or is 1 for all; default none). Read once.
-bool EarlyDependentLaunch(const char* kind);
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where
 // enabled; the kernel must keep the contract above.

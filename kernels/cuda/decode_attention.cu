@@ -26,7 +26,6 @@ struct DecodeArgs {
   int num_heads, num_kv_heads, group_size, head_chunks, block_size, max_splits;
   int64_t query_stride;
   float scale_log2;  // scale * log2(e): scores are kept in the log2 domain for exp2f
-  bool early_dependents;  // the merge lets the next kernel launch before it waits
 };
 
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
@@ -254,7 +253,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, int head_dim) {
   __shared__ float s_weight[kDecodeMaxSplits];
   __shared__ float scratch[32];
-  BeginDependentKernel(a.early_dependents);
+  BeginDependentKernel();
   const int head = blockIdx.x, seq = blockIdx.y;
   const DecodeSplit plan = DecodeSplitPlan(a.context_lens[seq], a.max_splits);
   if (plan.num_splits <= 1) return;
@@ -357,7 +356,6 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.max_splits = p.max_splits;
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  a.early_dependents = EarlyDependentLaunch("merge");
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {

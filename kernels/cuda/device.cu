@@ -1,7 +1,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <string>
 #include <string_view>
 
 #include "kernels/cuda/common.cuh"
@@ -40,14 +39,6 @@ bool ProgrammaticLaunchEnabled() {
     return major >= 9;
   }();
   return enabled;
-}
-
-bool EarlyDependentLaunch(const char* kind) {
-  static const std::string early = [] {
-    const char* env = std::getenv("LMSERVE_PDL_EARLY");
-    return std::string(env != nullptr ? env : "0");
-  }();
-  return early == "1" || early.find(kind) != std::string::npos;
 }
 
 }  // namespace lmserve::kernels::cuda

@@ -15,10 +15,10 @@ template <typename T, int kVecs, bool kFused>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const T* input, int64_t input_stride, T* __restrict__ residual,
                   const T* __restrict__ weight, T* output, int64_t output_stride, int hidden_size,
-                  float epsilon, bool early_dependents) {
+                  float epsilon) {
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
   __shared__ Acc scratch[32];
-  BeginDependentKernel(early_dependents);
+  BeginDependentKernel();
   const int64_t token = blockIdx.x;
   const int num_vecs = hidden_size / 8;
   const T* in_row = input + token * input_stride;
@@ -77,7 +77,7 @@ cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const 
   const int hidden = static_cast<int>(hidden_size);
   auto launch = [&](auto kernel) {
     return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
-                        output, output_stride, hidden, epsilon, EarlyDependentLaunch("norm"));
+                        output, output_stride, hidden, epsilon);
   };
   if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, 1, kFused>);
   if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, 2, kFused>);

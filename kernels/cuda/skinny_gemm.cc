@@ -26,20 +26,7 @@ absl::Status SkinnyGemmParams::Validate() const {
   if (xs < k || xs % 8 != 0 || ys < y_columns) {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
-  if (norm_weight != nullptr || residual != nullptr) {
-    if (input_dtype != DType::kBF16 || output_dtype != DType::kBF16) {
-      return KernelError("SkinnyGemm", "the fused norm and residual add are bf16 only");
-    }
-    if (residual != nullptr && (silu_and_mul || norm_weight != nullptr)) {
-      return KernelError("SkinnyGemm", "the residual add goes with a plain product only");
-    }
-    if (norm_weight != nullptr && (!Aligned16(norm_weight) || !(norm_epsilon > 0))) {
-      return KernelError("SkinnyGemm", "the norm weight must be 16-byte aligned, epsilon > 0");
-    }
-  }
-  if (x == nullptr || w == nullptr || (y == nullptr && residual == nullptr)) {
-    return KernelError("SkinnyGemm", "null pointer");
-  }
+  if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
   if (!Aligned16(x) || !Aligned16(w)) {
     return KernelError("SkinnyGemm", "x and W must be 16-byte aligned");
   }

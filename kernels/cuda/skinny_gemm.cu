@@ -1,10 +1,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <string_view>
-#include <type_traits>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -26,28 +22,14 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
   *p = v;
 }
 
-// What a launch fuses around the product (SkinnyGemmParams): the RMSNorm in front, the residual
-// add behind.
-struct Fusion {
-  const void* norm_weight;
-  float norm_epsilon;
-  void* residual;
-  bool late_dependents;  // let the next kernel launch after the dot products, not at the start
-  bool prefetch_l2;      // ask for the warp's rows in the L2 before waiting for the last kernel
-};
-
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
 // column j = b * kWarps + w: the gate row j and the up row j + n / 2.
-// A kernel that streams W keeps as many bytes in flight as it has warps resident: for one row,
-// four blocks a multiprocessor (64 registers a thread; the fused norm's sums would otherwise take
-// it to 80 and three blocks, which cost an H200 a tenth of the bandwidth).
-template <typename T, typename OutT, int M, bool kSiluAndMul, bool kNorm, bool kResidual>
-__global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
+template <typename T, typename OutT, int M, bool kSiluAndMul>
+__global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
-                     int n, int k, int64_t x_stride, int64_t y_stride, Fusion fusion) {
+                     int n, int k, int64_t x_stride, int64_t y_stride) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
-  static_assert(!kResidual || (!kSiluAndMul && std::is_same_v<OutT, T>), "residual add");
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
@@ -57,11 +39,7 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
   const int chunks = k / 8;
-  const T* norm_weight = static_cast<const T*>(fusion.norm_weight);
   float acc[kRowsPerWarp][M];
-  float squares[M];  // kNorm: this lane's share of each token's sum of squares
-#pragma unroll
-  for (int t = 0; t < M; ++t) squares[t] = 0.0f;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -70,22 +48,6 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
   const T* w_rows[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) w_rows[r] = w + int64_t{row0 + r * row_step} * k;
-
-  // One 16-byte piece of x (token t, piece c) for the dot products: with kNorm, its squares
-  // summed first, then multiplied by the norm weight.
-  auto x_piece = [&](int t, int c, const float (&g)[8], float (&xf)[8]) {
-    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
-    if constexpr (kNorm) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        squares[t] = fmaf(xf[e], xf[e], squares[t]);
-        xf[e] *= g[e];
-      }
-    }
-  };
-  auto norm_piece = [&](int c, float (&g)[8]) {
-    if constexpr (kNorm) Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(norm_weight + c * 8)), g);
-  };
 
   uint4 wv[kUnroll][kRowsPerWarp];
   auto load_w = [&](int c) {
@@ -98,25 +60,16 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
   // The weights do not depend on the previous kernel: the first pieces are requested before
   // waiting for it (programmatic dependent launch, common.cuh).
   int c = lane;
-  if (fusion.prefetch_l2 && lane < kRowsPerWarp) {
-    // The whole row, while the previous kernel runs (it does not write W): one bulk prefetch.
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w_rows[lane]),
-                 "r"(static_cast<uint32_t>(k) * static_cast<uint32_t>(sizeof(T)))
-                 : "memory");
-  }
   if (c + 32 * (kUnroll - 1) < chunks) load_w(c);
   WaitForPriorKernels();
-  if (!fusion.late_dependents) AllowDependentLaunch();
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
     if (c != lane) load_w(c);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      float g[8];
-      norm_piece(c + 32 * u, g);
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         float xf[8];
-        x_piece(t, c + 32 * u, g, xf);
+        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + (c + 32 * u) * 8)), xf);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
           float wf[8];
@@ -131,12 +84,10 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     uint4 wv[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) wv[r] = LoadStream16(w_rows[r] + c * 8);
-    float g[8];
-    norm_piece(c, g);
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       float xf[8];
-      x_piece(t, c, g, xf);
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         float wf[8];
@@ -146,21 +97,15 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
       }
     }
   }
-  if (fusion.late_dependents) AllowDependentLaunch();
+  // The next kernel may launch once every warp has read its share of W: later than the usual
+  // right-after-the-wait (common.cuh), so that its blocks (often another GEMM's, streaming too)
+  // do not take the memory from this one's. An H200, Llama-3-8B's shapes at batch 1: 4.15 ms a
+  // step against 4.21.
+  AllowDependentLaunch();
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
-  }
-  if constexpr (kNorm) {
-    // Every warp sums the same pieces in the same order: all of them scale a token alike.
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-      const float inv_rms =
-          rsqrtf(WarpSum(squares[t]) / static_cast<float>(k) + fusion.norm_epsilon);
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] *= inv_rms;
-    }
   }
   if constexpr (kSiluAndMul) {
     if (lane == 0) {
@@ -177,19 +122,12 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     for (int r = 0; r < kRowsPerWarp; ++r) {
       if (row0 + r >= n) continue;
 #pragma unroll
-      for (int t = 0; t < M; ++t) {
-        if constexpr (kResidual) {
-          T* at = static_cast<T*>(fusion.residual) + t * y_stride + row0 + r;
-          *at = FromFloat<T>(ToFloat(FromFloat<T>(acc[r][t])) + ToFloat(*at));
-        } else {
-          Store(y + t * y_stride + row0 + r, acc[r][t]);
-        }
-      }
+      for (int t = 0; t < M; ++t) Store(y + t * y_stride + row0 + r, acc[r][t]);
     }
   }
 }
 
-template <typename T, typename OutT, bool kSiluAndMul, bool kNorm, bool kResidual>
+template <typename T, typename OutT, bool kSiluAndMul>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
@@ -199,16 +137,11 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-  static const bool late = [] {
-    const char* env = std::getenv("LMSERVE_SKINNY_TRIGGER");
-    return env == nullptr || std::string_view(env) != "start";
-  }();
-  const Fusion fusion{p.norm_weight, p.norm_epsilon, p.residual, late, p.prefetch_l2};
   switch (p.m) {
-#define LMSERVE_SKINNY_CASE(M)                                                                 \
-  case M:                                                                                      \
-    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kNorm, kResidual>, blocks,   \
-                        kThreads, 0, stream, x, w, y, n, k, x_stride, y_stride, fusion);
+#define LMSERVE_SKINNY_CASE(M)                                                          \
+  case M:                                                                               \
+    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul>, blocks, kThreads, 0, stream, \
+                        x, w, y, n, k, x_stride, y_stride);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)
@@ -227,25 +160,12 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
 
 cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
-  // Validate() allows the activation and the fusions with the input type out only, and the
-  // fusions with bf16 only.
-  if (p.input_dtype == DType::kBF16) {
-    using T = __nv_bfloat16;
-    const bool norm = p.norm_weight != nullptr;
-    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false, false, false>(p, stream);
-    if (p.silu_and_mul) {
-      return norm ? LaunchTyped<T, T, true, true, false>(p, stream)
-                  : LaunchTyped<T, T, true, false, false>(p, stream);
-    }
-    if (p.residual != nullptr) return LaunchTyped<T, T, false, false, true>(p, stream);
-    return norm ? LaunchTyped<T, T, false, true, false>(p, stream)
-                : LaunchTyped<T, T, false, false, false>(p, stream);
-  }
   return DispatchActivationDType(p.input_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false, false, false>(p, stream);
-    if (p.silu_and_mul) return LaunchTyped<T, T, true, false, false>(p, stream);
-    return LaunchTyped<T, T, false, false, false>(p, stream);
+    // Validate() allows the activation with the input type out only.
+    if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false>(p, stream);
+    if (p.silu_and_mul) return LaunchTyped<T, T, true>(p, stream);
+    return LaunchTyped<T, T, false>(p, stream);
   });
 }
 

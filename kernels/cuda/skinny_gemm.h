@@ -6,9 +6,8 @@
 // each piece with the m rows of x (small, read through L1), and keeps m x 2 fp32 sums that a warp
 // reduction finishes. cuBLASLt's kernels for m = 1..8 are GEMM tilings that leave part of the
 // bandwidth unused; the runner times both at start-up and keeps the faster per shape. With
-// silu_and_mul a warp takes a gate row and its up row instead, and writes the activation. The
-// decoder's RMSNorm can be fused in front and its residual add behind (a decode step then needs
-// no norm kernels). bf16 or fp16 x and W; y in the same type or fp32 (logits).
+// silu_and_mul a warp takes a gate row and its up row instead, and writes the activation.
+// bf16 or fp16 x and W; y in the same type or fp32 (logits).
 
 #ifndef LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
 #define LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
@@ -40,21 +39,6 @@ struct SkinnyGemmParams {
   // input type first as a separate SiLU-and-mul kernel (activation.h) would see it. y_stride
   // then counts n/2 columns; the output type must be the input type.
   bool silu_and_mul = false;
-  // The decoder's RMSNorm fused in front (bf16 only): x is the residual stream h, and the product
-  // is y = (h / sqrt(mean(h^2) + norm_epsilon) * norm_weight) W^T. Every warp reads all of a row
-  // of h for its dot products anyway; it sums the squares of the same pieces and scales its sums
-  // once at the end (the normalized row is never rounded to bf16, as a separate RmsNorm kernel
-  // would round it: a little more accurate, not bit-identical).
-  const void* norm_weight = nullptr;  // [k]; device, 16-byte aligned; null: no norm
-  float norm_epsilon = 1e-6f;
-  // The residual add fused behind (bf16 only, not with silu_and_mul or an fp32 output):
-  // residual[t, j] = bf16(residual[t, j] + bf16(y[t, j])), in place, exactly as
-  // FusedAddRmsNorm (norm.h) adds its input; y itself is not written (may be null).
-  void* residual = nullptr;  // [m, n], row stride y_stride; device
-  // Each warp asks for its rows of W in the L2 (bulk prefetch, sm_90) before it waits for the
-  // previous kernel: for a W that fits in the L2 behind a kernel that leaves the memory idle
-  // (decode attention), most of it arrives before the product starts.
-  bool prefetch_l2 = false;
 
   absl::Status Validate() const;
 };

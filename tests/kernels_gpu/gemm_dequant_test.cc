@@ -1,7 +1,6 @@
 // cuBLASLt GEMM plans (bf16, and true fp32) and the skinny GEMM against the CPU linear layer, and
 // dequantization to bf16 and to fp32 bit for bit against the CPU's llama.cpp-exact dequantization.
 
-#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -12,11 +11,9 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/linear.h"
-#include "kernels/cpu/norm.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -245,120 +242,6 @@ TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
   bad.silu_and_mul = true;
   bad.output_dtype = DType::kF32;
   EXPECT_FALSE(bad.Validate().ok());
-}
-
-// The fused RMSNorm in front: against the CPU's RMSNorm (unrounded) and linear layer, and close
-// to the RmsNorm kernel followed by the plain skinny GEMM (which rounds the normalized row to
-// bf16 in between, hence not bit for bit); with the SiLU epilogue too.
-TEST(SkinnyGemmGpuTest, FusedRmsNormInFront) {
-  LMSERVE_REQUIRE_GPU();
-  for (bool silu : {false, true}) {
-    for (int64_t m : {1, 2, 5, 8}) {
-      for (auto [n, k] : {std::pair<int64_t, int64_t>{1032, 264}, {6144, 4096}, {130, 14336}}) {
-        const uint32_t seed = FreshSeed();
-        SCOPED_TRACE(::testing::Message() << "silu " << silu << " m " << m << " n " << n << " k "
-                                          << k << " seed " << seed);
-        std::mt19937 rng(seed);
-        // A residual stream with a large, uneven scale (as real ones have), a norm weight near 1.
-        std::vector<float> h = RandomFloats(m * k, rng, 3.0f), g = RandomFloats(k, rng, 0.2f, 1.0f);
-        std::vector<float> w = RandomFloats(n * k, rng, 0.05f);
-        DeviceBuffer<uint16_t> d_h(RoundToHalf(h, DType::kBF16)), d_g(RoundToHalf(g, DType::kBF16)),
-            d_w(RoundToHalf(w, DType::kBF16));
-        std::vector<float> normed(m * k);
-        kernels::RmsNormParams cpu_norm;
-        cpu_norm.input = h.data();
-        cpu_norm.weight = g.data();
-        cpu_norm.output = normed.data();
-        cpu_norm.num_tokens = m;
-        cpu_norm.hidden_size = k;
-        cpu_norm.epsilon = 1e-5f;
-        kernels::RmsNorm(cpu_norm);
-        std::vector<float> ref = CpuLinear(normed, w, m, n, k);
-        const int64_t out_cols = silu ? n / 2 : n;
-        if (silu) {
-          std::vector<float> act(m * out_cols);
-          kernels::SiluAndMulParams p{.gate_up = ref.data(), .output = act.data(),
-                                      .num_tokens = m, .intermediate_size = out_cols};
-          kernels::SiluAndMul(p);
-          ref = act;
-        }
-        // The unfused path on the GPU: the RmsNorm kernel, then the plain skinny GEMM.
-        DeviceBuffer<uint16_t> d_normed(m * k), d_unfused(m * out_cols), d_fused(m * out_cols);
-        RmsNormParams gpu_norm{.input = d_h.get(), .weight = d_g.get(), .output = d_normed.get(),
-                               .num_tokens = m, .hidden_size = k, .epsilon = 1e-5f};
-        CUDA_ASSERT(Launch(gpu_norm, nullptr));
-        SkinnyGemmParams p{.x = d_normed.get(), .w = d_w.get(), .y = d_unfused.get(), .m = m,
-                           .n = n, .k = k};
-        p.silu_and_mul = silu;
-        CUDA_ASSERT(Launch(p, nullptr));
-        d_fused.Poison();
-        p.x = d_h.get();
-        p.y = d_fused.get();
-        p.norm_weight = d_g.get();
-        p.norm_epsilon = 1e-5f;
-        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-        CUDA_ASSERT(Launch(p, nullptr));
-        CUDA_ASSERT(cudaDeviceSynchronize());
-        const std::vector<float> fused = HalfToFloat(d_fused.Download(), DType::kBF16);
-        EXPECT_LE(RelativeL2(fused, ref), 1e-2);
-        EXPECT_LE(RelativeL2(fused, HalfToFloat(d_unfused.Download(), DType::kBF16)), 1e-2);
-      }
-    }
-  }
-}
-
-// The fused residual add behind: bit for bit the plain skinny GEMM's bf16 output added to the
-// residual in fp32 and rounded, as FusedAddRmsNorm adds it; y is not written.
-TEST(SkinnyGemmGpuTest, FusedResidualAddBehind) {
-  LMSERVE_REQUIRE_GPU();
-  for (int64_t m : {1, 3, 8}) {
-    for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 4096}, {1034, 264}}) {
-      const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " seed " << seed);
-      std::mt19937 rng(seed);
-      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
-      std::vector<float> r = RandomFloats(m * n, rng, 4.0f);
-      const std::vector<uint16_t> r_bits = RoundToHalf(r, DType::kBF16);
-      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
-      DeviceBuffer<uint16_t> d_y(m * n), d_r(r_bits);
-      SkinnyGemmParams p{.x = d_x.get(), .w = d_w.get(), .y = d_y.get(), .m = m, .n = n, .k = k};
-      CUDA_ASSERT(Launch(p, nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      const std::vector<uint16_t> y = d_y.Download();
-      d_y.Poison();
-      p.y = nullptr;
-      p.residual = d_r.get();
-      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-      CUDA_ASSERT(Launch(p, nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      std::vector<uint16_t> expected(m * n);
-      for (size_t i = 0; i < expected.size(); ++i) {
-        expected[i] = F32ToBf16(Bf16ToF32(y[i]) + Bf16ToF32(r_bits[i]));
-      }
-      EXPECT_EQ(d_r.Download(), expected);
-      const std::vector<uint16_t> untouched = d_y.Download();
-      EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(),
-                              [](uint16_t b) { return b == 0xffff; }))
-          << "y was written";
-    }
-  }
-  SkinnyGemmParams bad{.x = reinterpret_cast<void*>(256), .w = reinterpret_cast<void*>(256),
-                       .y = nullptr, .m = 1, .n = 8, .k = 8};
-  bad.residual = reinterpret_cast<void*>(256);
-  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
-  bad.silu_and_mul = true;
-  EXPECT_FALSE(bad.Validate().ok());
-  bad.silu_and_mul = false;
-  bad.output_dtype = DType::kF32;
-  EXPECT_FALSE(bad.Validate().ok());
-  bad.output_dtype = DType::kBF16;
-  bad.norm_weight = reinterpret_cast<void*>(256);
-  EXPECT_FALSE(bad.Validate().ok());  // norm and residual add in one launch
-  bad.residual = nullptr;
-  bad.y = reinterpret_cast<void*>(256);
-  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
-  bad.input_dtype = bad.output_dtype = DType::kF16;
-  EXPECT_FALSE(bad.Validate().ok());  // the fusions are bf16 only
 }
 
 // Random blocks of each type with finite fp16 scales.
