@@ -26,6 +26,7 @@ struct DecodeArgs {
   int num_heads, num_kv_heads, group_size, head_chunks, block_size, max_splits;
   int64_t query_stride;
   float scale_log2;  // scale * log2(e): scores are kept in the log2 domain for exp2f
+  bool tiles_in_one_block;  // block_size is a multiple of kTileN: a tile's keys share a block
 };
 
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
@@ -64,7 +65,10 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   __shared__ float s_m[kWarps][kRows];
   __shared__ float s_l[kWarps][kRows];
 
-  BeginDependentKernel();
+  // Before waiting for the previous kernel (QKV post-processing, which writes only the new
+  // token's K and V), a block reads its sequence's length and table (step inputs, copied before
+  // the step's first kernel) and starts loading its first tiles of the cache; the row of the new
+  // token, if one of them holds it, and the query only after the wait.
   const int split = blockIdx.x;
   const int kv_head = blockIdx.y / a.head_chunks;
   const int chunk = blockIdx.y - kv_head * a.head_chunks;
@@ -75,12 +79,16 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   const int heads_here = min(kRows, a.group_size - chunk * kRows);
   T* output = static_cast<T*>(a.output) + (int64_t{seq} * a.num_heads + head0) * kHeadDim;
   if (plan.num_splits == 0) {  // no keys: a zero output, written by the first split's block
+    BeginDependentKernel();
     if (split == 0) {
       for (int i = threadIdx.x; i < heads_here * kHeadDim; i += kThreads) output[i] = FromFloat<T>(0.0f);
     }
     return;
   }
-  if (split >= plan.num_splits) return;
+  if (split >= plan.num_splits) {
+    BeginDependentKernel();
+    return;
+  }
   const int begin = split * plan.chunk_len;
   const int end = min(context_len, begin + plan.chunk_len);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -93,29 +101,60 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
-  auto load = [&](int j) {
+  const int new_key = context_len - 1;  // written by the previous kernel
+  // Tile j's keys into its stage; `which`: all of them, all but the new key, or the new key only.
+  enum Rows { kAll, kAllButNew, kNewOnly };
+  auto load = [&](int j, Rows which) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
     T* dst_k = ring + (j % kStages) * 2 * Shape::kTileElements;
     T* dst_v = dst_k + Shape::kTileElements;
+    // With every tile inside one cache block (tiles start at multiples of kTileN), one table
+    // lookup serves the tile and its keys' slots follow one another; else a lookup per key.
+    int64_t tile_base = 0;
+    if (a.tiles_in_one_block) {
+      const int block_index = t0 / a.block_size;
+      tile_base = (int64_t{table[block_index]} * a.block_size + (t0 - block_index * a.block_size)) *
+                      token_stride +
+                  int64_t{kv_head} * kHeadDim;
+    }
 #pragma unroll
     for (int c = lane; c < kTileN * kChunks; c += 32) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
       const int pos = t0 + r;
+      if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) {
+        continue;
+      }
       const bool valid = pos < end;
       int64_t offset = 0;
       if (valid) {
-        const int block_index = pos / a.block_size;
-        const int64_t slot =
-            int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-        offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
+        if (a.tiles_in_one_block) {
+          offset = tile_base + r * token_stride + col;
+        } else {
+          const int block_index = pos / a.block_size;
+          const int64_t slot =
+              int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+          offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
+        }
       }
       CpAsync16(dst_k + r * kStride + col, key_cache + offset, valid);
       CpAsync16(dst_v + r * kStride + col, value_cache + offset, valid);
     }
   };
+  // The first kStages - 1 tiles before the wait, all in the first commit group (the empty groups
+  // after it keep the ring's count: waiting for group j then waits for at least tile j).
+  bool new_key_early = false;  // the new key falls in one of those tiles
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
-    if (j < my_tiles) load(j);
+    if (j < my_tiles) {
+      load(j, kAllButNew);
+      const int t0 = begin + (warp + j * kWarps) * kTileN;
+      new_key_early |= t0 <= new_key && new_key < t0 + kTileN;
+    }
+  }
+  BeginDependentKernel();
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (new_key_early && j < my_tiles) load(j, kNewOnly);
     CpAsyncCommit();
   }
   // The query rows (zero past the group), shared by the warps.
@@ -134,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row of this lane
 
   for (int j = 0; j < my_tiles; ++j) {
-    if (j + kStages - 1 < my_tiles) load(j + kStages - 1);
+    if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll);
     CpAsyncCommit();
     CpAsyncWait<kStages - 1>();
     __syncwarp();
@@ -356,6 +395,7 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.max_splits = p.max_splits;
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.tiles_in_one_block = p.block_size % DecodeShape<128>::kTileN == 0;
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {

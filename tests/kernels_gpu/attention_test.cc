@@ -36,6 +36,7 @@ struct PagedBatch {
       : dtype(dtype_in), num_heads(heads), num_kv_heads(kv_heads), head_dim(dim) {}
   DType dtype;
   int64_t num_heads, num_kv_heads, head_dim, num_blocks = 0;
+  int64_t block_size = kBlockSize;  // tokens per cache block
   std::vector<int32_t> query_start{0}, context_lens, table_start{0}, table_ids;
   std::vector<float> query, key_cache, value_cache;
   DeviceBuffer<uint8_t> d_query, d_key, d_value;
@@ -49,7 +50,8 @@ struct PagedBatch {
 void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& seqs,
                 std::mt19937& rng) {
   int64_t blocks_needed = 0;
-  for (const auto& [q, ctx] : seqs) blocks_needed += (ctx + kBlockSize - 1) / kBlockSize;
+  const int64_t bs = b.block_size;
+  for (const auto& [q, ctx] : seqs) blocks_needed += (ctx + bs - 1) / bs;
   b.num_blocks = blocks_needed + 5;
   std::vector<int32_t> pool(b.num_blocks);
   std::iota(pool.begin(), pool.end(), 0);
@@ -58,10 +60,10 @@ void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& s
   for (const auto& [q, ctx] : seqs) {
     b.query_start.push_back(b.query_start.back() + q);
     b.context_lens.push_back(ctx);
-    for (int64_t j = 0; j < (ctx + kBlockSize - 1) / kBlockSize; ++j) b.table_ids.push_back(pool[next++]);
+    for (int64_t j = 0; j < (ctx + bs - 1) / bs; ++j) b.table_ids.push_back(pool[next++]);
     b.table_start.push_back(static_cast<int32_t>(b.table_ids.size()));
   }
-  const int64_t kv_elements = b.num_blocks * kBlockSize * b.num_kv_heads * b.head_dim;
+  const int64_t kv_elements = b.num_blocks * bs * b.num_kv_heads * b.head_dim;
   b.query = RandomFloats(b.num_tokens() * b.num_heads * b.head_dim, rng);
   b.key_cache = RandomFloats(kv_elements, rng);
   b.value_cache = RandomFloats(kv_elements, rng);
@@ -95,7 +97,7 @@ std::vector<float> CpuAttention(const PagedBatch& b) {
   p.num_heads = b.num_heads;
   p.num_kv_heads = b.num_kv_heads;
   p.head_dim = b.head_dim;
-  p.block_size = kBlockSize;
+  p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
   p.max_context_len = max_context;
   p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
@@ -119,7 +121,7 @@ DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* work
   p.num_heads = b.num_heads;
   p.num_kv_heads = b.num_kv_heads;
   p.head_dim = b.head_dim;
-  p.block_size = kBlockSize;
+  p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
   p.max_splits = max_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
@@ -130,13 +132,15 @@ DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* work
 constexpr int32_t kLengths[] = {1, 15, 16, 17, 97, 4099};
 
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
-                   int64_t head_dim) {
+                   int64_t head_dim, int64_t block_size = kBlockSize) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
                                     << num_kv_heads << " group " << group << " head_dim "
-                                    << head_dim << " seed " << seed);
+                                    << head_dim << " block size " << block_size << " seed "
+                                    << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
+  b.block_size = block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;
   for (int64_t i = 0; i < batch; ++i) seqs.push_back({1, kLengths[(i + 5) % 6]});
   BuildBatch(b, seqs, rng);
@@ -165,6 +169,16 @@ TEST(DecodeAttentionGpuTest, MatchesCpuEveryHeadDimAndGqaRatio) {
     for (int64_t group : {1, 4, 8}) {
       for (int64_t batch : {1, 17, 64}) RunDecodeCase(DType::kBF16, batch, 2, group, head_dim);
     }
+  }
+}
+
+// Cache blocks of 16 keys and multiples (a tile of keys in one block: one table lookup a tile)
+// and of other sizes (a lookup a key, tiles across blocks).
+TEST(DecodeAttentionGpuTest, BlockSizesOnAndOffTheTile) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t block_size : {5, 16, 24, 32, 48}) {
+    RunDecodeCase(DType::kBF16, 17, 2, 4, 128, block_size);
+    RunDecodeCase(DType::kBF16, 3, 1, 8, 64, block_size);
   }
 }
 
@@ -243,7 +257,7 @@ void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t he
   p.num_heads = b.num_heads;
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
-  p.block_size = kBlockSize;
+  p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   p.dtype = dtype;
@@ -312,7 +326,7 @@ PagedAttentionF32Params F32Params(const PagedBatch& b, void* output) {
   p.num_heads = b.num_heads;
   p.num_kv_heads = b.num_kv_heads;
   p.head_dim = b.head_dim;
-  p.block_size = kBlockSize;
+  p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
   p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
   return p;
