@@ -723,6 +723,11 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
   const std::string_view force = forced != nullptr ? forced : "auto";
   if (force == "blas" || !skinny_ok) return gemm_kernel_[key] = GemmKernel::kBlas;
   if (force == "skinny") return gemm_kernel_[key] = GemmKernel::kSkinny;
+  // One row of a decoder layer: the skinny kernel, untimed. Timed alone, cuBLASLt's split-K
+  // kernels for the down projection sometimes came out ahead on H200s, by as much as 5%; in the
+  // step, where the skinny kernel overlaps its launch and first loads with the kernel before it,
+  // they ran 1.5-3 us a layer slower every time (kernel timelines of lmserve-model-bench).
+  if (m == 1 && projection != kLmHead) return gemm_kernel_[key] = GemmKernel::kSkinny;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_CUDA_RETURN(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) return GemmKernel::kBlas;
@@ -768,13 +773,7 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
     std::sort(times[i].begin(), times[i].end());
     median[i] = times[i][times[i].size() / 2];
   }
-  // At one row cuBLASLt must win by a margin: timed alone, it does not show what the skinny
-  // kernel gains in a step, where it overlaps its launch and first loads with the kernel before
-  // it. (H200s timed cuBLASLt's down projection at one row a little faster alone, then ran it
-  // 3-5 us a layer slower in the step. At two rows the same margin cost 0.25 ms a step: there
-  // the times alone decide.)
-  const float margin = m == 1 ? 0.95f : 1.0f;
-  const GemmKernel best = median[0] < margin * median[1] ? GemmKernel::kBlas : GemmKernel::kSkinny;
+  const GemmKernel best = median[0] < median[1] ? GemmKernel::kBlas : GemmKernel::kSkinny;
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   LMSERVE_CUDA_RETURN(cudaGetLastError(), "timing the GEMMs");

@@ -292,17 +292,40 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, int head_dim) {
   __shared__ float s_weight[kDecodeMaxSplits];
   __shared__ float scratch[32];
-  BeginDependentKernel();
   const int head = blockIdx.x, seq = blockIdx.y;
-  const DecodeSplit plan = DecodeSplitPlan(a.context_lens[seq], a.max_splits);
+  const DecodeSplit plan = DecodeSplitPlan(a.context_lens[seq], a.max_splits);  // a step input
+  BeginDependentKernel();
   if (plan.num_splits <= 1) return;
   const int64_t base = (int64_t{seq} * a.num_heads + head) * a.max_splits;
+  T* output = static_cast<T*>(a.output) + (int64_t{seq} * a.num_heads + head) * head_dim;
+  // With few splits and a dimension a thread, each thread's partial values are requested with the
+  // log-sum-exps, before the reductions: one round trip to memory.
+  constexpr int kEarly = 32;
+  const bool early = plan.num_splits <= kEarly && head_dim <= kThreads;
+  float early_values[kEarly];
+  if (early && threadIdx.x < head_dim) {
+    const float* partial = a.partial_out + base * head_dim + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < kEarly; ++i) {
+      early_values[i] = i < plan.num_splits ? partial[i * head_dim] : 0.0f;
+    }
+  }
   const float lse = threadIdx.x < plan.num_splits ? a.partial_lse[base + threadIdx.x] : -INFINITY;
   const float max_lse = BlockMax(lse, scratch);
   const float w = threadIdx.x < plan.num_splits ? exp2f(lse - max_lse) : 0.0f;
   if (threadIdx.x < plan.num_splits) s_weight[threadIdx.x] = w;
   const float inv_total = 1.0f / BlockSum(w, scratch);  // BlockSum's barriers publish s_weight
-  T* output = static_cast<T*>(a.output) + (int64_t{seq} * a.num_heads + head) * head_dim;
+  if (early) {
+    if (threadIdx.x < head_dim) {
+      float out = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kEarly; ++i) {
+        if (i < plan.num_splits) out += s_weight[i] * early_values[i];
+      }
+      output[threadIdx.x] = FromFloat<T>(out * inv_total);
+    }
+    return;
+  }
   // kUnroll partial results in flight per thread: the loads do not wait on one another.
   constexpr int kUnroll = 8;
   for (int d = threadIdx.x; d < head_dim; d += kThreads) {
