@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   auto s_acc = reinterpret_cast<float (*)[kRows][kHeadDim]>(smem_raw);
   __shared__ float s_m[kWarps][kRows];
   __shared__ float s_l[kWarps][kRows];
+  __shared__ uint64_t s_bar[kWarps][kStages];  // each warp's ring: a stage's keys and values landed
 
   // Before waiting for the previous kernel (QKV post-processing, which writes only the new
   // token's K and V), a block reads its sequence's length and table (step inputs, copied before
@@ -102,47 +103,47 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
   const int new_key = context_len - 1;  // written by the previous kernel
-  // Tile j's keys into its stage; `which`: all of them, all but the new key, or the new key only.
+  // Each warp streams its tiles through its ring with bulk copies: lane r copies key row r and
+  // lane 16 + r value row r of a tile (256 contiguous bytes each at head dim 128), counted off
+  // the stage's mbarrier. Bulk copies skip the load/store unit's limit on outstanding misses that
+  // cp.async is held to (at batch 64 the cp.async ring streamed the cache at 3.2 TB/s). A row
+  // past the split's end copies the tile's first row instead (any finite data: its score is
+  // masked, so its weight is 0).
+  constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
+  constexpr uint32_t kStageTx = 2 * kTileN * kRowBytes;
+  static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) MbarrierInit(&s_bar[warp][s], 1);
+  }
+  __syncwarp();
+  const int row = lane % 16;
+  const T* const cache = lane < 16 ? key_cache : value_cache;
   enum Rows { kAll, kAllButNew, kNewOnly };
+  // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
   auto load = [&](int j, Rows which) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
-    T* dst_k = ring + (j % kStages) * 2 * Shape::kTileElements;
-    T* dst_v = dst_k + Shape::kTileElements;
-    // With every tile inside one cache block (tiles start at multiples of kTileN), one table
-    // lookup serves the tile and its keys' slots follow one another; else a lookup per key.
-    int64_t tile_base = 0;
+    uint64_t* bar = &s_bar[warp][j % kStages];
+    T* dst = ring + (j % kStages) * 2 * Shape::kTileElements +
+             (lane < 16 ? 0 : Shape::kTileElements) + row * kStride;
+    if (which != kNewOnly && lane == 0) MbarrierArriveExpectTx(bar, kStageTx);
+    __syncwarp();
+    int pos = t0 + row;
+    if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
+    if (pos >= end) pos = t0;
+    int64_t slot;
     if (a.tiles_in_one_block) {
       const int block_index = t0 / a.block_size;
-      tile_base = (int64_t{table[block_index]} * a.block_size + (t0 - block_index * a.block_size)) *
-                      token_stride +
-                  int64_t{kv_head} * kHeadDim;
+      slot = int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+    } else {
+      const int block_index = pos / a.block_size;
+      slot = int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
     }
-#pragma unroll
-    for (int c = lane; c < kTileN * kChunks; c += 32) {
-      const int r = c / kChunks, col = (c % kChunks) * 8;
-      const int pos = t0 + r;
-      if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) {
-        continue;
-      }
-      const bool valid = pos < end;
-      int64_t offset = 0;
-      if (valid) {
-        if (a.tiles_in_one_block) {
-          offset = tile_base + r * token_stride + col;
-        } else {
-          const int block_index = pos / a.block_size;
-          const int64_t slot =
-              int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-          offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
-        }
-      }
-      CpAsync16(dst_k + r * kStride + col, key_cache + offset, valid);
-      CpAsync16(dst_v + r * kStride + col, value_cache + offset, valid);
-    }
+    BulkCopy(dst, cache + slot * token_stride + int64_t{kv_head} * kHeadDim, kRowBytes, bar);
   };
-  // The first kStages - 1 tiles before the wait, all in the first commit group (the empty groups
-  // after it keep the ring's count: waiting for group j then waits for at least tile j).
-  bool new_key_early = false;  // the new key falls in one of those tiles
+  // The first kStages - 1 tiles before the wait; the new key's row, if one of them holds it,
+  // after (its stage's phase completes only when it has landed too).
+  bool new_key_early = false;
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     if (j < my_tiles) {
@@ -155,7 +156,6 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     if (new_key_early && j < my_tiles) load(j, kNewOnly);
-    CpAsyncCommit();
   }
   // The query rows (zero past the group), shared by the warps.
   const T* q_base = static_cast<const T*>(a.query) + seq * a.query_stride + int64_t{head0} * kHeadDim;
@@ -174,9 +174,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
 
   for (int j = 0; j < my_tiles; ++j) {
     if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll);
-    CpAsyncCommit();
-    CpAsyncWait<kStages - 1>();
-    __syncwarp();
+    MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
     const T* sk = ring + (j % kStages) * 2 * Shape::kTileElements;
     const T* sv = sk + Shape::kTileElements;
 
@@ -242,7 +240,6 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
     }
     __syncwarp();  // every lane is done with this stage before it is loaded again
   }
-  CpAsyncWait<0>();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);

@@ -1,5 +1,5 @@
-// Tensor-core and asynchronous-copy primitives (sm_80+ PTX): mma.sync m16n8k16 with fp32
-// accumulation, ldmatrix, cp.async. Include only from .cu files.
+// Tensor-core and asynchronous-copy primitives: mma.sync m16n8k16 with fp32 accumulation,
+// ldmatrix, cp.async (sm_80+); mbarriers and bulk copies (sm_90). Include only from .cu files.
 
 #ifndef LMSERVE_KERNELS_CUDA_MMA_CUH_
 #define LMSERVE_KERNELS_CUDA_MMA_CUH_
@@ -56,6 +56,40 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Shared-memory mbarriers and bulk copies (sm_90): a bulk copy moves `bytes` contiguous bytes
+// from global to shared memory and counts them off the barrier's transactions; a phase completes
+// when its arrivals are in and every byte announced with ArriveExpectTx has landed.
+__device__ __forceinline__ void MbarrierInit(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)), "r"(arrivals));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddress(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// REQUIRES: 16-byte aligned addresses, bytes a multiple of 16.
+__device__ __forceinline__ void BulkCopy(void* smem, const void* global, uint32_t bytes,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SmemAddress(smem)),
+      "l"(global), "r"(bytes), "r"(SmemAddress(bar))
+      : "memory");
 }
 
 }  // namespace lmserve::kernels::cuda
