@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_attention.h"
@@ -10,8 +11,7 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kCombineThreads = 128;
 
 struct DecodeArgs {
   const void* query;
@@ -32,35 +32,42 @@ struct DecodeArgs {
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
 // groups take several blocks), so a key's dot products with the whole group are one tensor-core
 // operation. Each warp owns every kWarps-th tile of kTileN keys of the block's split, streams it
-// through its own kStages-deep cp.async ring (no block barrier in the loop) and keeps its own
+// through its own kStages-deep ring of bulk copies (no block barrier in the loop) and keeps its own
 // online softmax (the register layout of prefill_attention.cu's); the warps merge through shared
 // memory at the end. (A CUDA-core kernel with a lane group per key, shuffles for the dot
 // products, was 10-15% slower at batch 64 on an H200: 349 against 302 us for 64 x 4096 keys.)
-template <int kHeadDim>
+//
+// Blocks of 4 warps, or of 2 where a launch has blocks enough without splits (a large batch): all
+// of them then fit on the multiprocessors at once (4 a multiprocessor), and the start and end of
+// a block, where the memory idles, come once per launch instead of once per wave. (Batch 64 at
+// 1024 keys ran at 72% of the copy bandwidth in two waves of 4-warp blocks, and at 87% at 4096
+// keys, whose blocks stream four times longer.)
+template <int kHeadDim, int kWarps_>
 struct DecodeShape {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16;   // query heads per block
   static constexpr int kTileN = 16;  // keys per warp step
   static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
   static constexpr int kTileElements = kTileN * kStride;
   static constexpr int kWarpElements = kStages * 2 * kTileElements;  // [stage][K, V][key][dim]
-  static constexpr int kLoadBytes = (kRows + kWarps * 2 * kStages * kTileN) * kStride * 2;
+  static constexpr int kLoadBytes = kWarps * kWarpElements * 2;
   static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;
   static constexpr int kSmemBytes = kLoadBytes > kMergeBytes ? kLoadBytes : kMergeBytes;
 };
 
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) {
-  using Shape = DecodeShape<kHeadDim>;
+template <typename T, int kHeadDim, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
+  using Shape = DecodeShape<kHeadDim, kWarps>;
+  constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
   constexpr int kTileN = Shape::kTileN;
   constexpr int kStride = Shape::kStride;
   constexpr int kStages = Shape::kStages;
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte pieces per row
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRows][kStride]
-  // After the loop the whole buffer is reused for the merge.
+  // The warps' rings; after the loop the whole buffer is reused for the merge.
   auto s_acc = reinterpret_cast<float (*)[kRows][kHeadDim]>(smem_raw);
   __shared__ float s_m[kWarps][kRows];
   __shared__ float s_l[kWarps][kRows];
@@ -97,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   // This warp's tiles: warp, warp + kWarps, ... of the split's tiles.
   const int num_tiles = (end - begin + kTileN - 1) / kTileN;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
-  T* ring = s_q + kRows * kStride + warp * Shape::kWarpElements;
+  T* ring = reinterpret_cast<T*>(smem_raw) + warp * Shape::kWarpElements;
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
@@ -157,14 +164,23 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
   for (int j = 0; j < kStages - 1; ++j) {
     if (new_key_early && j < my_tiles) load(j, kNewOnly);
   }
-  // The query rows (zero past the group), shared by the warps.
+  // The query rows (zero past the group) as mma.sync A fragments, straight from memory: rows
+  // lane / 4 and lane / 4 + 8, columns 2 (lane % 4) + {0, 1} and 8 further, of each 16-wide slice.
   const T* q_base = static_cast<const T*>(a.query) + seq * a.query_stride + int64_t{head0} * kHeadDim;
-  for (int c = tid; c < kRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    Store16(s_q + r * kStride + col,
-            r < heads_here ? Load16(q_base + r * kHeadDim + col) : make_uint4(0, 0, 0, 0));
+  uint32_t qa[kHeadDim / 16][4];
+  {
+    const int g = lane / 4, t2 = 2 * (lane % 4);
+    const bool low = g < heads_here, high = g + 8 < heads_here;
+    const uint32_t* row_low = reinterpret_cast<const uint32_t*>(q_base + g * kHeadDim + t2);
+    const uint32_t* row_high = reinterpret_cast<const uint32_t*>(q_base + (g + 8) * kHeadDim + t2);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      qa[kk][0] = low ? row_low[kk * 8] : 0u;
+      qa[kk][1] = high ? row_high[kk * 8] : 0u;
+      qa[kk][2] = low ? row_low[kk * 8 + 4] : 0u;
+      qa[kk][3] = high ? row_high[kk * 8 + 4] : 0u;
+    }
   }
-  __syncthreads();
 
   float o[kHeadDim / 8][4];
 #pragma unroll
@@ -181,11 +197,10 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
     float s[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t qa[4], kb[4];
-      LdMatrixX4(qa, s_q + (lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+      uint32_t kb[4];
       LdMatrixX4(kb, sk + ((ldm / 2) * 8 + ldr) * kStride + kk * 16 + (ldm % 2) * 8);
-      Mma16816<T>(s[0], qa, kb[0], kb[1]);
-      Mma16816<T>(s[1], qa, kb[2], kb[3]);
+      Mma16816<T>(s[0], qa[kk], kb[0], kb[1]);
+      Mma16816<T>(s[1], qa[kk], kb[2], kb[3]);
     }
     const int t0 = begin + (warp + j * kWarps) * kTileN;
     float row_max[2] = {-INFINITY, -INFINITY};
@@ -245,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  __syncthreads();  // every warp is done with the ring and s_q before they become s_acc
+  __syncthreads();  // every warp is done with its ring before the rings become s_acc
 
   // Merge the warps' partial softmaxes.
   const int row_a = lane / 4, row_b = row_a + 8;
@@ -286,7 +301,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeArgs a) 
 
 // grid (num_heads, num_seqs): merges a sequence's splits, weighting each by exp2(lse - max lse).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, int head_dim) {
+__global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArgs a, int head_dim) {
+  constexpr int kThreads = kCombineThreads;
   __shared__ float s_weight[kDecodeMaxSplits];
   __shared__ float scratch[32];
   const int head = blockIdx.x, seq = blockIdx.y;
@@ -344,30 +360,52 @@ __global__ void __launch_bounds__(kThreads) DecodeCombineKernel(DecodeArgs a, in
   }
 }
 
+// Multiprocessors of the current device (0 if it cannot say).
+int MultiprocessorCount() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+// Warps per block (DecodeShape): 2 where `blocks` (a launch's blocks per split) fill the device
+// without splits at 4 of them a multiprocessor, else 4.
+int DecodeWarps(int64_t blocks, int sms) {
+  return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
+}
+
+template <typename F>
+cudaError_t DispatchWarps(int warps, F&& f) {
+  if (warps == 2) return f(std::integral_constant<int, 2>{});
+  return f(std::integral_constant<int, 4>{});
+}
+
 }  // namespace
 
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype) {
   if (num_seqs <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   const int64_t group_size = num_heads / num_kv_heads;
-  int device = 0, sms = 0, resident = 0;
+  const int sms = MultiprocessorCount();
+  if (sms <= 0) return 1;
+  int resident = 0;
   int64_t blocks = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
   const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      using Shape = DecodeShape<kHeadDim>;
-      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, Shape::kRows);
-      auto kernel = DecodeAttentionKernel<T, kHeadDim>;
-      LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads,
-                                                           Shape::kSmemBytes);
+      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows);
+      return DispatchWarps(DecodeWarps(blocks, sms), [&](auto warps_constant) {
+        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
+        LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads,
+                                                             Shape::kSmemBytes);
+      });
     });
   });
   if (status != cudaSuccess || resident <= 0) {
@@ -392,7 +430,7 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
 }
 
 cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
-  static_assert(kDecodeMaxSplits <= kThreads, "the combine kernel holds a split per thread");
+  static_assert(kDecodeMaxSplits <= kCombineThreads, "the combine kernel holds a split per thread");
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_seqs == 0) return cudaSuccess;
   const int64_t group_size = p.num_heads / p.num_kv_heads;
@@ -415,25 +453,30 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.max_splits = p.max_splits;
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  a.tiles_in_one_block = p.block_size % DecodeShape<128>::kTileN == 0;
+  a.tiles_in_one_block = p.block_size % DecodeShape<128, 4>::kTileN == 0;
+  const int sms = MultiprocessorCount();
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      using Shape = DecodeShape<kHeadDim>;
-      a.head_chunks = static_cast<int>(CeilDiv(group_size, Shape::kRows));
-      const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
-                      static_cast<unsigned>(p.num_seqs));
-      auto kernel = DecodeAttentionKernel<T, kHeadDim>;
-      static const cudaError_t attribute_status = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
-      LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
-      LMSERVE_CUDA_RETURN_IF_ERROR(
-          LaunchKernel(kernel, grid, kThreads, Shape::kSmemBytes, stream, a));
-      if (p.max_splits <= 1) return cudaSuccess;
-      const dim3 combine_grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
-      return LaunchKernel(DecodeCombineKernel<T>, combine_grid, kThreads, 0, stream, a,
-                          static_cast<int>(kHeadDim));
+      a.head_chunks = static_cast<int>(CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows));
+      const int64_t blocks = p.num_kv_heads * a.head_chunks * p.num_seqs;
+      return DispatchWarps(DecodeWarps(blocks, sms), [&](auto warps_constant) {
+        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
+        const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
+                        static_cast<unsigned>(p.num_seqs));
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
+        static const cudaError_t attribute_status = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
+        LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+        LMSERVE_CUDA_RETURN_IF_ERROR(
+            LaunchKernel(kernel, grid, Shape::kThreads, Shape::kSmemBytes, stream, a));
+        if (p.max_splits <= 1) return cudaSuccess;
+        const dim3 combine_grid(static_cast<unsigned>(p.num_heads),
+                                static_cast<unsigned>(p.num_seqs));
+        return LaunchKernel(DecodeCombineKernel<T>, combine_grid, kCombineThreads, 0, stream, a,
+                            static_cast<int>(kHeadDim));
+      });
     });
   });
 }
