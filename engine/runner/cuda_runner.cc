@@ -791,6 +791,9 @@ absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, c
     if (*kernel == GemmKernel::kSkinny) {
       kc::SkinnyGemmParams params = SkinnyParams((*plan)->shape(), x, w, act != nullptr ? act : y);
       params.silu_and_mul = act != nullptr;
+      // Gate/up is followed by the down projection, another stream of weights: that one may
+      // launch only once gate/up has read its weights. The others are followed by short kernels.
+      params.late_dependents = projection == kGateUp;
       LMSERVE_CUDA_RETURN(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }

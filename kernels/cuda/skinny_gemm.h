@@ -39,6 +39,9 @@ struct SkinnyGemmParams {
   // input type first as a separate SiLU-and-mul kernel (activation.h) would see it. y_stride
   // then counts n/2 columns; the output type must be the input type.
   bool silu_and_mul = false;
+  // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
+  // has read its share of W (late), or right after the wait, as most kernels do.
+  bool late_dependents = true;
 
   absl::Status Validate() const;
 };
