@@ -172,8 +172,8 @@ TEST(DecodeAttentionGpuTest, MatchesCpuEveryHeadDimAndGqaRatio) {
   }
 }
 
-// Cache blocks of 16 keys and multiples (a tile of keys in one block: one table lookup a tile)
-// and of other sizes (a lookup a key, tiles across blocks).
+// Cache blocks of 16 keys (a tile of keys) and other sizes, multiples and not: tiles that lie in
+// one block, that span two, that hold a block's end.
 TEST(DecodeAttentionGpuTest, BlockSizesOnAndOffTheTile) {
   LMSERVE_REQUIRE_GPU();
   for (int64_t block_size : {5, 16, 24, 32, 48}) {
