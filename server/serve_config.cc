@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -111,12 +112,13 @@ absl::StatusOr<ServeConfig> ServeConfigFromArgs(const Args& args) {
     return absl::InvalidArgumentError(
         StrCat("--backend: '", config.backend, "' is not one of auto, cpu, cuda"));
   }
-  config.dtype = args.Get("dtype");
-  if (config.dtype != "auto" && config.dtype != "bfloat16" && config.dtype != "float32") {
+  const std::optional<engine::RunnerDType> dtype = engine::RunnerDTypeFromName(args.Get("dtype"));
+  if (!dtype.has_value()) {
     return absl::InvalidArgumentError(
-        StrCat("--dtype: '", config.dtype, "' is not one of auto, bfloat16, float32"));
+        StrCat("--dtype: '", args.Get("dtype"), "' is not one of auto, bfloat16, float32"));
   }
-  if (config.backend == "cpu" && config.dtype == "bfloat16") {
+  config.dtype = *dtype;
+  if (config.backend == "cpu" && config.dtype == engine::RunnerDType::kBFloat16) {
     return absl::InvalidArgumentError(
         "--dtype bfloat16: the CPU backend computes in float32 only (use auto or float32, or "
         "--backend cuda)");
@@ -222,7 +224,8 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       "  tokenizer: ", or_default(config.tokenizer_path, "(the model's)"), "\n",
       "  chat template: ", or_default(config.chat_template, "(the model's)"), "\n",
       "  served model name: ", or_default(config.served_model_name, "(the model's)"), "\n",
-      "  backend: ", config.backend, ", dtype: ", config.dtype, ", threads: ", config.threads,
+      "  backend: ", config.backend, ", dtype: ", engine::RunnerDTypeName(config.dtype),
+      ", threads: ", config.threads,
       ", load format: ", config.dummy_weights ? "dummy" : "auto",
       ", GPU memory utilization: ", config.gpu_memory_utilization,
       ", CUDA graphs: ", config.cuda_graphs ? "on" : "off", "\n",

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/runner/model_runner.h"
 #include "server/args.h"
 
 namespace lmserve::server {
@@ -18,8 +19,9 @@ struct ServeConfig {
   std::string chat_template;      // "" : the model's own; else a built-in name or a file
   std::string served_model_name;  // "" : from the checkpoint
   std::string backend = "auto";   // "auto" (cuda when a GPU is present), "cpu" or "cuda"
-  std::string dtype = "auto";     // weights, activations, KV cache: "auto" (bfloat16 on cuda,
-                                  // float32 on the CPU), "bfloat16" (cuda only) or "float32"
+  // Weights, activations, KV cache: kAuto (bfloat16 on cuda, float32 on the CPU), kBFloat16
+  // (cuda only) or kFloat32.
+  engine::RunnerDType dtype = engine::RunnerDType::kAuto;
   bool dummy_weights = false;     // --load-format dummy: random weights of the model's shapes
   double gpu_memory_utilization = 0.9;  // CUDA: the share of the GPU's memory lmserve may hold
   bool cuda_graphs = true;

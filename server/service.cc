@@ -1045,9 +1045,7 @@ absl::Status LmserveServer::LoadModel() {
 
   engine::RunnerConfig runner_config;
   runner_config.backend = backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
-  // ServeConfigFromArgs checked the name.
-  runner_config.dtype =
-      engine::RunnerDTypeFromName(config.dtype).value_or(engine::RunnerDType::kAuto);
+  runner_config.dtype = config.dtype;
   runner_config.load_format =
       config.dummy_weights ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   runner_config.kv_cache_bytes = config.kv_cache_bytes;

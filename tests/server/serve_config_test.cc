@@ -30,7 +30,7 @@ absl::StatusOr<ServeConfig> Parse(std::vector<std::string> flags) {
 TEST(ServeConfigTest, DtypeDefaultsToAuto) {
   absl::StatusOr<ServeConfig> config = Parse({});
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->dtype, "auto");
+  EXPECT_EQ(config->dtype, engine::RunnerDType::kAuto);
   EXPECT_EQ(config->backend, "auto");
   EXPECT_THAT(DescribeServeConfig(*config), HasSubstr("backend: auto, dtype: auto"));
 }
@@ -40,13 +40,13 @@ TEST(ServeConfigTest, DtypeTakesAutoBfloat16AndFloat32) {
     for (const char* dtype : {"auto", "bfloat16", "float32"}) {
       absl::StatusOr<ServeConfig> config = Parse({"--backend", backend, "--dtype", dtype});
       ASSERT_TRUE(config.ok()) << backend << " " << dtype << ": " << config.status();
-      EXPECT_EQ(config->dtype, dtype);
+      EXPECT_EQ(engine::RunnerDTypeName(config->dtype), dtype);
       EXPECT_THAT(DescribeServeConfig(*config), HasSubstr(std::string("dtype: ") + dtype));
     }
   }
   absl::StatusOr<ServeConfig> equals = Parse({"--dtype=float32", "--backend=cpu"});
   ASSERT_TRUE(equals.ok()) << equals.status();
-  EXPECT_EQ(equals->dtype, "float32");
+  EXPECT_EQ(equals->dtype, engine::RunnerDType::kFloat32);
   EXPECT_EQ(equals->backend, "cpu");
 }
 
