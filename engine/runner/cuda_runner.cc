@@ -234,6 +234,11 @@ class CudaRunner final : public ModelRunner {
   // The sampler over rows [first_row, first_row + num_rows), whose logits are in logits_; the
   // tokens go to h_sampled_[first_row ...] when the stream gets there.
   absl::Status SampleRows(const StepLayout& layout, int64_t first_row, int64_t num_rows);
+  // Attention over `layer`'s cache for the ragged batch of the step in `layout`: the fields that
+  // PrefillAttentionParams and PagedAttentionF32Params (the float32 mode's) share.
+  template <typename Params>
+  Params PagedAttentionParams(const StepLayout& layout, int64_t layer, int64_t tokens,
+                              int64_t seqs) const;
   // Prefill attention over `layer`'s cache for the step in `layout` (the plan and every layer's
   // launch share it).
   kc::PrefillAttentionParams PrefillParams(const StepLayout& layout, int64_t layer, int64_t tokens,
@@ -808,8 +813,9 @@ absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, c
   return absl::OkStatus();
 }
 
-kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, int64_t layer,
-                                                     int64_t tokens, int64_t seqs) const {
+template <typename Params>
+Params CudaRunner::PagedAttentionParams(const StepLayout& layout, int64_t layer, int64_t tokens,
+                                        int64_t seqs) const {
   const ModelConfig& c = config_;
   return {.query = qkv_.get(),
           .key_cache = KeyCache(layer),
@@ -819,7 +825,6 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, i
           .block_table_start = In<int32_t>(layout.block_table_start),
           .block_table_ids = In<int32_t>(layout.block_table_ids),
           .output = attention_.get(),
-          .workspace = prefill_workspace_.get(),
           .num_seqs = seqs,
           .num_tokens = tokens,
           .num_heads = c.num_attention_heads,
@@ -830,6 +835,13 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, i
           .query_stride = qkv_dim_,
           .scale = attention_scale_,
           .dtype = kernel_dtype_};
+}
+
+kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, int64_t layer,
+                                                     int64_t tokens, int64_t seqs) const {
+  auto params = PagedAttentionParams<kc::PrefillAttentionParams>(layout, layer, tokens, seqs);
+  params.workspace = prefill_workspace_.get();
+  return params;
 }
 
 absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
@@ -874,24 +886,8 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
   LMSERVE_CUDA_RETURN(kc::Launch(post, stream_), "QKV post-processing");
   if (dtype_ == RunnerDType::kFloat32) {
     // One fp32 kernel for decode and prefill tokens alike (the others are bf16 tensor-core ones).
-    kc::PagedAttentionF32Params attn{.query = qkv_.get(),
-                                     .key_cache = KeyCache(layer),
-                                     .value_cache = ValueCache(layer),
-                                     .query_start = In<int32_t>(layout.query_start),
-                                     .context_lens = In<int32_t>(layout.context_lens),
-                                     .block_table_start = In<int32_t>(layout.block_table_start),
-                                     .block_table_ids = In<int32_t>(layout.block_table_ids),
-                                     .output = attention_.get(),
-                                     .num_seqs = seqs,
-                                     .num_tokens = tokens,
-                                     .num_heads = c.num_attention_heads,
-                                     .num_kv_heads = c.num_kv_heads,
-                                     .head_dim = c.head_dim,
-                                     .block_size = block_size_,
-                                     .num_blocks = num_blocks_,
-                                     .query_stride = qkv_dim_,
-                                     .scale = attention_scale_,
-                                     .dtype = kernel_dtype_};
+    const auto attn =
+        PagedAttentionParams<kc::PagedAttentionF32Params>(layout, layer, tokens, seqs);
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "attention");
   } else if (decode_only) {
     kc::DecodeAttentionParams attn{.query = qkv_.get(),
