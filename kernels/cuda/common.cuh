@@ -93,13 +93,16 @@ __device__ __forceinline__ void Store16(void* p, const uint4& v) { *static_cast<
 
 // 8 consecutive elements of T (bf16, fp16 or fp32) <-> 8 fp32 values: one 16-byte access for the
 // 16-bit types, two for fp32. REQUIRES: 16-byte aligned addresses.
+// 8 fp32 values from two float4 (Load8's fp32 path).
+__device__ __forceinline__ void Unpack8(const float4& a, const float4& b, float (&out)[8]) {
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
 template <typename T>
 __device__ __forceinline__ void Load8(const T* p, float (&out)[8]) {
   if constexpr (std::is_same_v<T, float>) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    const float4 b = *reinterpret_cast<const float4*>(p + 4);
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    const auto* v = reinterpret_cast<const float4*>(p);
+    Unpack8(v[0], v[1], out);
   } else {
     Unpack8<T>(Load16(p), out);
   }
@@ -108,10 +111,8 @@ __device__ __forceinline__ void Load8(const T* p, float (&out)[8]) {
 template <typename T>
 __device__ __forceinline__ void LoadStream8(const T* p, float (&out)[8]) {
   if constexpr (std::is_same_v<T, float>) {
-    const float4 a = __ldcs(reinterpret_cast<const float4*>(p));
-    const float4 b = __ldcs(reinterpret_cast<const float4*>(p + 4));
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    const auto* v = reinterpret_cast<const float4*>(p);
+    Unpack8(__ldcs(v), __ldcs(v + 1), out);
   } else {
     Unpack8<T>(LoadStream16(p), out);
   }
@@ -132,12 +133,9 @@ __device__ __forceinline__ void RoundTrip8(float (&x)[8]) {
   if constexpr (!std::is_same_v<T, float>) Unpack8<T>(Pack8<T>(x), x);
 }
 
-__device__ __forceinline__ float WarpSum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-__device__ __forceinline__ double WarpSum(double x) {
+// Sum over the warp (float, or double where a sum must be exact to fp32); every lane gets it.
+template <typename T>
+__device__ __forceinline__ T WarpSum(T x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
@@ -148,27 +146,18 @@ __device__ __forceinline__ float WarpMax(float x) {
   return x;
 }
 
-// Sum over the block; every thread gets the result. `scratch` holds 32 floats. Contains
-// __syncthreads(): every thread of the block must call it.
-__device__ __forceinline__ float BlockSum(float x, float* scratch) {
+// Sum over the block; every thread gets the result. `scratch` holds 32 values of T (float; double
+// where the fp32 norms sum their squares, as their CPU twins do). Contains __syncthreads(): every
+// thread of the block must call it.
+template <typename T>
+__device__ __forceinline__ T BlockSum(T x, T* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int num_warps = (blockDim.x + 31) / 32;
   x = WarpSum(x);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
-  x = lane < num_warps ? scratch[lane] : 0.0f;
-  return WarpSum(x);
-}
-// As BlockSum, in double (the fp32 norms sum their squares in double, as their CPU twins do).
-__device__ __forceinline__ double BlockSum(double x, double* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int num_warps = (blockDim.x + 31) / 32;
-  x = WarpSum(x);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = x;
-  __syncthreads();
-  x = lane < num_warps ? scratch[lane] : 0.0;
+  x = lane < num_warps ? scratch[lane] : T{0};
   return WarpSum(x);
 }
 __device__ __forceinline__ float BlockMax(float x, float* scratch) {

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/mma.cuh"
 
@@ -354,17 +355,6 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
   }
 }
 
-// Multiprocessors of the current device (0 if it cannot say).
-int MultiprocessorCount() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return sms;
-}
-
 // Warps per block (DecodeShape): 2 where `blocks` (a launch's blocks per split) fill the device
 // without splits at 4 of them a multiprocessor, else 4.
 int DecodeWarps(int64_t blocks, int sms) {
@@ -383,7 +373,7 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype) {
   if (num_seqs <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   const int64_t group_size = num_heads / num_kv_heads;
-  const int sms = MultiprocessorCount();
+  const int sms = CurrentMultiprocessorCount();
   if (sms <= 0) return 1;
   int resident = 0;
   int64_t blocks = 0;
@@ -447,7 +437,7 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.max_splits = p.max_splits;
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  const int sms = MultiprocessorCount();
+  const int sms = CurrentMultiprocessorCount();
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {

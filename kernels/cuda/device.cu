@@ -25,6 +25,16 @@ std::vector<DeviceInfo> ListDevices() {
   return devices;
 }
 
+int CurrentMultiprocessorCount() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
 bool ProgrammaticLaunchEnabled() {
   static const bool enabled = [] {
     if (const char* env = std::getenv("LMSERVE_PDL"); env != nullptr && std::string_view(env) == "0") {

@@ -22,6 +22,9 @@ struct DeviceInfo {
 // The visible CUDA devices; empty when there is no GPU, no driver, or the runtime fails.
 std::vector<DeviceInfo> ListDevices();
 
+// Multiprocessors of the current device; 0 when there is none or the runtime fails.
+int CurrentMultiprocessorCount();
+
 }  // namespace lmserve::kernels::cuda
 
 #endif  // LMSERVE_KERNELS_CUDA_DEVICE_H_

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/embedding.h"
 
@@ -57,14 +58,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int NumSms() {
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  return sms;
-}
-
 }  // namespace
 
 cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
@@ -74,7 +67,8 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     const int64_t vecs_per_row = p.intermediate_size / 8;
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
-    static const int sms = NumSms();
+    static const int device_sms = CurrentMultiprocessorCount();
+    const int sms = device_sms > 0 ? device_sms : 132;  // an H100's, where the runtime cannot say
     const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), int64_t{sms} * 16);
     return LaunchKernel(SiluAndMulKernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
                         static_cast<const T*>(p.gate_up), static_cast<T*>(p.output), num_vecs,
