@@ -2,7 +2,7 @@
 // from CUPTI's activity API (libcupti, loaded at run time: the benchmarks run where it is
 // missing, without timelines). Kernels in CUDA graphs are recorded too, and with programmatic
 // dependent launch a kernel's start can precede its predecessor's end: attribute a step's time
-// by the gaps between consecutive ends (KernelTimeline::Summarize), not by durations.
+// by the gaps between consecutive ends (Summarize), not by durations.
 
 #ifndef LMSERVE_BENCH_CUDA_KERNEL_TIMELINE_H_
 #define LMSERVE_BENCH_CUDA_KERNEL_TIMELINE_H_

@@ -189,8 +189,7 @@ nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batc
   cudaDeviceSynchronize();
   const std::vector<bench::KernelRecord> records = (*timeline)->Stop();
   if (records.empty()) return nlohmann::json::object();
-  const uint64_t t0 = records.front().start_ns;
-  uint64_t first_start = t0;
+  uint64_t first_start = records.front().start_ns;
   for (const auto& r : records) first_start = std::min(first_start, r.start_ns);
   const double span_us = (records.back().end_ns - first_start) * 1e-3;
   std::printf("  batch %d timeline: %zu kernels over %.1f us; by share of the critical path:\n",

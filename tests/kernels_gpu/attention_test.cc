@@ -4,6 +4,7 @@
 // (PagedAttentionF32) over fp32 inputs.
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -191,41 +192,78 @@ TEST(DecodeAttentionGpuTest, SmallFp16MqaAndOddGroups) {
   RunDecodeCase(DType::kBF16, 5, 1, 12, 80);    // 12 of 16 rows
 }
 
-// One captured launch serves any lengths: replay the graph after changing the lengths on the
-// device, split counts included.
-TEST(DecodeAttentionGpuTest, GraphReplayFollowsDeviceLengths) {
-  LMSERVE_REQUIRE_GPU();
-  std::mt19937 rng(FreshSeed());
-  const DType dtype = DType::kBF16;
-  PagedBatch b{dtype, 32, 8, 128};
-  std::vector<std::pair<int32_t, int32_t>> seqs;
-  for (int i = 0; i < 17; ++i) seqs.push_back({1, 4099});
-  BuildBatch(b, seqs, rng);
-  const int max_splits = DecodeAttentionParams::ChooseMaxSplits(17, 32, 8, 128, dtype);
-  DeviceBuffer<uint16_t> d_out(b.num_tokens() * b.num_heads * b.head_dim);
-  DeviceBuffer<uint8_t> d_ws(DecodeAttentionParams::WorkspaceBytes(17, 32, 128, max_splits) + 16);
-  const DecodeAttentionParams p = DecodeParams(b, d_out.get(), d_ws.get(), max_splits);
+// One captured launch serves any lengths: captures `launch`, then replays the graph after changing
+// the sequences' lengths on the device (the decode attention's split counts included); each
+// replay's `output` (in b.dtype, poisoned first) must be within `tolerance` of the CPU twin.
+void CheckGraphReplayFollowsDeviceLengths(PagedBatch& b, DeviceBuffer<uint8_t>& output,
+                                          double tolerance,
+                                          const std::function<cudaError_t(cudaStream_t)>& launch) {
   cudaStream_t stream;
   CUDA_ASSERT(cudaStreamCreate(&stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  CUDA_ASSERT(Launch(p, stream));
+  CUDA_ASSERT(launch(stream));
   CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
   CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  const int64_t num_seqs = b.num_seqs();
   for (int round = 0; round < 3; ++round) {
-    for (int i = 0; i < 17; ++i) b.context_lens[i] = kLengths[(i + round) % 6];
-    if (round == 2) b.context_lens.assign(17, 4099);
+    for (int64_t i = 0; i < num_seqs; ++i) b.context_lens[i] = kLengths[(i + round) % 6];
+    if (round == 2) b.context_lens.assign(num_seqs, 4099);
     b.d_context_lens.Upload(b.context_lens);
-    d_out.Poison();
+    output.Poison();
     CUDA_ASSERT(cudaGraphLaunch(exec, stream));
     CUDA_ASSERT(cudaStreamSynchronize(stream));
-    EXPECT_LE(RelativeL2(HalfToFloat(d_out.Download(), dtype), CpuAttention(b)), Tolerance(dtype))
+    EXPECT_LE(RelativeL2(testing::Download(output, b.dtype), CpuAttention(b)), tolerance)
         << "round " << round;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// 17 sequences of 4099 keys (the lengths the replays change).
+void BuildReplayBatch(PagedBatch& b, std::mt19937& rng) {
+  BuildBatch(b, std::vector<std::pair<int32_t, int32_t>>(17, {1, 4099}), rng);
+}
+
+TEST(DecodeAttentionGpuTest, GraphReplayFollowsDeviceLengths) {
+  LMSERVE_REQUIRE_GPU();
+  std::mt19937 rng(FreshSeed());
+  const DType dtype = DType::kBF16;
+  PagedBatch b{dtype, 32, 8, 128};
+  BuildReplayBatch(b, rng);
+  const int max_splits = DecodeAttentionParams::ChooseMaxSplits(17, 32, 8, 128, dtype);
+  DeviceBuffer<uint8_t> d_out = testing::Poisoned(b.num_tokens() * b.num_heads * b.head_dim, dtype);
+  DeviceBuffer<uint8_t> d_ws(DecodeAttentionParams::WorkspaceBytes(17, 32, 128, max_splits) + 16);
+  const DecodeAttentionParams p = DecodeParams(b, d_out.get(), d_ws.get(), max_splits);
+  CheckGraphReplayFollowsDeviceLengths(b, d_out, Tolerance(dtype),
+                                       [&](cudaStream_t stream) { return Launch(p, stream); });
+}
+
+// The fields PrefillAttentionParams and PagedAttentionF32Params share, for batch `b` (a ragged
+// batch of prefill and decode tokens) writing `output`.
+template <typename Params>
+Params RaggedParams(const PagedBatch& b, void* output) {
+  Params p;
+  p.query = b.d_query.get();
+  p.key_cache = b.d_key.get();
+  p.value_cache = b.d_value.get();
+  p.query_start = b.d_query_start.get();
+  p.context_lens = b.d_context_lens.get();
+  p.block_table_start = b.d_table_start.get();
+  p.block_table_ids = b.d_table_ids.get();
+  p.output = output;
+  p.num_seqs = b.num_seqs();
+  p.num_tokens = b.num_tokens();
+  p.num_heads = b.num_heads;
+  p.num_kv_heads = b.num_kv_heads;
+  p.head_dim = b.head_dim;
+  p.block_size = b.block_size;
+  p.num_blocks = b.num_blocks;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  p.dtype = b.dtype;
+  return p;
 }
 
 void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t head_dim,
@@ -242,25 +280,8 @@ void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t he
   DeviceBuffer<uint8_t> d_ws(PrefillAttentionParams::WorkspaceBytes(b.num_seqs()));
   d_out.Poison();
   d_ws.Poison();
-  PrefillAttentionParams p;
-  p.query = b.d_query.get();
-  p.key_cache = b.d_key.get();
-  p.value_cache = b.d_value.get();
-  p.query_start = b.d_query_start.get();
-  p.context_lens = b.d_context_lens.get();
-  p.block_table_start = b.d_table_start.get();
-  p.block_table_ids = b.d_table_ids.get();
-  p.output = d_out.get();
+  auto p = RaggedParams<PrefillAttentionParams>(b, d_out.get());
   p.workspace = d_ws.get();
-  p.num_seqs = b.num_seqs();
-  p.num_tokens = b.num_tokens();
-  p.num_heads = b.num_heads;
-  p.num_kv_heads = num_kv_heads;
-  p.head_dim = head_dim;
-  p.block_size = b.block_size;
-  p.num_blocks = b.num_blocks;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  p.dtype = dtype;
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   CUDA_ASSERT(Launch(p, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -311,27 +332,6 @@ TEST(PrefillAttentionGpuTest, LongPrefill) {
 // real bug (a wrong key or a missed rescale: 1e-2 and more) or bf16-rounded data (about 3e-3).
 constexpr double kF32AttentionTolerance = 1e-5;
 
-PagedAttentionF32Params F32Params(const PagedBatch& b, void* output) {
-  PagedAttentionF32Params p;
-  p.query = b.d_query.get();
-  p.key_cache = b.d_key.get();
-  p.value_cache = b.d_value.get();
-  p.query_start = b.d_query_start.get();
-  p.context_lens = b.d_context_lens.get();
-  p.block_table_start = b.d_table_start.get();
-  p.block_table_ids = b.d_table_ids.get();
-  p.output = output;
-  p.num_seqs = b.num_seqs();
-  p.num_tokens = b.num_tokens();
-  p.num_heads = b.num_heads;
-  p.num_kv_heads = b.num_kv_heads;
-  p.head_dim = b.head_dim;
-  p.block_size = b.block_size;
-  p.num_blocks = b.num_blocks;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
-  return p;
-}
-
 void RunF32Case(int64_t num_kv_heads, int64_t group, int64_t head_dim,
                 const std::vector<std::pair<int32_t, int32_t>>& seqs) {
   const uint32_t seed = FreshSeed();
@@ -344,7 +344,7 @@ void RunF32Case(int64_t num_kv_heads, int64_t group, int64_t head_dim,
   const std::vector<float> ref = CpuAttention(b);
   DeviceBuffer<float> d_out(ref.size());
   d_out.Poison();
-  const PagedAttentionF32Params p = F32Params(b, d_out.get());
+  const PagedAttentionF32Params p = RaggedParams<PagedAttentionF32Params>(b, d_out.get());
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   CUDA_ASSERT(Launch(p, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -403,7 +403,7 @@ TEST(PagedAttentionF32GpuTest, PaddingSequencesGetZeros) {
   DeviceBuffer<int32_t> d_query_start(query_start), d_context_lens(context_lens),
       d_table_start(table_start);
   d_out.Poison();
-  PagedAttentionF32Params p = F32Params(b, d_out.get());
+  PagedAttentionF32Params p = RaggedParams<PagedAttentionF32Params>(b, d_out.get());
   p.query = d_query.get();
   p.query_start = d_query_start.get();
   p.context_lens = d_context_lens.get();
@@ -419,38 +419,17 @@ TEST(PagedAttentionF32GpuTest, PaddingSequencesGetZeros) {
   for (size_t i = ref.size(); i < out.size(); ++i) ASSERT_EQ(out[i], 0.0f) << "element " << i;
 }
 
-// One captured launch serves any lengths (the float32 mode's decode graphs): replay after changing
-// the lengths on the device.
+// One captured launch serves any lengths (the float32 mode's decode graphs).
 TEST(PagedAttentionF32GpuTest, GraphReplayFollowsDeviceLengths) {
   LMSERVE_REQUIRE_GPU();
   std::mt19937 rng(FreshSeed());
   PagedBatch b{DType::kF32, 32, 8, 128};
-  std::vector<std::pair<int32_t, int32_t>> seqs;
-  for (int i = 0; i < 17; ++i) seqs.push_back({1, 4099});
-  BuildBatch(b, seqs, rng);
-  DeviceBuffer<float> d_out(b.num_tokens() * b.num_heads * b.head_dim);
-  const PagedAttentionF32Params p = F32Params(b, d_out.get());
-  cudaStream_t stream;
-  CUDA_ASSERT(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  CUDA_ASSERT(Launch(p, stream));
-  CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  for (int round = 0; round < 3; ++round) {
-    for (int i = 0; i < 17; ++i) b.context_lens[i] = kLengths[(i + round) % 6];
-    if (round == 2) b.context_lens.assign(17, 4099);
-    b.d_context_lens.Upload(b.context_lens);
-    d_out.Poison();
-    CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-    CUDA_ASSERT(cudaStreamSynchronize(stream));
-    EXPECT_LE(RelativeL2(d_out.Download(), CpuAttention(b)), kF32AttentionTolerance)
-        << "round " << round;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  BuildReplayBatch(b, rng);
+  DeviceBuffer<uint8_t> d_out =
+      testing::Poisoned(b.num_tokens() * b.num_heads * b.head_dim, DType::kF32);
+  const PagedAttentionF32Params p = RaggedParams<PagedAttentionF32Params>(b, d_out.get());
+  CheckGraphReplayFollowsDeviceLengths(b, d_out, kF32AttentionTolerance,
+                                       [&](cudaStream_t stream) { return Launch(p, stream); });
 }
 
 // Each attention kernel names the one to use for a dtype it does not take.

@@ -84,6 +84,29 @@ std::vector<int32_t> Blocks(int32_t first, int64_t tokens, int32_t block_size) {
   return blocks;
 }
 
+// The logits of every position of `prompt` (blocks 0, 1, ...), computed in one step (chunks 1) or
+// in two, the second starting mid-sequence (chunks 2).
+absl::StatusOr<std::vector<float>> PromptLogits(ModelRunner& runner,
+                                                const std::vector<int32_t>& prompt, int chunks) {
+  std::vector<float> logits;
+  const int64_t split = chunks == 1 ? 0 : static_cast<int64_t>(prompt.size()) / 2;
+  const std::vector<int32_t> blocks = Blocks(0, prompt.size(), runner.block_size_tokens());
+  if (split > 0) {
+    StepBatch first;
+    first.AddSequence(std::span(prompt).first(split), 0, blocks, LogitsMode::kAll);
+    StepOutput out;
+    if (absl::Status status = runner.Execute(first, &out); !status.ok()) return status;
+    logits = out.logits;
+  }
+  StepBatch rest;
+  rest.AddSequence(std::span(prompt).subspan(split), static_cast<int32_t>(split), blocks,
+                   LogitsMode::kAll);
+  StepOutput out;
+  if (absl::Status status = runner.Execute(rest, &out); !status.ok()) return status;
+  logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+  return logits;
+}
+
 TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   for (const char* model : kFixtureModels) {
@@ -102,23 +125,9 @@ TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
           testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
       // The whole prompt in one step, and again as two chunks (the second starts mid-sequence).
       for (int chunks : {1, 2}) {
-        std::vector<float> logits;
-        const int64_t split = chunks == 1 ? 0 : static_cast<int64_t>(prompt.size()) / 2;
-        const std::vector<int32_t> blocks = Blocks(0, prompt.size(), runner->block_size_tokens());
-        if (split > 0) {
-          StepBatch first;
-          first.AddSequence(std::span(prompt).first(split), 0, blocks, LogitsMode::kAll);
-          StepOutput out;
-          ASSERT_TRUE(runner->Execute(first, &out).ok());
-          logits = out.logits;
-        }
-        StepBatch rest;
-        rest.AddSequence(std::span(prompt).subspan(split), static_cast<int32_t>(split), blocks,
-                         LogitsMode::kAll);
-        StepOutput out;
-        absl::Status status = runner->Execute(rest, &out);
-        ASSERT_TRUE(status.ok()) << status;
-        logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+        const absl::StatusOr<std::vector<float>> computed = PromptLogits(*runner, prompt, chunks);
+        ASSERT_TRUE(computed.ok()) << computed.status();
+        const std::vector<float>& logits = *computed;
         ASSERT_EQ(logits.size(), expected.size());
         const double error = RelativeL2(logits.data(), expected.data(), logits.size());
         worst = std::max(worst, error);
@@ -162,23 +171,9 @@ TEST(CudaRunnerTest, Float32TeacherForcedLogitsMatchHuggingFace) {
           testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
       // The whole prompt in one step, and again as two chunks (the second starts mid-sequence).
       for (int chunks : {1, 2}) {
-        std::vector<float> logits;
-        const int64_t split = chunks == 1 ? 0 : static_cast<int64_t>(prompt.size()) / 2;
-        const std::vector<int32_t> blocks = Blocks(0, prompt.size(), runner->block_size_tokens());
-        if (split > 0) {
-          StepBatch first;
-          first.AddSequence(std::span(prompt).first(split), 0, blocks, LogitsMode::kAll);
-          StepOutput out;
-          ASSERT_TRUE(runner->Execute(first, &out).ok());
-          logits = out.logits;
-        }
-        StepBatch rest;
-        rest.AddSequence(std::span(prompt).subspan(split), static_cast<int32_t>(split), blocks,
-                         LogitsMode::kAll);
-        StepOutput out;
-        absl::Status status = runner->Execute(rest, &out);
-        ASSERT_TRUE(status.ok()) << status;
-        logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+        const absl::StatusOr<std::vector<float>> computed = PromptLogits(*runner, prompt, chunks);
+        ASSERT_TRUE(computed.ok()) << computed.status();
+        const std::vector<float>& logits = *computed;
         ASSERT_EQ(logits.size(), expected.size());
         const double abs_error = MaxAbsError(logits.data(), expected.data(), logits.size());
         const double l2_error = RelativeL2(logits.data(), expected.data(), logits.size());
