@@ -389,6 +389,9 @@ class GenerationCall {
   }
 
  protected:
+  // Handler thread, in Begin once the request is submitted and before its outputs can reach
+  // Deliver: what the response needs from the start.
+  virtual void OnSubmitted() {}
   // Pump thread: outputs to turn into responses (already counted in the metrics).
   virtual void Deliver(std::vector<engine::RequestOutput> outputs) = 0;
 
@@ -515,12 +518,13 @@ absl::Status GenerationCall::Begin(
   }
   // gRPC calls OnCancel (which aborts a submitted request) only after the handler returns.
   submitted_.store(true);
+  OnSubmitted();
   mailbox_ = std::make_shared<Mailbox>();
   mailbox_->call = this;
   std::shared_ptr<Mailbox> mailbox = mailbox_;
   Pump* pump = service_->pump();
-  // The mailbox is set up before the listener can run: the listener posts to the pump, whose work
-  // runs after this handler has queued nothing else for this call.
+  // The mailbox and the response's first fields are set up before the listener can run: once it
+  // is set, outputs reach Deliver on the pump thread at any moment, even before this returns.
   stream_->SetListener([pump, mailbox] {
     if (mailbox->scheduled.exchange(true)) return;
     pump->Post([mailbox] {
@@ -631,13 +635,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public GenerationCall {
   void Start(grpc::CallbackServerContext* context,
              const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
     absl::Status status = Begin(context, prepare);
-    if (!status.ok()) {
-      service_->FinishUnary(method_, this, status);
-      return;
-    }
-    response_->set_request_id(response_request_id_);
-    response_->set_model(service_->model().info.name());
-    for (int i = 0; i < num_samples_; ++i) response_->add_choices()->set_index(i);
+    if (!status.ok()) service_->FinishUnary(method_, this, status);
   }
 
   void OnCancel() override { AbortRequest(/*for_drain=*/false); }
@@ -646,6 +644,12 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public GenerationCall {
   }
 
  private:
+  void OnSubmitted() override {
+    response_->set_request_id(response_request_id_);
+    response_->set_model(service_->model().info.name());
+    for (int i = 0; i < num_samples_; ++i) response_->add_choices()->set_index(i);
+  }
+
   void Deliver(std::vector<engine::RequestOutput> outputs) override {
     const ModelText& text = *service_->model().text;
     for (engine::RequestOutput& output : outputs) {
