@@ -432,15 +432,23 @@ TEST(PagedAttentionF32GpuTest, GraphReplayFollowsDeviceLengths) {
                                        [&](cudaStream_t stream) { return Launch(p, stream); });
 }
 
+// Attention parameters of a valid shape (8/2 heads, d64, one block of 16) in `dtype`, no pointers.
+template <typename Params>
+Params ShapeOnly(DType dtype) {
+  Params p;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.block_size = 16;
+  p.num_blocks = 1;
+  p.scale = 0.125f;
+  p.dtype = dtype;
+  return p;
+}
+
 // Each attention kernel names the one to use for a dtype it does not take.
 TEST(PagedAttentionF32GpuTest, ValidateExplainsDtypes) {
-  PagedAttentionF32Params f32;
-  f32.num_heads = 8;
-  f32.num_kv_heads = 2;
-  f32.head_dim = 64;
-  f32.block_size = 16;
-  f32.num_blocks = 1;
-  f32.scale = 0.125f;
+  PagedAttentionF32Params f32 = ShapeOnly<PagedAttentionF32Params>(DType::kF32);
   EXPECT_TRUE(f32.Validate().ok()) << f32.Validate();
   f32.dtype = DType::kBF16;
   EXPECT_THAT(std::string(f32.Validate().message()), ::testing::HasSubstr("DecodeAttention"));
@@ -449,24 +457,10 @@ TEST(PagedAttentionF32GpuTest, ValidateExplainsDtypes) {
   f32.head_dim = 320;
   EXPECT_THAT(std::string(f32.Validate().message()), ::testing::HasSubstr("head_dim 320"));
 
-  DecodeAttentionParams decode;
-  decode.num_heads = 8;
-  decode.num_kv_heads = 2;
-  decode.head_dim = 64;
-  decode.block_size = 16;
-  decode.num_blocks = 1;
-  decode.scale = 0.125f;
-  decode.dtype = DType::kF32;
-  EXPECT_THAT(std::string(decode.Validate().message()), ::testing::HasSubstr("PagedAttentionF32"));
-  PrefillAttentionParams prefill;
-  prefill.num_heads = 8;
-  prefill.num_kv_heads = 2;
-  prefill.head_dim = 64;
-  prefill.block_size = 16;
-  prefill.num_blocks = 1;
-  prefill.scale = 0.125f;
-  prefill.dtype = DType::kF32;
-  EXPECT_THAT(std::string(prefill.Validate().message()), ::testing::HasSubstr("PagedAttentionF32"));
+  EXPECT_THAT(std::string(ShapeOnly<DecodeAttentionParams>(DType::kF32).Validate().message()),
+              ::testing::HasSubstr("PagedAttentionF32"));
+  EXPECT_THAT(std::string(ShapeOnly<PrefillAttentionParams>(DType::kF32).Validate().message()),
+              ::testing::HasSubstr("PagedAttentionF32"));
 }
 
 }  // namespace

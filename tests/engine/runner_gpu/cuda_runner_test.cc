@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -107,6 +108,28 @@ absl::StatusOr<std::vector<float>> PromptLogits(ModelRunner& runner,
   return logits;
 }
 
+// Runs every reference prompt of fixture `model` through `runner`, whole and again as two chunks
+// (the second starts mid-sequence), and hands each result to `check` with the float64 reference
+// logits of the same positions.
+void ForEachPromptLogits(
+    ModelRunner& runner, const char* model,
+    const std::function<void(size_t prompt_index, const std::vector<int32_t>& prompt, int chunks,
+                             const std::vector<float>& logits,
+                             const std::vector<float>& expected)>& check) {
+  const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
+  for (size_t j = 0; j < reference.prompts.size(); ++j) {
+    const std::vector<int32_t>& prompt = reference.prompts[j];
+    const std::vector<float> expected =
+        testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
+    for (int chunks : {1, 2}) {
+      const absl::StatusOr<std::vector<float>> computed = PromptLogits(runner, prompt, chunks);
+      ASSERT_TRUE(computed.ok()) << computed.status();
+      ASSERT_EQ(computed->size(), expected.size());
+      check(j, prompt, chunks, *computed, expected);
+    }
+  }
+}
+
 TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   for (const char* model : kFixtureModels) {
@@ -116,28 +139,20 @@ TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
     auto runner = MakeRunner(**checkpoint, CudaConfig());
     ASSERT_NE(runner, nullptr);
     const int64_t vocab = (*checkpoint)->config().vocab_size;
-    const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
     int64_t positions = 0, agree = 0;
     double worst = 0;
-    for (size_t j = 0; j < reference.prompts.size(); ++j) {
-      const std::vector<int32_t>& prompt = reference.prompts[j];
-      const std::vector<float> expected =
-          testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
-      // The whole prompt in one step, and again as two chunks (the second starts mid-sequence).
-      for (int chunks : {1, 2}) {
-        const absl::StatusOr<std::vector<float>> computed = PromptLogits(*runner, prompt, chunks);
-        ASSERT_TRUE(computed.ok()) << computed.status();
-        const std::vector<float>& logits = *computed;
-        ASSERT_EQ(logits.size(), expected.size());
-        const double error = RelativeL2(logits.data(), expected.data(), logits.size());
-        worst = std::max(worst, error);
-        EXPECT_LE(error, 2e-2) << "prompt " << j << ", " << chunks << " chunk(s)";
-        for (size_t p = 0; p < prompt.size(); ++p) {
-          ++positions;
-          agree += ArgMax(&logits[p * vocab], vocab) == ArgMax(&expected[p * vocab], vocab);
-        }
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(ForEachPromptLogits(
+        *runner, model,
+        [&](size_t j, const std::vector<int32_t>& prompt, int chunks,
+            const std::vector<float>& logits, const std::vector<float>& expected) {
+          const double error = RelativeL2(logits.data(), expected.data(), logits.size());
+          worst = std::max(worst, error);
+          EXPECT_LE(error, 2e-2) << "prompt " << j << ", " << chunks << " chunk(s)";
+          for (size_t p = 0; p < prompt.size(); ++p) {
+            ++positions;
+            agree += ArgMax(&logits[p * vocab], vocab) == ArgMax(&expected[p * vocab], vocab);
+          }
+        }));
     std::printf("%s: relative L2 at most %.3g, top-1 agreement %lld/%lld\n", model, worst,
                 static_cast<long long>(agree), static_cast<long long>(positions));
     EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(positions));
@@ -162,34 +177,26 @@ TEST(CudaRunnerTest, Float32TeacherForcedLogitsMatchHuggingFace) {
     ASSERT_NE(runner, nullptr);
     EXPECT_EQ(runner->stats().dtype, RunnerDType::kFloat32);
     const int64_t vocab = (*checkpoint)->config().vocab_size;
-    const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
     int64_t compared = 0;
     double worst_abs = 0, worst_l2 = 0;
-    for (size_t j = 0; j < reference.prompts.size(); ++j) {
-      const std::vector<int32_t>& prompt = reference.prompts[j];
-      const std::vector<float> expected =
-          testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
-      // The whole prompt in one step, and again as two chunks (the second starts mid-sequence).
-      for (int chunks : {1, 2}) {
-        const absl::StatusOr<std::vector<float>> computed = PromptLogits(*runner, prompt, chunks);
-        ASSERT_TRUE(computed.ok()) << computed.status();
-        const std::vector<float>& logits = *computed;
-        ASSERT_EQ(logits.size(), expected.size());
-        const double abs_error = MaxAbsError(logits.data(), expected.data(), logits.size());
-        const double l2_error = RelativeL2(logits.data(), expected.data(), logits.size());
-        worst_abs = std::max(worst_abs, abs_error);
-        worst_l2 = std::max(worst_l2, l2_error);
-        EXPECT_LE(abs_error, 1e-3) << "prompt " << j << ", " << chunks << " chunk(s)";
-        EXPECT_LE(l2_error, 1e-4) << "prompt " << j << ", " << chunks << " chunk(s)";
-        for (size_t p = 0; p < prompt.size(); ++p) {
-          const float* want = &expected[p * vocab];
-          if (Margin(want, vocab) <= 1e-3) continue;
-          ++compared;
-          EXPECT_EQ(ArgMax(&logits[p * vocab], vocab), ArgMax(want, vocab))
-              << "prompt " << j << ", " << chunks << " chunk(s), position " << p;
-        }
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(ForEachPromptLogits(
+        *runner, model,
+        [&](size_t j, const std::vector<int32_t>& prompt, int chunks,
+            const std::vector<float>& logits, const std::vector<float>& expected) {
+          const double abs_error = MaxAbsError(logits.data(), expected.data(), logits.size());
+          const double l2_error = RelativeL2(logits.data(), expected.data(), logits.size());
+          worst_abs = std::max(worst_abs, abs_error);
+          worst_l2 = std::max(worst_l2, l2_error);
+          EXPECT_LE(abs_error, 1e-3) << "prompt " << j << ", " << chunks << " chunk(s)";
+          EXPECT_LE(l2_error, 1e-4) << "prompt " << j << ", " << chunks << " chunk(s)";
+          for (size_t p = 0; p < prompt.size(); ++p) {
+            const float* want = &expected[p * vocab];
+            if (Margin(want, vocab) <= 1e-3) continue;
+            ++compared;
+            EXPECT_EQ(ArgMax(&logits[p * vocab], vocab), ArgMax(want, vocab))
+                << "prompt " << j << ", " << chunks << " chunk(s), position " << p;
+          }
+        }));
     std::printf(
         "%s float32: max |error| %.3g, relative L2 at most %.3g; top-1 compared at %lld "
         "positions\n",
