@@ -319,6 +319,7 @@ class CudaRunner final : public ModelRunner {
   DeviceMemory residual_, normed_, qkv_, attention_, projected_, gate_up_, activation_, rows_;
   DeviceMemory logits_;          // [logits_chunk_rows, vocab] fp32
   DeviceMemory sampled_;         // [max_tokens] int32
+  DeviceMemory sampler_workspace_;  // kc::kSamplingWorkspaceBytes
   PinnedMemory h_sampled_;       // [max_tokens] int32
   DeviceMemory decode_workspace_;
   DeviceMemory prefill_workspace_;
@@ -634,6 +635,9 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_STATUS_RETURN(
       logits_.Allocate(logits_chunk_rows_ * c.vocab_size * int64_t{sizeof(float)}, "logits"));
   LMSERVE_STATUS_RETURN(sampled_.Allocate(t * 4, "sampled tokens"));
+  LMSERVE_STATUS_RETURN(sampler_workspace_.Allocate(kc::kSamplingWorkspaceBytes, "the sampler"));
+  LMSERVE_CUDA_RETURN(cudaMemset(sampler_workspace_.get(), 0, kc::kSamplingWorkspaceBytes),
+                      "clearing the sampler's workspace");
   LMSERVE_STATUS_RETURN(h_sampled_.Allocate(t * 4, "sampled tokens"));
 
   // Inputs: every table at most ceil(max position / block size) blocks long.
@@ -979,7 +983,8 @@ absl::Status CudaRunner::SampleRows(const StepLayout& layout, int64_t first_row,
                             .seeds = In<uint64_t>(layout.seeds) + first_row,
                             .steps = In<uint64_t>(layout.steps) + first_row,
                             .num_rows = num_rows,
-                            .vocab_size = config_.vocab_size};
+                            .vocab_size = config_.vocab_size,
+                            .workspace = sampler_workspace_.get()};
   LMSERVE_CUDA_RETURN(kc::Launch(sample, stream_), "sampling");
   LMSERVE_CUDA_RETURN(cudaMemcpyAsync(h_sampled_.as<int32_t>() + first_row,
                                       sampled_.as<int32_t>() + first_row, num_rows * 4,
@@ -1226,7 +1231,8 @@ RunnerStats CudaRunner::stats() const {
   s.workspace_bytes = residual_.bytes() + normed_.bytes() + projected_.bytes() + rows_.bytes() +
                       qkv_.bytes() + attention_.bytes() + gate_up_.bytes() + activation_.bytes() +
                       logits_.bytes() + d_inputs_.bytes() + decode_workspace_.bytes() +
-                      gemm_workspace_.bytes() + cos_sin_.bytes();
+                      gemm_workspace_.bytes() + cos_sin_.bytes() + sampled_.bytes() +
+                      sampler_workspace_.bytes();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     s.device_memory_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);

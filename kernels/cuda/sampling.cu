@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 
 #include "kernels/cpu/philox.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/sampling.h"
 
 namespace lmserve::kernels::cuda {
@@ -74,7 +76,9 @@ __device__ __forceinline__ void ForEachLogit(const float* row, int vocab_size, F
   }
 }
 
-__device__ int BlockArgmax(const float* row, int vocab_size, float* s_value, int* s_index) {
+// The row's argmax index; *best_value (when given) gets its value.
+__device__ int BlockArgmax(const float* row, int vocab_size, float* s_value, int* s_index,
+                           float* best_value = nullptr) {
   float best_v = NAN;
   int best_i = INT_MAX;
   ForEachLogit(row, vocab_size, [&](int i, float x) {
@@ -98,7 +102,52 @@ __device__ int BlockArgmax(const float* row, int vocab_size, float* s_value, int
     const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
     if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
   }
+  if (best_value != nullptr) *best_value = best_v;
   return best_i;  // all-NaN rows: index 0
+}
+
+// A greedy row split over gridDim.y blocks (sampling.h): block y takes elements
+// [y * slice, min((y + 1) * slice, vocab)), slice a multiple of 4; the last block to finish
+// picks among the slices' winners (Better is a total order, so the pick does not depend on the
+// order they finished in) and sets the row's counter back to zero.
+__device__ void SplitArgmax(const float* row, int vocab, int row_index, void* workspace,
+                            int32_t* output, float* s_value, int* s_index) {
+  const int splits = gridDim.y, slice = ((vocab + splits - 1) / splits + 3) / 4 * 4;
+  const int begin = min(static_cast<int>(blockIdx.y) * slice, vocab);
+  const int length = min(slice, vocab - begin);
+  float value = NAN;
+  int index = INT_MAX;
+  if (length > 0) {
+    index = begin + BlockArgmax(row + begin, length, s_value, s_index, &value);
+  }
+  auto* counters = static_cast<unsigned*>(workspace);
+  auto* winners = reinterpret_cast<float2*>(counters + kSamplingSplitRows) +
+                  int64_t{row_index} * kSamplingMaxSplits;
+  __shared__ bool s_last;
+  if (threadIdx.x == 0) {
+    winners[blockIdx.y] = make_float2(value, __int_as_float(index));
+    __threadfence();
+    s_last = atomicAdd(&counters[row_index], 1u) == static_cast<unsigned>(splits - 1);
+  }
+  __syncthreads();
+  if (!s_last || threadIdx.x >= 32) return;
+  __threadfence();
+  float best_v = NAN;
+  int best_i = INT_MAX;
+  if (threadIdx.x < splits) {
+    const float2 w = __ldcg(&winners[threadIdx.x]);
+    best_v = w.x, best_i = __float_as_int(w.y);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
+  }
+  if (threadIdx.x == 0) {
+    output[row_index] = best_i == INT_MAX ? 0 : best_i;
+    counters[row_index] = 0;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -231,6 +280,7 @@ struct SampleArgs {
   const uint64_t* steps;
   int64_t stride;
   int vocab_size;
+  void* workspace;  // SamplingParams::workspace
 };
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
@@ -265,10 +315,15 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const int vocab = a.vocab_size;
   const float temperature = a.temperature[row_index];
   if (!(temperature > 0.0f)) {
+    if (gridDim.y > 1) {
+      SplitArgmax(row, vocab, row_index, a.workspace, a.output, s_warp, s_warp_index);
+      return;
+    }
     const int best = BlockArgmax(row, vocab, s_warp, s_warp_index);
     if (threadIdx.x == 0) a.output[row_index] = best;
     return;
   }
+  if (blockIdx.y != 0) return;  // a sampled row takes one block
   const float inv_t = 1.0f / temperature;
   const int top_k = a.top_k != nullptr ? a.top_k[row_index] : 0;
   const float top_p = a.top_p != nullptr ? a.top_p[row_index] : 1.0f;
@@ -535,8 +590,17 @@ cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
   LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
   SampleArgs a{p.logits, p.output, p.temperature, p.top_k, p.top_p, p.min_p, p.seeds, p.steps,
                p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
-               static_cast<int>(p.vocab_size)};
-  SampleKernel<<<static_cast<unsigned>(p.num_rows), kThreads, kSmemBytes, stream>>>(a);
+               static_cast<int>(p.vocab_size), p.workspace};
+  // Greedy rows split while the launch has fewer blocks than two a multiprocessor, each slice at
+  // least 1024 entries.
+  int64_t splits = 1;
+  if (p.workspace != nullptr && p.num_rows <= kSamplingSplitRows) {
+    const int64_t blocks = 2 * int64_t{std::max(1, CurrentMultiprocessorCount())};
+    splits = std::clamp<int64_t>(blocks / p.num_rows, 1, kSamplingMaxSplits);
+    splits = std::clamp<int64_t>(p.vocab_size / 1024, 1, splits);
+  }
+  const dim3 grid(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(splits));
+  SampleKernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
 

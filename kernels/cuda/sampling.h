@@ -14,6 +14,12 @@
 //      order-preserving bits of z) over the candidates, then an ordered prefix-sum search for the
 //      token that u * (kept weight) falls on.
 // Every per-row setting is read from device memory, so one launch serves any mix of requests.
+//
+// Greedy rows of a launch with few rows (at most kSamplingSplitRows) and a workspace split their
+// argmax over up to kSamplingMaxSplits blocks: each block takes a slice of the row and the last
+// to finish (a counter in the workspace) picks among the slices' winners. On an H200, Llama-3's
+// 128256 entries: 14 -> 6.7 us at one row, 16 -> 10.6 us at 8; at 64 rows (4 blocks a row) it
+// took 18.8 us against 16.8 with a block a row, hence the row limit.
 
 #ifndef LMSERVE_KERNELS_CUDA_SAMPLING_H_
 #define LMSERVE_KERNELS_CUDA_SAMPLING_H_
@@ -27,6 +33,11 @@
 namespace lmserve::kernels::cuda {
 
 inline constexpr int kSamplingCandidates = 16384;
+inline constexpr int64_t kSamplingSplitRows = 16;
+inline constexpr int kSamplingMaxSplits = 32;
+// The workspace of a split argmax: a counter a row, then each row's slice winners.
+inline constexpr int64_t kSamplingWorkspaceBytes =
+    kSamplingSplitRows * (4 + kSamplingMaxSplits * 8);
 
 struct ArgmaxParams {
   const float* logits = nullptr;  // [num_rows, vocab_size], row stride logits_stride; device
@@ -50,6 +61,9 @@ struct SamplingParams {
   int64_t num_rows = 0;
   int64_t vocab_size = 0;     // multiple of 4
   int64_t logits_stride = 0;  // multiple of 4; 0 means vocab_size
+  // Optional: kSamplingWorkspaceBytes of device memory, zero before its first launch (a launch
+  // leaves it zero), used by one launch at a time. Null: one block a row.
+  void* workspace = nullptr;
 
   absl::Status Validate() const;
 };

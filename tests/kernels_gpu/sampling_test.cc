@@ -135,6 +135,69 @@ void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, fl
   EXPECT_EQ(d_out.Download(), out);
 }
 
+// Greedy rows split over several blocks (a workspace given, at most kSamplingSplitRows rows): the
+// CPU's argmax, with ties between slices, NaNs and all-NaN rows; the workspace is reused by
+// three launches in a row (the counters go back to zero), and rows with a temperature in the same
+// launch still sample.
+TEST(SamplingGpuTest, SplitGreedyRowsMatchCpuArgmax) {
+  LMSERVE_REQUIRE_GPU();
+  DeviceBuffer<uint8_t> workspace(kSamplingWorkspaceBytes);
+  CUDA_ASSERT(cudaMemset(workspace.get(), 0, kSamplingWorkspaceBytes));
+  for (int64_t rows : {int64_t{1}, int64_t{5}, kSamplingSplitRows, kSamplingSplitRows + 1}) {
+    for (int64_t vocab : {4096, 128256, 1000}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "rows " << rows << " vocab " << vocab << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> logits = RandomFloats(rows * vocab, rng, 4.0f);
+      std::vector<float> temperature(rows, 0.0f);
+      std::uniform_int_distribution<int64_t> col(0, vocab - 1);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = logits.data() + r * vocab;
+        if (r % 3 == 1) row[col(rng)] = NAN;
+        if (r % 4 == 2) {  // a tie for the maximum, likely in two slices
+          row[col(rng) / 2] = 100.0f;
+          row[vocab / 2 + col(rng) / 2] = 100.0f;
+        }
+        if (r % 5 == 3) row[vocab - 1] = 100.0f;  // the last slice's last entry
+        if (r % 7 == 5) {
+          for (int64_t i = 0; i < vocab; ++i) row[i] = NAN;
+        }
+        if (r % 11 == 10) temperature[r] = 1.0f;  // sampled: one block
+      }
+      std::vector<uint64_t> seeds(rows), steps(rows);
+      for (int64_t r = 0; r < rows; ++r) seeds[r] = rng(), steps[r] = r;
+      DeviceBuffer<float> d_logits(logits), d_temp(temperature);
+      DeviceBuffer<uint64_t> d_seeds(seeds), d_steps(steps);
+      DeviceBuffer<int32_t> d_out(rows);
+      SamplingParams p;
+      p.logits = d_logits.get();
+      p.output = d_out.get();
+      p.temperature = d_temp.get();
+      p.seeds = d_seeds.get();
+      p.steps = d_steps.get();
+      p.num_rows = rows;
+      p.vocab_size = vocab;
+      p.workspace = workspace.get();
+      for (int launch = 0; launch < 3; ++launch) {
+        d_out.Poison();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        const std::vector<int32_t> out = d_out.Download();
+        for (int64_t r = 0; r < rows; ++r) {
+          SCOPED_TRACE(::testing::Message() << "launch " << launch << " row " << r);
+          ExpectAgrees(logits.data() + r * vocab, vocab, {temperature[r], 0, 1.0f, 0.0f}, seeds[r],
+                       steps[r], out[r]);
+        }
+      }
+      std::vector<uint8_t> counters(kSamplingSplitRows * 4);
+      CUDA_ASSERT(
+          cudaMemcpy(counters.data(), workspace.get(), counters.size(), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(counters, std::vector<uint8_t>(counters.size(), 0));
+    }
+  }
+}
+
 std::vector<RowSettings> SettingsMix(int64_t rows) {
   const std::vector<RowSettings> kinds = {
       {0.0f, 0, 1.0f, 0.0f},     {1.0f, 0, 1.0f, 0.0f},     {0.7f, 50, 1.0f, 0.0f},
