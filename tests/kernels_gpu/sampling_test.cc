@@ -135,6 +135,27 @@ void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, fl
   EXPECT_EQ(d_out.Download(), out);
 }
 
+// A launch's logits and its rows' temperatures, seeds and steps on the device (no filters), and
+// the parameters that point at them.
+struct TemperatureLaunch {
+  TemperatureLaunch(const std::vector<float>& logits, const std::vector<float>& temperature,
+                    const std::vector<uint64_t>& seeds, const std::vector<uint64_t>& steps)
+      : d_logits(logits), d_temp(temperature), d_seeds(seeds), d_steps(steps),
+        d_out(temperature.size()) {
+    params.logits = d_logits.get();
+    params.output = d_out.get();
+    params.temperature = d_temp.get();
+    params.seeds = d_seeds.get();
+    params.steps = d_steps.get();
+    params.num_rows = static_cast<int64_t>(temperature.size());
+    params.vocab_size = static_cast<int64_t>(logits.size() / temperature.size());
+  }
+  DeviceBuffer<float> d_logits, d_temp;
+  DeviceBuffer<uint64_t> d_seeds, d_steps;
+  DeviceBuffer<int32_t> d_out;
+  SamplingParams params;
+};
+
 // Greedy rows split over several blocks (a workspace given, at most kSamplingSplitRows rows): the
 // CPU's argmax, with ties between slices, NaNs and all-NaN rows; the workspace is reused by
 // three launches in a row (the counters go back to zero), and rows with a temperature in the same
@@ -167,23 +188,13 @@ TEST(SamplingGpuTest, SplitGreedyRowsMatchCpuArgmax) {
       }
       std::vector<uint64_t> seeds(rows), steps(rows);
       for (int64_t r = 0; r < rows; ++r) seeds[r] = rng(), steps[r] = r;
-      DeviceBuffer<float> d_logits(logits), d_temp(temperature);
-      DeviceBuffer<uint64_t> d_seeds(seeds), d_steps(steps);
-      DeviceBuffer<int32_t> d_out(rows);
-      SamplingParams p;
-      p.logits = d_logits.get();
-      p.output = d_out.get();
-      p.temperature = d_temp.get();
-      p.seeds = d_seeds.get();
-      p.steps = d_steps.get();
-      p.num_rows = rows;
-      p.vocab_size = vocab;
-      p.workspace = workspace.get();
+      TemperatureLaunch device(logits, temperature, seeds, steps);
+      device.params.workspace = workspace.get();
       for (int launch = 0; launch < 3; ++launch) {
-        d_out.Poison();
-        CUDA_ASSERT(Launch(p, nullptr));
+        device.d_out.Poison();
+        CUDA_ASSERT(Launch(device.params, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
-        const std::vector<int32_t> out = d_out.Download();
+        const std::vector<int32_t> out = device.d_out.Download();
         for (int64_t r = 0; r < rows; ++r) {
           SCOPED_TRACE(::testing::Message() << "launch " << launch << " row " << r);
           ExpectAgrees(logits.data() + r * vocab, vocab, {temperature[r], 0, 1.0f, 0.0f}, seeds[r],
@@ -238,21 +249,11 @@ TEST(SamplingGpuTest, DrawsFollowTheDistribution) {
   std::vector<float> temperature(rows, 1.0f);
   std::vector<uint64_t> seeds(rows), steps(rows, 3);
   for (int64_t r = 0; r < rows; ++r) seeds[r] = 1000 + r;
-  DeviceBuffer<float> d_logits(logits), d_temp(temperature);
-  DeviceBuffer<uint64_t> d_seeds(seeds), d_steps(steps);
-  DeviceBuffer<int32_t> d_out(rows);
-  SamplingParams p;
-  p.logits = d_logits.get();
-  p.output = d_out.get();
-  p.temperature = d_temp.get();
-  p.seeds = d_seeds.get();
-  p.steps = d_steps.get();
-  p.num_rows = rows;
-  p.vocab_size = vocab;
-  CUDA_ASSERT(Launch(p, nullptr));
+  TemperatureLaunch launch(logits, temperature, seeds, steps);
+  CUDA_ASSERT(Launch(launch.params, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
   std::vector<double> freq(vocab, 0.0);
-  for (int32_t t : d_out.Download()) freq[t] += 1.0 / rows;
+  for (int32_t t : launch.d_out.Download()) freq[t] += 1.0 / rows;
   double z = 0;
   for (float x : base) z += std::exp(x);
   for (int64_t i = 0; i < vocab; ++i) {
