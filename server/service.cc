@@ -1069,6 +1069,9 @@ absl::Status LmserveServer::LoadModel() {
           runner_stats.device_name, ", weights ", runner_stats.weight_bytes >> 20,
           " MiB, KV cache ", runner_stats.kv_cache_bytes >> 20, " MiB (",
           (*runner)->num_kv_blocks(), " blocks of ", (*runner)->block_size_tokens(), " tokens), ",
+          runner_stats.workspace_bytes > 0  // the CPU runner's grow with the batch
+              ? StrCat("workspaces ", runner_stats.workspace_bytes >> 20, " MiB, ")
+              : std::string(),
           runner_stats.num_cuda_graphs, " CUDA graphs; start-up took ",
           runner_stats.startup_seconds, " s",
           runner_stats.device_memory_total_bytes > 0

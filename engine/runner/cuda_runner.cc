@@ -1231,8 +1231,8 @@ RunnerStats CudaRunner::stats() const {
   s.workspace_bytes = residual_.bytes() + normed_.bytes() + projected_.bytes() + rows_.bytes() +
                       qkv_.bytes() + attention_.bytes() + gate_up_.bytes() + activation_.bytes() +
                       logits_.bytes() + d_inputs_.bytes() + decode_workspace_.bytes() +
-                      gemm_workspace_.bytes() + cos_sin_.bytes() + sampled_.bytes() +
-                      sampler_workspace_.bytes();
+                      prefill_workspace_.bytes() + gemm_workspace_.bytes() + cos_sin_.bytes() +
+                      sampled_.bytes() + sampler_workspace_.bytes();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     s.device_memory_used_bytes = static_cast<int64_t>(total_bytes - free_bytes);

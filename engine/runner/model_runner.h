@@ -131,7 +131,8 @@ struct RunnerStats {
   RunnerDType dtype = RunnerDType::kFloat32;  // what the runner holds and computes in (resolved)
   int64_t weight_bytes = 0;     // weights as the runner holds them
   int64_t kv_cache_bytes = 0;   // the KV pool
-  int64_t workspace_bytes = 0;  // activations, logits, graphs' buffers
+  int64_t workspace_bytes = 0;  // device buffers besides weights and KV (activations, logits,
+                                // kernel workspaces); 0 where they grow with the batch (CPU)
   int64_t device_memory_used_bytes = 0;   // GPU memory in use on the device (all processes); 0 on CPU
   int64_t device_memory_total_bytes = 0;  // the GPU's memory; 0 on CPU
   double startup_seconds = 0;   // Create(), weights, graph capture included
