@@ -91,13 +91,13 @@ __device__ __forceinline__ uint4 LoadStream16(const void* p) {
 }
 __device__ __forceinline__ void Store16(void* p, const uint4& v) { *static_cast<uint4*>(p) = v; }
 
-// 8 consecutive elements of T (bf16, fp16 or fp32) <-> 8 fp32 values: one 16-byte access for the
-// 16-bit types, two for fp32. REQUIRES: 16-byte aligned addresses.
 // 8 fp32 values from two float4 (Load8's fp32 path).
 __device__ __forceinline__ void Unpack8(const float4& a, const float4& b, float (&out)[8]) {
   out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
   out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
+// 8 consecutive elements of T (bf16, fp16 or fp32) <-> 8 fp32 values: one 16-byte access for the
+// 16-bit types, two for fp32. REQUIRES: 16-byte aligned addresses.
 template <typename T>
 __device__ __forceinline__ void Load8(const T* p, float (&out)[8]) {
   if constexpr (std::is_same_v<T, float>) {
