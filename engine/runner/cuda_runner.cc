@@ -234,15 +234,22 @@ class CudaRunner final : public ModelRunner {
   // The sampler over rows [first_row, first_row + num_rows), whose logits are in logits_; the
   // tokens go to h_sampled_[first_row ...] when the stream gets there.
   absl::Status SampleRows(const StepLayout& layout, int64_t first_row, int64_t num_rows);
-  // Attention over `layer`'s cache for the ragged batch of the step in `layout`: the fields that
-  // PrefillAttentionParams and PagedAttentionF32Params (the float32 mode's) share.
+  // Attention over `layer`'s cache for the `seqs` sequences of the step in `layout`: the fields
+  // that DecodeAttentionParams, PrefillAttentionParams and PagedAttentionF32Params (the float32
+  // mode's) share.
   template <typename Params>
-  Params PagedAttentionParams(const StepLayout& layout, int64_t layer, int64_t tokens,
-                              int64_t seqs) const;
+  Params PagedAttentionParams(const StepLayout& layout, int64_t layer, int64_t seqs) const;
+  // The same with the ragged batch's query starts and `tokens`, which the prefill and the float32
+  // kernels take.
+  template <typename Params>
+  Params RaggedAttentionParams(const StepLayout& layout, int64_t layer, int64_t tokens,
+                               int64_t seqs) const;
   // Prefill attention over `layer`'s cache for the step in `layout` (the plan and every layer's
   // launch share it).
   kc::PrefillAttentionParams PrefillParams(const StepLayout& layout, int64_t layer, int64_t tokens,
                                            int64_t seqs) const;
+  // residual_ += projected_, then normed_ = RMSNorm(residual_) with `weight`, for `tokens` rows.
+  absl::Status AddNorm(const void* weight, int64_t tokens, const char* what);
   absl::Status RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens, int64_t seqs,
                         bool decode_only);
   absl::StatusOr<const kc::GemmPlan*> Plan(Projection projection, int64_t m, bool autotune);
@@ -777,12 +784,15 @@ absl::StatusOr<CudaRunner::GemmKernel> CudaRunner::ChooseKernel(Projection proje
       if (round >= 2) times[i].push_back(ms);
     }
   }
-  std::vector<float> median(candidates.size());
+  // The fastest median; a tie goes to the later candidate (the skinny kernel over cuBLASLt).
+  GemmKernel best = candidates[0].first;
+  float best_ms = std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::sort(times[i].begin(), times[i].end());
-    median[i] = times[i][times[i].size() / 2];
+    if (const float median = times[i][times[i].size() / 2]; median <= best_ms) {
+      best = candidates[i].first, best_ms = median;
+    }
   }
-  const GemmKernel best = median[0] < median[1] ? GemmKernel::kBlas : GemmKernel::kSkinny;
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   LMSERVE_CUDA_RETURN(cudaGetLastError(), "timing the GEMMs");
@@ -818,19 +828,17 @@ absl::Status CudaRunner::Gemm(Projection projection, int64_t layer, int64_t m, c
 }
 
 template <typename Params>
-Params CudaRunner::PagedAttentionParams(const StepLayout& layout, int64_t layer, int64_t tokens,
+Params CudaRunner::PagedAttentionParams(const StepLayout& layout, int64_t layer,
                                         int64_t seqs) const {
   const ModelConfig& c = config_;
   return {.query = qkv_.get(),
           .key_cache = KeyCache(layer),
           .value_cache = ValueCache(layer),
-          .query_start = In<int32_t>(layout.query_start),
           .context_lens = In<int32_t>(layout.context_lens),
           .block_table_start = In<int32_t>(layout.block_table_start),
           .block_table_ids = In<int32_t>(layout.block_table_ids),
           .output = attention_.get(),
           .num_seqs = seqs,
-          .num_tokens = tokens,
           .num_heads = c.num_attention_heads,
           .num_kv_heads = c.num_kv_heads,
           .head_dim = c.head_dim,
@@ -841,29 +849,44 @@ Params CudaRunner::PagedAttentionParams(const StepLayout& layout, int64_t layer,
           .dtype = kernel_dtype_};
 }
 
+template <typename Params>
+Params CudaRunner::RaggedAttentionParams(const StepLayout& layout, int64_t layer, int64_t tokens,
+                                         int64_t seqs) const {
+  auto params = PagedAttentionParams<Params>(layout, layer, seqs);
+  params.query_start = In<int32_t>(layout.query_start);
+  params.num_tokens = tokens;
+  return params;
+}
+
 kc::PrefillAttentionParams CudaRunner::PrefillParams(const StepLayout& layout, int64_t layer,
                                                      int64_t tokens, int64_t seqs) const {
-  auto params = PagedAttentionParams<kc::PrefillAttentionParams>(layout, layer, tokens, seqs);
+  auto params = RaggedAttentionParams<kc::PrefillAttentionParams>(layout, layer, tokens, seqs);
   params.workspace = prefill_workspace_.get();
   return params;
+}
+
+absl::Status CudaRunner::AddNorm(const void* weight, int64_t tokens, const char* what) {
+  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
+                                 .weight = weight, .output = normed_.get(),
+                                 .num_tokens = tokens, .hidden_size = config_.hidden_size,
+                                 .epsilon = static_cast<float>(config_.rms_norm_eps),
+                                 .dtype = kernel_dtype_};
+  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), what);
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64_t tokens,
                                   int64_t seqs, bool decode_only) {
   const ModelConfig& c = config_;
   const LayerWeights& w = layers_[layer];
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  if (layer == 0) {
+  if (layer == 0) {  // the embeddings: nothing to add yet
     kc::RmsNormParams norm{.input = residual_.get(), .weight = w.input_norm,
                            .output = normed_.get(), .num_tokens = tokens,
-                           .hidden_size = c.hidden_size, .epsilon = eps, .dtype = kernel_dtype_};
+                           .hidden_size = c.hidden_size,
+                           .epsilon = static_cast<float>(c.rms_norm_eps), .dtype = kernel_dtype_};
     LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "RMSNorm");
   } else {
-    kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                   .weight = w.input_norm, .output = normed_.get(),
-                                   .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                   .epsilon = eps, .dtype = kernel_dtype_};
-    LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
+    LMSERVE_STATUS_RETURN(AddNorm(w.input_norm, tokens, "add + RMSNorm"));
   }
   LMSERVE_STATUS_RETURN(Gemm(kQkv, layer, tokens, normed_.get(), qkv_.get()));
   kc::QkvPostProcessParams post{
@@ -891,27 +914,12 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
   if (dtype_ == RunnerDType::kFloat32) {
     // One fp32 kernel for decode and prefill tokens alike (the others are bf16 tensor-core ones).
     const auto attn =
-        PagedAttentionParams<kc::PagedAttentionF32Params>(layout, layer, tokens, seqs);
+        RaggedAttentionParams<kc::PagedAttentionF32Params>(layout, layer, tokens, seqs);
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "attention");
   } else if (decode_only) {
-    kc::DecodeAttentionParams attn{.query = qkv_.get(),
-                                   .key_cache = KeyCache(layer),
-                                   .value_cache = ValueCache(layer),
-                                   .context_lens = In<int32_t>(layout.context_lens),
-                                   .block_table_start = In<int32_t>(layout.block_table_start),
-                                   .block_table_ids = In<int32_t>(layout.block_table_ids),
-                                   .output = attention_.get(),
-                                   .workspace = decode_workspace_.get(),
-                                   .num_seqs = seqs,
-                                   .num_heads = c.num_attention_heads,
-                                   .num_kv_heads = c.num_kv_heads,
-                                   .head_dim = c.head_dim,
-                                   .block_size = block_size_,
-                                   .num_blocks = num_blocks_,
-                                   .query_stride = qkv_dim_,
-                                   .max_splits = decode_splits_.at(seqs),
-                                   .scale = attention_scale_,
-                                   .dtype = kernel_dtype_};
+    auto attn = PagedAttentionParams<kc::DecodeAttentionParams>(layout, layer, seqs);
+    attn.workspace = decode_workspace_.get();
+    attn.max_splits = decode_splits_.at(seqs);
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "decode attention");
   } else {
     kc::PrefillAttentionParams attn = PrefillParams(layout, layer, tokens, seqs);
@@ -919,11 +927,7 @@ absl::Status CudaRunner::RunLayer(int64_t layer, const StepLayout& layout, int64
     LMSERVE_CUDA_RETURN(kc::Launch(attn, stream_), "prefill attention");
   }
   LMSERVE_STATUS_RETURN(Gemm(kOut, layer, tokens, attention_.get(), projected_.get()));
-  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                 .weight = w.post_norm, .output = normed_.get(),
-                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                 .epsilon = eps, .dtype = kernel_dtype_};
-  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "add + RMSNorm");
+  LMSERVE_STATUS_RETURN(AddNorm(w.post_norm, tokens, "add + RMSNorm"));
   LMSERVE_STATUS_RETURN(
       Gemm(kGateUp, layer, tokens, normed_.get(), gate_up_.get(), activation_.get()));
   LMSERVE_STATUS_RETURN(Gemm(kDown, layer, tokens, activation_.get(), projected_.get()));
@@ -948,12 +952,7 @@ absl::Status CudaRunner::Forward(const StepLayout& layout, int64_t tokens, int64
   if (rows == 0) return absl::OkStatus();
   // The last MLP's residual add and the final norm (every token: cheaper than a gather first),
   // then the rows that need logits.
-  kc::FusedAddRmsNormParams norm{.residual = residual_.get(), .input = projected_.get(),
-                                 .weight = final_norm_, .output = normed_.get(),
-                                 .num_tokens = tokens, .hidden_size = c.hidden_size,
-                                 .epsilon = static_cast<float>(c.rms_norm_eps),
-                                 .dtype = kernel_dtype_};
-  LMSERVE_CUDA_RETURN(kc::Launch(norm, stream_), "final norm");
+  LMSERVE_STATUS_RETURN(AddNorm(final_norm_, tokens, "final norm"));
   const void* hidden_rows = normed_.get();
   if (!rows_are_tokens) {
     kc::EmbeddingParams gather{.table = normed_.get(), .ids = In<int32_t>(layout.logits_rows),
