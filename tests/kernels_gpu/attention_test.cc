@@ -107,9 +107,10 @@ std::vector<float> CpuAttention(const PagedBatch& b) {
   return out;
 }
 
-DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* workspace,
-                                   int max_splits) {
-  DecodeAttentionParams p;
+// The fields every paged attention kernel's parameters share, for batch `b` writing `output`.
+template <typename Params>
+Params PagedParams(const PagedBatch& b, void* output) {
+  Params p;
   p.query = b.d_query.get();
   p.key_cache = b.d_key.get();
   p.value_cache = b.d_value.get();
@@ -117,16 +118,22 @@ DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* work
   p.block_table_start = b.d_table_start.get();
   p.block_table_ids = b.d_table_ids.get();
   p.output = output;
-  p.workspace = workspace;
   p.num_seqs = b.num_seqs();
   p.num_heads = b.num_heads;
   p.num_kv_heads = b.num_kv_heads;
   p.head_dim = b.head_dim;
   p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
-  p.max_splits = max_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
   p.dtype = b.dtype;
+  return p;
+}
+
+DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* workspace,
+                                   int max_splits) {
+  auto p = PagedParams<DecodeAttentionParams>(b, output);
+  p.workspace = workspace;
+  p.max_splits = max_splits;
   return p;
 }
 
@@ -241,28 +248,13 @@ TEST(DecodeAttentionGpuTest, GraphReplayFollowsDeviceLengths) {
                                        [&](cudaStream_t stream) { return Launch(p, stream); });
 }
 
-// The fields PrefillAttentionParams and PagedAttentionF32Params share, for batch `b` (a ragged
-// batch of prefill and decode tokens) writing `output`.
+// PagedParams and the ragged batch's query starts and token count, which PrefillAttentionParams
+// and PagedAttentionF32Params take (`b`: a batch of prefill and decode tokens).
 template <typename Params>
 Params RaggedParams(const PagedBatch& b, void* output) {
-  Params p;
-  p.query = b.d_query.get();
-  p.key_cache = b.d_key.get();
-  p.value_cache = b.d_value.get();
+  auto p = PagedParams<Params>(b, output);
   p.query_start = b.d_query_start.get();
-  p.context_lens = b.d_context_lens.get();
-  p.block_table_start = b.d_table_start.get();
-  p.block_table_ids = b.d_table_ids.get();
-  p.output = output;
-  p.num_seqs = b.num_seqs();
   p.num_tokens = b.num_tokens();
-  p.num_heads = b.num_heads;
-  p.num_kv_heads = b.num_kv_heads;
-  p.head_dim = b.head_dim;
-  p.block_size = b.block_size;
-  p.num_blocks = b.num_blocks;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
-  p.dtype = b.dtype;
   return p;
 }
 
