@@ -134,8 +134,13 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
   LMSERVE_REQUIRE_GPU();
   for (DType out_dtype : {DType::kBF16, DType::kF32}) {
     for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
-      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64}, {4096, 4096}, {1034, 264},
-                          {130, 14336}}) {
+      // k = 1824: one whole step of the kernel's loop (128 chunks of 8) and 100 chunks left for
+      // its tail, where lanes run different numbers of pieces.
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64},
+                          {4096, 4096},
+                          {1034, 264},
+                          {130, 14336},
+                          {66, 1824}}) {
         const uint32_t seed = FreshSeed();
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " out "
                                           << DTypeName(out_dtype).data() << " seed " << seed);
@@ -191,11 +196,11 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
 TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
   LMSERVE_REQUIRE_GPU();
   for (int64_t m : {1, 3, 8}) {
-    for (auto [inter, k] : {std::pair<int64_t, int64_t>{1032, 264}, {4096, 1024}}) {
+    for (auto [inter, k] : {std::pair<int64_t, int64_t>{1032, 264}, {4096, 1024}, {136, 1824}}) {
       const int64_t n = 2 * inter;
       const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m " << m << " intermediate " << inter << " k " << k
-                                        << " seed " << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " intermediate " << inter << " k " << k << " seed " << seed);
       std::mt19937 rng(seed);
       std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
       DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
