@@ -49,6 +49,16 @@ __device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i)
   return i < best_i;
 }
 
+// The warp's best (value, index) by Better, in every lane.
+__device__ __forceinline__ void WarpArgmax(float& best_v, int& best_i) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
+  }
+}
+
 // Calls f(index, logit) for every element of the row: 16-byte loads, four per thread issued
 // before any is used (several loads in flight: a pass runs at the memory's pace).
 template <typename F>
@@ -84,24 +94,14 @@ __device__ int BlockArgmax(const float* row, int vocab_size, float* s_value, int
   ForEachLogit(row, vocab_size, [&](int i, float x) {
     if (Better(x, i, best_v, best_i)) best_v = x, best_i = i;
   });
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
-  }
+  WarpArgmax(best_v, best_i);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();
   if (lane == 0) s_value[warp] = best_v, s_index[warp] = best_i;
   __syncthreads();
   best_v = s_value[lane];
   best_i = s_index[lane];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
-  }
+  WarpArgmax(best_v, best_i);
   if (best_value != nullptr) *best_value = best_v;
   return best_i;  // all-NaN rows: index 0
 }
@@ -138,12 +138,7 @@ __device__ void SplitArgmax(const float* row, int vocab, int row_index, void* wo
     const float2 w = __ldcg(&winners[threadIdx.x]);
     best_v = w.x, best_i = __float_as_int(w.y);
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-    const int i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-    if (Better(v, i, best_v, best_i)) best_v = v, best_i = i;
-  }
+  WarpArgmax(best_v, best_i);
   if (threadIdx.x == 0) {
     output[row_index] = best_i == INT_MAX ? 0 : best_i;
     counters[row_index] = 0;
