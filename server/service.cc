@@ -1035,9 +1035,9 @@ absl::Status LmserveServer::LoadModel() {
   const engine::ModelConfig model_config = (*checkpoint)->config();
   std::string backend = config.backend;
   if (backend == "auto") {
-    backend = engine::CudaRunnerAvailable() ? "cuda" : "cpu";
-    LogInfo("--backend auto: ", backend == "cuda" ? "a CUDA GPU is present, serving on it"
-                                                  : "no usable CUDA GPU, serving on the CPU");
+    const engine::BackendChoice choice = engine::ChooseAutoBackend();
+    backend = std::string(engine::BackendName(choice.backend));
+    LogInfo("--backend auto: serving on ", backend, ": ", choice.reason);
   }
 
   std::string warning;

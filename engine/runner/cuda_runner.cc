@@ -396,19 +396,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(const Checkpoint
     return absl::InvalidArgumentError(StrCat("runner config: unknown dtype ",
                                              static_cast<int>(config.dtype)));
   }
-  const int num_devices = CudaDeviceCount();
-  if (config.device < 0 || config.device >= num_devices) {
-    return absl::FailedPreconditionError(
-        StrCat("CUDA runner: no CUDA GPU ", config.device, " on this machine (", num_devices,
-               " found); use the CPU backend"));
-  }
+  LMSERVE_STATUS_RETURN(CheckCudaRunnerDevice(config.device));
   cudaDeviceProp prop{};
   LMSERVE_CUDA_RETURN(cudaGetDeviceProperties(&prop, config.device), "cudaGetDeviceProperties");
-  if (prop.major < 9) {
-    return absl::FailedPreconditionError(StrCat(
-        "CUDA runner: GPU ", prop.name, " has compute capability ", prop.major, ".", prop.minor,
-        "; this build's kernels are for 9.0 (Hopper): rebuild with CMAKE_CUDA_ARCHITECTURES"));
-  }
   if (!kc::SupportsHeadDim(model.head_dim)) {
     return absl::UnimplementedError(StrCat("CUDA runner: head_dim ", model.head_dim,
                                            " is not supported (", kc::kHeadDimList, ")"));
@@ -1250,6 +1240,26 @@ RunnerStats CudaRunner::stats() const {
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Checkpoint& checkpoint,
                                                               const RunnerConfig& config) {
   return CudaRunner::Create(checkpoint, config);
+}
+
+absl::Status CheckCudaRunnerDevice(int32_t device) {
+  const int num_devices = CudaDeviceCount();
+  if (device < 0 || device >= num_devices) {
+    return absl::FailedPreconditionError(StrCat("no CUDA GPU ", device, " on this machine (",
+                                                num_devices, " found)"));
+  }
+  cudaDeviceProp prop{};
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        StrCat("CUDA GPU ", device, ": cannot read its properties: ", cudaGetErrorString(e)));
+  }
+  if (prop.major < 9) {
+    return absl::FailedPreconditionError(StrCat(
+        "CUDA GPU ", device, " (", prop.name, ") has compute capability ", prop.major, ".",
+        prop.minor, "; this build's kernels need 9.0 or later (Hopper)"));
+  }
+  return absl::OkStatus();
 }
 
 int CudaDeviceCount() {

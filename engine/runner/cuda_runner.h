@@ -52,6 +52,10 @@ int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, R
 // The number of CUDA devices (0 without a GPU or driver). Only in builds with the CUDA runner.
 int CudaDeviceCount();
 
+// OK when CUDA device `device` exists and its compute capability is one the kernels are built for
+// (9.0 or later); FailedPrecondition naming the device and its capability otherwise.
+absl::Status CheckCudaRunnerDevice(int32_t device);
+
 // The decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 8 up to max_num_seqs (and
 // max_num_seqs itself).
 std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs);

@@ -182,12 +182,32 @@ std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs) {
   return sizes;
 }
 
-bool CudaRunnerAvailable() {
+std::string_view BackendName(Backend backend) {
+  return backend == Backend::kCuda ? "cuda" : "cpu";
+}
+
+std::optional<Backend> BackendFromName(std::string_view name) {
+  for (Backend backend : {Backend::kCpu, Backend::kCuda}) {
+    if (BackendName(backend) == name) return backend;
+  }
+  return std::nullopt;
+}
+
+absl::Status CheckCudaDevice(int32_t device) {
 #ifdef LMSERVE_HAVE_CUDA_RUNNER
-  return CudaDeviceCount() > 0;
+  return CheckCudaRunnerDevice(device);
 #else
-  return false;
+  return absl::UnimplementedError(
+      "this lmserve was built without CUDA (LMSERVE_CUDA=OFF or no nvcc)");
 #endif
+}
+
+BackendChoice ChooseAutoBackend(int32_t device) {
+  const absl::Status cuda = CheckCudaDevice(device);
+  if (cuda.ok()) {
+    return {Backend::kCuda, StrCat("CUDA device ", device, " is supported by this build")};
+  }
+  return {Backend::kCpu, std::string(cuda.message())};
 }
 
 }  // namespace lmserve::engine

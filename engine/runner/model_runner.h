@@ -82,6 +82,20 @@ struct StepOutput {
 
 enum class Backend { kCpu, kCuda };
 
+// "cpu", "cuda" (the names of `lmserve serve --backend`, GetModelInfo's backend).
+std::string_view BackendName(Backend backend);
+// The inverse of BackendName; nullopt for any other name ("auto" included).
+std::optional<Backend> BackendFromName(std::string_view name);
+
+// What `--backend auto` resolves to, and why (for the start-up log).
+struct BackendChoice {
+  Backend backend = Backend::kCpu;
+  std::string reason;  // "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0) is supported"
+};
+// CUDA when this binary has the CUDA runner and CUDA device `device` is one its kernels support
+// (compute capability 9.0 or later); otherwise the CPU, with the reason it is not CUDA.
+BackendChoice ChooseAutoBackend(int32_t device = 0);
+
 // The element type a runner holds its weights, activations and KV cache in, and computes with
 // (math inside kernels is fp32 either way). The CPU runner is fp32 only; the CUDA runner holds
 // bf16 by default and fp32 on request (a numerical twin of the CPU runner, at twice the memory).
@@ -165,8 +179,9 @@ class ModelRunner {
   virtual absl::Status Execute(const StepBatch& batch, StepOutput* output) = 0;
 };
 
-// Whether this binary has the CUDA runner and a usable GPU is present.
-bool CudaRunnerAvailable();
+// OK when this binary has the CUDA runner and CUDA device `device` exists and is one its kernels
+// support; otherwise FailedPrecondition (Unimplemented for a build without CUDA) saying why.
+absl::Status CheckCudaDevice(int32_t device = 0);
 
 // Checks a batch against a runner's limits; every runner calls it first.
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,

@@ -165,7 +165,7 @@ TEST(ModelRunnerCreateTest, ReportsUnsupportedBackendsAndBadConfigs) {
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   RunnerConfig config;
   config.backend = Backend::kCuda;
-  if (!CudaRunnerAvailable()) {
+  if (!CheckCudaDevice().ok()) {
     // Built without CUDA (Unimplemented) or no GPU here (FailedPrecondition): a clear error.
     auto cuda = ModelRunner::Create(**checkpoint, config);
     EXPECT_FALSE(cuda.ok());

@@ -27,7 +27,7 @@ namespace {
 
 #define LMSERVE_REQUIRE_CUDA_RUNNER()                                                  \
   do {                                                                                 \
-    if (!CudaRunnerAvailable()) GTEST_SKIP() << "no CUDA GPU here: CUDA runner test skipped"; \
+    if (!CheckCudaDevice().ok()) GTEST_SKIP() << "CUDA runner test skipped: " << CheckCudaDevice(); \
   } while (0)
 
 const char* const kFixtureModels[] = {"llama-gqa", "llama-mqa-tied-llama3rope", "llama-hd128",
