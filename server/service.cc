@@ -1102,9 +1102,7 @@ absl::Status LmserveServer::LoadModel() {
   model.info.set_name(config.served_model_name.empty()
                           ? DefaultModelName(model_config, config.model_path)
                           : config.served_model_name);
-  model.info.set_architecture(model_config.architecture_name.empty()
-                                  ? engine::ArchitectureName(model_config.architecture)
-                                  : model_config.architecture_name);
+  model.info.set_architecture(model_config.architecture_name);
   model.info.set_context_length(limits.max_context_tokens);
   model.info.set_vocab_size(static_cast<int32_t>(limits.vocab_size));
   model.info.set_dtype(std::string(engine::RunnerDTypeName(runner_stats.dtype)));

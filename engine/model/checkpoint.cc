@@ -4,7 +4,9 @@
 #include <fstream>
 #include <string_view>
 
+#include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/family.h"
 #include "absl/strings/match.h"
 
 namespace lmserve::engine {
@@ -55,38 +57,9 @@ absl::Status CheckTensorBytes(const TensorView& tensor) {
 }
 
 absl::Status ValidateCheckpointTensors(const Checkpoint& checkpoint) {
-  const ModelConfig& c = checkpoint.config();
-  const int64_t q_rows = c.num_attention_heads * c.head_dim;
-  const int64_t kv_rows = c.num_kv_heads * c.head_dim;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
-      {"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}},
-      {"model.norm.weight", {c.hidden_size}},
-  };
-  if (!c.tie_word_embeddings) expected.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    expected.push_back({LayerTensorName(l, "input_layernorm.weight"), {c.hidden_size}});
-    expected.push_back({LayerTensorName(l, "self_attn.q_proj.weight"), {q_rows, c.hidden_size}});
-    expected.push_back({LayerTensorName(l, "self_attn.k_proj.weight"), {kv_rows, c.hidden_size}});
-    expected.push_back({LayerTensorName(l, "self_attn.v_proj.weight"), {kv_rows, c.hidden_size}});
-    expected.push_back({LayerTensorName(l, "self_attn.o_proj.weight"), {c.hidden_size, q_rows}});
-    if (c.attention_bias) {
-      expected.push_back({LayerTensorName(l, "self_attn.q_proj.bias"), {q_rows}});
-      expected.push_back({LayerTensorName(l, "self_attn.k_proj.bias"), {kv_rows}});
-      expected.push_back({LayerTensorName(l, "self_attn.v_proj.bias"), {kv_rows}});
-    }
-    expected.push_back({LayerTensorName(l, "post_attention_layernorm.weight"), {c.hidden_size}});
-    expected.push_back(
-        {LayerTensorName(l, "mlp.gate_proj.weight"), {c.intermediate_size, c.hidden_size}});
-    expected.push_back(
-        {LayerTensorName(l, "mlp.up_proj.weight"), {c.intermediate_size, c.hidden_size}});
-    expected.push_back(
-        {LayerTensorName(l, "mlp.down_proj.weight"), {c.hidden_size, c.intermediate_size}});
-  }
-  for (const auto& [name, shape] : expected) {
-    absl::StatusOr<const TensorView*> tensor = checkpoint.Get(name, shape);
-    if (!tensor.ok()) return tensor.status();
-  }
-  return absl::OkStatus();
+  LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model,
+                           DescribeModel(checkpoint.config()));
+  return model->weights().Validate(checkpoint);
 }
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenCheckpoint(const std::string& path) {

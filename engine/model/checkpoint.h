@@ -70,8 +70,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenConfigOnlyCheckpoint(const std::
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHfCheckpoint(const std::string& directory);
 absl::StatusOr<std::unique_ptr<Checkpoint>> OpenGgufCheckpoint(const std::string& file);
 
-// Checks that every tensor a Llama-family decoder needs is present with the right shape and a
-// supported type. Errors name the file and the tensor.
+// Checks that every tensor the model's family declares (family.h) is present with the right shape
+// and a byte count its type takes. Errors name the file and the tensor.
 absl::Status ValidateCheckpointTensors(const Checkpoint& checkpoint);
 
 // OK if the tensor's byte count is what its element count takes in its type (whole blocks for the

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/status.h"
 #include "absl/status/status.h"
 #include "common/strings.h"
 
@@ -119,7 +120,7 @@ class Parser {
   // A GGUF string: u64 length, then the bytes.
   absl::Status ReadString(std::string* out, std::string_view what) {
     uint64_t length = 0;
-    if (absl::Status s = Read(&length, StrCat(what, " (string length)")); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(Read(&length, StrCat(what, " (string length)")));
     if (length > reader_.remaining()) {
       return Corrupt(StrCat(what, " has string length ", length, " at byte ", reader_.pos() - 8,
                             ", more than the ", reader_.remaining(), " bytes left in the file"));
@@ -150,7 +151,7 @@ class Parser {
         return ReadInt<int64_t>(what, out);
       case GgufType::kFloat32: {
         float v = 0;
-        if (absl::Status s = Read(&v, what); !s.ok()) return s;
+        LMSERVE_RETURN_IF_ERROR(Read(&v, what));
         out->float_value = v;
         return absl::OkStatus();
       }
@@ -158,7 +159,7 @@ class Parser {
         return Read(&out->float_value, what);
       case GgufType::kBool: {
         uint8_t v = 0;
-        if (absl::Status s = Read(&v, what); !s.ok()) return s;
+        LMSERVE_RETURN_IF_ERROR(Read(&v, what));
         if (v > 1) return Corrupt(StrCat(what, " is a bool with byte value ", int{v}));
         out->int_value = v;
         return absl::OkStatus();
@@ -174,7 +175,7 @@ class Parser {
   absl::Status ReadArray(int depth, std::string_view what, GgufValue* out) {
     uint32_t element_type = 0;
     uint64_t count = 0;
-    if (absl::Status s = Read(&element_type, StrCat(what, " (array type)")); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(Read(&element_type, StrCat(what, " (array type)")));
     if (!IsKnownType(element_type)) {
       return Corrupt(StrCat(what, " is an array of unknown value type ", element_type));
     }
@@ -182,7 +183,7 @@ class Parser {
     if (out->element_type == GgufType::kArray && depth + 1 >= kMaxArrayNesting) {
       return Corrupt(StrCat(what, " nests arrays deeper than ", kMaxArrayNesting, " levels"));
     }
-    if (absl::Status s = Read(&count, StrCat(what, " (array length)")); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(Read(&count, StrCat(what, " (array length)")));
     // Every element needs at least this many bytes: a count that cannot fit is rejected before
     // anything is allocated.
     uint64_t min_bytes = FixedSize(out->element_type);
@@ -195,10 +196,7 @@ class Parser {
     }
     out->elements.resize(static_cast<size_t>(count));
     for (uint64_t i = 0; i < count; ++i) {
-      if (absl::Status s = ReadValue(out->element_type, depth + 1, what, &out->elements[i]);
-          !s.ok()) {
-        return s;
-      }
+      LMSERVE_RETURN_IF_ERROR(ReadValue(out->element_type, depth + 1, what, &out->elements[i]));
     }
     return absl::OkStatus();
   }
@@ -209,14 +207,14 @@ class Parser {
   template <typename T>
   absl::Status ReadUint(std::string_view what, GgufValue* out) {
     T v = 0;
-    if (absl::Status s = Read(&v, what); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(Read(&v, what));
     out->uint_value = v;
     return absl::OkStatus();
   }
   template <typename T>
   absl::Status ReadInt(std::string_view what, GgufValue* out) {
     T v = 0;
-    if (absl::Status s = Read(&v, what); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(Read(&v, what));
     out->int_value = v;
     return absl::OkStatus();
   }
@@ -451,7 +449,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::unique_ptr<Mapped
   }
   uint32_t magic = 0;
   (void)parser.Read(&magic, "magic");
-  if (absl::Status s = parser.Read(&file->version_, "the version"); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(parser.Read(&file->version_, "the version"));
   if (file->version_ == 1) {
     return absl::UnimplementedError(
         StrCat(path, ": GGUF version 1 is not supported (versions 2 and 3 are)"));
@@ -462,8 +460,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::unique_ptr<Mapped
         " is not supported (versions 2 and 3 are; a big-endian file reads as a huge version)"));
   }
   uint64_t tensor_count = 0, kv_count = 0;
-  if (absl::Status s = parser.Read(&tensor_count, "the tensor count"); !s.ok()) return s;
-  if (absl::Status s = parser.Read(&kv_count, "the metadata count"); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(parser.Read(&tensor_count, "the tensor count"));
+  LMSERVE_RETURN_IF_ERROR(parser.Read(&kv_count, "the metadata count"));
   const uint64_t left = parser.reader().remaining();
   if (kv_count > left / kMinKvBytes) {
     return parser.Corrupt(
@@ -478,15 +476,13 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::unique_ptr<Mapped
   file->metadata_.reserve(static_cast<size_t>(kv_count));
   for (uint64_t i = 0; i < kv_count; ++i) {
     std::string key;
-    if (absl::Status s = parser.ReadString(&key, StrCat("metadata key #", i)); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(parser.ReadString(&key, StrCat("metadata key #", i)));
     const std::string what = StrCat("key '", key, "'");
     uint32_t type = 0;
-    if (absl::Status s = parser.Read(&type, StrCat(what, " (value type)")); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(parser.Read(&type, StrCat(what, " (value type)")));
     if (!IsKnownType(type)) return parser.Corrupt(StrCat(what, " has unknown value type ", type));
     GgufValue value;
-    if (absl::Status s = parser.ReadValue(static_cast<GgufType>(type), 0, what, &value); !s.ok()) {
-      return s;
-    }
+    LMSERVE_RETURN_IF_ERROR(parser.ReadValue(static_cast<GgufType>(type), 0, what, &value));
     if (!file->metadata_index_.emplace(key, file->metadata_.size()).second) {
       return parser.Corrupt(StrCat(what, " appears twice"));
     }
@@ -509,21 +505,17 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::unique_ptr<Mapped
   file->tensors_.reserve(static_cast<size_t>(tensor_count));
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensorInfo info;
-    if (absl::Status s = parser.ReadString(&info.name, StrCat("tensor name #", i)); !s.ok()) {
-      return s;
-    }
+    LMSERVE_RETURN_IF_ERROR(parser.ReadString(&info.name, StrCat("tensor name #", i)));
     const std::string what = StrCat("tensor '", info.name, "'");
     uint32_t n_dims = 0;
-    if (absl::Status s = parser.Read(&n_dims, StrCat(what, " (dimension count)")); !s.ok()) {
-      return s;
-    }
+    LMSERVE_RETURN_IF_ERROR(parser.Read(&n_dims, StrCat(what, " (dimension count)")));
     if (n_dims > kMaxDims) {
       return parser.Corrupt(StrCat(what, " has ", n_dims, " dimensions (at most ", kMaxDims, ")"));
     }
     uint64_t num_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t dim = 0;
-      if (absl::Status s = parser.Read(&dim, StrCat(what, " (dimensions)")); !s.ok()) return s;
+      LMSERVE_RETURN_IF_ERROR(parser.Read(&dim, StrCat(what, " (dimensions)")));
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           __builtin_mul_overflow(num_elements, dim, &num_elements) ||
           num_elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -532,8 +524,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::unique_ptr<Mapped
       }
       info.dims.push_back(static_cast<int64_t>(dim));
     }
-    if (absl::Status s = parser.Read(&info.ggml_type, StrCat(what, " (type)")); !s.ok()) return s;
-    if (absl::Status s = parser.Read(&info.offset, StrCat(what, " (offset)")); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(parser.Read(&info.ggml_type, StrCat(what, " (type)")));
+    LMSERVE_RETURN_IF_ERROR(parser.Read(&info.offset, StrCat(what, " (offset)")));
     std::optional<DType> dtype = DTypeFromGgmlType(info.ggml_type);
     if (!dtype.has_value()) {
       return absl::UnimplementedError(StrCat(path, ": ", what, " has type ",

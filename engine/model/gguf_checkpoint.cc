@@ -2,8 +2,8 @@
 // Face names and their shapes reversed to outermost-first.
 //
 // Rotary layout: llama.cpp's converter permutes the Q/K rows of llama-architecture models so that
-// rotary pairs are adjacent (dims 2i, 2i+1). The rows are kept as stored and the config says
-// RopeLayout::kInterleaved; qwen2 files are not permuted (kHalfSplit).
+// rotary pairs are adjacent (dims 2i, 2i+1). The rows are kept as stored and the config says so
+// (ModelFamily::gguf_rope_layout: kInterleaved for llama; qwen2 files are not permuted).
 
 #include <algorithm>
 #include <cstring>
@@ -12,7 +12,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/family.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/gguf.h"
 #include "kernels/cpu/dequant.h"
@@ -84,17 +86,14 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
     return absl::InvalidArgumentError(
         StrCat(path, ": metadata key 'general.architecture' is missing or not a string"));
   }
-  if (*arch == "llama") {
-    c.architecture = Architecture::kLlama;
-    c.rope.layout = RopeLayout::kInterleaved;
-  } else if (*arch == "qwen2") {
-    c.architecture = Architecture::kQwen2;
-    c.attention_bias = true;
-    c.rope.layout = RopeLayout::kHalfSplit;
-  } else {
-    return absl::UnimplementedError(
-        StrCat(path, ": architecture '", *arch, "' is not supported (supported: llama, qwen2)"));
+  const ModelFamily* family = FindGgufFamily(*arch);
+  if (family == nullptr) {
+    return absl::UnimplementedError(StrCat(path, ": architecture '", *arch,
+                                           "' is not supported (supported: ",
+                                           SupportedGgufArchitectures(), ")"));
   }
+  c.family = family->name;
+  c.rope.layout = family->gguf_rope_layout;
   c.architecture_name = *arch;
   c.name = file.GetString("general.name").value_or(std::filesystem::path(path).stem().string());
 
@@ -136,12 +135,12 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
         {"feed_forward_length", &c.intermediate_size},
         {"block_count", &c.num_layers},
         {"attention.head_count", &c.num_attention_heads}}) {
-    if (absl::Status s = required_int(suffix, out); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(required_int(suffix, out));
   }
   c.num_kv_heads = c.num_attention_heads;
-  if (absl::Status s = optional_int("attention.head_count_kv", &c.num_kv_heads); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(optional_int("attention.head_count_kv", &c.num_kv_heads));
   if (c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
-  if (absl::Status s = optional_int("attention.key_length", &c.head_dim); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(optional_int("attention.key_length", &c.head_dim));
   for (const auto& [what, value] :
        {std::pair<std::string_view, int64_t>{"embedding_length", c.hidden_size},
         {"feed_forward_length", c.intermediate_size},
@@ -160,8 +159,8 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                              ", beyond any supported model"));
   }
   int64_t value_length = c.head_dim, rope_dims = c.head_dim;
-  if (absl::Status s = optional_int("attention.value_length", &value_length); !s.ok()) return s;
-  if (absl::Status s = optional_int("rope.dimension_count", &rope_dims); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(optional_int("attention.value_length", &value_length));
+  LMSERVE_RETURN_IF_ERROR(optional_int("rope.dimension_count", &rope_dims));
   if (value_length != c.head_dim) {
     return absl::UnimplementedError(StrCat(path, ": ", *arch, ".attention.value_length ",
                                            value_length, " differs from the key length ",
@@ -172,15 +171,12 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            " differs from the head dimension ", c.head_dim,
                                            " (partial rotary embedding is not supported)"));
   }
-  if (absl::Status s = optional_float("rope.freq_base", &c.rope.theta); !s.ok()) return s;
-  if (absl::Status s = optional_float("attention.layer_norm_rms_epsilon", &c.rms_norm_eps);
-      !s.ok()) {
-    return s;
-  }
+  LMSERVE_RETURN_IF_ERROR(optional_float("rope.freq_base", &c.rope.theta));
+  LMSERVE_RETURN_IF_ERROR(optional_float("attention.layer_norm_rms_epsilon", &c.rms_norm_eps));
   const std::string scaling = file.GetString(StrCat(*arch, ".rope.scaling.type")).value_or("none");
   if (scaling == "linear") {
     c.rope.scaling = RopeScaling::kLinear;
-    if (absl::Status s = optional_float("rope.scaling.factor", &c.rope.factor); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(optional_float("rope.scaling.factor", &c.rope.factor));
     if (!(c.rope.factor > 0)) {
       return absl::InvalidArgumentError(
           StrCat(path, ": ", *arch, ".rope.scaling.factor must be positive"));
@@ -190,6 +186,9 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            "' is not supported (supported: none, linear)"));
   }
 
+  if (family->read_gguf_config != nullptr) {
+    LMSERVE_RETURN_IF_ERROR(family->read_gguf_config(file, &c));
+  }
   // Token ids: a negative id is llama.cpp's "no such token" and is skipped.
   auto token_id = [&](const char* key) -> absl::StatusOr<std::optional<int32_t>> {
     const GgufValue* value = file.Find(key);
@@ -289,10 +288,10 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
   }
   c.vocab_size = (*embed)->shape[0];
   c.tie_word_embeddings = !checkpoint->tensors_.contains("lm_head.weight");
-  if (c.architecture == Architecture::kLlama &&
+  if (!c.attention_bias &&
       checkpoint->tensors_.contains(LayerTensorName(0, "self_attn.q_proj.bias"))) {
-    return absl::UnimplementedError(
-        StrCat(path, ": attention biases on a llama-architecture model are not supported"));
+    return absl::UnimplementedError(StrCat(path, ": attention biases on a ", c.architecture_name,
+                                           "-architecture model are not supported"));
   }
 
   if (const GgufTensorInfo* freqs = file->FindTensor(kRopeFreqsTensor); freqs != nullptr) {

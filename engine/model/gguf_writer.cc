@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/strings.h"
+#include "engine/model/family.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
 
@@ -184,9 +185,14 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   if (absl::Status s = ValidateModelConfig(c); !s.ok()) {
     return absl::Status(s.code(), StrCat(path, ": ", s.message()));
   }
-  const bool llama = c.architecture != Architecture::kQwen2;  // Mistral is written as llama
-  const std::string arch = llama ? "llama" : "qwen2";
-  const RopeLayout target_layout = llama ? RopeLayout::kInterleaved : RopeLayout::kHalfSplit;
+  const ModelFamily* family = FindFamily(c.family);
+  if (family == nullptr || family->gguf_architecture.empty()) {
+    return absl::UnimplementedError(StrCat(path, ": ", c.architecture_name,
+                                           " models cannot be written as GGUF (supported: ",
+                                           SupportedGgufArchitectures(), ")"));
+  }
+  const std::string& arch = family->gguf_architecture;
+  const RopeLayout target_layout = family->gguf_rope_layout;
 
   GgufWriter writer(GgufFile::kDefaultAlignment);
   writer.Add("general.architecture", GgufValue::String(arch));
@@ -216,8 +222,8 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   if (freq_factors.empty() && c.rope.scaling == RopeScaling::kLlama3) {
     ModelConfig unscaled = c;
     unscaled.rope.scaling = RopeScaling::kDefault;
-    const std::vector<double> base = RopeInverseFrequencies(unscaled);
-    const std::vector<double> scaled = RopeInverseFrequencies(c);
+    const std::vector<double> base = RopeInverseFrequencies(unscaled.rope, unscaled.head_dim);
+    const std::vector<double> scaled = RopeInverseFrequencies(c.rope, c.head_dim);
     for (size_t i = 0; i < base.size(); ++i) {
       freq_factors.push_back(static_cast<float>(base[i] / scaled[i]));
     }

@@ -3,10 +3,10 @@
 // the mappings.
 
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/safetensors.h"
@@ -19,11 +19,9 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 absl::StatusOr<json> ReadJsonFile(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(StrCat(path.string(), ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json parsed = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadFile(path.string());
+  if (!text.ok()) return absl::Status(text.status().code(), StrCat(path.string(), ": cannot open"));
+  json parsed = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     return absl::InvalidArgumentError(StrCat(path.string(), ": not valid JSON"));
   }
@@ -115,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> OpenHf(const std::string& directory,
     }
     checkpoint->shards_.push_back(*std::move(shard));
   }
-  if (absl::Status s = ValidateCheckpointTensors(*checkpoint); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(ValidateCheckpointTensors(*checkpoint));
   return checkpoint;
 }
 

@@ -4,7 +4,9 @@
 #include <numbers>
 #include <tuple>
 
+#include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/family.h"
 #include "nlohmann/json.hpp"
 
 namespace lmserve::engine {
@@ -81,31 +83,24 @@ absl::Status ParseRopeScaling(const json& scaling, RopeConfig* rope) {
     type = it2->get<std::string>();
   }
   // transformers 5 moves rope_theta into this object (rope_parameters).
-  if (absl::Status s = ReadDouble(scaling, "rope_theta", &rope->theta); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(ReadDouble(scaling, "rope_theta", &rope->theta));
   if (type == "default") {
     rope->scaling = RopeScaling::kDefault;
     return absl::OkStatus();
   }
-  if (absl::Status s = ReadDouble(scaling, "factor", &rope->factor); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(ReadDouble(scaling, "factor", &rope->factor));
   if (type == "linear") {
     rope->scaling = RopeScaling::kLinear;
   } else if (type == "llama3") {
     rope->scaling = RopeScaling::kLlama3;
-    if (absl::Status s = ReadDouble(scaling, "low_freq_factor", &rope->low_freq_factor); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ReadDouble(scaling, "high_freq_factor", &rope->high_freq_factor);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ReadInt(scaling, "original_max_position_embeddings",
-                                 &rope->original_max_position_embeddings);
-        !s.ok()) {
-      return s;
-    }
+    LMSERVE_RETURN_IF_ERROR(ReadDouble(scaling, "low_freq_factor", &rope->low_freq_factor));
+    LMSERVE_RETURN_IF_ERROR(ReadDouble(scaling, "high_freq_factor", &rope->high_freq_factor));
+    LMSERVE_RETURN_IF_ERROR(ReadInt(scaling, "original_max_position_embeddings",
+                                    &rope->original_max_position_embeddings));
   } else {
-    return absl::UnimplementedError(StrCat(
-        "config.json: rope scaling type '", type, "' is not supported (supported: default, linear, llama3)"));
+    return absl::UnimplementedError(
+        StrCat("config.json: rope scaling type '", type,
+               "' is not supported (supported: default, linear, llama3)"));
   }
   if (!(rope->factor > 0)) {
     return absl::InvalidArgumentError("config.json: rope scaling factor must be positive");
@@ -115,113 +110,67 @@ absl::Status ParseRopeScaling(const json& scaling, RopeConfig* rope) {
 
 }  // namespace
 
-std::string ArchitectureName(Architecture architecture) {
-  switch (architecture) {
-    case Architecture::kLlama: return "LlamaForCausalLM";
-    case Architecture::kMistral: return "MistralForCausalLM";
-    case Architecture::kQwen2: return "Qwen2ForCausalLM";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* generation_config) {
   if (!config.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   ModelConfig out;
   std::string arch;
-  if (auto it = config.find("architectures"); it != config.end() && it->is_array() && !it->empty() &&
-                                              (*it)[0].is_string()) {
+  if (auto it = config.find("architectures");
+      it != config.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
     arch = (*it)[0].get<std::string>();
   }
   std::string model_type;
-  if (absl::Status s = ReadString(config, "model_type", &model_type); !s.ok()) return s;
-  if (arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama")) {
-    out.architecture = Architecture::kLlama;
-  } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
-    out.architecture = Architecture::kMistral;
-  } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
-    out.architecture = Architecture::kQwen2;
-    out.attention_bias = true;
-  } else {
-    return absl::UnimplementedError(StrCat(
-        "config.json: architecture '", arch.empty() ? model_type : arch,
-        "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
-  }
-  out.architecture_name = arch.empty() ? ArchitectureName(out.architecture) : arch;
-  if (absl::Status s = ReadString(config, "_name_or_path", &out.name); !s.ok()) return s;
-
-  std::string act = "silu";
-  if (absl::Status s = ReadString(config, "hidden_act", &act); !s.ok()) return s;
-  if (act != "silu") {
+  LMSERVE_RETURN_IF_ERROR(ReadString(config, "model_type", &model_type));
+  const ModelFamily* family = FindHfFamily(arch, model_type);
+  if (family == nullptr) {
     return absl::UnimplementedError(
-        StrCat("config.json: hidden_act '", act, "' is not supported (only silu)"));
+        StrCat("config.json: architecture '", arch.empty() ? model_type : arch,
+               "' is not supported (supported: ", SupportedHfArchitectures(), ")"));
   }
-  if (absl::Status s = ReadInt(config, "vocab_size", &out.vocab_size); !s.ok()) return s;
-  if (absl::Status s = ReadInt(config, "hidden_size", &out.hidden_size); !s.ok()) return s;
-  if (absl::Status s = ReadInt(config, "intermediate_size", &out.intermediate_size); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ReadInt(config, "num_hidden_layers", &out.num_layers); !s.ok()) return s;
-  if (absl::Status s = ReadInt(config, "num_attention_heads", &out.num_attention_heads); !s.ok()) {
-    return s;
-  }
+  out.family = family->name;
+  out.architecture_name =
+      arch.empty() ? (family->hf_architectures.empty() ? family->name : family->hf_architectures[0])
+                   : arch;
+  LMSERVE_RETURN_IF_ERROR(ReadString(config, "_name_or_path", &out.name));
+
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "vocab_size", &out.vocab_size));
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "hidden_size", &out.hidden_size));
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "intermediate_size", &out.intermediate_size));
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "num_hidden_layers", &out.num_layers));
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "num_attention_heads", &out.num_attention_heads));
   out.num_kv_heads = out.num_attention_heads;
-  if (absl::Status s = ReadInt(config, "num_key_value_heads", &out.num_kv_heads); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "num_key_value_heads", &out.num_kv_heads));
   if (out.num_attention_heads > 0) out.head_dim = out.hidden_size / out.num_attention_heads;
-  if (absl::Status s = ReadInt(config, "head_dim", &out.head_dim); !s.ok()) return s;
-  if (absl::Status s = ReadInt(config, "max_position_embeddings", &out.max_position_embeddings);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ReadDouble(config, "rms_norm_eps", &out.rms_norm_eps); !s.ok()) return s;
-  if (absl::Status s = ReadBool(config, "tie_word_embeddings", &out.tie_word_embeddings); !s.ok()) {
-    return s;
-  }
-  if (out.architecture != Architecture::kQwen2) {
-    bool attention_bias = false, mlp_bias = false;
-    if (absl::Status s = ReadBool(config, "attention_bias", &attention_bias); !s.ok()) return s;
-    if (absl::Status s = ReadBool(config, "mlp_bias", &mlp_bias); !s.ok()) return s;
-    if (attention_bias || mlp_bias) {
-      return absl::UnimplementedError(
-          "config.json: attention_bias / mlp_bias on a Llama model are not supported");
-    }
-  }
-
-  // Sliding-window attention is not implemented: serve only the window, so answers stay exact.
-  int64_t sliding_window = 0;
-  bool use_sliding_window = out.architecture == Architecture::kMistral;
-  if (absl::Status s = ReadBool(config, "use_sliding_window", &use_sliding_window); !s.ok()) return s;
-  if (absl::Status s = ReadInt(config, "sliding_window", &sliding_window); !s.ok()) return s;
-  if (use_sliding_window && sliding_window > 0 && sliding_window < out.max_position_embeddings) {
-    out.max_position_embeddings = sliding_window;
-  }
-
-  if (absl::Status s = ReadDouble(config, "rope_theta", &out.rope.theta); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "head_dim", &out.head_dim));
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &out.max_position_embeddings));
+  LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "rms_norm_eps", &out.rms_norm_eps));
+  LMSERVE_RETURN_IF_ERROR(ReadBool(config, "tie_word_embeddings", &out.tie_word_embeddings));
+  LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "rope_theta", &out.rope.theta));
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     auto it = config.find(key);
     if (it == config.end() || it->is_null()) continue;
     if (!it->is_object()) {
       return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not an object"));
     }
-    if (absl::Status s = ParseRopeScaling(*it, &out.rope); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(ParseRopeScaling(*it, &out.rope));
   }
-  if (auto it = config.find("partial_rotary_factor"); it != config.end() && !it->is_null() &&
-                                                      it->is_number() && it->get<double>() != 1.0) {
+  if (auto it = config.find("partial_rotary_factor");
+      it != config.end() && !it->is_null() && it->is_number() && it->get<double>() != 1.0) {
     return absl::UnimplementedError("config.json: partial_rotary_factor is not supported");
   }
 
   int64_t bos = -1;
-  if (absl::Status s = ReadInt(config, "bos_token_id", &bos); !s.ok()) return s;
-  if (absl::Status s = ReadTokenIds(config, "eos_token_id", &out.eos_token_ids); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(ReadInt(config, "bos_token_id", &bos));
+  LMSERVE_RETURN_IF_ERROR(ReadTokenIds(config, "eos_token_id", &out.eos_token_ids));
   if (generation_config != nullptr && generation_config->is_object()) {
-    if (absl::Status s = ReadInt(*generation_config, "bos_token_id", &bos); !s.ok()) return s;
-    if (absl::Status s = ReadTokenIds(*generation_config, "eos_token_id", &out.eos_token_ids);
-        !s.ok()) {
-      return s;
-    }
+    LMSERVE_RETURN_IF_ERROR(ReadInt(*generation_config, "bos_token_id", &bos));
+    LMSERVE_RETURN_IF_ERROR(ReadTokenIds(*generation_config, "eos_token_id", &out.eos_token_ids));
   }
   if (bos >= 0) out.bos_token_id = static_cast<int32_t>(bos);
 
-  if (absl::Status s = ValidateModelConfig(out); !s.ok()) return s;
+  if (family->read_hf_config != nullptr) {
+    LMSERVE_RETURN_IF_ERROR(family->read_hf_config(config, &out));
+  }
+  LMSERVE_RETURN_IF_ERROR(ValidateModelConfig(out));
   return out;
 }
 
@@ -239,7 +188,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                              {"num_key_value_heads", c.num_kv_heads},
                              {"head_dim", c.head_dim},
                              {"max_position_embeddings", c.max_position_embeddings}}) {
-    if (absl::Status s = positive(what, value); !s.ok()) return s;
+    LMSERVE_RETURN_IF_ERROR(positive(what, value));
   }
   // Bounds far above any real model; they keep a corrupt config from asking for absurd memory.
   for (auto [what, value, limit] :
@@ -256,15 +205,16 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     }
   }
   if (c.num_attention_heads % c.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(StrCat(
-        "model config: num_attention_heads (", c.num_attention_heads,
-        ") is not a multiple of num_key_value_heads (", c.num_kv_heads, ")"));
+    return absl::InvalidArgumentError(
+        StrCat("model config: num_attention_heads (", c.num_attention_heads,
+               ") is not a multiple of num_key_value_heads (", c.num_kv_heads, ")"));
   }
   if (c.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
         StrCat("model config: head_dim must be even for rotary embedding (got ", c.head_dim, ")"));
   }
-  if (!(c.rope.theta > 0)) return absl::InvalidArgumentError("model config: rope_theta must be positive");
+  if (!(c.rope.theta > 0))
+    return absl::InvalidArgumentError("model config: rope_theta must be positive");
   if (!(c.rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rms_norm_eps must be positive");
   }
@@ -277,9 +227,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   }
   if (!c.rope.freq_factors.empty() &&
       static_cast<int64_t>(c.rope.freq_factors.size()) != c.head_dim / 2) {
-    return absl::InvalidArgumentError(StrCat(
-        "model config: ", c.rope.freq_factors.size(), " rope frequency factors for head_dim ",
-        c.head_dim, " (want head_dim / 2)"));
+    return absl::InvalidArgumentError(StrCat("model config: ", c.rope.freq_factors.size(),
+                                             " rope frequency factors for head_dim ", c.head_dim,
+                                             " (want head_dim / 2)"));
   }
   for (float factor : c.rope.freq_factors) {
     if (!(factor > 0) || !std::isfinite(factor)) {
@@ -295,12 +245,11 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
-  const RopeConfig& rope = config.rope;
-  const int64_t pairs = config.head_dim / 2;
+std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim) {
+  const int64_t pairs = head_dim / 2;
   std::vector<double> inv_freq(pairs);
   for (int64_t i = 0; i < pairs; ++i) {
-    inv_freq[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / config.head_dim);
+    inv_freq[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / head_dim);
   }
   if (!rope.freq_factors.empty()) {
     for (int64_t i = 0; i < pairs; ++i) inv_freq[i] /= rope.freq_factors[i];

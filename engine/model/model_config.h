@@ -1,4 +1,5 @@
-// The shape and hyper-parameters of a Llama-family decoder, whatever file it came from.
+// The shape and hyper-parameters of a decoder model, whatever file it came from. Which family
+// (family.h) it belongs to decides how its tensors and layers are read from these.
 
 #ifndef LMSERVE_ENGINE_MODEL_MODEL_CONFIG_H_
 #define LMSERVE_ENGINE_MODEL_MODEL_CONFIG_H_
@@ -13,8 +14,6 @@
 #include "nlohmann/json_fwd.hpp"
 
 namespace lmserve::engine {
-
-enum class Architecture { kLlama, kMistral, kQwen2 };
 
 enum class RopeScaling { kDefault, kLinear, kLlama3 };
 
@@ -38,7 +37,7 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  Architecture architecture = Architecture::kLlama;
+  std::string family = "llama";   // the ModelFamily's name: "llama", "mistral", "qwen2", ...
   std::string architecture_name;  // as the file names it: "LlamaForCausalLM", "qwen2", ...
   std::string name;               // a human-readable model name, when the file has one
   int64_t vocab_size = 0;
@@ -57,8 +56,9 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;  // any of these ends generation
 };
 
-// Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids win).
-// Errors say what is unsupported: another architecture, a rope_scaling type, an inconsistent shape.
+// Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids win):
+// the keys every family shares, then its family's own (ModelFamily::read_hf_config). Errors say
+// what is unsupported: an architecture no family serves, a rope_scaling type, an inconsistent shape.
 absl::StatusOr<ModelConfig> ParseHfConfig(const nlohmann::json& config,
                                           const nlohmann::json* generation_config);
 
@@ -67,9 +67,7 @@ absl::Status ValidateModelConfig(const ModelConfig& config);
 
 // The inverse frequency of each rotary pair i in [0, head_dim/2), scaling applied: what rotary
 // embedding multiplies positions by. fp64 so that CPU and GPU tables agree to the last fp32 bit.
-std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
-
-std::string ArchitectureName(Architecture architecture);
+std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim);
 
 }  // namespace lmserve::engine
 

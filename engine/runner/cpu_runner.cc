@@ -1,16 +1,20 @@
 #include "engine/runner/cpu_runner.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "common/strings.h"
+#include "engine/core/check.h"
+#include "engine/model/ops.h"
 #include "engine/runner/dummy_weights.h"
+#include "engine/runner/weight_loader.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/embedding.h"
@@ -22,17 +26,6 @@
 
 namespace lmserve::engine {
 namespace {
-
-// fp32 weights of one decoder layer.
-struct LayerWeights {
-  std::vector<float> input_norm;  // [hidden]
-  std::vector<float> qkv;         // [(heads + 2 kv_heads) * head_dim, hidden]: q, k, v rows
-  std::vector<float> qkv_bias;    // [(heads + 2 kv_heads) * head_dim], empty without bias
-  std::vector<float> o_proj;      // [hidden, heads * head_dim]
-  std::vector<float> post_norm;   // [hidden]
-  std::vector<float> gate_up;     // [2 * intermediate, hidden]: gate rows, then up rows
-  std::vector<float> down;        // [hidden, intermediate]
-};
 
 // lm_head sums its reduction over hidden in double, over fp32 chunks of this many features.
 constexpr int64_t kLogitsSplitK = 32;
@@ -50,10 +43,57 @@ void Grow(std::vector<T>* v, int64_t n) {
   if (static_cast<int64_t>(v->size()) < n) v->resize(static_cast<size_t>(n));
 }
 
-class CpuRunner final : public ModelRunner {
+kernels::RotaryLayout ToKernelLayout(RopeLayout layout) {
+  return layout == RopeLayout::kInterleaved ? kernels::RotaryLayout::kInterleaved
+                                            : kernels::RotaryLayout::kHalfSplit;
+}
+
+// The CPU runner's weights: every declared tensor converted to fp32, one array each.
+class CpuWeights final : public WeightSink {
  public:
-  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Checkpoint& checkpoint,
-                                                             const RunnerConfig& config);
+  explicit CpuWeights(const WeightPlan& plan) : plan_(plan), arrays_(plan.size()) {
+    for (int32_t i = 0; i < plan.size(); ++i) {
+      const WeightSpec& spec = plan.specs()[i];
+      if (!spec.tied_to.present()) arrays_[i].resize(static_cast<size_t>(spec.num_elements()));
+    }
+  }
+
+  absl::Status Store(const WeightSpec& spec, int64_t first_row, const TensorView& tensor) override {
+    kernels::DequantizeToF32(tensor.dtype, tensor.data, Rows(spec, first_row),
+                             tensor.NumElements());
+    return absl::OkStatus();
+  }
+  absl::Status StoreDummy(const WeightSpec& spec, int64_t first_row,
+                          const WeightPart& part) override {
+    FillDummyF32(part.name, spec.fan_in(), Rows(spec, first_row),
+                 part.rows * std::max<int64_t>(spec.cols, 1));
+    return absl::OkStatus();
+  }
+
+  const float* operator[](Weight weight) const {
+    return arrays_[plan_.Storage(weight).index].data();
+  }
+  int64_t bytes() const {
+    int64_t total = 0;
+    for (const std::vector<float>& array : arrays_) total += static_cast<int64_t>(array.size()) * 4;
+    return total;
+  }
+
+ private:
+  float* Rows(const WeightSpec& spec, int64_t first_row) {
+    const int32_t index = static_cast<int32_t>(&spec - plan_.specs().data());
+    return arrays_[index].data() + first_row * std::max<int64_t>(spec.cols, 1);
+  }
+
+  const WeightPlan& plan_;
+  std::vector<std::vector<float>> arrays_;  // by Weight::index; empty for tied tensors
+};
+
+class CpuRunner final : public ModelRunner, private ForwardOps {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(
+      std::unique_ptr<const ModelDescription> model, const Checkpoint& checkpoint,
+      const RunnerConfig& config);
 
   const ModelConfig& model_config() const override { return config_; }
   Backend backend() const override { return Backend::kCpu; }
@@ -64,39 +104,41 @@ class CpuRunner final : public ModelRunner {
   RunnerStats stats() const override;
 
  private:
-  CpuRunner(const ModelConfig& config, const RunnerConfig& runner_config);
+  CpuRunner(std::unique_ptr<const ModelDescription> model, const RunnerConfig& runner_config);
 
-  absl::Status LoadWeights(const Checkpoint& checkpoint);
-  absl::Status LoadTensor(const Checkpoint& checkpoint, const std::string& name,
-                          const std::vector<int64_t>& shape, float* dst) const;
-  absl::Status LoadVector(const Checkpoint& checkpoint, const std::string& name,
-                          const std::vector<int64_t>& shape, std::vector<float>* out) const;
-  // Makes the workspaces hold `num_tokens` tokens with contexts up to `max_context_len`.
-  void EnsureWorkspace(int64_t num_tokens, int64_t max_context_len);
-  void RunLayer(int64_t layer, const StepBatch& batch, int64_t num_tokens, int64_t max_context_len);
+  // Plans the step: positions, cache slots, the rows that need logits; sizes the workspaces.
+  void PlanStep(const StepBatch& batch, StepOutput* output);
 
+  // ForwardOps, over the step that Execute set up.
+  absl::Status Embed(Weight table) override;
+  absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) override;
+  absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
+                          Buffer out) override;
+  absl::Status Linear(Weight weight, Buffer in, Buffer out) override;
+  absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) override;
+  absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
+  absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
+  absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
+  absl::Status LmHead(Weight lm_head) override;
+  absl::Status Sample() override;
+
+  float* Buf(Buffer buffer) { return buffers_[static_cast<int>(buffer)].data(); }
   float* KeyCache(int64_t layer) { return kv_pool_.get() + (2 * layer) * layer_cache_floats_; }
   float* ValueCache(int64_t layer) {
     return kv_pool_.get() + (2 * layer + 1) * layer_cache_floats_;
   }
 
-  const ModelConfig config_;
+  const std::unique_ptr<const ModelDescription> model_;
+  const ModelConfig& config_;
   const int32_t block_size_;
   const int num_threads_;
-  const int64_t q_dim_;    // heads * head_dim
-  const int64_t kv_dim_;   // kv_heads * head_dim
-  const int64_t qkv_dim_;  // q_dim + 2 kv_dim
-  const kernels::RotaryLayout rotary_layout_;
-  const std::vector<double> inv_freq_;  // [head_dim / 2]
-  const bool dummy_weights_;
+  const int64_t q_dim_;                        // heads * head_dim
+  const int64_t kv_dim_;                       // kv_heads * head_dim
+  const int64_t qkv_dim_;                      // q_dim + 2 kv_dim
+  std::vector<std::vector<double>> inv_freq_;  // by rotary embedding: [head_dim / 2]
   double startup_seconds_ = 0;
 
-  // Weights.
-  std::vector<float> embed_;            // [vocab, hidden]
-  std::vector<float> final_norm_;       // [hidden]
-  std::vector<float> lm_head_storage_;  // [vocab, hidden]; empty when tied
-  const float* lm_head_ = nullptr;      // lm_head_storage_ or embed_
-  std::vector<LayerWeights> layers_;
+  CpuWeights weights_;
 
   // The KV pool: for each layer, keys then values, each [num_blocks, block_size, kv_heads,
   // head_dim].
@@ -105,147 +147,51 @@ class CpuRunner final : public ModelRunner {
   PoolPtr kv_pool_;
 
   // Workspaces, [tokens, ...] unless noted.
-  std::vector<float> residual_;           // [tokens, hidden]: the residual stream
-  std::vector<float> normed_;             // [tokens, hidden]: normalized input of a projection
-  std::vector<float> qkv_;                // [tokens, qkv_dim]
-  std::vector<float> attention_;          // [tokens, q_dim]
-  std::vector<float> projected_;          // [tokens, hidden]: o_proj and down_proj outputs
-  std::vector<float> gate_up_;            // [tokens, 2 intermediate]
-  std::vector<float> activation_;         // [tokens, intermediate]
-  std::vector<float> attention_scratch_;  // PagedAttentionParams::WorkspaceFloats
-  std::vector<int32_t> positions_;        // [tokens]
-  std::vector<int64_t> slots_;            // [tokens]: KV cache slot of each new token
-  std::vector<int32_t> logits_rows_;      // [rows]: the token index of each logits row
-  // kSample sequences: their rows' logits (after the returned rows), settings, chosen tokens.
+  std::array<std::vector<float>, kNumBuffers> buffers_;  // by Buffer, [tokens, BufferWidth]
+  std::vector<float> gate_up_;                           // [tokens, 2 intermediate]
+  std::vector<float> attention_scratch_;                 // PagedAttentionParams::WorkspaceFloats
+  std::vector<int32_t> positions_;                       // [tokens]
+  std::vector<int64_t> slots_;  // [tokens]: KV cache slot of each new token
+  // The rows that need logits, by token index: the returned rows (kLast, kAll), then the kSample
+  // sequences' last tokens. FinalNorm packs their normed rows into final_rows_ in this order.
+  std::vector<int32_t> logits_rows_;
+  std::vector<float> final_rows_;  // [rows, hidden]
+  // kSample sequences: their rows' logits, settings and chosen tokens.
   std::vector<float> sample_logits_;
   std::vector<float> sample_temperature_, sample_top_p_, sample_min_p_;
   std::vector<int32_t> sample_top_k_, sample_tokens_, sample_seqs_;
   std::vector<uint64_t> sample_seeds_, sample_steps_;
+
+  // The step being executed (set by Execute for the ops).
+  const StepBatch* batch_ = nullptr;
+  StepOutput* output_ = nullptr;
+  int64_t num_tokens_ = 0;
+  int64_t max_context_len_ = 0;
+  int64_t num_returned_rows_ = 0;
+  int64_t num_rows_ = 0;
 };
 
-CpuRunner::CpuRunner(const ModelConfig& config, const RunnerConfig& runner_config)
-    : config_(config),
+CpuRunner::CpuRunner(std::unique_ptr<const ModelDescription> model,
+                     const RunnerConfig& runner_config)
+    : model_(std::move(model)),
+      config_(model_->config()),
       block_size_(runner_config.block_size_tokens),
       num_threads_(runner_config.num_threads > 0
                        ? runner_config.num_threads
                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      q_dim_(config.num_attention_heads * config.head_dim),
-      kv_dim_(config.num_kv_heads * config.head_dim),
+      q_dim_(config_.num_attention_heads * config_.head_dim),
+      kv_dim_(config_.num_kv_heads * config_.head_dim),
       qkv_dim_(q_dim_ + 2 * kv_dim_),
-      rotary_layout_(config.rope.layout == RopeLayout::kInterleaved
-                         ? kernels::RotaryLayout::kInterleaved
-                         : kernels::RotaryLayout::kHalfSplit),
-      inv_freq_(RopeInverseFrequencies(config)),
-      dummy_weights_(runner_config.load_format == LoadFormat::kDummy) {}
-
-// Converts tensor `name` (checked against `shape`) to fp32 into dst[0 .. elements); with dummy
-// weights (LoadFormat::kDummy), fills it with their values instead.
-absl::Status CpuRunner::LoadTensor(const Checkpoint& checkpoint, const std::string& name,
-                                   const std::vector<int64_t>& shape, float* dst) const {
-  if (dummy_weights_) {
-    int64_t elements = 1;
-    for (int64_t d : shape) elements *= d;
-    FillDummyF32(name, shape.size() == 2 ? shape[1] : shape[0], dst, elements);
-    return absl::OkStatus();
+      weights_(model_->weights()) {
+  for (const RopeConfig& rope : model_->rotary()) {
+    inv_freq_.push_back(RopeInverseFrequencies(rope, config_.head_dim));
   }
-  absl::StatusOr<const TensorView*> tensor = checkpoint.Get(name, shape);
-  if (!tensor.ok()) return tensor.status();
-  if (absl::Status s = CheckTensorBytes(**tensor); !s.ok()) return s;
-  kernels::DequantizeToF32((*tensor)->dtype, (*tensor)->data, dst, (*tensor)->NumElements());
-  return absl::OkStatus();
 }
 
-absl::Status CpuRunner::LoadVector(const Checkpoint& checkpoint, const std::string& name,
-                                   const std::vector<int64_t>& shape,
-                                   std::vector<float>* out) const {
-  int64_t elements = 1;
-  for (int64_t d : shape) elements *= d;
-  out->resize(static_cast<size_t>(elements));
-  return LoadTensor(checkpoint, name, shape, out->data());
-}
-
-absl::Status CpuRunner::LoadWeights(const Checkpoint& checkpoint) {
-  const ModelConfig& c = config_;
-  const int64_t hidden = c.hidden_size;
-  const int64_t inter = c.intermediate_size;
-  if (absl::Status s =
-          LoadVector(checkpoint, "model.embed_tokens.weight", {c.vocab_size, hidden}, &embed_);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = LoadVector(checkpoint, "model.norm.weight", {hidden}, &final_norm_);
-      !s.ok()) {
-    return s;
-  }
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_.data();
-  } else {
-    if (absl::Status s =
-            LoadVector(checkpoint, "lm_head.weight", {c.vocab_size, hidden}, &lm_head_storage_);
-        !s.ok()) {
-      return s;
-    }
-    lm_head_ = lm_head_storage_.data();
-  }
-  layers_.resize(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    LayerWeights& w = layers_[l];
-    auto name = [l](const char* suffix) { return LayerTensorName(l, suffix); };
-    const struct {
-      std::string name;
-      std::vector<int64_t> shape;
-      std::vector<float>* out;
-    } plain[] = {
-        {name("input_layernorm.weight"), {hidden}, &w.input_norm},
-        {name("self_attn.o_proj.weight"), {hidden, q_dim_}, &w.o_proj},
-        {name("post_attention_layernorm.weight"), {hidden}, &w.post_norm},
-        {name("mlp.down_proj.weight"), {hidden, inter}, &w.down},
-    };
-    for (const auto& t : plain) {
-      if (absl::Status s = LoadVector(checkpoint, t.name, t.shape, t.out); !s.ok()) return s;
-    }
-    // Fused rows: q, k, v one after another (and their biases), gate then up.
-    w.qkv.resize(static_cast<size_t>(qkv_dim_ * hidden));
-    const struct {
-      const char* suffix;
-      int64_t rows;
-      int64_t first_row;
-    } qkv_parts[] = {{"self_attn.q_proj", q_dim_, 0},
-                     {"self_attn.k_proj", kv_dim_, q_dim_},
-                     {"self_attn.v_proj", kv_dim_, q_dim_ + kv_dim_}};
-    if (c.attention_bias) w.qkv_bias.resize(static_cast<size_t>(qkv_dim_));
-    for (const auto& part : qkv_parts) {
-      if (absl::Status s = LoadTensor(checkpoint, StrCat(name(part.suffix), ".weight"),
-                                      {part.rows, hidden}, w.qkv.data() + part.first_row * hidden);
-          !s.ok()) {
-        return s;
-      }
-      if (!c.attention_bias) continue;
-      if (absl::Status s = LoadTensor(checkpoint, StrCat(name(part.suffix), ".bias"), {part.rows},
-                                      w.qkv_bias.data() + part.first_row);
-          !s.ok()) {
-        return s;
-      }
-    }
-    w.gate_up.resize(static_cast<size_t>(2 * inter * hidden));
-    if (absl::Status s =
-            LoadTensor(checkpoint, name("mlp.gate_proj.weight"), {inter, hidden}, w.gate_up.data());
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = LoadTensor(checkpoint, name("mlp.up_proj.weight"), {inter, hidden},
-                                    w.gate_up.data() + inter * hidden);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint& checkpoint,
-                                                               const RunnerConfig& config) {
-  const ModelConfig& model = checkpoint.config();
-  if (absl::Status s = ValidateModelConfig(model); !s.ok()) return s;
+absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
+    std::unique_ptr<const ModelDescription> model_description, const Checkpoint& checkpoint,
+    const RunnerConfig& config) {
+  const ModelConfig& model = model_description->config();
   if (config.block_size_tokens <= 0 || config.kv_cache_bytes <= 0 || config.num_threads < 0) {
     return absl::InvalidArgumentError(
         StrCat("runner config: block_size_tokens (", config.block_size_tokens,
@@ -272,8 +218,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint&
         block_bytes, " bytes for ", config.block_size_tokens, " tokens of every layer)"));
   }
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<CpuRunner> runner(new CpuRunner(model, config));
-  if (absl::Status s = runner->LoadWeights(checkpoint); !s.ok()) return s;
+  std::unique_ptr<CpuRunner> runner(new CpuRunner(std::move(model_description), config));
+  LMSERVE_RETURN_IF_ERROR(
+      LoadWeights(runner->model_->weights(), checkpoint, config.load_format, runner->weights_));
 
   runner->num_blocks_ = static_cast<int32_t>(num_blocks);
   runner->layer_cache_floats_ = num_blocks * config.block_size_tokens * runner->kv_dim_;
@@ -290,143 +237,25 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(const Checkpoint&
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
-void CpuRunner::EnsureWorkspace(int64_t num_tokens, int64_t max_context_len) {
-  const ModelConfig& c = config_;
-  Grow(&residual_, num_tokens * c.hidden_size);
-  Grow(&normed_, num_tokens * c.hidden_size);
-  Grow(&qkv_, num_tokens * qkv_dim_);
-  Grow(&attention_, num_tokens * q_dim_);
-  Grow(&projected_, num_tokens * c.hidden_size);
-  Grow(&gate_up_, num_tokens * 2 * c.intermediate_size);
-  Grow(&activation_, num_tokens * c.intermediate_size);
-  Grow(&positions_, num_tokens);
-  Grow(&slots_, num_tokens);
-  Grow(&logits_rows_, num_tokens);
-  Grow(&attention_scratch_,
-       kernels::PagedAttentionParams::WorkspaceFloats(max_context_len, c.num_attention_heads,
-                                                      c.num_kv_heads, num_threads_));
-}
-
-void CpuRunner::RunLayer(int64_t layer, const StepBatch& batch, int64_t num_tokens,
-                         int64_t max_context_len) {
-  const ModelConfig& c = config_;
-  const LayerWeights& w = layers_[layer];
-  const int64_t hidden = c.hidden_size;
-
-  // Pre-attention norm; from the second layer on it also adds the previous MLP's output.
-  if (layer == 0) {
-    kernels::RmsNorm({.input = residual_.data(),
-                      .weight = w.input_norm.data(),
-                      .output = normed_.data(),
-                      .num_tokens = num_tokens,
-                      .hidden_size = hidden,
-                      .epsilon = c.rms_norm_eps});
-  } else {
-    kernels::FusedAddRmsNorm({.residual = residual_.data(),
-                              .input = projected_.data(),
-                              .weight = w.input_norm.data(),
-                              .output = normed_.data(),
-                              .num_tokens = num_tokens,
-                              .hidden_size = hidden,
-                              .epsilon = c.rms_norm_eps});
-  }
-  kernels::Linear({.input = normed_.data(),
-                   .weight = w.qkv.data(),
-                   .bias = w.qkv_bias.empty() ? nullptr : w.qkv_bias.data(),
-                   .output = qkv_.data(),
-                   .num_tokens = num_tokens,
-                   .in_features = hidden,
-                   .out_features = qkv_dim_});
-  kernels::ApplyRotary({.query = qkv_.data(),
-                        .key = qkv_.data() + q_dim_,
-                        .positions = positions_.data(),
-                        .inv_freq = inv_freq_.data(),
-                        .num_tokens = num_tokens,
-                        .num_heads = c.num_attention_heads,
-                        .num_kv_heads = c.num_kv_heads,
-                        .head_dim = c.head_dim,
-                        .query_stride = qkv_dim_,
-                        .key_stride = qkv_dim_,
-                        .layout = rotary_layout_});
-  kernels::WriteKvCache({.key = qkv_.data() + q_dim_,
-                         .value = qkv_.data() + q_dim_ + kv_dim_,
-                         .slot_mapping = slots_.data(),
-                         .key_cache = KeyCache(layer),
-                         .value_cache = ValueCache(layer),
-                         .num_tokens = num_tokens,
-                         .num_kv_heads = c.num_kv_heads,
-                         .head_dim = c.head_dim,
-                         .block_size = block_size_,
-                         .num_blocks = num_blocks_,
-                         .key_stride = qkv_dim_,
-                         .value_stride = qkv_dim_});
-  kernels::PagedAttention(
-      {.query = qkv_.data(),
-       .key_cache = KeyCache(layer),
-       .value_cache = ValueCache(layer),
-       .query_start = batch.query_start.data(),
-       .context_lens = batch.context_lens.data(),
-       .block_table_start = batch.block_table_start.data(),
-       .block_table_ids = batch.block_table_ids.data(),
-       .output = attention_.data(),
-       .workspace = attention_scratch_.data(),
-       .num_seqs = batch.num_seqs(),
-       .num_tokens = num_tokens,
-       .num_heads = c.num_attention_heads,
-       .num_kv_heads = c.num_kv_heads,
-       .head_dim = c.head_dim,
-       .block_size = block_size_,
-       .num_blocks = num_blocks_,
-       .query_stride = qkv_dim_,
-       .max_context_len = max_context_len,
-       .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim))),
-       .num_threads = num_threads_});
-  kernels::Linear({.input = attention_.data(),
-                   .weight = w.o_proj.data(),
-                   .output = projected_.data(),
-                   .num_tokens = num_tokens,
-                   .in_features = q_dim_,
-                   .out_features = hidden});
-  // residual += attention output; MLP.
-  kernels::FusedAddRmsNorm({.residual = residual_.data(),
-                            .input = projected_.data(),
-                            .weight = w.post_norm.data(),
-                            .output = normed_.data(),
-                            .num_tokens = num_tokens,
-                            .hidden_size = hidden,
-                            .epsilon = c.rms_norm_eps});
-  kernels::Linear({.input = normed_.data(),
-                   .weight = w.gate_up.data(),
-                   .output = gate_up_.data(),
-                   .num_tokens = num_tokens,
-                   .in_features = hidden,
-                   .out_features = 2 * c.intermediate_size});
-  kernels::SiluAndMul({.gate_up = gate_up_.data(),
-                       .output = activation_.data(),
-                       .num_tokens = num_tokens,
-                       .intermediate_size = c.intermediate_size});
-  kernels::Linear({.input = activation_.data(),
-                   .weight = w.down.data(),
-                   .output = projected_.data(),
-                   .num_tokens = num_tokens,
-                   .in_features = c.intermediate_size,
-                   .out_features = hidden});
-}
-
-absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
-  if (absl::Status s = ValidateStepBatch(batch, config_, block_size_, num_blocks_); !s.ok()) {
-    return s;
-  }
+void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
   const ModelConfig& c = config_;
   const int64_t num_seqs = batch.num_seqs();
-  const int64_t num_tokens = batch.num_tokens();
-
-  // Plan the step: positions, cache slots, the rows that need logits.
-  int64_t max_context_len = 0;
+  num_tokens_ = batch.num_tokens();
+  max_context_len_ = 0;
   for (int64_t i = 0; i < num_seqs; ++i) {
-    max_context_len = std::max<int64_t>(max_context_len, batch.context_lens[i]);
+    max_context_len_ = std::max<int64_t>(max_context_len_, batch.context_lens[i]);
   }
-  EnsureWorkspace(num_tokens, max_context_len);
+  for (int b = 0; b < kNumBuffers; ++b) {
+    Grow(&buffers_[b], num_tokens_ * BufferWidth(static_cast<Buffer>(b), c));
+  }
+  Grow(&gate_up_, num_tokens_ * 2 * c.intermediate_size);
+  Grow(&positions_, num_tokens_);
+  Grow(&slots_, num_tokens_);
+  Grow(&logits_rows_, num_tokens_);
+  Grow(&attention_scratch_,
+       kernels::PagedAttentionParams::WorkspaceFloats(max_context_len_, c.num_attention_heads,
+                                                      c.num_kv_heads, num_threads_));
+
   output->logits_row_start.resize(static_cast<size_t>(num_seqs + 1));
   output->logits_row_start[0] = 0;
   output->sampled_tokens.assign(static_cast<size_t>(num_seqs), -1);
@@ -459,60 +288,200 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
   }
   output->logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
   // kSample rows go after the returned ones; their logits stay here.
-  const int64_t num_returned_rows = num_rows;
+  num_returned_rows_ = num_rows;
   for (int32_t i : sample_seqs_) logits_rows_[num_rows++] = batch.query_start[i + 1] - 1;
-  if (num_tokens == 0) return absl::OkStatus();
+  num_rows_ = num_rows;
+}
 
-  kernels::EmbeddingGather({.table = embed_.data(),
-                            .ids = batch.token_ids.data(),
-                            .output = residual_.data(),
-                            .num_tokens = num_tokens,
-                            .vocab_size = c.vocab_size,
-                            .hidden_size = c.hidden_size});
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    RunLayer(layer, batch, num_tokens, max_context_len);
+absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
+  LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_));
+  PlanStep(batch, output);
+  if (num_tokens_ == 0) return absl::OkStatus();
+  batch_ = &batch;
+  output_ = output;
+  const absl::Status status = model_->Forward(*this);
+  batch_ = nullptr;
+  output_ = nullptr;
+  return status;
+}
+
+absl::Status CpuRunner::Embed(Weight table) {
+  kernels::EmbeddingGather({.table = weights_[table],
+                            .ids = batch_->token_ids.data(),
+                            .output = Buf(Buffer::kResidual),
+                            .num_tokens = num_tokens_,
+                            .vocab_size = config_.vocab_size,
+                            .hidden_size = config_.hidden_size});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
+  kernels::RmsNorm({.input = Buf(in),
+                    .weight = weights_[weight],
+                    .output = Buf(out),
+                    .num_tokens = num_tokens_,
+                    .hidden_size = model_->weights()[weight].rows,
+                    .epsilon = epsilon});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
+                                   Buffer out) {
+  kernels::FusedAddRmsNorm({.residual = Buf(residual),
+                            .input = Buf(add),
+                            .weight = weights_[weight],
+                            .output = Buf(out),
+                            .num_tokens = num_tokens_,
+                            .hidden_size = model_->weights()[weight].rows,
+                            .epsilon = epsilon});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::Linear(Weight weight, Buffer in, Buffer out) {
+  const WeightSpec& spec = model_->weights()[weight];
+  kernels::Linear({.input = Buf(in),
+                   .weight = weights_[weight],
+                   .output = Buf(out),
+                   .num_tokens = num_tokens_,
+                   .in_features = spec.cols,
+                   .out_features = spec.rows});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
+  const WeightSpec& spec = model_->weights()[gate_up];
+  kernels::Linear({.input = Buf(in),
+                   .weight = weights_[gate_up],
+                   .output = gate_up_.data(),
+                   .num_tokens = num_tokens_,
+                   .in_features = spec.cols,
+                   .out_features = spec.rows});
+  switch (act) {
+    case Activation::kSilu:
+      kernels::SiluAndMul({.gate_up = gate_up_.data(),
+                           .output = Buf(out),
+                           .num_tokens = num_tokens_,
+                           .intermediate_size = spec.rows / 2});
+      return absl::OkStatus();
   }
-  if (num_rows == 0) return absl::OkStatus();
+  return absl::UnimplementedError("CPU runner: unknown activation");
+}
 
-  // The last MLP's residual add and the final norm, only for the logits rows, packed into normed_.
-  const int64_t hidden = c.hidden_size;
-  for (int64_t r = 0; r < num_rows; ++r) {
+absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv_buffer) {
+  const ModelConfig& c = config_;
+  float* qkv = Buf(qkv_buffer);
+  if (layer.qkv_bias.present()) {
+    const float* bias = weights_[layer.qkv_bias];
+    for (int64_t t = 0; t < num_tokens_; ++t) {
+      float* row = qkv + t * qkv_dim_;
+      for (int64_t i = 0; i < qkv_dim_; ++i) row[i] += bias[i];
+    }
+  }
+  kernels::ApplyRotary({.query = qkv,
+                        .key = qkv + q_dim_,
+                        .positions = positions_.data(),
+                        .inv_freq = inv_freq_[layer.rope].data(),
+                        .num_tokens = num_tokens_,
+                        .num_heads = c.num_attention_heads,
+                        .num_kv_heads = c.num_kv_heads,
+                        .head_dim = c.head_dim,
+                        .query_stride = qkv_dim_,
+                        .key_stride = qkv_dim_,
+                        .layout = ToKernelLayout(model_->rotary()[layer.rope].layout)});
+  kernels::WriteKvCache({.key = qkv + q_dim_,
+                         .value = qkv + q_dim_ + kv_dim_,
+                         .slot_mapping = slots_.data(),
+                         .key_cache = KeyCache(layer.layer),
+                         .value_cache = ValueCache(layer.layer),
+                         .num_tokens = num_tokens_,
+                         .num_kv_heads = c.num_kv_heads,
+                         .head_dim = c.head_dim,
+                         .block_size = block_size_,
+                         .num_blocks = num_blocks_,
+                         .key_stride = qkv_dim_,
+                         .value_stride = qkv_dim_});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) {
+  const ModelConfig& c = config_;
+  const StepBatch& batch = *batch_;
+  kernels::PagedAttention({.query = Buf(qkv),
+                           .key_cache = KeyCache(layer.layer),
+                           .value_cache = ValueCache(layer.layer),
+                           .query_start = batch.query_start.data(),
+                           .context_lens = batch.context_lens.data(),
+                           .block_table_start = batch.block_table_start.data(),
+                           .block_table_ids = batch.block_table_ids.data(),
+                           .output = Buf(out),
+                           .workspace = attention_scratch_.data(),
+                           .num_seqs = batch.num_seqs(),
+                           .num_tokens = num_tokens_,
+                           .num_heads = c.num_attention_heads,
+                           .num_kv_heads = c.num_kv_heads,
+                           .head_dim = c.head_dim,
+                           .block_size = block_size_,
+                           .num_blocks = num_blocks_,
+                           .query_stride = qkv_dim_,
+                           .max_context_len = max_context_len_,
+                           .scale = layer.scale,
+                           .num_threads = num_threads_});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
+  // Only the logits rows, packed in logits_rows_ order.
+  const int64_t hidden = config_.hidden_size;
+  Grow(&final_rows_, num_rows_ * hidden);
+  for (int64_t r = 0; r < num_rows_; ++r) {
     const int64_t t = logits_rows_[r];
-    kernels::FusedAddRmsNorm({.residual = residual_.data() + t * hidden,
-                              .input = projected_.data() + t * hidden,
-                              .weight = final_norm_.data(),
-                              .output = normed_.data() + r * hidden,
+    kernels::FusedAddRmsNorm({.residual = Buf(residual) + t * hidden,
+                              .input = Buf(add) + t * hidden,
+                              .weight = weights_[weight],
+                              .output = final_rows_.data() + r * hidden,
                               .num_tokens = 1,
                               .hidden_size = hidden,
-                              .epsilon = c.rms_norm_eps});
+                              .epsilon = epsilon});
   }
-  // lm_head, its reduction summed in double over fp32 chunks: logits of tied-embedding models
-  // reach the hundreds, where fp32 sums over all of hidden lose 1e-4.
-  if (num_returned_rows > 0) {
-    kernels::Linear({.input = normed_.data(),
-                     .weight = lm_head_,
-                     .output = output->logits.data(),
-                     .num_tokens = num_returned_rows,
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::LmHead(Weight lm_head) {
+  // The reduction summed in double over fp32 chunks: logits of tied-embedding models reach the
+  // hundreds, where fp32 sums over all of hidden lose 1e-4.
+  const int64_t hidden = config_.hidden_size;
+  const int64_t num_sampled = num_rows_ - num_returned_rows_;
+  if (num_returned_rows_ > 0) {
+    kernels::Linear({.input = final_rows_.data(),
+                     .weight = weights_[lm_head],
+                     .output = output_->logits.data(),
+                     .num_tokens = num_returned_rows_,
                      .in_features = hidden,
-                     .out_features = c.vocab_size,
+                     .out_features = config_.vocab_size,
                      .split_k = kLogitsSplitK,
                      .num_threads = num_threads_});
   }
+  if (num_sampled > 0) {
+    Grow(&sample_logits_, num_sampled * config_.vocab_size);
+    kernels::Linear({.input = final_rows_.data() + num_returned_rows_ * hidden,
+                     .weight = weights_[lm_head],
+                     .output = sample_logits_.data(),
+                     .num_tokens = num_sampled,
+                     .in_features = hidden,
+                     .out_features = config_.vocab_size,
+                     .split_k = kLogitsSplitK,
+                     .num_threads = num_threads_});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::Sample() {
   if (sample_seqs_.empty()) return absl::OkStatus();
   const int64_t num_sampled = static_cast<int64_t>(sample_seqs_.size());
-  Grow(&sample_logits_, num_sampled * c.vocab_size);
-  kernels::Linear({.input = normed_.data() + num_returned_rows * hidden,
-                   .weight = lm_head_,
-                   .output = sample_logits_.data(),
-                   .num_tokens = num_sampled,
-                   .in_features = hidden,
-                   .out_features = c.vocab_size,
-                   .split_k = kLogitsSplitK,
-                   .num_threads = num_threads_});
   sample_temperature_.clear(), sample_top_p_.clear(), sample_min_p_.clear();
   sample_top_k_.clear(), sample_seeds_.clear(), sample_steps_.clear();
   for (int32_t i : sample_seqs_) {
-    const RunnerSampling& s = batch.sampling[i];
+    const RunnerSampling& s = batch_->sampling[i];
     sample_temperature_.push_back(s.temperature);
     sample_top_k_.push_back(s.top_k);
     sample_top_p_.push_back(s.top_p);
@@ -530,9 +499,9 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
                    .seeds = sample_seeds_.data(),
                    .steps = sample_steps_.data(),
                    .num_rows = num_sampled,
-                   .vocab_size = c.vocab_size});
+                   .vocab_size = config_.vocab_size});
   for (int64_t k = 0; k < num_sampled; ++k) {
-    output->sampled_tokens[sample_seqs_[k]] = sample_tokens_[k];
+    output_->sampled_tokens[sample_seqs_[k]] = sample_tokens_[k];
   }
   return absl::OkStatus();
 }
@@ -540,12 +509,7 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
 RunnerStats CpuRunner::stats() const {
   RunnerStats s;
   s.dtype = RunnerDType::kFloat32;
-  auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
-  s.weight_bytes = bytes(embed_) + bytes(final_norm_) + bytes(lm_head_storage_);
-  for (const LayerWeights& w : layers_) {
-    s.weight_bytes += bytes(w.input_norm) + bytes(w.qkv) + bytes(w.qkv_bias) + bytes(w.o_proj) +
-                      bytes(w.post_norm) + bytes(w.gate_up) + bytes(w.down);
-  }
+  s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = 2 * config_.num_layers * layer_cache_floats_ * 4;
   s.startup_seconds = startup_seconds_;
   s.device_name = "cpu";
@@ -554,9 +518,10 @@ RunnerStats CpuRunner::stats() const {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Checkpoint& checkpoint,
-                                                             const RunnerConfig& config) {
-  return CpuRunner::Create(checkpoint, config);
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(
+    std::unique_ptr<const ModelDescription> model, const Checkpoint& checkpoint,
+    const RunnerConfig& config) {
+  return CpuRunner::Create(std::move(model), checkpoint, config);
 }
 
 int64_t CpuKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens) {

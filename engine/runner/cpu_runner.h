@@ -1,11 +1,12 @@
-// The CPU model runner: the reference backend and the default one.
+// The CPU model runner: the reference backend and the default one. It implements the forward ops
+// (engine/model/ops.h) with the CPU kernels of kernels/cpu; the model's family says in which order.
 //
-// Every weight is converted to fp32 at start-up (kernels::DequantizeToF32, whatever the file's
-// type); the Q/K/V projections are fused into one matrix and gate/up into another, so each takes
-// one GEMM (OpenBLAS). The KV cache is fp32, [num_blocks, block_size, num_kv_heads, head_dim] per
-// layer for keys and for values, sized from RunnerConfig::kv_cache_bytes. Activations live in
-// workspaces allocated once and grown only when a larger batch arrives; the final norm and lm_head
-// run only on the rows that need logits.
+// Every declared tensor (the model's WeightPlan: Q/K/V fused into one matrix, gate/up into
+// another) is converted to fp32 at start-up (kernels::DequantizeToF32, whatever the file's type),
+// so each projection takes one GEMM (OpenBLAS). The KV cache is fp32, [num_blocks, block_size,
+// num_kv_heads, head_dim] per layer for keys and for values, sized from
+// RunnerConfig::kv_cache_bytes. Activations live in workspaces allocated once and grown only when
+// a larger batch arrives; the final norm and lm_head run only on the rows that need logits.
 //
 // Threads: RunnerConfig::num_threads (0: one per core) sets OpenBLAS's thread count, which is
 // process-wide, and the attention kernel's.
@@ -18,15 +19,17 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/family.h"
 #include "engine/runner/model_runner.h"
 
 namespace lmserve::engine {
 
-// Builds the CPU runner (ModelRunner::Create with Backend::kCpu lands here). Errors: an invalid
-// RunnerConfig (RunnerDType::kBFloat16 included: the CPU runner is fp32 only), a KV budget
-// smaller than one block, a missing or misshapen tensor.
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(const Checkpoint& checkpoint,
-                                                             const RunnerConfig& config);
+// Builds the CPU runner for `model`, its weights from `checkpoint` (ModelRunner::Create with
+// Backend::kCpu lands here). Errors: an invalid RunnerConfig (RunnerDType::kBFloat16 included: the
+// CPU runner is fp32 only), a KV budget smaller than one block, a missing or misshapen tensor.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(
+    std::unique_ptr<const ModelDescription> model, const Checkpoint& checkpoint,
+    const RunnerConfig& config);
 
 // Bytes of one KV block in the CPU runner: keys and values of every layer, fp32.
 int64_t CpuKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens);

@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/family.h"
 #include "engine/runner/model_runner.h"
 
 namespace lmserve::engine {
@@ -42,8 +43,9 @@ namespace lmserve::engine {
 // FailedPrecondition without a GPU of compute capability 9.0 (the kernels are built for sm_90),
 // Unimplemented for shapes the kernels do not cover, ResourceExhausted when the weights or the KV
 // pool do not fit.
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(const Checkpoint& checkpoint,
-                                                              const RunnerConfig& config);
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
+    std::unique_ptr<const ModelDescription> model, const Checkpoint& checkpoint,
+    const RunnerConfig& config);
 
 // Bytes of one KV block in the CUDA runner: keys and values of every layer, in `dtype` (kAuto:
 // the CUDA runner's default, bf16).

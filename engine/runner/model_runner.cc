@@ -1,6 +1,8 @@
 #include "engine/runner/model_runner.h"
 
+#include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/family.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/runner/cuda_runner.h"
 
@@ -151,12 +153,14 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoint& checkpoint,
                                                                  const RunnerConfig& config) {
+  LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model,
+                           DescribeModel(checkpoint.config()));
   switch (config.backend) {
     case Backend::kCpu:
-      return CreateCpuRunner(checkpoint, config);
+      return CreateCpuRunner(std::move(model), checkpoint, config);
     case Backend::kCuda:
 #ifdef LMSERVE_HAVE_CUDA_RUNNER
-      return CreateCudaRunner(checkpoint, config);
+      return CreateCudaRunner(std::move(model), checkpoint, config);
 #else
       return absl::UnimplementedError(
           "this lmserve was built without CUDA (LMSERVE_CUDA=OFF or no nvcc): use the CPU "

@@ -1,6 +1,7 @@
 // The model runner: computes one engine step, a batch of sequences, on one backend.
 //
-// Contract (the CPU runner now, the CUDA runner later):
+// Contract (the CPU and CUDA runners; each implements the forward ops of engine/model/ops.h and
+// runs the model family's forward pass over them):
 // - The runner owns the model weights and the paged KV cache: `num_kv_blocks()` blocks of
 //   `block_size_tokens()` token slots each, for every layer. Block ids are integers in
 //   [0, num_kv_blocks()); which sequence owns which block is the caller's business (the engine's
@@ -158,8 +159,8 @@ class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
 
-  // Builds a runner for `checkpoint` (weights are converted or copied out of it: the checkpoint
-  // may be closed afterwards).
+  // Builds a runner for `checkpoint`'s model (its family's description, engine/model/family.h);
+  // weights are converted or copied out of it: the checkpoint may be closed afterwards.
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const Checkpoint& checkpoint,
                                                              const RunnerConfig& config);
 

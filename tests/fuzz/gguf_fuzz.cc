@@ -47,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto checkpoint = lmserve::engine::GgufCheckpointFromFile(*std::move(file));
   if (!checkpoint.ok()) return 0;
-  (void)lmserve::engine::RopeInverseFrequencies((*checkpoint)->config());
+  (void)lmserve::engine::RopeInverseFrequencies((*checkpoint)->config().rope, (*checkpoint)->config().head_dim);
   for (const auto& [name, view] : (*checkpoint)->tensors()) {
     values.resize(static_cast<size_t>(view.NumElements()));
     lmserve::kernels::DequantizeToF32(view.dtype, view.data, values.data(), view.NumElements());

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto parsed = lmserve::engine::ParseHfConfig(config, &config);
   if (parsed.ok()) {
     // A config that validates must be usable: rotary frequencies are finite and non-negative.
-    for (double f : lmserve::engine::RopeInverseFrequencies(*parsed)) {
+    for (double f : lmserve::engine::RopeInverseFrequencies(parsed->rope, parsed->head_dim)) {
       if (!(f >= 0) || !(f < 1e300)) __builtin_trap();
     }
   }

@@ -35,7 +35,7 @@ std::vector<double> InverseFrequencies(int64_t head_dim, engine::RopeScaling sca
   config.rope.low_freq_factor = 1.0;
   config.rope.high_freq_factor = 4.0;
   config.rope.original_max_position_embeddings = 8192;
-  return engine::RopeInverseFrequencies(config);
+  return engine::RopeInverseFrequencies(config.rope, config.head_dim);
 }
 
 struct QkvCase {

@@ -25,7 +25,7 @@ TEST(ExportGgufCommandTest, WritesALoadableFile) {
   {
     auto checkpoint = engine::OpenCheckpoint(out);
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-    EXPECT_EQ((*checkpoint)->config().architecture, engine::Architecture::kQwen2);
+    EXPECT_EQ((*checkpoint)->config().family, "qwen2");
     EXPECT_EQ((*(*checkpoint)->Find("model.layers.0.mlp.up_proj.weight"))->dtype,
               kernels::DType::kQ8_0);
   }

@@ -1,0 +1,27 @@
+// Mistral (MistralForCausalLM): the Llama description with a sliding window.
+
+#include "common/status.h"
+#include "engine/model/families/llama.h"
+#include "nlohmann/json.hpp"
+
+namespace lmserve::engine {
+
+ModelFamily MistralFamily() {
+  // Mistral is Llama with a sliding window (on by default). llama.cpp converts Mistral models to
+  // its llama architecture: a Mistral is exported as llama, and llama GGUF files open as Llama
+  // (registered first).
+  return {.name = "mistral",
+          .hf_architectures = {"MistralForCausalLM"},
+          .hf_model_types = {"mistral"},
+          .gguf_architecture = "llama",
+          .gguf_rope_layout = RopeLayout::kInterleaved,
+          .read_hf_config =
+              [](const nlohmann::json& config, ModelConfig* out) {
+                LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
+                LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
+                return CapContextAtSlidingWindow(config, /*enabled_by_default=*/true, out);
+              },
+          .describe = DescribeLlama};
+}
+
+}  // namespace lmserve::engine

@@ -1,0 +1,86 @@
+// The operations a model family's forward pass is written in, and that every runner implements.
+//
+// A family (family.h) spells its layer order once, as calls on ForwardOps; the CPU runner and the
+// CUDA runner each implement the ops, and neither spells a layer order of its own. The ops are
+// coarse enough for a runner to keep its fusions below this line: the CUDA runner adds the bias,
+// rotates and writes the cache in one kernel, fuses the MLP's activation into its small-batch
+// GEMM, chains kernels by programmatic dependent launch and captures whole steps as CUDA graphs;
+// the CPU runner computes only the rows that need logits after the last layer.
+//
+// Activations live in a runner's buffers, named by Buffer; each holds one row per token of the
+// step. A step's inputs (token ids, positions, cache slots, block tables, the rows that need
+// logits, the sampling settings) are the runner's: the ops read them implicitly.
+//
+// Calls are made by the runner's thread, in order; an op may return before its work is done
+// (the CUDA runner only enqueues it), so an error may surface in a later op or at the step's end.
+
+#ifndef LMSERVE_ENGINE_MODEL_OPS_H_
+#define LMSERVE_ENGINE_MODEL_OPS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weight_plan.h"
+
+namespace lmserve::engine {
+
+// A step's activations, each [num_tokens, width] in the runner's element type.
+enum class Buffer : uint8_t {
+  kResidual,    // [hidden]: the residual stream
+  kNormed,      // [hidden]: a norm's output, the next projection's input
+  kQkv,         // [q_dim + 2 kv_dim]: the fused Q/K/V projection (q heads, k heads, v heads)
+  kAttention,   // [q_dim]: attention's output
+  kProjected,   // [hidden]: an output projection's result, added to the residual next
+  kActivation,  // [intermediate]: the gated MLP's activation
+};
+inline constexpr int kNumBuffers = 6;
+
+// The width of `buffer`'s rows for `config`.
+int64_t BufferWidth(Buffer buffer, const ModelConfig& config);
+
+// The activation of a gated MLP: out = act(x Wg^T) * (x Wu^T).
+enum class Activation : uint8_t { kSilu };
+
+// One attention layer's attributes.
+struct AttentionLayer {
+  int64_t layer = 0;  // its KV cache layer
+  int32_t rope = 0;   // which of the model's rotary embeddings (ModelDescription::rotary())
+  float scale = 0;    // the score multiplier, usually 1 / sqrt(head_dim)
+  Weight qkv_bias;    // [q_dim + 2 kv_dim], added to Q/K/V before rotary; optional
+};
+
+class ForwardOps {
+ public:
+  virtual ~ForwardOps() = default;
+
+  // residual = the rows of `table` ([vocab, hidden]) at the step's token ids.
+  virtual absl::Status Embed(Weight table) = 0;
+  // out = RMSNorm(in) * weight.
+  virtual absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) = 0;
+  // residual += add; out = RMSNorm(residual) * weight.
+  virtual absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
+                                  Buffer out) = 0;
+  // out = in W^T, W = `weight` ([out width, in width]).
+  virtual absl::Status Linear(Weight weight, Buffer in, Buffer out) = 0;
+  // out = act(in Wg^T) * (in Wu^T), where `gate_up` is [2 intermediate, hidden]: the gate rows,
+  // then the up rows.
+  virtual absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) = 0;
+  // Adds layer.qkv_bias to `qkv`, rotates its queries and keys by the tokens' positions, and writes
+  // its keys and values into the layer's cache slots of the step's tokens.
+  virtual absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) = 0;
+  // out = causal attention of the step's (rotated) queries over the layer's cache, each sequence
+  // over its own context.
+  virtual absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) = 0;
+  // For the rows that need logits: residual += add, then RMSNorm(residual) * weight, kept for
+  // LmHead. (A runner may compute more rows; only these are read.)
+  virtual absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) = 0;
+  // The logits of those rows: the final norm's output times `lm_head` ([vocab, hidden]), fp32.
+  virtual absl::Status LmHead(Weight lm_head) = 0;
+  // The sequences that asked the runner to pick their token (LogitsMode::kSample) draw it.
+  virtual absl::Status Sample() = 0;
+};
+
+}  // namespace lmserve::engine
+
+#endif  // LMSERVE_ENGINE_MODEL_OPS_H_
