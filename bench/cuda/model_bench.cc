@@ -18,7 +18,8 @@
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
-//        [--iters 30] [--no-graphs] [--json FILE] [--timeline FILE]
+//        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl] [--json FILE]
+//        [--timeline FILE]
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -59,6 +60,8 @@ struct Options {
   int prefill_tokens = 1024;
   int iters = 30;
   bool graphs = true;
+  engine::DecodeGemm decode_gemm = engine::DecodeGemm::kAuto;
+  bool programmatic_launch = true;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   std::string json;
   std::string timeline;
@@ -68,8 +71,8 @@ int Usage(const char* message) {
   std::fprintf(stderr,
                "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32] "
                "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
-               "[--prefill-tokens 1024] [--iters 30] [--no-graphs] [--json FILE] "
-               "[--timeline FILE]\n",
+               "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
+               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--json FILE] [--timeline FILE]\n",
                message);
   return 2;
 }
@@ -241,6 +244,8 @@ int Run(const Options& o) {
   config.max_num_batched_tokens = std::max(o.prefill_seqs * o.prefill_tokens, 256);
   config.kv_cache_bytes = 0;
   config.cuda_graphs = o.graphs;
+  config.decode_gemm = o.decode_gemm;
+  config.programmatic_launch = o.programmatic_launch;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -376,6 +381,15 @@ int main(int argc, char** argv) {
       o.dtype = *dtype;
     } else if (arg == "--no-graphs") {
       o.graphs = false;
+    } else if (arg == "--decode-gemm") {
+      const std::string name = value();
+      const auto choice = lmserve::engine::DecodeGemmFromName(name);
+      if (!choice.has_value()) {
+        return lmserve::Usage(("--decode-gemm: '" + name + "' is not auto, blas or skinny").c_str());
+      }
+      o.decode_gemm = *choice;
+    } else if (arg == "--no-pdl") {
+      o.programmatic_launch = false;
     } else if (arg == "--batches") {
       o.batches.clear();
       const std::string list = value();

@@ -186,6 +186,25 @@ std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs) {
   return sizes;
 }
 
+std::string_view DecodeGemmName(DecodeGemm choice) {
+  switch (choice) {
+    case DecodeGemm::kAuto:
+      return "auto";
+    case DecodeGemm::kBlas:
+      return "blas";
+    case DecodeGemm::kSkinny:
+      return "skinny";
+  }
+  return "unknown";
+}
+
+std::optional<DecodeGemm> DecodeGemmFromName(std::string_view name) {
+  for (DecodeGemm choice : {DecodeGemm::kAuto, DecodeGemm::kBlas, DecodeGemm::kSkinny}) {
+    if (DecodeGemmName(choice) == name) return choice;
+  }
+  return std::nullopt;
+}
+
 std::string_view BackendName(Backend backend) {
   return backend == Backend::kCuda ? "cuda" : "cpu";
 }

@@ -122,6 +122,17 @@ enum class LoadFormat {
                 // the configuration is read, so a config-only checkpoint will do
 };
 
+// The CUDA runner's kernel for the projections of steps of at most 8 tokens (decode batches).
+enum class DecodeGemm : uint8_t {
+  kAuto,    // one token: the skinny GEMM; 2 to 8: whichever of it and cuBLASLt timed faster at
+            // start-up
+  kBlas,    // cuBLASLt always
+  kSkinny,  // the skinny GEMM wherever it applies (bf16, up to 8 rows)
+};
+// "auto", "blas", "skinny"; and the inverse (nullopt for any other name).
+std::string_view DecodeGemmName(DecodeGemm choice);
+std::optional<DecodeGemm> DecodeGemmFromName(std::string_view name);
+
 struct RunnerConfig {
   Backend backend = Backend::kCpu;
   // Weights, activations and KV cache. The CPU runner rejects kBFloat16 (InvalidArgument).
@@ -139,6 +150,10 @@ struct RunnerConfig {
   double gpu_memory_utilization = 0.9;  // the share of the GPU's memory the runner may hold
   bool cuda_graphs = true;              // capture decode-only steps as CUDA graphs
   int32_t device = 0;                   // CUDA device ordinal
+  DecodeGemm decode_gemm = DecodeGemm::kAuto;
+  // Chain the step's kernels by programmatic dependent launch (sm_90): each launches while its
+  // predecessor finishes. Process-wide in effect: the last CUDA runner created sets it.
+  bool programmatic_launch = true;
 };
 
 // Memory and start-up figures of a runner, for logs and metrics.

@@ -188,7 +188,7 @@ __device__ __forceinline__ float BlockMax(float x, float* scratch) {
 // files say why). (Calling it first thing, so that a chain of small kernels could be resident
 // ahead of the running one, was measured slower: an H200 took 4.74 instead of 4.34 ms for a
 // batch-1 decode step of Llama-3-8B's shapes.) Both are no-ops in a kernel launched without the
-// attribute (older GPUs, $LMSERVE_PDL=0, or plain <<<>>>).
+// attribute (older GPUs, AllowProgrammaticLaunch(false), or plain <<<>>>).
 __device__ __forceinline__ void WaitForPriorKernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -205,8 +205,8 @@ __device__ __forceinline__ void BeginDependentKernel() {
   AllowDependentLaunch();
 }
 
-// Whether LaunchKernel asks for programmatic dependent launch: on sm_90+ devices unless
-// $LMSERVE_PDL is 0. Decided once per process (for the current device at the first call).
+// Whether LaunchKernel asks for programmatic dependent launch: on sm_90+ devices (the current
+// device at the first call decides) unless AllowProgrammaticLaunch(false) turned it off.
 bool ProgrammaticLaunchEnabled();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where

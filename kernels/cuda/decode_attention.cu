@@ -370,7 +370,8 @@ cudaError_t DispatchWarps(int warps, F&& f) {
 }  // namespace
 
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
-                                           int64_t num_kv_heads, int64_t head_dim, DType dtype) {
+                                           int64_t num_kv_heads, int64_t head_dim, DType dtype,
+                                           double min_waves) {
   if (num_seqs <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   const int64_t group_size = num_heads / num_kv_heads;
   const int sms = CurrentMultiprocessorCount();
@@ -396,11 +397,7 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
     cudaGetLastError();
     resident = 2;
   }
-  double min_waves = 1.0;
-  if (const char* env = std::getenv("LMSERVE_DECODE_ATTENTION_WAVES"); env != nullptr) {
-    min_waves = std::max(1.0, std::atof(env));
-  }
-  const double slots = static_cast<double>(sms) * resident * min_waves;
+  const double slots = static_cast<double>(sms) * resident * std::max(1.0, min_waves);
   int best = 1;
   double best_efficiency = 0;
   for (int splits = 1; splits <= kDecodeMaxSplits; ++splits) {

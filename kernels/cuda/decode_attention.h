@@ -79,11 +79,10 @@ struct DecodeAttentionParams {
                                 int max_splits);
   // A split cap for this batch shape on the current device: the smallest that fills the
   // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
-  // Lengths are not needed: shorter contexts take fewer splits on the device.
-  // $LMSERVE_DECODE_ATTENTION_WAVES (default 1, a tuning knob for benchmarks) asks for at least
-  // that many waves.
+  // Lengths are not needed: shorter contexts take fewer splits on the device. `min_waves` (a
+  // tuning knob for benchmarks; at least 1) asks for at least that many waves.
   static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, DType dtype);
+                             int64_t head_dim, DType dtype, double min_waves = 1.0);
 
   absl::Status Validate() const;  // shapes and pointers; the lengths and tables live on the device
 };

@@ -1,7 +1,6 @@
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <string_view>
+#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -35,11 +34,15 @@ int CurrentMultiprocessorCount() {
   return sms;
 }
 
+namespace {
+std::atomic<bool> programmatic_launch_allowed{true};
+}  // namespace
+
+void AllowProgrammaticLaunch(bool allowed) { programmatic_launch_allowed.store(allowed); }
+
 bool ProgrammaticLaunchEnabled() {
-  static const bool enabled = [] {
-    if (const char* env = std::getenv("LMSERVE_PDL"); env != nullptr && std::string_view(env) == "0") {
-      return false;
-    }
+  if (!programmatic_launch_allowed.load(std::memory_order_relaxed)) return false;
+  static const bool supported = [] {
     int device = 0, major = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
@@ -48,7 +51,7 @@ bool ProgrammaticLaunchEnabled() {
     }
     return major >= 9;
   }();
-  return enabled;
+  return supported;
 }
 
 }  // namespace lmserve::kernels::cuda

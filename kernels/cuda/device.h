@@ -25,6 +25,10 @@ std::vector<DeviceInfo> ListDevices();
 // Multiprocessors of the current device; 0 when there is none or the runtime fails.
 int CurrentMultiprocessorCount();
 
+// Whether the kernels may chain by programmatic dependent launch (on by default; used only on
+// sm_90+ devices, common.cuh). Process-wide; a runner sets it from its configuration at start-up.
+void AllowProgrammaticLaunch(bool allowed);
+
 }  // namespace lmserve::kernels::cuda
 
 #endif  // LMSERVE_KERNELS_CUDA_DEVICE_H_

@@ -28,8 +28,20 @@ std::string HfTinyDir(const std::string& model_name) {
   return StrCat(FixturesDir(), "/hf-tiny/", model_name);
 }
 
+std::string HfFamilyDir(const std::string& model_name) {
+  return StrCat(FixturesDir(), "/hf-families/", model_name);
+}
+
 HfTinyReference LoadHfTinyReference(const std::string& model_name) {
-  const std::string path = HfTinyDir(model_name) + "/reference.json";
+  return LoadReference(HfTinyDir(model_name));
+}
+
+std::vector<float> LoadHfTinyReferenceLogits(const std::string& model_name, int prompt_index) {
+  return LoadReferenceLogits(HfTinyDir(model_name), prompt_index);
+}
+
+HfTinyReference LoadReference(const std::string& dir) {
+  const std::string path = dir + "/reference.json";
   std::ifstream in(path);
   if (!in) ADD_FAILURE() << "cannot open " << path;
   const nlohmann::json j = nlohmann::json::parse(in);
@@ -40,8 +52,8 @@ HfTinyReference LoadHfTinyReference(const std::string& model_name) {
   return ref;
 }
 
-std::vector<float> LoadHfTinyReferenceLogits(const std::string& model_name, int prompt_index) {
-  const std::string path = HfTinyDir(model_name) + "/reference_logits.safetensors";
+std::vector<float> LoadReferenceLogits(const std::string& dir, int prompt_index) {
+  const std::string path = dir + "/reference_logits.safetensors";
   auto file = engine::SafetensorsFile::Open(path);
   if (!file.ok()) {
     ADD_FAILURE() << file.status();

@@ -15,15 +15,20 @@ const std::vector<std::string>& HfTinyModelNames();
 std::string FixturesDir();
 std::string HfTinyDir(const std::string& model_name);
 
-// fixtures/hf-tiny/NAME/reference.json
+// fixtures/hf-families/NAME: the checkpoints of more architectures, made the same way.
+std::string HfFamilyDir(const std::string& model_name);
+
+// DIR/reference.json of a fixture checkpoint directory (hf-tiny/NAME, hf-families/NAME).
 struct HfTinyReference {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::vector<int32_t>> greedy;
   std::vector<std::vector<double>> greedy_margin;
 };
+HfTinyReference LoadReference(const std::string& dir);
 HfTinyReference LoadHfTinyReference(const std::string& model_name);
 
-// logits_J of fixtures/hf-tiny/NAME/reference_logits.safetensors, row-major [len(prompt J), vocab].
+// logits_J of DIR/reference_logits.safetensors, row-major [len(prompt J), vocab].
+std::vector<float> LoadReferenceLogits(const std::string& dir, int prompt_index);
 std::vector<float> LoadHfTinyReferenceLogits(const std::string& model_name, int prompt_index);
 
 // The demo model (SmolLM2-135M-Instruct Q4_1 GGUF): $LMSERVE_DEMO_MODEL, else the cache path that

@@ -31,7 +31,8 @@ LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
                       {{name("self_attn.q_proj.weight"), q_dim},
                        {name("self_attn.k_proj.weight"), kv_dim},
                        {name("self_attn.v_proj.weight"), kv_dim}});
-    layer.attention = {.layer = l, .rope = 0, .scale = scale};
+    layer.attention.layer = l;
+    layer.attention.scale = scale;
     if (c.attention_bias) {
       layer.attention.qkv_bias = w.Add("qkv_bias", l, q_dim + 2 * kv_dim, 0,
                                        {{name("self_attn.q_proj.bias"), q_dim},
@@ -129,18 +130,19 @@ std::unique_ptr<ModelDescription> DescribeLlama(const ModelConfig& config) {
 }
 
 ModelFamily LlamaFamily() {
-  return {.name = "llama",
-          .hf_architectures = {"LlamaForCausalLM"},
-          .hf_model_types = {"llama"},
-          .gguf_architecture = "llama",
-          .gguf_rope_layout = RopeLayout::kInterleaved,
-          .read_hf_config =
-              [](const nlohmann::json& config, ModelConfig* out) {
-                LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
-                LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
-                return CapContextAtSlidingWindow(config, /*enabled_by_default=*/false, out);
-              },
-          .describe = DescribeLlama};
+  ModelFamily family;
+  family.name = "llama";
+  family.hf_architectures = {"LlamaForCausalLM"};
+  family.hf_model_types = {"llama"};
+  family.gguf_architecture = "llama";
+  family.gguf_rope_layout = RopeLayout::kInterleaved;
+  family.read_hf_config = [](const nlohmann::json& config, ModelConfig* out) {
+    LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
+    LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
+    return CapContextAtSlidingWindow(config, /*enabled_by_default=*/false, out);
+  };
+  family.describe = DescribeLlama;
+  return family;
 }
 
 }  // namespace lmserve::engine

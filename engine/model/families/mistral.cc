@@ -10,18 +10,19 @@ ModelFamily MistralFamily() {
   // Mistral is Llama with a sliding window (on by default). llama.cpp converts Mistral models to
   // its llama architecture: a Mistral is exported as llama, and llama GGUF files open as Llama
   // (registered first).
-  return {.name = "mistral",
-          .hf_architectures = {"MistralForCausalLM"},
-          .hf_model_types = {"mistral"},
-          .gguf_architecture = "llama",
-          .gguf_rope_layout = RopeLayout::kInterleaved,
-          .read_hf_config =
-              [](const nlohmann::json& config, ModelConfig* out) {
-                LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
-                LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
-                return CapContextAtSlidingWindow(config, /*enabled_by_default=*/true, out);
-              },
-          .describe = DescribeLlama};
+  ModelFamily family;
+  family.name = "mistral";
+  family.hf_architectures = {"MistralForCausalLM"};
+  family.hf_model_types = {"mistral"};
+  family.gguf_architecture = "llama";
+  family.gguf_rope_layout = RopeLayout::kInterleaved;
+  family.read_hf_config = [](const nlohmann::json& config, ModelConfig* out) {
+    LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
+    LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
+    return CapContextAtSlidingWindow(config, /*enabled_by_default=*/true, out);
+  };
+  family.describe = DescribeLlama;
+  return family;
 }
 
 }  // namespace lmserve::engine

@@ -1,0 +1,164 @@
+#include "engine/runner/cuda/gemm_selector.h"
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/runner/cuda/cuda_buffer.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace lmserve::engine::cuda {
+namespace {
+
+namespace kc = kernels::cuda;
+
+kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
+                                  void* y) {
+  return {.x = x,
+          .w = w,
+          .y = y,
+          .m = shape.m,
+          .n = shape.n,
+          .k = shape.k,
+          .input_dtype = shape.input_dtype,
+          .output_dtype = shape.output_dtype};
+}
+
+}  // namespace
+
+GemmSelector::GemmSelector(cublasLtHandle_t blas, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, kernels::DType dtype, DecodeGemm choice)
+    : blas_(blas),
+      workspace_(workspace),
+      workspace_bytes_(workspace_bytes),
+      stream_(stream),
+      dtype_(dtype),
+      choice_(choice) {}
+
+int GemmSelector::Add(GemmProjection projection) {
+  projections_.push_back(std::move(projection));
+  return static_cast<int>(projections_.size() - 1);
+}
+
+absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
+  auto& slot = plans_[{id, m}];
+  if (slot != nullptr) return slot.get();
+  const GemmProjection& p = projections_[id];
+  const kc::GemmShape shape{
+      .m = m, .n = p.n, .k = p.k, .input_dtype = dtype_, .output_dtype = p.output_dtype};
+  LMSERVE_ASSIGN_OR_RETURN(
+      slot, kc::GemmPlan::Create(blas_, shape, workspace_, workspace_bytes_, autotune_, stream_));
+  return slot.get();
+}
+
+absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::GemmPlan& plan,
+                                                          const void* x, void* y, void* act) {
+  // The skinny kernel is bf16 only: float32 runs every GEMM through cuBLASLt.
+  if (dtype_ != kernels::DType::kBF16) return Kernel::kBlas;
+  const int64_t m = plan.shape().m;
+  const auto key = std::make_pair(id, m);
+  if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+  const GemmProjection& projection = projections_[id];
+  kc::SkinnyGemmParams skinny =
+      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y);
+  skinny.silu_and_mul = act != nullptr;
+  const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
+  if (choice_ == DecodeGemm::kBlas || !skinny_ok) return kernels_[key] = Kernel::kBlas;
+  if (choice_ == DecodeGemm::kSkinny) return kernels_[key] = Kernel::kSkinny;
+  // One row of a decoder layer: the skinny kernel, untimed. Timed alone, cuBLASLt's split-K
+  // kernels for the down projection sometimes came out ahead on H200s, by as much as 5%; in the
+  // step, where the skinny kernel overlaps its launch and first loads with the kernel before it,
+  // they ran 1.5-3 us a layer slower every time (kernel timelines of lmserve-model-bench).
+  if (m == 1 && !projection.logits) return kernels_[key] = Kernel::kSkinny;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return Kernel::kBlas;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "cudaEventCreate");
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
+  // The candidates, each a pass over every layer's weights.
+  std::vector<std::pair<Kernel, std::function<void()>>> candidates;
+  candidates.emplace_back(Kernel::kBlas, [&] {
+    for (const void* w : projection.weights) {
+      plan.Run(x, w, y, stream_);
+      if (act != nullptr) {
+        kc::SiluAndMulParams silu{.gate_up = y,
+                                  .output = act,
+                                  .num_tokens = m,
+                                  .intermediate_size = projection.n / 2,
+                                  .dtype = dtype_};
+        kc::Launch(silu, stream_);
+      }
+    }
+  });
+  candidates.emplace_back(Kernel::kSkinny, [&] {
+    for (const void* w : projection.weights) {
+      skinny.w = w;
+      kc::Launch(skinny, stream_);
+    }
+  });
+  // Rounds that time every candidate in turn (after two warm-up rounds), so that a clock or
+  // neighbour's change hits them alike; the median of 7 each. A single pass each, in order, once
+  // let cuBLASLt win gate/up at one row on an H200 that ran it 8% slower in the step.
+  std::vector<std::vector<float>> times(candidates.size());
+  for (int round = 0; round < 9; ++round) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      cudaEventRecord(start, stream_);
+      candidates[i].second();
+      cudaEventRecord(stop, stream_);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (round >= 2) times[i].push_back(ms);
+    }
+  }
+  // The fastest median; a tie goes to the later candidate (the skinny kernel over cuBLASLt).
+  Kernel best = candidates[0].first;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::sort(times[i].begin(), times[i].end());
+    if (const float median = times[i][times[i].size() / 2]; median <= best_ms) {
+      best = candidates[i].first, best_ms = median;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetLastError(),
+                               StrCat("timing the ", projection.kind, " GEMMs"));
+  return kernels_[key] = best;
+}
+
+absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
+                               bool late_dependents) {
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  const GemmProjection& projection = projections_[id];
+  const void* w = projection.weights[layer];
+  if (m <= kc::kMaxSkinnyGemmRows) {
+    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act));
+    if (kernel == Kernel::kSkinny) {
+      kc::SkinnyGemmParams params = SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y);
+      params.silu_and_mul = act != nullptr;
+      params.late_dependents = late_dependents;
+      LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
+      return absl::OkStatus();
+    }
+  }
+  if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",
+                                      static_cast<int>(status)));
+  }
+  if (act != nullptr) {
+    kc::SiluAndMulParams silu{.gate_up = y,
+                              .output = act,
+                              .num_tokens = m,
+                              .intermediate_size = projection.n / 2,
+                              .dtype = dtype_};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(silu, stream_), "SiLU and mul");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lmserve::engine::cuda

@@ -1,0 +1,82 @@
+// The CUDA runner's GEMMs: a cuBLASLt plan per projection and token count, and for steps of at
+// most kMaxSkinnyGemmRows tokens the choice between cuBLASLt and the skinny GEMM (bf16 only).
+//
+// A projection is one kind of weight (engine/model/weight_plan.h: "qkv", "down_proj", the LM
+// head), one matrix per layer, all of one shape. The choice is made once per projection and
+// token count: by RunnerConfig::decode_gemm, or by timing both kernels in turn over every layer's
+// weights (so that they come from memory, as in a step). Timing never happens while a CUDA graph
+// is being captured: the graphs' choices are made in their warm-up runs.
+
+#ifndef LMSERVE_ENGINE_RUNNER_CUDA_GEMM_SELECTOR_H_
+#define LMSERVE_ENGINE_RUNNER_CUDA_GEMM_SELECTOR_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/runner/model_runner.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::engine::cuda {
+
+struct GemmProjection {
+  std::string kind;                                     // for messages: "qkv"
+  int64_t n = 0;                                        // output features
+  int64_t k = 0;                                        // input features
+  kernels::DType output_dtype = kernels::DType::kBF16;  // the runner's dtype, or kF32 (logits)
+  bool logits = false;                                  // the LM head: timed even at one token
+  std::vector<const void*> weights;                     // [n, k] each, one per layer; device
+};
+
+class GemmSelector {
+ public:
+  // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
+  GemmSelector(cublasLtHandle_t blas, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+               kernels::DType dtype, DecodeGemm choice);
+
+  // Registers a projection and returns its id.
+  int Add(GemmProjection projection);
+  const GemmProjection& projection(int id) const { return projections_[id]; }
+
+  // Whether plans created from now on are autotuned (timing cuBLASLt's candidates): on at
+  // start-up, for the decode graphs' sizes; off for the sizes that steps bring later.
+  void set_autotune(bool autotune) { autotune_ = autotune; }
+
+  // y = x W^T with the `layer`th weights of projection `id`, for m rows. With `act`, W is a fused
+  // [gate; up] projection and act = silu(gate) * up (the skinny kernel's epilogue, or a
+  // SiLU-and-mul kernel after cuBLASLt writes y). `late_dependents`: the next kernel is another
+  // stream of weights, which may launch only once this one has read its own (skinny_gemm.h).
+  absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
+                   bool late_dependents = false);
+
+  // The plan of projection `id` at m rows, created on first use.
+  absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
+
+ private:
+  enum class Kernel { kBlas, kSkinny };
+  // The kernel for projection `id` at m <= kMaxSkinnyGemmRows rows.
+  absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
+                                void* act);
+
+  const cublasLtHandle_t blas_;
+  void* const workspace_;
+  const size_t workspace_bytes_;
+  const cudaStream_t stream_;
+  const kernels::DType dtype_;
+  const DecodeGemm choice_;
+  bool autotune_ = false;
+  std::vector<GemmProjection> projections_;
+  std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
+  std::map<std::pair<int, int64_t>, Kernel> kernels_;
+};
+
+}  // namespace lmserve::engine::cuda
+
+#endif  // LMSERVE_ENGINE_RUNNER_CUDA_GEMM_SELECTOR_H_

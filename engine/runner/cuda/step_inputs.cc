@@ -1,0 +1,142 @@
+#include "engine/runner/cuda/step_inputs.h"
+
+#include <cstring>
+
+#include "common/status.h"
+
+namespace lmserve::engine::cuda {
+
+StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids) {
+  StepLayout l;
+  size_t offset = 0;
+  auto take = [&offset](int64_t bytes) {
+    const size_t at = offset;
+    offset = (offset + static_cast<size_t>(bytes) + 15) / 16 * 16;
+    return at;
+  };
+  l.slots = take(8 * tokens);
+  l.seeds = take(8 * rows);
+  l.steps = take(8 * rows);
+  l.token_ids = take(4 * tokens);
+  l.positions = take(4 * tokens);
+  l.query_start = take(4 * (seqs + 1));
+  l.context_lens = take(4 * seqs);
+  l.block_table_start = take(4 * (seqs + 1));
+  l.logits_rows = take(4 * rows);
+  l.temperature = take(4 * rows);
+  l.top_k = take(4 * rows);
+  l.top_p = take(4 * rows);
+  l.min_p = take(4 * rows);
+  l.block_table_ids = take(4 * table_ids);
+  l.total = offset;
+  return l;
+}
+
+absl::StatusOr<StepInputs> StepInputs::Create(int64_t max_tokens, int64_t max_seqs,
+                                              int64_t max_table_ids) {
+  const int64_t capacity =
+      static_cast<int64_t>(StepLayout::For(max_tokens, max_seqs, max_tokens, max_table_ids).total);
+  StepInputs inputs;
+  LMSERVE_ASSIGN_OR_RETURN(inputs.host_, CudaBuffer::Pinned(capacity, "step inputs"));
+  LMSERVE_ASSIGN_OR_RETURN(inputs.device_, CudaBuffer::Device(capacity, "step inputs"));
+  return inputs;
+}
+
+StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
+                            int32_t block_size) {
+  const int64_t seqs = batch.num_seqs();
+  const int64_t tokens = decode_only ? padded_seqs : batch.num_tokens();
+  // Device rows: every kLast/kSample sequence's last token, every kAll sequence's tokens; a
+  // padded decode step gives its padding sequences a row each (greedy, ignored).
+  rows_.clear();
+  int64_t num_output_rows = 0;
+  for (int64_t i = 0; i < seqs; ++i) {
+    const int32_t begin = batch.query_start[i], end = batch.query_start[i + 1];
+    const int32_t seq = static_cast<int32_t>(i);
+    switch (batch.logits_modes[i]) {
+      case LogitsMode::kNone:
+        break;
+      case LogitsMode::kLast:
+        rows_.push_back({.token = end - 1, .seq = seq, .output_row = num_output_rows++});
+        break;
+      case LogitsMode::kSample:
+        rows_.push_back({.token = end - 1, .seq = seq, .sampled = true});
+        break;
+      case LogitsMode::kAll:
+        for (int32_t t = begin; t < end; ++t) {
+          rows_.push_back({.token = t, .seq = seq, .output_row = num_output_rows++});
+        }
+        break;
+    }
+  }
+  for (int64_t i = seqs; i < padded_seqs; ++i) {
+    rows_.push_back({.token = static_cast<int32_t>(i)});
+  }
+  const int64_t rows = static_cast<int64_t>(rows_.size());
+  const int64_t table_ids = static_cast<int64_t>(batch.block_table_ids.size());
+  const int64_t layout_seqs = decode_only ? padded_seqs : seqs;
+  const StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids);
+
+  int64_t* slots = Host<int64_t>(l.slots);
+  int32_t* ids = Host<int32_t>(l.token_ids);
+  int32_t* positions = Host<int32_t>(l.positions);
+  int32_t* query_start = Host<int32_t>(l.query_start);
+  int32_t* context_lens = Host<int32_t>(l.context_lens);
+  int32_t* table_start = Host<int32_t>(l.block_table_start);
+  for (int64_t i = 0; i < seqs; ++i) {
+    const int32_t begin = batch.query_start[i], end = batch.query_start[i + 1];
+    const int32_t first_position = batch.context_lens[i] - (end - begin);
+    const int32_t* table = batch.block_table_ids.data() + batch.block_table_start[i];
+    for (int32_t t = begin; t < end; ++t) {
+      const int32_t position = first_position + (t - begin);
+      ids[t] = batch.token_ids[t];
+      positions[t] = position;
+      slots[t] = int64_t{table[position / block_size]} * block_size + position % block_size;
+    }
+    query_start[i] = begin;
+    context_lens[i] = batch.context_lens[i];
+    table_start[i] = batch.block_table_start[i];
+  }
+  for (int64_t i = seqs; i < layout_seqs; ++i) {  // padding: nothing read, nothing written
+    ids[i] = 0;
+    positions[i] = 0;
+    slots[i] = -1;
+    query_start[i] = static_cast<int32_t>(i);
+    context_lens[i] = 0;
+    table_start[i] = static_cast<int32_t>(table_ids);
+  }
+  query_start[layout_seqs] = static_cast<int32_t>(tokens);
+  table_start[layout_seqs] = static_cast<int32_t>(table_ids);
+  if (table_ids > 0) {
+    std::memcpy(Host<int32_t>(l.block_table_ids), batch.block_table_ids.data(),
+                static_cast<size_t>(table_ids) * 4);
+  }
+  int32_t* logits_rows = Host<int32_t>(l.logits_rows);
+  float* temperature = Host<float>(l.temperature);
+  int32_t* top_k = Host<int32_t>(l.top_k);
+  float* top_p = Host<float>(l.top_p);
+  float* min_p = Host<float>(l.min_p);
+  uint64_t* seeds = Host<uint64_t>(l.seeds);
+  uint64_t* steps = Host<uint64_t>(l.steps);
+  for (int64_t r = 0; r < rows; ++r) {
+    logits_rows[r] = rows_[r].token;
+    RunnerSampling s;  // greedy: rows that only return logits, and padding
+    if (rows_[r].sampled) s = batch.sampling[rows_[r].seq];
+    temperature[r] = s.temperature;
+    top_k[r] = s.top_k;
+    top_p[r] = s.top_p;
+    min_p[r] = s.min_p;
+    seeds[r] = s.seed;
+    steps[r] = s.step;
+  }
+  return l;
+}
+
+absl::Status StepInputs::Upload(const StepLayout& layout, cudaStream_t stream) const {
+  LMSERVE_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(device_.get(), host_.get(), layout.total, cudaMemcpyHostToDevice, stream),
+      "copying the step's inputs");
+  return absl::OkStatus();
+}
+
+}  // namespace lmserve::engine::cuda

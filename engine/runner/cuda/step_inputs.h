@@ -1,0 +1,88 @@
+// A CUDA step's inputs: the batch's ids, positions, cache slots, block tables, logits rows and
+// sampling settings, packed into one pinned buffer and copied to the device in one transfer.
+
+#ifndef LMSERVE_ENGINE_RUNNER_CUDA_STEP_INPUTS_H_
+#define LMSERVE_ENGINE_RUNNER_CUDA_STEP_INPUTS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/runner/cuda/cuda_buffer.h"
+#include "engine/runner/model_runner.h"
+
+namespace lmserve::engine::cuda {
+
+// Where each input array of a step lies in the packed buffer (host and device alike). The offsets
+// depend only on the counts, so a CUDA graph captured for a decode bucket finds its inputs at the
+// same addresses on every replay; the block table ids, whose count varies, come last.
+struct StepLayout {
+  size_t slots = 0;              // int64 [tokens]: each token's cache slot; -1 for padding
+  size_t seeds = 0;              // uint64 [rows]
+  size_t steps = 0;              // uint64 [rows]
+  size_t token_ids = 0;          // int32 [tokens]
+  size_t positions = 0;          // int32 [tokens]
+  size_t query_start = 0;        // int32 [seqs + 1]
+  size_t context_lens = 0;       // int32 [seqs]
+  size_t block_table_start = 0;  // int32 [seqs + 1]
+  size_t logits_rows = 0;        // int32 [rows]: the token of each logits row
+  size_t temperature = 0;        // float [rows]
+  size_t top_k = 0;              // int32 [rows]
+  size_t top_p = 0;              // float [rows]
+  size_t min_p = 0;              // float [rows]
+  size_t block_table_ids = 0;    // int32 [table ids]
+  size_t total = 0;
+
+  static StepLayout For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids);
+};
+
+// A row of the step's logits on the device: a kLast or kSample sequence's last token, each token
+// of a kAll sequence, or a padding sequence's token in a padded decode step.
+struct LogitsRow {
+  int32_t token = 0;        // its token in the step
+  int32_t seq = -1;         // its sequence; -1 for padding
+  bool sampled = false;     // a kSample row: the device draws its token, no logits come back
+  int64_t output_row = -1;  // its row in StepOutput::logits; -1 for sampled and padding rows
+};
+
+class StepInputs {
+ public:
+  // Room for steps of up to `max_tokens` tokens and logits rows, `max_seqs` sequences and
+  // `max_table_ids` block table entries.
+  static absl::StatusOr<StepInputs> Create(int64_t max_tokens, int64_t max_seqs,
+                                           int64_t max_table_ids);
+
+  // Packs `batch` (REQUIRES: valid, within the limits) into the host buffer. A decode-only step run
+  // by a graph of `padded_seqs` sequences is padded to it: padding sequences have context 0 and
+  // cache slot -1, so they read and write nothing, and a greedy logits row each. Fills rows().
+  StepLayout Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
+                  int32_t block_size_tokens);
+  // Copies the packed inputs of `layout` to the device, on `stream`.
+  absl::Status Upload(const StepLayout& layout, cudaStream_t stream) const;
+
+  // Device address of the array at `offset` of the last packed layout.
+  template <typename T>
+  const T* Device(size_t offset) const {
+    return device_.at<const T>(static_cast<int64_t>(offset));
+  }
+
+  const std::vector<LogitsRow>& rows() const { return rows_; }
+  int64_t device_bytes() const { return device_.bytes(); }
+
+ private:
+  template <typename T>
+  T* Host(size_t offset) const {
+    return host_.at<T>(static_cast<int64_t>(offset));
+  }
+
+  CudaBuffer host_;  // pinned
+  CudaBuffer device_;
+  std::vector<LogitsRow> rows_;
+};
+
+}  // namespace lmserve::engine::cuda
+
+#endif  // LMSERVE_ENGINE_RUNNER_CUDA_STEP_INPUTS_H_
