@@ -36,8 +36,9 @@ ARG CUDA_ARCHITECTURES=90
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
 # The setup script alone first, so that the Debian packages are a layer of their own that source
-# changes do not rebuild. (`apt-get update` first: a fresh image has no package lists, and setup.sh
-# looks packages up before it updates.)
+# changes do not rebuild: the build's libraries and headers, libcli11-dev (CLI11, the command-line
+# parser, header-only) among them. (`apt-get update` first: a fresh image has no package lists, and
+# setup.sh looks packages up before it updates.)
 COPY scripts/setup.sh scripts/
 RUN apt-get update -qq \
     && scripts/setup.sh \

@@ -10,6 +10,8 @@ packages=(
   # libraries the build links
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libpcre2-dev libicu-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
+  # command lines (header-only)
+  libcli11-dev
   # tests and benchmarks (gnuplot-nox: the serving sweep's plot, bench/sweep_report.py)
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   # server end-to-end tests and deploy checks: a real Prometheus (and promtool), a generic reflection client, throwaway TLS certificates

@@ -10,27 +10,27 @@
 // TLS and the bearer token are options, or $LMSERVE_ADDR and $LMSERVE_TOKEN.
 // Exit codes: 0 success, 1 an RPC failed (its status is printed), 2 bad usage.
 
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include <google/protobuf/util/json_util.h>
-#include <grpcpp/grpcpp.h>
-
+#include "common/file.h"
 #include "common/strings.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lmserve/v1/lmserve.grpc.pb.h"
-#include "server/args.h"
+#include "server/command_line.h"
 
 namespace lmserve::server {
 namespace {
@@ -40,27 +40,47 @@ namespace health = ::grpc::health::v1;
 
 constexpr std::string_view kDefaultAddress = "127.0.0.1:50051";
 
-void AddConnectionOptions(Args* args) {
-  args->Option("addr", "the server, HOST:PORT (default: $LMSERVE_ADDR, else 127.0.0.1:50051)")
-      .Option("token-file", "send 'authorization: Bearer <token>', the token read from this file")
-      .Option("token", "the bearer token inline (default: $LMSERVE_TOKEN)")
-      .Option("tls-ca", "connect with TLS, trusting this PEM CA (default: plaintext)")
-      .Option("tls-cert", "a PEM client certificate (with --tls-key), for servers that want one")
-      .Option("tls-key", "the PEM private key of --tls-cert")
-      .Option("tls-server-name", "the name to expect in the server's certificate")
-      .Option("timeout-s", "the call's deadline in seconds; 0: none", "0")
-      .Flag("json", "print responses as JSON");
+struct ConnectionOptions {
+  std::string addr;  // "": $LMSERVE_ADDR, else kDefaultAddress
+  std::optional<std::string> token_file;
+  std::optional<std::string> token;
+  std::optional<std::string> tls_ca;
+  std::optional<std::string> tls_cert;
+  std::optional<std::string> tls_key;
+  std::optional<std::string> tls_server_name;
+  double timeout_seconds = 0;
+  bool json = false;
+};
+
+void BindConnectionFlags(CLI::App* command, ConnectionOptions* options) {
+  AddStringFlag(command, "--addr", &options->addr,
+                "the server, HOST:PORT (default: $LMSERVE_ADDR, else 127.0.0.1:50051)");
+  AddStringFlag(command, "--token-file", &options->token_file,
+                "send 'authorization: Bearer <token>', the token read from this file");
+  AddStringFlag(command, "--token", &options->token,
+                "the bearer token inline (default: $LMSERVE_TOKEN)");
+  AddStringFlag(command, "--tls-ca", &options->tls_ca,
+                "connect with TLS, trusting this PEM CA (default: plaintext)");
+  AddStringFlag(command, "--tls-cert", &options->tls_cert,
+                "a PEM client certificate (with --tls-key), for servers that want one");
+  AddStringFlag(command, "--tls-key", &options->tls_key, "the PEM private key of --tls-cert");
+  AddStringFlag(command, "--tls-server-name", &options->tls_server_name,
+                "the name to expect in the server's certificate");
+  AddDoubleFlag(command, "--timeout-s", &options->timeout_seconds,
+                "the call's deadline in seconds; 0: none",
+                [](double seconds) { return seconds >= 0 ? "" : "is not seconds >= 0"; });
+  AddBoolFlag(command, "--json", &options->json, "print responses as JSON");
 }
 
-std::string ReadFileOrDie(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    std::fprintf(stderr, "lmserve-cli: cannot read %s\n", path.c_str());
+// The file of `flag`, or exit 2 saying why it cannot be read.
+std::string ReadFileOrDie(std::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> contents = ReadFile(path);
+  if (!contents.ok()) {
+    std::fprintf(stderr, "lmserve-cli: --%.*s: %s\n", static_cast<int>(flag.size()), flag.data(),
+                 std::string(contents.status().message()).c_str());
     std::exit(2);
   }
-  std::stringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
+  return *std::move(contents);
 }
 
 struct Connection {
@@ -78,44 +98,41 @@ struct Connection {
   }
 };
 
-Connection Connect(const Args& args) {
+Connection Connect(const ConnectionOptions& options) {
   Connection connection;
-  std::string address = args.Get("addr");
+  std::string address = options.addr;
   if (address.empty()) {
     const char* env = std::getenv("LMSERVE_ADDR");
     address = env != nullptr && *env != '\0' ? env : std::string(kDefaultAddress);
   }
-  if (args.Has("token-file")) {
-    connection.token = ReadFileOrDie(args.Get("token-file"));
+  if (options.token_file.has_value()) {
+    connection.token = ReadFileOrDie("token-file", *options.token_file);
     while (!connection.token.empty() &&
            (connection.token.back() == '\n' || connection.token.back() == '\r')) {
       connection.token.pop_back();
     }
-  } else if (args.Has("token")) {
-    connection.token = args.Get("token");
+  } else if (options.token.has_value()) {
+    connection.token = *options.token;
   } else if (const char* env = std::getenv("LMSERVE_TOKEN"); env != nullptr) {
     connection.token = env;
   }
-  absl::StatusOr<double> timeout = args.GetDouble("timeout-s");
-  if (!timeout.ok() || *timeout < 0) {
-    std::fprintf(stderr, "lmserve-cli: --timeout-s: want seconds >= 0\n");
-    std::exit(2);
-  }
-  connection.timeout_seconds = *timeout;
-  connection.json = args.GetFlag("json");
+  connection.timeout_seconds = options.timeout_seconds;
+  connection.json = options.json;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(-1);
-  if (args.Has("tls-ca") || args.Has("tls-cert")) {
-    grpc::SslCredentialsOptions options;
-    if (args.Has("tls-ca")) options.pem_root_certs = ReadFileOrDie(args.Get("tls-ca"));
-    if (args.Has("tls-cert")) {
-      options.pem_cert_chain = ReadFileOrDie(args.Get("tls-cert"));
-      options.pem_private_key = ReadFileOrDie(args.Get("tls-key"));
+  if (options.tls_ca.has_value() || options.tls_cert.has_value()) {
+    grpc::SslCredentialsOptions ssl_options;
+    if (options.tls_ca.has_value()) {
+      ssl_options.pem_root_certs = ReadFileOrDie("tls-ca", *options.tls_ca);
     }
-    credentials = grpc::SslCredentials(options);
-    if (args.Has("tls-server-name")) {
-      channel_args.SetSslTargetNameOverride(args.Get("tls-server-name"));
+    if (options.tls_cert.has_value()) {
+      ssl_options.pem_cert_chain = ReadFileOrDie("tls-cert", *options.tls_cert);
+      ssl_options.pem_private_key = ReadFileOrDie("tls-key", options.tls_key.value_or(""));
+    }
+    credentials = grpc::SslCredentials(ssl_options);
+    if (options.tls_server_name.has_value()) {
+      channel_args.SetSslTargetNameOverride(*options.tls_server_name);
     }
   } else {
     credentials = grpc::InsecureChannelCredentials();
@@ -148,68 +165,58 @@ void PrintJson(const google::protobuf::Message& message) {
   std::fflush(stdout);
 }
 
-// Parses a usage error message and exits 2, or returns whether to go on (false after --help).
-bool ParseOrExit(Args* args, int argc, char** argv) {
-  absl::StatusOr<bool> parsed = args->Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
-    std::exit(2);
-  }
-  return *parsed;
+struct SamplingOptions {
+  int64_t max_tokens = 64;
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+  std::optional<int64_t> seed;
+  std::optional<std::string> stop;
+  int64_t n = 1;
+  std::optional<int64_t> logprobs;
+  bool ignore_eos = false;
+  std::string request_id;
+  bool no_stream = false;
+};
+
+void BindSamplingFlags(CLI::App* command, SamplingOptions* options) {
+  AddIntFlag(command, "--max-tokens", &options->max_tokens, "the most tokens to generate");
+  AddDoubleFlag(command, "--temperature", &options->temperature,
+                "0: greedy (default: the server's, 1)");
+  AddDoubleFlag(command, "--top-p", &options->top_p, "nucleus sampling, in (0, 1]");
+  AddIntFlag(command, "--top-k", &options->top_k, "keep the k most likely tokens; 0: all");
+  AddIntFlag(command, "--seed", &options->seed, "the request's random seed");
+  AddStringFlag(command, "--stop", &options->stop, "a stop string");
+  AddIntFlag(command, "--n", &options->n, "the number of choices");
+  AddIntFlag(command, "--logprobs", &options->logprobs,
+             "the top N log-probabilities of each generated token");
+  AddBoolFlag(command, "--ignore-eos", &options->ignore_eos,
+              "keep generating past end-of-sequence tokens");
+  AddStringFlag(command, "--request-id", &options->request_id,
+                "a request id for the server's logs");
+  AddBoolFlag(command, "--no-stream", &options->no_stream,
+              "one response at the end instead of a stream");
 }
 
-void AddSamplingOptions(Args* args) {
-  args->Option("max-tokens", "the most tokens to generate", "64")
-      .Option("temperature", "0: greedy (default: the server's, 1)")
-      .Option("top-p", "nucleus sampling, in (0, 1]")
-      .Option("top-k", "keep the k most likely tokens; 0: all")
-      .Option("seed", "the request's random seed")
-      .Option("stop", "a stop string")
-      .Option("n", "the number of choices", "1")
-      .Option("logprobs", "the top N log-probabilities of each generated token")
-      .Flag("ignore-eos", "keep generating past end-of-sequence tokens")
-      .Option("request-id", "a request id for the server's logs")
-      .Flag("no-stream", "one response at the end instead of a stream");
+void FillSampling(const SamplingOptions& options, v1::SamplingParams* sampling) {
+  sampling->set_max_tokens(static_cast<int32_t>(options.max_tokens));
+  sampling->set_n(static_cast<int32_t>(options.n));
+  if (options.stop.has_value()) sampling->add_stop(*options.stop);
+  sampling->set_ignore_eos(options.ignore_eos);
+  if (options.temperature.has_value()) sampling->set_temperature(*options.temperature);
+  if (options.top_p.has_value()) sampling->set_top_p(*options.top_p);
+  if (options.top_k.has_value()) sampling->set_top_k(static_cast<int32_t>(*options.top_k));
+  if (options.seed.has_value()) sampling->set_seed(static_cast<uint64_t>(*options.seed));
+  if (options.logprobs.has_value()) {
+    sampling->set_logprobs(static_cast<int32_t>(*options.logprobs));
+  }
 }
 
-bool FillSampling(const Args& args, v1::SamplingParams* sampling) {
-  auto int_option = [&](std::string_view name, auto setter) {
-    if (!args.Has(name)) return true;
-    absl::StatusOr<int64_t> value = args.GetInt(name);
-    if (!value.ok()) {
-      std::fprintf(stderr, "lmserve-cli: %s\n", std::string(value.status().message()).c_str());
-      return false;
-    }
-    setter(*value);
-    return true;
-  };
-  auto double_option = [&](std::string_view name, auto setter) {
-    if (!args.Has(name)) return true;
-    absl::StatusOr<double> value = args.GetDouble(name);
-    if (!value.ok()) {
-      std::fprintf(stderr, "lmserve-cli: %s\n", std::string(value.status().message()).c_str());
-      return false;
-    }
-    setter(*value);
-    return true;
-  };
-  absl::StatusOr<int64_t> max_tokens = args.GetInt("max-tokens");
-  if (!max_tokens.ok()) {
-    std::fprintf(stderr, "lmserve-cli: %s\n", std::string(max_tokens.status().message()).c_str());
-    return false;
-  }
-  sampling->set_max_tokens(static_cast<int32_t>(*max_tokens));
-  absl::StatusOr<int64_t> n = args.GetInt("n");
-  if (!n.ok()) return false;
-  sampling->set_n(static_cast<int32_t>(*n));
-  if (args.Has("stop")) sampling->add_stop(args.Get("stop"));
-  sampling->set_ignore_eos(args.GetFlag("ignore-eos"));
-  return double_option("temperature", [&](double v) { sampling->set_temperature(v); }) &&
-         double_option("top-p", [&](double v) { sampling->set_top_p(v); }) &&
-         int_option("top-k", [&](int64_t v) { sampling->set_top_k(static_cast<int32_t>(v)); }) &&
-         int_option("seed", [&](int64_t v) { sampling->set_seed(static_cast<uint64_t>(v)); }) &&
-         int_option("logprobs",
-                    [&](int64_t v) { sampling->set_logprobs(static_cast<int32_t>(v)); });
+// Positional arguments, in order, kept as they come.
+CLI::Option* AddPositionals(CLI::App* command, const std::string& name,
+                            std::vector<std::string>* values, std::string help) {
+  return command->add_option(name, *values, std::move(help))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 std::string FinishName(v1::FinishReason reason) {
@@ -278,36 +285,35 @@ int RunStream(const Connection& connection, const Request& request, bool show_id
   return 0;
 }
 
-int RunComplete(int argc, char** argv) {
-  Args args("complete",
-            "Completes a prompt, printing the text as it streams in (a summary goes to stderr).");
-  args.Program("lmserve-cli").Positional("PROMPT", "the prompt text");
-  AddConnectionOptions(&args);
-  AddSamplingOptions(&args);
-  args.Option("ids", "the prompt as token ids instead of text: 1,2,3 (their ids are printed)")
-      .Flag("echo", "print the prompt before the completion")
-      .Flag("show-ids", "print the token ids of each piece");
-  if (!ParseOrExit(&args, argc, argv)) return 0;
+struct CompleteOptions {
+  ConnectionOptions connection;
+  SamplingOptions sampling;
+  std::vector<std::string> prompt;
+  std::optional<std::vector<int32_t>> ids;
+  bool echo = false;
+  bool show_ids = false;
+};
+
+int RunComplete(const CompleteOptions& options) {
   v1::CompleteRequest request;
-  if (args.Has("ids")) {
-    absl::StatusOr<std::vector<int32_t>> ids = args.GetIntList("ids");
-    if (!ids.ok() || !args.positionals().empty()) {
+  if (options.ids.has_value()) {
+    if (!options.prompt.empty()) {
       std::fprintf(stderr, "lmserve-cli complete: give either PROMPT or --ids 1,2,3\n");
       return 2;
     }
-    request.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
-  } else if (args.positionals().size() == 1) {
-    request.set_text(args.positionals()[0]);
+    request.mutable_token_ids()->mutable_ids()->Add(options.ids->begin(), options.ids->end());
+  } else if (options.prompt.size() == 1) {
+    request.set_text(options.prompt[0]);
   } else {
     std::fprintf(stderr, "lmserve-cli complete: give one PROMPT (quoted) or --ids (see --help)\n");
     return 2;
   }
-  if (!FillSampling(args, request.mutable_sampling())) return 2;
-  request.set_echo(args.GetFlag("echo"));
-  request.set_request_id(args.Get("request-id"));
-  const Connection connection = Connect(args);
-  const bool show_ids = args.GetFlag("show-ids") || args.Has("ids");
-  if (!args.GetFlag("no-stream")) {
+  FillSampling(options.sampling, request.mutable_sampling());
+  request.set_echo(options.echo);
+  request.set_request_id(options.sampling.request_id);
+  const Connection connection = Connect(options.connection);
+  const bool show_ids = options.show_ids || options.ids.has_value();
+  if (!options.sampling.no_stream) {
     return RunStream<v1::CompleteRequest>(
         connection, request, show_ids, nullptr,
         [](v1::Lmserve::Stub* stub, grpc::ClientContext* context, const v1::CompleteRequest& r) {
@@ -336,24 +342,41 @@ int RunComplete(int argc, char** argv) {
   return 0;
 }
 
-int RunChat(int argc, char** argv) {
-  Args args("chat",
-            "An interactive chat: each line on stdin is a user turn; the reply streams back. With "
-            "MESSAGE, one turn only. End with EOF (Ctrl-D).");
-  args.Program("lmserve-cli").Positional("MESSAGE", "a single user message (optional)");
-  AddConnectionOptions(&args);
-  AddSamplingOptions(&args);
-  args.Option("system", "a system message to start the conversation with");
-  if (!ParseOrExit(&args, argc, argv)) return 0;
+CommandRunner DeclareComplete(CLI::App* command) {
+  command->footer(
+      "Completes a prompt, printing the text as it streams in (a summary goes to stderr).");
+  auto options = std::make_shared<CompleteOptions>();
+  AddPositionals(command, "PROMPT", &options->prompt, "the prompt text");
+  BindConnectionFlags(command, &options->connection);
+  BindSamplingFlags(command, &options->sampling);
+  command
+      ->add_option_function<std::string>(
+          "--ids",
+          [options](const std::string& text) { options->ids = ParseIdListFlag("--ids", text); },
+          "the prompt as token ids instead of text: 1,2,3 (their ids are printed)")
+      ->type_name("ID,ID,...");
+  AddBoolFlag(command, "--echo", &options->echo, "print the prompt before the completion");
+  AddBoolFlag(command, "--show-ids", &options->show_ids, "print the token ids of each piece");
+  return [options] { return RunComplete(*options); };
+}
+
+struct ChatOptions {
+  ConnectionOptions connection;
+  SamplingOptions sampling;
+  std::vector<std::string> message;
+  std::optional<std::string> system;
+};
+
+int RunChat(const ChatOptions& options) {
   v1::ChatRequest request;
-  if (!FillSampling(args, request.mutable_sampling())) return 2;
-  request.set_request_id(args.Get("request-id"));
-  if (args.Has("system")) {
+  FillSampling(options.sampling, request.mutable_sampling());
+  request.set_request_id(options.sampling.request_id);
+  if (options.system.has_value()) {
     v1::ChatMessage* system = request.add_messages();
     system->set_role("system");
-    system->set_content(args.Get("system"));
+    system->set_content(*options.system);
   }
-  const Connection connection = Connect(args);
+  const Connection connection = Connect(options.connection);
   auto stream_call = [](v1::Lmserve::Stub* stub, grpc::ClientContext* context,
                         const v1::ChatRequest& r) { return stub->ChatStream(context, r); };
   auto turn = [&](const std::string& user_text) {
@@ -371,7 +394,7 @@ int RunChat(int argc, char** argv) {
     }
     return code;
   };
-  if (!args.positionals().empty()) return turn(StrJoin(args.positionals(), " "));
+  if (!options.message.empty()) return turn(StrJoin(options.message, " "));
   const bool interactive = isatty(STDIN_FILENO);
   int code = 0;
   std::string line;
@@ -388,25 +411,33 @@ int RunChat(int argc, char** argv) {
   return code;
 }
 
-int RunHealth(int argc, char** argv) {
-  Args args("health",
-            "Asks grpc.health.v1.Health. Prints SERVING or NOT_SERVING; exits 0 when SERVING.");
-  args.Program("lmserve-cli");
-  AddConnectionOptions(&args);
-  args.Option("wait", "poll for up to this many seconds until SERVING", "0")
-      .Option("service", "the service to ask about (\"\": the server)", "");
-  if (!ParseOrExit(&args, argc, argv)) return 0;
-  absl::StatusOr<double> wait = args.GetDouble("wait");
-  if (!wait.ok() || *wait < 0) {
-    std::fprintf(stderr, "lmserve-cli health: --wait: want seconds >= 0\n");
-    return 2;
-  }
-  const Connection connection = Connect(args);
+CommandRunner DeclareChat(CLI::App* command) {
+  command->footer(
+      "An interactive chat: each line on stdin is a user turn; the reply streams back. With "
+      "MESSAGE, one turn only. End with EOF (Ctrl-D).");
+  auto options = std::make_shared<ChatOptions>();
+  AddPositionals(command, "MESSAGE", &options->message, "a single user message (optional)");
+  BindConnectionFlags(command, &options->connection);
+  BindSamplingFlags(command, &options->sampling);
+  AddStringFlag(command, "--system", &options->system,
+                "a system message to start the conversation with");
+  return [options] { return RunChat(*options); };
+}
+
+struct HealthOptions {
+  ConnectionOptions connection;
+  double wait_seconds = 0;
+  std::string service;
+};
+
+int RunHealth(const HealthOptions& options) {
+  const Connection connection = Connect(options.connection);
   auto stub = health::Health::NewStub(connection.channel);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(*wait * 1000));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000));
   health::HealthCheckRequest request;
-  request.set_service(args.Get("service"));
+  request.set_service(options.service);
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -429,11 +460,24 @@ int RunHealth(int argc, char** argv) {
   }
 }
 
+CommandRunner DeclareHealth(CLI::App* command) {
+  command->footer(
+      "Asks grpc.health.v1.Health. Prints SERVING or NOT_SERVING; exits 0 when SERVING.");
+  auto options = std::make_shared<HealthOptions>();
+  BindConnectionFlags(command, &options->connection);
+  AddDoubleFlag(command, "--wait", &options->wait_seconds,
+                "poll for up to this many seconds until SERVING",
+                [](double seconds) { return seconds >= 0 ? "" : "is not seconds >= 0"; });
+  AddStringFlag(command, "--service", &options->service,
+                "the service to ask about (\"\": the server)");
+  return [options] { return RunHealth(*options); };
+}
+
 template <typename Response, typename Request>
-int RunUnary(const Args& args, const Request& request,
+int RunUnary(const ConnectionOptions& options, const Request& request,
              grpc::Status (v1::Lmserve::Stub::*method)(grpc::ClientContext*, const Request&,
                                                        Response*)) {
-  const Connection connection = Connect(args);
+  const Connection connection = Connect(options);
   auto stub = v1::Lmserve::NewStub(connection.channel);
   grpc::ClientContext context;
   connection.Prepare(&context);
@@ -444,101 +488,127 @@ int RunUnary(const Args& args, const Request& request,
   return 0;
 }
 
-int RunModelInfo(int argc, char** argv) {
-  Args args("info", "Prints the served model's information (GetModelInfo) as JSON.");
-  args.Program("lmserve-cli");
-  AddConnectionOptions(&args);
-  if (!ParseOrExit(&args, argc, argv)) return 0;
-  return RunUnary<v1::ModelInfo>(args, v1::GetModelInfoRequest(), &v1::Lmserve::Stub::GetModelInfo);
+CommandRunner DeclareModelInfo(CLI::App* command) {
+  command->footer("Prints the served model's information (GetModelInfo) as JSON.");
+  auto options = std::make_shared<ConnectionOptions>();
+  BindConnectionFlags(command, options.get());
+  return [options] {
+    return RunUnary<v1::ModelInfo>(*options, v1::GetModelInfoRequest(),
+                                   &v1::Lmserve::Stub::GetModelInfo);
+  };
 }
 
-int RunStatus(int argc, char** argv) {
-  Args args("status", "Prints the server's load (GetServerStatus) as JSON.");
-  args.Program("lmserve-cli");
-  AddConnectionOptions(&args);
-  if (!ParseOrExit(&args, argc, argv)) return 0;
-  return RunUnary<v1::ServerStatus>(args, v1::GetServerStatusRequest(),
-                                    &v1::Lmserve::Stub::GetServerStatus);
+CommandRunner DeclareStatus(CLI::App* command) {
+  command->footer("Prints the server's load (GetServerStatus) as JSON.");
+  auto options = std::make_shared<ConnectionOptions>();
+  BindConnectionFlags(command, options.get());
+  return [options] {
+    return RunUnary<v1::ServerStatus>(*options, v1::GetServerStatusRequest(),
+                                      &v1::Lmserve::Stub::GetServerStatus);
+  };
 }
 
-int RunTokenize(int argc, char** argv) {
-  Args args("tokenize", "Prints the token ids of TEXT as JSON.");
-  args.Program("lmserve-cli").Positional("TEXT", "the text");
-  AddConnectionOptions(&args);
-  args.Flag("no-special-tokens", "do not add BOS and the like");
-  if (!ParseOrExit(&args, argc, argv)) return 0;
-  if (args.positionals().size() != 1) {
-    std::fprintf(stderr, "lmserve-cli tokenize: give one TEXT (quoted)\n");
-    return 2;
-  }
-  v1::TokenizeRequest request;
-  request.set_text(args.positionals()[0]);
-  request.set_add_special_tokens(!args.GetFlag("no-special-tokens"));
-  return RunUnary<v1::TokenizeResponse>(args, request, &v1::Lmserve::Stub::Tokenize);
+struct TokenizeOptions {
+  ConnectionOptions connection;
+  std::vector<std::string> text;
+  bool no_special_tokens = false;
+};
+
+CommandRunner DeclareTokenize(CLI::App* command) {
+  command->footer("Prints the token ids of TEXT as JSON.");
+  auto options = std::make_shared<TokenizeOptions>();
+  AddPositionals(command, "TEXT", &options->text, "the text");
+  BindConnectionFlags(command, &options->connection);
+  AddBoolFlag(command, "--no-special-tokens", &options->no_special_tokens,
+              "do not add BOS and the like");
+  return [options] {
+    if (options->text.size() != 1) {
+      std::fprintf(stderr, "lmserve-cli tokenize: give one TEXT (quoted)\n");
+      return 2;
+    }
+    v1::TokenizeRequest request;
+    request.set_text(options->text[0]);
+    request.set_add_special_tokens(!options->no_special_tokens);
+    return RunUnary<v1::TokenizeResponse>(options->connection, request,
+                                          &v1::Lmserve::Stub::Tokenize);
+  };
 }
 
-int RunDetokenize(int argc, char** argv) {
-  Args args("detokenize", "Prints the text of token ids as JSON.");
-  args.Program("lmserve-cli");
-  AddConnectionOptions(&args);
-  args.Required("ids", "token ids: 1,2,3").Flag("skip-special-tokens", "leave special tokens out");
-  if (!ParseOrExit(&args, argc, argv)) return 0;
-  absl::StatusOr<std::vector<int32_t>> ids = args.GetIntList("ids");
-  if (!ids.ok()) {
-    std::fprintf(stderr, "lmserve-cli: %s\n", std::string(ids.status().message()).c_str());
-    return 2;
-  }
-  v1::DetokenizeRequest request;
-  request.mutable_token_ids()->Add(ids->begin(), ids->end());
-  request.set_skip_special_tokens(args.GetFlag("skip-special-tokens"));
-  return RunUnary<v1::DetokenizeResponse>(args, request, &v1::Lmserve::Stub::Detokenize);
+struct DetokenizeOptions {
+  ConnectionOptions connection;
+  std::vector<int32_t> ids;
+  bool skip_special_tokens = false;
+};
+
+CommandRunner DeclareDetokenize(CLI::App* command) {
+  command->footer("Prints the text of token ids as JSON.");
+  auto options = std::make_shared<DetokenizeOptions>();
+  BindConnectionFlags(command, &options->connection);
+  AddIdListFlag(command, "--ids", &options->ids, "token ids: 1,2,3")->required();
+  AddBoolFlag(command, "--skip-special-tokens", &options->skip_special_tokens,
+              "leave special tokens out");
+  return [options] {
+    v1::DetokenizeRequest request;
+    request.mutable_token_ids()->Add(options->ids.begin(), options->ids.end());
+    request.set_skip_special_tokens(options->skip_special_tokens);
+    return RunUnary<v1::DetokenizeResponse>(options->connection, request,
+                                            &v1::Lmserve::Stub::Detokenize);
+  };
 }
 
 struct CliCommand {
-  std::string_view name;
-  std::string_view summary;
-  int (*run)(int argc, char** argv);
+  const char* name;
+  const char* summary;
+  CommandRunner (*declare)(CLI::App* command);
 };
 
 constexpr CliCommand kCommands[] = {
-    {"complete", "complete a prompt, streaming the text", RunComplete},
-    {"chat", "chat with the model (interactive, or one MESSAGE)", RunChat},
-    {"health", "the server's health (exit 0 when SERVING); --wait polls", RunHealth},
-    {"info", "the served model's information", RunModelInfo},
-    {"status", "the server's load", RunStatus},
-    {"tokenize", "the token ids of a text", RunTokenize},
-    {"detokenize", "the text of token ids", RunDetokenize},
+    {"complete", "complete a prompt, streaming the text", DeclareComplete},
+    {"chat", "chat with the model (interactive, or one MESSAGE)", DeclareChat},
+    {"health", "the server's health (exit 0 when SERVING); --wait polls", DeclareHealth},
+    {"info", "the served model's information", DeclareModelInfo},
+    {"status", "the server's load", DeclareStatus},
+    {"tokenize", "the token ids of a text", DeclareTokenize},
+    {"detokenize", "the text of token ids", DeclareDetokenize},
 };
 
-void PrintUsage(FILE* out) {
-  std::fputs("usage: lmserve-cli <command> [options]   (lmserve-cli <command> --help)\n\n"
-             "commands:\n",
-             out);
+bool IsCommand(std::string_view name) {
   for (const CliCommand& command : kCommands) {
-    std::fprintf(out, "  %-12.*s %.*s\n", static_cast<int>(command.name.size()),
-                 command.name.data(), static_cast<int>(command.summary.size()),
-                 command.summary.data());
+    if (name == command.name) return true;
   }
+  return false;
 }
 
 }  // namespace
 }  // namespace lmserve::server
 
 int main(int argc, char** argv) {
-  using lmserve::server::kCommands;
-  if (argc < 2) {
-    lmserve::server::PrintUsage(stderr);
+  using lmserve::server::CommandRunner;
+  CLI::App app(
+      "lmserve-cli: a command-line client of the lmserve gRPC API. "
+      "`lmserve-cli <command> --help` lists a command's options.",
+      "lmserve-cli");
+  lmserve::server::UseCommandLineConventions(&app);
+  std::vector<std::pair<CLI::App*, CommandRunner>> commands;
+  for (const auto& entry : lmserve::server::kCommands) {
+    CLI::App* command = app.add_subcommand(entry.name, entry.summary);
+    commands.emplace_back(command, entry.declare(command));
+  }
+  app.require_subcommand(1);
+  const std::string_view first = argc >= 2 ? argv[1] : "";
+  if (first.empty() || first == "help") {
+    std::fputs(app.help().c_str(), first.empty() ? stderr : stdout);
+    return first.empty() ? 2 : 0;
+  }
+  if (first.front() != '-' && !lmserve::server::IsCommand(first)) {
+    std::fprintf(stderr, "lmserve-cli: unknown command '%s'\n\n%s", argv[1], app.help().c_str());
     return 2;
   }
-  const std::string_view name = argv[1];
-  if (name == "--help" || name == "-h" || name == "help") {
-    lmserve::server::PrintUsage(stdout);
-    return 0;
+  if (std::optional<int> exit_code = lmserve::server::ParseCommandLine(&app, argc, argv)) {
+    return *exit_code;
   }
-  for (const auto& command : kCommands) {
-    if (command.name == name) return command.run(argc - 2, argv + 2);
+  for (auto& [command, run] : commands) {
+    if (command->parsed()) return run();
   }
-  std::fprintf(stderr, "lmserve-cli: unknown command '%s'\n\n", argv[1]);
-  lmserve::server::PrintUsage(stderr);
-  return 2;
+  return 2;  // unreachable: a subcommand is required
 }

@@ -4,42 +4,30 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/strings.h"
 #include "kernels/cpu/argmax.h"
-#include "server/args.h"
 #include "server/cli.h"
 #include "server/model_session.h"
 
 namespace lmserve::server {
+namespace {
 
-int RunGenerate(int argc, char** argv) {
-  Args args("generate",
-            "Greedy decoding after --ids on the CPU runner. Prints {\"ids\": [...]}, the generated "
-            "ids only; stops after an EOS id of the model (included) unless --ignore-eos.");
-  AddModelOptions(&args);
-  args.Option("max-tokens", "the most tokens to generate", "16")
-      .Flag("ignore-eos", "keep generating past EOS ids");
-  absl::StatusOr<bool> parsed = args.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  if (!*parsed) return 0;
+struct GenerateOptions {
+  ModelSessionOptions model;
+  int64_t max_tokens = 16;
+  bool ignore_eos = false;
+};
+
+int Run(const GenerateOptions& options) {
   auto fail = [](const absl::Status& status) {
     std::fprintf(stderr, "lmserve generate: %s\n", std::string(status.message()).c_str());
     return 1;
   };
-  absl::StatusOr<int64_t> max_tokens = args.GetInt("max-tokens");
-  if (!max_tokens.ok() || *max_tokens < 0) {
-    std::fprintf(stderr, "lmserve generate: --max-tokens: want a non-negative integer, got '%s'\n",
-                 args.Get("max-tokens").c_str());
-    return 2;
-  }
-
-  absl::StatusOr<ModelSession> session = OpenModelSession(args);
+  absl::StatusOr<ModelSession> session = OpenModelSession(options.model);
   if (!session.ok()) return fail(session.status());
   const engine::ModelConfig& config = session->checkpoint->config();
   const int64_t num_ids = static_cast<int64_t>(session->ids.size());
@@ -49,19 +37,20 @@ int RunGenerate(int argc, char** argv) {
                                                   config.max_position_embeddings, " tokens")));
   }
   // The last generated token is never fed back, so the context holds num_ids + max_tokens - 1.
-  int64_t steps = *max_tokens;
+  int64_t steps = options.max_tokens;
   if (num_ids + steps - 1 > config.max_position_embeddings) {
     steps = config.max_position_embeddings - num_ids + 1;
     std::fprintf(
         stderr, "lmserve generate: the model's context of %lld tokens allows %lld tokens\n",
         static_cast<long long>(config.max_position_embeddings), static_cast<long long>(steps));
   }
-  if (absl::Status s = CreateRunner(args, num_ids + std::max<int64_t>(steps - 1, 0), &*session);
+  if (absl::Status s =
+          CreateRunner(options.model, num_ids + std::max<int64_t>(steps - 1, 0), &*session);
       !s.ok()) {
     return fail(s);
   }
 
-  const bool ignore_eos = args.GetFlag("ignore-eos");
+  const bool ignore_eos = options.ignore_eos;
   const int64_t vocab = config.vocab_size;
   const std::vector<int32_t> blocks =
       FirstBlocks(*session->runner, num_ids + std::max<int64_t>(steps - 1, 0));
@@ -87,6 +76,19 @@ int RunGenerate(int argc, char** argv) {
   }
   std::printf("{\"ids\": [%s]}\n", StrJoin(generated, ", ").c_str());
   return 0;
+}
+
+}  // namespace
+
+CommandRunner DeclareGenerate(CLI::App* command) {
+  command->footer(
+      "Greedy decoding after --ids. Prints {\"ids\": [...]}, the generated ids only; stops after "
+      "an EOS id of the model (included) unless --ignore-eos.");
+  auto options = std::make_shared<GenerateOptions>();
+  BindModelSessionFlags(command, &options->model);
+  AddIntFlag(command, "--max-tokens", &options->max_tokens, "the most tokens to generate", 0);
+  AddBoolFlag(command, "--ignore-eos", &options->ignore_eos, "keep generating past EOS ids");
+  return [options] { return Run(*options); };
 }
 
 }  // namespace lmserve::server

@@ -1,26 +1,24 @@
 // lmserve info --model PATH: the model's configuration and tensors, as JSON.
 
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "engine/model/checkpoint.h"
 #include "nlohmann/json.hpp"
-#include "server/args.h"
 #include "server/cli.h"
 
 namespace lmserve::server {
+namespace {
 
-int RunInfo(int argc, char** argv) {
-  Args args("info", "Prints a model's configuration and its tensors as JSON.");
-  args.Required("model", "a Hugging Face model directory or a .gguf file")
-      .Flag("tensors", "also list every tensor with its type and shape");
-  absl::StatusOr<bool> parsed = args.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  if (!*parsed) return 0;
+struct InfoOptions {
+  std::string model_path;
+  bool tensors = false;
+};
+
+int Run(const InfoOptions& options) {
   absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
-      engine::OpenCheckpoint(args.Get("model"));
+      engine::OpenCheckpoint(options.model_path);
   if (!checkpoint.ok()) {
     std::fprintf(stderr, "lmserve info: %s\n", std::string(checkpoint.status().message()).c_str());
     return 1;
@@ -42,7 +40,7 @@ int RunInfo(int argc, char** argv) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"eos_token_ids", c.eos_token_ids},
   };
-  if (args.GetFlag("tensors")) {
+  if (options.tensors) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& [name, view] : (*checkpoint)->tensors()) {
       tensors.push_back({{"name", name},
@@ -53,6 +51,19 @@ int RunInfo(int argc, char** argv) {
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
+}
+
+}  // namespace
+
+CommandRunner DeclareInfo(CLI::App* command) {
+  command->footer("Prints a model's configuration and its tensors as JSON.");
+  auto options = std::make_shared<InfoOptions>();
+  AddStringFlag(command, "--model", &options->model_path,
+                "a Hugging Face model directory or a .gguf file")
+      ->required();
+  AddBoolFlag(command, "--tensors", &options->tensors,
+              "also list every tensor with its type and shape");
+  return [options] { return Run(*options); };
 }
 
 }  // namespace lmserve::server

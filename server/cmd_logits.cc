@@ -3,33 +3,28 @@
 // [number of ids, vocab_size].
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "engine/model/safetensors.h"
-#include "server/args.h"
 #include "server/cli.h"
 #include "server/model_session.h"
 
 namespace lmserve::server {
+namespace {
 
-int RunLogits(int argc, char** argv) {
-  Args args("logits",
-            "Computes the teacher-forced logits of --ids at every position (CPU runner) and writes "
-            "them to --out as a safetensors file: tensor `logits`, F32, [number of ids, vocab].");
-  AddModelOptions(&args);
-  args.Required("out", "the safetensors file to write");
-  absl::StatusOr<bool> parsed = args.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  if (!*parsed) return 0;
+struct LogitsOptions {
+  ModelSessionOptions model;
+  std::string out;
+};
+
+int Run(const LogitsOptions& options) {
   auto fail = [](const absl::Status& status) {
     std::fprintf(stderr, "lmserve logits: %s\n", std::string(status.message()).c_str());
     return 1;
   };
 
-  absl::StatusOr<ModelSession> session = OpenModelSession(args);
+  absl::StatusOr<ModelSession> session = OpenModelSession(options.model);
   if (!session.ok()) return fail(session.status());
   const int64_t num_ids = static_cast<int64_t>(session->ids.size());
   const int64_t context = session->checkpoint->config().max_position_embeddings;
@@ -38,7 +33,7 @@ int RunLogits(int argc, char** argv) {
                                            " ids exceed the model's context of " +
                                            std::to_string(context) + " tokens"));
   }
-  if (absl::Status s = CreateRunner(args, num_ids, &*session); !s.ok()) return fail(s);
+  if (absl::Status s = CreateRunner(options.model, num_ids, &*session); !s.ok()) return fail(s);
 
   engine::StepBatch batch;
   batch.AddSequence(session->ids, 0, FirstBlocks(*session->runner, num_ids),
@@ -53,11 +48,22 @@ int RunLogits(int argc, char** argv) {
       .shape = {num_ids, vocab},
       .data = std::as_bytes(std::span<const float>(output.logits)),
   };
-  if (absl::Status s = engine::WriteSafetensors(args.Get("out"), {logits}); !s.ok()) return fail(s);
+  if (absl::Status s = engine::WriteSafetensors(options.out, {logits}); !s.ok()) return fail(s);
   std::fprintf(stderr, "lmserve logits: wrote logits [%lld, %lld] to %s\n",
-               static_cast<long long>(num_ids), static_cast<long long>(vocab),
-               args.Get("out").c_str());
+               static_cast<long long>(num_ids), static_cast<long long>(vocab), options.out.c_str());
   return 0;
+}
+
+}  // namespace
+
+CommandRunner DeclareLogits(CLI::App* command) {
+  command->footer(
+      "Computes the teacher-forced logits of --ids at every position (one runner step) and "
+      "writes them to --out as a safetensors file: tensor `logits`, F32, [number of ids, vocab].");
+  auto options = std::make_shared<LogitsOptions>();
+  BindModelSessionFlags(command, &options->model);
+  AddStringFlag(command, "--out", &options->out, "the safetensors file to write")->required();
+  return [options] { return Run(*options); };
 }
 
 }  // namespace lmserve::server

@@ -9,13 +9,14 @@
 
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "server/args.h"
 #include "server/cli.h"
 #include "server/log.h"
+#include "server/model_loader.h"
 #include "server/serve_config.h"
 #include "server/service.h"
 
@@ -69,45 +70,48 @@ class SignalCounter {
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace
-
-int RunServe(int argc, char** argv) {
-  Args args("serve",
-            "Serves a model over gRPC (lmserve.v1.Lmserve, grpc.health.v1.Health, server "
-            "reflection), with Prometheus metrics at http://HOST:METRICS_PORT/metrics. SIGTERM or "
-            "SIGINT drains: new requests are refused, in-flight ones get --grace-period-s to "
-            "finish, then the server exits 0.");
-  AddServeOptions(&args);
-  absl::StatusOr<bool> parsed = args.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  if (!*parsed) return 0;
-  absl::StatusOr<ServeConfig> config = ServeConfigFromArgs(args);
-  if (!config.ok()) {
-    std::fprintf(stderr, "lmserve serve: %s\n", std::string(config.status().message()).c_str());
-    return 2;
-  }
-  SetLogText(config->debug_log_text);
+int Run(const ServeConfig& config) {
+  SetLogText(config.server.debug_log_text);
 
   static SignalCounter* const signals = new SignalCounter();  // lives until exit
 
-  LogInfo(DescribeServeConfig(*config));
-  absl::StatusOr<std::unique_ptr<LmserveServer>> server = LmserveServer::Start(*config);
+  LogInfo(DescribeServeConfig(config));
+  absl::StatusOr<std::unique_ptr<LmserveServer>> server = LmserveServer::Start(config.server);
   if (!server.ok()) {
     LogError(server.status().message());
     return 1;
   }
-  if (absl::Status status = (*server)->LoadModel(); !status.ok()) {
-    LogError("cannot serve the model: ", status.message());
+  absl::StatusOr<std::unique_ptr<ServingModel>> model =
+      LoadServingModel(config, (*server)->api_limits());
+  if (!model.ok()) {
+    LogError("cannot serve the model: ", model.status().message());
     (*server)->Drain(absl::ZeroDuration());
     return 1;
   }
+  (*server)->Serve(*std::move(model));
   signals->AwaitFirst();
-  (*server)->Drain(absl::Seconds(config->grace_period_seconds),
+  (*server)->Drain(absl::Seconds(config.server.grace_period_seconds),
                    [] { return signals->count() >= 2; });
   return 0;
+}
+
+}  // namespace
+
+CommandRunner DeclareServe(CLI::App* command) {
+  command->footer(
+      "Serves a model over gRPC (lmserve.v1.Lmserve, grpc.health.v1.Health, server reflection), "
+      "with Prometheus metrics at http://HOST:METRICS_PORT/metrics. SIGTERM or SIGINT drains: new "
+      "requests are refused, in-flight ones get --grace-period-s to finish, then the server exits "
+      "0.");
+  auto config = std::make_shared<ServeConfig>();
+  BindServeFlags(command, config.get());
+  return [config] {
+    if (absl::Status status = FinishServeConfig(config.get()); !status.ok()) {
+      std::fprintf(stderr, "lmserve serve: %s\n", std::string(status.message()).c_str());
+      return 2;
+    }
+    return Run(*config);
+  };
 }
 
 }  // namespace lmserve::server

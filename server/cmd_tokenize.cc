@@ -1,84 +1,73 @@
 // lmserve tokenize / detokenize: text <-> token ids with a model's tokenizer, as JSON.
 
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "common/file.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "server/args.h"
 #include "server/cli.h"
 
 namespace lmserve::server {
 namespace {
-
-// Parses the options; returns the exit code to stop with, or -1 to go on.
-int ParseOrExit(Args& args, int argc, char** argv) {
-  absl::StatusOr<bool> parsed = args.Parse(argc, argv);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  return *parsed ? -1 : 0;
-}
-
-absl::StatusOr<std::unique_ptr<engine::Tokenizer>> LoadTokenizer(const Args& args) {
-  return engine::Tokenizer::Load(args.Get("tokenizer"));
-}
 
 // Token strings may hold any bytes (GGUF): invalid UTF-8 is written as U+FFFD, never an error.
 void PrintJson(const nlohmann::json& out) {
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
-}  // namespace
+struct TokenizeOptions {
+  std::string tokenizer;
+  std::optional<std::string> text;
+  std::optional<std::string> text_file;
+  bool lines = false;
+  bool add_special = false;
+  bool pieces = false;
+};
 
-int RunTokenize(int argc, char** argv) {
-  Args args("tokenize", "Prints the token ids of a text as JSON: {\"ids\": [...]}.");
-  args.Required("tokenizer", "a tokenizer.json, a Hugging Face model directory or a .gguf file")
-      .Option("text", "the text to tokenize")
-      .Option("text-file", "tokenize this file's contents instead of --text")
-      .Flag("lines", "with --text-file: tokenize each line on its own; prints {\"ids\": [[...], ...]}")
-      .Flag("add-special", "add the special tokens the tokenizer adds (e.g. BOS)")
-      .Flag("pieces", "also print the vocabulary string of each token");
-  if (const int code = ParseOrExit(args, argc, argv); code >= 0) return code;
-  if (args.Has("text") == args.Has("text-file")) {
+int Run(const TokenizeOptions& options) {
+  if (options.text.has_value() == options.text_file.has_value()) {
     std::fprintf(stderr, "lmserve tokenize: give exactly one of --text and --text-file\n");
     return 2;
   }
-  std::string text = args.Get("text");
-  if (args.Has("text-file")) {
-    std::ifstream in(args.Get("text-file"), std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "lmserve tokenize: cannot read %s\n", args.Get("text-file").c_str());
+  std::string text = options.text.value_or("");
+  if (options.text_file.has_value()) {
+    absl::StatusOr<std::string> contents = ReadFile(*options.text_file);
+    if (!contents.ok()) {
+      std::fprintf(stderr, "lmserve tokenize: --text-file: %s\n",
+                   std::string(contents.status().message()).c_str());
       return 1;
     }
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    text = *std::move(contents);
   }
-  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer = LoadTokenizer(args);
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer =
+      engine::Tokenizer::Load(options.tokenizer);
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "lmserve tokenize: %s\n",
                  std::string(tokenizer.status().message()).c_str());
     return 1;
   }
-  if (args.GetFlag("lines")) {
+  if (options.lines) {
     nlohmann::json lines = nlohmann::json::array();
     size_t start = 0;
     while (start <= text.size()) {
       size_t end = text.find('\n', start);
       if (end == std::string::npos) end = text.size();
-      lines.push_back((*tokenizer)->Encode(std::string_view(text).substr(start, end - start),
-                                           args.GetFlag("add-special")));
+      lines.push_back(
+          (*tokenizer)
+              ->Encode(std::string_view(text).substr(start, end - start), options.add_special));
       start = end + 1;
     }
     PrintJson({{"ids", std::move(lines)}});
     return 0;
   }
-  const std::vector<int32_t> ids = (*tokenizer)->Encode(text, args.GetFlag("add-special"));
+  const std::vector<int32_t> ids = (*tokenizer)->Encode(text, options.add_special);
   nlohmann::json out = {{"ids", ids}};
-  if (args.GetFlag("pieces")) {
+  if (options.pieces) {
     nlohmann::json pieces = nlohmann::json::array();
     for (const int32_t id : ids) pieces.push_back(std::string((*tokenizer)->IdToPiece(id)));
     out["pieces"] = std::move(pieces);
@@ -87,32 +76,60 @@ int RunTokenize(int argc, char** argv) {
   return 0;
 }
 
-int RunDetokenize(int argc, char** argv) {
-  Args args("detokenize", "Prints the text of token ids as JSON: {\"text\": \"...\"}.");
-  args.Required("tokenizer", "a tokenizer.json, a Hugging Face model directory or a .gguf file")
-      .Required("ids", "comma-separated token ids, e.g. 1,2,3")
-      .Flag("skip-special", "leave out special tokens");
-  if (const int code = ParseOrExit(args, argc, argv); code >= 0) return code;
-  absl::StatusOr<std::vector<int32_t>> ids = args.GetIntList("ids");
-  if (!ids.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(ids.status().message()).c_str());
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer = LoadTokenizer(args);
+struct DetokenizeOptions {
+  std::string tokenizer;
+  std::vector<int32_t> ids;
+  bool skip_special = false;
+};
+
+int Run(const DetokenizeOptions& options) {
+  absl::StatusOr<std::unique_ptr<engine::Tokenizer>> tokenizer =
+      engine::Tokenizer::Load(options.tokenizer);
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "lmserve detokenize: %s\n",
                  std::string(tokenizer.status().message()).c_str());
     return 1;
   }
-  for (const int32_t id : *ids) {
+  for (const int32_t id : options.ids) {
     if (id < 0 || id >= (*tokenizer)->vocab_size()) {
       std::fprintf(stderr, "lmserve detokenize: id %d is outside the vocabulary (size %d)\n", id,
                    (*tokenizer)->vocab_size());
       return 1;
     }
   }
-  PrintJson({{"text", (*tokenizer)->Decode(*ids, args.GetFlag("skip-special"))}});
+  PrintJson({{"text", (*tokenizer)->Decode(options.ids, options.skip_special)}});
   return 0;
+}
+
+constexpr char kTokenizerHelp[] =
+    "a tokenizer.json, a Hugging Face model directory or a .gguf file";
+
+}  // namespace
+
+CommandRunner DeclareTokenize(CLI::App* command) {
+  command->footer("Prints the token ids of a text as JSON: {\"ids\": [...]}.");
+  auto options = std::make_shared<TokenizeOptions>();
+  AddStringFlag(command, "--tokenizer", &options->tokenizer, kTokenizerHelp)->required();
+  AddStringFlag(command, "--text", &options->text, "the text to tokenize");
+  AddStringFlag(command, "--text-file", &options->text_file,
+                "tokenize this file's contents instead of --text");
+  AddBoolFlag(command, "--lines", &options->lines,
+              "with --text-file: tokenize each line on its own; prints {\"ids\": [[...], ...]}");
+  AddBoolFlag(command, "--add-special", &options->add_special,
+              "add the special tokens the tokenizer adds (e.g. BOS)");
+  AddBoolFlag(command, "--pieces", &options->pieces,
+              "also print the vocabulary string of each token");
+  return [options] { return Run(*options); };
+}
+
+CommandRunner DeclareDetokenize(CLI::App* command) {
+  command->footer("Prints the text of token ids as JSON: {\"text\": \"...\"}.");
+  auto options = std::make_shared<DetokenizeOptions>();
+  AddStringFlag(command, "--tokenizer", &options->tokenizer, kTokenizerHelp)->required();
+  AddIdListFlag(command, "--ids", &options->ids, "comma-separated token ids, e.g. 1,2,3")
+      ->required();
+  AddBoolFlag(command, "--skip-special", &options->skip_special, "leave out special tokens");
+  return [options] { return Run(*options); };
 }
 
 }  // namespace lmserve::server

@@ -1,22 +1,34 @@
-// The model set-up shared by `lmserve logits` and `lmserve generate`: the options they share, and a
-// checkpoint with a CPU runner whose KV cache fits the token ids they will run.
+// The model set-up shared by `lmserve logits` and `lmserve generate`: the flags they share, and a
+// checkpoint with a runner whose KV cache fits the token ids they will run.
 
 #ifndef LMSERVE_SERVER_MODEL_SESSION_H_
 #define LMSERVE_SERVER_MODEL_SESSION_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model/checkpoint.h"
 #include "engine/runner/model_runner.h"
-#include "server/args.h"
+#include "server/command_line.h"
 
 namespace lmserve::server {
 
-// Declares --model, --ids, --kv-cache-mb, --threads, --backend and --dtype.
-void AddModelOptions(Args* args);
+// What --model, --ids, --kv-cache-mb, --threads, --backend and --dtype say.
+struct ModelSessionOptions {
+  std::string model_path;
+  std::vector<int32_t> ids;                     // the prompt
+  std::optional<int64_t> kv_cache_mb;           // nullopt: just what the run needs
+  int32_t threads = 0;                          // 0: one per core
+  BackendFlag backend = engine::Backend::kCpu;  // the fp32 reference unless told otherwise
+  engine::RunnerDType dtype = engine::RunnerDType::kAuto;
+};
+
+// Declares --model, --ids, --kv-cache-mb, --threads, --backend and --dtype, bound to `*options`.
+void BindModelSessionFlags(CLI::App* command, ModelSessionOptions* options);
 
 struct ModelSession {
   std::unique_ptr<engine::Checkpoint> checkpoint;
@@ -24,14 +36,15 @@ struct ModelSession {
   std::vector<int32_t> ids;  // --ids, checked against the vocabulary
 };
 
-// Opens --model and parses --ids (non-empty, each in the model's vocabulary). Errors name the
-// option or the file at fault.
-absl::StatusOr<ModelSession> OpenModelSession(const Args& args);
+// Opens --model and checks --ids (non-empty, each in the model's vocabulary). Errors name the
+// flag or the file at fault.
+absl::StatusOr<ModelSession> OpenModelSession(const ModelSessionOptions& options);
 
 // Builds session->runner, a runner (--backend, --dtype) whose KV cache holds `context_tokens`
 // tokens: a cache of --kv-cache-mb when given (an error when that is too small), otherwise exactly
-// what is needed. --threads sets the CPU threads. Errors name the option at fault.
-absl::Status CreateRunner(const Args& args, int64_t context_tokens, ModelSession* session);
+// what is needed. --threads sets the CPU threads. Errors name the flag at fault.
+absl::Status CreateRunner(const ModelSessionOptions& options, int64_t context_tokens,
+                          ModelSession* session);
 
 // Blocks 0 .. n-1 covering `tokens` tokens in `runner`'s block size.
 std::vector<int32_t> FirstBlocks(const engine::ModelRunner& runner, int64_t tokens);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 #if LMSERVE_HAVE_TOKENIZER
@@ -119,9 +120,8 @@ absl::StatusOr<std::optional<engine::ChatTemplate>> LoadChatTemplate(
   if (!source.ok()) {
     return absl::Status(source.status().code(), StrCat("--chat-template: ", source.status().message()));
   }
-  absl::StatusOr<engine::ChatTemplate> parsed = engine::ChatTemplate::Parse(*source);
-  if (!parsed.ok()) return parsed.status();
-  return std::optional<engine::ChatTemplate>(*std::move(parsed));
+  LMSERVE_ASSIGN_OR_RETURN(engine::ChatTemplate parsed, engine::ChatTemplate::Parse(*source));
+  return std::optional<engine::ChatTemplate>(std::move(parsed));
 }
 
 #endif  // LMSERVE_HAVE_TOKENIZER
@@ -156,13 +156,12 @@ absl::StatusOr<std::unique_ptr<ModelText>> ModelText::Load(const std::string& mo
   }
   engine::ChatTemplateOptions chat_options;
   std::string chat_warning;
-  absl::StatusOr<std::optional<engine::ChatTemplate>> chat = LoadChatTemplate(
-      tokenizer_path.empty() ? model_path : tokenizer_path, chat_template, &chat_options,
-      &chat_warning);
-  if (!chat.ok()) return chat.status();
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<engine::ChatTemplate> chat,
+                           LoadChatTemplate(tokenizer_path.empty() ? model_path : tokenizer_path,
+                                            chat_template, &chat_options, &chat_warning));
   if (!chat_warning.empty()) *warning = chat_warning;
   return std::unique_ptr<ModelText>(std::make_unique<TokenizerText>(
-      *std::move(tokenizer), *std::move(chat), std::move(chat_options)));
+      *std::move(tokenizer), std::move(chat), std::move(chat_options)));
 #else
   if (!tokenizer_path.empty() || !chat_template.empty()) {
     return absl::UnimplementedError("--tokenizer: this build has no tokenizer (engine/tokenizer/)");

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
+#include "common/utf8.h"
 
 namespace lmserve::server {
 namespace {
@@ -55,53 +57,16 @@ absl::Status CheckPromptLength(std::string_view field, int64_t num_tokens,
 absl::Status FinishPrepare(const v1::SamplingParams& sampling, int32_t priority,
                            const std::string& request_id, const engine::RequestLimits& limits,
                            const ApiLimits& api, PreparedRequest* prepared) {
-  if (absl::Status status = CheckRequestId(request_id, api); !status.ok()) return status;
+  LMSERVE_RETURN_IF_ERROR(CheckRequestId(request_id, api));
   prepared->request_id = request_id;
-  absl::StatusOr<engine::SamplingParams> params = ConvertSampling(sampling, limits, api);
-  if (!params.ok()) return params.status();
-  prepared->request.sampling = *std::move(params);
+  LMSERVE_ASSIGN_OR_RETURN(engine::SamplingParams params, ConvertSampling(sampling, limits, api));
+  prepared->request.sampling = std::move(params);
   prepared->request.priority = priority;
   // Whatever the engine checks beyond the above (it names the field the same way).
   return engine::ValidateRequest(prepared->request, limits);
 }
 
 }  // namespace
-
-bool IsValidUtf8(std::string_view text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int length;
-    uint32_t min_code_point;
-    uint32_t code_point;
-    if ((c & 0xE0) == 0xC0) {
-      length = 2, min_code_point = 0x80, code_point = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      length = 3, min_code_point = 0x800, code_point = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      length = 4, min_code_point = 0x10000, code_point = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + length > n) return false;
-    for (int k = 1; k < length; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return false;
-      code_point = (code_point << 6) | (s[i + k] & 0x3F);
-    }
-    if (code_point < min_code_point || code_point > 0x10FFFF ||
-        (code_point >= 0xD800 && code_point <= 0xDFFF)) {
-      return false;
-    }
-    i += length;
-  }
-  return true;
-}
 
 absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams& s,
                                                        const engine::RequestLimits& limits,
@@ -200,11 +165,8 @@ absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams&
   if (s.stop_token_ids_size() > api.max_stop_token_ids) {
     return Invalid("sampling.stop_token_ids", StrCat("more than ", api.max_stop_token_ids, " ids"));
   }
-  if (absl::Status status =
-          CheckTokenIds("sampling.stop_token_ids", s.stop_token_ids(), limits.vocab_size);
-      !status.ok()) {
-    return status;
-  }
+  LMSERVE_RETURN_IF_ERROR(
+      CheckTokenIds("sampling.stop_token_ids", s.stop_token_ids(), limits.vocab_size));
   out.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   if (s.logprobs() < 0 || s.logprobs() > api.max_logprobs) {
     return Invalid("sampling.logprobs",
@@ -242,15 +204,13 @@ absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest
         return absl::FailedPreconditionError(
             "prompt.text: this model has no tokenizer; send prompt.token_ids");
       }
-      absl::StatusOr<std::vector<int32_t>> ids =
-          text.Encode(prompt, request.has_add_special_tokens() ? request.add_special_tokens() : true);
-      if (!ids.ok()) return ids.status();
-      if (absl::Status status =
-              CheckPromptLength("prompt.text", static_cast<int64_t>(ids->size()), limits);
-          !status.ok()) {
-        return status;
-      }
-      prepared.request.prompt_token_ids = *std::move(ids);
+      LMSERVE_ASSIGN_OR_RETURN(
+          std::vector<int32_t> ids,
+          text.Encode(prompt,
+                      request.has_add_special_tokens() ? request.add_special_tokens() : true));
+      LMSERVE_RETURN_IF_ERROR(
+          CheckPromptLength("prompt.text", static_cast<int64_t>(ids.size()), limits));
+      prepared.request.prompt_token_ids = std::move(ids);
       if (prepared.echo) prepared.echo_text = prompt;
       prepared.log_text = prompt;
       break;
@@ -258,14 +218,8 @@ absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest
     case v1::CompleteRequest::kTokenIds: {
       const auto& ids = request.token_ids().ids();
       if (ids.empty()) return Invalid("prompt.token_ids", "empty");
-      if (absl::Status status = CheckTokenIds("prompt.token_ids", ids, limits.vocab_size);
-          !status.ok()) {
-        return status;
-      }
-      if (absl::Status status = CheckPromptLength("prompt.token_ids", ids.size(), limits);
-          !status.ok()) {
-        return status;
-      }
+      LMSERVE_RETURN_IF_ERROR(CheckTokenIds("prompt.token_ids", ids, limits.vocab_size));
+      LMSERVE_RETURN_IF_ERROR(CheckPromptLength("prompt.token_ids", ids.size(), limits));
       prepared.request.prompt_token_ids.assign(ids.begin(), ids.end());
       if (text.has_tokenizer()) {
         absl::StatusOr<std::string> decoded =
@@ -280,11 +234,8 @@ absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest
       break;
     }
   }
-  if (absl::Status status = FinishPrepare(request.sampling(), request.priority(),
-                                          request.request_id(), limits, api, &prepared);
-      !status.ok()) {
-    return status;
-  }
+  LMSERVE_RETURN_IF_ERROR(FinishPrepare(request.sampling(), request.priority(),
+                                        request.request_id(), limits, api, &prepared));
   return prepared;
 }
 
@@ -309,25 +260,18 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
   if (!text.has_chat_template()) {
     return absl::FailedPreconditionError("messages: this model has no chat template; use Complete");
   }
-  absl::StatusOr<std::string> prompt = text.RenderChat(
-      turns, request.has_add_generation_prompt() ? request.add_generation_prompt() : true);
-  if (!prompt.ok()) return prompt.status();
+  LMSERVE_ASSIGN_OR_RETURN(
+      std::string prompt,
+      text.RenderChat(
+          turns, request.has_add_generation_prompt() ? request.add_generation_prompt() : true));
   // The template writes the special tokens (BOS included) itself.
-  absl::StatusOr<std::vector<int32_t>> ids = text.Encode(*prompt, /*add_special=*/false);
-  if (!ids.ok()) return ids.status();
-  if (absl::Status status =
-          CheckPromptLength("messages", static_cast<int64_t>(ids->size()), limits);
-      !status.ok()) {
-    return status;
-  }
+  LMSERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, text.Encode(prompt, /*add_special=*/false));
+  LMSERVE_RETURN_IF_ERROR(CheckPromptLength("messages", static_cast<int64_t>(ids.size()), limits));
   PreparedRequest prepared;
-  prepared.request.prompt_token_ids = *std::move(ids);
-  prepared.log_text = *std::move(prompt);
-  if (absl::Status status = FinishPrepare(request.sampling(), request.priority(),
-                                          request.request_id(), limits, api, &prepared);
-      !status.ok()) {
-    return status;
-  }
+  prepared.request.prompt_token_ids = std::move(ids);
+  prepared.log_text = std::move(prompt);
+  LMSERVE_RETURN_IF_ERROR(FinishPrepare(request.sampling(), request.priority(),
+                                        request.request_id(), limits, api, &prepared));
   return prepared;
 }
 

@@ -38,9 +38,6 @@ struct PreparedRequest {
   std::string log_text;     // the prompt text, for --debug-log-text
 };
 
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-bool IsValidUtf8(std::string_view text);
-
 // Checks and converts. InvalidArgument names the field ("sampling.top_p: must be in (0, 1], got
 // 0"); FailedPrecondition when the request needs what the model lacks (a tokenizer for text).
 absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest& request,

@@ -1,68 +1,93 @@
-// `lmserve serve`'s configuration: its flags, their checks, and the start-up summary.
+// `lmserve serve`'s configuration: one typed struct, bound from the command line by CLI11
+// (BindServeFlags), checked (the flags one at a time as they are read, then FinishServeConfig for
+// what flags need together), and summarized for the start-up log (DescribeServeConfig).
 
 #ifndef LMSERVE_SERVER_SERVE_CONFIG_H_
 #define LMSERVE_SERVER_SERVE_CONFIG_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/core/engine_core.h"
 #include "engine/runner/model_runner.h"
-#include "server/args.h"
+#include "server/command_line.h"
 
 namespace lmserve::server {
 
-struct ServeConfig {
-  // The model.
-  std::string model_path;         // a Hugging Face directory or a .gguf file
+// The model and its text side.
+struct ModelOptions {
+  std::string path;               // --model: a Hugging Face directory or a .gguf file
   std::string tokenizer_path;     // "" : the model's own
   std::string chat_template;      // "" : the model's own; else a built-in name or a file
   std::string served_model_name;  // "" : from the checkpoint
-  std::string backend = "auto";   // "auto" (cuda when a GPU is present), "cpu" or "cuda"
-  // Weights, activations, KV cache: kAuto (bfloat16 on cuda, float32 on the CPU), kBFloat16
-  // (cuda only) or kFloat32.
-  engine::RunnerDType dtype = engine::RunnerDType::kAuto;
-  bool dummy_weights = false;     // --load-format dummy: random weights of the model's shapes
-  double gpu_memory_utilization = 0.9;  // CUDA: the share of the GPU's memory lmserve may hold
-  bool cuda_graphs = true;
-  int32_t threads = 0;            // CPU threads; 0: one per core
+  BackendFlag backend;  // --backend; nullopt: auto (cuda when this build supports the GPU)
+};
 
-  // Listening.
+// Listening, admission, shutdown and security.
+struct ServerOptions {
   std::string host = "127.0.0.1";
   int32_t port = 50051;        // 0: any free port (logged)
   int32_t metrics_port = -1;   // -1: no metrics endpoint; 0: any free port (logged)
   int64_t max_request_bytes = int64_t{4} << 20;
-
-  // The engine.
-  int32_t max_num_seqs = 64;
-  int32_t max_num_batched_tokens = 2048;
-  int64_t kv_cache_bytes = 0;  // 0 ("auto"): 512 MiB on the CPU; on the GPU, what
-                               // gpu_memory_utilization leaves
-  int32_t max_model_len = 0;  // 0: the model's context length
-  bool enable_prefix_caching = true;
-  uint64_t seed = 0;
-
-  // Admission and shutdown.
   int32_t max_queued_requests = 256;  // waiting requests beyond this get RESOURCE_EXHAUSTED
   double grace_period_seconds = 30.0;
-
-  // Security.
   std::string tls_cert_file;       // PEM; with tls_key_file, serve TLS only
   std::string tls_key_file;        // PEM
   std::string tls_client_ca_file;  // PEM; require client certificates signed by it
+  std::string auth_token_file;     // read into auth_token by FinishServeConfig
   std::string auth_token;          // "" : no auth. A secret: never logged.
-
-  bool debug_log_text = false;  // log prompts and outputs
+  bool debug_log_text = false;     // log prompts and outputs
 };
 
-// Declares serve's options on `args`.
-void AddServeOptions(Args* args);
+// serve's defaults for the runner where they differ from RunnerConfig's.
+inline engine::RunnerConfig ServeRunnerDefaults() {
+  engine::RunnerConfig runner;
+  runner.kv_cache_bytes = 0;  // "auto": 512 MiB on the CPU; on the GPU, what
+                              // gpu_memory_utilization leaves
+  return runner;
+}
 
-// Reads and checks the parsed options. Errors name the option. Reads --auth-token-file.
-absl::StatusOr<ServeConfig> ServeConfigFromArgs(const Args& args);
+struct ServeConfig {
+  ModelOptions model;
+  // dtype, load_format, kv_cache_bytes, num_threads, gpu_memory_utilization and cuda_graphs come
+  // from flags. The model loader sets the rest: backend (model.backend resolved), max_num_seqs
+  // and max_num_batched_tokens (the engine's), and kv_cache_bytes where it is 0 on the CPU.
+  engine::RunnerConfig runner = ServeRunnerDefaults();
+  // max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching and seed come from
+  // flags; the model loader sets max_logprobs and max_n from the API's limits.
+  engine::EngineConfig engine;
+  ServerOptions server;
+};
+
+// The CPU runner's KV cache when --kv-cache-mb is auto.
+inline constexpr int64_t kCpuAutoKvCacheBytes = int64_t{512} << 20;
+
+// Declares every flag of `lmserve serve` on `command`, bound to `*config` (which must outlive the
+// parse). Each flag's default is the field's value in `*config`; a bad value is a usage error that
+// names the flag.
+void BindServeFlags(CLI::App* command, ServeConfig* config);
+
+// The runner's flags alone (part of BindServeFlags): adding a RunnerConfig option is one line here.
+void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner);
+
+// After the parse: the checks that need several flags (--tls-cert with --tls-key, --backend with
+// --dtype, one of --auth-token and --auth-token-file, files readable), and reads
+// --auth-token-file into server.auth_token. Errors name the flags.
+absl::Status FinishServeConfig(ServeConfig* config);
+
+// Parses `args` (the arguments after `lmserve serve`) as the binary does, FinishServeConfig
+// included. InvalidArgument with the usage error's message on bad flags; FailedPrecondition when
+// the arguments ask for --help.
+absl::StatusOr<ServeConfig> ParseServeFlags(const std::vector<std::string>& args);
 
 // One line per setting, secrets redacted, for the start-up log.
 std::string DescribeServeConfig(const ServeConfig& config);
+
+// "host:port", with IPv6 hosts in brackets.
+std::string ListenAddress(const std::string& host, int port);
 
 }  // namespace lmserve::server
 

@@ -1,33 +1,32 @@
 #include "server/service.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+
 #include <algorithm>
 #include <atomic>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/security/server_credentials.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
+#include "common/utf8.h"
 #include "engine/core/engine.h"
-#include "engine/model/checkpoint.h"
-#include "engine/runner/model_runner.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lmserve/v1/lmserve.grpc.pb.h"
 #include "server/log.h"
 #include "server/metrics.h"
+#include "server/model_loader.h"
 #include "server/model_text.h"
 #include "server/request_convert.h"
 
@@ -243,20 +242,17 @@ enum class ServerState { kStarting, kServing, kDraining, kStopped };
 // What the calls share: the model, the engine, admission and the registry of calls in flight.
 class LmserveService final : public v1::Lmserve::CallbackService {
  public:
-  LmserveService(const ServeConfig& config, Pump* pump) : config_(config), pump_(pump) {}
+  LmserveService(const ServerOptions& options, Pump* pump) : options_(options), pump_(pump) {}
 
-  // Set once by LoadModel before the state becomes kServing; read-only afterwards.
-  struct Model {
-    std::unique_ptr<engine::Engine> engine;
-    std::unique_ptr<ModelText> text;
-    std::unique_ptr<Metrics> metrics;
-    v1::ModelInfo info;
-  };
-  void SetModel(Model model) {
+  // Set once by LmserveServer::Serve before the state becomes kServing; read-only afterwards.
+  void SetModel(std::unique_ptr<ServingModel> model) {
     model_ = std::move(model);
-    metrics_.store(model_.metrics.get());
+    metrics_.store(model_->metrics.get());
   }
-  Model& model() { return model_; }
+  // REQUIRES: the state has been kServing (the model is set).
+  ServingModel& model() { return *model_; }
+  // nullptr before the model is set.
+  ServingModel* model_or_null() { return model_.get(); }
 
   void SetState(ServerState state) {
     absl::MutexLock lock(&calls_mu_);
@@ -307,7 +303,6 @@ class LmserveService final : public v1::Lmserve::CallbackService {
     }
   }
 
-  const ServeConfig& config() const { return config_; }
   Pump* pump() const { return pump_; }
   const ApiLimits& api_limits() const { return api_limits_; }
 
@@ -336,11 +331,11 @@ class LmserveService final : public v1::Lmserve::CallbackService {
                                             v1::ServerStatus* response) override;
 
  private:
-  const ServeConfig& config_;
+  const ServerOptions& options_;
   Pump* const pump_;
   const ApiLimits api_limits_;
-  Model model_;
-  std::atomic<Metrics*> metrics_{nullptr};  // model_.metrics, readable before the model is set
+  std::unique_ptr<ServingModel> model_;
+  std::atomic<Metrics*> metrics_{nullptr};  // model_->metrics, readable before the model is set
 
   mutable absl::Mutex calls_mu_;
   ServerState state_ ABSL_GUARDED_BY(calls_mu_) = ServerState::kStarting;
@@ -431,14 +426,14 @@ class GenerationCall {
 };
 
 absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
-  if (!config_.auth_token.empty()) {
+  if (!options_.auth_token.empty()) {
     const auto& metadata = context->client_metadata();
     auto it = metadata.find("authorization");
     if (it == metadata.end()) {
       return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
     }
     const std::string_view value(it->second.data(), it->second.size());
-    const std::string expected = StrCat("Bearer ", config_.auth_token);
+    const std::string expected = StrCat("Bearer ", options_.auth_token);
     // Constant-time comparison: the time taken does not depend on where the strings differ.
     unsigned char difference = value.size() == expected.size() ? 0 : 1;
     for (size_t i = 0; i < expected.size(); ++i) {
@@ -461,17 +456,17 @@ absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool ne
 }
 
 absl::Status LmserveService::Register(GenerationCall* call) {
-  const engine::EngineStats stats = model_.engine->Stats();
+  const engine::EngineStats stats = model_->engine->Stats();
   absl::MutexLock lock(&calls_mu_);
   if (state_ != ServerState::kServing) {
     return absl::UnavailableError("the server is shutting down");
   }
   // Requests submitted but not yet running, estimated from the engine's last step.
   const int waiting = num_engine_requests_ - std::min(num_engine_requests_, stats.num_running_seqs);
-  if (waiting >= config_.max_queued_requests) {
-    return absl::ResourceExhaustedError(
-        StrCat("the waiting queue is full (", waiting, " requests wait; --max-queued-requests ",
-               config_.max_queued_requests, "): retry later"));
+  if (waiting >= options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(StrCat("the waiting queue is full (", waiting,
+                                               " requests wait; --max-queued-requests ",
+                                               options_.max_queued_requests, "): retry later"));
   }
   calls_.insert(call);
   ++num_engine_requests_;
@@ -491,16 +486,13 @@ void LmserveService::AbortAllForDrain() {
 absl::Status GenerationCall::Begin(
     grpc::CallbackServerContext* context,
     const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
-  if (absl::Status status = service_->Admit(context, /*needs_model=*/true); !status.ok()) {
-    return status;
-  }
-  absl::StatusOr<PreparedRequest> prepared = prepare();
-  if (!prepared.ok()) return prepared.status();
-  prepared_ = *std::move(prepared);
+  LMSERVE_RETURN_IF_ERROR(service_->Admit(context, /*needs_model=*/true));
+  LMSERVE_ASSIGN_OR_RETURN(PreparedRequest prepared, prepare());
+  prepared_ = std::move(prepared);
   num_samples_ = prepared_.request.sampling.n;
   last_token_time_.assign(num_samples_, -1.0);
-  if (absl::Status status = service_->Register(this); !status.ok()) return status;
-  LmserveService::Model& model = service_->model();
+  LMSERVE_RETURN_IF_ERROR(service_->Register(this));
+  ServingModel& model = service_->model();
   const size_t num_prompt_tokens = prepared_.request.prompt_token_ids.size();
   absl::StatusOr<engine::RequestHandle> handle = model.engine->Submit(prepared_.request);
   if (!handle.ok()) {
@@ -796,7 +788,7 @@ grpc::ServerUnaryReactor* LmserveService::Complete(grpc::CallbackServerContext* 
                                                    v1::CompleteResponse* response) {
   auto* call = new UnaryCall(this, "Complete", response);
   call->Start(context, [this, request] {
-    return PrepareCompleteRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+    return PrepareCompleteRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
   });
   return call;
 }
@@ -805,7 +797,7 @@ grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::CompleteSt
     grpc::CallbackServerContext* context, const v1::CompleteRequest* request) {
   auto* call = new StreamCall(this, "CompleteStream");
   call->Start(context, [this, request] {
-    return PrepareCompleteRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+    return PrepareCompleteRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
   });
   return call;
 }
@@ -815,7 +807,7 @@ grpc::ServerUnaryReactor* LmserveService::Chat(grpc::CallbackServerContext* cont
                                                v1::CompleteResponse* response) {
   auto* call = new UnaryCall(this, "Chat", response);
   call->Start(context, [this, request] {
-    return PrepareChatRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+    return PrepareChatRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
   });
   return call;
 }
@@ -824,7 +816,7 @@ grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::ChatStream
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
   auto* call = new StreamCall(this, "ChatStream");
   call->Start(context, [this, request] {
-    return PrepareChatRequest(*request, *model_.text, model_.engine->limits(), api_limits_);
+    return PrepareChatRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
   });
   return call;
 }
@@ -840,8 +832,9 @@ grpc::ServerUnaryReactor* LmserveService::Tokenize(grpc::CallbackServerContext* 
     } else if (!IsValidUtf8(request->text())) {
       status = absl::InvalidArgumentError("text: not valid UTF-8");
     } else {
-      absl::StatusOr<std::vector<int32_t>> ids = model_.text->Encode(
-          request->text(), request->has_add_special_tokens() ? request->add_special_tokens() : true);
+      absl::StatusOr<std::vector<int32_t>> ids = model_->text->Encode(
+          request->text(),
+          request->has_add_special_tokens() ? request->add_special_tokens() : true);
       if (ids.ok()) {
         response->mutable_token_ids()->Add(ids->begin(), ids->end());
       } else {
@@ -859,7 +852,7 @@ grpc::ServerUnaryReactor* LmserveService::Detokenize(grpc::CallbackServerContext
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = Admit(context, /*needs_model=*/true);
   if (status.ok()) {
-    const int64_t vocab_size = model_.engine->limits().vocab_size;
+    const int64_t vocab_size = model_->engine->limits().vocab_size;
     for (int i = 0; i < request->token_ids_size() && status.ok(); ++i) {
       const int32_t id = request->token_ids(i);
       if (id < 0 || id >= vocab_size) {
@@ -870,7 +863,7 @@ grpc::ServerUnaryReactor* LmserveService::Detokenize(grpc::CallbackServerContext
     }
     if (status.ok()) {
       std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
-      absl::StatusOr<std::string> text = model_.text->Decode(ids, request->skip_special_tokens());
+      absl::StatusOr<std::string> text = model_->text->Decode(ids, request->skip_special_tokens());
       if (text.ok()) {
         response->set_text(*std::move(text));
       } else {
@@ -887,7 +880,7 @@ grpc::ServerUnaryReactor* LmserveService::GetModelInfo(grpc::CallbackServerConte
                                                        v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = Admit(context, /*needs_model=*/true);
-  if (status.ok()) *response = model_.info;
+  if (status.ok()) *response = model_->info;
   FinishUnary("GetModelInfo", reactor, status);
   return reactor;
 }
@@ -902,8 +895,8 @@ grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerCo
     response->set_ready(current == ServerState::kServing);
     response->set_draining(current == ServerState::kDraining || current == ServerState::kStopped);
     response->set_num_requests_in_flight(NumCalls());
-    if (current != ServerState::kStarting && model_.engine != nullptr) {
-      const engine::EngineStats stats = model_.engine->Stats();
+    if (current != ServerState::kStarting && model_ != nullptr) {
+      const engine::EngineStats stats = model_->engine->Stats();
       response->set_num_requests_running(stats.num_running_seqs);
       response->set_num_requests_waiting(stats.num_waiting_seqs);
       response->set_kv_cache_usage(stats.kv_cache_usage);
@@ -915,98 +908,65 @@ grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerCo
   return reactor;
 }
 
-std::string ListenAddress(const std::string& host, int port) {
-  if (host.find(':') != std::string::npos && host.front() != '[') {
-    return StrCat("[", host, "]:", port);
+// The bytes of the PEM file of `flag`.
+absl::StatusOr<std::string> ReadPemFile(std::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> contents = ReadFile(path);
+  if (!contents.ok()) {
+    return absl::InvalidArgumentError(StrCat("--", flag, ": ", contents.status().message()));
   }
-  return StrCat(host, ":", port);
-}
-
-absl::StatusOr<std::string> ReadFile(std::string_view option, const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::InvalidArgumentError(StrCat("--", option, ": cannot read ", path));
-  std::stringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
-}
-
-std::string DefaultModelName(const engine::ModelConfig& config, const std::string& path) {
-  if (!config.name.empty()) return config.name;
-  std::filesystem::path p(path);
-  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "dir/" -> "dir"
-  std::string name = p.filename().string();
-  if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
-  return name.empty() ? std::string("model") : name;
+  return contents;
 }
 
 }  // namespace
 
 struct LmserveServer::Impl {
-  explicit Impl(const ServeConfig& server_config)
-      : config(server_config), service(config, &pump) {}
+  explicit Impl(const ServerOptions& server_options)
+      : options(server_options), service(options, &pump) {}
 
-  ServeConfig config;
+  ServerOptions options;
   Pump pump;  // before the service and the server: they post to it
   LmserveService service;
   HealthService health;
   std::unique_ptr<grpc::Server> server;
   int port = -1;
-
-  // Engine statistics for the metrics, every few milliseconds.
-  absl::Mutex poller_mu;
-  bool poller_stop ABSL_GUARDED_BY(poller_mu) = false;
-  std::thread poller;
-
   bool drained = false;
-
-  void StopPoller() {
-    if (!poller.joinable()) return;
-    {
-      absl::MutexLock lock(&poller_mu);
-      poller_stop = true;
-    }
-    poller.join();
-  }
 };
 
-absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const ServeConfig& config) {
-  auto impl = std::make_unique<Impl>(config);
+absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (!config.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadFile("tls-cert", config.tls_cert_file);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadFile("tls-key", config.tls_key_file);
-    if (!key.ok()) return key.status();
-    grpc::SslServerCredentialsOptions options(
-        config.tls_client_ca_file.empty()
+  if (!options.tls_cert_file.empty()) {
+    LMSERVE_ASSIGN_OR_RETURN(std::string cert, ReadPemFile("tls-cert", options.tls_cert_file));
+    LMSERVE_ASSIGN_OR_RETURN(std::string key, ReadPemFile("tls-key", options.tls_key_file));
+    grpc::SslServerCredentialsOptions ssl_options(
+        options.tls_client_ca_file.empty()
             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    if (!config.tls_client_ca_file.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile("tls-client-ca", config.tls_client_ca_file);
-      if (!ca.ok()) return ca.status();
-      options.pem_root_certs = *std::move(ca);
+    if (!options.tls_client_ca_file.empty()) {
+      LMSERVE_ASSIGN_OR_RETURN(ssl_options.pem_root_certs,
+                               ReadPemFile("tls-client-ca", options.tls_client_ca_file));
     }
-    options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
-    credentials = grpc::SslServerCredentials(options);
+    ssl_options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+    credentials = grpc::SslServerCredentials(ssl_options);
   } else {
     credentials = grpc::InsecureServerCredentials();
   }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  const std::string address = ListenAddress(config.host, config.port);
+  const std::string address = ListenAddress(options.host, options.port);
   builder.AddListeningPort(address, credentials, &impl->port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_request_bytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.RegisterService(&impl->service);
   builder.RegisterService(&impl->health);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port <= 0) {
     return absl::UnavailableError(StrCat("--port: cannot listen on ", address));
   }
-  LogInfo("listening on ", ListenAddress(config.host, impl->port), " (gRPC",
-          config.tls_cert_file.empty() ? "" : ", TLS",
-          config.tls_client_ca_file.empty() ? "" : " with client certificates",
-          config.auth_token.empty() ? "" : ", bearer token", ")");
+  LogInfo("listening on ", ListenAddress(options.host, impl->port), " (gRPC",
+          options.tls_cert_file.empty() ? "" : ", TLS",
+          options.tls_client_ca_file.empty() ? "" : " with client certificates",
+          options.auth_token.empty() ? "" : ", bearer token", ")");
   return std::unique_ptr<LmserveServer>(new LmserveServer(std::move(impl)));
 }
 
@@ -1019,155 +979,17 @@ LmserveServer::~LmserveServer() {
 int LmserveServer::port() const { return impl_->port; }
 
 int LmserveServer::metrics_port() const {
-  const auto& metrics = impl_->service.model().metrics;
-  return metrics == nullptr ? -1 : metrics->port();
+  const ServingModel* model = impl_->service.model_or_null();
+  return model == nullptr ? -1 : model->metrics->port();
 }
 
-absl::Status LmserveServer::LoadModel() {
-  const ServeConfig& config = impl_->config;
-  const absl::Time load_start = absl::Now();
-  absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
-      config.dummy_weights ? engine::OpenConfigOnlyCheckpoint(config.model_path)
-                           : engine::OpenCheckpoint(config.model_path);
-  if (!checkpoint.ok()) {
-    return absl::InvalidArgumentError(StrCat("--model: ", checkpoint.status().message()));
-  }
-  const engine::ModelConfig model_config = (*checkpoint)->config();
-  std::string backend = config.backend;
-  if (backend == "auto") {
-    const engine::BackendChoice choice = engine::ChooseAutoBackend();
-    backend = std::string(engine::BackendName(choice.backend));
-    LogInfo("--backend auto: serving on ", backend, ": ", choice.reason);
-  }
+const ApiLimits& LmserveServer::api_limits() const { return impl_->service.api_limits(); }
 
-  std::string warning;
-  absl::StatusOr<std::unique_ptr<ModelText>> text = ModelText::Load(
-      config.model_path, config.tokenizer_path, config.chat_template, model_config.vocab_size,
-      &warning);
-  if (!text.ok()) return text.status();
-  if (!warning.empty()) LogWarning(warning);
-
-  engine::RunnerConfig runner_config;
-  runner_config.backend = backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
-  runner_config.dtype = config.dtype;
-  runner_config.load_format =
-      config.dummy_weights ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
-  runner_config.kv_cache_bytes = config.kv_cache_bytes;
-  if (runner_config.backend == engine::Backend::kCpu && config.kv_cache_bytes == 0) {
-    runner_config.kv_cache_bytes = int64_t{512} << 20;
-  }
-  runner_config.num_threads = config.threads;
-  runner_config.max_num_seqs = config.max_num_seqs;
-  runner_config.max_num_batched_tokens = config.max_num_batched_tokens;
-  runner_config.gpu_memory_utilization = config.gpu_memory_utilization;
-  runner_config.cuda_graphs = config.cuda_graphs;
-  absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
-      engine::ModelRunner::Create(**checkpoint, runner_config);
-  if (!runner.ok()) return runner.status();
-  const engine::RunnerStats runner_stats = (*runner)->stats();
-  LogInfo("runner: ", backend, " in ", engine::RunnerDTypeName(runner_stats.dtype), " on ",
-          runner_stats.device_name, ", weights ", runner_stats.weight_bytes >> 20,
-          " MiB, KV cache ", runner_stats.kv_cache_bytes >> 20, " MiB (",
-          (*runner)->num_kv_blocks(), " blocks of ", (*runner)->block_size_tokens(), " tokens), ",
-          runner_stats.workspace_bytes > 0  // the CPU runner's grow with the batch
-              ? StrCat("workspaces ", runner_stats.workspace_bytes >> 20, " MiB, ")
-              : std::string(),
-          runner_stats.num_cuda_graphs, " CUDA graphs; start-up took ",
-          runner_stats.startup_seconds, " s",
-          runner_stats.device_memory_total_bytes > 0
-              ? StrCat("; GPU memory in use ", runner_stats.device_memory_used_bytes >> 20, " of ",
-                       runner_stats.device_memory_total_bytes >> 20, " MiB")
-              : std::string());
-  checkpoint->reset();  // the runner holds its own copy of the weights
-  const int64_t kv_tokens =
-      int64_t{(*runner)->num_kv_blocks()} * (*runner)->block_size_tokens();
-
-  engine::EngineConfig engine_config;
-  engine_config.max_num_seqs = config.max_num_seqs;
-  engine_config.max_num_batched_tokens = config.max_num_batched_tokens;
-  engine_config.enable_prefix_caching = config.enable_prefix_caching;
-  engine_config.max_model_len = config.max_model_len;
-  engine_config.max_logprobs = impl_->service.api_limits().max_logprobs;
-  engine_config.max_n = impl_->service.api_limits().max_n;
-  engine_config.seed = config.seed;
-  std::unique_ptr<engine::TextDecoder> decoder = (*text)->NewTextDecoder();
-  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
-      engine::Engine::Create(*std::move(runner), engine_config, std::move(decoder));
-  if (!engine.ok()) return engine.status();
-
-  LmserveService::Model model;
-  model.engine = *std::move(engine);
-  model.text = *std::move(text);
-  const engine::RequestLimits& limits = model.engine->limits();
-  model.info.set_name(config.served_model_name.empty()
-                          ? DefaultModelName(model_config, config.model_path)
-                          : config.served_model_name);
-  model.info.set_architecture(model_config.architecture_name);
-  model.info.set_context_length(limits.max_context_tokens);
-  model.info.set_vocab_size(static_cast<int32_t>(limits.vocab_size));
-  model.info.set_dtype(std::string(engine::RunnerDTypeName(runner_stats.dtype)));
-  model.info.set_backend(backend);
-  for (int32_t id : model_config.eos_token_ids) model.info.add_eos_token_ids(id);
-  model.info.set_has_chat_template(model.text->has_chat_template());
-  model.info.set_has_tokenizer(model.text->has_tokenizer());
-  model.info.set_kv_cache_tokens(kv_tokens);
-
-  absl::StatusOr<std::unique_ptr<Metrics>> metrics =
-      Metrics::Create(config.host, config.metrics_port, model.info.name(),
-                      limits.max_context_tokens, config.max_num_batched_tokens);
-  if (!metrics.ok()) return metrics.status();
-  model.metrics = *std::move(metrics);
-  model.metrics->SetRunnerStats(runner_stats);
-  if (model.metrics->port() >= 0) {
-    LogInfo("metrics on http://", ListenAddress(config.host, model.metrics->port()), "/metrics");
-  }
-
-  // Warm-up: one short request through every stage (prefill, sampling, decode) before SERVING.
-  engine::Request warmup;
-  warmup.prompt_token_ids = {model_config.bos_token_id.value_or(0),
-                             static_cast<int32_t>(1 % model_config.vocab_size)};
-  warmup.sampling.temperature = 0;
-  warmup.sampling.max_tokens = 2;
-  warmup.sampling.ignore_eos = true;
-  absl::StatusOr<engine::RequestHandle> handle = model.engine->Submit(warmup);
-  if (!handle.ok()) {
-    return absl::InternalError(StrCat("warm-up request: ", handle.status().message()));
-  }
-  engine::RequestOutput output;
-  while (handle->stream->Next(&output, absl::Minutes(10)) ==
-         engine::OutputStream::NextResult::kOutput) {
-    if (output.finished && output.finish_reason == engine::FinishReason::kError) {
-      return absl::InternalError(StrCat("warm-up request failed: ", output.error));
-    }
-  }
-  if (!handle->stream->finished()) return absl::InternalError("warm-up request: no answer");
-
-  LogInfo("model ", model.info.name(), " (", model.info.architecture(), ", vocabulary ",
-          model.info.vocab_size(), ", context ", model.info.context_length(), ", KV cache ",
-          kv_tokens, " tokens, tokenizer: ", model.info.has_tokenizer() ? "yes" : "no",
-          ") loaded and warmed up in ", absl::ToDoubleSeconds(absl::Now() - load_start), " s");
+void LmserveServer::Serve(std::unique_ptr<ServingModel> model) {
   impl_->service.SetModel(std::move(model));
-
-  Impl* impl = impl_.get();
-  impl->poller = std::thread([impl] {
-    engine::Engine* engine = impl->service.model().engine.get();
-    Metrics* metrics = impl->service.model().metrics.get();
-    while (true) {
-      {
-        absl::MutexLock lock(&impl->poller_mu);
-        if (impl->poller_mu.AwaitWithTimeout(absl::Condition(&impl->poller_stop),
-                                             absl::Milliseconds(10))) {
-          return;
-        }
-      }
-      metrics->UpdateEngineStats(engine->Stats());
-    }
-  });
-
   impl_->service.SetState(ServerState::kServing);
   impl_->health.SetServing(true);
   LogInfo("SERVING");
-  return absl::OkStatus();
 }
 
 void LmserveServer::Drain(absl::Duration grace, const std::function<bool()>& hurry) {
@@ -1193,8 +1015,7 @@ void LmserveServer::Drain(absl::Duration grace, const std::function<bool()>& hur
   impl.health.Shutdown();
   impl.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   impl.server->Wait();
-  impl.StopPoller();
-  if (impl.service.model().engine != nullptr) impl.service.model().engine->Shutdown();
+  if (ServingModel* model = impl.service.model_or_null(); model != nullptr) model->Shutdown();
   LogInfo("stopped");
 }
 

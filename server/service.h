@@ -1,19 +1,21 @@
-// The lmserve gRPC server: the lmserve.v1.Lmserve service over one engine, the standard
-// grpc.health.v1.Health service, server reflection, and the Prometheus endpoint.
+// The lmserve gRPC server: the lmserve.v1.Lmserve service over one loaded model (model_loader.h),
+// the standard grpc.health.v1.Health service and server reflection. It translates: requests into
+// engine requests (request_convert.h), engine outputs into responses, absl::Status into
+// grpc::Status (here, the one place); it builds nothing.
 //
 // Life cycle:
-//   Start      binds the port; health NOT_SERVING; Lmserve calls get UNAVAILABLE.
-//   LoadModel  loads the model and tokenizer, starts the engine, runs a warm-up request, then
-//              reports SERVING and admits requests.
+//   Start      binds the port; health NOT_SERVING; Lmserve calls get UNAVAILABLE ("starting").
+//   Serve      takes the loaded, warmed-up model: reports SERVING and admits requests.
 //   Drain      (SIGTERM/SIGINT) stops admitting (UNAVAILABLE, health NOT_SERVING), lets in-flight
 //              requests finish within the grace period, aborts the rest (their streams end with
-//              finish_reason ABORT and status UNAVAILABLE), then stops the server and the engine.
+//              finish_reason ABORT and status UNAVAILABLE), then stops the server and the model
+//              (its statistics poller and engine).
 //
 // Calls run on gRPC's callback API: no thread waits on a request. The engine thread signals new
 // outputs through OutputStream::SetListener; one server thread (the "pump") turns them into
 // responses and starts the writes, so each call's state is touched by one thread at a time.
 //
-// Thread safety: Start, LoadModel and Drain are called by one thread (the main thread).
+// Thread safety: Start, Serve and Drain are called by one thread (the main thread).
 
 #ifndef LMSERVE_SERVER_SERVICE_H_
 #define LMSERVE_SERVER_SERVICE_H_
@@ -23,15 +25,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/model_loader.h"
+#include "server/request_convert.h"
 #include "server/serve_config.h"
 
 namespace lmserve::server {
 
 class LmserveServer {
  public:
-  // Binds config.host:config.port (TLS when configured) and starts answering. Fails when the port
-  // cannot be bound or a TLS file cannot be read.
-  static absl::StatusOr<std::unique_ptr<LmserveServer>> Start(const ServeConfig& config);
+  // Binds options.host:options.port (TLS when configured) and starts answering. Fails when the
+  // port cannot be bound or a TLS file cannot be read.
+  static absl::StatusOr<std::unique_ptr<LmserveServer>> Start(const ServerOptions& options);
   ~LmserveServer();  // Drain(0) when not drained yet
 
   LmserveServer(const LmserveServer&) = delete;
@@ -41,9 +45,11 @@ class LmserveServer {
   // The metrics port; -1 when metrics are not served or the model is not loaded yet.
   int metrics_port() const;
 
-  // Loads the model, starts the engine and the metrics endpoint, runs a warm-up request, then
-  // reports SERVING. Errors name the option or file at fault.
-  absl::Status LoadModel();
+  // The bounds the API puts on requests (LoadServingModel sizes the engine's limits by them).
+  const ApiLimits& api_limits() const;
+
+  // Serves `model` (loaded and warmed up): reports SERVING. Call once, before Drain.
+  void Serve(std::unique_ptr<ServingModel> model);
 
   // Drains and stops (see above). `hurry`, when given, is polled during the grace period: when it
   // returns true the remaining requests are aborted at once (a second SIGTERM).

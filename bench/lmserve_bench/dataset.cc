@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace lmserve::bench {
@@ -65,16 +66,15 @@ absl::StatusOr<std::vector<Prompt>> ParseJsonlDataset(const std::string& content
     }
     for (const char* key : {"output_len", "max_tokens", "output_tokens"}) {
       if (!object.contains(key)) continue;
-      absl::StatusOr<int32_t> value = PositiveInt(object[key], StrCat(where, ": \"", key, "\""));
-      if (!value.ok()) return value.status();
-      prompt.output_tokens = *value;
+      LMSERVE_ASSIGN_OR_RETURN(int32_t value,
+                               PositiveInt(object[key], StrCat(where, ": \"", key, "\"")));
+      prompt.output_tokens = value;
       break;
     }
     if (object.contains("input_len") && prompt.token_ids.empty()) {
-      absl::StatusOr<int32_t> value =
-          PositiveInt(object["input_len"], StrCat(where, ": input_len"));
-      if (!value.ok()) return value.status();
-      prompt.input_tokens = *value;
+      LMSERVE_ASSIGN_OR_RETURN(int32_t value,
+                               PositiveInt(object["input_len"], StrCat(where, ": input_len")));
+      prompt.input_tokens = value;
     }
     if (prompt.output_tokens < 1) {
       return absl::InvalidArgumentError(StrCat(where, ": no output length and no default"));
@@ -87,12 +87,12 @@ absl::StatusOr<std::vector<Prompt>> ParseJsonlDataset(const std::string& content
 
 absl::StatusOr<std::vector<Prompt>> ReadJsonlDataset(const std::string& path,
                                                      int32_t default_output_tokens) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(StrCat("cannot read the dataset ", path));
-  std::stringstream contents;
-  contents << file.rdbuf();
-  absl::StatusOr<std::vector<Prompt>> prompts =
-      ParseJsonlDataset(contents.str(), default_output_tokens);
+  absl::StatusOr<std::string> contents = ReadFile(path);
+  if (!contents.ok()) {
+    return absl::Status(contents.status().code(),
+                        StrCat("the dataset: ", contents.status().message()));
+  }
+  absl::StatusOr<std::vector<Prompt>> prompts = ParseJsonlDataset(*contents, default_output_tokens);
   if (!prompts.ok()) {
     return absl::InvalidArgumentError(StrCat(path, ": ", prompts.status().message()));
   }

@@ -1,15 +1,21 @@
-// bin/lmserve-bench: lmserve's benchmarks, one subcommand each.
+// bin/lmserve-bench: lmserve's benchmarks, one subcommand each, parsed by CLI11
+// (server/command_line.h).
 //
 //   lmserve-bench serve ...   the serving benchmark (a load generator over gRPC or OpenAI HTTP)
 //
-// A benchmark is added as one row of kCommands: its name, a line of help and its entry point, which
-// gets the arguments after the subcommand's name and returns the exit code.
+// A benchmark is added as one row of kCommands: its name, a line of help and the function that
+// declares its flags and returns its runner (which returns the exit code).
 
 #include <cstdio>
-#include <cstring>
+#include <functional>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "bench/lmserve_bench/serve.h"
+#include "common/strings.h"
+#include "server/command_line.h"
 
 namespace lmserve::bench {
 namespace {
@@ -17,20 +23,19 @@ namespace {
 struct Command {
   const char* name;
   const char* help;
-  int (*run)(int argc, char** argv);
+  std::function<int()> (*declare)(CLI::App* command, std::string command_line);
 };
 
 constexpr Command kCommands[] = {
     {"serve", "the serving benchmark: TTFT, ITL, TPOT, E2E latency and throughput under load",
-     &RunServe},
+     &DeclareServe},
 };
 
-int PrintUsage(FILE* out) {
-  std::fprintf(out,
-               "usage: lmserve-bench <command> [options]   (<command> --help for its options)\n\n");
-  for (const Command& command : kCommands)
-    std::fprintf(out, "  %-10s %s\n", command.name, command.help);
-  return out == stdout ? 0 : 2;
+bool IsCommand(std::string_view name) {
+  for (const Command& command : kCommands) {
+    if (name == command.name) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -38,14 +43,34 @@ int PrintUsage(FILE* out) {
 
 int main(int argc, char** argv) {
   using lmserve::bench::kCommands;
-  if (argc < 2) return lmserve::bench::PrintUsage(stderr);
-  const std::string_view name = argv[1];
-  if (name == "--help" || name == "-h" || name == "help") return lmserve::bench::PrintUsage(stdout);
-  for (const auto& command : kCommands) {
-    if (name == command.name) {
-      return command.run(argc - 2, argv + 2);
-    }
+  CLI::App app(
+      "lmserve-bench: lmserve's benchmarks. `lmserve-bench <command> --help` lists a "
+      "command's options.",
+      "lmserve-bench");
+  lmserve::server::UseCommandLineConventions(&app);
+  // What --result-json records: the command line, as typed after the program's name.
+  std::string command_line = "lmserve-bench";
+  for (int i = 1; i < argc; ++i) command_line += lmserve::StrCat(" ", argv[i]);
+  std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
+  for (const auto& entry : kCommands) {
+    CLI::App* command = app.add_subcommand(entry.name, entry.help);
+    commands.emplace_back(command, entry.declare(command, command_line));
   }
-  std::fprintf(stderr, "lmserve-bench: unknown command '%s'\n", argv[1]);
-  return lmserve::bench::PrintUsage(stderr);
+  app.require_subcommand(1);
+  const std::string_view first = argc >= 2 ? argv[1] : "";
+  if (first.empty() || first == "help") {
+    std::fputs(app.help().c_str(), first.empty() ? stderr : stdout);
+    return first.empty() ? 2 : 0;
+  }
+  if (first.front() != '-' && !lmserve::bench::IsCommand(first)) {
+    std::fprintf(stderr, "lmserve-bench: unknown command '%s'\n\n%s", argv[1], app.help().c_str());
+    return 2;
+  }
+  if (std::optional<int> exit_code = lmserve::server::ParseCommandLine(&app, argc, argv)) {
+    return *exit_code;
+  }
+  for (auto& [command, run] : commands) {
+    if (command->parsed()) return run();
+  }
+  return 2;  // unreachable: a subcommand is required
 }

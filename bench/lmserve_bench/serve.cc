@@ -21,8 +21,10 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -30,8 +32,10 @@
 #include "bench/lmserve_bench/dataset.h"
 #include "bench/lmserve_bench/prometheus_text.h"
 #include "bench/lmserve_bench/stats.h"
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
-#include "server/args.h"
+#include "server/command_line.h"
 
 namespace lmserve::bench {
 namespace {
@@ -167,12 +171,11 @@ struct ServerDeltas {
 };
 
 absl::StatusOr<ServerDeltas> Scrape(const std::string& url) {
-  absl::StatusOr<std::string> text = HttpGet(url, 10);
-  if (!text.ok()) return text.status();
+  LMSERVE_ASSIGN_OR_RETURN(std::string text, HttpGet(url, 10));
   ServerDeltas values;
-  values.ttft = ReadHistogram(*text, kTtftHistogram);
-  values.prefix_cache_queries = SumSamples(*text, "lmserve_prefix_cache_queries_total");
-  values.prefix_cache_hits = SumSamples(*text, "lmserve_prefix_cache_hits_total");
+  values.ttft = ReadHistogram(text, kTtftHistogram);
+  values.prefix_cache_queries = SumSamples(text, "lmserve_prefix_cache_queries_total");
+  values.prefix_cache_hits = SumSamples(text, "lmserve_prefix_cache_hits_total");
   return values;
 }
 
@@ -181,149 +184,188 @@ int Usage(const std::string& message) {
   return 2;
 }
 
-}  // namespace
+// What `lmserve-bench serve`'s flags say.
+struct ServeFlags {
+  std::string backend = "grpc";
+  std::string addr = "127.0.0.1:50051";
+  std::string url = "http://127.0.0.1:8000";
+  std::string endpoint = "/v1/completions";
+  std::string model = "default";
+  std::optional<std::string> token_file;
+  int64_t channels = 4;
+  std::optional<std::string> dataset;
+  int64_t input_len = 128;
+  int64_t output_len = 128;
+  double range_ratio = 0;
+  std::optional<int64_t> vocab_size;
+  int64_t first_token_id = 100;
+  std::optional<int64_t> num_prompts;
+  std::optional<int64_t> concurrency;
+  double request_rate = std::numeric_limits<double>::infinity();
+  std::string request_rate_text = "inf";  // as given, for the summary
+  double burstiness = 1;
+  int64_t max_concurrency = 0;
+  double duration_seconds = 0;
+  double grace_seconds = 30;
+  std::optional<int64_t> warmup_requests;
+  double request_timeout_seconds = 0;
+  double temperature = 0;
+  bool no_ignore_eos = false;
+  std::string goodput;
+  std::string percentiles = "50,90,99";
+  std::string metrics_url;
+  double wait_ready_seconds = 0;
+  int64_t seed = 0;
+  std::optional<std::string> result_json;
+  std::string label;
+};
 
-int RunServe(int argc, char** argv) {
+void BindServeFlags(CLI::App* command, ServeFlags* flags) {
+  using server::AddDoubleFlag;
+  using server::AddIntFlag;
+  using server::AddStringFlag;
+  server::AddChoiceFlag<std::string>(
+      command, "--backend", &flags->backend,
+      [](std::string_view name) -> std::optional<std::string> {
+        if (name == "grpc" || name == "http") return std::string(name);
+        return std::nullopt;
+      },
+      "grpc, http", flags->backend,
+      "grpc (lmserve's API) or http (an OpenAI-compatible /v1/completions)");
+  AddStringFlag(command, "--addr", &flags->addr, "grpc: the server, HOST:PORT");
+  AddStringFlag(command, "--url", &flags->url, "http: the base URL");
+  AddStringFlag(command, "--endpoint", &flags->endpoint, "http: the completions path");
+  AddStringFlag(command, "--model", &flags->model, "http: the model name to send");
+  AddStringFlag(command, "--token-file", &flags->token_file,
+                "send 'authorization: Bearer <token>', the token read from this file");
+  AddIntFlag(command, "--channels", &flags->channels, "grpc: connections to spread requests over");
+  AddStringFlag(command, "--dataset", &flags->dataset,
+                "a JSONL file: {\"prompt\": TEXT | \"prompt_token_ids\": [...], "
+                "\"output_len\": N} per line (default: synthetic token-id prompts)");
+  AddIntFlag(command, "--input-len", &flags->input_len, "synthetic: prompt tokens");
+  AddIntFlag(command, "--output-len", &flags->output_len,
+             "synthetic: output tokens (and the default for dataset lines)");
+  AddDoubleFlag(command, "--range-ratio", &flags->range_ratio,
+                "synthetic: lengths uniform in len*(1-r)..len*(1+r)");
+  AddIntFlag(command, "--vocab-size", &flags->vocab_size,
+             "synthetic: draw ids below this (default: grpc asks the server)");
+  AddIntFlag(command, "--first-token-id", &flags->first_token_id,
+             "synthetic: draw ids from this one up (skips special tokens)");
+  AddIntFlag(command, "--num-prompts", &flags->num_prompts,
+             "requests to issue (default: 100, or unbounded with --duration-s)");
+  AddIntFlag(command, "--concurrency", &flags->concurrency,
+             "a closed loop: N requests in flight (rate inf)");
+  command
+      ->add_option_function<std::string>(
+          "--request-rate",
+          [flags](const std::string& text) {
+            flags->request_rate = server::ParseDoubleFlag("--request-rate", text);
+            flags->request_rate_text = text;
+          },
+          "requests per second (Poisson arrivals); inf: all at once")
+      ->type_name("NUMBER")
+      ->default_str("inf");
+  AddDoubleFlag(command, "--burstiness", &flags->burstiness,
+                "gamma shape of the arrival gaps: 1 Poisson, < 1 burstier");
+  AddIntFlag(command, "--max-concurrency", &flags->max_concurrency,
+             "with --request-rate: at most N in flight; 0: no limit");
+  AddDoubleFlag(command, "--duration-s", &flags->duration_seconds,
+                "stop issuing after this many seconds; 0: no bound");
+  AddDoubleFlag(command, "--grace-s", &flags->grace_seconds,
+                "with --duration-s: wait this long for requests in flight");
+  AddIntFlag(command, "--warmup-requests", &flags->warmup_requests,
+             "requests run first and not counted (default: the concurrency, else 4)");
+  AddDoubleFlag(command, "--request-timeout-s", &flags->request_timeout_seconds,
+                "each request's deadline; 0: none");
+  AddDoubleFlag(command, "--temperature", &flags->temperature, "sampling temperature (0: greedy)");
+  server::AddBoolFlag(command, "--no-ignore-eos", &flags->no_ignore_eos,
+                      "let the model stop at EOS (outputs may be shorter than asked)");
+  AddStringFlag(command, "--goodput", &flags->goodput,
+                "SLOs in ms for goodput, e.g. 'ttft:500 tpot:50' (ttft, tpot, e2el)");
+  AddStringFlag(command, "--percentiles", &flags->percentiles, "the percentiles to report");
+  AddStringFlag(command, "--metrics-url", &flags->metrics_url,
+                "the server's Prometheus /metrics, scraped before and after the run: the "
+                "server's TTFT mean is compared with the client's");
+  AddDoubleFlag(command, "--wait-ready-s", &flags->wait_ready_seconds,
+                "first wait up to this long for the server to be ready");
+  AddIntFlag(command, "--seed", &flags->seed, "seeds the synthetic prompts and the arrivals");
+  AddStringFlag(command, "--result-json", &flags->result_json,
+                "write the results to this JSON file");
+  AddStringFlag(command, "--label", &flags->label,
+                "a label recorded in the JSON (e.g. the sweep point)");
+}
+
+int RunServe(const ServeFlags& flags, const std::string& command_line) {
   // Once, before any thread starts; never cleaned up (the process ends with the benchmark).
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  server::Args args("serve",
-                    "Measures a serving system under load, as vLLM's benchmark_serving does: TTFT, "
-                    "inter-token latency, time per output token, end-to-end latency "
-                    "(mean, percentiles), throughput and goodput. Prints a summary; --result-json "
-                    "writes it as JSON.");
-  args.Program("lmserve-bench")
-      .Option("backend", "grpc (lmserve's API) or http (an OpenAI-compatible /v1/completions)",
-              "grpc")
-      .Option("addr", "grpc: the server, HOST:PORT", "127.0.0.1:50051")
-      .Option("url", "http: the base URL", "http://127.0.0.1:8000")
-      .Option("endpoint", "http: the completions path", "/v1/completions")
-      .Option("model", "http: the model name to send", "default")
-      .Option("token-file", "send 'authorization: Bearer <token>', the token read from this file")
-      .Option("channels", "grpc: connections to spread requests over", "4")
-      .Option("dataset",
-              "a JSONL file: {\"prompt\": TEXT | \"prompt_token_ids\": [...], "
-              "\"output_len\": N} per line (default: synthetic token-id prompts)")
-      .Option("input-len", "synthetic: prompt tokens", "128")
-      .Option("output-len", "synthetic: output tokens (and the default for dataset lines)", "128")
-      .Option("range-ratio", "synthetic: lengths uniform in len*(1-r)..len*(1+r)", "0")
-      .Option("vocab-size", "synthetic: draw ids below this (default: grpc asks the server)")
-      .Option("first-token-id", "synthetic: draw ids from this one up (skips special tokens)",
-              "100")
-      .Option("num-prompts", "requests to issue (default: 100, or unbounded with --duration-s)")
-      .Option("concurrency", "a closed loop: N requests in flight (rate inf)")
-      .Option("request-rate", "requests per second (Poisson arrivals); inf: all at once", "inf")
-      .Option("burstiness", "gamma shape of the arrival gaps: 1 Poisson, < 1 burstier", "1")
-      .Option("max-concurrency", "with --request-rate: at most N in flight; 0: no limit", "0")
-      .Option("duration-s", "stop issuing after this many seconds; 0: no bound", "0")
-      .Option("grace-s", "with --duration-s: wait this long for requests in flight", "30")
-      .Option("warmup-requests",
-              "requests run first and not counted (default: the concurrency, "
-              "else 4)")
-      .Option("request-timeout-s", "each request's deadline; 0: none", "0")
-      .Option("temperature", "sampling temperature (0: greedy)", "0")
-      .Flag("no-ignore-eos", "let the model stop at EOS (outputs may be shorter than asked)")
-      .Option("goodput", "SLOs in ms for goodput, e.g. 'ttft:500 tpot:50' (ttft, tpot, e2el)")
-      .Option("percentiles", "the percentiles to report", "50,90,99")
-      .Option("metrics-url",
-              "the server's Prometheus /metrics, scraped before and after the run: "
-              "the server's TTFT mean is compared with the client's")
-      .Option("wait-ready-s", "first wait up to this long for the server to be ready", "0")
-      .Option("seed", "seeds the synthetic prompts and the arrivals", "0")
-      .Option("result-json", "write the results to this JSON file")
-      .Option("label", "a label recorded in the JSON (e.g. the sweep point)");
-  absl::StatusOr<bool> parsed = args.Parse(argc, argv);
-  if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
-  if (!*parsed) return 0;
-
-  auto get_int = [&](const char* name) -> int64_t {
-    absl::StatusOr<int64_t> value = args.GetInt(name);
-    if (!value.ok()) {
-      std::fprintf(stderr, "lmserve-bench serve: --%s: want an integer\n", name);
-      std::exit(2);
-    }
-    return *value;
-  };
-  auto get_double = [&](const char* name) -> double {
-    const std::string text = args.Get(name);
-    if (text == "inf") return std::numeric_limits<double>::infinity();
-    absl::StatusOr<double> value = args.GetDouble(name);
-    if (!value.ok()) {
-      std::fprintf(stderr, "lmserve-bench serve: --%s: want a number\n", name);
-      std::exit(2);
-    }
-    return *value;
-  };
 
   ClientOptions options;
-  const std::string backend = args.Get("backend");
+  const std::string& backend = flags.backend;
   if (backend == "grpc") {
-    options.target = args.Get("addr");
-  } else if (backend == "http") {
-    options.target = args.Get("url");
-    options.endpoint = args.Get("endpoint");
-    options.model = args.Get("model");
+    options.target = flags.addr;
   } else {
-    return Usage("--backend: grpc or http");
+    options.target = flags.url;
+    options.endpoint = flags.endpoint;
+    options.model = flags.model;
   }
-  if (args.Has("token-file")) {
-    std::ifstream file(args.Get("token-file"));
-    if (!file) return Usage(StrCat("cannot read ", args.Get("token-file")));
-    std::getline(file, options.token);
+  if (flags.token_file.has_value()) {
+    absl::StatusOr<std::string> contents = ReadFile(*flags.token_file);
+    if (!contents.ok()) return Usage(StrCat("--token-file: ", contents.status().message()));
+    options.token = contents->substr(0, contents->find('\n'));  // the first line
     while (!options.token.empty() &&
            (options.token.back() == '\r' || options.token.back() == ' ')) {
       options.token.pop_back();
     }
   }
-  options.num_channels = static_cast<int32_t>(get_int("channels"));
-  options.temperature = get_double("temperature");
-  options.ignore_eos = !args.GetFlag("no-ignore-eos");
-  options.request_timeout_seconds = get_double("request-timeout-s");
+  options.num_channels = static_cast<int32_t>(flags.channels);
+  options.temperature = flags.temperature;
+  options.ignore_eos = !flags.no_ignore_eos;
+  options.request_timeout_seconds = flags.request_timeout_seconds;
 
   LoadSpec load;
-  load.seed = static_cast<uint64_t>(get_int("seed"));
-  load.duration_seconds = get_double("duration-s");
-  load.grace_seconds = get_double("grace-s");
-  if (args.Has("concurrency")) {
-    if (args.Has("max-concurrency") && args.Get("max-concurrency") != "0") {
+  load.seed = static_cast<uint64_t>(flags.seed);
+  load.duration_seconds = flags.duration_seconds;
+  load.grace_seconds = flags.grace_seconds;
+  if (flags.concurrency.has_value()) {
+    if (flags.max_concurrency != 0) {
       return Usage("give --concurrency or --max-concurrency, not both");
     }
-    load.max_concurrency = get_int("concurrency");
+    load.max_concurrency = *flags.concurrency;
     if (load.max_concurrency < 1) return Usage("--concurrency: want >= 1");
-    if (args.Get("request-rate") != "inf") {
+    if (std::isfinite(flags.request_rate)) {
       return Usage(
           "--concurrency is a closed loop: leave --request-rate at inf, or use "
           "--max-concurrency");
     }
   } else {
-    load.max_concurrency = get_int("max-concurrency");
+    load.max_concurrency = flags.max_concurrency;
   }
-  load.request_rate = get_double("request-rate");
-  load.burstiness = get_double("burstiness");
+  load.request_rate = flags.request_rate;
+  load.burstiness = flags.burstiness;
   if (!(load.request_rate > 0) || !(load.burstiness > 0)) {
     return Usage("--request-rate and --burstiness must be > 0");
   }
-  if (args.Has("num-prompts")) {
-    load.num_requests = get_int("num-prompts");
+  if (flags.num_prompts.has_value()) {
+    load.num_requests = *flags.num_prompts;
     if (load.num_requests < 1) return Usage("--num-prompts: want >= 1");
   } else {
     load.num_requests = load.duration_seconds > 0 ? std::numeric_limits<int64_t>::max() : 100;
   }
-  absl::StatusOr<Slos> slos = ParseSlos(args.Get("goodput"));
+  absl::StatusOr<Slos> slos = ParseSlos(flags.goodput);
   if (!slos.ok()) return Usage(std::string(slos.status().message()));
   std::vector<int> percentiles;
-  for (std::string_view piece : StrSplit(args.Get("percentiles"), ',')) {
+  for (std::string_view piece : StrSplit(flags.percentiles, ',')) {
     std::optional<int> p = ParseInt<int>(piece);
     if (!p || *p < 0 || *p > 100) return Usage("--percentiles: want integers in [0, 100]");
     percentiles.push_back(*p);
   }
-  const int64_t warmup_requests = args.Has("warmup-requests")
-                                      ? get_int("warmup-requests")
-                                      : (load.max_concurrency > 0 ? load.max_concurrency : 4);
+  const int64_t warmup_requests =
+      flags.warmup_requests.value_or(load.max_concurrency > 0 ? load.max_concurrency : 4);
 
   absl::StatusOr<std::unique_ptr<Client>> client =
       backend == "grpc" ? CreateGrpcClient(options) : CreateHttpClient(options);
   if (!client.ok()) return Usage(std::string(client.status().message()));
-  if (const double wait = get_double("wait-ready-s"); wait > 0) {
+  if (const double wait = flags.wait_ready_seconds; wait > 0) {
     if (absl::Status ready = (*client)->WaitReady(wait); !ready.ok()) {
       std::fprintf(stderr, "lmserve-bench serve: %s\n", std::string(ready.message()).c_str());
       return 1;
@@ -332,27 +374,27 @@ int RunServe(int argc, char** argv) {
 
   // Prompts: the measured ones and, separately, the warm-up's (so that warm-up does not fill the
   // prefix cache with the measured prompts).
-  const int32_t output_len = static_cast<int32_t>(get_int("output-len"));
+  const int32_t output_len = static_cast<int32_t>(flags.output_len);
   std::vector<Prompt> prompts, warmup_prompts;
   std::string dataset_name;
-  if (args.Has("dataset")) {
-    absl::StatusOr<std::vector<Prompt>> read = ReadJsonlDataset(args.Get("dataset"), output_len);
+  if (flags.dataset.has_value()) {
+    absl::StatusOr<std::vector<Prompt>> read = ReadJsonlDataset(*flags.dataset, output_len);
     if (!read.ok()) return Usage(std::string(read.status().message()));
     prompts = std::move(*read);
     // Warm-up takes the dataset's last prompts, the measured run its first: they share no prompt
     // (and so no prefix-cache entry) when the dataset is long enough. The JSON reports the
     // server's prefix-cache hits either way.
     warmup_prompts.assign(prompts.rbegin(), prompts.rend());
-    dataset_name = args.Get("dataset");
+    dataset_name = *flags.dataset;
   } else {
     SyntheticSpec spec;
-    spec.input_len = static_cast<int32_t>(get_int("input-len"));
+    spec.input_len = static_cast<int32_t>(flags.input_len);
     spec.output_len = output_len;
-    spec.range_ratio = get_double("range-ratio");
-    spec.first_id = static_cast<int32_t>(get_int("first-token-id"));
+    spec.range_ratio = flags.range_ratio;
+    spec.first_id = static_cast<int32_t>(flags.first_token_id);
     spec.seed = load.seed;
-    if (args.Has("vocab-size")) {
-      spec.vocab_size = static_cast<int32_t>(get_int("vocab-size"));
+    if (flags.vocab_size.has_value()) {
+      spec.vocab_size = static_cast<int32_t>(*flags.vocab_size);
     } else {
       absl::StatusOr<int32_t> vocab = (*client)->VocabSize();
       if (!vocab.ok()) {
@@ -395,7 +437,7 @@ int RunServe(int argc, char** argv) {
     if (failed == warmup_requests) return 1;
   }
 
-  const std::string metrics_url = args.Get("metrics-url");
+  const std::string& metrics_url = flags.metrics_url;
   absl::StatusOr<ServerDeltas> metrics_before = absl::UnavailableError("not scraped");
   if (!metrics_url.empty()) metrics_before = Scrape(metrics_url);
 
@@ -432,7 +474,7 @@ int RunServe(int argc, char** argv) {
             StrCat(backend, " (", options.target, backend == "http" ? options.endpoint : "", ")"));
   PrintLine("Load:", load.max_concurrency > 0 && !std::isfinite(load.request_rate)
                          ? StrCat("concurrency ", load.max_concurrency)
-                         : StrCat("rate ", args.Get("request-rate"), " req/s, burstiness ",
+                         : StrCat("rate ", flags.request_rate_text, " req/s, burstiness ",
                                   load.burstiness, ", max concurrency ", load.max_concurrency));
   PrintLine("Issued requests:", StrCat(summary.num_issued));
   PrintLine("Successful requests:", StrCat(summary.num_completed));
@@ -469,9 +511,8 @@ int RunServe(int argc, char** argv) {
   std::printf("==================================================\n");
   std::fflush(stdout);
 
-  if (args.Has("result-json")) {
-    std::string command = "lmserve-bench serve";
-    for (int i = 0; i < argc; ++i) command += StrCat(" ", argv[i]);
+  if (flags.result_json.has_value()) {
+    const std::string& command = command_line;
     nlohmann::json config = {
         {"backend", backend},
         {"target", options.target},
@@ -496,7 +537,7 @@ int RunServe(int argc, char** argv) {
       config["model"] = options.model;
     }
     nlohmann::json result = {
-        {"label", args.Get("label")},
+        {"label", flags.label},
         {"command", command},
         {"config", config},
         {"num_issued", summary.num_issued},
@@ -533,15 +574,26 @@ int RunServe(int argc, char** argv) {
       }
       result["server_ttft"] = server;
     }
-    std::ofstream out(args.Get("result-json"));
+    std::ofstream out(*flags.result_json);
     out << result.dump(2) << "\n";
     if (!out) {
-      std::fprintf(stderr, "lmserve-bench serve: cannot write %s\n",
-                   args.Get("result-json").c_str());
+      std::fprintf(stderr, "lmserve-bench serve: cannot write %s\n", flags.result_json->c_str());
       return 1;
     }
   }
   return summary.num_completed > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+std::function<int()> DeclareServe(CLI::App* command, std::string command_line) {
+  command->footer(
+      "Measures a serving system under load, as vLLM's benchmark_serving does: TTFT, inter-token "
+      "latency, time per output token, end-to-end latency (mean, percentiles), throughput and "
+      "goodput. Prints a summary; --result-json writes it as JSON.");
+  auto flags = std::make_shared<ServeFlags>();
+  BindServeFlags(command, flags.get());
+  return [flags, command_line = std::move(command_line)] { return RunServe(*flags, command_line); };
 }
 
 }  // namespace lmserve::bench

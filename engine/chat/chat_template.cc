@@ -1,9 +1,9 @@
 #include "engine/chat/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/chat/jinja/interpreter.h"
 #include "engine/chat/jinja/value.h"
@@ -44,18 +44,16 @@ absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& json, int depth) {
       jinja::List items;
       items.reserve(json.size());
       for (const auto& item : json) {
-        absl::StatusOr<Value> value = FromJson(item, depth + 1);
-        if (!value.ok()) return value;
-        items.push_back(*std::move(value));
+        LMSERVE_ASSIGN_OR_RETURN(Value value, FromJson(item, depth + 1));
+        items.push_back(std::move(value));
       }
       return Value::MakeList(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       jinja::Dict dict;
       for (const auto& [key, item] : json.items()) {
-        absl::StatusOr<Value> value = FromJson(item, depth + 1);
-        if (!value.ok()) return value;
-        dict.Set(key, *std::move(value));
+        LMSERVE_ASSIGN_OR_RETURN(Value value, FromJson(item, depth + 1));
+        dict.Set(key, std::move(value));
       }
       return Value::MakeDict(std::move(dict));
     }
@@ -73,23 +71,13 @@ absl::StatusOr<Value> MessageValue(const ChatMessage& message) {
   dict.Set("role", Value::String(message.role));
   dict.Set("content", Value::String(message.content));
   for (const auto& [key, item] : message.extra.items()) {
-    absl::StatusOr<Value> value = FromJson(item, 1);
-    if (!value.ok()) return value;
-    dict.Set(key, *std::move(value));
+    LMSERVE_ASSIGN_OR_RETURN(Value value, FromJson(item, 1));
+    dict.Set(key, std::move(value));
   }
   return Value::MakeDict(std::move(dict));
 }
 
 std::string WithPrefix(absl::string_view message) { return StrCat("chat template: ", message); }
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(StrCat(path, ": cannot open"));
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return absl::DataLossError(StrCat(path, ": read error"));
-  return text.str();
-}
 
 }  // namespace
 
@@ -107,9 +95,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
   jinja::List message_values;
   message_values.reserve(messages.size());
   for (const ChatMessage& message : messages) {
-    absl::StatusOr<Value> value = MessageValue(message);
-    if (!value.ok()) return value.status();
-    message_values.push_back(*std::move(value));
+    LMSERVE_ASSIGN_OR_RETURN(Value value, MessageValue(message));
+    message_values.push_back(std::move(value));
   }
   jinja::Dict variables;
   variables.Set("messages", Value::MakeList(std::move(message_values)));
@@ -123,9 +110,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
       return absl::InvalidArgumentError("chat template extra variables must be a JSON object");
     }
     for (const auto& [key, item] : options.extra_variables.items()) {
-      absl::StatusOr<Value> value = FromJson(item, 1);
-      if (!value.ok()) return value.status();
-      variables.Set(key, *std::move(value));
+      LMSERVE_ASSIGN_OR_RETURN(Value value, FromJson(item, 1));
+      variables.Set(key, std::move(value));
     }
   }
   jinja::RenderOptions render_options;
@@ -192,11 +178,10 @@ absl::StatusOr<std::string> ResolveChatTemplate(const std::string& name_or_file,
     return absl::NotFoundError(StrCat("chat template '", name_or_file, "' is neither a built-in (",
                                       StrJoin(BuiltinChatTemplateNames(), ", "), ") nor a file"));
   }
-  absl::StatusOr<std::string> text = ReadFile(name_or_file);
-  if (!text.ok()) return text.status();
+  LMSERVE_ASSIGN_OR_RETURN(std::string text, lmserve::ReadFile(name_or_file));
   if (std::filesystem::path(name_or_file).extension() == ".json") {
     const nlohmann::ordered_json json =
-        nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
+        nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (json.is_discarded() || !json.is_object()) {
       return absl::InvalidArgumentError(StrCat(name_or_file, ": not a JSON object"));
     }

@@ -1,10 +1,10 @@
 #include "engine/chat/model_chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/gguf.h"
 #include "nlohmann/json.hpp"
@@ -14,15 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
-
-absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(StrCat(path.string(), ": cannot open"));
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return absl::DataLossError(StrCat(path.string(), ": read error"));
-  return text.str();
-}
 
 absl::StatusOr<Json> ParseJsonObject(std::string_view text, std::string_view what) {
   Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -73,9 +64,8 @@ absl::StatusOr<ModelChatTemplate> LoadHfDirectory(const fs::path& directory) {
   const fs::path config_path = directory / "tokenizer_config.json";
   std::error_code error;
   if (fs::is_regular_file(config_path, error)) {
-    absl::StatusOr<std::string> text = ReadFile(config_path);
-    if (!text.ok()) return text.status();
-    absl::StatusOr<ModelChatTemplate> parsed = ParseTokenizerConfig(*text);
+    LMSERVE_ASSIGN_OR_RETURN(std::string text, lmserve::ReadFile(config_path.string()));
+    absl::StatusOr<ModelChatTemplate> parsed = ParseTokenizerConfig(text);
     if (!parsed.ok()) {
       return absl::Status(parsed.status().code(),
                           StrCat(config_path.string(), ": ", parsed.status().message()));
@@ -86,17 +76,13 @@ absl::StatusOr<ModelChatTemplate> LoadHfDirectory(const fs::path& directory) {
   const fs::path jinja_path = directory / "chat_template.jinja";
   const fs::path json_path = directory / "chat_template.json";
   if (fs::is_regular_file(jinja_path, error)) {
-    absl::StatusOr<std::string> text = ReadFile(jinja_path);
-    if (!text.ok()) return text.status();
-    result.chat_template = *std::move(text);
+    LMSERVE_ASSIGN_OR_RETURN(std::string text, lmserve::ReadFile(jinja_path.string()));
+    result.chat_template = std::move(text);
   } else if (fs::is_regular_file(json_path, error)) {
-    absl::StatusOr<std::string> text = ReadFile(json_path);
-    if (!text.ok()) return text.status();
-    absl::StatusOr<Json> json = ParseJsonObject(*text, json_path.string());
-    if (!json.ok()) return json.status();
-    absl::StatusOr<std::string> source = ChatTemplateField(*json, json_path.string());
-    if (!source.ok()) return source.status();
-    if (!source->empty()) result.chat_template = *std::move(source);
+    LMSERVE_ASSIGN_OR_RETURN(std::string text, lmserve::ReadFile(json_path.string()));
+    LMSERVE_ASSIGN_OR_RETURN(Json json, ParseJsonObject(text, json_path.string()));
+    LMSERVE_ASSIGN_OR_RETURN(std::string source, ChatTemplateField(json, json_path.string()));
+    if (!source.empty()) result.chat_template = std::move(source);
   }
   return result;
 }
@@ -104,25 +90,20 @@ absl::StatusOr<ModelChatTemplate> LoadHfDirectory(const fs::path& directory) {
 }  // namespace
 
 absl::StatusOr<ModelChatTemplate> ParseTokenizerConfig(std::string_view json_text) {
-  absl::StatusOr<Json> config = ParseJsonObject(json_text, "tokenizer_config.json");
-  if (!config.ok()) return config.status();
+  LMSERVE_ASSIGN_OR_RETURN(Json config, ParseJsonObject(json_text, "tokenizer_config.json"));
   ModelChatTemplate result;
-  absl::StatusOr<std::string> source = ChatTemplateField(*config, "tokenizer_config.json");
-  if (!source.ok()) return source.status();
-  result.chat_template = *std::move(source);
-  absl::StatusOr<std::optional<std::string>> bos = SpecialToken(*config, "bos_token");
-  if (!bos.ok()) return bos.status();
-  result.bos_token = *std::move(bos);
-  absl::StatusOr<std::optional<std::string>> eos = SpecialToken(*config, "eos_token");
-  if (!eos.ok()) return eos.status();
-  result.eos_token = *std::move(eos);
+  LMSERVE_ASSIGN_OR_RETURN(std::string source, ChatTemplateField(config, "tokenizer_config.json"));
+  result.chat_template = std::move(source);
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> bos, SpecialToken(config, "bos_token"));
+  result.bos_token = std::move(bos);
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> eos, SpecialToken(config, "eos_token"));
+  result.eos_token = std::move(eos);
   return result;
 }
 
 absl::StatusOr<ModelChatTemplate> LoadGgufChatTemplate(const std::string& gguf_path) {
-  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(gguf_path);
-  if (!file.ok()) return file.status();
-  return GgufChatTemplate(**file);
+  LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(gguf_path));
+  return GgufChatTemplate(*file);
 }
 
 absl::StatusOr<ModelChatTemplate> GgufChatTemplate(const GgufFile& gguf) {
@@ -150,12 +131,10 @@ absl::StatusOr<ModelChatTemplate> GgufChatTemplate(const GgufFile& gguf) {
     }
     return std::optional<std::string>(tokens->elements[static_cast<size_t>(*id)].string_value);
   };
-  absl::StatusOr<std::optional<std::string>> bos = token_at("tokenizer.ggml.bos_token_id");
-  if (!bos.ok()) return bos.status();
-  result.bos_token = *std::move(bos);
-  absl::StatusOr<std::optional<std::string>> eos = token_at("tokenizer.ggml.eos_token_id");
-  if (!eos.ok()) return eos.status();
-  result.eos_token = *std::move(eos);
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> bos, token_at("tokenizer.ggml.bos_token_id"));
+  result.bos_token = std::move(bos);
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> eos, token_at("tokenizer.ggml.eos_token_id"));
+  result.eos_token = std::move(eos);
   return result;
 }
 

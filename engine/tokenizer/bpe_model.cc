@@ -3,7 +3,9 @@
 #include <atomic>
 #include <queue>
 
+#include "common/status.h"
 #include "common/strings.h"
+#include "common/utf8.h"
 #include "engine/tokenizer/unicode.h"
 
 namespace lmserve::engine::tokenizer_internal {
@@ -95,7 +97,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::CreateRanked(
     std::vector<std::pair<std::string, int32_t>> vocab,
     const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options) {
   std::unique_ptr<BpeModel> model(new BpeModel(std::move(options)));
-  if (absl::Status status = model->BuildVocab(std::move(vocab)); !status.ok()) return status;
+  LMSERVE_RETURN_IF_ERROR(model->BuildVocab(std::move(vocab)));
   const size_t prefix_length = model->options_.continuing_subword_prefix.size();
   model->merges_.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
@@ -139,7 +141,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::CreateScored(std::vector<std
   for (size_t i = 0; i < tokens.size(); ++i) {
     vocab.emplace_back(std::move(tokens[i]), static_cast<int32_t>(i));
   }
-  if (absl::Status status = model->BuildVocab(std::move(vocab)); !status.ok()) return status;
+  LMSERVE_RETURN_IF_ERROR(model->BuildVocab(std::move(vocab)));
   model->scores_ = std::move(scores);
   return model;
 }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/strings.h"
+#include "common/utf8.h"
 #include "engine/tokenizer/json_util.h"
 #include "engine/tokenizer/pipeline.h"
 #include "engine/tokenizer/unicode.h"

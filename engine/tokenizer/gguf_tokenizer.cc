@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/gguf.h"
 #include "engine/tokenizer/bpe_model.h"
@@ -143,11 +144,10 @@ absl::Status BuildGpt2(const GgufTokenizerData& data, Pipeline* pipeline) {
 
   std::vector<std::unique_ptr<tokenizer_internal::PreTokenizer>> stages;
   for (const std::string_view regex_text : entry->regexes) {
-    absl::StatusOr<std::unique_ptr<tokenizer_internal::Regex>> regex =
-        tokenizer_internal::Regex::Compile(regex_text);
-    if (!regex.ok()) return regex.status();
+    LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer_internal::Regex> regex,
+                             tokenizer_internal::Regex::Compile(regex_text));
     Pattern pattern;
-    pattern.regex = *std::move(regex);
+    pattern.regex = std::move(regex);
     stages.push_back(tokenizer_internal::MakeSplitPreTokenizer(
         std::move(pattern), tokenizer_internal::SplitBehavior::kIsolated, /*invert=*/false));
   }
@@ -168,10 +168,10 @@ absl::Status BuildLlama(const GgufTokenizerData& data, Pipeline* pipeline) {
   BpeOptions options;
   options.byte_fallback = true;
   options.unk_id = pipeline->unk_id.value_or(-1);
-  absl::StatusOr<std::unique_ptr<BpeModel>> model =
-      BpeModel::CreateScored(data.tokens, std::move(scores), std::move(options));
-  if (!model.ok()) return model.status();
-  pipeline->model = *std::move(model);
+  LMSERVE_ASSIGN_OR_RETURN(
+      std::unique_ptr<BpeModel> model,
+      BpeModel::CreateScored(data.tokens, std::move(scores), std::move(options)));
+  pipeline->model = std::move(model);
 
   const bool add_space_prefix = data.add_space_prefix.value_or(true);
   const auto literal = [](std::string text) {
@@ -300,17 +300,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufTokeniz
                                 {&pipeline->eot_id, "eot_token_id"},
                                 {&pipeline->pad_id, "padding_token_id"},
                                 {&pipeline->unk_id, "unknown_token_id"}}) {
-    if (absl::Status status = CheckId(data, *id, key); !status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(CheckId(data, *id, key));
   }
   pipeline->chat_template = data.chat_template;
 
   bool add_bos_default;
   if (data.model == "gpt2") {
-    if (absl::Status status = BuildGpt2(data, pipeline.get()); !status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(BuildGpt2(data, pipeline.get()));
     const PreTokenizerEntry* entry = FindPreTokenizer(data.pre);
     add_bos_default = entry != nullptr && entry->add_bos;
   } else if (is_llama) {
-    if (absl::Status status = BuildLlama(data, pipeline.get()); !status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(BuildLlama(data, pipeline.get()));
     add_bos_default = true;
   } else {
     return absl::UnimplementedError(

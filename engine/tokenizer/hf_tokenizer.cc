@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/tokenizer/bpe_model.h"
 #include "engine/tokenizer/json_util.h"
@@ -155,7 +156,7 @@ absl::Status ApplyConfig(const nlohmann::json& config, Pipeline* pipeline) {
         {"eos_token", &pipeline->eos_id},
         {"pad_token", &pipeline->pad_id},
         {"unk_token", &pipeline->unk_id}}) {
-    if (absl::Status status = resolve(key, out); !status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(resolve(key, out));
   }
   if (const nlohmann::json* chat_template = JsonMember(config, "chat_template");
       chat_template != nullptr) {
@@ -255,7 +256,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(
     if (config.is_discarded() || !config.is_object()) {
       return absl::InvalidArgumentError("tokenizer_config.json is not a JSON object");
     }
-    if (absl::Status status = ApplyConfig(config, pipeline.get()); !status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ApplyConfig(config, pipeline.get()));
   }
   pipeline->eot_id = FindEndOfTurnToken(*pipeline);
   return pipeline;
@@ -265,10 +266,10 @@ absl::StatusOr<std::unique_ptr<Pipeline>> HfPipelineFromJson(
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(
     std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
-  absl::StatusOr<std::unique_ptr<tokenizer_internal::Pipeline>> pipeline =
-      tokenizer_internal::HfPipelineFromJson(tokenizer_json, tokenizer_config_json);
-  if (!pipeline.ok()) return pipeline.status();
-  return tokenizer_internal::FinishTokenizer(*std::move(pipeline));
+  LMSERVE_ASSIGN_OR_RETURN(
+      std::unique_ptr<tokenizer_internal::Pipeline> pipeline,
+      tokenizer_internal::HfPipelineFromJson(tokenizer_json, tokenizer_config_json));
+  return tokenizer_internal::FinishTokenizer(std::move(pipeline));
 }
 
 }  // namespace lmserve::engine

@@ -342,6 +342,8 @@ absl::StatusOr<PrependScheme> MetaspaceSchemeFromJson(const nlohmann::json& j) {
 }
 
 absl::StatusOr<std::string> MetaspaceReplacementFromJson(const nlohmann::json& j) {
+  // Spelled out rather than LMSERVE_ASSIGN_OR_RETURN: GCC 12 warns (maybe-uninitialized, a false
+  // positive) on the string moved out of the StatusOr.
   absl::StatusOr<std::string> replacement = JsonString(j, "replacement", "\u2581");
   if (!replacement.ok()) return replacement.status();
   const std::string_view text = *replacement;

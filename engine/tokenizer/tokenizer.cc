@@ -2,10 +2,12 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <utility>
 
+#include "common/file.h"
+#include "common/status.h"
 #include "common/strings.h"
+#include "common/utf8.h"
 #include "engine/model/gguf.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
 #include "engine/tokenizer/tokenizer_pipeline.h"
@@ -18,15 +20,6 @@ namespace fs = std::filesystem;
 using tokenizer_internal::AddedToken;
 using tokenizer_internal::AddedVocabulary;
 using tokenizer_internal::Pipeline;
-
-absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(StrCat(path.string(), ": cannot open"));
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(StrCat(path.string(), ": read error"));
-  return std::move(contents).str();
-}
 
 bool HasGgufMagic(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -119,22 +112,21 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
                  ": no tokenizer.json in this directory (only tokenizer.json-based "
                  "Hugging Face tokenizers are supported)"));
     }
-    absl::StatusOr<std::string> json = ReadFile(json_path);
-    if (!json.ok()) return json.status();
+    LMSERVE_ASSIGN_OR_RETURN(std::string json, lmserve::ReadFile(json_path.string()));
     std::string config;
     if (fs::exists(path / "tokenizer_config.json", ec)) {
-      absl::StatusOr<std::string> read = ReadFile(path / "tokenizer_config.json");
-      if (!read.ok()) return read.status();
-      config = *std::move(read);
+      LMSERVE_ASSIGN_OR_RETURN(std::string read,
+                               lmserve::ReadFile((path / "tokenizer_config.json").string()));
+      config = std::move(read);
     }
     absl::StatusOr<std::unique_ptr<Pipeline>> pipeline =
-        tokenizer_internal::HfPipelineFromJson(*json, config);
+        tokenizer_internal::HfPipelineFromJson(json, config);
     if (!pipeline.ok()) return Annotate(pipeline.status(), json_path.string());
     // transformers >= 4.43 may keep the template in its own file; it wins over the config's.
     if (fs::exists(path / "chat_template.jinja", ec)) {
-      absl::StatusOr<std::string> chat_template = ReadFile(path / "chat_template.jinja");
-      if (!chat_template.ok()) return chat_template.status();
-      (*pipeline)->chat_template = *std::move(chat_template);
+      LMSERVE_ASSIGN_OR_RETURN(std::string chat_template,
+                               lmserve::ReadFile((path / "chat_template.jinja").string()));
+      (*pipeline)->chat_template = std::move(chat_template);
     }
     std::unique_ptr<Tokenizer> tokenizer =
         tokenizer_internal::FinishTokenizer(*std::move(pipeline));
@@ -142,24 +134,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
   }
   if (!fs::exists(path, ec)) return absl::NotFoundError(StrCat(path_string, ": no such file"));
   if (path.extension() == ".gguf" || HasGgufMagic(path)) {
-    absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path_string);
-    if (!file.ok()) return file.status();
-    absl::StatusOr<GgufTokenizerData> data = GgufTokenizerDataFromFile(**file);
-    if (!data.ok()) return data.status();
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = FromGguf(*data);
+    LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path_string));
+    LMSERVE_ASSIGN_OR_RETURN(GgufTokenizerData data, GgufTokenizerDataFromFile(*file));
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = FromGguf(data);
     if (!tokenizer.ok()) return Annotate(tokenizer.status(), path_string);
     return tokenizer;
   }
-  absl::StatusOr<std::string> json = ReadFile(path);
-  if (!json.ok()) return json.status();
+  LMSERVE_ASSIGN_OR_RETURN(std::string json, lmserve::ReadFile(path.string()));
   std::string config;
   const fs::path config_path = path.parent_path() / "tokenizer_config.json";
   if (path.filename() == "tokenizer.json" && fs::exists(config_path, ec)) {
-    absl::StatusOr<std::string> read = ReadFile(config_path);
-    if (!read.ok()) return read.status();
-    config = *std::move(read);
+    LMSERVE_ASSIGN_OR_RETURN(std::string read, lmserve::ReadFile(config_path.string()));
+    config = std::move(read);
   }
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = FromHfJson(*json, config);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = FromHfJson(json, config);
   if (!tokenizer.ok()) return Annotate(tokenizer.status(), path_string);
   return tokenizer;
 }
@@ -168,7 +156,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view raw_text, bool add_speci
   const Pipeline& p = *pipeline_;
   std::string sanitized;
   std::string_view text = raw_text;
-  if (!tokenizer_internal::IsValidUtf8(text)) {
+  if (!IsValidUtf8(text)) {
     sanitized = tokenizer_internal::Utf8Lossy(text);
     text = sanitized;
   }
@@ -225,7 +213,7 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special) 
     text = StrJoin(tokens, " ");
   }
   // Raw GGUF strings may hold any bytes.
-  if (!tokenizer_internal::IsValidUtf8(text)) text = tokenizer_internal::Utf8Lossy(text);
+  if (!IsValidUtf8(text)) text = tokenizer_internal::Utf8Lossy(text);
   return text;
 }
 

@@ -8,41 +8,6 @@
 #include "common/strings.h"
 
 namespace lmserve::engine::tokenizer_internal {
-namespace {
-
-// The length of the well-formed UTF-8 sequence at `bytes[pos]`, or, when it is ill-formed, minus
-// the length of its maximal ill-formed subpart (at least 1). Unicode Table 3-7 gives the ranges.
-int ScanUtf8(std::string_view bytes, size_t pos) {
-  const auto at = [&](size_t i) { return static_cast<uint8_t>(bytes[i]); };
-  const uint8_t lead = at(pos);
-  if (lead < 0x80) return 1;
-  int need;
-  uint8_t lo = 0x80, hi = 0xBF;  // the range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    need = 1;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    need = 2;
-    if (lead == 0xE0) lo = 0xA0;
-    if (lead == 0xED) hi = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    need = 3;
-    if (lead == 0xF0) lo = 0x90;
-    if (lead == 0xF4) hi = 0x8F;
-  } else {
-    return -1;
-  }
-  for (int k = 1; k <= need; ++k) {
-    const size_t i = pos + k;
-    if (i >= bytes.size()) return -k;
-    const uint8_t b = at(i);
-    const uint8_t min = k == 1 ? lo : 0x80;
-    const uint8_t max = k == 1 ? hi : 0xBF;
-    if (b < min || b > max) return -k;
-  }
-  return need + 1;
-}
-
-}  // namespace
 
 char32_t DecodeUtf8(std::string_view text, size_t* pos) {
   const auto at = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
@@ -56,24 +21,6 @@ char32_t DecodeUtf8(std::string_view text, size_t* pos) {
   for (size_t k = 1; k < length; ++k) c = (c << 6) | (at(*pos + k) & 0x3F);
   *pos += length;
   return c;
-}
-
-bool IsValidUtf8(std::string_view text) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    // ASCII fast path, 8 bytes at a time.
-    while (pos + 8 <= text.size()) {
-      uint64_t word;
-      __builtin_memcpy(&word, text.data() + pos, 8);
-      if (word & 0x8080808080808080ull) break;
-      pos += 8;
-    }
-    if (pos >= text.size()) break;
-    const int n = ScanUtf8(text, pos);
-    if (n < 0) return false;
-    pos += n;
-  }
-  return true;
 }
 
 std::string Utf8Lossy(std::string_view bytes) {

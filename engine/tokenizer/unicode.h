@@ -1,13 +1,13 @@
 // UTF-8 and Unicode helpers for the tokenizers: decoding, validation, the lossy conversion that
 // Hugging Face (Rust's String::from_utf8_lossy) applies, character classes and normalization forms
-// (ICU), and GPT-2's byte-to-unicode table.
+// (ICU), and GPT-2's byte-to-unicode table. The UTF-8 check itself (IsValidUtf8, ScanUtf8) is
+// common/utf8.h's.
 //
 // Internal to engine/tokenizer. Everything here is stateless and thread-safe.
 
 #ifndef LMSERVE_ENGINE_TOKENIZER_UNICODE_H_
 #define LMSERVE_ENGINE_TOKENIZER_UNICODE_H_
 
-#include "common/utf8.h"
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/utf8.h"
 
 namespace lmserve::engine::tokenizer_internal {
 
@@ -33,9 +34,6 @@ char32_t DecodeUtf8(std::string_view text, size_t* pos);
 
 // Appends the UTF-8 encoding of `c` (a Unicode scalar value).
 using ::lmserve::AppendUtf8;  // common/utf8.h
-
-// True when `text` is well-formed UTF-8 (no surrogates, no overlongs, at most U+10FFFF).
-bool IsValidUtf8(std::string_view text);
 
 // Returns `bytes` with each maximal ill-formed subpart replaced by U+FFFD (Unicode's recommended
 // practice, which is what Rust's String::from_utf8_lossy, and so Hugging Face, does).

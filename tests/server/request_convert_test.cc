@@ -1,4 +1,4 @@
-// The API-to-engine conversion: UTF-8 checks, defaults, and errors that name the field. (The
+// The API-to-engine conversion: defaults, and errors that name the field. (The
 // end-to-end table in tests/e2e checks the same through a real server.)
 
 #include "server/request_convert.h"
@@ -21,21 +21,6 @@ engine::RequestLimits Limits() {
   limits.max_logprobs = 20;
   limits.max_n = 16;
   return limits;
-}
-
-TEST(IsValidUtf8Test, AcceptsWellFormedAndRejectsTheRest) {
-  EXPECT_TRUE(IsValidUtf8(""));
-  EXPECT_TRUE(IsValidUtf8("plain ascii"));
-  EXPECT_TRUE(IsValidUtf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"));  // é € 😀
-  EXPECT_TRUE(IsValidUtf8(std::string("nul\0inside", 10)));
-  EXPECT_FALSE(IsValidUtf8("\x80"));                  // a lone continuation byte
-  EXPECT_FALSE(IsValidUtf8("\xC3"));                  // truncated
-  EXPECT_FALSE(IsValidUtf8("\xC0\xAF"));              // overlong '/'
-  EXPECT_FALSE(IsValidUtf8("\xE0\x80\xAF"));          // overlong, 3 bytes
-  EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));          // a surrogate
-  EXPECT_FALSE(IsValidUtf8("\xF4\x90\x80\x80"));      // past U+10FFFF
-  EXPECT_FALSE(IsValidUtf8("\xFF"));
-  EXPECT_FALSE(IsValidUtf8("ok \xE2\x82 then"));      // a broken sequence mid-text
 }
 
 TEST(ConvertSamplingTest, Defaults) {

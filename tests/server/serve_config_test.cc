@@ -1,37 +1,236 @@
-// `lmserve serve`'s flags as ServeConfigFromArgs reads them: --dtype and its interplay with
-// --backend, and the start-up summary.
+// `lmserve serve`'s flags as the binary binds them (BindServeFlags through CLI11, then
+// FinishServeConfig): every flag's default and a value of its own landing in the typed
+// configuration, errors that name the flag, --dtype with --backend, --backend auto's resolution,
+// and the start-up summary.
 
 #include "server/serve_config.h"
 
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/args.h"
+#include "tests/testing/fixtures.h"
 
 namespace lmserve::server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Parses `flags` (after a --model) as `lmserve serve` does.
 absl::StatusOr<ServeConfig> Parse(std::vector<std::string> flags) {
   flags.insert(flags.begin(), {"--model", "model.gguf"});
-  std::vector<char*> argv;
-  for (std::string& flag : flags) argv.push_back(flag.data());
-  Args args("serve", "serves a model");
-  AddServeOptions(&args);
-  absl::StatusOr<bool> parsed = args.Parse(static_cast<int>(argv.size()), argv.data());
-  if (!parsed.ok()) return parsed.status();
-  return ServeConfigFromArgs(args);
+  return ParseServeFlags(flags);
+}
+
+std::string WriteTempFile(const std::string& name, const std::string& contents) {
+  const std::string path = testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << contents;
+  return path;
+}
+
+TEST(ServeConfigTest, EveryFlagsDefault) {
+  absl::StatusOr<ServeConfig> parsed = Parse({});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const ServeConfig& config = *parsed;
+  EXPECT_EQ(config.model.path, "model.gguf");
+  EXPECT_EQ(config.model.tokenizer_path, "");
+  EXPECT_EQ(config.model.chat_template, "");
+  EXPECT_EQ(config.model.served_model_name, "");
+  EXPECT_FALSE(config.model.backend.has_value());  // auto
+  EXPECT_EQ(config.runner.dtype, engine::RunnerDType::kAuto);
+  EXPECT_EQ(config.runner.load_format, engine::LoadFormat::kCheckpoint);
+  EXPECT_EQ(config.runner.kv_cache_bytes, 0);  // auto
+  EXPECT_EQ(config.runner.num_threads, 0);
+  EXPECT_EQ(config.runner.gpu_memory_utilization, 0.9);
+  EXPECT_TRUE(config.runner.cuda_graphs);
+  EXPECT_EQ(config.engine.max_num_seqs, 64);
+  EXPECT_EQ(config.engine.max_num_batched_tokens, 2048);
+  EXPECT_EQ(config.engine.max_model_len, 0);
+  EXPECT_TRUE(config.engine.enable_prefix_caching);
+  EXPECT_EQ(config.engine.seed, 0u);
+  EXPECT_EQ(config.server.host, "127.0.0.1");
+  EXPECT_EQ(config.server.port, 50051);
+  EXPECT_EQ(config.server.metrics_port, -1);
+  EXPECT_EQ(config.server.max_request_bytes, int64_t{4} << 20);
+  EXPECT_EQ(config.server.max_queued_requests, 256);
+  EXPECT_EQ(config.server.grace_period_seconds, 30.0);
+  EXPECT_EQ(config.server.tls_cert_file, "");
+  EXPECT_EQ(config.server.tls_key_file, "");
+  EXPECT_EQ(config.server.tls_client_ca_file, "");
+  EXPECT_EQ(config.server.auth_token_file, "");
+  EXPECT_EQ(config.server.auth_token, "");
+  EXPECT_FALSE(config.server.debug_log_text);
+}
+
+TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
+  const std::string cert = WriteTempFile("serve_config_cert.pem", "CERT");
+  const std::string key = WriteTempFile("serve_config_key.pem", "KEY");
+  const std::string ca = WriteTempFile("serve_config_ca.pem", "CA");
+  absl::StatusOr<ServeConfig> parsed = ParseServeFlags({
+      "--model",
+      "/models/m.gguf",
+      "--tokenizer",
+      "/models/tokenizer.json",
+      "--chat-template=chatml",
+      "--served-model-name",
+      "demo",
+      "--backend",
+      "cuda",
+      "--dtype",
+      "float32",
+      "--load-format",
+      "dummy",
+      "--kv-cache-mb",
+      "256",
+      "--threads",
+      "3",
+      "--gpu-memory-utilization",
+      "0.5",
+      "--no-cuda-graphs",
+      "--max-num-seqs",
+      "8",
+      "--max-num-batched-tokens=512",
+      "--max-model-len",
+      "1024",
+      "--no-prefix-caching",
+      "--seed",
+      "42",
+      "--host",
+      "0.0.0.0",
+      "--port",
+      "0",
+      "--metrics-port",
+      "9400",
+      "--max-request-bytes",
+      "65536",
+      "--max-queued-requests",
+      "7",
+      "--grace-period-s",
+      "2.5",
+      "--tls-cert",
+      cert,
+      "--tls-key",
+      key,
+      "--tls-client-ca",
+      ca,
+      "--auth-token",
+      "s3cret",
+      "--debug-log-text",
+  });
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const ServeConfig& config = *parsed;
+  EXPECT_EQ(config.model.path, "/models/m.gguf");
+  EXPECT_EQ(config.model.tokenizer_path, "/models/tokenizer.json");
+  EXPECT_EQ(config.model.chat_template, "chatml");
+  EXPECT_EQ(config.model.served_model_name, "demo");
+  EXPECT_EQ(config.model.backend, engine::Backend::kCuda);
+  EXPECT_EQ(config.runner.dtype, engine::RunnerDType::kFloat32);
+  EXPECT_EQ(config.runner.load_format, engine::LoadFormat::kDummy);
+  EXPECT_EQ(config.runner.kv_cache_bytes, int64_t{256} << 20);
+  EXPECT_EQ(config.runner.num_threads, 3);
+  EXPECT_EQ(config.runner.gpu_memory_utilization, 0.5);
+  EXPECT_FALSE(config.runner.cuda_graphs);
+  EXPECT_EQ(config.engine.max_num_seqs, 8);
+  EXPECT_EQ(config.engine.max_num_batched_tokens, 512);
+  EXPECT_EQ(config.engine.max_model_len, 1024);
+  EXPECT_FALSE(config.engine.enable_prefix_caching);
+  EXPECT_EQ(config.engine.seed, 42u);
+  EXPECT_EQ(config.server.host, "0.0.0.0");
+  EXPECT_EQ(config.server.port, 0);
+  EXPECT_EQ(config.server.metrics_port, 9400);
+  EXPECT_EQ(config.server.max_request_bytes, 65536);
+  EXPECT_EQ(config.server.max_queued_requests, 7);
+  EXPECT_EQ(config.server.grace_period_seconds, 2.5);
+  EXPECT_EQ(config.server.tls_cert_file, cert);
+  EXPECT_EQ(config.server.tls_key_file, key);
+  EXPECT_EQ(config.server.tls_client_ca_file, ca);
+  EXPECT_EQ(config.server.auth_token, "s3cret");
+  EXPECT_TRUE(config.server.debug_log_text);
+
+  // The summary shows the settings and never the token.
+  const std::string summary = DescribeServeConfig(config);
+  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, threads: 3, load format: dummy"));
+  EXPECT_THAT(summary, HasSubstr("CUDA graphs: off"));
+  EXPECT_THAT(summary, HasSubstr("KV cache: 256 MiB, max model len: 1024, prefix caching: off"));
+  EXPECT_THAT(summary, HasSubstr("auth: bearer token (redacted)"));
+  EXPECT_THAT(summary, Not(HasSubstr("s3cret")));
+}
+
+TEST(ServeConfigTest, AuthTokenFileIsReadAndTrimmed) {
+  const std::string path = WriteTempFile("serve_config_token", "t0ken\r\n");
+  absl::StatusOr<ServeConfig> config = Parse({"--auth-token-file", path});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.auth_token_file, path);
+  EXPECT_EQ(config->server.auth_token, "t0ken");
+}
+
+TEST(ServeConfigTest, TheLastOfARepeatedFlagWins) {
+  absl::StatusOr<ServeConfig> config = Parse({"--port", "1", "--port=2", "--no-cuda-graphs=false"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server.port, 2);
+  EXPECT_TRUE(config->runner.cuda_graphs);  // --no-cuda-graphs=false leaves graphs on
+}
+
+// Each bad value is refused with an error that names its flag.
+TEST(ServeConfigTest, BadValuesNameTheirFlag) {
+  const std::string empty_token = WriteTempFile("serve_config_empty_token", "\n");
+  const std::string cert = WriteTempFile("serve_config_cert2.pem", "CERT");
+  const struct {
+    std::vector<std::string> flags;
+    std::string flag;  // what the error must name
+  } kCases[] = {
+      {{"--backend", "gpu"}, "--backend"},
+      {{"--dtype", "half"}, "--dtype"},
+      {{"--load-format", "safetensors"}, "--load-format"},
+      {{"--kv-cache-mb", "0"}, "--kv-cache-mb"},
+      {{"--kv-cache-mb", "lots"}, "--kv-cache-mb"},
+      {{"--threads", "-1"}, "--threads"},
+      {{"--threads", "010x"}, "--threads"},
+      {{"--gpu-memory-utilization", "1.5"}, "--gpu-memory-utilization"},
+      {{"--gpu-memory-utilization", "most"}, "--gpu-memory-utilization"},
+      {{"--no-cuda-graphs=maybe"}, "--no-cuda-graphs"},
+      {{"--max-num-seqs", "0"}, "--max-num-seqs"},
+      {{"--max-num-batched-tokens", "2048.5"}, "--max-num-batched-tokens"},
+      {{"--max-model-len", "-1"}, "--max-model-len"},
+      {{"--seed", "-1"}, "--seed"},
+      {{"--host", ""}, "--host"},
+      {{"--port", "65536"}, "--port"},
+      {{"--port"}, "--port"},  // no value
+      {{"--metrics-port", "-2"}, "--metrics-port"},
+      {{"--max-request-bytes", "1023"}, "--max-request-bytes"},
+      {{"--max-queued-requests", "x"}, "--max-queued-requests"},
+      {{"--grace-period-s", "-1"}, "--grace-period-s"},
+      {{"--grace-period-s", "nan"}, "--grace-period-s"},
+      {{"--tls-cert", cert}, "--tls-key"},
+      {{"--tls-key", cert}, "--tls-cert"},
+      {{"--tls-cert", "/no/such/cert.pem", "--tls-key", cert}, "--tls-cert"},
+      {{"--tls-client-ca", cert}, "--tls-client-ca"},
+      {{"--auth-token-file", "/no/such/token"}, "--auth-token-file"},
+      {{"--auth-token-file", empty_token}, "--auth-token-file"},
+      {{"--auth-token", ""}, "--auth-token"},
+      {{"--auth-token", "a", "--auth-token-file", empty_token}, "--auth-token"},
+      {{"--debug-log-text=maybe"}, "--debug-log-text"},
+      {{"--no-such-flag", "1"}, "--no-such-flag"},
+  };
+  for (const auto& [flags, flag] : kCases) {
+    absl::StatusOr<ServeConfig> config = Parse(flags);
+    ASSERT_FALSE(config.ok()) << flags.front();
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << flags.front();
+    EXPECT_THAT(config.status().message(), HasSubstr(flag)) << flags.front();
+  }
+  absl::StatusOr<ServeConfig> no_model = ParseServeFlags({"--port", "1"});
+  ASSERT_FALSE(no_model.ok());
+  EXPECT_THAT(no_model.status().message(), HasSubstr("--model is required"));
 }
 
 TEST(ServeConfigTest, DtypeDefaultsToAuto) {
   absl::StatusOr<ServeConfig> config = Parse({});
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->dtype, engine::RunnerDType::kAuto);
-  EXPECT_EQ(config->backend, "auto");
+  EXPECT_EQ(config->runner.dtype, engine::RunnerDType::kAuto);
+  EXPECT_EQ(BackendFlagName(config->model.backend), "auto");
   EXPECT_THAT(DescribeServeConfig(*config), HasSubstr("backend: auto, dtype: auto"));
 }
 
@@ -40,14 +239,14 @@ TEST(ServeConfigTest, DtypeTakesAutoBfloat16AndFloat32) {
     for (const char* dtype : {"auto", "bfloat16", "float32"}) {
       absl::StatusOr<ServeConfig> config = Parse({"--backend", backend, "--dtype", dtype});
       ASSERT_TRUE(config.ok()) << backend << " " << dtype << ": " << config.status();
-      EXPECT_EQ(engine::RunnerDTypeName(config->dtype), dtype);
+      EXPECT_EQ(engine::RunnerDTypeName(config->runner.dtype), dtype);
       EXPECT_THAT(DescribeServeConfig(*config), HasSubstr(std::string("dtype: ") + dtype));
     }
   }
   absl::StatusOr<ServeConfig> equals = Parse({"--dtype=float32", "--backend=cpu"});
   ASSERT_TRUE(equals.ok()) << equals.status();
-  EXPECT_EQ(equals->dtype, engine::RunnerDType::kFloat32);
-  EXPECT_EQ(equals->backend, "cpu");
+  EXPECT_EQ(equals->runner.dtype, engine::RunnerDType::kFloat32);
+  EXPECT_EQ(equals->model.backend, engine::Backend::kCpu);
 }
 
 TEST(ServeConfigTest, RejectsUnknownDtypes) {
@@ -70,6 +269,62 @@ TEST(ServeConfigTest, RejectsBfloat16OnTheCpuBackend) {
   EXPECT_THAT(config.status().message(), HasSubstr("float32 only"));
   EXPECT_TRUE(Parse({"--backend", "cpu", "--dtype", "float32"}).ok());
   EXPECT_TRUE(Parse({"--backend", "cpu", "--dtype", "auto"}).ok());
+}
+
+// This build has no CUDA runner (or this machine no supported GPU): auto is the CPU, and says why.
+TEST(ServeConfigTest, BackendAutoResolvesToTheCpuHereWithAReason) {
+  absl::StatusOr<ServeConfig> config = Parse({"--backend", "auto"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  if (engine::CheckCudaDevice().ok()) GTEST_SKIP() << "a supported GPU is present";
+  std::string reason;
+  EXPECT_EQ(ResolveBackend(config->model.backend, &reason), engine::Backend::kCpu);
+  EXPECT_FALSE(reason.empty());
+  std::string explicit_reason = "untouched";
+  EXPECT_EQ(ResolveBackend(engine::Backend::kCpu, &explicit_reason), engine::Backend::kCpu);
+  EXPECT_EQ(explicit_reason, "untouched");
+}
+
+TEST(ServeConfigTest, HelpListsEveryFlagWithItsDefault) {
+  ServeConfig config;
+  CLI::App command("serves a model", "lmserve serve");
+  UseCommandLineConventions(&command);
+  BindServeFlags(&command, &config);
+  const std::string help = command.help();
+  for (const char* flag : {"--model",
+                           "--tokenizer",
+                           "--chat-template",
+                           "--served-model-name",
+                           "--backend",
+                           "--dtype",
+                           "--load-format",
+                           "--kv-cache-mb",
+                           "--threads",
+                           "--gpu-memory-utilization",
+                           "--no-cuda-graphs",
+                           "--max-num-seqs",
+                           "--max-num-batched-tokens",
+                           "--max-model-len",
+                           "--no-prefix-caching",
+                           "--seed",
+                           "--host",
+                           "--port",
+                           "--metrics-port",
+                           "--max-request-bytes",
+                           "--max-queued-requests",
+                           "--grace-period-s",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--tls-client-ca",
+                           "--auth-token-file",
+                           "--auth-token",
+                           "--debug-log-text"}) {
+    EXPECT_THAT(help, HasSubstr(std::string("\n  ") + flag + " ")) << flag;
+  }
+  for (const char* shown : {"=50051", "=127.0.0.1", "=-1", "=4194304", "=0.9", "=auto", "=64",
+                            "=2048", "=256", "=30"}) {
+    EXPECT_THAT(help, HasSubstr(shown)) << shown;
+  }
+  EXPECT_EQ(ParseServeFlags({"--help"}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/chat/jinja/pystr.h"
 
@@ -134,11 +135,11 @@ absl::StatusOr<Value> GetAttributePath(Interpreter& interpreter, const Value& it
   Value current = item;
   for (std::string_view part : StrSplit(attribute.AsString(), '.')) {
     std::optional<int64_t> index = ParseInt<int64_t>(part);
-    absl::StatusOr<Value> next =
-        index.has_value() ? interpreter.GetItem(current, Value::Int(*index))
-                          : interpreter.GetItem(current, Value::String(std::string(part)));
-    if (!next.ok()) return next;
-    current = *std::move(next);
+    LMSERVE_ASSIGN_OR_RETURN(Value next,
+                             index.has_value()
+                                 ? interpreter.GetItem(current, Value::Int(*index))
+                                 : interpreter.GetItem(current, Value::String(std::string(part))));
+    current = std::move(next);
   }
   return current;
 }
@@ -167,10 +168,9 @@ absl::Status SortByKeys(std::vector<std::pair<Value, Value>>* keyed, bool revers
 // ---- Filters -----------------------------------------------------------------------------------
 
 absl::StatusOr<Value> FilterDefault(Interpreter&, const Value& value, const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("default", {"default_value", "boolean"});
-  if (!bound.ok()) return bound.status();
-  const Value fallback = (*bound)[0].value_or(Value::String(""));
-  const bool boolean = (*bound)[1].has_value() && Truthy(*(*bound)[1]);
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("default", {"default_value", "boolean"}));
+  const Value fallback = bound[0].value_or(Value::String(""));
+  const bool boolean = bound[1].has_value() && Truthy(*bound[1]);
   if (value.is_undefined() || (boolean && !Truthy(value))) return fallback;
   return value;
 }
@@ -193,13 +193,11 @@ absl::StatusOr<Value> FilterStringMap(Interpreter&, const Value& value, const Ca
 }
 
 absl::StatusOr<Value> FilterTrim(Interpreter&, const Value& value, const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("trim", {"chars"});
-  if (!bound.ok()) return bound.status();
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("trim", {"chars"}));
   std::optional<std::string> chars;
-  if (std::optional<Value> given = Given((*bound)[0])) {
-    absl::StatusOr<std::string> text = RequireString(*given, "trim() chars");
-    if (!text.ok()) return text.status();
-    chars = *text;
+  if (std::optional<Value> given = Given(bound[0])) {
+    LMSERVE_ASSIGN_OR_RETURN(std::string text, RequireString(*given, "trim() chars"));
+    chars = text;
   }
   return Value::String(PyStrip(ToStr(value), chars, StripSide::kBoth));
 }
@@ -236,89 +234,77 @@ absl::StatusOr<Value> FilterEscape(Interpreter& interpreter, const Value& value,
         out.push_back(c);
     }
   }
-  absl::Status size = interpreter.CheckSize(static_cast<int64_t>(out.size()));
-  if (!size.ok()) return size;
+  LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(out.size())));
   return Value::String(std::move(out));
 }
 
 absl::StatusOr<Value> FilterJoin(Interpreter& interpreter, const Value& value,
                                  const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("join", {"d", "attribute"});
-  if (!bound.ok()) return bound.status();
-  const std::string separator = (*bound)[0].has_value() ? ToStr(*(*bound)[0]) : "";
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  absl::Status spent = interpreter.Spend(static_cast<int64_t>((*items)->size()));
-  if (!spent.ok()) return spent;
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("join", {"d", "attribute"}));
+  const std::string separator = bound[0].has_value() ? ToStr(*bound[0]) : "";
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(items->size())));
   std::string out;
   bool first = true;
-  for (const Value& item : **items) {
+  for (const Value& item : *items) {
     if (!first) out += separator;
     first = false;
-    if (std::optional<Value> attribute = Given((*bound)[1])) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      out += ToStr(*field);
+    if (std::optional<Value> attribute = Given(bound[1])) {
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      out += ToStr(field);
     } else {
       out += ToStr(item);
     }
-    absl::Status size = interpreter.CheckSize(static_cast<int64_t>(out.size()));
-    if (!size.ok()) return size;
+    LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(out.size())));
   }
   return Value::String(std::move(out));
 }
 
 absl::StatusOr<Value> FilterFirst(Interpreter&, const Value& value, const CallArgs&) {
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  if ((*items)->empty()) return Value::Undefined("No first item, sequence was empty.");
-  return (*items)->front();
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  if (items->empty()) return Value::Undefined("No first item, sequence was empty.");
+  return (items)->front();
 }
 
 absl::StatusOr<Value> FilterLast(Interpreter&, const Value& value, const CallArgs&) {
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  if ((*items)->empty()) return Value::Undefined("No last item, sequence was empty.");
-  return (*items)->back();
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  if (items->empty()) return Value::Undefined("No last item, sequence was empty.");
+  return (items)->back();
 }
 
 absl::StatusOr<Value> FilterReplace(Interpreter& interpreter, const Value& value,
                                     const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("replace", {"old", "new", "count"});
-  if (!bound.ok()) return bound.status();
-  if (!(*bound)[0].has_value() || !(*bound)[1].has_value()) {
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("replace", {"old", "new", "count"}));
+  if (!bound[0].has_value() || !bound[1].has_value()) {
     return TypeError("replace() needs the old and the new string");
   }
   int64_t count = -1;
-  if (std::optional<Value> given = Given((*bound)[2])) {
-    absl::StatusOr<int64_t> n = RequireInt(*given, "replace() count");
-    if (!n.ok()) return n.status();
-    count = *n;
+  if (std::optional<Value> given = Given(bound[2])) {
+    LMSERVE_ASSIGN_OR_RETURN(int64_t n, RequireInt(*given, "replace() count"));
+    count = n;
   }
   const std::string text = ToStr(value);
-  const std::string from = ToStr(*(*bound)[0]);
-  const std::string to = ToStr(*(*bound)[1]);
+  const std::string from = ToStr(*bound[0]);
+  const std::string to = ToStr(*bound[1]);
   // Bound the result before building it.
   const int64_t occurrences = from.empty()
                                   ? CodePointCount(text) + 1
                                   : static_cast<int64_t>(PySplit(text, from, -1).size()) - 1;
   const int64_t replaced = count < 0 ? occurrences : std::min(count, occurrences);
-  absl::Status size = interpreter.CheckSize(
+  LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(
       static_cast<int64_t>(text.size()) +
-      replaced * (static_cast<int64_t>(to.size()) - static_cast<int64_t>(from.size())));
-  if (!size.ok()) return size;
+      replaced * (static_cast<int64_t>(to.size()) - static_cast<int64_t>(from.size()))));
   return Value::String(PyReplace(text, from, to, count));
 }
 
 absl::StatusOr<Value> FilterToJson(Interpreter& interpreter, const Value& value,
                                    const CallArgs& args) {
   // transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
-  absl::StatusOr<Bound> bound =
-      args.Bind("tojson", {"ensure_ascii", "indent", "separators", "sort_keys"});
-  if (!bound.ok()) return bound.status();
+  LMSERVE_ASSIGN_OR_RETURN(
+      Bound bound, args.Bind("tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}));
   JsonFormat format;
-  format.ensure_ascii = (*bound)[0].has_value() && Truthy(*(*bound)[0]);
-  if (std::optional<Value> indent = Given((*bound)[1])) {
+  format.ensure_ascii = bound[0].has_value() && Truthy(*bound[0]);
+  if (std::optional<Value> indent = Given(bound[1])) {
     if (indent->is_string()) {
       format.indent = indent->AsString();
     } else if (indent->is_int()) {
@@ -328,25 +314,22 @@ absl::StatusOr<Value> FilterToJson(Interpreter& interpreter, const Value& value,
       return TypeError(StrCat("tojson() indent must be an int or a str, not ", TypeName(*indent)));
     }
   }
-  if (std::optional<Value> separators = Given((*bound)[2])) {
+  if (std::optional<Value> separators = Given(bound[2])) {
     if (!separators->is_list() || separators->AsList().size() != 2 ||
         !separators->AsList()[0].is_string() || !separators->AsList()[1].is_string()) {
       return TypeError("tojson() separators must be a pair of strings");
     }
     format.separators = {separators->AsList()[0].AsString(), separators->AsList()[1].AsString()};
   }
-  format.sort_keys = (*bound)[3].has_value() && Truthy(*(*bound)[3]);
-  absl::StatusOr<std::string> json = ToJson(value, format);
-  if (!json.ok()) return json.status();
-  absl::Status size = interpreter.CheckSize(static_cast<int64_t>(json->size()));
-  if (!size.ok()) return size;
-  return Value::String(*std::move(json));
+  format.sort_keys = bound[3].has_value() && Truthy(*bound[3]);
+  LMSERVE_ASSIGN_OR_RETURN(std::string json, ToJson(value, format));
+  LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(json.size())));
+  return Value::String(std::move(json));
 }
 
 absl::StatusOr<Value> FilterInt(Interpreter&, const Value& value, const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("int", {"default", "base"});
-  if (!bound.ok()) return bound.status();
-  const Value fallback = (*bound)[0].value_or(Value::Int(0));
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("int", {"default", "base"}));
+  const Value fallback = bound[0].value_or(Value::Int(0));
   if (value.is_int() || value.is_bool()) return Value::Int(value.AsInt());
   if (value.is_float()) {
     const double truncated = std::trunc(value.AsDouble());
@@ -367,9 +350,8 @@ absl::StatusOr<Value> FilterInt(Interpreter&, const Value& value, const CallArgs
 }
 
 absl::StatusOr<Value> FilterFloat(Interpreter&, const Value& value, const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("float", {"default"});
-  if (!bound.ok()) return bound.status();
-  const Value fallback = (*bound)[0].value_or(Value::Float(0.0));
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("float", {"default"}));
+  const Value fallback = bound[0].value_or(Value::Float(0.0));
   if (value.is_number()) return Value::Float(value.AsDouble());
   if (value.is_string()) {
     if (std::optional<double> parsed = ParsePyFloat(value.AsString())) {
@@ -380,15 +362,13 @@ absl::StatusOr<Value> FilterFloat(Interpreter&, const Value& value, const CallAr
 }
 
 absl::StatusOr<Value> FilterRound(Interpreter&, const Value& value, const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("round", {"precision", "method"});
-  if (!bound.ok()) return bound.status();
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("round", {"precision", "method"}));
   int64_t precision = 0;
-  if ((*bound)[0].has_value()) {
-    absl::StatusOr<int64_t> p = RequireInt(*(*bound)[0], "round() precision");
-    if (!p.ok()) return p.status();
-    precision = *p;
+  if (bound[0].has_value()) {
+    LMSERVE_ASSIGN_OR_RETURN(int64_t p, RequireInt(*bound[0], "round() precision"));
+    precision = p;
   }
-  const std::string method = (*bound)[1].has_value() ? ToStr(*(*bound)[1]) : "common";
+  const std::string method = bound[1].has_value() ? ToStr(*bound[1]) : "common";
   if (method != "common" && method != "ceil" && method != "floor") {
     return TypeError("round() method must be 'common', 'ceil' or 'floor'");
   }
@@ -415,9 +395,8 @@ absl::StatusOr<Value> FilterAbs(Interpreter&, const Value& value, const CallArgs
 }
 
 absl::StatusOr<Value> FilterList(Interpreter&, const Value& value, const CallArgs&) {
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  return Value::MakeList(**items);
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  return Value::MakeList(*items);
 }
 
 absl::StatusOr<Value> DictItems(const Value& value) {
@@ -445,30 +424,25 @@ absl::StatusOr<Value> FilterReverse(Interpreter&, const Value& value, const Call
     }
     return Value::String(std::move(out));
   }
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  List reversed((*items)->rbegin(), (*items)->rend());
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  List reversed(items->rbegin(), items->rend());
   return Value::MakeList(std::move(reversed));
 }
 
 absl::StatusOr<Value> FilterUnique(Interpreter& interpreter, const Value& value,
                                    const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("unique", {"case_sensitive", "attribute"});
-  if (!bound.ok()) return bound.status();
-  const bool case_sensitive = (*bound)[0].has_value() && Truthy(*(*bound)[0]);
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  const size_t n = (*items)->size();
-  absl::Status spent = interpreter.Spend(static_cast<int64_t>(n * n / 16 + n));
-  if (!spent.ok()) return spent;
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("unique", {"case_sensitive", "attribute"}));
+  const bool case_sensitive = bound[0].has_value() && Truthy(*bound[0]);
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  const size_t n = items->size();
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(n * n / 16 + n)));
   List out;
   List seen;
-  for (const Value& item : **items) {
+  for (const Value& item : *items) {
     Value key = item;
-    if (std::optional<Value> attribute = Given((*bound)[1])) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      key = *field;
+    if (std::optional<Value> attribute = Given(bound[1])) {
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      key = field;
     }
     key = SortKey(key, case_sensitive);
     if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return Equals(s, key); })) {
@@ -482,26 +456,22 @@ absl::StatusOr<Value> FilterUnique(Interpreter& interpreter, const Value& value,
 
 absl::StatusOr<Value> FilterSort(Interpreter& interpreter, const Value& value,
                                  const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("sort", {"reverse", "case_sensitive", "attribute"});
-  if (!bound.ok()) return bound.status();
-  const bool reverse = (*bound)[0].has_value() && Truthy(*(*bound)[0]);
-  const bool case_sensitive = (*bound)[1].has_value() && Truthy(*(*bound)[1]);
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  absl::Status spent = interpreter.Spend(static_cast<int64_t>((*items)->size()) * 16);
-  if (!spent.ok()) return spent;
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound,
+                           args.Bind("sort", {"reverse", "case_sensitive", "attribute"}));
+  const bool reverse = bound[0].has_value() && Truthy(*bound[0]);
+  const bool case_sensitive = bound[1].has_value() && Truthy(*bound[1]);
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(items->size()) * 16));
   std::vector<std::pair<Value, Value>> keyed;
-  for (const Value& item : **items) {
+  for (const Value& item : *items) {
     Value key = item;
-    if (std::optional<Value> attribute = Given((*bound)[2])) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      key = *field;
+    if (std::optional<Value> attribute = Given(bound[2])) {
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      key = field;
     }
     keyed.emplace_back(SortKey(key, case_sensitive), item);
   }
-  absl::Status sorted = SortByKeys(&keyed, reverse);
-  if (!sorted.ok()) return sorted;
+  LMSERVE_RETURN_IF_ERROR(SortByKeys(&keyed, reverse));
   List out;
   for (auto& [key, item] : keyed) out.push_back(std::move(item));
   return Value::MakeList(std::move(out));
@@ -509,23 +479,20 @@ absl::StatusOr<Value> FilterSort(Interpreter& interpreter, const Value& value,
 
 absl::StatusOr<Value> FilterDictSort(Interpreter& interpreter, const Value& value,
                                      const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("dictsort", {"case_sensitive", "by", "reverse"});
-  if (!bound.ok()) return bound.status();
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("dictsort", {"case_sensitive", "by", "reverse"}));
   if (!value.is_dict()) return TypeError("dictsort() needs a mapping");
-  const bool case_sensitive = (*bound)[0].has_value() && Truthy(*(*bound)[0]);
-  const std::string by = (*bound)[1].has_value() ? ToStr(*(*bound)[1]) : "key";
+  const bool case_sensitive = bound[0].has_value() && Truthy(*bound[0]);
+  const std::string by = bound[1].has_value() ? ToStr(*bound[1]) : "key";
   if (by != "key" && by != "value")
     return TypeError("You can only sort by either 'key' or 'value'");
-  const bool reverse = (*bound)[2].has_value() && Truthy(*(*bound)[2]);
-  absl::Status spent = interpreter.Spend(static_cast<int64_t>(value.AsDict().size()) * 16);
-  if (!spent.ok()) return spent;
+  const bool reverse = bound[2].has_value() && Truthy(*bound[2]);
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(value.AsDict().size()) * 16));
   std::vector<std::pair<Value, Value>> keyed;
   for (const auto& [key, item] : value.AsDict().entries()) {
     keyed.emplace_back(SortKey(by == "key" ? key : item, case_sensitive),
                        Value::MakeTuple({key, item}));
   }
-  absl::Status sorted = SortByKeys(&keyed, reverse);
-  if (!sorted.ok()) return sorted;
+  LMSERVE_RETURN_IF_ERROR(SortByKeys(&keyed, reverse));
   List out;
   for (auto& [key, item] : keyed) out.push_back(std::move(item));
   return Value::MakeList(std::move(out));
@@ -533,20 +500,17 @@ absl::StatusOr<Value> FilterDictSort(Interpreter& interpreter, const Value& valu
 
 absl::StatusOr<Value> MinMax(Interpreter& interpreter, const Value& value, const CallArgs& args,
                              bool want_max) {
-  absl::StatusOr<Bound> bound =
-      args.Bind(want_max ? "max" : "min", {"case_sensitive", "attribute"});
-  if (!bound.ok()) return bound.status();
-  const bool case_sensitive = (*bound)[0].has_value() && Truthy(*(*bound)[0]);
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound,
+                           args.Bind(want_max ? "max" : "min", {"case_sensitive", "attribute"}));
+  const bool case_sensitive = bound[0].has_value() && Truthy(*bound[0]);
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
   std::optional<Value> best;
   std::optional<Value> best_key;
-  for (const Value& item : **items) {
+  for (const Value& item : *items) {
     Value key = item;
-    if (std::optional<Value> attribute = Given((*bound)[1])) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      key = *field;
+    if (std::optional<Value> attribute = Given(bound[1])) {
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      key = field;
     }
     key = SortKey(key, case_sensitive);
     if (best_key.has_value()) {
@@ -584,21 +548,17 @@ absl::StatusOr<Value> Add(const Value& a, const Value& b) {
 
 absl::StatusOr<Value> FilterSum(Interpreter& interpreter, const Value& value,
                                 const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("sum", {"attribute", "start"});
-  if (!bound.ok()) return bound.status();
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  Value total = (*bound)[1].value_or(Value::Int(0));
-  for (const Value& item : **items) {
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("sum", {"attribute", "start"}));
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  Value total = bound[1].value_or(Value::Int(0));
+  for (const Value& item : *items) {
     Value term = item;
-    if (std::optional<Value> attribute = Given((*bound)[0])) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      term = *field;
+    if (std::optional<Value> attribute = Given(bound[0])) {
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      term = field;
     }
-    absl::StatusOr<Value> next = Add(total, term);
-    if (!next.ok()) return next;
-    total = *std::move(next);
+    LMSERVE_ASSIGN_OR_RETURN(Value next, Add(total, term));
+    total = std::move(next);
   }
   return total;
 }
@@ -628,21 +588,19 @@ std::vector<std::string> SplitLines(std::string_view text) {
 
 absl::StatusOr<Value> FilterIndent(Interpreter& interpreter, const Value& value,
                                    const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("indent", {"width", "first", "blank"});
-  if (!bound.ok()) return bound.status();
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("indent", {"width", "first", "blank"}));
   std::string indention = "    ";
-  if ((*bound)[0].has_value()) {
-    const Value& width = *(*bound)[0];
+  if (bound[0].has_value()) {
+    const Value& width = *bound[0];
     if (width.is_string()) {
       indention = width.AsString();
     } else {
-      absl::StatusOr<int64_t> n = RequireInt(width, "indent() width");
-      if (!n.ok()) return n.status();
-      indention = std::string(static_cast<size_t>(std::clamp<int64_t>(*n, 0, 1024)), ' ');
+      LMSERVE_ASSIGN_OR_RETURN(int64_t n, RequireInt(width, "indent() width"));
+      indention = std::string(static_cast<size_t>(std::clamp<int64_t>(n, 0, 1024)), ' ');
     }
   }
-  const bool first = (*bound)[1].has_value() && Truthy(*(*bound)[1]);
-  const bool blank = (*bound)[2].has_value() && Truthy(*(*bound)[2]);
+  const bool first = bound[1].has_value() && Truthy(*bound[1]);
+  const bool blank = bound[2].has_value() && Truthy(*bound[2]);
   std::vector<std::string> lines = SplitLines(ToStr(value) + "\n");
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -651,8 +609,7 @@ absl::StatusOr<Value> FilterIndent(Interpreter& interpreter, const Value& value,
       if (blank || !lines[i].empty()) out += indention;
     }
     out += lines[i];
-    absl::Status size = interpreter.CheckSize(static_cast<int64_t>(out.size()));
-    if (!size.ok()) return size;
+    LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(out.size())));
   }
   if (first) out = indention + out;
   return Value::String(std::move(out));
@@ -684,9 +641,8 @@ absl::StatusOr<Value> SelectOrReject(Interpreter& interpreter, const Value& valu
   }
   std::optional<std::string> test;
   if (!positional.empty()) {
-    absl::StatusOr<std::string> name = RequireString(positional.front(), "test name");
-    if (!name.ok()) return name.status();
-    test = *name;
+    LMSERVE_ASSIGN_OR_RETURN(std::string name, RequireString(positional.front(), "test name"));
+    test = name;
     positional.erase(positional.begin());
   }
   CallArgs test_args;
@@ -694,23 +650,19 @@ absl::StatusOr<Value> SelectOrReject(Interpreter& interpreter, const Value& valu
   test_args.keyword = args.keyword;
   // jinja2 iterates only a truthy sequence: none|selectattr(...) is empty, not an error.
   if (!Truthy(value)) return Value::MakeList({});
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  absl::Status spent = interpreter.Spend(static_cast<int64_t>((*items)->size()));
-  if (!spent.ok()) return spent;
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(items->size())));
   List out;
-  for (const Value& item : **items) {
+  for (const Value& item : *items) {
     Value subject = item;
     if (attribute.has_value()) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      subject = *std::move(field);
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      subject = std::move(field);
     }
     bool passes;
     if (test.has_value()) {
-      absl::StatusOr<bool> result = interpreter.ApplyTest(*test, subject, test_args);
-      if (!result.ok()) return result.status();
-      passes = *result;
+      LMSERVE_ASSIGN_OR_RETURN(bool result, interpreter.ApplyTest(*test, subject, test_args));
+      passes = result;
     } else {
       passes = Truthy(subject);
     }
@@ -735,10 +687,8 @@ absl::StatusOr<Value> FilterRejectAttr(Interpreter& i, const Value& v, const Cal
 absl::StatusOr<Value> FilterMap(Interpreter& interpreter, const Value& value,
                                 const CallArgs& args) {
   if (!Truthy(value)) return Value::MakeList({});  // as select: none|map(...) is empty
-  absl::StatusOr<std::shared_ptr<const List>> items = Iterate(value);
-  if (!items.ok()) return items.status();
-  absl::Status spent = interpreter.Spend(static_cast<int64_t>((*items)->size()));
-  if (!spent.ok()) return spent;
+  LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(value));
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(items->size())));
   List out;
   if (args.positional.empty()) {
     // map(attribute=..., default=...)
@@ -754,36 +704,33 @@ absl::StatusOr<Value> FilterMap(Interpreter& interpreter, const Value& value,
       }
     }
     if (!attribute.has_value()) return TypeError("map requires a filter argument");
-    for (const Value& item : **items) {
-      absl::StatusOr<Value> field = GetAttributePath(interpreter, item, *attribute);
-      if (!field.ok()) return field.status();
-      if (field->is_undefined() && fallback.has_value() && !fallback->is_none()) {
+    for (const Value& item : *items) {
+      LMSERVE_ASSIGN_OR_RETURN(Value field, GetAttributePath(interpreter, item, *attribute));
+      if (field.is_undefined() && fallback.has_value() && !fallback->is_none()) {
         field = *fallback;
       }
-      out.push_back(*std::move(field));
+      out.push_back(std::move(field));
     }
     return Value::MakeList(std::move(out));
   }
-  absl::StatusOr<std::string> filter = RequireString(args.positional.front(), "filter name");
-  if (!filter.ok()) return filter.status();
+  LMSERVE_ASSIGN_OR_RETURN(std::string filter,
+                           RequireString(args.positional.front(), "filter name"));
   CallArgs filter_args;
   filter_args.positional.assign(args.positional.begin() + 1, args.positional.end());
   filter_args.keyword = args.keyword;
-  for (const Value& item : **items) {
-    absl::StatusOr<Value> mapped = interpreter.ApplyFilter(*filter, item, filter_args);
-    if (!mapped.ok()) return mapped.status();
-    out.push_back(*std::move(mapped));
+  for (const Value& item : *items) {
+    LMSERVE_ASSIGN_OR_RETURN(Value mapped, interpreter.ApplyFilter(filter, item, filter_args));
+    out.push_back(std::move(mapped));
   }
   return Value::MakeList(std::move(out));
 }
 
 absl::StatusOr<Value> FilterAttr(Interpreter& interpreter, const Value& value,
                                  const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("attr", {"name"});
-  if (!bound.ok()) return bound.status();
-  if (!(*bound)[0].has_value()) return TypeError("attr() needs a name");
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("attr", {"name"}));
+  if (!bound[0].has_value()) return TypeError("attr() needs a name");
   // Python's getattr only: a dict's keys are not its attributes (its methods are).
-  const std::string name = ToStr(*(*bound)[0]);
+  const std::string name = ToStr(*bound[0]);
   if (value.is_undefined()) return TypeError(value.undefined_hint());
   if (HasMethod(value, name)) return BoundMethod(value, name);
   if (value.is_namespace()) return interpreter.GetAttr(value, name);
@@ -891,44 +838,41 @@ absl::StatusOr<bool> TestCallable(Interpreter&, const Value& v, const CallArgs&)
 absl::StatusOr<bool> TestEscaped(Interpreter&, const Value&, const CallArgs&) { return false; }
 
 absl::StatusOr<bool> TestSameAs(Interpreter&, const Value& v, const CallArgs& args) {
-  absl::StatusOr<Value> other = OneArgument("sameas", args);
-  if (!other.ok()) return other.status();
-  if (v.type() != other->type()) return false;
+  LMSERVE_ASSIGN_OR_RETURN(Value other, OneArgument("sameas", args));
+  if (v.type() != other.type()) return false;
   switch (v.type()) {
     case Value::Type::kNone:
     case Value::Type::kUndefined:
       return v.is_none();
     case Value::Type::kBool:
-      return v.AsBool() == other->AsBool();
+      return v.AsBool() == other.AsBool();
     case Value::Type::kInt:  // CPython caches small ints
-      return v.AsInt() == other->AsInt() && v.AsInt() >= -5 && v.AsInt() <= 256;
+      return v.AsInt() == other.AsInt() && v.AsInt() >= -5 && v.AsInt() <= 256;
     case Value::Type::kList:
-      return v.ListPointer() == other->ListPointer();
+      return v.ListPointer() == other.ListPointer();
     case Value::Type::kDict:
-      return &v.AsDict() == &other->AsDict();
+      return &v.AsDict() == &other.AsDict();
     case Value::Type::kNamespace:
-      return &v.AsNamespace() == &other->AsNamespace();
+      return &v.AsNamespace() == &other.AsNamespace();
     case Value::Type::kCallable:
-      return &v.AsCallable() == &other->AsCallable();
+      return &v.AsCallable() == &other.AsCallable();
     default:
       return false;
   }
 }
 
 absl::StatusOr<bool> TestIn(Interpreter&, const Value& v, const CallArgs& args) {
-  absl::StatusOr<Value> container = OneArgument("in", args);
-  if (!container.ok()) return container.status();
-  return Contains(*container, v);
+  LMSERVE_ASSIGN_OR_RETURN(Value container, OneArgument("in", args));
+  return Contains(container, v);
 }
 
 template <int kOp>  // 0 ==, 1 !=, 2 <, 3 <=, 4 >, 5 >=
 absl::StatusOr<bool> TestCompare(Interpreter&, const Value& v, const CallArgs& args) {
-  absl::StatusOr<Value> other = OneArgument("comparison", args);
-  if (!other.ok()) return other.status();
-  if (kOp == 0) return Equals(v, *other);
-  if (kOp == 1) return !Equals(v, *other);
+  LMSERVE_ASSIGN_OR_RETURN(Value other, OneArgument("comparison", args));
+  if (kOp == 0) return Equals(v, other);
+  if (kOp == 1) return !Equals(v, other);
   if (v.is_undefined()) return TypeError(v.undefined_hint());
-  absl::StatusOr<int> c = Compare(v, *other);
+  absl::StatusOr<int> c = Compare(v, other);
   if (!c.ok()) return TypeError(StrCat("'<' ", c.status().message()));
   if (kOp == 2) return *c < 0;
   if (kOp == 3) return *c <= 0;
@@ -941,23 +885,20 @@ absl::StatusOr<bool> DivisibleBy(const Value& v, const Value& divisor) {
     return TypeError(StrCat("unsupported operand type(s) for %: '", TypeName(v), "' and '",
                             TypeName(divisor), "'"));
   }
-  absl::StatusOr<Value> remainder = PyMod(v, divisor);
-  if (!remainder.ok()) return remainder.status();
-  return Equals(*remainder, Value::Int(0));
+  LMSERVE_ASSIGN_OR_RETURN(Value remainder, PyMod(v, divisor));
+  return Equals(remainder, Value::Int(0));
 }
 
 absl::StatusOr<bool> TestEven(Interpreter&, const Value& v, const CallArgs&) {
   return DivisibleBy(v, Value::Int(2));
 }
 absl::StatusOr<bool> TestOdd(Interpreter&, const Value& v, const CallArgs&) {
-  absl::StatusOr<bool> even = DivisibleBy(v, Value::Int(2));
-  if (!even.ok()) return even;
-  return !*even;
+  LMSERVE_ASSIGN_OR_RETURN(bool even, DivisibleBy(v, Value::Int(2)));
+  return !even;
 }
 absl::StatusOr<bool> TestDivisibleBy(Interpreter&, const Value& v, const CallArgs& args) {
-  absl::StatusOr<Value> divisor = OneArgument("divisibleby", args);
-  if (!divisor.ok()) return divisor.status();
-  return DivisibleBy(v, *divisor);
+  LMSERVE_ASSIGN_OR_RETURN(Value divisor, OneArgument("divisibleby", args));
+  return DivisibleBy(v, divisor);
 }
 
 // str.islower() / isupper(): some cased character, and none of the other case.
@@ -1020,9 +961,8 @@ absl::StatusOr<std::optional<std::string>> OptionalStringArg(const std::optional
                                                              std::string_view what) {
   std::optional<Value> given = Given(arg);
   if (!given.has_value()) return std::optional<std::string>();
-  absl::StatusOr<std::string> text = RequireString(*given, what);
-  if (!text.ok()) return text.status();
-  return std::optional<std::string>(*text);
+  LMSERVE_ASSIGN_OR_RETURN(std::string text, RequireString(*given, what));
+  return std::optional<std::string>(text);
 }
 
 // startswith / endswith with a str or a tuple of str.
@@ -1102,8 +1042,7 @@ absl::StatusOr<Value> StringFormat(Interpreter& interpreter, const std::string& 
       if (argument == nullptr) return TypeError(StrCat("KeyError: '", field, "'"));
     }
     out += ToStr(*argument);
-    absl::Status size = interpreter.CheckSize(static_cast<int64_t>(out.size()));
-    if (!size.ok()) return size;
+    LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(out.size())));
     i = close;
   }
   return Value::String(std::move(out));
@@ -1112,37 +1051,31 @@ absl::StatusOr<Value> StringFormat(Interpreter& interpreter, const std::string& 
 absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::string& text,
                                        std::string_view name, const CallArgs& args) {
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    absl::StatusOr<Bound> bound = args.Bind(name, {"chars"});
-    if (!bound.ok()) return bound.status();
-    absl::StatusOr<std::optional<std::string>> chars =
-        OptionalStringArg((*bound)[0], StrCat(name, " arg"));
-    if (!chars.ok()) return chars.status();
+    LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind(name, {"chars"}));
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> chars,
+                             OptionalStringArg(bound[0], StrCat(name, " arg")));
     const StripSide side = name == "strip"
                                ? StripSide::kBoth
                                : (name == "lstrip" ? StripSide::kLeft : StripSide::kRight);
-    return Value::String(PyStrip(text, *chars, side));
+    return Value::String(PyStrip(text, chars, side));
   }
   if (name == "split") {
-    absl::StatusOr<Bound> bound = args.Bind(name, {"sep", "maxsplit"});
-    if (!bound.ok()) return bound.status();
-    absl::StatusOr<std::optional<std::string>> separator =
-        OptionalStringArg((*bound)[0], "split() separator");
-    if (!separator.ok()) return separator.status();
-    if (separator->has_value() && (*separator)->empty()) return TypeError("empty separator");
+    LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind(name, {"sep", "maxsplit"}));
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> separator,
+                             OptionalStringArg(bound[0], "split() separator"));
+    if (separator.has_value() && separator->empty()) return TypeError("empty separator");
     int64_t max_split = -1;
-    if ((*bound)[1].has_value()) {
-      absl::StatusOr<int64_t> n = RequireInt(*(*bound)[1], "split() maxsplit");
-      if (!n.ok()) return n.status();
-      max_split = *n;
+    if (bound[1].has_value()) {
+      LMSERVE_ASSIGN_OR_RETURN(int64_t n, RequireInt(*bound[1], "split() maxsplit"));
+      max_split = n;
     }
     std::optional<std::string_view> separator_view;
-    if (separator->has_value()) separator_view = **separator;
+    if (separator.has_value()) separator_view = *separator;
     List parts;
     for (std::string& part : PySplit(text, separator_view, max_split)) {
       parts.push_back(Value::String(std::move(part)));
     }
-    absl::Status spent = interpreter.Spend(static_cast<int64_t>(parts.size()));
-    if (!spent.ok()) return spent;
+    LMSERVE_RETURN_IF_ERROR(interpreter.Spend(static_cast<int64_t>(parts.size())));
     return Value::MakeList(std::move(parts));
   }
   if (name == "splitlines") {
@@ -1154,60 +1087,55 @@ absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::stri
     if (args.positional.size() != 1 || !args.keyword.empty()) {
       return TypeError(StrCat(name, "() takes exactly one argument"));
     }
-    absl::StatusOr<bool> matches = AffixMatch(text, args.positional.front(), name == "startswith");
-    if (!matches.ok()) return matches.status();
-    return Value::Bool(*matches);
+    LMSERVE_ASSIGN_OR_RETURN(bool matches,
+                             AffixMatch(text, args.positional.front(), name == "startswith"));
+    return Value::Bool(matches);
   }
   if (name == "upper") return Value::String(PyUpper(text));
   if (name == "lower") return Value::String(PyLower(text));
   if (name == "title") return Value::String(PyTitle(text));
   if (name == "capitalize") return Value::String(PyCapitalize(text));
   if (name == "replace") {
-    absl::StatusOr<Bound> bound = args.Bind(name, {"old", "new", "count"});
-    if (!bound.ok()) return bound.status();
-    if (!(*bound)[0].has_value() || !(*bound)[1].has_value()) {
+    LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind(name, {"old", "new", "count"}));
+    if (!bound[0].has_value() || !bound[1].has_value()) {
       return TypeError("replace() needs the old and the new string");
     }
-    absl::StatusOr<std::string> from = RequireString(*(*bound)[0], "replace() argument 1");
-    if (!from.ok()) return from.status();
-    absl::StatusOr<std::string> to = RequireString(*(*bound)[1], "replace() argument 2");
-    if (!to.ok()) return to.status();
+    LMSERVE_ASSIGN_OR_RETURN(std::string from, RequireString(*bound[0], "replace() argument 1"));
+    LMSERVE_ASSIGN_OR_RETURN(std::string to, RequireString(*bound[1], "replace() argument 2"));
     CallArgs filter_args;
-    filter_args.positional = {Value::String(*from), Value::String(*to)};
-    if ((*bound)[2].has_value()) filter_args.positional.push_back(*(*bound)[2]);
+    filter_args.positional = {Value::String(from), Value::String(to)};
+    if (bound[2].has_value()) filter_args.positional.push_back(*bound[2]);
     return FilterReplace(interpreter, Value::String(text), filter_args);
   }
   if (name == "find" || name == "count") {
     if (args.positional.size() != 1 || !args.keyword.empty()) {
       return TypeError(StrCat(name, "() takes exactly one argument"));
     }
-    absl::StatusOr<std::string> needle = RequireString(args.positional.front(), "argument");
-    if (!needle.ok()) return needle.status();
+    LMSERVE_ASSIGN_OR_RETURN(std::string needle,
+                             RequireString(args.positional.front(), "argument"));
     if (name == "find") {
-      const size_t found = text.find(*needle);
+      const size_t found = text.find(needle);
       if (found == std::string::npos) return Value::Int(-1);
       return Value::Int(CodePointCount(std::string_view(text).substr(0, found)));
     }
-    if (needle->empty()) return Value::Int(CodePointCount(text) + 1);
-    return Value::Int(static_cast<int64_t>(PySplit(text, *needle, -1).size()) - 1);
+    if (needle.empty()) return Value::Int(CodePointCount(text) + 1);
+    return Value::Int(static_cast<int64_t>(PySplit(text, needle, -1).size()) - 1);
   }
   if (name == "join") {
     if (args.positional.size() != 1 || !args.keyword.empty()) {
       return TypeError("join() takes exactly one argument");
     }
-    absl::StatusOr<std::shared_ptr<const List>> items = Iterate(args.positional.front());
-    if (!items.ok()) return items.status();
+    LMSERVE_ASSIGN_OR_RETURN(std::shared_ptr<const List> items, Iterate(args.positional.front()));
     std::string out;
-    for (size_t i = 0; i < (*items)->size(); ++i) {
-      const Value& item = (**items)[i];
+    for (size_t i = 0; i < items->size(); ++i) {
+      const Value& item = (*items)[i];
       if (!item.is_string()) {
         return TypeError(
             StrCat("sequence item ", i, ": expected str instance, ", TypeName(item), " found"));
       }
       if (i > 0) out += text;
       out += item.AsString();
-      absl::Status size = interpreter.CheckSize(static_cast<int64_t>(out.size()));
-      if (!size.ok()) return size;
+      LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(out.size())));
     }
     return Value::String(std::move(out));
   }
@@ -1225,11 +1153,10 @@ absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::stri
   if (name == "isspace") return Value::Bool(AllCodePoints(text, IsPySpace));
   if (name == "islower" || name == "isupper") {
     CallArgs none;
-    absl::StatusOr<bool> result = name == "islower"
-                                      ? TestLower(interpreter, Value::String(text), none)
-                                      : TestUpper(interpreter, Value::String(text), none);
-    if (!result.ok()) return result.status();
-    return Value::Bool(*result);
+    LMSERVE_ASSIGN_OR_RETURN(bool result, name == "islower"
+                                              ? TestLower(interpreter, Value::String(text), none)
+                                              : TestUpper(interpreter, Value::String(text), none));
+    return Value::Bool(result);
   }
   return TypeError(StrCat("'str' object has no attribute '", name, "'"));
 }
@@ -1237,12 +1164,11 @@ absl::StatusOr<Value> CallStringMethod(Interpreter& interpreter, const std::stri
 absl::StatusOr<Value> CallDictMethod(const Value& dict, std::string_view name,
                                      const CallArgs& args) {
   if (name == "get") {
-    absl::StatusOr<Bound> bound = args.Bind("get", {"key", "default"});
-    if (!bound.ok()) return bound.status();
-    if (!(*bound)[0].has_value()) return TypeError("get expected at least 1 argument, got 0");
-    const Value* found = dict.AsDict().Find(*(*bound)[0]);
+    LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("get", {"key", "default"}));
+    if (!bound[0].has_value()) return TypeError("get expected at least 1 argument, got 0");
+    const Value* found = dict.AsDict().Find(*bound[0]);
     if (found != nullptr) return *found;
-    return (*bound)[1].value_or(Value::None());
+    return (bound)[1].value_or(Value::None());
   }
   if (!args.positional.empty() || !args.keyword.empty()) {
     return TypeError(StrCat(name, "() takes no arguments"));
@@ -1293,9 +1219,8 @@ absl::StatusOr<Value> GlobalRange(Interpreter& interpreter, const CallArgs& args
   }
   std::vector<int64_t> numbers;
   for (const Value& argument : args.positional) {
-    absl::StatusOr<int64_t> n = RequireInt(argument, "range() argument");
-    if (!n.ok()) return n.status();
-    numbers.push_back(*n);
+    LMSERVE_ASSIGN_OR_RETURN(int64_t n, RequireInt(argument, "range() argument"));
+    numbers.push_back(n);
   }
   int64_t start = 0;
   int64_t stop = numbers[0];
@@ -1314,8 +1239,7 @@ absl::StatusOr<Value> GlobalRange(Interpreter& interpreter, const CallArgs& args
         "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
   }
   const int64_t count = count_estimate > 0 ? static_cast<int64_t>(count_estimate) : 0;
-  absl::Status spent = interpreter.Spend(count);
-  if (!spent.ok()) return spent;
+  LMSERVE_RETURN_IF_ERROR(interpreter.Spend(count));
   List items;
   items.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) items.push_back(Value::Int(start + i * step));
@@ -1348,18 +1272,16 @@ absl::StatusOr<Dict> DictFromArgs(std::string_view function, const CallArgs& arg
 }
 
 absl::StatusOr<Value> GlobalNamespace(Interpreter& interpreter, const CallArgs& args) {
-  absl::StatusOr<Dict> attributes = DictFromArgs("namespace", args);
-  if (!attributes.ok()) return attributes.status();
+  LMSERVE_ASSIGN_OR_RETURN(Dict attributes, DictFromArgs("namespace", args));
   Value ns = Value::MakeNamespace();
-  ns.AsNamespace().attributes = *std::move(attributes);
+  ns.AsNamespace().attributes = std::move(attributes);
   interpreter.TrackNamespace(ns);
   return ns;
 }
 
 absl::StatusOr<Value> GlobalDict(Interpreter&, const CallArgs& args) {
-  absl::StatusOr<Dict> dict = DictFromArgs("dict", args);
-  if (!dict.ok()) return dict.status();
-  return Value::MakeDict(*std::move(dict));
+  LMSERVE_ASSIGN_OR_RETURN(Dict dict, DictFromArgs("dict", args));
+  return Value::MakeDict(std::move(dict));
 }
 
 absl::StatusOr<Value> GlobalRaiseException(Interpreter&, const CallArgs& args) {
@@ -1371,23 +1293,21 @@ absl::StatusOr<Value> GlobalRaiseException(Interpreter&, const CallArgs& args) {
 }
 
 absl::StatusOr<Value> GlobalStrftimeNow(Interpreter& interpreter, const CallArgs& args) {
-  absl::StatusOr<Bound> bound = args.Bind("strftime_now", {"format"});
-  if (!bound.ok()) return bound.status();
-  if (!(*bound)[0].has_value()) return TypeError("strftime_now() needs a format");
-  absl::StatusOr<std::string> format = RequireString(*(*bound)[0], "strftime_now() format");
-  if (!format.ok()) return format.status();
-  if (format->size() > 1024) return TypeError("strftime_now() format too long");
+  LMSERVE_ASSIGN_OR_RETURN(Bound bound, args.Bind("strftime_now", {"format"}));
+  if (!bound[0].has_value()) return TypeError("strftime_now() needs a format");
+  LMSERVE_ASSIGN_OR_RETURN(std::string format, RequireString(*bound[0], "strftime_now() format"));
+  if (format.size() > 1024) return TypeError("strftime_now() format too long");
   const auto& clock = interpreter.options().now;
   const std::chrono::system_clock::time_point now =
       clock ? clock() : std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
   std::tm local{};
   localtime_r(&seconds, &local);
-  if (format->empty()) return Value::String("");
+  if (format.empty()) return Value::String("");
   // strftime returns 0 both for "too small" and for an empty result: grow a few times.
   for (size_t capacity = 256; capacity <= 65536; capacity *= 4) {
     std::string buffer(capacity, '\0');
-    const size_t written = std::strftime(buffer.data(), buffer.size(), format->c_str(), &local);
+    const size_t written = std::strftime(buffer.data(), buffer.size(), format.c_str(), &local);
     if (written > 0) {
       buffer.resize(written);
       return Value::String(std::move(buffer));

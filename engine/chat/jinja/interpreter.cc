@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/chat/jinja/builtins.h"
 #include "engine/chat/jinja/parser.h"
@@ -129,8 +130,7 @@ absl::StatusOr<Value> Arithmetic(Interpreter& interpreter, std::string_view op, 
   if (op == "~") {
     std::string text = ToStr(a);
     text += ToStr(b);
-    absl::Status size = interpreter.CheckSize(static_cast<int64_t>(text.size()));
-    if (!size.ok()) return size;
+    LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(static_cast<int64_t>(text.size())));
     return Value::String(std::move(text));
   }
   if (a.is_undefined()) return UndefinedError(a);
@@ -150,17 +150,14 @@ absl::StatusOr<Value> Arithmetic(Interpreter& interpreter, std::string_view op, 
       return Value::Int(sum);
     }
     if (a.is_string() && b.is_string()) {
-      absl::Status size =
-          interpreter.CheckSize(static_cast<int64_t>(a.AsString().size() + b.AsString().size()));
-      if (!size.ok()) return size;
+      LMSERVE_RETURN_IF_ERROR(
+          interpreter.CheckSize(static_cast<int64_t>(a.AsString().size() + b.AsString().size())));
       return Value::String(a.AsString() + b.AsString());
     }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
       const int64_t count = static_cast<int64_t>(a.AsList().size() + b.AsList().size());
-      absl::Status size = interpreter.CheckSize(count * kBytesPerListItem);
-      if (!size.ok()) return size;
-      absl::Status spent = interpreter.Spend(count);
-      if (!spent.ok()) return spent;
+      LMSERVE_RETURN_IF_ERROR(interpreter.CheckSize(count * kBytesPerListItem));
+      LMSERVE_RETURN_IF_ERROR(interpreter.Spend(count));
       List items = a.AsList();
       items.insert(items.end(), b.AsList().begin(), b.AsList().end());
       return a.is_tuple() ? Value::MakeTuple(std::move(items)) : Value::MakeList(std::move(items));
@@ -202,8 +199,7 @@ absl::StatusOr<Value> Arithmetic(Interpreter& interpreter, std::string_view op, 
       if (unit > 0 && count > interpreter.options().limits.max_output_bytes / unit) {
         return interpreter.CheckSize(std::numeric_limits<int64_t>::max());
       }
-      absl::Status spent = interpreter.Spend(count);
-      if (!spent.ok()) return spent;
+      LMSERVE_RETURN_IF_ERROR(interpreter.Spend(count));
       if (sequence.is_string()) {
         std::string out;
         out.reserve(static_cast<size_t>(unit * count));
@@ -275,19 +271,16 @@ absl::StatusOr<Value> Arithmetic(Interpreter& interpreter, std::string_view op, 
 // ---- Template ----------------------------------------------------------------------------------
 
 absl::StatusOr<Template> Template::Parse(std::string_view source) {
-  absl::StatusOr<std::vector<Token>> tokens = Tokenize(source, LexerOptions());
-  if (!tokens.ok()) return tokens.status();
-  absl::StatusOr<Body> body = jinja::Parse(*tokens, kMaxNesting);
-  if (!body.ok()) return body.status();
-  return Template(std::make_shared<const Body>(*std::move(body)));
+  LMSERVE_ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source, LexerOptions()));
+  LMSERVE_ASSIGN_OR_RETURN(Body body, jinja::Parse(tokens, kMaxNesting));
+  return Template(std::make_shared<const Body>(std::move(body)));
 }
 
 absl::StatusOr<std::string> Template::Render(const Dict& variables,
                                              const RenderOptions& options) const {
   Interpreter interpreter(options);
   std::string out;
-  absl::Status status = interpreter.Run(*body_, variables, &out);
-  if (!status.ok()) return status;
+  LMSERVE_RETURN_IF_ERROR(interpreter.Run(*body_, variables, &out));
   return out;
 }
 
@@ -383,8 +376,7 @@ absl::Status Interpreter::Store(Frame* frame, const Target& target, Value value)
                                                  ", got ", (*items)->size(), ")"));
       }
       for (size_t i = 0; i < expected; ++i) {
-        absl::Status status = Store(frame, target.items[i], (**items)[i]);
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(Store(frame, target.items[i], (**items)[i]));
       }
       return absl::OkStatus();
     }
@@ -394,8 +386,7 @@ absl::Status Interpreter::Store(Frame* frame, const Target& target, Value value)
 
 absl::Status Interpreter::ExecBody(const Body& body) {
   for (const StmtPtr& stmt : body) {
-    absl::Status status = Exec(*stmt);
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(Exec(*stmt));
     if (flow_ != Flow::kNormal) return absl::OkStatus();
   }
   return absl::OkStatus();
@@ -429,33 +420,28 @@ absl::Status Interpreter::Exec(const Stmt& stmt) {
     case StmtKind::kText:
       return Located(Emit(stmt.text), stmt.pos);
     case StmtKind::kOutput: {
-      absl::StatusOr<Value> value = Eval(*stmt.expr);
-      if (!value.ok()) return value.status();
-      if (value->is_string()) return Located(Emit(value->AsString()), stmt.pos);
-      return Located(Emit(ToStr(*value)), stmt.pos);
+      LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(*stmt.expr));
+      if (value.is_string()) return Located(Emit(value.AsString()), stmt.pos);
+      return Located(Emit(ToStr(value)), stmt.pos);
     }
     case StmtKind::kIf:
       for (const IfBranch& branch : stmt.branches) {
-        absl::StatusOr<Value> condition = Eval(*branch.condition);
-        if (!condition.ok()) return condition.status();
-        if (Truthy(*condition)) return ExecBody(branch.body);
+        LMSERVE_ASSIGN_OR_RETURN(Value condition, Eval(*branch.condition));
+        if (Truthy(condition)) return ExecBody(branch.body);
       }
       return ExecBody(stmt.else_body);
     case StmtKind::kFor:
       return ExecFor(stmt);
     case StmtKind::kSet: {
-      absl::StatusOr<Value> value = Eval(*stmt.expr);
-      if (!value.ok()) return value.status();
-      return Located(Store(frame_.get(), stmt.target, *std::move(value)), stmt.pos);
+      LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(*stmt.expr));
+      return Located(Store(frame_.get(), stmt.target, std::move(value)), stmt.pos);
     }
     case StmtKind::kSetBlock: {
-      absl::StatusOr<std::string> text = Capture(stmt.body, ChildFrame());
-      if (!text.ok()) return text.status();
-      Value value = Value::String(*std::move(text));
+      LMSERVE_ASSIGN_OR_RETURN(std::string text, Capture(stmt.body, ChildFrame()));
+      Value value = Value::String(std::move(text));
       if (stmt.expr != nullptr) {
-        absl::StatusOr<Value> filtered = ApplyChain(*stmt.expr, std::move(value));
-        if (!filtered.ok()) return filtered.status();
-        value = *std::move(filtered);
+        LMSERVE_ASSIGN_OR_RETURN(Value filtered, ApplyChain(*stmt.expr, std::move(value)));
+        value = std::move(filtered);
       }
       return Located(Store(frame_.get(), stmt.target, std::move(value)), stmt.pos);
     }
@@ -466,11 +452,10 @@ absl::Status Interpreter::Exec(const Stmt& stmt) {
     case StmtKind::kCallBlock:
       return ExecCallBlock(stmt);
     case StmtKind::kFilterBlock: {
-      absl::StatusOr<std::string> text = Capture(stmt.body, ChildFrame());
-      if (!text.ok()) return text.status();
-      absl::StatusOr<Value> filtered = ApplyChain(*stmt.expr, Value::String(*std::move(text)));
-      if (!filtered.ok()) return filtered.status();
-      return Located(Emit(ToStr(*filtered)), stmt.pos);
+      LMSERVE_ASSIGN_OR_RETURN(std::string text, Capture(stmt.body, ChildFrame()));
+      LMSERVE_ASSIGN_OR_RETURN(Value filtered,
+                               ApplyChain(*stmt.expr, Value::String(std::move(text))));
+      return Located(Emit(ToStr(filtered)), stmt.pos);
     }
     case StmtKind::kBreak:
       flow_ = Flow::kBreak;
@@ -495,9 +480,8 @@ absl::StatusOr<Value> Interpreter::ApplyChain(const Expr& chain, Value subject) 
 }
 
 absl::Status Interpreter::ExecFor(const Stmt& stmt) {
-  absl::StatusOr<Value> iterable = Eval(*stmt.expr);
-  if (!iterable.ok()) return iterable.status();
-  absl::StatusOr<std::shared_ptr<const List>> all = Iterate(*iterable);
+  LMSERVE_ASSIGN_OR_RETURN(Value iterable, Eval(*stmt.expr));
+  absl::StatusOr<std::shared_ptr<const List>> all = Iterate(iterable);
   if (!all.ok()) return Located(all.status(), stmt.expr->pos);
   std::shared_ptr<const List> items = *std::move(all);
   std::shared_ptr<Frame> outer = frame_;
@@ -584,13 +568,11 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt) {
 
 absl::Status Interpreter::ExecCallBlock(const Stmt& stmt) {
   const Expr& call = *stmt.expr;
-  absl::StatusOr<Value> callee = Eval(*call.operands[0]);
-  if (!callee.ok()) return callee.status();
-  absl::StatusOr<CallArgs> args = EvalArgs(call.args);
-  if (!args.ok()) return args.status();
+  LMSERVE_ASSIGN_OR_RETURN(Value callee, Eval(*call.operands[0]));
+  LMSERVE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(call.args));
   const Value caller = Value::MakeCallable(std::make_shared<CallerCallable>(&stmt, frame_));
-  args->keyword.emplace_back("caller", caller);
-  absl::StatusOr<Value> result = CallValue(*callee, *args);
+  args.keyword.emplace_back("caller", caller);
+  absl::StatusOr<Value> result = CallValue(callee, args);
   if (!result.ok()) return Located(result.status(), call.pos);
   return Located(Emit(ToStr(*result)), stmt.pos);
 }
@@ -675,14 +657,12 @@ absl::StatusOr<CallArgs> Interpreter::EvalArgs(const ArgExprs& args) {
   CallArgs values;
   values.positional.reserve(args.positional.size());
   for (const ExprPtr& arg : args.positional) {
-    absl::StatusOr<Value> value = Eval(*arg);
-    if (!value.ok()) return value.status();
-    values.positional.push_back(*std::move(value));
+    LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(*arg));
+    values.positional.push_back(std::move(value));
   }
   for (const auto& [name, arg] : args.keyword) {
-    absl::StatusOr<Value> value = Eval(*arg);
-    if (!value.ok()) return value.status();
-    values.keyword.emplace_back(name, *std::move(value));
+    LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(*arg));
+    values.keyword.emplace_back(name, std::move(value));
   }
   return values;
 }
@@ -697,64 +677,53 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& expr) {
       return *value;
     }
     case ExprKind::kGetAttr: {
-      absl::StatusOr<Value> object = Eval(*expr.operands[0]);
-      if (!object.ok()) return object;
-      return GetAttr(*object, expr.name);
+      LMSERVE_ASSIGN_OR_RETURN(Value object, Eval(*expr.operands[0]));
+      return GetAttr(object, expr.name);
     }
     case ExprKind::kGetItem: {
-      absl::StatusOr<Value> object = Eval(*expr.operands[0]);
-      if (!object.ok()) return object;
-      absl::StatusOr<Value> key = Eval(*expr.operands[1]);
-      if (!key.ok()) return key;
-      return GetItem(*object, *key);
+      LMSERVE_ASSIGN_OR_RETURN(Value object, Eval(*expr.operands[0]));
+      LMSERVE_ASSIGN_OR_RETURN(Value key, Eval(*expr.operands[1]));
+      return GetItem(object, key);
     }
     case ExprKind::kSlice: {
-      absl::StatusOr<Value> object = Eval(*expr.operands[0]);
-      if (!object.ok()) return object;
-      return Slice(*object, expr);
+      LMSERVE_ASSIGN_OR_RETURN(Value object, Eval(*expr.operands[0]));
+      return Slice(object, expr);
     }
     case ExprKind::kCall:
       return EvalCall(expr);
     case ExprKind::kFilter: {
-      absl::StatusOr<Value> subject = Eval(*expr.operands[0]);
-      if (!subject.ok()) return subject;
-      absl::StatusOr<CallArgs> args = EvalArgs(expr.args);
-      if (!args.ok()) return args.status();
-      return ApplyFilter(expr.name, *subject, *args);
+      LMSERVE_ASSIGN_OR_RETURN(Value subject, Eval(*expr.operands[0]));
+      LMSERVE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr.args));
+      return ApplyFilter(expr.name, subject, args);
     }
     case ExprKind::kTest: {
-      absl::StatusOr<Value> subject = Eval(*expr.operands[0]);
-      if (!subject.ok()) return subject;
-      absl::StatusOr<CallArgs> args = EvalArgs(expr.args);
-      if (!args.ok()) return args.status();
-      absl::StatusOr<bool> result = ApplyTest(expr.name, *subject, *args);
-      if (!result.ok()) return result.status();
-      return Value::Bool(*result != expr.negated);
+      LMSERVE_ASSIGN_OR_RETURN(Value subject, Eval(*expr.operands[0]));
+      LMSERVE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr.args));
+      LMSERVE_ASSIGN_OR_RETURN(bool result, ApplyTest(expr.name, subject, args));
+      return Value::Bool(result != expr.negated);
     }
     case ExprKind::kUnary: {
-      absl::StatusOr<Value> operand = Eval(*expr.operands[0]);
-      if (!operand.ok()) return operand;
-      if (expr.op == "not") return Value::Bool(!Truthy(*operand));
-      if (operand->is_undefined()) return UndefinedError(*operand);
-      if (!operand->is_number()) {
+      LMSERVE_ASSIGN_OR_RETURN(Value operand, Eval(*expr.operands[0]));
+      if (expr.op == "not") return Value::Bool(!Truthy(operand));
+      if (operand.is_undefined()) return UndefinedError(operand);
+      if (!operand.is_number()) {
         return absl::InvalidArgumentError(
-            StrCat("bad operand type for unary ", expr.op, ": '", TypeName(*operand), "'"));
+            StrCat("bad operand type for unary ", expr.op, ": '", TypeName(operand), "'"));
       }
-      if (expr.op == "+") return operand->is_float() ? *operand : Value::Int(operand->AsInt());
-      if (operand->is_float()) return Value::Float(-operand->AsDouble());
-      if (operand->AsInt() == std::numeric_limits<int64_t>::min()) {
+      if (expr.op == "+") return operand.is_float() ? operand : Value::Int(operand.AsInt());
+      if (operand.is_float()) return Value::Float(-operand.AsDouble());
+      if (operand.AsInt() == std::numeric_limits<int64_t>::min()) {
         return absl::InvalidArgumentError("integer overflow");
       }
-      return Value::Int(-operand->AsInt());
+      return Value::Int(-operand.AsInt());
     }
     case ExprKind::kBinary:
       return EvalBinary(expr);
     case ExprKind::kCompare:
       return EvalCompare(expr);
     case ExprKind::kCondExpr: {
-      absl::StatusOr<Value> condition = Eval(*expr.operands[1]);
-      if (!condition.ok()) return condition;
-      if (Truthy(*condition)) return Eval(*expr.operands[0]);
+      LMSERVE_ASSIGN_OR_RETURN(Value condition, Eval(*expr.operands[1]));
+      if (Truthy(condition)) return Eval(*expr.operands[0]);
       if (expr.operands[2] == nullptr) {
         return Value::Undefined(
             "the inline if-expression evaluated to false and no else section was defined.");
@@ -766,9 +735,8 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& expr) {
       List items;
       items.reserve(expr.operands.size());
       for (const ExprPtr& operand : expr.operands) {
-        absl::StatusOr<Value> item = Eval(*operand);
-        if (!item.ok()) return item;
-        items.push_back(*std::move(item));
+        LMSERVE_ASSIGN_OR_RETURN(Value item, Eval(*operand));
+        items.push_back(std::move(item));
       }
       return expr.kind == ExprKind::kList ? Value::MakeList(std::move(items))
                                           : Value::MakeTuple(std::move(items));
@@ -776,17 +744,15 @@ absl::StatusOr<Value> Interpreter::EvalInner(const Expr& expr) {
     case ExprKind::kDict: {
       Dict dict;
       for (size_t i = 0; i + 1 < expr.operands.size(); i += 2) {
-        absl::StatusOr<Value> key = Eval(*expr.operands[i]);
-        if (!key.ok()) return key;
-        if (key->is_list() && !key->is_tuple()) {
+        LMSERVE_ASSIGN_OR_RETURN(Value key, Eval(*expr.operands[i]));
+        if (key.is_list() && !key.is_tuple()) {
           return absl::InvalidArgumentError("unhashable type: 'list'");
         }
-        if (key->is_dict() || key->is_undefined()) {
-          return absl::InvalidArgumentError(StrCat("unhashable type: '", TypeName(*key), "'"));
+        if (key.is_dict() || key.is_undefined()) {
+          return absl::InvalidArgumentError(StrCat("unhashable type: '", TypeName(key), "'"));
         }
-        absl::StatusOr<Value> value = Eval(*expr.operands[i + 1]);
-        if (!value.ok()) return value;
-        dict.Set(*std::move(key), *std::move(value));
+        LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(*expr.operands[i + 1]));
+        dict.Set(std::move(key), std::move(value));
       }
       return Value::MakeDict(std::move(dict));
     }
@@ -799,24 +765,19 @@ absl::StatusOr<Value> Interpreter::EvalCall(const Expr& expr) {
   Value callee;
   if (callee_expr.kind == ExprKind::kGetAttr) {
     // obj.method(...): call the method directly, without making a bound method value.
-    absl::StatusOr<Value> object = Eval(*callee_expr.operands[0]);
-    if (!object.ok()) return object;
-    if (HasMethod(*object, callee_expr.name)) {
-      absl::StatusOr<CallArgs> args = EvalArgs(expr.args);
-      if (!args.ok()) return args.status();
-      return CallMethod(*this, *object, callee_expr.name, *args);
+    LMSERVE_ASSIGN_OR_RETURN(Value object, Eval(*callee_expr.operands[0]));
+    if (HasMethod(object, callee_expr.name)) {
+      LMSERVE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr.args));
+      return CallMethod(*this, object, callee_expr.name, args);
     }
-    absl::StatusOr<Value> attribute = GetAttr(*object, callee_expr.name);
-    if (!attribute.ok()) return attribute;
-    callee = *std::move(attribute);
+    LMSERVE_ASSIGN_OR_RETURN(Value attribute, GetAttr(object, callee_expr.name));
+    callee = std::move(attribute);
   } else {
-    absl::StatusOr<Value> value = Eval(callee_expr);
-    if (!value.ok()) return value;
-    callee = *std::move(value);
+    LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(callee_expr));
+    callee = std::move(value);
   }
-  absl::StatusOr<CallArgs> args = EvalArgs(expr.args);
-  if (!args.ok()) return args.status();
-  return CallValue(callee, *args);
+  LMSERVE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr.args));
+  return CallValue(callee, args);
 }
 
 absl::StatusOr<Value> Interpreter::CallValue(const Value& callee, const CallArgs& args) {
@@ -907,14 +868,13 @@ absl::StatusOr<Value> Interpreter::Slice(const Value& object, const Expr& expr) 
   for (int i = 0; i < 3; ++i) {
     const ExprPtr& bound = expr.operands[i + 1];
     if (bound == nullptr) continue;
-    absl::StatusOr<Value> value = Eval(*bound);
-    if (!value.ok()) return value;
-    if (value->is_none()) continue;
-    if (!value->is_int() && !value->is_bool()) {
+    LMSERVE_ASSIGN_OR_RETURN(Value value, Eval(*bound));
+    if (value.is_none()) continue;
+    if (!value.is_int() && !value.is_bool()) {
       return absl::InvalidArgumentError(
           "slice indices must be integers or None or have an __index__ method");
     }
-    bounds[i] = value->AsInt();
+    bounds[i] = value.AsInt();
   }
   const int64_t step = bounds[2].value_or(1);
   if (step == 0) return absl::InvalidArgumentError("slice step cannot be zero");
@@ -925,8 +885,7 @@ absl::StatusOr<Value> Interpreter::Slice(const Value& object, const Expr& expr) 
     for (int64_t i : SliceIndices(static_cast<int64_t>(items.size()), bounds[0], bounds[1], step)) {
       out.push_back(items[static_cast<size_t>(i)]);
     }
-    absl::Status spent = Spend(static_cast<int64_t>(out.size()));
-    if (!spent.ok()) return spent;
+    LMSERVE_RETURN_IF_ERROR(Spend(static_cast<int64_t>(out.size())));
     return object.is_tuple() ? Value::MakeTuple(std::move(out)) : Value::MakeList(std::move(out));
   }
   if (object.is_string()) {
@@ -947,31 +906,27 @@ absl::StatusOr<Value> Interpreter::EvalBinary(const Expr& expr) {
   if (!left.ok()) return left;
   if (expr.op == "and") return Truthy(*left) ? Eval(*expr.operands[1]) : left;
   if (expr.op == "or") return Truthy(*left) ? left : Eval(*expr.operands[1]);
-  absl::StatusOr<Value> right = Eval(*expr.operands[1]);
-  if (!right.ok()) return right;
-  return Arithmetic(*this, expr.op, *left, *right);
+  LMSERVE_ASSIGN_OR_RETURN(Value right, Eval(*expr.operands[1]));
+  return Arithmetic(*this, expr.op, *left, right);
 }
 
 absl::StatusOr<Value> Interpreter::EvalCompare(const Expr& expr) {
-  absl::StatusOr<Value> left = Eval(*expr.operands[0]);
-  if (!left.ok()) return left;
+  LMSERVE_ASSIGN_OR_RETURN(Value left, Eval(*expr.operands[0]));
   for (size_t i = 0; i < expr.compare_ops.size(); ++i) {
-    absl::StatusOr<Value> right = Eval(*expr.operands[i + 1]);
-    if (!right.ok()) return right;
+    LMSERVE_ASSIGN_OR_RETURN(Value right, Eval(*expr.operands[i + 1]));
     const std::string& op = expr.compare_ops[i];
     bool holds;
     if (op == "==") {
-      holds = Equals(*left, *right);
+      holds = Equals(left, right);
     } else if (op == "!=") {
-      holds = !Equals(*left, *right);
+      holds = !Equals(left, right);
     } else if (op == "in" || op == "not in") {
-      absl::StatusOr<bool> contained = Contains(*right, *left);
-      if (!contained.ok()) return contained.status();
-      holds = *contained == (op == "in");
+      LMSERVE_ASSIGN_OR_RETURN(bool contained, Contains(right, left));
+      holds = contained == (op == "in");
     } else {
-      if (left->is_undefined()) return UndefinedError(*left);
-      if (right->is_undefined()) return UndefinedError(*right);
-      absl::StatusOr<int> order = Compare(*left, *right);
+      if (left.is_undefined()) return UndefinedError(left);
+      if (right.is_undefined()) return UndefinedError(right);
+      absl::StatusOr<int> order = Compare(left, right);
       if (!order.ok()) {
         return absl::InvalidArgumentError(StrCat("'", op, "' ", order.status().message()));
       }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/chat/jinja/pystr.h"
 
@@ -70,8 +71,7 @@ class Lexer {
 
   absl::StatusOr<std::vector<Token>> Run() {
     while (pos_ < source_.size()) {
-      absl::Status status = LexData();
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(LexData());
     }
     Token end;
     end.kind = TokenKind::kEnd;
@@ -262,8 +262,7 @@ class Lexer {
           return absl::OkStatus();
         }
       }
-      absl::Status status = LexExpressionToken(&closers);
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(LexExpressionToken(&closers));
     }
   }
 

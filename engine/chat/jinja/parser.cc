@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace lmserve::engine::jinja {
@@ -18,8 +19,7 @@ class Parser {
   absl::StatusOr<Body> ParseTemplate() {
     Body body;
     std::string found;
-    absl::Status status = ParseBody({}, "", SourcePos{}, &body, &found);
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ParseBody({}, "", SourcePos{}, &body, &found));
     return body;
   }
 
@@ -155,11 +155,10 @@ class Parser {
           stmt->kind = StmtKind::kOutput;
           stmt->pos = token.pos;
           Advance();
-          absl::StatusOr<ExprPtr> expr = ParseTuple(/*with_condexpr=*/true, false);
-          if (!expr.ok()) return expr.status();
+          LMSERVE_ASSIGN_OR_RETURN(ExprPtr expr, ParseTuple(/*with_condexpr=*/true, false));
           if (Current().kind != TokenKind::kVariableEnd) return Unexpected("'}}'");
           Advance();
-          stmt->expr = *std::move(expr);
+          stmt->expr = std::move(expr);
           body->push_back(std::move(stmt));
           break;
         }
@@ -175,8 +174,7 @@ class Parser {
               }
             }
           }
-          absl::Status status = ParseStatement(body);
-          if (!status.ok()) return status;
+          LMSERVE_RETURN_IF_ERROR(ParseStatement(body));
           break;
         }
         case TokenKind::kEnd: {
@@ -240,8 +238,7 @@ class Parser {
   // Parses the body of a block whose only end word is `end_word`, and the end tag.
   absl::Status ParseEnd(Stmt* stmt, std::string_view opener, std::string_view end_word) {
     std::string found;
-    absl::Status status = ParseBody({end_word}, opener, stmt->pos, &stmt->body, &found);
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ParseBody({end_word}, opener, stmt->pos, &stmt->body, &found));
     return ExpectBlockEnd();
   }
 
@@ -249,21 +246,17 @@ class Parser {
     stmt->kind = StmtKind::kIf;
     while (true) {
       IfBranch branch;
-      absl::StatusOr<ExprPtr> condition = ParseTuple(/*with_condexpr=*/false, false);
-      if (!condition.ok()) return condition.status();
-      branch.condition = *std::move(condition);
-      absl::Status status = ExpectBlockEnd();
-      if (!status.ok()) return status;
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr condition, ParseTuple(/*with_condexpr=*/false, false));
+      branch.condition = std::move(condition);
+      LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
       std::string found;
-      status = ParseBody({"elif", "else", "endif"}, "if", stmt->pos, &branch.body, &found);
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(
+          ParseBody({"elif", "else", "endif"}, "if", stmt->pos, &branch.body, &found));
       stmt->branches.push_back(std::move(branch));
       if (found == "elif") continue;
-      status = ExpectBlockEnd();
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
       if (found == "else") {
-        status = ParseBody({"endif"}, "if", stmt->pos, &stmt->else_body, &found);
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(ParseBody({"endif"}, "if", stmt->pos, &stmt->else_body, &found));
         return ExpectBlockEnd();
       }
       return absl::OkStatus();
@@ -272,32 +265,27 @@ class Parser {
 
   absl::Status ParseFor(Stmt* stmt) {
     stmt->kind = StmtKind::kFor;
-    absl::StatusOr<Target> target = ParseTargetList(/*allow_attribute=*/false);
-    if (!target.ok()) return target.status();
-    stmt->target = *std::move(target);
+    LMSERVE_ASSIGN_OR_RETURN(Target target, ParseTargetList(/*allow_attribute=*/false));
+    stmt->target = std::move(target);
     if (!IsName("in")) return Unexpected("'in'");
     Advance();
-    absl::StatusOr<ExprPtr> iterable = ParseTuple(/*with_condexpr=*/false, false);
-    if (!iterable.ok()) return iterable.status();
-    stmt->expr = *std::move(iterable);
+    LMSERVE_ASSIGN_OR_RETURN(ExprPtr iterable, ParseTuple(/*with_condexpr=*/false, false));
+    stmt->expr = std::move(iterable);
     if (IsName("if")) {
       Advance();
-      absl::StatusOr<ExprPtr> condition = ParseExpression(/*with_condexpr=*/true);
-      if (!condition.ok()) return condition.status();
-      stmt->condition = *std::move(condition);
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr condition, ParseExpression(/*with_condexpr=*/true));
+      stmt->condition = std::move(condition);
     }
     if (IsName("recursive")) {
       return ErrorAt(Current().pos, "recursive loops are not supported in chat templates");
     }
-    absl::Status status = ExpectBlockEnd();
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
     std::string found;
     ++loop_depth_;
-    status = ParseBody({"else", "endfor"}, "for", stmt->pos, &stmt->body, &found);
+    absl::Status status = ParseBody({"else", "endfor"}, "for", stmt->pos, &stmt->body, &found);
     --loop_depth_;
     if (!status.ok()) return status;
-    status = ExpectBlockEnd();
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
     if (found == "else") {
       // The else body runs outside the loop: break and continue are not allowed there.
       const int saved = loop_depth_;
@@ -311,51 +299,43 @@ class Parser {
   }
 
   absl::Status ParseSet(Stmt* stmt) {
-    absl::StatusOr<Target> target = ParseTargetList(/*allow_attribute=*/true);
-    if (!target.ok()) return target.status();
-    stmt->target = *std::move(target);
+    LMSERVE_ASSIGN_OR_RETURN(Target target, ParseTargetList(/*allow_attribute=*/true));
+    stmt->target = std::move(target);
     if (IsOperator("=")) {
       Advance();
       stmt->kind = StmtKind::kSet;
-      absl::StatusOr<ExprPtr> value = ParseTuple(/*with_condexpr=*/true, false);
-      if (!value.ok()) return value.status();
-      stmt->expr = *std::move(value);
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseTuple(/*with_condexpr=*/true, false));
+      stmt->expr = std::move(value);
       return ExpectBlockEnd();
     }
     // {% set name [| filters] %}...{% endset %}
     stmt->kind = StmtKind::kSetBlock;
     if (stmt->target.kind == Target::Kind::kTuple) return Unexpected("'='");
     if (IsOperator("|")) {
-      absl::StatusOr<ExprPtr> chain = ParseFilterChain();
-      if (!chain.ok()) return chain.status();
-      stmt->expr = *std::move(chain);
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr chain, ParseFilterChain());
+      stmt->expr = std::move(chain);
     }
-    absl::Status status = ExpectBlockEnd();
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
     return ParseEnd(stmt, "set", "endset");
   }
 
   absl::Status ParseParameters(Parameters* parameters) {
-    absl::Status status = ExpectOperator("(");
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ExpectOperator("("));
     while (!IsOperator(")")) {
       if (!parameters->names.empty()) {
-        status = ExpectOperator(",");
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(ExpectOperator(","));
         if (IsOperator(")")) break;
       }
-      absl::StatusOr<std::string> name = ExpectName();
-      if (!name.ok()) return name.status();
+      LMSERVE_ASSIGN_OR_RETURN(std::string name, ExpectName());
       ExprPtr default_value;
       if (IsOperator("=")) {
         Advance();
-        absl::StatusOr<ExprPtr> value = ParseExpression(/*with_condexpr=*/true);
-        if (!value.ok()) return value.status();
-        default_value = *std::move(value);
+        LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(/*with_condexpr=*/true));
+        default_value = std::move(value);
       } else if (!parameters->defaults.empty() && parameters->defaults.back() != nullptr) {
         return ErrorAt(Current().pos, "non-default argument follows default argument");
       }
-      parameters->names.push_back(*std::move(name));
+      parameters->names.push_back(std::move(name));
       parameters->defaults.push_back(std::move(default_value));
     }
     Advance();
@@ -364,16 +344,13 @@ class Parser {
 
   absl::Status ParseMacro(Stmt* stmt) {
     stmt->kind = StmtKind::kMacro;
-    absl::StatusOr<std::string> name = ExpectName();
-    if (!name.ok()) return name.status();
-    stmt->text = *std::move(name);
-    absl::Status status = ParseParameters(&stmt->parameters);
-    if (!status.ok()) return status;
-    status = ExpectBlockEnd();
-    if (!status.ok()) return status;
+    LMSERVE_ASSIGN_OR_RETURN(std::string name, ExpectName());
+    stmt->text = std::move(name);
+    LMSERVE_RETURN_IF_ERROR(ParseParameters(&stmt->parameters));
+    LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
     const int saved = loop_depth_;
     loop_depth_ = 0;
-    status = ParseEnd(stmt, "macro", "endmacro");
+    const absl::Status status = ParseEnd(stmt, "macro", "endmacro");
     loop_depth_ = saved;
     return status;
   }
@@ -381,19 +358,16 @@ class Parser {
   absl::Status ParseCallBlock(Stmt* stmt) {
     stmt->kind = StmtKind::kCallBlock;
     if (IsOperator("(")) {
-      absl::Status status = ParseParameters(&stmt->parameters);
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(ParseParameters(&stmt->parameters));
     }
     const SourcePos pos = Current().pos;
-    absl::StatusOr<ExprPtr> call = ParseExpression(/*with_condexpr=*/true);
-    if (!call.ok()) return call.status();
-    if ((*call)->kind != ExprKind::kCall) return ErrorAt(pos, "expected a call after 'call'");
-    stmt->expr = *std::move(call);
-    absl::Status status = ExpectBlockEnd();
-    if (!status.ok()) return status;
+    LMSERVE_ASSIGN_OR_RETURN(ExprPtr call, ParseExpression(/*with_condexpr=*/true));
+    if (call->kind != ExprKind::kCall) return ErrorAt(pos, "expected a call after 'call'");
+    stmt->expr = std::move(call);
+    LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
     const int saved = loop_depth_;
     loop_depth_ = 0;
-    status = ParseEnd(stmt, "call", "endcall");
+    const absl::Status status = ParseEnd(stmt, "call", "endcall");
     loop_depth_ = saved;
     return status;
   }
@@ -402,18 +376,15 @@ class Parser {
     stmt->kind = StmtKind::kFilterBlock;
     // The chain is written without the leading '|': "{% filter upper | trim %}".
     ExprPtr subject = NewExpr(ExprKind::kName, Current().pos);
-    absl::StatusOr<ExprPtr> chain = ParseFilter(std::move(subject));
-    if (!chain.ok()) return chain.status();
-    ExprPtr expr = *std::move(chain);
+    LMSERVE_ASSIGN_OR_RETURN(ExprPtr chain, ParseFilter(std::move(subject)));
+    ExprPtr expr = std::move(chain);
     while (IsOperator("|")) {
       Advance();
-      absl::StatusOr<ExprPtr> next = ParseFilter(std::move(expr));
-      if (!next.ok()) return next.status();
-      expr = *std::move(next);
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr next, ParseFilter(std::move(expr)));
+      expr = std::move(next);
     }
     stmt->expr = std::move(expr);
-    absl::Status status = ExpectBlockEnd();
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ExpectBlockEnd());
     return ParseEnd(stmt, "filter", "endfilter");
   }
 
@@ -422,9 +393,8 @@ class Parser {
     ExprPtr expr = NewExpr(ExprKind::kName, Current().pos);
     while (IsOperator("|")) {
       Advance();
-      absl::StatusOr<ExprPtr> next = ParseFilter(std::move(expr));
-      if (!next.ok()) return next.status();
-      expr = *std::move(next);
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr next, ParseFilter(std::move(expr)));
+      expr = std::move(next);
     }
     return expr;
   }
@@ -432,22 +402,18 @@ class Parser {
   absl::StatusOr<Target> ParseTargetItem(bool allow_attribute) {
     if (IsOperator("(")) {
       Advance();
-      absl::StatusOr<Target> inner = ParseTargetList(allow_attribute);
-      if (!inner.ok()) return inner.status();
-      absl::Status status = ExpectOperator(")");
-      if (!status.ok()) return status;
+      LMSERVE_ASSIGN_OR_RETURN(Target inner, ParseTargetList(allow_attribute));
+      LMSERVE_RETURN_IF_ERROR(ExpectOperator(")"));
       return inner;
     }
     Target target;
-    absl::StatusOr<std::string> name = ExpectName();
-    if (!name.ok()) return name.status();
-    target.name = *std::move(name);
+    LMSERVE_ASSIGN_OR_RETURN(std::string name, ExpectName());
+    target.name = std::move(name);
     if (allow_attribute && IsOperator(".")) {
       Advance();
-      absl::StatusOr<std::string> attribute = ExpectName();
-      if (!attribute.ok()) return attribute.status();
+      LMSERVE_ASSIGN_OR_RETURN(std::string attribute, ExpectName());
       target.kind = Target::Kind::kAttribute;
-      target.attribute = *std::move(attribute);
+      target.attribute = std::move(attribute);
     }
     return target;
   }
@@ -464,9 +430,8 @@ class Parser {
           Current().kind == TokenKind::kBlockEnd) {
         break;
       }
-      absl::StatusOr<Target> item = ParseTargetItem(allow_attribute);
-      if (!item.ok()) return item.status();
-      tuple.items.push_back(*std::move(item));
+      LMSERVE_ASSIGN_OR_RETURN(Target item, ParseTargetItem(allow_attribute));
+      tuple.items.push_back(std::move(item));
     }
     return tuple;
   }
@@ -487,13 +452,11 @@ class Parser {
     bool is_tuple = false;
     while (true) {
       if (!items.empty()) {
-        absl::Status status = ExpectOperator(",");
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(ExpectOperator(","));
       }
       if (AtTupleEnd()) break;
-      absl::StatusOr<ExprPtr> item = ParseExpression(with_condexpr);
-      if (!item.ok()) return item.status();
-      items.push_back(*std::move(item));
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression(with_condexpr));
+      items.push_back(std::move(item));
       if (IsOperator(",")) {
         is_tuple = true;
       } else {
@@ -516,26 +479,22 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseCondExpr() {
-    absl::StatusOr<ExprPtr> expr = ParseOr();
-    if (!expr.ok()) return expr;
+    LMSERVE_ASSIGN_OR_RETURN(ExprPtr expr, ParseOr());
     while (IsName("if")) {
       const SourcePos pos = Current().pos;
       Advance();
-      absl::StatusOr<ExprPtr> condition = ParseOr();
-      if (!condition.ok()) return condition;
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr condition, ParseOr());
       ExprPtr otherwise;
       if (IsName("else")) {
         Advance();
-        absl::StatusOr<ExprPtr> value = ParseCondExpr();
-        if (!value.ok()) return value;
-        otherwise = *std::move(value);
+        LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseCondExpr());
+        otherwise = std::move(value);
       }
       ExprPtr cond = NewExpr(ExprKind::kCondExpr, pos);
-      cond->operands.push_back(*std::move(expr));
-      cond->operands.push_back(*std::move(condition));
+      cond->operands.push_back(std::move(expr));
+      cond->operands.push_back(std::move(condition));
       cond->operands.push_back(std::move(otherwise));
-      expr = Finish(std::move(cond));
-      if (!expr.ok()) return expr;
+      LMSERVE_ASSIGN_OR_RETURN(expr, Finish(std::move(cond)));
     }
     return expr;
   }
@@ -553,8 +512,7 @@ class Parser {
   template <typename Next>
   absl::StatusOr<ExprPtr> ParseBinary(std::initializer_list<std::string_view> ops, bool names,
                                       Next next) {
-    absl::StatusOr<ExprPtr> left = (this->*next)();
-    if (!left.ok()) return left;
+    LMSERVE_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
     while (true) {
       std::string_view matched;
       for (std::string_view op : ops) {
@@ -563,10 +521,9 @@ class Parser {
       if (matched.empty()) return left;
       const SourcePos pos = Current().pos;
       Advance();
-      absl::StatusOr<ExprPtr> right = (this->*next)();
-      if (!right.ok()) return right;
-      left = Finish(Binary(std::string(matched), pos, *std::move(left), *std::move(right)));
-      if (!left.ok()) return left;
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr right, (this->*next)());
+      LMSERVE_ASSIGN_OR_RETURN(
+          left, Finish(Binary(std::string(matched), pos, std::move(left), std::move(right))));
     }
   }
 
@@ -579,11 +536,10 @@ class Parser {
       if (nesting.too_deep()) return TooDeep();
       const SourcePos pos = Current().pos;
       Advance();
-      absl::StatusOr<ExprPtr> operand = ParseNot();
-      if (!operand.ok()) return operand;
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr operand, ParseNot());
       ExprPtr expr = NewExpr(ExprKind::kUnary, pos);
       expr->op = "not";
-      expr->operands.push_back(*std::move(operand));
+      expr->operands.push_back(std::move(operand));
       return Finish(std::move(expr));
     }
     return ParseCompare();
@@ -591,8 +547,7 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseCompare() {
     const SourcePos pos = Current().pos;
-    absl::StatusOr<ExprPtr> first = ParseMath1();
-    if (!first.ok()) return first;
+    LMSERVE_ASSIGN_OR_RETURN(ExprPtr first, ParseMath1());
     ExprPtr compare;
     while (true) {
       std::string op;
@@ -611,14 +566,13 @@ class Parser {
       } else {
         break;
       }
-      absl::StatusOr<ExprPtr> operand = ParseMath1();
-      if (!operand.ok()) return operand;
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr operand, ParseMath1());
       if (compare == nullptr) {
         compare = NewExpr(ExprKind::kCompare, pos);
-        compare->operands.push_back(*std::move(first));
+        compare->operands.push_back(std::move(first));
       }
       compare->compare_ops.push_back(std::move(op));
-      compare->operands.push_back(*std::move(operand));
+      compare->operands.push_back(std::move(operand));
     }
     if (compare != nullptr) return Finish(std::move(compare));
     return first;
@@ -644,11 +598,10 @@ class Parser {
     if (IsOperator("-") || IsOperator("+")) {
       std::string op = Current().text;
       Advance();
-      absl::StatusOr<ExprPtr> operand = ParseUnary(false);
-      if (!operand.ok()) return operand;
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
       ExprPtr expr = NewExpr(ExprKind::kUnary, pos);
       expr->op = std::move(op);
-      expr->operands.push_back(*std::move(operand));
+      expr->operands.push_back(std::move(operand));
       node = Finish(std::move(expr));
     } else {
       node = ParsePrimary();
@@ -708,10 +661,8 @@ class Parser {
       case TokenKind::kOperator:
         if (token.text == "(") {
           Advance();
-          absl::StatusOr<ExprPtr> inner = ParseTuple(/*with_condexpr=*/true, true);
-          if (!inner.ok()) return inner;
-          absl::Status status = ExpectOperator(")");
-          if (!status.ok()) return status;
+          LMSERVE_ASSIGN_OR_RETURN(ExprPtr inner, ParseTuple(/*with_condexpr=*/true, true));
+          LMSERVE_RETURN_IF_ERROR(ExpectOperator(")"));
           return inner;
         }
         if (token.text == "[") return ParseList();
@@ -728,13 +679,11 @@ class Parser {
     Advance();  // [
     while (!IsOperator("]")) {
       if (!list->operands.empty()) {
-        absl::Status status = ExpectOperator(",");
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(ExpectOperator(","));
         if (IsOperator("]")) break;
       }
-      absl::StatusOr<ExprPtr> item = ParseExpression(/*with_condexpr=*/true);
-      if (!item.ok()) return item;
-      list->operands.push_back(*std::move(item));
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression(/*with_condexpr=*/true));
+      list->operands.push_back(std::move(item));
     }
     Advance();
     return Finish(std::move(list));
@@ -745,18 +694,14 @@ class Parser {
     Advance();  // {
     while (!IsOperator("}")) {
       if (!dict->operands.empty()) {
-        absl::Status status = ExpectOperator(",");
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(ExpectOperator(","));
         if (IsOperator("}")) break;
       }
-      absl::StatusOr<ExprPtr> key = ParseExpression(/*with_condexpr=*/true);
-      if (!key.ok()) return key;
-      absl::Status status = ExpectOperator(":");
-      if (!status.ok()) return status;
-      absl::StatusOr<ExprPtr> value = ParseExpression(/*with_condexpr=*/true);
-      if (!value.ok()) return value;
-      dict->operands.push_back(*std::move(key));
-      dict->operands.push_back(*std::move(value));
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr key, ParseExpression(/*with_condexpr=*/true));
+      LMSERVE_RETURN_IF_ERROR(ExpectOperator(":"));
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(/*with_condexpr=*/true));
+      dict->operands.push_back(std::move(key));
+      dict->operands.push_back(std::move(value));
     }
     Advance();
     return Finish(std::move(dict));
@@ -831,9 +776,8 @@ class Parser {
       }
       if (IsOperator("]")) break;
       if (parts[part] != nullptr) return Unexpected("':' or ']'");
-      absl::StatusOr<ExprPtr> value = ParseExpression(/*with_condexpr=*/true);
-      if (!value.ok()) return value;
-      parts[part] = *std::move(value);
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(/*with_condexpr=*/true));
+      parts[part] = std::move(value);
     }
     Advance();  // ]
     if (!is_slice) {
@@ -851,13 +795,11 @@ class Parser {
 
   // "(" [arg {"," arg}] [","] ")" where arg is an expression or name=expression.
   absl::Status ParseArgs(ArgExprs* args) {
-    absl::Status status = ExpectOperator("(");
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ExpectOperator("("));
     bool first = true;
     while (!IsOperator(")")) {
       if (!first) {
-        status = ExpectOperator(",");
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(ExpectOperator(","));
         if (IsOperator(")")) break;
       }
       first = false;
@@ -866,17 +808,15 @@ class Parser {
         std::string name = Current().text;
         Advance();
         Advance();
-        absl::StatusOr<ExprPtr> value = ParseExpression(/*with_condexpr=*/true);
-        if (!value.ok()) return value.status();
-        args->keyword.emplace_back(std::move(name), *std::move(value));
+        LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(/*with_condexpr=*/true));
+        args->keyword.emplace_back(std::move(name), std::move(value));
         continue;
       }
       if (!args->keyword.empty()) {
         return ErrorAt(Current().pos, "positional argument follows keyword argument");
       }
-      absl::StatusOr<ExprPtr> value = ParseExpression(/*with_condexpr=*/true);
-      if (!value.ok()) return value.status();
-      args->positional.push_back(*std::move(value));
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(/*with_condexpr=*/true));
+      args->positional.push_back(std::move(value));
     }
     Advance();
     return absl::OkStatus();
@@ -885,22 +825,19 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseCall(ExprPtr callee) {
     ExprPtr expr = NewExpr(ExprKind::kCall, Current().pos);
     expr->operands.push_back(std::move(callee));
-    absl::Status status = ParseArgs(&expr->args);
-    if (!status.ok()) return status;
+    LMSERVE_RETURN_IF_ERROR(ParseArgs(&expr->args));
     return Finish(std::move(expr));
   }
 
   // After the '|': name [args].
   absl::StatusOr<ExprPtr> ParseFilter(ExprPtr subject) {
     const SourcePos pos = Current().pos;
-    absl::StatusOr<std::string> name = ExpectName();
-    if (!name.ok()) return name.status();
+    LMSERVE_ASSIGN_OR_RETURN(std::string name, ExpectName());
     ExprPtr expr = NewExpr(ExprKind::kFilter, pos);
-    expr->name = *std::move(name);
+    expr->name = std::move(name);
     expr->operands.push_back(std::move(subject));
     if (IsOperator("(")) {
-      absl::Status status = ParseArgs(&expr->args);
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(ParseArgs(&expr->args));
     }
     return Finish(std::move(expr));
   }
@@ -913,13 +850,11 @@ class Parser {
       expr->negated = true;
       Advance();
     }
-    absl::StatusOr<std::string> name = ExpectName();
-    if (!name.ok()) return name.status();
-    expr->name = *std::move(name);
+    LMSERVE_ASSIGN_OR_RETURN(std::string name, ExpectName());
+    expr->name = std::move(name);
     expr->operands.push_back(std::move(subject));
     if (IsOperator("(")) {
-      absl::Status status = ParseArgs(&expr->args);
-      if (!status.ok()) return status;
+      LMSERVE_RETURN_IF_ERROR(ParseArgs(&expr->args));
       return Finish(std::move(expr));
     }
     // One argument without parentheses: "is divisibleby 3", "is sameas none".
@@ -932,11 +867,9 @@ class Parser {
         !IsName("is") && !IsName("in") && !IsName("not")) {
       Nesting nesting(this);
       if (nesting.too_deep()) return TooDeep();
-      absl::StatusOr<ExprPtr> argument = ParsePrimary();
-      if (!argument.ok()) return argument;
-      argument = ParsePostfix(*std::move(argument));
-      if (!argument.ok()) return argument;
-      expr->args.positional.push_back(*std::move(argument));
+      LMSERVE_ASSIGN_OR_RETURN(ExprPtr argument, ParsePrimary());
+      LMSERVE_ASSIGN_OR_RETURN(argument, ParsePostfix(std::move(argument)));
+      expr->args.positional.push_back(std::move(argument));
     }
     return Finish(std::move(expr));
   }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/chat/jinja/pystr.h"
 
@@ -536,8 +537,7 @@ absl::Status AppendJson(const Value& value, const JsonFormat& format, int depth,
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out->append(item_separator);
         newline(depth + 1);
-        absl::Status status = AppendJson(items[i], format, depth + 1, out);
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(AppendJson(items[i], format, depth + 1, out));
       }
       newline(depth);
       out->push_back(']');
@@ -551,9 +551,8 @@ absl::Status AppendJson(const Value& value, const JsonFormat& format, int depth,
       }
       std::vector<std::pair<std::string, const Value*>> entries;
       for (const auto& [key, item] : dict.entries()) {
-        absl::StatusOr<std::string> text = JsonKey(key);
-        if (!text.ok()) return text.status();
-        entries.emplace_back(*std::move(text), &item);
+        LMSERVE_ASSIGN_OR_RETURN(std::string text, JsonKey(key));
+        entries.emplace_back(std::move(text), &item);
       }
       if (format.sort_keys) {
         std::stable_sort(entries.begin(), entries.end(),
@@ -565,8 +564,7 @@ absl::Status AppendJson(const Value& value, const JsonFormat& format, int depth,
         newline(depth + 1);
         AppendJsonString(entries[i].first, format.ensure_ascii, out);
         out->append(key_separator);
-        absl::Status status = AppendJson(*entries[i].second, format, depth + 1, out);
-        if (!status.ok()) return status;
+        LMSERVE_RETURN_IF_ERROR(AppendJson(*entries[i].second, format, depth + 1, out));
       }
       newline(depth);
       out->push_back('}');
@@ -595,8 +593,7 @@ std::string Repr(const Value& value) {
 
 absl::StatusOr<std::string> ToJson(const Value& value, const JsonFormat& format) {
   std::string out;
-  absl::Status status = AppendJson(value, format, 0, &out);
-  if (!status.ok()) return status;
+  LMSERVE_RETURN_IF_ERROR(AppendJson(value, format, 0, &out));
   return out;
 }
 
