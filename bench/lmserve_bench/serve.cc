@@ -30,6 +30,7 @@
 #include "bench/lmserve_bench/dataset.h"
 #include "bench/lmserve_bench/prometheus_text.h"
 #include "bench/lmserve_bench/stats.h"
+#include "common/hash.h"
 #include "common/strings.h"
 #include "server/args.h"
 
@@ -368,7 +369,7 @@ int RunServe(int argc, char** argv) {
     absl::StatusOr<std::vector<Prompt>> made = MakeSyntheticDataset(spec);
     if (!made.ok()) return Usage(std::string(made.status().message()));
     prompts = std::move(*made);
-    spec.seed = load.seed + 0x9e3779b97f4a7c15ULL;
+    spec.seed = load.seed + kGoldenGamma;
     spec.num_prompts = static_cast<int32_t>(std::max<int64_t>(warmup_requests, 1));
     warmup_prompts = std::move(*MakeSyntheticDataset(spec));
     dataset_name =
