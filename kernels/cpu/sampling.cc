@@ -181,10 +181,10 @@ void Sample(const SamplingParams& p) {
     const float u = UniformFromSeed(p.seeds[r], p.steps[r]);
     size_t num_kept = 0;
     double target = 0;
-    p.output[r] = SampleRowInto(row, p.vocab_size, p.temperature[r],
-                                p.top_k != nullptr ? p.top_k[r] : 0,
-                                p.top_p != nullptr ? p.top_p[r] : 1.0f,
-                                p.min_p != nullptr ? p.min_p[r] : 0.0f, u, ws, &num_kept, &target);
+    p.output[r] =
+        SampleRowInto(row, p.vocab_size, p.temperature[r], p.top_k != nullptr ? p.top_k[r] : 0,
+                      p.top_p != nullptr ? p.top_p[r] : 1.0f,
+                      p.min_p != nullptr ? p.min_p[r] : 0.0f, u, ws, &num_kept, &target);
   }
 }
 

@@ -154,9 +154,9 @@ TEST(SamplingTest, SampleRowMatchesThePlainDefinition) {
           for (float min_p : kMinP) {
             const float temperature = 0.3f + 0.25f * static_cast<float>(rng() % 8);
             const float u = UniformFromSeed(rng(), rng());
-            SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " trial " << trial << " k "
-                                              << top_k << " p " << top_p << " min_p " << min_p
-                                              << " T " << temperature << " u " << u);
+            SCOPED_TRACE(::testing::Message()
+                         << "vocab " << vocab << " trial " << trial << " k " << top_k << " p "
+                         << top_p << " min_p " << min_p << " T " << temperature << " u " << u);
             const SamplingDecision fast =
                 SampleRow(logits.data(), vocab, temperature, top_k, top_p, min_p, u);
             const SamplingDecision plain =

@@ -358,10 +358,11 @@ TEST(CpuEngineSeedTest, ASeededRequestAloneAndInABatch) {
     if (batched.logprobs[i] != alone.logprobs[i]) ++differing;
     worst = std::max(worst, std::abs(batched.logprobs[i] - alone.logprobs[i]));
   }
-  std::printf("[ seed     ] alone vs in a batch of 8: %ld of %zu logprobs differ (at most %.3g); "
-              "tokens %s\n",
-              static_cast<long>(differing), alone.logprobs.size(), static_cast<double>(worst),
-              batched.tokens == alone.tokens ? "identical" : "differ");
+  std::printf(
+      "[ seed     ] alone vs in a batch of 8: %ld of %zu logprobs differ (at most %.3g); "
+      "tokens %s\n",
+      static_cast<long>(differing), alone.logprobs.size(), static_cast<double>(worst),
+      batched.tokens == alone.tokens ? "identical" : "differ");
   EXPECT_LE(worst, 1e-4f) << "more than rounding between batch compositions";
   EXPECT_EQ(batched.tokens, alone.tokens);
 }

@@ -329,9 +329,8 @@ TEST(SamplerTest, DrawsWhatTheDeviceSamplersCpuTwinDraws) {
 }
 
 // ---- Exact behaviours -----------------------------------------------------------------------
-int32_t Greedy(const std::vector<float>& logits, SamplingParams params,
-               std::vector<int32_t> prompt, std::vector<int32_t> output,
-               std::vector<int32_t> eos) {
+int32_t Greedy(const std::vector<float>& logits, SamplingParams params, std::vector<int32_t> prompt,
+               std::vector<int32_t> output, std::vector<int32_t> eos) {
   params.temperature = 0.0;
   Sampler sampler(static_cast<int64_t>(logits.size()));
   return sampler.Sample(logits, params, prompt, output, eos, /*stream_key=*/0, /*position=*/0);

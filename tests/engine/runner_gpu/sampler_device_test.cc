@@ -38,17 +38,17 @@ namespace {
 using kernels::cuda::testing::DeviceBuffer;
 using kernels::cuda::testing::FreshSeed;
 
-#define LMSERVE_REQUIRE_CUDA_DEVICE()                                                 \
-  do {                                                                                \
-    if (const absl::Status cuda = CheckCudaDevice(); !cuda.ok()) {                    \
-      GTEST_SKIP() << "GPU sampler test skipped: " << cuda;                           \
-    }                                                                                 \
+#define LMSERVE_REQUIRE_CUDA_DEVICE()                              \
+  do {                                                             \
+    if (const absl::Status cuda = CheckCudaDevice(); !cuda.ok()) { \
+      GTEST_SKIP() << "GPU sampler test skipped: " << cuda;        \
+    }                                                              \
   } while (0)
 
-#define CUDA_ASSERT_OK(expr)                                                      \
-  do {                                                                            \
-    const cudaError_t err_ = (expr);                                              \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);    \
+#define CUDA_ASSERT_OK(expr)                                                   \
+  do {                                                                         \
+    const cudaError_t err_ = (expr);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
   } while (0)
 
 constexpr double kSlack = 1e-4;
@@ -65,17 +65,16 @@ struct Setting {
 
 const std::vector<Setting>& Settings() {
   static const std::vector<Setting> kSettings = {
-      {0.0, 0, 1.0, 0.0},     {1.0, 0, 1.0, 0.0},      {0.7, 50, 1.0, 0.0},
-      {1.0, 1, 1.0, 0.0},     {1.0, 0, 0.9, 0.0},      {0.8, 40, 0.95, 0.0},
-      {1.0, 0, 1.0, 0.05},    {1.2, 1000, 0.5, 0.02},  {1.0, 20000, 1.0, 0.0},
-      {1.0, 0, 0.0, 0.0},     {2.0, 0, 0.99, 0.0},     {0.5, 5, 0.3, 0.1},
+      {0.0, 0, 1.0, 0.0},     {1.0, 0, 1.0, 0.0},   {0.7, 50, 1.0, 0.0}, {1.0, 1, 1.0, 0.0},
+      {1.0, 0, 0.9, 0.0},     {0.8, 40, 0.95, 0.0}, {1.0, 0, 1.0, 0.05}, {1.2, 1000, 0.5, 0.02},
+      {1.0, 20000, 1.0, 0.0}, {1.0, 0, 0.0, 0.0},   {2.0, 0, 0.99, 0.0}, {0.5, 5, 0.3, 0.1},
       {1.3, 7, 0.8, 0.05},    {0.9, 0, 0.6, 0.01},
   };
   return kSettings;
 }
 
 // The draw over one kept set: the first kept token in vocabulary order whose cumulative weight
-// exceeds u * total; `explained(g)` says whether token g is that draw or lies within kSlack of
+// exceeds u * total; Explains(g) says whether token g is that draw or lies within kSlack of
 // the total of it.
 struct KeptSet {
   std::vector<bool> kept;
@@ -177,8 +176,8 @@ struct Counts {
 // (row, setting), sampled by the engine's Sampler on the host and the CUDA sampler in one launch.
 void RunCase(int64_t vocab, float spread, int rows_per_setting, Counts* counts) {
   const uint32_t test_seed = FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " spread " << spread << " seed "
-                                    << test_seed);
+  SCOPED_TRACE(::testing::Message()
+               << "vocab " << vocab << " spread " << spread << " seed " << test_seed);
   std::mt19937_64 rng(test_seed);
   std::normal_distribution<float> normal(0.0f, spread);
   const std::vector<Setting>& settings = Settings();
@@ -212,8 +211,7 @@ void RunCase(int64_t vocab, float spread, int rows_per_setting, Counts* counts) 
     steps.push_back(rng() % 4096);
   }
 
-  DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_p),
-      d_min_p(min_p);
+  DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_p), d_min_p(min_p);
   DeviceBuffer<int32_t> d_top_k(top_k), d_out(static_cast<size_t>(rows));
   DeviceBuffer<uint64_t> d_keys(keys), d_steps(steps);
   d_out.Poison();
@@ -245,11 +243,10 @@ void RunCase(int64_t vocab, float spread, int rows_per_setting, Counts* counts) 
     params.top_p = s.top_p;
     params.min_p = s.min_p;
     // The engine's draw for this request-sample and position (ProcessSequence's arguments).
-    const int32_t engine_token =
-        sampler.Sample(row, params, {}, {}, {},
-                       kernels::SampleStreamKey(request_seeds[r],
-                                                static_cast<uint64_t>(sample_indices[r])),
-                       static_cast<int64_t>(steps[r]));
+    const int32_t engine_token = sampler.Sample(
+        row, params, {}, {}, {},
+        kernels::SampleStreamKey(request_seeds[r], static_cast<uint64_t>(sample_indices[r])),
+        static_cast<int64_t>(steps[r]));
     if (!(s.temperature > 0)) {
       ++counts->greedy;
       EXPECT_EQ(gpu[r], engine_token) << "greedy rows must agree exactly";
@@ -262,8 +259,8 @@ void RunCase(int64_t vocab, float spread, int rows_per_setting, Counts* counts) 
     }
     const float uniform = kernels::UniformFromSeed(keys[r], steps[r]);
     const bool explained = ExplainedByABoundary(row, s, uniform, gpu[r]);
-    EXPECT_TRUE(explained) << "GPU token " << gpu[r] << ", engine token " << engine_token
-                           << ", u " << uniform << ": not within rounding of a boundary";
+    EXPECT_TRUE(explained) << "GPU token " << gpu[r] << ", engine token " << engine_token << ", u "
+                           << uniform << ": not within rounding of a boundary";
     if (explained) ++counts->boundary;
   }
 }
@@ -274,11 +271,11 @@ TEST(SamplerDeviceTest, TheEngineSamplerAndTheCudaSamplerDrawTheSameTokens) {
   for (int64_t vocab : {1000, 32000, 128256}) {
     for (float spread : {1.0f, 4.0f}) RunCase(vocab, spread, /*rows_per_setting=*/6, &counts);
   }
-  std::printf("[ sampler  ] %lld greedy rows equal; %lld sampled rows: %lld equal, %lld parted at "
-              "a boundary (kSlack %.0e)\n",
-              static_cast<long long>(counts.greedy), static_cast<long long>(counts.sampled),
-              static_cast<long long>(counts.equal), static_cast<long long>(counts.boundary),
-              kSlack);
+  std::printf(
+      "[ sampler  ] %lld greedy rows equal; %lld sampled rows: %lld equal, %lld parted at "
+      "a boundary (kSlack %.0e)\n",
+      static_cast<long long>(counts.greedy), static_cast<long long>(counts.sampled),
+      static_cast<long long>(counts.equal), static_cast<long long>(counts.boundary), kSlack);
   EXPECT_GT(counts.sampled, 0);
   EXPECT_LE(static_cast<double>(counts.boundary),
             kMaxBoundaryShare * static_cast<double>(counts.sampled))
