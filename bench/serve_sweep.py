@@ -75,26 +75,47 @@ def git_commit():
         return "unknown"
 
 
-def wait_metrics(url, server, timeout):
-    """Waits until `url` answers (the server is up); fails if the server exits first."""
+def log_tail(log_path, limit=6000):
+    """The end of the server's log, for error messages."""
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+    except OSError as error:
+        return f"(cannot read {log_path}: {error})"
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def check_server(server, log_path, before):
+    """Raises at once, with the end of the server's log, when the server has exited."""
+    if server is not None and server.poll() is not None:
+        code = server.returncode
+        how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+        raise RuntimeError(f"the server {how} before {before}; the end of {log_path}:\n"
+                           + log_tail(log_path))
+
+
+def wait_metrics(url, server, log_path, timeout):
+    """Waits until `url` answers (the server is up); fails at once if the server exits first."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        if server is not None and server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode} before it was ready")
+    while True:
+        check_server(server, log_path, f"{url} answered")
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
                     return
         except OSError:
             pass
+        if time.time() >= deadline:
+            raise RuntimeError(f"the server is still running, but {url} did not answer within "
+                               f"{timeout} s; the end of {log_path}:\n" + log_tail(log_path))
         time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
 def ports_from_log(log_path, server, port, metrics_port, timeout):
-    """Reads the ports a server given port 0 chose from its log."""
+    """Reads the ports a server given port 0 chose from its log; fails at once if it exits."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
+    while True:
+        exited = server.poll() is not None  # before the read: a last line before exit counts
         with open(log_path, errors="replace") as f:
             log = f.read()
         listening = re.search(r"listening on [^\s]*:(\d+)", log)
@@ -102,10 +123,32 @@ def ports_from_log(log_path, server, port, metrics_port, timeout):
         if (port != 0 or listening) and (metrics_port != 0 or metrics):
             return (port or int(listening.group(1)),
                     metrics_port if metrics_port != 0 else int(metrics.group(1)))
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}; see {log_path}")
+        if exited:
+            check_server(server, log_path, "it logged its ports")
+        if time.time() >= deadline:
+            raise RuntimeError(f"the server is still running, but logged no port within "
+                               f"{timeout} s; the end of {log_path}:\n" + log_tail(log_path))
         time.sleep(0.2)
-    raise RuntimeError(f"the server logged no port within {timeout} s; see {log_path}")
+
+
+def run_client(command, log_path, server, server_log_path):
+    """Runs one point's client, its output into `log_path`; returns (exit code, output). If the
+    server exits meanwhile, stops the client and raises with the end of the server's log."""
+    with open(log_path, "w") as log:
+        client = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while client.poll() is None:
+                if server is not None and server.poll() is not None:
+                    client.kill()
+                    client.wait()
+                    check_server(server, server_log_path, "the point's client finished")
+                time.sleep(0.2)
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    with open(log_path, errors="replace") as f:
+        return client.returncode, f.read()
 
 
 def main():
@@ -155,8 +198,14 @@ def main():
         "points": [],
     }
 
+    # SIGTERM (a caller's timeout) ends the sweep as Ctrl-C does: the server is stopped too.
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+
     server = None
     server_log = None
+    server_log_path = os.path.join(out_dir, "server.log")
     if args.server != "none":
         server_cmd = shlex.split(os.path.expanduser(args.server))
         server_cmd = [os.path.expanduser(a) for a in server_cmd]
@@ -165,7 +214,7 @@ def main():
             if scrape:
                 server_cmd += ["--metrics-port", str(args.metrics_port)]
         results["server_command"] = " ".join(shlex.quote(a) for a in server_cmd)
-        server_log = open(os.path.join(out_dir, "server.log"), "w")
+        server_log = open(server_log_path, "w")
         print(f"serve_sweep: starting {results['server_command']}", file=sys.stderr)
         server = subprocess.Popen(server_cmd, stdout=server_log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
@@ -176,11 +225,11 @@ def main():
     try:
         port, metrics_port = args.port, args.metrics_port
         if server is not None and (port == 0 or metrics_port == 0):
-            port, metrics_port = ports_from_log(os.path.join(out_dir, "server.log"), server,
-                                                port, metrics_port, args.ready_timeout)
+            port, metrics_port = ports_from_log(server_log_path, server, port, metrics_port,
+                                                args.ready_timeout)
         metrics_url = f"http://{args.host}:{metrics_port}/metrics" if scrape else ""
         if server is not None and metrics_url:
-            wait_metrics(metrics_url, server, args.ready_timeout)
+            wait_metrics(metrics_url, server, server_log_path, args.ready_timeout)
         client_cmd = [os.path.expanduser(a) for a in shlex.split(args.client)] + ["serve"]
         if args.backend == "grpc":
             client_cmd += ["--backend", "grpc", "--addr", f"{args.host}:{port}"]
@@ -217,22 +266,19 @@ def main():
                 command += ["--seed", str(index + 1)]
             print(f"serve_sweep: {kind} {value}: {' '.join(shlex.quote(a) for a in command)}",
                   file=sys.stderr)
-            if server is not None and server.poll() is not None:
-                raise RuntimeError(f"the server exited with {server.returncode}")
+            check_server(server, server_log_path, f"the point {kind} {value}")
             started = time.time()
-            with open(os.path.join(out_dir, "points", f"{label}.log"), "w") as log:
-                run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-                log.write(run.stdout)
-            sys.stderr.write(run.stdout)
+            point_log = os.path.join(out_dir, "points", f"{label}.log")
+            returncode, output = run_client(command, point_log, server, server_log_path)
+            sys.stderr.write(output)
             point = {"label": f"{kind} {value}", kind: value,
                      "command": " ".join(shlex.quote(a) for a in command),
-                     "exit_code": run.returncode, "wall_s": round(time.time() - started, 1)}
+                     "exit_code": returncode, "wall_s": round(time.time() - started, 1)}
             try:
                 with open(json_path) as f:
                     point["result"] = json.load(f)
             except (OSError, json.JSONDecodeError) as error:
-                point["error"] = f"no result (exit {run.returncode}): {error}"
+                point["error"] = f"no result (exit {returncode}): {error}"
                 exit_code = 1
             results["points"].append(point)
             # Written after every point: an interrupted sweep keeps what it measured.

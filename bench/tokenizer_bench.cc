@@ -13,8 +13,8 @@
 // pre-tokenization every byte-level tokenizer does before any BPE work.
 //
 // Usage: lmserve-tokenizer-bench [FIXTURES_DIR] [GGUF]
-//   FIXTURES_DIR defaults to $LMSERVE_FIXTURES_DIR, else ../shared/fixtures; GGUF to the demo
-//   model.
+//   FIXTURES_DIR defaults to $LMSERVE_FIXTURES_DIR, else tests/fixtures (run from the repository
+//   root); GGUF to the demo model.
 
 #include <time.h>
 
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
   std::string fixtures = argc > 1 ? argv[1] : "";
   if (fixtures.empty()) {
     const char* env = std::getenv("LMSERVE_FIXTURES_DIR");
-    fixtures = env != nullptr ? env : "../shared/fixtures";
+    fixtures = env != nullptr ? env : "tests/fixtures";
   }
   std::string gguf = argc > 2 ? argv[2] : "";
   if (gguf.empty()) {

@@ -47,11 +47,20 @@ port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -1
 
 cli=(build/bin/lmserve-cli)
 export LMSERVE_ADDR="127.0.0.1:$port"
-if ! "${cli[@]}" health --wait 600 >/dev/null; then
-  echo "quickstart: the server did not become SERVING; its log:" >&2
-  cat "$log" >&2
-  exit 1
-fi
+deadline=$((SECONDS + 600))
+until "${cli[@]}" health >/dev/null 2>&1; do  # each check has its own 5 s deadline
+  if ! kill -0 "$server_pid" 2>/dev/null; then
+    echo "quickstart: the server exited before it was SERVING; its log:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  if ((SECONDS >= deadline)); then
+    echo "quickstart: the server did not become SERVING within 600 s; its log:" >&2
+    cat "$log" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
 metrics_port=$(sed -n 's|.*metrics on http://127\.0\.0\.1:\([0-9]*\)/metrics.*|\1|p' "$log" | head -1)
 echo "quickstart: SERVING on $LMSERVE_ADDR (metrics: http://127.0.0.1:$metrics_port/metrics)"
 

@@ -33,6 +33,7 @@
 #include "bench/lmserve_bench/prometheus_text.h"
 #include "bench/lmserve_bench/stats.h"
 #include "common/file.h"
+#include "common/hash.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "server/command_line.h"
@@ -410,7 +411,7 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
     absl::StatusOr<std::vector<Prompt>> made = MakeSyntheticDataset(spec);
     if (!made.ok()) return Usage(std::string(made.status().message()));
     prompts = std::move(*made);
-    spec.seed = load.seed + 0x9e3779b97f4a7c15ULL;
+    spec.seed = load.seed + kGoldenGamma;
     spec.num_prompts = static_cast<int32_t>(std::max<int64_t>(warmup_requests, 1));
     warmup_prompts = std::move(*MakeSyntheticDataset(spec));
     dataset_name =

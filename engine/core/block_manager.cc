@@ -2,22 +2,12 @@
 
 #include <algorithm>
 
+#include "common/hash.h"
 #include "engine/core/check.h"
 
 namespace lmserve::engine {
 namespace {
 
-// splitmix64's finalizer: a bijection on 64-bit words with good avalanche.
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 constexpr uint64_t kRootHash = 0x6c6d7365727665ULL;  // the "parent" of a sequence's first block
 
 }  // namespace
@@ -46,10 +36,11 @@ void BlockManager::ExtendBlockHashes(std::span<const int32_t> tokens,
   const size_t num_full_blocks = tokens.size() / static_cast<size_t>(block_size_tokens_);
   while (hashes->size() < num_full_blocks) {
     const size_t block = hashes->size();
-    uint64_t hash = Mix((block == 0 ? kRootHash : hashes->back()) + kGolden);
+    // The parent's hash, then each token folded in (bit for bit the hashes of before common/).
+    uint64_t hash = Mix64((block == 0 ? kRootHash : hashes->back()) + kGoldenGamma);
     const int32_t* begin = tokens.data() + block * static_cast<size_t>(block_size_tokens_);
     for (int32_t i = 0; i < block_size_tokens_; ++i) {
-      hash = Mix(hash ^ (static_cast<uint64_t>(static_cast<uint32_t>(begin[i])) + kGolden));
+      hash = HashCombine(hash, static_cast<uint64_t>(static_cast<uint32_t>(begin[i])));
     }
     hashes->push_back(hash);
   }

@@ -5,8 +5,10 @@
 #include <span>
 #include <utility>
 
+#include "common/hash.h"
 #include "common/strings.h"
 #include "engine/core/check.h"
+#include "kernels/cpu/philox.h"
 
 namespace lmserve::engine {
 
@@ -255,15 +257,13 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
         block_manager_.BlockTable(seq.seq_id), mode);
     if (runner_->samples_on_device()) {
       const SamplingParams& p = r.params();
-      // The draw is a function of (seed, sample index, position), as SampleUniform's.
-      uint64_t seed_state = r.seed ^ (0x9e3779b97f4a7c15ULL *
-                                      (static_cast<uint64_t>(seq.sample_index) + 1));
+      // The Philox key and counter of the engine's own draw (ProcessSequence): one definition.
       batch_.sampling.push_back(
           {.temperature = static_cast<float>(p.temperature),
            .top_k = p.top_k,
            .top_p = static_cast<float>(p.top_p),
            .min_p = static_cast<float>(p.min_p),
-           .seed = SplitMix64(&seed_state),
+           .seed = kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
            .step = static_cast<uint64_t>(seq.num_known_tokens())});
     }
   }
@@ -330,11 +330,11 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
       mode == LogitsMode::kAll ? rows + int64_t{scheduled.num_new_tokens - 1} * vocab_size_ : rows;
   const RequestState& r = *sample->request;
   const std::span<const int32_t> tokens(seq.tokens);
-  const double uniform = SampleUniform(r.seed, seq.sample_index, seq.num_known_tokens());
-  const int32_t token_id =
-      sampler_.Sample(std::span<const float>(last_row, static_cast<size_t>(vocab_size_)),
-                      r.params(), tokens.first(seq.num_prompt_tokens),
-                      tokens.subspan(seq.num_prompt_tokens), eos_token_ids_, uniform);
+  const int32_t token_id = sampler_.Sample(
+      std::span<const float>(last_row, static_cast<size_t>(vocab_size_)), r.params(),
+      tokens.first(seq.num_prompt_tokens), tokens.subspan(seq.num_prompt_tokens), eos_token_ids_,
+      kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
+      seq.num_known_tokens());
   AppendToken(sample, token_id, last_row, now);
 }
 

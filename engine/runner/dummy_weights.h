@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/hash.h"
+
 namespace lmserve::engine {
 
 struct DummyRange {
@@ -27,13 +29,7 @@ uint64_t DummyTensorSeed(std::string_view name);
 
 // The unit draw of element i: [0, 1), 24 random bits.
 inline float DummyUnit(uint64_t seed, int64_t i) {
-  uint64_t x = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1);
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return static_cast<float>(x >> 40) * 0x1.0p-24f;
+  return static_cast<float>(SplitMix64At(seed, static_cast<uint64_t>(i)) >> 40) * 0x1.0p-24f;
 }
 
 // Fills dst[0 .. n) with tensor `name`'s dummy values.

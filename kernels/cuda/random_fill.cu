@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/hash.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/random_fill.h"
@@ -10,22 +11,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// splitmix64's finalizer: a well-mixed 64-bit hash of the counter.
-__device__ __forceinline__ uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RandomFillKernel(T* output, int64_t n, float low, float span, uint64_t seed) {
   const int64_t stride = int64_t{gridDim.x} * kThreads;
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += stride) {
-    const uint64_t bits = Mix64(seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1));
+    const uint64_t bits = SplitMix64At(seed, static_cast<uint64_t>(i));  // as engine::DummyUnit
     const float unit = static_cast<float>(bits >> 40) * 0x1.0p-24f;  // [0, 1)
     if constexpr (std::is_same_v<T, float>) {
       // Rounded step by step, as engine::FillDummyF32 computes it: the CPU runner's values.

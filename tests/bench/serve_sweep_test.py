@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """bench/serve_sweep.py end to end: a fixture model served on free ports, a two-point sweep, and the
 results folder it writes (results.json with provenance and both points, summary.md; plot.png when
-gnuplot is installed). Exit 77 (skipped) when the binaries are not built."""
+gnuplot is installed). Then a server that exits at once (a bad --model) with an hour's
+--ready-timeout: the sweep must fail at once with the server's log, not wait (a sweep that waited
+would run into this test's own timeout; nothing asserts on times). Exit 77 (skipped) when the
+binaries are not built."""
 
 import argparse
 import json
@@ -12,6 +15,24 @@ import sys
 import tempfile
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_sweep(arguments, timeout):
+    """Runs serve_sweep.py; on a timeout, SIGTERM (it then stops its server) and SIGKILL."""
+    sweep = subprocess.Popen([sys.executable, os.path.join(SOURCE, "bench", "serve_sweep.py")]
+                             + arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        stdout, stderr = sweep.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        sweep.terminate()
+        try:
+            stdout, stderr = sweep.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            sweep.kill()
+            stdout, stderr = sweep.communicate()
+        stderr += f"\n[serve_sweep_test: the sweep was stopped after {timeout} s]"
+    return subprocess.CompletedProcess(sweep.args, sweep.returncode, stdout, stderr)
 
 
 def main():
@@ -27,13 +48,12 @@ def main():
             print(f"skipped: {path} is missing")
             return 77
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, os.path.join(SOURCE, "bench", "serve_sweep.py"),
-                   "--name", "test-sweep", "--out-dir", out,
-                   "--server", f"{server} serve --model {model} --kv-cache-mb 16 --threads 1",
-                   "--port", "0", "--metrics-port", "0", "--client", client,
-                   "--concurrency", "1,2", "--min-prompts", "4",
-                   "--client-args", "--input-len 8 --output-len 4", "--ready-timeout", "120"]
-        run = subprocess.run(command, capture_output=True, text=True, timeout=280)
+        run = run_sweep(["--name", "test-sweep", "--out-dir", out, "--server",
+                         f"{server} serve --model {model} --kv-cache-mb 16 --threads 1",
+                         "--port", "0", "--metrics-port", "0", "--client", client,
+                         "--concurrency", "1,2", "--min-prompts", "4",
+                         "--client-args", "--input-len 8 --output-len 4",
+                         "--ready-timeout", "120"], timeout=200)
         if run.returncode != 0:
             print(run.stdout, run.stderr)
             return 1
@@ -63,6 +83,22 @@ def main():
             check(os.path.getsize(os.path.join(out, "plot.png")) > 1000, "plot.png")
         if failures:
             print("failed:", failures, "\n", run.stderr)
+            return 1
+    with tempfile.TemporaryDirectory() as out:
+        run = run_sweep(["--name", "test-dead-server", "--out-dir", out, "--server",
+                         f"{server} serve --model /nonexistent/lmserve-model --threads 1",
+                         "--port", "0", "--metrics-port", "0", "--client", client,
+                         "--concurrency", "1", "--no-plot", "--ready-timeout", "3600"],
+                        timeout=60)
+        reported = run.stderr
+        for part in ("the server exited with code 1 before", "cannot serve the model",
+                     "/nonexistent/lmserve-model"):
+            if part not in reported:
+                print(f"failed: the sweep's report of a dead server lacks {part!r} "
+                      f"(exit {run.returncode}):\n{reported}")
+                return 1
+        if run.returncode != 1:
+            print(f"failed: the sweep of a dead server exited {run.returncode}, not 1")
             return 1
     print("ok")
     return 0

@@ -17,6 +17,8 @@ cli=$(dirname "$binary")/lmserve-cli
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 say() { echo "image_smoke_test: $*"; }
+# shellcheck source=tests/testing/wait_ready.sh
+source "$repo/tests/testing/wait_ready.sh"
 
 if ! "$binary" serve --help >/dev/null 2>&1 || [[ ! -x $cli ]]; then
   say "SKIP: no lmserve serve or lmserve-cli yet"
@@ -89,10 +91,10 @@ if [[ -z $server_pid ]]; then
   exit 1
 fi
 
+# The HEALTHCHECK command, polled while the server lives (up to 120 s).
 health=("${health_cmd[@]/127.0.0.1:50051/127.0.0.1:$port}")
-if ! in_image "${health[@]}" --wait 120; then
-  cat "$root.log"
-  say "FAIL: the HEALTHCHECK command did not report SERVING within 120 s"
+if ! wait_ready "$server_pid" "$root.log" 120 image_smoke_test in_image "${health[@]}"; then
+  say "FAIL: the HEALTHCHECK command did not report SERVING"
   exit 1
 fi
 say "the HEALTHCHECK command reports SERVING"

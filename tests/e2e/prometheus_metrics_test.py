@@ -87,15 +87,30 @@ def main():
                 f"rule_files:\n  - {os.path.join(REPO, 'deploy', 'prometheus', 'lmserve-rules.yaml')}\n"
                 "scrape_configs:\n  - job_name: lmserve\n    static_configs:\n"
                 f"      - targets: ['127.0.0.1:{server.metrics_port}']\n")
-    prom = subprocess.Popen(
-        [prometheus, f"--config.file={config_path}", f"--storage.tsdb.path={storage}/data",
-         f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    prom_log_path = os.path.join(storage, "prometheus.log")
+    with open(prom_log_path, "w", encoding="utf-8") as prom_log:
+        prom = subprocess.Popen(
+            [prometheus, f"--config.file={config_path}", f"--storage.tsdb.path={storage}/data",
+             f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=prom_log)
+
+    def check_alive():
+        """Raises at once, with the log of the process, when Prometheus or the server exited."""
+        if prom.poll() is not None:
+            with open(prom_log_path, encoding="utf-8", errors="replace") as f:
+                raise RuntimeError(f"Prometheus exited with code {prom.returncode}; its log:\n"
+                                   + f.read())
+        exit_description = server.exit_description()
+        if exit_description is not None:
+            raise e2e_util.ServerExited(f"the server {exit_description}; its log:\n"
+                                        + server.log())
+
     failures = []
     try:
         # Rates need an increase between two scrapes: let Prometheus scrape the idle server first.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            check_alive()
             try:
                 if scalar(prometheus_port, 'up{job="lmserve"}') == 1:
                     break
@@ -126,6 +141,7 @@ def main():
         ttft = generated = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            check_alive()
             try:
                 ttft = scalar(prometheus_port, "sum(lmserve_time_to_first_token_seconds_count)")
                 generated = scalar(prometheus_port, "sum(lmserve_generation_tokens_total)")

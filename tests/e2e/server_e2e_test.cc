@@ -722,11 +722,10 @@ TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
                                        /*wait_serving=*/false);
     ASSERT_NE(server, nullptr);
     auto channel = grpc::CreateChannel(server->address(), grpc::SslCredentials(trusting));
-    grpc::Status status;
-    for (int i = 0; i < 200 && !(status = call(channel)).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // until SERVING
-    }
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    grpc::Status status;  // the last call's
+    const absl::Status served = server->WaitFor(
+        "an answer over TLS", [&] { return (status = call(channel)).ok(); }, 120);
+    EXPECT_TRUE(served.ok()) << status.error_message() << "\n" << served.message();
     EXPECT_FALSE(call(server->Channel()).ok());  // plaintext is refused
   }
   {
@@ -737,10 +736,10 @@ TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
     ASSERT_NE(server, nullptr);
     auto channel = grpc::CreateChannel(server->address(), grpc::SslCredentials(with_client_cert));
     grpc::Status status;
-    for (int i = 0; i < 200 && !(status = call(channel)).ok(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    const absl::Status served = server->WaitFor(
+        "an answer over TLS with a client certificate",
+        [&] { return (status = call(channel)).ok(); }, 120);
+    EXPECT_TRUE(served.ok()) << status.error_message() << "\n" << served.message();
     EXPECT_FALSE(
         call(grpc::CreateChannel(server->address(), grpc::SslCredentials(trusting))).ok());
     // lmserve-cli speaks TLS with a client certificate too.

@@ -5,9 +5,9 @@
 //  * Decode and every Detokenizer chunk are valid UTF-8, and the chunks concatenate to Decode;
 //  * for valid UTF-8 input, the byte-level tokenizers give decode(encode(x)) == x.
 //
-// Needs the fixtures directory: $LMSERVE_FIXTURES_DIR, else the LMSERVE_FIXTURES_DIR compile
-// definition where the build sets one, else ../shared/fixtures from the working directory (the
-// repository root, where scripts/fuzz.sh runs the fuzzers). Seeds: tests/fuzz/corpus/tokenizer_fuzz/.
+// Needs the fixtures directory: $LMSERVE_FIXTURES_DIR, else the build's LMSERVE_FIXTURES_DIR
+// (tests/fuzz/CMakeLists.txt passes it; default: the repository's tests/fixtures), else
+// tests/fixtures from the working directory (the repository root, where scripts/fuzz.sh runs them). Seeds: tests/fuzz/corpus/tokenizer_fuzz/.
 // Example: scripts/fuzz.sh, or build-fuzz/bin/tokenizer_fuzz -max_len=512 -runs=100000
 
 #include <cstddef>
@@ -39,7 +39,7 @@ std::string FixturesDir() {
 #ifdef LMSERVE_FIXTURES_DIR
   return LMSERVE_FIXTURES_DIR;
 #else
-  return "../shared/fixtures";
+  return "tests/fixtures";
 #endif
 }
 

@@ -18,7 +18,8 @@
 #
 # Usage: tests/gpu/concurrent_streams.sh RUN MODEL OUTDIR [DTYPE]
 #   RUN: the command prefix that runs a built binary by name: "build/bin/" (then build/bin/lmserve)
-#        or ".gpu/bundle/run " (a bundle from ../shared/tools/bundle-binaries; note the space).
+#        or ".gpu/bundle/run " (a bundle made by the workspace's bundle-binaries tool; note the
+#        space).
 #   MODEL: the model path (the demo GGUF). OUTDIR: where outputs and server logs go.
 #   DTYPE: the CUDA server's --dtype: auto (the default: bfloat16), bfloat16 or float32. The CPU
 #          server always runs in float32.
@@ -38,15 +39,18 @@ for s in "${subjects[@]}"; do
   for t in "${templates[@]}"; do prompts+=("$(printf "$t" "$s")"); done
 done
 
-serve() {  # serve BACKEND PORT [ARGS...]
+# shellcheck source=tests/testing/wait_ready.sh
+source "$(cd "$(dirname "$0")/.." && pwd)/testing/wait_ready.sh"
+
+serve() {  # serve BACKEND PORT [ARGS...]: fails at once, with the log, if the server exits
   local backend=$1 port=$2
   shift 2
   ${run}lmserve serve --model "$model" --backend "$backend" --port "$port" --max-num-seqs 64 \
     --max-num-batched-tokens 2048 "$@" >"$out/server-$backend.log" 2>&1 &
-  echo $! >"$out/server-$backend.pid"
-  ${run}lmserve-cli health --addr "127.0.0.1:$port" --wait 300 >/dev/null || {
-    echo "the $backend server did not become healthy"; tail -20 "$out/server-$backend.log"
-    exit 1; }
+  local pid=$!
+  echo "$pid" >"$out/server-$backend.pid"
+  wait_ready "$pid" "$out/server-$backend.log" 300 "the $backend server" \
+    ${run}lmserve-cli health --addr "127.0.0.1:$port" || { kill -KILL "$pid" 2>/dev/null; exit 1; }
 }
 
 complete_all() {  # complete_all BACKEND PORT [ARGS...]: 64 concurrent streams, JSON lines out
@@ -54,7 +58,7 @@ complete_all() {  # complete_all BACKEND PORT [ARGS...]: 64 concurrent streams, 
   shift 2
   for i in "${!prompts[@]}"; do
     ${run}lmserve-cli complete --addr "127.0.0.1:$port" --max-tokens 32 --temperature 0 --json \
-      "$@" "${prompts[$i]}" >"$out/$backend-$i.json" 2>"$out/$backend-$i.err" &
+      --timeout-s 900 "$@" "${prompts[$i]}" >"$out/$backend-$i.json" 2>"$out/$backend-$i.err" &
     pids+=($!)
   done
   wait "${pids[@]}"  # the clients only: the server runs in the background too
@@ -66,7 +70,7 @@ echo "cuda server: $(grep -o 'runner: cuda in [a-z0-9]*' "$out/server-cuda.log" 
 complete_all cuda 50061
 for i in "${!prompts[@]}"; do  # one at a time, with margins
   ${run}lmserve-cli complete --addr "127.0.0.1:50061" --max-tokens 32 --temperature 0 --json \
-    --logprobs 2 "${prompts[$i]}" >"$out/cuda1-$i.json" 2>"$out/cuda1-$i.err"
+    --timeout-s 300 --logprobs 2 "${prompts[$i]}" >"$out/cuda1-$i.json" 2>"$out/cuda1-$i.err"
 done
 kill -TERM "$(cat "$out/server-cuda.pid")"; wait "$(cat "$out/server-cuda.pid")" 2>/dev/null
 serve cpu 50062

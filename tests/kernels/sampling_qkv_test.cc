@@ -1,6 +1,7 @@
 // CPU twins added for the CUDA kernels: Philox (Random123 known-answer vectors), the sampler's
 // definition, and the rotary cos/sin table the GPU QKV post-processing reads.
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -69,6 +70,118 @@ TEST(SamplingTest, FiltersKeepTheDefinedSets) {
   d = SampleRow(logits.data(), 8, 1.0f, 0, 0.7f, 0.0f, 0.5f);
   EXPECT_EQ(d.kept, (std::vector<bool>{false, true, true, true, false, false, true, false}));
   EXPECT_FALSE(d.kept[7]);  // NaN never
+}
+
+// The definition in kernels/cpu/sampling.h written out the plain way: a full sort of the row,
+// every weight, flags for the kept set. SampleRow must decide exactly as this does.
+SamplingDecision NaiveSampleRow(const float* logits, int64_t vocab_size, float temperature,
+                                int32_t top_k, float top_p, float min_p, float uniform) {
+  const auto n = static_cast<size_t>(vocab_size);
+  SamplingDecision d;
+  d.kept.assign(n, false);
+  d.weights.assign(n, 0.0);
+  std::vector<float> z(n);
+  const float inv_temperature = 1.0f / temperature;
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < n; ++i) {
+    z[i] = logits[i] * inv_temperature;
+    if (!std::isnan(z[i])) order.push_back(static_cast<int32_t>(i));
+  }
+  if (order.empty()) return d;
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return z[a] > z[b]; });
+  if (z[order[0]] == -INFINITY) return d;  // no finite maximum: token 0
+  const double max_z = z[order[0]];
+  std::vector<double> w(n, 0.0);
+  for (int32_t i : order) w[i] = std::exp(static_cast<double>(z[i]) - max_z);
+  size_t kept_count = order.size();
+  if (top_k > 0 && static_cast<size_t>(top_k) < order.size()) {
+    kept_count = static_cast<size_t>(top_k);
+    while (kept_count < order.size() && z[order[kept_count]] == z[order[top_k - 1]]) ++kept_count;
+  }
+  if (top_p < 1.0f) {
+    double set_weight = 0;
+    for (size_t r = 0; r < kept_count; ++r) set_weight += w[order[r]];
+    const double limit = top_p > 0 ? static_cast<double>(top_p) * set_weight : 0.0;
+    double above = 0;
+    size_t r = 0;
+    while (r < kept_count && (r == 0 || above < limit)) {
+      const float group_z = z[order[r]];
+      while (r < kept_count && z[order[r]] == group_z) above += w[order[r++]];
+    }
+    kept_count = r;
+  }
+  for (size_t r = 0; r < kept_count; ++r) {
+    const int32_t i = order[r];
+    if (min_p > 0 && w[i] < static_cast<double>(min_p)) continue;
+    d.kept[i] = true;
+    d.weights[i] = w[i];
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += d.weights[i];
+  d.target = static_cast<double>(uniform) * total;
+  double cumulative = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!d.kept[i]) continue;
+    d.token = static_cast<int32_t>(i);
+    cumulative += d.weights[i];
+    if (cumulative > d.target) break;
+  }
+  return d;
+}
+
+// Random rows with ties (logits rounded to a coarse grid), NaNs and -inf, at awkward sizes, under
+// every combination of filters: the fast SampleRow keeps the same set, with the same weights, and
+// draws the same token as the plain definition. (The two sum the top-p set's weight in different
+// orders, so a group whose boundary falls within 1e-15 of p could differ: not in these rows.)
+TEST(SamplingTest, SampleRowMatchesThePlainDefinition) {
+  std::mt19937 rng(20261125);
+  const int32_t kTopK[] = {0, 1, 2, 7, 50, 1000};
+  const float kTopP[] = {1.0f, 0.0f, 0.3f, 0.9f, 0.999f};
+  const float kMinP[] = {0.0f, 0.01f, 0.2f};
+  int64_t rows = 0;
+  for (int64_t vocab : {1, 3, 17, 97, 1000, 5003}) {
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<float> logits = Logits(static_cast<size_t>(vocab), rng(), 2.5f);
+      if (trial % 2 == 1) {
+        for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;  // many ties
+      }
+      if (trial % 3 == 2 && vocab > 2) {
+        logits[rng() % vocab] = NAN;
+        logits[rng() % vocab] = -INFINITY;
+      }
+      for (int32_t top_k : kTopK) {
+        for (float top_p : kTopP) {
+          for (float min_p : kMinP) {
+            const float temperature = 0.3f + 0.25f * static_cast<float>(rng() % 8);
+            const float u = UniformFromSeed(rng(), rng());
+            SCOPED_TRACE(::testing::Message()
+                         << "vocab " << vocab << " trial " << trial << " k " << top_k << " p "
+                         << top_p << " min_p " << min_p << " T " << temperature << " u " << u);
+            const SamplingDecision fast =
+                SampleRow(logits.data(), vocab, temperature, top_k, top_p, min_p, u);
+            const SamplingDecision plain =
+                NaiveSampleRow(logits.data(), vocab, temperature, top_k, top_p, min_p, u);
+            ASSERT_EQ(fast.kept, plain.kept);
+            ASSERT_EQ(fast.weights, plain.weights);
+            ASSERT_EQ(fast.target, plain.target);
+            ASSERT_EQ(fast.token, plain.token);
+            ++rows;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rows, 6 * 6 * 6 * 5 * 3);
+}
+
+// No finite maximum (every logit -inf, or NaN and -inf): token 0, as the CUDA sampler returns.
+TEST(SamplingTest, ARowWithoutAFiniteLogitGivesTokenZero) {
+  const std::vector<float> masked = {-INFINITY, -INFINITY, NAN, -INFINITY};
+  for (float u : {0.0f, 0.5f, 0.9999f}) {
+    const SamplingDecision d = SampleRow(masked.data(), 4, 0.8f, 0, 0.9f, 0.05f, u);
+    EXPECT_EQ(d.token, 0);
+    EXPECT_EQ(d.kept, std::vector<bool>(4, false));
+  }
 }
 
 TEST(SamplingTest, SeededDrawsAreReproducibleAndFollowTheDistribution) {

@@ -1,4 +1,5 @@
-// Access to the outside reference fixtures (../shared/fixtures) and the demo model.
+// Access to the outside reference fixtures (tests/fixtures: Hugging Face's own numbers) and the demo
+// model.
 
 #ifndef LMSERVE_TESTS_TESTING_FIXTURES_H_
 #define LMSERVE_TESTS_TESTING_FIXTURES_H_
@@ -12,6 +13,8 @@ namespace lmserve::testing {
 
 // The four tiny Hugging Face checkpoints in fixtures/hf-tiny.
 const std::vector<std::string>& HfTinyModelNames();
+// $LMSERVE_FIXTURES_DIR, else the build's LMSERVE_FIXTURES_DIR (default: the repository's
+// tests/fixtures).
 std::string FixturesDir();
 std::string HfTinyDir(const std::string& model_name);
 

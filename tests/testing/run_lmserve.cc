@@ -11,10 +11,12 @@
 
 namespace lmserve::testing {
 
-RunResult RunLmserve(const std::string& arguments) {
+RunResult RunLmserve(const std::string& arguments, int timeout_seconds) {
   static int counter = 0;
   const std::string err_path = StrCat(TempDir(), "/lmserve_stderr_", counter++, ".txt");
-  const std::string command = StrCat(LMSERVE_BINARY_DIR, "/bin/lmserve ", arguments, " 2>", err_path);
+  const std::string command =
+      StrCat("timeout --kill-after=10 ", timeout_seconds, " ", LMSERVE_BINARY_DIR, "/bin/lmserve ",
+             arguments, " 2>", err_path);
   RunResult result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -27,6 +29,10 @@ RunResult RunLmserve(const std::string& arguments) {
   std::stringstream text;
   text << err.rdbuf();
   result.err = text.str();
+  if (result.exit_code == 124) {
+    result.timed_out = true;
+    result.err += StrCat("\n[RunLmserve: killed after its deadline of ", timeout_seconds, " s]\n");
+  }
   return result;
 }
 

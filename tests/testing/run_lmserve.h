@@ -8,13 +8,15 @@
 namespace lmserve::testing {
 
 struct RunResult {
-  int exit_code = -1;  // -1: did not run or did not exit normally
-  std::string out;     // stdout
-  std::string err;     // stderr
+  int exit_code = -1;      // -1: did not run or did not exit normally
+  std::string out;         // stdout
+  std::string err;         // stderr
+  bool timed_out = false;  // killed at the deadline (then exit_code is 124, and err says so)
 };
 
-// Runs `bin/lmserve <arguments>` through the shell (quote arguments with spaces yourself).
-RunResult RunLmserve(const std::string& arguments);
+// Runs `bin/lmserve <arguments>` through the shell (quote arguments with spaces yourself), under
+// coreutils' `timeout`: killed (SIGTERM, then SIGKILL 10 s later) after `timeout_seconds`.
+RunResult RunLmserve(const std::string& arguments, int timeout_seconds = 300);
 
 }  // namespace lmserve::testing
 

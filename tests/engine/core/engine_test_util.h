@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/strings.h"
 #include "engine/core/engine_core.h"
 #include "gtest/gtest.h"
@@ -74,9 +75,9 @@ class CoreHarness {
   std::vector<int32_t> Prompt(const std::string& name, int32_t length) const {
     std::vector<int32_t> prompt;
     uint64_t state = 0;
-    for (char c : name) state = FakeMix(state ^ static_cast<uint8_t>(c));
+    for (char c : name) state = Mix64(state ^ static_cast<uint8_t>(c));
     for (int32_t i = 0; i < length; ++i) {
-      state = FakeMix(state + static_cast<uint64_t>(i));
+      state = Mix64(state + static_cast<uint64_t>(i));
       prompt.push_back(1 + static_cast<int32_t>(state % static_cast<uint64_t>(vocab_size_ - 1)));
     }
     return prompt;

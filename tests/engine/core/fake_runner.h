@@ -18,25 +18,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/hash.h"
 #include "common/strings.h"
 #include "engine/core/clock.h"
 #include "engine/runner/model_runner.h"
 
 namespace lmserve::engine::testing {
 
-inline uint64_t FakeMix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 // The state after a context: fold each token in.
 inline uint64_t FakeContextHash(uint64_t hash, int32_t token_id) {
-  return FakeMix(hash ^
-                 (static_cast<uint64_t>(static_cast<uint32_t>(token_id)) + 0x9e3779b97f4a7c15ULL));
+  return HashCombine(hash, static_cast<uint64_t>(static_cast<uint32_t>(token_id)));
 }
 constexpr uint64_t kFakeEmptyContextHash = 0x1234567ULL;
 
@@ -44,7 +35,7 @@ constexpr uint64_t kFakeEmptyContextHash = 0x1234567ULL;
 inline void FakeLogitsFromHash(uint64_t context_hash, int64_t vocab_size, float* out) {
   for (int64_t v = 0; v < vocab_size; ++v) {
     const uint64_t bits =
-        FakeMix(context_hash ^ (static_cast<uint64_t>(v) * 0xd1b54a32d192ed03ULL));
+        Mix64(context_hash ^ (static_cast<uint64_t>(v) * 0xd1b54a32d192ed03ULL));
     out[v] = static_cast<float>(bits >> 40) * (4.0f / 16777216.0f);
   }
 }

@@ -1,12 +1,16 @@
 #include "engine/core/sampler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/philox.h"
+#include "kernels/cpu/sampling.h"
 
 namespace lmserve::engine {
 namespace {
@@ -119,11 +123,13 @@ std::vector<double> Expected(double temperature, int top_k, double top_p, double
   return p;
 }
 
+// kNumDraws draws of one request's sample 0, at positions 0, 1, 2, ...
 std::vector<int> Draw(const SamplingParams& params, uint64_t seed) {
   Sampler sampler(static_cast<int64_t>(kLogits.size()));
   std::vector<int> counts(kLogits.size(), 0);
+  const uint64_t key = kernels::SampleStreamKey(seed, 0);
   for (int i = 0; i < kNumDraws; ++i) {
-    const int32_t token = sampler.Sample(kLogits, params, {}, {}, {}, SampleUniform(seed, 0, i));
+    const int32_t token = sampler.Sample(kLogits, params, {}, {}, {}, key, i);
     ++counts[static_cast<size_t>(token)];
   }
   return counts;
@@ -188,61 +194,146 @@ TEST(SamplerTest, TheFixtureDistributionsReallyAreTruncated) {
   EXPECT_GE(std::count(all.begin(), all.end(), 0.0), 2);
 }
 
-// Top-p over a large, flat vocabulary (the nucleus holds hundreds of tokens, so the sampler's
-// growing partial sort must extend several times) picks exactly what a full sort picks.
+// Top-p over a large, flat vocabulary (the nucleus holds hundreds of tokens, so the selection's
+// growing partial sort must extend several times) picks exactly what the definition in
+// kernels/cpu/sampling.h gives with a full sort: z = logit * (1/T) in fp32, w = exp(z - max z),
+// the nucleus the tokens with less than p of the weight above them, and the draw walking the
+// nucleus in vocabulary order. (The engine's sampler before the one definition walked it in
+// probability order; a draw u then picks another token, the distribution being the same.)
 TEST(SamplerTest, TopPOnALargeFlatVocabularyMatchesAFullSort) {
   constexpr int kVocab = 5000;
   std::vector<float> logits(kVocab);
-  for (int i = 0; i < kVocab; ++i) {
-    logits[i] = static_cast<float>(SampleUniform(99, 0, i) * 3.0);
-  }
+  for (int i = 0; i < kVocab; ++i) logits[i] = SampleUniform(99, 0, i) * 3.0f;
   SamplingParams params;
   params.temperature = 1.3;
   params.top_p = 0.7;
-  // Reference: every probability, one full sort, the smallest prefix reaching top_p.
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(kVocab);
-  const double inverse_temperature = 1.0 / params.temperature;  // as the sampler computes it
-  for (int i = 0; i < kVocab; ++i) {
-    p[i] = std::exp((double{logits[i]} - max_logit) * inverse_temperature);
-  }
+  const float inverse_temperature = 1.0f / static_cast<float>(params.temperature);
+  std::vector<float> z(kVocab);
+  for (int i = 0; i < kVocab; ++i) z[i] = logits[i] * inverse_temperature;
+  const float max_z = *std::max_element(z.begin(), z.end());
+  std::vector<double> w(kVocab);
+  for (int i = 0; i < kVocab; ++i) w[i] = std::exp(double{z[i]} - double{max_z});
   std::vector<int32_t> order(kVocab);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return z[a] > z[b]; });
   double total = 0.0;
-  for (int32_t id : order) total += p[id];
-  double cumulative = 0.0;
-  size_t keep = 0;
-  while (keep < order.size() && cumulative < params.top_p * total) cumulative += p[order[keep++]];
-  ASSERT_GT(keep, 1000u) << "the nucleus should be large";
-  order.resize(keep);
+  for (int32_t id : order) total += w[id];
+  std::vector<bool> kept(kVocab, false);
+  double above = 0.0;
+  size_t num_kept = 0;
+  for (int32_t id : order) {
+    if (num_kept > 0 && !(above < static_cast<float>(params.top_p) * total)) break;
+    kept[id] = true;
+    above += w[id];
+    ++num_kept;
+  }
+  ASSERT_GT(num_kept, 1000u) << "the nucleus should be large";
   double kept_total = 0.0;
-  for (int32_t id : order) kept_total += p[id];
+  for (int i = 0; i < kVocab; ++i) kept_total += kept[i] ? w[i] : 0.0;
 
   Sampler sampler(kVocab);
+  const uint64_t key = kernels::SampleStreamKey(5, 0);
   for (int draw = 0; draw < 200; ++draw) {
-    const double u = SampleUniform(5, 0, draw);
+    const double target = double{kernels::UniformFromSeed(key, draw)} * kept_total;
     double running = 0.0;
-    int32_t expected = order.back();
-    for (int32_t id : order) {
-      running += p[id];
-      if (u * kept_total < running) {
-        expected = id;
-        break;
-      }
+    int32_t expected = -1;
+    for (int i = 0; i < kVocab && expected < 0; ++i) {
+      if (!kept[i]) continue;
+      running += w[i];
+      if (running > target) expected = i;
     }
-    ASSERT_EQ(sampler.Sample(logits, params, {}, {}, {}, u), expected) << "draw " << draw;
+    ASSERT_EQ(sampler.Sample(logits, params, {}, {}, {}, key, draw), expected) << "draw " << draw;
   }
 }
 
-// ---- Exact behaviours -----------------------------------------------------------------------
 int32_t Greedy(const std::vector<float>& logits, SamplingParams params,
                std::vector<int32_t> prompt = {}, std::vector<int32_t> output = {},
-               std::vector<int32_t> eos = {}) {
+               std::vector<int32_t> eos = {});
+
+// ---- One definition with the device sampler ---------------------------------------------------
+// For the same seed, sample index, position and float32 logits, the engine's Sampler (no
+// engine-only processing asked for) draws the token that kernels::Sample draws: the CPU twin of
+// the CUDA sampler, and what the CPU runner runs for LogitsMode::kSample. kernels::Sample gets
+// what engine_core.cc hands the runner: the settings cast to float (0.7 is not a float), Philox
+// key kernels::SampleStreamKey(seed, sample index), counter the position. Random rows at awkward
+// sizes, every filter combination, ties (logits on a coarse grid), NaN and -inf entries.
+TEST(SamplerTest, DrawsWhatTheDeviceSamplersCpuTwinDraws) {
+  struct Setting {
+    double temperature;
+    int32_t top_k;
+    double top_p;
+    double min_p;
+  };
+  const std::vector<Setting> settings = {
+      {0.0, 0, 1.0, 0.0},  {1.0, 0, 1.0, 0.0},   {0.7, 50, 1.0, 0.0},    {1.0, 1, 1.0, 0.0},
+      {1.0, 0, 0.9, 0.0},  {0.8, 40, 0.95, 0.0}, {1.0, 0, 1.0, 0.05},    {1.2, 1000, 0.5, 0.02},
+      {1.0, 0, 0.0, 0.0},  {2.0, 0, 0.99, 0.0},  {0.5, 5, 0.3, 0.1},     {1.3, 7, 0.8, 0.05},
+      {0.9, 0, 0.6, 0.01}, {1.1, 3, 1.0, 0.2},   {0.6, 20000, 0.97, 0.0}};
+  std::mt19937_64 rng(20261125);
+  int64_t rows = 0, sampled = 0, distinct_from_greedy = 0;
+  for (int64_t vocab : {2, 17, 1000, 32003}) {
+    Sampler sampler(vocab);
+    for (int trial = 0; trial < 6; ++trial) {
+      std::normal_distribution<float> normal(0.0f, trial % 3 == 2 ? 0.1f : 3.0f);
+      std::vector<float> logits(static_cast<size_t>(vocab));
+      for (float& x : logits) x = normal(rng);
+      if (trial % 2 == 1) {
+        for (float& x : logits) x = std::round(x * 4.0f) / 4.0f;  // ties
+      }
+      if (trial == 4 && vocab > 2) {
+        logits[rng() % vocab] = NAN;
+        logits[rng() % vocab] = -INFINITY;
+      }
+      for (const Setting& setting : settings) {
+        for (int draw = 0; draw < 4; ++draw) {
+          const uint64_t seed = rng();
+          const auto sample_index = static_cast<int32_t>(rng() % 8);
+          const auto position = static_cast<int64_t>(rng() % 100000);
+          SamplingParams params;
+          params.temperature = setting.temperature;
+          params.top_k = setting.top_k;
+          params.top_p = setting.top_p;
+          params.min_p = setting.min_p;
+          const uint64_t key = kernels::SampleStreamKey(seed, static_cast<uint64_t>(sample_index));
+          const int32_t engine = sampler.Sample(logits, params, {}, {}, {}, key, position);
+
+          const float temperature = static_cast<float>(setting.temperature);
+          const float top_p = static_cast<float>(setting.top_p);
+          const float min_p = static_cast<float>(setting.min_p);
+          const auto step = static_cast<uint64_t>(position);
+          int32_t twin = -1;
+          kernels::Sample({.logits = logits.data(),
+                           .output = &twin,
+                           .temperature = &temperature,
+                           .top_k = &setting.top_k,
+                           .top_p = &top_p,
+                           .min_p = &min_p,
+                           .seeds = &key,
+                           .steps = &step,
+                           .num_rows = 1,
+                           .vocab_size = vocab});
+          ASSERT_EQ(engine, twin) << "vocab " << vocab << " trial " << trial << " T "
+                                  << setting.temperature << " k " << setting.top_k << " p "
+                                  << setting.top_p << " min_p " << setting.min_p;
+          ++rows;
+          if (setting.temperature > 0) {
+            ++sampled;
+            if (engine != Greedy(logits, params)) ++distinct_from_greedy;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rows, 4 * 6 * 15 * 4);
+  EXPECT_GT(distinct_from_greedy, sampled / 4) << "the draws should not all be the argmax";
+}
+
+// ---- Exact behaviours -----------------------------------------------------------------------
+int32_t Greedy(const std::vector<float>& logits, SamplingParams params, std::vector<int32_t> prompt,
+               std::vector<int32_t> output, std::vector<int32_t> eos) {
   params.temperature = 0.0;
   Sampler sampler(static_cast<int64_t>(logits.size()));
-  return sampler.Sample(logits, params, prompt, output, eos, 0.5);
+  return sampler.Sample(logits, params, prompt, output, eos, /*stream_key=*/0, /*position=*/0);
 }
 
 TEST(SamplerTest, GreedyPicksTheLowestIdAmongEqualMaxima) {
@@ -256,7 +347,7 @@ TEST(SamplerTest, TopKOfOneIsGreedyAtAnyTemperature) {
   Sampler sampler(4);
   const std::vector<float> logits = {0.0f, 1.0f, 0.9f, 0.95f};
   for (int i = 0; i < 100; ++i) {
-    EXPECT_EQ(sampler.Sample(logits, params, {}, {}, {}, SampleUniform(1, 0, i)), 1);
+    EXPECT_EQ(sampler.Sample(logits, params, {}, {}, {}, kernels::SampleStreamKey(1, 0), i), 1);
   }
 }
 
@@ -328,6 +419,9 @@ TEST(SamplerTest, LogprobsAreTheRawLogSoftmaxWithRankAndTopN) {
 }
 
 TEST(SamplerTest, SampleUniformIsAPureFunctionOfSeedSampleAndPosition) {
+  // The one definition: Philox keyed by the request-sample's stream, the position as counter.
+  EXPECT_EQ(SampleUniform(7, 2, 10),
+            kernels::UniformFromSeed(kernels::SampleStreamKey(7, 2), /*step=*/10));
   EXPECT_EQ(SampleUniform(7, 0, 10), SampleUniform(7, 0, 10));
   EXPECT_NE(SampleUniform(7, 0, 10), SampleUniform(8, 0, 10));
   EXPECT_NE(SampleUniform(7, 0, 10), SampleUniform(7, 1, 10));

@@ -160,7 +160,7 @@ TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
 }
 
 // The float32 mode against the float64 answer. A float32 forward lands within about 1e-4 of it
-// (../shared/fixtures/README.md: transformers' own float32 run differs by 3e-6 to 1.2e-4; the CPU
+// (tests/fixtures/README.md: transformers' own float32 run differs by 3e-6 to 1.2e-4; the CPU
 // runner's test holds 1e-4); ours differs from the CPU runner only in the order of its fp32 sums
 // (cuBLAS's, the attention's, the LM head's fp32 sum against the CPU's double one), so its error
 // is of the same size: max |error| <= 1e-3 leaves a factor of about 10, and a relative L2 error

@@ -1,10 +1,10 @@
 # Generates variant_cases.json: tokenizer.json variants that exercise the stages and options the four
-# shared fixtures do not (Split behaviours and invert, NFC, Replace, added-token flags, ignore_merges,
+# fixture tokenizers (tests/fixtures/tokenizers) do not (Split behaviours and invert, NFC, Replace, added-token flags, ignore_merges,
 # legacy merges, subword prefix/suffix, unknown tokens, other decoders and post-processors), with the
 # ids and decodes that Hugging Face `tokenizers` gives for them. The C++ test applies each variant's
 # patch to its base fixture and compares.
 #
-# Run: python3 make_variant_cases.py FIXTURES_DIR/tokenizers  (needs `pip install tokenizers`)
+# Run: python3 make_variant_cases.py tests/fixtures/tokenizers  (needs `pip install tokenizers`)
 import json, os, sys
 import tokenizers
 from tokenizers import Tokenizer, models, trainers, pre_tokenizers, Regex
