@@ -1,5 +1,6 @@
 // Validate() of the element-wise kernels (activation.h, embedding.h).
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/check.h"
@@ -8,7 +9,7 @@
 namespace lmserve::kernels::cuda {
 
 absl::Status SiluAndMulParams::Validate() const {
-  if (absl::Status s = CheckElementwiseDType("SiluAndMul", dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("SiluAndMul", dtype));
   if (num_tokens < 0 || intermediate_size <= 0 || intermediate_size % 8 != 0) {
     return KernelError("SiluAndMul", StrCat("shape [", num_tokens, ", ", intermediate_size,
                                             "] is not supported (intermediate_size a positive "
@@ -24,7 +25,7 @@ absl::Status SiluAndMulParams::Validate() const {
 }
 
 absl::Status EmbeddingParams::Validate() const {
-  if (absl::Status s = CheckElementwiseDType("Embedding", dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("Embedding", dtype));
   if (num_tokens < 0 || vocab_size <= 0 || hidden_size <= 0 || hidden_size % 8 != 0) {
     return KernelError("Embedding", StrCat("shape (tokens ", num_tokens, ", vocab ", vocab_size,
                                            ", hidden ", hidden_size,

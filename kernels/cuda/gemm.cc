@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 
@@ -110,7 +111,7 @@ absl::StatusOr<std::unique_ptr<BlasLtHandle>> BlasLtHandle::Create() {
 BlasLtHandle::~BlasLtHandle() { Lt().Destroy(handle_); }
 
 absl::Status GemmShape::Validate() const {
-  if (absl::Status s = CheckElementwiseDType("Gemm", input_dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("Gemm", input_dtype));
   if (output_dtype != input_dtype && output_dtype != DType::kF32) {
     return KernelError("Gemm", StrCat("output dtype ", DTypeName(output_dtype),
                                       " is not supported (the input type or f32)"));
@@ -130,7 +131,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
                                                            const GemmShape& shape, void* workspace,
                                                            size_t workspace_bytes, bool autotune,
                                                            cudaStream_t stream) {
-  if (absl::Status s = shape.Validate(); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(shape.Validate());
   std::unique_ptr<GemmPlan> plan(new GemmPlan());
   plan->shape_ = shape;
   plan->handle_ = handle;

@@ -1,5 +1,6 @@
 #include "kernels/cuda/norm.h"
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 
@@ -21,8 +22,8 @@ absl::Status CheckShape(const char* kernel, int64_t num_tokens, int64_t hidden_s
 }  // namespace
 
 absl::Status RmsNormParams::Validate() const {
-  if (absl::Status s = CheckShape("RmsNorm", num_tokens, hidden_size, epsilon); !s.ok()) return s;
-  if (absl::Status s = CheckElementwiseDType("RmsNorm", dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckShape("RmsNorm", num_tokens, hidden_size, epsilon));
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("RmsNorm", dtype));
   if ((input_stride != 0 && (input_stride < hidden_size || input_stride % 8 != 0)) ||
       (output_stride != 0 && (output_stride < hidden_size || output_stride % 8 != 0))) {
     return KernelError("RmsNorm", StrCat("row strides (", input_stride, ", ", output_stride,
@@ -41,10 +42,8 @@ absl::Status RmsNormParams::Validate() const {
 }
 
 absl::Status FusedAddRmsNormParams::Validate() const {
-  if (absl::Status s = CheckShape("FusedAddRmsNorm", num_tokens, hidden_size, epsilon); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckElementwiseDType("FusedAddRmsNorm", dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckShape("FusedAddRmsNorm", num_tokens, hidden_size, epsilon));
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("FusedAddRmsNorm", dtype));
   if (num_tokens > 0) {
     if (residual == nullptr || input == nullptr || weight == nullptr || output == nullptr) {
       return KernelError("FusedAddRmsNorm", "null residual, input, weight or output");

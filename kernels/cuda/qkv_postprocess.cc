@@ -1,5 +1,6 @@
 #include "kernels/cuda/qkv_postprocess.h"
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 
@@ -7,7 +8,7 @@ namespace lmserve::kernels::cuda {
 
 absl::Status QkvPostProcessParams::Validate() const {
   constexpr const char* kName = "QkvPostProcess";
-  if (absl::Status s = CheckElementwiseDType(kName, dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType(kName, dtype));
   if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > 512) {
     return KernelError(kName, StrCat("head_dim ", head_dim,
                                      " is not supported (a positive multiple of 16, at most 512)"));

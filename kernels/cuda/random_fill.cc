@@ -1,5 +1,6 @@
 // Validate() of the random fill (random_fill.h).
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/random_fill.h"
@@ -7,7 +8,7 @@
 namespace lmserve::kernels::cuda {
 
 absl::Status RandomFillParams::Validate() const {
-  if (absl::Status s = CheckElementwiseDType("RandomFill", dtype); !s.ok()) return s;
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("RandomFill", dtype));
   if (num_elements < 0) return KernelError("RandomFill", "negative element count");
   if (num_elements > 0 && output == nullptr) return KernelError("RandomFill", "null output");
   if (!(low <= high)) {
