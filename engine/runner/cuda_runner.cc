@@ -138,8 +138,10 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   CudaBuffer gemm_workspace_;
   std::unique_ptr<cuda::GemmSelector> gemms_;
-  std::map<std::string, int> projection_ids_;  // by weight kind
-  std::vector<int64_t> weight_layer_;          // by Weight::index: its place among its kind
+  // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
+  // (-1 before), and the weight's place among its kind's.
+  std::vector<int> weight_projection_;
+  std::vector<int64_t> weight_layer_;
 
   cuda::CudaWeights weights_;
   std::vector<CudaBuffer> cos_sin_;  // by rotary embedding: [max_position, head_dim] fp32
@@ -184,6 +186,7 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
       max_tokens_(
           std::max<int64_t>(runner_config.max_num_batched_tokens, runner_config.max_num_seqs)),
       max_seqs_(runner_config.max_num_seqs),
+      weight_projection_(static_cast<size_t>(model_->weights().size()), -1),
       weight_layer_(static_cast<size_t>(model_->weights().size()), -1) {}
 
 CudaRunner::~CudaRunner() {
@@ -348,23 +351,24 @@ absl::Status CudaRunner::AllocateKvPool() {
 }
 
 std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
-  const WeightPlan& plan = model_->weights();
-  const WeightSpec& spec = plan[weight];
-  auto [it, added] = projection_ids_.try_emplace(spec.kind, -1);
-  if (added) {
+  if (weight_projection_[weight.index] < 0) {
+    const WeightPlan& plan = model_->weights();
+    const WeightSpec& spec = plan[weight];
     cuda::GemmProjection projection;
     projection.kind = spec.kind;
     projection.n = spec.rows;
     projection.k = spec.cols;
     projection.output_dtype = logits ? DType::kF32 : kernel_dtype_;
     projection.logits = logits;
-    for (Weight w : plan.OfKind(spec.kind)) {
+    const std::vector<Weight> of_kind = plan.OfKind(spec.kind);
+    for (Weight w : of_kind) {
       weight_layer_[w.index] = static_cast<int64_t>(projection.weights.size());
       projection.weights.push_back(weights_[w]);
     }
-    it->second = gemms_->Add(std::move(projection));
+    const int id = gemms_->Add(std::move(projection));
+    for (Weight w : of_kind) weight_projection_[w.index] = id;
   }
-  return {it->second, weight_layer_[weight.index]};
+  return {weight_projection_[weight.index], weight_layer_[weight.index]};
 }
 
 absl::Status CudaRunner::Embed(Weight table) {
