@@ -142,12 +142,23 @@ Connection Connect(const ConnectionOptions& options) {
 }
 
 int Fail(const grpc::Status& status) {
-  static constexpr std::string_view kNames[] = {
-      "OK",       "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",   "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",     "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static constexpr std::string_view kNames[] = {"OK",
+                                                "CANCELLED",
+                                                "UNKNOWN",
+                                                "INVALID_ARGUMENT",
+                                                "DEADLINE_EXCEEDED",
+                                                "NOT_FOUND",
+                                                "ALREADY_EXISTS",
+                                                "PERMISSION_DENIED",
+                                                "RESOURCE_EXHAUSTED",
+                                                "FAILED_PRECONDITION",
+                                                "ABORTED",
+                                                "OUT_OF_RANGE",
+                                                "UNIMPLEMENTED",
+                                                "INTERNAL",
+                                                "UNAVAILABLE",
+                                                "DATA_LOSS",
+                                                "UNAUTHENTICATED"};
   const int code = static_cast<int>(status.error_code());
   const std::string_view name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
   std::fprintf(stderr, "lmserve-cli: %.*s: %s\n", static_cast<int>(name.size()), name.data(),
@@ -221,11 +232,16 @@ CLI::Option* AddPositionals(CLI::App* command, const std::string& name,
 
 std::string FinishName(v1::FinishReason reason) {
   switch (reason) {
-    case v1::FINISH_REASON_STOP: return "stop";
-    case v1::FINISH_REASON_LENGTH: return "length";
-    case v1::FINISH_REASON_ABORT: return "abort";
-    case v1::FINISH_REASON_ERROR: return "error";
-    default: return "unspecified";
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "unspecified";
   }
 }
 
@@ -233,7 +249,8 @@ void PrintSummary(const std::vector<v1::FinishReason>& reasons, const v1::Usage&
                   const v1::Timings& timings) {
   std::vector<std::string> names;
   for (v1::FinishReason reason : reasons) names.push_back(FinishName(reason));
-  std::fprintf(stderr, "[finish: %s; %d prompt + %d completion tokens; TTFT %.3f s, total %.3f s]\n",
+  std::fprintf(stderr,
+               "[finish: %s; %d prompt + %d completion tokens; TTFT %.3f s, total %.3f s]\n",
                StrJoin(names, ",").c_str(), usage.prompt_tokens(), usage.completion_tokens(),
                timings.time_to_first_token_seconds(), timings.total_seconds());
 }
@@ -452,7 +469,8 @@ int RunHealth(const HealthOptions& options) {
       if (connection.json) {
         PrintJson(response);
       } else {
-        std::printf("%s\n", health::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
+        std::printf("%s\n",
+                    health::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
       }
       return serving ? 0 : 1;
     }
@@ -556,59 +574,23 @@ CommandRunner DeclareDetokenize(CLI::App* command) {
   };
 }
 
-struct CliCommand {
-  const char* name;
-  const char* summary;
-  CommandRunner (*declare)(CLI::App* command);
-};
-
-constexpr CliCommand kCommands[] = {
-    {"complete", "complete a prompt, streaming the text", DeclareComplete},
-    {"chat", "chat with the model (interactive, or one MESSAGE)", DeclareChat},
-    {"health", "the server's health (exit 0 when SERVING); --wait polls", DeclareHealth},
-    {"info", "the served model's information", DeclareModelInfo},
-    {"status", "the server's load", DeclareStatus},
-    {"tokenize", "the token ids of a text", DeclareTokenize},
-    {"detokenize", "the text of token ids", DeclareDetokenize},
-};
-
-bool IsCommand(std::string_view name) {
-  for (const CliCommand& command : kCommands) {
-    if (name == command.name) return true;
-  }
-  return false;
-}
-
 }  // namespace
 }  // namespace lmserve::server
 
 int main(int argc, char** argv) {
-  using lmserve::server::CommandRunner;
+  namespace server = lmserve::server;
+  const std::vector<server::Subcommand> subcommands = {
+      {"complete", "complete a prompt, streaming the text", server::DeclareComplete},
+      {"chat", "chat with the model (interactive, or one MESSAGE)", server::DeclareChat},
+      {"health", "the server's health (exit 0 when SERVING); --wait polls", server::DeclareHealth},
+      {"info", "the served model's information", server::DeclareModelInfo},
+      {"status", "the server's load", server::DeclareStatus},
+      {"tokenize", "the token ids of a text", server::DeclareTokenize},
+      {"detokenize", "the text of token ids", server::DeclareDetokenize},
+  };
   CLI::App app(
       "lmserve-cli: a command-line client of the lmserve gRPC API. "
       "`lmserve-cli <command> --help` lists a command's options.",
       "lmserve-cli");
-  lmserve::server::UseCommandLineConventions(&app);
-  std::vector<std::pair<CLI::App*, CommandRunner>> commands;
-  for (const auto& entry : lmserve::server::kCommands) {
-    CLI::App* command = app.add_subcommand(entry.name, entry.summary);
-    commands.emplace_back(command, entry.declare(command));
-  }
-  app.require_subcommand(1);
-  const std::string_view first = argc >= 2 ? argv[1] : "";
-  if (first.empty() || first == "help") {
-    std::fputs(app.help().c_str(), first.empty() ? stderr : stdout);
-    return first.empty() ? 2 : 0;
-  }
-  if (first.front() != '-' && !lmserve::server::IsCommand(first)) {
-    std::fprintf(stderr, "lmserve-cli: unknown command '%s'\n\n%s", argv[1], app.help().c_str());
-    return 2;
-  }
-  if (std::optional<int> exit_code = lmserve::server::ParseCommandLine(&app, argc, argv)) {
-    return *exit_code;
-  }
-  for (auto& [command, run] : commands) {
-    if (command->parsed()) return run();
-  }
-  return 2;  // unreachable: a subcommand is required
+  return server::RunSubcommands(&app, subcommands, argc, argv);
 }

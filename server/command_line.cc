@@ -45,6 +45,34 @@ std::optional<int> ParseCommandLine(CLI::App* app, std::vector<std::string> args
   return Parse(app, [&] { app->parse(args); });
 }
 
+int RunSubcommands(CLI::App* app, const std::vector<Subcommand>& subcommands, int argc,
+                   char** argv) {
+  UseCommandLineConventions(app);
+  std::vector<std::pair<CLI::App*, CommandRunner>> commands;
+  for (const Subcommand& subcommand : subcommands) {
+    CLI::App* command = app->add_subcommand(subcommand.name, subcommand.summary);
+    commands.emplace_back(command, subcommand.declare(command));
+  }
+  app->require_subcommand(1);
+  const std::string_view first = argc >= 2 ? argv[1] : "";
+  if (first.empty() || first == "help") {
+    std::fputs(app->help().c_str(), first.empty() ? stderr : stdout);
+    return first.empty() ? 2 : 0;
+  }
+  const bool known = std::any_of(subcommands.begin(), subcommands.end(),
+                                 [&](const Subcommand& s) { return s.name == first; });
+  if (first.front() != '-' && !known) {
+    std::fprintf(stderr, "%s: unknown command '%s'\n\n%s", app->get_name().c_str(), argv[1],
+                 app->help().c_str());
+    return 2;
+  }
+  if (std::optional<int> exit_code = ParseCommandLine(app, argc, argv)) return *exit_code;
+  for (auto& [command, run] : commands) {
+    if (command->parsed()) return run();
+  }
+  return 2;  // unreachable: a subcommand is required
+}
+
 std::string CommandName(const CLI::App& app) {
   std::string name = app.get_name();
   for (const CLI::App* command = &app;;) {

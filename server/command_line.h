@@ -43,6 +43,22 @@ std::optional<int> ParseCommandLine(CLI::App* app, int argc, char** argv);
 // The same for `args` (no program name): for tests and for programs that take arguments in parts.
 std::optional<int> ParseCommandLine(CLI::App* app, std::vector<std::string> args);
 
+// A subcommand of a program (lmserve, lmserve-cli, lmserve-bench): its name, a line of help, and
+// the function that declares its options on it and returns its runner.
+struct Subcommand {
+  std::string name;
+  std::string summary;
+  std::function<CommandRunner(CLI::App* command)> declare;
+};
+
+// The main() of a program of subcommands: declares each on `app` (whose conventions are set
+// here), parses argv and runs the chosen one. Returns the exit code: the command's, or 2 without a
+// command (printing the help to stderr), 0 for `PROGRAM help` (printing it to stdout), 2 for an
+// unknown command (naming it; CLI11 would only say that a subcommand is required) or a usage
+// error.
+int RunSubcommands(CLI::App* app, const std::vector<Subcommand>& subcommands, int argc,
+                   char** argv);
+
 // "lmserve serve": the app's name and those of the subcommands the command line selected.
 std::string CommandName(const CLI::App& app);
 
