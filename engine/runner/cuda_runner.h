@@ -1,11 +1,14 @@
-// The CUDA model runner: the ModelRunner contract (model_runner.h) on one NVIDIA GPU.
+// The CUDA model runner: the ModelRunner contract (model_runner.h) on one NVIDIA GPU. It implements
+// the forward ops (engine/model/ops.h) with the kernels of kernels/cuda and runs the model family's
+// forward pass over them; its parts are under engine/runner/cuda/ (memory, weight layout, step
+// inputs, GEMM selection, decode graphs).
 //
 // The runner holds weights, activations and the KV pool in one element type, RunnerConfig::dtype:
 // bf16 (the default) or fp32 (RunnerDType::kFloat32: the CPU runner's numerical twin up to the
 // order of sums, at twice the memory and a fraction of the speed). Weights live on the GPU in that
 // type: GGUF-quantized and fp16/fp32/bf16 tensors are converted there at load
-// (kernels/cuda/dequant.h, bit-exact with the CPU's conversion), Q/K/V fused into one matrix and
-// gate/up into another. The KV pool is [num_blocks, block_size, kv_heads, head_dim] per layer for
+// (kernels/cuda/dequant.h, bit-exact with the CPU's conversion), laid out as the model's WeightPlan
+// declares them (Q/K/V fused into one matrix, gate/up into another). The KV pool is [num_blocks, block_size, kv_heads, head_dim] per layer for
 // keys and for values; unless RunnerConfig::kv_cache_bytes says otherwise it takes what
 // gpu_memory_utilization leaves after the weights, the workspaces and a reserve for CUDA graphs.
 //
@@ -15,9 +18,9 @@
 //
 // A step runs on one stream: one host-to-device copy of the step's inputs (ids, positions, cache
 // slots, the block tables, the per-row sampling settings, packed into pinned memory), the
-// embedding, every layer, the final norm, the LM head in fp32 on only the rows that need logits,
-// and, for LogitsMode::kSample rows, the sampler (kernels/cuda/sampling.h). Only what the engine
-// asked for comes back: sampled token ids, and logits rows for kLast/kAll sequences.
+// family's forward pass (embedding, layers, final norm), the LM head in fp32 on only the rows that
+// need logits, and, for LogitsMode::kSample rows, the sampler (kernels/cuda/sampling.h). Only what
+// the engine asked for comes back: sampled token ids, and logits rows for kLast/kAll sequences.
 //
 // Decode-only steps (one new token per sequence, at most max_num_seqs of them) replay a CUDA graph
 // captured at start-up for the smallest batch bucket that holds them (1, 2, 4, 8, then every 8);

@@ -29,6 +29,15 @@ kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, con
 
 }  // namespace
 
+kc::SiluAndMulParams GemmSelector::SiluAndMul(const GemmProjection& projection, int64_t m,
+                                              const void* gate_up, void* act) const {
+  return {.gate_up = gate_up,
+          .output = act,
+          .num_tokens = m,
+          .intermediate_size = projection.n / 2,
+          .dtype = dtype_};
+}
+
 GemmSelector::GemmSelector(cublasLtHandle_t blas, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, kernels::DType dtype, DecodeGemm choice)
     : blas_(blas),
@@ -84,14 +93,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   candidates.emplace_back(Kernel::kBlas, [&] {
     for (const void* w : projection.weights) {
       plan.Run(x, w, y, stream_);
-      if (act != nullptr) {
-        kc::SiluAndMulParams silu{.gate_up = y,
-                                  .output = act,
-                                  .num_tokens = m,
-                                  .intermediate_size = projection.n / 2,
-                                  .dtype = dtype_};
-        kc::Launch(silu, stream_);
-      }
+      if (act != nullptr) kc::Launch(SiluAndMul(projection, m, y, act), stream_);
     }
   });
   candidates.emplace_back(Kernel::kSkinny, [&] {
@@ -151,12 +153,8 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
                                       static_cast<int>(status)));
   }
   if (act != nullptr) {
-    kc::SiluAndMulParams silu{.gate_up = y,
-                              .output = act,
-                              .num_tokens = m,
-                              .intermediate_size = projection.n / 2,
-                              .dtype = dtype_};
-    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(silu, stream_), "SiLU and mul");
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act), stream_),
+                                 "SiLU and mul");
   }
   return absl::OkStatus();
 }

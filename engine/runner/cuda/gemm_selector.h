@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/runner/model_runner.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/dtype.h"
 
@@ -64,6 +65,11 @@ class GemmSelector {
   // The kernel for projection `id` at m <= kMaxSkinnyGemmRows rows.
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
                                 void* act);
+
+  // act = silu(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows: the
+  // kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
+  kernels::cuda::SiluAndMulParams SiluAndMul(const GemmProjection& projection, int64_t m,
+                                             const void* gate_up, void* act) const;
 
   const cublasLtHandle_t blas_;
   void* const workspace_;
