@@ -31,6 +31,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lmserve/v1/lmserve.grpc.pb.h"
 #include "server/command_line.h"
+#include "server/grpc_status.h"
 
 namespace lmserve::server {
 namespace {
@@ -142,25 +143,7 @@ Connection Connect(const ConnectionOptions& options) {
 }
 
 int Fail(const grpc::Status& status) {
-  static constexpr std::string_view kNames[] = {"OK",
-                                                "CANCELLED",
-                                                "UNKNOWN",
-                                                "INVALID_ARGUMENT",
-                                                "DEADLINE_EXCEEDED",
-                                                "NOT_FOUND",
-                                                "ALREADY_EXISTS",
-                                                "PERMISSION_DENIED",
-                                                "RESOURCE_EXHAUSTED",
-                                                "FAILED_PRECONDITION",
-                                                "ABORTED",
-                                                "OUT_OF_RANGE",
-                                                "UNIMPLEMENTED",
-                                                "INTERNAL",
-                                                "UNAVAILABLE",
-                                                "DATA_LOSS",
-                                                "UNAUTHENTICATED"};
-  const int code = static_cast<int>(status.error_code());
-  const std::string_view name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+  const std::string_view name = GrpcCodeName(status.error_code());
   std::fprintf(stderr, "lmserve-cli: %.*s: %s\n", static_cast<int>(name.size()), name.data(),
                status.error_message().c_str());
   return 1;

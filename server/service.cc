@@ -24,6 +24,7 @@
 #include "engine/core/engine.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lmserve/v1/lmserve.grpc.pb.h"
+#include "server/grpc_status.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/model_loader.h"
@@ -46,29 +47,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   const grpc::StatusCode grpc_code =
       code >= 0 && code <= 16 ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::UNKNOWN;
   return grpc::Status(grpc_code, std::string(status.message()));
-}
-
-std::string_view CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-  }
 }
 
 // ---- The pump: one thread that runs every call's response work, in posting order ------------------
@@ -299,7 +277,7 @@ class LmserveService final : public v1::Lmserve::CallbackService {
   }
   void CountRpc(std::string_view method, grpc::StatusCode code) {
     if (Metrics* metrics = metrics_.load(); metrics != nullptr) {
-      metrics->CountRpc(method, CodeName(code));
+      metrics->CountRpc(method, GrpcCodeName(code));
     }
   }
 
@@ -612,7 +590,7 @@ void GenerationCall::LogEnd(const absl::Status& status) {
   }
   if (LogText()) {
     LogInfo("request ", response_request_id_, " ", method_, " ended (",
-            CodeName(ToGrpcStatus(status).error_code()), ", ", generation_tokens_,
+            GrpcCodeName(ToGrpcStatus(status).error_code()), ", ", generation_tokens_,
             " tokens): ", output_log_text_);
   }
 }

@@ -14,6 +14,7 @@
 #include "common/strings.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lmserve/v1/lmserve.grpc.pb.h"
+#include "server/grpc_status.h"
 
 namespace lmserve::bench {
 namespace {
@@ -21,26 +22,7 @@ namespace {
 namespace v1 = ::lmserve::v1;
 
 std::string StatusText(const grpc::Status& status) {
-  static constexpr const char* kNames[] = {"OK",
-                                           "CANCELLED",
-                                           "UNKNOWN",
-                                           "INVALID_ARGUMENT",
-                                           "DEADLINE_EXCEEDED",
-                                           "NOT_FOUND",
-                                           "ALREADY_EXISTS",
-                                           "PERMISSION_DENIED",
-                                           "RESOURCE_EXHAUSTED",
-                                           "FAILED_PRECONDITION",
-                                           "ABORTED",
-                                           "OUT_OF_RANGE",
-                                           "UNIMPLEMENTED",
-                                           "INTERNAL",
-                                           "UNAVAILABLE",
-                                           "DATA_LOSS",
-                                           "UNAUTHENTICATED"};
-  const int code = static_cast<int>(status.error_code());
-  return StrCat("gRPC ", code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN", ": ",
-                status.error_message());
+  return StrCat("gRPC ", server::GrpcCodeName(status.error_code()), ": ", status.error_message());
 }
 
 // One CompleteStream call. It never deletes itself: the client frees it, on the issuing thread,
