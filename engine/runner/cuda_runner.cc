@@ -83,9 +83,10 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
 
   // Enqueues the model's forward pass for `step` (the first chunk of logits rows included).
   absl::Status Forward(const Step& step);
-  // Logits rows [first_row, first_row + num_rows) into logits_, from the final norm's rows, and
-  // the sampler over them when `sample` (the tokens reach h_sampled_ when the stream gets there).
-  absl::Status LogitsChunk(int64_t first_row, int64_t num_rows, bool sample);
+  // Logits rows [first_row, first_row + num_rows) into logits_, from the final norm's rows.
+  absl::Status LogitsChunk(int64_t first_row, int64_t num_rows);
+  // The sampler over those rows; their tokens reach h_sampled_ when the stream gets there.
+  absl::Status SampleRows(int64_t first_row, int64_t num_rows);
 
   // ForwardOps, over step_.
   absl::Status Embed(Weight table) override;
@@ -500,7 +501,7 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(int64_t layer) const {
   any_layer.layer = layer;
   any_layer.scale = 1.0f;
   auto params = RaggedAttentionParams<kc::PrefillAttentionParams>(any_layer, Buffer::kQkv,
-                                                                   Buffer::kAttention);
+                                                                  Buffer::kAttention);
   params.workspace = prefill_workspace_.get();
   return params;
 }
@@ -548,37 +549,22 @@ absl::Status CudaRunner::LmHead(Weight lm_head) {
   if (step_.rows == 0) return absl::OkStatus();
   // Only the first chunk is computed here; Execute runs any further chunks (rows beyond
   // logits_chunk_rows_ come only with kAll sequences, never in a graph).
-  return LogitsChunk(0, std::min(step_.rows, logits_chunk_rows_), /*sample=*/false);
+  return LogitsChunk(0, std::min(step_.rows, logits_chunk_rows_));
 }
 
 absl::Status CudaRunner::Sample() {
   if (step_.rows == 0) return absl::OkStatus();
-  const StepLayout& l = *step_.layout;
-  const int64_t num_rows = std::min(step_.rows, logits_chunk_rows_);
-  kc::SamplingParams sample{.logits = logits_.as<float>(),
-                            .output = sampled_.as<int32_t>(),
-                            .temperature = In<float>(l.temperature),
-                            .top_k = In<int32_t>(l.top_k),
-                            .top_p = In<float>(l.top_p),
-                            .min_p = In<float>(l.min_p),
-                            .seeds = In<uint64_t>(l.seeds),
-                            .steps = In<uint64_t>(l.steps),
-                            .num_rows = num_rows,
-                            .vocab_size = config_.vocab_size,
-                            .workspace = sampler_workspace_.get()};
-  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(sample, stream_), "sampling");
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(h_sampled_.get(), sampled_.get(), num_rows * 4,
-                                               cudaMemcpyDeviceToHost, stream_),
-                               "copying the sampled tokens");
-  return absl::OkStatus();
+  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_));
 }
 
-absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows, bool sample) {
+absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   const auto [id, layer] = Projection(lm_head_, /*logits=*/true);
   const void* rows = static_cast<const unsigned char*>(final_rows_source_) +
                      first_row * config_.hidden_size * element_bytes_;
-  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, logits_.get()));
-  if (!sample) return absl::OkStatus();
+  return gemms_->Run(id, layer, num_rows, rows, logits_.get());
+}
+
+absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
   // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   const StepLayout& l = *step_.layout;
   kc::SamplingParams params{.logits = logits_.as<float>(),
@@ -670,7 +656,8 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
       const bool sample =
           std::any_of(rows.begin() + chunk_start, rows.begin() + chunk_start + chunk,
                       [](const cuda::LogitsRow& row) { return row.sampled; });
-      LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk, sample));
+      LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk));
+      if (sample) LMSERVE_RETURN_IF_ERROR(SampleRows(chunk_start, chunk));
     }
     // Copy each run of consecutive output rows at once.
     for (int64_t r = chunk_start; r < chunk_start + chunk;) {
