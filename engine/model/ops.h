@@ -40,7 +40,10 @@ inline constexpr int kNumBuffers = 6;
 int64_t BufferWidth(Buffer buffer, const ModelConfig& config);
 
 // The activation of a gated MLP: out = act(x Wg^T) * (x Wu^T).
-enum class Activation : uint8_t { kSilu };
+enum class Activation : uint8_t {
+  kSilu,      // x * sigmoid(x)
+  kGeluTanh,  // GELU's tanh approximation (PyTorch's gelu(approximate="tanh"))
+};
 
 // One attention layer's attributes.
 struct AttentionLayer {
@@ -48,6 +51,17 @@ struct AttentionLayer {
   int32_t rope = 0;   // which of the model's rotary embeddings (ModelDescription::rotary())
   float scale = 0;    // the score multiplier, usually 1 / sqrt(head_dim)
   Weight qkv_bias;    // [q_dim + 2 kv_dim], added to Q/K/V before rotary; optional
+  // Per-head RMSNorm of the queries and keys (Qwen3, Gemma 3), after the bias and before rotary:
+  // each head's head_dim values normed and multiplied by the [head_dim] weight. Optional (both or
+  // neither); norm_epsilon is their epsilon.
+  Weight q_norm;
+  Weight k_norm;
+  float norm_epsilon = 1e-6f;
+  // Sliding-window attention: a query at position p attends to keys at positions
+  // (p - window, p]. 0: every earlier position.
+  int32_t window = 0;
+  // Score soft-capping (Gemma 2): score = softcap * tanh(scale * q.k / softcap). 0: none.
+  float softcap = 0;
 };
 
 class ForwardOps {
