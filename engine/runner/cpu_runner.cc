@@ -363,8 +363,10 @@ absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, B
                            .num_tokens = num_tokens_,
                            .intermediate_size = spec.rows / 2});
       return absl::OkStatus();
+    case Activation::kGeluTanh:
+      break;
   }
-  return absl::UnimplementedError("CPU runner: unknown activation");
+  return absl::UnimplementedError("CPU runner: unsupported activation");
 }
 
 absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv_buffer) {

@@ -430,8 +430,10 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
       return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
                          /*late_dependents=*/true);
     }
+    case Activation::kGeluTanh:
+      break;
   }
-  return absl::UnimplementedError("CUDA runner: unknown activation");
+  return absl::UnimplementedError("CUDA runner: unsupported activation");
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
