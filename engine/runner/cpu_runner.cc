@@ -356,17 +356,23 @@ absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, B
                    .num_tokens = num_tokens_,
                    .in_features = spec.cols,
                    .out_features = spec.rows});
+  kernels::GateActivation activation;
   switch (act) {
     case Activation::kSilu:
-      kernels::SiluAndMul({.gate_up = gate_up_.data(),
-                           .output = Buf(out),
-                           .num_tokens = num_tokens_,
-                           .intermediate_size = spec.rows / 2});
-      return absl::OkStatus();
-    case Activation::kGeluTanh:
+      activation = kernels::GateActivation::kSilu;
       break;
+    case Activation::kGeluTanh:
+      activation = kernels::GateActivation::kGeluTanh;
+      break;
+    default:
+      return absl::UnimplementedError("CPU runner: unsupported activation");
   }
-  return absl::UnimplementedError("CPU runner: unsupported activation");
+  kernels::SiluAndMul({.gate_up = gate_up_.data(),
+                       .output = Buf(out),
+                       .num_tokens = num_tokens_,
+                       .intermediate_size = spec.rows / 2,
+                       .activation = activation});
+  return absl::OkStatus();
 }
 
 absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv_buffer) {
