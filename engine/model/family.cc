@@ -23,7 +23,8 @@ Registry& GetRegistry() {
   static Registry* const registry = [] {
     auto* r = new Registry;
     absl::MutexLock lock(&r->mu);
-    for (ModelFamily family : {LlamaFamily(), MistralFamily(), Qwen2Family()}) {
+    for (ModelFamily family : {LlamaFamily(), MistralFamily(), Qwen2Family(), Qwen3Family(),
+                               Phi3Family(), Gemma2Family(), Gemma3Family()}) {
       r->families.push_back(std::make_unique<ModelFamily>(std::move(family)));
     }
     return r;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,6 +61,10 @@ struct ModelFamily {
   // llama.cpp's converter writes for it (it permutes llama's rows for interleaved rotary).
   std::string gguf_architecture;
   RopeLayout gguf_rope_layout = RopeLayout::kHalfSplit;
+  // Layer tensor names of its own, (GGUF name after "blk.N.", Hugging Face name after
+  // "model.layers.N."), consulted before the names every family shares (gguf_checkpoint.cc); a
+  // Hugging Face name listed here is written under this GGUF name.
+  std::vector<std::pair<std::string, std::string>> gguf_layer_names;
   // Reads the family's own config keys, after the keys every family shares (ParseHfConfig, the
   // GGUF reader). Null: none.
   std::function<absl::Status(const nlohmann::json& config, ModelConfig* out)> read_hf_config;

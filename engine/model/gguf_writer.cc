@@ -187,9 +187,9 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   }
   const ModelFamily* family = FindFamily(c.family);
   if (family == nullptr || family->gguf_architecture.empty()) {
-    return absl::UnimplementedError(StrCat(path, ": ", c.architecture_name,
-                                           " models cannot be written as GGUF (supported: ",
-                                           SupportedGgufArchitectures(), ")"));
+    return absl::UnimplementedError(StrCat(
+        path, ": ", c.architecture_name,
+        " models cannot be written as GGUF (supported: ", SupportedGgufArchitectures(), ")"));
   }
   const std::string& arch = family->gguf_architecture;
   const RopeLayout target_layout = family->gguf_rope_layout;
@@ -208,13 +208,38 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   writer.Add(key("embedding_length"), U32(c.hidden_size));
   writer.Add(key("feed_forward_length"), U32(c.intermediate_size));
   writer.Add(key("block_count"), U32(c.num_layers));
-  writer.Add(key("rope.dimension_count"), U32(c.head_dim));
+  writer.Add(key("rope.dimension_count"), U32(RotaryDim(c.rope, c.head_dim)));
   writer.Add(key("attention.head_count"), U32(c.num_attention_heads));
   writer.Add(key("attention.head_count_kv"), U32(c.num_kv_heads));
   writer.Add(key("attention.key_length"), U32(c.head_dim));
   writer.Add(key("attention.value_length"), U32(c.head_dim));
   writer.Add(key("rope.freq_base"), F32(c.rope.theta));
   writer.Add(key("attention.layer_norm_rms_epsilon"), F32(c.rms_norm_eps));
+  if (c.sliding_window > 0) {
+    writer.Add(key("attention.sliding_window"), U32(c.sliding_window));
+    if (!c.sliding_layers.empty()) {
+      std::vector<GgufValue> layers;
+      for (bool sliding : c.sliding_layers) layers.push_back(GgufValue::Bool(sliding));
+      writer.Add(key("attention.sliding_window_pattern"),
+                 GgufValue::Array(GgufType::kBool, std::move(layers)));
+    }
+  }
+  if (c.attn_logit_softcap > 0) {
+    writer.Add(key("attn_logit_softcapping"), F32(c.attn_logit_softcap));
+  }
+  if (c.final_logit_softcap > 0) {
+    writer.Add(key("final_logit_softcapping"), F32(c.final_logit_softcap));
+  }
+  if (c.query_pre_attn_scalar > 0) {
+    writer.Add(key("attention.query_pre_attn_scalar"), F32(c.query_pre_attn_scalar));
+  }
+  if (c.local_rope.has_value()) {
+    if (c.local_rope->scaling != RopeScaling::kDefault || !c.local_rope->freq_factors.empty()) {
+      return absl::UnimplementedError(
+          StrCat(path, ": a scaled rotary embedding of the local layers cannot be written"));
+    }
+    writer.Add(key("rope.freq_base_swa"), F32(c.local_rope->theta));
+  }
 
   // Rotary scaling: explicit factors win (as in RopeInverseFrequencies), then llama3 as factors,
   // then linear as keys.
@@ -230,6 +255,20 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   } else if (freq_factors.empty() && c.rope.scaling == RopeScaling::kLinear) {
     writer.Add(key("rope.scaling.type"), GgufValue::String("linear"));
     writer.Add(key("rope.scaling.factor"), F32(c.rope.factor));
+  } else if (freq_factors.empty() && c.rope.scaling == RopeScaling::kLongRope) {
+    // As llama.cpp's converter: the factors as tensors, the original context and the attention
+    // factor as keys.
+    writer.Add(key("rope.scaling.attn_factor"), F32(c.rope.attention_factor));
+    writer.Add(key("rope.scaling.original_context_length"),
+               U32(c.rope.original_max_position_embeddings));
+    for (const auto& [name, factors] : {std::pair<const char*, const std::vector<float>*>{
+                                            "rope_factors_long.weight", &c.rope.long_factors},
+                                        {"rope_factors_short.weight", &c.rope.short_factors}}) {
+      std::vector<std::byte> bytes(factors->size() * sizeof(float));
+      std::memcpy(bytes.data(), factors->data(), bytes.size());
+      writer.AddTensor(name, {static_cast<int64_t>(factors->size())},
+                       GgmlTypeFromDType(DType::kF32), std::move(bytes));
+    }
   }
 
   // Tokenizer: copied from a GGUF source; otherwise the ids the config knows.
@@ -253,29 +292,36 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
                      GgmlTypeFromDType(DType::kF32), std::move(bytes));
   }
 
-  // Tensors in llama.cpp's order: embeddings, each layer, the final norm and the output.
-  std::vector<const TensorView*> views;
-  auto add_view = [&](const std::string& name) {
-    auto it = checkpoint.tensors().find(name);
-    if (it != checkpoint.tensors().end()) views.push_back(&it->second);
+  // Tensors: every checkpoint tensor the model's description reads, in its order.
+  absl::StatusOr<std::unique_ptr<ModelDescription>> model = DescribeModel(c);
+  if (!model.ok()) return model.status();
+  struct Source {
+    const TensorView* view;
+    float offset;  // added to the values (Gemma's norms: GGUF stores the scale)
   };
-  add_view("model.embed_tokens.weight");
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    for (std::string_view suffix :
-         {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
-          "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
-          "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
-          "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-          "mlp.down_proj.weight"}) {
-      add_view(LayerTensorName(l, suffix));
+  // llama.cpp's order: the embeddings, each layer's tensors, then the final norm and the output.
+  std::vector<Source> views;
+  enum Group { kEmbeddings, kLayers, kOutput };
+  for (Group group : {kEmbeddings, kLayers, kOutput}) {
+    for (const WeightSpec& spec : (*model)->weights().specs()) {
+      const Group of = spec.layer >= 0               ? kLayers
+                       : spec.kind == "embed_tokens" ? kEmbeddings
+                                                     : kOutput;
+      if (of != group) continue;
+      for (const WeightPart& part : spec.parts) {
+        absl::StatusOr<const TensorView*> view = checkpoint.Get(part.name, spec.PartShape(part));
+        if (!view.ok()) return view.status();
+        views.push_back({*view, spec.offset});
+      }
     }
   }
-  add_view("model.norm.weight");
-  if (!c.tie_word_embeddings) add_view("lm_head.weight");
 
-  for (const TensorView* view : views) {
-    const std::optional<std::string> gguf_name = HfToGgufTensorName(view->name);
-    if (!gguf_name.has_value()) continue;
+  for (const auto& [view, offset] : views) {
+    const std::optional<std::string> gguf_name = HfToGgufTensorName(family, view->name);
+    if (!gguf_name.has_value()) {
+      return absl::UnimplementedError(
+          StrCat(path, ": tensor '", view->name, "' has no GGUF name for ", arch));
+    }
     if (view->shape.empty() || view->shape.size() > 2) {
       return absl::InvalidArgumentError(StrCat(path, ": tensor '", view->name, "' has shape ",
                                                view->ShapeString(), "; expected 1 or 2 dims"));
@@ -305,9 +351,10 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
     const TensorView source = *view;
     writer.AddTensor(
         *gguf_name, dims, GgmlTypeFromDType(out_dtype),
-        [source, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
+        [source, offset, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
           std::vector<float> values(static_cast<size_t>(rows * cols));
           kernels::DequantizeToF32(source.dtype, source.data, values.data(), rows * cols);
+          for (float& v : values) v += offset;
           if (permute_heads > 0) {
             PermuteRotaryRows(values, rows, cols, permute_heads, inverse);
           }

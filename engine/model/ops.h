@@ -68,9 +68,10 @@ class ForwardOps {
  public:
   virtual ~ForwardOps() = default;
 
-  // residual = the rows of `table` ([vocab, hidden]) at the step's token ids.
-  virtual absl::Status Embed(Weight table) = 0;
-  // out = RMSNorm(in) * weight.
+  // residual = the rows of `table` ([vocab, hidden]) at the step's token ids, times `scale`
+  // (Gemma's sqrt(hidden); 1 for most families).
+  virtual absl::Status Embed(Weight table, float scale) = 0;
+  // out = RMSNorm(in) * weight. `out` may be `in`.
   virtual absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) = 0;
   // residual += add; out = RMSNorm(residual) * weight.
   virtual absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
@@ -89,8 +90,9 @@ class ForwardOps {
   // For the rows that need logits: residual += add, then RMSNorm(residual) * weight, kept for
   // LmHead. (A runner may compute more rows; only these are read.)
   virtual absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) = 0;
-  // The logits of those rows: the final norm's output times `lm_head` ([vocab, hidden]), fp32.
-  virtual absl::Status LmHead(Weight lm_head) = 0;
+  // The logits of those rows: the final norm's output times `lm_head` ([vocab, hidden]), fp32;
+  // soft-capped when `softcap` > 0 (logit = softcap * tanh(logit / softcap), Gemma 2).
+  virtual absl::Status LmHead(Weight lm_head, float softcap) = 0;
   // The sequences that asked the runner to pick their token (LogitsMode::kSample) draw it.
   virtual absl::Status Sample() = 0;
 };

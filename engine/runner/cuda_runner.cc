@@ -21,6 +21,7 @@
 #include "engine/runner/cuda/step_inputs.h"
 #include "engine/runner/weight_loader.h"
 #include "kernels/cpu/qkv_postprocess.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
@@ -89,7 +90,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status SampleRows(int64_t first_row, int64_t num_rows);
 
   // ForwardOps, over step_.
-  absl::Status Embed(Weight table) override;
+  absl::Status Embed(Weight table, float scale) override;
   absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) override;
   absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                           Buffer out) override;
@@ -98,7 +99,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
-  absl::Status LmHead(Weight lm_head) override;
+  absl::Status LmHead(Weight lm_head, float softcap) override;
   absl::Status Sample() override;
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
@@ -172,6 +173,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   Step step_;
   const void* final_rows_source_ = nullptr;  // the final norm's rows: normed or gathered
   Weight lm_head_;                           // the last LmHead op's weights
+  float logit_softcap_ = 0;                  // and its soft-cap
   double startup_seconds_ = 0;
 };
 
@@ -372,7 +374,7 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
   return {weight_projection_[weight.index], weight_layer_[weight.index]};
 }
 
-absl::Status CudaRunner::Embed(Weight table) {
+absl::Status CudaRunner::Embed(Weight table, float scale) {
   const ModelConfig& c = config_;
   const Step& s = step_;
   kc::EmbeddingParams embed{.table = weights_[table],
@@ -381,7 +383,8 @@ absl::Status CudaRunner::Embed(Weight table) {
                             .num_tokens = s.tokens,
                             .vocab_size = c.vocab_size,
                             .hidden_size = c.hidden_size,
-                            .dtype = kernel_dtype_};
+                            .dtype = kernel_dtype_,
+                            .scale = scale};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(embed, stream_), "embedding");
   // A prefill step's attention plan, once for every layer.
   if (!s.decode_only && dtype_ == RunnerDType::kBFloat16) {
@@ -462,6 +465,12 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
       .layout = rope.layout == RopeLayout::kInterleaved ? kernels::RotaryLayout::kInterleaved
                                                         : kernels::RotaryLayout::kHalfSplit,
       .dtype = kernel_dtype_};
+  post.rotary_dim = RotaryDim(rope, c.head_dim);
+  if (layer.q_norm.present()) {
+    post.q_norm = weights_[layer.q_norm];
+    post.k_norm = weights_[layer.k_norm];
+    post.norm_epsilon = layer.norm_epsilon;
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(post, stream_), "QKV post-processing");
   return absl::OkStatus();
 }
@@ -470,22 +479,25 @@ template <typename Params>
 Params CudaRunner::PagedAttentionParams(const AttentionLayer& layer, Buffer qkv, Buffer out) const {
   const ModelConfig& c = config_;
   const StepLayout& l = *step_.layout;
-  return {.query = Buf(qkv),
-          .key_cache = KeyCache(layer.layer),
-          .value_cache = ValueCache(layer.layer),
-          .context_lens = In<int32_t>(l.context_lens),
-          .block_table_start = In<int32_t>(l.block_table_start),
-          .block_table_ids = In<int32_t>(l.block_table_ids),
-          .output = Buf(out),
-          .num_seqs = step_.seqs,
-          .num_heads = c.num_attention_heads,
-          .num_kv_heads = c.num_kv_heads,
-          .head_dim = c.head_dim,
-          .block_size = block_size_,
-          .num_blocks = num_blocks_,
-          .query_stride = BufferWidth(qkv, c),
-          .scale = layer.scale,
-          .dtype = kernel_dtype_};
+  Params params{.query = Buf(qkv),
+                .key_cache = KeyCache(layer.layer),
+                .value_cache = ValueCache(layer.layer),
+                .context_lens = In<int32_t>(l.context_lens),
+                .block_table_start = In<int32_t>(l.block_table_start),
+                .block_table_ids = In<int32_t>(l.block_table_ids),
+                .output = Buf(out),
+                .num_seqs = step_.seqs,
+                .num_heads = c.num_attention_heads,
+                .num_kv_heads = c.num_kv_heads,
+                .head_dim = c.head_dim,
+                .block_size = block_size_,
+                .num_blocks = num_blocks_,
+                .query_stride = BufferWidth(qkv, c),
+                .scale = layer.scale,
+                .dtype = kernel_dtype_};
+  params.window = layer.window;
+  params.softcap = layer.softcap;
+  return params;
 }
 
 template <typename Params>
@@ -546,8 +558,9 @@ absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, f
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::LmHead(Weight lm_head) {
+absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
   lm_head_ = lm_head;
+  logit_softcap_ = softcap;
   if (step_.rows == 0) return absl::OkStatus();
   // Only the first chunk is computed here; Execute runs any further chunks (rows beyond
   // logits_chunk_rows_ come only with kAll sequences, never in a graph).
@@ -563,7 +576,13 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   const auto [id, layer] = Projection(lm_head_, /*logits=*/true);
   const void* rows = static_cast<const unsigned char*>(final_rows_source_) +
                      first_row * config_.hidden_size * element_bytes_;
-  return gemms_->Run(id, layer, num_rows, rows, logits_.get());
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, logits_.get()));
+  if (logit_softcap_ > 0) {
+    const kc::SoftcapParams cap{
+        .data = logits_.as<float>(), .count = num_rows * config_.vocab_size, .cap = logit_softcap_};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(cap, stream_), "soft-capping the logits");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {

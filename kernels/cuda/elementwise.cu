@@ -45,16 +45,24 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     EmbeddingKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
-                    T* __restrict__ output, int64_t vocab_size, int64_t hidden_size) {
+                    T* __restrict__ output, int64_t vocab_size, int64_t hidden_size, float scale) {
   constexpr int64_t kPerPiece = 16 / sizeof(T);
   const int64_t token = blockIdx.x;
   const int32_t id = ids[token];
   const bool valid = id >= 0 && id < vocab_size;
   const T* row = table + static_cast<int64_t>(valid ? id : 0) * hidden_size;
   T* out = output + token * hidden_size;
-  for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
-       c += int64_t{gridDim.y} * kThreads * kPerPiece) {
-    Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
+  if (scale == 1.0f) {
+    for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
+         c += int64_t{gridDim.y} * kThreads * kPerPiece) {
+      Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
+    }
+    return;
+  }
+  // Scaled (Gemma): each element times `scale` in fp32, rounded once.
+  for (int64_t c = blockIdx.y * int64_t{kThreads} + threadIdx.x; c < hidden_size;
+       c += int64_t{gridDim.y} * kThreads) {
+    out[c] = FromFloat<T>(valid ? ToFloat(row[c]) * scale : 0.0f);
   }
 }
 
@@ -86,7 +94,7 @@ cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
                     static_cast<unsigned>(CeilDiv(p.hidden_size, kThreads * per_piece)));
     EmbeddingKernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.table), p.ids,
                                                       static_cast<T*>(p.output), p.vocab_size,
-                                                      p.hidden_size);
+                                                      p.hidden_size, p.scale);
     return cudaGetLastError();
   });
 }

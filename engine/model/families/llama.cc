@@ -1,6 +1,7 @@
 #include "engine/model/families/llama.h"
 
 #include <cmath>
+#include <limits>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -9,16 +10,66 @@
 
 namespace lmserve::engine {
 
-LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
-  rotary_ = {c.rope};
+std::vector<RopeConfig> DecoderRotary(const ModelConfig& c) {
+  std::vector<RopeConfig> rotary = {RopeForContext(c.rope, c.max_position_embeddings)};
+  if (c.local_rope.has_value()) {
+    rotary.push_back(RopeForContext(*c.local_rope, c.max_position_embeddings));
+  }
+  return rotary;
+}
+
+AttentionLayer DecoderAttention(const ModelConfig& c, int64_t layer) {
+  AttentionLayer attention;
+  attention.layer = layer;
+  const bool sliding =
+      c.sliding_window > 0 && (c.sliding_layers.empty() || c.sliding_layers[layer]);
+  attention.window = sliding ? c.sliding_window : 0;
+  attention.rope = sliding && c.local_rope.has_value() ? 1 : 0;
+  const double scalar =
+      c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+  attention.scale = static_cast<float>(1.0 / std::sqrt(scalar));
+  attention.softcap = static_cast<float>(c.attn_logit_softcap);
+  attention.norm_epsilon = static_cast<float>(c.rms_norm_eps);
+  return attention;
+}
+
+Weight AddNorm(WeightPlan& plan, const ModelConfig& c, std::string kind, int64_t layer,
+               std::string name) {
+  const Weight weight = plan.AddTensor(std::move(kind), layer, std::move(name), c.hidden_size);
+  plan.SetOffset(weight, static_cast<float>(c.norm_weight_offset));
+  return weight;
+}
+
+Weight AddQkv(WeightPlan& w, const ModelConfig& c, int64_t l, bool fused, bool qk_norm,
+              AttentionLayer* attention) {
+  auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
+  const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  const Weight qkv = fused ? w.AddTensor("qkv", l, name("self_attn.qkv_proj.weight"),
+                                         q_dim + 2 * kv_dim, c.hidden_size)
+                           : w.Add("qkv", l, q_dim + 2 * kv_dim, c.hidden_size,
+                                   {{name("self_attn.q_proj.weight"), q_dim},
+                                    {name("self_attn.k_proj.weight"), kv_dim},
+                                    {name("self_attn.v_proj.weight"), kv_dim}});
+  if (qk_norm) {
+    const float offset = static_cast<float>(c.norm_weight_offset);
+    attention->q_norm = w.AddTensor("q_norm", l, name("self_attn.q_norm.weight"), c.head_dim);
+    attention->k_norm = w.AddTensor("k_norm", l, name("self_attn.k_norm.weight"), c.head_dim);
+    w.SetOffset(attention->q_norm, offset);
+    w.SetOffset(attention->k_norm, offset);
+  }
+  return qkv;
+}
+
+LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& options)
+    : ModelDescription(c) {
+  rotary_ = DecoderRotary(c);
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   WeightPlan& w = weights_;
   embed_ = w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", c.vocab_size, hidden);
   // The final norm and the LM head come before the layers: checks find missing tensors in this
   // order, and the CUDA runner lays its weights out in it.
-  final_norm_ = w.AddTensor("norm", -1, "model.norm.weight", hidden);
+  final_norm_ = AddNorm(w, c, "norm", -1, "model.norm.weight");
   lm_head_ = c.tie_word_embeddings
                  ? w.AddTied("lm_head", embed_)
                  : w.AddTensor("lm_head", -1, "lm_head.weight", c.vocab_size, hidden);
@@ -26,13 +77,9 @@ LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
     Layer& layer = layers_[l];
-    layer.input_norm = w.AddTensor("input_layernorm", l, name("input_layernorm.weight"), hidden);
-    layer.qkv = w.Add("qkv", l, q_dim + 2 * kv_dim, hidden,
-                      {{name("self_attn.q_proj.weight"), q_dim},
-                       {name("self_attn.k_proj.weight"), kv_dim},
-                       {name("self_attn.v_proj.weight"), kv_dim}});
-    layer.attention.layer = l;
-    layer.attention.scale = scale;
+    layer.attention = DecoderAttention(c, l);
+    layer.input_norm = AddNorm(w, c, "input_layernorm", l, name("input_layernorm.weight"));
+    layer.qkv = AddQkv(w, c, l, options.fused_qkv, options.qk_norm, &layer.attention);
     if (c.attention_bias) {
       layer.attention.qkv_bias = w.Add("qkv_bias", l, q_dim + 2 * kv_dim, 0,
                                        {{name("self_attn.q_proj.bias"), q_dim},
@@ -41,17 +88,19 @@ LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
     }
     layer.o_proj = w.AddTensor("o_proj", l, name("self_attn.o_proj.weight"), hidden, q_dim);
     layer.post_norm =
-        w.AddTensor("post_attention_layernorm", l, name("post_attention_layernorm.weight"), hidden);
+        AddNorm(w, c, "post_attention_layernorm", l, name("post_attention_layernorm.weight"));
     layer.gate_up =
-        w.Add("gate_up", l, 2 * inter, hidden,
-              {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+        options.fused_gate_up
+            ? w.AddTensor("gate_up", l, name("mlp.gate_up_proj.weight"), 2 * inter, hidden)
+            : w.Add("gate_up", l, 2 * inter, hidden,
+                    {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
     layer.down = w.AddTensor("down_proj", l, name("mlp.down_proj.weight"), hidden, inter);
   }
 }
 
 absl::Status LlamaDescription::Forward(ForwardOps& ops) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  LMSERVE_RETURN_IF_ERROR(ops.Embed(embed_));
+  LMSERVE_RETURN_IF_ERROR(ops.Embed(embed_, 1.0f));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     if (l == 0) {  // nothing to add to the embeddings yet
@@ -72,12 +121,12 @@ absl::Status LlamaDescription::Forward(ForwardOps& ops) const {
     LMSERVE_RETURN_IF_ERROR(ops.Linear(layer.down, Buffer::kActivation, Buffer::kProjected));
   }
   LMSERVE_RETURN_IF_ERROR(ops.FinalNorm(Buffer::kResidual, Buffer::kProjected, final_norm_, eps));
-  LMSERVE_RETURN_IF_ERROR(ops.LmHead(lm_head_));
+  LMSERVE_RETURN_IF_ERROR(ops.LmHead(lm_head_, 0.0f));
   return ops.Sample();
 }
 
-absl::Status CapContextAtSlidingWindow(const nlohmann::json& config, bool enabled_by_default,
-                                       ModelConfig* out) {
+absl::Status ReadSlidingWindow(const nlohmann::json& config, bool enabled_by_default,
+                               ModelConfig* out) {
   bool enabled = enabled_by_default;
   if (auto it = config.find("use_sliding_window"); it != config.end() && !it->is_null()) {
     if (!it->is_boolean()) {
@@ -87,14 +136,16 @@ absl::Status CapContextAtSlidingWindow(const nlohmann::json& config, bool enable
   }
   int64_t window = 0;
   if (auto it = config.find("sliding_window"); it != config.end() && !it->is_null()) {
-    if (!it->is_number_integer()) {
-      return absl::InvalidArgumentError("config.json: 'sliding_window' is not an integer");
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(
+          "config.json: 'sliding_window' is not a non-negative 32-bit integer");
     }
     window = it->get<int64_t>();
   }
-  if (enabled && window > 0 && window < out->max_position_embeddings) {
-    out->max_position_embeddings = window;
-  }
+  // A window as long as the context changes nothing.
+  out->sliding_window =
+      enabled && window < out->max_position_embeddings ? static_cast<int32_t>(window) : 0;
   return absl::OkStatus();
 }
 
@@ -139,7 +190,7 @@ ModelFamily LlamaFamily() {
   family.read_hf_config = [](const nlohmann::json& config, ModelConfig* out) {
     LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
     LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
-    return CapContextAtSlidingWindow(config, /*enabled_by_default=*/false, out);
+    return ReadSlidingWindow(config, /*enabled_by_default=*/false, out);
   };
   family.describe = DescribeLlama;
   return family;
