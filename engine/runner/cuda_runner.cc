@@ -425,18 +425,22 @@ absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
 }
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
+  kernels::GateActivation activation;
   switch (act) {
-    case Activation::kSilu: {
-      const auto [id, layer] = Projection(gate_up, /*logits=*/false);
-      // The down projection follows, another stream of weights: it may launch only once gate/up
-      // has read its own.
-      return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
-                         /*late_dependents=*/true);
-    }
-    case Activation::kGeluTanh:
+    case Activation::kSilu:
+      activation = kernels::GateActivation::kSilu;
       break;
+    case Activation::kGeluTanh:
+      activation = kernels::GateActivation::kGeluTanh;
+      break;
+    default:
+      return absl::UnimplementedError("CUDA runner: unsupported activation");
   }
-  return absl::UnimplementedError("CUDA runner: unsupported activation");
+  const auto [id, layer] = Projection(gate_up, /*logits=*/false);
+  // The down projection follows, another stream of weights: it may launch only once gate/up has
+  // read its own.
+  return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
+                     /*late_dependents=*/true, activation);
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {

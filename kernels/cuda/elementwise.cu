@@ -1,4 +1,4 @@
-// SiLU-and-mul and embedding gather.
+// Gated activations (SiLU- and GELU-tanh-and-mul), the soft-cap and embedding gather.
 
 #include <algorithm>
 
@@ -15,8 +15,8 @@ constexpr int kThreads = 256;
 
 // Each thread handles 8 outputs per step of a grid-stride loop; two independent loads in flight.
 // The 16-bit types take the fast exponential (its error is far below their rounding); fp32 takes
-// expf, as the CPU twin's std::exp.
-template <typename T>
+// expf, as the CPU twin's std::exp. GELU-tanh takes tanhf for every type (GateActivationOf).
+template <typename T, GateActivation kActivation>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const T* __restrict__ gate_up, T* __restrict__ output, int64_t num_vecs,
                      int64_t vecs_per_row) {
@@ -31,14 +31,26 @@ __global__ void __launch_bounds__(kThreads)
     LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if constexpr (std::is_same_v<T, float>) {
-        g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-      } else {
-        g[j] = g[j] / (1.0f + __expf(-g[j])) * u[j];
-      }
+      g[j] = GateActivationOf<kActivation, !std::is_same_v<T, float>>(g[j]) * u[j];
     }
     Store8<T>(output + v * 8, g);
   }
+}
+
+// cap * tanh(x / cap), grid-stride.
+__global__ void __launch_bounds__(kThreads) SoftcapKernel(float* __restrict__ data, int64_t count,
+                                                          float cap) {
+  BeginDependentKernel();
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * kThreads) {
+    data[i] = cap * tanhf(data[i] / cap);
+  }
+}
+
+int GridLimit() {
+  static const int device_sms = CurrentMultiprocessorCount();
+  const int sms = device_sms > 0 ? device_sms : 132;  // an H100's, where the runtime cannot say
+  return sms * 16;
 }
 
 // Copies rows in 16-byte pieces (8 elements of a 16-bit type, 4 of fp32).
@@ -75,13 +87,22 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     const int64_t vecs_per_row = p.intermediate_size / 8;
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
-    static const int device_sms = CurrentMultiprocessorCount();
-    const int sms = device_sms > 0 ? device_sms : 132;  // an H100's, where the runtime cannot say
-    const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), int64_t{sms} * 16);
-    return LaunchKernel(SiluAndMulKernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
+    const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), GridLimit());
+    auto kernel = p.activation == GateActivation::kGeluTanh
+                      ? SiluAndMulKernel<T, GateActivation::kGeluTanh>
+                      : SiluAndMulKernel<T, GateActivation::kSilu>;
+    return LaunchKernel(kernel, static_cast<unsigned>(blocks), kThreads, 0, stream,
                         static_cast<const T*>(p.gate_up), static_cast<T*>(p.output), num_vecs,
                         vecs_per_row);
   });
+}
+
+cudaError_t Launch(const SoftcapParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.count == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>(CeilDiv(p.count, kThreads), GridLimit());
+  return LaunchKernel(SoftcapKernel, static_cast<unsigned>(blocks), kThreads, 0, stream, p.data,
+                      p.count, p.cap);
 }
 
 cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
