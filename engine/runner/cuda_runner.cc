@@ -258,8 +258,9 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
       LoadWeights(model_->weights(), checkpoint, runner_config_.load_format, weights_));
   for (const RopeConfig& rope : model_->rotary()) {
     const std::vector<double> inv_freq = RopeInverseFrequencies(rope, config_.head_dim);
-    const std::vector<float> table = kernels::RotaryCosSinTable(inv_freq.data(), config_.head_dim,
-                                                                config_.max_position_embeddings);
+    const std::vector<float> table =
+        kernels::RotaryCosSinTable(inv_freq.data(), RotaryDim(rope, config_.head_dim),
+                                   config_.max_position_embeddings, rope.attention_factor);
     const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(float));
     LMSERVE_ASSIGN_OR_RETURN(CudaBuffer device, CudaBuffer::Device(bytes, "the rotary table"));
     LMSERVE_RETURN_IF_CUDA_ERROR(
