@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/family.h"
 #include "kernels/cpu/dequant.h"
@@ -253,39 +254,97 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
                      GgmlTypeFromDType(DType::kF32), std::move(bytes));
   }
 
-  // Tensors in llama.cpp's order: embeddings, each layer, the final norm and the output.
-  std::vector<const TensorView*> views;
+  // Tensors in llama.cpp's order: embeddings, each layer, the final norm and the output. A
+  // mixture of experts is its router (kept in F32, as llama.cpp's converter keeps it) and one 3-D
+  // tensor per projection, the experts stacked outermost.
+  struct Entry {
+    std::string gguf_name;
+    std::vector<const TensorView*> parts;  // one, or each expert's
+    bool keep_f32 = false;
+  };
+  std::vector<Entry> entries;
   auto add_view = [&](const std::string& name) {
     auto it = checkpoint.tensors().find(name);
-    if (it != checkpoint.tensors().end()) views.push_back(&it->second);
+    if (it == checkpoint.tensors().end()) return;
+    const std::optional<std::string> gguf_name = HfToGgufTensorName(name);
+    if (gguf_name.has_value()) entries.push_back({*gguf_name, {&it->second}});
   };
+  if (c.num_experts > 0 && !family->moe_names.has_value()) {
+    return absl::UnimplementedError(
+        StrCat(path, ": experts of ", c.architecture_name, " models cannot be written as GGUF"));
+  }
   add_view("model.embed_tokens.weight");
   for (int64_t l = 0; l < c.num_layers; ++l) {
     for (std::string_view suffix :
          {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
           "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
           "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
-          "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-          "mlp.down_proj.weight"}) {
+          "post_attention_layernorm.weight"}) {
       add_view(LayerTensorName(l, suffix));
+    }
+    if (!IsMoeLayer(c, l)) {
+      if (c.num_experts > 0) {
+        // llama.cpp's MoE architectures have experts in every layer.
+        return absl::UnimplementedError(StrCat(path, ": layer ", l, " of ", c.architecture_name,
+                                               " is dense; GGUF's ", arch,
+                                               " architecture has experts in every layer"));
+      }
+      for (std::string_view suffix :
+           {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
+        add_view(LayerTensorName(l, suffix));
+      }
+      continue;
+    }
+    const MoeTensorNames& names = *family->moe_names;
+    const std::string router = LayerTensorName(l, names.router);
+    LMSERVE_ASSIGN_OR_RETURN(const TensorView* router_view, checkpoint.Find(router));
+    entries.push_back({StrCat("blk.", l, ".ffn_gate_inp.weight"), {router_view}, true});
+    for (const auto& [gguf, projection] :
+         {std::pair<std::string_view, const std::string*>{"ffn_gate_exps.weight", &names.gate},
+          {"ffn_down_exps.weight", &names.down},
+          {"ffn_up_exps.weight", &names.up}}) {
+      Entry entry{StrCat("blk.", l, ".", gguf), {}};
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        LMSERVE_ASSIGN_OR_RETURN(const TensorView* view,
+                                 checkpoint.Find(names.Expert(l, e, *projection)));
+        entry.parts.push_back(view);
+      }
+      for (const TensorView* view : entry.parts) {
+        if (view->shape.size() != 2 || view->shape != entry.parts.front()->shape) {
+          return absl::InvalidArgumentError(StrCat(path, ": expert tensor '", view->name,
+                                                   "' has shape ", view->ShapeString(),
+                                                   ", unlike its layer's other experts"));
+        }
+      }
+      entries.push_back(std::move(entry));
     }
   }
   add_view("model.norm.weight");
   if (!c.tie_word_embeddings) add_view("lm_head.weight");
 
-  for (const TensorView* view : views) {
-    const std::optional<std::string> gguf_name = HfToGgufTensorName(view->name);
-    if (!gguf_name.has_value()) continue;
+  if (c.num_experts > 0) {
+    writer.Add(key("expert_count"), U32(c.num_experts));
+    writer.Add(key("expert_used_count"), U32(c.num_experts_per_tok));
+    if (c.moe_intermediate_size != c.intermediate_size) {
+      writer.Add(key("expert_feed_forward_length"), U32(c.moe_intermediate_size));
+    }
+    if (!c.norm_topk_prob) writer.Add(key("expert_weights_norm"), GgufValue::Bool(false));
+  }
+
+  for (const Entry& entry : entries) {
+    const TensorView* view = entry.parts.front();
     if (view->shape.empty() || view->shape.size() > 2) {
       return absl::InvalidArgumentError(StrCat(path, ": tensor '", view->name, "' has shape ",
                                                view->ShapeString(), "; expected 1 or 2 dims"));
     }
-    const std::vector<int64_t> dims(view->shape.rbegin(), view->shape.rend());
+    std::vector<int64_t> dims(view->shape.rbegin(), view->shape.rend());
     const int64_t cols = dims[0];
     const int64_t rows = dims.size() == 2 ? dims[1] : 1;
+    const bool matrix = dims.size() == 2 && !entry.keep_f32;
+    if (entry.parts.size() > 1) dims.push_back(static_cast<int64_t>(entry.parts.size()));
     DType out_dtype = DType::kF32;
-    if (dims.size() == 2 && type == GgufOutputType::kF16) out_dtype = DType::kF16;
-    if (dims.size() == 2 && type == GgufOutputType::kQ8_0) {
+    if (matrix && type == GgufOutputType::kF16) out_dtype = DType::kF16;
+    if (matrix && type == GgufOutputType::kQ8_0) {
       out_dtype = cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     }
     // The number of heads whose rows to reorder, or 0.
@@ -302,12 +361,17 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
       }
     }
     const bool inverse = target_layout == RopeLayout::kHalfSplit;
-    const TensorView source = *view;
+    std::vector<TensorView> sources;
+    for (const TensorView* part : entry.parts) sources.push_back(*part);
     writer.AddTensor(
-        *gguf_name, dims, GgmlTypeFromDType(out_dtype),
-        [source, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
-          std::vector<float> values(static_cast<size_t>(rows * cols));
-          kernels::DequantizeToF32(source.dtype, source.data, values.data(), rows * cols);
+        entry.gguf_name, dims, GgmlTypeFromDType(out_dtype),
+        [sources, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
+          const int64_t part_elements = rows * cols;
+          std::vector<float> values(static_cast<size_t>(part_elements * sources.size()));
+          for (size_t i = 0; i < sources.size(); ++i) {
+            kernels::DequantizeToF32(sources[i].dtype, sources[i].data,
+                                     values.data() + i * part_elements, part_elements);
+          }
           if (permute_heads > 0) {
             PermuteRotaryRows(values, rows, cols, permute_heads, inverse);
           }
@@ -322,7 +386,8 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
               }
               break;
             case DType::kQ8_0:
-              kernels::QuantizeQ8_0(values.data(), out.data(), rows * cols);
+              kernels::QuantizeQ8_0(values.data(), out.data(),
+                                    static_cast<int64_t>(values.size()));
               break;
             default:
               break;

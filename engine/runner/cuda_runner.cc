@@ -95,6 +95,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
                           Buffer out) override;
   absl::Status Linear(Weight weight, Buffer in, Buffer out) override;
   absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) override;
+  absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
@@ -434,6 +435,10 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
       break;
   }
   return absl::UnimplementedError("CUDA runner: unsupported activation");
+}
+
+absl::Status CudaRunner::Moe(const MoeLayer&, Buffer, Buffer) {
+  return absl::UnimplementedError("CUDA runner: mixtures of experts are not implemented yet");
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
