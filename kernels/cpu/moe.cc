@@ -20,9 +20,8 @@ absl::Status CheckExperts(const char* kernel, int64_t num_experts, int64_t top_k
   if (num_experts < 1 || num_experts > kMaxMoeExperts || top_k < 1 ||
       top_k > std::min(num_experts, kMaxMoeTopK)) {
     return absl::InvalidArgumentError(
-        StrCat(kernel, ": ", num_experts, " experts, top ", top_k,
-               " are not supported (1 to ", kMaxMoeExperts, " experts, top 1 to min(experts, ",
-               kMaxMoeTopK, "))"));
+        StrCat(kernel, ": ", num_experts, " experts, top ", top_k, " are not supported (1 to ",
+               kMaxMoeExperts, " experts, top 1 to min(experts, ", kMaxMoeTopK, "))"));
   }
   return absl::OkStatus();
 }
@@ -71,7 +70,8 @@ absl::Status MoeGroupParams::Validate() const {
     return absl::InvalidArgumentError(
         StrCat("MoeGroupByExpert: ", num_slots, " slots over ", num_experts, " experts"));
   }
-  if (expert_offsets == nullptr || (num_slots > 0 && (expert_ids == nullptr || sorted_slots == nullptr))) {
+  if (expert_offsets == nullptr ||
+      (num_slots > 0 && (expert_ids == nullptr || sorted_slots == nullptr))) {
     return absl::InvalidArgumentError("MoeGroupByExpert: null pointer");
   }
   return absl::OkStatus();

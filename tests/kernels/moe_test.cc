@@ -24,12 +24,8 @@ std::vector<float> Random(size_t n, std::mt19937& rng, float scale) {
 
 TEST(MoeRoutingTest, MatchesSoftmaxThenSort) {
   std::mt19937 rng(7);
-  for (const auto& [experts, top_k] : {std::pair<int64_t, int64_t>{4, 2},
-                                       {8, 2},
-                                       {128, 8},
-                                       {60, 4},
-                                       {3, 3},
-                                       {256, 1}}) {
+  for (const auto& [experts, top_k] :
+       {std::pair<int64_t, int64_t>{4, 2}, {8, 2}, {128, 8}, {60, 4}, {3, 3}, {256, 1}}) {
     for (bool normalize : {true, false}) {
       const int64_t tokens = 17;
       std::vector<float> logits = Random(tokens * experts, rng, 4.0f);
@@ -129,7 +125,8 @@ TEST(MoeTest, MatchesEachTokenRunningItsExperts) {
         }
         for (int64_t o = 0; o < hidden; ++o) {
           double y = 0;
-          for (int64_t j = 0; j < inter; ++j) y += double{down[(e * hidden + o) * inter + j]} * act[j];
+          for (int64_t j = 0; j < inter; ++j)
+            y += double{down[(e * hidden + o) * inter + j]} * act[j];
           want[o] += w * y;
         }
       }

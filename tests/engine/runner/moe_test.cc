@@ -70,7 +70,8 @@ double MaxScaledError(const std::vector<float>& a, const std::vector<float>& b, 
   double worst = 0;
   for (size_t row = 0; row * vocab < b.size(); ++row) {
     double scale = 1;
-    for (int64_t v = 0; v < vocab; ++v) scale = std::max(scale, double{std::abs(b[row * vocab + v])});
+    for (int64_t v = 0; v < vocab; ++v)
+      scale = std::max(scale, double{std::abs(b[row * vocab + v])});
     for (int64_t v = 0; v < vocab; ++v) {
       const size_t i = row * vocab + v;
       worst = std::max(worst, std::abs(double{a[i]} - b[i]) / std::max(1.0, scale / 10));
@@ -155,9 +156,10 @@ TEST(MoeTest, CpuLogitsMatchTheReferenceWholeAndInChunks) {
       const std::vector<float> logits = PromptLogits(*runner, ref.prompts[j], chunk);
       ASSERT_EQ(logits.size(), expected.size());
       const double error = MaxScaledError(logits, expected, vocab);
-      std::printf("[ logits   ] mixtral-moe prompt %zu (%3zu tokens, chunks of %zu): max scaled "
-                  "|error| %.3g\n",
-                  j, ref.prompts[j].size(), chunk, error);
+      std::printf(
+          "[ logits   ] mixtral-moe prompt %zu (%3zu tokens, chunks of %zu): max scaled "
+          "|error| %.3g\n",
+          j, ref.prompts[j].size(), chunk, error);
       EXPECT_LT(error, 1e-4) << "prompt " << j << " chunk " << chunk;
     }
   }
@@ -220,8 +222,9 @@ TEST(MoeTest, BatchedPromptsGetTheirAloneLogits) {
   ASSERT_TRUE(runner->Execute(batch, &output).ok());
   for (size_t j = 0; j < ref.prompts.size(); ++j) {
     const std::vector<float> alone = PromptLogits(*runner, ref.prompts[j], 0);
-    const std::vector<float> batched(output.logits.begin() + output.logits_row_start[j] * vocab,
-                                     output.logits.begin() + output.logits_row_start[j + 1] * vocab);
+    const std::vector<float> batched(
+        output.logits.begin() + output.logits_row_start[j] * vocab,
+        output.logits.begin() + output.logits_row_start[j + 1] * vocab);
     ASSERT_EQ(batched.size(), alone.size());
     EXPECT_LE(MaxScaledError(batched, alone, vocab), 1e-5) << "prompt " << j;
   }
@@ -243,9 +246,9 @@ TEST(MoeTest, GgufFormsGiveTheSafetensorsLogits) {
     const char* name;
     double bound;  // max scaled |error|; 0: top-1 agreement only
   };
-  for (const Form& form : {Form{GgufOutputType::kF32, "F32", 1e-5},
-                           Form{GgufOutputType::kF16, "F16", 1e-3},
-                           Form{GgufOutputType::kQ8_0, "Q8_0", 0}}) {
+  for (const Form& form :
+       {Form{GgufOutputType::kF32, "F32", 1e-5}, Form{GgufOutputType::kF16, "F16", 1e-3},
+        Form{GgufOutputType::kQ8_0, "Q8_0", 0}}) {
     const std::string path = testing::TempDir() + "/mixtral-moe-" + form.name + ".gguf";
     ASSERT_TRUE(WriteGgufCheckpoint(**hf, form.type, path).ok()) << form.name;
     // As llama.cpp writes Mixtral: llama, with expert counts and 3-D expert tensors.
@@ -283,9 +286,10 @@ TEST(MoeTest, GgufFormsGiveTheSafetensorsLogits) {
         same_top1 += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
       }
     }
-    std::printf("mixtral-moe GGUF %-5s max scaled |logit - safetensors logit| = %.3g; top-1 "
-                "equal in %lld of %lld rows\n",
-                form.name, worst, static_cast<long long>(same_top1), static_cast<long long>(rows));
+    std::printf(
+        "mixtral-moe GGUF %-5s max scaled |logit - safetensors logit| = %.3g; top-1 "
+        "equal in %lld of %lld rows\n",
+        form.name, worst, static_cast<long long>(same_top1), static_cast<long long>(rows));
     if (form.bound > 0) {
       EXPECT_LE(worst, form.bound) << form.name;
     } else {
