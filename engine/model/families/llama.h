@@ -53,6 +53,11 @@ ModelFamily MixtralFamily();
 MoeLayer DeclareMoeLayer(WeightPlan& plan, const ModelConfig& config, int64_t layer,
                          const MoeTensorNames& names);
 
+// The Hugging Face names of the experts of Mixtral (block_sparse_moe.gate, experts.E.w1/w3/w2) and
+// of Qwen3-MoE (mlp.gate, mlp.experts.E.gate_proj/up_proj/down_proj): ModelFamily::moe_names.
+MoeTensorNames MixtralMoeNames();
+MoeTensorNames Qwen3MoeNames();
+
 // Reads a Hugging Face config's mixture-of-experts keys: `num_experts_key` (Mixtral's
 // num_local_experts, Qwen3-MoE's num_experts), num_experts_per_tok, moe_intermediate_size (else
 // intermediate_size), norm_topk_prob (else `default_norm_topk_prob`), decoder_sparse_step and

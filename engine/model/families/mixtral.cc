@@ -5,7 +5,6 @@
 #include "nlohmann/json.hpp"
 
 namespace lmserve::engine {
-namespace {
 
 // transformers' MixtralSparseMoeBlock: the router `gate`, experts' w1 (gate), w3 (up), w2 (down).
 MoeTensorNames MixtralMoeNames() {
@@ -16,7 +15,16 @@ MoeTensorNames MixtralMoeNames() {
           .down = "w2.weight"};
 }
 
-}  // namespace
+// transformers' Qwen3MoeSparseMoeBlock. (The Qwen3-MoE family is Qwen3's description with
+// DeclareMoeLayer on the layers IsMoeLayer names; GGUF architecture qwen3moe, gguf_experts,
+// ReadHfMoeConfig(config, "num_experts", /*default_norm_topk_prob=*/false, out).)
+MoeTensorNames Qwen3MoeNames() {
+  return {.router = "mlp.gate.weight",
+          .experts = "mlp.experts.",
+          .gate = "gate_proj.weight",
+          .up = "up_proj.weight",
+          .down = "down_proj.weight"};
+}
 
 ModelFamily MixtralFamily() {
   // Every layer is sparse; the routing weights are always renormalized; intermediate_size is

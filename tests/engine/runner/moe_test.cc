@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "engine/model/checkpoint.h"
+#include "engine/model/families/llama.h"
 #include "engine/model/family.h"
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_writer.h"
@@ -120,6 +122,34 @@ TEST(MoeTest, SparseLayersFollowDecoderSparseStepAndMlpOnlyLayers) {
   EXPECT_FALSE(IsMoeLayer(c, 2));
   EXPECT_FALSE(IsMoeLayer(c, 3));
   EXPECT_TRUE(IsMoeLayer(c, 5));
+}
+
+TEST(MoeTest, Qwen3MoeKeysAreRead) {
+  // The qwen3-moe fixture's config.json, read with Qwen3-MoE's keys (its family is Qwen3's
+  // description, which this branch does not have yet).
+  std::ifstream file(testing::HfFamilyDir("qwen3-moe") + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(file);
+  ModelConfig c;
+  c.intermediate_size = 256;
+  ASSERT_TRUE(ReadHfMoeConfig(config, "num_experts", /*default_norm_topk_prob=*/false, &c).ok());
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_intermediate_size, 64);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.decoder_sparse_step, 1);
+  EXPECT_TRUE(c.mlp_only_layers.empty());
+  EXPECT_TRUE(IsMoeLayer(c, 0) && IsMoeLayer(c, 1));
+  // transformers' default: no renormalization.
+  nlohmann::json bare = config;
+  bare.erase("norm_topk_prob");
+  bare["mlp_only_layers"] = {1};
+  ASSERT_TRUE(ReadHfMoeConfig(bare, "num_experts", /*default_norm_topk_prob=*/false, &c).ok());
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_TRUE(IsMoeLayer(c, 0));
+  EXPECT_FALSE(IsMoeLayer(c, 1));
+  const MoeTensorNames names = Qwen3MoeNames();
+  EXPECT_EQ(names.Expert(3, 5, names.up), "model.layers.3.mlp.experts.5.up_proj.weight");
+  EXPECT_EQ(LayerTensorName(3, names.router), "model.layers.3.mlp.gate.weight");
 }
 
 TEST(MoeTest, BadExpertCountsAreRejected) {
