@@ -1,6 +1,11 @@
 // GGUF checkpoints: the model configuration from the {arch}.* metadata, tensors renamed to Hugging
 // Face names and their shapes reversed to outermost-first.
 //
+// Mixtures of experts: llama.cpp stores a layer's experts as 3-D tensors, ffn_{gate,up,down}_exps
+// ([experts, rows, cols] outermost first), and the router as ffn_gate_inp. Each expert's slice is
+// a view of its own, named as the family's Hugging Face checkpoints name it
+// (ModelFamily::moe_names): a slice is whole rows, so this holds for the block formats too.
+//
 // Rotary layout: llama.cpp's converter permutes the Q/K rows of llama-architecture models so that
 // rotary pairs are adjacent (dims 2i, 2i+1). The rows are kept as stored and the config says so
 // (ModelFamily::gguf_rope_layout: kInterleaved for llama; qwen2 files are not permuted).
@@ -90,7 +95,9 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
     return absl::InvalidArgumentError(
         StrCat(path, ": metadata key 'general.architecture' is missing or not a string"));
   }
-  const ModelFamily* family = FindGgufFamily(*arch);
+  const std::optional<int64_t> expert_count = file.GetInt(StrCat(*arch, ".expert_count"));
+  const bool has_experts = expert_count.value_or(0) > 0;
+  const ModelFamily* family = FindGgufFamily(*arch, has_experts);
   if (family == nullptr) {
     return absl::UnimplementedError(
         StrCat(path, ": architecture '", *arch,
@@ -198,6 +205,31 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            "' is not supported (supported: none, linear)"));
   }
 
+  if (has_experts) {
+    if (!family->moe_names.has_value()) {
+      return absl::UnimplementedError(StrCat(path, ": experts on a ", *arch,
+                                             "-architecture model are not supported"));
+    }
+    c.num_experts = *expert_count;
+    LMSERVE_RETURN_IF_ERROR(required_int("expert_used_count", &c.num_experts_per_tok));
+    c.moe_intermediate_size = c.intermediate_size;
+    LMSERVE_RETURN_IF_ERROR(optional_int("expert_feed_forward_length", &c.moe_intermediate_size));
+    if (c.num_experts > kMaxModelDim || c.moe_intermediate_size > kMaxModelDim) {
+      return absl::InvalidArgumentError(StrCat(path, ": ", *arch, ".expert_count or ", *arch,
+                                               ".expert_feed_forward_length is beyond any "
+                                               "supported model"));
+    }
+    // llama.cpp renormalizes the top-k weights unless a file says otherwise.
+    const std::string norm_key = StrCat(*arch, ".expert_weights_norm");
+    if (const GgufValue* norm = file.Find(norm_key); norm != nullptr) {
+      if (norm->type != GgufType::kBool) {
+        return absl::InvalidArgumentError(StrCat(path, ": metadata key '", norm_key,
+                                                 "' has type ", GgufTypeName(norm->type),
+                                                 ", expected bool"));
+      }
+      c.norm_topk_prob = norm->int_value != 0;
+    }
+  }
   if (family->read_gguf_config != nullptr) {
     LMSERVE_RETURN_IF_ERROR(family->read_gguf_config(file, &c));
   }
@@ -225,6 +257,65 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
     }
   }
   return c;
+}
+
+// The layer of "blk.L.<suffix>" whose suffix is `suffix`; nullopt for other names.
+std::optional<int64_t> LayerOf(std::string_view gguf_name, std::string_view suffix) {
+  constexpr std::string_view kBlk = "blk.";
+  if (!gguf_name.starts_with(kBlk) || !gguf_name.ends_with(suffix)) return std::nullopt;
+  const std::string_view rest = gguf_name.substr(kBlk.size());
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || rest.substr(dot + 1) != suffix) return std::nullopt;
+  const std::optional<int64_t> layer = ParseInt<int64_t>(rest.substr(0, dot));
+  if (!layer.has_value() || *layer < 0) return std::nullopt;
+  return layer;
+}
+
+// The Hugging Face views of a mixture-of-experts tensor: the router as it is, each expert's
+// slice of a 3-D expert tensor; empty for other tensors.
+absl::StatusOr<std::vector<TensorView>> ExpertViews(const GgufTensorInfo& info,
+                                                    const ModelConfig& c,
+                                                    const MoeTensorNames& names,
+                                                    const std::string& path) {
+  std::vector<TensorView> views;
+  auto view_of = [&](std::string name) {
+    TensorView view;
+    view.name = std::move(name);
+    view.file = path;
+    view.dtype = info.dtype;
+    view.shape.assign(info.dims.rbegin(), info.dims.rend());
+    view.data = info.data;
+    view.num_bytes = info.num_bytes;
+    return view;
+  };
+  if (std::optional<int64_t> layer = LayerOf(info.name, "ffn_gate_inp.weight")) {
+    views.push_back(view_of(LayerTensorName(*layer, names.router)));
+    return views;
+  }
+  for (const auto& [suffix, projection] :
+       {std::pair<std::string_view, const std::string*>{"ffn_gate_exps.weight", &names.gate},
+        {"ffn_up_exps.weight", &names.up},
+        {"ffn_down_exps.weight", &names.down}}) {
+    const std::optional<int64_t> layer = LayerOf(info.name, suffix);
+    if (!layer.has_value()) continue;
+    const int64_t experts = info.dims.size() == 3 ? info.dims[2] : 0;
+    if (experts != c.num_experts || info.num_bytes % experts != 0) {
+      return absl::InvalidArgumentError(StrCat(
+          path, ": tensor '", info.name, "' has ", info.dims.size(), " dimensions (outermost ",
+          info.dims.empty() ? 0 : info.dims.back(), "); expected 3 with ", c.num_experts,
+          " experts outermost"));
+    }
+    const int64_t expert_bytes = info.num_bytes / experts;
+    for (int64_t e = 0; e < experts; ++e) {
+      TensorView view = view_of(names.Expert(*layer, e, *projection));
+      view.shape = {info.dims[1], info.dims[0]};
+      view.data = info.data + e * expert_bytes;
+      view.num_bytes = expert_bytes;
+      views.push_back(std::move(view));
+    }
+    return views;
+  }
+  return views;
 }
 
 }  // namespace
@@ -294,6 +385,19 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
   const ModelFamily* family = FindFamily(c.family);
 
   for (const GgufTensorInfo& info : file->tensors()) {
+    if (c.num_experts > 0 && family != nullptr && family->moe_names.has_value()) {
+      LMSERVE_ASSIGN_OR_RETURN(std::vector<TensorView> experts,
+                               ExpertViews(info, c, *family->moe_names, path));
+      bool added = !experts.empty();
+      for (TensorView& view : experts) {
+        std::string hf = view.name;
+        if (!checkpoint->tensors_.emplace(hf, std::move(view)).second) {
+          return absl::InvalidArgumentError(StrCat(path, ": tensor '", info.name,
+                                                   "' is a second '", hf, "'"));
+        }
+      }
+      if (added) continue;
+    }
     std::optional<std::string> hf_name = GgufToHfTensorName(family, info.name);
     if (!hf_name.has_value()) continue;  // tensors the decoder does not use
     TensorView view;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/family.h"
 #include "kernels/cpu/dequant.h"
@@ -292,15 +293,27 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
                      GgmlTypeFromDType(DType::kF32), std::move(bytes));
   }
 
-  // Tensors: every checkpoint tensor the model's description reads, in its order.
+  // Tensors: every checkpoint tensor the model's description reads, in llama.cpp's order: the
+  // embeddings, each layer's tensors, then the final norm and the output. A mixture of experts
+  // is its router (kept in F32, as llama.cpp's converter keeps it) and one 3-D tensor per
+  // projection, the experts stacked outermost.
   absl::StatusOr<std::unique_ptr<ModelDescription>> model = DescribeModel(c);
   if (!model.ok()) return model.status();
-  struct Source {
-    const TensorView* view;
-    float offset;  // added to the values (Gemma's norms: GGUF stores the scale)
+  struct Entry {
+    std::string gguf_name;
+    std::vector<const TensorView*> parts;  // one, or each expert's
+    float offset = 0;  // added to the values (Gemma's norms: GGUF stores the scale)
+    bool keep_f32 = false;
   };
-  // llama.cpp's order: the embeddings, each layer's tensors, then the final norm and the output.
-  std::vector<Source> views;
+  std::vector<Entry> entries;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.num_experts > 0 && !IsMoeLayer(c, l)) {
+      // llama.cpp's MoE architectures have experts in every layer.
+      return absl::UnimplementedError(StrCat(path, ": layer ", l, " of ", c.architecture_name,
+                                             " is dense; GGUF's ", arch,
+                                             " architecture has experts in every layer"));
+    }
+  }
   enum Group { kEmbeddings, kLayers, kOutput };
   for (Group group : {kEmbeddings, kLayers, kOutput}) {
     for (const WeightSpec& spec : (*model)->weights().specs()) {
@@ -308,30 +321,66 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
                        : spec.kind == "embed_tokens" ? kEmbeddings
                                                      : kOutput;
       if (of != group) continue;
+      std::vector<const TensorView*> parts;
       for (const WeightPart& part : spec.parts) {
         absl::StatusOr<const TensorView*> view = checkpoint.Get(part.name, spec.PartShape(part));
         if (!view.ok()) return view.status();
-        views.push_back({*view, spec.offset});
+        parts.push_back(*view);
+      }
+      const std::string blk = StrCat("blk.", spec.layer, ".");
+      if (spec.kind == "moe_router") {
+        entries.push_back({StrCat(blk, "ffn_gate_inp.weight"), parts, 0, /*keep_f32=*/true});
+      } else if (spec.kind == "moe_gate_up") {  // expert e's gate, then its up
+        Entry gate{StrCat(blk, "ffn_gate_exps.weight")}, up{StrCat(blk, "ffn_up_exps.weight")};
+        for (size_t i = 0; i < parts.size(); ++i)
+          (i % 2 == 0 ? gate : up).parts.push_back(parts[i]);
+        entries.push_back(std::move(gate));
+        entries.push_back(std::move(up));
+      } else if (spec.kind == "moe_down") {
+        entries.push_back({StrCat(blk, "ffn_down_exps.weight"), parts});
+      } else {
+        for (const TensorView* part : parts) {
+          const std::optional<std::string> gguf_name = HfToGgufTensorName(family, part->name);
+          if (!gguf_name.has_value()) {
+            return absl::UnimplementedError(
+                StrCat(path, ": tensor '", part->name, "' has no GGUF name for ", arch));
+          }
+          entries.push_back({*gguf_name, {part}, spec.offset});
+        }
       }
     }
   }
 
-  for (const auto& [view, offset] : views) {
-    const std::optional<std::string> gguf_name = HfToGgufTensorName(family, view->name);
-    if (!gguf_name.has_value()) {
-      return absl::UnimplementedError(
-          StrCat(path, ": tensor '", view->name, "' has no GGUF name for ", arch));
+  if (c.num_experts > 0) {
+    writer.Add(key("expert_count"), U32(c.num_experts));
+    writer.Add(key("expert_used_count"), U32(c.num_experts_per_tok));
+    if (c.moe_intermediate_size != c.intermediate_size) {
+      writer.Add(key("expert_feed_forward_length"), U32(c.moe_intermediate_size));
+    }
+    if (!c.norm_topk_prob) writer.Add(key("expert_weights_norm"), GgufValue::Bool(false));
+  }
+
+  for (const Entry& entry : entries) {
+    const TensorView* view = entry.parts.front();
+    for (const TensorView* part : entry.parts) {
+      if (part->shape != view->shape) {
+        return absl::InvalidArgumentError(StrCat(path, ": expert tensor '", part->name,
+                                                 "' has shape ", part->ShapeString(),
+                                                 ", unlike its layer's other experts"));
+      }
     }
     if (view->shape.empty() || view->shape.size() > 2) {
       return absl::InvalidArgumentError(StrCat(path, ": tensor '", view->name, "' has shape ",
                                                view->ShapeString(), "; expected 1 or 2 dims"));
     }
-    const std::vector<int64_t> dims(view->shape.rbegin(), view->shape.rend());
+    std::vector<int64_t> dims(view->shape.rbegin(), view->shape.rend());
     const int64_t cols = dims[0];
     const int64_t rows = dims.size() == 2 ? dims[1] : 1;
+    const bool matrix = dims.size() == 2 && !entry.keep_f32;
+    if (entry.parts.size() > 1) dims.push_back(static_cast<int64_t>(entry.parts.size()));
     DType out_dtype = DType::kF32;
-    if (dims.size() == 2 && type == GgufOutputType::kF16) out_dtype = DType::kF16;
-    if (dims.size() == 2 && type == GgufOutputType::kQ8_0) {
+    if (matrix && type == GgufOutputType::kF16) out_dtype = DType::kF16;
+    if (matrix && type == GgufOutputType::kQ8_0) {
       out_dtype = cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     }
     // The number of heads whose rows to reorder, or 0.
@@ -348,12 +397,18 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
       }
     }
     const bool inverse = target_layout == RopeLayout::kHalfSplit;
-    const TensorView source = *view;
+    std::vector<TensorView> sources;
+    for (const TensorView* part : entry.parts) sources.push_back(*part);
+    const float offset = entry.offset;
     writer.AddTensor(
-        *gguf_name, dims, GgmlTypeFromDType(out_dtype),
-        [source, offset, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
-          std::vector<float> values(static_cast<size_t>(rows * cols));
-          kernels::DequantizeToF32(source.dtype, source.data, values.data(), rows * cols);
+        entry.gguf_name, dims, GgmlTypeFromDType(out_dtype),
+        [sources, offset, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
+          const int64_t part_elements = rows * cols;
+          std::vector<float> values(static_cast<size_t>(part_elements * sources.size()));
+          for (size_t i = 0; i < sources.size(); ++i) {
+            kernels::DequantizeToF32(sources[i].dtype, sources[i].data,
+                                     values.data() + i * part_elements, part_elements);
+          }
           for (float& v : values) v += offset;
           if (permute_heads > 0) {
             PermuteRotaryRows(values, rows, cols, permute_heads, inverse);
@@ -369,7 +424,7 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
               }
               break;
             case DType::kQ8_0:
-              kernels::QuantizeQ8_0(values.data(), out.data(), rows * cols);
+              kernels::QuantizeQ8_0(values.data(), out.data(), static_cast<int64_t>(values.size()));
               break;
             default:
               break;

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <tuple>
@@ -336,6 +337,27 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           StrCat("model config: ", what, " must be a non-negative number (got ", value, ")"));
     }
   }
+  if (c.num_experts < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("model config: num_experts must not be negative (got ", c.num_experts, ")"));
+  }
+  if (c.num_experts > 0) {
+    // Bounds of the MoE kernels (kernels/cpu/moe.h, kernels/cuda/moe.h): far above real models.
+    if (c.num_experts > 256 || c.num_experts_per_tok < 1 ||
+        c.num_experts_per_tok > std::min<int64_t>(c.num_experts, 32)) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: ", c.num_experts, " experts with ", c.num_experts_per_tok,
+                 " per token are not supported (at most 256 experts; 1 to min(experts, 32) "
+                 "per token)"));
+    }
+    LMSERVE_RETURN_IF_ERROR(positive("moe_intermediate_size", c.moe_intermediate_size));
+    LMSERVE_RETURN_IF_ERROR(positive("decoder_sparse_step", c.decoder_sparse_step));
+    if (c.moe_intermediate_size > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: moe_intermediate_size = ", c.moe_intermediate_size,
+                 " exceeds the supported maximum ", int64_t{1} << 20));
+    }
+  }
   for (int32_t id : c.eos_token_ids) {
     if (id < 0 || id >= c.vocab_size) {
       return absl::InvalidArgumentError(
@@ -355,6 +377,15 @@ RopeConfig RopeForContext(const RopeConfig& rope, int64_t context_len) {
   const bool extended = context_len > rope.original_max_position_embeddings;
   out.freq_factors = extended ? rope.long_factors : rope.short_factors;
   return out;
+}
+
+bool IsMoeLayer(const ModelConfig& c, int64_t layer) {
+  if (c.num_experts <= 0 || c.decoder_sparse_step <= 0) return false;
+  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
+      c.mlp_only_layers.end()) {
+    return false;
+  }
+  return (layer + 1) % c.decoder_sparse_step == 0;
 }
 
 std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim) {

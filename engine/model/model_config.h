@@ -62,6 +62,17 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections carry a bias (Qwen2)
+  // Mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is num_experts gated MLPs of
+  // moe_intermediate_size each, of which a router picks num_experts_per_tok per token
+  // (IsMoeLayer says which layers). num_experts 0: every layer is dense.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;  // the top-k routing weights are renormalized to sum to 1
+  // Qwen3-MoE's layout of sparse layers: layer l is sparse when it is not in mlp_only_layers and
+  // (l + 1) % decoder_sparse_step == 0.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
   RopeConfig rope;
   // Sliding-window attention: the window in tokens (0: none) and, by layer, whether the layer uses
   // it (empty: every layer does). Gemma's local layers also rotate by their own embedding.
@@ -93,6 +104,9 @@ absl::StatusOr<RopeConfig> ParseRopeParameters(const nlohmann::json& parameters,
 
 // Checks the invariants every runner relies on (positive sizes, heads dividing evenly, ...).
 absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Whether decoder layer `layer` has a mixture-of-experts MLP (ModelConfig::num_experts).
+bool IsMoeLayer(const ModelConfig& config, int64_t layer);
 
 // The inverse frequency of each rotary pair i in [0, rotary_dim/2), scaling applied: what rotary
 // embedding multiplies positions by. fp64 so that CPU and GPU tables agree to the last fp32 bit.

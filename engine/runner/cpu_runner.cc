@@ -19,6 +19,7 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rotary.h"
@@ -116,6 +117,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
                           Buffer out) override;
   absl::Status Linear(Weight weight, Buffer in, Buffer out) override;
   absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) override;
+  absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
@@ -150,6 +152,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   std::array<std::vector<float>, kNumBuffers> buffers_;  // by Buffer, [tokens, BufferWidth]
   std::vector<float> gate_up_;                           // [tokens, 2 intermediate]
   std::vector<float> attention_scratch_;                 // PagedAttentionParams::WorkspaceFloats
+  kernels::MoeWorkspace moe_scratch_;
   std::vector<int32_t> positions_;                       // [tokens]
   std::vector<int64_t> slots_;  // [tokens]: KV cache slot of each new token
   // The rows that need logits, by token index: the returned rows (kLast, kAll), then the kSample
@@ -376,6 +379,25 @@ absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, B
                        .num_tokens = num_tokens_,
                        .intermediate_size = spec.rows / 2,
                        .activation = activation});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
+  if (moe.act != Activation::kSilu) {
+    return absl::UnimplementedError("CPU runner: unsupported activation of the experts");
+  }
+  kernels::Moe({.input = Buf(in),
+                .router = weights_[moe.router],
+                .gate_up = weights_[moe.gate_up],
+                .down = weights_[moe.down],
+                .output = Buf(out),
+                .num_tokens = num_tokens_,
+                .hidden = config_.hidden_size,
+                .intermediate = moe.intermediate,
+                .num_experts = moe.num_experts,
+                .top_k = moe.top_k,
+                .normalize_top_k = moe.normalize_top_k,
+                .workspace = &moe_scratch_});
   return absl::OkStatus();
 }
 

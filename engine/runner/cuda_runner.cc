@@ -27,6 +27,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention_f32.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -96,6 +97,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
                           Buffer out) override;
   absl::Status Linear(Weight weight, Buffer in, Buffer out) override;
   absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) override;
+  absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
@@ -165,6 +167,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
   CudaBuffer decode_workspace_;
   CudaBuffer prefill_workspace_;
+  CudaBuffer moe_workspace_;  // kc::MoeParams::WorkspaceBytes; models with experts only
   std::map<int64_t, int> decode_splits_;  // batch size -> DecodeAttentionParams max_splits
 
   cuda::DecodeGraphs graphs_;
@@ -230,6 +233,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     return absl::UnimplementedError(StrCat(
         "CUDA runner: hidden (", model.hidden_size, "), intermediate (", model.intermediate_size,
         ") and vocabulary (", model.vocab_size, ") sizes must be multiples of 8"));
+  }
+  if (model.num_experts > 0 &&
+      (model.moe_intermediate_size % 8 != 0 || model.num_experts > kc::kMaxCudaMoeExperts ||
+       model.num_experts_per_tok > kc::kMaxCudaMoeTopK)) {
+    return absl::UnimplementedError(
+        StrCat("CUDA runner: ", model.num_experts, " experts of intermediate size ",
+               model.moe_intermediate_size, ", ", model.num_experts_per_tok,
+               " per token are not supported (a multiple of 8; at most ", kc::kMaxCudaMoeExperts,
+               " experts and ", kc::kMaxCudaMoeTopK, " per token)"));
   }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaSetDevice(config.device), "cudaSetDevice");
   kc::AllowProgrammaticLaunch(config.programmatic_launch);
@@ -321,6 +333,14 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_ASSIGN_OR_RETURN(prefill_workspace_,
                            CudaBuffer::Device(kc::PrefillAttentionParams::WorkspaceBytes(max_seqs_),
                                               "prefill attention"));
+  if (c.num_experts > 0) {
+    LMSERVE_ASSIGN_OR_RETURN(
+        moe_workspace_,
+        CudaBuffer::Device(kc::MoeParams::WorkspaceBytes(t, c.num_experts, c.num_experts_per_tok,
+                                                         c.hidden_size, c.moe_intermediate_size,
+                                                         kernel_dtype_),
+                           "the mixture of experts"));
+  }
   return absl::OkStatus();
 }
 
@@ -442,6 +462,29 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
   // read its own.
   return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
                      /*late_dependents=*/true, activation);
+}
+
+absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
+  if (moe.act != Activation::kSilu) {
+    return absl::UnimplementedError("CUDA runner: unsupported activation of the experts");
+  }
+  // Router, routing, and the fused path (small decode batches: only the chosen experts' rows
+  // are read) or the grouped one, all from device memory: decode steps stay capturable.
+  const kc::MoeParams params{.input = Buf(in),
+                             .router = weights_[moe.router],
+                             .gate_up = weights_[moe.gate_up],
+                             .down = weights_[moe.down],
+                             .output = Buf(out),
+                             .workspace = moe_workspace_.get(),
+                             .num_tokens = step_.tokens,
+                             .hidden = config_.hidden_size,
+                             .intermediate = moe.intermediate,
+                             .num_experts = moe.num_experts,
+                             .top_k = moe.top_k,
+                             .normalize_top_k = moe.normalize_top_k,
+                             .dtype = kernel_dtype_};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "mixture of experts");
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
@@ -742,7 +785,8 @@ RunnerStats CudaRunner::stats() const {
   s.kv_cache_bytes = kv_pool_.bytes();
   s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
                       inputs_.device_bytes() + decode_workspace_.bytes() +
-                      prefill_workspace_.bytes() + gemm_workspace_.bytes() + sampled_.bytes() +
+                      prefill_workspace_.bytes() + moe_workspace_.bytes() +
+                      gemm_workspace_.bytes() + sampled_.bytes() +
                       sampler_workspace_.bytes();
   for (const CudaBuffer& buffer : buffers_) s.workspace_bytes += buffer.bytes();
   for (const CudaBuffer& table : cos_sin_) s.workspace_bytes += table.bytes();

@@ -60,6 +60,70 @@ Weight AddQkv(WeightPlan& w, const ModelConfig& c, int64_t l, bool fused, bool q
   return qkv;
 }
 
+MoeLayer DeclareMoeLayer(WeightPlan& w, const ModelConfig& c, int64_t l,
+                         const MoeTensorNames& names) {
+  const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
+  MoeLayer moe;
+  moe.num_experts = static_cast<int32_t>(c.num_experts);
+  moe.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  moe.intermediate = inter;
+  moe.normalize_top_k = c.norm_topk_prob;
+  moe.act = Activation::kSilu;
+  moe.router =
+      w.AddTensor("moe_router", l, LayerTensorName(l, names.router), c.num_experts, hidden);
+  std::vector<WeightPart> gate_up, down;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    gate_up.push_back({names.Expert(l, e, names.gate), inter});
+    gate_up.push_back({names.Expert(l, e, names.up), inter});
+    down.push_back({names.Expert(l, e, names.down), hidden});
+  }
+  moe.gate_up = w.Add("moe_gate_up", l, c.num_experts * 2 * inter, hidden, std::move(gate_up));
+  moe.down = w.Add("moe_down", l, c.num_experts * hidden, inter, std::move(down));
+  return moe;
+}
+
+absl::Status ReadHfMoeConfig(const nlohmann::json& config, const char* num_experts_key,
+                             bool default_norm_topk_prob, ModelConfig* out) {
+  auto read_int = [&](const char* key, int64_t* value) -> absl::Status {
+    auto it = config.find(key);
+    if (it == config.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_number_integer()) {
+      return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not an integer"));
+    }
+    *value = it->get<int64_t>();
+    return absl::OkStatus();
+  };
+  LMSERVE_RETURN_IF_ERROR(read_int(num_experts_key, &out->num_experts));
+  LMSERVE_RETURN_IF_ERROR(read_int("num_experts_per_tok", &out->num_experts_per_tok));
+  out->moe_intermediate_size = out->intermediate_size;
+  LMSERVE_RETURN_IF_ERROR(read_int("moe_intermediate_size", &out->moe_intermediate_size));
+  LMSERVE_RETURN_IF_ERROR(read_int("decoder_sparse_step", &out->decoder_sparse_step));
+  out->norm_topk_prob = default_norm_topk_prob;
+  if (auto it = config.find("norm_topk_prob"); it != config.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return absl::InvalidArgumentError("config.json: 'norm_topk_prob' is not a boolean");
+    }
+    out->norm_topk_prob = it->get<bool>();
+  }
+  out->mlp_only_layers.clear();
+  if (auto it = config.find("mlp_only_layers"); it != config.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return absl::InvalidArgumentError("config.json: 'mlp_only_layers' is not a list");
+    }
+    for (const nlohmann::json& layer : *it) {
+      if (!layer.is_number_integer()) {
+        return absl::InvalidArgumentError("config.json: 'mlp_only_layers' holds a non-integer");
+      }
+      out->mlp_only_layers.push_back(layer.get<int64_t>());
+    }
+  }
+  if (out->num_experts <= 0) {
+    return absl::InvalidArgumentError(
+        StrCat("config.json: '", num_experts_key, "' must be a positive number of experts"));
+  }
+  return absl::OkStatus();
+}
+
 LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& options)
     : ModelDescription(c) {
   rotary_ = DecoderRotary(c);
@@ -89,6 +153,10 @@ LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& opt
     layer.o_proj = w.AddTensor("o_proj", l, name("self_attn.o_proj.weight"), hidden, q_dim);
     layer.post_norm =
         AddNorm(w, c, "post_attention_layernorm", l, name("post_attention_layernorm.weight"));
+    if (options.moe_names.has_value() && IsMoeLayer(c, l)) {
+      layer.moe = DeclareMoeLayer(w, c, l, *options.moe_names);
+      continue;
+    }
     layer.gate_up =
         options.fused_gate_up
             ? w.AddTensor("gate_up", l, name("mlp.gate_up_proj.weight"), 2 * inter, hidden)
@@ -116,6 +184,10 @@ absl::Status LlamaDescription::Forward(ForwardOps& ops) const {
     LMSERVE_RETURN_IF_ERROR(ops.Linear(layer.o_proj, Buffer::kAttention, Buffer::kProjected));
     LMSERVE_RETURN_IF_ERROR(ops.AddRmsNorm(Buffer::kResidual, Buffer::kProjected, layer.post_norm,
                                            eps, Buffer::kNormed));
+    if (layer.moe.has_value()) {
+      LMSERVE_RETURN_IF_ERROR(ops.Moe(*layer.moe, Buffer::kNormed, Buffer::kProjected));
+      continue;
+    }
     LMSERVE_RETURN_IF_ERROR(
         ops.GatedLinear(layer.gate_up, Activation::kSilu, Buffer::kNormed, Buffer::kActivation));
     LMSERVE_RETURN_IF_ERROR(ops.Linear(layer.down, Buffer::kActivation, Buffer::kProjected));

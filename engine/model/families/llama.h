@@ -2,12 +2,14 @@
 // rotary attention with grouped K/V heads and a SiLU-gated MLP. Mistral (mistral.cc), Qwen2
 // (qwen2.cc), Qwen3 (qwen3.cc) and Phi-3 (phi3.cc) are Llama with their own names and config keys:
 // q/k/v biases for Qwen2, q/k norms for Qwen3, fused tensors and partial or longrope rotary for
-// Phi-3. Gemma 2 and 3 (gemma.cc) share the attention parts declared here.
+// Phi-3; Mixtral (mixtral.cc) and Qwen3-MoE (qwen3.cc) are Llama and Qwen3 whose MLPs are mixtures
+// of experts (ForwardOps::Moe). Gemma 2 and 3 (gemma.cc) share the attention parts declared here.
 
 #ifndef LMSERVE_ENGINE_MODEL_FAMILIES_LLAMA_H_
 #define LMSERVE_ENGINE_MODEL_FAMILIES_LLAMA_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,9 @@ struct LlamaOptions {
   bool qk_norm = false;        // per-head q/k RMSNorm (Qwen3): self_attn.{q,k}_norm.weight
   bool fused_qkv = false;      // one self_attn.qkv_proj.weight (Phi-3)
   bool fused_gate_up = false;  // one mlp.gate_up_proj.weight (Phi-3)
+  // The experts' tensors: the layers that IsMoeLayer names have a mixture of experts instead of
+  // the dense MLP (Mixtral, Qwen3-MoE).
+  std::optional<MoeTensorNames> moe_names;
 };
 
 class LlamaDescription final : public ModelDescription {
@@ -31,12 +36,13 @@ class LlamaDescription final : public ModelDescription {
 
  private:
   struct Layer {
-    Weight input_norm;  // [hidden]
-    Weight qkv;         // [q_dim + 2 kv_dim, hidden]: q_proj, k_proj, v_proj stacked
-    Weight o_proj;      // [hidden, q_dim]
-    Weight post_norm;   // [hidden]
-    Weight gate_up;     // [2 intermediate, hidden]: gate_proj, up_proj stacked
-    Weight down;        // [hidden, intermediate]
+    Weight input_norm;            // [hidden]
+    Weight qkv;                   // [q_dim + 2 kv_dim, hidden]: q_proj, k_proj, v_proj stacked
+    Weight o_proj;                // [hidden, q_dim]
+    Weight post_norm;             // [hidden]
+    Weight gate_up;               // [2 intermediate, hidden]: gate_proj, up_proj stacked
+    Weight down;                  // [hidden, intermediate]
+    std::optional<MoeLayer> moe;  // instead of gate_up and down, in a sparse layer
     AttentionLayer attention;
   };
   Weight embed_;       // [vocab, hidden]
@@ -63,7 +69,7 @@ Weight AddNorm(WeightPlan& plan, const ModelConfig& config, std::string kind, in
                std::string name);
 
 // The families whose model is a LlamaDescription (llama.cc, mistral.cc, qwen2.cc, qwen3.cc,
-// phi3.cc), and Gemma's (gemma.cc).
+// phi3.cc, mixtral.cc), and Gemma's (gemma.cc).
 ModelFamily LlamaFamily();
 ModelFamily MistralFamily();
 ModelFamily Qwen2Family();
@@ -71,6 +77,27 @@ ModelFamily Qwen3Family();
 ModelFamily Phi3Family();
 ModelFamily Gemma2Family();
 ModelFamily Gemma3Family();
+ModelFamily MixtralFamily();
+ModelFamily Qwen3MoeFamily();
+
+// Declares layer `layer`'s mixture of experts (config's experts, names' tensors) in `plan`: the
+// router, every expert's gate and up projections stacked into one [E * 2 I, hidden] matrix and
+// their down projections into one [E * hidden, I] matrix (MoeLayer's layout). For any family with
+// sparse layers (Mixtral here; Qwen3-MoE on the Qwen3 description).
+MoeLayer DeclareMoeLayer(WeightPlan& plan, const ModelConfig& config, int64_t layer,
+                         const MoeTensorNames& names);
+
+// The Hugging Face names of the experts of Mixtral (block_sparse_moe.gate, experts.E.w1/w3/w2) and
+// of Qwen3-MoE (mlp.gate, mlp.experts.E.gate_proj/up_proj/down_proj): ModelFamily::moe_names.
+MoeTensorNames MixtralMoeNames();
+MoeTensorNames Qwen3MoeNames();
+
+// Reads a Hugging Face config's mixture-of-experts keys: `num_experts_key` (Mixtral's
+// num_local_experts, Qwen3-MoE's num_experts), num_experts_per_tok, moe_intermediate_size (else
+// intermediate_size), norm_topk_prob (else `default_norm_topk_prob`), decoder_sparse_step and
+// mlp_only_layers.
+absl::Status ReadHfMoeConfig(const nlohmann::json& config, const char* num_experts_key,
+                             bool default_norm_topk_prob, ModelConfig* out);
 
 // ModelFamily::describe of those families.
 std::unique_ptr<ModelDescription> DescribeLlama(const ModelConfig& config);

@@ -46,7 +46,7 @@ struct FamilyCase {
   const char* family;
 };
 
-// The dense families' fixtures.
+// The families. fixtures (Mixtral: moe_runner_test.cc).
 const FamilyCase kCases[] = {
     {"qwen3-qknorm", "qwen3"},
     {"gemma2-softcap-sliding", "gemma2"},
@@ -54,6 +54,7 @@ const FamilyCase kCases[] = {
     {"gemma3-rope-scaling", "gemma3"},
     {"phi3-fused", "phi3"},
     {"phi3-longrope-partial", "phi3"},
+    {"qwen3-moe", "qwen3_moe"},
 };
 
 std::vector<int32_t> Blocks(int64_t tokens) {

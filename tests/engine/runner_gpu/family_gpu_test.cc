@@ -35,6 +35,7 @@ const FamilyCase kCases[] = {
     {"gemma3-rope-scaling", "gemma3"},
     {"phi3-fused", "phi3"},
     {"phi3-longrope-partial", "phi3"},
+    {"qwen3-moe", "qwen3_moe"},
 };
 
 int64_t ContextFor(const ModelConfig& config, int64_t tokens) {
