@@ -46,7 +46,7 @@ struct FamilyCase {
   const char* family;
 };
 
-// The families. fixtures (Mixtral: moe_runner_test.cc).
+// The families' fixtures (Mixtral's have tests of their own: moe_test.cc).
 const FamilyCase kCases[] = {
     {"qwen3-qknorm", "qwen3"},
     {"gemma2-softcap-sliding", "gemma2"},
