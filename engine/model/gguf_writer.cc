@@ -331,13 +331,14 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
       if (spec.kind == "moe_router") {
         entries.push_back({StrCat(blk, "ffn_gate_inp.weight"), parts, 0, /*keep_f32=*/true});
       } else if (spec.kind == "moe_gate_up") {  // expert e's gate, then its up
-        Entry gate{StrCat(blk, "ffn_gate_exps.weight")}, up{StrCat(blk, "ffn_up_exps.weight")};
+        Entry gate{StrCat(blk, "ffn_gate_exps.weight"), {}};
+        Entry up{StrCat(blk, "ffn_up_exps.weight"), {}};
         for (size_t i = 0; i < parts.size(); ++i)
           (i % 2 == 0 ? gate : up).parts.push_back(parts[i]);
         entries.push_back(std::move(gate));
         entries.push_back(std::move(up));
       } else if (spec.kind == "moe_down") {
-        entries.push_back({StrCat(blk, "ffn_down_exps.weight"), parts});
+        entries.push_back({StrCat(blk, "ffn_down_exps.weight"), parts, 0});
       } else {
         for (const TensorView* part : parts) {
           const std::optional<std::string> gguf_name = HfToGgufTensorName(family, part->name);

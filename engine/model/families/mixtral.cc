@@ -49,7 +49,9 @@ ModelFamily MixtralFamily() {
     return ReadSlidingWindow(config, /*enabled_by_default=*/true, out);
   };
   family.describe = [](const ModelConfig& config) -> std::unique_ptr<ModelDescription> {
-    return std::make_unique<LlamaDescription>(config, LlamaOptions{.moe_names = MixtralMoeNames()});
+    LlamaOptions options;
+    options.moe_names = MixtralMoeNames();
+    return std::make_unique<LlamaDescription>(config, options);
   };
   return family;
 }

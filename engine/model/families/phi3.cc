@@ -27,8 +27,10 @@ ModelFamily Phi3Family() {
     return ReadSlidingWindow(config, /*enabled_by_default=*/true, out);
   };
   family.describe = [](const ModelConfig& config) -> std::unique_ptr<ModelDescription> {
-    return std::make_unique<LlamaDescription>(
-        config, LlamaOptions{.fused_qkv = true, .fused_gate_up = true});
+    LlamaOptions options;
+    options.fused_qkv = true;
+    options.fused_gate_up = true;
+    return std::make_unique<LlamaDescription>(config, options);
   };
   return family;
 }

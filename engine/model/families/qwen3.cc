@@ -23,7 +23,9 @@ ModelFamily Qwen3Family() {
     return ReadQwenSlidingWindow(config, out);
   };
   family.describe = [](const ModelConfig& config) -> std::unique_ptr<ModelDescription> {
-    return std::make_unique<LlamaDescription>(config, LlamaOptions{.qk_norm = true});
+    LlamaOptions options;
+    options.qk_norm = true;
+    return std::make_unique<LlamaDescription>(config, options);
   };
   return family;
 }
@@ -47,8 +49,10 @@ ModelFamily Qwen3MoeFamily() {
     return ReadQwenSlidingWindow(config, out);
   };
   family.describe = [](const ModelConfig& config) -> std::unique_ptr<ModelDescription> {
-    return std::make_unique<LlamaDescription>(
-        config, LlamaOptions{.qk_norm = true, .moe_names = Qwen3MoeNames()});
+    LlamaOptions options;
+    options.qk_norm = true;
+    options.moe_names = Qwen3MoeNames();
+    return std::make_unique<LlamaDescription>(config, options);
   };
   return family;
 }
