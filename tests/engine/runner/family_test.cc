@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -46,7 +48,7 @@ struct FamilyCase {
   const char* family;
 };
 
-// The families' fixtures (Mixtral's have tests of their own: moe_test.cc).
+// The families' fixtures (moe_test.cc tests Mixtral further).
 const FamilyCase kCases[] = {
     {"qwen3-qknorm", "qwen3"},
     {"gemma2-softcap-sliding", "gemma2"},
@@ -55,6 +57,7 @@ const FamilyCase kCases[] = {
     {"phi3-fused", "phi3"},
     {"phi3-longrope-partial", "phi3"},
     {"qwen3-moe", "qwen3_moe"},
+    {"mixtral-moe", "mixtral"},
 };
 
 std::vector<int32_t> Blocks(int64_t tokens) {
@@ -220,6 +223,54 @@ TEST_P(FamilyTest, ExportedGgufGivesTheSafetensorsLogits) {
     EXPECT_LE(ScaledError(got, want), 5e-5) << "prompt " << j;
   }
   std::remove(path.c_str());
+}
+
+// --load-format dummy: the family's shapes with generated weights (benchmarks of models that are
+// not on the machine) run and give finite logits.
+TEST_P(FamilyTest, DummyWeightsRun) {
+  RunnerConfig config;
+  config.block_size_tokens = kBlockSize;
+  config.kv_cache_bytes = int64_t{32} << 20;
+  config.load_format = LoadFormat::kDummy;
+  auto runner = ModelRunner::Create(*checkpoint_, config);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<float> logits = Logits(**runner, ref_.prompts.back());
+  ASSERT_FALSE(logits.empty());
+  EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
+  EXPECT_NE(logits, testing::LoadReferenceLogits(dir_, static_cast<int>(ref_.prompts.size() - 1)));
+}
+
+// GGUF files made by llama.cpp's own converter (tests/fixtures/convert_with_llama_cpp.py, which
+// needs torch) give the safetensors logits too: tensor names, norm conventions and metadata as
+// llama.cpp writes them. The files are not kept in the repository (12 MB): the test reads them
+// from $LMSERVE_LLAMA_CPP_GGUF_DIR/NAME.bf16.gguf and skips without them.
+TEST_P(FamilyTest, LlamaCppGgufGivesTheSafetensorsLogits) {
+  const char* dir = std::getenv("LMSERVE_LLAMA_CPP_GGUF_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "LMSERVE_LLAMA_CPP_GGUF_DIR is not set";
+  const std::string path = std::string(dir) + "/" + GetParam().fixture + ".bf16.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " does not exist";
+  auto gguf = OpenCheckpoint(path);
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  EXPECT_EQ((*gguf)->config().family, GetParam().family);
+  if ((*gguf)->config().sliding_layers != checkpoint_->config().sliding_layers) {
+    // gemma3-rope-scaling's layer_types are not Gemma 3's pattern: llama.cpp's gemma3 GGUF has no
+    // key for them (llama.cpp takes every sixth layer as global), so the file is another model.
+    GTEST_SKIP() << path << ": llama.cpp's file cannot say which layers are local";
+  }
+  double worst = 0;
+  for (size_t j = 0; j < ref_.prompts.size(); ++j) {
+    std::unique_ptr<ModelRunner> hf = CpuRunner(*checkpoint_, Context(j));
+    std::unique_ptr<ModelRunner> from_gguf = CpuRunner(**gguf, Context(j));
+    ASSERT_NE(hf, nullptr);
+    ASSERT_NE(from_gguf, nullptr);
+    const std::vector<float> want = Logits(*hf, ref_.prompts[j]);
+    const std::vector<float> got = Logits(*from_gguf, ref_.prompts[j]);
+    ASSERT_EQ(got.size(), want.size());
+    worst = std::max(worst, ScaledError(got, want));
+  }
+  std::printf("[ llama.cpp] %-24s scaled max |logit - safetensors logit| %.3g\n",
+              GetParam().fixture, worst);
+  EXPECT_LE(worst, 5e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FamilyTest, ::testing::ValuesIn(kCases),

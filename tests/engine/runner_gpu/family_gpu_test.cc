@@ -36,6 +36,7 @@ const FamilyCase kCases[] = {
     {"phi3-fused", "phi3"},
     {"phi3-longrope-partial", "phi3"},
     {"qwen3-moe", "qwen3_moe"},
+    {"mixtral-moe", "mixtral"},
 };
 
 int64_t ContextFor(const ModelConfig& config, int64_t tokens) {
@@ -105,8 +106,15 @@ TEST_P(FamilyGpuTest, LogitsMatchTheReference) {
           scaled_error =
               std::max(scaled_error, std::abs(d) / std::max(1.0, std::abs(double{want[v]}) / 10));
         }
-        top1 += std::max_element(got, got + vocab) ==
-                got + (std::max_element(want, want + vocab) - want);
+        const int64_t want_top = std::max_element(want, want + vocab) - want;
+        const int64_t got_top = std::max_element(got, got + vocab) - got;
+        if (got_top == want_top) {
+          ++top1;
+        } else {  // how close the reference's own choice was
+          std::printf("[ top-1    ] %s prompt %zu row %zu: %lld for %lld, reference margin %.4g\n",
+                      GetParam().fixture, j, r, static_cast<long long>(got_top),
+                      static_cast<long long>(want_top), double{want[want_top]} - want[got_top]);
+        }
         ++rows;
       }
       const double relative_l2 = std::sqrt(num / den);
