@@ -24,6 +24,14 @@ enum class DType : uint8_t {
   kQ6_K,  // 256 elements: 16 sub-blocks, 8-bit scales, 6-bit values
 };
 
+// The activation of a gated MLP over its fused [gate | up] projection: out = act(gate) * up. One
+// enum for the CPU kernels and the CUDA ones.
+enum class GateActivation : uint8_t {
+  kSilu,      // silu(g) = g / (1 + e^-g)
+  kGeluTanh,  // gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), PyTorch's
+              // gelu(approximate="tanh")
+};
+
 struct BlockLayout {
   int64_t elements_per_block;
   int64_t bytes_per_block;

@@ -365,10 +365,20 @@ struct ChatOptions {
   SamplingOptions sampling;
   std::vector<std::string> message;
   std::optional<std::string> system;
+  std::optional<std::string> chat_template_kwargs;  // a JSON object
 };
 
 int RunChat(const ChatOptions& options) {
   v1::ChatRequest request;
+  if (options.chat_template_kwargs.has_value()) {
+    const auto parsed = google::protobuf::util::JsonStringToMessage(
+        *options.chat_template_kwargs, request.mutable_chat_template_kwargs());
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "lmserve-cli chat: --chat-template-kwargs: not a JSON object: %s\n",
+                   std::string(parsed.message()).c_str());
+      return 2;
+    }
+  }
   FillSampling(options.sampling, request.mutable_sampling());
   request.set_request_id(options.sampling.request_id);
   if (options.system.has_value()) {
@@ -421,6 +431,9 @@ CommandRunner DeclareChat(CLI::App* command) {
   BindSamplingFlags(command, &options->sampling);
   AddStringFlag(command, "--system", &options->system,
                 "a system message to start the conversation with");
+  AddStringFlag(
+      command, "--chat-template-kwargs", &options->chat_template_kwargs,
+      "more chat template variables, a JSON object (e.g. '{\"enable_thinking\": false}')");
   return [options] { return RunChat(*options); };
 }
 

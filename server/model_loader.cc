@@ -76,6 +76,7 @@ engine::RunnerConfig MakeRunnerConfig(const ServeConfig& config, engine::Backend
     runner.kv_cache_bytes = kCpuAutoKvCacheBytes;
   }
   runner.max_num_seqs = config.engine.max_num_seqs;
+  runner.max_context_len = config.engine.max_model_len;
   runner.max_num_batched_tokens = config.engine.max_num_batched_tokens;
   return runner;
 }

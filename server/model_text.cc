@@ -34,7 +34,8 @@ class NoText final : public ModelText {
   }
   std::string TokenText(int32_t) const override { return ""; }
   std::unique_ptr<engine::TextDecoder> NewTextDecoder() const override { return nullptr; }
-  absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn>, bool) const override {
+  absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn>, bool,
+                                         const nlohmann::ordered_json&) const override {
     return absl::FailedPreconditionError(kNoChatTemplate);
   }
 };
@@ -70,8 +71,9 @@ class TokenizerText final : public ModelText {
   std::unique_ptr<engine::TextDecoder> NewTextDecoder() const override {
     return std::make_unique<engine::TokenizerTextDecoder>(tokenizer_.get());
   }
-  absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn> turns,
-                                         bool add_generation_prompt) const override {
+  absl::StatusOr<std::string> RenderChat(
+      std::span<const ChatTurn> turns, bool add_generation_prompt,
+      const nlohmann::ordered_json& template_kwargs) const override {
     if (!chat_template_.has_value()) return absl::FailedPreconditionError(kNoChatTemplate);
     std::vector<engine::ChatMessage> messages;
     messages.reserve(turns.size());
@@ -83,6 +85,7 @@ class TokenizerText final : public ModelText {
     }
     engine::ChatTemplateOptions options = chat_options_;
     options.add_generation_prompt = add_generation_prompt;
+    for (const auto& [key, value] : template_kwargs.items()) options.extra_variables[key] = value;
     absl::StatusOr<std::string> text = chat_template_->Render(messages, options);
     // The template's own raise_exception() rejects the conversation: the client's error. Anything
     // else (a broken template, a limit) is the served model's problem, reported as is.

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/core/text.h"
+#include "nlohmann/json.hpp"
 
 namespace lmserve::server {
 
@@ -57,10 +58,13 @@ class ModelText {
   virtual std::string TokenText(int32_t id) const = 0;
   // A text decoder for the engine; nullptr without a tokenizer.
   virtual std::unique_ptr<engine::TextDecoder> NewTextDecoder() const = 0;
-  // The prompt text of a conversation under the model's chat template. FailedPrecondition without
-  // a template.
-  virtual absl::StatusOr<std::string> RenderChat(std::span<const ChatTurn> messages,
-                                                 bool add_generation_prompt) const = 0;
+  // The prompt text of a conversation under the model's chat template, with `template_kwargs` (a
+  // JSON object, e.g. {"enable_thinking": false}) as further template variables. FailedPrecondition
+  // without a template; InvalidArgument "messages: ..." when the template rejects the
+  // conversation.
+  virtual absl::StatusOr<std::string> RenderChat(
+      std::span<const ChatTurn> messages, bool add_generation_prompt,
+      const nlohmann::ordered_json& template_kwargs) const = 0;
 };
 
 }  // namespace lmserve::server

@@ -1,6 +1,8 @@
 #include "server/request_convert.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -64,6 +66,61 @@ absl::Status FinishPrepare(const v1::SamplingParams& sampling, int32_t priority,
   prepared->request.priority = priority;
   // Whatever the engine checks beyond the above (it names the field the same way).
   return engine::ValidateRequest(prepared->request, limits);
+}
+
+// The keys of a Struct in order: protobuf's map has none, and the template sees (and tojson writes)
+// an object's keys in the order given.
+std::vector<std::string> SortedKeys(const google::protobuf::Struct& object) {
+  std::vector<std::string> keys;
+  keys.reserve(object.fields_size());
+  for (const auto& [key, value] : object.fields()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// A google.protobuf.Value as JSON; InvalidArgument naming `field` for NaN and infinities.
+absl::StatusOr<nlohmann::ordered_json> ValueToJson(const google::protobuf::Value& value,
+                                                   const std::string& field) {
+  using Json = nlohmann::ordered_json;
+  switch (value.kind_case()) {
+    case google::protobuf::Value::kNullValue:
+    case google::protobuf::Value::KIND_NOT_SET:
+      return Json(nullptr);
+    case google::protobuf::Value::kBoolValue:
+      return Json(value.bool_value());
+    case google::protobuf::Value::kStringValue:
+      return Json(value.string_value());
+    case google::protobuf::Value::kNumberValue: {
+      const double number = value.number_value();
+      if (!std::isfinite(number)) return Invalid(field, "not a finite number (JSON has none)");
+      // Struct holds every number as a double; a whole one within 2^53 is the integer the client's
+      // JSON said (a template renders 3, not 3.0).
+      constexpr double kExactIntegers = 9007199254740992.0;  // 2^53
+      if (std::trunc(number) == number && std::fabs(number) <= kExactIntegers) {
+        return Json(static_cast<int64_t>(number));
+      }
+      return Json(number);
+    }
+    case google::protobuf::Value::kStructValue: {
+      Json object = Json::object();
+      const google::protobuf::Struct& members = value.struct_value();
+      for (const std::string& key : SortedKeys(members)) {
+        LMSERVE_ASSIGN_OR_RETURN(object[key],
+                                 ValueToJson(members.fields().at(key), StrCat(field, ".", key)));
+      }
+      return object;
+    }
+    case google::protobuf::Value::kListValue: {
+      Json array = Json::array();
+      const auto& values = value.list_value().values();
+      for (int i = 0; i < values.size(); ++i) {
+        LMSERVE_ASSIGN_OR_RETURN(Json element, ValueToJson(values[i], StrCat(field, "[", i, "]")));
+        array.push_back(std::move(element));
+      }
+      return array;
+    }
+  }
+  return Invalid(field, "an unknown kind of value");
 }
 
 }  // namespace
@@ -239,6 +296,31 @@ absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest
   return prepared;
 }
 
+absl::StatusOr<nlohmann::ordered_json> ChatTemplateKwargsToJson(
+    const google::protobuf::Struct& kwargs) {
+  // Set by the server (the request's messages and add_generation_prompt, the model's tokens), or
+  // the template's functions: a client's value would silently replace them.
+  static constexpr std::string_view kReserved[] = {"messages",
+                                                   "add_generation_prompt",
+                                                   "bos_token",
+                                                   "eos_token",
+                                                   "raise_exception",
+                                                   "strftime_now",
+                                                   "range",
+                                                   "namespace",
+                                                   "dict"};
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+  for (const std::string& key : SortedKeys(kwargs)) {
+    const std::string field = StrCat("chat_template_kwargs.", key);
+    if (std::find(std::begin(kReserved), std::end(kReserved), key) != std::end(kReserved)) {
+      return Invalid(field, "reserved: the server sets this template variable itself");
+    }
+    if (!IsValidUtf8(key)) return Invalid("chat_template_kwargs", "a key is not valid UTF-8");
+    LMSERVE_ASSIGN_OR_RETURN(variables[key], ValueToJson(kwargs.fields().at(key), field));
+  }
+  return variables;
+}
+
 absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& request,
                                                    const ModelText& text,
                                                    const engine::RequestLimits& limits,
@@ -257,13 +339,16 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
     }
     turns.push_back({message.role(), message.content()});
   }
+  LMSERVE_ASSIGN_OR_RETURN(nlohmann::ordered_json template_kwargs,
+                           ChatTemplateKwargsToJson(request.chat_template_kwargs()));
   if (!text.has_chat_template()) {
     return absl::FailedPreconditionError("messages: this model has no chat template; use Complete");
   }
   LMSERVE_ASSIGN_OR_RETURN(
       std::string prompt,
-      text.RenderChat(
-          turns, request.has_add_generation_prompt() ? request.add_generation_prompt() : true));
+      text.RenderChat(turns,
+                      request.has_add_generation_prompt() ? request.add_generation_prompt() : true,
+                      template_kwargs));
   // The template writes the special tokens (BOS included) itself.
   LMSERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, text.Encode(prompt, /*add_special=*/false));
   LMSERVE_RETURN_IF_ERROR(CheckPromptLength("messages", static_cast<int64_t>(ids.size()), limits));

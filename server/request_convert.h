@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/core/request.h"
 #include "lmserve/v1/lmserve.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/model_text.h"
 
 namespace lmserve::server {
@@ -49,6 +50,12 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
                                                    const ModelText& text,
                                                    const engine::RequestLimits& limits,
                                                    const ApiLimits& api);
+
+// ChatRequest.chat_template_kwargs as the template's extra variables (a JSON object, keys sorted).
+// InvalidArgument naming "chat_template_kwargs.KEY" for a reserved name or a number JSON cannot
+// hold (exposed for tests).
+absl::StatusOr<nlohmann::ordered_json> ChatTemplateKwargsToJson(
+    const google::protobuf::Struct& kwargs);
 
 // The sampling parameters alone (exposed for tests).
 absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams& sampling,

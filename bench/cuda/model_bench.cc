@@ -5,6 +5,10 @@
 //     new token at context C (the serving path: inputs copied in, the graph or eager step, the
 //     sampler, the tokens copied back). Floor: (weight bytes read + B * C KV bytes read) over the
 //     device-to-device copy bandwidth measured here (bytes read + bytes written per second).
+//     Mixtures of experts read only the experts their tokens chose: per sparse layer, the expected
+//     number of distinct experts that B tokens choosing top_k of E uniformly touch,
+//     E * (1 - (1 - top_k / E)^B) (exactly top_k at B = 1); the router and every dense tensor in
+//     full.
 //   prefill: the wall time of one step of S sequences of N new tokens. Floor: the step's FLOPs
 //     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
 //     head on the S last rows) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
@@ -26,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -38,6 +43,7 @@
 #include "bench/cuda/kernel_timeline.h"
 #include "common/strings.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/family.h"
 #include "engine/runner/cuda_runner.h"
 #include "engine/runner/model_runner.h"
 #include "kernels/cuda/device.h"
@@ -268,6 +274,39 @@ int Run(const Options& o) {
   const int64_t element_bytes = engine::RunnerDTypeBytes(stats.dtype);
   const int64_t embed_bytes = c.vocab_size * c.hidden_size * element_bytes;
   const int64_t weight_read = stats.weight_bytes - (c.tie_word_embeddings ? 0 : embed_bytes);
+  // The experts' bytes of each sparse layer (mixtures of experts), of which a step reads a part.
+  std::vector<double> expert_layer_bytes;
+  if (c.num_experts > 0) {
+    auto model = engine::DescribeModel(c);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+      return 1;
+    }
+    const engine::WeightPlan& plan = (*model)->weights();
+    std::vector<engine::Weight> experts = plan.OfKind("moe_gate_up");
+    const std::vector<engine::Weight> down = plan.OfKind("moe_down");
+    experts.insert(experts.end(), down.begin(), down.end());
+    expert_layer_bytes.assign(static_cast<size_t>(c.num_layers), 0.0);
+    for (engine::Weight w : experts) {
+      expert_layer_bytes[plan[w].layer] += static_cast<double>(plan[w].num_elements()) *
+                                           static_cast<double>(element_bytes);
+    }
+    std::printf("mixture of experts: %lld experts, top %lld; a step reads the experts its tokens "
+                "choose (expected distinct under uniform routing)\n",
+                static_cast<long long>(c.num_experts),
+                static_cast<long long>(c.num_experts_per_tok));
+  }
+  // The weight bytes a decode step of `b` sequences reads.
+  auto weights_read = [&](int b) {
+    double bytes = static_cast<double>(weight_read);
+    for (double layer_bytes : expert_layer_bytes) {
+      const double e = static_cast<double>(c.num_experts);
+      const double k = static_cast<double>(c.num_experts_per_tok);
+      const double active = e * (1.0 - std::pow(1.0 - k / e, b));
+      bytes -= layer_bytes * (1.0 - active / e);
+    }
+    return bytes;
+  };
   const int64_t kv_token_bytes = engine::CudaKvBlockBytes(c, 1, stats.dtype);
   const int64_t params = stats.weight_bytes / element_bytes;
   nlohmann::json results = {
@@ -302,15 +341,16 @@ int Run(const Options& o) {
       batch.sampling.push_back({});
     }
     const double seconds = TimeSteps(**runner, batch, o.iters);
+    const double step_weight_bytes = weights_read(b);
     const double floor =
-        (static_cast<double>(weight_read) + double{1.0} * b * (o.context + 1) * kv_token_bytes) /
-        bandwidth;
+        (step_weight_bytes + double{1.0} * b * (o.context + 1) * kv_token_bytes) / bandwidth;
     std::printf("%-8d %-8d %12.3f %12.3f %8.2f %14.0f\n", b, o.context + 1, seconds * 1e3,
                 floor * 1e3, seconds / floor, b / seconds);
     results["decode"].push_back({{"batch", b},
                                  {"context", o.context + 1},
                                  {"step_seconds", seconds},
                                  {"floor_seconds", floor},
+                                 {"weight_bytes_read", step_weight_bytes},
                                  {"ratio", seconds / floor}});
     if (!o.timeline.empty()) timelines.push_back(RecordTimeline(**runner, batch, b));
   }
@@ -332,8 +372,16 @@ int Run(const Options& o) {
     const double seconds = TimeSteps(**runner, batch, std::max(5, o.iters / 3));
     const double total_tokens = double{1.0} * o.prefill_seqs * n;
     const double head_params = double{1.0} * c.vocab_size * c.hidden_size;
+    // Each token runs top_k of the E experts of a sparse layer.
+    double inactive_expert_params = 0;
+    for (double layer_bytes : expert_layer_bytes) {
+      inactive_expert_params += layer_bytes / static_cast<double>(element_bytes) *
+                                (1.0 - static_cast<double>(c.num_experts_per_tok) /
+                                           static_cast<double>(c.num_experts));
+    }
     const double body_params = static_cast<double>(params) - head_params -
-                               (c.tie_word_embeddings ? 0.0 : head_params);
+                               (c.tie_word_embeddings ? 0.0 : head_params) -
+                               inactive_expert_params;
     const double attention_flops = 2.0 * 2.0 * o.prefill_seqs * (double{1.0} * n * (n + 1) / 2) *
                                    c.num_attention_heads * c.head_dim * c.num_layers;
     const double flops = 2.0 * body_params * total_tokens + attention_flops +

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/core/check.h"
+#include "engine/model/checkpoint.h"
 #include "engine/model/families/llama.h"
 
 namespace lmserve::engine {
@@ -23,7 +24,9 @@ Registry& GetRegistry() {
   static Registry* const registry = [] {
     auto* r = new Registry;
     absl::MutexLock lock(&r->mu);
-    for (ModelFamily family : {LlamaFamily(), MistralFamily(), Qwen2Family()}) {
+    for (ModelFamily family :
+         {LlamaFamily(), MistralFamily(), Qwen2Family(), Qwen3Family(), Phi3Family(),
+          Gemma2Family(), Gemma3Family(), MixtralFamily(), Qwen3MoeFamily()}) {
       r->families.push_back(std::make_unique<ModelFamily>(std::move(family)));
     }
     return r;
@@ -67,9 +70,18 @@ const ModelFamily* FindHfFamily(std::string_view architecture, std::string_view 
   return FindIf([&](const ModelFamily& f) { return Contains(f.hf_model_types, model_type); });
 }
 
-const ModelFamily* FindGgufFamily(std::string_view gguf_architecture) {
+const ModelFamily* FindGgufFamily(std::string_view gguf_architecture, bool has_experts) {
   if (gguf_architecture.empty()) return nullptr;
+  const ModelFamily* family = FindIf([&](const ModelFamily& f) {
+    return f.gguf_architecture == gguf_architecture && f.gguf_experts == has_experts;
+  });
+  if (family != nullptr) return family;
   return FindIf([&](const ModelFamily& f) { return f.gguf_architecture == gguf_architecture; });
+}
+
+std::string MoeTensorNames::Expert(int64_t layer, int64_t expert,
+                                   std::string_view projection) const {
+  return LayerTensorName(layer, StrCat(experts, expert, ".", projection));
 }
 
 const ModelFamily* FindFamily(std::string_view name) {

@@ -16,8 +16,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,6 +63,21 @@ class ModelDescription {
   std::vector<int32_t> kv_windows_;  // [num_layers]
 };
 
+// The Hugging Face names of a mixture-of-experts layer's tensors, after "model.layers.L.": the
+// router's, and expert E's gate, up and down projections at experts + "E." + gate (up, down).
+// Families declare them (their WeightPlan) and the GGUF reader maps llama.cpp's ffn_gate_inp and
+// ffn_{gate,up,down}_exps tensors to them (one view per expert of the 3-D tensors).
+struct MoeTensorNames {
+  std::string router;   // "block_sparse_moe.gate.weight"
+  std::string experts;  // "block_sparse_moe.experts."
+  std::string gate;     // "w1.weight"
+  std::string up;       // "w3.weight"
+  std::string down;     // "w2.weight"
+
+  // "model.layers.L.<experts>E.<projection>".
+  std::string Expert(int64_t layer, int64_t expert, std::string_view projection) const;
+};
+
 struct ModelFamily {
   std::string name;                           // ModelConfig::family: "llama"
   std::vector<std::string> hf_architectures;  // config.json "architectures[0]" values it serves
@@ -69,6 +86,15 @@ struct ModelFamily {
   // llama.cpp's converter writes for it (it permutes llama's rows for interleaved rotary).
   std::string gguf_architecture;
   RopeLayout gguf_rope_layout = RopeLayout::kHalfSplit;
+  // Layer tensor names of its own, (GGUF name after "blk.N.", Hugging Face name after
+  // "model.layers.N."), consulted before the names every family shares (gguf_checkpoint.cc); a
+  // Hugging Face name listed here is written under this GGUF name.
+  std::vector<std::pair<std::string, std::string>> gguf_layer_names;
+  // Whether it reads the GGUF architecture's files that have experts ({arch}.expert_count > 0):
+  // llama files with experts are Mixtral's, without them Llama's.
+  bool gguf_experts = false;
+  // Mixture-of-experts families: their tensors' names (the description's and the GGUF mapping's).
+  std::optional<MoeTensorNames> moe_names;
   // Reads the family's own config keys, after the keys every family shares (ParseHfConfig, the
   // GGUF reader). Null: none.
   std::function<absl::Status(const nlohmann::json& config, ModelConfig* out)> read_hf_config;
@@ -84,8 +110,10 @@ void RegisterModelFamily(ModelFamily family);
 // The family serving a Hugging Face config's first `architectures` entry, or, when it names none,
 // its `model_type`; nullptr when none does.
 const ModelFamily* FindHfFamily(std::string_view architecture, std::string_view model_type);
-// The family reading GGUF files of `general.architecture`; nullptr when none does.
-const ModelFamily* FindGgufFamily(std::string_view gguf_architecture);
+// The family reading GGUF files of `general.architecture`, with experts or without
+// (ModelFamily::gguf_experts; a family of the other kind when none matches); nullptr when none
+// reads the architecture.
+const ModelFamily* FindGgufFamily(std::string_view gguf_architecture, bool has_experts = false);
 // The family of ModelConfig::family; nullptr for an unknown name.
 const ModelFamily* FindFamily(std::string_view name);
 // "LlamaForCausalLM, MistralForCausalLM, ..." / "llama, qwen2": for error messages.

@@ -629,6 +629,17 @@ std::optional<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) 
   return out;
 }
 
+std::optional<std::vector<bool>> GgufFile::GetBoolArray(std::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr || v->type != GgufType::kArray || v->element_type != GgufType::kBool) {
+    return std::nullopt;
+  }
+  std::vector<bool> out;
+  out.reserve(v->elements.size());
+  for (const GgufValue& e : v->elements) out.push_back(e.int_value != 0);
+  return out;
+}
+
 std::optional<std::vector<double>> GgufFile::GetFloatArray(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr || v->type != GgufType::kArray ||

@@ -123,6 +123,7 @@ class GgufFile {
   std::optional<bool> GetBool(std::string_view key) const;
   std::optional<std::vector<std::string>> GetStringArray(std::string_view key) const;
   std::optional<std::vector<int64_t>> GetIntArray(std::string_view key) const;   // any int type
+  std::optional<std::vector<bool>> GetBoolArray(std::string_view key) const;
   std::optional<std::vector<double>> GetFloatArray(std::string_view key) const;  // f32 or f64
 
   // Tensors in file order.
@@ -142,10 +143,15 @@ class GgufFile {
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
+struct ModelFamily;
+
 // Tensor names: llama.cpp's ("blk.3.attn_q.weight") and Hugging Face's
-// ("model.layers.3.self_attn.q_proj.weight"); nullopt for names outside the Llama-family decoder.
-std::optional<std::string> GgufToHfTensorName(std::string_view gguf_name);
-std::optional<std::string> HfToGgufTensorName(std::string_view hf_name);
+// ("model.layers.3.self_attn.q_proj.weight"), for `family` (its own names first; null: the names
+// every family shares); nullopt for names the decoder does not read.
+std::optional<std::string> GgufToHfTensorName(const ModelFamily* family,
+                                              std::string_view gguf_name);
+std::optional<std::string> HfToGgufTensorName(const ModelFamily* family,
+                                              std::string_view hf_name);
 
 // Builds a checkpoint from a parsed GGUF file (OpenGgufCheckpoint maps the file and calls this).
 // The checkpoint owns `file`; tensor views point into its mapping.

@@ -1,11 +1,17 @@
 // GGUF checkpoints: the model configuration from the {arch}.* metadata, tensors renamed to Hugging
 // Face names and their shapes reversed to outermost-first.
 //
+// Mixtures of experts: llama.cpp stores a layer's experts as 3-D tensors, ffn_{gate,up,down}_exps
+// ([experts, rows, cols] outermost first), and the router as ffn_gate_inp. Each expert's slice is
+// a view of its own, named as the family's Hugging Face checkpoints name it
+// (ModelFamily::moe_names): a slice is whole rows, so this holds for the block formats too.
+//
 // Rotary layout: llama.cpp's converter permutes the Q/K rows of llama-architecture models so that
 // rotary pairs are adjacent (dims 2i, 2i+1). The rows are kept as stored and the config says so
 // (ModelFamily::gguf_rope_layout: kInterleaved for llama; qwen2 files are not permuted).
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -14,8 +20,8 @@
 #include "absl/status/status.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "engine/model/family.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/family.h"
 #include "engine/model/gguf.h"
 #include "kernels/cpu/dequant.h"
 
@@ -61,18 +67,21 @@ constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
 };
 
 constexpr std::string_view kRopeFreqsTensor = "rope_freqs.weight";
+constexpr std::string_view kRopeLongFactorsTensor = "rope_factors_long.weight";
+constexpr std::string_view kRopeShortFactorsTensor = "rope_factors_short.weight";
 
 // Sizes beyond these are rejected before anything is sized by them (they would overflow products).
 constexpr int64_t kMaxModelDim = int64_t{1} << 24;
 constexpr int64_t kMaxContextLength = int64_t{1} << 31;
 
 // Appends the GGUF name to a message that quotes a Hugging Face tensor name.
-absl::Status WithGgufName(const absl::Status& status) {
+absl::Status WithGgufName(const ModelFamily* family, const absl::Status& status) {
   const std::string message(status.message());
   const size_t open = message.find('\'');
   const size_t close = open == std::string::npos ? open : message.find('\'', open + 1);
   if (close == std::string::npos) return status;
-  std::optional<std::string> gguf = HfToGgufTensorName(message.substr(open + 1, close - open - 1));
+  std::optional<std::string> gguf =
+      HfToGgufTensorName(family, message.substr(open + 1, close - open - 1));
   if (!gguf.has_value()) return status;
   return absl::Status(status.code(), StrCat(message, " (GGUF tensor '", *gguf, "')"));
 }
@@ -86,11 +95,13 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
     return absl::InvalidArgumentError(
         StrCat(path, ": metadata key 'general.architecture' is missing or not a string"));
   }
-  const ModelFamily* family = FindGgufFamily(*arch);
+  const std::optional<int64_t> expert_count = file.GetInt(StrCat(*arch, ".expert_count"));
+  const bool has_experts = expert_count.value_or(0) > 0;
+  const ModelFamily* family = FindGgufFamily(*arch, has_experts);
   if (family == nullptr) {
-    return absl::UnimplementedError(StrCat(path, ": architecture '", *arch,
-                                           "' is not supported (supported: ",
-                                           SupportedGgufArchitectures(), ")"));
+    return absl::UnimplementedError(
+        StrCat(path, ": architecture '", *arch,
+               "' is not supported (supported: ", SupportedGgufArchitectures(), ")"));
   }
   c.family = family->name;
   c.rope.layout = family->gguf_rope_layout;
@@ -166,11 +177,19 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            value_length, " differs from the key length ",
                                            c.head_dim));
   }
-  if (rope_dims != c.head_dim) {
-    return absl::UnimplementedError(StrCat(path, ": ", *arch, ".rope.dimension_count ", rope_dims,
-                                           " differs from the head dimension ", c.head_dim,
-                                           " (partial rotary embedding is not supported)"));
+  if (rope_dims <= 0 || rope_dims > c.head_dim || rope_dims % 2 != 0) {
+    return absl::InvalidArgumentError(StrCat(path, ": ", *arch, ".rope.dimension_count ", rope_dims,
+                                             " is not an even count of at most the ",
+                                             "head dimension ", c.head_dim));
   }
+  if (rope_dims != c.head_dim) c.rope.rotary_dim = rope_dims;  // partial rotary embedding
+  int64_t window = 0;
+  LMSERVE_RETURN_IF_ERROR(optional_int("attention.sliding_window", &window));
+  if (window < 0 || window > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        StrCat(path, ": ", *arch, ".attention.sliding_window is ", window));
+  }
+  if (window < c.max_position_embeddings) c.sliding_window = static_cast<int32_t>(window);
   LMSERVE_RETURN_IF_ERROR(optional_float("rope.freq_base", &c.rope.theta));
   LMSERVE_RETURN_IF_ERROR(optional_float("attention.layer_norm_rms_epsilon", &c.rms_norm_eps));
   const std::string scaling = file.GetString(StrCat(*arch, ".rope.scaling.type")).value_or("none");
@@ -186,6 +205,31 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
                                            "' is not supported (supported: none, linear)"));
   }
 
+  if (has_experts) {
+    if (!family->moe_names.has_value()) {
+      return absl::UnimplementedError(StrCat(path, ": experts on a ", *arch,
+                                             "-architecture model are not supported"));
+    }
+    c.num_experts = *expert_count;
+    LMSERVE_RETURN_IF_ERROR(required_int("expert_used_count", &c.num_experts_per_tok));
+    c.moe_intermediate_size = c.intermediate_size;
+    LMSERVE_RETURN_IF_ERROR(optional_int("expert_feed_forward_length", &c.moe_intermediate_size));
+    if (c.num_experts > kMaxModelDim || c.moe_intermediate_size > kMaxModelDim) {
+      return absl::InvalidArgumentError(StrCat(path, ": ", *arch, ".expert_count or ", *arch,
+                                               ".expert_feed_forward_length is beyond any "
+                                               "supported model"));
+    }
+    // llama.cpp renormalizes the top-k weights unless a file says otherwise.
+    const std::string norm_key = StrCat(*arch, ".expert_weights_norm");
+    if (const GgufValue* norm = file.Find(norm_key); norm != nullptr) {
+      if (norm->type != GgufType::kBool) {
+        return absl::InvalidArgumentError(StrCat(path, ": metadata key '", norm_key,
+                                                 "' has type ", GgufTypeName(norm->type),
+                                                 ", expected bool"));
+      }
+      c.norm_topk_prob = norm->int_value != 0;
+    }
+  }
   if (family->read_gguf_config != nullptr) {
     LMSERVE_RETURN_IF_ERROR(family->read_gguf_config(file, &c));
   }
@@ -215,9 +259,69 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
   return c;
 }
 
+// The layer of "blk.L.<suffix>" whose suffix is `suffix`; nullopt for other names.
+std::optional<int64_t> LayerOf(std::string_view gguf_name, std::string_view suffix) {
+  constexpr std::string_view kBlk = "blk.";
+  if (!gguf_name.starts_with(kBlk) || !gguf_name.ends_with(suffix)) return std::nullopt;
+  const std::string_view rest = gguf_name.substr(kBlk.size());
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || rest.substr(dot + 1) != suffix) return std::nullopt;
+  const std::optional<int64_t> layer = ParseInt<int64_t>(rest.substr(0, dot));
+  if (!layer.has_value() || *layer < 0) return std::nullopt;
+  return layer;
+}
+
+// The Hugging Face views of a mixture-of-experts tensor: the router as it is, each expert's
+// slice of a 3-D expert tensor; empty for other tensors.
+absl::StatusOr<std::vector<TensorView>> ExpertViews(const GgufTensorInfo& info,
+                                                    const ModelConfig& c,
+                                                    const MoeTensorNames& names,
+                                                    const std::string& path) {
+  std::vector<TensorView> views;
+  auto view_of = [&](std::string name) {
+    TensorView view;
+    view.name = std::move(name);
+    view.file = path;
+    view.dtype = info.dtype;
+    view.shape.assign(info.dims.rbegin(), info.dims.rend());
+    view.data = info.data;
+    view.num_bytes = info.num_bytes;
+    return view;
+  };
+  if (std::optional<int64_t> layer = LayerOf(info.name, "ffn_gate_inp.weight")) {
+    views.push_back(view_of(LayerTensorName(*layer, names.router)));
+    return views;
+  }
+  for (const auto& [suffix, projection] :
+       {std::pair<std::string_view, const std::string*>{"ffn_gate_exps.weight", &names.gate},
+        {"ffn_up_exps.weight", &names.up},
+        {"ffn_down_exps.weight", &names.down}}) {
+    const std::optional<int64_t> layer = LayerOf(info.name, suffix);
+    if (!layer.has_value()) continue;
+    const int64_t experts = info.dims.size() == 3 ? info.dims[2] : 0;
+    if (experts != c.num_experts || info.num_bytes % experts != 0) {
+      return absl::InvalidArgumentError(StrCat(
+          path, ": tensor '", info.name, "' has ", info.dims.size(), " dimensions (outermost ",
+          info.dims.empty() ? 0 : info.dims.back(), "); expected 3 with ", c.num_experts,
+          " experts outermost"));
+    }
+    const int64_t expert_bytes = info.num_bytes / experts;
+    for (int64_t e = 0; e < experts; ++e) {
+      TensorView view = view_of(names.Expert(*layer, e, *projection));
+      view.shape = {info.dims[1], info.dims[0]};
+      view.data = info.data + e * expert_bytes;
+      view.num_bytes = expert_bytes;
+      views.push_back(std::move(view));
+    }
+    return views;
+  }
+  return views;
+}
+
 }  // namespace
 
-std::optional<std::string> GgufToHfTensorName(std::string_view gguf_name) {
+std::optional<std::string> GgufToHfTensorName(const ModelFamily* family,
+                                              std::string_view gguf_name) {
   for (const auto& [gguf, hf] : kGlobalNames) {
     if (gguf_name == gguf) return std::string(hf);
   }
@@ -229,13 +333,18 @@ std::optional<std::string> GgufToHfTensorName(std::string_view gguf_name) {
   const std::optional<int64_t> layer = ParseInt<int64_t>(rest.substr(0, dot));
   if (!layer.has_value() || *layer < 0) return std::nullopt;
   const std::string_view suffix = rest.substr(dot + 1);
+  if (family != nullptr) {
+    for (const auto& [gguf, hf] : family->gguf_layer_names) {
+      if (suffix == gguf) return LayerTensorName(*layer, hf);
+    }
+  }
   for (const auto& [gguf, hf] : kLayerNames) {
     if (suffix == gguf) return LayerTensorName(*layer, hf);
   }
   return std::nullopt;
 }
 
-std::optional<std::string> HfToGgufTensorName(std::string_view hf_name) {
+std::optional<std::string> HfToGgufTensorName(const ModelFamily* family, std::string_view hf_name) {
   for (const auto& [gguf, hf] : kGlobalNames) {
     if (hf_name == hf) return std::string(gguf);
   }
@@ -247,8 +356,20 @@ std::optional<std::string> HfToGgufTensorName(std::string_view hf_name) {
   const std::optional<int64_t> layer = ParseInt<int64_t>(rest.substr(0, dot));
   if (!layer.has_value() || *layer < 0) return std::nullopt;
   const std::string_view suffix = rest.substr(dot + 1);
+  if (family != nullptr) {
+    for (const auto& [gguf, hf] : family->gguf_layer_names) {
+      if (suffix == hf) return StrCat("blk.", *layer, ".", gguf);
+    }
+  }
   for (const auto& [gguf, hf] : kLayerNames) {
-    if (suffix == hf) return StrCat("blk.", *layer, ".", gguf);
+    if (suffix != hf) continue;
+    // A GGUF name the family gives another tensor is not this one's.
+    if (family != nullptr &&
+        std::any_of(family->gguf_layer_names.begin(), family->gguf_layer_names.end(),
+                    [&](const auto& names) { return names.first == gguf; })) {
+      return std::nullopt;
+    }
+    return StrCat("blk.", *layer, ".", gguf);
   }
   return std::nullopt;
 }
@@ -261,9 +382,23 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
   if (!config.ok()) return config.status();
   ModelConfig& c = checkpoint->config_;
   c = *std::move(config);
+  const ModelFamily* family = FindFamily(c.family);
 
   for (const GgufTensorInfo& info : file->tensors()) {
-    std::optional<std::string> hf_name = GgufToHfTensorName(info.name);
+    if (c.num_experts > 0 && family != nullptr && family->moe_names.has_value()) {
+      LMSERVE_ASSIGN_OR_RETURN(std::vector<TensorView> experts,
+                               ExpertViews(info, c, *family->moe_names, path));
+      bool added = !experts.empty();
+      for (TensorView& view : experts) {
+        std::string hf = view.name;
+        if (!checkpoint->tensors_.emplace(hf, std::move(view)).second) {
+          return absl::InvalidArgumentError(StrCat(path, ": tensor '", info.name,
+                                                   "' is a second '", hf, "'"));
+        }
+      }
+      if (added) continue;
+    }
+    std::optional<std::string> hf_name = GgufToHfTensorName(family, info.name);
     if (!hf_name.has_value()) continue;  // tensors the decoder does not use
     TensorView view;
     view.name = *hf_name;
@@ -281,7 +416,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
 
   // Shapes the config depends on.
   absl::StatusOr<const TensorView*> embed = checkpoint->Find("model.embed_tokens.weight");
-  if (!embed.ok()) return WithGgufName(embed.status());
+  if (!embed.ok()) return WithGgufName(family, embed.status());
   if ((*embed)->shape.size() != 2) {
     return absl::InvalidArgumentError(StrCat(path, ": tensor 'token_embd.weight' has shape ",
                                              (*embed)->ShapeString(), ", expected 2 dimensions"));
@@ -312,6 +447,49 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
     }
   }
 
+  // longrope (Phi-3): the short and long factors as tensors, llama.cpp's scaling keys beside.
+  const GgufTensorInfo* long_factors = file->FindTensor(kRopeLongFactorsTensor);
+  const GgufTensorInfo* short_factors = file->FindTensor(kRopeShortFactorsTensor);
+  if ((long_factors == nullptr) != (short_factors == nullptr)) {
+    return absl::InvalidArgumentError(StrCat(path, ": one of '", kRopeLongFactorsTensor, "' and '",
+                                             kRopeShortFactorsTensor, "' without the other"));
+  }
+  if (long_factors != nullptr) {
+    const int64_t pairs = RotaryDim(c.rope, c.head_dim) / 2;
+    for (const GgufTensorInfo* factors : {long_factors, short_factors}) {
+      if (factors->dims.size() != 1 || factors->dims[0] != pairs) {
+        return absl::InvalidArgumentError(StrCat(path, ": tensor '", factors->name, "' has ",
+                                                 factors->NumElements(), " elements, expected [",
+                                                 pairs, "] (rotary dims / 2)"));
+      }
+    }
+    c.rope.scaling = RopeScaling::kLongRope;
+    c.rope.long_factors.resize(static_cast<size_t>(pairs));
+    c.rope.short_factors.resize(static_cast<size_t>(pairs));
+    kernels::DequantizeToF32(long_factors->dtype, long_factors->data, c.rope.long_factors.data(),
+                             pairs);
+    kernels::DequantizeToF32(short_factors->dtype, short_factors->data, c.rope.short_factors.data(),
+                             pairs);
+    const std::string arch = c.architecture_name;
+    if (std::optional<int64_t> original =
+            file->GetInt(StrCat(arch, ".rope.scaling.original_context_length"));
+        original.has_value()) {
+      c.rope.original_max_position_embeddings = *original;
+    }
+    if (std::optional<double> factor = file->GetFloat(StrCat(arch, ".rope.scaling.attn_factor"));
+        factor.has_value()) {
+      c.rope.attention_factor = *factor;
+    } else {
+      const double extension = static_cast<double>(c.max_position_embeddings) /
+                               static_cast<double>(c.rope.original_max_position_embeddings);
+      c.rope.attention_factor =
+          extension <= 1.0 ? 1.0
+                           : std::sqrt(1.0 + std::log(extension) /
+                                                 std::log(static_cast<double>(
+                                                     c.rope.original_max_position_embeddings)));
+    }
+  }
+
   if (absl::Status s = ValidateModelConfig(c); !s.ok()) {
     return absl::Status(s.code(), StrCat(path, ": ", s.message()));
   }
@@ -323,7 +501,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
                                              file->tensors().size(), " tensors"));
   }
   checkpoint->file_ = std::move(file);
-  if (absl::Status s = ValidateCheckpointTensors(*checkpoint); !s.ok()) return WithGgufName(s);
+  if (absl::Status s = ValidateCheckpointTensors(*checkpoint); !s.ok()) {
+    return WithGgufName(family, s);
+  }
   return checkpoint;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "engine/model/family.h"
 #include "kernels/cpu/dequant.h"
@@ -187,9 +188,9 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   }
   const ModelFamily* family = FindFamily(c.family);
   if (family == nullptr || family->gguf_architecture.empty()) {
-    return absl::UnimplementedError(StrCat(path, ": ", c.architecture_name,
-                                           " models cannot be written as GGUF (supported: ",
-                                           SupportedGgufArchitectures(), ")"));
+    return absl::UnimplementedError(StrCat(
+        path, ": ", c.architecture_name,
+        " models cannot be written as GGUF (supported: ", SupportedGgufArchitectures(), ")"));
   }
   const std::string& arch = family->gguf_architecture;
   const RopeLayout target_layout = family->gguf_rope_layout;
@@ -208,13 +209,38 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   writer.Add(key("embedding_length"), U32(c.hidden_size));
   writer.Add(key("feed_forward_length"), U32(c.intermediate_size));
   writer.Add(key("block_count"), U32(c.num_layers));
-  writer.Add(key("rope.dimension_count"), U32(c.head_dim));
+  writer.Add(key("rope.dimension_count"), U32(RotaryDim(c.rope, c.head_dim)));
   writer.Add(key("attention.head_count"), U32(c.num_attention_heads));
   writer.Add(key("attention.head_count_kv"), U32(c.num_kv_heads));
   writer.Add(key("attention.key_length"), U32(c.head_dim));
   writer.Add(key("attention.value_length"), U32(c.head_dim));
   writer.Add(key("rope.freq_base"), F32(c.rope.theta));
   writer.Add(key("attention.layer_norm_rms_epsilon"), F32(c.rms_norm_eps));
+  if (c.sliding_window > 0) {
+    writer.Add(key("attention.sliding_window"), U32(c.sliding_window));
+    if (!c.sliding_layers.empty()) {
+      std::vector<GgufValue> layers;
+      for (bool sliding : c.sliding_layers) layers.push_back(GgufValue::Bool(sliding));
+      writer.Add(key("attention.sliding_window_pattern"),
+                 GgufValue::Array(GgufType::kBool, std::move(layers)));
+    }
+  }
+  if (c.attn_logit_softcap > 0) {
+    writer.Add(key("attn_logit_softcapping"), F32(c.attn_logit_softcap));
+  }
+  if (c.final_logit_softcap > 0) {
+    writer.Add(key("final_logit_softcapping"), F32(c.final_logit_softcap));
+  }
+  if (c.query_pre_attn_scalar > 0) {
+    writer.Add(key("attention.query_pre_attn_scalar"), F32(c.query_pre_attn_scalar));
+  }
+  if (c.local_rope.has_value()) {
+    if (c.local_rope->scaling != RopeScaling::kDefault || !c.local_rope->freq_factors.empty()) {
+      return absl::UnimplementedError(
+          StrCat(path, ": a scaled rotary embedding of the local layers cannot be written"));
+    }
+    writer.Add(key("rope.freq_base_swa"), F32(c.local_rope->theta));
+  }
 
   // Rotary scaling: explicit factors win (as in RopeInverseFrequencies), then llama3 as factors,
   // then linear as keys.
@@ -230,6 +256,20 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   } else if (freq_factors.empty() && c.rope.scaling == RopeScaling::kLinear) {
     writer.Add(key("rope.scaling.type"), GgufValue::String("linear"));
     writer.Add(key("rope.scaling.factor"), F32(c.rope.factor));
+  } else if (freq_factors.empty() && c.rope.scaling == RopeScaling::kLongRope) {
+    // As llama.cpp's converter: the factors as tensors, the original context and the attention
+    // factor as keys.
+    writer.Add(key("rope.scaling.attn_factor"), F32(c.rope.attention_factor));
+    writer.Add(key("rope.scaling.original_context_length"),
+               U32(c.rope.original_max_position_embeddings));
+    for (const auto& [name, factors] : {std::pair<const char*, const std::vector<float>*>{
+                                            "rope_factors_long.weight", &c.rope.long_factors},
+                                        {"rope_factors_short.weight", &c.rope.short_factors}}) {
+      std::vector<std::byte> bytes(factors->size() * sizeof(float));
+      std::memcpy(bytes.data(), factors->data(), bytes.size());
+      writer.AddTensor(name, {static_cast<int64_t>(factors->size())},
+                       GgmlTypeFromDType(DType::kF32), std::move(bytes));
+    }
   }
 
   // Tokenizer: copied from a GGUF source; otherwise the ids the config knows.
@@ -253,39 +293,94 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
                      GgmlTypeFromDType(DType::kF32), std::move(bytes));
   }
 
-  // Tensors in llama.cpp's order: embeddings, each layer, the final norm and the output.
-  std::vector<const TensorView*> views;
-  auto add_view = [&](const std::string& name) {
-    auto it = checkpoint.tensors().find(name);
-    if (it != checkpoint.tensors().end()) views.push_back(&it->second);
+  // Tensors: every checkpoint tensor the model's description reads, in llama.cpp's order: the
+  // embeddings, each layer's tensors, then the final norm and the output. A mixture of experts
+  // is its router (kept in F32, as llama.cpp's converter keeps it) and one 3-D tensor per
+  // projection, the experts stacked outermost.
+  absl::StatusOr<std::unique_ptr<ModelDescription>> model = DescribeModel(c);
+  if (!model.ok()) return model.status();
+  struct Entry {
+    std::string gguf_name;
+    std::vector<const TensorView*> parts;  // one, or each expert's
+    float offset = 0;  // added to the values (Gemma's norms: GGUF stores the scale)
+    bool keep_f32 = false;
   };
-  add_view("model.embed_tokens.weight");
+  std::vector<Entry> entries;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    for (std::string_view suffix :
-         {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
-          "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
-          "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
-          "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-          "mlp.down_proj.weight"}) {
-      add_view(LayerTensorName(l, suffix));
+    if (c.num_experts > 0 && !IsMoeLayer(c, l)) {
+      // llama.cpp's MoE architectures have experts in every layer.
+      return absl::UnimplementedError(StrCat(path, ": layer ", l, " of ", c.architecture_name,
+                                             " is dense; GGUF's ", arch,
+                                             " architecture has experts in every layer"));
     }
   }
-  add_view("model.norm.weight");
-  if (!c.tie_word_embeddings) add_view("lm_head.weight");
+  enum Group { kEmbeddings, kLayers, kOutput };
+  for (Group group : {kEmbeddings, kLayers, kOutput}) {
+    for (const WeightSpec& spec : (*model)->weights().specs()) {
+      const Group of = spec.layer >= 0               ? kLayers
+                       : spec.kind == "embed_tokens" ? kEmbeddings
+                                                     : kOutput;
+      if (of != group) continue;
+      std::vector<const TensorView*> parts;
+      for (const WeightPart& part : spec.parts) {
+        absl::StatusOr<const TensorView*> view = checkpoint.Get(part.name, spec.PartShape(part));
+        if (!view.ok()) return view.status();
+        parts.push_back(*view);
+      }
+      const std::string blk = StrCat("blk.", spec.layer, ".");
+      if (spec.kind == "moe_router") {
+        entries.push_back({StrCat(blk, "ffn_gate_inp.weight"), parts, 0, /*keep_f32=*/true});
+      } else if (spec.kind == "moe_gate_up") {  // expert e's gate, then its up
+        Entry gate{StrCat(blk, "ffn_gate_exps.weight")}, up{StrCat(blk, "ffn_up_exps.weight")};
+        for (size_t i = 0; i < parts.size(); ++i)
+          (i % 2 == 0 ? gate : up).parts.push_back(parts[i]);
+        entries.push_back(std::move(gate));
+        entries.push_back(std::move(up));
+      } else if (spec.kind == "moe_down") {
+        entries.push_back({StrCat(blk, "ffn_down_exps.weight"), parts});
+      } else {
+        for (const TensorView* part : parts) {
+          const std::optional<std::string> gguf_name = HfToGgufTensorName(family, part->name);
+          if (!gguf_name.has_value()) {
+            return absl::UnimplementedError(
+                StrCat(path, ": tensor '", part->name, "' has no GGUF name for ", arch));
+          }
+          entries.push_back({*gguf_name, {part}, spec.offset});
+        }
+      }
+    }
+  }
 
-  for (const TensorView* view : views) {
-    const std::optional<std::string> gguf_name = HfToGgufTensorName(view->name);
-    if (!gguf_name.has_value()) continue;
+  if (c.num_experts > 0) {
+    writer.Add(key("expert_count"), U32(c.num_experts));
+    writer.Add(key("expert_used_count"), U32(c.num_experts_per_tok));
+    if (c.moe_intermediate_size != c.intermediate_size) {
+      writer.Add(key("expert_feed_forward_length"), U32(c.moe_intermediate_size));
+    }
+    if (!c.norm_topk_prob) writer.Add(key("expert_weights_norm"), GgufValue::Bool(false));
+  }
+
+  for (const Entry& entry : entries) {
+    const TensorView* view = entry.parts.front();
+    for (const TensorView* part : entry.parts) {
+      if (part->shape != view->shape) {
+        return absl::InvalidArgumentError(StrCat(path, ": expert tensor '", part->name,
+                                                 "' has shape ", part->ShapeString(),
+                                                 ", unlike its layer's other experts"));
+      }
+    }
     if (view->shape.empty() || view->shape.size() > 2) {
       return absl::InvalidArgumentError(StrCat(path, ": tensor '", view->name, "' has shape ",
                                                view->ShapeString(), "; expected 1 or 2 dims"));
     }
-    const std::vector<int64_t> dims(view->shape.rbegin(), view->shape.rend());
+    std::vector<int64_t> dims(view->shape.rbegin(), view->shape.rend());
     const int64_t cols = dims[0];
     const int64_t rows = dims.size() == 2 ? dims[1] : 1;
+    const bool matrix = dims.size() == 2 && !entry.keep_f32;
+    if (entry.parts.size() > 1) dims.push_back(static_cast<int64_t>(entry.parts.size()));
     DType out_dtype = DType::kF32;
-    if (dims.size() == 2 && type == GgufOutputType::kF16) out_dtype = DType::kF16;
-    if (dims.size() == 2 && type == GgufOutputType::kQ8_0) {
+    if (matrix && type == GgufOutputType::kF16) out_dtype = DType::kF16;
+    if (matrix && type == GgufOutputType::kQ8_0) {
       out_dtype = cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     }
     // The number of heads whose rows to reorder, or 0.
@@ -302,12 +397,19 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
       }
     }
     const bool inverse = target_layout == RopeLayout::kHalfSplit;
-    const TensorView source = *view;
+    std::vector<TensorView> sources;
+    for (const TensorView* part : entry.parts) sources.push_back(*part);
+    const float offset = entry.offset;
     writer.AddTensor(
-        *gguf_name, dims, GgmlTypeFromDType(out_dtype),
-        [source, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
-          std::vector<float> values(static_cast<size_t>(rows * cols));
-          kernels::DequantizeToF32(source.dtype, source.data, values.data(), rows * cols);
+        entry.gguf_name, dims, GgmlTypeFromDType(out_dtype),
+        [sources, offset, rows, cols, out_dtype, permute_heads, inverse](std::span<std::byte> out) {
+          const int64_t part_elements = rows * cols;
+          std::vector<float> values(static_cast<size_t>(part_elements * sources.size()));
+          for (size_t i = 0; i < sources.size(); ++i) {
+            kernels::DequantizeToF32(sources[i].dtype, sources[i].data,
+                                     values.data() + i * part_elements, part_elements);
+          }
+          for (float& v : values) v += offset;
           if (permute_heads > 0) {
             PermuteRotaryRows(values, rows, cols, permute_heads, inverse);
           }
@@ -322,7 +424,7 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
               }
               break;
             case DType::kQ8_0:
-              kernels::QuantizeQ8_0(values.data(), out.data(), rows * cols);
+              kernels::QuantizeQ8_0(values.data(), out.data(), static_cast<int64_t>(values.size()));
               break;
             default:
               break;

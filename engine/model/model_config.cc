@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <tuple>
@@ -55,6 +56,20 @@ absl::Status ReadBool(const json& object, const char* key, bool* out) {
   return absl::OkStatus();
 }
 
+absl::Status ReadFloats(const json& object, const char* key, std::vector<float>* out) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return absl::OkStatus();
+  out->clear();
+  if (it->is_array()) {
+    for (const json& v : *it) {
+      if (!v.is_number()) break;
+      out->push_back(v.get<float>());
+    }
+    if (out->size() == it->size()) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not a list of numbers"));
+}
+
 // eos_token_id is an integer or a list of integers.
 absl::Status ReadTokenIds(const json& object, const char* key, std::vector<int32_t>* out) {
   auto it = object.find(key);
@@ -89,6 +104,16 @@ absl::Status ParseRopeScaling(const json& scaling, RopeConfig* rope) {
     return absl::OkStatus();
   }
   LMSERVE_RETURN_IF_ERROR(ReadDouble(scaling, "factor", &rope->factor));
+  if (type == "longrope") {
+    rope->scaling = RopeScaling::kLongRope;
+    LMSERVE_RETURN_IF_ERROR(ReadFloats(scaling, "short_factor", &rope->short_factors));
+    LMSERVE_RETURN_IF_ERROR(ReadFloats(scaling, "long_factor", &rope->long_factors));
+    LMSERVE_RETURN_IF_ERROR(ReadInt(scaling, "original_max_position_embeddings",
+                                    &rope->original_max_position_embeddings));
+    rope->attention_factor = 0;  // derived once the context is known, unless given
+    LMSERVE_RETURN_IF_ERROR(ReadDouble(scaling, "attention_factor", &rope->attention_factor));
+    return absl::OkStatus();
+  }
   if (type == "linear") {
     rope->scaling = RopeScaling::kLinear;
   } else if (type == "llama3") {
@@ -100,7 +125,7 @@ absl::Status ParseRopeScaling(const json& scaling, RopeConfig* rope) {
   } else {
     return absl::UnimplementedError(
         StrCat("config.json: rope scaling type '", type,
-               "' is not supported (supported: default, linear, llama3)"));
+               "' is not supported (supported: default, linear, llama3, longrope)"));
   }
   if (!(rope->factor > 0)) {
     return absl::InvalidArgumentError("config.json: rope scaling factor must be positive");
@@ -108,7 +133,55 @@ absl::Status ParseRopeScaling(const json& scaling, RopeConfig* rope) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateRope(const RopeConfig& rope, const ModelConfig& c, const char* what) {
+  auto invalid = [&](auto&&... message) {
+    return absl::InvalidArgumentError(StrCat("model config: ", what, ": ", message...));
+  };
+  if (!(rope.theta > 0)) return invalid("rope_theta must be positive");
+  const int64_t rotary_dim = RotaryDim(rope, c.head_dim);
+  if (rotary_dim <= 0 || rotary_dim > c.head_dim || rotary_dim % 2 != 0) {
+    return invalid("the rotary dims (", rotary_dim, ") must be even and in (0, head_dim ",
+                   c.head_dim, "]");
+  }
+  if (rope.scaling == RopeScaling::kLlama3 &&
+      (!(rope.high_freq_factor > rope.low_freq_factor) || !(rope.low_freq_factor > 0) ||
+       rope.original_max_position_embeddings <= 0)) {
+    return invalid(
+        "llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and a positive "
+        "original_max_position_embeddings");
+  }
+  const size_t pairs = static_cast<size_t>(rotary_dim / 2);
+  if (rope.scaling == RopeScaling::kLongRope &&
+      (rope.short_factors.size() != pairs || rope.long_factors.size() != pairs ||
+       rope.original_max_position_embeddings <= 0)) {
+    return invalid("longrope needs ", pairs, " short and long factors (rotary dims / 2; got ",
+                   rope.short_factors.size(), " and ", rope.long_factors.size(),
+                   ") and a positive original_max_position_embeddings");
+  }
+  if (!rope.freq_factors.empty() && rope.freq_factors.size() != pairs) {
+    return invalid(rope.freq_factors.size(), " rope frequency factors for ", rotary_dim,
+                   " rotary dims (want half)");
+  }
+  for (const std::vector<float>* factors :
+       {&rope.freq_factors, &rope.short_factors, &rope.long_factors}) {
+    for (float factor : *factors) {
+      if (!(factor > 0) || !std::isfinite(factor)) {
+        return invalid("rope frequency factors must be positive");
+      }
+    }
+  }
+  if (!(rope.attention_factor >= 0) || !std::isfinite(rope.attention_factor)) {
+    return invalid("the rope attention factor must be a non-negative number");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<RopeConfig> ParseRopeParameters(const json& parameters, RopeConfig base) {
+  LMSERVE_RETURN_IF_ERROR(ParseRopeScaling(parameters, &base));
+  return base;
+}
 
 absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* generation_config) {
   if (!config.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
@@ -153,9 +226,38 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* genera
     }
     LMSERVE_RETURN_IF_ERROR(ParseRopeScaling(*it, &out.rope));
   }
-  if (auto it = config.find("partial_rotary_factor");
-      it != config.end() && !it->is_null() && it->is_number() && it->get<double>() != 1.0) {
-    return absl::UnimplementedError("config.json: partial_rotary_factor is not supported");
+  // Phi-3 keeps the pre-extension context at the top level; rope_parameters may repeat it.
+  if (out.rope.scaling == RopeScaling::kLongRope &&
+      config.contains("original_max_position_embeddings")) {
+    LMSERVE_RETURN_IF_ERROR(ReadInt(config, "original_max_position_embeddings",
+                                    &out.rope.original_max_position_embeddings));
+  }
+  if (out.rope.scaling == RopeScaling::kLongRope && out.rope.attention_factor == 0 &&
+      out.rope.original_max_position_embeddings > 0) {
+    // Hugging Face's default: from the extension the model was trained to (its
+    // max_position_embeddings over the original), whichever factors apply.
+    const double factor = static_cast<double>(out.max_position_embeddings) /
+                          static_cast<double>(out.rope.original_max_position_embeddings);
+    out.rope.attention_factor =
+        factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(
+                                                     out.rope.original_max_position_embeddings)));
+  }
+  double partial_rotary_factor = 1.0;
+  LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "partial_rotary_factor", &partial_rotary_factor));
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (auto it = config.find(key); it != config.end() && it->is_object()) {
+      LMSERVE_RETURN_IF_ERROR(ReadDouble(*it, "partial_rotary_factor", &partial_rotary_factor));
+    }
+  }
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1)) {
+    return absl::InvalidArgumentError("config.json: partial_rotary_factor must be in (0, 1]");
+  }
+  if (partial_rotary_factor != 1.0) {
+    // As transformers: int(head_dim * partial_rotary_factor).
+    out.rope.rotary_dim =
+        static_cast<int64_t>(static_cast<double>(out.head_dim) * partial_rotary_factor);
   }
 
   int64_t bos = -1;
@@ -213,27 +315,47 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     return absl::InvalidArgumentError(
         StrCat("model config: head_dim must be even for rotary embedding (got ", c.head_dim, ")"));
   }
-  if (!(c.rope.theta > 0))
-    return absl::InvalidArgumentError("model config: rope_theta must be positive");
   if (!(c.rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rms_norm_eps must be positive");
   }
-  if (c.rope.scaling == RopeScaling::kLlama3 &&
-      (!(c.rope.high_freq_factor > c.rope.low_freq_factor) || !(c.rope.low_freq_factor > 0) ||
-       c.rope.original_max_position_embeddings <= 0)) {
+  LMSERVE_RETURN_IF_ERROR(ValidateRope(c.rope, c, "rope"));
+  if (c.local_rope.has_value())
+    LMSERVE_RETURN_IF_ERROR(ValidateRope(*c.local_rope, c, "local rope"));
+  if (c.sliding_window < 0) {
+    return absl::InvalidArgumentError("model config: sliding_window must not be negative");
+  }
+  if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(StrCat("model config: ", c.sliding_layers.size(),
+                                             " layer types for ", c.num_layers, " layers"));
+  }
+  for (auto [what, value] :
+       {std::pair<const char*, double>{"query_pre_attn_scalar", c.query_pre_attn_scalar},
+        {"attn_logit_softcapping", c.attn_logit_softcap},
+        {"final_logit_softcapping", c.final_logit_softcap}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: ", what, " must be a non-negative number (got ", value, ")"));
+    }
+  }
+  if (c.num_experts < 0) {
     return absl::InvalidArgumentError(
-        "model config: llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and a "
-        "positive original_max_position_embeddings");
+        StrCat("model config: num_experts must not be negative (got ", c.num_experts, ")"));
   }
-  if (!c.rope.freq_factors.empty() &&
-      static_cast<int64_t>(c.rope.freq_factors.size()) != c.head_dim / 2) {
-    return absl::InvalidArgumentError(StrCat("model config: ", c.rope.freq_factors.size(),
-                                             " rope frequency factors for head_dim ", c.head_dim,
-                                             " (want head_dim / 2)"));
-  }
-  for (float factor : c.rope.freq_factors) {
-    if (!(factor > 0) || !std::isfinite(factor)) {
-      return absl::InvalidArgumentError("model config: rope frequency factors must be positive");
+  if (c.num_experts > 0) {
+    // Bounds of the MoE kernels (kernels/cpu/moe.h, kernels/cuda/moe.h): far above real models.
+    if (c.num_experts > 256 || c.num_experts_per_tok < 1 ||
+        c.num_experts_per_tok > std::min<int64_t>(c.num_experts, 32)) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: ", c.num_experts, " experts with ", c.num_experts_per_tok,
+                 " per token are not supported (at most 256 experts; 1 to min(experts, 32) "
+                 "per token)"));
+    }
+    LMSERVE_RETURN_IF_ERROR(positive("moe_intermediate_size", c.moe_intermediate_size));
+    LMSERVE_RETURN_IF_ERROR(positive("decoder_sparse_step", c.decoder_sparse_step));
+    if (c.moe_intermediate_size > (int64_t{1} << 20)) {
+      return absl::InvalidArgumentError(
+          StrCat("model config: moe_intermediate_size = ", c.moe_intermediate_size,
+                 " exceeds the supported maximum ", int64_t{1} << 20));
     }
   }
   for (int32_t id : c.eos_token_ids) {
@@ -245,18 +367,44 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim) {
+  return rope.rotary_dim > 0 ? rope.rotary_dim : head_dim;
+}
+
+RopeConfig RopeForContext(const RopeConfig& rope, int64_t context_len) {
+  if (rope.scaling != RopeScaling::kLongRope || !rope.freq_factors.empty()) return rope;
+  RopeConfig out = rope;
+  const bool extended = context_len > rope.original_max_position_embeddings;
+  out.freq_factors = extended ? rope.long_factors : rope.short_factors;
+  return out;
+}
+
+bool IsMoeLayer(const ModelConfig& c, int64_t layer) {
+  if (c.num_experts <= 0 || c.decoder_sparse_step <= 0) return false;
+  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
+      c.mlp_only_layers.end()) {
+    return false;
+  }
+  return (layer + 1) % c.decoder_sparse_step == 0;
+}
+
 std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim) {
-  const int64_t pairs = head_dim / 2;
+  const int64_t rotary_dim = RotaryDim(rope, head_dim);
+  const int64_t pairs = rotary_dim / 2;
   std::vector<double> inv_freq(pairs);
   for (int64_t i = 0; i < pairs; ++i) {
-    inv_freq[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / head_dim);
+    inv_freq[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / rotary_dim);
   }
-  if (!rope.freq_factors.empty()) {
-    for (int64_t i = 0; i < pairs; ++i) inv_freq[i] /= rope.freq_factors[i];
+  const std::vector<float>& factors =
+      !rope.freq_factors.empty() || rope.scaling != RopeScaling::kLongRope ? rope.freq_factors
+                                                                           : rope.short_factors;
+  if (!factors.empty()) {
+    for (int64_t i = 0; i < pairs; ++i) inv_freq[i] /= factors[i];
     return inv_freq;
   }
   switch (rope.scaling) {
     case RopeScaling::kDefault:
+    case RopeScaling::kLongRope:
       break;
     case RopeScaling::kLinear:
       for (double& f : inv_freq) f /= rope.factor;

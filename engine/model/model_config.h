@@ -15,7 +15,7 @@
 
 namespace lmserve::engine {
 
-enum class RopeScaling { kDefault, kLinear, kLlama3 };
+enum class RopeScaling { kDefault, kLinear, kLlama3, kLongRope };
 
 // How rotary embedding pairs the dimensions of a head.
 enum class RopeLayout {
@@ -29,11 +29,22 @@ struct RopeConfig {
   double factor = 1.0;                              // linear and llama3
   double low_freq_factor = 1.0;                     // llama3
   double high_freq_factor = 4.0;                    // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, longrope
   RopeLayout layout = RopeLayout::kHalfSplit;
-  // Per-frequency divisors, head_dim / 2 of them, when the file gives them explicitly (GGUF's
+  // The leading dims of a head that rotate (Phi-3's partial_rotary_factor); the rest pass through.
+  // 0: all of head_dim.
+  int64_t rotary_dim = 0;
+  // Per-frequency divisors, rotary_dim / 2 of them, when the file gives them explicitly (GGUF's
   // rope_freqs tensor). Empty: derived from `scaling`.
   std::vector<float> freq_factors;
+  // longrope (Phi-3): per-frequency divisors for contexts up to original_max_position_embeddings
+  // (short) and beyond (long); which apply is fixed by the context the model is served at, as
+  // llama.cpp decides (RopeForContext).
+  std::vector<float> short_factors;
+  std::vector<float> long_factors;
+  // Multiplies cos and sin (longrope's attention scaling; 1 otherwise). The config readers derive
+  // longrope's from the context extension, as Hugging Face does, unless the file gives it.
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -51,23 +62,65 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections carry a bias (Qwen2)
+  // Mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is num_experts gated MLPs of
+  // moe_intermediate_size each, of which a router picks num_experts_per_tok per token
+  // (IsMoeLayer says which layers). num_experts 0: every layer is dense.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;  // the top-k routing weights are renormalized to sum to 1
+  // Qwen3-MoE's layout of sparse layers: layer l is sparse when it is not in mlp_only_layers and
+  // (l + 1) % decoder_sparse_step == 0.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
   RopeConfig rope;
+  // Sliding-window attention: the window in tokens (0: none) and, by layer, whether the layer uses
+  // it (empty: every layer does). Gemma's local layers also rotate by their own embedding.
+  int32_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  std::optional<RopeConfig> local_rope;
+  // Gemma: the query scale is query_pre_attn_scalar^-1/2 (0: head_dim^-1/2); soft-caps of the
+  // attention scores and the final logits (0: none).
+  double query_pre_attn_scalar = 0;
+  double attn_logit_softcap = 0;
+  double final_logit_softcap = 0;
+  // Added to RMSNorm weights as the checkpoint stores them: Gemma's Hugging Face checkpoints store
+  // w for a scale of 1 + w (offset 1); llama.cpp's GGUF files store the scale itself (offset 0).
+  double norm_weight_offset = 0;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // any of these ends generation
 };
 
-// Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids win):
-// the keys every family shares, then its family's own (ModelFamily::read_hf_config). Errors say
-// what is unsupported: an architecture no family serves, a rope_scaling type, an inconsistent shape.
+// Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids
+// win): the keys every family shares, then its family's own (ModelFamily::read_hf_config). Errors
+// say what is unsupported: an architecture no family serves, a rope_scaling type, an inconsistent
+// shape.
 absl::StatusOr<ModelConfig> ParseHfConfig(const nlohmann::json& config,
                                           const nlohmann::json* generation_config);
+
+// `base` with a Hugging Face rope_scaling / rope_parameters object applied (its rope_type,
+// rope_theta and scaling keys): for families whose layers rotate differently (Gemma 3).
+absl::StatusOr<RopeConfig> ParseRopeParameters(const nlohmann::json& parameters, RopeConfig base);
 
 // Checks the invariants every runner relies on (positive sizes, heads dividing evenly, ...).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
-// The inverse frequency of each rotary pair i in [0, head_dim/2), scaling applied: what rotary
+// Whether decoder layer `layer` has a mixture-of-experts MLP (ModelConfig::num_experts).
+bool IsMoeLayer(const ModelConfig& config, int64_t layer);
+
+// The inverse frequency of each rotary pair i in [0, rotary_dim/2), scaling applied: what rotary
 // embedding multiplies positions by. fp64 so that CPU and GPU tables agree to the last fp32 bit.
+// longrope: the short factors (RopeForContext picks).
 std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim);
+
+// The dims of a head that `rope` rotates: rotary_dim, or head_dim when 0.
+int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim);
+
+// `rope` as served at a context of `context_len` tokens: longrope takes its long factors beyond
+// original_max_position_embeddings and its short ones within (llama.cpp's rule; Hugging Face
+// switches by the length of the sequence so far, which agrees with it for sequences that stay on
+// one side), as explicit freq_factors; other scalings are returned as they are.
+RopeConfig RopeForContext(const RopeConfig& rope, int64_t context_len);
 
 }  // namespace lmserve::engine
 

@@ -64,13 +64,33 @@ struct AttentionLayer {
   float softcap = 0;
 };
 
+// One mixture-of-experts MLP (Mixtral, Qwen3-MoE): each token's output is the weighted sum of
+// top_k of num_experts gated MLPs, out = sum_k weight_k * down_e(act(x Wg_e^T) * (x Wu_e^T)) over
+// the token's experts e = expert_k. The router scores every expert, router_logits = x R^T (fp32);
+// weights = softmax over all num_experts logits; the top_k largest are taken (ties: the lower
+// expert index), renormalized to sum to 1 when normalize_top_k (Mixtral always; Qwen3-MoE per
+// norm_topk_prob).
+struct MoeLayer {
+  Weight router;   // [num_experts, hidden]
+  Weight gate_up;  // [num_experts * 2 * intermediate, hidden]: expert e's gate rows, then its up
+                   // rows, at rows [e * 2 intermediate, (e + 1) * 2 intermediate)
+  Weight down;     // [num_experts * hidden, intermediate]: expert e's rows at
+                   // [e * hidden, (e + 1) * hidden)
+  int32_t num_experts = 0;
+  int32_t top_k = 0;
+  int64_t intermediate = 0;  // one expert's intermediate width
+  bool normalize_top_k = true;
+  Activation act = Activation::kSilu;
+};
+
 class ForwardOps {
  public:
   virtual ~ForwardOps() = default;
 
-  // residual = the rows of `table` ([vocab, hidden]) at the step's token ids.
-  virtual absl::Status Embed(Weight table) = 0;
-  // out = RMSNorm(in) * weight.
+  // residual = the rows of `table` ([vocab, hidden]) at the step's token ids, times `scale`
+  // (Gemma's sqrt(hidden); 1 for most families).
+  virtual absl::Status Embed(Weight table, float scale) = 0;
+  // out = RMSNorm(in) * weight. `out` may be `in`.
   virtual absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) = 0;
   // residual += add; out = RMSNorm(residual) * weight.
   virtual absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
@@ -80,6 +100,8 @@ class ForwardOps {
   // out = act(in Wg^T) * (in Wu^T), where `gate_up` is [2 intermediate, hidden]: the gate rows,
   // then the up rows.
   virtual absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) = 0;
+  // out = the mixture of experts `moe` of `in` (both [hidden] buffers; they may not alias).
+  virtual absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) = 0;
   // Adds layer.qkv_bias to `qkv`, rotates its queries and keys by the tokens' positions, and writes
   // its keys and values into the layer's cache slots of the step's tokens.
   virtual absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) = 0;
@@ -89,8 +111,9 @@ class ForwardOps {
   // For the rows that need logits: residual += add, then RMSNorm(residual) * weight, kept for
   // LmHead. (A runner may compute more rows; only these are read.)
   virtual absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) = 0;
-  // The logits of those rows: the final norm's output times `lm_head` ([vocab, hidden]), fp32.
-  virtual absl::Status LmHead(Weight lm_head) = 0;
+  // The logits of those rows: the final norm's output times `lm_head` ([vocab, hidden]), fp32;
+  // soft-capped when `softcap` > 0 (logit = softcap * tanh(logit / softcap), Gemma 2).
+  virtual absl::Status LmHead(Weight lm_head, float softcap) = 0;
   // The sequences that asked the runner to pick their token (LogitsMode::kSample) draw it.
   virtual absl::Status Sample() = 0;
 };

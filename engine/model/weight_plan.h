@@ -44,6 +44,8 @@ struct WeightSpec {
   int64_t cols = 0;               // 0 for a vector
   std::vector<WeightPart> parts;  // rows sum to `rows`; empty when tied_to is set
   Weight tied_to;                 // another tensor whose storage this one shares (tied embeddings)
+  // Added to every value as it is loaded (Gemma's RMSNorm weights, stored as scale - 1); 0: none.
+  float offset = 0;
 
   bool is_matrix() const { return cols > 0; }
   int64_t num_elements() const { return rows * (cols > 0 ? cols : 1); }
@@ -63,6 +65,8 @@ class WeightPlan {
                    int64_t cols = 0);
   // Declares `kind` as another name for `target`'s storage (an lm_head tied to the embeddings).
   Weight AddTied(std::string kind, Weight target);
+  // Sets WeightSpec::offset of `weight`.
+  void SetOffset(Weight weight, float offset) { specs_[weight.index].offset = offset; }
 
   const WeightSpec& operator[](Weight weight) const { return specs_[weight.index]; }
   const std::vector<WeightSpec>& specs() const { return specs_; }

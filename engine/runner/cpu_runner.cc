@@ -19,6 +19,7 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rotary.h"
@@ -110,16 +111,17 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   void PlanStep(const StepBatch& batch, StepOutput* output);
 
   // ForwardOps, over the step that Execute set up.
-  absl::Status Embed(Weight table) override;
+  absl::Status Embed(Weight table, float scale) override;
   absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) override;
   absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                           Buffer out) override;
   absl::Status Linear(Weight weight, Buffer in, Buffer out) override;
   absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) override;
+  absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
-  absl::Status LmHead(Weight lm_head) override;
+  absl::Status LmHead(Weight lm_head, float softcap) override;
   absl::Status Sample() override;
 
   float* Buf(Buffer buffer) { return buffers_[static_cast<int>(buffer)].data(); }
@@ -150,6 +152,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   std::array<std::vector<float>, kNumBuffers> buffers_;  // by Buffer, [tokens, BufferWidth]
   std::vector<float> gate_up_;                           // [tokens, 2 intermediate]
   std::vector<float> attention_scratch_;                 // PagedAttentionParams::WorkspaceFloats
+  kernels::MoeWorkspace moe_scratch_;
   std::vector<int32_t> positions_;                       // [tokens]
   std::vector<int64_t> slots_;  // [tokens]: KV cache slot of each new token
   // The rows that need logits, by token index: the returned rows (kLast, kAll), then the kSample
@@ -305,13 +308,17 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
   return status;
 }
 
-absl::Status CpuRunner::Embed(Weight table) {
+absl::Status CpuRunner::Embed(Weight table, float scale) {
   kernels::EmbeddingGather({.table = weights_[table],
                             .ids = batch_->token_ids.data(),
                             .output = Buf(Buffer::kResidual),
                             .num_tokens = num_tokens_,
                             .vocab_size = config_.vocab_size,
                             .hidden_size = config_.hidden_size});
+  if (scale != 1.0f) {
+    float* residual = Buf(Buffer::kResidual);
+    for (int64_t i = 0; i < num_tokens_ * config_.hidden_size; ++i) residual[i] *= scale;
+  }
   return absl::OkStatus();
 }
 
@@ -356,17 +363,42 @@ absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, B
                    .num_tokens = num_tokens_,
                    .in_features = spec.cols,
                    .out_features = spec.rows});
+  kernels::GateActivation activation;
   switch (act) {
     case Activation::kSilu:
-      kernels::SiluAndMul({.gate_up = gate_up_.data(),
-                           .output = Buf(out),
-                           .num_tokens = num_tokens_,
-                           .intermediate_size = spec.rows / 2});
-      return absl::OkStatus();
-    case Activation::kGeluTanh:
+      activation = kernels::GateActivation::kSilu;
       break;
+    case Activation::kGeluTanh:
+      activation = kernels::GateActivation::kGeluTanh;
+      break;
+    default:
+      return absl::UnimplementedError("CPU runner: unsupported activation");
   }
-  return absl::UnimplementedError("CPU runner: unsupported activation");
+  kernels::SiluAndMul({.gate_up = gate_up_.data(),
+                       .output = Buf(out),
+                       .num_tokens = num_tokens_,
+                       .intermediate_size = spec.rows / 2,
+                       .activation = activation});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
+  if (moe.act != Activation::kSilu) {
+    return absl::UnimplementedError("CPU runner: unsupported activation of the experts");
+  }
+  kernels::Moe({.input = Buf(in),
+                .router = weights_[moe.router],
+                .gate_up = weights_[moe.gate_up],
+                .down = weights_[moe.down],
+                .output = Buf(out),
+                .num_tokens = num_tokens_,
+                .hidden = config_.hidden_size,
+                .intermediate = moe.intermediate,
+                .num_experts = moe.num_experts,
+                .top_k = moe.top_k,
+                .normalize_top_k = moe.normalize_top_k,
+                .workspace = &moe_scratch_});
+  return absl::OkStatus();
 }
 
 absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv_buffer) {
@@ -379,17 +411,38 @@ absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer 
       for (int64_t i = 0; i < qkv_dim_; ++i) row[i] += bias[i];
     }
   }
-  kernels::ApplyRotary({.query = qkv,
-                        .key = qkv + q_dim_,
-                        .positions = positions_.data(),
-                        .inv_freq = inv_freq_[layer.rope].data(),
-                        .num_tokens = num_tokens_,
-                        .num_heads = c.num_attention_heads,
-                        .num_kv_heads = c.num_kv_heads,
-                        .head_dim = c.head_dim,
-                        .query_stride = qkv_dim_,
-                        .key_stride = qkv_dim_,
-                        .layout = ToKernelLayout(model_->rotary()[layer.rope].layout)});
+  if (layer.q_norm.present()) {  // each head of each token normed over head_dim
+    for (int64_t t = 0; t < num_tokens_; ++t) {
+      float* row = qkv + t * qkv_dim_;
+      kernels::RmsNorm({.input = row,
+                        .weight = weights_[layer.q_norm],
+                        .output = row,
+                        .num_tokens = c.num_attention_heads,
+                        .hidden_size = c.head_dim,
+                        .epsilon = layer.norm_epsilon});
+      kernels::RmsNorm({.input = row + q_dim_,
+                        .weight = weights_[layer.k_norm],
+                        .output = row + q_dim_,
+                        .num_tokens = c.num_kv_heads,
+                        .hidden_size = c.head_dim,
+                        .epsilon = layer.norm_epsilon});
+    }
+  }
+  const RopeConfig& rope = model_->rotary()[layer.rope];
+  kernels::RotaryParams rotary{.query = qkv,
+                               .key = qkv + q_dim_,
+                               .positions = positions_.data(),
+                               .inv_freq = inv_freq_[layer.rope].data(),
+                               .num_tokens = num_tokens_,
+                               .num_heads = c.num_attention_heads,
+                               .num_kv_heads = c.num_kv_heads,
+                               .head_dim = c.head_dim,
+                               .query_stride = qkv_dim_,
+                               .key_stride = qkv_dim_,
+                               .layout = ToKernelLayout(rope.layout)};
+  rotary.rotary_dim = RotaryDim(rope, c.head_dim);
+  rotary.attention_factor = rope.attention_factor;
+  kernels::ApplyRotary(rotary);
   kernels::WriteKvCache({.key = qkv + q_dim_,
                          .value = qkv + q_dim_ + kv_dim_,
                          .slot_mapping = slots_.data(),
@@ -408,26 +461,29 @@ absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer 
 absl::Status CpuRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) {
   const ModelConfig& c = config_;
   const StepBatch& batch = *batch_;
-  kernels::PagedAttention({.query = Buf(qkv),
-                           .key_cache = KeyCache(layer.layer),
-                           .value_cache = ValueCache(layer.layer),
-                           .query_start = batch.query_start.data(),
-                           .context_lens = batch.context_lens.data(),
-                           .block_table_start = batch.block_table_start.data(),
-                           .block_table_ids = batch.block_table_ids.data(),
-                           .output = Buf(out),
-                           .workspace = attention_scratch_.data(),
-                           .num_seqs = batch.num_seqs(),
-                           .num_tokens = num_tokens_,
-                           .num_heads = c.num_attention_heads,
-                           .num_kv_heads = c.num_kv_heads,
-                           .head_dim = c.head_dim,
-                           .block_size = block_size_,
-                           .num_blocks = num_blocks_,
-                           .query_stride = qkv_dim_,
-                           .max_context_len = max_context_len_,
-                           .scale = layer.scale,
-                           .num_threads = num_threads_});
+  kernels::PagedAttentionParams attention{.query = Buf(qkv),
+                                          .key_cache = KeyCache(layer.layer),
+                                          .value_cache = ValueCache(layer.layer),
+                                          .query_start = batch.query_start.data(),
+                                          .context_lens = batch.context_lens.data(),
+                                          .block_table_start = batch.block_table_start.data(),
+                                          .block_table_ids = batch.block_table_ids.data(),
+                                          .output = Buf(out),
+                                          .workspace = attention_scratch_.data(),
+                                          .num_seqs = batch.num_seqs(),
+                                          .num_tokens = num_tokens_,
+                                          .num_heads = c.num_attention_heads,
+                                          .num_kv_heads = c.num_kv_heads,
+                                          .head_dim = c.head_dim,
+                                          .block_size = block_size_,
+                                          .num_blocks = num_blocks_,
+                                          .query_stride = qkv_dim_,
+                                          .max_context_len = max_context_len_,
+                                          .scale = layer.scale,
+                                          .num_threads = num_threads_};
+  attention.window = layer.window;
+  attention.softcap = layer.softcap;
+  kernels::PagedAttention(attention);
   return absl::OkStatus();
 }
 
@@ -448,7 +504,7 @@ absl::Status CpuRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, fl
   return absl::OkStatus();
 }
 
-absl::Status CpuRunner::LmHead(Weight lm_head) {
+absl::Status CpuRunner::LmHead(Weight lm_head, float softcap) {
   // The reduction summed in double over fp32 chunks: logits of tied-embedding models reach the
   // hundreds, where fp32 sums over all of hidden lose 1e-4.
   const int64_t hidden = config_.hidden_size;
@@ -473,6 +529,10 @@ absl::Status CpuRunner::LmHead(Weight lm_head) {
                      .out_features = config_.vocab_size,
                      .split_k = kLogitsSplitK,
                      .num_threads = num_threads_});
+  }
+  if (softcap > 0) {
+    kernels::Softcap(output_->logits.data(), num_returned_rows_ * config_.vocab_size, softcap);
+    kernels::Softcap(sample_logits_.data(), num_sampled * config_.vocab_size, softcap);
   }
   return absl::OkStatus();
 }

@@ -21,11 +21,13 @@
 #include "engine/runner/cuda/step_inputs.h"
 #include "engine/runner/weight_loader.h"
 #include "kernels/cpu/qkv_postprocess.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention_f32.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -89,16 +91,17 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status SampleRows(int64_t first_row, int64_t num_rows);
 
   // ForwardOps, over step_.
-  absl::Status Embed(Weight table) override;
+  absl::Status Embed(Weight table, float scale) override;
   absl::Status RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) override;
   absl::Status AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                           Buffer out) override;
   absl::Status Linear(Weight weight, Buffer in, Buffer out) override;
   absl::Status GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) override;
+  absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
-  absl::Status LmHead(Weight lm_head) override;
+  absl::Status LmHead(Weight lm_head, float softcap) override;
   absl::Status Sample() override;
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
@@ -164,6 +167,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
   CudaBuffer decode_workspace_;
   CudaBuffer prefill_workspace_;
+  CudaBuffer moe_workspace_;  // kc::MoeParams::WorkspaceBytes; models with experts only
   std::map<int64_t, int> decode_splits_;  // batch size -> DecodeAttentionParams max_splits
 
   cuda::DecodeGraphs graphs_;
@@ -172,6 +176,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   Step step_;
   const void* final_rows_source_ = nullptr;  // the final norm's rows: normed or gathered
   Weight lm_head_;                           // the last LmHead op's weights
+  float logit_softcap_ = 0;                  // and its soft-cap
   double startup_seconds_ = 0;
 };
 
@@ -229,6 +234,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
         "CUDA runner: hidden (", model.hidden_size, "), intermediate (", model.intermediate_size,
         ") and vocabulary (", model.vocab_size, ") sizes must be multiples of 8"));
   }
+  if (model.num_experts > 0 &&
+      (model.moe_intermediate_size % 8 != 0 || model.num_experts > kc::kMaxCudaMoeExperts ||
+       model.num_experts_per_tok > kc::kMaxCudaMoeTopK)) {
+    return absl::UnimplementedError(
+        StrCat("CUDA runner: ", model.num_experts, " experts of intermediate size ",
+               model.moe_intermediate_size, ", ", model.num_experts_per_tok,
+               " per token are not supported (a multiple of 8; at most ", kc::kMaxCudaMoeExperts,
+               " experts and ", kc::kMaxCudaMoeTopK, " per token)"));
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaSetDevice(config.device), "cudaSetDevice");
   kc::AllowProgrammaticLaunch(config.programmatic_launch);
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));
@@ -256,8 +270,9 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
       LoadWeights(model_->weights(), checkpoint, runner_config_.load_format, weights_));
   for (const RopeConfig& rope : model_->rotary()) {
     const std::vector<double> inv_freq = RopeInverseFrequencies(rope, config_.head_dim);
-    const std::vector<float> table = kernels::RotaryCosSinTable(inv_freq.data(), config_.head_dim,
-                                                                config_.max_position_embeddings);
+    const std::vector<float> table =
+        kernels::RotaryCosSinTable(inv_freq.data(), RotaryDim(rope, config_.head_dim),
+                                   config_.max_position_embeddings, rope.attention_factor);
     const int64_t bytes = static_cast<int64_t>(table.size() * sizeof(float));
     LMSERVE_ASSIGN_OR_RETURN(CudaBuffer device, CudaBuffer::Device(bytes, "the rotary table"));
     LMSERVE_RETURN_IF_CUDA_ERROR(
@@ -318,6 +333,14 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_ASSIGN_OR_RETURN(prefill_workspace_,
                            CudaBuffer::Device(kc::PrefillAttentionParams::WorkspaceBytes(max_seqs_),
                                               "prefill attention"));
+  if (c.num_experts > 0) {
+    LMSERVE_ASSIGN_OR_RETURN(
+        moe_workspace_,
+        CudaBuffer::Device(kc::MoeParams::WorkspaceBytes(t, c.num_experts, c.num_experts_per_tok,
+                                                         c.hidden_size, c.moe_intermediate_size,
+                                                         kernel_dtype_),
+                           "the mixture of experts"));
+  }
   return absl::OkStatus();
 }
 
@@ -372,7 +395,7 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
   return {weight_projection_[weight.index], weight_layer_[weight.index]};
 }
 
-absl::Status CudaRunner::Embed(Weight table) {
+absl::Status CudaRunner::Embed(Weight table, float scale) {
   const ModelConfig& c = config_;
   const Step& s = step_;
   kc::EmbeddingParams embed{.table = weights_[table],
@@ -381,7 +404,8 @@ absl::Status CudaRunner::Embed(Weight table) {
                             .num_tokens = s.tokens,
                             .vocab_size = c.vocab_size,
                             .hidden_size = c.hidden_size,
-                            .dtype = kernel_dtype_};
+                            .dtype = kernel_dtype_,
+                            .scale = scale};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(embed, stream_), "embedding");
   // A prefill step's attention plan, once for every layer.
   if (!s.decode_only && dtype_ == RunnerDType::kBFloat16) {
@@ -422,18 +446,45 @@ absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
 }
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
+  kernels::GateActivation activation;
   switch (act) {
-    case Activation::kSilu: {
-      const auto [id, layer] = Projection(gate_up, /*logits=*/false);
-      // The down projection follows, another stream of weights: it may launch only once gate/up
-      // has read its own.
-      return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
-                         /*late_dependents=*/true);
-    }
-    case Activation::kGeluTanh:
+    case Activation::kSilu:
+      activation = kernels::GateActivation::kSilu;
       break;
+    case Activation::kGeluTanh:
+      activation = kernels::GateActivation::kGeluTanh;
+      break;
+    default:
+      return absl::UnimplementedError("CUDA runner: unsupported activation");
   }
-  return absl::UnimplementedError("CUDA runner: unsupported activation");
+  const auto [id, layer] = Projection(gate_up, /*logits=*/false);
+  // The down projection follows, another stream of weights: it may launch only once gate/up has
+  // read its own.
+  return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
+                     /*late_dependents=*/true, activation);
+}
+
+absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
+  if (moe.act != Activation::kSilu) {
+    return absl::UnimplementedError("CUDA runner: unsupported activation of the experts");
+  }
+  // Router, routing, and the fused path (small decode batches: only the chosen experts' rows
+  // are read) or the grouped one, all from device memory: decode steps stay capturable.
+  const kc::MoeParams params{.input = Buf(in),
+                             .router = weights_[moe.router],
+                             .gate_up = weights_[moe.gate_up],
+                             .down = weights_[moe.down],
+                             .output = Buf(out),
+                             .workspace = moe_workspace_.get(),
+                             .num_tokens = step_.tokens,
+                             .hidden = config_.hidden_size,
+                             .intermediate = moe.intermediate,
+                             .num_experts = moe.num_experts,
+                             .top_k = moe.top_k,
+                             .normalize_top_k = moe.normalize_top_k,
+                             .dtype = kernel_dtype_};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "mixture of experts");
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
@@ -462,6 +513,12 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
       .layout = rope.layout == RopeLayout::kInterleaved ? kernels::RotaryLayout::kInterleaved
                                                         : kernels::RotaryLayout::kHalfSplit,
       .dtype = kernel_dtype_};
+  post.rotary_dim = RotaryDim(rope, c.head_dim);
+  if (layer.q_norm.present()) {
+    post.q_norm = weights_[layer.q_norm];
+    post.k_norm = weights_[layer.k_norm];
+    post.norm_epsilon = layer.norm_epsilon;
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(post, stream_), "QKV post-processing");
   return absl::OkStatus();
 }
@@ -470,22 +527,25 @@ template <typename Params>
 Params CudaRunner::PagedAttentionParams(const AttentionLayer& layer, Buffer qkv, Buffer out) const {
   const ModelConfig& c = config_;
   const StepLayout& l = *step_.layout;
-  return {.query = Buf(qkv),
-          .key_cache = KeyCache(layer.layer),
-          .value_cache = ValueCache(layer.layer),
-          .context_lens = In<int32_t>(l.context_lens),
-          .block_table_start = In<int32_t>(l.block_table_start),
-          .block_table_ids = In<int32_t>(l.block_table_ids),
-          .output = Buf(out),
-          .num_seqs = step_.seqs,
-          .num_heads = c.num_attention_heads,
-          .num_kv_heads = c.num_kv_heads,
-          .head_dim = c.head_dim,
-          .block_size = block_size_,
-          .num_blocks = num_blocks_,
-          .query_stride = BufferWidth(qkv, c),
-          .scale = layer.scale,
-          .dtype = kernel_dtype_};
+  Params params{.query = Buf(qkv),
+                .key_cache = KeyCache(layer.layer),
+                .value_cache = ValueCache(layer.layer),
+                .context_lens = In<int32_t>(l.context_lens),
+                .block_table_start = In<int32_t>(l.block_table_start),
+                .block_table_ids = In<int32_t>(l.block_table_ids),
+                .output = Buf(out),
+                .num_seqs = step_.seqs,
+                .num_heads = c.num_attention_heads,
+                .num_kv_heads = c.num_kv_heads,
+                .head_dim = c.head_dim,
+                .block_size = block_size_,
+                .num_blocks = num_blocks_,
+                .query_stride = BufferWidth(qkv, c),
+                .scale = layer.scale,
+                .dtype = kernel_dtype_};
+  params.window = layer.window;
+  params.softcap = layer.softcap;
+  return params;
 }
 
 template <typename Params>
@@ -546,8 +606,9 @@ absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, f
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::LmHead(Weight lm_head) {
+absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
   lm_head_ = lm_head;
+  logit_softcap_ = softcap;
   if (step_.rows == 0) return absl::OkStatus();
   // Only the first chunk is computed here; Execute runs any further chunks (rows beyond
   // logits_chunk_rows_ come only with kAll sequences, never in a graph).
@@ -563,7 +624,13 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   const auto [id, layer] = Projection(lm_head_, /*logits=*/true);
   const void* rows = static_cast<const unsigned char*>(final_rows_source_) +
                      first_row * config_.hidden_size * element_bytes_;
-  return gemms_->Run(id, layer, num_rows, rows, logits_.get());
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, logits_.get()));
+  if (logit_softcap_ > 0) {
+    const kc::SoftcapParams cap{
+        .data = logits_.as<float>(), .count = num_rows * config_.vocab_size, .cap = logit_softcap_};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(cap, stream_), "soft-capping the logits");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
@@ -718,7 +785,8 @@ RunnerStats CudaRunner::stats() const {
   s.kv_cache_bytes = kv_pool_.bytes();
   s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
                       inputs_.device_bytes() + decode_workspace_.bytes() +
-                      prefill_workspace_.bytes() + gemm_workspace_.bytes() + sampled_.bytes() +
+                      prefill_workspace_.bytes() + moe_workspace_.bytes() +
+                      gemm_workspace_.bytes() + sampled_.bytes() +
                       sampler_workspace_.bytes();
   for (const CudaBuffer& buffer : buffers_) s.workspace_bytes += buffer.bytes();
   for (const CudaBuffer& table : cos_sin_) s.workspace_bytes += table.bytes();

@@ -1,5 +1,7 @@
 #include "engine/runner/model_runner.h"
 
+#include <algorithm>
+
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/core/check.h"
@@ -204,8 +206,16 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoint& checkpoint,
                                                                  const RunnerConfig& config) {
-  LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model,
-                           DescribeModel(checkpoint.config()));
+  if (config.max_context_len < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("runner config: max_context_len (", config.max_context_len, ") is negative"));
+  }
+  ModelConfig model_config = checkpoint.config();
+  if (config.max_context_len > 0) {
+    model_config.max_position_embeddings =
+        std::min(model_config.max_position_embeddings, config.max_context_len);
+  }
+  LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model, DescribeModel(model_config));
   switch (config.backend) {
     case Backend::kCpu:
       return CreateCpuRunner(std::move(model), checkpoint, config);

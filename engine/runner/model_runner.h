@@ -161,6 +161,10 @@ struct RunnerConfig {
   // gpu_memory_utilization instead.
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int32_t num_threads = 0;                    // CPU threads for BLAS and attention; 0: all cores
+  // The longest context served (the engine's max_model_len): the model is described with its
+  // max_position_embeddings capped at it, which sizes the runner's tables and picks longrope's
+  // factors. 0: the model's own.
+  int64_t max_context_len = 0;
   // CUDA runner only. Steps are at most this large (the engine's limits): workspaces and CUDA
   // graphs are sized for them at start-up.
   int32_t max_num_seqs = 256;

@@ -84,4 +84,33 @@ void FusedAddRmsNorm(const FusedAddRmsNormParams& p) {
   }
 }
 
+absl::Status HeadRmsNormParams::Validate() const {
+  if (absl::Status s = ValidateShape("HeadRmsNorm", num_tokens, head_dim, epsilon); !s.ok()) {
+    return s;
+  }
+  if (num_heads <= 0) {
+    return absl::InvalidArgumentError(StrCat("HeadRmsNorm: num_heads must be positive (got ",
+                                             num_heads, ")"));
+  }
+  if (stride != 0 && stride < num_heads * head_dim) {
+    return absl::InvalidArgumentError(
+        StrCat("HeadRmsNorm: stride ", stride, " is smaller than a row of ", num_heads * head_dim));
+  }
+  if (num_tokens > 0 && (data == nullptr || weight == nullptr)) {
+    return absl::InvalidArgumentError("HeadRmsNorm: null data or weight");
+  }
+  return absl::OkStatus();
+}
+
+void HeadRmsNorm(const HeadRmsNormParams& p) {
+  CheckValid(p.Validate(), "HeadRmsNorm");
+  const int64_t stride = p.stride != 0 ? p.stride : p.num_heads * p.head_dim;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      float* head = p.data + t * stride + h * p.head_dim;
+      NormalizeRow(head, p.weight, head, p.head_dim, p.epsilon);
+    }
+  }
+}
+
 }  // namespace lmserve::kernels

@@ -1,7 +1,9 @@
-// RMSNorm, plain and fused with the residual addition that precedes it in a pre-norm decoder.
+// RMSNorm, plain and fused with the residual addition that precedes it in a pre-norm decoder, and
+// per attention head (Qwen3's and Gemma 3's q_norm / k_norm).
 //
 //   RmsNorm:          out = x / sqrt(mean(x^2) + eps) * weight
 //   FusedAddRmsNorm:  residual += x;  out = RmsNorm(residual)
+//   HeadRmsNorm:      each head_dim-wide head of each token: x = RmsNorm(x), in place
 //
 // fp32 in and out; the mean of squares is accumulated in double, so the result is the correctly
 // rounded fp32 value of the exact formula up to a few ulps, whatever the hidden size.
@@ -45,6 +47,23 @@ struct FusedAddRmsNormParams {
 
 // REQUIRES: params.Validate().ok() (checked; aborts otherwise).
 void FusedAddRmsNorm(const FusedAddRmsNormParams& params);
+
+struct HeadRmsNormParams {
+  float* data = nullptr;  // [num_tokens, num_heads, head_dim], row stride; normalized in place
+  const float* weight = nullptr;  // [head_dim], shared by every head
+  int64_t num_tokens = 0;
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;
+  int64_t stride = 0;  // elements between tokens' rows; 0 means num_heads * head_dim
+  double epsilon = 1e-6;
+
+  absl::Status Validate() const;
+};
+
+// Each head as RmsNorm normalizes a row (the same arithmetic). Takes the query or key heads of a
+// fused QKV row in place (data = qkv + offset, stride = the QKV row width).
+// REQUIRES: params.Validate().ok() (checked; aborts otherwise).
+void HeadRmsNorm(const HeadRmsNormParams& params);
 
 }  // namespace lmserve::kernels
 

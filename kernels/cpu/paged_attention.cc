@@ -29,6 +29,12 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
+// The first key position a query at `position` sees: position - window + 1 (at least 0) with a
+// sliding window, else 0.
+inline int64_t FirstKey(int64_t position, int32_t window) {
+  return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+}
+
 // Attention for query rows [row_begin, row_end) of sequence `seq`, the query heads of KV head
 // `kv_head`. `scores` holds group_size * max_context_len floats.
 void AttendRows(const PagedAttentionParams& p, int64_t seq, int64_t kv_head, int64_t row_begin,
@@ -40,23 +46,32 @@ void AttendRows(const PagedAttentionParams& p, int64_t seq, int64_t kv_head, int
   const int64_t query_len = p.query_start[seq + 1] - p.query_start[seq];
   const int64_t first_position = p.context_lens[seq] - query_len;
   const int32_t* table = p.block_table_ids + p.block_table_start[seq];
+  const bool capped = p.softcap > 0;
 
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t token = p.query_start[seq] + row;
-    const int64_t num_keys = first_position + row + 1;  // causal: positions [0, position]
+    const int64_t position = first_position + row;
+    const int64_t first_key = FirstKey(position, p.window);  // keys [first_key, position]
+    const int64_t num_keys = position + 1 - first_key;
     const float* q = p.query + token * q_stride + kv_head * group_size * head_dim;
 
-    // Scores, head h's at scores[h * num_keys + j].
-    for (int64_t j0 = 0; j0 < num_keys; j0 += p.block_size) {
+    // Scores, head h's of key first_key + j at scores[h * num_keys + j]. Keys are walked a block
+    // (or the part of one in the window) at a time.
+    for (int64_t j0 = first_key; j0 <= position;) {
       const int64_t block = table[j0 / p.block_size];
-      const float* keys = p.key_cache + block * p.block_size * kv_token_stride + kv_head * head_dim;
-      const int64_t count = std::min(p.block_size, num_keys - j0);
+      const int64_t offset = j0 % p.block_size;
+      const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
+      const float* keys =
+          p.key_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
       for (int64_t o = 0; o < count; ++o) {
         const float* k = keys + o * kv_token_stride;
         for (int64_t h = 0; h < group_size; ++h) {
-          scores[h * num_keys + j0 + o] = Dot(q + h * head_dim, k, head_dim) * p.scale;
+          float s = Dot(q + h * head_dim, k, head_dim) * p.scale;
+          if (capped) s = p.softcap * std::tanh(s / p.softcap);
+          scores[h * num_keys + j0 - first_key + o] = s;
         }
       }
+      j0 += count;
     }
     // Softmax per head: subtract the maximum, exponentiate, normalize (the sum in double).
     for (int64_t h = 0; h < group_size; ++h) {
@@ -74,19 +89,21 @@ void AttendRows(const PagedAttentionParams& p, int64_t seq, int64_t kv_head, int
     // Weighted sum of the values.
     float* out = p.output + token * p.num_heads * head_dim + kv_head * group_size * head_dim;
     std::memset(out, 0, static_cast<size_t>(group_size * head_dim) * sizeof(float));
-    for (int64_t j0 = 0; j0 < num_keys; j0 += p.block_size) {
+    for (int64_t j0 = first_key; j0 <= position;) {
       const int64_t block = table[j0 / p.block_size];
+      const int64_t offset = j0 % p.block_size;
+      const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
       const float* values =
-          p.value_cache + block * p.block_size * kv_token_stride + kv_head * head_dim;
-      const int64_t count = std::min(p.block_size, num_keys - j0);
+          p.value_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
       for (int64_t o = 0; o < count; ++o) {
         const float* v = values + o * kv_token_stride;
         for (int64_t h = 0; h < group_size; ++h) {
-          const float w = scores[h * num_keys + j0 + o];
+          const float w = scores[h * num_keys + j0 - first_key + o];
           float* out_h = out + h * head_dim;
           for (int64_t d = 0; d < head_dim; ++d) out_h[d] += w * v[d];
         }
       }
+      j0 += count;
     }
   }
 }
@@ -150,6 +167,10 @@ absl::Status PagedAttentionParams::Validate() const {
     return Invalid(StrCat("query_stride ", query_stride, " is smaller than a row"));
   }
   if (!(scale > 0) || !std::isfinite(scale)) return Invalid("scale must be positive and finite");
+  if (window < 0) return Invalid(StrCat("window ", window, " is negative"));
+  if (!(softcap >= 0) || !std::isfinite(softcap)) {
+    return Invalid("softcap must be 0 (none) or positive and finite");
+  }
   if (num_seqs == 0) {
     if (num_tokens != 0) return Invalid("tokens without sequences");
     return absl::OkStatus();
@@ -178,7 +199,11 @@ absl::Status PagedAttentionParams::Validate() const {
       return Invalid(StrCat("sequence ", i, ": ", num_table_blocks, " blocks of ", block_size,
                             " do not cover its context of ", context_lens[i]));
     }
+    // Blocks wholly before the first key the sequence's first query token sees may be -1.
+    const int64_t first_key = FirstKey(context_lens[i] - query_len, window);
     for (int64_t b = block_table_start[i]; b < block_table_start[i + 1]; ++b) {
+      const bool before_window = (b - block_table_start[i] + 1) * block_size <= first_key;
+      if (before_window && block_table_ids[b] == -1) continue;
       if (block_table_ids[b] < 0 || block_table_ids[b] >= num_blocks) {
         return Invalid(StrCat("sequence ", i, ": block id ", block_table_ids[b], " outside [0, ",
                               num_blocks, ")"));
@@ -193,7 +218,9 @@ void PagedAttention(const PagedAttentionParams& p) {
   const int64_t scratch_floats = (p.num_heads / p.num_kv_heads) * p.max_context_len;
   int64_t work = 0;  // multiply-adds of QK^T, an estimate of the whole
   for (int64_t i = 0; i < p.num_seqs; ++i) {
-    work += int64_t{p.query_start[i + 1] - p.query_start[i]} * p.context_lens[i];
+    const int64_t keys = p.window > 0 ? std::min<int64_t>(p.window, p.context_lens[i])
+                                      : p.context_lens[i];
+    work += int64_t{p.query_start[i + 1] - p.query_start[i]} * keys;
   }
   work *= p.num_heads * p.head_dim;
   const int num_workers = static_cast<int>(

@@ -11,6 +11,15 @@
 // context_lens[i] are in the cache (write the new ones first). The query token at position p of
 // head h attends to positions [0, p] of KV head h / (num_heads / num_kv_heads) (GQA; MQA when
 // num_kv_heads is 1), with scores q.k * scale and an fp32 softmax that subtracts the row maximum.
+//
+// Sliding window (window > 0, Hugging Face's sliding_window): the token at position p attends to
+// positions (p - window, p] only, the last `window` positions including its own. The keys before
+// the window are never read: a block-table entry for a block that lies wholly before the first key
+// any of the sequence's query tokens can see (position context_lens[i] - query_lens[i] - window
+// + 1) may be -1 (the engine frees blocks that left the window).
+//
+// Score soft-cap (softcap > 0, Gemma 2's attn_logit_softcapping): each score is
+// softcap * tanh(q.k * scale / softcap), before the causal/window mask and the softmax.
 
 #ifndef LMSERVE_KERNELS_CPU_PAGED_ATTENTION_H_
 #define LMSERVE_KERNELS_CPU_PAGED_ATTENTION_H_
@@ -29,6 +38,7 @@ struct PagedAttentionParams {
   const int32_t* context_lens = nullptr;       // [num_seqs]
   const int32_t* block_table_start = nullptr;  // [num_seqs + 1], block_table_start[0] = 0
   const int32_t* block_table_ids = nullptr;    // [block_table_start[num_seqs]], in [0, num_blocks)
+                                               // (or -1 before the window: see above)
   float* output = nullptr;                     // [num_tokens, num_heads, head_dim], contiguous
   float* workspace = nullptr;  // [WorkspaceFloats(max_context_len, num_heads, num_kv_heads,
                                //  num_threads)]: softmax scratch
@@ -42,6 +52,8 @@ struct PagedAttentionParams {
   int64_t query_stride = 0;     // elements between query rows; 0 means num_heads * head_dim
   int64_t max_context_len = 0;  // >= every context_lens[i]; sizes the workspace
   float scale = 0;              // score multiplier, usually 1 / sqrt(head_dim)
+  int32_t window = 0;           // sliding window in positions (> 0), or 0: every earlier position
+  float softcap = 0;            // score soft-cap (> 0), or 0: none
   int num_threads = 1;          // threads to split (sequence, KV head, query rows) work across
 
   static constexpr int64_t kMaxHeadDim = 1024;
@@ -51,7 +63,8 @@ struct PagedAttentionParams {
                                  int num_threads);
 
   // Checks the shapes and the batch metadata: monotone starts, 1 <= query_lens[i] <=
-  // context_lens[i] <= max_context_len, block tables covering every context, block ids in range.
+  // context_lens[i] <= max_context_len, block tables covering every context, block ids in range
+  // (or -1 for blocks wholly before the window of every query token of the sequence).
   absl::Status Validate() const;
 };
 

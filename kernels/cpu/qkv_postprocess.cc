@@ -5,6 +5,7 @@
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
+#include "kernels/cpu/norm.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace lmserve::kernels {
@@ -16,6 +17,21 @@ absl::Status QkvPostProcessParams::Validate() const {
         StrCat("QkvPostProcess: bad shape (tokens ", num_tokens, ", heads ", num_heads, ", kv heads ",
                num_kv_heads, ", head_dim ", head_dim, ", blocks ", num_blocks, " x ", block_size,
                ")"));
+  }
+  if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
+    return absl::InvalidArgumentError(StrCat("QkvPostProcess: rotary_dim ", rotary_dim,
+                                             " is not supported (even, at most head_dim ",
+                                             head_dim, "; 0 for head_dim)"));
+  }
+  if (!(attention_factor > 0) || !std::isfinite(attention_factor)) {
+    return absl::InvalidArgumentError(StrCat("QkvPostProcess: attention_factor ",
+                                             attention_factor, " must be positive and finite"));
+  }
+  if ((q_norm == nullptr) != (k_norm == nullptr)) {
+    return absl::InvalidArgumentError("QkvPostProcess: q_norm and k_norm come together");
+  }
+  if (q_norm != nullptr && !(norm_epsilon > 0)) {
+    return absl::InvalidArgumentError("QkvPostProcess: norm_epsilon must be positive");
   }
   const int64_t row = (num_heads + 2 * num_kv_heads) * head_dim;
   if (qkv_stride != 0 && qkv_stride < row) {
@@ -62,6 +78,20 @@ void QkvPostProcess(const QkvPostProcessParams& p) {
       }
     }
   }
+  if (p.q_norm != nullptr) {
+    HeadRmsNorm({.data = p.query_out,
+                 .weight = p.q_norm,
+                 .num_tokens = p.num_tokens,
+                 .num_heads = p.num_heads,
+                 .head_dim = p.head_dim,
+                 .epsilon = p.norm_epsilon});
+    HeadRmsNorm({.data = key.data(),
+                 .weight = p.k_norm,
+                 .num_tokens = p.num_tokens,
+                 .num_heads = p.num_kv_heads,
+                 .head_dim = p.head_dim,
+                 .epsilon = p.norm_epsilon});
+  }
   if (p.inv_freq != nullptr) {
     RotaryParams rotary;
     rotary.query = p.query_out;
@@ -72,6 +102,8 @@ void QkvPostProcess(const QkvPostProcessParams& p) {
     rotary.num_heads = p.num_heads;
     rotary.num_kv_heads = p.num_kv_heads;
     rotary.head_dim = p.head_dim;
+    rotary.rotary_dim = p.rotary_dim;
+    rotary.attention_factor = p.attention_factor;
     rotary.layout = p.layout;
     ApplyRotary(rotary);
   }
@@ -93,15 +125,15 @@ void QkvPostProcess(const QkvPostProcessParams& p) {
   }
 }
 
-std::vector<float> RotaryCosSinTable(const double* inv_freq, int64_t head_dim,
-                                     int64_t max_position) {
-  const int64_t half = head_dim / 2;
-  std::vector<float> table(static_cast<size_t>(max_position * head_dim));
+std::vector<float> RotaryCosSinTable(const double* inv_freq, int64_t rotary_dim,
+                                     int64_t max_position, double attention_factor) {
+  const int64_t half = rotary_dim / 2;
+  std::vector<float> table(static_cast<size_t>(max_position * rotary_dim));
   for (int64_t p = 0; p < max_position; ++p) {
     for (int64_t k = 0; k < half; ++k) {
       const double angle = static_cast<double>(p) * inv_freq[k];
-      table[p * head_dim + k] = static_cast<float>(std::cos(angle));
-      table[p * head_dim + half + k] = static_cast<float>(std::sin(angle));
+      table[p * rotary_dim + k] = static_cast<float>(std::cos(angle) * attention_factor);
+      table[p * rotary_dim + half + k] = static_cast<float>(std::sin(angle) * attention_factor);
     }
   }
   return table;

@@ -1,7 +1,10 @@
-// The attention block's input preparation, after the fused QKV projection: optional q/k/v bias,
-// rotary embedding of Q and K, and the write of K and V into each token's slot of the paged KV
-// cache. The CPU twin of the CUDA kernel in kernels/cuda/qkv_postprocess.h, built from the CPU
-// rotary (ApplyRotary) and cache-write (WriteKvCache) kernels.
+// The attention block's input preparation, after the fused QKV projection, in this order: optional
+// q/k/v bias, optional per-head RMSNorm of the query and key heads (Qwen3, Gemma 3: each head's
+// head_dim values x * rsqrt(mean(x^2) + eps) * weight, as HeadRmsNorm computes them), rotary
+// embedding of Q and K (partial: the first rotary_dim dimensions of each head), and the write of K
+// and V into each token's slot of the paged KV cache. The CPU twin of the CUDA kernel in
+// kernels/cuda/qkv_postprocess.h, built from the CPU kernels HeadRmsNorm, ApplyRotary and
+// WriteKvCache.
 //
 // The fused projection's row holds the num_heads query heads, then the num_kv_heads key heads, then
 // the num_kv_heads value heads, each head_dim wide.
@@ -22,7 +25,9 @@ struct QkvPostProcessParams {
                                 // stride qkv_stride
   const float* bias = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim], or null for none
   const int32_t* positions = nullptr;     // [num_tokens], >= 0
-  const double* inv_freq = nullptr;       // [head_dim / 2], or null for no rotary embedding
+  const double* inv_freq = nullptr;       // [rotary_dim / 2], or null for no rotary embedding
+  const float* q_norm = nullptr;  // [head_dim]: the query heads' RMSNorm weight, or null for none
+  const float* k_norm = nullptr;  // [head_dim]: the key heads' RMSNorm weight; null iff q_norm is
   const int64_t* slot_mapping = nullptr;  // [num_tokens]: cache slot of each token; negative: none
   float* query_out = nullptr;             // [num_tokens, num_heads, head_dim], contiguous
   float* key_cache = nullptr;             // [num_blocks, block_size, num_kv_heads, head_dim]
@@ -31,10 +36,13 @@ struct QkvPostProcessParams {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;  // even
+  int64_t rotary_dim = 0;  // dimensions of a head that rotate: even, <= head_dim; 0: head_dim
   int64_t block_size = 0;
   int64_t num_blocks = 0;
   int64_t qkv_stride = 0;  // elements between rows of qkv; 0 means (num_heads + 2 kv) * head_dim
   RotaryLayout layout = RotaryLayout::kHalfSplit;
+  double attention_factor = 1.0;  // cos and sin are multiplied by it (RotaryParams)
+  float norm_epsilon = 1e-6f;     // of q_norm and k_norm
 
   absl::Status Validate() const;
 };
@@ -42,11 +50,12 @@ struct QkvPostProcessParams {
 // REQUIRES: params.Validate().ok() (checked; aborts otherwise).
 void QkvPostProcess(const QkvPostProcessParams& params);
 
-// The rotary table the GPU kernel reads: row p holds cos(p * inv_freq[k]) for k in [0, head_dim/2)
-// then sin(p * inv_freq[k]), each computed in double and rounded to fp32 exactly as ApplyRotary
-// does, for positions [0, max_position). [max_position, head_dim] floats.
-std::vector<float> RotaryCosSinTable(const double* inv_freq, int64_t head_dim,
-                                     int64_t max_position);
+// The rotary table the GPU kernel reads: row p holds cos(p * inv_freq[k]) * attention_factor for k
+// in [0, rotary_dim/2) then sin(p * inv_freq[k]) * attention_factor, each computed in double and
+// rounded to fp32 exactly as ApplyRotary does, for positions [0, max_position).
+// [max_position, rotary_dim] floats.
+std::vector<float> RotaryCosSinTable(const double* inv_freq, int64_t rotary_dim,
+                                     int64_t max_position, double attention_factor = 1.0);
 
 }  // namespace lmserve::kernels
 

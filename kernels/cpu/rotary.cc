@@ -8,10 +8,11 @@
 namespace lmserve::kernels {
 namespace {
 
-// Rotates every head of one token. cos/sin hold head_dim / 2 values.
-void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, RotaryLayout layout,
-                 const float* cos, const float* sin) {
-  const int64_t half = head_dim / 2;
+// Rotates the first rotary_dim dimensions of every head of one token. cos/sin hold rotary_dim / 2
+// values.
+void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, int64_t rotary_dim,
+                 RotaryLayout layout, const float* cos, const float* sin) {
+  const int64_t half = rotary_dim / 2;
   for (int64_t h = 0; h < num_heads; ++h) {
     float* head = x + h * head_dim;
     if (layout == RotaryLayout::kHalfSplit) {
@@ -40,6 +41,15 @@ absl::Status RotaryParams::Validate() const {
     return absl::InvalidArgumentError(StrCat(
         "Rotary: head_dim ", head_dim, " is not supported (even, at most ", kMaxHeadDim, ")"));
   }
+  if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
+    return absl::InvalidArgumentError(StrCat("Rotary: rotary_dim ", rotary_dim,
+                                             " is not supported (even, at most head_dim ",
+                                             head_dim, "; 0 for head_dim)"));
+  }
+  if (!(attention_factor > 0) || !std::isfinite(attention_factor)) {
+    return absl::InvalidArgumentError(
+        StrCat("Rotary: attention_factor ", attention_factor, " must be positive and finite"));
+  }
   if (num_heads <= 0 || (key != nullptr && num_kv_heads <= 0)) {
     return absl::InvalidArgumentError(
         StrCat("Rotary: head counts must be positive (", num_heads, ", ", num_kv_heads, ")"));
@@ -62,7 +72,8 @@ absl::Status RotaryParams::Validate() const {
 
 void ApplyRotary(const RotaryParams& p) {
   CheckValid(p.Validate(), "ApplyRotary");
-  const int64_t half = p.head_dim / 2;
+  const int64_t rotary_dim = p.RotaryDim();
+  const int64_t half = rotary_dim / 2;
   const int64_t q_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   const int64_t k_stride = p.key_stride != 0 ? p.key_stride : p.num_kv_heads * p.head_dim;
   float cos[RotaryParams::kMaxHeadDim / 2];
@@ -71,12 +82,13 @@ void ApplyRotary(const RotaryParams& p) {
     const double position = p.positions[t];
     for (int64_t k = 0; k < half; ++k) {
       const double angle = position * p.inv_freq[k];
-      cos[k] = static_cast<float>(std::cos(angle));
-      sin[k] = static_cast<float>(std::sin(angle));
+      cos[k] = static_cast<float>(std::cos(angle) * p.attention_factor);
+      sin[k] = static_cast<float>(std::sin(angle) * p.attention_factor);
     }
-    RotateHeads(p.query + t * q_stride, p.num_heads, p.head_dim, p.layout, cos, sin);
+    RotateHeads(p.query + t * q_stride, p.num_heads, p.head_dim, rotary_dim, p.layout, cos, sin);
     if (p.key != nullptr) {
-      RotateHeads(p.key + t * k_stride, p.num_kv_heads, p.head_dim, p.layout, cos, sin);
+      RotateHeads(p.key + t * k_stride, p.num_kv_heads, p.head_dim, rotary_dim, p.layout, cos,
+                  sin);
     }
   }
 }

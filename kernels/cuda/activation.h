@@ -1,7 +1,8 @@
-// SiLU-and-multiply over the fused [gate | up] projection, on the GPU (CPU twin:
-// kernels/cpu/activation.h):  out[t, i] = silu(gate_up[t, i]) * gate_up[t, intermediate_size + i].
-// bf16, fp16 or fp32 in and out, fp32 math (fp32: expf, as the CPU twin's std::exp; the 16-bit
-// types: the faster __expf).
+// The gated activation of a GLU MLP over the fused [gate | up] projection, on the GPU (CPU twin:
+// kernels/cpu/activation.h):  out[t, i] = act(gate_up[t, i]) * gate_up[t, intermediate_size + i],
+// act SiLU or GELU's tanh approximation (GateActivation); and the soft-cap of final logits.
+// bf16, fp16 or fp32 in and out, fp32 math (fp32: expf and tanhf, as the CPU twin's std::exp and
+// std::tanh up to their last-ulp differences; the 16-bit types: the faster __expf).
 
 #ifndef LMSERVE_KERNELS_CUDA_ACTIVATION_H_
 #define LMSERVE_KERNELS_CUDA_ACTIVATION_H_
@@ -21,11 +22,24 @@ struct SiluAndMulParams {
   int64_t num_tokens = 0;
   int64_t intermediate_size = 0;  // multiple of 8
   DType dtype = DType::kBF16;     // kBF16, kF16 or kF32
+  GateActivation activation = GateActivation::kSilu;  // act() of the gate
 
   absl::Status Validate() const;
 };
 
 cudaError_t Launch(const SiluAndMulParams& params, cudaStream_t stream);
+
+// data[i] = cap * tanh(data[i] / cap), in place, fp32 (Gemma 2's final_logit_softcapping on the
+// LM head's fp32 logits).
+struct SoftcapParams {
+  float* data = nullptr;  // [count]; device
+  int64_t count = 0;
+  float cap = 0;  // positive and finite
+
+  absl::Status Validate() const;
+};
+
+cudaError_t Launch(const SoftcapParams& params, cudaStream_t stream);
 
 }  // namespace lmserve::kernels::cuda
 

@@ -1,5 +1,7 @@
 #include "kernels/cuda/check.h"
 
+#include <cmath>
+
 #include "common/strings.h"
 #include "kernels/cuda/dispatch.h"
 
@@ -26,6 +28,17 @@ absl::Status CheckElementwiseDType(const char* kernel, DType dtype) {
   return absl::InvalidArgumentError(StrCat(kernel, ": dtype ", DTypeName(dtype),
                                            " is not supported (supported: ", kElementwiseDTypeList,
                                            ")"));
+}
+
+absl::Status CheckWindowAndSoftcap(const char* kernel, int32_t window, float softcap) {
+  if (window < 0) {
+    return absl::InvalidArgumentError(StrCat(kernel, ": window ", window, " is negative"));
+  }
+  if (!(softcap >= 0) || !std::isfinite(softcap)) {
+    return absl::InvalidArgumentError(
+        StrCat(kernel, ": softcap must be 0 (none) or positive and finite"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KernelError(const char* kernel, const std::string& message) {

@@ -23,6 +23,10 @@ absl::Status CheckHalfDType(const char* kernel, DType dtype, const char* f32_ins
 // OK if `dtype` is a type the element-wise kernels compile (bf16, f16, f32); else names the kernel.
 absl::Status CheckElementwiseDType(const char* kernel, DType dtype);
 
+// OK if the attention kernels' `window` (0: none, else positive) and `softcap` (0: none, else
+// positive and finite) are valid; else names the kernel.
+absl::Status CheckWindowAndSoftcap(const char* kernel, int32_t window, float softcap);
+
 // InvalidArgument "<kernel>: <message>".
 absl::Status KernelError(const char* kernel, const std::string& message);
 

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/dtype.h"
+
 namespace lmserve::kernels::cuda {
 
 #define LMSERVE_CUDA_RETURN_IF_ERROR(expr)    \
@@ -131,6 +133,23 @@ __device__ __forceinline__ void Store8(T* p, const float (&in)[8]) {
 template <typename T>
 __device__ __forceinline__ void RoundTrip8(float (&x)[8]) {
   if constexpr (!std::is_same_v<T, float>) Unpack8<T>(Pack8<T>(x), x);
+}
+
+// act(g) of a gated MLP (GateActivation, kernels/dtype.h) in fp32, in the CPU twin's order
+// (kernels/cpu/activation.h). kFastExp: SiLU takes __expf (the 16-bit types, whose rounding dwarfs
+// its error), else expf. GELU-tanh takes tanhf either way.
+template <GateActivation kActivation, bool kFastExp>
+__device__ __forceinline__ float GateActivationOf(float g) {
+  if constexpr (kActivation == GateActivation::kGeluTanh) {
+    constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+    constexpr float kKappa = 0.044715f;
+    const float inner = kBeta * (g + kKappa * g * g * g);
+    return 0.5f * g * (1.0f + tanhf(inner));
+  } else if constexpr (kFastExp) {
+    return g / (1.0f + __expf(-g));
+  } else {
+    return g / (1.0f + expf(-g));
+  }
 }
 
 // Sum over the warp (float, or double where a sum must be exact to fp32); every lane gets it.

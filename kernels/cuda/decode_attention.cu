@@ -25,9 +25,24 @@ struct DecodeArgs {
   float* partial_out;  // [num_seqs, num_heads, max_splits, head_dim]
   float* partial_lse;  // [num_seqs, num_heads, max_splits], log2 domain
   int num_heads, num_kv_heads, group_size, head_chunks, block_size, max_splits;
+  int window;  // 0: none
   int64_t query_stride;
-  float scale_log2;  // scale * log2(e): scores are kept in the log2 domain for exp2f
+  // Scores are kept in the log2 domain for exp2f: q.k * score_scale without a soft-cap
+  // (scale * log2(e)), else cap_log2 * tanh(q.k * score_scale) (scale / softcap and
+  // softcap * log2(e)).
+  float score_scale;
+  float cap_log2;  // 0: no soft-cap
 };
+
+// The keys a sequence's one query token sees: [first, context_len), first > 0 only with a window.
+__device__ __forceinline__ int DecodeFirstKey(int context_len, int window) {
+  return window > 0 && context_len > window ? context_len - window : 0;
+}
+
+// A raw score q.k in the log2 domain, soft-capped where the launch asks.
+__device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
+  return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.score_scale) : dot * a.score_scale;
+}
 
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
 // groups take several blocks), so a key's dot products with the whole group are one tensor-core
@@ -82,7 +97,10 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const int chunk = blockIdx.y - kv_head * a.head_chunks;
   const int seq = blockIdx.z;
   const int context_len = a.context_lens[seq];
-  const DecodeSplit plan = DecodeSplitPlan(context_len, a.max_splits);
+  // The splits divide the keys in the window, [first_key, context_len): the blocks before it are
+  // never read (their table entries may be -1).
+  const int first_key = DecodeFirstKey(context_len, a.window);
+  const DecodeSplit plan = DecodeSplitPlan(context_len - first_key, a.max_splits);
   const int head0 = kv_head * a.group_size + chunk * kRows;
   const int heads_here = min(kRows, a.group_size - chunk * kRows);
   T* output = static_cast<T*>(a.output) + (int64_t{seq} * a.num_heads + head0) * kHeadDim;
@@ -97,7 +115,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     BeginDependentKernel();
     return;
   }
-  const int begin = split * plan.chunk_len;
+  const int begin = first_key + split * plan.chunk_len;
   const int end = min(context_len, begin + plan.chunk_len);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
@@ -204,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = t0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-        s[nt][e] = key < end ? s[nt][e] * a.scale_log2 : -INFINITY;
+        s[nt][e] = key < end ? DecodeScore(s[nt][e], a) : -INFINITY;
         row_max[e / 2] = fmaxf(row_max[e / 2], s[nt][e]);
       }
     }
@@ -301,7 +319,9 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
   __shared__ float s_weight[kDecodeMaxSplits];
   __shared__ float scratch[32];
   const int head = blockIdx.x, seq = blockIdx.y;
-  const DecodeSplit plan = DecodeSplitPlan(a.context_lens[seq], a.max_splits);  // a step input
+  const int context_len = a.context_lens[seq];  // a step input
+  const DecodeSplit plan =
+      DecodeSplitPlan(context_len - DecodeFirstKey(context_len, a.window), a.max_splits);
   BeginDependentKernel();
   if (plan.num_splits <= 1) return;
   const int64_t base = (int64_t{seq} * a.num_heads + head) * a.max_splits;
@@ -433,7 +453,15 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.block_size = static_cast<int>(p.block_size);
   a.max_splits = p.max_splits;
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
-  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.window = p.window;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (p.softcap > 0) {
+    a.score_scale = p.scale / p.softcap;
+    a.cap_log2 = p.softcap * kLog2e;
+  } else {
+    a.score_scale = p.scale * kLog2e;
+    a.cap_log2 = 0.0f;
+  }
   const int sms = CurrentMultiprocessorCount();
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

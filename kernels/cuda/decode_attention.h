@@ -1,6 +1,9 @@
 // Paged decode attention on the GPU: one query token per sequence, attending to every position of
 // its context through its block table (CPU twin: kernels/cpu/paged_attention.h with one query token
-// per sequence).
+// per sequence). With a sliding window the token attends to its last `window` positions only, and
+// only their blocks are read: the splits divide the window's keys, so the cost follows the window,
+// not the context, and table entries of blocks wholly before the window (which may be -1) are
+// never read. An optional soft-cap bounds the scores (Gemma 2).
 //
 // Work decomposition: a thread block per (split, KV head, sequence) reads its KV head once for the
 // whole query group (GQA/MQA; the group's heads are the 16 rows of tensor-core tiles, larger groups
@@ -33,8 +36,9 @@ inline constexpr int kDecodeMinSplitTokens = 64;
 inline constexpr int kDecodeSplitAlign = 64;
 inline constexpr int kDecodeMaxSplits = 128;
 
-// The splits of a sequence of `context_len` keys: num_splits blocks of chunk_len keys (the last
-// one shorter). Host and device compute it identically.
+// The splits of a sequence's `context_len` keys (the keys in its window, where it has one):
+// num_splits blocks of chunk_len keys (the last one shorter). Host and device compute it
+// identically.
 struct DecodeSplit {
   int num_splits;
   int chunk_len;
@@ -60,7 +64,8 @@ struct DecodeAttentionParams {
   const int32_t* context_lens = nullptr;       // [num_seqs]: keys to attend to; device. A
                                                // sequence with 0 keys gets a zero output.
   const int32_t* block_table_start = nullptr;  // [num_seqs + 1] (CSR offsets); device
-  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks); device
+  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks) (or -1 for
+                                               // a block wholly before the window); device
   void* output = nullptr;     // [num_seqs, num_heads, head_dim], contiguous; device
   void* workspace = nullptr;  // WorkspaceBytes(...) bytes, 16-byte aligned; device; null if 0
   int64_t num_seqs = 0;
@@ -72,6 +77,8 @@ struct DecodeAttentionParams {
   int64_t query_stride = 0;  // elements between query rows, multiple of 8; 0: num_heads * head_dim
   int max_splits = 1;        // in [1, kDecodeMaxSplits]; ChooseMaxSplits() picks one
   float scale = 0;           // score multiplier, usually 1 / sqrt(head_dim)
+  int32_t window = 0;  // > 0: the token at position p attends to (p - window, p]; 0: to [0, p]
+  float softcap = 0;   // > 0: scores are softcap * tanh(scale * q.k / softcap); 0: none
   DType dtype = DType::kBF16;  // of query, caches and output: kBF16 or kF16
 
   // Scratch for the split partial results.

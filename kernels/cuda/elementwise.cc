@@ -1,5 +1,7 @@
 // Validate() of the element-wise kernels (activation.h, embedding.h).
 
+#include <cmath>
+
 #include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/activation.h"
@@ -15,12 +17,25 @@ absl::Status SiluAndMulParams::Validate() const {
                                             "] is not supported (intermediate_size a positive "
                                             "multiple of 8)"));
   }
+  if (activation != GateActivation::kSilu && activation != GateActivation::kGeluTanh) {
+    return KernelError("SiluAndMul",
+                       StrCat("unknown activation ", static_cast<int>(activation)));
+  }
   if (num_tokens > 0) {
     if (gate_up == nullptr || output == nullptr) return KernelError("SiluAndMul", "null pointer");
     if (!Aligned16(gate_up) || !Aligned16(output)) {
       return KernelError("SiluAndMul", "gate_up and output must be 16-byte aligned");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status SoftcapParams::Validate() const {
+  if (count < 0 || !(cap > 0) || !std::isfinite(cap)) {
+    return KernelError("Softcap", StrCat("bad count ", count, " or cap ", cap,
+                                         " (want count >= 0, cap > 0 and finite)"));
+  }
+  if (count > 0 && data == nullptr) return KernelError("Softcap", "null data");
   return absl::OkStatus();
 }
 

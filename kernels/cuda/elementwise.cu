@@ -1,4 +1,4 @@
-// SiLU-and-mul and embedding gather.
+// Gated activations (SiLU- and GELU-tanh-and-mul), the soft-cap and embedding gather.
 
 #include <algorithm>
 
@@ -15,8 +15,8 @@ constexpr int kThreads = 256;
 
 // Each thread handles 8 outputs per step of a grid-stride loop; two independent loads in flight.
 // The 16-bit types take the fast exponential (its error is far below their rounding); fp32 takes
-// expf, as the CPU twin's std::exp.
-template <typename T>
+// expf, as the CPU twin's std::exp. GELU-tanh takes tanhf for every type (GateActivationOf).
+template <typename T, GateActivation kActivation>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const T* __restrict__ gate_up, T* __restrict__ output, int64_t num_vecs,
                      int64_t vecs_per_row) {
@@ -31,30 +31,50 @@ __global__ void __launch_bounds__(kThreads)
     LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if constexpr (std::is_same_v<T, float>) {
-        g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-      } else {
-        g[j] = g[j] / (1.0f + __expf(-g[j])) * u[j];
-      }
+      g[j] = GateActivationOf<kActivation, !std::is_same_v<T, float>>(g[j]) * u[j];
     }
     Store8<T>(output + v * 8, g);
   }
+}
+
+// cap * tanh(x / cap), grid-stride.
+__global__ void __launch_bounds__(kThreads) SoftcapKernel(float* __restrict__ data, int64_t count,
+                                                          float cap) {
+  BeginDependentKernel();
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * kThreads) {
+    data[i] = cap * tanhf(data[i] / cap);
+  }
+}
+
+int GridLimit() {
+  static const int device_sms = CurrentMultiprocessorCount();
+  const int sms = device_sms > 0 ? device_sms : 132;  // an H100's, where the runtime cannot say
+  return sms * 16;
 }
 
 // Copies rows in 16-byte pieces (8 elements of a 16-bit type, 4 of fp32).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     EmbeddingKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
-                    T* __restrict__ output, int64_t vocab_size, int64_t hidden_size) {
+                    T* __restrict__ output, int64_t vocab_size, int64_t hidden_size, float scale) {
   constexpr int64_t kPerPiece = 16 / sizeof(T);
   const int64_t token = blockIdx.x;
   const int32_t id = ids[token];
   const bool valid = id >= 0 && id < vocab_size;
   const T* row = table + static_cast<int64_t>(valid ? id : 0) * hidden_size;
   T* out = output + token * hidden_size;
-  for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
-       c += int64_t{gridDim.y} * kThreads * kPerPiece) {
-    Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
+  if (scale == 1.0f) {
+    for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
+         c += int64_t{gridDim.y} * kThreads * kPerPiece) {
+      Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
+    }
+    return;
+  }
+  // Scaled (Gemma): each element times `scale` in fp32, rounded once.
+  for (int64_t c = blockIdx.y * int64_t{kThreads} + threadIdx.x; c < hidden_size;
+       c += int64_t{gridDim.y} * kThreads) {
+    out[c] = FromFloat<T>(valid ? ToFloat(row[c]) * scale : 0.0f);
   }
 }
 
@@ -67,13 +87,22 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     const int64_t vecs_per_row = p.intermediate_size / 8;
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
-    static const int device_sms = CurrentMultiprocessorCount();
-    const int sms = device_sms > 0 ? device_sms : 132;  // an H100's, where the runtime cannot say
-    const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), int64_t{sms} * 16);
-    return LaunchKernel(SiluAndMulKernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
+    const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), GridLimit());
+    auto kernel = p.activation == GateActivation::kGeluTanh
+                      ? SiluAndMulKernel<T, GateActivation::kGeluTanh>
+                      : SiluAndMulKernel<T, GateActivation::kSilu>;
+    return LaunchKernel(kernel, static_cast<unsigned>(blocks), kThreads, 0, stream,
                         static_cast<const T*>(p.gate_up), static_cast<T*>(p.output), num_vecs,
                         vecs_per_row);
   });
+}
+
+cudaError_t Launch(const SoftcapParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.count == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>(CeilDiv(p.count, kThreads), GridLimit());
+  return LaunchKernel(SoftcapKernel, static_cast<unsigned>(blocks), kThreads, 0, stream, p.data,
+                      p.count, p.cap);
 }
 
 cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
@@ -86,7 +115,7 @@ cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
                     static_cast<unsigned>(CeilDiv(p.hidden_size, kThreads * per_piece)));
     EmbeddingKernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.table), p.ids,
                                                       static_cast<T*>(p.output), p.vocab_size,
-                                                      p.hidden_size);
+                                                      p.hidden_size, p.scale);
     return cudaGetLastError();
   });
 }

@@ -22,6 +22,7 @@ struct EmbeddingParams {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;     // multiple of 8
   DType dtype = DType::kBF16;  // of table and output: kBF16, kF16 or kF32
+  float scale = 1.0f;          // multiplies the rows (in fp32, rounded once); 1: copied as stored
 
   absl::Status Validate() const;  // shapes and pointers only: the ids live on the device
 };

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 
@@ -37,6 +38,7 @@ absl::Status PagedAttentionF32Params::Validate() const {
   if (!(scale > 0) || !std::isfinite(scale)) {
     return KernelError(kName, "scale must be positive and finite");
   }
+  LMSERVE_RETURN_IF_ERROR(CheckWindowAndSoftcap(kName, window, softcap));
   if (num_tokens == 0) return absl::OkStatus();
   if (query == nullptr || key_cache == nullptr || value_cache == nullptr ||
       query_start == nullptr || context_lens == nullptr || block_table_start == nullptr ||

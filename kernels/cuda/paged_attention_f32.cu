@@ -19,8 +19,10 @@ struct Args {
   const int32_t* block_table_ids;
   float* output;
   int num_seqs, num_heads, num_kv_heads, group_size, head_dim, block_size;
+  int window;  // 0: none
   int64_t query_stride;
   float scale;
+  float softcap;  // 0: none
 };
 
 // The sequence that owns `token`: the last s with query_start[s] <= token.
@@ -51,9 +53,11 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionF32Kernel(Args a) {
   const int seq = SequenceOf(a.query_start, a.num_seqs, token);
   const int first_token = a.query_start[seq];
   const int query_len = a.query_start[seq + 1] - first_token;
-  // Causal: the token at position p sees keys [0, p]; none if the context is shorter than the
-  // query (a padding sequence of a decode graph has context 0).
-  const int num_keys = a.context_lens[seq] - query_len + (token - first_token) + 1;
+  // Causal: the token at position p sees keys [0, p], or [p - window + 1, p] with a window; none
+  // if the context is shorter than the query (a padding sequence of a decode graph has context 0).
+  const int position = a.context_lens[seq] - query_len + (token - first_token);
+  const int first_key = a.window > 0 && position >= a.window ? position - a.window + 1 : 0;
+  const int num_keys = position + 1 - first_key;
   const int kv_head = head / a.group_size;
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t kv_slot_stride = int64_t{a.num_kv_heads} * a.head_dim;
@@ -73,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionF32Kernel(Args a) {
   float acc[kDimsPerLane];
 #pragma unroll
   for (int i = 0; i < kDimsPerLane; ++i) acc[i] = 0.0f;
-  for (int j = warp; j < num_keys; j += kWarps) {
+  for (int j = first_key + warp; j <= position; j += kWarps) {
     const int64_t slot = int64_t{table[j / a.block_size]} * a.block_size + j % a.block_size;
     const float* k = a.key_cache + slot * kv_slot_stride + kv_head_offset;
     const float* v = a.value_cache + slot * kv_slot_stride + kv_head_offset;
@@ -83,7 +87,8 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionF32Kernel(Args a) {
       const int d = lane + 32 * i;
       if (d < a.head_dim) partial += q_lane[i] * k[d];
     }
-    const float score = WarpSum(partial) * a.scale;
+    float score = WarpSum(partial) * a.scale;
+    if (a.softcap > 0.0f) score = a.softcap * tanhf(score / a.softcap);  // as the CPU twin
     const float new_max = fmaxf(running_max, score);
     const float rescale = expf(running_max - new_max);  // 0 at the first key
     const float weight = expf(score - new_max);
@@ -148,6 +153,8 @@ cudaError_t Launch(const PagedAttentionF32Params& p, cudaStream_t stream) {
   a.block_size = static_cast<int>(p.block_size);
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   a.scale = p.scale;
+  a.window = p.window;
+  a.softcap = p.softcap;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_heads));
   return LaunchKernel(PagedAttentionF32Kernel, grid, kThreads, 0, stream, a);
 }

@@ -6,7 +6,9 @@
 // Semantics, as the CPU twin's: sequence i's query_lens[i] = query_start[i + 1] - query_start[i]
 // tokens sit at positions [context_lens[i] - query_lens[i], context_lens[i]), so a query may start
 // mid-sequence (prefix-cache hits, chunked prefill); the token at position p attends to positions
-// [0, p] of its KV head (GQA: head h reads KV head h / (num_heads / num_kv_heads)). Every key and
+// [0, p] of its KV head (GQA: head h reads KV head h / (num_heads / num_kv_heads)), or to
+// (p - window, p] with a sliding window (only those keys are read: table entries wholly before
+// the window may be -1), its scores soft-capped where softcap > 0. Every key and
 // value, the new tokens' included, is read from the cache through the block tables (QkvPostProcess
 // writes the new ones first). A sequence with fewer keys than query tokens (a decode graph's
 // padding: context 0) gets zeros for the tokens that see no key.
@@ -45,7 +47,8 @@ struct PagedAttentionF32Params {
                                           // query_start[num_seqs] = num_tokens; device
   const int32_t* context_lens = nullptr;  // [num_seqs]; device
   const int32_t* block_table_start = nullptr;  // [num_seqs + 1] (CSR offsets); device
-  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks); device
+  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks) (or -1 for
+                                               // a block wholly before the window); device
   void* output = nullptr;  // [num_tokens, num_heads, head_dim] fp32, contiguous; device
   int64_t num_seqs = 0;
   int64_t num_tokens = 0;
@@ -56,6 +59,8 @@ struct PagedAttentionF32Params {
   int64_t num_blocks = 0;
   int64_t query_stride = 0;   // elements between query rows; 0: num_heads * head_dim
   float scale = 0;            // score multiplier, usually 1 / sqrt(head_dim)
+  int32_t window = 0;  // > 0: the token at position p attends to (p - window, p]; 0: to [0, p]
+  float softcap = 0;   // > 0: scores are softcap * tanh(scale * q.k / softcap); 0: none
   DType dtype = DType::kF32;  // of query, caches and output: kF32 only (the 16-bit types go to
                               // DecodeAttention / PrefillAttention)
 

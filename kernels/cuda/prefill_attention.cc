@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/dispatch.h"
@@ -36,6 +37,7 @@ absl::Status PrefillAttentionParams::Validate() const {
   if (!(scale > 0) || !std::isfinite(scale)) {
     return KernelError(kName, "scale must be positive and finite");
   }
+  LMSERVE_RETURN_IF_ERROR(CheckWindowAndSoftcap(kName, window, softcap));
   if (num_seqs == 0) return absl::OkStatus();
   if (query == nullptr || key_cache == nullptr || value_cache == nullptr ||
       query_start == nullptr || context_lens == nullptr || block_table_start == nullptr ||

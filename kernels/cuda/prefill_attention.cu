@@ -21,8 +21,12 @@ struct PrefillArgs {
   const int32_t* tile_start;  // [num_seqs + 1]: the plan
   void* output;
   int num_seqs, group_size, num_kv_heads, num_heads, block_size;
+  int window;  // 0: none
   int64_t query_stride;
-  float scale_log2;
+  // Scores in the log2 domain: q.k * score_scale (scale * log2(e)) without a soft-cap, else
+  // cap_log2 * tanh(q.k * score_scale) (scale / softcap, softcap * log2(e)).
+  float score_scale;
+  float cap_log2;  // 0: no soft-cap
 };
 
 template <int kHeadDim>
@@ -116,8 +120,12 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   const int row0 = (tile - a.tile_start[seq]) * kBlockM;
   const int rows = min(kBlockM, query_len - row0);
   const int first_pos = context_len - query_len + row0;  // position of row 0
-  const int kv_end = min(context_len, first_pos + rows);  // keys [0, kv_end)
-  const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  const int kv_end = min(context_len, first_pos + rows);  // keys [kv_begin, kv_end)
+  // With a window, row 0's window starts the keys any row sees; tiles before it are skipped and
+  // positions before it never loaded (their table entries may be -1).
+  const int kv_begin = a.window > 0 ? max(0, first_pos - a.window + 1) : 0;
+  const int first_kv_tile = kv_begin / kBlockN;
+  const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN - first_kv_tile;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const T* q_ptr = static_cast<const T*>(a.query) + int64_t{seq_token0 + row0} * a.query_stride +
@@ -139,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
     for (int c = tid; c < kBlockN * kChunks; c += kThreads) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
       const int pos = n0 + r;
-      const bool valid = pos < kv_end;
+      const bool valid = pos >= kv_begin && pos < kv_end;
       int64_t offset = 0;
       if (valid) {
         const int block_index = pos / a.block_size;
@@ -151,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
       CpAsync16(dst_v + r * kStride + col, value_cache + offset, valid);
     }
   };
-  load_kv(0, 0);
+  load_kv(first_kv_tile, 0);
   CpAsyncCommit();
 
   float o[kMTiles][kHeadDim / 8][4];
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row of this lane
 
   for (int j = 0; j < num_kv_tiles; ++j) {
-    if (j + 1 < num_kv_tiles) load_kv(j + 1, (j + 1) & 1);
+    if (j + 1 < num_kv_tiles) load_kv(first_kv_tile + j + 1, (j + 1) & 1);
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
@@ -200,9 +208,12 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
       }
     }
 
-    // Scale, mask (the diagonal tile and keys past the end), online softmax.
-    const int n0 = j * kBlockN;
-    const bool needs_mask = n0 + kBlockN - 1 > first_pos + warp_row0 || n0 + kBlockN > kv_end;
+    // Scale (and soft-cap), mask (the diagonal tile, keys past the end and, with a window, keys
+    // before a row's window), online softmax.
+    const int n0 = (first_kv_tile + j) * kBlockN;
+    const int warp_last_pos = first_pos + warp_row0 + 16 * kMTiles - 1;
+    const bool needs_mask = n0 + kBlockN - 1 > first_pos + warp_row0 || n0 + kBlockN > kv_end ||
+                            (a.window > 0 && n0 <= warp_last_pos - a.window);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
       const int pos_a = first_pos + warp_row0 + mt * 16 + lane / 4;  // rows pos_a, pos_a + 8
@@ -210,11 +221,14 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
       for (int nt = 0; nt < kBlockN / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[mt][nt][e] *= a.scale_log2;
+          s[mt][nt][e] = a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(s[mt][nt][e] * a.score_scale)
+                                           : s[mt][nt][e] * a.score_scale;
           if (needs_mask) {
             const int key = n0 + nt * 8 + 2 * (lane % 4) + (e & 1);
             const int pos = pos_a + (e >= 2 ? 8 : 0);
-            if (key > pos || key >= kv_end) s[mt][nt][e] = -INFINITY;
+            if (key > pos || key >= kv_end || (a.window > 0 && key <= pos - a.window)) {
+              s[mt][nt][e] = -INFINITY;
+            }
           }
         }
       }
@@ -350,7 +364,15 @@ cudaError_t Launch(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.num_heads = static_cast<int>(p.num_heads);
   a.block_size = static_cast<int>(p.block_size);
   a.query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
-  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.window = p.window;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (p.softcap > 0) {
+    a.score_scale = p.scale / p.softcap;
+    a.cap_log2 = p.softcap * kLog2e;
+  } else {
+    a.score_scale = p.scale * kLog2e;
+    a.cap_log2 = 0.0f;
+  }
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {

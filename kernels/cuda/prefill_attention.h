@@ -6,11 +6,13 @@
 //
 // Flash-attention tiling on the tensor cores (mma.sync m16n8k16, fp32 accumulation): a thread
 // block of 4 warps takes PrefillBlockRows(head_dim) query rows of one head and walks the key tiles
-// up to the diagonal,
-// gathering K and V tiles from the cache blocks with cp.async into double-buffered shared memory;
-// online softmax in fp32 registers. Which block takes which (sequence, query tile) comes from a
-// tile plan computed on the device from query_start, so the launch configuration depends on
-// num_tokens and num_seqs only.
+// up to the diagonal (with a sliding window, from the first tile any of its rows' windows reaches:
+// tiles wholly outside every row's window are skipped, as are those above the diagonal, and table
+// entries before the window, which may be -1, are never read), gathering K and V tiles from the
+// cache blocks with cp.async into double-buffered shared memory; online softmax in fp32 registers,
+// after an optional soft-cap of the scores (Gemma 2). Which block takes which (sequence, query
+// tile) comes from a tile plan computed on the device from query_start, so the launch
+// configuration depends on num_tokens and num_seqs only.
 
 #ifndef LMSERVE_KERNELS_CUDA_PREFILL_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_PREFILL_ATTENTION_H_
@@ -35,7 +37,9 @@ struct PrefillAttentionParams {
                                           // device
   const int32_t* context_lens = nullptr;  // [num_seqs], >= each query length; device
   const int32_t* block_table_start = nullptr;  // [num_seqs + 1] (CSR offsets); device
-  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks); device
+  const int32_t* block_table_ids = nullptr;    // block ids, each in [0, num_blocks) (or -1 for
+                                               // a block wholly before every query's window);
+                                               // device
   void* output = nullptr;     // [num_tokens, num_heads, head_dim], contiguous; device
   void* workspace = nullptr;  // WorkspaceBytes(num_seqs) bytes: the tile plan; device
   int64_t num_seqs = 0;
@@ -47,6 +51,8 @@ struct PrefillAttentionParams {
   int64_t num_blocks = 0;
   int64_t query_stride = 0;  // elements between query rows, multiple of 8; 0: num_heads * head_dim
   float scale = 0;           // score multiplier, usually 1 / sqrt(head_dim)
+  int32_t window = 0;  // > 0: the token at position p attends to (p - window, p]; 0: to [0, p]
+  float softcap = 0;   // > 0: scores are softcap * tanh(scale * q.k / softcap); 0: none
   DType dtype = DType::kBF16;  // of query, caches and output: kBF16 or kF16
   // The workspace already holds this batch's tile plan (LaunchPrefillPlan ran after the batch's
   // query_start was last written): Launch skips recomputing it. Plan once per step, run per layer.

@@ -19,6 +19,17 @@ absl::Status QkvPostProcessParams::Validate() const {
                                      ", kv heads ", num_kv_heads, ", blocks ", num_blocks, " x ",
                                      block_size, ")"));
   }
+  if (rotary_dim < 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim) {
+    return KernelError(kName, StrCat("rotary_dim ", rotary_dim,
+                                     " is not supported (even, at most head_dim ", head_dim,
+                                     "; 0 for head_dim)"));
+  }
+  if ((q_norm == nullptr) != (k_norm == nullptr)) {
+    return KernelError(kName, "q_norm and k_norm come together");
+  }
+  if (q_norm != nullptr && !(norm_epsilon > 0)) {
+    return KernelError(kName, "norm_epsilon must be positive");
+  }
   const int64_t row = (num_heads + 2 * num_kv_heads) * head_dim;
   if (qkv_stride != 0 && (qkv_stride < row || qkv_stride % 8 != 0)) {
     return KernelError(kName, StrCat("qkv_stride ", qkv_stride,
@@ -40,7 +51,8 @@ absl::Status QkvPostProcessParams::Validate() const {
     }
     if (!Aligned16(qkv) || !Aligned16(query_out) || !Aligned16(key_cache) ||
         !Aligned16(value_cache) || (bias != nullptr && !Aligned16(bias)) ||
-        (cos_sin != nullptr && !Aligned16(cos_sin))) {
+        (cos_sin != nullptr && !Aligned16(cos_sin)) || (q_norm != nullptr && !Aligned16(q_norm)) ||
+        (k_norm != nullptr && !Aligned16(k_norm))) {
       return KernelError(kName, "tensors must be 16-byte aligned");
     }
   }

@@ -6,90 +6,145 @@ namespace lmserve::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kUnit = 16;  // elements of a head per thread
 
 struct QkvArgs {
   const void* qkv;
   const void* bias;
   const int32_t* positions;
   const float* cos_sin;
+  const void* q_norm;
+  const void* k_norm;
   const int64_t* slot_mapping;
   void* query_out;
   void* key_cache;
   void* value_cache;
-  int num_heads, num_kv_heads, head_dim;
+  int num_heads, num_kv_heads, head_dim, rotary_dim;
+  int lanes_per_head;  // head_dim / kUnit rounded up to a power of two (at most 32)
   int64_t qkv_stride, query_out_stride, max_position;
+  float norm_epsilon;
 };
 
-// The rotation of a pair (a, b) by (cos c, sin s): (a c - b s, a s + b c). With kExact (fp32 I/O)
-// each product and sum is rounded on its own, as the CPU twin computes it; the 16-bit types let
-// the compiler fuse them (their rounding on output dwarfs the difference).
+// The rotation of a pair (a, b) by (cos c, sin s): (a c - b s, a s + b c); the first component
+// when `first`, else the second. With kExact (fp32 I/O) each product and sum is rounded on its
+// own, as the CPU twin computes it; the 16-bit types let the compiler fuse them (their rounding
+// on output dwarfs the difference).
 template <bool kExact>
-__device__ __forceinline__ void Rotate(float a, float b, float c, float s, float* x, float* y) {
+__device__ __forceinline__ float Rotated(float a, float b, float c, float s, bool first) {
   if constexpr (kExact) {
-    *x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    *y = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    return first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))
+                 : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
   } else {
-    *x = a * c - b * s;
-    *y = a * s + b * c;
+    return first ? a * c - b * s : a * s + b * c;
   }
 }
 
-// grid (num_tokens, units / kThreads); a unit is 16 elements of one head: in the half-split layout
-// elements [8u, 8u + 8) and [half + 8u, half + 8u + 8) (8 pairs), in the interleaved layout
-// [16u, 16u + 16) (8 pairs); value heads are copied 16 contiguous elements at a time.
+// grid (num_tokens, ceil(num_all_heads * lanes_per_head / kThreads)). Thread `lane` of a head's
+// lanes_per_head consecutive threads holds the head's elements [16 lane, 16 lane + 16) in fp32
+// registers (lanes past head_dim / 16 hold none). Every thread of a block reaches the shuffles
+// and the warp barrier: none returns early.
 template <typename T, bool kInterleaved>
 __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
+  // A head's values after the bias and the norm, for the rotary partners held by other lanes.
+  __shared__ __align__(16) float s_x[kThreads * kUnit];
   // The next kernel (decode attention, which loads the old keys and values before it waits) may
   // launch before this one waits: on an H200 at batch 1 the attention then ends ~0.9 us sooner
   // after this kernel.
   AllowDependentLaunch();
   WaitForPriorKernels();
-  const int64_t token = blockIdx.x;
-  const int units_per_head = a.head_dim / 16;
-  const int num_all_heads = a.num_heads + 2 * a.num_kv_heads;
-  const int unit = blockIdx.y * kThreads + threadIdx.x;
-  if (unit >= num_all_heads * units_per_head) return;
-  const int head = unit / units_per_head;
-  const int u = unit - head * units_per_head;
-  const int half = a.head_dim / 2;
-  const bool is_value = head >= a.num_heads + a.num_kv_heads;
-  const bool contiguous = kInterleaved || is_value;
-  const int off0 = contiguous ? 16 * u : 8 * u;
-  const int off1 = contiguous ? 16 * u + 8 : half + 8 * u;
-
   constexpr bool kExact = std::is_same_v<T, float>;
-  const T* src = static_cast<const T*>(a.qkv) + token * a.qkv_stride + head * a.head_dim;
-  float x0[8], x1[8];
-  Load8<T>(src + off0, x0);
-  Load8<T>(src + off1, x1);
-  if (a.bias != nullptr) {
-    const T* b = static_cast<const T*>(a.bias) + head * a.head_dim;
-    float b0[8], b1[8];
-    Load8<T>(b + off0, b0);
-    Load8<T>(b + off1, b1);
+  const int64_t token = blockIdx.x;
+  const int units_per_head = a.head_dim / kUnit;
+  const int num_all_heads = a.num_heads + 2 * a.num_kv_heads;
+  const int index = blockIdx.y * kThreads + threadIdx.x;
+  const int head = index / a.lanes_per_head;
+  const int u = index - head * a.lanes_per_head;
+  const bool active = head < num_all_heads && u < units_per_head;
+  const bool is_value = head >= a.num_heads + a.num_kv_heads;
+  const bool is_key = !is_value && head >= a.num_heads;
+  const int off = kUnit * u;
+
+  float x[kUnit];
+  if (active) {
+    const T* src = static_cast<const T*>(a.qkv) + token * a.qkv_stride + head * a.head_dim + off;
+    Load8<T>(src, *reinterpret_cast<float(*)[8]>(x));
+    Load8<T>(src + 8, *reinterpret_cast<float(*)[8]>(x + 8));
+    if (a.bias != nullptr) {
+      const T* b = static_cast<const T*>(a.bias) + head * a.head_dim + off;
+      float b0[8], b1[8];
+      Load8<T>(b, b0);
+      Load8<T>(b + 8, b1);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) x0[j] += b0[j], x1[j] += b1[j];
+      for (int j = 0; j < 8; ++j) x[j] += b0[j], x[j + 8] += b1[j];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kUnit; ++j) x[j] = 0.0f;
   }
-  if (!is_value && a.cos_sin != nullptr) {
-    int64_t pos = a.positions[token];
-    pos = pos < 0 ? 0 : (pos >= a.max_position ? a.max_position - 1 : pos);
-    const float* row = a.cos_sin + pos * a.head_dim + 8 * u;  // pairs [8u, 8u + 8)
-    float c[8], s[8];
-    *reinterpret_cast<float4*>(c) = *reinterpret_cast<const float4*>(row);
-    *reinterpret_cast<float4*>(c + 4) = *reinterpret_cast<const float4*>(row + 4);
-    *reinterpret_cast<float4*>(s) = *reinterpret_cast<const float4*>(row + half);
-    *reinterpret_cast<float4*>(s + 4) = *reinterpret_cast<const float4*>(row + half + 4);
-    if constexpr (kInterleaved) {
+
+  // Per-head RMSNorm of queries and keys: the head's lanes sum the squares (in double for fp32,
+  // as the CPU twin) with shuffles inside their aligned group of lanes_per_head lanes.
+  if (a.q_norm != nullptr) {
+    using Acc = std::conditional_t<kExact, double, float>;
+    const bool normed = active && !is_value;
+    Acc sum_squares = 0;
+    if (normed) {
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {  // pairs 0..3 in x0, 4..7 in x1
-        Rotate<kExact>(x0[2 * p], x0[2 * p + 1], c[p], s[p], &x0[2 * p], &x0[2 * p + 1]);
-        Rotate<kExact>(x1[2 * p], x1[2 * p + 1], c[p + 4], s[p + 4], &x1[2 * p], &x1[2 * p + 1]);
+      for (int j = 0; j < kUnit; ++j) sum_squares += static_cast<Acc>(x[j]) * x[j];
+    }
+    for (int offset = 1; offset < a.lanes_per_head; offset <<= 1) {
+      sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, offset);
+    }
+    if (normed) {
+      float inv_rms;
+      if constexpr (kExact) {
+        inv_rms = static_cast<float>(1.0 / sqrt(sum_squares / static_cast<double>(a.head_dim) +
+                                                static_cast<double>(a.norm_epsilon)));
+      } else {
+        inv_rms = rsqrtf(sum_squares / static_cast<float>(a.head_dim) + a.norm_epsilon);
       }
-    } else {
+      const T* weight = static_cast<const T*>(is_key ? a.k_norm : a.q_norm) + off;
+      float w[kUnit];
+      Load8<T>(weight, *reinterpret_cast<float(*)[8]>(w));
+      Load8<T>(weight + 8, *reinterpret_cast<float(*)[8]>(w + 8));
 #pragma unroll
-      for (int j = 0; j < 8; ++j) Rotate<kExact>(x0[j], x1[j], c[j], s[j], &x0[j], &x1[j]);
+      for (int j = 0; j < kUnit; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv_rms), w[j]);
     }
   }
+
+  // Rotary embedding of the first rotary_dim dimensions: pairs (k, k + rotary_dim / 2) or
+  // (2k, 2k + 1), whose partners may sit in another lane: exchanged through shared memory.
+  if (a.cos_sin != nullptr) {
+    auto* mine = reinterpret_cast<float4*>(s_x + threadIdx.x * kUnit);
+#pragma unroll
+    for (int q = 0; q < kUnit / 4; ++q) {
+      mine[q] = make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+    }
+    __syncwarp();
+    if (active && !is_value && off < a.rotary_dim) {
+      const float* head_x = s_x + (threadIdx.x - u) * kUnit;  // the head's element 0
+      int64_t pos = a.positions[token];
+      pos = pos < 0 ? 0 : (pos >= a.max_position ? a.max_position - 1 : pos);
+      const int half = a.rotary_dim / 2;
+      const float* cos_row = a.cos_sin + pos * a.rotary_dim;
+      const float* sin_row = cos_row + half;
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) {
+        const int i = off + j;
+        if (i >= a.rotary_dim) break;
+        int k, ia, ib;
+        bool first;
+        if constexpr (kInterleaved) {
+          k = i >> 1, ia = 2 * k, ib = ia + 1, first = (i & 1) == 0;
+        } else {
+          first = i < half;
+          k = first ? i : i - half, ia = k, ib = k + half;
+        }
+        x[j] = Rotated<kExact>(head_x[ia], head_x[ib], cos_row[k], sin_row[k], first);
+      }
+    }
+  }
+  if (!active) return;
   T* dst;
   if (head < a.num_heads) {
     dst = static_cast<T*>(a.query_out) + token * a.query_out_stride + head * a.head_dim;
@@ -100,8 +155,8 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     T* cache = static_cast<T*>(is_value ? a.value_cache : a.key_cache);
     dst = cache + (slot * a.num_kv_heads + kv_head) * a.head_dim;
   }
-  Store8<T>(dst + off0, x0);
-  Store8<T>(dst + off1, x1);
+  Store8<T>(dst + off, *reinterpret_cast<const float(*)[8]>(x));
+  Store8<T>(dst + off + 8, *reinterpret_cast<const float(*)[8]>(x + 8));
 }
 
 }  // namespace
@@ -109,10 +164,14 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
 cudaError_t Launch(const QkvPostProcessParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
+  int lanes_per_head = 1;
+  while (lanes_per_head < p.head_dim / kUnit) lanes_per_head *= 2;
   QkvArgs a{p.qkv,
             p.bias,
             p.positions,
             p.cos_sin,
+            p.q_norm,
+            p.k_norm,
             p.slot_mapping,
             p.query_out,
             p.key_cache,
@@ -120,11 +179,15 @@ cudaError_t Launch(const QkvPostProcessParams& p, cudaStream_t stream) {
             static_cast<int>(p.num_heads),
             static_cast<int>(p.num_kv_heads),
             static_cast<int>(p.head_dim),
+            static_cast<int>(p.rotary_dim != 0 ? p.rotary_dim : p.head_dim),
+            lanes_per_head,
             p.qkv_stride != 0 ? p.qkv_stride : (p.num_heads + 2 * p.num_kv_heads) * p.head_dim,
             p.query_out_stride != 0 ? p.query_out_stride : p.num_heads * p.head_dim,
-            p.max_position};
-  const int64_t units = (p.num_heads + 2 * p.num_kv_heads) * (p.head_dim / 16);
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(CeilDiv(units, kThreads)));
+            p.max_position,
+            p.norm_epsilon};
+  const int64_t threads = (p.num_heads + 2 * p.num_kv_heads) * lanes_per_head;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens),
+                  static_cast<unsigned>(CeilDiv(threads, kThreads)));
   return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.layout == RotaryLayout::kInterleaved) {

@@ -1,15 +1,22 @@
 // QKV post-processing on the GPU, in one kernel for a batch that mixes prefill and decode tokens
-// (CPU twin: kernels/cpu/qkv_postprocess.h): optional q/k/v bias, rotary embedding of Q and K, the
-// write of Q to its own buffer and of K and V into each token's slot of the paged KV cache.
+// (CPU twin: kernels/cpu/qkv_postprocess.h), in this order: optional q/k/v bias, optional per-head
+// RMSNorm of the query and key heads (Qwen3, Gemma 3), rotary embedding of the first rotary_dim
+// dimensions of each query and key head (partial rotary: the others pass through), the write of Q
+// to its own buffer and of K and V into each token's slot of the paged KV cache.
 //
-// Rotary scaling (default, linear, llama3, explicit GGUF factors) lives in the inverse frequencies
-// the engine computes; the kernel reads the fp32 cos/sin table that RotaryCosSinTable
-// (kernels/cpu/qkv_postprocess.h) builds from them once at start-up. Positions and slots are read
-// from device memory, so one launch configuration serves every batch of the same token count.
+// Rotary scaling (default, linear, llama3, longrope, explicit GGUF factors) lives in the inverse
+// frequencies the engine computes and in the attention factor; the kernel reads the fp32 cos/sin
+// table that RotaryCosSinTable (kernels/cpu/qkv_postprocess.h) builds from them once at start-up.
+// Positions and slots are read from device memory, so one launch configuration serves every batch
+// of the same token count.
 //
-// Work: 16 elements of one head of one token per thread (two 8-element loads and stores); bf16,
-// fp16 or fp32 in and out, fp32 math. With fp32 the rotation rounds each product and sum on its
-// own (no fused multiply-adds), as the CPU twin does: the results are the CPU's bit for bit.
+// Work: 16 contiguous elements of one head of one token per thread (two 8-element loads and
+// stores); a head's threads are consecutive lanes of one warp (head_dim / 16 of them, padded to a
+// power of two), which sum the norm's squares with shuffles and exchange rotary partners through
+// shared memory. bf16, fp16 or fp32 in and out, fp32 math. With fp32 the rotation and the norm
+// round each product and sum on their own (no fused multiply-adds) and the norm sums its squares
+// in double, as the CPU twin does: the results are the CPU's bit for bit (up to the order of the
+// double sum of squares, which decides a rounding about once in 10^8 heads).
 
 #ifndef LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_
 #define LMSERVE_KERNELS_CUDA_QKV_POSTPROCESS_H_
@@ -29,8 +36,11 @@ struct QkvPostProcessParams {
                                // stride qkv_stride: query heads, key heads, value heads; device
   const void* bias = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim] or null; device
   const int32_t* positions = nullptr;  // [num_tokens]; device. Clamped to [0, max_position).
-  const float* cos_sin = nullptr;  // [max_position, head_dim] (RotaryCosSinTable); device; null:
-                                   // no rotary embedding
+  const float* cos_sin = nullptr;  // [max_position, rotary_dim] (RotaryCosSinTable); device;
+                                   // null: no rotary embedding
+  const void* q_norm = nullptr;  // [head_dim]: the query heads' RMSNorm weight; device; null: none
+  const void* k_norm = nullptr;  // [head_dim]: the key heads' RMSNorm weight; device; null iff
+                                 // q_norm is
   const int64_t* slot_mapping = nullptr;  // [num_tokens]: cache slot; negative: no write (padding);
                                           // device
   void* query_out = nullptr;  // [num_tokens, num_heads, head_dim], row stride query_out_stride;
@@ -41,13 +51,16 @@ struct QkvPostProcessParams {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;  // multiple of 16, at most 512
+  int64_t rotary_dim = 0;  // dimensions of a head that rotate: even, <= head_dim; 0: head_dim
   int64_t block_size = 0;
   int64_t num_blocks = 0;
   int64_t qkv_stride = 0;        // multiple of 8; 0 means (num_heads + 2 * num_kv_heads) * head_dim
   int64_t query_out_stride = 0;  // multiple of 8; 0 means num_heads * head_dim
   int64_t max_position = 0;      // rows of cos_sin
   RotaryLayout layout = RotaryLayout::kHalfSplit;
-  DType dtype = DType::kBF16;  // of qkv, bias, query_out and the caches: kBF16, kF16 or kF32
+  float norm_epsilon = 1e-6f;  // of q_norm and k_norm
+  DType dtype = DType::kBF16;  // of qkv, bias, q_norm, k_norm, query_out and the caches: kBF16,
+                               // kF16 or kF32
 
   absl::Status Validate() const;
 };

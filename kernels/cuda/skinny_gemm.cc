@@ -18,6 +18,9 @@ absl::Status SkinnyGemmParams::Validate() const {
                        StrCat("shape m ", m, ", n ", n, ", k ", k, " is not supported (m in [1, ",
                               kMaxSkinnyGemmRows, "], n even, k a multiple of 8)"));
   }
+  if (activation != GateActivation::kSilu && activation != GateActivation::kGeluTanh) {
+    return KernelError("SkinnyGemm", StrCat("unknown activation ", static_cast<int>(activation)));
+  }
   if (silu_and_mul && output_dtype != input_dtype) {
     return KernelError("SkinnyGemm", "silu_and_mul writes the input type");
   }

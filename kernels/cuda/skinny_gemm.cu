@@ -24,8 +24,10 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
 
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
-// column j = b * kWarps + w: the gate row j and the up row j + n / 2.
-template <typename T, typename OutT, int M, bool kSiluAndMul>
+// column j = b * kWarps + w: the gate row j and the up row j + n / 2, and writes
+// act(gate) * up (kActivation).
+template <typename T, typename OutT, int M, bool kSiluAndMul,
+          GateActivation kActivation = GateActivation::kSilu>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
                      int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents) {
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         const float gate = ToFloat(FromFloat<T>(acc[0][t])), up = ToFloat(FromFloat<T>(acc[1][t]));
-        Store(y + t * y_stride + row0, gate / (1.0f + __expf(-gate)) * up);
+        Store(y + t * y_stride + row0, GateActivationOf<kActivation, true>(gate) * up);
       }
     }
     return;
@@ -139,7 +141,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, typename OutT, bool kSiluAndMul>
+template <typename T, typename OutT, bool kSiluAndMul,
+          GateActivation kActivation = GateActivation::kSilu>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
@@ -152,7 +155,8 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul>, blocks, kThreads, 0, stream, \
+    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks, kThreads, \
+                        0, stream,                                                      \
                         x, w, y, n, k, x_stride, y_stride, p.late_dependents);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
@@ -176,6 +180,9 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     // Validate() allows the activation with the input type out only.
     if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false>(p, stream);
+    if (p.silu_and_mul && p.activation == GateActivation::kGeluTanh) {
+      return LaunchTyped<T, T, true, GateActivation::kGeluTanh>(p, stream);
+    }
     if (p.silu_and_mul) return LaunchTyped<T, T, true>(p, stream);
     return LaunchTyped<T, T, false>(p, stream);
   });

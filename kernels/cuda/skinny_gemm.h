@@ -6,7 +6,8 @@
 // each piece with the m rows of x (small, read through L1), and keeps m x 2 fp32 sums that a warp
 // reduction finishes. cuBLASLt's kernels for m = 1..8 are GEMM tilings that leave part of the
 // bandwidth unused; the runner times both at start-up and keeps the faster per shape. With
-// silu_and_mul a warp takes a gate row and its up row instead, and writes the activation.
+// silu_and_mul a warp takes a gate row and its up row instead, and writes the gated activation
+// (SiLU or GELU-tanh: `activation`).
 // bf16 or fp16 x and W; y in the same type or fp32 (logits).
 
 #ifndef LMSERVE_KERNELS_CUDA_SKINNY_GEMM_H_
@@ -35,10 +36,11 @@ struct SkinnyGemmParams {
   DType input_dtype = DType::kBF16;   // of x and W: kBF16 or kF16
   DType output_dtype = DType::kBF16;  // input_dtype or kF32
   // The MLP's activation as the epilogue: W is the fused [gate; up] projection (rows [0, n/2) the
-  // gate, [n/2, n) the up rows), and y[m, n/2] = silu(gate) * up, each product rounded to the
-  // input type first as a separate SiLU-and-mul kernel (activation.h) would see it. y_stride
-  // then counts n/2 columns; the output type must be the input type.
+  // gate, [n/2, n) the up rows), and y[m, n/2] = act(gate) * up (act: `activation`), each
+  // product rounded to the input type first as a separate SiLU-and-mul kernel (activation.h)
+  // would see it. y_stride then counts n/2 columns; the output type must be the input type.
   bool silu_and_mul = false;
+  GateActivation activation = GateActivation::kSilu;  // act() of the epilogue, with silu_and_mul
   // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
   // has read its share of W (late), or right after the wait, as most kernels do.
   bool late_dependents = true;

@@ -480,6 +480,19 @@ TEST(ServerE2eTest, BadRequestsGetTheirCodes) {
     EXPECT_EQ(stub->Chat(&context, request, &response).error_code(), C::FAILED_PRECONDITION);
   }
   {
+    // A reserved template variable is the request's error, found before the (missing) template.
+    grpc::ClientContext context;
+    v1::ChatRequest request;
+    v1::ChatMessage* message = request.add_messages();
+    message->set_role("user");
+    message->set_content("hello");
+    (*request.mutable_chat_template_kwargs()->mutable_fields())["messages"].set_bool_value(true);
+    v1::CompleteResponse response;
+    const grpc::Status status = stub->Chat(&context, request, &response);
+    EXPECT_EQ(status.error_code(), C::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("chat_template_kwargs.messages"));
+  }
+  {
     grpc::ClientContext context;
     v1::TokenizeRequest request;
     request.set_text("\xFF");
@@ -781,6 +794,17 @@ TEST(ServerE2eTest, CliStreamsAndReportsErrors) {
       Shell(StrCat(cli, " complete --addr ", server->address(), " --ids 1,2 --max-tokens 0 2>&1"));
   EXPECT_EQ(bad_code, 1);
   EXPECT_THAT(bad_out, HasSubstr("INVALID_ARGUMENT: sampling.max_tokens"));
+  // chat_template_kwargs: a JSON object, checked by the server (this model has no chat template,
+  // but a reserved name is refused first).
+  const auto [kwargs_code, kwargs_out] =
+      Shell(StrCat(cli, " chat --addr ", server->address(),
+                   " --chat-template-kwargs '{\"bos_token\": \"x\"}' hi 2>&1"));
+  EXPECT_EQ(kwargs_code, 1);
+  EXPECT_THAT(kwargs_out, HasSubstr("INVALID_ARGUMENT: chat_template_kwargs.bos_token"));
+  const auto [usage_code, usage_out] = Shell(
+      StrCat(cli, " chat --addr ", server->address(), " --chat-template-kwargs '[1]' hi 2>&1"));
+  EXPECT_EQ(usage_code, 2);
+  EXPECT_THAT(usage_out, HasSubstr("--chat-template-kwargs: not a JSON object"));
 }
 
 }  // namespace

@@ -144,12 +144,14 @@ TEST(FusedAddRmsNormTest, UpdatesResidualAndNormalizes) {
   EXPECT_THAT(aliased.Validate().message(), HasSubstr("alias"));
 }
 
-// Rotary in double: pairs (a, b) of `layout`, angle position * inv_freq[k].
+// Rotary in double: pairs (a, b) of `layout` among the first rotary_dim dims (0: head_dim), angle
+// position * inv_freq[k], cos and sin times attention_factor; the other dims unchanged.
 std::vector<double> RotaryReference(const std::vector<float>& x, const std::vector<int32_t>& pos,
                                     const std::vector<double>& inv_freq, int64_t heads,
-                                    int64_t head_dim, RotaryLayout layout) {
+                                    int64_t head_dim, RotaryLayout layout, int64_t rotary_dim = 0,
+                                    double attention_factor = 1.0) {
   std::vector<double> out(x.begin(), x.end());
-  const int64_t half = head_dim / 2;
+  const int64_t half = (rotary_dim != 0 ? rotary_dim : head_dim) / 2;
   for (size_t t = 0; t < pos.size(); ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       double* head = out.data() + (t * heads + h) * head_dim;
@@ -157,9 +159,10 @@ std::vector<double> RotaryReference(const std::vector<float>& x, const std::vect
         const int64_t ia = layout == RotaryLayout::kHalfSplit ? k : 2 * k;
         const int64_t ib = layout == RotaryLayout::kHalfSplit ? k + half : 2 * k + 1;
         const double angle = pos[t] * inv_freq[k];
+        const double c = std::cos(angle) * attention_factor, s = std::sin(angle) * attention_factor;
         const double a = head[ia], b = head[ib];
-        head[ia] = a * std::cos(angle) - b * std::sin(angle);
-        head[ib] = a * std::sin(angle) + b * std::cos(angle);
+        head[ia] = a * c - b * s;
+        head[ib] = a * s + b * c;
       }
     }
   }
@@ -262,6 +265,102 @@ TEST(RotaryTest, StridedRowsLeaveTheRestUntouched) {
       << "position 0 must be the identity";
 }
 
+// Partial rotary (Phi-3's partial_rotary_factor, GPT-NeoX's rotary_pct) with longrope's
+// attention factor: the first rotary_dim dims rotate in pairs of either layout, cos and sin scaled;
+// the rest pass through untouched.
+TEST(RotaryTest, PartialRotaryWithAttentionFactorMatchesReferenceInBothLayouts) {
+  const std::vector<int32_t> positions = {0, 1, 15, 16, 17, 97, 4095, 131071};
+  const int64_t tokens = static_cast<int64_t>(positions.size());
+  struct Dims {
+    int64_t head_dim, rotary_dim;
+  };
+  for (Dims dims : {Dims{32, 16}, Dims{64, 32}, Dims{80, 24}, Dims{96, 2}, Dims{128, 64},
+                    Dims{128, 128}}) {
+    for (RotaryLayout layout : {RotaryLayout::kHalfSplit, RotaryLayout::kInterleaved}) {
+      for (double factor : {1.0, 1.1902380714238083}) {
+        const int64_t heads = 4, kv_heads = 2;
+        const std::vector<double> inv_freq = InvFreq(dims.rotary_dim, 10000.0);
+        auto q = RandomVector(tokens * heads * dims.head_dim, 8);
+        auto k = RandomVector(tokens * kv_heads * dims.head_dim, 9);
+        const auto q_in = q, k_in = k;
+        const auto q_expected = RotaryReference(q, positions, inv_freq, heads, dims.head_dim,
+                                                layout, dims.rotary_dim, factor);
+        const auto k_expected = RotaryReference(k, positions, inv_freq, kv_heads, dims.head_dim,
+                                                layout, dims.rotary_dim, factor);
+        RotaryParams p{.query = q.data(),
+                       .key = k.data(),
+                       .positions = positions.data(),
+                       .inv_freq = inv_freq.data(),
+                       .num_tokens = tokens,
+                       .num_heads = heads,
+                       .num_kv_heads = kv_heads,
+                       .head_dim = dims.head_dim,
+                       .rotary_dim = dims.rotary_dim,
+                       .attention_factor = factor,
+                       .layout = layout};
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        ApplyRotary(p);
+        const std::string what = "head_dim " + std::to_string(dims.head_dim) + " rotary_dim " +
+                                 std::to_string(dims.rotary_dim) + " factor " +
+                                 std::to_string(factor);
+        ExpectNear(q, q_expected, 3e-6, 3e-6, what);
+        ExpectNear(k, k_expected, 3e-6, 3e-6, what);
+        for (int64_t row = 0; row < tokens * heads; ++row) {
+          for (int64_t d = dims.rotary_dim; d < dims.head_dim; ++d) {
+            ASSERT_EQ(q[row * dims.head_dim + d], q_in[row * dims.head_dim + d]) << what;
+          }
+        }
+        for (int64_t row = 0; row < tokens * kv_heads; ++row) {
+          for (int64_t d = dims.rotary_dim; d < dims.head_dim; ++d) {
+            ASSERT_EQ(k[row * dims.head_dim + d], k_in[row * dims.head_dim + d]) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// rotary_dim = head_dim and attention factor 1 are the defaults, bit for bit.
+TEST(RotaryTest, FullRotaryDimAndUnitFactorAreTheDefaults) {
+  const int64_t head_dim = 64, heads = 3, tokens = 9;
+  std::vector<int32_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t * 517);
+  const std::vector<double> inv_freq = InvFreq(head_dim, 10000.0);
+  auto a = RandomVector(tokens * heads * head_dim, 14), b = a;
+  RotaryParams p{.query = a.data(),
+                 .positions = positions.data(),
+                 .inv_freq = inv_freq.data(),
+                 .num_tokens = tokens,
+                 .num_heads = heads,
+                 .head_dim = head_dim};
+  ApplyRotary(p);
+  p.query = b.data();
+  p.rotary_dim = head_dim;
+  p.attention_factor = 1.0;
+  ApplyRotary(p);
+  EXPECT_EQ(a, b);
+}
+
+TEST(RotaryTest, ValidateRejectsBadRotaryDimAndFactor) {
+  std::vector<float> q(64);
+  std::vector<double> f(16);
+  std::vector<int32_t> pos = {3};
+  RotaryParams p{.query = q.data(),
+                 .positions = pos.data(),
+                 .inv_freq = f.data(),
+                 .num_tokens = 1,
+                 .num_heads = 1,
+                 .head_dim = 32,
+                 .rotary_dim = 34};
+  EXPECT_THAT(p.Validate().message(), HasSubstr("rotary_dim 34"));
+  p.rotary_dim = 15;
+  EXPECT_THAT(p.Validate().message(), HasSubstr("rotary_dim 15"));
+  p.rotary_dim = 16;
+  EXPECT_TRUE(p.Validate().ok());
+  p.attention_factor = 0;
+  EXPECT_THAT(p.Validate().message(), HasSubstr("attention_factor"));
+}
+
 TEST(RotaryTest, ValidateRejectsOddHeadDimAndNegativePositions) {
   std::vector<float> q(64);
   std::vector<double> f(16);
@@ -295,6 +394,106 @@ TEST(SiluAndMulTest, MatchesDoubleReference) {
     }
     ExpectNear(out, expected, 1e-6, 1e-6, "silu");
   }
+}
+
+// GeGLU (Gemma): gelu_tanh(gate) * up, PyTorch's gelu(approximate="tanh") in double.
+TEST(SiluAndMulTest, GeluTanhMatchesDoubleReference) {
+  for (int64_t inter : {1, 15, 16, 17, 97, 1536}) {
+    const int64_t tokens = 3;
+    auto gate_up = RandomVector(tokens * 2 * inter, 13, 4.0f);
+    gate_up[0] = 0.0f;  // and the far tails, where tanh saturates
+    if (inter > 2) gate_up[1] = -30.0f, gate_up[2] = 30.0f;
+    std::vector<float> out(static_cast<size_t>(tokens * inter), kPoison);
+    const SiluAndMulParams p{.gate_up = gate_up.data(),
+                             .output = out.data(),
+                             .num_tokens = tokens,
+                             .intermediate_size = inter,
+                             .activation = GateActivation::kGeluTanh};
+    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+    SiluAndMul(p);
+    std::vector<double> expected(out.size());
+    const double beta = std::sqrt(2.0 / M_PI);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < inter; ++i) {
+        const double g = gate_up[t * 2 * inter + i], u = gate_up[t * 2 * inter + inter + i];
+        expected[t * inter + i] = 0.5 * g * (1 + std::tanh(beta * (g + 0.044715 * g * g * g))) * u;
+      }
+    }
+    ExpectNear(out, expected, 1e-6, 2e-6, "gelu_tanh");
+  }
+}
+
+TEST(SiluAndMulTest, ValidateRejectsUnknownActivation) {
+  std::vector<float> buf(4);
+  const SiluAndMulParams p{.gate_up = buf.data(),
+                           .output = buf.data(),
+                           .num_tokens = 1,
+                           .intermediate_size = 2,
+                           .activation = static_cast<GateActivation>(7)};
+  EXPECT_THAT(p.Validate().message(), HasSubstr("activation 7"));
+}
+
+// Gemma 2's final_logit_softcapping: cap * tanh(x / cap), in place.
+TEST(SoftcapTest, MatchesDoubleReference) {
+  for (float cap : {30.0f, 50.0f, 1.0f}) {
+    auto data = RandomVector(1003, 15, 40.0f);
+    data[0] = 0.0f, data[1] = 1e6f, data[2] = -1e6f;
+    std::vector<double> expected(data.size());
+    for (size_t i = 0; i < data.size(); ++i) {
+      expected[i] = double{cap} * std::tanh(double{data[i]} / cap);
+    }
+    Softcap(data.data(), static_cast<int64_t>(data.size()), cap);
+    ExpectNear(data, expected, 1e-6, 2e-6, "softcap " + std::to_string(cap));
+    EXPECT_EQ(data[0], 0.0f);
+    EXPECT_EQ(data[1], cap);
+    EXPECT_EQ(data[2], -cap);
+  }
+  Softcap(nullptr, 0, 30.0f);  // nothing to do
+}
+
+std::vector<double> HeadRmsNormReference(const std::vector<float>& x, const std::vector<float>& w,
+                                         int64_t tokens, int64_t heads, int64_t head_dim,
+                                         int64_t stride, double eps) {
+  std::vector<double> out(x.begin(), x.end());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = t * stride + h * head_dim;
+      double sum = 0;
+      for (int64_t i = 0; i < head_dim; ++i) sum += double{x[base + i]} * x[base + i];
+      const double inv = 1.0 / std::sqrt(sum / head_dim + eps);
+      for (int64_t i = 0; i < head_dim; ++i) out[base + i] = x[base + i] * inv * w[i];
+    }
+  }
+  return out;
+}
+
+// Qwen3's q_norm / k_norm: every head of every token normed on its own, in place inside a strided
+// fused row; the dims outside the heads untouched.
+TEST(HeadRmsNormTest, NormsEveryHeadInPlace) {
+  for (int64_t head_dim : {32, 64, 80, 128, 256}) {
+    const int64_t tokens = 17, heads = 3, stride = 7 * head_dim + 8;
+    auto x = RandomVector(tokens * stride, 16, 3.0f);
+    const auto w = RandomVector(head_dim, 17);
+    const auto expected = HeadRmsNormReference(x, w, tokens, heads, head_dim, stride, 1e-6);
+    const HeadRmsNormParams p{.data = x.data(),
+                              .weight = w.data(),
+                              .num_tokens = tokens,
+                              .num_heads = heads,
+                              .head_dim = head_dim,
+                              .stride = stride,
+                              .epsilon = 1e-6};
+    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+    HeadRmsNorm(p);
+    ExpectNear(x, expected, 1e-6, 2e-6, "head_dim " + std::to_string(head_dim));
+  }
+  std::vector<float> buf(64);
+  HeadRmsNormParams bad{.data = buf.data(),
+                        .weight = buf.data(),
+                        .num_tokens = 1,
+                        .num_heads = 2,
+                        .head_dim = 32,
+                        .stride = 48};
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("stride 48"));
 }
 
 TEST(EmbeddingTest, GathersRowsAndRejectsOutOfRangeIds) {

@@ -1,8 +1,11 @@
 // CPU twins added for the CUDA kernels: Philox (Random123 known-answer vectors), the sampler's
-// definition, and the rotary cos/sin table the GPU QKV post-processing reads.
+// definition, the rotary cos/sin table the GPU QKV post-processing reads, and the QKV
+// post-processing itself (bias, per-head q/k RMSNorm, partial rotary, cache write) against a naive
+// reference.
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -235,6 +238,190 @@ TEST(RotaryTableTest, RotatingWithTheTableMatchesApplyRotary) {
       EXPECT_EQ(a * row[head_dim / 2 + k] + b * row[k], expected[t * head_dim + k + head_dim / 2]);
     }
   }
+}
+
+// The table with partial rotary and an attention factor: rows rotary_dim wide, cos and sin scaled
+// in double before rounding, exactly as ApplyRotary rotates.
+TEST(RotaryTableTest, PartialRotaryWithAttentionFactorMatchesApplyRotary) {
+  const int64_t head_dim = 96, rotary_dim = 32, tokens = 4;
+  const double factor = 1.1902380714238083;
+  std::vector<double> inv_freq(rotary_dim / 2);
+  for (int64_t i = 0; i < rotary_dim / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / rotary_dim);
+  const std::vector<float> table = RotaryCosSinTable(inv_freq.data(), rotary_dim, 5000, factor);
+  ASSERT_EQ(table.size(), static_cast<size_t>(5000 * rotary_dim));
+  std::vector<float> q = Logits(tokens * head_dim, 4, 1.0f), expected = q;
+  std::vector<int32_t> positions = {0, 3, 4097, 4999};
+  RotaryParams rotary;
+  rotary.query = expected.data();
+  rotary.positions = positions.data();
+  rotary.inv_freq = inv_freq.data();
+  rotary.num_tokens = tokens;
+  rotary.num_heads = 1;
+  rotary.head_dim = head_dim;
+  rotary.rotary_dim = rotary_dim;
+  rotary.attention_factor = factor;
+  ApplyRotary(rotary);
+  const int64_t half = rotary_dim / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* row = table.data() + positions[t] * rotary_dim;
+    EXPECT_EQ(row[0], static_cast<float>(std::cos(positions[t] * inv_freq[0]) * factor));
+    for (int64_t k = 0; k < half; ++k) {
+      const float a = q[t * head_dim + k], b = q[t * head_dim + k + half];
+      EXPECT_EQ(a * row[k] - b * row[half + k], expected[t * head_dim + k]);
+      EXPECT_EQ(a * row[half + k] + b * row[k], expected[t * head_dim + k + half]);
+    }
+    for (int64_t d = rotary_dim; d < head_dim; ++d) {
+      EXPECT_EQ(q[t * head_dim + d], expected[t * head_dim + d]);
+    }
+  }
+}
+
+// QKV post-processing written out the naive way in double: bias, then each query and key head
+// RMS-normed and weighted, then the first rotary_dim dims rotated (cos and sin scaled), then Q out
+// and K, V into the slots.
+struct QkvCase {
+  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  RotaryLayout layout = RotaryLayout::kHalfSplit;
+  double factor = 1.0;
+  bool bias = false, norm = false;
+};
+
+TEST(QkvPostProcessTest, BiasNormAndPartialRotaryMatchNaiveReference) {
+  const int64_t block_size = 16;
+  const float eps = 1e-6f;
+  std::vector<QkvCase> cases;
+  for (RotaryLayout layout : {RotaryLayout::kHalfSplit, RotaryLayout::kInterleaved}) {
+    cases.push_back({17, 4, 2, 64, 0, layout, 1.0, true, true});      // Qwen3-like with a bias
+    cases.push_back({5, 8, 1, 128, 64, layout, 1.0, false, true});    // norm, partial rotary
+    cases.push_back({9, 3, 3, 96, 32, layout, 1.19, true, false});    // Phi-3 longrope-like
+    cases.push_back({3, 2, 1, 256, 256, layout, 1.0, false, true});   // Gemma 3's head dim
+    cases.push_back({4, 2, 2, 80, 16, layout, 0.9, true, true});      // everything at once
+  }
+  for (const QkvCase& k : cases) {
+    const std::string what = "head_dim " + std::to_string(k.head_dim) + " rotary_dim " +
+                             std::to_string(k.rotary_dim) + " layout " +
+                             std::to_string(static_cast<int>(k.layout)) + " bias " +
+                             std::to_string(k.bias) + " norm " + std::to_string(k.norm);
+    const int64_t hd = k.head_dim, rd = k.rotary_dim != 0 ? k.rotary_dim : hd;
+    const int64_t q_width = k.heads * hd, kv_width = k.kv_heads * hd;
+    const int64_t row = q_width + 2 * kv_width, stride = row + 8;
+    const std::vector<float> qkv = Logits(k.tokens * stride, 21, 2.0f);
+    const std::vector<float> bias = Logits(row, 22, 0.5f);
+    const std::vector<float> q_norm = Logits(hd, 23, 1.0f), k_norm = Logits(hd, 24, 1.0f);
+    std::vector<double> inv_freq(rd / 2);
+    for (int64_t i = 0; i < rd / 2; ++i) inv_freq[i] = std::pow(1e6, -2.0 * i / rd);
+    std::vector<int32_t> positions(k.tokens);
+    std::vector<int64_t> slots(k.tokens);
+    for (int64_t t = 0; t < k.tokens; ++t) {
+      positions[t] = static_cast<int32_t>(t * 37 + 3);
+      slots[t] = t == 1 ? -1 : (k.tokens - 1 - t) * 3 + 1;  // token 1: padding, no write
+    }
+    const int64_t num_blocks = (3 * k.tokens + block_size) / block_size + 1;
+    const int64_t cache_size = num_blocks * block_size * kv_width;
+    std::vector<float> query_out(static_cast<size_t>(k.tokens * q_width), NAN);
+    std::vector<float> key_cache(static_cast<size_t>(cache_size), -7.0f), value_cache = key_cache;
+    const QkvPostProcessParams p{.qkv = qkv.data(),
+                                 .bias = k.bias ? bias.data() : nullptr,
+                                 .positions = positions.data(),
+                                 .inv_freq = inv_freq.data(),
+                                 .q_norm = k.norm ? q_norm.data() : nullptr,
+                                 .k_norm = k.norm ? k_norm.data() : nullptr,
+                                 .slot_mapping = slots.data(),
+                                 .query_out = query_out.data(),
+                                 .key_cache = key_cache.data(),
+                                 .value_cache = value_cache.data(),
+                                 .num_tokens = k.tokens,
+                                 .num_heads = k.heads,
+                                 .num_kv_heads = k.kv_heads,
+                                 .head_dim = hd,
+                                 .rotary_dim = k.rotary_dim,
+                                 .block_size = block_size,
+                                 .num_blocks = num_blocks,
+                                 .qkv_stride = stride,
+                                 .layout = k.layout,
+                                 .attention_factor = k.factor,
+                                 .norm_epsilon = eps};
+    ASSERT_TRUE(p.Validate().ok()) << what << ": " << p.Validate();
+    QkvPostProcess(p);
+
+    for (int64_t t = 0; t < k.tokens; ++t) {
+      std::vector<double> x(static_cast<size_t>(row));
+      for (int64_t i = 0; i < row; ++i) x[i] = double{qkv[t * stride + i]} + (k.bias ? bias[i] : 0.0);
+      for (int64_t h = 0; h < k.heads + 2 * k.kv_heads; ++h) {
+        double* head = x.data() + h * hd;
+        const bool is_query = h < k.heads, is_key = !is_query && h < k.heads + k.kv_heads;
+        if (!is_query && !is_key) continue;
+        if (k.norm) {
+          // As the kernel: the fp32-rounded sum (bias added in fp32), normed in double.
+          double sum = 0;
+          for (int64_t d = 0; d < hd; ++d) {
+            head[d] = static_cast<float>(head[d]);
+            sum += head[d] * head[d];
+          }
+          const double inv = 1.0 / std::sqrt(sum / hd + eps);
+          const std::vector<float>& w = is_query ? q_norm : k_norm;
+          for (int64_t d = 0; d < hd; ++d) head[d] *= inv * w[d];
+        }
+        for (int64_t i = 0; i < rd / 2; ++i) {
+          const int64_t ia = k.layout == RotaryLayout::kHalfSplit ? i : 2 * i;
+          const int64_t ib = k.layout == RotaryLayout::kHalfSplit ? i + rd / 2 : 2 * i + 1;
+          const double angle = positions[t] * inv_freq[i];
+          const double c = std::cos(angle) * k.factor, s = std::sin(angle) * k.factor;
+          const double a = head[ia], b = head[ib];
+          head[ia] = a * c - b * s;
+          head[ib] = a * s + b * c;
+        }
+      }
+      for (int64_t i = 0; i < q_width; ++i) {
+        ASSERT_NEAR(query_out[t * q_width + i], x[i], 1e-5 + 1e-5 * std::abs(x[i]))
+            << what << ": token " << t << " query element " << i;
+      }
+      for (int64_t i = 0; i < kv_width; ++i) {
+        if (slots[t] < 0) continue;
+        const float key = key_cache[slots[t] * kv_width + i];
+        const float value = value_cache[slots[t] * kv_width + i];
+        ASSERT_NEAR(key, x[q_width + i], 1e-5 + 1e-5 * std::abs(x[q_width + i]))
+            << what << ": token " << t << " key element " << i;
+        ASSERT_NEAR(value, x[q_width + kv_width + i], 1e-6 + 1e-6 * std::abs(x[q_width + kv_width + i]))
+            << what << ": token " << t << " value element " << i;
+      }
+    }
+    // Slots nobody wrote keep their contents.
+    int64_t untouched = 0;
+    for (float v : key_cache) untouched += v == -7.0f;
+    EXPECT_EQ(untouched, cache_size - (k.tokens - 1) * kv_width) << what;
+  }
+}
+
+TEST(QkvPostProcessTest, ValidateRejectsHalfANormAndBadRotaryDim) {
+  std::vector<float> qkv(3 * 32), out(32), cache(16 * 32), w(32);
+  std::vector<int32_t> pos = {0};
+  std::vector<int64_t> slot = {0};
+  QkvPostProcessParams p{.qkv = qkv.data(),
+                         .positions = pos.data(),
+                         .slot_mapping = slot.data(),
+                         .query_out = out.data(),
+                         .key_cache = cache.data(),
+                         .value_cache = cache.data(),
+                         .num_tokens = 1,
+                         .num_heads = 1,
+                         .num_kv_heads = 1,
+                         .head_dim = 32,
+                         .block_size = 16,
+                         .num_blocks = 1};
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  p.q_norm = w.data();
+  EXPECT_FALSE(p.Validate().ok());
+  p.k_norm = w.data();
+  EXPECT_TRUE(p.Validate().ok());
+  p.rotary_dim = 33;
+  EXPECT_FALSE(p.Validate().ok());
+  p.rotary_dim = 64;
+  EXPECT_FALSE(p.Validate().ok());
+  p.rotary_dim = 16;
+  EXPECT_TRUE(p.Validate().ok());
+  p.attention_factor = -1;
+  EXPECT_FALSE(p.Validate().ok());
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // Paged decode and prefill attention on the GPU against the CPU twin
 // (kernels/cpu/paged_attention.h) over the same bf16/fp16-rounded inputs, at awkward lengths, every
 // head dim and GQA ratios 1, 4, 8; and the fp32 attention of the runner's float32 mode
-// (PagedAttentionF32) over fp32 inputs.
+// (PagedAttentionF32) over fp32 inputs. Each with sliding windows (the blocks that left every
+// query's window freed: -1 in the table, NaN in the cache, and a NaN block just before the cache
+// where block -1 would be) and score soft-caps.
 
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -38,13 +41,22 @@ struct PagedBatch {
   DType dtype;
   int64_t num_heads, num_kv_heads, head_dim, num_blocks = 0;
   int64_t block_size = kBlockSize;  // tokens per cache block
+  int32_t window = 0;               // the attention's sliding window; 0: none
+  float softcap = 0;                // the attention's score soft-cap; 0: none
   std::vector<int32_t> query_start{0}, context_lens, table_start{0}, table_ids;
+  // A guard block of NaN, then the cache ([num_blocks, block_size, kv heads, head_dim]).
   std::vector<float> query, key_cache, value_cache;
   DeviceBuffer<uint8_t> d_query, d_key, d_value;
   DeviceBuffer<int32_t> d_query_start, d_context_lens, d_table_start, d_table_ids;
 
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
   int64_t num_tokens() const { return query_start.back(); }
+  int64_t guard() const { return block_size * num_kv_heads * head_dim; }  // elements
+  // The caches past their guard block, on the device.
+  const void* device_key() const { return d_key.get() + guard() * testing::ElementBytes(dtype); }
+  const void* device_value() const {
+    return d_value.get() + guard() * testing::ElementBytes(dtype);
+  }
 };
 
 // Builds a batch of (query_len, context_len) sequences with shuffled, distinct cache blocks.
@@ -66,8 +78,10 @@ void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& s
   }
   const int64_t kv_elements = b.num_blocks * bs * b.num_kv_heads * b.head_dim;
   b.query = RandomFloats(b.num_tokens() * b.num_heads * b.head_dim, rng);
-  b.key_cache = RandomFloats(kv_elements, rng);
-  b.value_cache = RandomFloats(kv_elements, rng);
+  b.key_cache = RandomFloats(b.guard() + kv_elements, rng);
+  b.value_cache = RandomFloats(b.guard() + kv_elements, rng);
+  std::fill_n(b.key_cache.begin(), b.guard(), NAN);
+  std::fill_n(b.value_cache.begin(), b.guard(), NAN);
   b.d_query = testing::Upload(b.query, b.dtype);
   b.d_key = testing::Upload(b.key_cache, b.dtype);
   b.d_value = testing::Upload(b.value_cache, b.dtype);
@@ -75,6 +89,31 @@ void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& s
   b.d_context_lens = DeviceBuffer<int32_t>(b.context_lens);
   b.d_table_start = DeviceBuffer<int32_t>(b.table_start);
   b.d_table_ids = DeviceBuffer<int32_t>(b.table_ids);
+}
+
+// Frees the blocks that lie wholly before the window of every query token of their sequence, as
+// the engine does: table entry -1, contents NaN (a block the pool gave to another sequence).
+// Returns how many were freed.
+int64_t FreeBlocksBeforeWindow(PagedBatch& b) {
+  if (b.window <= 0) return 0;
+  const int64_t row = b.num_kv_heads * b.head_dim;
+  int64_t freed = 0;
+  for (int64_t i = 0; i < b.num_seqs(); ++i) {
+    const int64_t first_query = b.context_lens[i] - (b.query_start[i + 1] - b.query_start[i]);
+    const int64_t first_visible = std::max<int64_t>(0, first_query - b.window + 1);
+    for (int64_t j = 0; (j + 1) * b.block_size <= first_visible; ++j) {
+      int32_t& id = b.table_ids[b.table_start[i] + j];
+      const int64_t begin = b.guard() + id * b.block_size * row;
+      std::fill_n(b.key_cache.begin() + begin, b.block_size * row, NAN);
+      std::fill_n(b.value_cache.begin() + begin, b.block_size * row, NAN);
+      id = -1;
+      ++freed;
+    }
+  }
+  b.d_key = testing::Upload(b.key_cache, b.dtype);
+  b.d_value = testing::Upload(b.value_cache, b.dtype);
+  b.d_table_ids = DeviceBuffer<int32_t>(b.table_ids);
+  return freed;
 }
 
 std::vector<float> CpuAttention(const PagedBatch& b) {
@@ -85,8 +124,8 @@ std::vector<float> CpuAttention(const PagedBatch& b) {
       max_context, b.num_heads, b.num_kv_heads, threads));
   kernels::PagedAttentionParams p;
   p.query = b.query.data();
-  p.key_cache = b.key_cache.data();
-  p.value_cache = b.value_cache.data();
+  p.key_cache = b.key_cache.data() + b.guard();
+  p.value_cache = b.value_cache.data() + b.guard();
   p.query_start = b.query_start.data();
   p.context_lens = b.context_lens.data();
   p.block_table_start = b.table_start.data();
@@ -102,6 +141,8 @@ std::vector<float> CpuAttention(const PagedBatch& b) {
   p.num_blocks = b.num_blocks;
   p.max_context_len = max_context;
   p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  p.window = b.window;
+  p.softcap = b.softcap;
   p.num_threads = threads;
   kernels::PagedAttention(p);
   return out;
@@ -112,8 +153,8 @@ template <typename Params>
 Params PagedParams(const PagedBatch& b, void* output) {
   Params p;
   p.query = b.d_query.get();
-  p.key_cache = b.d_key.get();
-  p.value_cache = b.d_value.get();
+  p.key_cache = b.device_key();
+  p.value_cache = b.device_value();
   p.context_lens = b.d_context_lens.get();
   p.block_table_start = b.d_table_start.get();
   p.block_table_ids = b.d_table_ids.get();
@@ -125,6 +166,8 @@ Params PagedParams(const PagedBatch& b, void* output) {
   p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
   p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  p.window = b.window;
+  p.softcap = b.softcap;
   p.dtype = b.dtype;
   return p;
 }
@@ -139,24 +182,46 @@ DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* work
 
 constexpr int32_t kLengths[] = {1, 15, 16, 17, 97, 4099};
 
+// A sliding window and a score soft-cap for a case (0: none), and whether the blocks that left
+// every query's window are freed.
+struct Masking {
+  int32_t window = 0;
+  float softcap = 0;
+  bool free_blocks = false;
+};
+
+std::ostream& operator<<(std::ostream& os, const Masking& m) {
+  return os << "window " << m.window << " softcap " << m.softcap
+            << (m.free_blocks ? " (blocks before the window freed)" : "");
+}
+
+// Sets b's window and soft-cap, then frees the blocks before the window if asked.
+void ApplyMasking(PagedBatch& b, const Masking& masking) {
+  b.window = masking.window;
+  b.softcap = masking.softcap;
+  if (masking.free_blocks) FreeBlocksBeforeWindow(b);
+}
+
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
-                   int64_t head_dim, int64_t block_size = kBlockSize) {
+                   int64_t head_dim, int64_t block_size = kBlockSize,
+                   const Masking& masking = {}) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
                                     << num_kv_heads << " group " << group << " head_dim "
-                                    << head_dim << " block size " << block_size << " seed "
-                                    << seed);
+                                    << head_dim << " block size " << block_size << " " << masking
+                                    << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   b.block_size = block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;
   for (int64_t i = 0; i < batch; ++i) seqs.push_back({1, kLengths[(i + 5) % 6]});
   BuildBatch(b, seqs, rng);
+  ApplyMasking(b, masking);
   const std::vector<float> ref = CpuAttention(b);
 
   const int chosen =
       DecodeAttentionParams::ChooseMaxSplits(batch, b.num_heads, num_kv_heads, head_dim, dtype);
-  for (int max_splits : {1, 7, chosen}) {
+  for (int max_splits : {1, 7, chosen, kDecodeMaxSplits}) {
     SCOPED_TRACE(::testing::Message() << "max_splits " << max_splits);
     DeviceBuffer<uint16_t> d_out(ref.size());
     DeviceBuffer<uint8_t> d_ws(std::max<int64_t>(
@@ -197,6 +262,25 @@ TEST(DecodeAttentionGpuTest, SmallFp16MqaAndOddGroups) {
   RunDecodeCase(DType::kBF16, 3, 1, 20, 64);     // 16 + 4: two blocks per KV head
   RunDecodeCase(DType::kBF16, 17, 2, 3, 64);    // group 3 in a tile of 4
   RunDecodeCase(DType::kBF16, 5, 1, 12, 80);    // 12 of 16 rows
+}
+
+// Sliding windows from 1 key to longer than every context, smaller and larger than a cache block
+// and a split, with the blocks before them freed; soft-caps alone and with a window; splits from 1
+// to kDecodeMaxSplits (the splits divide the window's keys); every head dim.
+TEST(DecodeAttentionGpuTest, SlidingWindowAndSoftcap) {
+  LMSERVE_REQUIRE_GPU();
+  for (int32_t window : {1, 5, 16, 17, 64, 100, 1000, 5000}) {
+    const Masking masking{window, 0.0f, window < 4099};
+    RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, masking);
+    RunDecodeCase(DType::kBF16, 6, 1, 8, 64, 5, masking);
+  }
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
+    RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {100, 0.0f, true});
+    RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {0, 50.0f, false});
+    RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {37, 5.0f, true});
+  }
+  RunDecodeCase(DType::kF16, 17, 2, 4, 128, 24, {1000, 30.0f, true});
+  RunDecodeCase(DType::kBF16, 64, 8, 1, 128, kBlockSize, {4096, 0.0f, true});  // many blocks
 }
 
 // One captured launch serves any lengths: captures `launch`, then replays the graph after changing
@@ -259,14 +343,17 @@ Params RaggedParams(const PagedBatch& b, void* output) {
 }
 
 void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t head_dim,
-                    const std::vector<std::pair<int32_t, int32_t>>& seqs) {
+                    const std::vector<std::pair<int32_t, int32_t>>& seqs,
+                    const Masking& masking = {}) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " kv heads " << num_kv_heads
                                     << " group " << group << " head_dim " << head_dim
-                                    << " seqs " << seqs.size() << " seed " << seed);
+                                    << " seqs " << seqs.size() << " " << masking << " seed "
+                                    << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   BuildBatch(b, seqs, rng);
+  ApplyMasking(b, masking);
   const std::vector<float> ref = CpuAttention(b);
   DeviceBuffer<uint16_t> d_out(ref.size());
   DeviceBuffer<uint8_t> d_ws(PrefillAttentionParams::WorkspaceBytes(b.num_seqs()));
@@ -305,6 +392,25 @@ TEST(PrefillAttentionGpuTest, SmallFp16) {
   RunPrefillCase(DType::kF16, 1, 8, 96, {{17, 17}, {1, 33}});
 }
 
+// Sliding windows (shorter and longer than a key tile, a query tile and a cache block) over
+// ragged batches with cached prefixes and chunks, the blocks before every query's window freed;
+// soft-caps alone and with a window; every head dim, and GQA.
+TEST(PrefillAttentionGpuTest, SlidingWindowAndSoftcap) {
+  LMSERVE_REQUIRE_GPU();
+  for (int32_t window : {1, 7, 16, 33, 64, 100, 129, 4096}) {
+    RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch, {window, 0.0f, true});
+    RunPrefillCase(DType::kBF16, 2, 1, 64, kMixedBatch, {window, 0.0f, false});
+  }
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
+    RunPrefillCase(DType::kBF16, 2, 4, head_dim, kMixedBatch, {50, 0.0f, true});
+    RunPrefillCase(DType::kBF16, 2, 4, head_dim, kMixedBatch, {0, 50.0f, false});
+    RunPrefillCase(DType::kBF16, 2, 4, head_dim, kMixedBatch, {19, 5.0f, true});
+  }
+  RunPrefillCase(DType::kF16, 2, 4, 128, kMixedBatch, {300, 30.0f, true});
+  RunPrefillCase(DType::kBF16, 2, 4, 128, {{4099, 4099}, {15, 15}, {1, 97}, {512, 4000}},
+                 {1024, 0.0f, true});
+}
+
 TEST(PrefillAttentionGpuTest, LongPrefill) {
   LMSERVE_REQUIRE_GPU();
   RunPrefillCase(DType::kBF16, 2, 4, 128, {{4099, 4099}, {15, 15}, {1, 97}});
@@ -325,14 +431,16 @@ TEST(PrefillAttentionGpuTest, LongPrefill) {
 constexpr double kF32AttentionTolerance = 1e-5;
 
 void RunF32Case(int64_t num_kv_heads, int64_t group, int64_t head_dim,
-                const std::vector<std::pair<int32_t, int32_t>>& seqs) {
+                const std::vector<std::pair<int32_t, int32_t>>& seqs,
+                const Masking& masking = {}) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message()
                << "f32 kv heads " << num_kv_heads << " group " << group << " head_dim " << head_dim
-               << " seqs " << seqs.size() << " seed " << seed);
+               << " seqs " << seqs.size() << " " << masking << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{DType::kF32, num_kv_heads * group, num_kv_heads, head_dim};
   BuildBatch(b, seqs, rng);
+  ApplyMasking(b, masking);
   const std::vector<float> ref = CpuAttention(b);
   DeviceBuffer<float> d_out(ref.size());
   d_out.Poison();
@@ -369,6 +477,22 @@ TEST(PagedAttentionF32GpuTest, DecodeBatches) {
     RunF32Case(2, 4, 128, seqs);
     RunF32Case(1, 16, 64, seqs);
   }
+}
+
+// Sliding windows and soft-caps in fp32, prefill and decode tokens in one batch, the blocks before
+// every window freed.
+TEST(PagedAttentionF32GpuTest, SlidingWindowAndSoftcap) {
+  LMSERVE_REQUIRE_GPU();
+  for (int32_t window : {1, 7, 16, 100, 4096}) {
+    RunF32Case(2, 4, 128, kMixedBatch, {window, 0.0f, true});
+  }
+  for (int64_t head_dim : {32, 64, 80, 128, 256}) {
+    RunF32Case(2, 3, head_dim, kMixedBatch, {0, 50.0f, false});
+    RunF32Case(2, 3, head_dim, kMixedBatch, {19, 5.0f, true});
+  }
+  std::vector<std::pair<int32_t, int32_t>> decode;
+  for (int64_t i = 0; i < 17; ++i) decode.push_back({1, kLengths[(i + 5) % 6]});
+  RunF32Case(1, 16, 64, decode, {64, 30.0f, true});
 }
 
 // A decode graph's padding: sequences of context 0 with one query token get zeros, and the real
@@ -451,6 +575,25 @@ TEST(PagedAttentionF32GpuTest, ValidateExplainsDtypes) {
 
   EXPECT_THAT(std::string(ShapeOnly<DecodeAttentionParams>(DType::kF32).Validate().message()),
               ::testing::HasSubstr("PagedAttentionF32"));
+
+  // A negative window or soft-cap is rejected by every attention kernel.
+  auto decode = ShapeOnly<DecodeAttentionParams>(DType::kBF16);
+  auto prefill = ShapeOnly<PrefillAttentionParams>(DType::kBF16);
+  auto fp32 = ShapeOnly<PagedAttentionF32Params>(DType::kF32);
+  decode.window = prefill.window = fp32.window = 4096;
+  decode.softcap = prefill.softcap = fp32.softcap = 50.0f;
+  EXPECT_TRUE(decode.Validate().ok()) << decode.Validate();
+  EXPECT_TRUE(prefill.Validate().ok()) << prefill.Validate();
+  EXPECT_TRUE(fp32.Validate().ok()) << fp32.Validate();
+  decode.window = prefill.window = fp32.window = -1;
+  EXPECT_THAT(std::string(decode.Validate().message()), ::testing::HasSubstr("window -1"));
+  EXPECT_THAT(std::string(prefill.Validate().message()), ::testing::HasSubstr("window -1"));
+  EXPECT_THAT(std::string(fp32.Validate().message()), ::testing::HasSubstr("window -1"));
+  decode.window = prefill.window = fp32.window = 0;
+  decode.softcap = prefill.softcap = fp32.softcap = -1.0f;
+  EXPECT_THAT(std::string(decode.Validate().message()), ::testing::HasSubstr("softcap"));
+  EXPECT_THAT(std::string(prefill.Validate().message()), ::testing::HasSubstr("softcap"));
+  EXPECT_THAT(std::string(fp32.Validate().message()), ::testing::HasSubstr("softcap"));
   EXPECT_THAT(std::string(ShapeOnly<PrefillAttentionParams>(DType::kF32).Validate().message()),
               ::testing::HasSubstr("PagedAttentionF32"));
 }

@@ -171,6 +171,61 @@ TEST(ActivationGpuTest, SiluAndMulMatchesCpu) {
   }
 }
 
+// GeGLU (Gemma): gelu_tanh(gate) * up against the CPU twin, every dtype; fp32 within a few ulps
+// (tanhf against std::tanh, and the cubic's fused multiply-adds).
+TEST(ActivationGpuTest, GeluTanhAndMulMatchesCpu) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : kAllDTypes) {
+    for (int64_t tokens : {1, 17, 64}) {
+      for (int64_t inter : {8, 1032, 9216}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " tokens " << tokens
+                                          << " intermediate " << inter << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> gate_up = RandomFloats(tokens * 2 * inter, rng, 3.0f);
+        DeviceBuffer<uint8_t> d_in = Upload(gate_up, dtype);
+        DeviceBuffer<uint8_t> d_out = Poisoned(tokens * inter, dtype);
+        SiluAndMulParams p{d_in.get(), d_out.get(), tokens, inter, dtype,
+                           GateActivation::kGeluTanh};
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> ref(tokens * inter);
+        kernels::SiluAndMul({gate_up.data(), ref.data(), tokens, inter, GateActivation::kGeluTanh});
+        EXPECT_LE(RelativeL2(Download(d_out, dtype), ref), Tolerance(dtype));
+      }
+    }
+  }
+}
+
+// Final-logit soft-cap (Gemma 2): fp32 logits in place, against the CPU twin, at vocabulary-sized
+// and odd counts, saturating values included.
+TEST(ActivationGpuTest, SoftcapMatchesCpu) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t count : {1, 1000, 3 * 256000 + 5}) {
+    for (float cap : {30.0f, 1.0f}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "count " << count << " cap " << cap << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> logits = RandomFloats(count, rng, 40.0f);
+      logits[0] = 1e30f;
+      DeviceBuffer<float> d_logits(logits);
+      const SoftcapParams p{d_logits.get(), count, cap};
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      kernels::Softcap(logits.data(), count, cap);
+      const std::vector<float> out = d_logits.Download();
+      EXPECT_EQ(out[0], cap);
+      EXPECT_LE(RelativeL2(out, logits), Tolerance(DType::kF32));
+    }
+  }
+  EXPECT_FALSE((SoftcapParams{nullptr, 0, 0.0f}).Validate().ok());
+  EXPECT_FALSE((SoftcapParams{nullptr, 5, 30.0f}).Validate().ok());
+  EXPECT_TRUE((SoftcapParams{nullptr, 0, 30.0f}).Validate().ok());
+}
+
 TEST(EmbeddingGpuTest, GatherMatchesCpuAndZeroesBadIds) {
   LMSERVE_REQUIRE_GPU();
   for (DType dtype : kAllDTypes) {

@@ -190,53 +190,60 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
   EXPECT_EQ(Launch(f32, nullptr), cudaErrorInvalidValue);
 }
 
-// The SiLU-and-mul epilogue: against the CPU's linear layer and activation, and bit for bit
-// against the same skinny GEMM followed by the SiLU-and-mul kernel (a warp sums a row in the same
-// order either way).
+// The gated-activation epilogue (SiLU and GELU-tanh): against the CPU's linear layer and
+// activation, and bit for bit against the same skinny GEMM followed by the SiLU-and-mul kernel
+// with the same activation (a warp sums a row in the same order either way, and both apply the
+// one device function, GateActivationOf, to the same bf16-rounded gate and up values).
 TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
   LMSERVE_REQUIRE_GPU();
-  for (int64_t m : {1, 3, 8}) {
-    for (auto [inter, k] : {std::pair<int64_t, int64_t>{1032, 264}, {4096, 1024}, {136, 1824}}) {
-      const int64_t n = 2 * inter;
-      const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message()
-                   << "m " << m << " intermediate " << inter << " k " << k << " seed " << seed);
-      std::mt19937 rng(seed);
-      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
-      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
-      const std::vector<float> gate_up = CpuLinear(x, w, m, n, k);
-      std::vector<float> ref(m * inter);
-      kernels::SiluAndMulParams act;
-      act.gate_up = gate_up.data();
-      act.output = ref.data();
-      act.num_tokens = m;
-      act.intermediate_size = inter;
-      kernels::SiluAndMul(act);
+  for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+    for (int64_t m : {1, 3, 8}) {
+      for (auto [inter, k] : {std::pair<int64_t, int64_t>{1032, 264}, {4096, 1024}, {136, 1824}}) {
+        const int64_t n = 2 * inter;
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << "activation " << static_cast<int>(activation) << " m " << m
+                     << " intermediate " << inter << " k " << k << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
+        const std::vector<float> gate_up = CpuLinear(x, w, m, n, k);
+        std::vector<float> ref(m * inter);
+        kernels::SiluAndMulParams act;
+        act.gate_up = gate_up.data();
+        act.output = ref.data();
+        act.num_tokens = m;
+        act.intermediate_size = inter;
+        act.activation = activation;
+        kernels::SiluAndMul(act);
 
-      SkinnyGemmParams p;
-      p.x = d_x.get();
-      p.w = d_w.get();
-      p.m = m;
-      p.n = n;
-      p.k = k;
-      DeviceBuffer<uint16_t> d_gate_up(m * n), d_unfused(m * inter), d_fused(m * inter);
-      d_fused.Poison();
-      p.y = d_gate_up.get();
-      CUDA_ASSERT(Launch(p, nullptr));
-      SiluAndMulParams silu;
-      silu.gate_up = d_gate_up.get();
-      silu.output = d_unfused.get();
-      silu.num_tokens = m;
-      silu.intermediate_size = inter;
-      CUDA_ASSERT(Launch(silu, nullptr));
-      p.y = d_fused.get();
-      p.silu_and_mul = true;
-      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-      CUDA_ASSERT(Launch(p, nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      const std::vector<uint16_t> fused = d_fused.Download();
-      EXPECT_EQ(fused, d_unfused.Download());
-      EXPECT_LE(RelativeL2(HalfToFloat(fused, DType::kBF16), ref), 1e-2);
+        SkinnyGemmParams p;
+        p.x = d_x.get();
+        p.w = d_w.get();
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        DeviceBuffer<uint16_t> d_gate_up(m * n), d_unfused(m * inter), d_fused(m * inter);
+        d_fused.Poison();
+        p.y = d_gate_up.get();
+        CUDA_ASSERT(Launch(p, nullptr));
+        SiluAndMulParams silu;
+        silu.gate_up = d_gate_up.get();
+        silu.output = d_unfused.get();
+        silu.num_tokens = m;
+        silu.intermediate_size = inter;
+        silu.activation = activation;
+        CUDA_ASSERT(Launch(silu, nullptr));
+        p.y = d_fused.get();
+        p.silu_and_mul = true;
+        p.activation = activation;
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        const std::vector<uint16_t> fused = d_fused.Download();
+        EXPECT_EQ(fused, d_unfused.Download());
+        EXPECT_LE(RelativeL2(HalfToFloat(fused, DType::kBF16), ref), 1e-2);
+      }
     }
   }
   SkinnyGemmParams bad;

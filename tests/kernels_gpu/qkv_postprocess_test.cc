@@ -1,6 +1,7 @@
-// QKV post-processing (bias, rotary with each scaling and layout, paged KV write) on the GPU
-// against its CPU twin. Rotary inverse frequencies come from the engine's RopeInverseFrequencies,
-// the function the runners use.
+// QKV post-processing (bias, per-head q/k RMSNorm, rotary with each scaling and layout, partial
+// rotary, longrope's attention factor, paged KV write) on the GPU against its CPU twin. Rotary
+// inverse frequencies come from the engine's RopeInverseFrequencies, the function the runners
+// use.
 
 #include <algorithm>
 #include <cmath>
@@ -44,6 +45,9 @@ struct QkvCase {
   RotaryLayout layout;
   engine::RopeScaling scaling;
   bool bias;
+  int64_t rotary_dim = 0;  // 0: head_dim
+  double attention_factor = 1.0;
+  bool norm = false;  // q_norm and k_norm
 };
 
 void RunQkvCase(const QkvCase& c) {
@@ -52,7 +56,9 @@ void RunQkvCase(const QkvCase& c) {
                << testing::Name(c.dtype) << " tokens " << c.tokens << " heads " << c.num_heads
                << "/" << c.num_kv_heads << " head_dim " << c.head_dim << " interleaved "
                << (c.layout == RotaryLayout::kInterleaved) << " scaling "
-               << static_cast<int>(c.scaling) << " bias " << c.bias << " seed " << seed);
+               << static_cast<int>(c.scaling) << " bias " << c.bias << " rotary_dim "
+               << c.rotary_dim << " attention factor " << c.attention_factor << " norm "
+               << c.norm << " seed " << seed);
   std::mt19937 rng(seed);
   const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const int64_t stride = row + 8;
@@ -62,6 +68,9 @@ void RunQkvCase(const QkvCase& c) {
 
   std::vector<float> qkv = RandomFloats(c.tokens * stride, rng);
   std::vector<float> bias = RandomFloats(row, rng, 0.5f);
+  std::vector<float> q_norm = RandomFloats(c.head_dim, rng, 0.5f, 1.0f);
+  std::vector<float> k_norm = RandomFloats(c.head_dim, rng, 0.5f, 1.0f);
+  const int64_t rotary_dim = c.rotary_dim != 0 ? c.rotary_dim : c.head_dim;
   std::vector<int32_t> positions(c.tokens);
   std::uniform_int_distribution<int32_t> pos_dist(0, static_cast<int32_t>(max_position - 1));
   for (int32_t& p : positions) p = pos_dist(rng);
@@ -73,10 +82,12 @@ void RunQkvCase(const QkvCase& c) {
   slots.resize(c.tokens);
   if (c.tokens > 1) slots.back() = -1;
 
-  const std::vector<double> inv_freq = InverseFrequencies(c.head_dim, c.scaling);
-  const std::vector<float> table = RotaryCosSinTable(inv_freq.data(), c.head_dim, max_position);
+  const std::vector<double> inv_freq = InverseFrequencies(rotary_dim, c.scaling);
+  const std::vector<float> table =
+      RotaryCosSinTable(inv_freq.data(), rotary_dim, max_position, c.attention_factor);
 
   DeviceBuffer<uint8_t> d_qkv = Upload(qkv, c.dtype), d_bias = Upload(bias, c.dtype);
+  DeviceBuffer<uint8_t> d_q_norm = Upload(q_norm, c.dtype), d_k_norm = Upload(k_norm, c.dtype);
   DeviceBuffer<int32_t> d_pos(positions);
   DeviceBuffer<int64_t> d_slots(slots);
   DeviceBuffer<float> d_table(table);
@@ -89,6 +100,8 @@ void RunQkvCase(const QkvCase& c) {
   p.bias = c.bias ? d_bias.get() : nullptr;
   p.positions = d_pos.get();
   p.cos_sin = d_table.get();
+  p.q_norm = c.norm ? d_q_norm.get() : nullptr;
+  p.k_norm = c.norm ? d_k_norm.get() : nullptr;
   p.slot_mapping = d_slots.get();
   p.query_out = d_q.get();
   p.key_cache = d_k.get();
@@ -97,6 +110,7 @@ void RunQkvCase(const QkvCase& c) {
   p.num_heads = c.num_heads;
   p.num_kv_heads = c.num_kv_heads;
   p.head_dim = c.head_dim;
+  p.rotary_dim = c.rotary_dim;
   p.block_size = block_size;
   p.num_blocks = num_blocks;
   p.qkv_stride = stride;
@@ -114,6 +128,8 @@ void RunQkvCase(const QkvCase& c) {
   cpu.bias = c.bias ? bias.data() : nullptr;
   cpu.positions = positions.data();
   cpu.inv_freq = inv_freq.data();
+  cpu.q_norm = c.norm ? q_norm.data() : nullptr;
+  cpu.k_norm = c.norm ? k_norm.data() : nullptr;
   cpu.slot_mapping = slots.data();
   cpu.query_out = ref_q.data();
   cpu.key_cache = ref_k.data();
@@ -122,6 +138,8 @@ void RunQkvCase(const QkvCase& c) {
   cpu.num_heads = c.num_heads;
   cpu.num_kv_heads = c.num_kv_heads;
   cpu.head_dim = c.head_dim;
+  cpu.rotary_dim = c.rotary_dim;
+  cpu.attention_factor = c.attention_factor;
   cpu.block_size = block_size;
   cpu.num_blocks = num_blocks;
   cpu.qkv_stride = stride;
@@ -129,9 +147,15 @@ void RunQkvCase(const QkvCase& c) {
   kernels::QkvPostProcess(cpu);
 
   // fp32: bias, then the rotation rounded step by step from the same cos/sin values as the CPU's:
-  // its values exactly. The 16-bit types: within their rounding.
+  // its values exactly. With the q/k norm the sum of squares is a double sum in another order
+  // (per lane, then across lanes): the inverse RMS, rounded to fp32, may then differ by an ulp in
+  // about one head in 10^8, so fp32 with a norm is held to 1e-7 (one such head's ulp is 6e-8
+  // of it; a wrong weight, epsilon or head would be 1e-3 and more). The 16-bit types: within
+  // their rounding.
   auto check = [&](const std::vector<float>& out, const std::vector<float>& ref) {
-    if (c.dtype == DType::kF32) {
+    if (c.dtype == DType::kF32 && c.norm) {
+      EXPECT_LE(RelativeL2(out, ref), 1e-7);
+    } else if (c.dtype == DType::kF32) {
       EXPECT_TRUE(testing::SameValues(out, ref));
     } else {
       EXPECT_LE(RelativeL2(out, ref), Tolerance(c.dtype));
@@ -194,6 +218,53 @@ TEST(QkvPostProcessGpuTest, BothLayoutsEveryScaling) {
       }
     }
   }
+}
+
+// Partial rotary (Phi-3's partial_rotary_factor: 24 of 32 dims in the phi3-longrope-partial
+// fixture, 96 of 128 in Phi-4-mini), longrope's attention factor, and Qwen3's / Gemma 3's per-head
+// q/k RMSNorm, with and without a bias, in every dtype and both layouts, at the head dims the
+// runners take: rotary partners held by other lanes, rotary_dim not a multiple of 16, head dims
+// (80, 96) whose lanes are padded to a power of two.
+TEST(QkvPostProcessGpuTest, PartialRotaryAttentionFactorAndQkNorm) {
+  LMSERVE_REQUIRE_GPU();
+  struct Shape {
+    int64_t head_dim, rotary_dim;
+    bool norm;
+  };
+  const Shape shapes[] = {{32, 24, false}, {32, 0, true},  {64, 0, true},   {64, 16, true},
+                          {80, 32, false}, {80, 0, true},  {96, 24, true},  {128, 96, false},
+                          {128, 64, true}, {128, 0, true}, {256, 0, true},  {256, 128, false}};
+  int variant = 0;
+  for (const Shape& shape : shapes) {
+    for (RotaryLayout layout : {RotaryLayout::kHalfSplit, RotaryLayout::kInterleaved}) {
+      for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+        ++variant;
+        const double factor = variant % 3 == 0 ? 1.1902380714238083 : 1.0;
+        const int64_t tokens = variant % 2 == 0 ? 17 : 3;
+        RunQkvCase({dtype, tokens, 8, 2, shape.head_dim, layout, engine::RopeScaling::kDefault,
+                    variant % 4 != 0, shape.rotary_dim, factor, shape.norm});
+      }
+    }
+  }
+}
+
+TEST(QkvPostProcessGpuTest, ValidateRejectsHalfANormAndBadRotaryDim) {
+  QkvPostProcessParams p;
+  p.num_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.block_size = 16;
+  p.num_blocks = 1;
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  const std::vector<float> weight(64);  // only compared with null: no tokens, no device needed
+  p.q_norm = weight.data();
+  EXPECT_NE(std::string(p.Validate().message()).find("k_norm"), std::string::npos);
+  p.k_norm = weight.data();
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  p.rotary_dim = 66;
+  EXPECT_NE(std::string(p.Validate().message()).find("rotary_dim 66"), std::string::npos);
+  p.rotary_dim = 23;
+  EXPECT_NE(std::string(p.Validate().message()).find("rotary_dim 23"), std::string::npos);
 }
 
 TEST(QkvPostProcessGpuTest, ValidateExplainsHeadDim) {

@@ -3,10 +3,18 @@
 
 #include "server/request_convert.h"
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
+#include "common/strings.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/fixtures.h"
 
 namespace lmserve::server {
 namespace {
@@ -99,6 +107,152 @@ TEST(PrepareCompleteRequestTest, ErrorsNameTheField) {
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   EXPECT_EQ(prepared->request.prompt_token_ids, std::vector<int32_t>{3});
   EXPECT_EQ(prepared->request_id, "r1");
+}
+
+google::protobuf::Value Number(double number) {
+  google::protobuf::Value value;
+  value.set_number_value(number);
+  return value;
+}
+
+google::protobuf::Value Bool(bool flag) {
+  google::protobuf::Value value;
+  value.set_bool_value(flag);
+  return value;
+}
+
+TEST(ChatTemplateKwargsTest, ConvertsEveryKindOfValue) {
+  google::protobuf::Struct kwargs;
+  auto& fields = *kwargs.mutable_fields();
+  fields["enable_thinking"] = Bool(false);
+  fields["date_string"].set_string_value("01 Jan 2025");
+  fields["count"] = Number(3);
+  fields["ratio"] = Number(0.5);
+  fields["big"] = Number(1e300);
+  fields["nothing"].set_null_value(google::protobuf::NULL_VALUE);
+  google::protobuf::Value& tools = fields["tools"];
+  google::protobuf::Value* tool = tools.mutable_list_value()->add_values();
+  auto& tool_fields = *tool->mutable_struct_value()->mutable_fields();
+  tool_fields["type"].set_string_value("function");
+  tool_fields["function"].mutable_struct_value();
+  absl::StatusOr<nlohmann::ordered_json> json = ChatTemplateKwargsToJson(kwargs);
+  ASSERT_TRUE(json.ok()) << json.status();
+  // Keys sorted at every level; whole numbers are integers.
+  EXPECT_EQ(json->dump(),
+            R"({"big":1e+300,"count":3,"date_string":"01 Jan 2025","enable_thinking":false,)"
+            R"("nothing":null,"ratio":0.5,"tools":[{"function":{},"type":"function"}]})");
+  EXPECT_EQ(ChatTemplateKwargsToJson(google::protobuf::Struct())->dump(), "{}");
+}
+
+TEST(ChatTemplateKwargsTest, RejectsReservedNamesAndNonJsonNumbers) {
+  for (const char* reserved : {"messages", "add_generation_prompt", "bos_token", "eos_token",
+                               "raise_exception", "strftime_now", "range", "namespace", "dict"}) {
+    google::protobuf::Struct kwargs;
+    (*kwargs.mutable_fields())[reserved] = Bool(true);
+    const absl::Status status = ChatTemplateKwargsToJson(kwargs).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << reserved;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(StrCat("chat_template_kwargs.", reserved, ": reserved")));
+  }
+  google::protobuf::Struct kwargs;
+  google::protobuf::Value& options = (*kwargs.mutable_fields())["options"];
+  google::protobuf::ListValue* list =
+      (*options.mutable_struct_value()->mutable_fields())["weights"].mutable_list_value();
+  *list->add_values() = Number(1);
+  *list->add_values() = Number(std::nan(""));
+  absl::Status status = ChatTemplateKwargsToJson(kwargs).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("chat_template_kwargs.options.weights[1]: not a finite number"));
+  (*kwargs.mutable_fields())["options"] = Number(INFINITY);
+  status = ChatTemplateKwargsToJson(kwargs).status();
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("chat_template_kwargs.options: not a finite"));
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A Hugging Face model directory holding a tokenizer and, in tokenizer_config.json, Qwen3's chat
+// template (tests/engine/chat/testdata/templates/qwen3.jinja, the published text).
+std::string Qwen3TemplateModelDir() {
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) / "qwen3_template";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json", std::ios::binary)
+      << ReadText(StrCat(LMSERVE_SOURCE_DIR, "/tests/fixtures/tokenizers/gpt2-bytelevel.json"));
+  nlohmann::ordered_json config;
+  config["chat_template"] =
+      ReadText(StrCat(LMSERVE_SOURCE_DIR, "/tests/engine/chat/testdata/templates/qwen3.jinja"));
+  config["bos_token"] = "<|endoftext|>";  // Qwen3's template reads none; llama3's does
+  config["eos_token"] = "<|im_end|>";
+  std::ofstream(dir / "tokenizer_config.json", std::ios::binary) << config.dump();
+  return dir.string();
+}
+
+v1::ChatRequest UserTurn(const std::string& content) {
+  v1::ChatRequest request;
+  v1::ChatMessage* message = request.add_messages();
+  message->set_role("user");
+  message->set_content(content);
+  return request;
+}
+
+TEST(PrepareChatRequestTest, ModelsOwnTemplateSeesTheKwargs) {
+  engine::RequestLimits limits = Limits();
+  limits.vocab_size = 4096;
+  limits.max_context_tokens = 4096;
+  std::string warning;
+  absl::StatusOr<std::unique_ptr<ModelText>> text =
+      ModelText::Load(Qwen3TemplateModelDir(), "", "", limits.vocab_size, &warning);
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_TRUE((*text)->has_chat_template()) << warning;
+
+  // No --chat-template: the model's own (Qwen3's) template renders, thinking left to the model.
+  v1::ChatRequest request = UserTurn("2+2?");
+  absl::StatusOr<PreparedRequest> prepared =
+      PrepareChatRequest(request, **text, limits, ApiLimits());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->log_text, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+  // enable_thinking=false: the template closes an empty think block (as apply_chat_template does
+  // with enable_thinking=False).
+  (*request.mutable_chat_template_kwargs()->mutable_fields())["enable_thinking"] = Bool(false);
+  prepared = PrepareChatRequest(request, **text, limits, ApiLimits());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->log_text,
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(prepared->request.prompt_token_ids,
+            *(*text)->Encode(prepared->log_text, /*add_special=*/false));
+  // A bad kwarg fails the request, naming it.
+  (*request.mutable_chat_template_kwargs()->mutable_fields())["messages"] = Bool(true);
+  const absl::Status status = PrepareChatRequest(request, **text, limits, ApiLimits()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("chat_template_kwargs.messages"));
+
+  // --chat-template replaces the model's own.
+  absl::StatusOr<std::unique_ptr<ModelText>> llama3 =
+      ModelText::Load(Qwen3TemplateModelDir(), "", "llama3", limits.vocab_size, &warning);
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  prepared = PrepareChatRequest(UserTurn("2+2?"), **llama3, limits, ApiLimits());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->log_text,
+            "<|endoftext|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(PrepareChatRequestTest, KwargsAreCheckedBeforeTheTemplateIsNeeded) {
+  const auto text = ModelText::None();
+  v1::ChatRequest request = UserTurn("hi");
+  EXPECT_EQ(PrepareChatRequest(request, *text, Limits(), ApiLimits()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  (*request.mutable_chat_template_kwargs()->mutable_fields())["bos_token"] = Bool(true);
+  const absl::Status status = PrepareChatRequest(request, *text, Limits(), ApiLimits()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("chat_template_kwargs.bos_token"));
 }
 
 }  // namespace

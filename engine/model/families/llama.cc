@@ -1,6 +1,7 @@
 #include "engine/model/families/llama.h"
 
 #include <cmath>
+#include <limits>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -9,16 +10,130 @@
 
 namespace lmserve::engine {
 
-LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
-  rotary_ = {c.rope};
+std::vector<RopeConfig> DecoderRotary(const ModelConfig& c) {
+  std::vector<RopeConfig> rotary = {RopeForContext(c.rope, c.max_position_embeddings)};
+  if (c.local_rope.has_value()) {
+    rotary.push_back(RopeForContext(*c.local_rope, c.max_position_embeddings));
+  }
+  return rotary;
+}
+
+AttentionLayer DecoderAttention(const ModelConfig& c, int64_t layer) {
+  AttentionLayer attention;
+  attention.layer = layer;
+  const bool sliding =
+      c.sliding_window > 0 && (c.sliding_layers.empty() || c.sliding_layers[layer]);
+  attention.window = sliding ? c.sliding_window : 0;
+  attention.rope = sliding && c.local_rope.has_value() ? 1 : 0;
+  const double scalar =
+      c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+  attention.scale = static_cast<float>(1.0 / std::sqrt(scalar));
+  attention.softcap = static_cast<float>(c.attn_logit_softcap);
+  attention.norm_epsilon = static_cast<float>(c.rms_norm_eps);
+  return attention;
+}
+
+Weight AddNorm(WeightPlan& plan, const ModelConfig& c, std::string kind, int64_t layer,
+               std::string name) {
+  const Weight weight = plan.AddTensor(std::move(kind), layer, std::move(name), c.hidden_size);
+  plan.SetOffset(weight, static_cast<float>(c.norm_weight_offset));
+  return weight;
+}
+
+Weight AddQkv(WeightPlan& w, const ModelConfig& c, int64_t l, bool fused, bool qk_norm,
+              AttentionLayer* attention) {
+  auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
+  const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  const Weight qkv = fused ? w.AddTensor("qkv", l, name("self_attn.qkv_proj.weight"),
+                                         q_dim + 2 * kv_dim, c.hidden_size)
+                           : w.Add("qkv", l, q_dim + 2 * kv_dim, c.hidden_size,
+                                   {{name("self_attn.q_proj.weight"), q_dim},
+                                    {name("self_attn.k_proj.weight"), kv_dim},
+                                    {name("self_attn.v_proj.weight"), kv_dim}});
+  if (qk_norm) {
+    const float offset = static_cast<float>(c.norm_weight_offset);
+    attention->q_norm = w.AddTensor("q_norm", l, name("self_attn.q_norm.weight"), c.head_dim);
+    attention->k_norm = w.AddTensor("k_norm", l, name("self_attn.k_norm.weight"), c.head_dim);
+    w.SetOffset(attention->q_norm, offset);
+    w.SetOffset(attention->k_norm, offset);
+  }
+  return qkv;
+}
+
+MoeLayer DeclareMoeLayer(WeightPlan& w, const ModelConfig& c, int64_t l,
+                         const MoeTensorNames& names) {
+  const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
+  MoeLayer moe;
+  moe.num_experts = static_cast<int32_t>(c.num_experts);
+  moe.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  moe.intermediate = inter;
+  moe.normalize_top_k = c.norm_topk_prob;
+  moe.act = Activation::kSilu;
+  moe.router =
+      w.AddTensor("moe_router", l, LayerTensorName(l, names.router), c.num_experts, hidden);
+  std::vector<WeightPart> gate_up, down;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    gate_up.push_back({names.Expert(l, e, names.gate), inter});
+    gate_up.push_back({names.Expert(l, e, names.up), inter});
+    down.push_back({names.Expert(l, e, names.down), hidden});
+  }
+  moe.gate_up = w.Add("moe_gate_up", l, c.num_experts * 2 * inter, hidden, std::move(gate_up));
+  moe.down = w.Add("moe_down", l, c.num_experts * hidden, inter, std::move(down));
+  return moe;
+}
+
+absl::Status ReadHfMoeConfig(const nlohmann::json& config, const char* num_experts_key,
+                             bool default_norm_topk_prob, ModelConfig* out) {
+  auto read_int = [&](const char* key, int64_t* value) -> absl::Status {
+    auto it = config.find(key);
+    if (it == config.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_number_integer()) {
+      return absl::InvalidArgumentError(StrCat("config.json: '", key, "' is not an integer"));
+    }
+    *value = it->get<int64_t>();
+    return absl::OkStatus();
+  };
+  LMSERVE_RETURN_IF_ERROR(read_int(num_experts_key, &out->num_experts));
+  LMSERVE_RETURN_IF_ERROR(read_int("num_experts_per_tok", &out->num_experts_per_tok));
+  out->moe_intermediate_size = out->intermediate_size;
+  LMSERVE_RETURN_IF_ERROR(read_int("moe_intermediate_size", &out->moe_intermediate_size));
+  LMSERVE_RETURN_IF_ERROR(read_int("decoder_sparse_step", &out->decoder_sparse_step));
+  out->norm_topk_prob = default_norm_topk_prob;
+  if (auto it = config.find("norm_topk_prob"); it != config.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return absl::InvalidArgumentError("config.json: 'norm_topk_prob' is not a boolean");
+    }
+    out->norm_topk_prob = it->get<bool>();
+  }
+  out->mlp_only_layers.clear();
+  if (auto it = config.find("mlp_only_layers"); it != config.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return absl::InvalidArgumentError("config.json: 'mlp_only_layers' is not a list");
+    }
+    for (const nlohmann::json& layer : *it) {
+      if (!layer.is_number_integer()) {
+        return absl::InvalidArgumentError("config.json: 'mlp_only_layers' holds a non-integer");
+      }
+      out->mlp_only_layers.push_back(layer.get<int64_t>());
+    }
+  }
+  if (out->num_experts <= 0) {
+    return absl::InvalidArgumentError(
+        StrCat("config.json: '", num_experts_key, "' must be a positive number of experts"));
+  }
+  return absl::OkStatus();
+}
+
+LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& options)
+    : ModelDescription(c) {
+  rotary_ = DecoderRotary(c);
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   WeightPlan& w = weights_;
   embed_ = w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", c.vocab_size, hidden);
   // The final norm and the LM head come before the layers: checks find missing tensors in this
   // order, and the CUDA runner lays its weights out in it.
-  final_norm_ = w.AddTensor("norm", -1, "model.norm.weight", hidden);
+  final_norm_ = AddNorm(w, c, "norm", -1, "model.norm.weight");
   lm_head_ = c.tie_word_embeddings
                  ? w.AddTied("lm_head", embed_)
                  : w.AddTensor("lm_head", -1, "lm_head.weight", c.vocab_size, hidden);
@@ -26,13 +141,9 @@ LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
     Layer& layer = layers_[l];
-    layer.input_norm = w.AddTensor("input_layernorm", l, name("input_layernorm.weight"), hidden);
-    layer.qkv = w.Add("qkv", l, q_dim + 2 * kv_dim, hidden,
-                      {{name("self_attn.q_proj.weight"), q_dim},
-                       {name("self_attn.k_proj.weight"), kv_dim},
-                       {name("self_attn.v_proj.weight"), kv_dim}});
-    layer.attention.layer = l;
-    layer.attention.scale = scale;
+    layer.attention = DecoderAttention(c, l);
+    layer.input_norm = AddNorm(w, c, "input_layernorm", l, name("input_layernorm.weight"));
+    layer.qkv = AddQkv(w, c, l, options.fused_qkv, options.qk_norm, &layer.attention);
     if (c.attention_bias) {
       layer.attention.qkv_bias = w.Add("qkv_bias", l, q_dim + 2 * kv_dim, 0,
                                        {{name("self_attn.q_proj.bias"), q_dim},
@@ -41,17 +152,23 @@ LlamaDescription::LlamaDescription(const ModelConfig& c) : ModelDescription(c) {
     }
     layer.o_proj = w.AddTensor("o_proj", l, name("self_attn.o_proj.weight"), hidden, q_dim);
     layer.post_norm =
-        w.AddTensor("post_attention_layernorm", l, name("post_attention_layernorm.weight"), hidden);
+        AddNorm(w, c, "post_attention_layernorm", l, name("post_attention_layernorm.weight"));
+    if (options.moe_names.has_value() && IsMoeLayer(c, l)) {
+      layer.moe = DeclareMoeLayer(w, c, l, *options.moe_names);
+      continue;
+    }
     layer.gate_up =
-        w.Add("gate_up", l, 2 * inter, hidden,
-              {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+        options.fused_gate_up
+            ? w.AddTensor("gate_up", l, name("mlp.gate_up_proj.weight"), 2 * inter, hidden)
+            : w.Add("gate_up", l, 2 * inter, hidden,
+                    {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
     layer.down = w.AddTensor("down_proj", l, name("mlp.down_proj.weight"), hidden, inter);
   }
 }
 
 absl::Status LlamaDescription::Forward(ForwardOps& ops) const {
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  LMSERVE_RETURN_IF_ERROR(ops.Embed(embed_));
+  LMSERVE_RETURN_IF_ERROR(ops.Embed(embed_, 1.0f));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     if (l == 0) {  // nothing to add to the embeddings yet
@@ -67,17 +184,21 @@ absl::Status LlamaDescription::Forward(ForwardOps& ops) const {
     LMSERVE_RETURN_IF_ERROR(ops.Linear(layer.o_proj, Buffer::kAttention, Buffer::kProjected));
     LMSERVE_RETURN_IF_ERROR(ops.AddRmsNorm(Buffer::kResidual, Buffer::kProjected, layer.post_norm,
                                            eps, Buffer::kNormed));
+    if (layer.moe.has_value()) {
+      LMSERVE_RETURN_IF_ERROR(ops.Moe(*layer.moe, Buffer::kNormed, Buffer::kProjected));
+      continue;
+    }
     LMSERVE_RETURN_IF_ERROR(
         ops.GatedLinear(layer.gate_up, Activation::kSilu, Buffer::kNormed, Buffer::kActivation));
     LMSERVE_RETURN_IF_ERROR(ops.Linear(layer.down, Buffer::kActivation, Buffer::kProjected));
   }
   LMSERVE_RETURN_IF_ERROR(ops.FinalNorm(Buffer::kResidual, Buffer::kProjected, final_norm_, eps));
-  LMSERVE_RETURN_IF_ERROR(ops.LmHead(lm_head_));
+  LMSERVE_RETURN_IF_ERROR(ops.LmHead(lm_head_, 0.0f));
   return ops.Sample();
 }
 
-absl::Status CapContextAtSlidingWindow(const nlohmann::json& config, bool enabled_by_default,
-                                       ModelConfig* out) {
+absl::Status ReadSlidingWindow(const nlohmann::json& config, bool enabled_by_default,
+                               ModelConfig* out) {
   bool enabled = enabled_by_default;
   if (auto it = config.find("use_sliding_window"); it != config.end() && !it->is_null()) {
     if (!it->is_boolean()) {
@@ -87,14 +208,16 @@ absl::Status CapContextAtSlidingWindow(const nlohmann::json& config, bool enable
   }
   int64_t window = 0;
   if (auto it = config.find("sliding_window"); it != config.end() && !it->is_null()) {
-    if (!it->is_number_integer()) {
-      return absl::InvalidArgumentError("config.json: 'sliding_window' is not an integer");
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(
+          "config.json: 'sliding_window' is not a non-negative 32-bit integer");
     }
     window = it->get<int64_t>();
   }
-  if (enabled && window > 0 && window < out->max_position_embeddings) {
-    out->max_position_embeddings = window;
-  }
+  // A window as long as the context changes nothing.
+  out->sliding_window =
+      enabled && window < out->max_position_embeddings ? static_cast<int32_t>(window) : 0;
   return absl::OkStatus();
 }
 
@@ -139,7 +262,7 @@ ModelFamily LlamaFamily() {
   family.read_hf_config = [](const nlohmann::json& config, ModelConfig* out) {
     LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
     LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
-    return CapContextAtSlidingWindow(config, /*enabled_by_default=*/false, out);
+    return ReadSlidingWindow(config, /*enabled_by_default=*/false, out);
   };
   family.describe = DescribeLlama;
   return family;

@@ -19,7 +19,7 @@ ModelFamily MistralFamily() {
   family.read_hf_config = [](const nlohmann::json& config, ModelConfig* out) {
     LMSERVE_RETURN_IF_ERROR(RequireSiluActivation(config));
     LMSERVE_RETURN_IF_ERROR(RejectBiases(config));
-    return CapContextAtSlidingWindow(config, /*enabled_by_default=*/true, out);
+    return ReadSlidingWindow(config, /*enabled_by_default=*/true, out);
   };
   family.describe = DescribeLlama;
   return family;

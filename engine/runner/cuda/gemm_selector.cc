@@ -30,12 +30,14 @@ kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, con
 }  // namespace
 
 kc::SiluAndMulParams GemmSelector::SiluAndMul(const GemmProjection& projection, int64_t m,
-                                              const void* gate_up, void* act) const {
+                                              const void* gate_up, void* act,
+                                              kernels::GateActivation activation) const {
   return {.gate_up = gate_up,
           .output = act,
           .num_tokens = m,
           .intermediate_size = projection.n / 2,
-          .dtype = dtype_};
+          .dtype = dtype_,
+          .activation = activation};
 }
 
 GemmSelector::GemmSelector(cublasLtHandle_t blas, void* workspace, size_t workspace_bytes,
@@ -64,7 +66,8 @@ absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
 }
 
 absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::GemmPlan& plan,
-                                                          const void* x, void* y, void* act) {
+                                                          const void* x, void* y, void* act,
+                                                          kernels::GateActivation activation) {
   // The skinny kernel is bf16 only: float32 runs every GEMM through cuBLASLt.
   if (dtype_ != kernels::DType::kBF16) return Kernel::kBlas;
   const int64_t m = plan.shape().m;
@@ -74,6 +77,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   kc::SkinnyGemmParams skinny =
       SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y);
   skinny.silu_and_mul = act != nullptr;
+  skinny.activation = activation;
   const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
   if (choice_ == DecodeGemm::kBlas || !skinny_ok) return kernels_[key] = Kernel::kBlas;
   if (choice_ == DecodeGemm::kSkinny) return kernels_[key] = Kernel::kSkinny;
@@ -93,7 +97,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   candidates.emplace_back(Kernel::kBlas, [&] {
     for (const void* w : projection.weights) {
       plan.Run(x, w, y, stream_);
-      if (act != nullptr) kc::Launch(SiluAndMul(projection, m, y, act), stream_);
+      if (act != nullptr) kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_);
     }
   });
   candidates.emplace_back(Kernel::kSkinny, [&] {
@@ -134,15 +138,16 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
 }
 
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                               bool late_dependents) {
+                               bool late_dependents, kernels::GateActivation activation) {
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   if (m <= kc::kMaxSkinnyGemmRows) {
-    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act));
+    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act, activation));
     if (kernel == Kernel::kSkinny) {
       kc::SkinnyGemmParams params = SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y);
       params.silu_and_mul = act != nullptr;
+      params.activation = activation;
       params.late_dependents = late_dependents;
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
@@ -153,8 +158,8 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
                                       static_cast<int>(status)));
   }
   if (act != nullptr) {
-    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act), stream_),
-                                 "SiLU and mul");
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_),
+                                 "gated activation");
   }
   return absl::OkStatus();
 }

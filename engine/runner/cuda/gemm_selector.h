@@ -51,11 +51,14 @@ class GemmSelector {
   void set_autotune(bool autotune) { autotune_ = autotune; }
 
   // y = x W^T with the `layer`th weights of projection `id`, for m rows. With `act`, W is a fused
-  // [gate; up] projection and act = silu(gate) * up (the skinny kernel's epilogue, or a
-  // SiLU-and-mul kernel after cuBLASLt writes y). `late_dependents`: the next kernel is another
-  // stream of weights, which may launch only once this one has read its own (skinny_gemm.h).
+  // [gate; up] projection and act = activation(gate) * up (SiLU or GELU-tanh: the skinny kernel's
+  // epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y). `late_dependents`: the next
+  // kernel is another stream of weights, which may launch only once this one has read its own
+  // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
+  // is kept per projection and row count).
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
-                   bool late_dependents = false);
+                   bool late_dependents = false,
+                   kernels::GateActivation activation = kernels::GateActivation::kSilu);
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -64,12 +67,13 @@ class GemmSelector {
   enum class Kernel { kBlas, kSkinny };
   // The kernel for projection `id` at m <= kMaxSkinnyGemmRows rows.
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
-                                void* act);
+                                void* act, kernels::GateActivation activation);
 
-  // act = silu(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows: the
-  // kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
+  // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:
+  // the kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
   kernels::cuda::SiluAndMulParams SiluAndMul(const GemmProjection& projection, int64_t m,
-                                             const void* gate_up, void* act) const;
+                                             const void* gate_up, void* act,
+                                             kernels::GateActivation activation) const;
 
   const cublasLtHandle_t blas_;
   void* const workspace_;

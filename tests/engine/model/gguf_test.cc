@@ -497,10 +497,18 @@ TEST(GgufCheckpointTest, MissingTensorWrongShapeAndUnsupportedConfigs) {
   EXPECT_EQ(gemma.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(gemma.status().message()), HasSubstr("tiny.gguf: architecture 'gemma'"));
 
+  // Partial rotary embedding: the leading rope.dimension_count dims of each head rotate.
   auto partial_rope = LoadBytes(TinyModel(RopeDims(8)).Serialize());
-  ASSERT_FALSE(partial_rope.ok());
-  EXPECT_EQ(partial_rope.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(partial_rope.status().message()), HasSubstr("rope.dimension_count 8"));
+  ASSERT_TRUE(partial_rope.ok()) << partial_rope.status();
+  EXPECT_EQ((*partial_rope)->config().rope.rotary_dim, 8);
+  EXPECT_EQ(RotaryDim((*partial_rope)->config().rope, 16), 8);
+  for (int dims : {7, 18, 0}) {
+    auto bad_rope = LoadBytes(TinyModel(RopeDims(dims)).Serialize());
+    ASSERT_FALSE(bad_rope.ok()) << dims;
+    EXPECT_EQ(bad_rope.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(bad_rope.status().message()),
+                HasSubstr(StrCat("rope.dimension_count ", dims)));
+  }
   EXPECT_TRUE(LoadBytes(TinyModel(RopeDims(16)).Serialize()).ok());
 
   GgufWriter alias = TinyModel();  // blk.00 is blk.0 again
@@ -587,8 +595,8 @@ void ExpectSameConfig(const ModelConfig& hf, const ModelConfig& gguf) {
   EXPECT_EQ(gguf.attention_bias, hf.attention_bias);
   EXPECT_EQ(gguf.bos_token_id, hf.bos_token_id);
   EXPECT_EQ(gguf.eos_token_ids, hf.eos_token_ids);
-  EXPECT_EQ(gguf.rope.layout, hf.family == "qwen2" ? RopeLayout::kHalfSplit
-                                                                      : RopeLayout::kInterleaved);
+  EXPECT_EQ(gguf.rope.layout,
+            hf.family == "qwen2" ? RopeLayout::kHalfSplit : RopeLayout::kInterleaved);
   // Rotary frequencies: llama3 scaling travels as f32 divisors in rope_freqs.weight, so the
   // frequencies agree to f32 rounding of the divisor (relative 2^-24) plus that of theta.
   const std::vector<double> want = RopeInverseFrequencies(hf.rope, hf.head_dim);
