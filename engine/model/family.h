@@ -45,8 +45,9 @@ class ModelDescription {
   const std::vector<RopeConfig>& rotary() const { return rotary_; }
   // Per KV cache layer (AttentionLayer::layer), the window of the layers that use it: 0 for full
   // attention, W for a sliding window over the last W positions (equal to their
-  // AttentionLayer::window). The engine groups layers by it (kv_cache_groups.h) and frees the
-  // blocks that have left a windowed group's window.
+  // AttentionLayer::window; runners refuse a layer that reads beyond it). The engine groups layers
+  // by it (kv_cache_groups.h) and frees the blocks that have left a windowed group's window. A
+  // description that leaves it 0 keeps every block, whatever its layers' windows.
   const std::vector<int32_t>& kv_windows() const { return kv_windows_; }
 
   // One step's forward pass: embeddings, layers, the final norm, the LM head and the sampler.

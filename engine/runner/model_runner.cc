@@ -6,6 +6,8 @@
 #include "common/strings.h"
 #include "engine/core/check.h"
 #include "engine/model/family.h"
+#include "engine/model/kv_cache_groups.h"
+#include "engine/model/ops.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/runner/cuda_runner.h"
 
@@ -204,6 +206,30 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
   return absl::OkStatus();
 }
 
+KvCacheGroups KvCacheGroupsFor(const ModelConfig& config) {
+  absl::StatusOr<std::unique_ptr<ModelDescription>> model = DescribeModel(config);
+  if (!model.ok()) {
+    return PlanKvCacheGroups(
+        std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(config.num_layers, 1)), 0));
+  }
+  return PlanKvCacheGroups((*model)->kv_windows());
+}
+
+int64_t KvLayersPerBlock(const ModelConfig& config) {
+  return KvCacheGroupsFor(config).layers_per_block;
+}
+
+absl::Status CheckLayerWindow(const AttentionLayer& layer, const KvCacheGroups& groups) {
+  const int32_t group_window =
+      groups.windows[static_cast<size_t>(groups.layer_group[static_cast<size_t>(layer.layer)])];
+  if (group_window > 0 && (layer.window <= 0 || layer.window > group_window)) {
+    return absl::InternalError(StrCat("layer ", layer.layer, " attends with window ", layer.window,
+                                      " but its KV cache keeps ", group_window,
+                                      " positions (ModelDescription::kv_windows)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoint& checkpoint,
                                                                  const RunnerConfig& config) {
   if (config.max_context_len < 0) {
@@ -233,7 +259,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
 }
 
 int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype) {
-  return 2 * config.num_layers * int64_t{block_size_tokens} * config.num_kv_heads *
+  return 2 * KvLayersPerBlock(config) * int64_t{block_size_tokens} * config.num_kv_heads *
          config.head_dim * RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
 }
 

@@ -31,11 +31,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/model/kv_cache_groups.h"
 #include "engine/model/model_config.h"
 
 namespace lmserve::engine {
 
 class Checkpoint;
+struct AttentionLayer;
 
 enum class LogitsMode : uint8_t {
   kNone,    // no logits (a prefill chunk that does not end the prompt)
@@ -224,6 +226,16 @@ class ModelRunner {
 // OK when this binary has the CUDA runner and CUDA device `device` exists and is one its kernels
 // support; otherwise FailedPrecondition (Unimplemented for a build without CUDA) saying why.
 absl::Status CheckCudaDevice(int32_t device = 0);
+
+// The KV cache groups of `config`'s model (its family's description, kv_cache_groups.h): one
+// group of every layer when all have one window; one full group when the config has no family.
+KvCacheGroups KvCacheGroupsFor(const ModelConfig& config);
+// The KV cache layers one block holds: KvCacheGroupsFor(config).layers_per_block.
+int64_t KvLayersPerBlock(const ModelConfig& config);
+
+// OK when `layer` reads no key its KV cache group may have freed: a layer of a group with window
+// W must attend within a window of at most W. Runners check it in their Attention op.
+absl::Status CheckLayerWindow(const AttentionLayer& layer, const KvCacheGroups& groups);
 
 // Checks a batch against a runner's limits; every runner calls it first. `kv_group_windows`:
 // the runner's (empty: one full-attention group); -1 entries are accepted only where a group's
