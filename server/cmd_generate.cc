@@ -52,8 +52,8 @@ int Run(const GenerateOptions& options) {
 
   const bool ignore_eos = options.ignore_eos;
   const int64_t vocab = config.vocab_size;
-  const std::vector<int32_t> blocks =
-      FirstBlocks(*session->runner, num_ids + std::max<int64_t>(steps - 1, 0));
+  const std::vector<std::vector<int32_t>> tables =
+      FirstBlockTables(*session->runner, num_ids + std::max<int64_t>(steps - 1, 0));
   std::vector<int32_t> generated;
   engine::StepBatch batch;
   engine::StepOutput output;
@@ -61,7 +61,7 @@ int Run(const GenerateOptions& options) {
   int32_t num_computed = 0;
   for (int64_t step = 0; step < steps; ++step) {
     batch.Clear();
-    batch.AddSequence(next, num_computed, blocks, engine::LogitsMode::kLast);
+    batch.AddSequence(next, num_computed, TableSpans(tables), engine::LogitsMode::kLast);
     if (absl::Status s = session->runner->Execute(batch, &output); !s.ok()) return fail(s);
     int32_t token = 0;
     kernels::Argmax(

@@ -36,8 +36,8 @@ int Run(const LogitsOptions& options) {
   if (absl::Status s = CreateRunner(options.model, num_ids, &*session); !s.ok()) return fail(s);
 
   engine::StepBatch batch;
-  batch.AddSequence(session->ids, 0, FirstBlocks(*session->runner, num_ids),
-                    engine::LogitsMode::kAll);
+  const std::vector<std::vector<int32_t>> tables = FirstBlockTables(*session->runner, num_ids);
+  batch.AddSequence(session->ids, 0, TableSpans(tables), engine::LogitsMode::kAll);
   engine::StepOutput output;
   if (absl::Status s = session->runner->Execute(batch, &output); !s.ok()) return fail(s);
 

@@ -145,6 +145,7 @@ struct Metrics::Impl {
   Gauge* kv_blocks = nullptr;
   Gauge* kv_blocks_used = nullptr;
   Gauge* kv_bytes = nullptr;
+  prometheus::Family<Gauge>* kv_group_blocks_used_family = nullptr;
   Gauge* weight_bytes = nullptr;
   Gauge* device_memory_used = nullptr;
   Gauge* device_memory_total = nullptr;
@@ -162,6 +163,7 @@ struct Metrics::Impl {
   absl::Mutex mu;  // the last engine snapshot and the rpc counters' index
   engine::EngineStats last_stats ABSL_GUARDED_BY(mu);
   std::map<std::pair<std::string, std::string>, Counter*> rpc ABSL_GUARDED_BY(mu);
+  std::vector<Gauge*> kv_group_blocks_used ABSL_GUARDED_BY(mu);  // by KV cache group
 
   Histogram* MakeHistogram(const std::string& name, const std::string& help,
                            const std::vector<double>& buckets) {
@@ -221,6 +223,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   m.kv_blocks_used = m.MakeGauge("lmserve_kv_cache_used_blocks",
                                  "KV-cache blocks referenced by running or waiting requests.");
   m.kv_bytes = m.MakeGauge("lmserve_kv_cache_bytes", "Memory of the KV-cache pool in bytes.");
+  m.kv_group_blocks_used_family =
+      &BuildGauge()
+           .Name("lmserve_kv_cache_group_used_blocks")
+           .Help(
+               "KV-cache blocks referenced by each group of layers (kv_group: its index; window: "
+               "its sliding window in tokens, 0 for full attention); they sum to "
+               "lmserve_kv_cache_used_blocks.")
+           .Register(*m.registry);
   m.weight_bytes = m.MakeGauge("lmserve_model_weight_bytes",
                                "Memory of the model weights, as the runner holds them, in bytes.");
   m.device_memory_used = m.MakeGauge(
@@ -336,8 +346,18 @@ void Metrics::UpdateEngineStats(const engine::EngineStats& stats) {
   m.waiting->Set(stats.num_waiting_seqs);
   m.kv_usage->Set(stats.kv_cache_usage);
   m.kv_blocks->Set(stats.num_kv_blocks);
-  m.kv_blocks_used->Set(std::round(stats.kv_cache_usage * stats.num_kv_blocks));
+  m.kv_blocks_used->Set(stats.num_kv_blocks - stats.num_free_kv_blocks);
   absl::MutexLock lock(&m.mu);
+  // The groups are fixed by the model: their gauges are made at the first snapshot.
+  for (size_t g = m.kv_group_blocks_used.size(); g < stats.kv_groups.size(); ++g) {
+    prometheus::Labels labels = m.labels;
+    labels["kv_group"] = StrCat(g);
+    labels["window"] = StrCat(stats.kv_groups[g].window);
+    m.kv_group_blocks_used.push_back(&m.kv_group_blocks_used_family->Add(labels));
+  }
+  for (size_t g = 0; g < stats.kv_groups.size(); ++g) {
+    m.kv_group_blocks_used[g]->Set(stats.kv_groups[g].num_used_blocks);
+  }
   const engine::EngineStats& last = m.last_stats;
   auto add = [](Counter* counter, int64_t delta) {
     if (delta > 0) counter->Increment(static_cast<double>(delta));

@@ -62,7 +62,9 @@ absl::Status CreateRunner(const ModelSessionOptions& options, int64_t context_to
         static_cast<int32_t>(std::max<int64_t>(context_tokens, 256));
   }
   const int64_t block_size = runner_config.block_size_tokens;
-  const int64_t blocks_needed = (context_tokens + block_size - 1) / block_size;
+  // A table of the whole context in every KV cache group (FirstBlockTables).
+  const int64_t blocks_needed = (context_tokens + block_size - 1) / block_size *
+                                engine::KvCacheGroupsFor(config).num_groups();
   runner_config.kv_cache_bytes = options.kv_cache_mb.has_value()
                                      ? *options.kv_cache_mb << 20
                                      : blocks_needed * block_bytes(block_size);
@@ -78,11 +80,20 @@ absl::Status CreateRunner(const ModelSessionOptions& options, int64_t context_to
   return absl::OkStatus();
 }
 
-std::vector<int32_t> FirstBlocks(const engine::ModelRunner& runner, int64_t tokens) {
+std::vector<std::vector<int32_t>> FirstBlockTables(const engine::ModelRunner& runner,
+                                                   int64_t tokens) {
   const int64_t block_size = runner.block_size_tokens();
-  std::vector<int32_t> blocks(static_cast<size_t>((tokens + block_size - 1) / block_size));
-  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
-  return blocks;
+  const size_t num_blocks = static_cast<size_t>((tokens + block_size - 1) / block_size);
+  std::vector<std::vector<int32_t>> tables(runner.kv_group_windows().size());
+  int32_t next = 0;
+  for (std::vector<int32_t>& table : tables) {
+    for (size_t i = 0; i < num_blocks; ++i) table.push_back(next++);
+  }
+  return tables;
+}
+
+std::vector<std::span<const int32_t>> TableSpans(const std::vector<std::vector<int32_t>>& tables) {
+  return {tables.begin(), tables.end()};
 }
 
 }  // namespace lmserve::server

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,12 @@ absl::StatusOr<ModelSession> OpenModelSession(const ModelSessionOptions& options
 absl::Status CreateRunner(const ModelSessionOptions& options, int64_t context_tokens,
                           ModelSession* session);
 
-// Blocks 0 .. n-1 covering `tokens` tokens in `runner`'s block size.
-std::vector<int32_t> FirstBlocks(const engine::ModelRunner& runner, int64_t tokens);
+// One block table per KV cache group of `runner` covering `tokens` tokens: blocks 0 .. n-1 in the
+// first group, n .. 2n-1 in the second, and so on (the groups share the pool).
+std::vector<std::vector<int32_t>> FirstBlockTables(const engine::ModelRunner& runner,
+                                                   int64_t tokens);
+// The tables as StepBatch::AddSequence takes them.
+std::vector<std::span<const int32_t>> TableSpans(const std::vector<std::vector<int32_t>>& tables);
 
 }  // namespace lmserve::server
 

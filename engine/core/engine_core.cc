@@ -90,7 +90,18 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
   RequestLimits limits;
   limits.vocab_size = model.vocab_size;
   limits.max_context_tokens = static_cast<int32_t>(std::min<int64_t>(context_tokens, INT32_MAX));
-  limits.kv_cache_tokens = int64_t{runner->num_kv_blocks()} * runner->block_size_tokens();
+  // Windowed KV cache groups hold a bounded number of blocks whatever the context.
+  const int32_t max_step_tokens =
+      config.long_prefill_token_threshold > 0
+          ? std::min(config.long_prefill_token_threshold, config.max_num_batched_tokens)
+          : config.max_num_batched_tokens;
+  const std::vector<int32_t> group_windows = runner->kv_group_windows();
+  if (group_windows.empty() ||
+      std::any_of(group_windows.begin(), group_windows.end(), [](int32_t w) { return w < 0; })) {
+    return absl::InvalidArgumentError("EngineCore: the runner has no valid KV cache groups");
+  }
+  limits.kv_cache_tokens = MaxTokensPerSequence(
+      runner->num_kv_blocks(), runner->block_size_tokens(), group_windows, max_step_tokens);
   limits.max_logprobs = config.max_logprobs;
   limits.max_n = config.max_n;
   limits.has_text_decoder = text_decoder != nullptr;
@@ -108,7 +119,7 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
       eos_token_ids_(runner_->model_config().eos_token_ids),
       vocab_size_(runner_->model_config().vocab_size),
       block_manager_(runner_->num_kv_blocks(), runner_->block_size_tokens(),
-                     config.enable_prefix_caching),
+                     config.enable_prefix_caching, runner_->kv_group_windows()),
       scheduler_(
           SchedulerConfig{.max_num_seqs = config.max_num_seqs,
                           .max_num_batched_tokens = config.max_num_batched_tokens,
@@ -252,9 +263,13 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
         RunnerCanSample(r.params(), seq)) {
       mode = LogitsMode::kSample;
     }
+    group_tables_.clear();
+    for (int32_t g = 0; g < block_manager_.num_groups(); ++g) {
+      group_tables_.push_back(block_manager_.BlockTable(seq.seq_id, g));
+    }
     batch_.AddSequence(
         std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens), begin,
-        block_manager_.BlockTable(seq.seq_id), mode);
+        group_tables_, mode);
     if (runner_->samples_on_device()) {
       const SamplingParams& p = r.params();
       // The Philox key and counter of the engine's own draw (ProcessSequence): one definition.
@@ -462,6 +477,11 @@ EngineStats EngineCore::Stats() const {
   stats.num_kv_blocks = block_manager_.num_blocks();
   stats.num_free_kv_blocks = block_manager_.num_free_blocks();
   stats.kv_cache_usage = block_manager_.usage();
+  stats.kv_groups.clear();
+  for (int32_t g = 0; g < block_manager_.num_groups(); ++g) {
+    stats.kv_groups.push_back({.window = block_manager_.group_windows()[static_cast<size_t>(g)],
+                               .num_used_blocks = block_manager_.num_used_blocks(g)});
+  }
   stats.prefix_cache_queried_tokens = scheduler_.prefix_cache_queried_tokens();
   stats.prefix_cache_hit_tokens = scheduler_.prefix_cache_hit_tokens();
   stats.num_preemptions = scheduler_.num_preemptions();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ struct EngineConfig {
   const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
 };
 
+// One KV cache group's share of the pool (engine/model/kv_cache_groups.h).
+struct KvGroupStats {
+  int32_t window = 0;           // 0: full attention
+  int32_t num_used_blocks = 0;  // blocks its tables reference
+};
+
 // A snapshot for metrics.
 struct EngineStats {
   int32_t num_running_seqs = 0;
@@ -52,8 +59,9 @@ struct EngineStats {
   int32_t num_preempted_seqs = 0;  // waiting to be recomputed after a preemption
   int32_t num_unfinished_requests = 0;
   int32_t num_kv_blocks = 0;
-  int32_t num_free_kv_blocks = 0;  // unreferenced, cached content included
-  double kv_cache_usage = 0.0;     // referenced fraction of the pool
+  int32_t num_free_kv_blocks = 0;       // unreferenced, cached content included
+  double kv_cache_usage = 0.0;          // referenced fraction of the pool
+  std::vector<KvGroupStats> kv_groups;  // by group; their used blocks sum to the pool's
   int64_t prefix_cache_queried_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
   int64_t num_preemptions = 0;
@@ -156,6 +164,7 @@ class EngineCore {
   std::vector<StepEntry> last_scheduled_;
   std::vector<StepEntry> last_preempted_;
   StepBatch batch_;
+  std::vector<std::span<const int32_t>> group_tables_;  // one sequence's, while building batch_
   StepOutput step_output_;
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
 

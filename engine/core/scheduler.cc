@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 
 #include "engine/core/check.h"
 
@@ -47,7 +48,8 @@ SchedulerOutput Scheduler::Schedule() {
     const int32_t num_new = CapTokens(num_lacking, budget);
     bool allocated = false;
     while (true) {
-      if (block_manager_->Allocate(seq->seq_id, int64_t{seq->num_computed_tokens} + num_new)) {
+      if (block_manager_->Allocate(seq->seq_id, int64_t{seq->num_computed_tokens} + num_new, {},
+                                   seq->num_computed_tokens)) {
         allocated = true;
         break;
       }
@@ -83,11 +85,13 @@ SchedulerOutput Scheduler::Schedule() {
         ++it;
         continue;
       }
-      const std::vector<int32_t> prefix = FindComputedPrefix(seq);
-      const int32_t num_computed =
-          static_cast<int32_t>(prefix.size()) * block_manager_->block_size_tokens();
+      const ComputedPrefix prefix = FindComputedPrefix(seq);
+      const int32_t num_computed = prefix.num_blocks * block_manager_->block_size_tokens();
       const int32_t num_new = CapTokens(seq->num_known_tokens() - num_computed, budget);
-      if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix)) break;
+      if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix,
+                                    num_computed)) {
+        break;
+      }
       it = waiting_.erase(it);
       if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
       const bool looked_up = (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) ||
@@ -160,22 +164,23 @@ bool Scheduler::WaitsForPromptSource(const Sequence* seq) const {
          source->num_computed_tokens < seq->num_prompt_tokens;
 }
 
-std::vector<int32_t> Scheduler::FindComputedPrefix(Sequence* seq) {
+ComputedPrefix Scheduler::FindComputedPrefix(Sequence* seq) {
   const int32_t block_size = block_manager_->block_size_tokens();
   // At least one token is left to compute: its logits pick the next token.
   const int32_t max_blocks = (seq->num_known_tokens() - 1) / block_size;
-  std::vector<int32_t> prefix;
+  ComputedPrefix prefix;
   if (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) {
     block_manager_->ExtendBlockHashes(seq->tokens, &seq->block_hashes);
-    prefix = block_manager_->FindCachedBlocks(seq->block_hashes, max_blocks);
+    prefix = block_manager_->FindCachedPrefix(seq->block_hashes, max_blocks);
   }
   const Sequence* source = seq->prompt_source;
   if (source != nullptr && source->state == SequenceState::kRunning) {
     const int32_t num_shareable = std::min(
         max_blocks, std::min(source->num_computed_tokens, seq->num_prompt_tokens) / block_size);
-    if (num_shareable > static_cast<int32_t>(prefix.size())) {
-      const std::span<const int32_t> table = block_manager_->BlockTable(source->seq_id);
-      prefix.assign(table.begin(), table.begin() + num_shareable);
+    if (num_shareable > prefix.num_blocks) {
+      // Empty when the source's window has slid past what the shared prefix needs.
+      ComputedPrefix shared = block_manager_->SharedPrefix(source->seq_id, num_shareable);
+      if (shared.num_blocks > prefix.num_blocks) prefix = std::move(shared);
     }
   }
   return prefix;

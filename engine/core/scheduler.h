@@ -9,10 +9,12 @@
 // hit just starts num_computed above zero; preemption resets it to zero (recompute).
 //
 // One step:
-//  1. Running sequences, in admission order, each get their tokens and the KV blocks to hold them.
-//     When blocks run out, the running sequence with the lowest priority and latest arrival (the
-//     greatest SeqKey) is preempted: its blocks are freed, num_computed_tokens = 0, and it returns
-//     to the waiting queue (it may be the sequence asking, which then gets nothing this step).
+//  1. Running sequences, in admission order, each get their tokens and the KV blocks to hold them
+//     (in every KV cache group; a windowed group first drops the blocks that slid out of its
+//     window, block_manager.h). When blocks run out, the running sequence with the lowest priority
+//     and latest arrival (the greatest SeqKey) is preempted: its blocks are freed,
+//     num_computed_tokens = 0, and it returns to the waiting queue (it may be the sequence asking,
+//     which then gets nothing this step).
 //  2. If nobody was preempted, waiting sequences are admitted in SeqKey order (priority, then
 //     arrival) while the budget, max_num_seqs and the blocks allow. Admission looks the sequence's
 //     full blocks up in the prefix cache (and, for samples 1..n-1 of a request, takes sample 0's
@@ -132,7 +134,7 @@ class Scheduler {
 
   void Preempt(Sequence* seq);
   // The blocks a waiting sequence can start from (cache hits or sample 0's prompt blocks).
-  std::vector<int32_t> FindComputedPrefix(Sequence* seq);
+  ComputedPrefix FindComputedPrefix(Sequence* seq);
   bool WaitsForPromptSource(const Sequence* seq) const;
   int32_t CapTokens(int32_t num_tokens, int32_t budget) const;
 

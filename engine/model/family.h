@@ -13,6 +13,7 @@
 #ifndef LMSERVE_ENGINE_MODEL_FAMILY_H_
 #define LMSERVE_ENGINE_MODEL_FAMILY_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -42,16 +43,25 @@ class ModelDescription {
   const WeightPlan& weights() const { return weights_; }
   // The rotary embeddings the layers use (AttentionLayer::rope indexes this): one table each.
   const std::vector<RopeConfig>& rotary() const { return rotary_; }
+  // Per KV cache layer (AttentionLayer::layer), the window of the layers that use it: 0 for full
+  // attention, W for a sliding window over the last W positions (equal to their
+  // AttentionLayer::window; runners refuse a layer that reads beyond it). The engine groups layers
+  // by it (kv_cache_groups.h) and frees the blocks that have left a windowed group's window. A
+  // description that leaves it 0 keeps every block, whatever its layers' windows.
+  const std::vector<int32_t>& kv_windows() const { return kv_windows_; }
 
   // One step's forward pass: embeddings, layers, the final norm, the LM head and the sampler.
   virtual absl::Status Forward(ForwardOps& ops) const = 0;
 
  protected:
-  explicit ModelDescription(const ModelConfig& config) : config_(config) {}
+  // kv_windows_ starts as num_layers zeros (full attention everywhere).
+  explicit ModelDescription(const ModelConfig& config)
+      : config_(config), kv_windows_(static_cast<size_t>(config.num_layers), 0) {}
 
   ModelConfig config_;
   WeightPlan weights_;
   std::vector<RopeConfig> rotary_;
+  std::vector<int32_t> kv_windows_;  // [num_layers]
 };
 
 // The Hugging Face names of a mixture-of-experts layer's tensors, after "model.layers.L.": the

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/core/check.h"
+#include "engine/model/kv_cache_groups.h"
 #include "engine/model/ops.h"
 #include "engine/runner/dummy_weights.h"
 #include "engine/runner/weight_loader.h"
@@ -100,6 +102,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   Backend backend() const override { return Backend::kCpu; }
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t num_kv_blocks() const override { return num_blocks_; }
+  std::vector<int32_t> kv_group_windows() const override { return groups_.windows; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
   RunnerStats stats() const override;
@@ -125,10 +128,14 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   absl::Status Sample() override;
 
   float* Buf(Buffer buffer) { return buffers_[static_cast<int>(buffer)].data(); }
-  float* KeyCache(int64_t layer) { return kv_pool_.get() + (2 * layer) * layer_cache_floats_; }
-  float* ValueCache(int64_t layer) {
-    return kv_pool_.get() + (2 * layer + 1) * layer_cache_floats_;
+  // A KV cache layer's keys and values: the slot of its group's blocks that it occupies.
+  float* KeyCache(int64_t layer) {
+    return kv_pool_.get() + (2 * int64_t{groups_.layer_slot[layer]}) * layer_cache_floats_;
   }
+  float* ValueCache(int64_t layer) {
+    return kv_pool_.get() + (2 * int64_t{groups_.layer_slot[layer]} + 1) * layer_cache_floats_;
+  }
+  int32_t Group(int64_t layer) const { return groups_.layer_group[static_cast<size_t>(layer)]; }
 
   const std::unique_ptr<const ModelDescription> model_;
   const ModelConfig& config_;
@@ -142,8 +149,10 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
 
   CpuWeights weights_;
 
-  // The KV pool: for each layer, keys then values, each [num_blocks, block_size, kv_heads,
-  // head_dim].
+  // The KV pool: for each layer slot of a block (kv_cache_groups.h), keys then values, each
+  // [num_blocks, block_size, kv_heads, head_dim]. A layer uses its slot, through its group's
+  // tables.
+  const KvCacheGroups groups_;
   int32_t num_blocks_ = 0;
   int64_t layer_cache_floats_ = 0;
   PoolPtr kv_pool_;
@@ -154,7 +163,12 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   std::vector<float> attention_scratch_;                 // PagedAttentionParams::WorkspaceFloats
   kernels::MoeWorkspace moe_scratch_;
   std::vector<int32_t> positions_;                       // [tokens]
-  std::vector<int64_t> slots_;  // [tokens]: KV cache slot of each new token
+  std::vector<int64_t> slots_;  // [groups, tokens]: KV cache slot of each new token, by group
+  // With several groups, each group's block tables as the kernels take them ([groups, seqs + 1]
+  // starts, each group's from 0; the ids group by group); one group reads the batch's own.
+  std::vector<int32_t> group_table_start_;
+  std::vector<int32_t> group_table_ids_;
+  std::vector<int64_t> group_ids_offset_;  // [groups]: where each group's ids begin
   // The rows that need logits, by token index: the returned rows (kLast, kAll), then the kSample
   // sequences' last tokens. FinalNorm packs their normed rows into final_rows_ in this order.
   std::vector<int32_t> logits_rows_;
@@ -185,7 +199,8 @@ CpuRunner::CpuRunner(std::unique_ptr<const ModelDescription> model,
       q_dim_(config_.num_attention_heads * config_.head_dim),
       kv_dim_(config_.num_kv_heads * config_.head_dim),
       qkv_dim_(q_dim_ + 2 * kv_dim_),
-      weights_(model_->weights()) {
+      weights_(model_->weights()),
+      groups_(PlanKvCacheGroups(model_->kv_windows())) {
   for (const RopeConfig& rope : model_->rotary()) {
     inv_freq_.push_back(RopeInverseFrequencies(rope, config_.head_dim));
   }
@@ -212,13 +227,16 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
                                            " is not supported (at most ",
                                            kernels::PagedAttentionParams::kMaxHeadDim, ")"));
   }
-  const int64_t block_bytes = CpuKvBlockBytes(model, config.block_size_tokens);
+  const KvCacheGroups groups = PlanKvCacheGroups(model_description->kv_windows());
+  const int64_t block_bytes = 2 * int64_t{groups.layers_per_block} * config.block_size_tokens *
+                              model.num_kv_heads * model.head_dim * int64_t{sizeof(float)};
   const int64_t num_blocks =
       std::min<int64_t>(config.kv_cache_bytes / block_bytes, std::numeric_limits<int32_t>::max());
   if (num_blocks < 1) {
-    return absl::InvalidArgumentError(StrCat(
-        "runner config: kv_cache_bytes ", config.kv_cache_bytes, " is less than one KV block (",
-        block_bytes, " bytes for ", config.block_size_tokens, " tokens of every layer)"));
+    return absl::InvalidArgumentError(StrCat("runner config: kv_cache_bytes ",
+                                             config.kv_cache_bytes, " is less than one KV block (",
+                                             block_bytes, " bytes for ", config.block_size_tokens,
+                                             " tokens of ", groups.layers_per_block, " layers)"));
   }
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<CpuRunner> runner(new CpuRunner(std::move(model_description), config));
@@ -228,7 +246,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
   runner->num_blocks_ = static_cast<int32_t>(num_blocks);
   runner->layer_cache_floats_ = num_blocks * config.block_size_tokens * runner->kv_dim_;
   const size_t pool_floats =
-      static_cast<size_t>(2 * model.num_layers * runner->layer_cache_floats_);
+      static_cast<size_t>(2 * int64_t{groups.layers_per_block} * runner->layer_cache_floats_);
   runner->kv_pool_.reset(static_cast<float*>(std::calloc(pool_floats, sizeof(float))));
   if (runner->kv_pool_ == nullptr) {
     return absl::ResourceExhaustedError(StrCat("CPU runner: cannot allocate a KV cache of ",
@@ -253,7 +271,8 @@ void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
   }
   Grow(&gate_up_, num_tokens_ * 2 * c.intermediate_size);
   Grow(&positions_, num_tokens_);
-  Grow(&slots_, num_tokens_);
+  const int64_t num_groups = groups_.num_groups();
+  Grow(&slots_, num_groups * num_tokens_);
   Grow(&logits_rows_, num_tokens_);
   Grow(&attention_scratch_,
        kernels::PagedAttentionParams::WorkspaceFloats(max_context_len_, c.num_attention_heads,
@@ -268,11 +287,16 @@ void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
     const int32_t begin = batch.query_start[i];
     const int32_t end = batch.query_start[i + 1];
     const int32_t first_position = batch.context_lens[i] - (end - begin);
-    const int32_t* table = batch.block_table_ids.data() + batch.block_table_start[i];
-    for (int32_t t = begin; t < end; ++t) {
-      const int32_t position = first_position + (t - begin);
-      positions_[t] = position;
-      slots_[t] = int64_t{table[position / block_size_]} * block_size_ + position % block_size_;
+    for (int32_t t = begin; t < end; ++t) positions_[t] = first_position + (t - begin);
+    for (int64_t g = 0; g < num_groups; ++g) {
+      const std::span<const int32_t> table =
+          batch.BlockTable(static_cast<int32_t>(i), static_cast<int32_t>(g));
+      for (int32_t t = begin; t < end; ++t) {
+        const int32_t position = positions_[t];
+        slots_[g * num_tokens_ + t] =
+            int64_t{table[static_cast<size_t>(position / block_size_)]} * block_size_ +
+            position % block_size_;
+      }
     }
     switch (batch.logits_modes[i]) {
       case LogitsMode::kNone:
@@ -289,6 +313,22 @@ void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
     }
     output->logits_row_start[i + 1] = static_cast<int32_t>(num_rows);
   }
+  if (num_groups > 1) {
+    group_table_start_.clear();
+    group_table_ids_.clear();
+    group_ids_offset_.clear();
+    for (int64_t g = 0; g < num_groups; ++g) {
+      group_ids_offset_.push_back(static_cast<int64_t>(group_table_ids_.size()));
+      group_table_start_.push_back(0);
+      for (int64_t i = 0; i < num_seqs; ++i) {
+        const std::span<const int32_t> table =
+            batch.BlockTable(static_cast<int32_t>(i), static_cast<int32_t>(g));
+        group_table_ids_.insert(group_table_ids_.end(), table.begin(), table.end());
+        group_table_start_.push_back(
+            static_cast<int32_t>(group_table_ids_.size() - group_ids_offset_.back()));
+      }
+    }
+  }
   output->logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
   // kSample rows go after the returned ones; their logits stay here.
   num_returned_rows_ = num_rows;
@@ -297,7 +337,8 @@ void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
 }
 
 absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
-  LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_));
+  LMSERVE_RETURN_IF_ERROR(
+      ValidateStepBatch(batch, config_, block_size_, num_blocks_, groups_.windows));
   PlanStep(batch, output);
   if (num_tokens_ == 0) return absl::OkStatus();
   batch_ = &batch;
@@ -445,7 +486,7 @@ absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer 
   kernels::ApplyRotary(rotary);
   kernels::WriteKvCache({.key = qkv + q_dim_,
                          .value = qkv + q_dim_ + kv_dim_,
-                         .slot_mapping = slots_.data(),
+                         .slot_mapping = slots_.data() + Group(layer.layer) * num_tokens_,
                          .key_cache = KeyCache(layer.layer),
                          .value_cache = ValueCache(layer.layer),
                          .num_tokens = num_tokens_,
@@ -461,13 +502,21 @@ absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer 
 absl::Status CpuRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) {
   const ModelConfig& c = config_;
   const StepBatch& batch = *batch_;
+  const int32_t group = Group(layer.layer);
+  LMSERVE_RETURN_IF_ERROR(CheckLayerWindow(layer, groups_));
+  const int32_t* table_start = batch.block_table_start.data();
+  const int32_t* table_ids = batch.block_table_ids.data();
+  if (groups_.num_groups() > 1) {
+    table_start = group_table_start_.data() + int64_t{group} * (batch.num_seqs() + 1);
+    table_ids = group_table_ids_.data() + group_ids_offset_[static_cast<size_t>(group)];
+  }
   kernels::PagedAttentionParams attention{.query = Buf(qkv),
                                           .key_cache = KeyCache(layer.layer),
                                           .value_cache = ValueCache(layer.layer),
                                           .query_start = batch.query_start.data(),
                                           .context_lens = batch.context_lens.data(),
-                                          .block_table_start = batch.block_table_start.data(),
-                                          .block_table_ids = batch.block_table_ids.data(),
+                                          .block_table_start = table_start,
+                                          .block_table_ids = table_ids,
                                           .output = Buf(out),
                                           .workspace = attention_scratch_.data(),
                                           .num_seqs = batch.num_seqs(),
@@ -572,7 +621,7 @@ RunnerStats CpuRunner::stats() const {
   RunnerStats s;
   s.dtype = RunnerDType::kFloat32;
   s.weight_bytes = weights_.bytes();
-  s.kv_cache_bytes = 2 * config_.num_layers * layer_cache_floats_ * 4;
+  s.kv_cache_bytes = 2 * int64_t{groups_.layers_per_block} * layer_cache_floats_ * 4;
   s.startup_seconds = startup_seconds_;
   s.device_name = "cpu";
   return s;
@@ -587,7 +636,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(
 }
 
 int64_t CpuKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens) {
-  return 2 * config.num_layers * int64_t{block_size_tokens} * config.num_kv_heads *
+  return 2 * KvLayersPerBlock(config) * int64_t{block_size_tokens} * config.num_kv_heads *
          config.head_dim * static_cast<int64_t>(sizeof(float));
 }
 

@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(
     std::unique_ptr<const ModelDescription> model, const Checkpoint& checkpoint,
     const RunnerConfig& config);
 
-// Bytes of one KV block in the CPU runner: keys and values of every layer, fp32.
+// Bytes of one KV block in the CPU runner: keys and values of the layers a block holds
+// (KvLayersPerBlock: every layer, or one KV cache group's), fp32.
 int64_t CpuKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens);
 
 }  // namespace lmserve::engine

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/model/kv_cache_groups.h"
 #include "engine/model/ops.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "engine/runner/cuda/cuda_weights.h"
@@ -70,6 +71,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   Backend backend() const override { return Backend::kCuda; }
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t num_kv_blocks() const override { return num_blocks_; }
+  std::vector<int32_t> kv_group_windows() const override { return groups_.windows; }
   bool samples_on_device() const override { return true; }
   RunnerStats stats() const override;
 
@@ -120,10 +122,14 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     return inputs_.Device<T>(offset);
   }
   void* Buf(Buffer buffer) const { return buffers_[static_cast<int>(buffer)].get(); }
-  void* KeyCache(int64_t layer) const { return kv_pool_.at((2 * layer) * layer_cache_bytes_); }
-  void* ValueCache(int64_t layer) const {
-    return kv_pool_.at((2 * layer + 1) * layer_cache_bytes_);
+  // A KV cache layer's keys and values: its slot of its group's blocks (kv_cache_groups.h).
+  void* KeyCache(int64_t layer) const {
+    return kv_pool_.at((2 * int64_t{groups_.layer_slot[layer]}) * layer_cache_bytes_);
   }
+  void* ValueCache(int64_t layer) const {
+    return kv_pool_.at((2 * int64_t{groups_.layer_slot[layer]} + 1) * layer_cache_bytes_);
+  }
+  int64_t Group(int64_t layer) const { return groups_.layer_group[static_cast<size_t>(layer)]; }
 
   const std::unique_ptr<const ModelDescription> model_;
   const ModelConfig& config_;
@@ -150,7 +156,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   cuda::CudaWeights weights_;
   std::vector<CudaBuffer> cos_sin_;  // by rotary embedding: [max_position, head_dim] fp32
 
-  // KV pool.
+  // KV pool: for each layer slot of a block, keys then values, each [num_blocks, block_size,
+  // kv_heads, head_dim]. A layer uses its slot, through its group's tables.
+  const KvCacheGroups groups_;
   CudaBuffer kv_pool_;
   int32_t num_blocks_ = 0;
   int64_t layer_cache_bytes_ = 0;
@@ -193,7 +201,8 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
           std::max<int64_t>(runner_config.max_num_batched_tokens, runner_config.max_num_seqs)),
       max_seqs_(runner_config.max_num_seqs),
       weight_projection_(static_cast<size_t>(model_->weights().size()), -1),
-      weight_layer_(static_cast<size_t>(model_->weights().size()), -1) {}
+      weight_layer_(static_cast<size_t>(model_->weights().size()), -1),
+      groups_(PlanKvCacheGroups(model_->kv_windows())) {}
 
 CudaRunner::~CudaRunner() {
   gemms_.reset();
@@ -314,10 +323,11 @@ absl::Status CudaRunner::AllocateWorkspaces() {
                                "clearing the sampler's workspace");
   LMSERVE_ASSIGN_OR_RETURN(h_sampled_, CudaBuffer::Pinned(t * 4, "sampled tokens"));
 
-  // Inputs: every table at most ceil(max position / block size) blocks long.
+  // Inputs: every table at most ceil(max position / block size) blocks long, one per group.
   const int64_t blocks_per_seq = (c.max_position_embeddings + block_size_ - 1) / block_size_;
-  max_table_ids_ = max_seqs_ * blocks_per_seq;
-  LMSERVE_ASSIGN_OR_RETURN(inputs_, cuda::StepInputs::Create(t, max_seqs_, max_table_ids_));
+  max_table_ids_ = max_seqs_ * blocks_per_seq * groups_.num_groups();
+  LMSERVE_ASSIGN_OR_RETURN(
+      inputs_, cuda::StepInputs::Create(t, max_seqs_, max_table_ids_, groups_.num_groups()));
 
   // Decode attention: the split cap of each batch size, and room for the largest partials
   // (bf16 only: in float32 every attention runs on PagedAttentionF32, which needs neither).
@@ -346,7 +356,9 @@ absl::Status CudaRunner::AllocateWorkspaces() {
 
 absl::Status CudaRunner::AllocateKvPool() {
   // What the memory budget leaves, or what the caller fixed.
-  const int64_t block_bytes = CudaKvBlockBytes(config_, block_size_, dtype_);
+  const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
+  const int64_t block_bytes =
+      2 * int64_t{groups_.layers_per_block} * block_size_ * kv_dim * element_bytes_;
   int64_t kv_bytes = runner_config_.kv_cache_bytes;
   size_t free_bytes = 0, total_bytes = 0;
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -363,10 +375,10 @@ absl::Status CudaRunner::AllocateKvPool() {
   }
   num_blocks_ = static_cast<int32_t>(
       std::min<int64_t>(kv_bytes / block_bytes, std::numeric_limits<int32_t>::max()));
-  const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
   layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim * element_bytes_;
   LMSERVE_ASSIGN_OR_RETURN(
-      kv_pool_, CudaBuffer::Device(2 * config_.num_layers * layer_cache_bytes_, "the KV cache"));
+      kv_pool_, CudaBuffer::Device(2 * int64_t{groups_.layers_per_block} * layer_cache_bytes_,
+                                   "the KV cache"));
   // Zeros: a padded or stale slot never holds NaNs that a masked-out read could spread.
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(kv_pool_.get(), 0, kv_pool_.bytes(), stream_),
                                "zeroing the KV cache");
@@ -497,7 +509,7 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
       .bias = layer.qkv_bias.present() ? weights_[layer.qkv_bias] : nullptr,
       .positions = In<int32_t>(l.positions),
       .cos_sin = cos_sin_[layer.rope].as<float>(),
-      .slot_mapping = In<int64_t>(l.slots),
+      .slot_mapping = In<int64_t>(l.slots) + Group(layer.layer) * step_.tokens,
       .query_out = Buf(qkv),
       .key_cache = KeyCache(layer.layer),
       .value_cache = ValueCache(layer.layer),
@@ -527,22 +539,25 @@ template <typename Params>
 Params CudaRunner::PagedAttentionParams(const AttentionLayer& layer, Buffer qkv, Buffer out) const {
   const ModelConfig& c = config_;
   const StepLayout& l = *step_.layout;
-  Params params{.query = Buf(qkv),
-                .key_cache = KeyCache(layer.layer),
-                .value_cache = ValueCache(layer.layer),
-                .context_lens = In<int32_t>(l.context_lens),
-                .block_table_start = In<int32_t>(l.block_table_start),
-                .block_table_ids = In<int32_t>(l.block_table_ids),
-                .output = Buf(out),
-                .num_seqs = step_.seqs,
-                .num_heads = c.num_attention_heads,
-                .num_kv_heads = c.num_kv_heads,
-                .head_dim = c.head_dim,
-                .block_size = block_size_,
-                .num_blocks = num_blocks_,
-                .query_stride = BufferWidth(qkv, c),
-                .scale = layer.scale,
-                .dtype = kernel_dtype_};
+  Params params{
+      .query = Buf(qkv),
+      .key_cache = KeyCache(layer.layer),
+      .value_cache = ValueCache(layer.layer),
+      .context_lens = In<int32_t>(l.context_lens),
+      // The layer's group's tables: each group's starts (step_.seqs + 1 of them) in
+      // turn, all into one array of ids (StepLayout).
+      .block_table_start = In<int32_t>(l.block_table_start) + Group(layer.layer) * (step_.seqs + 1),
+      .block_table_ids = In<int32_t>(l.block_table_ids),
+      .output = Buf(out),
+      .num_seqs = step_.seqs,
+      .num_heads = c.num_attention_heads,
+      .num_kv_heads = c.num_kv_heads,
+      .head_dim = c.head_dim,
+      .block_size = block_size_,
+      .num_blocks = num_blocks_,
+      .query_stride = BufferWidth(qkv, c),
+      .scale = layer.scale,
+      .dtype = kernel_dtype_};
   params.window = layer.window;
   params.softcap = layer.softcap;
   return params;
@@ -569,6 +584,7 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(int64_t layer) const {
 }
 
 absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(CheckLayerWindow(layer, groups_));
   if (dtype_ == RunnerDType::kFloat32) {
     // One fp32 kernel for decode and prefill tokens alike (the others are bf16 tensor-core ones).
     const auto attn = RaggedAttentionParams<kc::PagedAttentionF32Params>(layer, qkv, out);
@@ -661,7 +677,8 @@ absl::Status CudaRunner::Forward(const Step& step) {
 }
 
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
-  LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_));
+  LMSERVE_RETURN_IF_ERROR(
+      ValidateStepBatch(batch, config_, block_size_, num_blocks_, groups_.windows));
   const int64_t seqs = batch.num_seqs();
   const int64_t tokens = batch.num_tokens();
   if (tokens > max_tokens_ || seqs > max_seqs_ ||

@@ -50,8 +50,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
     std::unique_ptr<const ModelDescription> model, const Checkpoint& checkpoint,
     const RunnerConfig& config);
 
-// Bytes of one KV block in the CUDA runner: keys and values of every layer, in `dtype` (kAuto:
-// the CUDA runner's default, bf16).
+// Bytes of one KV block in the CUDA runner: keys and values of the layers a block holds
+// (KvLayersPerBlock: every layer, or one KV cache group's), in `dtype` (kAuto: the CUDA runner's
+// default, bf16).
 int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype);
 
 // The number of CUDA devices (0 without a GPU or driver). Only in builds with the CUDA runner.

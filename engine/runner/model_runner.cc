@@ -4,7 +4,10 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/core/check.h"
 #include "engine/model/family.h"
+#include "engine/model/kv_cache_groups.h"
+#include "engine/model/ops.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/runner/cuda_runner.h"
 
@@ -43,15 +46,38 @@ RunnerDType ResolveRunnerDType(RunnerDType dtype, Backend backend) {
 
 int64_t RunnerDTypeBytes(RunnerDType dtype) { return dtype == RunnerDType::kFloat32 ? 4 : 2; }
 
+std::span<const int32_t> StepBatch::BlockTable(int32_t seq, int32_t group) const {
+  const int64_t row = int64_t{seq} * num_kv_groups + group;
+  const int32_t begin = block_table_start[static_cast<size_t>(row)];
+  const int32_t end = block_table_start[static_cast<size_t>(row + 1)];
+  return std::span<const int32_t>(block_table_ids)
+      .subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+}
+
 void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
                             std::span<const int32_t> block_ids, LogitsMode logits_mode) {
+  LMSERVE_CORE_CHECK(num_kv_groups == 1, "a batch of ", num_kv_groups,
+                     " KV cache groups needs a table per group");
+  const std::span<const int32_t> tables[1] = {block_ids};
+  AddSequence(new_tokens, num_computed_tokens, tables, logits_mode);
+}
+
+void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
+                            std::span<const std::span<const int32_t>> group_block_ids,
+                            LogitsMode logits_mode) {
+  if (num_seqs() == 0) num_kv_groups = static_cast<int32_t>(group_block_ids.size());
+  LMSERVE_CORE_CHECK(static_cast<int32_t>(group_block_ids.size()) == num_kv_groups, "a sequence ",
+                     "with ", group_block_ids.size(), " block tables in a batch of ", num_kv_groups,
+                     " KV cache groups");
   if (query_start.empty()) query_start.push_back(0);
   if (block_table_start.empty()) block_table_start.push_back(0);
   token_ids.insert(token_ids.end(), new_tokens.begin(), new_tokens.end());
   query_start.push_back(num_tokens());
   context_lens.push_back(num_computed_tokens + static_cast<int32_t>(new_tokens.size()));
-  block_table_ids.insert(block_table_ids.end(), block_ids.begin(), block_ids.end());
-  block_table_start.push_back(static_cast<int32_t>(block_table_ids.size()));
+  for (std::span<const int32_t> block_ids : group_block_ids) {
+    block_table_ids.insert(block_table_ids.end(), block_ids.begin(), block_ids.end());
+    block_table_start.push_back(static_cast<int32_t>(block_table_ids.size()));
+  }
   logits_modes.push_back(logits_mode);
 }
 
@@ -63,12 +89,18 @@ void StepBatch::Clear() {
   block_table_ids.clear();
   logits_modes.clear();
   sampling.clear();
+  num_kv_groups = 1;
 }
 
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
-                               int32_t block_size_tokens, int32_t num_kv_blocks) {
+                               int32_t block_size_tokens, int32_t num_kv_blocks,
+                               std::span<const int32_t> kv_group_windows) {
   const int64_t num_seqs = batch.num_seqs();
   const int64_t num_tokens = batch.num_tokens();
+  const int32_t kFullAttention[1] = {0};
+  const std::span<const int32_t> windows =
+      kv_group_windows.empty() ? std::span<const int32_t>(kFullAttention) : kv_group_windows;
+  const int64_t num_groups = static_cast<int64_t>(windows.size());
   if (num_seqs == 0) {
     // The empty batch, as constructed or after Clear().
     const bool empty_starts = batch.query_start.size() <= 1 &&
@@ -81,13 +113,18 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
     }
     return absl::OkStatus();
   }
+  if (batch.num_kv_groups != num_groups) {
+    return Malformed(StrCat("the batch has block tables for ", batch.num_kv_groups,
+                            " KV cache groups; the model has ", num_groups));
+  }
+  const int64_t num_tables = num_seqs * num_groups;
   if (static_cast<int64_t>(batch.query_start.size()) != num_seqs + 1 ||
-      static_cast<int64_t>(batch.block_table_start.size()) != num_seqs + 1 ||
+      static_cast<int64_t>(batch.block_table_start.size()) != num_tables + 1 ||
       static_cast<int64_t>(batch.logits_modes.size()) != num_seqs) {
     return Malformed(StrCat(num_seqs, " sequences but ", batch.query_start.size(), " query_start, ",
                             batch.block_table_start.size(), " block_table_start and ",
-                            batch.logits_modes.size(),
-                            " logits_modes entries (want n + 1, n + 1 and n)"));
+                            batch.logits_modes.size(), " logits_modes entries (want n + 1, n * ",
+                            num_groups, " + 1 and n)"));
   }
   if (batch.query_start[0] != 0 || batch.query_start[num_seqs] != num_tokens) {
     return Malformed(StrCat("query_start runs from ", batch.query_start[0], " to ",
@@ -95,9 +132,14 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
                             ")"));
   }
   const int64_t num_table_ids = static_cast<int64_t>(batch.block_table_ids.size());
-  if (batch.block_table_start[0] != 0 || batch.block_table_start[num_seqs] != num_table_ids) {
+  if (batch.block_table_start[0] != 0 || batch.block_table_start[num_tables] != num_table_ids) {
     return Malformed(StrCat("block_table_start runs from ", batch.block_table_start[0], " to ",
-                            batch.block_table_start[num_seqs], "; want 0 to ", num_table_ids));
+                            batch.block_table_start[num_tables], "; want 0 to ", num_table_ids));
+  }
+  for (int64_t row = 0; row < num_tables; ++row) {
+    if (batch.block_table_start[row + 1] < batch.block_table_start[row]) {
+      return Malformed(StrCat("block_table_start decreases at row ", row));
+    }
   }
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int32_t id = batch.token_ids[t];
@@ -120,16 +162,27 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
       return Malformed(StrCat("sequence ", i, " has a context of ", context_len,
                               " tokens, beyond the model's ", config.max_position_embeddings));
     }
-    const int64_t num_blocks = int64_t{batch.block_table_start[i + 1]} - batch.block_table_start[i];
-    if (num_blocks < 0 || num_blocks * block_size_tokens < context_len) {
-      return Malformed(StrCat("sequence ", i, " has ", num_blocks, " blocks of ", block_size_tokens,
-                              " tokens for a context of ", context_len));
-    }
-    for (int64_t b = batch.block_table_start[i]; b < batch.block_table_start[i + 1]; ++b) {
-      const int32_t block = batch.block_table_ids[b];
-      if (block < 0 || block >= num_kv_blocks) {
-        return Malformed(StrCat("sequence ", i, " names block ", block, ", outside the pool [0, ",
-                                num_kv_blocks, ")"));
+    for (int64_t g = 0; g < num_groups; ++g) {
+      const int64_t row = i * num_groups + g;
+      const int64_t begin = batch.block_table_start[row];
+      const int64_t num_blocks = int64_t{batch.block_table_start[row + 1]} - begin;
+      if (num_blocks * block_size_tokens < context_len) {
+        return Malformed(StrCat("sequence ", i, " has ", num_blocks, " blocks of ",
+                                block_size_tokens, " tokens for a context of ", context_len,
+                                " (KV cache group ", g, ")"));
+      }
+      // Blocks wholly before the first key the first new token sees may be -1 in a window.
+      const int64_t window = windows[static_cast<size_t>(g)];
+      const int64_t first_key = context_len - query_len - window + 1;
+      const int64_t num_droppable = window > 0 && first_key > 0 ? first_key / block_size_tokens : 0;
+      for (int64_t j = 0; j < num_blocks; ++j) {
+        const int32_t block = batch.block_table_ids[begin + j];
+        if (block == -1 && j < num_droppable) continue;
+        if (block < 0 || block >= num_kv_blocks) {
+          return Malformed(StrCat("sequence ", i, " names block ", block, " at entry ", j,
+                                  " of KV cache group ", g, ", outside the pool [0, ",
+                                  num_kv_blocks, ")"));
+        }
       }
     }
     const LogitsMode mode = batch.logits_modes[i];
@@ -149,6 +202,30 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
         return Malformed(StrCat("sequence ", i, " has NaN sampling parameters"));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+KvCacheGroups KvCacheGroupsFor(const ModelConfig& config) {
+  absl::StatusOr<std::unique_ptr<ModelDescription>> model = DescribeModel(config);
+  if (!model.ok()) {
+    return PlanKvCacheGroups(
+        std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(config.num_layers, 1)), 0));
+  }
+  return PlanKvCacheGroups((*model)->kv_windows());
+}
+
+int64_t KvLayersPerBlock(const ModelConfig& config) {
+  return KvCacheGroupsFor(config).layers_per_block;
+}
+
+absl::Status CheckLayerWindow(const AttentionLayer& layer, const KvCacheGroups& groups) {
+  const int32_t group_window =
+      groups.windows[static_cast<size_t>(groups.layer_group[static_cast<size_t>(layer.layer)])];
+  if (group_window > 0 && (layer.window <= 0 || layer.window > group_window)) {
+    return absl::InternalError(StrCat("layer ", layer.layer, " attends with window ", layer.window,
+                                      " but its KV cache keeps ", group_window,
+                                      " positions (ModelDescription::kv_windows)"));
   }
   return absl::OkStatus();
 }
@@ -182,7 +259,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
 }
 
 int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype) {
-  return 2 * config.num_layers * int64_t{block_size_tokens} * config.num_kv_heads *
+  return 2 * KvLayersPerBlock(config) * int64_t{block_size_tokens} * config.num_kv_heads *
          config.head_dim * RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
 }
 

@@ -8,9 +8,11 @@
 //   block manager): the runner only reads and writes the slots the block tables name.
 // - A step is a ragged batch. Sequence i computes `query_lens[i]` new tokens at positions
 //   [context_lens[i] - query_lens[i], context_lens[i]): their K/V are written into the cache slots
-//   that its block table gives for those positions, and attention reads positions
-//   [0, context_lens[i]) through the same table. Prefills (many tokens), chunked prefills and prefix
-//   hits (a prompt starting mid-sequence) and decodes (one token) mix freely in one step.
+//   that its block tables give for those positions, and attention reads positions
+//   [0, context_lens[i]) through the same tables (a layer with a sliding window W only the last
+//   W positions before each query: AttentionLayer::window). A layer reads and writes through the
+//   table of its KV cache group (kv_group_windows()). Prefills (many tokens), chunked prefills and
+//   prefix hits (a prompt starting mid-sequence) and decodes (one token) mix freely in one step.
 // - Logits are produced only for the rows asked for: the last token of a sequence, or all of its
 //   tokens (teacher-forced scoring, prompt logprobs).
 //
@@ -29,11 +31,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/model/kv_cache_groups.h"
 #include "engine/model/model_config.h"
 
 namespace lmserve::engine {
 
 class Checkpoint;
+struct AttentionLayer;
 
 enum class LogitsMode : uint8_t {
   kNone,    // no logits (a prefill chunk that does not end the prompt)
@@ -55,23 +59,39 @@ struct RunnerSampling {
 };
 
 // One step's batch, in the compressed-sparse-row form that GPU kernels take.
+//
+// Block tables: the model's KV cache layers come in `num_kv_groups` groups
+// (ModelRunner::kv_group_windows, engine/model/kv_cache_groups.h), each with a table per sequence;
+// row i * num_kv_groups + g of the CSR is sequence i's table in group g, its entry j the block
+// holding positions [j*B, (j+1)*B) of the group's layers. In a group of window W > 0, the entries
+// of blocks wholly before the first key that the sequence's first new token sees (j with
+// (j+1)*B <= context_len - query_len - W + 1) may be -1: no query of the step reads them.
 struct StepBatch {
   std::vector<int32_t> token_ids;             // [num_tokens]: every sequence's new tokens, in order
   std::vector<int32_t> query_start;           // [num_seqs + 1]: sequence i owns token_ids[query_start[i]..query_start[i+1])
   std::vector<int32_t> context_lens;          // [num_seqs]: tokens in the cache after this step
-  std::vector<int32_t> block_table_start;     // [num_seqs + 1]: offsets into block_table_ids
-  std::vector<int32_t> block_table_ids;       // KV block ids; sequence i's block j holds positions [j*B, (j+1)*B)
+  std::vector<int32_t> block_table_start;     // [num_seqs * num_kv_groups + 1]: offsets into block_table_ids, by (sequence, group)
+  std::vector<int32_t> block_table_ids;       // KV block ids (-1 where a window allows it)
   std::vector<LogitsMode> logits_modes;       // [num_seqs]
   std::vector<RunnerSampling> sampling;       // [num_seqs] when any mode is kSample, else empty
+  int32_t num_kv_groups = 1;                  // block tables per sequence
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  // Sequence `seq`'s block table in group `group`.
+  std::span<const int32_t> BlockTable(int32_t seq, int32_t group = 0) const;
 
   // Appends a sequence: `new_tokens` computed after `num_computed_tokens` already in the cache, its
   // blocks `block_ids` covering at least num_computed_tokens + new_tokens.size() positions.
+  // REQUIRES: num_kv_groups == 1.
   void AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
                    std::span<const int32_t> block_ids, LogitsMode logits_mode);
-  void Clear();
+  // The same with one table per KV cache group. The first sequence sets num_kv_groups.
+  // REQUIRES: as many tables as earlier sequences had.
+  void AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
+                   std::span<const std::span<const int32_t>> group_block_ids,
+                   LogitsMode logits_mode);
+  void Clear();  // num_kv_groups back to 1
 };
 
 struct StepOutput {
@@ -187,6 +207,10 @@ class ModelRunner {
   virtual Backend backend() const = 0;
   virtual int32_t block_size_tokens() const = 0;
   virtual int32_t num_kv_blocks() const = 0;
+  // The window of each KV cache group (engine/model/kv_cache_groups.h), 0 for full attention, in
+  // the order of StepBatch's block tables. Block ids are shared by the groups: an id is in one
+  // group's tables at a time.
+  virtual std::vector<int32_t> kv_group_windows() const { return {0}; }
   // Whether Execute implements LogitsMode::kSample on the device (the engine then sends it the
   // requests whose sampling it can do, and copies back only their tokens). The CPU runner
   // implements kSample too but says false: the engine's own sampler is the CPU reference.
@@ -203,9 +227,22 @@ class ModelRunner {
 // support; otherwise FailedPrecondition (Unimplemented for a build without CUDA) saying why.
 absl::Status CheckCudaDevice(int32_t device = 0);
 
-// Checks a batch against a runner's limits; every runner calls it first.
+// The KV cache groups of `config`'s model (its family's description, kv_cache_groups.h): one
+// group of every layer when all have one window; one full group when the config has no family.
+KvCacheGroups KvCacheGroupsFor(const ModelConfig& config);
+// The KV cache layers one block holds: KvCacheGroupsFor(config).layers_per_block.
+int64_t KvLayersPerBlock(const ModelConfig& config);
+
+// OK when `layer` reads no key its KV cache group may have freed: a layer of a group with window
+// W must attend within a window of at most W. Runners check it in their Attention op.
+absl::Status CheckLayerWindow(const AttentionLayer& layer, const KvCacheGroups& groups);
+
+// Checks a batch against a runner's limits; every runner calls it first. `kv_group_windows`:
+// the runner's (empty: one full-attention group); -1 entries are accepted only where a group's
+// window allows them.
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
-                               int32_t block_size_tokens, int32_t num_kv_blocks);
+                               int32_t block_size_tokens, int32_t num_kv_blocks,
+                               std::span<const int32_t> kv_group_windows = {});
 
 }  // namespace lmserve::engine
 

@@ -249,9 +249,14 @@ TEST(ServerE2eTest, CancellingAStreamFreesItsKvCache) {
   RunningStream stream;
   ASSERT_TRUE(stream.Start(stub.get(), LongRequest()));
   // The status is the engine's as of its last step: poll until it shows the request's blocks.
-  double usage = 0;
-  for (int i = 0; i < 500 && usage == 0; ++i) usage = Status(stub.get()).kv_cache_usage();
-  EXPECT_GT(usage, 0);
+  v1::ServerStatus running;
+  for (int i = 0; i < 500 && running.kv_cache_usage() == 0; ++i) running = Status(stub.get());
+  EXPECT_GT(running.kv_cache_usage(), 0);
+  // The fixture model is one group of full-attention layers: it holds every used block.
+  ASSERT_EQ(running.kv_groups_size(), 1) << running.DebugString();
+  EXPECT_EQ(running.kv_groups(0).window(), 0);
+  EXPECT_EQ(running.kv_groups(0).used_blocks(),
+            running.kv_blocks_total() - running.kv_blocks_free());
   stream.context.TryCancel();
   v1::CompleteStreamResponse message;
   int extra = 0;

@@ -39,6 +39,7 @@ class GemmaDescription final : public ModelDescription {
       auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
       Layer& layer = layers_[l];
       layer.attention = DecoderAttention(c, l);
+      kv_windows_[static_cast<size_t>(l)] = layer.attention.window;
       layer.input_norm = AddNorm(w, c, "input_layernorm", l, name("input_layernorm.weight"));
       layer.qkv = AddQkv(w, c, l, /*fused=*/false, qk_norm, &layer.attention);
       layer.o_proj = w.AddTensor("o_proj", l, name("self_attn.o_proj.weight"), hidden, q_dim);

@@ -142,6 +142,7 @@ LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& opt
     auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
     Layer& layer = layers_[l];
     layer.attention = DecoderAttention(c, l);
+    kv_windows_[static_cast<size_t>(l)] = layer.attention.window;
     layer.input_norm = AddNorm(w, c, "input_layernorm", l, name("input_layernorm.weight"));
     layer.qkv = AddQkv(w, c, l, options.fused_qkv, options.qk_norm, &layer.attention);
     if (c.attention_bias) {

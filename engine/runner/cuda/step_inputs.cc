@@ -1,12 +1,14 @@
 #include "engine/runner/cuda/step_inputs.h"
 
 #include <cstring>
+#include <span>
 
 #include "common/status.h"
 
 namespace lmserve::engine::cuda {
 
-StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids) {
+StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids,
+                           int64_t groups) {
   StepLayout l;
   size_t offset = 0;
   auto take = [&offset](int64_t bytes) {
@@ -14,14 +16,14 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
     offset = (offset + static_cast<size_t>(bytes) + 15) / 16 * 16;
     return at;
   };
-  l.slots = take(8 * tokens);
+  l.slots = take(8 * groups * tokens);
   l.seeds = take(8 * rows);
   l.steps = take(8 * rows);
   l.token_ids = take(4 * tokens);
   l.positions = take(4 * tokens);
   l.query_start = take(4 * (seqs + 1));
   l.context_lens = take(4 * seqs);
-  l.block_table_start = take(4 * (seqs + 1));
+  l.block_table_start = take(4 * groups * (seqs + 1));
   l.logits_rows = take(4 * rows);
   l.temperature = take(4 * rows);
   l.top_k = take(4 * rows);
@@ -33,10 +35,11 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
 }
 
 absl::StatusOr<StepInputs> StepInputs::Create(int64_t max_tokens, int64_t max_seqs,
-                                              int64_t max_table_ids) {
-  const int64_t capacity =
-      static_cast<int64_t>(StepLayout::For(max_tokens, max_seqs, max_tokens, max_table_ids).total);
+                                              int64_t max_table_ids, int64_t num_groups) {
+  const int64_t capacity = static_cast<int64_t>(
+      StepLayout::For(max_tokens, max_seqs, max_tokens, max_table_ids, num_groups).total);
   StepInputs inputs;
+  inputs.num_groups_ = num_groups;
   LMSERVE_ASSIGN_OR_RETURN(inputs.host_, CudaBuffer::Pinned(capacity, "step inputs"));
   LMSERVE_ASSIGN_OR_RETURN(inputs.device_, CudaBuffer::Device(capacity, "step inputs"));
   return inputs;
@@ -75,7 +78,8 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   const int64_t rows = static_cast<int64_t>(rows_.size());
   const int64_t table_ids = static_cast<int64_t>(batch.block_table_ids.size());
   const int64_t layout_seqs = decode_only ? padded_seqs : seqs;
-  const StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids);
+  const int64_t groups = num_groups_;
+  const StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids, groups);
 
   int64_t* slots = Host<int64_t>(l.slots);
   int32_t* ids = Host<int32_t>(l.token_ids);
@@ -86,30 +90,45 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   for (int64_t i = 0; i < seqs; ++i) {
     const int32_t begin = batch.query_start[i], end = batch.query_start[i + 1];
     const int32_t first_position = batch.context_lens[i] - (end - begin);
-    const int32_t* table = batch.block_table_ids.data() + batch.block_table_start[i];
     for (int32_t t = begin; t < end; ++t) {
-      const int32_t position = first_position + (t - begin);
       ids[t] = batch.token_ids[t];
-      positions[t] = position;
-      slots[t] = int64_t{table[position / block_size]} * block_size + position % block_size;
+      positions[t] = first_position + (t - begin);
     }
     query_start[i] = begin;
     context_lens[i] = batch.context_lens[i];
-    table_start[i] = batch.block_table_start[i];
   }
   for (int64_t i = seqs; i < layout_seqs; ++i) {  // padding: nothing read, nothing written
     ids[i] = 0;
     positions[i] = 0;
-    slots[i] = -1;
     query_start[i] = static_cast<int32_t>(i);
     context_lens[i] = 0;
-    table_start[i] = static_cast<int32_t>(table_ids);
   }
   query_start[layout_seqs] = static_cast<int32_t>(tokens);
-  table_start[layout_seqs] = static_cast<int32_t>(table_ids);
-  if (table_ids > 0) {
-    std::memcpy(Host<int32_t>(l.block_table_ids), batch.block_table_ids.data(),
-                static_cast<size_t>(table_ids) * 4);
+  // Each group's slots and tables in turn (the batch holds them sequence by sequence).
+  int32_t* table_ids_out = Host<int32_t>(l.block_table_ids);
+  int32_t num_ids = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t* group_slots = slots + g * tokens;
+    int32_t* group_start = table_start + g * (layout_seqs + 1);
+    for (int64_t i = 0; i < seqs; ++i) {
+      const std::span<const int32_t> table =
+          batch.BlockTable(static_cast<int32_t>(i), static_cast<int32_t>(g));
+      for (int32_t t = batch.query_start[i]; t < batch.query_start[i + 1]; ++t) {
+        const int32_t position = positions[t];
+        group_slots[t] = int64_t{table[static_cast<size_t>(position / block_size)]} * block_size +
+                         position % block_size;
+      }
+      group_start[i] = num_ids;
+      if (!table.empty()) {
+        std::memcpy(table_ids_out + num_ids, table.data(), table.size() * 4);
+      }
+      num_ids += static_cast<int32_t>(table.size());
+    }
+    for (int64_t i = seqs; i < layout_seqs; ++i) {
+      group_slots[i] = -1;
+      group_start[i] = num_ids;
+    }
+    group_start[layout_seqs] = num_ids;
   }
   int32_t* logits_rows = Host<int32_t>(l.logits_rows);
   float* temperature = Host<float>(l.temperature);

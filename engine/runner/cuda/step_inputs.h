@@ -19,15 +19,20 @@ namespace lmserve::engine::cuda {
 // Where each input array of a step lies in the packed buffer (host and device alike). The offsets
 // depend only on the counts, so a CUDA graph captured for a decode bucket finds its inputs at the
 // same addresses on every replay; the block table ids, whose count varies, come last.
+//
+// KV cache groups (kv_cache_groups.h): each group has its cache slots and its block tables. The
+// slots are group by group ([groups, tokens]); so are the tables' starts ([groups, seqs + 1], each
+// group's starts as offsets into the one array of ids, which holds group 0's tables, then group
+// 1's, ...): a layer of group g reads slots + g * tokens and block_table_start + g * (seqs + 1).
 struct StepLayout {
-  size_t slots = 0;              // int64 [tokens]: each token's cache slot; -1 for padding
+  size_t slots = 0;              // int64 [groups, tokens]: each token's cache slot; -1: padding
   size_t seeds = 0;              // uint64 [rows]
   size_t steps = 0;              // uint64 [rows]
   size_t token_ids = 0;          // int32 [tokens]
   size_t positions = 0;          // int32 [tokens]
   size_t query_start = 0;        // int32 [seqs + 1]
   size_t context_lens = 0;       // int32 [seqs]
-  size_t block_table_start = 0;  // int32 [seqs + 1]
+  size_t block_table_start = 0;  // int32 [groups, seqs + 1]
   size_t logits_rows = 0;        // int32 [rows]: the token of each logits row
   size_t temperature = 0;        // float [rows]
   size_t top_k = 0;              // int32 [rows]
@@ -36,7 +41,8 @@ struct StepLayout {
   size_t block_table_ids = 0;    // int32 [table ids]
   size_t total = 0;
 
-  static StepLayout For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids);
+  static StepLayout For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids,
+                        int64_t groups);
 };
 
 // A row of the step's logits on the device: a kLast or kSample sequence's last token, each token
@@ -51,13 +57,15 @@ struct LogitsRow {
 class StepInputs {
  public:
   // Room for steps of up to `max_tokens` tokens and logits rows, `max_seqs` sequences and
-  // `max_table_ids` block table entries.
+  // `max_table_ids` block table entries (every group's), for a model of `num_groups` KV cache
+  // groups.
   static absl::StatusOr<StepInputs> Create(int64_t max_tokens, int64_t max_seqs,
-                                           int64_t max_table_ids);
+                                           int64_t max_table_ids, int64_t num_groups);
 
-  // Packs `batch` (REQUIRES: valid, within the limits) into the host buffer. A decode-only step run
-  // by a graph of `padded_seqs` sequences is padded to it: padding sequences have context 0 and
-  // cache slot -1, so they read and write nothing, and a greedy logits row each. Fills rows().
+  // Packs `batch` (REQUIRES: valid, within the limits, num_groups tables a sequence) into the host
+  // buffer. A decode-only step run by a graph of `padded_seqs` sequences is padded to it: padding
+  // sequences have context 0, empty tables and cache slot -1, so they read and write nothing, and
+  // a greedy logits row each. Fills rows().
   StepLayout Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
                   int32_t block_size_tokens);
   // Copies the packed inputs of `layout` to the device, on `stream`.
@@ -78,6 +86,7 @@ class StepInputs {
     return host_.at<T>(static_cast<int64_t>(offset));
   }
 
+  int64_t num_groups_ = 1;
   CudaBuffer host_;  // pinned
   CudaBuffer device_;
   std::vector<LogitsRow> rows_;

@@ -1,18 +1,27 @@
 // The engine over the real CPU runner and the Hugging Face fixture models: each request's output
 // (greedy, or seeded sampling for four of them) is the same alone as among 16 concurrent requests
 // with chunked prefill, preemption and prefix-cache hits all happening; and alone, greedy decoding
-// of the fixture prompts matches the Hugging Face greedy reference.
+// of the fixture prompts matches the Hugging Face greedy reference. The models include sliding
+// windows (mistral-sliding: every layer; gemma2-softcap-sliding: a windowed and a full KV cache
+// group), whose blocks the engine frees as the window slides: their windowed groups hold a bounded
+// number of blocks however long the context.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "common/strings.h"
 #include "engine/core/engine_core.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/family.h"
+#include "engine/model/kv_cache_groups.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
@@ -39,6 +48,7 @@ class RecordingRunner final : public ModelRunner {
   Backend backend() const override { return inner_->backend(); }
   int32_t block_size_tokens() const override { return inner_->block_size_tokens(); }
   int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  std::vector<int32_t> kv_group_windows() const override { return inner_->kv_group_windows(); }
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
     for (int32_t i = 0; i < batch.num_seqs(); ++i) {
       // A chunk that neither ends its sequence nor asks for logits: a partial prefill.
@@ -140,13 +150,39 @@ void Collect(OutputStream& stream, Result* result) {
   }
 }
 
-class CpuEngineTest : public ::testing::TestWithParam<std::string> {};
+// A fixture model: hf-tiny/NAME, or hf-families/NAME for the sliding-window ones.
+struct EngineCase {
+  std::string name;
+  bool family = false;
+  std::string dir() const { return family ? testing::HfFamilyDir(name) : testing::HfTinyDir(name); }
+};
+
+std::vector<EngineCase> EngineCases() {
+  std::vector<EngineCase> cases;
+  for (const std::string& name : testing::HfTinyModelNames()) cases.push_back({name});
+  cases.push_back({"mistral-sliding", true});
+  cases.push_back({"gemma2-softcap-sliding", true});
+  return cases;
+}
+
+// The model's KV cache group windows, as the runner reports them.
+std::vector<int32_t> GroupWindows(const Checkpoint& checkpoint) {
+  auto model = DescribeModel(checkpoint.config());
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? PlanKvCacheGroups((*model)->kv_windows()).windows : std::vector<int32_t>{0};
+}
+
+class CpuEngineTest : public ::testing::TestWithParam<EngineCase> {};
 
 TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
-  const std::string& model = GetParam();
-  auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
+  const std::string& model = GetParam().name;
+  auto checkpoint = OpenCheckpoint(GetParam().dir());
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  const testing::HfTinyReference ref = testing::LoadHfTinyReference(model);
+  const testing::HfTinyReference ref = testing::LoadReference(GetParam().dir());
+  // A block holds one group's layers: each group needs its blocks (the pools below are per group).
+  const std::vector<int32_t> windows = GroupWindows(**checkpoint);
+  const int32_t num_groups = static_cast<int32_t>(windows.size());
+  const bool all_windowed = std::find(windows.begin(), windows.end(), 0) == windows.end();
   const std::vector<std::vector<int32_t>> prompts =
       Prompts(ref, (*checkpoint)->config().vocab_size);
   ASSERT_EQ(prompts.size(), 16u);
@@ -156,7 +192,8 @@ TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
   alone_config.enable_prefix_caching = false;
   alone_config.max_num_batched_tokens = 4096;
   RecordingRunner* alone_recorder = nullptr;
-  auto alone = MakeEngine(**checkpoint, /*num_blocks=*/16, alone_config, &alone_recorder);
+  auto alone =
+      MakeEngine(**checkpoint, /*num_blocks=*/16 * num_groups, alone_config, &alone_recorder);
   ASSERT_NE(alone, nullptr);
   std::vector<Result> alone_results(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -180,12 +217,15 @@ TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
   }
 
   // Concurrent: all 16 at once; a 64-token budget chunks the long prompts; 24 blocks (384
-  // tokens) cannot hold them all, so some are preempted; shared prefixes hit the cache.
+  // tokens) a group cannot hold them all, so some are preempted; shared prefixes hit the cache.
+  // With every layer windowed, a sequence holds at most ceil((15 + 64) / 16) + 1 = 6 blocks, and
+  // 2 once decoding: 10 blocks are too few for all 16.
   EngineConfig config;
   config.max_num_batched_tokens = 64;
   config.max_num_seqs = 16;
   RecordingRunner* recorder = nullptr;
-  auto concurrent = MakeEngine(**checkpoint, /*num_blocks=*/24, config, &recorder);
+  const int32_t num_blocks = all_windowed ? 10 : 24 * num_groups;
+  auto concurrent = MakeEngine(**checkpoint, num_blocks, config, &recorder);
   ASSERT_NE(concurrent, nullptr);
   std::vector<std::shared_ptr<OutputStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -194,16 +234,27 @@ TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
   }
   std::vector<Result> results(prompts.size());
   int64_t steps = 0;
+  std::vector<int32_t> most_used(windows.size(), 0);
   while (concurrent->Step()) {
     ++steps;
     for (size_t i = 0; i < prompts.size(); ++i) Collect(*streams[i], &results[i]);
+    const EngineStats step_stats = concurrent->Stats();
+    ASSERT_EQ(step_stats.kv_groups.size(), windows.size());
+    for (size_t g = 0; g < windows.size(); ++g) {
+      most_used[g] = std::max(most_used[g], step_stats.kv_groups[g].num_used_blocks);
+      // A windowed group holds at most ceil((W - 1 + 64) / 16) + 1 blocks of each sequence.
+      if (windows[g] > 0) {
+        const int32_t cap = (windows[g] - 1 + 64 + kBlockSize - 1) / kBlockSize + 1;
+        ASSERT_LE(step_stats.kv_groups[g].num_used_blocks, cap * step_stats.num_running_seqs);
+      }
+    }
   }
   const EngineStats stats = concurrent->Stats();
   EXPECT_GT(recorder->num_partial_prefills(), 0) << "no chunked prefill happened";
   EXPECT_GT(stats.num_preemptions, 0) << "no preemption happened";
   EXPECT_GT(stats.prefix_cache_hit_tokens, 0) << "no prefix-cache hit happened";
   EXPECT_GT(recorder->max_seqs_per_step(), 4);
-  EXPECT_EQ(stats.num_free_kv_blocks, 24);
+  EXPECT_EQ(stats.num_free_kv_blocks, num_blocks);
 
   int64_t compared = 0;
   int64_t total = 0;
@@ -220,12 +271,13 @@ TEST_P(CpuEngineTest, OutputIsTheSameAloneAndAmongSixteenConcurrentRequests) {
   }
   std::printf(
       "[ engine   ] %-26s %ld steps, %ld preemptions, %ld of %ld prompt tokens from the "
-      "prefix cache, %ld partial prefills, %ld/%ld tokens equal\n",
+      "prefix cache, %ld partial prefills, %ld/%ld tokens equal; most blocks used by group: "
+      "%s\n",
       model.c_str(), static_cast<long>(steps), static_cast<long>(stats.num_preemptions),
       static_cast<long>(stats.prefix_cache_hit_tokens),
       static_cast<long>(stats.prefix_cache_queried_tokens),
       static_cast<long>(recorder->num_partial_prefills()), static_cast<long>(compared),
-      static_cast<long>(total));
+      static_cast<long>(total), StrJoin(most_used, " ").c_str());
 }
 
 // The runner-sampling path (LogitsMode::kSample, as the CUDA runner does it), taken here by the CPU
@@ -367,9 +419,79 @@ TEST(CpuEngineSeedTest, ASeededRequestAloneAndInABatch) {
   EXPECT_EQ(batched.tokens, alone.tokens);
 }
 
-INSTANTIATE_TEST_SUITE_P(HfTiny, CpuEngineTest, ::testing::ValuesIn(testing::HfTinyModelNames()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
+// A 400-token generation after the 130-token fixture prompt on mistral-sliding (window 16) over a
+// pool of 8 blocks (128 token slots): the sequence never holds more than its window's blocks and a
+// step's chunk (ceil((15 + 32) / 16) + 1 = 4), the statistics say so at every step, and its tokens
+// are the runner's own greedy tokens computed with whole block tables, nothing dropped.
+TEST(CpuEngineWindowTest, ALongGenerationHoldsAWindowOfBlocks) {
+  const std::string dir = testing::HfFamilyDir("mistral-sliding");
+  auto checkpoint = OpenCheckpoint(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const std::vector<int32_t> prompt = testing::LoadReference(dir).prompts[3];
+  constexpr int32_t kGenerated = 400;
+
+  EngineConfig config;
+  config.max_num_batched_tokens = 32;
+  RecordingRunner* recorder = nullptr;
+  auto engine = MakeEngine(**checkpoint, /*num_blocks=*/8, config, &recorder);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->limits().kv_cache_tokens, std::numeric_limits<int64_t>::max());
+  Request request = MakeRequest(prompt, 0);
+  request.sampling.max_tokens = kGenerated;
+  auto stream = std::make_shared<OutputStream>(0, 1);
+  engine->AddRequest(0, std::move(request), 0.0, stream);
+  int32_t most_used = 0;
+  while (engine->Step()) {
+    const EngineStats stats = engine->Stats();
+    ASSERT_EQ(stats.kv_groups.size(), 1u);
+    EXPECT_EQ(stats.kv_groups[0].window, 16);
+    most_used = std::max(most_used, stats.kv_groups[0].num_used_blocks);
+    ASSERT_LE(stats.kv_groups[0].num_used_blocks, 4);
+  }
+  Result result;
+  Collect(*stream, &result);
+  ASSERT_EQ(result.tokens.size(), static_cast<size_t>(kGenerated));
+  EXPECT_EQ(engine->Stats().num_preemptions, 0);
+
+  // The same greedy decoding with whole tables (every block kept) on a roomy runner.
+  RunnerConfig runner_config;
+  runner_config.block_size_tokens = kBlockSize;
+  runner_config.kv_cache_bytes = int64_t{8} << 20;
+  runner_config.num_threads = 1;
+  auto runner = ModelRunner::Create(**checkpoint, runner_config);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  std::vector<int32_t> sequence = prompt;
+  std::vector<int32_t> table((prompt.size() + kGenerated + kBlockSize - 1) / kBlockSize);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<int32_t> whole;
+  for (int32_t step = 0; step < kGenerated; ++step) {
+    const size_t computed = step == 0 ? 0 : sequence.size() - 1;
+    StepBatch batch;
+    batch.AddSequence(std::span(sequence).subspan(computed), static_cast<int32_t>(computed), table,
+                      LogitsMode::kLast);
+    StepOutput output;
+    ASSERT_TRUE((*runner)->Execute(batch, &output).ok());
+    const int32_t token = static_cast<int32_t>(
+        std::max_element(output.logits.begin(), output.logits.end()) - output.logits.begin());
+    whole.push_back(token);
+    sequence.push_back(token);
+  }
+  size_t equal = 0;
+  while (equal < whole.size() && whole[equal] == result.tokens[equal]) ++equal;
+  std::printf(
+      "[ window   ] mistral-sliding, %d tokens after %zu: at most %d of 8 blocks held; "
+      "%zu of them equal to whole tables' tokens\n",
+      kGenerated, prompt.size(), most_used, equal);
+  // Chunked prefill rounds differently from one chunk: allow a near-tie to part them.
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (result.margins[i] <= kTieMargin) break;
+    ASSERT_EQ(result.tokens[i], whole[i]) << "token " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CpuEngineTest, ::testing::ValuesIn(EngineCases()),
+                         [](const ::testing::TestParamInfo<EngineCase>& info) {
+                           std::string name = info.param.name;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });

@@ -127,12 +127,21 @@ class CoreHarness {
   }
   std::string Running() const { return Names(core_->scheduler().running()); }
   std::string Waiting() const { return Names(core_->scheduler().waiting()); }
-  // "A[0 1] B[2]": the running sequences' block tables.
+  // "A[0 1] B[2]": the running sequences' block tables; with several KV cache groups, each
+  // group's table, "A[- 1 2 | 3 4 5]" ("-" a dropped entry).
   std::string Blocks() const {
+    const BlockManager& manager = core_->block_manager();
     std::vector<std::string> parts;
     for (const Sequence* seq : core_->scheduler().running()) {
-      const std::span<const int32_t> table = core_->block_manager().BlockTable(seq->seq_id);
-      parts.push_back(StrCat(SeqName(*seq), "[", StrJoin(table, " "), "]"));
+      std::vector<std::string> groups;
+      for (int32_t g = 0; g < manager.num_groups(); ++g) {
+        std::vector<std::string> entries;
+        for (int32_t block : manager.BlockTable(seq->seq_id, g)) {
+          entries.push_back(block == BlockManager::kNoBlock ? "-" : StrCat(block));
+        }
+        groups.push_back(StrJoin(entries, " "));
+      }
+      parts.push_back(StrCat(SeqName(*seq), "[", StrJoin(groups, " | "), "]"));
     }
     return StrJoin(parts, " ");
   }

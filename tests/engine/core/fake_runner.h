@@ -40,9 +40,39 @@ inline void FakeLogitsFromHash(uint64_t context_hash, int64_t vocab_size, float*
   }
 }
 
-inline std::vector<float> FakeLogits(std::span<const int32_t> context, int64_t vocab_size) {
+// A model of one full-attention KV cache group sees the whole context; any other sees, in each
+// group, the tokens in the group's window. `read(group, position)` gives the token there.
+inline bool FakeIsFullAttentionOnly(std::span<const int32_t> group_windows) {
+  return group_windows.empty() || (group_windows.size() == 1 && group_windows[0] == 0);
+}
+
+// The state after the context [0, last_position], with `read` giving its tokens.
+template <typename Read>
+uint64_t FakeRowHash(int32_t last_position, std::span<const int32_t> group_windows, Read read) {
   uint64_t hash = kFakeEmptyContextHash;
-  for (int32_t token_id : context) hash = FakeContextHash(hash, token_id);
+  if (FakeIsFullAttentionOnly(group_windows)) {
+    for (int32_t position = 0; position <= last_position; ++position) {
+      hash = FakeContextHash(hash, read(0, position));
+    }
+    return hash;
+  }
+  for (size_t g = 0; g < group_windows.size(); ++g) {
+    const int32_t window = group_windows[g];
+    const int32_t first = window == 0 ? 0 : std::max(0, last_position - window + 1);
+    uint64_t group_hash = Mix64(static_cast<uint64_t>(first) * 31 + g);
+    for (int32_t position = first; position <= last_position; ++position) {
+      group_hash = FakeContextHash(group_hash, read(static_cast<int32_t>(g), position));
+    }
+    hash = HashCombine(hash, group_hash);
+  }
+  return hash;
+}
+
+inline std::vector<float> FakeLogits(std::span<const int32_t> context, int64_t vocab_size,
+                                     std::span<const int32_t> group_windows = {}) {
+  const uint64_t hash = FakeRowHash(
+      static_cast<int32_t>(context.size()) - 1, group_windows,
+      [&](int32_t, int32_t position) { return context[static_cast<size_t>(position)]; });
   std::vector<float> logits(static_cast<size_t>(vocab_size));
   FakeLogitsFromHash(hash, vocab_size, logits.data());
   return logits;
@@ -51,10 +81,11 @@ inline std::vector<float> FakeLogits(std::span<const int32_t> context, int64_t v
 // What greedy decoding of the fake model gives: tokens after `prompt` until one of `stop_ids`
 // (included) or `max_tokens`.
 inline std::vector<int32_t> FakeGreedy(std::vector<int32_t> context, int32_t max_tokens,
-                                       const std::vector<int32_t>& stop_ids, int64_t vocab_size) {
+                                       const std::vector<int32_t>& stop_ids, int64_t vocab_size,
+                                       std::span<const int32_t> group_windows = {}) {
   std::vector<int32_t> output;
   while (static_cast<int32_t>(output.size()) < max_tokens) {
-    const std::vector<float> logits = FakeLogits(context, vocab_size);
+    const std::vector<float> logits = FakeLogits(context, vocab_size, group_windows);
     const int32_t token =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     output.push_back(token);
@@ -70,6 +101,9 @@ struct FakeRunnerOptions {
   int32_t num_kv_blocks = 64;
   int64_t max_position_embeddings = 256;
   std::vector<int32_t> eos_token_ids = {0};
+  // The KV cache groups' windows (0: full attention); the fake model's logits depend on what each
+  // group's window shows (FakeRowHash), read back through that group's block tables.
+  std::vector<int32_t> kv_group_windows = {0};
   ManualClock* clock = nullptr;  // advanced by each Execute when set
   double seconds_per_step = 0.0;
   double seconds_per_token = 0.0;
@@ -80,7 +114,8 @@ class FakeRunner final : public ModelRunner {
  public:
   explicit FakeRunner(const FakeRunnerOptions& options)
       : options_(options),
-        slots_(static_cast<size_t>(options.num_kv_blocks) * options.block_size_tokens, -1) {
+        slots_(static_cast<size_t>(options.num_kv_blocks) * options.block_size_tokens, -1),
+        slot_groups_(slots_.size(), -1) {
     config_.vocab_size = options.vocab_size;
     config_.max_position_embeddings = options.max_position_embeddings;
     config_.eos_token_ids = options.eos_token_ids;
@@ -91,6 +126,7 @@ class FakeRunner final : public ModelRunner {
   Backend backend() const override { return Backend::kCpu; }
   int32_t block_size_tokens() const override { return options_.block_size_tokens; }
   int32_t num_kv_blocks() const override { return options_.num_kv_blocks; }
+  std::vector<int32_t> kv_group_windows() const override { return options_.kv_group_windows; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
     if (options_.on_execute) options_.on_execute();
@@ -106,38 +142,56 @@ class FakeRunner final : public ModelRunner {
     }
     if (absl::Status status = Validate(batch); !status.ok()) return status;
     const int32_t block_size = options_.block_size_tokens;
+    const std::vector<int32_t>& windows = options_.kv_group_windows;
+    const int32_t num_groups = static_cast<int32_t>(windows.size());
     output->logits.clear();
     output->logits_row_start.assign(1, 0);
     for (int32_t i = 0; i < batch.num_seqs(); ++i) {
-      const std::span<const int32_t> table(
-          batch.block_table_ids.data() + batch.block_table_start[i],
-          static_cast<size_t>(batch.block_table_start[i + 1] - batch.block_table_start[i]));
       const int32_t num_new = batch.query_start[i + 1] - batch.query_start[i];
       const int32_t context_len = batch.context_lens[i];
       const int32_t first_new = context_len - num_new;
-      auto slot = [&](int32_t position) -> int32_t& {
-        return slots_[static_cast<size_t>(table[position / block_size]) * block_size +
-                      position % block_size];
+      auto slot = [&](int32_t group, int32_t position) -> size_t {
+        const int32_t block =
+            batch.BlockTable(i, group)[static_cast<size_t>(position / block_size)];
+        return static_cast<size_t>(block) * block_size + position % block_size;
       };
-      for (int32_t j = 0; j < num_new; ++j) {
-        slot(first_new + j) = batch.token_ids[batch.query_start[i] + j];
-      }
-      uint64_t hash = kFakeEmptyContextHash;
-      for (int32_t position = 0; position < context_len; ++position) {
-        const int32_t token = slot(position);
-        if (token < 0) {
-          return absl::InternalError(StrCat("FakeRunner: seq ", i, " reads unwritten position ",
-                                            position, " (block ", table[position / block_size],
-                                            ")"));
+      for (int32_t g = 0; g < num_groups; ++g) {
+        for (int32_t j = 0; j < num_new; ++j) {
+          slots_[slot(g, first_new + j)] = batch.token_ids[batch.query_start[i] + j];
+          slot_groups_[slot(g, first_new + j)] = g;
         }
-        hash = FakeContextHash(hash, token);
-        const bool want =
-            (batch.logits_modes[i] == LogitsMode::kAll && position >= first_new) ||
-            (batch.logits_modes[i] == LogitsMode::kLast && position == context_len - 1);
-        if (want) {
-          const size_t offset = output->logits.size();
-          output->logits.resize(offset + static_cast<size_t>(options_.vocab_size));
-          FakeLogitsFromHash(hash, options_.vocab_size, output->logits.data() + offset);
+        // Every position a query of this step reads must hold what this group wrote there.
+        const int32_t window = windows[static_cast<size_t>(g)];
+        const int32_t first_read = window == 0 ? 0 : std::max(0, first_new - window + 1);
+        for (int32_t position = first_read; position < context_len; ++position) {
+          const int32_t block = batch.BlockTable(i, g)[static_cast<size_t>(position / block_size)];
+          if (block < 0 || slots_[slot(g, position)] < 0 || slot_groups_[slot(g, position)] != g) {
+            return absl::InternalError(StrCat("FakeRunner: seq ", i, " group ", g,
+                                              " reads unwritten position ", position, " (block ",
+                                              block, ")"));
+          }
+        }
+      }
+      auto read = [&](int32_t group, int32_t position) { return slots_[slot(group, position)]; };
+      auto add_row = [&](uint64_t hash) {
+        const size_t offset = output->logits.size();
+        output->logits.resize(offset + static_cast<size_t>(options_.vocab_size));
+        FakeLogitsFromHash(hash, options_.vocab_size, output->logits.data() + offset);
+      };
+      const LogitsMode mode = batch.logits_modes[i];
+      if (FakeIsFullAttentionOnly(windows)) {
+        uint64_t hash = kFakeEmptyContextHash;  // one pass over the context
+        for (int32_t position = 0; position < context_len; ++position) {
+          hash = FakeContextHash(hash, read(0, position));
+          if ((mode == LogitsMode::kAll && position >= first_new) ||
+              (mode == LogitsMode::kLast && position == context_len - 1)) {
+            add_row(hash);
+          }
+        }
+      } else if (mode == LogitsMode::kAll || mode == LogitsMode::kLast) {
+        for (int32_t position = mode == LogitsMode::kAll ? first_new : context_len - 1;
+             position < context_len; ++position) {
+          add_row(FakeRowHash(position, windows, read));
         }
       }
       output->logits_row_start.push_back(
@@ -154,12 +208,14 @@ class FakeRunner final : public ModelRunner {
 
  private:
   absl::Status Validate(const StepBatch& batch) const {
-    return ValidateStepBatch(batch, config_, options_.block_size_tokens, options_.num_kv_blocks);
+    return ValidateStepBatch(batch, config_, options_.block_size_tokens, options_.num_kv_blocks,
+                             options_.kv_group_windows);
   }
 
   FakeRunnerOptions options_;
   ModelConfig config_;
   std::vector<int32_t> slots_;  // [num_kv_blocks * block_size]: the token id written, -1: never
+  std::vector<int32_t> slot_groups_;  // the KV cache group that wrote each slot
   absl::Status fail_next_;
   int64_t num_steps_ = 0;
   int32_t max_batch_tokens_ = 0;

@@ -2,6 +2,7 @@
 // these wait, these blocks are held. A FakeRunner computes each step (and checks that every block
 // table reads back what was written); a ManualClock stands still unless a test moves it.
 
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -255,6 +256,115 @@ TEST(SchedulerTableTest, TimingsComeFromTheInjectedClock) {
   EXPECT_EQ(h.core().Stats().num_steps, 3);
   EXPECT_NEAR(h.core().Stats().total_step_seconds, 0.038, 1e-9);
   EXPECT_EQ(h.core().Stats().total_step_tokens, 8);
+}
+
+// Sliding-window KV cache groups (block_manager.h, "Windows").
+
+FakeRunnerOptions WindowedRunner(int32_t num_blocks, int32_t block_size,
+                                 std::vector<int32_t> group_windows) {
+  FakeRunnerOptions options = Runner(num_blocks, block_size);
+  options.kv_group_windows = std::move(group_windows);
+  return options;
+}
+
+// Group 0 has window 4, group 1 full attention; blocks of 2. As A decodes, group 0 drops each
+// block its next query no longer reads (cached, to the free list's back); group 1 keeps every
+// block.
+TEST(SchedulerWindowTest, AWindowedGroupDropsBlocksAsItsWindowSlides) {
+  const std::vector<int32_t> windows = {4, 0};
+  CoreHarness h(WindowedRunner(16, 2, windows), Config(/*max_num_batched_tokens=*/4));
+  int step = 0;
+  const RequestId a = h.AddGreedy("A", /*prompt_len=*/6, /*max_tokens=*/4);
+  ExpectSteps(h, &step,
+              {
+                  {1, "A:4", "A", "", "A[0 1 | 2 3]"},
+                  {2, "A:2", "A", "", "A[0 1 4 | 2 3 5]"},
+                  // The query at 6 reads from 3: block 0 (positions 0-1) is dropped.
+                  {3, "A:1", "A", "", "A[- 1 4 6 | 2 3 5 7]"},
+                  {4, "A:1", "A", "", "A[- - 4 6 | 2 3 5 7]"},  // the query at 7 reads from 4
+                  {5, "A:1", "", "", "", "", "A:max_tokens"},
+              });
+  EXPECT_EQ(h.result(a).token_ids, FakeGreedy(h.Prompt("A", 6), 4, {}, h.vocab_size(), windows));
+  EXPECT_EQ(h.core().Stats().num_free_kv_blocks, 16);
+}
+
+// A 400-token generation over a pool of 6 blocks of 4 (24 slots): the window of 8 holds at most
+// ceil((8 - 1 + 8) / 4) + 1 = 5 blocks whatever the context, and the engine's statistics show it.
+TEST(SchedulerWindowTest, ALongWindowedSequenceHoldsABoundedNumberOfBlocks) {
+  const std::vector<int32_t> windows = {8};
+  FakeRunnerOptions options = WindowedRunner(6, 4, windows);
+  options.max_position_embeddings = 1024;
+  CoreHarness h(options, Config(/*max_num_batched_tokens=*/8));
+  EXPECT_EQ(h.core().limits().kv_cache_tokens, std::numeric_limits<int64_t>::max());
+  const RequestId a = h.AddGreedy("A", /*prompt_len=*/30, /*max_tokens=*/400);
+  int32_t most_used = 0;
+  while (h.core().HasWork()) {
+    h.Step();
+    const EngineStats stats = h.core().Stats();
+    ASSERT_EQ(stats.kv_groups.size(), 1u);
+    EXPECT_EQ(stats.kv_groups[0].window, 8);
+    EXPECT_EQ(stats.kv_groups[0].num_used_blocks, stats.num_kv_blocks - stats.num_free_kv_blocks);
+    most_used = std::max(most_used, stats.kv_groups[0].num_used_blocks);
+    ASSERT_LE(most_used, 5);
+  }
+  EXPECT_GE(most_used, 3);
+  EXPECT_EQ(h.result(a).token_ids.size(), 400u);
+  EXPECT_EQ(h.result(a).token_ids, FakeGreedy(h.Prompt("A", 30), 400, {}, h.vocab_size(), windows));
+}
+
+// A second request with the same prompt hits the first one's cached blocks: only the blocks that
+// its first new query reads (the last window's) need to be there, and the rest may be evicted.
+TEST(SchedulerWindowTest, APrefixHitOnAWindowedModelNeedsOnlyTheLastWindow) {
+  const std::vector<int32_t> windows = {4};
+  CoreHarness h(WindowedRunner(10, 2, windows), Config(/*max_num_batched_tokens=*/16));
+  int step = 0;
+  const RequestId a = h.AddGreedy("A", /*prompt_len=*/12, /*max_tokens=*/1);
+  ExpectSteps(h, &step, {{1, "A:12", "", "", "", "", "A:max_tokens"}});
+  // A's blocks 0-5 are cached and free. C's 6 blocks take the 4 never used, then evict 0 and 1.
+  h.AddGreedy("C", 12, 1);
+  ExpectSteps(h, &step, {{2, "C:12", "", "", "", "", "C:max_tokens"}});
+  Request request;
+  request.prompt_token_ids = h.Prompt("A", 12);
+  request.sampling.temperature = 0.0;
+  request.sampling.max_tokens = 2;
+  request.sampling.ignore_eos = true;
+  const RequestId b = h.Add("B", std::move(request));
+  // 5 blocks computed: the query at 10 reads positions 7-10, blocks 3 and 4, both still cached;
+  // its new block evicts A's block 2.
+  ExpectSteps(h, &step, {{3, "B:2", "B", "", "B[- - - 3 4 2]"}});
+  h.RunToCompletion();
+  EXPECT_EQ(h.result(b).final_output->usage.cached_tokens, 10);
+  EXPECT_EQ(h.result(b).token_ids, FakeGreedy(h.Prompt("A", 12), 2, {}, h.vocab_size(), windows));
+  EXPECT_EQ(h.result(a).token_ids, FakeGreedy(h.Prompt("A", 12), 1, {}, h.vocab_size(), windows));
+}
+
+// n = 3 samples start from sample 0's computed prompt in every group, the windowed group's only
+// from the last window on. Sample 0 decodes in the same step and drops block 2 before the samples
+// are admitted, so they find the prompt in the prefix cache rather than in its table.
+TEST(SchedulerWindowTest, SamplesShareThePromptBlocksOfEveryGroup) {
+  const std::vector<int32_t> windows = {4, 0};
+  CoreHarness h(WindowedRunner(32, 2, windows), Config(/*max_num_batched_tokens=*/16));
+  Request request;
+  request.prompt_token_ids = h.Prompt("A", 9);
+  request.sampling.temperature = 0.0;
+  request.sampling.max_tokens = 3;
+  request.sampling.ignore_eos = true;
+  request.sampling.n = 3;
+  const RequestId a = h.Add("A", std::move(request));
+  int step = 0;
+  ExpectSteps(h, &step,
+              {
+                  {1, "A0:9", "A0", "A1 A2", "A0[0 1 2 3 4 | 5 6 7 8 9]"},
+                  // 4 prompt blocks shared: the query at 8 reads from 5, blocks 2 and 3.
+                  {2, "A0:1 A1:1 A2:1", "A0 A1 A2", "",
+                   "A0[- - - 3 4 | 5 6 7 8 9] A1[- - 2 3 10 | 5 6 7 8 11] "
+                   "A2[- - 2 3 12 | 5 6 7 8 13]"},
+              });
+  h.RunToCompletion();
+  for (int32_t sample = 0; sample < 3; ++sample) {
+    EXPECT_EQ(h.result(a, sample).token_ids,
+              FakeGreedy(h.Prompt("A", 9), 3, {}, h.vocab_size(), windows));
+  }
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Randomized stress: 10,000 requests of random lengths, priorities, stop conditions, n and shared
 // prefixes, with random aborts, over pools from roomy down to one that barely fits the longest
-// request. Every request must finish exactly once per sample, with the reason and the tokens that
-// an engine-free oracle computes (aborted ones with a strict prefix of them), and every block must
-// be free at the end.
+// request; and 6,000 more over models with sliding-window KV cache groups (alone, mixed with full
+// attention, several windows), whose blocks are dropped as their windows slide. Every request must
+// finish exactly once per sample, with the reason and the tokens that an engine-free oracle
+// computes (aborted ones with a strict prefix of them), and every block must be free at the end.
 
 #include <algorithm>
 #include <map>
@@ -28,14 +29,14 @@ struct Oracle {
 };
 
 // What the request must produce, computed from the fake model alone.
-Oracle ComputeOracle(const Request& request) {
+Oracle ComputeOracle(const Request& request, const std::vector<int32_t>& group_windows) {
   const SamplingParams& s = request.sampling;
   const int32_t num_prompt = static_cast<int32_t>(request.prompt_token_ids.size());
   const int32_t max_total = s.max_tokens.has_value() ? num_prompt + *s.max_tokens : kContextTokens;
   Oracle oracle;
   std::vector<int32_t> context = request.prompt_token_ids;
   while (true) {
-    const std::vector<float> logits = FakeLogits(context, kVocabSize);
+    const std::vector<float> logits = FakeLogits(context, kVocabSize, group_windows);
     const int32_t token =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     oracle.tokens.push_back(token);
@@ -72,6 +73,8 @@ struct StressConfig {
   int32_t max_num_seqs;
   int32_t long_prefill_token_threshold;
   int32_t num_requests;
+  std::vector<int32_t> kv_group_windows = {0};
+  bool expect_preemptions = false;
 };
 
 struct Totals {
@@ -82,12 +85,14 @@ struct Totals {
 };
 
 void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
-  SCOPED_TRACE(StrCat("pool ", sc.num_kv_blocks, " blocks, budget ", sc.max_num_batched_tokens));
+  SCOPED_TRACE(StrCat("pool ", sc.num_kv_blocks, " blocks, budget ", sc.max_num_batched_tokens,
+                      ", windows ", StrJoin(sc.kv_group_windows, " ")));
   FakeRunnerOptions runner_options;
   runner_options.vocab_size = kVocabSize;
   runner_options.block_size_tokens = kBlockSize;
   runner_options.num_kv_blocks = sc.num_kv_blocks;
   runner_options.eos_token_ids = {kEos};
+  runner_options.kv_group_windows = sc.kv_group_windows;
   EngineConfig config;
   config.max_model_len = kContextTokens;
   config.max_num_batched_tokens = sc.max_num_batched_tokens;
@@ -173,7 +178,7 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
         ASSERT_TRUE(core.Validate(request).ok()) << core.Validate(request);
         const RequestId id = next_id++;
         Live l;
-        l.oracle = ComputeOracle(request);
+        l.oracle = ComputeOracle(request, sc.kv_group_windows);
         const int32_t n = request.sampling.n;
         l.stream = std::make_shared<OutputStream>(id, n);
         l.tokens.resize(static_cast<size_t>(n));
@@ -221,7 +226,7 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
   totals->preemptions += stats.num_preemptions;
   totals->prefix_hit_tokens += stats.prefix_cache_hit_tokens;
   totals->requests += sc.num_requests;
-  if (sc.num_kv_blocks <= 24) {
+  if (sc.expect_preemptions) {
     EXPECT_GT(stats.num_preemptions, 0);
   }
 }
@@ -231,8 +236,8 @@ TEST(EngineStressTest, TenThousandRequestsWithAbortsDownToABarelyFittingPool) {
   const std::vector<StressConfig> configs = {
       {/*num_kv_blocks=*/256, /*max_num_batched_tokens=*/48, /*max_num_seqs=*/16, 0, 2500},
       {48, 32, 16, 8, 2500},
-      {24, 16, 8, 0, 2500},
-      {16, 24, 16, 6, 2500},  // the longest request (64 tokens) needs all 16 blocks
+      {24, 16, 8, 0, 2500, {0}, true},
+      {16, 24, 16, 6, 2500, {0}, true},  // the longest request (64 tokens) needs all 16 blocks
   };
   uint64_t seed = 1;
   for (const StressConfig& sc : configs) {
@@ -257,6 +262,33 @@ TEST(EngineStressTest, TenThousandRequestsWithAbortsDownToABarelyFittingPool) {
       static_cast<long>(totals.reasons[FinishReason::kContextLength]),
       static_cast<long>(totals.reasons[FinishReason::kAborted]),
       static_cast<long>(totals.preemptions), static_cast<long>(totals.prefix_hit_tokens));
+}
+
+// Windowed KV cache groups: the fake model's tokens depend on what each group's window shows, read
+// through that group's tables, so a block dropped too early, a windowed prefix hit that lacks a
+// block, or a table of the wrong group changes the tokens (or fails the step).
+TEST(EngineStressTest, SixThousandRequestsOverWindowedKvCacheGroups) {
+  Totals totals;
+  // A windowed group holds at most ceil((W - 1 + chunk) / 4) + 1 blocks of a sequence, a full one
+  // 16 (64 tokens): each pool below fits the longest request alone.
+  const std::vector<StressConfig> configs = {
+      {/*num_kv_blocks=*/256, /*max_num_batched_tokens=*/48, /*max_num_seqs=*/16, 0, 1500, {8}},
+      {32, 16, 8, 0, 1500, {8, 0}, true},    // 16 + 7
+      {24, 16, 16, 6, 1500, {0, 8}, true},   // 16 + 5: barely
+      {20, 24, 16, 0, 1500, {6, 12}, true},  // 9 + 10, whatever the context
+  };
+  uint64_t seed = 101;
+  for (const StressConfig& sc : configs) {
+    RunStress(sc, seed++, &totals);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(totals.requests, 6000);
+  EXPECT_EQ(totals.reasons[FinishReason::kError], 0);
+  EXPECT_GT(totals.reasons[FinishReason::kAborted], 20);
+  EXPECT_GT(totals.preemptions, 100);
+  EXPECT_GT(totals.prefix_hit_tokens, 5000);
+  std::printf("windowed: preemptions %ld, prefix-hit tokens %ld\n",
+              static_cast<long>(totals.preemptions), static_cast<long>(totals.prefix_hit_tokens));
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "kernels/cpu/argmax.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
@@ -106,8 +107,8 @@ std::vector<float> Logits(ModelRunner& runner, const std::vector<int32_t>& promp
   for (size_t start = 0; start < prompt.size(); start += chunk) {
     const size_t count = std::min(chunk, prompt.size() - start);
     StepBatch batch;
-    batch.AddSequence(std::span(prompt).subspan(start, count), static_cast<int32_t>(start), blocks,
-                      LogitsMode::kAll);
+    testing::AddSequenceToEveryGroup(&batch, runner, std::span(prompt).subspan(start, count),
+                                     static_cast<int32_t>(start), blocks, LogitsMode::kAll);
     StepOutput output;
     const absl::Status status = runner.Execute(batch, &output);
     EXPECT_TRUE(status.ok()) << status;
@@ -184,8 +185,8 @@ TEST_P(FamilyTest, GreedyDecodingMatchesTheReference) {
     for (size_t step = 0; step < steps; ++step) {
       StepBatch batch;
       const size_t computed = step == 0 ? 0 : sequence.size() - 1;
-      batch.AddSequence(std::span(sequence).subspan(computed), static_cast<int32_t>(computed),
-                        blocks, LogitsMode::kLast);
+      testing::AddSequenceToEveryGroup(&batch, *runner, std::span(sequence).subspan(computed),
+                                       static_cast<int32_t>(computed), blocks, LogitsMode::kLast);
       StepOutput output;
       ASSERT_TRUE(runner->Execute(batch, &output).ok());
       int32_t token = 0;

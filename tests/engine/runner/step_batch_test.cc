@@ -49,6 +49,41 @@ TEST(StepBatchTest, AddSequenceBuildsTheCsrArrays) {
   EXPECT_THAT(batch.query_start, ElementsAre(0, 1));
 }
 
+TEST(StepBatchTest, TablesPerKvCacheGroupAndTheEntriesAWindowMayDrop) {
+  ModelConfig config;
+  config.vocab_size = 10;
+  config.max_position_embeddings = 64;
+  // Group 0 has window 8, group 1 full attention; blocks of 4.
+  const std::vector<int32_t> windows = {8, 0};
+  StepBatch batch;
+  const std::vector<int32_t> a = {1, 2}, b = {3};
+  // a: positions 18 and 19. Its first query reads from 11: blocks 0 and 1 (positions 0-7) may be
+  // -1 in group 0, block 2 (8-11) may not.
+  const std::vector<int32_t> a0 = {-1, -1, 4, 5, 6}, a1 = {0, 1, 2, 3, 7};
+  const std::vector<int32_t> b0 = {8}, b1 = {9};
+  const std::span<const int32_t> a_tables[] = {a0, a1}, b_tables[] = {b0, b1};
+  batch.AddSequence(a, 18, a_tables, LogitsMode::kLast);
+  batch.AddSequence(b, 0, b_tables, LogitsMode::kLast);
+  EXPECT_EQ(batch.num_kv_groups, 2);
+  EXPECT_THAT(batch.block_table_start, ElementsAre(0, 5, 10, 11, 12));
+  EXPECT_THAT(batch.BlockTable(0, 1), ElementsAre(0, 1, 2, 3, 7));
+  EXPECT_THAT(batch.BlockTable(1, 0), ElementsAre(8));
+  EXPECT_TRUE(ValidateStepBatch(batch, config, 4, 16, windows).ok());
+
+  StepBatch too_early = batch;
+  too_early.block_table_ids[2] = -1;  // block 2 of group 0: read by the query at 18
+  EXPECT_THAT(ValidateStepBatch(too_early, config, 4, 16, windows).message(),
+              HasSubstr("block -1 at entry 2 of KV cache group 0"));
+  StepBatch full = batch;
+  full.block_table_ids[5] = -1;  // group 1 has no window: every entry is read
+  EXPECT_THAT(ValidateStepBatch(full, config, 4, 16, windows).message(),
+              HasSubstr("block -1 at entry 0 of KV cache group 1"));
+  EXPECT_THAT(ValidateStepBatch(batch, config, 4, 16).message(),
+              HasSubstr("block tables for 2 KV cache groups; the model has 1"));
+  batch.Clear();
+  EXPECT_EQ(batch.num_kv_groups, 1);
+}
+
 class ValidateStepBatchTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -19,6 +19,7 @@
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
@@ -89,8 +90,9 @@ TEST_P(FamilyGpuTest, LogitsMatchTheReference) {
       ASSERT_NE(runner, nullptr);
       const int64_t vocab = runner->model_config().vocab_size;
       StepBatch batch;
-      batch.AddSequence(prompt, 0, Blocks(prompt.size(), runner->block_size_tokens()),
-                        LogitsMode::kAll);
+      testing::AddSequenceToEveryGroup(&batch, *runner, prompt, 0,
+                                       Blocks(prompt.size(), runner->block_size_tokens()),
+                                       LogitsMode::kAll);
       StepOutput output;
       ASSERT_TRUE(runner->Execute(batch, &output).ok());
       const std::vector<float> expected = testing::LoadReferenceLogits(dir, static_cast<int>(j));
@@ -156,8 +158,8 @@ TEST_P(FamilyGpuTest, Float32GreedyDecodingMatchesTheReference) {
     for (size_t step = 0; step < steps; ++step) {
       StepBatch batch;
       const size_t computed = step == 0 ? 0 : sequence.size() - 1;
-      batch.AddSequence(std::span(sequence).subspan(computed), static_cast<int32_t>(computed),
-                        blocks, LogitsMode::kLast);
+      testing::AddSequenceToEveryGroup(&batch, *runner, std::span(sequence).subspan(computed),
+                                       static_cast<int32_t>(computed), blocks, LogitsMode::kLast);
       StepOutput output;
       ASSERT_TRUE(runner->Execute(batch, &output).ok());
       const float* row = output.logits.data();
@@ -200,8 +202,8 @@ TEST_P(FamilyGpuTest, GraphDecodeStepsMatchEagerOnes) {
     StepBatch batch;
     for (size_t s = 0; s < sequences.size(); ++s) {
       const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(sequences[s].size()) - 1;
-      batch.AddSequence(std::span(sequences[s]).subspan(computed), computed, tables[s],
-                        LogitsMode::kLast);
+      testing::AddSequenceToEveryGroup(&batch, *graphs, std::span(sequences[s]).subspan(computed),
+                                       computed, tables[s], LogitsMode::kLast);
     }
     StepOutput from_graph, from_eager;
     ASSERT_TRUE(graphs->Execute(batch, &from_graph).ok());
