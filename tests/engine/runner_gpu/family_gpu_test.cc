@@ -36,6 +36,7 @@ const FamilyCase kCases[] = {
     {"gemma3-rope-scaling", "gemma3"},
     {"phi3-fused", "phi3"},
     {"phi3-longrope-partial", "phi3"},
+    {"mistral-sliding", "mistral"},
     {"qwen3-moe", "qwen3_moe"},
     {"mixtral-moe", "mixtral"},
 };
