@@ -292,61 +292,52 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// The rows of work unit `unit`: fused, slot `unit` alone; grouped, tile `unit` of the sorted rows
-// (nothing past the last tile). Sets the expert, the first row and the row count.
-template <bool kGrouped>
-__device__ __forceinline__ bool FindTile(int unit, const int32_t* __restrict__ expert_ids,
-                                         const int32_t* __restrict__ offsets,
+// The rows of grouped tile `unit` of the sorted rows (false past the last tile): sets the expert,
+// the first row and the row count.
+__device__ __forceinline__ bool FindTile(int unit, const int32_t* __restrict__ offsets,
                                          const int32_t* __restrict__ tile_offsets, int experts,
                                          int* expert, int* first_row, int* rows) {
-  if constexpr (!kGrouped) {
-    *expert = expert_ids[unit];
-    *first_row = unit;
-    *rows = 1;
-    return true;
-  } else {
-    if (unit >= tile_offsets[experts]) return false;
-    int lo = 0, hi = experts - 1;  // the last expert whose first tile is <= unit
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (tile_offsets[mid] <= unit) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
+  if (unit >= tile_offsets[experts]) return false;
+  int lo = 0, hi = experts - 1;  // the last expert whose first tile is <= unit
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_offsets[mid] <= unit) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
     }
-    *expert = lo;
-    *first_row = offsets[lo] + (unit - tile_offsets[lo]) * kTileRows;
-    *rows = min(kTileRows, offsets[lo + 1] - *first_row);
-    return true;
   }
+  *expert = lo;
+  *first_row = offsets[lo] + (unit - tile_offsets[lo]) * kTileRows;
+  *rows = min(kTileRows, offsets[lo + 1] - *first_row);
+  return true;
 }
 
-// Gate/up with SiLU-and-mul: grid (ceil(I / kWarps), units). Warp w takes column
-// j = bx * kWarps + w: the expert's gate row j and up row j, over the unit's rows (M of them at
+// Grouped gate/up with SiLU-and-mul: grid (ceil(I / kWarps), units). Warp w takes column
+// j = bx * kWarps + w: the expert's gate row j and up row j, over the tile's rows (kTileRows at
 // most). act[row, j] = silu(gate) * up, each rounded to T first as a separate activation kernel
-// would see them. The input row of a row is its slot's token: slot / top_k (fused: row = slot;
-// grouped: slot = sorted_slots[row]).
-template <typename T, int M, bool kGrouped>
+// would see them. The input row of a sorted row is its slot's token: sorted_slots[row] / top_k.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    GateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up, T* __restrict__ act,
-                 const int32_t* __restrict__ expert_ids, const int32_t* __restrict__ offsets,
-                 const int32_t* __restrict__ tile_offsets, const int32_t* __restrict__ sorted_slots,
-                 int experts, int top_k, int hidden, int inter) {
+    GroupedGateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up,
+                        T* __restrict__ act, const int32_t* __restrict__ offsets,
+                        const int32_t* __restrict__ tile_offsets,
+                        const int32_t* __restrict__ sorted_slots, int experts, int top_k,
+                        int hidden, int inter) {
+  constexpr int M = kTileRows;
   BeginDependentKernel();
   const int lane = threadIdx.x % 32;
   const int j = blockIdx.x * kWarps + threadIdx.x / 32;
   int expert, first_row, rows;
-  if (j >= inter || !FindTile<kGrouped>(blockIdx.y, expert_ids, offsets, tile_offsets, experts,
-                                        &expert, &first_row, &rows)) {
+  if (j >= inter ||
+      !FindTile(blockIdx.y, offsets, tile_offsets, experts, &expert, &first_row, &rows)) {
     return;
   }
   const T* xr[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int row = first_row + (m < rows ? m : 0);
-    const int slot = kGrouped ? sorted_slots[row] : row;
-    xr[m] = x + int64_t{slot / top_k} * hidden;
+    xr[m] = x + int64_t{sorted_slots[row] / top_k} * hidden;
   }
   const T* gate = gate_up + (int64_t{expert} * 2 * inter + j) * hidden;
   const T* up = gate + int64_t{inter} * hidden;
@@ -550,8 +541,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * kWarps + threadIdx.x / 32;
   int expert, first_row, rows;
-  if (n >= hidden || !FindTile<true>(blockIdx.y, nullptr, offsets, tile_offsets, experts, &expert,
-                                     &first_row, &rows)) {
+  if (n >= hidden ||
+      !FindTile(blockIdx.y, offsets, tile_offsets, experts, &expert, &first_row, &rows)) {
     return;
   }
   const T* ar[kTileRows];
@@ -648,10 +639,9 @@ cudaError_t LaunchTyped(const MoeParams& p, cudaStream_t stream) {
     // Tiles: at most one partial tile per expert beyond the full ones.
     const unsigned units = static_cast<unsigned>(CeilDiv(slots, kTileRows) + experts);
     LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
-        GateUpKernel<T, kTileRows, true>, dim3(column_blocks, units), kThreads, 0, stream, x,
-        gate_up, act, static_cast<const int32_t*>(ids), static_cast<const int32_t*>(offsets),
-        static_cast<const int32_t*>(tile_offsets), static_cast<const int32_t*>(sorted_slots),
-        experts, top_k, hidden, inter));
+        GroupedGateUpKernel<T>, dim3(column_blocks, units), kThreads, 0, stream, x, gate_up, act,
+        static_cast<const int32_t*>(offsets), static_cast<const int32_t*>(tile_offsets),
+        static_cast<const int32_t*>(sorted_slots), experts, top_k, hidden, inter));
     LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
         GroupedDownKernel<T>, dim3(row_blocks, units), kThreads, 0, stream,
         static_cast<const T*>(act), down, expert_out, static_cast<const int32_t*>(offsets),
