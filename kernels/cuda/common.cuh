@@ -201,6 +201,10 @@ __device__ __forceinline__ float BlockMax(float x, float* scratch) {
 // kernel has completed and its writes are visible; since that kernel waited for its own
 // predecessor before completing, every earlier kernel has completed too (a block that returned
 // without waiting would break this chain).
+// One exception: where the previous kernel calls AllowDependentLaunch() only after its own wait,
+// every kernel before that one has completed by the time this one launches, so this one may read
+// before its wait what those wrote and the previous kernel does not write, through L2 (__ldcg;
+// L1 is not coherent). moe.cu's fused down kernel reads the router's logits so.
 // AllowDependentLaunch() lets the next kernel launch once every block of this grid has called it
 // (or exited). The kernels call it right after their wait, which keeps at most two kernels
 // resident at once; the skinny GEMM may call it later, QKV post-processing sooner (their .cu

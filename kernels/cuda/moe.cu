@@ -59,61 +59,141 @@ __device__ __forceinline__ void RowDot(const T* __restrict__ w, const T* const* 
   }
 }
 
-// Router logits: grid (ceil(E / kWarps), ceil(tokens / kTileRows)); warp w of block (bx, by) takes
-// expert bx * kWarps + w and tokens by * kTileRows + [0, kTileRows).
+// 8 consecutive elements of T as loaded: one 16-byte piece (bf16, fp16) or two (fp32). The
+// streaming kernels below keep several in flight per lane before converting any.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+struct Piece {
+  uint4 v;
+};
+template <>
+struct Piece<float> {
+  float4 a, b;
+};
+// Streaming load (read once, not kept in L1). REQUIRES: 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ Piece<T> LoadPiece(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto* v = reinterpret_cast<const float4*>(p);
+    return {__ldcs(v), __ldcs(v + 1)};
+  } else {
+    return {LoadStream16(p)};
+  }
+}
+template <typename T>
+__device__ __forceinline__ void UnpackPiece(const Piece<T>& piece, float (&out)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    Unpack8(piece.a, piece.b, out);
+  } else {
+    Unpack8<T>(piece.v, out);
+  }
+}
+
+// Router logits: grid (ceil(E / kWarps), ceil(tokens / M)); warp w of block (bx, by) takes expert
+// bx * kWarps + w and tokens by * M + [0, M) (M = 1 for one token, else kTileRows). The router's
+// rows are constant: a lane requests its first kRouterUnroll pieces before waiting for the
+// previous kernel (programmatic dependent launch, common.cuh), so that the router's reads overlap
+// it and only the input's wait for it. (Without a minimum of blocks per multiprocessor in __launch_bounds__,
+// ptxas held the one-token kernel to 64 registers and spilled; with one, fp32's eight tokens.)
+template <typename T, int M>
+__global__ void __launch_bounds__(kThreads, 2)
     RouterLogitsKernel(const T* __restrict__ x, const T* __restrict__ router,
                        float* __restrict__ logits, int tokens, int experts, int hidden) {
-  BeginDependentKernel();
   const int lane = threadIdx.x % 32;
   const int expert = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (expert >= experts) return;
-  const int t0 = blockIdx.y * kTileRows;
-  const int rows = min(kTileRows, tokens - t0);
-  const T* xr[kTileRows];
+  if (expert >= experts) {
+    BeginDependentKernel();
+    return;
+  }
+  // Pieces in flight per lane (fp32 pieces are two loads).
+  constexpr int kRouterUnroll = M == 1 ? 8 : sizeof(T) == 4 ? 2 : 4;
+  const T* w = router + int64_t{expert} * hidden;
+  const int pieces = hidden / 8;
+  constexpr int kStep = 32 * kRouterUnroll;
+  Piece<T> wv[kRouterUnroll];
+  int c = lane;
+  if (kStep <= pieces) {
 #pragma unroll
-  for (int m = 0; m < kTileRows; ++m) xr[m] = x + int64_t{t0 + (m < rows ? m : 0)} * hidden;
-  float acc[kTileRows] = {};
-  RowDot<T, kTileRows>(router + int64_t{expert} * hidden, xr, hidden, lane, acc);
+    for (int u = 0; u < kRouterUnroll; ++u) wv[u] = LoadPiece(w + (c + 32 * u) * 8);
+  }
+  BeginDependentKernel();
+  const int t0 = blockIdx.y * M;
+  const int rows = min(M, tokens - t0);
+  const T* xr[M];
 #pragma unroll
-  for (int m = 0; m < kTileRows; ++m) {
+  for (int m = 0; m < M; ++m) xr[m] = x + int64_t{t0 + (m < rows ? m : 0)} * hidden;
+  float acc[M] = {};
+  for (; c - lane + kStep <= pieces; c += kStep) {
+    if (c != lane) {
+#pragma unroll
+      for (int u = 0; u < kRouterUnroll; ++u) wv[u] = LoadPiece(w + (c + 32 * u) * 8);
+      __syncwarp();  // every load of the step before its products (skinny_gemm.cu says why)
+    }
+#pragma unroll
+    for (int u = 0; u < kRouterUnroll; ++u) {
+      float wf[8];
+      UnpackPiece(wv[u], wf);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float xf[8];
+        Load8<T>(xr[m] + (c + 32 * u) * 8, xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[m] = fmaf(wf[e], xf[e], acc[m]);
+      }
+    }
+  }
+  for (; c < pieces; c += 32) {  // the tail
+    float wf[8];
+    UnpackPiece(LoadPiece(w + c * 8), wf);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float xf[8];
+      Load8<T>(xr[m] + c * 8, xf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[m] = fmaf(wf[e], xf[e], acc[m]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
     const float sum = WarpSum(acc[m]);
     if (lane == 0 && m < rows) logits[int64_t{t0 + m} * experts + expert] = sum;
   }
 }
 
-// Routing: a warp per token. Each lane holds experts lane, lane + 32, ...; top-k by k rounds of a
-// warp argmax (ties: the lower index); fp32 softmax over every expert.
-__global__ void __launch_bounds__(128)
-    RoutingKernel(const float* __restrict__ logits, int32_t* __restrict__ expert_ids,
-                  float* __restrict__ weights, int tokens, int experts, int top_k, bool normalize) {
-  BeginDependentKernel();
-  const int lane = threadIdx.x % 32;
-  const int token = blockIdx.x * 4 + threadIdx.x / 32;
-  if (token >= tokens) return;
+// A float's bits as an int that orders as the float does (-0 below +0; callers pass no NaN and
+// no -0), and back.
+__device__ __forceinline__ int OrderedKey(float f) {
+  const int bits = __float_as_int(f);
+  return bits >= 0 ? bits : bits ^ 0x7fffffff;
+}
+__device__ __forceinline__ float FromOrderedKey(int key) {
+  return __int_as_float(key >= 0 ? key : key ^ 0x7fffffff);
+}
+
+// The routing of one token by one warp (every lane calls it, converged), the twin of
+// kernels::MoeRouting: lane k < top_k gets the k-th choice (by descending logit; ties: the lower
+// expert index) in *chosen_id and, with kWeights, its weight (softmax over every expert in fp32,
+// renormalized over the top_k when `normalize`); the other lanes get expert 0 and weight 0.
+// `logits`: the token's [experts] fp32 logits, read through L2 (__ldcg), so that a kernel may read
+// logits written two kernels back before its own wait (FusedDownKernel).
+template <bool kWeights>
+__device__ __forceinline__ void WarpRoute(const float* __restrict__ logits, int experts, int top_k,
+                                          bool normalize, int lane, int* chosen_id,
+                                          float* chosen_weight) {
   float v[kMaxExpertsPerLane];
   bool taken[kMaxExpertsPerLane];
-  float local_max = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kMaxExpertsPerLane; ++i) {
     const int e = lane + 32 * i;
-    float x = e < experts ? logits[int64_t{token} * experts + e] : -INFINITY;
+    float x = e < experts ? __ldcg(logits + e) : -INFINITY;
     if (x != x) x = -INFINITY;  // NaN: never preferred
+    if (x == 0.0f) x = 0.0f;    // -0 as +0, as the CPU's comparisons see them
     v[i] = x;
     taken[i] = e >= experts;
-    local_max = fmaxf(local_max, x);
   }
-  const float max_logit = WarpMax(local_max);
-  float total = 0;
-#pragma unroll
-  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-    if (lane + 32 * i < experts) total += expf(v[i] - max_logit);
-  }
-  total = WarpSum(total);
-  float chosen_value = 0;  // lane k holds the k-th choice's logit
-  int chosen_id = 0;
+  float chosen_value = -INFINITY, max_logit = -INFINITY;
+  int id = 0;
   for (int k = 0; k < top_k; ++k) {
+    // The lane's best remaining expert (its experts ascend with i: strict > keeps the lower).
     float best = -INFINITY;
     int best_id = INT_MAX;
 #pragma unroll
@@ -121,23 +201,60 @@ __global__ void __launch_bounds__(128)
       const int e = lane + 32 * i;
       if (!taken[i] && (v[i] > best || (v[i] == best && e < best_id))) best = v[i], best_id = e;
     }
+    // The warp's: the largest value, then the lowest index holding it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int best_key = __reduce_max_sync(0xffffffffu, OrderedKey(best));
+    best_id = __reduce_min_sync(0xffffffffu, OrderedKey(best) == best_key ? best_id : INT_MAX);
+    best = FromOrderedKey(best_key);
+#else
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
       const float other = __shfl_xor_sync(0xffffffffu, best, offset);
       const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
       if (other > best || (other == best && other_id < best_id)) best = other, best_id = other_id;
     }
+#endif
 #pragma unroll
     for (int i = 0; i < kMaxExpertsPerLane; ++i) {
       if (best_id == lane + 32 * i) taken[i] = true;
     }
-    if (lane == k) chosen_value = best, chosen_id = best_id;
+    if (k == 0) max_logit = best;  // the first choice is the largest logit
+    if (lane == k) chosen_value = best, id = best_id;
   }
-  const float p = lane < top_k ? expf(chosen_value - max_logit) : 0.0f;
-  const float denominator = normalize ? WarpSum(p) : total;
+  *chosen_id = id;
+  if constexpr (kWeights) {
+    const float p = lane < top_k ? expf(chosen_value - max_logit) : 0.0f;
+    float denominator;
+    if (normalize) {
+      denominator = WarpSum(p);
+    } else {
+      float total = 0;
+#pragma unroll
+      for (int i = 0; i < kMaxExpertsPerLane; ++i) {
+        if (lane + 32 * i < experts) total += expf(v[i] - max_logit);
+      }
+      denominator = WarpSum(total);
+    }
+    *chosen_weight = lane < top_k ? p / denominator : 0.0f;
+  }
+}
+
+// Routing: a warp per token (WarpRoute), writing the choices for the grouped path (and
+// MoeRoutingParams).
+__global__ void __launch_bounds__(128)
+    RoutingKernel(const float* __restrict__ logits, int32_t* __restrict__ expert_ids,
+                  float* __restrict__ weights, int tokens, int experts, int top_k, bool normalize) {
+  BeginDependentKernel();
+  const int lane = threadIdx.x % 32;
+  const int token = blockIdx.x * 4 + threadIdx.x / 32;
+  if (token >= tokens) return;
+  int id;
+  float weight;
+  WarpRoute<true>(logits + int64_t{token} * experts, experts, top_k, normalize, lane, &id,
+                  &weight);
   if (lane < top_k) {
-    expert_ids[int64_t{token} * top_k + lane] = chosen_id;
-    weights[int64_t{token} * top_k + lane] = p / denominator;
+    expert_ids[int64_t{token} * top_k + lane] = id;
+    weights[int64_t{token} * top_k + lane] = weight;
   }
 }
 
@@ -175,61 +292,52 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// The rows of work unit `unit`: fused, slot `unit` alone; grouped, tile `unit` of the sorted rows
-// (nothing past the last tile). Sets the expert, the first row and the row count.
-template <bool kGrouped>
-__device__ __forceinline__ bool FindTile(int unit, const int32_t* __restrict__ expert_ids,
-                                         const int32_t* __restrict__ offsets,
+// The rows of grouped tile `unit` of the sorted rows (false past the last tile): sets the expert,
+// the first row and the row count.
+__device__ __forceinline__ bool FindTile(int unit, const int32_t* __restrict__ offsets,
                                          const int32_t* __restrict__ tile_offsets, int experts,
                                          int* expert, int* first_row, int* rows) {
-  if constexpr (!kGrouped) {
-    *expert = expert_ids[unit];
-    *first_row = unit;
-    *rows = 1;
-    return true;
-  } else {
-    if (unit >= tile_offsets[experts]) return false;
-    int lo = 0, hi = experts - 1;  // the last expert whose first tile is <= unit
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (tile_offsets[mid] <= unit) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
+  if (unit >= tile_offsets[experts]) return false;
+  int lo = 0, hi = experts - 1;  // the last expert whose first tile is <= unit
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_offsets[mid] <= unit) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
     }
-    *expert = lo;
-    *first_row = offsets[lo] + (unit - tile_offsets[lo]) * kTileRows;
-    *rows = min(kTileRows, offsets[lo + 1] - *first_row);
-    return true;
   }
+  *expert = lo;
+  *first_row = offsets[lo] + (unit - tile_offsets[lo]) * kTileRows;
+  *rows = min(kTileRows, offsets[lo + 1] - *first_row);
+  return true;
 }
 
-// Gate/up with SiLU-and-mul: grid (ceil(I / kWarps), units). Warp w takes column
-// j = bx * kWarps + w: the expert's gate row j and up row j, over the unit's rows (M of them at
+// Grouped gate/up with SiLU-and-mul: grid (ceil(I / kWarps), units). Warp w takes column
+// j = bx * kWarps + w: the expert's gate row j and up row j, over the tile's rows (kTileRows at
 // most). act[row, j] = silu(gate) * up, each rounded to T first as a separate activation kernel
-// would see them. The input row of a row is its slot's token: slot / top_k (fused: row = slot;
-// grouped: slot = sorted_slots[row]).
-template <typename T, int M, bool kGrouped>
+// would see them. The input row of a sorted row is its slot's token: sorted_slots[row] / top_k.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    GateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up, T* __restrict__ act,
-                 const int32_t* __restrict__ expert_ids, const int32_t* __restrict__ offsets,
-                 const int32_t* __restrict__ tile_offsets, const int32_t* __restrict__ sorted_slots,
-                 int experts, int top_k, int hidden, int inter) {
+    GroupedGateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up,
+                        T* __restrict__ act, const int32_t* __restrict__ offsets,
+                        const int32_t* __restrict__ tile_offsets,
+                        const int32_t* __restrict__ sorted_slots, int experts, int top_k,
+                        int hidden, int inter) {
+  constexpr int M = kTileRows;
   BeginDependentKernel();
   const int lane = threadIdx.x % 32;
   const int j = blockIdx.x * kWarps + threadIdx.x / 32;
   int expert, first_row, rows;
-  if (j >= inter || !FindTile<kGrouped>(blockIdx.y, expert_ids, offsets, tile_offsets, experts,
-                                        &expert, &first_row, &rows)) {
+  if (j >= inter ||
+      !FindTile(blockIdx.y, offsets, tile_offsets, experts, &expert, &first_row, &rows)) {
     return;
   }
   const T* xr[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int row = first_row + (m < rows ? m : 0);
-    const int slot = kGrouped ? sorted_slots[row] : row;
-    xr[m] = x + int64_t{slot / top_k} * hidden;
+    xr[m] = x + int64_t{sorted_slots[row] / top_k} * hidden;
   }
   const T* gate = gate_up + (int64_t{expert} * 2 * inter + j) * hidden;
   const T* up = gate + int64_t{inter} * hidden;
@@ -252,50 +360,170 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Fused down + combine: grid (ceil(hidden / kWarps), tokens). Warp w of block (bx, t) takes output
-// feature n = bx * kWarps + w of token t: sum_k weight[t, k] * down_e[n] . act[t * top_k + k].
-// The (k, piece) pairs are spread over the lanes, kUnroll in flight.
+// The fused path (small decode batches). Its kernels find their experts themselves: each warp
+// routes its token from the router's logits (WarpRoute, identical in every warp), so no routing
+// kernel runs between the router and the expert GEMMs. They stream the experts' rows as the
+// skinny GEMM streams W (skinny_gemm.cu): 16-byte pieces, several in flight per lane, every load
+// of a step issued before its products.
+constexpr int kGateUpUnroll = 4;  // pieces of each of a warp's two rows in flight per lane
+constexpr int kDownUnroll = 8;    // pieces in flight per lane
+
+// Gate/up with SiLU-and-mul: grid (ceil(I / kWarps), slots). Warp w of block (bx, s) takes
+// column j = bx * kWarps + w of slot s = token * top_k + k: the gate row j and the up row j of
+// the token's k-th expert, and writes act[s, j] = silu(gate) * up, each rounded to T first as a
+// separate activation kernel would see them.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    FusedDownKernel(const T* __restrict__ act, const T* __restrict__ down, T* __restrict__ out,
-                    const int32_t* __restrict__ expert_ids, const float* __restrict__ weights,
-                    int top_k, int hidden, int inter) {
+    FusedGateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up,
+                      const float* __restrict__ logits, T* __restrict__ act, int experts,
+                      int top_k, int hidden, int inter) {
   BeginDependentKernel();
+  const int lane = threadIdx.x % 32;
+  const int j = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (j >= inter) return;
+  const int slot = blockIdx.y;
+  const int token = slot / top_k, k = slot - token * top_k;
+  int id;
+  float unused;
+  WarpRoute<false>(logits + int64_t{token} * experts, experts, top_k, false, lane, &id, &unused);
+  const int expert = __shfl_sync(0xffffffffu, id, k);
+  const T* rows[2];
+  rows[0] = gate_up + (int64_t{expert} * 2 * inter + j) * hidden;  // gate
+  rows[1] = rows[0] + int64_t{inter} * hidden;                     // up
+  const T* xr = x + int64_t{token} * hidden;
+  const int pieces = hidden / 8;
+  constexpr int kStep = 32 * kGateUpUnroll;
+  float acc[2] = {};
+  int c = lane;
+  for (; c - lane + kStep <= pieces; c += kStep) {
+    Piece<T> wv[kGateUpUnroll][2];
+#pragma unroll
+    for (int u = 0; u < kGateUpUnroll; ++u) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) wv[u][r] = LoadPiece(rows[r] + (c + 32 * u) * 8);
+    }
+    __syncwarp();  // every load of the step before its products (skinny_gemm.cu says why)
+#pragma unroll
+    for (int u = 0; u < kGateUpUnroll; ++u) {
+      float xf[8];
+      Load8<T>(xr + (c + 32 * u) * 8, xf);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float wf[8];
+        UnpackPiece(wv[u][r], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+      }
+    }
+  }
+  for (; c < pieces; c += 32) {  // the tail
+    Piece<T> wv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) wv[r] = LoadPiece(rows[r] + c * 8);
+    float xf[8];
+    Load8<T>(xr + c * 8, xf);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float wf[8];
+      UnpackPiece(wv[r], wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+    }
+  }
+  const float gs = ToFloat(FromFloat<T>(WarpSum(acc[0])));
+  const float us = ToFloat(FromFloat<T>(WarpSum(acc[1])));
+  if (lane == 0) {
+    StoreOne(act + int64_t{slot} * inter + j,
+             GateActivationOf<GateActivation::kSilu, !std::is_same_v<T, float>>(gs) * us);
+  }
+}
+
+// Fused down + combine: grid (ceil(hidden / kWarps), tokens). Warp w of block (bx, t) takes output
+// feature n = bx * kWarps + w of token t: sum_k weight[t, k] * down_e[n] . act[t * top_k + k],
+// e = expert[t, k]. The top_k rows of inter elements are one list of items (k, piece), a lane
+// taking items lane, lane + 32, ... (kDownUnroll in flight).
+//
+// Before waiting for the gate/up kernel, a warp routes its token and requests its first pieces
+// of the experts' rows: the logits it reads were written by the router, two kernels back, which
+// has completed by then (the gate/up kernel lets this one launch only after its own wait, which
+// returns once the router has completed; WarpRoute reads them through L2). Only the activations
+// wait for the gate/up kernel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    FusedDownKernel(const T* __restrict__ act, const T* __restrict__ down,
+                    const float* __restrict__ logits, T* __restrict__ out, int experts, int top_k,
+                    bool normalize, int hidden, int inter) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * kWarps + threadIdx.x / 32;
   const int token = blockIdx.y;
-  if (n >= hidden) return;
+  if (n >= hidden) {
+    BeginDependentKernel();
+    return;
+  }
+  int id;
+  float weight;
+  WarpRoute<true>(logits + int64_t{token} * experts, experts, top_k, normalize, lane, &id,
+                  &weight);
   const int pieces = inter / 8;
   const int items = pieces * top_k;
-  float acc = 0;
-  int i = lane;
-  auto item = [&](int index, float(&wf)[8], float(&af)[8]) {
-    const int k = index / pieces, c = index - k * pieces;
-    const int slot = token * top_k + k;
-    const int expert = expert_ids[slot];
-    LoadStream8<T>(down + (int64_t{expert} * hidden + n) * inter + c * 8, wf);
-    Load8<T>(act + int64_t{slot} * inter + c * 8, af);
-    return weights[slot];
+  const T* row_n = down + int64_t{n} * inter;  // expert e's row n: row_n + e * hidden * inter
+  const int64_t expert_stride = int64_t{hidden} * inter;
+  const T* act_token = act + int64_t{token} * top_k * inter;
+  // The lane's next item (k, c): advanced by 32 items at a time.
+  int k = lane / pieces, c = lane - (lane / pieces) * pieces;
+  auto advance = [&]() {
+    c += 32;
+    while (c >= pieces) c -= pieces, ++k;
   };
-  for (; i + 32 * (kUnroll - 1) < items; i += 32 * kUnroll) {
-    float wf[kUnroll][8], af[kUnroll][8], scale[kUnroll];
+  constexpr int kStep = 32 * kDownUnroll;
+  Piece<T> wv[kDownUnroll];
+  int ks[kDownUnroll], cs[kDownUnroll];
+  // The step's items and their weights' pieces; every lane has all of its items (converged).
+  auto load_step = [&]() {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) scale[u] = item(i + 32 * u, wf[u], af[u]);
+    for (int u = 0; u < kDownUnroll; ++u) {
+      ks[u] = k, cs[u] = c;
+      advance();
+      const int expert = __shfl_sync(0xffffffffu, id, ks[u]);
+      wv[u] = LoadPiece(row_n + expert * expert_stride + cs[u] * 8);
+    }
+  };
+  int base = 0;  // the first item of the step
+  if (kStep <= items) load_step();
+  BeginDependentKernel();
+  float acc = 0;
+  for (; base + kStep <= items; base += kStep) {
+    if (base != 0) {
+      load_step();
+      __syncwarp();
+    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kDownUnroll; ++u) {
+      const float scale = __shfl_sync(0xffffffffu, weight, ks[u]);
+      float wf[8], af[8];
+      UnpackPiece(wv[u], wf);
+      Load8<T>(act_token + int64_t{ks[u]} * inter + cs[u] * 8, af);
       float dot = 0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(wf[u][e], af[u][e], dot);
-      acc = fmaf(scale[u], dot, acc);
+      for (int e = 0; e < 8; ++e) dot = fmaf(wf[e], af[e], dot);
+      acc = fmaf(scale, dot, acc);
     }
   }
-  for (; i < items; i += 32) {
-    float wf[8], af[8];
-    const float scale = item(i, wf, af);
-    float dot = 0;
+  for (; base < items; base += 32) {  // the tail: uniform trip count, lanes past the end idle
+    const bool valid = base + lane < items;
+    const int kk = valid ? k : 0;
+    const int expert = __shfl_sync(0xffffffffu, id, kk);
+    const float scale = __shfl_sync(0xffffffffu, weight, kk);
+    if (valid) {
+      float wf[8], af[8];
+      UnpackPiece(LoadPiece(row_n + expert * expert_stride + c * 8), wf);
+      Load8<T>(act_token + int64_t{k} * inter + c * 8, af);
+      float dot = 0;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) dot = fmaf(wf[e], af[e], dot);
-    acc = fmaf(scale, dot, acc);
+      for (int e = 0; e < 8; ++e) dot = fmaf(wf[e], af[e], dot);
+      acc = fmaf(scale, dot, acc);
+      advance();
+    }
   }
   acc = WarpSum(acc);
   if (lane == 0) StoreOne(out + int64_t{token} * hidden + n, acc);
@@ -313,8 +541,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * kWarps + threadIdx.x / 32;
   int expert, first_row, rows;
-  if (n >= hidden || !FindTile<true>(blockIdx.y, nullptr, offsets, tile_offsets, experts, &expert,
-                                     &first_row, &rows)) {
+  if (n >= hidden ||
+      !FindTile(blockIdx.y, offsets, tile_offsets, experts, &expert, &first_row, &rows)) {
     return;
   }
   const T* ar[kTileRows];
@@ -376,39 +604,44 @@ cudaError_t LaunchTyped(const MoeParams& p, cudaStream_t stream) {
     const int slots = tokens * top_k;
     const T* x = static_cast<const T*>(p.input) + start * p.hidden;
     T* out = static_cast<T*>(p.output) + start * p.hidden;
-    LMSERVE_CUDA_RETURN_IF_ERROR(
-        LaunchKernel(RouterLogitsKernel<T>,
-                     dim3(static_cast<unsigned>(CeilDiv(experts, kWarps)),
-                          static_cast<unsigned>(CeilDiv(tokens, kTileRows))),
-                     kThreads, 0, stream, x, router, logits, tokens, experts, hidden));
+    const unsigned expert_blocks = static_cast<unsigned>(CeilDiv(experts, kWarps));
+    if (tokens == 1) {
+      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(RouterLogitsKernel<T, 1>, dim3(expert_blocks, 1),
+                                                kThreads, 0, stream, x, router, logits, tokens,
+                                                experts, hidden));
+    } else {
+      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
+          RouterLogitsKernel<T, kTileRows>,
+          dim3(expert_blocks, static_cast<unsigned>(CeilDiv(tokens, kTileRows))), kThreads, 0,
+          stream, x, router, logits, tokens, experts, hidden));
+    }
+    const unsigned column_blocks = static_cast<unsigned>(CeilDiv(inter, kWarps));
+    const unsigned row_blocks = static_cast<unsigned>(CeilDiv(hidden, kWarps));
+    if (!grouped) {
+      // Each expert GEMM routes its tokens itself (no routing kernel).
+      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
+          FusedGateUpKernel<T>, dim3(column_blocks, static_cast<unsigned>(slots)), kThreads, 0,
+          stream, x, gate_up, static_cast<const float*>(logits), act, experts, top_k, hidden,
+          inter));
+      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
+          FusedDownKernel<T>, dim3(row_blocks, static_cast<unsigned>(tokens)), kThreads, 0, stream,
+          static_cast<const T*>(act), down, static_cast<const float*>(logits), out, experts, top_k,
+          p.normalize_top_k, hidden, inter));
+      continue;
+    }
     LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(RoutingKernel,
                                               static_cast<unsigned>(CeilDiv(tokens, 4)), 128, 0,
                                               stream, static_cast<const float*>(logits), ids,
                                               weights, tokens, experts, top_k, p.normalize_top_k));
-    const unsigned column_blocks = static_cast<unsigned>(CeilDiv(inter, kWarps));
-    const unsigned row_blocks = static_cast<unsigned>(CeilDiv(hidden, kWarps));
-    if (!grouped) {
-      LMSERVE_CUDA_RETURN_IF_ERROR(
-          LaunchKernel(GateUpKernel<T, 1, false>, dim3(column_blocks, static_cast<unsigned>(slots)),
-                       kThreads, 0, stream, x, gate_up, act, static_cast<const int32_t*>(ids),
-                       static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                       static_cast<const int32_t*>(nullptr), experts, top_k, hidden, inter));
-      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
-          FusedDownKernel<T>, dim3(row_blocks, static_cast<unsigned>(tokens)), kThreads, 0, stream,
-          static_cast<const T*>(act), down, out, static_cast<const int32_t*>(ids),
-          static_cast<const float*>(weights), top_k, hidden, inter));
-      continue;
-    }
     LMSERVE_CUDA_RETURN_IF_ERROR(
         LaunchKernel(SortKernel, 1, 1024, 0, stream, static_cast<const int32_t*>(ids), offsets,
                      tile_offsets, sorted_slots, slot_rows, slots, experts));
     // Tiles: at most one partial tile per expert beyond the full ones.
     const unsigned units = static_cast<unsigned>(CeilDiv(slots, kTileRows) + experts);
     LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
-        GateUpKernel<T, kTileRows, true>, dim3(column_blocks, units), kThreads, 0, stream, x,
-        gate_up, act, static_cast<const int32_t*>(ids), static_cast<const int32_t*>(offsets),
-        static_cast<const int32_t*>(tile_offsets), static_cast<const int32_t*>(sorted_slots),
-        experts, top_k, hidden, inter));
+        GroupedGateUpKernel<T>, dim3(column_blocks, units), kThreads, 0, stream, x, gate_up, act,
+        static_cast<const int32_t*>(offsets), static_cast<const int32_t*>(tile_offsets),
+        static_cast<const int32_t*>(sorted_slots), experts, top_k, hidden, inter));
     LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
         GroupedDownKernel<T>, dim3(row_blocks, units), kThreads, 0, stream,
         static_cast<const T*>(act), down, expert_out, static_cast<const int32_t*>(offsets),

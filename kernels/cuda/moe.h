@@ -7,18 +7,21 @@
 //
 // Launch(MoeParams) enqueues, on one stream and without a host synchronization (so decode steps
 // stay capturable in CUDA graphs: every count and offset lives in device memory):
-//   1. the router GEMM (fp32 logits) and 2. the routing kernel (a warp per token: softmax, top-k,
-//      renormalization), then one of two paths:
-//   fused (small decode batches, MoePath::kFused): 3. gate/up with SiLU-and-mul for each (token,
-//      k) slot, reading only its expert's rows (the expert id read from device memory), and
-//      4. down with the weighted combine, a warp per output feature of a token summing over the
-//      token's k experts. At batch 1 the step reads exactly the top_k experts' weights.
-//   grouped (MoePath::kGrouped): 3. the slots sorted by expert (counts, offsets and tiles of up to
-//      8 rows per expert, in device memory), 4. gate/up + SiLU-and-mul and 5. down, each a grouped
-//      GEMM over tiles of one expert's rows (each expert's weights streamed once per tile), and
-//      6. the weighted combine back to token order. Tokens go in chunks of kMoeChunkTokens.
-// The expert GEMMs stream weights like the skinny GEMM (skinny_gemm.h): a warp per weight row
-// (or gate/up row pair), fp32 sums on the CUDA cores. Memory-bound shapes (decode) run near the
+//   1. the router GEMM (fp32 logits; its weights requested before it waits for the previous
+//      kernel), then one of two paths:
+//   fused (small decode batches, MoePath::kFused): 2. gate/up with SiLU-and-mul for each (token,
+//      k) slot, reading only its expert's rows, and 3. down with the weighted combine, a warp per
+//      output feature of a token summing over the token's k experts. No routing kernel runs:
+//      every warp of both routes its token from the logits itself (softmax, top-k,
+//      renormalization, as the routing kernel; down does so, and requests its first expert rows,
+//      before waiting for gate/up). At batch 1 the step reads exactly the top_k experts' weights.
+//   grouped (MoePath::kGrouped): 2. the routing kernel (a warp per token), 3. the slots sorted by
+//      expert (counts, offsets and tiles of up to 8 rows per expert, in device memory), 4. gate/up
+//      + SiLU-and-mul and 5. down, each a grouped GEMM over tiles of one expert's rows (each
+//      expert's weights streamed once per tile), and 6. the weighted combine back to token order.
+//      Tokens go in chunks of kMoeChunkTokens.
+// The expert GEMMs stream weights like the skinny GEMM (skinny_gemm.h): 16-byte pieces, several
+// in flight per lane, fp32 sums on the CUDA cores. Memory-bound shapes (decode) run near the
 // bandwidth; large prefills are compute-bound there (no tensor cores yet).
 // bf16, fp16 or fp32 activations and weights (fp32: the runner's float32 mode); math in fp32.
 // Kernels launch with programmatic dependent launch (common.cuh).

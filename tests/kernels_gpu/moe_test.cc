@@ -1,6 +1,7 @@
 // The mixture-of-experts kernels (kernels/cuda/moe.h) against their CPU twin (kernels/cpu/moe.h):
 // routing alone, and the whole MLP on both paths (fused, grouped) in bf16, fp16 and fp32, at
-// awkward sizes (17 tokens, 600 tokens: two passes of the grouped path), with poisoned outputs.
+// awkward sizes (17 tokens, 600 tokens: two passes of the grouped path; rows long enough for the
+// streaming loops' whole steps and tails), with poisoned outputs.
 
 #include "kernels/cpu/moe.h"
 
@@ -36,6 +37,12 @@ TEST(MoeRoutingGpuTest, MatchesCpu) {
       const int64_t tokens = 17;
       std::vector<float> logits = RandomFloats(tokens * experts, rng, 3.0f);
       logits[experts + 1] = logits[experts];  // a tie in token 1: the lower index first
+      // Token 2: -0 and +0 lead (equal, so the lower index, -0, first); the rest below them.
+      for (int64_t e = 0; e < experts; ++e) {
+        logits[2 * experts + e] = -std::fabs(logits[2 * experts + e]) - 1.0f;
+      }
+      logits[2 * experts] = -0.0f;
+      logits[2 * experts + 1] = 0.0f;
       std::vector<int32_t> ids(tokens * top_k);
       std::vector<float> weights(tokens * top_k);
       kernels::MoeRouting({.logits = logits.data(),
@@ -74,9 +81,12 @@ struct Shape {
 
 TEST(MoeGpuTest, BothPathsMatchTheCpuTwin) {
   LMSERVE_REQUIRE_GPU();
-  const Shape shapes[] = {{1, 136, 72, 8, 2},  {3, 136, 72, 8, 2},   {17, 136, 72, 8, 2},
-                          {600, 64, 40, 8, 2}, {1, 256, 64, 128, 8}, {17, 256, 64, 128, 8},
-                          {5, 128, 256, 4, 2}};
+  // The last two are wide enough for the streaming loops' whole steps and their tails (hidden
+  // 2368: 296 pieces of 8; the fused down's items, top_k x inter / 8: 360 and 288, 72 giving
+  // fewer pieces than lanes).
+  const Shape shapes[] = {{1, 136, 72, 8, 2},    {3, 136, 72, 8, 2},   {17, 136, 72, 8, 2},
+                          {600, 64, 40, 8, 2},   {1, 256, 64, 128, 8}, {17, 256, 64, 128, 8},
+                          {5, 128, 256, 4, 2},   {1, 2368, 360, 16, 8}, {17, 2368, 72, 32, 32}};
   for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (const Shape& s : shapes) {
       for (MoePath path : {MoePath::kAuto, MoePath::kFused, MoePath::kGrouped}) {
