@@ -42,9 +42,6 @@ absl::Status MoeParams::Validate() const {
         "Moe", StrCat(num_tokens, " tokens, hidden ", hidden, ", intermediate ", intermediate,
                       " are not supported (hidden and intermediate multiples of 8)"));
   }
-  if (intermediate >= (int64_t{1} << 26)) {  // the fused down kernel's items (moe.cu)
-    return KernelError("Moe", StrCat("intermediate ", intermediate, " is not below 2^26"));
-  }
   if (path == MoePath::kFused && num_tokens > kMoeChunkTokens) {
     return KernelError("Moe", StrCat("the fused path takes at most ", kMoeChunkTokens, " tokens"));
   }

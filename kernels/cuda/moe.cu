@@ -5,7 +5,6 @@
 #include <climits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_workspace.h"
@@ -369,104 +368,74 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kGateUpUnroll = 4;  // pieces of each of a warp's two rows in flight per lane
 constexpr int kDownUnroll = 8;    // pieces in flight per lane
 
-// Gate/up with SiLU-and-mul over units (slot, column): unit u = s * inter + j is column j of slot
-// s = token * top_k + k, the gate row j and the up row j of the token's k-th expert, and writes
-// act[s, j] = silu(gate) * up, each rounded to T first as a separate activation kernel would see
-// them. Warp g of the grid takes units [g * per_warp, (g + 1) * per_warp) in turn, routing its
-// token again only where the token changes: the host sizes the grid so that every warp has the
-// same number of units and all of them are resident at once (FusedGateUpGrid), so no second wave
-// of blocks starts late and no warp runs long after the others.
+// Gate/up with SiLU-and-mul: grid (ceil(I / kWarps), slots). Warp w of block (bx, s) takes
+// column j = bx * kWarps + w of slot s = token * top_k + k: the gate row j and the up row j of
+// the token's k-th expert, and writes act[s, j] = silu(gate) * up, each rounded to T first as a
+// separate activation kernel would see them.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 1 : 5)
+__global__ void __launch_bounds__(kThreads)
     FusedGateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up,
                       const float* __restrict__ logits, T* __restrict__ act, int experts,
-                      int top_k, int hidden, int inter, int64_t units, int per_warp) {
+                      int top_k, int hidden, int inter) {
   BeginDependentKernel();
   const int lane = threadIdx.x % 32;
-  const int64_t begin = int64_t{blockIdx.x * kWarps + threadIdx.x / 32} * per_warp;
-  const int64_t end = begin + per_warp < units ? begin + per_warp : units;
+  const int j = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (j >= inter) return;
+  const int slot = blockIdx.y;
+  const int token = slot / top_k, k = slot - token * top_k;
+  int id;
+  float unused;
+  WarpRoute<false>(logits + int64_t{token} * experts, experts, top_k, false, lane, &id, &unused);
+  const int expert = __shfl_sync(0xffffffffu, id, k);
+  const T* rows[2];
+  rows[0] = gate_up + (int64_t{expert} * 2 * inter + j) * hidden;  // gate
+  rows[1] = rows[0] + int64_t{inter} * hidden;                     // up
+  const T* xr = x + int64_t{token} * hidden;
   const int pieces = hidden / 8;
   constexpr int kStep = 32 * kGateUpUnroll;
-  int routed_token = -1, id = 0;
-  for (int64_t unit = begin; unit < end; ++unit) {
-    const int slot = static_cast<int>(unit / inter);
-    const int j = static_cast<int>(unit - int64_t{slot} * inter);
-    const int token = slot / top_k, k = slot - token * top_k;
-    if (token != routed_token) {  // warp-uniform
-      float unused;
-      WarpRoute<false>(logits + int64_t{token} * experts, experts, top_k, false, lane, &id,
-                       &unused);
-      routed_token = token;
+  float acc[2] = {};
+  int c = lane;
+  for (; c - lane + kStep <= pieces; c += kStep) {
+    Piece<T> wv[kGateUpUnroll][2];
+#pragma unroll
+    for (int u = 0; u < kGateUpUnroll; ++u) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) wv[u][r] = LoadPiece(rows[r] + (c + 32 * u) * 8);
     }
-    const int expert = __shfl_sync(0xffffffffu, id, k);
-    const T* rows[2];
-    rows[0] = gate_up + (int64_t{expert} * 2 * inter + j) * hidden;  // gate
-    rows[1] = rows[0] + int64_t{inter} * hidden;                     // up
-    const T* xr = x + int64_t{token} * hidden;
-    float acc[2] = {};
-    int c = lane;
-    for (; c - lane + kStep <= pieces; c += kStep) {
-      Piece<T> wv[kGateUpUnroll][2];
+    __syncwarp();  // every load of the step before its products (skinny_gemm.cu says why)
 #pragma unroll
-      for (int u = 0; u < kGateUpUnroll; ++u) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) wv[u][r] = LoadPiece(rows[r] + (c + 32 * u) * 8);
-      }
-      __syncwarp();  // every load of the step before its products (skinny_gemm.cu says why)
-#pragma unroll
-      for (int u = 0; u < kGateUpUnroll; ++u) {
-        float xf[8];
-        Load8<T>(xr + (c + 32 * u) * 8, xf);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float wf[8];
-          UnpackPiece(wv[u][r], wf);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
-        }
-      }
-    }
-    for (; c < pieces; c += 32) {  // the tail
-      Piece<T> wv[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) wv[r] = LoadPiece(rows[r] + c * 8);
+    for (int u = 0; u < kGateUpUnroll; ++u) {
       float xf[8];
-      Load8<T>(xr + c * 8, xf);
+      Load8<T>(xr + (c + 32 * u) * 8, xf);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float wf[8];
-        UnpackPiece(wv[r], wf);
+        UnpackPiece(wv[u][r], wf);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
       }
     }
-    const float gs = ToFloat(FromFloat<T>(WarpSum(acc[0])));
-    const float us = ToFloat(FromFloat<T>(WarpSum(acc[1])));
-    if (lane == 0) {
-      StoreOne(act + int64_t{slot} * inter + j,
-               GateActivationOf<GateActivation::kSilu, !std::is_same_v<T, float>>(gs) * us);
+  }
+  for (; c < pieces; c += 32) {  // the tail
+    Piece<T> wv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) wv[r] = LoadPiece(rows[r] + c * 8);
+    float xf[8];
+    Load8<T>(xr + c * 8, xf);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float wf[8];
+      UnpackPiece(wv[r], wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
     }
   }
-}
-
-// The gate/up kernel's grid: blocks, and units per warp. At most kGateUpBlocksPerSm blocks a
-// multiprocessor (one wave: its launch bounds allow 5), every warp with the same number of units
-// (the last one fewer). Two blocks of 8 warps, each warp with 2 rows x kGateUpUnroll pieces of 16
-// bytes a lane in flight (4 KiB), keep 64 KiB a multiprocessor in flight (8.4 MB on 132
-// multiprocessors: a few times the bandwidth-latency product, as the skinny GEMM's grids), and
-// leave room for two blocks of the down kernel to be resident beside them, which route and
-// request their first rows while gate/up streams (2 x 256 x 48 + 2 x 256 x 80 registers = 64 Ki).
-constexpr int kGateUpBlocksPerSm = 2;
-struct GateUpGrid {
-  unsigned blocks;
-  int per_warp;
-};
-GateUpGrid FusedGateUpGrid(int64_t units) {
-  const int sms = CurrentMultiprocessorCount();
-  const int64_t budget = int64_t{sms > 0 ? sms : 132} * kGateUpBlocksPerSm * kWarps;
-  const int64_t per_warp = CeilDiv(units, budget);
-  return {static_cast<unsigned>(CeilDiv(CeilDiv(units, per_warp), kWarps)),
-          static_cast<int>(per_warp)};
+  const float gs = ToFloat(FromFloat<T>(WarpSum(acc[0])));
+  const float us = ToFloat(FromFloat<T>(WarpSum(acc[1])));
+  if (lane == 0) {
+    StoreOne(act + int64_t{slot} * inter + j,
+             GateActivationOf<GateActivation::kSilu, !std::is_same_v<T, float>>(gs) * us);
+  }
 }
 
 // Fused down + combine: grid (ceil(hidden / kWarps), tokens). Warp w of block (bx, t) takes output
@@ -479,11 +448,8 @@ GateUpGrid FusedGateUpGrid(int64_t units) {
 // has completed by then (the gate/up kernel lets this one launch only after its own wait, which
 // returns once the router has completed; WarpRoute reads them through L2). Only the activations
 // wait for the gate/up kernel.
-// Launch bounds: the 16-bit types at 3 blocks a multiprocessor (80 registers, was 95), so that
-// two blocks fit beside two of the gate/up kernel (FusedGateUpGrid) and start early; fp32's
-// pieces are twice the registers, so it keeps one.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 1 : 3)
+__global__ void __launch_bounds__(kThreads)
     FusedDownKernel(const T* __restrict__ act, const T* __restrict__ down,
                     const float* __restrict__ logits, T* __restrict__ out, int experts, int top_k,
                     bool normalize, int hidden, int inter) {
@@ -511,18 +477,15 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 1 : 3)
   };
   constexpr int kStep = 32 * kDownUnroll;
   Piece<T> wv[kDownUnroll];
-  // The step's items, k << kItemShift | c * 8 (top_k <= 32, and fewer than 2^26 elements a row:
-  // one register an item keeps the 16-bit kernels within their launch bounds without spills).
-  constexpr int kItemShift = 26;
-  int items_of_step[kDownUnroll];
+  int ks[kDownUnroll], cs[kDownUnroll];
   // The step's items and their weights' pieces; every lane has all of its items (converged).
   auto load_step = [&]() {
 #pragma unroll
     for (int u = 0; u < kDownUnroll; ++u) {
-      items_of_step[u] = k << kItemShift | c * 8;
-      const int expert = __shfl_sync(0xffffffffu, id, k);
-      wv[u] = LoadPiece(row_n + expert * expert_stride + c * 8);
+      ks[u] = k, cs[u] = c;
       advance();
+      const int expert = __shfl_sync(0xffffffffu, id, ks[u]);
+      wv[u] = LoadPiece(row_n + expert * expert_stride + cs[u] * 8);
     }
   };
   int base = 0;  // the first item of the step
@@ -536,12 +499,10 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 1 : 3)
     }
 #pragma unroll
     for (int u = 0; u < kDownUnroll; ++u) {
-      const int ku = items_of_step[u] >> kItemShift;
-      const int offset = items_of_step[u] & ((1 << kItemShift) - 1);
-      const float scale = __shfl_sync(0xffffffffu, weight, ku);
+      const float scale = __shfl_sync(0xffffffffu, weight, ks[u]);
       float wf[8], af[8];
       UnpackPiece(wv[u], wf);
-      Load8<T>(act_token + ku * inter + offset, af);
+      Load8<T>(act_token + int64_t{ks[u]} * inter + cs[u] * 8, af);
       float dot = 0;
 #pragma unroll
       for (int e = 0; e < 8; ++e) dot = fmaf(wf[e], af[e], dot);
@@ -658,12 +619,10 @@ cudaError_t LaunchTyped(const MoeParams& p, cudaStream_t stream) {
     const unsigned row_blocks = static_cast<unsigned>(CeilDiv(hidden, kWarps));
     if (!grouped) {
       // Each expert GEMM routes its tokens itself (no routing kernel).
-      const int64_t units = int64_t{slots} * inter;
-      const GateUpGrid grid = FusedGateUpGrid(units);
       LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
-          FusedGateUpKernel<T>, grid.blocks, kThreads, 0, stream, x, gate_up,
-          static_cast<const float*>(logits), act, experts, top_k, hidden, inter, units,
-          grid.per_warp));
+          FusedGateUpKernel<T>, dim3(column_blocks, static_cast<unsigned>(slots)), kThreads, 0,
+          stream, x, gate_up, static_cast<const float*>(logits), act, experts, top_k, hidden,
+          inter));
       LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(
           FusedDownKernel<T>, dim3(row_blocks, static_cast<unsigned>(tokens)), kThreads, 0, stream,
           static_cast<const T*>(act), down, static_cast<const float*>(logits), out, experts, top_k,
