@@ -29,11 +29,10 @@ class GemmaDescription final : public ModelDescription {
     const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
     const int64_t q_dim = c.num_attention_heads * c.head_dim;
     WeightPlan& w = weights_;
-    embed_ = w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", c.vocab_size, hidden);
-    final_norm_ = AddNorm(w, c, "norm", -1, "model.norm.weight");
-    lm_head_ = c.tie_word_embeddings
-                   ? w.AddTied("lm_head", embed_)
-                   : w.AddTensor("lm_head", -1, "lm_head.weight", c.vocab_size, hidden);
+    const DecoderEnds ends = AddDecoderEnds(w, c);
+    embed_ = ends.embed;
+    final_norm_ = ends.final_norm;
+    lm_head_ = ends.lm_head;
     layers_.resize(static_cast<size_t>(c.num_layers));
     for (int64_t l = 0; l < c.num_layers; ++l) {
       auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
@@ -49,9 +48,7 @@ class GemmaDescription final : public ModelDescription {
           AddNorm(w, c, "pre_feedforward_layernorm", l, name("pre_feedforward_layernorm.weight"));
       layer.post_mlp_norm =
           AddNorm(w, c, "post_feedforward_layernorm", l, name("post_feedforward_layernorm.weight"));
-      layer.gate_up =
-          w.Add("gate_up", l, 2 * inter, hidden,
-                {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+      layer.gate_up = AddGateUp(w, c, l, /*fused=*/false);
       layer.down = w.AddTensor("down_proj", l, name("mlp.down_proj.weight"), hidden, inter);
     }
   }

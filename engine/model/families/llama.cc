@@ -33,6 +33,26 @@ AttentionLayer DecoderAttention(const ModelConfig& c, int64_t layer) {
   return attention;
 }
 
+DecoderEnds AddDecoderEnds(WeightPlan& w, const ModelConfig& c) {
+  DecoderEnds ends;
+  ends.embed =
+      w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+  ends.final_norm = AddNorm(w, c, "norm", -1, "model.norm.weight");
+  ends.lm_head = c.tie_word_embeddings
+                     ? w.AddTied("lm_head", ends.embed)
+                     : w.AddTensor("lm_head", -1, "lm_head.weight", c.vocab_size, c.hidden_size);
+  return ends;
+}
+
+Weight AddGateUp(WeightPlan& w, const ModelConfig& c, int64_t l, bool fused) {
+  auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
+  const int64_t inter = c.intermediate_size;
+  return fused
+             ? w.AddTensor("gate_up", l, name("mlp.gate_up_proj.weight"), 2 * inter, c.hidden_size)
+             : w.Add("gate_up", l, 2 * inter, c.hidden_size,
+                     {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+}
+
 Weight AddNorm(WeightPlan& plan, const ModelConfig& c, std::string kind, int64_t layer,
                std::string name) {
   const Weight weight = plan.AddTensor(std::move(kind), layer, std::move(name), c.hidden_size);
@@ -130,13 +150,10 @@ LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& opt
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
   WeightPlan& w = weights_;
-  embed_ = w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", c.vocab_size, hidden);
-  // The final norm and the LM head come before the layers: checks find missing tensors in this
-  // order, and the CUDA runner lays its weights out in it.
-  final_norm_ = AddNorm(w, c, "norm", -1, "model.norm.weight");
-  lm_head_ = c.tie_word_embeddings
-                 ? w.AddTied("lm_head", embed_)
-                 : w.AddTensor("lm_head", -1, "lm_head.weight", c.vocab_size, hidden);
+  const DecoderEnds ends = AddDecoderEnds(w, c);
+  embed_ = ends.embed;
+  final_norm_ = ends.final_norm;
+  lm_head_ = ends.lm_head;
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
@@ -158,11 +175,7 @@ LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& opt
       layer.moe = DeclareMoeLayer(w, c, l, *options.moe_names);
       continue;
     }
-    layer.gate_up =
-        options.fused_gate_up
-            ? w.AddTensor("gate_up", l, name("mlp.gate_up_proj.weight"), 2 * inter, hidden)
-            : w.Add("gate_up", l, 2 * inter, hidden,
-                    {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+    layer.gate_up = AddGateUp(w, c, l, options.fused_gate_up);
     layer.down = w.AddTensor("down_proj", l, name("mlp.down_proj.weight"), hidden, inter);
   }
 }

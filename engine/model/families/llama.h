@@ -64,6 +64,18 @@ AttentionLayer DecoderAttention(const ModelConfig& config, int64_t layer);
 // offset, as ModelConfig::norm_weight_offset).
 Weight AddQkv(WeightPlan& plan, const ModelConfig& config, int64_t layer, bool fused, bool qk_norm,
               AttentionLayer* attention);
+// The tensors outside the layers: the embeddings, the final norm and the LM head (its own, or the
+// embeddings when tied). Declared before the layers: checks find missing tensors in this order,
+// and the CUDA runner lays its weights out in it.
+struct DecoderEnds {
+  Weight embed;       // [vocab, hidden]
+  Weight final_norm;  // [hidden]
+  Weight lm_head;     // [vocab, hidden]
+};
+DecoderEnds AddDecoderEnds(WeightPlan& plan, const ModelConfig& config);
+// Declares the gated MLP's [2 intermediate, hidden] gate/up matrix of `layer`: gate_proj then
+// up_proj, or one gate_up_proj (`fused`, Phi-3).
+Weight AddGateUp(WeightPlan& plan, const ModelConfig& config, int64_t layer, bool fused);
 // Declares a [hidden] RMSNorm weight of `layer` (-1: outside the layers) named `name`.
 Weight AddNorm(WeightPlan& plan, const ModelConfig& config, std::string kind, int64_t layer,
                std::string name);
