@@ -145,7 +145,9 @@ TEST_F(SlidingWindowTest, ChunkedPrefillWithDroppedBlocksMatchesTheReference) {
         "at most %d blocks held\n",
         chunk, error, static_cast<long>(num_dropped), most_held);
     EXPECT_LE(error, 1e-4) << "chunks of " << chunk;
-    if (chunk < prompt.size()) EXPECT_GT(num_dropped, 0) << "chunks of " << chunk;
+    if (chunk < prompt.size()) {
+      EXPECT_GT(num_dropped, 0) << "chunks of " << chunk;
+    }
     // A chunk's window and its own tokens: ceil((16 - 1 + chunk) / 16) + 1 blocks at most.
     EXPECT_LE(most_held,
               static_cast<int32_t>((kWindow - 1 + chunk + kBlockSize - 1) / kBlockSize + 1))
@@ -168,7 +170,9 @@ TEST_F(SlidingWindowTest, GreedyDecodingWithDroppedBlocksMatchesTheReference) {
       ASSERT_TRUE(blocks.Allocate(seq, static_cast<int64_t>(sequence.size()), {},
                                   static_cast<int64_t>(computed)));
       // Decoding: the window's block and the current one at most.
-      if (step > 0) EXPECT_LE(blocks.num_used_blocks(0), 2);
+      if (step > 0) {
+        EXPECT_LE(blocks.num_used_blocks(0), 2);
+      }
       StepBatch batch;
       batch.AddSequence(std::span(sequence).subspan(computed), static_cast<int32_t>(computed),
                         blocks.BlockTable(seq), LogitsMode::kLast);
