@@ -361,12 +361,13 @@ std::optional<std::string> HfToGgufTensorName(const ModelFamily* family, std::st
       if (suffix == hf) return StrCat("blk.", *layer, ".", gguf);
     }
   }
-  for (const auto& [gguf, hf] : kLayerNames) {
-    if (suffix != hf) continue;
+  for (const auto& names : kLayerNames) {
+    if (suffix != names.second) continue;
+    const std::string_view gguf = names.first;
     // A GGUF name the family gives another tensor is not this one's.
     if (family != nullptr &&
         std::any_of(family->gguf_layer_names.begin(), family->gguf_layer_names.end(),
-                    [&](const auto& names) { return names.first == gguf; })) {
+                    [gguf](const auto& own) { return own.first == gguf; })) {
       return std::nullopt;
     }
     return StrCat("blk.", *layer, ".", gguf);
