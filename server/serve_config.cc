@@ -156,6 +156,10 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
   AddNegatedFlag(command, "--no-cuda-graphs", &runner->cuda_graphs,
                  "CUDA: run decode steps eagerly instead of replaying CUDA graphs")
       ->group(kRunnerGroup);
+  AddNegatedFlag(command, "--no-fp32-residual", &runner->fp32_residual,
+                 "CUDA in bfloat16: hold the residual stream in bf16 too instead of fp32 (it is "
+                 "then rounded at every residual add)")
+      ->group(kRunnerGroup);
   AddChoiceFlag<engine::DecodeGemm>(
       command, "--decode-gemm", &runner->decode_gemm, engine::DecodeGemmFromName,
       "auto, blas, skinny", std::string(engine::DecodeGemmName(runner->decode_gemm)),
@@ -237,6 +241,7 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       ", load format: ", runner.load_format == engine::LoadFormat::kDummy ? "dummy" : "auto",
       ", GPU memory utilization: ", runner.gpu_memory_utilization,
       ", CUDA graphs: ", runner.cuda_graphs ? "on" : "off",
+      ", fp32 residual: ", runner.fp32_residual ? "on" : "off",
       ", decode GEMM: ", engine::DecodeGemmName(runner.decode_gemm), "\n", "  listen: ", server.host, ":",
       server.port, ", metrics port: ",
       server.metrics_port < 0 ? std::string("off") : StrCat(server.metrics_port), "\n",

@@ -52,9 +52,10 @@ inline engine::RunnerConfig ServeRunnerDefaults() {
 
 struct ServeConfig {
   ModelOptions model;
-  // dtype, load_format, kv_cache_bytes, num_threads, gpu_memory_utilization and cuda_graphs come
-  // from flags. The model loader sets the rest: backend (model.backend resolved), max_num_seqs
-  // and max_num_batched_tokens (the engine's), and kv_cache_bytes where it is 0 on the CPU.
+  // dtype, load_format, kv_cache_bytes, num_threads, gpu_memory_utilization, cuda_graphs,
+  // fp32_residual and decode_gemm come from flags. The model loader sets the rest: backend
+  // (model.backend resolved), max_num_seqs and max_num_batched_tokens (the engine's), and
+  // kv_cache_bytes where it is 0 on the CPU.
   engine::RunnerConfig runner = ServeRunnerDefaults();
   // max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching and seed come from
   // flags; the model loader sets max_logprobs and max_n from the API's limits.

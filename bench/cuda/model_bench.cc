@@ -22,8 +22,8 @@
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
-//        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl] [--json FILE]
-//        [--timeline FILE]
+//        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
+//        [--no-fp32-residual] [--json FILE] [--timeline FILE]
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -68,6 +68,7 @@ struct Options {
   bool graphs = true;
   engine::DecodeGemm decode_gemm = engine::DecodeGemm::kAuto;
   bool programmatic_launch = true;
+  bool fp32_residual = true;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   std::string json;
   std::string timeline;
@@ -78,7 +79,8 @@ int Usage(const char* message) {
                "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32] "
                "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
-               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--json FILE] [--timeline FILE]\n",
+               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--no-fp32-residual] [--json FILE] "
+               "[--timeline FILE]\n",
                message);
   return 2;
 }
@@ -252,6 +254,7 @@ int Run(const Options& o) {
   config.cuda_graphs = o.graphs;
   config.decode_gemm = o.decode_gemm;
   config.programmatic_launch = o.programmatic_launch;
+  config.fp32_residual = o.fp32_residual;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -315,6 +318,7 @@ int Run(const Options& o) {
       {"dummy_weights", o.dummy},
       {"cuda_graphs", o.graphs},
       {"dtype", dtype_name},
+      {"fp32_residual", o.fp32_residual},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
       {"weight_bytes", stats.weight_bytes},
@@ -438,6 +442,8 @@ int main(int argc, char** argv) {
       o.decode_gemm = *choice;
     } else if (arg == "--no-pdl") {
       o.programmatic_launch = false;
+    } else if (arg == "--no-fp32-residual") {
+      o.fp32_residual = false;
     } else if (arg == "--batches") {
       o.batches.clear();
       const std::string list = value();

@@ -25,7 +25,9 @@
 
 namespace lmserve::engine {
 
-// A step's activations, each [num_tokens, width] in the runner's element type.
+// A step's activations, each [num_tokens, width] in the runner's element type. The residual
+// stream may be held wider than the rest (the CUDA runner's fp32 residual beside bf16): a family
+// names it only as Embed's output, RmsNorm's input and the residual of AddRmsNorm and FinalNorm.
 enum class Buffer : uint8_t {
   kResidual,    // [hidden]: the residual stream
   kNormed,      // [hidden]: a norm's output, the next projection's input

@@ -49,6 +49,10 @@ constexpr int64_t kMinLogitsChunkRows = 256;
 // GPU memory kept free beyond the weights, workspaces and KV pool: CUDA graphs, cuBLAS's own
 // allocations, the CUDA context's growth.
 constexpr int64_t kReserveBytes = int64_t{512} << 20;
+// The ops that take Buffer::kResidual in fp32 beside bf16 activations (ops.h allows no others).
+constexpr const char* kResidualOnlyThere =
+    "CUDA runner: the fp32 residual stream is only Embed's output, RmsNorm's input and the "
+    "residual of AddRmsNorm and FinalNorm";
 
 // The step being enqueued: what the ops read besides the model's weights.
 struct Step {
@@ -122,6 +126,10 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     return inputs_.Device<T>(offset);
   }
   void* Buf(Buffer buffer) const { return buffers_[static_cast<int>(buffer)].get(); }
+  // The element type of a buffer: kernel_dtype_, but residual_dtype_ for the residual stream.
+  DType BufDType(Buffer buffer) const {
+    return buffer == Buffer::kResidual ? residual_dtype_ : kernel_dtype_;
+  }
   // A KV cache layer's keys and values: its slot of its group's blocks (kv_cache_groups.h).
   void* KeyCache(int64_t layer) const {
     return kv_pool_.at((2 * int64_t{groups_.layer_slot[layer]}) * layer_cache_bytes_);
@@ -137,6 +145,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   const RunnerDType dtype_;      // resolved: kBFloat16 or kFloat32
   const DType kernel_dtype_;     // the kernels' name for it: kBF16 or kF32
   const int64_t element_bytes_;  // 2 or 4
+  // Buffer::kResidual's type: kernel_dtype_, or kF32 in bf16 with RunnerConfig::fp32_residual.
+  const DType residual_dtype_;
   const int32_t block_size_;
   const int64_t max_tokens_;  // tokens in a step, at most
   const int64_t max_seqs_;    // sequences in a step, at most
@@ -165,7 +175,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
 
   cuda::StepInputs inputs_;
 
-  // Activations (in the runner's dtype) and outputs.
+  // Activations (in the runner's dtype, the residual stream in residual_dtype_) and outputs.
   std::array<CudaBuffer, kNumBuffers> buffers_;  // by Buffer, [max_tokens, BufferWidth]
   CudaBuffer gate_up_;            // [max_tokens, 2 intermediate]: cuBLASLt's gate/up output
   CudaBuffer final_rows_;         // [max_tokens, hidden]: the logits rows' final norm, gathered
@@ -196,6 +206,7 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
       dtype_(ResolveRunnerDType(runner_config.dtype, Backend::kCuda)),
       kernel_dtype_(dtype_ == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16),
       element_bytes_(RunnerDTypeBytes(dtype_)),
+      residual_dtype_(runner_config.fp32_residual ? DType::kF32 : kernel_dtype_),
       block_size_(runner_config.block_size_tokens),
       max_tokens_(
           std::max<int64_t>(runner_config.max_num_batched_tokens, runner_config.max_num_seqs)),
@@ -304,9 +315,10 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   const int64_t t = max_tokens_;
   const int64_t e = element_bytes_;
   for (int b = 0; b < kNumBuffers; ++b) {
-    LMSERVE_ASSIGN_OR_RETURN(
-        buffers_[b],
-        CudaBuffer::Device(t * BufferWidth(static_cast<Buffer>(b), c) * e, "activations"));
+    const Buffer buffer = static_cast<Buffer>(b);
+    const int64_t bytes = BufDType(buffer) == DType::kF32 ? 4 : e;
+    LMSERVE_ASSIGN_OR_RETURN(buffers_[b],
+                             CudaBuffer::Device(t * BufferWidth(buffer, c) * bytes, "activations"));
   }
   LMSERVE_ASSIGN_OR_RETURN(gate_up_,
                            CudaBuffer::Device(t * 2 * c.intermediate_size * e, "activations"));
@@ -417,7 +429,8 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
                             .vocab_size = c.vocab_size,
                             .hidden_size = c.hidden_size,
                             .dtype = kernel_dtype_,
-                            .scale = scale};
+                            .scale = scale,
+                            .output_dtype = residual_dtype_};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(embed, stream_), "embedding");
   // A prefill step's attention plan, once for every layer.
   if (!s.decode_only && dtype_ == RunnerDType::kBFloat16) {
@@ -427,19 +440,26 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
 }
 
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
+  if (BufDType(out) != kernel_dtype_) {
+    return absl::UnimplementedError(kResidualOnlyThere);
+  }
   kc::RmsNormParams norm{.input = Buf(in),
                          .weight = weights_[weight],
                          .output = Buf(out),
                          .num_tokens = step_.tokens,
                          .hidden_size = model_->weights()[weight].rows,
                          .epsilon = epsilon,
-                         .dtype = kernel_dtype_};
+                         .dtype = kernel_dtype_,
+                         .input_dtype = BufDType(in)};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "RMSNorm");
   return absl::OkStatus();
 }
 
 absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                                     Buffer out) {
+  if (BufDType(add) != kernel_dtype_ || BufDType(out) != kernel_dtype_) {
+    return absl::UnimplementedError(kResidualOnlyThere);
+  }
   kc::FusedAddRmsNormParams norm{.residual = Buf(residual),
                                  .input = Buf(add),
                                  .weight = weights_[weight],
@@ -447,7 +467,8 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
                                  .num_tokens = step_.tokens,
                                  .hidden_size = model_->weights()[weight].rows,
                                  .epsilon = epsilon,
-                                 .dtype = kernel_dtype_};
+                                 .dtype = kernel_dtype_,
+                                 .residual_dtype = BufDType(residual)};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "add + RMSNorm");
   return absl::OkStatus();
 }

@@ -8,9 +8,13 @@
 // order of sums, at twice the memory and a fraction of the speed). Weights live on the GPU in that
 // type: GGUF-quantized and fp16/fp32/bf16 tensors are converted there at load
 // (kernels/cuda/dequant.h, bit-exact with the CPU's conversion), laid out as the model's WeightPlan
-// declares them (Q/K/V fused into one matrix, gate/up into another). The KV pool is [num_blocks, block_size, kv_heads, head_dim] per layer for
-// keys and for values; unless RunnerConfig::kv_cache_bytes says otherwise it takes what
-// gpu_memory_utilization leaves after the weights, the workspaces and a reserve for CUDA graphs.
+// declares them (Q/K/V fused into one matrix, gate/up into another). In bf16 the residual stream
+// alone is fp32 by default (RunnerConfig::fp32_residual): the embeddings are gathered into fp32
+// rows, every residual add and the norm of the sum read and write it in fp32, and the normed
+// outputs, projections and KV cache stay bf16. The KV pool is [num_blocks, block_size, kv_heads,
+// head_dim] per layer for keys and for values; unless RunnerConfig::kv_cache_bytes says otherwise
+// it takes what gpu_memory_utilization leaves after the weights, the workspaces and a reserve for
+// CUDA graphs.
 //
 // In bf16 attention runs on the tensor-core kernels (decode and prefill) and small-batch GEMMs may
 // take the skinny kernel; in fp32 every attention runs on PagedAttentionF32 (CUDA cores, fp32

@@ -175,6 +175,10 @@ struct RunnerConfig {
   bool cuda_graphs = true;              // capture decode-only steps as CUDA graphs
   int32_t device = 0;                   // CUDA device ordinal
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
+  // CUDA runner in bf16: hold the residual stream in fp32 (the embeddings, every residual add,
+  // the norms' input), the rest in bf16, so that the stream is not rounded to bf16 at each add.
+  // Float32 mode holds everything in fp32 either way.
+  bool fp32_residual = true;
   // Chain the step's kernels by programmatic dependent launch (sm_90): each launches while its
   // predecessor finishes. Process-wide in effect: the last CUDA runner created sets it.
   bool programmatic_launch = true;

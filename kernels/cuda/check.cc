@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/dispatch.h"
 
@@ -28,6 +29,16 @@ absl::Status CheckElementwiseDType(const char* kernel, DType dtype) {
   return absl::InvalidArgumentError(StrCat(kernel, ": dtype ", DTypeName(dtype),
                                            " is not supported (supported: ", kElementwiseDTypeList,
                                            ")"));
+}
+
+absl::Status CheckDTypeOrF32(const char* kernel, const char* field, DType dtype,
+                             std::optional<DType> other) {
+  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType(kernel, dtype));
+  if (!other.has_value() || *other == dtype || *other == DType::kF32) return absl::OkStatus();
+  return absl::InvalidArgumentError(StrCat(kernel, ": ", field, " ", DTypeName(*other),
+                                           " is not supported with dtype ", DTypeName(dtype),
+                                           " (supported: ", DTypeName(dtype),
+                                           dtype == DType::kF32 ? ")" : " or F32)"));
 }
 
 absl::Status CheckWindowAndSoftcap(const char* kernel, int32_t window, float softcap) {

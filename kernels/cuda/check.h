@@ -4,6 +4,7 @@
 #define LMSERVE_KERNELS_CUDA_CHECK_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,6 +23,11 @@ absl::Status CheckActivationDType(const char* kernel, DType dtype);
 absl::Status CheckHalfDType(const char* kernel, DType dtype, const char* f32_instead);
 // OK if `dtype` is a type the element-wise kernels compile (bf16, f16, f32); else names the kernel.
 absl::Status CheckElementwiseDType(const char* kernel, DType dtype);
+// OK if `dtype` is an element-wise type and `other` (the type of one tensor, named `field`;
+// nullopt means dtype) is dtype or F32 (the fp32 residual stream beside 16-bit activations); else
+// names the kernel.
+absl::Status CheckDTypeOrF32(const char* kernel, const char* field, DType dtype,
+                             std::optional<DType> other);
 
 // OK if the attention kernels' `window` (0: none, else positive) and `softcap` (0: none, else
 // positive and finite) are valid; else names the kernel.

@@ -40,7 +40,7 @@ absl::Status SoftcapParams::Validate() const {
 }
 
 absl::Status EmbeddingParams::Validate() const {
-  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("Embedding", dtype));
+  LMSERVE_RETURN_IF_ERROR(CheckDTypeOrF32("Embedding", "output_dtype", dtype, output_dtype));
   if (num_tokens < 0 || vocab_size <= 0 || hidden_size <= 0 || hidden_size % 8 != 0) {
     return KernelError("Embedding", StrCat("shape (tokens ", num_tokens, ", vocab ", vocab_size,
                                            ", hidden ", hidden_size,

@@ -53,28 +53,43 @@ int GridLimit() {
   return sms * 16;
 }
 
-// Copies rows in 16-byte pieces (8 elements of a 16-bit type, 4 of fp32).
-template <typename T>
+// Copies rows in 16-byte pieces (8 elements of a 16-bit type, 4 of fp32). O, the output's type,
+// is T or (beside a 16-bit T) float: the rows are widened 8 elements at a time, each times `scale`
+// in fp32, unrounded.
+template <typename T, typename O>
 __global__ void __launch_bounds__(kThreads)
     EmbeddingKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
-                    T* __restrict__ output, int64_t vocab_size, int64_t hidden_size, float scale) {
+                    O* __restrict__ output, int64_t vocab_size, int64_t hidden_size, float scale) {
   constexpr int64_t kPerPiece = 16 / sizeof(T);
   const int64_t token = blockIdx.x;
   const int32_t id = ids[token];
   const bool valid = id >= 0 && id < vocab_size;
   const T* row = table + static_cast<int64_t>(valid ? id : 0) * hidden_size;
-  T* out = output + token * hidden_size;
-  if (scale == 1.0f) {
+  O* out = output + token * hidden_size;
+  if constexpr (!std::is_same_v<T, O>) {
     for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
          c += int64_t{gridDim.y} * kThreads * kPerPiece) {
-      Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
+      float x[8] = {};
+      if (valid) {
+        Load8<T>(row + c, x);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] *= scale;
+      }
+      Store8<O>(out + c, x);
     }
-    return;
-  }
-  // Scaled (Gemma): each element times `scale` in fp32, rounded once.
-  for (int64_t c = blockIdx.y * int64_t{kThreads} + threadIdx.x; c < hidden_size;
-       c += int64_t{gridDim.y} * kThreads) {
-    out[c] = FromFloat<T>(valid ? ToFloat(row[c]) * scale : 0.0f);
+  } else {
+    if (scale == 1.0f) {
+      for (int64_t c = (blockIdx.y * int64_t{kThreads} + threadIdx.x) * kPerPiece; c < hidden_size;
+           c += int64_t{gridDim.y} * kThreads * kPerPiece) {
+        Store16(out + c, valid ? Load16(row + c) : make_uint4(0, 0, 0, 0));
+      }
+      return;
+    }
+    // Scaled (Gemma): each element times `scale` in fp32, rounded once.
+    for (int64_t c = blockIdx.y * int64_t{kThreads} + threadIdx.x; c < hidden_size;
+         c += int64_t{gridDim.y} * kThreads) {
+      out[c] = FromFloat<T>(valid ? ToFloat(row[c]) * scale : 0.0f);
+    }
   }
 }
 
@@ -113,9 +128,17 @@ cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
     const int64_t per_piece = 16 / sizeof(T);
     const dim3 grid(static_cast<unsigned>(p.num_tokens),
                     static_cast<unsigned>(CeilDiv(p.hidden_size, kThreads * per_piece)));
-    EmbeddingKernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.table), p.ids,
-                                                      static_cast<T*>(p.output), p.vocab_size,
-                                                      p.hidden_size, p.scale);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (p.output_dtype.value_or(p.dtype) == DType::kF32) {
+        EmbeddingKernel<T, float><<<grid, kThreads, 0, stream>>>(
+            static_cast<const T*>(p.table), p.ids, static_cast<float*>(p.output), p.vocab_size,
+            p.hidden_size, p.scale);
+        return cudaGetLastError();
+      }
+    }
+    EmbeddingKernel<T, T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.table), p.ids,
+                                                         static_cast<T*>(p.output), p.vocab_size,
+                                                         p.hidden_size, p.scale);
     return cudaGetLastError();
   });
 }

@@ -23,7 +23,7 @@ absl::Status CheckShape(const char* kernel, int64_t num_tokens, int64_t hidden_s
 
 absl::Status RmsNormParams::Validate() const {
   LMSERVE_RETURN_IF_ERROR(CheckShape("RmsNorm", num_tokens, hidden_size, epsilon));
-  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("RmsNorm", dtype));
+  LMSERVE_RETURN_IF_ERROR(CheckDTypeOrF32("RmsNorm", "input_dtype", dtype, input_dtype));
   if ((input_stride != 0 && (input_stride < hidden_size || input_stride % 8 != 0)) ||
       (output_stride != 0 && (output_stride < hidden_size || output_stride % 8 != 0))) {
     return KernelError("RmsNorm", StrCat("row strides (", input_stride, ", ", output_stride,
@@ -37,13 +37,17 @@ absl::Status RmsNormParams::Validate() const {
     if (!Aligned16(input) || !Aligned16(weight) || !Aligned16(output)) {
       return KernelError("RmsNorm", "input, weight and output must be 16-byte aligned");
     }
+    if (input == output && input_dtype.value_or(dtype) != dtype) {
+      return KernelError("RmsNorm", "output may be input only when input_dtype is dtype");
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status FusedAddRmsNormParams::Validate() const {
   LMSERVE_RETURN_IF_ERROR(CheckShape("FusedAddRmsNorm", num_tokens, hidden_size, epsilon));
-  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("FusedAddRmsNorm", dtype));
+  LMSERVE_RETURN_IF_ERROR(
+      CheckDTypeOrF32("FusedAddRmsNorm", "residual_dtype", dtype, residual_dtype));
   if (num_tokens > 0) {
     if (residual == nullptr || input == nullptr || weight == nullptr || output == nullptr) {
       return KernelError("FusedAddRmsNorm", "null residual, input, weight or output");

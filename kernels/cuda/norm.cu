@@ -11,11 +11,16 @@ constexpr int kNormThreads = 256;
 // registers between the reduction and the write. The 16-bit types sum the squares in fp32; fp32
 // rows sum them in double and take the inverse RMS in double, as the CPU twin does, so that the
 // runner's float32 mode normalizes as the CPU runner does up to the order of the sum.
-template <typename T, int kVecs, bool kFused>
+//
+// T is the type of the weight and the output; R the residual stream's (T, or float beside a
+// 16-bit T): the plain norm's input, the fused norm's residual (its addend `input` is T). The sum
+// is rounded to R, not T, before it is stored and normalized.
+template <typename T, typename R, int kVecs, bool kFused>
 __global__ void __launch_bounds__(kNormThreads)
-    RmsNormKernel(const T* input, int64_t input_stride, T* __restrict__ residual,
-                  const T* __restrict__ weight, T* output, int64_t output_stride, int hidden_size,
-                  float epsilon) {
+    RmsNormKernel(const std::conditional_t<kFused, T, R>* input, int64_t input_stride,
+                  R* __restrict__ residual, const T* __restrict__ weight, T* output,
+                  int64_t output_stride, int hidden_size, float epsilon) {
+  using In = std::conditional_t<kFused, T, R>;
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
   __shared__ Acc scratch[32];
   const int num_vecs = hidden_size / 8;
@@ -29,22 +34,22 @@ __global__ void __launch_bounds__(kNormThreads)
   }
   BeginDependentKernel();
   const int64_t token = blockIdx.x;
-  const T* in_row = input + token * input_stride;
-  T* res_row = kFused ? residual + token * hidden_size : nullptr;
+  const In* in_row = input + token * input_stride;
+  R* res_row = kFused ? residual + token * hidden_size : nullptr;
   float x[kVecs][8];
   Acc sum_squares = 0;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kNormThreads;
     if (v < num_vecs) {
-      LoadStream8<T>(in_row + v * 8, x[i]);
+      LoadStream8<In>(in_row + v * 8, x[i]);
       if constexpr (kFused) {
         float r[8];
-        LoadStream8<T>(res_row + v * 8, r);
+        LoadStream8<R>(res_row + v * 8, r);
 #pragma unroll
         for (int j = 0; j < 8; ++j) x[i][j] += r[j];
-        RoundTrip8<T>(x[i]);  // normalize the residual as stored
-        Store8<T>(res_row + v * 8, x[i]);
+        RoundTrip8<R>(x[i]);  // normalize the residual as stored
+        Store8<R>(res_row + v * 8, x[i]);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum_squares += static_cast<Acc>(x[i][j]) * x[i][j];
@@ -70,10 +75,11 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-template <typename T, bool kFused>
-cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const T* weight,
-                       T* output, int64_t output_stride, int64_t num_tokens, int64_t hidden_size,
-                       float epsilon, cudaStream_t stream) {
+template <typename T, typename R, bool kFused>
+cudaError_t LaunchNorm(const std::conditional_t<kFused, T, R>* input, int64_t input_stride,
+                       R* residual, const T* weight, T* output, int64_t output_stride,
+                       int64_t num_tokens, int64_t hidden_size, float epsilon,
+                       cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t num_vecs = hidden_size / 8;
   const int64_t vecs_per_thread = CeilDiv(num_vecs, kNormThreads);
@@ -85,35 +91,49 @@ cudaError_t LaunchNorm(const T* input, int64_t input_stride, T* residual, const 
     return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
                         output, output_stride, hidden, epsilon);
   };
-  if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, 1, kFused>);
-  if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, 2, kFused>);
-  if (vecs_per_thread <= 4) return launch(RmsNormKernel<T, 4, kFused>);
-  if (vecs_per_thread <= 8) return launch(RmsNormKernel<T, 8, kFused>);
-  return launch(RmsNormKernel<T, 16, kFused>);  // hidden_size <= 32768
+  if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, R, 1, kFused>);
+  if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, R, 2, kFused>);
+  if (vecs_per_thread <= 4) return launch(RmsNormKernel<T, R, 4, kFused>);
+  if (vecs_per_thread <= 8) return launch(RmsNormKernel<T, R, 8, kFused>);
+  return launch(RmsNormKernel<T, R, 16, kFused>);  // hidden_size <= 32768
+}
+
+// Calls f(TypeTag<T>{}, TypeTag<R>{}): R is float where `residual_dtype` is kF32, else T.
+template <typename F>
+cudaError_t DispatchResidualDType(DType dtype, std::optional<DType> residual_dtype, F&& f) {
+  return DispatchElementwiseDType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (residual_dtype.value_or(dtype) == DType::kF32) return f(tag, TypeTag<float>{});
+    }
+    return f(tag, tag);
+  });
 }
 
 }  // namespace
 
 cudaError_t Launch(const RmsNormParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
-  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
+  return DispatchResidualDType(p.dtype, p.input_dtype, [&](auto tag, auto residual_tag) {
     using T = typename decltype(tag)::type;
-    return LaunchNorm<T, false>(static_cast<const T*>(p.input),
-                                p.input_stride != 0 ? p.input_stride : p.hidden_size, nullptr,
-                                static_cast<const T*>(p.weight), static_cast<T*>(p.output),
-                                p.output_stride != 0 ? p.output_stride : p.hidden_size,
-                                p.num_tokens, p.hidden_size, p.epsilon, stream);
+    using R = typename decltype(residual_tag)::type;
+    return LaunchNorm<T, R, false>(static_cast<const R*>(p.input),
+                                   p.input_stride != 0 ? p.input_stride : p.hidden_size, nullptr,
+                                   static_cast<const T*>(p.weight), static_cast<T*>(p.output),
+                                   p.output_stride != 0 ? p.output_stride : p.hidden_size,
+                                   p.num_tokens, p.hidden_size, p.epsilon, stream);
   });
 }
 
 cudaError_t Launch(const FusedAddRmsNormParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
-  return DispatchElementwiseDType(p.dtype, [&](auto tag) {
+  return DispatchResidualDType(p.dtype, p.residual_dtype, [&](auto tag, auto residual_tag) {
     using T = typename decltype(tag)::type;
-    return LaunchNorm<T, true>(static_cast<const T*>(p.input), p.hidden_size,
-                               static_cast<T*>(p.residual), static_cast<const T*>(p.weight),
-                               static_cast<T*>(p.output), p.hidden_size, p.num_tokens,
-                               p.hidden_size, p.epsilon, stream);
+    using R = typename decltype(residual_tag)::type;
+    return LaunchNorm<T, R, true>(static_cast<const T*>(p.input), p.hidden_size,
+                                  static_cast<R*>(p.residual), static_cast<const T*>(p.weight),
+                                  static_cast<T*>(p.output), p.hidden_size, p.num_tokens,
+                                  p.hidden_size, p.epsilon, stream);
   });
 }
 

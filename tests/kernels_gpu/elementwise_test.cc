@@ -1,5 +1,6 @@
 // RMSNorm, SiLU-and-mul, embedding gather and the dummy-weight fill on the GPU against their CPU
-// twins, in bf16, fp16 and fp32 (the runner's float32 mode).
+// twins, in bf16, fp16 and fp32 (the runner's float32 mode), and the norms and the gather with an
+// fp32 residual stream beside bf16 or fp16 (the runner's fp32_residual).
 
 #include <random>
 #include <vector>
@@ -29,19 +30,32 @@ using testing::Upload;
 
 constexpr DType kAllDTypes[] = {DType::kBF16, DType::kF16, DType::kF32};
 
+// An activation type and the residual stream's: each type with itself, and the 16-bit types with
+// an fp32 residual.
+struct ResidualCase {
+  DType dtype;
+  DType residual_dtype;
+};
+constexpr ResidualCase kResidualCases[] = {{DType::kBF16, DType::kBF16},
+                                           {DType::kF16, DType::kF16},
+                                           {DType::kF32, DType::kF32},
+                                           {DType::kBF16, DType::kF32},
+                                           {DType::kF16, DType::kF32}};
+
 TEST(NormGpuTest, RmsNormMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
-  for (DType dtype : kAllDTypes) {
+  for (const auto [dtype, input_dtype] : kResidualCases) {
     for (int64_t tokens : {1, 17, 64}) {
       for (int64_t hidden : {8, 200, 4096, 32768}) {
         const uint32_t seed = FreshSeed();
-        SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " tokens " << tokens
-                                          << " hidden " << hidden << " seed " << seed);
+        SCOPED_TRACE(::testing::Message()
+                     << testing::Name(dtype) << " input " << testing::Name(input_dtype)
+                     << " tokens " << tokens << " hidden " << hidden << " seed " << seed);
         std::mt19937 rng(seed);
         const int64_t in_stride = hidden + 8, out_stride = hidden + 16;
         std::vector<float> x = RandomFloats(tokens * in_stride, rng, 2.0f);
         std::vector<float> w = RandomFloats(hidden, rng, 0.5f, 1.0f);
-        DeviceBuffer<uint8_t> d_x = Upload(x, dtype), d_w = Upload(w, dtype);
+        DeviceBuffer<uint8_t> d_x = Upload(x, input_dtype), d_w = Upload(w, dtype);
         DeviceBuffer<uint8_t> d_out = Poisoned(tokens * out_stride, dtype);
         RmsNormParams p;
         p.input = d_x.get();
@@ -53,6 +67,7 @@ TEST(NormGpuTest, RmsNormMatchesCpu) {
         p.output_stride = out_stride;
         p.epsilon = 1e-5f;
         p.dtype = dtype;
+        p.input_dtype = input_dtype;
         ASSERT_TRUE(p.Validate().ok()) << p.Validate();
         CUDA_ASSERT(Launch(p, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
@@ -86,18 +101,19 @@ TEST(NormGpuTest, RmsNormMatchesCpu) {
 
 TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
-  for (DType dtype : kAllDTypes) {
+  for (const auto [dtype, residual_dtype] : kResidualCases) {
     for (int64_t tokens : {1, 17, 64}) {
       for (int64_t hidden : {64, 1032, 4096, 8192}) {
         const uint32_t seed = FreshSeed();
-        SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " tokens " << tokens
-                                          << " hidden " << hidden << " seed " << seed);
+        SCOPED_TRACE(::testing::Message()
+                     << testing::Name(dtype) << " residual " << testing::Name(residual_dtype)
+                     << " tokens " << tokens << " hidden " << hidden << " seed " << seed);
         std::mt19937 rng(seed);
         std::vector<float> x = RandomFloats(tokens * hidden, rng);
         std::vector<float> residual = RandomFloats(tokens * hidden, rng, 3.0f);
         std::vector<float> w = RandomFloats(hidden, rng, 0.5f, 1.0f);
         DeviceBuffer<uint8_t> d_x = Upload(x, dtype), d_w = Upload(w, dtype);
-        DeviceBuffer<uint8_t> d_res = Upload(residual, dtype);
+        DeviceBuffer<uint8_t> d_res = Upload(residual, residual_dtype);
         DeviceBuffer<uint8_t> d_out = Poisoned(tokens * hidden, dtype);
         FusedAddRmsNormParams p;
         p.residual = d_res.get();
@@ -108,6 +124,7 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         p.hidden_size = hidden;
         p.epsilon = 1e-6f;
         p.dtype = dtype;
+        p.residual_dtype = residual_dtype;
         ASSERT_TRUE(p.Validate().ok()) << p.Validate();
         CUDA_ASSERT(Launch(p, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
@@ -122,13 +139,18 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         cpu.num_tokens = tokens;
         cpu.hidden_size = hidden;
         kernels::FusedAddRmsNorm(cpu);
-        const std::vector<float> new_residual = Download(d_res, dtype),
+        const std::vector<float> new_residual = Download(d_res, residual_dtype),
                                  out = Download(d_out, dtype);
-        if (dtype == DType::kF32) {  // as RmsNormMatchesCpu: the CPU's values exactly
+        // An fp32 residual is the CPU's sum exactly (one fp32 add, unrounded); as
+        // RmsNormMatchesCpu, so is an fp32 output.
+        if (residual_dtype == DType::kF32) {
           EXPECT_TRUE(testing::SameValues(new_residual, residual));
+        } else {
+          EXPECT_LE(RelativeL2(new_residual, residual), Tolerance(residual_dtype));
+        }
+        if (dtype == DType::kF32) {
           EXPECT_TRUE(testing::SameValues(out, ref));
         } else {
-          EXPECT_LE(RelativeL2(new_residual, residual), Tolerance(dtype));
           EXPECT_LE(RelativeL2(out, ref), Tolerance(dtype));
         }
       }
@@ -146,6 +168,34 @@ TEST(NormGpuTest, ValidateExplainsUnsupportedShapes) {
   EXPECT_NE(std::string(p.Validate().message()).find("supported: bf16, f16, f32"),
             std::string::npos);
   EXPECT_EQ(Launch(p, nullptr), cudaErrorInvalidValue);
+
+  // The residual stream: the activations' type or fp32, and an fp32 input is not the output.
+  p.dtype = DType::kBF16;
+  p.input_dtype = DType::kF16;
+  EXPECT_NE(std::string(p.Validate().message()).find("input_dtype F16"), std::string::npos)
+      << p.Validate();
+  EXPECT_EQ(Launch(p, nullptr), cudaErrorInvalidValue);
+  alignas(16) static float row[64];
+  p.input = p.output = row;
+  p.weight = row;
+  p.input_dtype = DType::kF32;
+  EXPECT_NE(std::string(p.Validate().message()).find("output may be input only"), std::string::npos)
+      << p.Validate();
+  p.input_dtype = DType::kBF16;
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+
+  FusedAddRmsNormParams fused;
+  fused.num_tokens = 0;
+  fused.hidden_size = 64;
+  fused.dtype = DType::kF32;
+  fused.residual_dtype = DType::kBF16;  // narrower than the activations
+  EXPECT_NE(std::string(fused.Validate().message())
+                .find("residual_dtype BF16 is not supported with dtype F32 (supported: F32)"),
+            std::string::npos)
+      << fused.Validate();
+  fused.dtype = DType::kBF16;
+  fused.residual_dtype = DType::kF32;
+  EXPECT_TRUE(fused.Validate().ok()) << fused.Validate();
 }
 
 TEST(ActivationGpuTest, SiluAndMulMatchesCpu) {
@@ -259,6 +309,56 @@ TEST(EmbeddingGpuTest, GatherMatchesCpuAndZeroesBadIds) {
       for (int64_t i = 0; i < row_bytes; ++i) ASSERT_EQ(out[(tokens - 1) * row_bytes + i], 0);
     }
   }
+}
+
+// A 16-bit table gathered into fp32 rows (the runner's fp32 residual stream): each element times
+// the scale in fp32, unrounded, as the CPU runner computes it after its gather.
+TEST(EmbeddingGpuTest, GathersFp32RowsOfA16BitTable) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (float scale : {1.0f, 64.0624695f}) {  // 1 and Gemma's sqrt(hidden)
+      for (int64_t tokens : {1, 17, 64}) {
+        const int64_t vocab = 1000, hidden = 4104;
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " scale " << scale
+                                          << " tokens " << tokens << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> table = RandomFloats(vocab * hidden, rng);
+        std::vector<int32_t> ids(tokens);
+        std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+        for (int32_t& id : ids) id = pick(rng);
+        ids[0] = static_cast<int32_t>(vocab - 1);
+        DeviceBuffer<uint8_t> d_table = Upload(table, dtype);  // rounds `table` to dtype
+        DeviceBuffer<uint8_t> d_out = Poisoned(tokens * hidden, DType::kF32);
+        DeviceBuffer<int32_t> d_ids(ids);
+        EmbeddingParams p{d_table.get(), d_ids.get(), d_out.get(), tokens, vocab, hidden, dtype};
+        p.scale = scale;
+        p.output_dtype = DType::kF32;
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> ref(tokens * hidden);
+        kernels::EmbeddingGather({table.data(), ids.data(), ref.data(), tokens, vocab, hidden});
+        for (float& x : ref) x *= scale;
+        EXPECT_TRUE(testing::SameValues(Download(d_out, DType::kF32), ref));
+
+        ids[tokens - 1] = static_cast<int32_t>(vocab);  // out of range: zeros
+        d_ids.Upload(ids);
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        const std::vector<float> out = Download(d_out, DType::kF32);
+        for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(out[(tokens - 1) * hidden + i], 0.0f);
+      }
+    }
+  }
+  // fp32 rows only: not a 16-bit type of another kind.
+  EmbeddingParams p;
+  p.num_tokens = 0;
+  p.vocab_size = 8;
+  p.hidden_size = 8;
+  p.output_dtype = DType::kF16;
+  EXPECT_NE(std::string(p.Validate().message()).find("output_dtype F16"), std::string::npos)
+      << p.Validate();
 }
 
 // The dummy weights: in fp32 the GPU fill gives the CPU runner's values (engine::FillDummyF32) bit

@@ -46,6 +46,7 @@ TEST(ServeConfigTest, EveryFlagsDefault) {
   EXPECT_EQ(config.runner.num_threads, 0);
   EXPECT_EQ(config.runner.gpu_memory_utilization, 0.9);
   EXPECT_TRUE(config.runner.cuda_graphs);
+  EXPECT_TRUE(config.runner.fp32_residual);
   EXPECT_EQ(config.engine.max_num_seqs, 64);
   EXPECT_EQ(config.engine.max_num_batched_tokens, 2048);
   EXPECT_EQ(config.engine.max_model_len, 0);
@@ -90,6 +91,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
       "--gpu-memory-utilization",
       "0.5",
       "--no-cuda-graphs",
+      "--no-fp32-residual",
       "--max-num-seqs",
       "8",
       "--max-num-batched-tokens=512",
@@ -133,6 +135,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   EXPECT_EQ(config.runner.num_threads, 3);
   EXPECT_EQ(config.runner.gpu_memory_utilization, 0.5);
   EXPECT_FALSE(config.runner.cuda_graphs);
+  EXPECT_FALSE(config.runner.fp32_residual);
   EXPECT_EQ(config.engine.max_num_seqs, 8);
   EXPECT_EQ(config.engine.max_num_batched_tokens, 512);
   EXPECT_EQ(config.engine.max_model_len, 1024);
@@ -153,7 +156,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   // The summary shows the settings and never the token.
   const std::string summary = DescribeServeConfig(config);
   EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, threads: 3, load format: dummy"));
-  EXPECT_THAT(summary, HasSubstr("CUDA graphs: off"));
+  EXPECT_THAT(summary, HasSubstr("CUDA graphs: off, fp32 residual: off"));
   EXPECT_THAT(summary, HasSubstr("KV cache: 256 MiB, max model len: 1024, prefix caching: off"));
   EXPECT_THAT(summary, HasSubstr("auth: bearer token (redacted)"));
   EXPECT_THAT(summary, Not(HasSubstr("s3cret")));
@@ -301,6 +304,7 @@ TEST(ServeConfigTest, HelpListsEveryFlagWithItsDefault) {
                            "--threads",
                            "--gpu-memory-utilization",
                            "--no-cuda-graphs",
+                           "--no-fp32-residual",
                            "--max-num-seqs",
                            "--max-num-batched-tokens",
                            "--max-model-len",

@@ -1,9 +1,11 @@
 // Every model family on the CUDA runner against Hugging Face's float64 fixtures
-// (tests/fixtures/hf-families): bf16 logits within relative L2 2e-2 with top-1 agreement of at
-// least 99%; float32 logits within the CPU runner's bound (1e-4, scaled beyond |logit| 10) and
-// greedy tokens equal to the reference up to the first step whose margin is 1e-3 or less; decode
-// steps through the captured graphs against eager ones. Phi-3's longrope prompts are served at
-// the context whose factors Hugging Face used for them (see tests/engine/runner/family_test.cc).
+// (tests/fixtures/hf-families): bf16 logits (the fp32 residual stream, the default) within
+// relative L2 2e-2 with top-1 agreement of at least 99%; bf16 with a bf16 residual stream
+// (--no-fp32-residual) within the same relative L2, its top-1 agreement printed beside; float32
+// logits within the CPU runner's bound (1e-4, scaled beyond |logit| 10) and greedy tokens equal to
+// the reference up to the first step whose margin is 1e-3 or less; decode steps through the
+// captured graphs against eager ones. Phi-3's longrope prompts are served at the context whose
+// factors Hugging Face used for them (see tests/engine/runner/family_test.cc).
 
 #include <algorithm>
 #include <cmath>
@@ -58,10 +60,12 @@ std::vector<int32_t> Blocks(int64_t tokens, int32_t block_size) {
 }
 
 std::unique_ptr<ModelRunner> CudaRunner(const Checkpoint& checkpoint, RunnerDType dtype,
-                                        bool graphs, int64_t context = 0) {
+                                        bool graphs, int64_t context = 0,
+                                        bool fp32_residual = true) {
   RunnerConfig config;
   config.backend = Backend::kCuda;
   config.dtype = dtype;
+  config.fp32_residual = fp32_residual;
   config.kv_cache_bytes = int64_t{64} << 20;
   config.max_num_seqs = 8;
   config.max_num_batched_tokens = 512;
@@ -79,15 +83,23 @@ TEST_P(FamilyGpuTest, LogitsMatchTheReference) {
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   ASSERT_EQ((*checkpoint)->config().family, GetParam().family);
   const testing::HfTinyReference ref = testing::LoadReference(dir);
-  for (RunnerDType dtype : {RunnerDType::kBFloat16, RunnerDType::kFloat32}) {
-    SCOPED_TRACE(std::string(RunnerDTypeName(dtype)));
+  struct Mode {
+    RunnerDType dtype;
+    bool fp32_residual;
+    const char* name;
+  };
+  for (const auto [dtype, fp32_residual, name] :
+       {Mode{RunnerDType::kBFloat16, true, "bfloat16"},
+        Mode{RunnerDType::kBFloat16, false, "bfloat16/bf16-residual"},
+        Mode{RunnerDType::kFloat32, true, "float32"}}) {
+    SCOPED_TRACE(name);
     int64_t top1 = 0, rows = 0;
     for (size_t j = 0; j < ref.prompts.size(); ++j) {
       const std::vector<int32_t>& prompt = ref.prompts[j];
       const int64_t context = ContextFor(
           (*checkpoint)->config(), static_cast<int64_t>(prompt.size() + ref.greedy[j].size()));
       std::unique_ptr<ModelRunner> runner =
-          CudaRunner(**checkpoint, dtype, /*graphs=*/false, context);
+          CudaRunner(**checkpoint, dtype, /*graphs=*/false, context, fp32_residual);
       ASSERT_NE(runner, nullptr);
       const int64_t vocab = runner->model_config().vocab_size;
       StepBatch batch;
@@ -114,26 +126,30 @@ TEST_P(FamilyGpuTest, LogitsMatchTheReference) {
         if (got_top == want_top) {
           ++top1;
         } else {  // how close the reference's own choice was
-          std::printf("[ top-1    ] %s prompt %zu row %zu: %lld for %lld, reference margin %.4g\n",
-                      GetParam().fixture, j, r, static_cast<long long>(got_top),
-                      static_cast<long long>(want_top), double{want[want_top]} - want[got_top]);
+          std::printf(
+              "[ top-1    ] %s %s prompt %zu row %zu: %lld for %lld, reference margin "
+              "%.4g\n",
+              GetParam().fixture, name, j, r, static_cast<long long>(got_top),
+              static_cast<long long>(want_top), double{want[want_top]} - want[got_top]);
         }
         ++rows;
       }
       const double relative_l2 = std::sqrt(num / den);
       std::printf("[ logits   ] %-24s %s prompt %zu: relative L2 %.3g, scaled max |error| %.3g\n",
-                  GetParam().fixture, std::string(RunnerDTypeName(dtype)).c_str(), j, relative_l2,
-                  scaled_error);
+                  GetParam().fixture, name, j, relative_l2, scaled_error);
       if (dtype == RunnerDType::kFloat32) {
         EXPECT_LE(scaled_error, 1e-4) << "prompt " << j;
       } else {
         EXPECT_LE(relative_l2, 2e-2) << "prompt " << j;
       }
     }
-    std::printf("[ top-1    ] %-24s %s: %lld of %lld rows\n", GetParam().fixture,
-                std::string(RunnerDTypeName(dtype)).c_str(), static_cast<long long>(top1),
-                static_cast<long long>(rows));
-    EXPECT_GE(top1, 0.99 * static_cast<double>(rows));
+    std::printf("[ top-1    ] %-24s %s: %lld of %lld rows\n", GetParam().fixture, name,
+                static_cast<long long>(top1), static_cast<long long>(rows));
+    // The bf16 residual stream is measured beside the default, not held to its bound: rounding
+    // the stream at every add is what costs the near-ties.
+    if (fp32_residual) {
+      EXPECT_GE(top1, 0.99 * static_cast<double>(rows));
+    }
   }
 }
 
