@@ -207,8 +207,8 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
 
   if (has_experts) {
     if (!family->moe_names.has_value()) {
-      return absl::UnimplementedError(StrCat(path, ": experts on a ", *arch,
-                                             "-architecture model are not supported"));
+      return absl::UnimplementedError(
+          StrCat(path, ": experts on a ", *arch, "-architecture model are not supported"));
     }
     c.num_experts = *expert_count;
     LMSERVE_RETURN_IF_ERROR(required_int("expert_used_count", &c.num_experts_per_tok));
@@ -223,9 +223,8 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& file) {
     const std::string norm_key = StrCat(*arch, ".expert_weights_norm");
     if (const GgufValue* norm = file.Find(norm_key); norm != nullptr) {
       if (norm->type != GgufType::kBool) {
-        return absl::InvalidArgumentError(StrCat(path, ": metadata key '", norm_key,
-                                                 "' has type ", GgufTypeName(norm->type),
-                                                 ", expected bool"));
+        return absl::InvalidArgumentError(StrCat(path, ": metadata key '", norm_key, "' has type ",
+                                                 GgufTypeName(norm->type), ", expected bool"));
       }
       c.norm_topk_prob = norm->int_value != 0;
     }
@@ -300,10 +299,10 @@ absl::StatusOr<std::vector<TensorView>> ExpertViews(const GgufTensorInfo& info,
     if (!layer.has_value()) continue;
     const int64_t experts = info.dims.size() == 3 ? info.dims[2] : 0;
     if (experts != c.num_experts || info.num_bytes % experts != 0) {
-      return absl::InvalidArgumentError(StrCat(
-          path, ": tensor '", info.name, "' has ", info.dims.size(), " dimensions (outermost ",
-          info.dims.empty() ? 0 : info.dims.back(), "); expected 3 with ", c.num_experts,
-          " experts outermost"));
+      return absl::InvalidArgumentError(
+          StrCat(path, ": tensor '", info.name, "' has ", info.dims.size(),
+                 " dimensions (outermost ", info.dims.empty() ? 0 : info.dims.back(),
+                 "); expected 3 with ", c.num_experts, " experts outermost"));
     }
     const int64_t expert_bytes = info.num_bytes / experts;
     for (int64_t e = 0; e < experts; ++e) {
@@ -393,8 +392,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
       for (TensorView& view : experts) {
         std::string hf = view.name;
         if (!checkpoint->tensors_.emplace(hf, std::move(view)).second) {
-          return absl::InvalidArgumentError(StrCat(path, ": tensor '", info.name,
-                                                   "' is a second '", hf, "'"));
+          return absl::InvalidArgumentError(
+              StrCat(path, ": tensor '", info.name, "' is a second '", hf, "'"));
         }
       }
       if (added) continue;
@@ -481,13 +480,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> GgufCheckpointFromFile(std::unique_p
         factor.has_value()) {
       c.rope.attention_factor = *factor;
     } else {
-      const double extension = static_cast<double>(c.max_position_embeddings) /
-                               static_cast<double>(c.rope.original_max_position_embeddings);
-      c.rope.attention_factor =
-          extension <= 1.0 ? 1.0
-                           : std::sqrt(1.0 + std::log(extension) /
-                                                 std::log(static_cast<double>(
-                                                     c.rope.original_max_position_embeddings)));
+      c.rope.attention_factor = LongRopeAttentionFactor(c.max_position_embeddings,
+                                                        c.rope.original_max_position_embeddings);
     }
   }
 

@@ -234,15 +234,8 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* genera
   }
   if (out.rope.scaling == RopeScaling::kLongRope && out.rope.attention_factor == 0 &&
       out.rope.original_max_position_embeddings > 0) {
-    // Hugging Face's default: from the extension the model was trained to (its
-    // max_position_embeddings over the original), whichever factors apply.
-    const double factor = static_cast<double>(out.max_position_embeddings) /
-                          static_cast<double>(out.rope.original_max_position_embeddings);
-    out.rope.attention_factor =
-        factor <= 1.0
-            ? 1.0
-            : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(
-                                                     out.rope.original_max_position_embeddings)));
+    out.rope.attention_factor = LongRopeAttentionFactor(out.max_position_embeddings,
+                                                        out.rope.original_max_position_embeddings);
   }
   double partial_rotary_factor = 1.0;
   LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "partial_rotary_factor", &partial_rotary_factor));
@@ -365,6 +358,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
     }
   }
   return absl::OkStatus();
+}
+
+double LongRopeAttentionFactor(int64_t max_position_embeddings,
+                               int64_t original_max_position_embeddings) {
+  const double original = static_cast<double>(original_max_position_embeddings);
+  const double extension = static_cast<double>(max_position_embeddings) / original;
+  return extension <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(extension) / std::log(original));
 }
 
 int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim) {

@@ -113,6 +113,12 @@ bool IsMoeLayer(const ModelConfig& config, int64_t layer);
 // longrope: the short factors (RopeForContext picks).
 std::vector<double> RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim);
 
+// longrope's attention factor as Hugging Face derives it when the config gives none: from the
+// extension the model was trained to, max_position_embeddings over the original context;
+// sqrt(1 + ln(extension) / ln(original)), 1 without an extension.
+double LongRopeAttentionFactor(int64_t max_position_embeddings,
+                               int64_t original_max_position_embeddings);
+
 // The dims of a head that `rope` rotates: rotary_dim, or head_dim when 0.
 int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim);
 

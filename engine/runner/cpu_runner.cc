@@ -162,8 +162,8 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   std::vector<float> gate_up_;                           // [tokens, 2 intermediate]
   std::vector<float> attention_scratch_;                 // PagedAttentionParams::WorkspaceFloats
   kernels::MoeWorkspace moe_scratch_;
-  std::vector<int32_t> positions_;                       // [tokens]
-  std::vector<int64_t> slots_;  // [groups, tokens]: KV cache slot of each new token, by group
+  std::vector<int32_t> positions_;  // [tokens]
+  std::vector<int64_t> slots_;      // [groups, tokens]: KV cache slot of each new token, by group
   // With several groups, each group's block tables as the kernels take them ([groups, seqs + 1]
   // starts, each group's from 0; the ids group by group); one group reads the batch's own.
   std::vector<int32_t> group_table_start_;
@@ -452,22 +452,21 @@ absl::Status CpuRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer 
       for (int64_t i = 0; i < qkv_dim_; ++i) row[i] += bias[i];
     }
   }
-  if (layer.q_norm.present()) {  // each head of each token normed over head_dim
-    for (int64_t t = 0; t < num_tokens_; ++t) {
-      float* row = qkv + t * qkv_dim_;
-      kernels::RmsNorm({.input = row,
-                        .weight = weights_[layer.q_norm],
-                        .output = row,
-                        .num_tokens = c.num_attention_heads,
-                        .hidden_size = c.head_dim,
-                        .epsilon = layer.norm_epsilon});
-      kernels::RmsNorm({.input = row + q_dim_,
-                        .weight = weights_[layer.k_norm],
-                        .output = row + q_dim_,
-                        .num_tokens = c.num_kv_heads,
-                        .hidden_size = c.head_dim,
-                        .epsilon = layer.norm_epsilon});
-    }
+  if (layer.q_norm.present()) {  // each head of each token normed over head_dim, in place
+    kernels::HeadRmsNorm({.data = qkv,
+                          .weight = weights_[layer.q_norm],
+                          .num_tokens = num_tokens_,
+                          .num_heads = c.num_attention_heads,
+                          .head_dim = c.head_dim,
+                          .stride = qkv_dim_,
+                          .epsilon = layer.norm_epsilon});
+    kernels::HeadRmsNorm({.data = qkv + q_dim_,
+                          .weight = weights_[layer.k_norm],
+                          .num_tokens = num_tokens_,
+                          .num_heads = c.num_kv_heads,
+                          .head_dim = c.head_dim,
+                          .stride = qkv_dim_,
+                          .epsilon = layer.norm_epsilon});
   }
   const RopeConfig& rope = model_->rotary()[layer.rope];
   kernels::RotaryParams rotary{.query = qkv,
@@ -558,31 +557,22 @@ absl::Status CpuRunner::LmHead(Weight lm_head, float softcap) {
   // hundreds, where fp32 sums over all of hidden lose 1e-4.
   const int64_t hidden = config_.hidden_size;
   const int64_t num_sampled = num_rows_ - num_returned_rows_;
-  if (num_returned_rows_ > 0) {
-    kernels::Linear({.input = final_rows_.data(),
+  // Logits of `num_rows` packed final rows from `first_row` into `out`, soft-capped when asked.
+  auto logits = [&](int64_t first_row, int64_t num_rows, float* out) {
+    if (num_rows == 0) return;
+    kernels::Linear({.input = final_rows_.data() + first_row * hidden,
                      .weight = weights_[lm_head],
-                     .output = output_->logits.data(),
-                     .num_tokens = num_returned_rows_,
+                     .output = out,
+                     .num_tokens = num_rows,
                      .in_features = hidden,
                      .out_features = config_.vocab_size,
                      .split_k = kLogitsSplitK,
                      .num_threads = num_threads_});
-  }
-  if (num_sampled > 0) {
-    Grow(&sample_logits_, num_sampled * config_.vocab_size);
-    kernels::Linear({.input = final_rows_.data() + num_returned_rows_ * hidden,
-                     .weight = weights_[lm_head],
-                     .output = sample_logits_.data(),
-                     .num_tokens = num_sampled,
-                     .in_features = hidden,
-                     .out_features = config_.vocab_size,
-                     .split_k = kLogitsSplitK,
-                     .num_threads = num_threads_});
-  }
-  if (softcap > 0) {
-    kernels::Softcap(output_->logits.data(), num_returned_rows_ * config_.vocab_size, softcap);
-    kernels::Softcap(sample_logits_.data(), num_sampled * config_.vocab_size, softcap);
-  }
+    if (softcap > 0) kernels::Softcap(out, num_rows * config_.vocab_size, softcap);
+  };
+  logits(0, num_returned_rows_, output_->logits.data());
+  if (num_sampled > 0) Grow(&sample_logits_, num_sampled * config_.vocab_size);
+  logits(num_returned_rows_, num_sampled, sample_logits_.data());
   return absl::OkStatus();
 }
 

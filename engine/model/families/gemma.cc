@@ -123,6 +123,22 @@ absl::Status RequireGeluTanh(const nlohmann::json& config) {
   return absl::OkStatus();
 }
 
+// Every `pattern`-th layer global, the others local: Gemma's layer types when the file names none.
+std::vector<bool> DefaultSlidingLayers(int64_t num_layers, int64_t pattern) {
+  std::vector<bool> sliding(static_cast<size_t>(std::max<int64_t>(num_layers, 0)));
+  for (size_t l = 0; l < sliding.size(); ++l) sliding[l] = (l + 1) % pattern != 0;
+  return sliding;
+}
+
+// Gemma 3's local layers' rotary embedding: `theta`, unscaled, laid out as the global one.
+RopeConfig LocalRope(const RopeConfig& global, double theta) {
+  RopeConfig local;
+  local.theta = theta;
+  local.layout = global.layout;
+  local.rotary_dim = global.rotary_dim;
+  return local;
+}
+
 // Which layers are local: `layer_types`, else every `pattern`-th layer is global (Gemma 2: 2,
 // Gemma 3: 6), as transformers fills layer_types in.
 absl::Status ReadLayerTypes(const nlohmann::json& config, int64_t pattern, ModelConfig* out) {
@@ -134,12 +150,12 @@ absl::Status ReadLayerTypes(const nlohmann::json& config, int64_t pattern, Model
     }
     pattern = it->get<int64_t>();
   }
-  out->sliding_layers.assign(layers, false);
   auto it = config.find("layer_types");
   if (it == config.end() || it->is_null()) {
-    for (size_t l = 0; l < layers; ++l) out->sliding_layers[l] = (l + 1) % pattern != 0;
+    out->sliding_layers = DefaultSlidingLayers(out->num_layers, pattern);
     return absl::OkStatus();
   }
+  out->sliding_layers.assign(layers, false);
   if (!it->is_array() || it->size() != layers) {
     return absl::InvalidArgumentError(
         StrCat("config.json: 'layer_types' is not a list of ", layers, " layer types"));
@@ -174,11 +190,9 @@ absl::Status ReadGemma3Config(const nlohmann::json& config, ModelConfig* out) {
   LMSERVE_RETURN_IF_ERROR(ReadGemmaConfig(config, /*pattern=*/6, out));
   // Local layers: rope_local_base_freq, no scaling (the shared reader put rope_scaling, which
   // applies to the global layers only, into out->rope).
-  RopeConfig local;
-  local.theta = 10000.0;
-  LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "rope_local_base_freq", &local.theta));
-  local.layout = out->rope.layout;
-  local.rotary_dim = out->rope.rotary_dim;
+  double local_theta = 10000.0;
+  LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "rope_local_base_freq", &local_theta));
+  RopeConfig local = LocalRope(out->rope, local_theta);
   // transformers 5 keeps both in rope_parameters, by layer type.
   if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object()) {
     if (auto s = it->find("sliding_attention"); s != it->end() && s->is_object()) {
@@ -232,8 +246,7 @@ absl::Status ReadGemmaGguf(const GgufFile& file, int64_t pattern, ModelConfig* o
     return absl::InvalidArgumentError(
         StrCat(file.path(), ": metadata key '", arch, ".attention.sliding_window' is missing"));
   }
-  out->sliding_layers.assign(static_cast<size_t>(out->num_layers), false);
-  for (int64_t l = 0; l < out->num_layers; ++l) out->sliding_layers[l] = (l + 1) % pattern != 0;
+  out->sliding_layers = DefaultSlidingLayers(out->num_layers, pattern);
   if (const std::optional<std::vector<bool>> layers =
           file.GetBoolArray(StrCat(arch, ".attention.sliding_window_pattern"));
       layers.has_value()) {
@@ -246,12 +259,9 @@ absl::Status ReadGemmaGguf(const GgufFile& file, int64_t pattern, ModelConfig* o
   }
   if (arch == "gemma3") {
     // llama.cpp: local layers rotate with base 10000, unscaled.
-    RopeConfig local;
-    local.theta = 10000.0;
-    LMSERVE_RETURN_IF_ERROR(read_float("rope.freq_base_swa", &local.theta));
-    local.layout = out->rope.layout;
-    local.rotary_dim = out->rope.rotary_dim;
-    out->local_rope = local;
+    double local_theta = 10000.0;
+    LMSERVE_RETURN_IF_ERROR(read_float("rope.freq_base_swa", &local_theta));
+    out->local_rope = LocalRope(out->rope, local_theta);
   }
   return absl::OkStatus();
 }
