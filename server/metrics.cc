@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -103,6 +104,10 @@ void ObserveMany(Histogram* histogram, const std::vector<double>& buckets, int64
 
 }  // namespace
 
+std::string_view FrontEndName(FrontEnd front_end) {
+  return front_end == FrontEnd::kGrpc ? "grpc" : "http";
+}
+
 std::string_view FinishedReasonLabel(engine::FinishReason reason) {
   switch (reason) {
     case engine::FinishReason::kEos:
@@ -129,14 +134,16 @@ struct Metrics::Impl {
   std::vector<double> token_latency_buckets = TokenLatencyBuckets();
   std::vector<double> iteration_token_buckets;
 
-  Histogram* ttft = nullptr;
-  Histogram* itl = nullptr;
-  Histogram* e2e = nullptr;
-  Histogram* queue = nullptr;
-  Histogram* prefill = nullptr;
-  Histogram* decode = nullptr;
-  Histogram* request_prompt_tokens = nullptr;
-  Histogram* request_generation_tokens = nullptr;
+  // The request histograms, one child per front end (label front_end="grpc" or "http").
+  using PerFrontEnd = std::array<Histogram*, kNumFrontEnds>;
+  PerFrontEnd ttft{};
+  PerFrontEnd itl{};
+  PerFrontEnd e2e{};
+  PerFrontEnd queue{};
+  PerFrontEnd prefill{};
+  PerFrontEnd decode{};
+  PerFrontEnd request_prompt_tokens{};
+  PerFrontEnd request_generation_tokens{};
   Histogram* iteration_tokens = nullptr;
   Histogram* step_duration = nullptr;
   Gauge* running = nullptr;
@@ -163,8 +170,21 @@ struct Metrics::Impl {
   absl::Mutex mu;  // the last engine snapshot and the rpc counters' index
   engine::EngineStats last_stats ABSL_GUARDED_BY(mu);
   std::map<std::pair<std::string, std::string>, Counter*> rpc ABSL_GUARDED_BY(mu);
+  prometheus::Family<Counter>* http_family = nullptr;
+  std::map<std::pair<std::string, int>, Counter*> http ABSL_GUARDED_BY(mu);
   std::vector<Gauge*> kv_group_blocks_used ABSL_GUARDED_BY(mu);  // by KV cache group
 
+  PerFrontEnd MakeRequestHistogram(const std::string& name, const std::string& help,
+                                   const std::vector<double>& buckets) {
+    auto& family = BuildHistogram().Name(name).Help(help).Register(*registry);
+    PerFrontEnd children{};
+    for (int i = 0; i < kNumFrontEnds; ++i) {
+      prometheus::Labels front_end_labels = labels;
+      front_end_labels["front_end"] = std::string(FrontEndName(static_cast<FrontEnd>(i)));
+      children[i] = &family.Add(front_end_labels, buckets);
+    }
+    return children;
+  }
   Histogram* MakeHistogram(const std::string& name, const std::string& help,
                            const std::vector<double>& buckets) {
     return &BuildHistogram().Name(name).Help(help).Register(*registry).Add(labels, buckets);
@@ -185,28 +205,28 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   impl->labels = {{"model_name", model_name}};
   impl->iteration_token_buckets = IterationTokenBuckets(max_num_batched_tokens);
   Impl& m = *impl;
-  m.ttft = m.MakeHistogram("lmserve_time_to_first_token_seconds",
+  m.ttft = m.MakeRequestHistogram("lmserve_time_to_first_token_seconds",
                            "Histogram of time to first token in seconds.", kTtftBuckets);
-  m.itl = m.MakeHistogram("lmserve_inter_token_latency_seconds",
+  m.itl = m.MakeRequestHistogram("lmserve_inter_token_latency_seconds",
                           "Histogram of inter-token latency in seconds.", m.token_latency_buckets);
-  m.e2e = m.MakeHistogram("lmserve_e2e_request_latency_seconds",
+  m.e2e = m.MakeRequestHistogram("lmserve_e2e_request_latency_seconds",
                           "Histogram of end to end request latency in seconds.",
                           kRequestLatencyBuckets);
-  m.queue = m.MakeHistogram("lmserve_request_queue_time_seconds",
+  m.queue = m.MakeRequestHistogram("lmserve_request_queue_time_seconds",
                             "Histogram of time spent in WAITING phase for request.",
                             kRequestLatencyBuckets);
-  m.prefill = m.MakeHistogram("lmserve_request_prefill_time_seconds",
+  m.prefill = m.MakeRequestHistogram("lmserve_request_prefill_time_seconds",
                               "Histogram of time spent in PREFILL phase for request.",
                               kRequestLatencyBuckets);
-  m.decode = m.MakeHistogram("lmserve_request_decode_time_seconds",
+  m.decode = m.MakeRequestHistogram("lmserve_request_decode_time_seconds",
                              "Histogram of time spent in DECODE phase for request.",
                              kRequestLatencyBuckets);
   const std::vector<double> length_buckets = Buckets125(std::max(1, max_model_len));
   m.request_prompt_tokens =
-      m.MakeHistogram("lmserve_request_prompt_tokens",
+      m.MakeRequestHistogram("lmserve_request_prompt_tokens",
                       "Number of prefill tokens processed.", length_buckets);
   m.request_generation_tokens =
-      m.MakeHistogram("lmserve_request_generation_tokens",
+      m.MakeRequestHistogram("lmserve_request_generation_tokens",
                       "Number of generation tokens processed.", length_buckets);
   m.iteration_tokens = m.MakeHistogram("lmserve_iteration_tokens_total",
                                        "Histogram of number of tokens per engine_step.",
@@ -265,6 +285,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
                       .Name("lmserve_grpc_server_handled_total")
                       .Help("gRPC calls completed, by method and status code.")
                       .Register(*m.registry);
+  m.http_family = &BuildCounter()
+                       .Name("lmserve_http_requests_total")
+                       .Help("HTTP requests answered, by route and status code (499: the client "
+                             "went away before the response ended).")
+                       .Register(*m.registry);
 
   if (metrics_port >= 0) {
     const std::string address =
@@ -289,8 +314,12 @@ Metrics::~Metrics() = default;
 
 int Metrics::port() const { return impl_->port; }
 
-void Metrics::ObserveTimeToFirstToken(double seconds) { impl_->ttft->Observe(seconds); }
-void Metrics::ObserveInterTokenLatency(double seconds) { impl_->itl->Observe(seconds); }
+void Metrics::ObserveTimeToFirstToken(FrontEnd front_end, double seconds) {
+  impl_->ttft[static_cast<int>(front_end)]->Observe(seconds);
+}
+void Metrics::ObserveInterTokenLatency(FrontEnd front_end, double seconds) {
+  impl_->itl[static_cast<int>(front_end)]->Observe(seconds);
+}
 void Metrics::AddGenerationTokens(int64_t count) {
   if (count > 0) impl_->generation_tokens->Increment(static_cast<double>(count));
 }
@@ -302,16 +331,34 @@ void Metrics::CountFinishedChoice(engine::FinishReason reason) {
   impl_->success.find(FinishedReasonLabel(reason))->second->Increment();
 }
 
-void Metrics::ObserveFinishedRequest(const FinishedRequestStats& stats) {
+void Metrics::ObserveFinishedRequest(FrontEnd front_end, const FinishedRequestStats& stats) {
   const engine::RequestTimings& t = stats.timings;
-  impl_->e2e->Observe(t.finish_seconds);
-  impl_->queue->Observe(t.queue_seconds);
+  const int i = static_cast<int>(front_end);
+  impl_->e2e[i]->Observe(t.finish_seconds);
+  impl_->queue[i]->Observe(t.queue_seconds);
   if (stats.has_first_token) {
-    impl_->prefill->Observe(std::max(0.0, t.first_token_seconds - t.queue_seconds));
-    impl_->decode->Observe(std::max(0.0, t.finish_seconds - t.first_token_seconds));
+    impl_->prefill[i]->Observe(std::max(0.0, t.first_token_seconds - t.queue_seconds));
+    impl_->decode[i]->Observe(std::max(0.0, t.finish_seconds - t.first_token_seconds));
   }
-  impl_->request_prompt_tokens->Observe(stats.prompt_tokens);
-  impl_->request_generation_tokens->Observe(stats.generation_tokens);
+  impl_->request_prompt_tokens[i]->Observe(stats.prompt_tokens);
+  impl_->request_generation_tokens[i]->Observe(stats.generation_tokens);
+}
+
+void Metrics::CountHttpRequest(std::string_view route, int status_code) {
+  Counter* counter;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto key = std::make_pair(std::string(route), status_code);
+    auto it = impl_->http.find(key);
+    if (it == impl_->http.end()) {
+      prometheus::Labels labels = impl_->labels;
+      labels["route"] = key.first;
+      labels["code"] = StrCat(status_code);
+      it = impl_->http.emplace(std::move(key), &impl_->http_family->Add(labels)).first;
+    }
+    counter = it->second;
+  }
+  counter->Increment();
 }
 
 void Metrics::CountRpc(std::string_view method, std::string_view code) {

@@ -1,7 +1,8 @@
 // Prometheus metrics, with vLLM's names and meanings under the prefix lmserve_, and a model_name
 // label on every series. Served over HTTP at /metrics by prometheus-cpp when a port is given.
 //
-// Request metrics are recorded by the service as outputs are delivered; engine metrics (load, KV
+// Request metrics are recorded by the front ends (serving_core.h) as outputs are delivered, the
+// request histograms labelled by front end (front_end="grpc" or "http"); engine metrics (load, KV
 // cache, prefix cache, preemptions, steps) come from EngineStats snapshots taken every few
 // milliseconds. A snapshot covering several steps adds that many observations to the step
 // histograms at their mean (count and sum stay exact).
@@ -21,6 +22,12 @@
 #include "engine/core/request.h"
 
 namespace lmserve::server {
+
+// The API a request came through: the request histograms carry it as the label front_end.
+enum class FrontEnd : int { kGrpc = 0, kHttp = 1 };
+inline constexpr int kNumFrontEnds = 2;
+// "grpc" or "http".
+std::string_view FrontEndName(FrontEnd front_end);
 
 // What the service knows of a request when its last choice ends.
 struct FinishedRequestStats {
@@ -43,16 +50,19 @@ class Metrics {
   // The bound port; -1 when not served.
   int port() const;
 
-  void ObserveTimeToFirstToken(double seconds);
-  void ObserveInterTokenLatency(double seconds);
+  void ObserveTimeToFirstToken(FrontEnd front_end, double seconds);
+  void ObserveInterTokenLatency(FrontEnd front_end, double seconds);
   void AddGenerationTokens(int64_t count);
   void AddPromptTokens(int64_t count);
   // One choice ended.
   void CountFinishedChoice(engine::FinishReason reason);
   // The whole request ended (every choice).
-  void ObserveFinishedRequest(const FinishedRequestStats& stats);
+  void ObserveFinishedRequest(FrontEnd front_end, const FinishedRequestStats& stats);
   // A gRPC call ended with `code` (grpc::StatusCode's name, e.g. "OK", "INVALID_ARGUMENT").
   void CountRpc(std::string_view method, std::string_view code);
+  // An HTTP request was answered with `status_code` on `route` ("/v1/completions", ...; "other"
+  // for unknown paths, so that the label's values stay few).
+  void CountHttpRequest(std::string_view route, int status_code);
 
   // The runner's memory and start-up figures (once, after start-up).
   void SetRunnerStats(const engine::RunnerStats& stats);

@@ -129,11 +129,15 @@ absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams&
                                                        const engine::RequestLimits& limits,
                                                        const ApiLimits& api) {
   engine::SamplingParams out;
-  out.max_tokens = s.has_max_tokens() ? s.max_tokens() : api.default_max_tokens;
-  if (*out.max_tokens < 1) {
+  if (s.has_max_tokens()) {
+    out.max_tokens = s.max_tokens();
+  } else if (api.default_max_tokens > 0) {
+    out.max_tokens = api.default_max_tokens;
+  }
+  if (out.max_tokens.has_value() && *out.max_tokens < 1) {
     return Invalid("sampling.max_tokens", StrCat("must be >= 1, got ", *out.max_tokens));
   }
-  if (*out.max_tokens >= limits.max_context_tokens) {
+  if (out.max_tokens.has_value() && *out.max_tokens >= limits.max_context_tokens) {
     return Invalid("sampling.max_tokens",
                    StrCat(*out.max_tokens, " does not fit in the context length of ",
                           limits.max_context_tokens, " tokens with a prompt"));
@@ -193,7 +197,7 @@ absl::StatusOr<engine::SamplingParams> ConvertSampling(const v1::SamplingParams&
   if (s.min_tokens() < 0) {
     return Invalid("sampling.min_tokens", StrCat("must be >= 0, got ", s.min_tokens()));
   }
-  if (s.min_tokens() > *out.max_tokens) {
+  if (out.max_tokens.has_value() && s.min_tokens() > *out.max_tokens) {
     return Invalid("sampling.min_tokens", StrCat("(", s.min_tokens(), ") exceeds max_tokens (",
                                                  *out.max_tokens, ")"));
   }
@@ -321,10 +325,9 @@ absl::StatusOr<nlohmann::ordered_json> ChatTemplateKwargsToJson(
   return variables;
 }
 
-absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& request,
-                                                   const ModelText& text,
-                                                   const engine::RequestLimits& limits,
-                                                   const ApiLimits& api) {
+absl::StatusOr<std::vector<int32_t>> RenderChatPrompt(const v1::ChatRequest& request,
+                                                      const ModelText& text, const ApiLimits& api,
+                                                      std::string* rendered) {
   if (request.messages_size() == 0) return Invalid("messages", "empty: send at least one message");
   if (request.messages_size() > api.max_chat_messages) {
     return Invalid("messages", StrCat("more than ", api.max_chat_messages, " messages"));
@@ -351,6 +354,16 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
                       template_kwargs));
   // The template writes the special tokens (BOS included) itself.
   LMSERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, text.Encode(prompt, /*add_special=*/false));
+  if (rendered != nullptr) *rendered = std::move(prompt);
+  return ids;
+}
+
+absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& request,
+                                                   const ModelText& text,
+                                                   const engine::RequestLimits& limits,
+                                                   const ApiLimits& api) {
+  std::string prompt;
+  LMSERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, RenderChatPrompt(request, text, api, &prompt));
   LMSERVE_RETURN_IF_ERROR(CheckPromptLength("messages", static_cast<int64_t>(ids.size()), limits));
   PreparedRequest prepared;
   prepared.request.prompt_token_ids = std::move(ids);
@@ -358,6 +371,25 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
   LMSERVE_RETURN_IF_ERROR(FinishPrepare(request.sampling(), request.priority(),
                                         request.request_id(), limits, api, &prepared));
   return prepared;
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenizeText(std::string_view field, std::string_view text,
+                                                  bool add_special, const ModelText& model_text) {
+  if (text.empty()) return Invalid(field, "empty");
+  if (!IsValidUtf8(text)) return Invalid(field, "not valid UTF-8");
+  return model_text.Encode(text, add_special);
+}
+
+absl::StatusOr<std::string> DetokenizeIds(std::string_view field, std::span<const int32_t> ids,
+                                          bool skip_special, const ModelText& model_text,
+                                          int64_t vocab_size) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return Invalid(field, StrCat("token id ", ids[i], " at index ", i,
+                                   " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return model_text.Decode(ids, skip_special);
 }
 
 v1::FinishReason ToProtoFinishReason(engine::FinishReason reason) {

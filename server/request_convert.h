@@ -6,8 +6,10 @@
 #define LMSERVE_SERVER_REQUEST_CONVERT_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/core/request.h"
@@ -27,7 +29,7 @@ struct ApiLimits {
   int32_t max_logprobs = 20;
   int32_t max_request_id_chars = 128;
   int32_t max_chat_messages = 4096;
-  int32_t default_max_tokens = 16;
+  int32_t default_max_tokens = 16;  // when a request gives none; 0: up to the context length
 };
 
 // A request ready for Engine::Submit, and what the response needs besides the engine's outputs.
@@ -50,6 +52,23 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
                                                    const ModelText& text,
                                                    const engine::RequestLimits& limits,
                                                    const ApiLimits& api);
+
+// The prompt's ids of a chat request: its messages through the model's chat template, encoded
+// without added special tokens (the template writes them). No length check. InvalidArgument names
+// the message at fault; FailedPrecondition without a template or tokenizer.
+absl::StatusOr<std::vector<int32_t>> RenderChatPrompt(const v1::ChatRequest& request,
+                                                      const ModelText& text, const ApiLimits& api,
+                                                      std::string* rendered = nullptr);
+
+// Tokenize's checks and work: InvalidArgument "<field>: ..." for empty text or text that is not
+// UTF-8; FailedPrecondition without a tokenizer.
+absl::StatusOr<std::vector<int32_t>> TokenizeText(std::string_view field, std::string_view text,
+                                                  bool add_special, const ModelText& model_text);
+// Detokenize's: InvalidArgument "<field>: token id X at index I is outside the vocabulary ...";
+// FailedPrecondition without a tokenizer.
+absl::StatusOr<std::string> DetokenizeIds(std::string_view field, std::span<const int32_t> ids,
+                                          bool skip_special, const ModelText& model_text,
+                                          int64_t vocab_size);
 
 // ChatRequest.chat_template_kwargs as the template's extra variables (a JSON object, keys sorted).
 // InvalidArgument naming "chat_template_kwargs.KEY" for a reserved name or a number JSON cannot

@@ -67,9 +67,28 @@ void BindServerFlags(CLI::App* command, ServerOptions* server) {
              "none",
              -1, 65535)
       ->group(kServerGroup);
+  AddIntFlag(command, "--http-port", &server->http_port,
+             "the port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+             "/v1/models, /health, /tokenize, /detokenize); 0: any free port (logged); -1: none",
+             -1, 65535)
+      ->group(kServerGroup);
+  AddIntFlag(command, "--http-threads", &server->http_threads,
+             "threads that run every HTTP connection (asynchronous: not one per connection)", 1,
+             256)
+      ->group(kServerGroup);
+  AddDoubleFlag(command, "--http-idle-timeout-s", &server->http_idle_timeout_seconds,
+                "an HTTP connection closes when no request arrives whole within this (idle "
+                "keep-alive connections), or when a response's write makes no progress for as "
+                "long (a reader that stopped reading)",
+                [](double seconds) {
+                  return std::isfinite(seconds) && seconds > 0 && seconds <= 86400
+                             ? ""
+                             : "is not in (0, 86400]";
+                })
+      ->group(kServerGroup);
   AddIntFlag(command, "--max-request-bytes", &server->max_request_bytes,
-             "the largest request message accepted; larger ones get RESOURCE_EXHAUSTED", 1024,
-             int64_t{1} << 30)
+             "the largest request message accepted; larger ones get RESOURCE_EXHAUSTED (HTTP: 413)",
+             1024, int64_t{1} << 30)
       ->group(kServerGroup);
   AddIntFlag(command, "--max-queued-requests", &server->max_queued_requests,
              "requests waiting for the engine at most; beyond: RESOURCE_EXHAUSTED", 0, 1 << 20)
@@ -93,8 +112,8 @@ void BindServerFlags(CLI::App* command, ServerOptions* server) {
       ->group(kServerGroup);
   CLI::Option* token_file =
       AddStringFlag(command, "--auth-token-file", &server->auth_token_file,
-                    "require 'authorization: Bearer <token>' metadata, the token read from this "
-                    "file (the health service stays open)")
+                    "require 'authorization: Bearer <token>' metadata (HTTP: header), the token "
+                    "read from this file (the health service and HTTP /health stay open)")
           ->check([](const std::string& path) { return path.empty() ? "empty" : ""; })
           ->group(kServerGroup);
   AddStringFlag(command, "--auth-token", &server->auth_token,
@@ -244,7 +263,13 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       ", fp32 residual: ", runner.fp32_residual ? "on" : "off",
       ", decode GEMM: ", engine::DecodeGemmName(runner.decode_gemm), "\n", "  listen: ", server.host, ":",
       server.port, ", metrics port: ",
-      server.metrics_port < 0 ? std::string("off") : StrCat(server.metrics_port), "\n",
+      server.metrics_port < 0 ? std::string("off") : StrCat(server.metrics_port),
+      ", HTTP port: ",
+      server.http_port < 0 ? std::string("off")
+                           : StrCat(server.http_port, " (", server.http_threads,
+                                    " threads, idle timeout ", server.http_idle_timeout_seconds,
+                                    " s)"),
+      "\n",
       "  max request bytes: ", server.max_request_bytes, "\n",
       "  max num seqs: ", engine.max_num_seqs,
       ", max num batched tokens: ", engine.max_num_batched_tokens, "\n", "  KV cache: ",

@@ -31,6 +31,9 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int32_t port = 50051;        // 0: any free port (logged)
   int32_t metrics_port = -1;   // -1: no metrics endpoint; 0: any free port (logged)
+  int32_t http_port = -1;      // the OpenAI-compatible HTTP API; -1: none; 0: any free port
+  int32_t http_threads = 2;    // threads that run every HTTP connection
+  double http_idle_timeout_seconds = 60;  // an idle keep-alive connection closes after this
   int64_t max_request_bytes = int64_t{4} << 20;
   int32_t max_queued_requests = 256;  // waiting requests beyond this get RESOURCE_EXHAUSTED
   double grace_period_seconds = 30.0;

@@ -25,11 +25,14 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "lmserve/v1/lmserve.grpc.pb.h"
 #include "server/grpc_status.h"
+#include "server/http_server.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/model_loader.h"
 #include "server/model_text.h"
+#include "server/openai_routes.h"
 #include "server/request_convert.h"
+#include "server/serving_core.h"
 
 namespace lmserve::server {
 namespace {
@@ -213,57 +216,13 @@ class HealthService final : public health::Health::CallbackService {
 
 // ---- lmserve.v1.Lmserve ----------------------------------------------------------------------------
 
-class GenerationCall;
-
-enum class ServerState { kStarting, kServing, kDraining, kStopped };
-
-// What the calls share: the model, the engine, admission and the registry of calls in flight.
+// The lmserve.v1.Lmserve service: the RPCs over the serving core.
 class LmserveService final : public v1::Lmserve::CallbackService {
  public:
-  LmserveService(const ServerOptions& options, Pump* pump) : options_(options), pump_(pump) {}
+  LmserveService(ServingCore* core, Pump* pump) : core_(core), pump_(pump) {}
 
-  // Set once by LmserveServer::Serve before the state becomes kServing; read-only afterwards.
-  void SetModel(std::unique_ptr<ServingModel> model) {
-    model_ = std::move(model);
-    metrics_.store(model_->metrics.get());
-  }
-  // REQUIRES: the state has been kServing (the model is set).
-  ServingModel& model() { return *model_; }
-  // nullptr before the model is set.
-  ServingModel* model_or_null() { return model_.get(); }
-
-  void SetState(ServerState state) {
-    absl::MutexLock lock(&calls_mu_);
-    state_ = state;
-  }
-  ServerState state() const {
-    absl::MutexLock lock(&calls_mu_);
-    return state_;
-  }
-
-  // Registers a call about to submit a request: fails with UNAVAILABLE when not serving and
-  // RESOURCE_EXHAUSTED when the waiting queue is full.
-  absl::Status Register(GenerationCall* call);
-  void Unregister(GenerationCall* call);
-  // The call's engine request has ended (its stream finished).
-  void EngineRequestEnded() {
-    absl::MutexLock lock(&calls_mu_);
-    --num_engine_requests_;
-  }
-  int NumCalls() const {
-    absl::MutexLock lock(&calls_mu_);
-    return static_cast<int>(calls_.size());
-  }
-  // Waits up to `timeout` for every call to end. Returns whether they did.
-  bool AwaitNoCalls(absl::Duration timeout) {
-    absl::MutexLock lock(&calls_mu_);
-    return calls_mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::set<GenerationCall*>* calls) { return calls->empty(); }, &calls_),
-        timeout);
-  }
-  // Aborts every call's request (drain): they end with status UNAVAILABLE.
-  void AbortAllForDrain();
+  ServingCore* core() const { return core_; }
+  Pump* pump() const { return pump_; }
 
   // Authorization and readiness for every Lmserve method.
   absl::Status Admit(grpc::CallbackServerContext* context, bool needs_model) const;
@@ -276,13 +235,10 @@ class LmserveService final : public v1::Lmserve::CallbackService {
     reactor->Finish(grpc_status);
   }
   void CountRpc(std::string_view method, grpc::StatusCode code) {
-    if (Metrics* metrics = metrics_.load(); metrics != nullptr) {
+    if (Metrics* metrics = core_->metrics(); metrics != nullptr) {
       metrics->CountRpc(method, GrpcCodeName(code));
     }
   }
-
-  Pump* pump() const { return pump_; }
-  const ApiLimits& api_limits() const { return api_limits_; }
 
   // ---- The RPCs ----
   grpc::ServerUnaryReactor* Complete(grpc::CallbackServerContext* context,
@@ -309,297 +265,64 @@ class LmserveService final : public v1::Lmserve::CallbackService {
                                             v1::ServerStatus* response) override;
 
  private:
-  const ServerOptions& options_;
+  ServingCore* const core_;
   Pump* const pump_;
-  const ApiLimits api_limits_;
-  std::unique_ptr<ServingModel> model_;
-  std::atomic<Metrics*> metrics_{nullptr};  // model_->metrics, readable before the model is set
-
-  mutable absl::Mutex calls_mu_;
-  ServerState state_ ABSL_GUARDED_BY(calls_mu_) = ServerState::kStarting;
-  std::set<GenerationCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
-  int num_engine_requests_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };
 
-// Where the engine's listener finds its call. Only the pump thread reads or writes `call`.
-struct Mailbox {
-  std::atomic<bool> scheduled{false};
-  GenerationCall* call = nullptr;
-};
+absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
+  std::optional<std::string_view> authorization;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    authorization = std::string_view(it->second.data(), it->second.size());
+  }
+  LMSERVE_RETURN_IF_ERROR(core_->Authorize(authorization));
+  if (needs_model) LMSERVE_RETURN_IF_ERROR(core_->CheckServing());
+  return absl::OkStatus();
+}
 
-// A Complete, CompleteStream, Chat or ChatStream call: one engine request, its outputs turned into
-// responses on the pump thread. Subclasses are the gRPC reactors; they call Begin() from the
-// handler and are deleted on the pump thread after gRPC's OnDone.
-class GenerationCall {
+// A Complete, CompleteStream, Chat or ChatStream call: one engine request (serving_core.h) whose
+// outputs become responses on the pump thread. Subclasses are the gRPC reactors; they are deleted
+// on the pump thread after gRPC's OnDone.
+class GrpcGenerationCall : public GenerationCall {
  public:
-  GenerationCall(LmserveService* service, std::string_view method)
-      : service_(service), method_(method), started_(absl::Now()) {}
-  virtual ~GenerationCall() = default;
+  GrpcGenerationCall(LmserveService* service, std::string_view method)
+      : GenerationCall(service->core(), FrontEnd::kGrpc, method), service_(service) {}
 
-  // Handler thread: admits, registers, submits. A non-OK result means nothing was submitted (the
+  // Handler thread: admits, prepares, submits. A non-OK result means nothing was submitted (the
   // caller finishes the reactor with it).
   absl::Status Begin(grpc::CallbackServerContext* context,
-                     const std::function<absl::StatusOr<PreparedRequest>()>& prepare);
-
-  // Any thread: aborts the engine request.
-  void AbortRequest(bool for_drain) {
-    if (for_drain) {
-      drain_aborted_.store(true);
-    } else {
-      client_aborted_.store(true);
-    }
-    if (submitted_.load()) service_->model().engine->Abort(request_id_);
+                     const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
+    LMSERVE_RETURN_IF_ERROR(service_->Admit(context, /*needs_model=*/true));
+    Pump* pump = service_->pump();
+    return GenerationCall::Begin(prepare, [pump](std::function<void()> work) {
+      pump->Post(std::move(work));
+    });
   }
-
-  // Pump thread: new outputs are waiting.
-  void OnEngineOutputs();
 
   // Pump thread, after gRPC's OnDone: forgets the call.
   void Destroy() {
-    if (mailbox_ != nullptr) mailbox_->call = nullptr;
-    service_->Unregister(this);
+    Detach();
     delete this;
   }
 
  protected:
-  // Handler thread, in Begin once the request is submitted and before its outputs can reach
-  // Deliver: what the response needs from the start.
-  virtual void OnSubmitted() {}
-  // Pump thread: outputs to turn into responses (already counted in the metrics).
-  virtual void Deliver(std::vector<engine::RequestOutput> outputs) = 0;
-
-  // The status the call ends with, once every choice has finished.
-  absl::Status FinalStatus() const;
-  bool all_finished() const { return num_finished_ == num_samples_; }
-  void FillUsageAndTimings(v1::Usage* usage, v1::Timings* timings) const;
-  void LogEnd(const absl::Status& status);
+  void FillUsageAndTimings(v1::Usage* usage, v1::Timings* timings) const {
+    usage->set_prompt_tokens(prompt_tokens());
+    usage->set_completion_tokens(generation_tokens());
+    usage->set_cached_tokens(cached_tokens());
+    timings->set_queue_seconds(this->timings().queue_seconds);
+    timings->set_time_to_first_token_seconds(this->timings().first_token_seconds);
+    timings->set_total_seconds(this->timings().finish_seconds);
+  }
 
   LmserveService* const service_;
-  const std::string_view method_;
-  const absl::Time started_;
-  PreparedRequest prepared_;
-  std::string response_request_id_;
-  engine::RequestId request_id_ = 0;
-  std::shared_ptr<engine::OutputStream> stream_;
-  std::shared_ptr<Mailbox> mailbox_;
-  int32_t num_samples_ = 1;
-  int32_t num_finished_ = 0;
-  std::atomic<bool> submitted_{false};
-  std::atomic<bool> client_aborted_{false};
-  std::atomic<bool> drain_aborted_{false};
-  std::string engine_error_;
-  std::string output_log_text_;  // with --debug-log-text
-
- private:
-  void Account(const engine::RequestOutput& output);
-
-  // Metrics bookkeeping (pump thread).
-  bool counted_prompt_ = false;
-  bool seen_first_token_ = false;
-  std::vector<double> last_token_time_;  // per sample; < 0 before its first token
-  int32_t generation_tokens_ = 0;
-  int32_t cached_tokens_ = 0;
-  engine::RequestTimings timings_;
-  bool has_timings_ = false;
 };
 
-absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
-  if (!options_.auth_token.empty()) {
-    const auto& metadata = context->client_metadata();
-    auto it = metadata.find("authorization");
-    if (it == metadata.end()) {
-      return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
-    }
-    const std::string_view value(it->second.data(), it->second.size());
-    const std::string expected = StrCat("Bearer ", options_.auth_token);
-    // Constant-time comparison: the time taken does not depend on where the strings differ.
-    unsigned char difference = value.size() == expected.size() ? 0 : 1;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      difference |= static_cast<unsigned char>(expected[i] ^ (i < value.size() ? value[i] : 0));
-    }
-    if (difference != 0) return absl::UnauthenticatedError("invalid bearer token");
-  }
-  if (needs_model) {
-    switch (state()) {
-      case ServerState::kStarting:
-        return absl::UnavailableError("the server is starting: the model is loading");
-      case ServerState::kDraining:
-      case ServerState::kStopped:
-        return absl::UnavailableError("the server is shutting down");
-      case ServerState::kServing:
-        break;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status LmserveService::Register(GenerationCall* call) {
-  const engine::EngineStats stats = model_->engine->Stats();
-  absl::MutexLock lock(&calls_mu_);
-  if (state_ != ServerState::kServing) {
-    return absl::UnavailableError("the server is shutting down");
-  }
-  // Requests submitted but not yet running, estimated from the engine's last step.
-  const int waiting = num_engine_requests_ - std::min(num_engine_requests_, stats.num_running_seqs);
-  if (waiting >= options_.max_queued_requests) {
-    return absl::ResourceExhaustedError(StrCat("the waiting queue is full (", waiting,
-                                               " requests wait; --max-queued-requests ",
-                                               options_.max_queued_requests, "): retry later"));
-  }
-  calls_.insert(call);
-  ++num_engine_requests_;
-  return absl::OkStatus();
-}
-
-void LmserveService::Unregister(GenerationCall* call) {
-  absl::MutexLock lock(&calls_mu_);
-  calls_.erase(call);
-}
-
-void LmserveService::AbortAllForDrain() {
-  absl::MutexLock lock(&calls_mu_);
-  for (GenerationCall* call : calls_) call->AbortRequest(/*for_drain=*/true);
-}
-
-absl::Status GenerationCall::Begin(
-    grpc::CallbackServerContext* context,
-    const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
-  LMSERVE_RETURN_IF_ERROR(service_->Admit(context, /*needs_model=*/true));
-  LMSERVE_ASSIGN_OR_RETURN(PreparedRequest prepared, prepare());
-  prepared_ = std::move(prepared);
-  num_samples_ = prepared_.request.sampling.n;
-  last_token_time_.assign(num_samples_, -1.0);
-  LMSERVE_RETURN_IF_ERROR(service_->Register(this));
-  ServingModel& model = service_->model();
-  const size_t num_prompt_tokens = prepared_.request.prompt_token_ids.size();
-  absl::StatusOr<engine::RequestHandle> handle = model.engine->Submit(prepared_.request);
-  if (!handle.ok()) {
-    service_->EngineRequestEnded();
-    service_->Unregister(this);
-    return handle.status();
-  }
-  request_id_ = handle->id;
-  stream_ = handle->stream;
-  response_request_id_ = prepared_.request_id.empty() ? StrCat("lmserve-", request_id_)
-                                                      : prepared_.request_id;
-  if (LogText()) {
-    LogInfo("request ", response_request_id_, " ", method_, ": ", num_prompt_tokens,
-            " prompt tokens: ", prepared_.log_text);
-  }
-  // gRPC calls OnCancel (which aborts a submitted request) only after the handler returns.
-  submitted_.store(true);
-  OnSubmitted();
-  mailbox_ = std::make_shared<Mailbox>();
-  mailbox_->call = this;
-  std::shared_ptr<Mailbox> mailbox = mailbox_;
-  Pump* pump = service_->pump();
-  // The mailbox and the response's first fields are set up before the listener can run: once it
-  // is set, outputs reach Deliver on the pump thread at any moment, even before this returns.
-  stream_->SetListener([pump, mailbox] {
-    if (mailbox->scheduled.exchange(true)) return;
-    pump->Post([mailbox] {
-      mailbox->scheduled.store(false);
-      if (mailbox->call != nullptr) mailbox->call->OnEngineOutputs();
-    });
-  });
-  return absl::OkStatus();
-}
-
-void GenerationCall::Account(const engine::RequestOutput& output) {
-  Metrics* metrics = service_->model().metrics.get();
-  if (!counted_prompt_) {
-    counted_prompt_ = true;
-    metrics->AddPromptTokens(static_cast<int64_t>(prepared_.request.prompt_token_ids.size()));
-  }
-  const int32_t new_tokens = static_cast<int32_t>(output.token_ids.size());
-  generation_tokens_ += new_tokens;
-  metrics->AddGenerationTokens(new_tokens);
-  double& last = last_token_time_[output.sample_index];
-  for (double time : output.token_times_seconds) {
-    if (!seen_first_token_) {
-      seen_first_token_ = true;
-      metrics->ObserveTimeToFirstToken(time);
-    }
-    if (last >= 0) metrics->ObserveInterTokenLatency(std::max(0.0, time - last));
-    last = time;
-  }
-  if (!output.finished) return;
-  ++num_finished_;
-  metrics->CountFinishedChoice(output.finish_reason);
-  if (output.finish_reason == engine::FinishReason::kError && engine_error_.empty()) {
-    engine_error_ = output.error.empty() ? "engine fault" : output.error;
-  }
-  if (output.sample_index == 0) cached_tokens_ = output.usage.cached_tokens;
-  const engine::RequestTimings& t = output.timings;
-  if (!has_timings_) {
-    timings_ = t;
-    has_timings_ = true;
-  } else {
-    timings_.queue_seconds = std::min(timings_.queue_seconds, t.queue_seconds);
-    timings_.finish_seconds = std::max(timings_.finish_seconds, t.finish_seconds);
-    if (t.first_token_seconds > 0 &&
-        (timings_.first_token_seconds <= 0 || t.first_token_seconds < timings_.first_token_seconds)) {
-      timings_.first_token_seconds = t.first_token_seconds;
-    }
-  }
-  if (all_finished()) {
-    service_->EngineRequestEnded();
-    FinishedRequestStats stats;
-    stats.prompt_tokens = static_cast<int32_t>(prepared_.request.prompt_token_ids.size());
-    stats.generation_tokens = generation_tokens_;
-    stats.has_first_token = seen_first_token_;
-    stats.timings = timings_;
-    metrics->ObserveFinishedRequest(stats);
-  }
-}
-
-void GenerationCall::OnEngineOutputs() {
-  std::vector<engine::RequestOutput> outputs = stream_->TakeAvailable();
-  if (outputs.empty()) return;
-  for (const engine::RequestOutput& output : outputs) Account(output);
-  if (LogText()) {
-    for (const engine::RequestOutput& output : outputs) output_log_text_ += output.text;
-  }
-  Deliver(std::move(outputs));
-}
-
-absl::Status GenerationCall::FinalStatus() const {
-  if (drain_aborted_.load()) {
-    return absl::UnavailableError(
-        "the server is shutting down: the request was aborted at the end of the grace period");
-  }
-  if (client_aborted_.load()) return absl::CancelledError("cancelled by the client");
-  if (!engine_error_.empty()) {
-    return absl::InternalError(StrCat("the engine failed this request: ", engine_error_));
-  }
-  return absl::OkStatus();
-}
-
-void GenerationCall::FillUsageAndTimings(v1::Usage* usage, v1::Timings* timings) const {
-  usage->set_prompt_tokens(static_cast<int32_t>(prepared_.request.prompt_token_ids.size()));
-  usage->set_completion_tokens(generation_tokens_);
-  usage->set_cached_tokens(cached_tokens_);
-  timings->set_queue_seconds(timings_.queue_seconds);
-  timings->set_time_to_first_token_seconds(timings_.first_token_seconds);
-  timings->set_total_seconds(timings_.finish_seconds);
-}
-
-void GenerationCall::LogEnd(const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kInternal) {
-    LogError("request ", response_request_id_, " ", method_, ": ", status.message());
-  }
-  if (LogText()) {
-    LogInfo("request ", response_request_id_, " ", method_, " ended (",
-            GrpcCodeName(ToGrpcStatus(status).error_code()), ", ", generation_tokens_,
-            " tokens): ", output_log_text_);
-  }
-}
-
 // Complete and Chat.
-class UnaryCall final : public grpc::ServerUnaryReactor, public GenerationCall {
+class UnaryCall final : public grpc::ServerUnaryReactor, public GrpcGenerationCall {
  public:
   UnaryCall(LmserveService* service, std::string_view method, v1::CompleteResponse* response)
-      : GenerationCall(service, method), response_(response) {}
+      : GrpcGenerationCall(service, method), response_(response) {}
 
   // Handler thread.
   void Start(grpc::CallbackServerContext* context,
@@ -616,12 +339,12 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public GenerationCall {
  private:
   void OnSubmitted() override {
     response_->set_request_id(response_request_id_);
-    response_->set_model(service_->model().info.name());
+    response_->set_model(core_->model().info.name());
     for (int i = 0; i < num_samples_; ++i) response_->add_choices()->set_index(i);
   }
 
   void Deliver(std::vector<engine::RequestOutput> outputs) override {
-    const ModelText& text = *service_->model().text;
+    const ModelText& text = *core_->model().text;
     for (engine::RequestOutput& output : outputs) {
       v1::Choice* choice = response_->mutable_choices(output.sample_index);
       if (prepared_.echo && !echoed_[output.sample_index]) {
@@ -654,10 +377,10 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public GenerationCall {
 
 // CompleteStream and ChatStream.
 class StreamCall final : public grpc::ServerWriteReactor<v1::CompleteStreamResponse>,
-                         public GenerationCall {
+                         public GrpcGenerationCall {
  public:
   StreamCall(LmserveService* service, std::string_view method)
-      : GenerationCall(service, method) {}
+      : GrpcGenerationCall(service, method) {}
 
   // Handler thread.
   void Start(grpc::CallbackServerContext* context,
@@ -690,7 +413,7 @@ class StreamCall final : public grpc::ServerWriteReactor<v1::CompleteStreamRespo
 
  private:
   void Deliver(std::vector<engine::RequestOutput> outputs) override {
-    const ModelText& text = *service_->model().text;
+    const ModelText& text = *core_->model().text;
     if (!broken_) {
       for (engine::RequestOutput& output : outputs) {
         v1::CompleteStreamResponse* message = PendingMessage(output.sample_index);
@@ -766,7 +489,8 @@ grpc::ServerUnaryReactor* LmserveService::Complete(grpc::CallbackServerContext* 
                                                    v1::CompleteResponse* response) {
   auto* call = new UnaryCall(this, "Complete", response);
   call->Start(context, [this, request] {
-    return PrepareCompleteRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
+    return PrepareCompleteRequest(*request, *core_->model().text,
+                                  core_->model().engine->limits(), core_->api_limits());
   });
   return call;
 }
@@ -775,7 +499,8 @@ grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::CompleteSt
     grpc::CallbackServerContext* context, const v1::CompleteRequest* request) {
   auto* call = new StreamCall(this, "CompleteStream");
   call->Start(context, [this, request] {
-    return PrepareCompleteRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
+    return PrepareCompleteRequest(*request, *core_->model().text,
+                                  core_->model().engine->limits(), core_->api_limits());
   });
   return call;
 }
@@ -785,7 +510,8 @@ grpc::ServerUnaryReactor* LmserveService::Chat(grpc::CallbackServerContext* cont
                                                v1::CompleteResponse* response) {
   auto* call = new UnaryCall(this, "Chat", response);
   call->Start(context, [this, request] {
-    return PrepareChatRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
+    return PrepareChatRequest(*request, *core_->model().text, core_->model().engine->limits(),
+                              core_->api_limits());
   });
   return call;
 }
@@ -794,7 +520,8 @@ grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::ChatStream
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
   auto* call = new StreamCall(this, "ChatStream");
   call->Start(context, [this, request] {
-    return PrepareChatRequest(*request, *model_->text, model_->engine->limits(), api_limits_);
+    return PrepareChatRequest(*request, *core_->model().text, core_->model().engine->limits(),
+                              core_->api_limits());
   });
   return call;
 }
@@ -805,19 +532,14 @@ grpc::ServerUnaryReactor* LmserveService::Tokenize(grpc::CallbackServerContext* 
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = Admit(context, /*needs_model=*/true);
   if (status.ok()) {
-    if (request->text().empty()) {
-      status = absl::InvalidArgumentError("text: empty");
-    } else if (!IsValidUtf8(request->text())) {
-      status = absl::InvalidArgumentError("text: not valid UTF-8");
+    absl::StatusOr<std::vector<int32_t>> ids = TokenizeText(
+        "text", request->text(),
+        request->has_add_special_tokens() ? request->add_special_tokens() : true,
+        *core_->model().text);
+    if (ids.ok()) {
+      response->mutable_token_ids()->Add(ids->begin(), ids->end());
     } else {
-      absl::StatusOr<std::vector<int32_t>> ids = model_->text->Encode(
-          request->text(),
-          request->has_add_special_tokens() ? request->add_special_tokens() : true);
-      if (ids.ok()) {
-        response->mutable_token_ids()->Add(ids->begin(), ids->end());
-      } else {
-        status = ids.status();
-      }
+      status = ids.status();
     }
   }
   FinishUnary("Tokenize", reactor, status);
@@ -830,23 +552,14 @@ grpc::ServerUnaryReactor* LmserveService::Detokenize(grpc::CallbackServerContext
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = Admit(context, /*needs_model=*/true);
   if (status.ok()) {
-    const int64_t vocab_size = model_->engine->limits().vocab_size;
-    for (int i = 0; i < request->token_ids_size() && status.ok(); ++i) {
-      const int32_t id = request->token_ids(i);
-      if (id < 0 || id >= vocab_size) {
-        status = absl::InvalidArgumentError(StrCat("token_ids: token id ", id, " at index ", i,
-                                                   " is outside the vocabulary [0, ", vocab_size,
-                                                   ")"));
-      }
-    }
-    if (status.ok()) {
-      std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
-      absl::StatusOr<std::string> text = model_->text->Decode(ids, request->skip_special_tokens());
-      if (text.ok()) {
-        response->set_text(*std::move(text));
-      } else {
-        status = text.status();
-      }
+    const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+    absl::StatusOr<std::string> text =
+        DetokenizeIds("token_ids", ids, request->skip_special_tokens(), *core_->model().text,
+                      core_->model().engine->limits().vocab_size);
+    if (text.ok()) {
+      response->set_text(*std::move(text));
+    } else {
+      status = text.status();
     }
   }
   FinishUnary("Detokenize", reactor, status);
@@ -858,7 +571,7 @@ grpc::ServerUnaryReactor* LmserveService::GetModelInfo(grpc::CallbackServerConte
                                                        v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = Admit(context, /*needs_model=*/true);
-  if (status.ok()) *response = model_->info;
+  if (status.ok()) *response = core_->model().info;
   FinishUnary("GetModelInfo", reactor, status);
   return reactor;
 }
@@ -869,12 +582,12 @@ grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerCo
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = Admit(context, /*needs_model=*/false);
   if (status.ok()) {
-    const ServerState current = state();
+    const ServerState current = core_->state();
     response->set_ready(current == ServerState::kServing);
     response->set_draining(current == ServerState::kDraining || current == ServerState::kStopped);
-    response->set_num_requests_in_flight(NumCalls());
-    if (current != ServerState::kStarting && model_ != nullptr) {
-      const engine::EngineStats stats = model_->engine->Stats();
+    response->set_num_requests_in_flight(core_->NumCalls());
+    if (current != ServerState::kStarting && core_->model_or_null() != nullptr) {
+      const engine::EngineStats stats = core_->model().engine->Stats();
       response->set_num_requests_running(stats.num_running_seqs);
       response->set_num_requests_waiting(stats.num_waiting_seqs);
       response->set_kv_cache_usage(stats.kv_cache_usage);
@@ -904,13 +617,16 @@ absl::StatusOr<std::string> ReadPemFile(std::string_view flag, const std::string
 
 struct LmserveServer::Impl {
   explicit Impl(const ServerOptions& server_options)
-      : options(server_options), service(options, &pump) {}
+      : options(server_options), core(options), service(&core, &pump), routes(&core) {}
 
   ServerOptions options;
-  Pump pump;  // before the service and the server: they post to it
+  ServingCore core;  // first: the front ends below use it until they are gone
+  Pump pump;         // before the service and the server: they post to it
   LmserveService service;
   HealthService health;
   std::unique_ptr<grpc::Server> server;
+  OpenAiRoutes routes;
+  std::unique_ptr<HttpServer> http;  // with --http-port
   int port = -1;
   bool drained = false;
 };
@@ -946,10 +662,38 @@ absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const Server
   if (impl->server == nullptr || impl->port <= 0) {
     return absl::UnavailableError(StrCat("--port: cannot listen on ", address));
   }
-  LogInfo("listening on ", ListenAddress(options.host, impl->port), " (gRPC",
-          options.tls_cert_file.empty() ? "" : ", TLS",
-          options.tls_client_ca_file.empty() ? "" : " with client certificates",
-          options.auth_token.empty() ? "" : ", bearer token", ")");
+  const std::string security =
+      StrCat(options.tls_cert_file.empty() ? "" : ", TLS",
+             options.tls_client_ca_file.empty() ? "" : " with client certificates",
+             options.auth_token.empty() ? "" : ", bearer token");
+  LogInfo("listening on ", ListenAddress(options.host, impl->port), " (gRPC", security, ")");
+
+  if (options.http_port >= 0) {
+    HttpServerOptions http;
+    http.host = options.host;
+    http.port = options.http_port;
+    http.num_threads = options.http_threads;
+    http.max_body_bytes = static_cast<size_t>(options.max_request_bytes);
+    http.idle_timeout_seconds = options.http_idle_timeout_seconds;
+    http.write_timeout_seconds = options.http_idle_timeout_seconds;
+    if (!options.tls_cert_file.empty()) {
+      LMSERVE_ASSIGN_OR_RETURN(http.cert_pem, ReadPemFile("tls-cert", options.tls_cert_file));
+      LMSERVE_ASSIGN_OR_RETURN(http.key_pem, ReadPemFile("tls-key", options.tls_key_file));
+      if (!options.tls_client_ca_file.empty()) {
+        LMSERVE_ASSIGN_OR_RETURN(http.client_ca_pem,
+                                 ReadPemFile("tls-client-ca", options.tls_client_ca_file));
+      }
+    }
+    OpenAiRoutes* routes = &impl->routes;
+    LMSERVE_ASSIGN_OR_RETURN(
+        impl->http,
+        HttpServer::Start(http, [routes](HttpRequest request, HttpResponder* responder) {
+          return routes->Handle(std::move(request), responder);
+        }));
+    LogInfo("HTTP API (OpenAI-compatible) on ", options.tls_cert_file.empty() ? "http" : "https",
+            "://", ListenAddress(options.host, impl->http->port()), "/v1 (", options.http_threads,
+            " threads", security, ")");
+  }
   return std::unique_ptr<LmserveServer>(new LmserveServer(std::move(impl)));
 }
 
@@ -961,16 +705,20 @@ LmserveServer::~LmserveServer() {
 
 int LmserveServer::port() const { return impl_->port; }
 
+int LmserveServer::http_port() const {
+  return impl_->http == nullptr ? -1 : impl_->http->port();
+}
+
 int LmserveServer::metrics_port() const {
-  const ServingModel* model = impl_->service.model_or_null();
+  const ServingModel* model = impl_->core.model_or_null();
   return model == nullptr ? -1 : model->metrics->port();
 }
 
-const ApiLimits& LmserveServer::api_limits() const { return impl_->service.api_limits(); }
+const ApiLimits& LmserveServer::api_limits() const { return impl_->core.api_limits(); }
 
 void LmserveServer::Serve(std::unique_ptr<ServingModel> model) {
-  impl_->service.SetModel(std::move(model));
-  impl_->service.SetState(ServerState::kServing);
+  impl_->core.SetModel(std::move(model));
+  impl_->core.SetState(ServerState::kServing);
   impl_->health.SetServing(true);
   LogInfo("SERVING");
 }
@@ -979,26 +727,30 @@ void LmserveServer::Drain(absl::Duration grace, const std::function<bool()>& hur
   Impl& impl = *impl_;
   if (impl.drained) return;
   impl.drained = true;
-  impl.service.SetState(ServerState::kDraining);
+  impl.core.SetState(ServerState::kDraining);
   impl.health.SetServing(false);
-  const int in_flight = impl.service.NumCalls();
+  const int in_flight = impl.core.NumCalls();
   LogInfo("draining: ", in_flight, " requests in flight, grace period ",
           absl::ToDoubleSeconds(grace), " s");
   const absl::Time deadline = absl::Now() + grace;
-  while (!impl.service.AwaitNoCalls(std::min(absl::Milliseconds(100), deadline - absl::Now()))) {
+  while (!impl.core.AwaitNoCalls(std::min(absl::Milliseconds(100), deadline - absl::Now()))) {
     if (absl::Now() >= deadline || (hurry && hurry())) break;
   }
-  if (const int remaining = impl.service.NumCalls(); remaining > 0) {
+  if (const int remaining = impl.core.NumCalls(); remaining > 0) {
     LogWarning("aborting ", remaining, " requests still in flight");
-    impl.service.AbortAllForDrain();
+    impl.core.AbortAllForDrain();
     // Their streams end within a step or two; a client that reads nothing is cut off below.
-    impl.service.AwaitNoCalls(absl::Seconds(5));
+    impl.core.AwaitNoCalls(absl::Seconds(5));
   }
-  impl.service.SetState(ServerState::kStopped);
+  impl.core.SetState(ServerState::kStopped);
   impl.health.Shutdown();
+  // HTTP connections (idle keep-alive ones included) close; the io threads end. The engine stops
+  // before the HTTP server is destroyed (with Impl): its output listeners post to the server's
+  // executors until then.
+  if (impl.http != nullptr) impl.http->Stop();
   impl.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   impl.server->Wait();
-  if (ServingModel* model = impl.service.model_or_null(); model != nullptr) model->Shutdown();
+  if (ServingModel* model = impl.core.model_or_null(); model != nullptr) model->Shutdown();
   LogInfo("stopped");
 }
 

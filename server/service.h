@@ -1,19 +1,25 @@
-// The lmserve gRPC server: the lmserve.v1.Lmserve service over one loaded model (model_loader.h),
-// the standard grpc.health.v1.Health service and server reflection. It translates: requests into
-// engine requests (request_convert.h), engine outputs into responses, absl::Status into
-// grpc::Status (here, the one place); it builds nothing.
+// The lmserve server: two front ends over one loaded model (model_loader.h) and its engine, sharing
+// the serving core (serving_core.h: state, admission, the calls in flight, request metrics):
+// - gRPC: the lmserve.v1.Lmserve service, the standard grpc.health.v1.Health service and server
+//   reflection (this file's service.cc);
+// - with --http-port, the OpenAI-compatible HTTP API (openai_routes.h over http_server.h).
+// Both translate: requests into engine requests (request_convert.h), engine outputs into
+// responses; absl::Status becomes a grpc::Status here (the one place) and an HTTP status in
+// openai_api.h. They build nothing.
 //
 // Life cycle:
-//   Start      binds the port; health NOT_SERVING; Lmserve calls get UNAVAILABLE ("starting").
+//   Start      binds the ports; health NOT_SERVING (HTTP /health 503); calls get UNAVAILABLE (503).
 //   Serve      takes the loaded, warmed-up model: reports SERVING and admits requests.
-//   Drain      (SIGTERM/SIGINT) stops admitting (UNAVAILABLE, health NOT_SERVING), lets in-flight
-//              requests finish within the grace period, aborts the rest (their streams end with
-//              finish_reason ABORT and status UNAVAILABLE), then stops the server and the model
-//              (its statistics poller and engine).
+//   Drain      (SIGTERM/SIGINT) stops admitting (UNAVAILABLE / 503, health NOT_SERVING), lets
+//              in-flight requests finish within the grace period, aborts the rest (their streams
+//              end with finish_reason ABORT and status UNAVAILABLE, or an HTTP error event), then
+//              closes the HTTP connections and stops the servers and the model (its statistics
+//              poller and engine).
 //
-// Calls run on gRPC's callback API: no thread waits on a request. The engine thread signals new
-// outputs through OutputStream::SetListener; one server thread (the "pump") turns them into
-// responses and starts the writes, so each call's state is touched by one thread at a time.
+// gRPC calls run on gRPC's callback API: no thread waits on a request. The engine thread signals
+// new outputs through OutputStream::SetListener; one server thread (the "pump") turns them into
+// responses and starts the writes, so each call's state is touched by one thread at a time. HTTP
+// connections run on the HTTP server's few threads, each on its own strand.
 //
 // Thread safety: Start, Serve and Drain are called by one thread (the main thread).
 
@@ -42,6 +48,8 @@ class LmserveServer {
   LmserveServer& operator=(const LmserveServer&) = delete;
 
   int port() const;
+  // The HTTP API's port; -1 without --http-port.
+  int http_port() const;
   // The metrics port; -1 when metrics are not served or the model is not loaded yet.
   int metrics_port() const;
 

@@ -22,7 +22,8 @@ double NowSeconds();
 struct ClientOptions {
   std::string target;  // gRPC: HOST:PORT. HTTP: the base URL, e.g. http://127.0.0.1:8000
   std::string endpoint = "/v1/completions";  // HTTP only
-  std::string model;                         // HTTP: the "model" field (OpenAI servers require it)
+  std::string model;  // HTTP: the "model" field; "": the first model GET /v1/models lists
+  bool return_token_ids = true;  // HTTP: ask for token ids in the stream (vLLM's extension)
   std::string token;                         // a bearer token, "" for none
   double temperature = 0;    // greedy by default: output lengths and work per token do not vary
   bool ignore_eos = true;    // so that output lengths are what the dataset asks for
@@ -52,8 +53,12 @@ class Client {
   virtual absl::Status WaitReady(double timeout_seconds) = 0;
 
   // The model's vocabulary size, for synthetic token-id prompts; Unimplemented where the transport
-  // cannot ask.
+  // cannot ask (HTTP: /v1/models' vocab_size, an lmserve extension).
   virtual absl::StatusOr<int32_t> VocabSize() = 0;
+
+  // The model the requests name: HTTP: ClientOptions::model, else the first one GET /v1/models
+  // lists (asked once); gRPC: "" (the server serves one model).
+  virtual absl::StatusOr<std::string> Model() = 0;
 
   // Sends one streaming request. `done` runs exactly once, on a transport thread, with what the
   // client saw. Records' times are NowSeconds(); send_time is taken here.
@@ -70,8 +75,10 @@ class Client {
 absl::StatusOr<std::unique_ptr<Client>> CreateGrpcClient(const ClientOptions& options);
 absl::StatusOr<std::unique_ptr<Client>> CreateHttpClient(const ClientOptions& options);
 
-// GET `url` (libcurl), for scraping /metrics. Fails on transport errors and non-200 statuses.
-absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds);
+// GET `url` (libcurl), for scraping /metrics and reading /v1/models; `token`, when given, is sent
+// as a bearer token. Fails on transport errors and non-200 statuses.
+absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds,
+                                    const std::string& token = "");
 
 }  // namespace lmserve::bench
 

@@ -153,6 +153,8 @@ class GrpcClient : public Client {
         StrCat(options_.target, " was not SERVING within ", timeout_seconds, " s (", last, ")"));
   }
 
+  absl::StatusOr<std::string> Model() override { return std::string(); }
+
   absl::StatusOr<int32_t> VocabSize() override {
     grpc::ClientContext context;
     Prepare(&context);

@@ -19,6 +19,7 @@
 
 #include "bench/lmserve_bench/client.h"
 #include "bench/lmserve_bench/sse.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace lmserve::bench {
@@ -84,9 +85,27 @@ class HttpClient : public Client {
   }
 
   absl::StatusOr<int32_t> VocabSize() override {
+    absl::StatusOr<nlohmann::json> model = FirstModel();
+    if (model.ok() && model->contains("vocab_size") && (*model)["vocab_size"].is_number_integer()) {
+      return (*model)["vocab_size"].get<int32_t>();
+    }
     return absl::UnimplementedError(
-        "an OpenAI endpoint does not say its vocabulary size: give --vocab-size for synthetic "
-        "prompts");
+        "the server's /v1/models does not say the vocabulary size: give --vocab-size for "
+        "synthetic prompts");
+  }
+
+  absl::StatusOr<std::string> Model() override {
+    if (!options_.model.empty()) return options_.model;
+    absl::StatusOr<nlohmann::json> model = FirstModel();
+    if (!model.ok()) {
+      return absl::UnavailableError(
+          StrCat("--model not given, and the server's model is unknown: ", model.status().message()));
+    }
+    if (!model->contains("id") || !(*model)["id"].is_string()) {
+      return absl::UnavailableError("--model not given, and /v1/models lists no model id");
+    }
+    options_.model = (*model)["id"].get<std::string>();
+    return options_.model;
   }
 
   void Start(const Prompt& prompt, std::function<void(RequestRecord)> done) override {
@@ -97,6 +116,7 @@ class HttpClient : public Client {
                            {"ignore_eos", options_.ignore_eos},
                            {"stream", true},
                            {"stream_options", {{"include_usage", true}}}};
+    if (options_.return_token_ids) body["return_token_ids"] = true;
     if (!prompt.text.empty()) {
       body["prompt"] = prompt.text;
     } else {
@@ -142,6 +162,18 @@ class HttpClient : public Client {
       cancel_ = true;
     }
     curl_multi_wakeup(multi_);
+  }
+
+  // data[0] of GET /v1/models.
+  absl::StatusOr<nlohmann::json> FirstModel() {
+    LMSERVE_ASSIGN_OR_RETURN(std::string text,
+                             HttpGet(StrCat(options_.target, "/v1/models"), 10, options_.token));
+    const nlohmann::json models = nlohmann::json::parse(text, nullptr, false);
+    if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
+        models["data"].empty() || !models["data"][0].is_object()) {
+      return absl::UnavailableError("GET /v1/models: no model listed");
+    }
+    return models["data"][0];
   }
 
   TokenCounting token_counting() const override {
@@ -290,10 +322,16 @@ absl::StatusOr<std::unique_ptr<Client>> CreateHttpClient(const ClientOptions& op
   return std::unique_ptr<Client>(new HttpClient(options));
 }
 
-absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds) {
+absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_seconds,
+                                    const std::string& token) {
   CURL* easy = curl_easy_init();
   if (easy == nullptr) return absl::InternalError("curl_easy_init failed");
   std::string body;
+  curl_slist* headers = nullptr;
+  if (!token.empty()) {
+    headers = curl_slist_append(headers, StrCat("Authorization: Bearer ", token).c_str());
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
+  }
   curl_easy_setopt(easy, CURLOPT_URL, url.c_str());
   curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &CollectWrite);
   curl_easy_setopt(easy, CURLOPT_WRITEDATA, &body);
@@ -303,6 +341,7 @@ absl::StatusOr<std::string> HttpGet(const std::string& url, double timeout_secon
   long code = 0;
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
   curl_easy_cleanup(easy);
+  if (headers != nullptr) curl_slist_free_all(headers);
   if (result != CURLE_OK) {
     return absl::UnavailableError(StrCat("GET ", url, ": ", curl_easy_strerror(result)));
   }

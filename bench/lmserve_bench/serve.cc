@@ -191,7 +191,8 @@ struct ServeFlags {
   std::string addr = "127.0.0.1:50051";
   std::string url = "http://127.0.0.1:8000";
   std::string endpoint = "/v1/completions";
-  std::string model = "default";
+  std::string model;
+  bool no_return_token_ids = false;
   std::optional<std::string> token_file;
   int64_t channels = 4;
   std::optional<std::string> dataset;
@@ -236,7 +237,11 @@ void BindServeFlags(CLI::App* command, ServeFlags* flags) {
   AddStringFlag(command, "--addr", &flags->addr, "grpc: the server, HOST:PORT");
   AddStringFlag(command, "--url", &flags->url, "http: the base URL");
   AddStringFlag(command, "--endpoint", &flags->endpoint, "http: the completions path");
-  AddStringFlag(command, "--model", &flags->model, "http: the model name to send");
+  AddStringFlag(command, "--model", &flags->model,
+                "http: the model name to send (default: the first one GET /v1/models lists)");
+  server::AddBoolFlag(command, "--no-return-token-ids", &flags->no_return_token_ids,
+                      "http: do not ask for token ids in the stream (vLLM's return_token_ids; "
+                      "without them tokens are counted from usage, else one per chunk)");
   AddStringFlag(command, "--token-file", &flags->token_file,
                 "send 'authorization: Bearer <token>', the token read from this file");
   AddIntFlag(command, "--channels", &flags->channels, "grpc: connections to spread requests over");
@@ -308,6 +313,7 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
     options.target = flags.url;
     options.endpoint = flags.endpoint;
     options.model = flags.model;
+    options.return_token_ids = !flags.no_return_token_ids;
   }
   if (flags.token_file.has_value()) {
     absl::StatusOr<std::string> contents = ReadFile(*flags.token_file);
@@ -371,6 +377,15 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
       std::fprintf(stderr, "lmserve-bench serve: %s\n", std::string(ready.message()).c_str());
       return 1;
     }
+  }
+
+  if (backend == "http") {
+    absl::StatusOr<std::string> model = (*client)->Model();
+    if (!model.ok()) {
+      std::fprintf(stderr, "lmserve-bench serve: %s\n", std::string(model.status().message()).c_str());
+      return 1;
+    }
+    options.model = *model;
   }
 
   // Prompts: the measured ones and, separately, the warm-up's (so that warm-up does not fill the

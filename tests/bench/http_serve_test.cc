@@ -207,7 +207,8 @@ TEST(HttpServeTest, DurationBoundCountsRequestsInFlight) {
   FakeSseServer server(/*send_usage=*/true, /*tokens_per_event=*/1);
   const BenchRun run =
       RunBenchServe(StrCat("--backend http --url http://127.0.0.1:", server.port(),
-                           " --vocab-size 1000 --input-len 4 --output-len 200 --concurrency 3"
+                           " --model fake --vocab-size 1000 --input-len 4 --output-len 200"
+                           " --concurrency 3"
                            " --warmup-requests 0 --duration-s 0.1 --grace-s 0"));
   const nlohmann::json& r = run.result;
   ASSERT_TRUE(r.is_object()) << run.output;

@@ -28,7 +28,7 @@ class Server:
     server's log, and the constructor leaves no process behind when it raises.
     """
 
-    def __init__(self, build_dir, args, timeout=60):
+    def __init__(self, build_dir, args, timeout=60, wait_serving=True):
         self.build_dir = build_dir
         self.log_file = tempfile.NamedTemporaryFile(prefix="lmserve-e2e-", suffix=".log",
                                                     delete=False)
@@ -37,11 +37,16 @@ class Server:
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log_file)
         try:
             self.port = self._wait_log(r"listening on 127\.0\.0\.1:(\d+)", timeout)
+            self.http_port = None
+            if "--http-port" in args:
+                self.http_port = self._wait_log(
+                    r"HTTP API \(OpenAI-compatible\) on https?://127\.0\.0\.1:(\d+)", timeout)
             self.metrics_port = None
             if "--metrics-port" in args:
                 self.metrics_port = self._wait_log(
                     r"metrics on http://127\.0\.0\.1:(\d+)/metrics", timeout)
-            self._wait_log(r"SERVING", timeout)
+            if wait_serving:
+                self._wait_log(r"SERVING", timeout)
         except BaseException:
             self.stop()
             raise
