@@ -43,8 +43,6 @@ class HttpCall final : public GenerationCall {
         exchange_(exchange),
         prompt_index_(prompt_index) {}
 
-  const std::string& response_request_id() const { return response_request_id_; }
-
  protected:
   bool ReadyForOutputs() override;
   void Deliver(std::vector<engine::RequestOutput> outputs) override;
@@ -107,8 +105,10 @@ class GenerationExchange final : public HttpExchange {
       }
       calls_.push_back(std::move(call));
     }
-    const std::string& first_id = calls_.front()->response_request_id();
-    id_ = StrCat(chat_ ? "chatcmpl-" : "cmpl-", first_id);
+    const HttpCall& first = *calls_.front();
+    id_ = StrCat(chat_ ? "chatcmpl-" : "cmpl-",
+                 first.prepared().request_id.empty() ? StrCat(first.engine_request_id())
+                                                     : first.prepared().request_id);
     model_name_ = model.info.name();
     choices_.resize(static_cast<size_t>(num_prompts) * num_samples_);
     prompt_logprobs_.resize(num_prompts);
@@ -552,19 +552,21 @@ void OpenAiRoutes::HandleTokenize(std::string_view route, const HttpRequest& req
   absl::StatusOr<TokenizeRequest> parsed = ParseTokenizeRequest(request.body);
   absl::Status status = parsed.status();
   if (status.ok()) status = CheckModel(parsed->model);
-  absl::StatusOr<std::vector<int32_t>> ids = status;
-  if (status.ok()) {
-    const ServingModel& model = core_->model();
-    ids = parsed->prompt.has_value()
-              ? TokenizeText("prompt", *parsed->prompt, parsed->add_special_tokens, *model.text)
-              : RenderChatPrompt(parsed->chat, *model.text, core_->api_limits());
+  if (!status.ok()) {
+    RespondError(responder, route, status);
+    return;
   }
+  const ServingModel& model = core_->model();
+  absl::StatusOr<std::vector<int32_t>> ids =
+      parsed->prompt.has_value()
+          ? TokenizeText("prompt", *parsed->prompt, parsed->add_special_tokens, *model.text)
+          : RenderChatPrompt(parsed->chat, *model.text, core_->api_limits());
   if (!ids.ok()) {
     RespondError(responder, route, ids.status());
     return;
   }
   const Json response = {{"count", ids->size()},
-                         {"max_model_len", core_->model().info.context_length()},
+                         {"max_model_len", model.info.context_length()},
                          {"tokens", *ids},
                          {"token_strs", nullptr}};
   Count(route, 200);
@@ -576,12 +578,14 @@ void OpenAiRoutes::HandleDetokenize(std::string_view route, const HttpRequest& r
   absl::StatusOr<DetokenizeRequest> parsed = ParseDetokenizeRequest(request.body);
   absl::Status status = parsed.status();
   if (status.ok()) status = CheckModel(parsed->model);
-  absl::StatusOr<std::string> text = status;
-  if (status.ok()) {
-    const ServingModel& model = core_->model();
-    text = DetokenizeIds("tokens", parsed->tokens, /*skip_special=*/false, *model.text,
-                         model.engine->limits().vocab_size);
+  if (!status.ok()) {
+    RespondError(responder, route, status);
+    return;
   }
+  const ServingModel& model = core_->model();
+  absl::StatusOr<std::string> text =
+      DetokenizeIds("tokens", parsed->tokens, /*skip_special=*/false, *model.text,
+                    model.engine->limits().vocab_size);
   if (!text.ok()) {
     RespondError(responder, route, text.status());
     return;

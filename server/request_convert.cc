@@ -345,7 +345,9 @@ absl::StatusOr<std::vector<int32_t>> RenderChatPrompt(const v1::ChatRequest& req
   LMSERVE_ASSIGN_OR_RETURN(nlohmann::ordered_json template_kwargs,
                            ChatTemplateKwargsToJson(request.chat_template_kwargs()));
   if (!text.has_chat_template()) {
-    return absl::FailedPreconditionError("messages: this model has no chat template; use Complete");
+    return absl::FailedPreconditionError(
+        "messages: this model has no chat template; send a prompt to Complete (HTTP: "
+        "/v1/completions) instead");
   }
   LMSERVE_ASSIGN_OR_RETURN(
       std::string prompt,

@@ -238,6 +238,8 @@ def main():
                 failures.append(f"{name}: message {error['message']!r} lacks {want_message!r}")
             elif want_param is not None and error["param"] != want_param:
                 failures.append(f"{name}: param {error['param']!r}, want {want_param!r}")
+            if failures:
+                print("FAIL:", failures[-1], flush=True)
             health, _, _ = request(port, "GET", "/health", token=None)
             if health != 200:
                 failures.append(f"after '{name}': /health answered {health}")
@@ -280,6 +282,11 @@ def main():
         if server.process.returncode != 0:
             failures.append(f"the server exited with {server.process.returncode} on SIGTERM, "
                             "not 0")
+    except Exception:  # noqa: BLE001
+        failures.append("the test itself failed (below)")
+        print("FAILURES so far:\n  " + "\n  ".join(failures))
+        print("server log:\n" + server.log()[-5000:])
+        raise
     finally:
         log = server.log() if os.path.exists(server.log_file.name) else ""
         server.stop()

@@ -55,6 +55,9 @@ TEST(ServeConfigTest, EveryFlagsDefault) {
   EXPECT_EQ(config.server.host, "127.0.0.1");
   EXPECT_EQ(config.server.port, 50051);
   EXPECT_EQ(config.server.metrics_port, -1);
+  EXPECT_EQ(config.server.http_port, -1);
+  EXPECT_EQ(config.server.http_threads, 2);
+  EXPECT_EQ(config.server.http_idle_timeout_seconds, 60.0);
   EXPECT_EQ(config.server.max_request_bytes, int64_t{4} << 20);
   EXPECT_EQ(config.server.max_queued_requests, 256);
   EXPECT_EQ(config.server.grace_period_seconds, 30.0);
@@ -106,6 +109,12 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
       "0",
       "--metrics-port",
       "9400",
+      "--http-port",
+      "8000",
+      "--http-threads",
+      "3",
+      "--http-idle-timeout-s",
+      "5.5",
       "--max-request-bytes",
       "65536",
       "--max-queued-requests",
@@ -143,6 +152,9 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   EXPECT_EQ(config.engine.seed, 42u);
   EXPECT_EQ(config.server.host, "0.0.0.0");
   EXPECT_EQ(config.server.port, 0);
+  EXPECT_EQ(config.server.http_port, 8000);
+  EXPECT_EQ(config.server.http_threads, 3);
+  EXPECT_EQ(config.server.http_idle_timeout_seconds, 5.5);
   EXPECT_EQ(config.server.metrics_port, 9400);
   EXPECT_EQ(config.server.max_request_bytes, 65536);
   EXPECT_EQ(config.server.max_queued_requests, 7);
