@@ -69,15 +69,17 @@ struct HttpServer::Impl {
   HttpRouter router;
   net::io_context io;
   std::optional<ssl::context> tls;
-  tcp::acceptor acceptor{io};
-  net::steady_timer accept_retry{io};
+  // The acceptor, its retry timer and logged_accept_error are the acceptor strand's.
+  Strand acceptor_strand{net::make_strand(io)};
+  tcp::acceptor acceptor{acceptor_strand};
+  net::steady_timer accept_retry{acceptor_strand};
   std::vector<std::thread> threads;
   int port = -1;
   bool stopped = false;
 
   mutable absl::Mutex mu;
   std::map<SessionBase*, std::weak_ptr<SessionBase>> sessions ABSL_GUARDED_BY(mu);
-  bool logged_accept_error = false;  // the acceptor's strand (the io thread that runs it)
+  bool logged_accept_error = false;
 
   void Accept();
   void OnAccept(beast::error_code ec, tcp::socket socket);
@@ -521,7 +523,7 @@ void HttpServer::Impl::Accept() {
 }
 
 void HttpServer::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
-  if (!acceptor.is_open()) return;
+  if (!acceptor.is_open() || ec == net::error::operation_aborted) return;
   if (ec) {
     // Typically EMFILE: no file descriptor for the connection. Try again shortly rather than spin.
     if (!logged_accept_error) {
@@ -619,17 +621,21 @@ void HttpServer::Stop() {
   Impl& m = *impl_;
   if (m.stopped) return;
   m.stopped = true;
-  net::post(m.io, [&m] {
+  net::post(m.acceptor.get_executor(), [&m] {
     beast::error_code ignored;
     m.acceptor.close(ignored);
     m.accept_retry.cancel();
   });
+  std::vector<std::shared_ptr<SessionBase>> sessions;
   {
     absl::MutexLock lock(&m.mu);
     for (auto& [pointer, weak] : m.sessions) {
-      if (std::shared_ptr<SessionBase> session = weak.lock()) session->PostClose();
+      if (std::shared_ptr<SessionBase> session = weak.lock()) sessions.push_back(session);
     }
   }
+  // Outside the lock: dropping the last reference destroys a session, which takes the lock.
+  for (const std::shared_ptr<SessionBase>& session : sessions) session->PostClose();
+  sessions.clear();
   // The closes complete every operation at once; allow them a moment, then stop regardless.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (num_connections() > 0 && std::chrono::steady_clock::now() < deadline) {

@@ -94,7 +94,7 @@ def main():
     if model is None:
         print("SKIP: no demo model (scripts/fetch-demo-model.sh fetches it)")
         return 77
-    print("openai", openai.__version__)
+    print("openai", openai.__version__, flush=True)
     with tempfile.NamedTemporaryFile("w", suffix=".token", delete=False) as f:
         f.write(TOKEN)
         token_file = f.name
@@ -263,8 +263,8 @@ def main():
         curl = subprocess.run(
             ["curl", "-sS", "-N", "-D", "-", "-H", f"Authorization: Bearer {TOKEN}",
              "-H", "Content-Type: application/json", "-d", body, base + "/v1/completions"],
-            capture_output=True, text=True, timeout=120, check=False)
-        head, _, sse = curl.stdout.partition("\r\n\r\n")
+            capture_output=True, timeout=120, check=False)
+        head, _, sse = curl.stdout.decode("utf-8", "replace").partition("\r\n\r\n")
         c.expect(curl.returncode == 0 and head.startswith("HTTP/1.1 200"),
                  f"curl: {curl.returncode} {curl.stderr} {head}")
         c.expect(re.search(r"(?im)^content-type: text/event-stream", head) is not None,
@@ -307,14 +307,17 @@ def main():
         aborted_before = metric(scrape(), "lmserve_request_success_total",
                                 {"finished_reason": "abort"})
         sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
-        payload = json.dumps({"model": name, "prompt": prompt, "max_tokens": 1500,
+        payload = json.dumps({"model": name, "prompt": prompt, "max_tokens": 1200,
                               "ignore_eos": True, "stream": True}).encode()
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      b"application/json\r\nAuthorization: Bearer " + TOKEN.encode() +
                      b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         received = b""
         while b"data: {" not in received:
-            received += sock.recv(4096)
+            chunk = sock.recv(4096)
+            if not chunk or b"HTTP/1.1 200" not in received + chunk:
+                raise AssertionError(f"the stream to abandon did not start: {received + chunk!r}")
+            received += chunk
         sock.close()
         wait_for(lambda: metric(scrape(), "lmserve_http_requests_total",
                                 {"route": "/v1/completions", "code": "499"}) > gone_before,
@@ -330,10 +333,10 @@ def main():
         # ---- draining: 503 for new requests, the stream in flight ends with an error event ----
         conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
         conn.request("POST", "/v1/completions", body=json.dumps(
-            {"model": name, "prompt": prompt, "max_tokens": 1800, "ignore_eos": True,
+            {"model": name, "prompt": prompt, "max_tokens": 1200, "ignore_eos": True,
              "stream": True}), headers={"Authorization": f"Bearer {TOKEN}"})
         response = conn.getresponse()
-        first = response.fp.readline()
+        first = response.readline()
         c.expect(first.startswith(b"data: {"), f"the long stream began with {first!r}")
         rest = []
         reader = threading.Thread(target=lambda: rest.append(response.read()))
