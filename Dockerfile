@@ -15,8 +15,9 @@
 # /models (or fetched there by an init container: see deploy/kubernetes and docs/deploying.md):
 #
 #   docker run --read-only --tmpfs /tmp --gpus all -v "$PWD/models:/models:ro" \
-#     -p 50051:50051 -p 9400:9400 lmserve:cuda
-# serves /models/model.gguf on 0.0.0.0:50051 (gRPC) and :9400 (/metrics); arguments after the image
+#     -p 50051:50051 -p 8000:8000 -p 9400:9400 lmserve:cuda
+# serves /models/model.gguf on 0.0.0.0:50051 (gRPC), :8000 (the OpenAI-compatible HTTP API) and
+# :9400 (/metrics); arguments after the image
 # name replace the default command (`serve --model=... --backend=... --host=... --port=...`).
 ARG VARIANT=cuda
 ARG CUDA_DEVEL_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
@@ -54,11 +55,11 @@ RUN BUILD_TYPE=Release BUILD_DIR=/build scripts/build.sh \
 # (ENTRYPOINT and CMD live here, not in the final stage: an ENTRYPOINT there would reset the CMD.)
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
 ENTRYPOINT ["/usr/local/bin/lmserve"]
-CMD ["serve", "--model=/models/model.gguf", "--backend=cuda", "--host=0.0.0.0", "--port=50051", "--metrics-port=9400"]
+CMD ["serve", "--model=/models/model.gguf", "--backend=cuda", "--host=0.0.0.0", "--port=50051", "--http-port=8000", "--metrics-port=9400"]
 
 FROM ${CPU_IMAGE} AS runtime-cpu
 ENTRYPOINT ["/usr/local/bin/lmserve"]
-CMD ["serve", "--model=/models/model.gguf", "--backend=cpu", "--host=0.0.0.0", "--port=50051", "--metrics-port=9400"]
+CMD ["serve", "--model=/models/model.gguf", "--backend=cpu", "--host=0.0.0.0", "--port=50051", "--http-port=8000", "--metrics-port=9400"]
 
 # hadolint ignore=DL3006
 FROM runtime-${VARIANT}
@@ -79,8 +80,9 @@ ENV HOME=/tmp \
 USER 10001:10001
 WORKDIR /tmp
 VOLUME ["/models"]
-# gRPC (lmserve.v1, grpc.health.v1, reflection) and Prometheus /metrics.
-EXPOSE 50051 9400
+# gRPC (lmserve.v1, grpc.health.v1, reflection), the OpenAI-compatible HTTP API and Prometheus
+# /metrics.
+EXPOSE 50051 8000 9400
 # The gRPC health protocol (grpc.health.v1.Health/Check) through lmserve-cli, the project's own client
 # (exit 0 when SERVING; the server says SERVING once the model is loaded and warmed up). The start
 # period covers that; Kubernetes uses its native grpc probes instead.

@@ -8,11 +8,12 @@ hadolint and promtool check one file at a time:
       the PrometheusRule holds exactly the groups of deploy/prometheus/lmserve-rules.yaml
     - security: non-root pod, every container with a read-only root filesystem, no privilege
       escalation, all capabilities dropped; the only writable mounts are volumes
-    - the server's flags agree with the manifests: --port / --metrics-port with the container ports,
+    - the server's flags agree with the manifests: --port / --http-port / --metrics-port with the
+      container ports,
       Service target ports, ServiceMonitor port, scrape annotations; --host listens on every interface;
       --model lies on the read-only model volume
-    - probes: startup, readiness and liveness all through gRPC health on the gRPC port; the startup
-      probe allows at least 5 minutes
+    - probes: startup and liveness through gRPC health on the gRPC port, readiness through GET
+      /health on the HTTP API's port; the startup probe allows at least 5 minutes
     - shutdown: terminationGracePeriodSeconds >= preStop sleep + --grace-period-s + 10 s
     - selectors of the Services, the PodDisruptionBudget and the ServiceMonitor match the pods
     - the HorizontalPodAutoscaler targets the Deployment on the metric the Prometheus adapter's rule
@@ -234,11 +235,15 @@ def check_overlay(name, objects, inputs, errors):
         errors.append(f"{w}: lmserve's args must start with the serve command")
     f = flags(args)
     ports = {p["name"]: p["containerPort"] for p in server.get("ports", [])}
-    if set(ports) != {"grpc", "metrics"}:
-        errors.append(f"{w}: lmserve's ports must be named grpc and metrics, not {sorted(ports)}")
+    if set(ports) != {"grpc", "http", "metrics"}:
+        errors.append(f"{w}: lmserve's ports must be named grpc, http and metrics, not "
+                      f"{sorted(ports)}")
         return
     if f.get("port") != str(ports["grpc"]):
         errors.append(f"{w}: --port={f.get('port')} but the grpc containerPort is {ports['grpc']}")
+    if f.get("http-port") != str(ports["http"]):
+        errors.append(f"{w}: --http-port={f.get('http-port')} but the http containerPort is "
+                      f"{ports['http']}")
     if f.get("metrics-port") != str(ports["metrics"]):
         errors.append(f"{w}: --metrics-port={f.get('metrics-port')} but the metrics containerPort "
                       f"is {ports['metrics']}")
@@ -259,13 +264,22 @@ def check_overlay(name, objects, inputs, errors):
     if "/tmp" not in mounts:
         errors.append(f"{w}: /tmp (HOME, the CUDA cache) must be a mounted volume")
 
-    # Probes.
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    # Probes: startup and liveness through gRPC health, readiness through the HTTP API's /health
+    # (both front ends answer from one state: 503 / NOT_SERVING while starting or draining).
+    for probe in ("startupProbe", "livenessProbe"):
         spec = server.get(probe)
         if not spec or "grpc" not in spec:
             errors.append(f"{w}: {probe} must use the gRPC health protocol (grpc:)")
         elif spec["grpc"].get("port") != ports["grpc"]:
             errors.append(f"{w}: {probe} probes port {spec['grpc'].get('port')}, not the gRPC port")
+    readiness = server.get("readinessProbe")
+    if not readiness or "httpGet" not in readiness:
+        errors.append(f"{w}: readinessProbe must GET the HTTP API's /health (httpGet:)")
+    elif readiness["httpGet"].get("port") not in (ports["http"], "http"):
+        errors.append(f"{w}: readinessProbe probes port {readiness['httpGet'].get('port')}, not "
+                      "the HTTP API's port")
+    elif readiness["httpGet"].get("path") != "/health":
+        errors.append(f"{w}: readinessProbe must GET /health, not {readiness['httpGet'].get('path')}")
     startup = server.get("startupProbe", {})
     budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
     if budget < 300:
@@ -372,7 +386,8 @@ def check_dockerfile(text, overlays, errors):
     ports = {p["name"]: str(p["containerPort"]) for p in container["ports"]}
     for cmd in cmds:
         f = flags(cmd)
-        if f.get("port") != ports["grpc"] or f.get("metrics-port") != ports["metrics"]:
+        if (f.get("port") != ports["grpc"] or f.get("metrics-port") != ports["metrics"] or
+                f.get("http-port") != ports["http"]):
             errors.append(f"Dockerfile: CMD {cmd} ports differ from the manifests' {ports}")
         if f.get("host") not in HOSTS_ALL_INTERFACES:
             errors.append(f"Dockerfile: CMD {cmd} does not listen on every interface")
@@ -479,7 +494,9 @@ BREAKS = {
         "initContainers"][0]["securityContext"].update(runAsUser=0)),
     "liveness over HTTP": ('livenessProbe must use', lambda i: _server(i).update(
         livenessProbe={"httpGet": {"port": 9400, "path": "/metrics"}})),
-    "probe on the metrics port": ('readinessProbe probes port 9400', lambda i: _server(i)["readinessProbe"]["grpc"].update(port=9400)),
+    "probe on the metrics port": ('readinessProbe probes port 9400', lambda i: _server(i)["readinessProbe"]["httpGet"].update(port=9400)),
+    "startup probe on the metrics port": ('startupProbe probes port 9400', lambda i: _server(i)["startupProbe"]["grpc"].update(port=9400)),
+    "--http-port differs from the container port": ('--http-port=9000', lambda i: _set_arg(i, "http-port", "9000")),
     "--port differs from the container port": ('--port=8000', lambda i: _set_arg(i, "port", "8000")),
     "listening on loopback": ('--host=127.0.0.1', lambda i: _set_arg(i, "host", "127.0.0.1", "cpu")),
     "gpu overlay on the cpu backend": ('must run --backend=cuda', lambda i: _set_arg(i, "backend", "cpu")),

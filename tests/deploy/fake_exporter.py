@@ -25,6 +25,9 @@ EXTRA_LABELS = {
                                       ("stop", "length", "abort", "error")],
     "lmserve_grpc_server_handled_total": ['grpc_method="Complete",grpc_code="OK"',
                                           'grpc_method="Complete",grpc_code="INVALID_ARGUMENT"'],
+    "lmserve_http_requests_total": ['route="/v1/completions",code="200"',
+                                    'route="/v1/chat/completions",code="400"'],
+    "lmserve_time_to_first_token_seconds": ['front_end="grpc"', 'front_end="http"'],
 }
 BUCKETS = [0.01, 0.1, 1, 10, 100, 1000]
 
