@@ -55,4 +55,5 @@ function(lmserve_check_includes target)
   add_dependencies(${target} ${target}_includes)
 endfunction()
 
-set(LMSERVE_FORBIDDEN_BELOW_SERVER "^<grpc" "^<grpcpp/" "^<google/protobuf/" "^<prometheus/")
+set(LMSERVE_FORBIDDEN_BELOW_SERVER "^<grpc" "^<grpcpp/" "^<google/protobuf/" "^<prometheus/"
+    "^<boost/asio" "^<boost/beast")

@@ -65,21 +65,23 @@ class SessionBase {
 struct HttpServer::Impl {
   explicit Impl(int num_threads) : io(num_threads) {}
 
+  // Destroyed after `io` (declared before it): destroying the io_context destroys the handlers it
+  // still holds, and with them the last sessions, which use these.
   HttpServerOptions options;
   HttpRouter router;
-  net::io_context io;
   std::optional<ssl::context> tls;
+  mutable absl::Mutex mu;
+  std::map<SessionBase*, std::weak_ptr<SessionBase>> sessions ABSL_GUARDED_BY(mu);
+
+  net::io_context io;
   // The acceptor, its retry timer and logged_accept_error are the acceptor strand's.
   Strand acceptor_strand{net::make_strand(io)};
   tcp::acceptor acceptor{acceptor_strand};
   net::steady_timer accept_retry{acceptor_strand};
+  bool logged_accept_error = false;
   std::vector<std::thread> threads;
   int port = -1;
   bool stopped = false;
-
-  mutable absl::Mutex mu;
-  std::map<SessionBase*, std::weak_ptr<SessionBase>> sessions ABSL_GUARDED_BY(mu);
-  bool logged_accept_error = false;
 
   void Accept();
   void OnAccept(beast::error_code ec, tcp::socket socket);
@@ -225,6 +227,7 @@ class Session final : public SessionBase,
 
   void OnHeader(beast::error_code ec) {
     reading_ = false;
+    if (closed_) return;
     if (ec) return OnReadError(ec);
     const auto& header = parser_->get();
     if (beast::iequals(header[http::field::expect], "100-continue")) {
@@ -254,6 +257,7 @@ class Session final : public SessionBase,
 
   void OnBody(beast::error_code ec) {
     reading_ = false;
+    if (closed_) return;
     if (ec) return OnReadError(ec);
     http::request<http::string_body> message = parser_->release();
     parser_.reset();
@@ -364,6 +368,7 @@ class Session final : public SessionBase,
     writing_ = false;
     write_timer_.cancel();
     in_flight_.clear();
+    if (closed_) return;  // a write that completed after Close: nothing more to do
     if (ec) {
       Close();
       return;
@@ -413,6 +418,7 @@ class Session final : public SessionBase,
   }
 
   void BecomeIdle() {
+    if (closed_) return;  // a timer armed now would keep the closed session alive
     idle_timer_.expires_after(Seconds(server_->options.idle_timeout_seconds));
     idle_timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
       if (ec) return;  // cancelled: a request arrived
@@ -640,6 +646,9 @@ void HttpServer::Stop() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (num_connections() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (const int left = num_connections(); left > 0) {
+    LogWarning("HTTP: ", left, " connections had not closed 2 s after the stop");
   }
   m.io.stop();
   for (std::thread& thread : m.threads) thread.join();
