@@ -329,15 +329,18 @@ class Session final : public SessionBase,
     if (closed_) return;
     if (!response_ended_) {
       exchange_ = std::move(exchange);
+      // No operation may be pending while the exchange waits for the engine (no read after a
+      // "Connection: close" request): the session keeps itself until the exchange ends. Every
+      // entry point runs with a reference of its own, so dropping this one inside is safe.
+      self_while_exchange_ = this->shared_from_this();
       if (exchange_ == nullptr) {
         // The router neither answered nor kept an exchange: a bug; answer rather than hang.
         Respond(500, "text/plain", "internal error: no response\n", {});
       }
     }
-    // Watch the connection while the response is in progress (see the file comment).
-    if (!transport_error && !close_after_ && !reading_ && !closed_ && !response_ended_) {
-      ReadHeader();
-    }
+    // Watch the connection while the response is in progress (see the file comment), even after
+    // "Connection: close": a client that goes away is noticed the same way.
+    if (!transport_error && !reading_ && !closed_ && !response_ended_) ReadHeader();
   }
 
   // ---- Writing ----
@@ -389,6 +392,7 @@ class Session final : public SessionBase,
   // The response has been written whole.
   void FinishExchange() {
     exchange_.reset();  // never from inside the exchange's own calls: this runs in OnWrite
+    self_while_exchange_.reset();
     response_started_ = false;
     response_ended_ = false;
     streaming_ = false;
@@ -471,6 +475,7 @@ class Session final : public SessionBase,
       std::unique_ptr<HttpExchange> exchange = std::move(exchange_);
       exchange->OnClientGone();
     }
+    self_while_exchange_.reset();
   }
 
   std::string StatusLine(int status) const {
@@ -500,6 +505,7 @@ class Session final : public SessionBase,
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::unique_ptr<HttpExchange> exchange_;
+  std::shared_ptr<Session> self_while_exchange_;  // set while exchange_ is
   std::optional<HeldRequest> held_;  // a pipelined request, read whole
   std::string out_;                  // response bytes not yet handed to a write
   std::string in_flight_;            // the bytes of the write in progress

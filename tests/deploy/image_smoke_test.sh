@@ -72,12 +72,14 @@ EOF
 say "CMD: ${default_cmd[*]}"
 say "HEALTHCHECK: ${health_cmd[*]}"
 
-# Serve on free ports: the CMD with its two port values replaced.
+# Serve on free ports: the CMD with its three port values replaced.
 for _ in 1 2 3 4 5; do
   port=$((20000 + RANDOM % 20000))
   metrics_port=$((port + 1))
+  http_port=$((port + 2))
   command=("${default_cmd[@]/#--port=*/--port=$port}")
   command=("${command[@]/#--metrics-port=*/--metrics-port=$metrics_port}")
+  command=("${command[@]/#--http-port=*/--http-port=$http_port}")
   "${image_env[@]}" "${command[@]}" >"$root.log" 2>&1 &
   server_pid=$!
   sleep 1
@@ -108,6 +110,21 @@ for i in 1 2 3; do
   fi
 done
 say "3 completions served"
+# And one through the OpenAI-compatible HTTP API of the same CMD.
+if ! python3 - "$http_port" <<'EOF'
+import json, sys, urllib.request
+body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+sys.exit(0 if answer["usage"]["completion_tokens"] == 4 else 1)
+EOF
+then
+  cat "$root.log"
+  say "FAIL: a completion over HTTP failed"
+  exit 1
+fi
+say "a completion served over HTTP"
 
 if ! python3 - "$metrics_port" "$repo/docs/deploying.md" <<'EOF'
 import re, sys, urllib.request

@@ -78,7 +78,8 @@ def main():
         return 1
 
     server = e2e_util.Server(args.build_dir, ["--model", e2e_util.fixture_model(args.fixtures_dir),
-                                              "--kv-cache-mb", "16", "--metrics-port", "0"])
+                                              "--kv-cache-mb", "16", "--metrics-port", "0",
+                                              "--http-port", "0"])
     storage = tempfile.mkdtemp(prefix="lmserve-prometheus-")
     prometheus_port = e2e_util.free_port()
     config_path = os.path.join(storage, "prometheus.yml")
@@ -120,7 +121,8 @@ def main():
         else:
             failures.append("Prometheus never scraped the server")
         # Requests: streamed, counting the tokens the client receives.
-        num_requests = 6
+        num_requests = 6  # over gRPC; every other one over HTTP too
+        num_http_requests = 3
         streamed_tokens = 0
         for i in range(num_requests):
             if i == 1:
@@ -133,6 +135,13 @@ def main():
                 raise RuntimeError(f"lmserve-cli failed ({code}): {out}")
             for line in out.splitlines():
                 streamed_tokens += len(json.loads(line).get("token_ids", []))
+            if i % 2 == 0:  # the OpenAI-compatible HTTP API too (front_end="http")
+                body = json.dumps({"prompt": [2 + i, 30 + i, 7], "max_tokens": 4 + i,
+                                   "temperature": 0, "ignore_eos": True}).encode()
+                with urllib.request.urlopen(urllib.request.Request(
+                        f"http://127.0.0.1:{server.http_port}/v1/completions", data=body,
+                        headers={"Content-Type": "application/json"}), timeout=60) as response:
+                    streamed_tokens += json.loads(response.read())["usage"]["completion_tokens"]
         code, _ = server.cli("complete", "--ids", "1", "--max-tokens", "0")  # INVALID_ARGUMENT
         if code != 1:
             failures.append(f"a bad request exited {code}, not 1")
@@ -149,14 +158,23 @@ def main():
                                 'sum(lmserve_grpc_server_handled_total{grpc_code="INVALID_ARGUMENT"})')
             except OSError:
                 ttft = generated = errors = None  # Prometheus is still starting
-            if ttft == num_requests and generated == streamed_tokens and errors == 1:
+            if (ttft == num_requests + num_http_requests and generated == streamed_tokens
+                    and errors == 1):
                 break
             time.sleep(0.5)
-        if ttft != num_requests:
-            failures.append(f"TTFT histogram count {ttft}, want {num_requests} (requests sent)")
+        if ttft != num_requests + num_http_requests:
+            failures.append(f"TTFT histogram count {ttft}, want {num_requests + num_http_requests} "
+                            "(requests sent)")
         if generated != streamed_tokens:
             failures.append(f"generation_tokens_total {generated}, want {streamed_tokens} "
                             "(tokens streamed)")
+        http_ttft = scalar(prometheus_port,
+                           'sum(lmserve_time_to_first_token_seconds_count{front_end="http"})')
+        http_ok = scalar(prometheus_port,
+                         'sum(lmserve_http_requests_total{route="/v1/completions",code="200"})')
+        if http_ttft != num_http_requests or http_ok != num_http_requests:
+            failures.append(f"HTTP requests: TTFT count {http_ttft} (front_end=\"http\"), "
+                            f"{http_ok} answered 200; want {num_http_requests} each")
         # rate() needs two scrapes after the requests.
         time.sleep(2.5)
         for promql in QUERIES_WITH_DATA:

@@ -3,8 +3,11 @@
 // server that runs one sequence at a time: thousands of steps, so that cancellation, deadlines,
 // queueing and draining happen while it runs. No assertion depends on timing.
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -698,6 +701,19 @@ std::pair<int, std::string> Shell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// A loopback port that was free a moment ago.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
 TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
   const std::string dir = StrCat(TempDir(), "/tls");
   std::filesystem::create_directories(dir);
@@ -734,9 +750,17 @@ TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
   grpc::SslCredentialsOptions with_client_cert = trusting;
   with_client_cert.pem_cert_chain = read("client.pem");
   with_client_cert.pem_private_key = read("client.key");
+  // The HTTP API serves TLS from the same flags (curl: the HTTP status, or 000 when refused).
+  auto http_status = [&](int port, const std::string& curl_flags) {
+    return Shell(StrCat("curl -sS -o /dev/null -w '%{http_code}' --max-time 20 ", curl_flags,
+                        " https://127.0.0.1:", port, "/health 2>/dev/null"))
+        .second;
+  };
   {
+    const int http_port = FreePort();
     auto server = ServerProcess::Start(Args({"--tls-cert", StrCat(dir, "/server.pem"),
-                                             "--tls-key", StrCat(dir, "/server.key")}),
+                                             "--tls-key", StrCat(dir, "/server.key"),
+                                             "--http-port", StrCat(http_port)}),
                                        /*wait_serving=*/false);
     ASSERT_NE(server, nullptr);
     auto channel = grpc::CreateChannel(server->address(), grpc::SslCredentials(trusting));
@@ -745,11 +769,19 @@ TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
         "an answer over TLS", [&] { return (status = call(channel)).ok(); }, 120);
     EXPECT_TRUE(served.ok()) << status.error_message() << "\n" << served.message();
     EXPECT_FALSE(call(server->Channel()).ok());  // plaintext is refused
+    EXPECT_EQ(http_status(http_port, StrCat("--cacert ", dir, "/ca.pem")), "200");
+    EXPECT_EQ(http_status(http_port, ""), "000");  // the CA is unknown to curl
+    // Plaintext gets no answer: the server expects a TLS handshake.
+    EXPECT_EQ(Shell(StrCat("curl -sS --max-time 20 http://127.0.0.1:", http_port,
+                           "/health 2>/dev/null"))
+                  .second,
+              "");
   }
   {
+    const int http_port = FreePort();
     auto server = ServerProcess::Start(
         Args({"--tls-cert", StrCat(dir, "/server.pem"), "--tls-key", StrCat(dir, "/server.key"),
-              "--tls-client-ca", StrCat(dir, "/ca.pem")}),
+              "--tls-client-ca", StrCat(dir, "/ca.pem"), "--http-port", StrCat(http_port)}),
         /*wait_serving=*/false);
     ASSERT_NE(server, nullptr);
     auto channel = grpc::CreateChannel(server->address(), grpc::SslCredentials(with_client_cert));
@@ -760,6 +792,10 @@ TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
     EXPECT_TRUE(served.ok()) << status.error_message() << "\n" << served.message();
     EXPECT_FALSE(
         call(grpc::CreateChannel(server->address(), grpc::SslCredentials(trusting))).ok());
+    EXPECT_EQ(http_status(http_port, StrCat("--cacert ", dir, "/ca.pem --cert ", dir,
+                                            "/client.pem --key ", dir, "/client.key")),
+              "200");
+    EXPECT_EQ(http_status(http_port, StrCat("--cacert ", dir, "/ca.pem")), "000");
     // lmserve-cli speaks TLS with a client certificate too.
     const auto [code, out] = Shell(StrCat(
         LMSERVE_BINARY_DIR, "/bin/lmserve-cli complete --addr ", server->address(),

@@ -13,8 +13,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -174,6 +176,30 @@ TEST(HttpServerTest, KeepAliveAndTransportErrors) {
   EXPECT_THAT(bad, HasSubstr("HTTP/1.1 400"));
   EXPECT_THAT(bad, HasSubstr("Connection: close"));
   ::close(fd);
+  (*server)->Stop();
+}
+
+TEST(HttpServerTest, ALateAnswerArrivesAfterConnectionClose) {
+  // The exchange answers later, from another thread through the connection's poster, to a
+  // request that said "Connection: close" (so no read is pending meanwhile).
+  std::vector<std::thread> threads;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      HttpServerOptions(), [&](HttpRequest request, HttpResponder* responder) {
+        std::function<void(std::function<void()>)> post = responder->Poster();
+        threads.emplace_back([post, responder] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          post([responder] { responder->Respond(200, "text/plain", "late answer"); });
+        });
+        return std::make_unique<HttpExchange>();
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = Connect((*server)->port());
+  SendAll(fd, "GET /late HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string answer = ReadUntil(fd, "late answer");
+  ::close(fd);
+  EXPECT_THAT(answer, HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(answer, HasSubstr("late answer"));
+  for (std::thread& thread : threads) thread.join();
   (*server)->Stop();
 }
 
