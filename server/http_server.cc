@@ -15,6 +15,8 @@
 
 #include "server/http_server.h"
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/stream.hpp>
@@ -23,9 +25,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
-
-#include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -219,10 +218,9 @@ class Session final : public SessionBase,
     parser_->header_limit(static_cast<std::uint32_t>(kHttpMaxHeaderBytes));
     parser_->body_limit(server_->options.max_body_bytes);
     reading_ = true;
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                              self->OnHeader(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
   void OnHeader(beast::error_code ec) {
@@ -249,10 +247,9 @@ class Session final : public SessionBase,
 
   void ReadBody() {
     reading_ = true;
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnBody(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
   }
 
   void OnBody(beast::error_code ec) {
@@ -361,10 +358,9 @@ class Session final : public SessionBase,
     write_timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
       if (!ec && self->writing_) self->Close();
     });
-    net::async_write(stream_, net::buffer(in_flight_),
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnWrite(ec);
-                     });
+    net::async_write(
+        stream_, net::buffer(in_flight_),
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnWrite(ec); });
   }
 
   void OnWrite(beast::error_code ec) {
@@ -506,9 +502,9 @@ class Session final : public SessionBase,
   std::optional<http::request_parser<http::string_body>> parser_;
   std::unique_ptr<HttpExchange> exchange_;
   std::shared_ptr<Session> self_while_exchange_;  // set while exchange_ is
-  std::optional<HeldRequest> held_;  // a pipelined request, read whole
-  std::string out_;                  // response bytes not yet handed to a write
-  std::string in_flight_;            // the bytes of the write in progress
+  std::optional<HeldRequest> held_;               // a pipelined request, read whole
+  std::string out_;                               // response bytes not yet handed to a write
+  std::string in_flight_;                         // the bytes of the write in progress
   int http_version_ = 11;
   bool reading_ = false;
   bool writing_ = false;
@@ -553,8 +549,8 @@ void HttpServer::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
   socket.set_option(tcp::no_delay(true), ignored);
   std::shared_ptr<SessionBase> session;
   if (tls.has_value()) {
-    auto tls_session =
-        std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(this, std::move(socket), *tls);
+    auto tls_session = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
+        this, std::move(socket), *tls);
     session = tls_session;
     AddSession(session);
     tls_session->Run();

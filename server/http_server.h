@@ -40,8 +40,8 @@ namespace lmserve::server {
 inline constexpr size_t kHttpMaxHeaderBytes = 16 * 1024;
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // the request target as sent: path and query
+  std::string method;                        // "GET", "POST", ...
+  std::string target;                        // the request target as sent: path and query
   std::optional<std::string> authorization;  // the Authorization header, when present
   std::string content_type;                  // the Content-Type header ("" when absent)
   std::string body;

@@ -119,8 +119,8 @@ absl::Status GetTokenIds(std::string_view field, const Json& value,
   for (size_t i = 0; i < value.size(); ++i) {
     const Json& id = value[i];
     if (!id.is_number_integer() && !id.is_number_unsigned()) {
-      return Invalid(field, StrCat("element ", i, " must be a token id (an integer), got ",
-                                   TypeName(id)));
+      return Invalid(field,
+                     StrCat("element ", i, " must be a token id (an integer), got ", TypeName(id)));
     }
     LMSERVE_ASSIGN_OR_RETURN(int64_t number,
                              ToInteger(StrCat(field, "[", i, "]"), id, 0, kInt32Max));
@@ -152,13 +152,14 @@ absl::Status CheckRefused(const Json& object) {
       return Invalid(key, "function calling is not supported by this server yet");
     }
   }
-  for (std::string_view key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                               "structured_outputs"}) {
+  for (std::string_view key :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
     if (Find(object, key) != nullptr) {
       return Invalid(key, "guided decoding is not supported by this server yet");
     }
   }
-  LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> include_stop, GetBool(object, "include_stop_str_in_output"));
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> include_stop,
+                           GetBool(object, "include_stop_str_in_output"));
   if (include_stop.value_or(false)) {
     return Invalid("include_stop_str_in_output", "not supported: stop strings are never returned");
   }
@@ -166,8 +167,8 @@ absl::Status CheckRefused(const Json& object) {
 }
 
 // The sampling fields both endpoints share, into `sampling`.
-absl::Status ParseSampling(const Json& object, OpenAiEndpoint endpoint,
-                           GenerationRequest* request, v1::SamplingParams* sampling) {
+absl::Status ParseSampling(const Json& object, OpenAiEndpoint endpoint, GenerationRequest* request,
+                           v1::SamplingParams* sampling) {
   // max_tokens (chat: max_completion_tokens first, as OpenAI deprecates max_tokens there).
   std::optional<int64_t> max_tokens;
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
@@ -218,8 +219,8 @@ absl::Status ParseSampling(const Json& object, OpenAiEndpoint endpoint,
     } else if (stop->is_array()) {
       for (size_t i = 0; i < stop->size(); ++i) {
         if (!(*stop)[i].is_string()) {
-          return Invalid("stop", StrCat("element ", i, " must be a string, got ",
-                                        TypeName((*stop)[i])));
+          return Invalid("stop",
+                         StrCat("element ", i, " must be a string, got ", TypeName((*stop)[i])));
         }
         sampling->add_stop((*stop)[i].get<std::string>());
       }
@@ -228,15 +229,15 @@ absl::Status ParseSampling(const Json& object, OpenAiEndpoint endpoint,
     }
   }
   if (const Json* ids = Find(object, "stop_token_ids"); ids != nullptr) {
-    LMSERVE_RETURN_IF_ERROR(GetTokenIds("stop_token_ids", *ids, sampling->mutable_stop_token_ids()));
+    LMSERVE_RETURN_IF_ERROR(
+        GetTokenIds("stop_token_ids", *ids, sampling->mutable_stop_token_ids()));
   }
   if (const Json* bias = Find(object, "logit_bias"); bias != nullptr) {
     if (!bias->is_object()) return WrongType("logit_bias", "an object", *bias);
     for (const auto& [key, value] : bias->items()) {
       std::optional<int64_t> id = ParseInt<int64_t>(key);
       if (!id.has_value() || *id < 0 || *id > kInt32Max) {
-        return Invalid("logit_bias", StrCat("the key '", key.substr(0, 40),
-                                            "' is not a token id"));
+        return Invalid("logit_bias", StrCat("the key '", key.substr(0, 40), "' is not a token id"));
       }
       if (!value.is_number()) {
         return Invalid("logit_bias", StrCat("the bias of token ", *id, " must be a number, got ",
@@ -287,12 +288,14 @@ absl::Status ParseChatMessage(const Json& message, int index, v1::ChatMessage* o
   std::string role_name = role->get<std::string>();
   if (role_name == "tool" || role_name == "function") {
     return Invalid(StrCat(field, ".role"),
-                   StrCat("'", role_name, "' messages need tool calling, which this server does "
+                   StrCat("'", role_name,
+                          "' messages need tool calling, which this server does "
                           "not support yet"));
   }
   if (const Json* calls = Find(message, "tool_calls");
       calls != nullptr && !(calls->is_array() && calls->empty())) {
-    return Invalid(StrCat(field, ".tool_calls"), "tool calling is not supported by this server yet");
+    return Invalid(StrCat(field, ".tool_calls"),
+                   "tool calling is not supported by this server yet");
   }
   if (Find(message, "function_call") != nullptr) {
     return Invalid(StrCat(field, ".function_call"),
@@ -361,7 +364,8 @@ void ToProtoValue(const Json& value, google::protobuf::Value* out) {
       break;
     case Json::value_t::array:
       out->mutable_list_value();
-      for (const Json& element : value) ToProtoValue(element, out->mutable_list_value()->add_values());
+      for (const Json& element : value)
+        ToProtoValue(element, out->mutable_list_value()->add_values());
       break;
     default:
       out->set_null_value(google::protobuf::NULL_VALUE);
@@ -501,8 +505,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(OpenAiEndpoint endpoint
   if (const Json* options = Find(object, "stream_options"); options != nullptr) {
     if (!options->is_object()) return WrongType("stream_options", "an object", *options);
     if (!request.stream) return Invalid("stream_options", "only allowed with \"stream\": true");
-    LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> include_usage,
-                             GetBool(*options, "include_usage"));
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> include_usage, GetBool(*options, "include_usage"));
     request.include_usage = include_usage.value_or(false);
   }
   LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> return_token_ids,
@@ -609,7 +612,8 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body) 
   return request;
 }
 
-// ---- Responses -------------------------------------------------------------------------------------
+// ---- Responses
+// -------------------------------------------------------------------------------------
 
 std::string DumpJson(const nlohmann::json& value) {
   return value.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -709,7 +713,8 @@ void AppendChatLogprobs(std::span<const engine::PositionLogprobs> positions, con
   }
 }
 
-// ---- Errors ----------------------------------------------------------------------------------------
+// ---- Errors
+// ----------------------------------------------------------------------------------------
 
 namespace {
 

@@ -92,7 +92,8 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body);
 // kMaxJsonDepth or is not an object.
 absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view body);
 
-// ---- Responses -------------------------------------------------------------------------------------
+// ---- Responses
+// -------------------------------------------------------------------------------------
 
 // JSON text; invalid UTF-8 (never expected) is replaced rather than thrown.
 std::string DumpJson(const nlohmann::json& value);
@@ -120,7 +121,8 @@ void AppendCompletionLogprobs(std::span<const engine::PositionLogprobs* const> p
 void AppendChatLogprobs(std::span<const engine::PositionLogprobs> positions, const ModelText& text,
                         int32_t top_n, nlohmann::json* logprobs);
 
-// ---- Errors ----------------------------------------------------------------------------------------
+// ---- Errors
+// ----------------------------------------------------------------------------------------
 
 struct ApiError {
   int http_status = 500;

@@ -17,8 +17,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::string_view kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                        "/health",              "/tokenize",       "/detokenize"};
+constexpr std::string_view kRoutes[] = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/tokenize", "/detokenize"};
 
 std::string_view PathOf(std::string_view target) {
   const size_t query = target.find('?');
@@ -106,9 +106,9 @@ class GenerationExchange final : public HttpExchange {
       calls_.push_back(std::move(call));
     }
     const HttpCall& first = *calls_.front();
-    id_ = StrCat(chat_ ? "chatcmpl-" : "cmpl-",
-                 first.prepared().request_id.empty() ? StrCat(first.engine_request_id())
-                                                     : first.prepared().request_id);
+    id_ = StrCat(chat_ ? "chatcmpl-" : "cmpl-", first.prepared().request_id.empty()
+                                                    ? StrCat(first.engine_request_id())
+                                                    : first.prepared().request_id);
     model_name_ = model.info.name();
     choices_.resize(static_cast<size_t>(num_prompts) * num_samples_);
     prompt_logprobs_.resize(num_prompts);
@@ -197,8 +197,8 @@ class GenerationExchange final : public HttpExchange {
     }
   }
 
-  void AppendLogprobs(const std::vector<engine::PositionLogprobs>& logprobs,
-                      const ModelText& text, Choice* choice) {
+  void AppendLogprobs(const std::vector<engine::PositionLogprobs>& logprobs, const ModelText& text,
+                      Choice* choice) {
     if (!request_.logprobs.has_value() || logprobs.empty()) return;
     if (chat_) {
       AppendChatLogprobs(logprobs, text, *request_.logprobs, &choice->logprobs);
@@ -237,7 +237,7 @@ class GenerationExchange final : public HttpExchange {
       Choice& choice = choices_[index];
       if (!choice.begun) {
         BeginChoice(prompt_index, &choice, text);
-        piece.begun = true;  // this event starts the choice
+        piece.begun = true;        // this event starts the choice
         piece.text = choice.text;  // the echo, if any
         piece.logprobs = choice.logprobs;
         choice.text.clear();
@@ -275,9 +275,8 @@ class GenerationExchange final : public HttpExchange {
       } else {
         out["text"] = piece.text;
       }
-      out["logprobs"] = request_.logprobs.has_value() && !piece.logprobs.is_null()
-                            ? piece.logprobs
-                            : Json(nullptr);
+      out["logprobs"] = request_.logprobs.has_value() && !piece.logprobs.is_null() ? piece.logprobs
+                                                                                   : Json(nullptr);
       out["finish_reason"] = piece.finished ? Json(piece.finish_reason) : Json(nullptr);
       if (piece.finished) out["stop_reason"] = piece.stop_reason;
       if (request_.return_token_ids) {
@@ -390,7 +389,7 @@ class GenerationExchange final : public HttpExchange {
   int32_t num_samples_ = 1;
   std::string id_;
   std::string model_name_;
-  std::vector<Choice> choices_;  // [prompt][sample]
+  std::vector<Choice> choices_;                                         // [prompt][sample]
   std::vector<std::vector<engine::PositionLogprobs>> prompt_logprobs_;  // per prompt, with echo
   bool gone_ = false;
   bool ended_ = false;
@@ -476,9 +475,8 @@ std::unique_ptr<HttpExchange> OpenAiRoutes::Handle(HttpRequest request, HttpResp
     return nullptr;
   }
   if (route == "other") {
-    const ApiError error =
-        HttpError(404, StrCat("Invalid URL (", request.method.substr(0, 20), " ",
-                              path.substr(0, 200), ")"));
+    const ApiError error = HttpError(
+        404, StrCat("Invalid URL (", request.method.substr(0, 20), " ", path.substr(0, 200), ")"));
     Count(route, 404);
     RespondApiError(responder, error);
     return nullptr;
@@ -532,17 +530,16 @@ std::unique_ptr<HttpExchange> OpenAiRoutes::HandleGeneration(OpenAiEndpoint endp
 
 void OpenAiRoutes::HandleModels(std::string_view route, HttpResponder* responder) {
   const ServingModel& model = core_->model();
-  const Json response = {
-      {"object", "list"},
-      {"data", Json::array({{{"id", model.info.name()},
-                             {"object", "model"},
-                             {"created", created_unix_seconds_},
-                             {"owned_by", "lmserve"},
-                             {"root", model.info.name()},
-                             {"parent", nullptr},
-                             {"max_model_len", model.info.context_length()},
-                             // lmserve's: for clients that make token-id prompts
-                             {"vocab_size", model.info.vocab_size()}}})}};
+  const Json response = {{"object", "list"},
+                         {"data", Json::array({{{"id", model.info.name()},
+                                                {"object", "model"},
+                                                {"created", created_unix_seconds_},
+                                                {"owned_by", "lmserve"},
+                                                {"root", model.info.name()},
+                                                {"parent", nullptr},
+                                                {"max_model_len", model.info.context_length()},
+                                                // lmserve's: for clients that make token-id prompts
+                                                {"vocab_size", model.info.vocab_size()}}})}};
   Count(route, 200);
   responder->Respond(200, "application/json", DumpJson(response));
 }
@@ -583,9 +580,8 @@ void OpenAiRoutes::HandleDetokenize(std::string_view route, const HttpRequest& r
     return;
   }
   const ServingModel& model = core_->model();
-  absl::StatusOr<std::string> text =
-      DetokenizeIds("tokens", parsed->tokens, /*skip_special=*/false, *model.text,
-                    model.engine->limits().vocab_size);
+  absl::StatusOr<std::string> text = DetokenizeIds("tokens", parsed->tokens, /*skip_special=*/false,
+                                                   *model.text, model.engine->limits().vocab_size);
   if (!text.ok()) {
     RespondError(responder, route, text.status());
     return;

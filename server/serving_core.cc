@@ -9,7 +9,8 @@
 
 namespace lmserve::server {
 
-// ---- ServingCore -----------------------------------------------------------------------------------
+// ---- ServingCore
+// -----------------------------------------------------------------------------------
 
 void ServingCore::SetModel(std::unique_ptr<ServingModel> model) {
   model_ = std::move(model);
@@ -63,7 +64,8 @@ int ServingCore::NumCalls() const {
 bool ServingCore::AwaitNoCalls(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return mu_.AwaitWithTimeout(
-      absl::Condition(+[](std::set<GenerationCall*>* calls) { return calls->empty(); }, &calls_),
+      absl::Condition(
+          +[](std::set<GenerationCall*>* calls) { return calls->empty(); }, &calls_),
       timeout);
 }
 
@@ -100,7 +102,8 @@ void ServingCore::EngineRequestEnded() {
   --num_engine_requests_;
 }
 
-// ---- GenerationCall --------------------------------------------------------------------------------
+// ---- GenerationCall
+// --------------------------------------------------------------------------------
 
 // Where the engine's listener finds its call. Only the call's executor reads or writes `call`.
 struct GenerationCall::Mailbox {
@@ -129,8 +132,8 @@ absl::Status GenerationCall::Begin(const std::function<absl::StatusOr<PreparedRe
   }
   request_id_ = handle->id;
   stream_ = handle->stream;
-  response_request_id_ = prepared_.request_id.empty() ? StrCat("lmserve-", request_id_)
-                                                      : prepared_.request_id;
+  response_request_id_ =
+      prepared_.request_id.empty() ? StrCat("lmserve-", request_id_) : prepared_.request_id;
   if (LogText()) {
     LogInfo("request ", response_request_id_, " ", method_, ": ", num_prompt_tokens,
             " prompt tokens: ", prepared_.log_text);
@@ -226,8 +229,8 @@ void GenerationCall::Account(const engine::RequestOutput& output) {
   } else {
     timings_.queue_seconds = std::min(timings_.queue_seconds, t.queue_seconds);
     timings_.finish_seconds = std::max(timings_.finish_seconds, t.finish_seconds);
-    if (t.first_token_seconds > 0 &&
-        (timings_.first_token_seconds <= 0 || t.first_token_seconds < timings_.first_token_seconds)) {
+    if (t.first_token_seconds > 0 && (timings_.first_token_seconds <= 0 ||
+                                      t.first_token_seconds < timings_.first_token_seconds)) {
       timings_.first_token_seconds = t.first_token_seconds;
     }
   }

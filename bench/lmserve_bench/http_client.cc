@@ -98,8 +98,8 @@ class HttpClient : public Client {
     if (!options_.model.empty()) return options_.model;
     absl::StatusOr<nlohmann::json> model = FirstModel();
     if (!model.ok()) {
-      return absl::UnavailableError(
-          StrCat("--model not given, and the server's model is unknown: ", model.status().message()));
+      return absl::UnavailableError(StrCat("--model not given, and the server's model is unknown: ",
+                                           model.status().message()));
     }
     if (!model->contains("id") || !(*model)["id"].is_string()) {
       return absl::UnavailableError("--model not given, and /v1/models lists no model id");

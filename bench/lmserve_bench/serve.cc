@@ -382,7 +382,8 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
   if (backend == "http") {
     absl::StatusOr<std::string> model = (*client)->Model();
     if (!model.ok()) {
-      std::fprintf(stderr, "lmserve-bench serve: %s\n", std::string(model.status().message()).c_str());
+      std::fprintf(stderr, "lmserve-bench serve: %s\n",
+                   std::string(model.status().message()).c_str());
       return 1;
     }
     options.model = *model;

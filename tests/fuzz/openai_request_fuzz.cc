@@ -60,8 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
         }
       } else {
-        Check(ToOpenAiFieldNames(
-            PrepareChatRequest(request->chat, *text, limits, api).status(), *request, 0));
+        Check(ToOpenAiFieldNames(PrepareChatRequest(request->chat, *text, limits, api).status(),
+                                 *request, 0));
       }
       break;
     }

@@ -146,16 +146,16 @@ TEST(HttpServerTest, SlowReaderGetsBackpressureAndADisconnectIsNoticed) {
 
 TEST(HttpServerTest, KeepAliveAndTransportErrors) {
   std::atomic<int> requests{0};
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
-      HttpServerOptions(), [&](HttpRequest request, HttpResponder* responder) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      HttpServer::Start(HttpServerOptions(), [&](HttpRequest request, HttpResponder* responder) {
         if (request.transport_error_status != 0) {
           responder->Respond(request.transport_error_status, "text/plain",
                              request.transport_error_message);
           return std::unique_ptr<HttpExchange>();
         }
         ++requests;
-        responder->Respond(200, "text/plain", request.method + " " + request.target + " " +
-                                                  request.body);
+        responder->Respond(200, "text/plain",
+                           request.method + " " + request.target + " " + request.body);
         return std::unique_ptr<HttpExchange>();
       });
   ASSERT_TRUE(server.ok()) << server.status();
@@ -183,8 +183,8 @@ TEST(HttpServerTest, ALateAnswerArrivesAfterConnectionClose) {
   // The exchange answers later, from another thread through the connection's poster, to a
   // request that said "Connection: close" (so no read is pending meanwhile).
   std::vector<std::thread> threads;
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
-      HttpServerOptions(), [&](HttpRequest request, HttpResponder* responder) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      HttpServer::Start(HttpServerOptions(), [&](HttpRequest request, HttpResponder* responder) {
         std::function<void(std::function<void()>)> post = responder->Poster();
         threads.emplace_back([post, responder] {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));

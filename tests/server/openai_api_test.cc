@@ -143,7 +143,8 @@ TEST(OpenAiApiTest, BadBodiesNameTheField) {
       {kC, R"({"prompt": [1, "a"]})", "prompt", "element 1 must be a token id"},
       {kC, R"({"prompt": [-1]})", "prompt[0]", "must be in [0, 2147483647]"},
       {kC, R"({"prompt": ["a", 3]})", "prompt[1]", "must be a string or an array"},
-      {kC, R"({"prompt": "a", "max_tokens": "5"})", "max_tokens", "must be an integer, got a string"},
+      {kC, R"({"prompt": "a", "max_tokens": "5"})", "max_tokens",
+       "must be an integer, got a string"},
       {kC, R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens", "must be an integer"},
       {kC, R"({"prompt": "a", "max_tokens": 1e12})", "max_tokens", "must be in"},
       {kC, R"({"prompt": "a", "temperature": "hot"})", "temperature", "must be a number"},
@@ -167,8 +168,7 @@ TEST(OpenAiApiTest, BadBodiesNameTheField) {
        "messages[0].content[0].type", "text only"},
       {kChat, R"({"messages": [{"role": "tool", "content": "1"}]})", "messages[0].role",
        "tool calling"},
-      {kChat,
-       R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]})",
+      {kChat, R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "x"}]}]})",
        "messages[0].tool_calls", "tool calling"},
       {kChat,
        R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})",
@@ -204,13 +204,13 @@ TEST(OpenAiApiTest, ConverterErrorsGetOpenAiNames) {
             "top_logprobs: must be in [0, 20]");
   absl::StatusOr<GenerationRequest> many = Completions(R"({"prompt": ["a", "b"]})");
   ASSERT_TRUE(many.ok());
-  EXPECT_EQ(ToOpenAiFieldNames(absl::InvalidArgumentError("prompt.text: empty"), *many, 1)
-                .message(),
-            "prompt[1]: empty");
-  EXPECT_EQ(ToOpenAiFieldNames(absl::InvalidArgumentError("sampling.n: must be in [1, 16]"),
-                               *many, 0)
-                .message(),
-            "n: must be in [1, 16]");
+  EXPECT_EQ(
+      ToOpenAiFieldNames(absl::InvalidArgumentError("prompt.text: empty"), *many, 1).message(),
+      "prompt[1]: empty");
+  EXPECT_EQ(
+      ToOpenAiFieldNames(absl::InvalidArgumentError("sampling.n: must be in [1, 16]"), *many, 0)
+          .message(),
+      "n: must be in [1, 16]");
   // Field names the API shares with OpenAI stay.
   EXPECT_EQ(ToOpenAiFieldNames(absl::InvalidArgumentError("messages[0].content: not valid UTF-8"),
                                *many, 0)
