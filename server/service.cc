@@ -3,10 +3,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -30,6 +33,7 @@
 #include "server/model_loader.h"
 #include "server/model_text.h"
 #include "server/request_convert.h"
+#include "server/tls_check.h"
 
 namespace lmserve::server {
 namespace {
@@ -47,6 +51,30 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   const grpc::StatusCode grpc_code =
       code >= 0 && code <= 16 ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::UNKNOWN;
   return grpc::Status(grpc_code, std::string(status.message()));
+}
+
+// ---- Bearer-token authorization ----------------------------------------------------------------
+
+// OK when `value` (an authorization header) is "Bearer <token>" with the scheme in any case
+// (RFC 9110: auth schemes are case-insensitive), one or more spaces after it, and exactly
+// `token`; compared in constant time, so that the time taken does not depend on where it differs.
+absl::Status CheckBearerToken(std::string_view value, std::string_view token) {
+  constexpr std::string_view kScheme = "bearer";
+  bool scheme_ok = value.size() > kScheme.size() && value[kScheme.size()] == ' ';
+  for (size_t i = 0; scheme_ok && i < kScheme.size(); ++i) {
+    scheme_ok = (value[i] | 0x20) == kScheme[i];  // ASCII letters to lower case
+  }
+  if (!scheme_ok) {
+    return absl::UnauthenticatedError("the authorization is not 'Bearer <token>'");
+  }
+  value.remove_prefix(kScheme.size());
+  while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+  unsigned char difference = value.size() == token.size() ? 0 : 1;
+  for (size_t i = 0; i < token.size(); ++i) {
+    difference |= static_cast<unsigned char>(token[i] ^ (i < value.size() ? value[i] : 0));
+  }
+  if (difference != 0) return absl::UnauthenticatedError("invalid bearer token");
+  return absl::OkStatus();
 }
 
 // ---- The pump: one thread that runs every call's response work, in posting order ------------------
@@ -213,6 +241,13 @@ class HealthService final : public health::Health::CallbackService {
 
 // ---- lmserve.v1.Lmserve ----------------------------------------------------------------------------
 
+ApiLimits MakeApiLimits(const ServerOptions& options) {
+  ApiLimits limits;
+  limits.chat_roles.insert(limits.chat_roles.end(), options.extra_chat_roles.begin(),
+                           options.extra_chat_roles.end());
+  return limits;
+}
+
 class GenerationCall;
 
 enum class ServerState { kStarting, kServing, kDraining, kStopped };
@@ -220,7 +255,8 @@ enum class ServerState { kStarting, kServing, kDraining, kStopped };
 // What the calls share: the model, the engine, admission and the registry of calls in flight.
 class LmserveService final : public v1::Lmserve::CallbackService {
  public:
-  LmserveService(const ServerOptions& options, Pump* pump) : options_(options), pump_(pump) {}
+  LmserveService(const ServerOptions& options, Pump* pump)
+      : options_(options), pump_(pump), api_limits_(MakeApiLimits(options)) {}
 
   // Set once by LmserveServer::Serve before the state becomes kServing; read-only afterwards.
   void SetModel(std::unique_ptr<ServingModel> model) {
@@ -345,6 +381,8 @@ class GenerationCall {
   void AbortRequest(bool for_drain) {
     if (for_drain) {
       drain_aborted_.store(true);
+    } else if (DeadlinePassed()) {
+      deadline_passed_.store(true);
     } else {
       client_aborted_.store(true);
     }
@@ -374,9 +412,17 @@ class GenerationCall {
   void FillUsageAndTimings(v1::Usage* usage, v1::Timings* timings) const;
   void LogEnd(const absl::Status& status);
 
+  // gRPC cancels a call whose deadline expires as it does one the client cancels: which one it
+  // was is told by the deadline.
+  bool DeadlinePassed() const {
+    return context_ != nullptr && context_->deadline() <= std::chrono::system_clock::now();
+  }
+
   LmserveService* const service_;
   const std::string_view method_;
   const absl::Time started_;
+  const grpc::CallbackServerContext* context_ =
+      nullptr;  // set by Begin; gRPC's, valid until OnDone
   PreparedRequest prepared_;
   std::string response_request_id_;
   engine::RequestId request_id_ = 0;
@@ -386,6 +432,7 @@ class GenerationCall {
   int32_t num_finished_ = 0;
   std::atomic<bool> submitted_{false};
   std::atomic<bool> client_aborted_{false};
+  std::atomic<bool> deadline_passed_{false};
   std::atomic<bool> drain_aborted_{false};
   std::string engine_error_;
   std::string output_log_text_;  // with --debug-log-text
@@ -406,18 +453,16 @@ class GenerationCall {
 absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
   if (!options_.auth_token.empty()) {
     const auto& metadata = context->client_metadata();
-    auto it = metadata.find("authorization");
-    if (it == metadata.end()) {
+    const auto [first, last] = metadata.equal_range("authorization");
+    if (first == last) {
       return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
     }
-    const std::string_view value(it->second.data(), it->second.size());
-    const std::string expected = StrCat("Bearer ", options_.auth_token);
-    // Constant-time comparison: the time taken does not depend on where the strings differ.
-    unsigned char difference = value.size() == expected.size() ? 0 : 1;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      difference |= static_cast<unsigned char>(expected[i] ^ (i < value.size() ? value[i] : 0));
+    if (std::next(first) != last) {
+      // Which one a proxy or a peer would read is anyone's guess: refuse rather than pick one.
+      return absl::UnauthenticatedError("more than one 'authorization' metadata entry");
     }
-    if (difference != 0) return absl::UnauthenticatedError("invalid bearer token");
+    LMSERVE_RETURN_IF_ERROR(CheckBearerToken(
+        std::string_view(first->second.data(), first->second.size()), options_.auth_token));
   }
   if (needs_model) {
     switch (state()) {
@@ -434,17 +479,19 @@ absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool ne
 }
 
 absl::Status LmserveService::Register(GenerationCall* call) {
-  const engine::EngineStats stats = model_->engine->Stats();
   absl::MutexLock lock(&calls_mu_);
   if (state_ != ServerState::kServing) {
     return absl::UnavailableError("the server is shutting down");
   }
-  // Requests submitted but not yet running, estimated from the engine's last step.
-  const int waiting = num_engine_requests_ - std::min(num_engine_requests_, stats.num_running_seqs);
-  if (waiting >= options_.max_queued_requests) {
-    return absl::ResourceExhaustedError(StrCat("the waiting queue is full (", waiting,
-                                               " requests wait; --max-queued-requests ",
-                                               options_.max_queued_requests, "): retry later"));
+  // Free sequence slots first: the first max_num_seqs requests in flight run (or will at the next
+  // step), whatever the engine's last step reported; only those beyond wait in the queue. Counted
+  // here rather than from the engine's statistics, which lag a step behind a burst.
+  const int waiting = std::max(0, num_engine_requests_ - model_->max_num_seqs);
+  if (num_engine_requests_ >= model_->max_num_seqs && waiting >= options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(
+        StrCat("the waiting queue is full (", num_engine_requests_, " requests in flight for ",
+               model_->max_num_seqs, " sequence slots (--max-num-seqs), ", waiting,
+               " wait; --max-queued-requests ", options_.max_queued_requests, "): retry later"));
   }
   calls_.insert(call);
   ++num_engine_requests_;
@@ -464,6 +511,7 @@ void LmserveService::AbortAllForDrain() {
 absl::Status GenerationCall::Begin(
     grpc::CallbackServerContext* context,
     const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
+  context_ = context;
   LMSERVE_RETURN_IF_ERROR(service_->Admit(context, /*needs_model=*/true));
   LMSERVE_ASSIGN_OR_RETURN(PreparedRequest prepared, prepare());
   prepared_ = std::move(prepared);
@@ -567,6 +615,9 @@ absl::Status GenerationCall::FinalStatus() const {
   if (drain_aborted_.load()) {
     return absl::UnavailableError(
         "the server is shutting down: the request was aborted at the end of the grace period");
+  }
+  if (deadline_passed_.load()) {
+    return absl::DeadlineExceededError("the call's deadline expired: the request was aborted");
   }
   if (client_aborted_.load()) return absl::CancelledError("cancelled by the client");
   if (!engine_error_.empty()) {
@@ -891,6 +942,64 @@ grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerCo
   return reactor;
 }
 
+// ---- Calls that never reach a handler ---------------------------------------------------------
+
+// gRPC answers a request body that does not parse as the method's message with UNIMPLEMENTED and
+// no message, before any handler runs (so the call was not counted either). This interceptor sees
+// the failed parse (no received message) and turns that answer into INVALID_ARGUMENT saying so,
+// counted in the metrics under the method's name.
+class BadBodyInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  BadBodyInterceptor(LmserveService* service, std::string_view method)
+      : service_(service), method_(method) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      unparsed_ = true;
+    }
+    if (unparsed_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          StrCat("the request body is not a valid protobuf message for ", method_));
+      methods->ModifySendStatus(status);
+      if (service_ != nullptr) service_->CountRpc(ShortName(method_), status.error_code());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  // "/lmserve.v1.Lmserve/Complete" -> "Complete", the metrics' method label.
+  static std::string_view ShortName(std::string_view method) {
+    const size_t slash = method.rfind('/');
+    return slash == std::string_view::npos ? method : method.substr(slash + 1);
+  }
+
+  LmserveService* const service_;  // null for other services: not counted
+  const std::string method_;
+  bool unparsed_ = false;
+};
+
+class BadBodyInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit BadBodyInterceptorFactory(LmserveService* service) : service_(service) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    // Only calls of one request message, read before the handler runs; in client or bidi
+    // streams a missing message is the stream's end.
+    using Type = grpc::experimental::ServerRpcInfo::Type;
+    if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) return nullptr;
+    const std::string_view method = info->method() == nullptr ? "" : info->method();
+    const bool ours = method.substr(0, kServiceName.size() + 1) == StrCat("/", kServiceName);
+    return new BadBodyInterceptor(ours ? service_ : nullptr, method);
+  }
+
+ private:
+  LmserveService* const service_;
+};
+
 // The bytes of the PEM file of `flag`.
 absl::StatusOr<std::string> ReadPemFile(std::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> contents = ReadFile(path);
@@ -921,6 +1030,7 @@ absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const Server
   if (!options.tls_cert_file.empty()) {
     LMSERVE_ASSIGN_OR_RETURN(std::string cert, ReadPemFile("tls-cert", options.tls_cert_file));
     LMSERVE_ASSIGN_OR_RETURN(std::string key, ReadPemFile("tls-key", options.tls_key_file));
+    LMSERVE_RETURN_IF_ERROR(CheckTlsKeyPair(cert, key));
     grpc::SslServerCredentialsOptions ssl_options(
         options.tls_client_ca_file.empty()
             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
@@ -942,6 +1052,9 @@ absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const Server
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.RegisterService(&impl->service);
   builder.RegisterService(&impl->health);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BadBodyInterceptorFactory>(&impl->service));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port <= 0) {
     return absl::UnavailableError(StrCat("--port: cannot listen on ", address));

@@ -73,12 +73,13 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
   }
   if (!(config.max_step_slowdown == 0.0 ||
         (config.max_step_slowdown >= 1.0 && config.max_step_slowdown <= 1e6))) {
-    return absl::InvalidArgumentError(StrCat(
-        "EngineConfig.max_step_slowdown: must be 0 (off) or in [1, 1e6], got ",
-        config.max_step_slowdown));
+    return absl::InvalidArgumentError(
+        StrCat("EngineConfig.max_step_slowdown: must be 0 (off) or in [1, 1e6], got ",
+               config.max_step_slowdown));
   }
   if (config.max_prompt_logits_bytes_per_step < 1) {
-    return absl::InvalidArgumentError("EngineConfig.max_prompt_logits_bytes_per_step: must be >= 1");
+    return absl::InvalidArgumentError(
+        "EngineConfig.max_prompt_logits_bytes_per_step: must be >= 1");
   }
   int64_t context_tokens = model.max_position_embeddings;
   if (config.max_model_len > 0) {
@@ -136,10 +137,10 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
           &block_manager_),
       sampler_(runner_->model_config().vocab_size),
       seed_state_(config.seed),
-      max_prompt_logits_rows_(static_cast<int32_t>(std::clamp<int64_t>(
-          config.max_prompt_logits_bytes_per_step /
-              (std::max<int64_t>(vocab_size_, 1) * int64_t{sizeof(float)}),
-          1, INT32_MAX))) {}
+      max_prompt_logits_rows_(static_cast<int32_t>(
+          std::clamp<int64_t>(config.max_prompt_logits_bytes_per_step /
+                                  (std::max<int64_t>(vocab_size_, 1) * int64_t{sizeof(float)}),
+                              1, INT32_MAX))) {}
 
 EngineCore::~EngineCore() = default;
 
@@ -276,8 +277,7 @@ int32_t EngineCore::PrefillBudget() const {
     return kMinPrefillChunkTokens;
   }
   const double token_seconds = prefill_extra_seconds_ / prefill_tokens_;
-  const double tokens =
-      (config_.max_step_slowdown - 1.0) * decode_step_seconds_ / token_seconds;
+  const double tokens = (config_.max_step_slowdown - 1.0) * decode_step_seconds_ / token_seconds;
   // (The epsilon keeps a ratio that is whole in decimals, 12 ms / 2 ms, whole in binary.)
   return static_cast<int32_t>(
       std::clamp<double>(tokens + 1e-6, kMinPrefillChunkTokens, config_.max_num_batched_tokens));
@@ -296,9 +296,8 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, double seconds) {
   }
   if (prefill_tokens == 0) {
     // A decode-only step: an average that follows the batch as it changes.
-    decode_step_seconds_ = decode_step_seconds_ <= 0.0
-                               ? seconds
-                               : 0.75 * decode_step_seconds_ + 0.25 * seconds;
+    decode_step_seconds_ =
+        decode_step_seconds_ <= 0.0 ? seconds : 0.75 * decode_step_seconds_ + 0.25 * seconds;
   } else if (decode_step_seconds_ > 0.0) {
     // What the prefill tokens added to the step (unknown until a decode step was measured).
     constexpr double kDecay = 0.75;

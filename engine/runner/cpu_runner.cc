@@ -246,7 +246,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
   plan.weight_bytes = WeightPlanBytes(model_description->weights(), int64_t{sizeof(float)});
   const int64_t max_tokens = std::max<int64_t>(config.max_num_batched_tokens, 1);
   int64_t activation_floats = 2 * model.intermediate_size;  // gate_up_
-  for (int b = 0; b < kNumBuffers; ++b) activation_floats += BufferWidth(static_cast<Buffer>(b), model);
+  for (int b = 0; b < kNumBuffers; ++b) {
+    activation_floats += BufferWidth(static_cast<Buffer>(b), model);
+  }
   plan.workspace_bytes = (max_tokens * activation_floats +
                           int64_t{std::max(config.max_num_seqs, 1)} * model.vocab_size) *
                          int64_t{sizeof(float)};

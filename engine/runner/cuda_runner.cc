@@ -283,25 +283,25 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     MemoryPlan plan;
     plan.device = StrCat("GPU memory (", prop.name, ")");
     plan.weight_bytes = WeightPlanBytes(model_description->weights(), RunnerDTypeBytes(dtype));
-    plan.workspace_bytes = max_tokens * activation_elements * 4 + logits_rows * model.vocab_size * 4 +
+    plan.workspace_bytes = max_tokens * activation_elements * 4 +
+                           logits_rows * model.vocab_size * 4 +
                            static_cast<int64_t>(kGemmWorkspaceBytes);
     plan.kv_cache_bytes = config.kv_cache_bytes > 0
                               ? config.kv_cache_bytes
                               : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
-    plan.available_bytes =
-        static_cast<int64_t>(free_bytes) -
-        static_cast<int64_t>((1.0 - config.gpu_memory_utilization) *
-                             static_cast<double>(total_bytes)) -
-        kReserveBytes;
-    plan.available_source =
-        StrCat(FormatBytes(static_cast<int64_t>(free_bytes)), " free of ",
-               FormatBytes(static_cast<int64_t>(total_bytes)),
-               " (cudaMemGetInfo), less what --gpu-memory-utilization ",
-               config.gpu_memory_utilization, " leaves out and ", FormatBytes(kReserveBytes),
-               " kept for CUDA graphs and libraries");
-    LMSERVE_RETURN_IF_ERROR(CheckMemoryPlan(
-        plan, "a smaller --max-num-batched-tokens or --kv-cache-mb, a higher "
-              "--gpu-memory-utilization, or a smaller model may fit"));
+    plan.available_bytes = static_cast<int64_t>(free_bytes) -
+                           static_cast<int64_t>((1.0 - config.gpu_memory_utilization) *
+                                                static_cast<double>(total_bytes)) -
+                           kReserveBytes;
+    plan.available_source = StrCat(
+        FormatBytes(static_cast<int64_t>(free_bytes)), " free of ",
+        FormatBytes(static_cast<int64_t>(total_bytes)),
+        " (cudaMemGetInfo), less what --gpu-memory-utilization ", config.gpu_memory_utilization,
+        " leaves out and ", FormatBytes(kReserveBytes), " kept for CUDA graphs and libraries");
+    LMSERVE_RETURN_IF_ERROR(
+        CheckMemoryPlan(plan,
+                        "a smaller --max-num-batched-tokens or --kv-cache-mb, a higher "
+                        "--gpu-memory-utilization, or a smaller model may fit"));
   }
   kc::AllowProgrammaticLaunch(config.programmatic_launch);
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));

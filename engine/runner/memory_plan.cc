@@ -83,10 +83,9 @@ std::optional<HostMemory> CgroupRoom(const std::string& root) {
         const std::optional<int64_t> usage = ReadBytes(root, dir + "/memory.usage_in_bytes");
         // v1 writes a huge number (page-rounded LONG_MAX) for "no limit".
         if (limit.has_value() && usage.has_value() && *limit < (int64_t{1} << 60)) {
-          consider(*limit - *usage,
-                   StrCat("the cgroup's limit, ", dir, "/memory.limit_in_bytes ",
-                          FormatBytes(*limit), " minus memory.usage_in_bytes ",
-                          FormatBytes(*usage)));
+          consider(*limit - *usage, StrCat("the cgroup's limit, ", dir, "/memory.limit_in_bytes ",
+                                           FormatBytes(*limit), " minus memory.usage_in_bytes ",
+                                           FormatBytes(*usage)));
           break;
         }
       }
@@ -131,12 +130,12 @@ absl::Status CheckMemoryPlan(const MemoryPlan& plan, std::string_view advice) {
   if (plan.available_bytes < 0 || plan.needed_bytes() <= plan.available_bytes) {
     return absl::OkStatus();
   }
-  return absl::ResourceExhaustedError(StrCat(
-      "the model does not fit in ", plan.device, ": weights ", FormatBytes(plan.weight_bytes),
-      " + workspaces ", FormatBytes(plan.workspace_bytes), " + KV cache ",
-      FormatBytes(plan.kv_cache_bytes), " = ", FormatBytes(plan.needed_bytes()), ", but only ",
-      FormatBytes(plan.available_bytes), " are available (", plan.available_source, ")",
-      advice.empty() ? "" : "; ", advice));
+  return absl::ResourceExhaustedError(
+      StrCat("the model does not fit in ", plan.device, ": weights ",
+             FormatBytes(plan.weight_bytes), " + workspaces ", FormatBytes(plan.workspace_bytes),
+             " + KV cache ", FormatBytes(plan.kv_cache_bytes), " = ",
+             FormatBytes(plan.needed_bytes()), ", but only ", FormatBytes(plan.available_bytes),
+             " are available (", plan.available_source, ")", advice.empty() ? "" : "; ", advice));
 }
 
 }  // namespace lmserve::engine

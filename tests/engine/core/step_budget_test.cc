@@ -96,8 +96,8 @@ TEST(StepBudgetTest, APrefillAloneTakesTheWholeBudget) {
 
 TEST(StepBudgetTest, BadSlowdownsAreRefused) {
   for (double bad : {-1.0, 0.5, std::nan(""), 1e9}) {
-    auto core = EngineCore::Create(std::make_unique<FakeRunner>(TimedRunner()),
-                                   SlowdownConfig(bad), nullptr);
+    auto core = EngineCore::Create(std::make_unique<FakeRunner>(TimedRunner()), SlowdownConfig(bad),
+                                   nullptr);
     EXPECT_FALSE(core.ok()) << bad;
   }
 }
