@@ -253,7 +253,7 @@ bool EngineCore::Step() {
                    std::move(output));
     }
   }
-  if (status.ok()) MeasureStep(plan, now - start);  // before the reap: it reads the sequences
+  if (status.ok()) MeasureStep(plan, prefill_budget, now - start);  // before the reap
   ReapFinishedRequests();
 
   ++stats_.num_steps;
@@ -272,25 +272,19 @@ int32_t EngineCore::PrefillBudget() const {
     return seq->num_output_tokens() > 0 && seq->num_known_tokens() - seq->num_computed_tokens == 1;
   });
   if (!decoding) return Scheduler::kNoPrefillBudget;
-  // Until both times are measured, the least chunk: its step measures them.
-  if (decode_step_seconds_ <= 0.0 || prefill_tokens_ <= 0.0 || prefill_extra_seconds_ <= 0.0) {
-    return kMinPrefillChunkTokens;
-  }
-  const double token_seconds = prefill_extra_seconds_ / prefill_tokens_;
-  const double tokens = (config_.max_step_slowdown - 1.0) * decode_step_seconds_ / token_seconds;
-  // (The epsilon keeps a ratio that is whole in decimals, 12 ms / 2 ms, whole in binary.)
-  return static_cast<int32_t>(
-      std::clamp<double>(tokens + 1e-6, kMinPrefillChunkTokens, config_.max_num_batched_tokens));
+  // Until a chunk is measured, the least one: its step measures it.
+  if (prefill_chunk_tokens_ <= 0.0) return kMinPrefillChunkTokens;
+  return static_cast<int32_t>(std::clamp<double>(prefill_chunk_tokens_, kMinPrefillChunkTokens,
+                                                 config_.max_num_batched_tokens));
 }
 
-void EngineCore::MeasureStep(const SchedulerOutput& plan, double seconds) {
+void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget, double seconds) {
   if (config_.max_step_slowdown <= 0.0 || seconds <= 0.0) return;
   int32_t prefill_tokens = 0;
   for (const ScheduledSequence& scheduled : plan.scheduled) {
-    // Tokens of sequences that lacked more than one: OnStepComputed has advanced them since.
+    // Prompt chunks and recomputes (OnStepComputed has advanced num_computed_tokens past them).
     const Sequence& seq = *scheduled.seq;
-    if (scheduled.num_new_tokens > 1 ||
-        seq.num_computed_tokens < seq.num_prompt_tokens) {  // a one-token chunk of a prompt
+    if (scheduled.num_new_tokens > 1 || seq.num_computed_tokens <= seq.num_prompt_tokens) {
       prefill_tokens += scheduled.num_new_tokens;
     }
   }
@@ -299,15 +293,25 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, double seconds) {
     decode_step_seconds_ =
         decode_step_seconds_ <= 0.0 ? seconds : 0.75 * decode_step_seconds_ + 0.25 * seconds;
   } else if (decode_step_seconds_ > 0.0) {
-    // What the prefill tokens added to the step (unknown until a decode step was measured).
-    constexpr double kDecay = 0.75;
-    prefill_extra_seconds_ =
-        kDecay * prefill_extra_seconds_ + std::max(seconds - decode_step_seconds_, 0.0);
-    prefill_tokens_ = kDecay * prefill_tokens_ + prefill_tokens;
+    // Feedback: the chunk that would have made this step take the target, c * target / t. The
+    // step time is no straight line in the chunk (a CPU GEMM of two rows costs far more than one
+    // row's), so the chunk is steered by what steps take rather than by a per-token cost. A chunk
+    // smaller than the budget (the prompt's end, or a step with no budget) only lowers it. The
+    // ratio is bounded per step, so that one step slowed by the machine moves it by 2x at most.
+    const double target = config_.max_step_slowdown * decode_step_seconds_;
+    const double ratio = std::clamp(target / seconds, 0.5, 2.0);
+    if (prefill_tokens >= prefill_budget && prefill_chunk_tokens_ > 0.0) {
+      prefill_chunk_tokens_ *= ratio;
+    } else if (prefill_chunk_tokens_ <= 0.0 || ratio < 1.0) {
+      const double chunk = prefill_tokens * ratio;
+      prefill_chunk_tokens_ =
+          prefill_chunk_tokens_ <= 0.0 ? chunk : std::min(prefill_chunk_tokens_, chunk);
+    }
+    prefill_chunk_tokens_ = std::clamp<double>(prefill_chunk_tokens_, kMinPrefillChunkTokens,
+                                               config_.max_num_batched_tokens);
   }
   stats_.decode_step_seconds = decode_step_seconds_;
-  stats_.prefill_token_seconds =
-      prefill_tokens_ > 0.0 ? prefill_extra_seconds_ / prefill_tokens_ : 0.0;
+  stats_.prefill_chunk_tokens = prefill_chunk_tokens_;
 }
 
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {

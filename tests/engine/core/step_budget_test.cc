@@ -1,5 +1,5 @@
 // EngineConfig::max_step_slowdown (a step that prefills beside decoding sequences is kept to a
-// multiple of a decode-only step, its prefill chunk sized from measured step times) and the chunked
+// multiple of a decode-only step, its prefill chunk steered by measured step times) and the chunked
 // prompt logprobs (EngineConfig::max_prompt_logits_bytes_per_step). Issue 27: one 800-token prompt
 // on the CPU delayed a concurrent request's tokens from 0.25 s to 10 s, and prompt logprobs
 // materialized [prompt x vocabulary] logits at once.
@@ -39,36 +39,36 @@ EngineConfig SlowdownConfig(double slowdown) {
   return config;
 }
 
-// Step by step: the long prompt B goes in whole while nothing decodes; beside A's decode it goes
-// in chunks of (2 - 1) * 12 ms / 2 ms = 6 tokens (the first one of kMinPrefillChunkTokens, before
-// a prefill token's cost is measured), so no step takes more than twice A's decode step.
+// Step by step: the long prompt B goes in whole while nothing decodes; beside A's decode (12 ms)
+// it goes in chunks steered toward 2 x 12 ms: from kMinPrefillChunkTokens (1: 14 ms, so x 24/14)
+// up to 6 tokens (10 ms + 7 tokens x 2 ms = 24 ms), where it stays. No step takes more than twice
+// A's decode step.
 TEST(StepBudgetTest, ALongPromptIsChunkedWhileAnotherSequenceDecodes) {
   CoreHarness h(TimedRunner(), SlowdownConfig(2.0));
-  h.AddGreedy("A", 4, 40);
+  h.AddGreedy("A", 4, 60);
   ASSERT_TRUE(h.Step());
   EXPECT_EQ(h.Scheduled(), "A:4");  // nothing decodes yet: no prefill budget
   EXPECT_EQ(h.core().Stats().last_prefill_budget, 0);
   ASSERT_TRUE(h.Step());
   EXPECT_EQ(h.Scheduled(), "A:1");
-  EXPECT_DOUBLE_EQ(h.core().Stats().decode_step_seconds, kStepSeconds + kTokenSeconds);
+  const double decode_seconds = kStepSeconds + kTokenSeconds;
+  EXPECT_DOUBLE_EQ(h.core().Stats().decode_step_seconds, decode_seconds);
 
   h.AddGreedy("B", 100, 2);
-  ASSERT_TRUE(h.Step());
-  EXPECT_EQ(h.Scheduled(), StrCat("A:1 B:", kMinPrefillChunkTokens));
-  ASSERT_TRUE(h.Step());
-  EXPECT_EQ(h.Scheduled(), "A:1 B:6");
-  EXPECT_EQ(h.core().Stats().last_prefill_budget, 6);
-  EXPECT_NEAR(h.core().Stats().prefill_token_seconds, kTokenSeconds, 1e-12);
-  int32_t prefilled = kMinPrefillChunkTokens + 6;
-  while (prefilled < 100) {
+  // The chunks: 1 (14 ms) -> 1.71 -> 2.94 -> 4.41 -> 5.29 -> 5.77 -> 6.30, then 6.30 each step.
+  int32_t prefilled = 0;
+  for (int32_t chunk : {1, 1, 2, 4, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6}) {
     ASSERT_TRUE(h.Step());
-    const int32_t chunk = std::min(6, 100 - prefilled);
     EXPECT_EQ(h.Scheduled(), StrCat("A:1 B:", chunk)) << "after " << prefilled;
-    EXPECT_LE(h.core().Stats().last_step_seconds, 2 * (kStepSeconds + kTokenSeconds) + 1e-9);
+    EXPECT_EQ(h.core().Stats().last_prefill_budget, chunk);
+    EXPECT_LE(h.core().Stats().last_step_seconds, 2 * decode_seconds + 1e-9);
     prefilled += chunk;
   }
+  ASSERT_TRUE(h.Step());  // the last 4 of B's 100 tokens
+  EXPECT_EQ(h.Scheduled(), "A:1 B:4");
+  EXPECT_NEAR(h.core().Stats().prefill_chunk_tokens, 6.30, 0.01);
   h.RunToCompletion();
-  EXPECT_EQ(h.result(1).token_ids.size(), 40u);
+  EXPECT_EQ(h.result(1).token_ids.size(), 60u);
   EXPECT_EQ(h.result(2).token_ids.size(), 2u);
 }
 
