@@ -421,8 +421,8 @@ class GenerationCall {
   LmserveService* const service_;
   const std::string_view method_;
   const absl::Time started_;
-  const grpc::CallbackServerContext* context_ =
-      nullptr;  // set by Begin; gRPC's, valid until OnDone
+  // Set by Begin; gRPC's, valid until OnDone.
+  const grpc::CallbackServerContext* context_ = nullptr;
   PreparedRequest prepared_;
   std::string response_request_id_;
   engine::RequestId request_id_ = 0;
