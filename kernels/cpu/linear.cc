@@ -42,8 +42,8 @@ namespace {
 
 // Up to this many tokens go through one sgemv each: OpenBLAS's sgemm packs all of W even for a
 // few rows, and took 6x one sgemv for two rows and 8x for four (SmolLM2-135M's gate/up, 2-core
-// EPYC), where a second sgemv over the same W, fresh in the cache, takes about one more. Each row is
-// then what it would be alone (a decode step mixed with a short prefill chunk, issue 27).
+// EPYC), where a second sgemv over the same W, fresh in the cache, takes about one more. Each row
+// is then what it would be alone (a decode step mixed with a short prefill chunk, issue 27).
 constexpr int64_t kMaxGemvTokens = 4;
 
 // y = x W^T + beta y through OpenBLAS: sgemv a token up to kMaxGemvTokens, else sgemm.
