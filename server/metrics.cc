@@ -297,7 +297,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
             ? StrCat("[", host, "]:", metrics_port)
             : StrCat(host, ":", metrics_port);
     try {
-      m.exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+      // civetweb's options (prometheus-cpp passes them through): kMetricsHttpWorkers threads,
+      // each giving up on a connection that has not sent its request within
+      // kMetricsRequestTimeoutMs (civetweb's default is 30 s, and a single worker let one idle TCP
+      // connection blind /metrics that long, renewable forever). Keep-alive stays off: each
+      // connection serves one scrape and is closed.
+      m.exposer = std::make_unique<prometheus::Exposer>(
+          std::vector<std::string>{"listening_ports", address,                              //
+                                   "num_threads", StrCat(kMetricsHttpWorkers),              //
+                                   "request_timeout_ms", StrCat(kMetricsRequestTimeoutMs),  //
+                                   "enable_keep_alive", "no"});
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           StrCat("--metrics-port: cannot serve metrics on ", address, ": ", e.what()));

@@ -37,6 +37,12 @@ struct FinishedRequestStats {
   engine::RequestTimings timings;  // queue: the earliest choice's; first token: earliest; finish: latest
 };
 
+// The /metrics HTTP endpoint's worker threads, and how long a worker waits for a connection's
+// request before closing it: a client that connects and sends nothing (or dribbles) holds one
+// worker at most that long, and scrapes go on through the others.
+inline constexpr int kMetricsHttpWorkers = 8;
+inline constexpr int kMetricsRequestTimeoutMs = 2000;
+
 class Metrics {
  public:
   // `metrics_port` < 0: metrics are kept but not served. 0: any free port. Fails when the port

@@ -1,6 +1,7 @@
 #include "server/model_loader.h"
 
 #include <filesystem>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -120,10 +121,8 @@ absl::Status WarmUp(engine::Engine& engine, const engine::ModelConfig& model_con
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<ServingModel>> LoadServingModel(const ServeConfig& config,
-                                                               const ApiLimits& api_limits) {
+absl::StatusOr<std::unique_ptr<ServingModel>> Load(const ServeConfig& config,
+                                                   const ApiLimits& api_limits) {
   const absl::Time load_start = absl::Now();
   const bool dummy_weights = config.runner.load_format == engine::LoadFormat::kDummy;
   absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
@@ -156,6 +155,9 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadServingModel(const ServeConfig
   const int64_t kv_tokens = int64_t{runner->num_kv_blocks()} * runner->block_size_tokens();
 
   engine::EngineConfig engine_config = config.engine;
+  if (engine_config.max_step_slowdown == kAutoStepSlowdown) {
+    engine_config.max_step_slowdown = backend == engine::Backend::kCpu ? kCpuStepSlowdown : 0.0;
+  }
   engine_config.max_logprobs = api_limits.max_logprobs;
   engine_config.max_n = api_limits.max_n;
   std::unique_ptr<engine::TextDecoder> decoder = text->NewTextDecoder();
@@ -163,6 +165,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadServingModel(const ServeConfig
   LMSERVE_ASSIGN_OR_RETURN(
       model->engine, engine::Engine::Create(std::move(runner), engine_config, std::move(decoder)));
   model->text = std::move(text);
+  model->max_num_seqs = config.engine.max_num_seqs;
 
   const engine::RequestLimits& limits = model->engine->limits();
   v1::ModelInfo& info = model->info;
@@ -195,6 +198,21 @@ absl::StatusOr<std::unique_ptr<ServingModel>> LoadServingModel(const ServeConfig
           absl::ToDoubleSeconds(absl::Now() - load_start), " s");
   model->poller = std::make_unique<EngineStatsPoller>(model->engine.get(), model->metrics.get());
   return model;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServingModel>> LoadServingModel(const ServeConfig& config,
+                                                               const ApiLimits& api_limits) {
+  // The runners refuse what their memory plan shows will not fit; this is the last resort for an
+  // allocation that fails anyway (the plan is a floor), so that the process exits with a message.
+  try {
+    return Load(config, api_limits);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        "out of memory while loading the model: a smaller --kv-cache-mb or "
+        "--max-num-batched-tokens, or a smaller model, may fit");
+  }
 }
 
 }  // namespace lmserve::server

@@ -37,6 +37,7 @@ struct ServingModel {
   std::unique_ptr<ModelText> text;
   std::unique_ptr<Metrics> metrics;
   v1::ModelInfo info;                         // GetModelInfo's answer
+  int32_t max_num_seqs = 1;                   // the engine's sequence slots (admission counts them)
   std::unique_ptr<EngineStatsPoller> poller;  // engine statistics into the metrics, every 10 ms
 };
 

@@ -325,6 +325,21 @@ absl::StatusOr<nlohmann::ordered_json> ChatTemplateKwargsToJson(
   return variables;
 }
 
+absl::Status CheckChatRoleName(std::string_view role) {
+  if (role.empty() || role.size() > 32) {
+    return absl::InvalidArgumentError(StrCat("chat role '", role, "': 1 to 32 characters"));
+  }
+  for (char c : role) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          StrCat("chat role '", role, "': only ASCII letters, digits, '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int32_t>> RenderChatPrompt(const v1::ChatRequest& request,
                                                       const ModelText& text, const ApiLimits& api,
                                                       std::string* rendered) {
@@ -337,6 +352,12 @@ absl::StatusOr<std::vector<int32_t>> RenderChatPrompt(const v1::ChatRequest& req
   for (int i = 0; i < request.messages_size(); ++i) {
     const v1::ChatMessage& message = request.messages(i);
     if (message.role().empty()) return Invalid(StrCat("messages[", i, "].role"), "empty");
+    if (std::find(api.chat_roles.begin(), api.chat_roles.end(), message.role()) ==
+        api.chat_roles.end()) {
+      return Invalid(StrCat("messages[", i, "].role"),
+                     StrCat("not one of the roles served (", StrJoin(api.chat_roles, ", "),
+                            "; lmserve serve --extra-chat-roles adds more)"));
+    }
     if (!IsValidUtf8(message.content())) {
       return Invalid(StrCat("messages[", i, "].content"), "not valid UTF-8");
     }

@@ -5,6 +5,7 @@
 #ifndef LMSERVE_SERVER_REQUEST_CONVERT_H_
 #define LMSERVE_SERVER_REQUEST_CONVERT_H_
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -20,6 +21,13 @@
 namespace lmserve::server {
 
 // Bounds the API puts on requests, beyond the engine's RequestLimits.
+inline constexpr std::array<std::string_view, 4> kDefaultChatRoles = {"system", "user", "assistant",
+                                                                      "tool"};
+
+// OK when `role` may be added by --extra-chat-roles: 1 to 32 ASCII letters, digits, '_' or '-' (so
+// no template or special-token syntax can hide in it).
+absl::Status CheckChatRoleName(std::string_view role);
+
 struct ApiLimits {
   int32_t max_n = 16;
   int32_t max_stop_strings = 16;
@@ -29,6 +37,9 @@ struct ApiLimits {
   int32_t max_logprobs = 20;
   int32_t max_request_id_chars = 128;
   int32_t max_chat_messages = 4096;
+  // The roles a chat message may have (kDefaultChatRoles, plus --extra-chat-roles). Anything else,
+  // such as a role that carries a template's special-token text to forge a turn, is refused.
+  std::vector<std::string> chat_roles = {kDefaultChatRoles.begin(), kDefaultChatRoles.end()};
   int32_t default_max_tokens = 16;  // when a request gives none; 0: up to the context length
 };
 

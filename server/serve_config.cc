@@ -7,6 +7,7 @@
 #include "common/file.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "server/request_convert.h"
 
 namespace lmserve::server {
 namespace {
@@ -53,6 +54,38 @@ void BindEngineFlags(CLI::App* command, engine::EngineConfig* engine) {
   AddIntFlag(command, "--seed", &engine->seed, "seeds the random seeds of requests that bring none",
              0, std::numeric_limits<int64_t>::max())
       ->group(kEngineGroup);
+  command
+      ->add_option_function<std::string>(
+          "--max-step-slowdown",
+          [engine](const std::string& text) {
+            if (text == "auto") {
+              engine->max_step_slowdown = kAutoStepSlowdown;
+              return;
+            }
+            if (text == "off") {
+              engine->max_step_slowdown = 0;
+              return;
+            }
+            double factor = 0;
+            size_t used = 0;
+            try {
+              factor = std::stod(text, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != text.size() || !std::isfinite(factor) || factor < 1 || factor > 1e6) {
+              throw CLI::ValidationError("--max-step-slowdown",
+                                         StrCat("'", text, "' is not auto, off or a factor >= 1"));
+            }
+            engine->max_step_slowdown = factor;
+          },
+          StrCat("while sequences decode, a step that also prefills takes at most this many times "
+                 "a decode-only step (measured; long prompts are prefilled in chunks sized to "
+                 "fit), so a long prompt does not stall other streams; auto: ",
+                 kCpuStepSlowdown, " on the CPU, off on the GPU; off: the token budget alone"))
+      ->type_name("FACTOR|auto|off")
+      ->default_str("auto")
+      ->group(kEngineGroup);
 }
 
 void BindServerFlags(CLI::App* command, ServerOptions* server) {
@@ -90,8 +123,20 @@ void BindServerFlags(CLI::App* command, ServerOptions* server) {
              "the largest request message accepted; larger ones get RESOURCE_EXHAUSTED (HTTP: 413)",
              1024, int64_t{1} << 30)
       ->group(kServerGroup);
-  AddIntFlag(command, "--max-queued-requests", &server->max_queued_requests,
-             "requests waiting for the engine at most; beyond: RESOURCE_EXHAUSTED", 0, 1 << 20)
+  command
+      ->add_option_function<std::string>(
+          "--max-queued-requests",
+          [server](const std::string& text) {
+            server->max_queued_requests =
+                text == "auto"
+                    ? -1
+                    : static_cast<int32_t>(ParseIntFlag("--max-queued-requests", text, 0, 1 << 20));
+          },
+          StrCat("requests that may wait for one of the engine's --max-num-seqs sequence slots "
+                 "(requests in flight beyond them); beyond: RESOURCE_EXHAUSTED. auto: ",
+                 kQueuedPerSeq, " per sequence slot"))
+      ->type_name("N|auto")
+      ->default_str(server->max_queued_requests < 0 ? "auto" : StrCat(server->max_queued_requests))
       ->group(kServerGroup);
   AddDoubleFlag(command, "--grace-period-s", &server->grace_period_seconds,
                 "on SIGTERM or SIGINT, how long in-flight requests may run before they are "
@@ -120,6 +165,20 @@ void BindServerFlags(CLI::App* command, ServerOptions* server) {
                 "as --auth-token-file, the token given inline (visible in ps)")
       ->check([](const std::string& token) { return token.empty() ? "empty" : ""; })
       ->excludes(token_file)
+      ->group(kServerGroup);
+  command
+      ->add_option_function<std::string>(
+          "--extra-chat-roles",
+          [server](const std::string& text) {
+            server->extra_chat_roles.clear();
+            for (std::string_view role : StrSplit(text, ',')) {
+              server->extra_chat_roles.emplace_back(role);
+            }
+          },
+          "chat message roles served beside system, user, assistant and tool, comma-separated "
+          "(ASCII letters, digits, '_' and '-'; e.g. developer,ipython); other roles get "
+          "INVALID_ARGUMENT")
+      ->type_name("ROLE,...")
       ->group(kServerGroup);
   AddBoolFlag(command, "--debug-log-text", &server->debug_log_text,
               "log request prompts and outputs (off: never logged)")
@@ -197,11 +256,19 @@ void BindServeFlags(CLI::App* command, ServeConfig* config) {
 absl::Status FinishServeConfig(ServeConfig* config) {
   LMSERVE_RETURN_IF_ERROR(CheckBackendAndDtype(config->model.backend, config->runner.dtype));
   ServerOptions& server = config->server;
+  if (server.max_queued_requests < 0) {
+    server.max_queued_requests = kQueuedPerSeq * config->engine.max_num_seqs;
+  }
   if (server.tls_cert_file.empty() != server.tls_key_file.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (!server.tls_client_ca_file.empty() && server.tls_cert_file.empty()) {
     return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  for (const std::string& role : server.extra_chat_roles) {
+    if (absl::Status status = CheckChatRoleName(role); !status.ok()) {
+      return absl::InvalidArgumentError(StrCat("--extra-chat-roles: ", status.message()));
+    }
   }
   LMSERVE_RETURN_IF_ERROR(CheckReadable("tls-cert", server.tls_cert_file));
   LMSERVE_RETURN_IF_ERROR(CheckReadable("tls-key", server.tls_key_file));
@@ -278,6 +345,10 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       ", max model len: ",
       engine.max_model_len == 0 ? std::string("(the model's)") : StrCat(engine.max_model_len),
       ", prefix caching: ", engine.enable_prefix_caching ? "on" : "off", ", seed: ", engine.seed,
+      ", max step slowdown: ",
+      engine.max_step_slowdown == kAutoStepSlowdown ? std::string("auto")
+      : engine.max_step_slowdown == 0               ? std::string("off")
+                                                    : StrCat(engine.max_step_slowdown),
       "\n", "  max queued requests: ", server.max_queued_requests,
       ", grace period: ", server.grace_period_seconds, " s\n", "  TLS: ",
       server.tls_cert_file.empty()
@@ -286,7 +357,10 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       server.tls_client_ca_file.empty() ? std::string()
                                         : StrCat(", client CA ", server.tls_client_ca_file),
       "\n", "  auth: ", server.auth_token.empty() ? "off" : "bearer token (redacted)", "\n",
-      "  debug log text: ", server.debug_log_text ? "ON (prompts and outputs are logged)" : "off");
+      "  debug log text: ", server.debug_log_text ? "ON (prompts and outputs are logged)" : "off",
+      server.extra_chat_roles.empty()
+          ? std::string()
+          : StrCat("\n  extra chat roles: ", StrJoin(server.extra_chat_roles, ", ")));
 }
 
 std::string ListenAddress(const std::string& host, int port) {

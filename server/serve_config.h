@@ -35,7 +35,10 @@ struct ServerOptions {
   int32_t http_threads = 2;    // threads that run every HTTP connection
   double http_idle_timeout_seconds = 60;  // an idle keep-alive connection closes after this
   int64_t max_request_bytes = int64_t{4} << 20;
-  int32_t max_queued_requests = 256;  // waiting requests beyond this get RESOURCE_EXHAUSTED
+  // Requests in flight beyond the engine's --max-num-seqs sequence slots wait; a request that
+  // would make more than this many wait gets RESOURCE_EXHAUSTED. -1: auto, kQueuedPerSeq *
+  // max_num_seqs (FinishServeConfig resolves it).
+  int32_t max_queued_requests = -1;
   double grace_period_seconds = 30.0;
   std::string tls_cert_file;       // PEM; with tls_key_file, serve TLS only
   std::string tls_key_file;        // PEM
@@ -43,6 +46,8 @@ struct ServerOptions {
   std::string auth_token_file;     // read into auth_token by FinishServeConfig
   std::string auth_token;          // "" : no auth. A secret: never logged.
   bool debug_log_text = false;     // log prompts and outputs
+  // Chat roles served beside system, user, assistant and tool (--extra-chat-roles).
+  std::vector<std::string> extra_chat_roles;
 };
 
 // serve's defaults for the runner where they differ from RunnerConfig's.
@@ -53,6 +58,18 @@ inline engine::RunnerConfig ServeRunnerDefaults() {
   return runner;
 }
 
+// --max-step-slowdown: kAutoStepSlowdown in ServeConfig::engine until the model loader resolves
+// it for the backend: kCpuStepSlowdown on the CPU (a prefill step there takes seconds), off on the
+// GPU.
+inline constexpr double kAutoStepSlowdown = -1.0;
+inline constexpr double kCpuStepSlowdown = 2.0;
+
+inline engine::EngineConfig ServeEngineDefaults() {
+  engine::EngineConfig engine;
+  engine.max_step_slowdown = kAutoStepSlowdown;
+  return engine;
+}
+
 struct ServeConfig {
   ModelOptions model;
   // dtype, load_format, kv_cache_bytes, num_threads, gpu_memory_utilization, cuda_graphs,
@@ -60,11 +77,16 @@ struct ServeConfig {
   // (model.backend resolved), max_num_seqs and max_num_batched_tokens (the engine's), and
   // kv_cache_bytes where it is 0 on the CPU.
   engine::RunnerConfig runner = ServeRunnerDefaults();
-  // max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching and seed come from
-  // flags; the model loader sets max_logprobs and max_n from the API's limits.
-  engine::EngineConfig engine;
+  // max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, seed and
+  // max_step_slowdown come from flags; the model loader sets max_logprobs and max_n from the API's
+  // limits, and max_step_slowdown for the backend where it is kAutoStepSlowdown.
+  engine::EngineConfig engine = ServeEngineDefaults();
   ServerOptions server;
 };
+
+// --max-queued-requests auto: this many waiting requests per sequence slot (256 at the default
+// --max-num-seqs 64).
+inline constexpr int32_t kQueuedPerSeq = 4;
 
 // The CPU runner's KV cache when --kv-cache-mb is auto.
 inline constexpr int64_t kCpuAutoKvCacheBytes = int64_t{512} << 20;

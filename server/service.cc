@@ -3,10 +3,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -33,6 +36,7 @@
 #include "server/openai_routes.h"
 #include "server/request_convert.h"
 #include "server/serving_core.h"
+#include "server/tls_check.h"
 
 namespace lmserve::server {
 namespace {
@@ -272,8 +276,13 @@ class LmserveService final : public v1::Lmserve::CallbackService {
 absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
   std::optional<std::string_view> authorization;
   const auto& metadata = context->client_metadata();
-  if (auto it = metadata.find("authorization"); it != metadata.end()) {
-    authorization = std::string_view(it->second.data(), it->second.size());
+  const auto [first, last] = metadata.equal_range("authorization");
+  if (first != last) {
+    if (std::next(first) != last) {
+      // Which one a proxy or a peer would read is anyone's guess: refuse rather than pick one.
+      return absl::UnauthenticatedError("more than one 'authorization' metadata entry");
+    }
+    authorization = std::string_view(first->second.data(), first->second.size());
   }
   LMSERVE_RETURN_IF_ERROR(core_->Authorize(authorization));
   if (needs_model) LMSERVE_RETURN_IF_ERROR(core_->CheckServing());
@@ -292,6 +301,7 @@ class GrpcGenerationCall : public GenerationCall {
   // caller finishes the reactor with it).
   absl::Status Begin(grpc::CallbackServerContext* context,
                      const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
+    context_ = context;
     LMSERVE_RETURN_IF_ERROR(service_->Admit(context, /*needs_model=*/true));
     Pump* pump = service_->pump();
     return GenerationCall::Begin(prepare, [pump](std::function<void()> work) {
@@ -315,7 +325,17 @@ class GrpcGenerationCall : public GenerationCall {
     timings->set_total_seconds(this->timings().finish_seconds);
   }
 
+  // Aborts the engine request of a call gRPC cancelled: by its client, or because its deadline
+  // expired (which gRPC reports alike; the deadline tells which).
+  void AbortCancelled() {
+    const bool deadline_passed =
+        context_ != nullptr && context_->deadline() <= std::chrono::system_clock::now();
+    AbortRequest(/*for_drain=*/false, deadline_passed);
+  }
+
   LmserveService* const service_;
+  // Set by Begin; gRPC's, valid until OnDone.
+  const grpc::CallbackServerContext* context_ = nullptr;
 };
 
 // Complete and Chat.
@@ -331,7 +351,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public GrpcGenerationCa
     if (!status.ok()) service_->FinishUnary(method_, this, status);
   }
 
-  void OnCancel() override { AbortRequest(/*for_drain=*/false); }
+  void OnCancel() override { AbortCancelled(); }
   void OnDone() override {
     service_->pump()->Post([this] { Destroy(); });
   }
@@ -406,7 +426,7 @@ class StreamCall final : public grpc::ServerWriteReactor<v1::CompleteStreamRespo
       TryWrite();
     });
   }
-  void OnCancel() override { AbortRequest(/*for_drain=*/false); }
+  void OnCancel() override { AbortCancelled(); }
   void OnDone() override {
     service_->pump()->Post([this] { Destroy(); });
   }
@@ -604,6 +624,64 @@ grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerCo
   return reactor;
 }
 
+// ---- Calls that never reach a handler ---------------------------------------------------------
+
+// gRPC answers a request body that does not parse as the method's message with UNIMPLEMENTED and
+// no message, before any handler runs (so the call was not counted either). This interceptor sees
+// the failed parse (no received message) and turns that answer into INVALID_ARGUMENT saying so,
+// counted in the metrics under the method's name.
+class BadBodyInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  BadBodyInterceptor(LmserveService* service, std::string_view method)
+      : service_(service), method_(method) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      unparsed_ = true;
+    }
+    if (unparsed_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          StrCat("the request body is not a valid protobuf message for ", method_));
+      methods->ModifySendStatus(status);
+      if (service_ != nullptr) service_->CountRpc(ShortName(method_), status.error_code());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  // "/lmserve.v1.Lmserve/Complete" -> "Complete", the metrics' method label.
+  static std::string_view ShortName(std::string_view method) {
+    const size_t slash = method.rfind('/');
+    return slash == std::string_view::npos ? method : method.substr(slash + 1);
+  }
+
+  LmserveService* const service_;  // null for other services: not counted
+  const std::string method_;
+  bool unparsed_ = false;
+};
+
+class BadBodyInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit BadBodyInterceptorFactory(LmserveService* service) : service_(service) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    // Only calls of one request message, read before the handler runs; in client or bidi
+    // streams a missing message is the stream's end.
+    using Type = grpc::experimental::ServerRpcInfo::Type;
+    if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) return nullptr;
+    const std::string_view method = info->method() == nullptr ? "" : info->method();
+    const bool ours = method.substr(0, kServiceName.size() + 1) == StrCat("/", kServiceName);
+    return new BadBodyInterceptor(ours ? service_ : nullptr, method);
+  }
+
+ private:
+  LmserveService* const service_;
+};
+
 // The bytes of the PEM file of `flag`.
 absl::StatusOr<std::string> ReadPemFile(std::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> contents = ReadFile(path);
@@ -637,6 +715,7 @@ absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const Server
   if (!options.tls_cert_file.empty()) {
     LMSERVE_ASSIGN_OR_RETURN(std::string cert, ReadPemFile("tls-cert", options.tls_cert_file));
     LMSERVE_ASSIGN_OR_RETURN(std::string key, ReadPemFile("tls-key", options.tls_key_file));
+    LMSERVE_RETURN_IF_ERROR(CheckTlsKeyPair(cert, key));
     grpc::SslServerCredentialsOptions ssl_options(
         options.tls_client_ca_file.empty()
             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
@@ -658,6 +737,9 @@ absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const Server
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.RegisterService(&impl->service);
   builder.RegisterService(&impl->health);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BadBodyInterceptorFactory>(&impl->service));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port <= 0) {
     return absl::UnavailableError(StrCat("--port: cannot listen on ", address));

@@ -32,12 +32,22 @@ absl::Status ServingCore::Authorize(std::optional<std::string_view> authorizatio
   if (!authorization.has_value()) {
     return absl::UnauthenticatedError("missing 'authorization: Bearer <token>'");
   }
-  const std::string_view value = *authorization;
-  const std::string expected = StrCat("Bearer ", options_.auth_token);
-  // Constant-time comparison: the time taken does not depend on where the strings differ.
-  unsigned char difference = value.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    difference |= static_cast<unsigned char>(expected[i] ^ (i < value.size() ? value[i] : 0));
+  // "Bearer <token>" with the scheme in any case (RFC 9110: auth schemes are case-insensitive),
+  // one or more spaces after it, and exactly the token; compared in constant time, so that the
+  // time taken does not depend on where it differs.
+  std::string_view value = *authorization;
+  constexpr std::string_view kScheme = "bearer";
+  bool scheme_ok = value.size() > kScheme.size() && value[kScheme.size()] == ' ';
+  for (size_t i = 0; scheme_ok && i < kScheme.size(); ++i) {
+    scheme_ok = (value[i] | 0x20) == kScheme[i];  // ASCII letters to lower case
+  }
+  if (!scheme_ok) return absl::UnauthenticatedError("the authorization is not 'Bearer <token>'");
+  value.remove_prefix(kScheme.size());
+  while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+  const std::string& token = options_.auth_token;
+  unsigned char difference = value.size() == token.size() ? 0 : 1;
+  for (size_t i = 0; i < token.size(); ++i) {
+    difference |= static_cast<unsigned char>(token[i] ^ (i < value.size() ? value[i] : 0));
   }
   if (difference != 0) return absl::UnauthenticatedError("invalid bearer token");
   return absl::OkStatus();
@@ -75,17 +85,19 @@ void ServingCore::AbortAllForDrain() {
 }
 
 absl::Status ServingCore::Register(GenerationCall* call) {
-  const engine::EngineStats stats = model_->engine->Stats();
   absl::MutexLock lock(&mu_);
   if (state_ != ServerState::kServing) {
     return absl::UnavailableError("the server is shutting down");
   }
-  // Requests submitted but not yet running, estimated from the engine's last step.
-  const int waiting = num_engine_requests_ - std::min(num_engine_requests_, stats.num_running_seqs);
-  if (waiting >= options_.max_queued_requests) {
-    return absl::ResourceExhaustedError(StrCat("the waiting queue is full (", waiting,
-                                               " requests wait; --max-queued-requests ",
-                                               options_.max_queued_requests, "): retry later"));
+  // Free sequence slots first: the first max_num_seqs requests in flight run (or will at the next
+  // step), whatever the engine's last step reported; only those beyond wait in the queue. Counted
+  // here rather than from the engine's statistics, which lag a step behind a burst.
+  const int waiting = std::max(0, num_engine_requests_ - model_->max_num_seqs);
+  if (num_engine_requests_ >= model_->max_num_seqs && waiting >= options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(
+        StrCat("the waiting queue is full (", num_engine_requests_, " requests in flight for ",
+               model_->max_num_seqs, " sequence slots (--max-num-seqs), ", waiting,
+               " wait; --max-queued-requests ", options_.max_queued_requests, "): retry later"));
   }
   calls_.insert(call);
   ++num_engine_requests_;
@@ -157,9 +169,11 @@ absl::Status GenerationCall::Begin(const std::function<absl::StatusOr<PreparedRe
   return absl::OkStatus();
 }
 
-void GenerationCall::AbortRequest(bool for_drain) {
+void GenerationCall::AbortRequest(bool for_drain, bool deadline_passed) {
   if (for_drain) {
     drain_aborted_.store(true);
+  } else if (deadline_passed) {
+    deadline_passed_.store(true);
   } else {
     client_aborted_.store(true);
   }
@@ -249,6 +263,9 @@ absl::Status GenerationCall::FinalStatus() const {
   if (drain_aborted_.load()) {
     return absl::UnavailableError(
         "the server is shutting down: the request was aborted at the end of the grace period");
+  }
+  if (deadline_passed_.load()) {
+    return absl::DeadlineExceededError("the call's deadline expired: the request was aborted");
   }
   if (client_aborted_.load()) return absl::CancelledError("cancelled by the client");
   if (!engine_error_.empty()) {

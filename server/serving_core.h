@@ -48,9 +48,18 @@ using PostFunction = std::function<void(std::function<void()> work)>;
 
 class GenerationCall;
 
+// The request limits of `options`: the defaults, plus the chat roles of --extra-chat-roles.
+inline ApiLimits MakeApiLimits(const ServerOptions& options) {
+  ApiLimits limits;
+  limits.chat_roles.insert(limits.chat_roles.end(), options.extra_chat_roles.begin(),
+                           options.extra_chat_roles.end());
+  return limits;
+}
+
 class ServingCore {
  public:
-  explicit ServingCore(const ServerOptions& options) : options_(options) {}
+  explicit ServingCore(const ServerOptions& options)
+      : options_(options), api_limits_(MakeApiLimits(options)) {}
   ServingCore(const ServingCore&) = delete;
   ServingCore& operator=(const ServingCore&) = delete;
 
@@ -122,7 +131,9 @@ class GenerationCall {
                      PostFunction post);
 
   // Any thread: aborts the engine request (its choices finish as aborted, within a step).
-  void AbortRequest(bool for_drain);
+  // `deadline_passed`: the call's deadline expired (gRPC cancels such a call as one its client
+  // cancelled): it ends as DEADLINE_EXCEEDED rather than CANCELLED.
+  void AbortRequest(bool for_drain, bool deadline_passed = false);
 
   // New outputs may be waiting: takes them unless ReadyForOutputs() says no, counts them in the
   // metrics and delivers them.
@@ -180,6 +191,7 @@ class GenerationCall {
   int32_t num_finished_ = 0;
   std::atomic<bool> submitted_{false};
   std::atomic<bool> client_aborted_{false};
+  std::atomic<bool> deadline_passed_{false};
   std::atomic<bool> drain_aborted_{false};
   bool detached_ = false;
   std::string engine_error_;

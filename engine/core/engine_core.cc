@@ -71,6 +71,16 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
         "EngineConfig: long_prefill_token_threshold, max_model_len and max_logprobs must be >= 0, "
         "max_n >= 1");
   }
+  if (!(config.max_step_slowdown == 0.0 ||
+        (config.max_step_slowdown >= 1.0 && config.max_step_slowdown <= 1e6))) {
+    return absl::InvalidArgumentError(
+        StrCat("EngineConfig.max_step_slowdown: must be 0 (off) or in [1, 1e6], got ",
+               config.max_step_slowdown));
+  }
+  if (config.max_prompt_logits_bytes_per_step < 1) {
+    return absl::InvalidArgumentError(
+        "EngineConfig.max_prompt_logits_bytes_per_step: must be >= 1");
+  }
   int64_t context_tokens = model.max_position_embeddings;
   if (config.max_model_len > 0) {
     context_tokens = context_tokens > 0 ? std::min<int64_t>(context_tokens, config.max_model_len)
@@ -126,7 +136,11 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
                           .long_prefill_token_threshold = config.long_prefill_token_threshold},
           &block_manager_),
       sampler_(runner_->model_config().vocab_size),
-      seed_state_(config.seed) {}
+      seed_state_(config.seed),
+      max_prompt_logits_rows_(static_cast<int32_t>(
+          std::clamp<int64_t>(config.max_prompt_logits_bytes_per_step /
+                                  (std::max<int64_t>(vocab_size_, 1) * int64_t{sizeof(float)}),
+                              1, INT32_MAX))) {}
 
 EngineCore::~EngineCore() = default;
 
@@ -160,6 +174,8 @@ void EngineCore::AddRequest(RequestId id, Request request, double arrival_second
     seq.tokens = r.request.prompt_token_ids;
     seq.prompt_source = index == 0 ? nullptr : &r.samples[0]->seq;
     seq.use_prefix_cache = !(index == 0 && r.owes_prompt_logprobs());
+    // Prompt logprobs: each step's chunk brings its logits rows, at most max_prompt_logits_rows_.
+    if (!seq.use_prefix_cache) seq.max_tokens_per_step = max_prompt_logits_rows_;
     if (text_decoder_ != nullptr) {
       sample->decoder = text_decoder_->NewSequence(r.request.prompt_token_ids);
     }
@@ -202,7 +218,9 @@ void EngineCore::AbortAll() {
 bool EngineCore::Step() {
   if (!scheduler_.HasWork()) return false;
   const double start = clock_->NowSeconds();
-  last_schedule_ = scheduler_.Schedule();
+  const int32_t prefill_budget = PrefillBudget();
+  last_schedule_ = scheduler_.Schedule(prefill_budget);
+  stats_.last_prefill_budget = prefill_budget == Scheduler::kNoPrefillBudget ? 0 : prefill_budget;
   const SchedulerOutput& plan = last_schedule_;
   LMSERVE_CORE_CHECK(!plan.scheduled.empty(), "an empty plan with ", scheduler_.num_running(),
                      " running and ", scheduler_.num_waiting(), " waiting sequences");
@@ -235,6 +253,7 @@ bool EngineCore::Step() {
                    std::move(output));
     }
   }
+  if (status.ok()) MeasureStep(plan, prefill_budget, now - start);  // before the reap
   ReapFinishedRequests();
 
   ++stats_.num_steps;
@@ -243,6 +262,56 @@ bool EngineCore::Step() {
   stats_.last_step_tokens = plan.num_batched_tokens;
   stats_.total_step_tokens += plan.num_batched_tokens;
   return true;
+}
+
+int32_t EngineCore::PrefillBudget() const {
+  if (config_.max_step_slowdown <= 0.0) return Scheduler::kNoPrefillBudget;
+  // Only while some sequence decodes: a step then delays its next token.
+  const std::vector<Sequence*>& running = scheduler_.running();
+  const bool decoding = std::any_of(running.begin(), running.end(), [](const Sequence* seq) {
+    return seq->num_output_tokens() > 0 && seq->num_known_tokens() - seq->num_computed_tokens == 1;
+  });
+  if (!decoding) return Scheduler::kNoPrefillBudget;
+  // Until a chunk is measured, the least one: its step measures it.
+  if (prefill_chunk_tokens_ <= 0.0) return kMinPrefillChunkTokens;
+  return static_cast<int32_t>(std::clamp<double>(prefill_chunk_tokens_, kMinPrefillChunkTokens,
+                                                 config_.max_num_batched_tokens));
+}
+
+void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget, double seconds) {
+  if (config_.max_step_slowdown <= 0.0 || seconds <= 0.0) return;
+  int32_t prefill_tokens = 0;
+  for (const ScheduledSequence& scheduled : plan.scheduled) {
+    // Prompt chunks and recomputes (OnStepComputed has advanced num_computed_tokens past them).
+    const Sequence& seq = *scheduled.seq;
+    if (scheduled.num_new_tokens > 1 || seq.num_computed_tokens <= seq.num_prompt_tokens) {
+      prefill_tokens += scheduled.num_new_tokens;
+    }
+  }
+  if (prefill_tokens == 0) {
+    // A decode-only step: an average that follows the batch as it changes.
+    decode_step_seconds_ =
+        decode_step_seconds_ <= 0.0 ? seconds : 0.75 * decode_step_seconds_ + 0.25 * seconds;
+  } else if (decode_step_seconds_ > 0.0) {
+    // Feedback: the chunk that would have made this step take the target, c * target / t. The
+    // step time is no straight line in the chunk (a CPU GEMM of two rows costs far more than one
+    // row's), so the chunk is steered by what steps take rather than by a per-token cost. A chunk
+    // smaller than the budget (the prompt's end, or a step with no budget) only lowers it. The
+    // ratio is bounded per step, so that one step slowed by the machine moves it by 2x at most.
+    const double target = config_.max_step_slowdown * decode_step_seconds_;
+    const double ratio = std::clamp(target / seconds, 0.5, 2.0);
+    if (prefill_tokens >= prefill_budget && prefill_chunk_tokens_ > 0.0) {
+      prefill_chunk_tokens_ *= ratio;
+    } else if (prefill_chunk_tokens_ <= 0.0 || ratio < 1.0) {
+      const double chunk = prefill_tokens * ratio;
+      prefill_chunk_tokens_ =
+          prefill_chunk_tokens_ <= 0.0 ? chunk : std::min(prefill_chunk_tokens_, chunk);
+    }
+    prefill_chunk_tokens_ = std::clamp<double>(prefill_chunk_tokens_, kMinPrefillChunkTokens,
+                                               config_.max_num_batched_tokens);
+  }
+  stats_.decode_step_seconds = decode_step_seconds_;
+  stats_.prefill_chunk_tokens = prefill_chunk_tokens_;
 }
 
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {
@@ -365,7 +434,10 @@ void EngineCore::RecordPromptLogprobs(SampleState* sample, int32_t first_positio
         r.request.prompt_token_ids[target], *r.params().prompt_logprobs));
     ++r.next_prompt_logprob_position;
   }
-  if (!r.owes_prompt_logprobs()) sample->seq.use_prefix_cache = true;
+  if (!r.owes_prompt_logprobs()) {
+    sample->seq.use_prefix_cache = true;
+    sample->seq.max_tokens_per_step = 0;
+  }
 }
 
 void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float* logits_row,

@@ -43,8 +43,21 @@ struct EngineConfig {
   int32_t max_logprobs = 20;     // bound on sampling.logprobs and prompt_logprobs
   int32_t max_n = 64;            // bound on sampling.n
   uint64_t seed = 0;             // seeds the per-request seeds of requests that bring none
+  // While sequences decode, a step that also prefills should take at most this many times a
+  // decode-only step: its prefill tokens are capped at a chunk that the engine steers from the
+  // measured step times (after each such step, chunk *= target / step time, the target being this
+  // factor times the average decode-only step), at least kMinPrefillChunkTokens. So one long
+  // prompt cannot stall every stream's tokens for the seconds its prefill takes (the CPU runner's
+  // case); the prompt's own first token comes later. 0: off, the token budget alone.
+  double max_step_slowdown = 0.0;
+  // The logits rows of prompt logprobs one step may ask for, as bytes of fp32 rows: a prompt's
+  // rows are computed chunk by chunk, never [prompt x vocabulary] at once.
+  int64_t max_prompt_logits_bytes_per_step = int64_t{32} << 20;
   const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
 };
+
+// The least prefill chunk EngineConfig::max_step_slowdown lets a step take.
+inline constexpr int32_t kMinPrefillChunkTokens = 1;
 
 // One KV cache group's share of the pool (engine/model/kv_cache_groups.h).
 struct KvGroupStats {
@@ -72,6 +85,11 @@ struct EngineStats {
   int64_t total_step_tokens = 0;  // tokens computed in all steps (prefix hits excluded)
   int64_t num_generated_tokens = 0;
   int64_t num_finished_requests = 0;
+  // EngineConfig::max_step_slowdown's state (0 until measured) and the last step's prefill
+  // budget (0: none applied).
+  double decode_step_seconds = 0.0;
+  double prefill_chunk_tokens = 0.0;
+  int32_t last_prefill_budget = 0;
 };
 
 // Whether the runner's own sampler (LogitsMode::kSample) can pick this sequence's next token
@@ -129,6 +147,10 @@ class EngineCore {
   EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& config,
              std::unique_ptr<TextDecoder> text_decoder, const RequestLimits& limits);
 
+  // The next step's prefill budget under config_.max_step_slowdown (Scheduler::Schedule).
+  int32_t PrefillBudget() const;
+  // Folds a step's measured time into the step-time model; `prefill_budget` is the step's.
+  void MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget, double seconds);
   void BuildBatch(const SchedulerOutput& plan);
   absl::Status CheckStepOutput(const SchedulerOutput& plan) const;
   // Consumes the logits rows of one scheduled sequence.
@@ -169,6 +191,12 @@ class EngineCore {
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
 
   EngineStats stats_;
+
+  // The state of max_step_slowdown: a decode-only step's time (an average that follows the
+  // latest steps) and the prefill chunk steered toward the target step time (0: not measured).
+  double decode_step_seconds_ = 0.0;
+  double prefill_chunk_tokens_ = 0.0;
+  int32_t max_prompt_logits_rows_ = 1;  // rows of prompt logprobs per step
 };
 
 }  // namespace lmserve::engine

@@ -27,17 +27,25 @@ void Scheduler::AddWaiting(Sequence* seq) {
   LMSERVE_CORE_CHECK(waiting_.insert(seq).second, "seq ", seq->seq_id, " queued twice");
 }
 
-int32_t Scheduler::CapTokens(int32_t num_tokens, int32_t budget) const {
+int32_t Scheduler::CapTokens(const Sequence& seq, int32_t num_tokens, int32_t budget,
+                             int32_t prefill_budget) const {
+  const bool prefilling = num_tokens > 1;
   num_tokens = std::min(num_tokens, budget);
   if (config_.long_prefill_token_threshold > 0) {
     num_tokens = std::min(num_tokens, config_.long_prefill_token_threshold);
   }
+  if (seq.max_tokens_per_step > 0) num_tokens = std::min(num_tokens, seq.max_tokens_per_step);
+  if (prefilling) num_tokens = std::min(num_tokens, std::max(prefill_budget, 0));
   return num_tokens;
 }
 
-SchedulerOutput Scheduler::Schedule() {
+SchedulerOutput Scheduler::Schedule(int32_t prefill_budget) {
   SchedulerOutput out;
   int32_t budget = config_.max_num_batched_tokens;
+  // Whether a sequence draws on prefill_budget (as CapTokens counts it).
+  auto is_prefill = [](const Sequence* seq) {
+    return seq->num_known_tokens() - seq->num_computed_tokens > 1;
+  };
 
   // 1. Running sequences, in admission order.
   size_t index = 0;
@@ -45,7 +53,11 @@ SchedulerOutput Scheduler::Schedule() {
     Sequence* seq = running_[index];
     const int32_t num_lacking = seq->num_known_tokens() - seq->num_computed_tokens;
     LMSERVE_CORE_CHECK(num_lacking > 0, "running seq ", seq->seq_id, " lacks no token");
-    const int32_t num_new = CapTokens(num_lacking, budget);
+    const int32_t num_new = CapTokens(*seq, num_lacking, budget, prefill_budget);
+    if (num_new == 0) {  // the prefill budget is spent: this chunk waits for the next step
+      ++index;
+      continue;
+    }
     bool allocated = false;
     while (true) {
       if (block_manager_->Allocate(seq->seq_id, int64_t{seq->num_computed_tokens} + num_new, {},
@@ -61,6 +73,7 @@ SchedulerOutput Scheduler::Schedule() {
                                   [victim](const ScheduledSequence& s) { return s.seq == victim; });
       if (planned != out.scheduled.end()) {
         budget += planned->num_new_tokens;
+        if (is_prefill(victim)) prefill_budget += planned->num_new_tokens;
         out.scheduled.erase(planned);
       }
       Preempt(victim);
@@ -71,6 +84,7 @@ SchedulerOutput Scheduler::Schedule() {
     if (allocated) {
       out.scheduled.push_back({seq, num_new});
       budget -= num_new;
+      if (num_lacking > 1) prefill_budget -= num_new;
       ++index;
     }
   }
@@ -87,7 +101,9 @@ SchedulerOutput Scheduler::Schedule() {
       }
       const ComputedPrefix prefix = FindComputedPrefix(seq);
       const int32_t num_computed = prefix.num_blocks * block_manager_->block_size_tokens();
-      const int32_t num_new = CapTokens(seq->num_known_tokens() - num_computed, budget);
+      const int32_t num_lacking = seq->num_known_tokens() - num_computed;
+      const int32_t num_new = CapTokens(*seq, num_lacking, budget, prefill_budget);
+      if (num_new == 0) break;  // the prefill budget is spent
       if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix,
                                     num_computed)) {
         break;
@@ -110,6 +126,7 @@ SchedulerOutput Scheduler::Schedule() {
       out.scheduled.push_back({seq, num_new});
       out.admitted.push_back(seq);
       budget -= num_new;
+      if (num_lacking > 1) prefill_budget -= num_new;
     }
   }
 

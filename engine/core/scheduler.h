@@ -32,6 +32,7 @@
 #ifndef LMSERVE_ENGINE_CORE_SCHEDULER_H_
 #define LMSERVE_ENGINE_CORE_SCHEDULER_H_
 
+#include <climits>
 #include <cstdint>
 #include <set>
 #include <vector>
@@ -61,6 +62,9 @@ struct Sequence {
   // False while the engine still needs logits for every prompt position (prompt logprobs): a cache
   // hit would skip them.
   bool use_prefix_cache = true;
+  // > 0: this sequence computes at most this many tokens a step (the engine bounds the logits rows
+  // of prompt logprobs so). 0: no cap of its own.
+  int32_t max_tokens_per_step = 0;
 
   // Scheduler state.
   SequenceState state = SequenceState::kWaiting;
@@ -104,7 +108,12 @@ class Scheduler {
   void AddWaiting(Sequence* seq);
 
   // Plans the next step (see the header comment). Allocates blocks for what it schedules.
-  SchedulerOutput Schedule();
+  // `prefill_budget` bounds the tokens of the step's prefilling sequences (those lacking more
+  // than one token: new prompts, chunks, recomputes after preemption) beside the token budget;
+  // decoding sequences (one token lacking) do not draw on it, so the engine can keep a step short
+  // while sequences decode. A prefilling sequence it leaves no token for waits for the next step.
+  SchedulerOutput Schedule(int32_t prefill_budget = kNoPrefillBudget);
+  static constexpr int32_t kNoPrefillBudget = INT32_MAX;
 
   // The runner computed `output`: advances each scheduled sequence's num_computed_tokens and
   // enters its newly full blocks into the prefix cache.
@@ -136,7 +145,9 @@ class Scheduler {
   // The blocks a waiting sequence can start from (cache hits or sample 0's prompt blocks).
   ComputedPrefix FindComputedPrefix(Sequence* seq);
   bool WaitsForPromptSource(const Sequence* seq) const;
-  int32_t CapTokens(int32_t num_tokens, int32_t budget) const;
+  // The tokens `seq` may compute of the `num_tokens` it lacks, under the step's budgets.
+  int32_t CapTokens(const Sequence& seq, int32_t num_tokens, int32_t budget,
+                    int32_t prefill_budget) const;
 
   const SchedulerConfig config_;
   BlockManager* const block_manager_;  // not owned

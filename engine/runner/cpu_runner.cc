@@ -16,6 +16,7 @@
 #include "engine/model/kv_cache_groups.h"
 #include "engine/model/ops.h"
 #include "engine/runner/dummy_weights.h"
+#include "engine/runner/memory_plan.h"
 #include "engine/runner/weight_loader.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/dequant.h"
@@ -238,6 +239,26 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
                                              block_bytes, " bytes for ", config.block_size_tokens,
                                              " tokens of ", groups.layers_per_block, " layers)"));
   }
+  // The memory plan, before anything is allocated: fp32 weights (whatever the file's type),
+  // the activations of the largest step, one logits row per sequence, and the KV pool.
+  MemoryPlan plan;
+  plan.device = "RAM";
+  plan.weight_bytes = WeightPlanBytes(model_description->weights(), int64_t{sizeof(float)});
+  const int64_t max_tokens = std::max<int64_t>(config.max_num_batched_tokens, 1);
+  int64_t activation_floats = 2 * model.intermediate_size;  // gate_up_
+  for (int b = 0; b < kNumBuffers; ++b) {
+    activation_floats += BufferWidth(static_cast<Buffer>(b), model);
+  }
+  plan.workspace_bytes = (max_tokens * activation_floats +
+                          int64_t{std::max(config.max_num_seqs, 1)} * model.vocab_size) *
+                         int64_t{sizeof(float)};
+  plan.kv_cache_bytes = num_blocks * block_bytes;
+  const HostMemory host = AvailableHostMemory();
+  plan.available_bytes = host.available_bytes;
+  plan.available_source = host.source;
+  LMSERVE_RETURN_IF_ERROR(CheckMemoryPlan(
+      plan, "a smaller --kv-cache-mb or --max-num-batched-tokens, or a smaller model, may fit"));
+
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<CpuRunner> runner(new CpuRunner(std::move(model_description), config));
   LMSERVE_RETURN_IF_ERROR(

@@ -20,6 +20,7 @@
 #include "engine/runner/cuda/decode_graphs.h"
 #include "engine/runner/cuda/gemm_selector.h"
 #include "engine/runner/cuda/step_inputs.h"
+#include "engine/runner/memory_plan.h"
 #include "engine/runner/weight_loader.h"
 #include "kernels/cpu/qkv_postprocess.h"
 #include "kernels/cuda/activation.h"
@@ -264,6 +265,44 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
                " experts and ", kc::kMaxCudaMoeTopK, " per token)"));
   }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaSetDevice(config.device), "cudaSetDevice");
+  {
+    // The memory plan, before anything is allocated (memory_plan.h): weights at the element
+    // size; the activations of the largest step (at 4 bytes an element, a bound for bf16 too),
+    // the logits chunk and the GEMM workspace; the KV pool (--kv-cache-mb) or at least one block.
+    // Against what --gpu-memory-utilization leaves of the free memory, as AllocateKvPool counts.
+    size_t free_bytes = 0, total_bytes = 0;
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    const int64_t max_tokens =
+        std::max<int64_t>(config.max_num_batched_tokens, config.max_num_seqs);
+    int64_t activation_elements = 2 * model.intermediate_size + model.hidden_size;
+    for (int b = 0; b < kNumBuffers; ++b) {
+      activation_elements += BufferWidth(static_cast<Buffer>(b), model);
+    }
+    const int64_t logits_rows =
+        std::min<int64_t>(std::max<int64_t>(config.max_num_seqs, kMinLogitsChunkRows), max_tokens);
+    MemoryPlan plan;
+    plan.device = StrCat("GPU memory (", prop.name, ")");
+    plan.weight_bytes = WeightPlanBytes(model_description->weights(), RunnerDTypeBytes(dtype));
+    plan.workspace_bytes = max_tokens * activation_elements * 4 +
+                           logits_rows * model.vocab_size * 4 +
+                           static_cast<int64_t>(kGemmWorkspaceBytes);
+    plan.kv_cache_bytes = config.kv_cache_bytes > 0
+                              ? config.kv_cache_bytes
+                              : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
+    plan.available_bytes = static_cast<int64_t>(free_bytes) -
+                           static_cast<int64_t>((1.0 - config.gpu_memory_utilization) *
+                                                static_cast<double>(total_bytes)) -
+                           kReserveBytes;
+    plan.available_source = StrCat(
+        FormatBytes(static_cast<int64_t>(free_bytes)), " free of ",
+        FormatBytes(static_cast<int64_t>(total_bytes)),
+        " (cudaMemGetInfo), less what --gpu-memory-utilization ", config.gpu_memory_utilization,
+        " leaves out and ", FormatBytes(kReserveBytes), " kept for CUDA graphs and libraries");
+    LMSERVE_RETURN_IF_ERROR(
+        CheckMemoryPlan(plan,
+                        "a smaller --max-num-batched-tokens or --kv-cache-mb, a higher "
+                        "--gpu-memory-utilization, or a smaller model may fit"));
+  }
   kc::AllowProgrammaticLaunch(config.programmatic_launch);
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));
   runner->device_name_ = prop.name;

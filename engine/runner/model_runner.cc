@@ -1,6 +1,7 @@
 #include "engine/runner/model_runner.h"
 
 #include <algorithm>
+#include <new>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -242,17 +243,27 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
         std::min(model_config.max_position_embeddings, config.max_context_len);
   }
   LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model, DescribeModel(model_config));
-  switch (config.backend) {
-    case Backend::kCpu:
-      return CreateCpuRunner(std::move(model), checkpoint, config);
-    case Backend::kCuda:
+  // The runners plan their memory before allocating (memory_plan.h); an allocation that fails
+  // anyway (the plan is a floor; other processes take memory meanwhile) is caught here, the load
+  // boundary, rather than ending the process.
+  try {
+    switch (config.backend) {
+      case Backend::kCpu:
+        return CreateCpuRunner(std::move(model), checkpoint, config);
+      case Backend::kCuda:
 #ifdef LMSERVE_HAVE_CUDA_RUNNER
-      return CreateCudaRunner(std::move(model), checkpoint, config);
+        return CreateCudaRunner(std::move(model), checkpoint, config);
 #else
-      return absl::UnimplementedError(
-          "this lmserve was built without CUDA (LMSERVE_CUDA=OFF or no nvcc): use the CPU "
-          "backend");
+        return absl::UnimplementedError(
+            "this lmserve was built without CUDA (LMSERVE_CUDA=OFF or no nvcc): use the CPU "
+            "backend");
 #endif
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        StrCat("out of host memory while loading the model (", model_config.architecture_name,
+               ", hidden size ", model_config.hidden_size, ", ", model_config.num_layers,
+               " layers, vocabulary ", model_config.vocab_size, ")"));
   }
   return absl::InvalidArgumentError(
       StrCat("unknown runner backend ", static_cast<int>(config.backend)));

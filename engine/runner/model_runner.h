@@ -167,8 +167,8 @@ struct RunnerConfig {
   // max_position_embeddings capped at it, which sizes the runner's tables and picks longrope's
   // factors. 0: the model's own.
   int64_t max_context_len = 0;
-  // CUDA runner only. Steps are at most this large (the engine's limits): workspaces and CUDA
-  // graphs are sized for them at start-up.
+  // Steps are at most this large (the engine's limits). The CUDA runner sizes its workspaces and
+  // CUDA graphs for them at start-up; both runners count them in their memory plan.
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
   double gpu_memory_utilization = 0.9;  // the share of the GPU's memory the runner may hold

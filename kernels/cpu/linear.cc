@@ -40,14 +40,21 @@ absl::Status LinearParams::Validate() const {
 
 namespace {
 
-// y = x W^T + beta y through OpenBLAS. One token goes through sgemv: sgemm would pack all of W
-// for a single row (about twice the time).
+// Up to this many tokens go through one sgemv each: OpenBLAS's sgemm packs all of W even for a
+// few rows, and took 6x one sgemv for two rows and 8x for four (SmolLM2-135M's gate/up, 2-core
+// EPYC), where a second sgemv over the same W, fresh in the cache, takes about one more. Each row
+// is then what it would be alone (a decode step mixed with a short prefill chunk, issue 27).
+constexpr int64_t kMaxGemvTokens = 4;
+
+// y = x W^T + beta y through OpenBLAS: sgemv a token up to kMaxGemvTokens, else sgemm.
 void BlasLinear(const LinearParams& p, int64_t ldx, int64_t ldy, float beta) {
   const auto n = static_cast<blasint>(p.out_features);
   const auto k = static_cast<blasint>(p.in_features);
-  if (p.num_tokens == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, p.weight, k, p.input, 1, beta, p.output,
-                1);
+  if (p.num_tokens <= kMaxGemvTokens) {
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, p.weight, k, p.input + t * ldx, 1, beta,
+                  p.output + t * ldy, 1);
+    }
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(p.num_tokens), n, k,

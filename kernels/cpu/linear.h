@@ -26,7 +26,7 @@ struct LinearParams {
   int64_t input_stride = 0;   // 0 means in_features
   int64_t output_stride = 0;  // 0 means out_features
   bool accumulate = false;    // y += x W^T (+ bias) instead of y = ...; output may not alias input
-  // The reduction over in_features. 0: OpenBLAS (sgemm, or sgemv for one token), fp32 sums in
+  // The reduction over in_features. 0: OpenBLAS (sgemm, or sgemv per token up to 4), fp32 sums in
   // its order. k > 0: a direct loop, not BLAS, that sums fp32 dot products over chunks of k
   // features in double, so that outputs carry the rounding of k-term fp32 sums rather than
   // in_features-term ones (for logits, whose magnitude makes that error visible). It runs at

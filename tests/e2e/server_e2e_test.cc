@@ -3,24 +3,29 @@
 // server that runs one sequence at a time: thousands of steps, so that cancellation, deadlines,
 // queueing and draining happen while it runs. No assertion depends on timing.
 
+#include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <unistd.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <functional>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/strings.h"
@@ -131,6 +136,54 @@ struct RunningStream {
     return reader->Read(&first);
   }
 };
+
+// A TCP connection to 127.0.0.1:`port` whose reads give up after `timeout_seconds`; -1 on failure.
+int ConnectLoopback(int port, double timeout_seconds) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval timeout{};
+  timeout.tv_sec = static_cast<time_t>(timeout_seconds);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET http://127.0.0.1:`port``path`: the whole response, or what came before the read timeout.
+std::string HttpGet(int port, const std::string& path, double timeout_seconds) {
+  const int fd = ConnectLoopback(port, timeout_seconds);
+  if (fd < 0) return "(cannot connect)";
+  const std::string request =
+      StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return "(cannot send)";
+  }
+  std::string response;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
+  ::close(fd);
+  return response;
+}
+
+// The lmserve_grpc_server_handled_total lines of a /metrics response.
+std::string RpcCountLines(const std::string& metrics) {
+  std::string lines;
+  std::istringstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("lmserve_grpc_server_handled_total{", 0) == 0) lines += line + "\n";
+  }
+  return lines;
+}
 
 TEST(ServerE2eTest, StreamedChunksConcatenateToTheUnaryResult) {
   auto server = ServerProcess::Start(Args({}));
@@ -273,7 +326,7 @@ TEST(ServerE2eTest, CancellingAStreamFreesItsKvCache) {
 }
 
 TEST(ServerE2eTest, AnExpiredDeadlineAbortsTheRequest) {
-  auto server = ServerProcess::Start(Args(kOneAtATime));
+  auto server = ServerProcess::Start(Args({"--max-num-seqs", "1", "--metrics-port", "0"}));
   ASSERT_NE(server, nullptr);
   auto stub = v1::Lmserve::NewStub(server->Channel());
   {
@@ -287,6 +340,13 @@ TEST(ServerE2eTest, AnExpiredDeadlineAbortsTheRequest) {
   EXPECT_EQ(stream.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   v1::ServerStatus status;
   EXPECT_TRUE(WaitIdle(stub.get(), &status)) << status.DebugString();
+  // Issue 27: the metrics count both calls as DEADLINE_EXCEEDED (they said CANCELLED).
+  const std::string metrics = RpcCountLines(HttpGet(server->MetricsPort(), "/metrics", 20));
+  for (const char* method : {"Complete", "CompleteStream"}) {
+    EXPECT_THAT(metrics, HasSubstr(StrCat("lmserve_grpc_server_handled_total{grpc_code=\"",
+                                          "DEADLINE_EXCEEDED\",grpc_method=\"", method, "\"")));
+  }
+  EXPECT_THAT(metrics, Not(HasSubstr("CANCELLED")));
 }
 
 TEST(ServerE2eTest, ABoundedWaitingQueue) {
@@ -321,6 +381,100 @@ TEST(ServerE2eTest, ABoundedWaitingQueue) {
   while (waiting->Read(&message)) tokens += message.token_ids_size();
   EXPECT_TRUE(waiting->Finish().ok());
   EXPECT_EQ(tokens, 4);
+}
+
+// Issue 27: a burst no larger than --max-num-seqs finds free sequence slots, whatever the engine's
+// last step reported: with no waiting queue at all, every request of the burst is admitted.
+// (Before, requests not yet seen running by the engine counted as waiting, and most of a burst was
+// refused.)
+TEST(ServerE2eTest, ABurstWithinTheSequenceSlotsIsAdmitted) {
+  constexpr int kBurst = 16;
+  auto server =
+      ServerProcess::Start(Args({"--max-num-seqs", StrCat(kBurst), "--max-queued-requests", "0"}));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Lmserve::NewStub(server->Channel());
+  std::vector<StreamResult> results(kBurst);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kBurst; ++i) {
+    threads.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kBurst) std::this_thread::yield();  // all start together
+      results[i] = ReadStream(stub.get(), IdsRequest({1, 2, 3}, 32));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int i = 0; i < kBurst; ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens[0].size(), 32u) << i;
+  }
+}
+
+// Issue 27: a client that opens TCP connections to /metrics and sends nothing held civetweb's one
+// worker for its 30 s request timeout, renewable forever. Now several workers serve scrapes while
+// some are held, and each idle connection is closed after a short request timeout. The reads here
+// give up after 20 s, less than the old timeout; nothing depends on how fast the server is.
+TEST(ServerE2eTest, IdleConnectionsDoNotBlindMetrics) {
+  auto server = ServerProcess::Start(Args({"--metrics-port", "0"}));
+  ASSERT_NE(server, nullptr);
+  const int port = server->MetricsPort();
+  ASSERT_GT(port, 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ConnectLoopback(port, 20);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  const std::string response = HttpGet(port, "/metrics", 20);
+  EXPECT_THAT(response, HasSubstr("200 OK"));
+  EXPECT_THAT(response, HasSubstr("lmserve_num_requests_running"));
+  // The server closes the idle connections (recv returns 0), rather than the read timing out (-1).
+  for (int fd : idle) {
+    char byte;
+    EXPECT_EQ(::recv(fd, &byte, 1, 0), 0);
+    ::close(fd);
+  }
+  EXPECT_THAT(HttpGet(port, "/metrics", 20), HasSubstr("200 OK"));
+}
+
+// A unary call of `method` whose request message is `body`, bytes as they are.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const std::string& body) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context, 30);
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status status) { done.set_value(std::move(status)); });
+  return done.get_future().get();
+}
+
+// Issue 27: a body that does not parse got UNIMPLEMENTED with no message, and was not counted in
+// lmserve_grpc_server_handled_total. (An over-size message is refused by gRPC's core before any
+// of the server's code sees the call: answered RESOURCE_EXHAUSTED, but not counted.)
+TEST(ServerE2eTest, BodiesThatDoNotParseAreAnsweredAndCounted) {
+  auto server = ServerProcess::Start(Args({"--metrics-port", "0", "--max-request-bytes", "65536"}));
+  ASSERT_NE(server, nullptr);
+  for (const char* method : {"Complete", "Tokenize"}) {
+    const grpc::Status status =
+        RawUnaryCall(server->Channel(), StrCat("/lmserve.v1.Lmserve/", method), "\xff\xff\xff\xff");
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_THAT(status.error_message(), HasSubstr("not a valid protobuf message")) << method;
+  }
+  const grpc::Status too_large =
+      RawUnaryCall(server->Channel(), "/lmserve.v1.Lmserve/Complete", std::string(100000, '\x08'));
+  EXPECT_EQ(too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << too_large.error_message();
+  EXPECT_THAT(too_large.error_message(), HasSubstr("larger than max"));
+  const std::string metrics = RpcCountLines(HttpGet(server->MetricsPort(), "/metrics", 20));
+  EXPECT_THAT(metrics, HasSubstr("{grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"Complete\""));
+  EXPECT_THAT(metrics, HasSubstr("{grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"Tokenize\""));
+  // The server goes on serving.
+  auto stub = v1::Lmserve::NewStub(server->Channel());
+  EXPECT_TRUE(ReadStream(stub.get(), IdsRequest({1, 2, 3}, 4)).status.ok());
 }
 
 struct BadRequest {
@@ -668,10 +822,26 @@ TEST(ServerE2eTest, BearerTokenAuth) {
     EXPECT_EQ(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }
-  grpc::ClientContext context;
-  context.AddMetadata("authorization", "Bearer s3cret-token");
-  v1::CompleteResponse response;
-  EXPECT_TRUE(stub->Complete(&context, IdsRequest({1, 2}, 2), &response).ok());
+  {
+    // Issue 27: two authorization entries are refused, whichever comes first.
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer s3cret-token");
+    context.AddMetadata("authorization", "Bearer wrong");
+    v1::CompleteResponse response;
+    const grpc::Status status = stub->Complete(&context, IdsRequest({1, 2}, 2), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(status.error_message(), HasSubstr("more than one"));
+  }
+  // The scheme is case-insensitive (issue 27: "bearer" was refused).
+  for (const std::string& header :
+       {std::string("Bearer s3cret-token"), std::string("bearer s3cret-token"),
+        std::string("BEARER  s3cret-token")}) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", header);
+    v1::CompleteResponse response;
+    const grpc::Status status = stub->Complete(&context, IdsRequest({1, 2}, 2), &response);
+    EXPECT_TRUE(status.ok()) << header << ": " << status.error_message();
+  }
   EXPECT_EQ(server->Serving(), true);  // health stays open
 }
 
@@ -803,6 +973,19 @@ TEST(ServerE2eTest, TlsWithAndWithoutClientCertificates) {
         "/client.key --ids 1,2,3 --max-tokens 3 --temperature 0 --json"));
     EXPECT_EQ(code, 0) << out;
     EXPECT_THAT(out, HasSubstr("FINISH_REASON_LENGTH"));
+  }
+  // Issue 27: a key that is not the certificate's was reported as "--port: cannot listen".
+  const std::vector<std::tuple<std::string, std::string, std::string>> mistakes = {
+      {"server.pem", "client.key", "--tls-key: the private key does not match"},
+      {"server.key", "server.key", "--tls-cert: no PEM certificate"},
+      {"server.pem", "server.pem", "--tls-key: no unencrypted PEM private key"}};
+  for (const auto& [cert, key, error] : mistakes) {
+    const auto [code, out] = Shell(StrCat(LMSERVE_BINARY_DIR, "/bin/lmserve serve --model ",
+                                          E2eFixtureModel(), " --port 0 --tls-cert ", dir, "/",
+                                          cert, " --tls-key ", dir, "/", key, " 2>&1"));
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_THAT(out, HasSubstr(error));
+    EXPECT_THAT(out, Not(HasSubstr("cannot listen")));
   }
 }
 

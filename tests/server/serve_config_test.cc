@@ -52,6 +52,7 @@ TEST(ServeConfigTest, EveryFlagsDefault) {
   EXPECT_EQ(config.engine.max_model_len, 0);
   EXPECT_TRUE(config.engine.enable_prefix_caching);
   EXPECT_EQ(config.engine.seed, 0u);
+  EXPECT_EQ(config.engine.max_step_slowdown, kAutoStepSlowdown);
   EXPECT_EQ(config.server.host, "127.0.0.1");
   EXPECT_EQ(config.server.port, 50051);
   EXPECT_EQ(config.server.metrics_port, -1);
@@ -67,6 +68,38 @@ TEST(ServeConfigTest, EveryFlagsDefault) {
   EXPECT_EQ(config.server.auth_token_file, "");
   EXPECT_EQ(config.server.auth_token, "");
   EXPECT_FALSE(config.server.debug_log_text);
+  EXPECT_TRUE(config.server.extra_chat_roles.empty());
+}
+
+TEST(ServeConfigTest, MaxStepSlowdown) {
+  absl::StatusOr<ServeConfig> parsed = Parse({"--max-step-slowdown", "3.5"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->engine.max_step_slowdown, 3.5);
+  EXPECT_THAT(DescribeServeConfig(*parsed), HasSubstr("max step slowdown: 3.5"));
+  parsed = Parse({"--max-step-slowdown", "off"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->engine.max_step_slowdown, 0.0);
+  parsed = Parse({"--max-step-slowdown", "auto"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->engine.max_step_slowdown, kAutoStepSlowdown);
+  for (const char* bad : {"0.5", "-2", "fast", "2x", "nan", "inf"}) {
+    const absl::Status status = Parse({"--max-step-slowdown", bad}).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("--max-step-slowdown")) << bad;
+  }
+}
+
+// Issue 27: a burst as large as --max-num-seqs must not find the default queue full.
+TEST(ServeConfigTest, TheDefaultQueueLimitScalesWithMaxNumSeqs) {
+  absl::StatusOr<ServeConfig> parsed = Parse({"--max-num-seqs", "512"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->server.max_queued_requests, kQueuedPerSeq * 512);
+  parsed = Parse({"--max-num-seqs", "512", "--max-queued-requests", "auto"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->server.max_queued_requests, kQueuedPerSeq * 512);
+  parsed = Parse({"--max-num-seqs", "512", "--max-queued-requests", "0"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->server.max_queued_requests, 0);
 }
 
 TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
@@ -130,6 +163,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
       "--auth-token",
       "s3cret",
       "--debug-log-text",
+      "--extra-chat-roles",
+      "developer,ipython",
   });
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServeConfig& config = *parsed;
@@ -164,6 +199,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   EXPECT_EQ(config.server.tls_client_ca_file, ca);
   EXPECT_EQ(config.server.auth_token, "s3cret");
   EXPECT_TRUE(config.server.debug_log_text);
+  EXPECT_EQ(config.server.extra_chat_roles, (std::vector<std::string>{"developer", "ipython"}));
 
   // The summary shows the settings and never the token.
   const std::string summary = DescribeServeConfig(config);
@@ -217,6 +253,9 @@ TEST(ServeConfigTest, BadValuesNameTheirFlag) {
       {{"--metrics-port", "-2"}, "--metrics-port"},
       {{"--max-request-bytes", "1023"}, "--max-request-bytes"},
       {{"--max-queued-requests", "x"}, "--max-queued-requests"},
+      {{"--max-queued-requests", "-1"}, "--max-queued-requests"},
+      {{"--extra-chat-roles", "developer,user<|im_end|>"}, "--extra-chat-roles"},
+      {{"--extra-chat-roles", "a,,b"}, "--extra-chat-roles"},
       {{"--grace-period-s", "-1"}, "--grace-period-s"},
       {{"--grace-period-s", "nan"}, "--grace-period-s"},
       {{"--tls-cert", cert}, "--tls-key"},
@@ -321,6 +360,7 @@ TEST(ServeConfigTest, HelpListsEveryFlagWithItsDefault) {
                            "--max-num-batched-tokens",
                            "--max-model-len",
                            "--no-prefix-caching",
+                           "--max-step-slowdown",
                            "--seed",
                            "--host",
                            "--port",
@@ -333,11 +373,12 @@ TEST(ServeConfigTest, HelpListsEveryFlagWithItsDefault) {
                            "--tls-client-ca",
                            "--auth-token-file",
                            "--auth-token",
-                           "--debug-log-text"}) {
+                           "--debug-log-text",
+                           "--extra-chat-roles"}) {
     EXPECT_THAT(help, HasSubstr(std::string("\n  ") + flag + " ")) << flag;
   }
-  for (const char* shown : {"=50051", "=127.0.0.1", "=-1", "=4194304", "=0.9", "=auto", "=64",
-                            "=2048", "=256", "=30"}) {
+  for (const char* shown :
+       {"=50051", "=127.0.0.1", "=-1", "=4194304", "=0.9", "=auto", "=64", "=2048", "=30"}) {
     EXPECT_THAT(help, HasSubstr(shown)) << shown;
   }
   EXPECT_EQ(ParseServeFlags({"--help"}).status().code(), absl::StatusCode::kFailedPrecondition);
