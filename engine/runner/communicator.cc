@@ -41,6 +41,8 @@ class ThreadCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  void HostBarrier() override { group_->barrier.arrive_and_wait(); }
+
   absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype,
                          void*) override {
     if (dtype != kernels::DType::kF32) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -147,6 +148,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   const ModelConfig& config_;  // a rank's share under tensor parallelism
   const RunnerConfig runner_config_;
   Communicator* const comm_;   // null for a whole model
+  bool collectives_ = true;    // off while the GEMMs are tuned (CaptureGraphs)
   const RunnerDType dtype_;      // resolved: kBFloat16 or kFloat32
   const DType kernel_dtype_;     // the kernels' name for it: kBF16 or kF32
   const int64_t element_bytes_;  // 2 or 4
@@ -438,7 +440,7 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
 }
 
 absl::Status CudaRunner::AllReduce(Buffer buffer, int64_t width) {
-  if (comm_ == nullptr) return absl::OkStatus();
+  if (comm_ == nullptr || !collectives_) return absl::OkStatus();
   return comm_->AllReduceSum(Buf(buffer), step_.tokens * width, BufDType(buffer), stream_);
 }
 
@@ -703,8 +705,10 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
     // Each rank's vocabulary slice, gathered from every rank and laid side by side in logits_.
     const int64_t vocab = config_.vocab_size, slice = spec.rows;
     LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, rank_logits_.get()));
-    LMSERVE_RETURN_IF_ERROR(comm_->AllGather(rank_logits_.get(), gathered_logits_.get(),
-                                             num_rows * slice, DType::kF32, stream_));
+    if (collectives_) {
+      LMSERVE_RETURN_IF_ERROR(comm_->AllGather(rank_logits_.get(), gathered_logits_.get(),
+                                               num_rows * slice, DType::kF32, stream_));
+    }
     for (int64_t r = 0; r < comm_->size(); ++r) {
       const int64_t first = r * slice, count = std::min(slice, vocab - first);
       if (count <= 0) break;
@@ -851,21 +855,41 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
 absl::Status CudaRunner::CaptureGraphs() {
   // New GEMM plans are autotuned while the graphs' sizes are warmed up: they serve every decode
   // step. Largest bucket first.
-  gemms_->set_autotune(true);
   const std::vector<int32_t> sizes = CudaGraphBatchSizes(static_cast<int32_t>(max_seqs_));
   StepBatch empty;
-  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
-    const int64_t b = *it;
-    const StepLayout layout = inputs_.Pack(empty, b, /*decode_only=*/true, block_size_);
-    LMSERVE_RETURN_IF_ERROR(inputs_.Upload(layout, stream_));
-    const Step step{.layout = &layout,
-                    .tokens = b,
-                    .seqs = b,
-                    .rows = b,
-                    .decode_only = true,
-                    .rows_are_tokens = true};
-    LMSERVE_RETURN_IF_ERROR(graphs_.Capture(b, stream_, [&] { return Forward(step); }));
+  auto for_each_size = [&](const std::function<absl::Status(int64_t, const Step&)>& run) {
+    for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+      const int64_t b = *it;
+      const StepLayout layout = inputs_.Pack(empty, b, /*decode_only=*/true, block_size_);
+      LMSERVE_RETURN_IF_ERROR(inputs_.Upload(layout, stream_));
+      const Step step{.layout = &layout,
+                      .tokens = b,
+                      .seqs = b,
+                      .rows = b,
+                      .decode_only = true,
+                      .rows_are_tokens = true};
+      LMSERVE_RETURN_IF_ERROR(run(b, step));
+    }
+    return absl::OkStatus();
+  };
+  gemms_->set_autotune(true);
+  if (comm_ != nullptr) {
+    // Tensor parallelism: autotuning allocates, and an allocation may wait for every GPU of the
+    // process to idle, which a collective waiting for this rank would never do. So the plans are
+    // tuned first with the collectives off (the values are of no use), and the ranks capture only
+    // once all are done allocating.
+    collectives_ = false;
+    const absl::Status tuned =
+        for_each_size([&](int64_t, const Step& step) { return Forward(step); });
+    collectives_ = true;
+    LMSERVE_RETURN_IF_ERROR(tuned);
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "tuning the decode GEMMs");
+    gemms_->set_autotune(false);
+    comm_->HostBarrier();
   }
+  LMSERVE_RETURN_IF_ERROR(for_each_size([&](int64_t b, const Step& step) {
+    return graphs_.Capture(b, stream_, [&] { return Forward(step); });
+  }));
   gemms_->set_autotune(false);
   LMSERVE_RETURN_IF_ERROR(graphs_.Upload(stream_));
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "capturing decode graphs");

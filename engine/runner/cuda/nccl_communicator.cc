@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -95,8 +96,10 @@ struct PeerBuffers {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclApi* api, NcclComm comm, int32_t rank, int32_t size, int32_t device,
-                   int64_t peer_max_bytes, std::vector<PeerBuffers> peers)
-      : api_(api),
+                   int64_t peer_max_bytes, std::vector<PeerBuffers> peers,
+                   std::shared_ptr<std::barrier<>> barrier)
+      : barrier_(std::move(barrier)),
+        api_(api),
         comm_(comm),
         rank_(rank),
         size_(size),
@@ -147,6 +150,8 @@ class NcclCommunicator final : public Communicator {
                  "ncclAllReduce");
   }
 
+  void HostBarrier() override { barrier_->arrive_and_wait(); }
+
   absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype,
                          void* stream) override {
     const absl::StatusOr<NcclDataType> type = ToNccl(dtype);
@@ -163,6 +168,7 @@ class NcclCommunicator final : public Communicator {
                                       api_->get_error_string(result)));
   }
 
+  const std::shared_ptr<std::barrier<>> barrier_;  // the ranks' threads
   const NcclApi* api_;
   NcclComm comm_;
   const int32_t rank_;
@@ -258,11 +264,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
     if (!set_up.ok()) return set_up.status();
     peers = *std::move(set_up);
   }
+  auto barrier = std::make_shared<std::barrier<>>(size);
   std::vector<std::unique_ptr<Communicator>> ranks;
   for (int32_t r = 0; r < size; ++r) {
     ranks.push_back(std::make_unique<NcclCommunicator>(
         *api, comms[static_cast<size_t>(r)], r, size, first_device + r,
-        std::min(peer_max_bytes, kc::kPeerAllReduceMaxBytes), peers));
+        std::min(peer_max_bytes, kc::kPeerAllReduceMaxBytes), peers, barrier));
   }
   return ranks;
 }
