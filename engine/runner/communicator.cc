@@ -1,6 +1,7 @@
 #include "engine/runner/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstring>
 
@@ -13,7 +14,13 @@ namespace {
 struct ThreadGroup {
   explicit ThreadGroup(int32_t size)
       : barrier(size), send(static_cast<size_t>(size)) {}
+  bool Barrier(bool ok) {
+    if (!ok) failed.store(true);
+    barrier.arrive_and_wait();
+    return !failed.load();
+  }
   std::barrier<> barrier;
+  std::atomic<bool> failed{false};
   std::vector<const float*> send;
 };
 
@@ -41,7 +48,7 @@ class ThreadCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
-  void HostBarrier() override { group_->barrier.arrive_and_wait(); }
+  bool HostBarrier(bool ok) override { return group_->Barrier(ok); }
 
   absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype,
                          void*) override {

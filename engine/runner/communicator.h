@@ -32,8 +32,10 @@ class Communicator {
   // recv = every rank's `send` ([count] elements each), in rank order: [size, count].
   virtual absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype,
                                  void* stream) = 0;
-  // Returns once every rank's thread has called it (host threads only; nothing on a stream).
-  virtual void HostBarrier() = 0;
+  // Returns once every rank's thread has called it (host threads only; nothing on a stream):
+  // whether every rank passed `ok` (here and at every earlier barrier). A rank that fails still
+  // calls it, so that the others learn of it instead of waiting, or running collectives, forever.
+  virtual bool HostBarrier(bool ok) = 0;
 };
 
 // `size` communicators between threads of this process, one per rank (index = rank), for the CPU

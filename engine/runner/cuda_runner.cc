@@ -46,6 +46,7 @@ using cuda::StepLayout;
 using kernels::DType;
 
 constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
 // Logits rows computed at once (more rows, as teacher-forced scoring asks, go in chunks).
 constexpr int64_t kMinLogitsChunkRows = 256;
 // GPU memory kept free beyond the weights, workspaces and KV pool: CUDA graphs, cuBLAS's own
@@ -879,13 +880,18 @@ absl::Status CudaRunner::CaptureGraphs() {
     // tuned first with the collectives off (the values are of no use), and the ranks capture only
     // once all are done allocating.
     collectives_ = false;
-    const absl::Status tuned =
-        for_each_size([&](int64_t, const Step& step) { return Forward(step); });
+    absl::Status tuned = for_each_size([&](int64_t, const Step& step) { return Forward(step); });
     collectives_ = true;
-    LMSERVE_RETURN_IF_ERROR(tuned);
-    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "tuning the decode GEMMs");
+    if (const cudaError_t e = cudaStreamSynchronize(stream_); tuned.ok() && e != cudaSuccess) {
+      tuned = cuda::CudaError(e, "tuning the decode GEMMs");
+    }
     gemms_->set_autotune(false);
-    comm_->HostBarrier();
+    // Every rank arrives, failed or not: none may start collectives that another will not run.
+    const bool all_tuned = comm_->HostBarrier(tuned.ok());
+    LMSERVE_RETURN_IF_ERROR(tuned);
+    if (!all_tuned) {
+      return absl::AbortedError("another tensor-parallel rank failed to start (its error says why)");
+    }
   }
   LMSERVE_RETURN_IF_ERROR(for_each_size([&](int64_t b, const Step& step) {
     return graphs_.Capture(b, stream_, [&] { return Forward(step); });

@@ -188,7 +188,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateTensorParallelRunner(
   std::vector<std::unique_ptr<Communicator>> communicators;
   if (config.backend == Backend::kCuda) {
 #ifdef LMSERVE_HAVE_CUDA_RUNNER
-    LMSERVE_ASSIGN_OR_RETURN(communicators, cuda::CreateNcclCommunicators(config.device, n));
+    // NCCL only: the peer-to-peer kernel's buffers need peer access enabled between the GPUs,
+    // which maps every allocation into every peer, and an allocation (cuBLAS autotuning, a graph's
+    // instantiation) may then wait for all of them to idle while a collective waits for this
+    // rank: a hang seen on two H100s. It serves lmserve-allreduce-bench until its buffers are
+    // mapped to the peers alone (cuMemCreate / cuMemSetAccess).
+    LMSERVE_ASSIGN_OR_RETURN(communicators, cuda::CreateNcclCommunicators(config.device, n,
+                                                                          /*peer_max_bytes=*/0));
 #else
     return absl::UnimplementedError("this lmserve was built without CUDA: use the CPU backend");
 #endif

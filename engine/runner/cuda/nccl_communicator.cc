@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstdlib>
 #include <mutex>
@@ -97,8 +98,10 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclApi* api, NcclComm comm, int32_t rank, int32_t size, int32_t device,
                    int64_t peer_max_bytes, std::vector<PeerBuffers> peers,
-                   std::shared_ptr<std::barrier<>> barrier)
+                   std::shared_ptr<std::barrier<>> barrier,
+                   std::shared_ptr<std::atomic<bool>> failed)
       : barrier_(std::move(barrier)),
+        failed_(std::move(failed)),
         api_(api),
         comm_(comm),
         rank_(rank),
@@ -122,6 +125,12 @@ class NcclCommunicator final : public Communicator {
       cudaFree(mine.staging);
       cudaFree(mine.flags);
       cudaFree(mine.counters);
+      int num_devices = 0;
+      cudaGetDeviceCount(&num_devices);
+      for (int other = 0; other < num_devices; ++other) {
+        if (other != device_) cudaDeviceDisablePeerAccess(other);
+      }
+      cudaGetLastError();
     }
   }
 
@@ -150,7 +159,11 @@ class NcclCommunicator final : public Communicator {
                  "ncclAllReduce");
   }
 
-  void HostBarrier() override { barrier_->arrive_and_wait(); }
+  bool HostBarrier(bool ok) override {
+    if (!ok) failed_->store(true);
+    barrier_->arrive_and_wait();
+    return !failed_->load();
+  }
 
   absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype,
                          void* stream) override {
@@ -169,6 +182,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   const std::shared_ptr<std::barrier<>> barrier_;  // the ranks' threads
+  const std::shared_ptr<std::atomic<bool>> failed_;  // a rank passed !ok to HostBarrier
   const NcclApi* api_;
   NcclComm comm_;
   const int32_t rank_;
@@ -248,6 +262,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
                first_device + size - 1, "; this machine has ", num_devices));
   }
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // no NVLink multicast objects
+  // Connections made at initialization, not at a collective's first call: NCCL then allocates
+  // nothing while the runners' first collectives run (an allocation may wait for every GPU).
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   const absl::StatusOr<const NcclApi*> api = LoadNccl();
   if (!api.ok()) return api.status();
   std::vector<int> devices(static_cast<size_t>(size));
@@ -265,11 +282,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
     peers = *std::move(set_up);
   }
   auto barrier = std::make_shared<std::barrier<>>(size);
+  auto failed = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::unique_ptr<Communicator>> ranks;
   for (int32_t r = 0; r < size; ++r) {
     ranks.push_back(std::make_unique<NcclCommunicator>(
         *api, comms[static_cast<size_t>(r)], r, size, first_device + r,
-        std::min(peer_max_bytes, kc::kPeerAllReduceMaxBytes), peers, barrier));
+        std::min(peer_max_bytes, kc::kPeerAllReduceMaxBytes), peers, barrier, failed));
   }
   return ranks;
 }

@@ -5,8 +5,9 @@
 // The library is $LMSERVE_NCCL_LIBRARY when set, otherwise libnccl.so.2 from the loader's search
 // path (LD_LIBRARY_PATH; PyPI's nvidia-nccl-cu13 wheel ships it under nvidia/nccl/lib, and a
 // PyTorch install has it there). The few entry points used are declared here with NCCL's stable
-// C ABI (nccl.h of NCCL 2.x). NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 unless the
-// environment already sets it.
+// C ABI (nccl.h of NCCL 2.x). NVLink multicast (NVLS) stays off and connections are made at
+// initialization (NCCL_NVLS_ENABLE=0, NCCL_RUNTIME_CONNECT=0) unless the environment says
+// otherwise.
 
 #ifndef LMSERVE_ENGINE_RUNNER_CUDA_NCCL_COMMUNICATOR_H_
 #define LMSERVE_ENGINE_RUNNER_CUDA_NCCL_COMMUNICATOR_H_

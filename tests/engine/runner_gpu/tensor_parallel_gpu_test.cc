@@ -1,6 +1,6 @@
 // Tensor parallelism on two GPUs (engine/runner/tensor_parallel_runner.h, NCCL): the fixtures on
-// two ranks against one GPU. float32: teacher-forced logits within 1e-4 of one GPU's (sums in
-// another order) and the same greedy tokens through decode steps replayed from the ranks' CUDA
+// two ranks against one GPU. float32: teacher-forced logits within 1e-4 of one GPU's (scaled
+// beyond |logit| 10; sums in another order) and the same greedy tokens through decode steps replayed from the ranks' CUDA
 // graphs; bf16: relative L2 against Hugging Face's float64 logits within 2e-2, as one GPU's.
 // Skipped without two supported GPUs or without NCCL (nccl_communicator.h says where it looks).
 
@@ -117,7 +117,9 @@ TEST_P(TensorParallelGpuTest, TwoGpusGiveOneGpusLogits) {
       const std::vector<float> reference = testing::LoadReferenceLogits(dir, static_cast<int>(j));
       double worst = 0, num = 0, num_one = 0, den = 0;
       for (size_t i = 0; i < got.logits.size(); ++i) {
-        worst = std::max(worst, std::abs(double{got.logits[i]} - want.logits[i]));
+        // Scaled beyond |logit| 10, as the family tests (tied embeddings' logits reach hundreds).
+        const double scale = std::max(1.0, std::abs(double{want.logits[i]}) / 10);
+        worst = std::max(worst, std::abs(double{got.logits[i]} - want.logits[i]) / scale);
         const double d = double{got.logits[i]} - reference[i];
         const double d_one = double{want.logits[i]} - reference[i];
         num += d * d;
@@ -125,7 +127,7 @@ TEST_P(TensorParallelGpuTest, TwoGpusGiveOneGpusLogits) {
         den += double{reference[i]} * reference[i];
       }
       const double relative_l2 = std::sqrt(num / den), one_gpu = std::sqrt(num_one / den);
-      std::printf("[ tp 2     ] %-26s %s prompt %zu: max |tp2 - tp1| %.3g, relative L2 %.3g "
+      std::printf("[ tp 2     ] %-26s %s prompt %zu: scaled max |tp2 - tp1| %.3g, relative L2 %.3g "
                   "(one GPU %.3g)\n",
                   GetParam().name, dtype == RunnerDType::kFloat32 ? "float32 " : "bfloat16", j,
                   worst, relative_l2, one_gpu);
