@@ -226,6 +226,12 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       ->default_str(runner->kv_cache_bytes == 0 ? "auto" : StrCat(runner->kv_cache_bytes >> 20))
       ->group(kRunnerGroup);
   AddThreadsFlag(command, &runner->num_threads)->group(kRunnerGroup);
+  AddIntFlag(command, "--tensor-parallel-size", &runner->tensor_parallel_size,
+             "split the model over this many GPUs (--backend cuda: devices 0 .. N-1) with NCCL, "
+             "or over this many CPU shards (the CPU twin, for tests); it must divide the model's "
+             "attention and KV heads and MLP widths",
+             1, 64)
+      ->group(kRunnerGroup);
   AddDoubleFlag(command, "--gpu-memory-utilization", &runner->gpu_memory_utilization,
                 "CUDA: the share of the GPU's memory lmserve may take (weights, KV cache, "
                 "workspaces)",
@@ -328,7 +334,8 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       ", GPU memory utilization: ", runner.gpu_memory_utilization,
       ", CUDA graphs: ", runner.cuda_graphs ? "on" : "off",
       ", fp32 residual: ", runner.fp32_residual ? "on" : "off",
-      ", decode GEMM: ", engine::DecodeGemmName(runner.decode_gemm), "\n", "  listen: ", server.host, ":",
+      ", decode GEMM: ", engine::DecodeGemmName(runner.decode_gemm),
+      ", tensor parallel size: ", runner.tensor_parallel_size, "\n", "  listen: ", server.host, ":",
       server.port, ", metrics port: ",
       server.metrics_port < 0 ? std::string("off") : StrCat(server.metrics_port),
       ", HTTP port: ",

@@ -23,7 +23,10 @@
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
-//        [--no-fp32-residual] [--json FILE] [--timeline FILE]
+//        [--no-fp32-residual] [--tensor-parallel-size N] [--json FILE] [--timeline FILE]
+//
+// With --tensor-parallel-size N the model runs on GPUs 0 .. N-1 and every floor is one GPU's
+// (its share of the weights, KV cache and FLOPs), as each GPU works on its share at once.
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -69,6 +72,7 @@ struct Options {
   engine::DecodeGemm decode_gemm = engine::DecodeGemm::kAuto;
   bool programmatic_launch = true;
   bool fp32_residual = true;
+  int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   std::string json;
   std::string timeline;
@@ -79,7 +83,8 @@ int Usage(const char* message) {
                "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32] "
                "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
-               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--no-fp32-residual] [--json FILE] "
+               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--no-fp32-residual] "
+               "[--tensor-parallel-size N] [--json FILE] "
                "[--timeline FILE]\n",
                message);
   return 2;
@@ -255,6 +260,7 @@ int Run(const Options& o) {
   config.decode_gemm = o.decode_gemm;
   config.programmatic_launch = o.programmatic_launch;
   config.fp32_residual = o.fp32_residual;
+  config.tensor_parallel_size = o.tensor_parallel_size;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -272,15 +278,24 @@ int Run(const Options& o) {
               stats.startup_seconds, stats.num_cuda_graphs);
 
   const int32_t block = (*runner)->block_size_tokens();
+  // With tensor parallelism the floors are one GPU's: its share of the weights and the KV cache
+  // (every rank reads its share at once; the all-reduces are not in the floor).
+  const int tp = o.tensor_parallel_size;
+  const auto sharded = engine::ShardModelConfig(c, tp, 0);
+  if (!sharded.ok()) {
+    std::fprintf(stderr, "%s\n", sharded.status().ToString().c_str());
+    return 1;
+  }
+  const engine::ModelConfig& shard = *sharded;
   // Weights a decode step reads: all but the embedding table (a few rows), unless it is also
   // the LM head.
   const int64_t element_bytes = engine::RunnerDTypeBytes(stats.dtype);
-  const int64_t embed_bytes = c.vocab_size * c.hidden_size * element_bytes;
-  const int64_t weight_read = stats.weight_bytes - (c.tie_word_embeddings ? 0 : embed_bytes);
+  const int64_t embed_bytes = engine::VocabShardRows(shard) * c.hidden_size * element_bytes;
+  const int64_t weight_read = stats.weight_bytes / tp - (c.tie_word_embeddings ? 0 : embed_bytes);
   // The experts' bytes of each sparse layer (mixtures of experts), of which a step reads a part.
   std::vector<double> expert_layer_bytes;
   if (c.num_experts > 0) {
-    auto model = engine::DescribeModel(c);
+    auto model = engine::DescribeModel(shard);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
       return 1;
@@ -310,8 +325,8 @@ int Run(const Options& o) {
     }
     return bytes;
   };
-  const int64_t kv_token_bytes = engine::CudaKvBlockBytes(c, 1, stats.dtype);
-  const int64_t params = stats.weight_bytes / element_bytes;
+  const int64_t kv_token_bytes = engine::CudaKvBlockBytes(shard, 1, stats.dtype);
+  const int64_t params = stats.weight_bytes / element_bytes / tp;  // one GPU's
   nlohmann::json results = {
       {"device", devices[0].name},
       {"model", o.model},
@@ -319,6 +334,7 @@ int Run(const Options& o) {
       {"cuda_graphs", o.graphs},
       {"dtype", dtype_name},
       {"fp32_residual", o.fp32_residual},
+      {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
       {"weight_bytes", stats.weight_bytes},
@@ -375,7 +391,7 @@ int Run(const Options& o) {
     }
     const double seconds = TimeSteps(**runner, batch, std::max(5, o.iters / 3));
     const double total_tokens = double{1.0} * o.prefill_seqs * n;
-    const double head_params = double{1.0} * c.vocab_size * c.hidden_size;
+    const double head_params = double{1.0} * engine::VocabShardRows(shard) * c.hidden_size;
     // Each token runs top_k of the E experts of a sparse layer.
     double inactive_expert_params = 0;
     for (double layer_bytes : expert_layer_bytes) {
@@ -387,7 +403,7 @@ int Run(const Options& o) {
                                (c.tie_word_embeddings ? 0.0 : head_params) -
                                inactive_expert_params;
     const double attention_flops = 2.0 * 2.0 * o.prefill_seqs * (double{1.0} * n * (n + 1) / 2) *
-                                   c.num_attention_heads * c.head_dim * c.num_layers;
+                                   shard.num_attention_heads * c.head_dim * c.num_layers;
     const double flops = 2.0 * body_params * total_tokens + attention_flops +
                          2.0 * head_params * o.prefill_seqs;
     const double floor = flops / gemm_rate;
@@ -444,6 +460,8 @@ int main(int argc, char** argv) {
       o.programmatic_launch = false;
     } else if (arg == "--no-fp32-residual") {
       o.fp32_residual = false;
+    } else if (arg == "--tensor-parallel-size") {
+      o.tensor_parallel_size = std::atoi(value().c_str());
     } else if (arg == "--batches") {
       o.batches.clear();
       const std::string list = value();

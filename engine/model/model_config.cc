@@ -269,6 +269,47 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* genera
   return out;
 }
 
+absl::StatusOr<ModelConfig> ShardModelConfig(const ModelConfig& config, int32_t size,
+                                             int32_t rank) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor parallelism: rank ", rank, " of ", size, " ranks is out of range"));
+  }
+  if (config.tensor_parallel_size != 1) {
+    return absl::InternalError("tensor parallelism: the config is already a rank's share");
+  }
+  ModelConfig shard = config;
+  shard.tensor_parallel_size = size;
+  shard.tensor_parallel_rank = rank;
+  shard.tensor_parallel_kv_slices = size;
+  if (size == 1) return shard;
+  // Fewer KV heads than ranks: each rank holds one, size / num_kv_heads ranks the same one.
+  if (config.num_kv_heads < size && size % config.num_kv_heads == 0) {
+    shard.tensor_parallel_kv_slices = config.num_kv_heads;
+    shard.num_kv_heads = size;  // divided to 1 below
+  }
+  const std::pair<const char*, int64_t*> divided[] = {
+      {"num_attention_heads", &shard.num_attention_heads},
+      {"num_key_value_heads", &shard.num_kv_heads},
+      {"intermediate_size", &shard.intermediate_size},
+      {"moe_intermediate_size", &shard.moe_intermediate_size}};
+  for (auto [what, value] : divided) {
+    if (*value % size != 0) {
+      return absl::InvalidArgumentError(
+          StrCat("--tensor-parallel-size ", size, " does not divide the model's ", what, " (",
+                 *value, "): each rank must hold an equal share of it; choose a size that divides ",
+                 "num_attention_heads and the MLP widths, and divides or is a multiple of ",
+                 "num_key_value_heads"));
+    }
+    *value /= size;
+  }
+  return shard;
+}
+
+int64_t VocabShardRows(const ModelConfig& config) {
+  return (config.vocab_size + config.tensor_parallel_size - 1) / config.tensor_parallel_size;
+}
+
 absl::Status ValidateModelConfig(const ModelConfig& c) {
   auto positive = [](const char* what, int64_t value) -> absl::Status {
     if (value > 0) return absl::OkStatus();

@@ -89,6 +89,16 @@ struct ModelConfig {
   double norm_weight_offset = 0;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // any of these ends generation
+  // Tensor parallelism (ShardModelConfig): the config of rank `tensor_parallel_rank` of
+  // `tensor_parallel_size`, whose num_attention_heads, num_kv_heads, intermediate_size and
+  // moe_intermediate_size are the rank's share of the model's; vocab_size and the rest are the
+  // model's own. 1 and 0: the whole model.
+  int32_t tensor_parallel_size = 1;
+  int32_t tensor_parallel_rank = 0;
+  // The model's KV heads split into this many slices, one a rank (KvSlices): the tensor parallel
+  // size, or the model's num_kv_heads when there are fewer KV heads than ranks (each rank then
+  // holds one, shared with other ranks).
+  int64_t tensor_parallel_kv_slices = 1;
 };
 
 // Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids
@@ -104,6 +114,18 @@ absl::StatusOr<RopeConfig> ParseRopeParameters(const nlohmann::json& parameters,
 
 // Checks the invariants every runner relies on (positive sizes, heads dividing evenly, ...).
 absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Rank `rank`'s share of `config` under tensor parallelism of `size` ranks (Megatron's split: each
+// rank holds num_attention_heads / size query heads with their KV heads (num_kv_heads / size, or
+// one KV head replicated where size is a multiple of num_kv_heads), intermediate_size / size of
+// every MLP and of every expert, and a slice of the vocabulary, VocabShardRows). Errors name
+// what `size` does not divide. REQUIRES: config is the whole model's.
+absl::StatusOr<ModelConfig> ShardModelConfig(const ModelConfig& config, int32_t size,
+                                             int32_t rank);
+
+// The vocabulary rows each rank's embedding and LM head hold: ceil(vocab_size / size), the last
+// rank's padded with zero rows.
+int64_t VocabShardRows(const ModelConfig& config);
 
 // Whether decoder layer `layer` has a mixture-of-experts MLP (ModelConfig::num_experts).
 bool IsMoeLayer(const ModelConfig& config, int64_t layer);

@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/model/model_config.h"
 
 namespace lmserve::engine {
 
@@ -30,10 +32,38 @@ struct Weight {
   bool present() const { return index >= 0; }
 };
 
+// Rows of a checkpoint tensor split by tensor parallelism (Split::kRows): the checkpoint's rows are
+// `slices` slices of `rows` rows each, and rank r of N holds slice r * slices / N. slices is N but
+// for KV heads when there are fewer than ranks (each rank then holds one of the KV heads, which
+// ranks share).
+struct RowSlices {
+  explicit RowSlices(int64_t rows, int64_t slices = 0) : rows(rows), slices(slices) {}
+  int64_t rows = 0;    // the rank's
+  int64_t slices = 0;  // 0: the tensor parallel size
+};
+
 // One checkpoint tensor that makes up rows of a runner tensor.
 struct WeightPart {
+  WeightPart(std::string name, int64_t rows, std::vector<RowSlices> segments = {})
+      : name(std::move(name)), rows(rows), segments(std::move(segments)) {}
   std::string name;  // the checkpoint tensor's Hugging Face name
   int64_t rows = 0;  // its outermost dimension: the rows it fills
+  // Split::kRows: how its rows split, one entry per piece that splits on its own (Phi-3's fused
+  // qkv_proj: q, k and v); their rows add up to `rows`. Empty: one piece of N slices.
+  std::vector<RowSlices> segments;
+};
+
+// How tensor parallelism divides a tensor among N ranks (ModelConfig::tensor_parallel_size),
+// Megatron's scheme. A description built from a rank's config (ShardModelConfig) declares each
+// tensor with the rank's shape; the split says which slice of the checkpoint's tensor that is.
+enum class Split : uint8_t {
+  kReplicated,  // every rank holds the whole tensor (norms, biases of replicated outputs, routers)
+  kRows,        // column-parallel: rank r holds slice r of the rows of every part (of every
+                // segment of a fused part); its projection's output is the rank's own features
+  kCols,        // row-parallel: rank r holds slice r of the columns; its projection's output is a
+                // partial sum, which the runner all-reduces
+  kVocab,       // embeddings and LM head: rank r holds vocabulary rows
+                // [r * rows, (r + 1) * rows), the last rank's padded with zero rows
 };
 
 struct WeightSpec {
@@ -46,11 +76,17 @@ struct WeightSpec {
   Weight tied_to;                 // another tensor whose storage this one shares (tied embeddings)
   // Added to every value as it is loaded (Gemma's RMSNorm weights, stored as scale - 1); 0: none.
   float offset = 0;
+  Split split = Split::kReplicated;
+  int32_t tensor_parallel_size = 1;  // the N of `split` (the describing config's)
+  int32_t tensor_parallel_rank = 0;  // the slice this tensor holds
+  int64_t vocab_size = 0;            // kVocab: the checkpoint's rows
 
   bool is_matrix() const { return cols > 0; }
   int64_t num_elements() const { return rows * (cols > 0 ? cols : 1); }
-  // The checkpoint shape of a part: [rows, cols] or [rows].
+  // The shape of a part as this tensor holds it: [rows, cols] or [rows].
   std::vector<int64_t> PartShape(const WeightPart& part) const;
+  // The shape of a part's checkpoint tensor: PartShape, before tensor parallelism's split.
+  std::vector<int64_t> CheckpointShape(const WeightPart& part) const;
   // The input width that scales a part's dummy values (LoadFormat::kDummy): cols for a matrix.
   int64_t fan_in() const { return cols > 0 ? cols : rows; }
 };
@@ -67,6 +103,9 @@ class WeightPlan {
   Weight AddTied(std::string kind, Weight target);
   // Sets WeightSpec::offset of `weight`.
   void SetOffset(Weight weight, float offset) { specs_[weight.index].offset = offset; }
+  // Sets how tensor parallelism of `config`'s size splits `weight` (a no-op at size 1, where
+  // every tensor is whole). kVocab: `weight` has VocabShardRows(config) rows.
+  void SetSplit(Weight weight, Split split, const ModelConfig& config);
 
   const WeightSpec& operator[](Weight weight) const { return specs_[weight.index]; }
   const std::vector<WeightSpec>& specs() const { return specs_; }

@@ -15,6 +15,7 @@
 #include "engine/core/check.h"
 #include "engine/model/kv_cache_groups.h"
 #include "engine/model/ops.h"
+#include "engine/runner/communicator.h"
 #include "engine/runner/dummy_weights.h"
 #include "engine/runner/memory_plan.h"
 #include "engine/runner/weight_loader.h"
@@ -129,6 +130,9 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   absl::Status Sample() override;
 
   float* Buf(Buffer buffer) { return buffers_[static_cast<int>(buffer)].data(); }
+  // Under tensor parallelism, the sum over the ranks of `rows` rows of `buffer` (width `width`),
+  // in place: the output of a row-parallel projection. A no-op for a whole model.
+  absl::Status AllReduce(Buffer buffer, int64_t width);
   // A KV cache layer's keys and values: the slot of its group's blocks that it occupies.
   float* KeyCache(int64_t layer) {
     return kv_pool_.get() + (2 * int64_t{groups_.layer_slot[layer]}) * layer_cache_floats_;
@@ -139,7 +143,8 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   int32_t Group(int64_t layer) const { return groups_.layer_group[static_cast<size_t>(layer)]; }
 
   const std::unique_ptr<const ModelDescription> model_;
-  const ModelConfig& config_;
+  const ModelConfig& config_;  // a rank's share under tensor parallelism
+  Communicator* const comm_;   // null for a whole model
   const int32_t block_size_;
   const int num_threads_;
   const int64_t q_dim_;                        // heads * head_dim
@@ -174,6 +179,8 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   // sequences' last tokens. FinalNorm packs their normed rows into final_rows_ in this order.
   std::vector<int32_t> logits_rows_;
   std::vector<float> final_rows_;  // [rows, hidden]
+  // Tensor parallelism: the rank's vocabulary slice of the logits rows, and every rank's.
+  std::vector<float> rank_logits_, gathered_logits_;
   // kSample sequences: their rows' logits, settings and chosen tokens.
   std::vector<float> sample_logits_;
   std::vector<float> sample_temperature_, sample_top_p_, sample_min_p_;
@@ -193,6 +200,7 @@ CpuRunner::CpuRunner(std::unique_ptr<const ModelDescription> model,
                      const RunnerConfig& runner_config)
     : model_(std::move(model)),
       config_(model_->config()),
+      comm_(runner_config.communicator),
       block_size_(runner_config.block_size_tokens),
       num_threads_(runner_config.num_threads > 0
                        ? runner_config.num_threads
@@ -370,13 +378,36 @@ absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
   return status;
 }
 
+absl::Status CpuRunner::AllReduce(Buffer buffer, int64_t width) {
+  if (comm_ == nullptr) return absl::OkStatus();
+  return comm_->AllReduceSum(Buf(buffer), num_tokens_ * width, kernels::DType::kF32, nullptr);
+}
+
 absl::Status CpuRunner::Embed(Weight table, float scale) {
-  kernels::EmbeddingGather({.table = weights_[table],
-                            .ids = batch_->token_ids.data(),
-                            .output = Buf(Buffer::kResidual),
-                            .num_tokens = num_tokens_,
-                            .vocab_size = config_.vocab_size,
-                            .hidden_size = config_.hidden_size});
+  const int64_t hidden = config_.hidden_size;
+  const WeightSpec& spec = model_->weights()[table];
+  if (comm_ != nullptr && spec.split == Split::kVocab) {
+    // This rank's vocabulary rows, zeros for the other ranks' ids; the sum is every token's row.
+    const int64_t first_id = int64_t{comm_->rank()} * spec.rows;
+    float* residual = Buf(Buffer::kResidual);
+    for (int64_t t = 0; t < num_tokens_; ++t) {
+      const int64_t row = batch_->token_ids[t] - first_id;
+      float* out = residual + t * hidden;
+      if (row >= 0 && row < spec.rows) {
+        std::copy_n(weights_[table] + row * hidden, hidden, out);
+      } else {
+        std::fill_n(out, hidden, 0.0f);
+      }
+    }
+    LMSERVE_RETURN_IF_ERROR(AllReduce(Buffer::kResidual, hidden));
+  } else {
+    kernels::EmbeddingGather({.table = weights_[table],
+                              .ids = batch_->token_ids.data(),
+                              .output = Buf(Buffer::kResidual),
+                              .num_tokens = num_tokens_,
+                              .vocab_size = config_.vocab_size,
+                              .hidden_size = hidden});
+  }
   if (scale != 1.0f) {
     float* residual = Buf(Buffer::kResidual);
     for (int64_t i = 0; i < num_tokens_ * config_.hidden_size; ++i) residual[i] *= scale;
@@ -414,6 +445,7 @@ absl::Status CpuRunner::Linear(Weight weight, Buffer in, Buffer out) {
                    .num_tokens = num_tokens_,
                    .in_features = spec.cols,
                    .out_features = spec.rows});
+  if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
 }
 
@@ -460,6 +492,10 @@ absl::Status CpuRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
                 .top_k = moe.top_k,
                 .normalize_top_k = moe.normalize_top_k,
                 .workspace = &moe_scratch_});
+  // Each rank's experts hold a slice of their intermediate features: partial sums.
+  if (model_->weights()[moe.down].split == Split::kCols) {
+    return AllReduce(out, config_.hidden_size);
+  }
   return absl::OkStatus();
 }
 
@@ -591,9 +627,40 @@ absl::Status CpuRunner::LmHead(Weight lm_head, float softcap) {
                      .num_threads = num_threads_});
     if (softcap > 0) kernels::Softcap(out, num_rows * config_.vocab_size, softcap);
   };
-  logits(0, num_returned_rows_, output_->logits.data());
   if (num_sampled > 0) Grow(&sample_logits_, num_sampled * config_.vocab_size);
-  logits(num_returned_rows_, num_sampled, sample_logits_.data());
+  const WeightSpec& spec = model_->weights()[lm_head];
+  if (comm_ == nullptr || spec.split != Split::kVocab) {
+    logits(0, num_returned_rows_, output_->logits.data());
+    logits(num_returned_rows_, num_sampled, sample_logits_.data());
+    return absl::OkStatus();
+  }
+  // Tensor parallelism: each rank's vocabulary slice of every row, gathered and laid side by side.
+  const int64_t vocab = config_.vocab_size, slice = spec.rows, n = comm_->size();
+  Grow(&rank_logits_, num_rows_ * slice);
+  Grow(&gathered_logits_, n * num_rows_ * slice);
+  if (num_rows_ > 0) {
+    kernels::Linear({.input = final_rows_.data(),
+                     .weight = weights_[lm_head],
+                     .output = rank_logits_.data(),
+                     .num_tokens = num_rows_,
+                     .in_features = hidden,
+                     .out_features = slice,
+                     .split_k = kLogitsSplitK,
+                     .num_threads = num_threads_});
+  }
+  LMSERVE_RETURN_IF_ERROR(comm_->AllGather(rank_logits_.data(), gathered_logits_.data(),
+                                           num_rows_ * slice, kernels::DType::kF32, nullptr));
+  for (int64_t row = 0; row < num_rows_; ++row) {
+    float* out = row < num_returned_rows_
+                     ? output_->logits.data() + row * vocab
+                     : sample_logits_.data() + (row - num_returned_rows_) * vocab;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t first = r * slice, count = std::min(slice, vocab - first);
+      if (count <= 0) break;
+      std::copy_n(gathered_logits_.data() + (r * num_rows_ + row) * slice, count, out + first);
+    }
+    if (softcap > 0) kernels::Softcap(out, vocab, softcap);
+  }
   return absl::OkStatus();
 }
 

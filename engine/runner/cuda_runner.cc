@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -15,6 +16,7 @@
 #include "common/strings.h"
 #include "engine/model/kv_cache_groups.h"
 #include "engine/model/ops.h"
+#include "engine/runner/communicator.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "engine/runner/cuda/cuda_weights.h"
 #include "engine/runner/cuda/decode_graphs.h"
@@ -45,6 +47,7 @@ using cuda::StepLayout;
 using kernels::DType;
 
 constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
 // Logits rows computed at once (more rows, as teacher-forced scoring asks, go in chunks).
 constexpr int64_t kMinLogitsChunkRows = 256;
 // GPU memory kept free beyond the weights, workspaces and KV pool: CUDA graphs, cuBLAS's own
@@ -139,10 +142,15 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     return kv_pool_.at((2 * int64_t{groups_.layer_slot[layer]} + 1) * layer_cache_bytes_);
   }
   int64_t Group(int64_t layer) const { return groups_.layer_group[static_cast<size_t>(layer)]; }
+  // Tensor parallelism: the sum over the ranks of the step's rows of `buffer` ([tokens, width]),
+  // in place (a row-parallel projection's partial sums). A no-op for a whole model.
+  absl::Status AllReduce(Buffer buffer, int64_t width);
 
   const std::unique_ptr<const ModelDescription> model_;
-  const ModelConfig& config_;
+  const ModelConfig& config_;  // a rank's share under tensor parallelism
   const RunnerConfig runner_config_;
+  Communicator* const comm_;   // null for a whole model
+  bool collectives_ = true;    // off while the GEMMs are tuned (CaptureGraphs)
   const RunnerDType dtype_;      // resolved: kBFloat16 or kFloat32
   const DType kernel_dtype_;     // the kernels' name for it: kBF16 or kF32
   const int64_t element_bytes_;  // 2 or 4
@@ -181,6 +189,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer gate_up_;            // [max_tokens, 2 intermediate]: cuBLASLt's gate/up output
   CudaBuffer final_rows_;         // [max_tokens, hidden]: the logits rows' final norm, gathered
   CudaBuffer logits_;             // [logits_chunk_rows, vocab] fp32
+  // Tensor parallelism: the rank's vocabulary slice of a logits chunk, [logits_chunk_rows,
+  // slice] fp32, and every rank's, [ranks, logits_chunk_rows, slice].
+  CudaBuffer rank_logits_, gathered_logits_;
   CudaBuffer sampled_;            // [max_tokens] int32
   CudaBuffer sampler_workspace_;  // kc::kSamplingWorkspaceBytes
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
@@ -204,6 +215,7 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
     : model_(std::move(model)),
       config_(model_->config()),
       runner_config_(runner_config),
+      comm_(runner_config.communicator),
       dtype_(ResolveRunnerDType(runner_config.dtype, Backend::kCuda)),
       kernel_dtype_(dtype_ == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16),
       element_bytes_(RunnerDTypeBytes(dtype_)),
@@ -217,6 +229,7 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
       groups_(PlanKvCacheGroups(model_->kv_windows())) {}
 
 CudaRunner::~CudaRunner() {
+  cudaSetDevice(runner_config_.device);
   gemms_.reset();
   blas_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -250,10 +263,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     return absl::UnimplementedError(StrCat("CUDA runner: head_dim ", model.head_dim,
                                            " is not supported (", kc::kHeadDimList, ")"));
   }
-  if (model.hidden_size % 8 != 0 || model.intermediate_size % 8 != 0 || model.vocab_size % 8 != 0) {
+  if (model.hidden_size % 8 != 0 || model.intermediate_size % 8 != 0 ||
+      model.vocab_size % 8 != 0 || VocabShardRows(model) % 8 != 0) {
     return absl::UnimplementedError(StrCat(
         "CUDA runner: hidden (", model.hidden_size, "), intermediate (", model.intermediate_size,
-        ") and vocabulary (", model.vocab_size, ") sizes must be multiples of 8"));
+        ") and vocabulary (", model.vocab_size, ", ", VocabShardRows(model),
+        " a rank) sizes must be multiples of 8"));
   }
   if (model.num_experts > 0 &&
       (model.moe_intermediate_size % 8 != 0 || model.num_experts > kc::kMaxCudaMoeExperts ||
@@ -367,6 +382,12 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_ASSIGN_OR_RETURN(
       logits_,
       CudaBuffer::Device(logits_chunk_rows_ * c.vocab_size * int64_t{sizeof(float)}, "logits"));
+  if (comm_ != nullptr) {
+    const int64_t slice_bytes = logits_chunk_rows_ * VocabShardRows(c) * int64_t{sizeof(float)};
+    LMSERVE_ASSIGN_OR_RETURN(rank_logits_, CudaBuffer::Device(slice_bytes, "logits"));
+    LMSERVE_ASSIGN_OR_RETURN(gathered_logits_,
+                             CudaBuffer::Device(comm_->size() * slice_bytes, "logits"));
+  }
   LMSERVE_ASSIGN_OR_RETURN(sampled_, CudaBuffer::Device(t * 4, "sampled tokens"));
   LMSERVE_ASSIGN_OR_RETURN(sampler_workspace_,
                            CudaBuffer::Device(kc::kSamplingWorkspaceBytes, "the sampler"));
@@ -458,19 +479,29 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
   return {weight_projection_[weight.index], weight_layer_[weight.index]};
 }
 
+absl::Status CudaRunner::AllReduce(Buffer buffer, int64_t width) {
+  if (comm_ == nullptr || !collectives_) return absl::OkStatus();
+  return comm_->AllReduceSum(Buf(buffer), step_.tokens * width, BufDType(buffer), stream_);
+}
+
 absl::Status CudaRunner::Embed(Weight table, float scale) {
   const ModelConfig& c = config_;
   const Step& s = step_;
+  const WeightSpec& spec = model_->weights()[table];
+  // Under tensor parallelism each rank gathers its vocabulary rows (zeros for other ids), summed.
+  const bool sliced = comm_ != nullptr && spec.split == Split::kVocab;
   kc::EmbeddingParams embed{.table = weights_[table],
                             .ids = In<int32_t>(s.layout->token_ids),
                             .output = Buf(Buffer::kResidual),
                             .num_tokens = s.tokens,
-                            .vocab_size = c.vocab_size,
+                            .vocab_size = spec.rows,
                             .hidden_size = c.hidden_size,
                             .dtype = kernel_dtype_,
                             .scale = scale,
                             .output_dtype = residual_dtype_};
+  if (sliced) embed.first_id = int64_t{comm_->rank()} * spec.rows;
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(embed, stream_), "embedding");
+  if (sliced) LMSERVE_RETURN_IF_ERROR(AllReduce(Buffer::kResidual, c.hidden_size));
   // A prefill step's attention plan, once for every layer.
   if (!s.decode_only && dtype_ == RunnerDType::kBFloat16) {
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::LaunchPrefillPlan(PrefillParams(0), stream_), "prefill plan");
@@ -514,7 +545,10 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
   const auto [id, layer] = Projection(weight, /*logits=*/false);
-  return gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out));
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out)));
+  const WeightSpec& spec = model_->weights()[weight];
+  if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
@@ -556,6 +590,10 @@ absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
                              .normalize_top_k = moe.normalize_top_k,
                              .dtype = kernel_dtype_};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "mixture of experts");
+  // Each rank's experts hold a slice of their intermediate features: partial sums.
+  if (model_->weights()[moe.down].split == Split::kCols) {
+    return AllReduce(out, config_.hidden_size);
+  }
   return absl::OkStatus();
 }
 
@@ -700,7 +738,28 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   const auto [id, layer] = Projection(lm_head_, /*logits=*/true);
   const void* rows = static_cast<const unsigned char*>(final_rows_source_) +
                      first_row * config_.hidden_size * element_bytes_;
-  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, logits_.get()));
+  const WeightSpec& spec = model_->weights()[lm_head_];
+  if (comm_ == nullptr || spec.split != Split::kVocab) {
+    LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, logits_.get()));
+  } else {
+    // Each rank's vocabulary slice, gathered from every rank and laid side by side in logits_.
+    const int64_t vocab = config_.vocab_size, slice = spec.rows;
+    LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, num_rows, rows, rank_logits_.get()));
+    if (collectives_) {
+      LMSERVE_RETURN_IF_ERROR(comm_->AllGather(rank_logits_.get(), gathered_logits_.get(),
+                                               num_rows * slice, DType::kF32, stream_));
+    }
+    for (int64_t r = 0; r < comm_->size(); ++r) {
+      const int64_t first = r * slice, count = std::min(slice, vocab - first);
+      if (count <= 0) break;
+      LMSERVE_RETURN_IF_CUDA_ERROR(
+          cudaMemcpy2DAsync(logits_.as<float>() + first, vocab * sizeof(float),
+                            gathered_logits_.as<float>() + r * num_rows * slice,
+                            slice * sizeof(float), count * sizeof(float), num_rows,
+                            cudaMemcpyDeviceToDevice, stream_),
+          "laying out the logits slices");
+    }
+  }
   if (logit_softcap_ > 0) {
     const kc::SoftcapParams cap{
         .data = logits_.as<float>(), .count = num_rows * config_.vocab_size, .cap = logit_softcap_};
@@ -739,6 +798,8 @@ absl::Status CudaRunner::Forward(const Step& step) {
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   LMSERVE_RETURN_IF_ERROR(
       ValidateStepBatch(batch, config_, block_size_, num_blocks_, groups_.windows));
+  // The caller's thread may hold another device (a tensor-parallel rank runs on the engine's).
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaSetDevice(runner_config_.device), "cudaSetDevice");
   const int64_t seqs = batch.num_seqs();
   const int64_t tokens = batch.num_tokens();
   if (tokens > max_tokens_ || seqs > max_seqs_ ||
@@ -834,21 +895,46 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
 absl::Status CudaRunner::CaptureGraphs() {
   // New GEMM plans are autotuned while the graphs' sizes are warmed up: they serve every decode
   // step. Largest bucket first.
-  gemms_->set_autotune(true);
   const std::vector<int32_t> sizes = CudaGraphBatchSizes(static_cast<int32_t>(max_seqs_));
   StepBatch empty;
-  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
-    const int64_t b = *it;
-    const StepLayout layout = inputs_.Pack(empty, b, /*decode_only=*/true, block_size_);
-    LMSERVE_RETURN_IF_ERROR(inputs_.Upload(layout, stream_));
-    const Step step{.layout = &layout,
-                    .tokens = b,
-                    .seqs = b,
-                    .rows = b,
-                    .decode_only = true,
-                    .rows_are_tokens = true};
-    LMSERVE_RETURN_IF_ERROR(graphs_.Capture(b, stream_, [&] { return Forward(step); }));
+  auto for_each_size = [&](const std::function<absl::Status(int64_t, const Step&)>& run) {
+    for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+      const int64_t b = *it;
+      const StepLayout layout = inputs_.Pack(empty, b, /*decode_only=*/true, block_size_);
+      LMSERVE_RETURN_IF_ERROR(inputs_.Upload(layout, stream_));
+      const Step step{.layout = &layout,
+                      .tokens = b,
+                      .seqs = b,
+                      .rows = b,
+                      .decode_only = true,
+                      .rows_are_tokens = true};
+      LMSERVE_RETURN_IF_ERROR(run(b, step));
+    }
+    return absl::OkStatus();
+  };
+  gemms_->set_autotune(true);
+  if (comm_ != nullptr) {
+    // Tensor parallelism: autotuning allocates, and an allocation may wait for every GPU of the
+    // process to idle, which a collective waiting for this rank would never do. So the plans are
+    // tuned first with the collectives off (the values are of no use), and the ranks capture only
+    // once all are done allocating.
+    collectives_ = false;
+    absl::Status tuned = for_each_size([&](int64_t, const Step& step) { return Forward(step); });
+    collectives_ = true;
+    if (const cudaError_t e = cudaStreamSynchronize(stream_); tuned.ok() && e != cudaSuccess) {
+      tuned = cuda::CudaError(e, "tuning the decode GEMMs");
+    }
+    gemms_->set_autotune(false);
+    // Every rank arrives, failed or not: none may start collectives that another will not run.
+    const bool all_tuned = comm_->HostBarrier(tuned.ok());
+    LMSERVE_RETURN_IF_ERROR(tuned);
+    if (!all_tuned) {
+      return absl::AbortedError("another tensor-parallel rank failed to start (its error says why)");
+    }
   }
+  LMSERVE_RETURN_IF_ERROR(for_each_size([&](int64_t b, const Step& step) {
+    return graphs_.Capture(b, stream_, [&] { return Forward(step); });
+  }));
   gemms_->set_autotune(false);
   LMSERVE_RETURN_IF_ERROR(graphs_.Upload(stream_));
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "capturing decode graphs");
@@ -863,7 +949,8 @@ RunnerStats CudaRunner::stats() const {
   s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
                       inputs_.device_bytes() + decode_workspace_.bytes() +
                       prefill_workspace_.bytes() + moe_workspace_.bytes() +
-                      gemm_workspace_.bytes() + sampled_.bytes() +
+                      gemm_workspace_.bytes() + sampled_.bytes() + rank_logits_.bytes() +
+                      gathered_logits_.bytes() +
                       sampler_workspace_.bytes();
   for (const CudaBuffer& buffer : buffers_) s.workspace_bytes += buffer.bytes();
   for (const CudaBuffer& table : cos_sin_) s.workspace_bytes += table.bytes();

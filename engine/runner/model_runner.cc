@@ -11,6 +11,7 @@
 #include "engine/model/ops.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/runner/cuda_runner.h"
+#include "engine/runner/tensor_parallel_runner.h"
 
 namespace lmserve::engine {
 namespace {
@@ -241,6 +242,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
   if (config.max_context_len > 0) {
     model_config.max_position_embeddings =
         std::min(model_config.max_position_embeddings, config.max_context_len);
+  }
+  if (config.tensor_parallel_size != 1) {
+    return CreateTensorParallelRunner(model_config, checkpoint, config);
   }
   LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model, DescribeModel(model_config));
   // The runners plan their memory before allocating (memory_plan.h); an allocation that fails

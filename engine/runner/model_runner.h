@@ -37,6 +37,7 @@
 namespace lmserve::engine {
 
 class Checkpoint;
+class Communicator;
 struct AttentionLayer;
 
 enum class LogitsMode : uint8_t {
@@ -182,6 +183,13 @@ struct RunnerConfig {
   // Chain the step's kernels by programmatic dependent launch (sm_90): each launches while its
   // predecessor finishes. Process-wide in effect: the last CUDA runner created sets it.
   bool programmatic_launch = true;
+  // Tensor parallelism over this many ranks (tensor_parallel_runner.h): CUDA devices device,
+  // device + 1, ...; on the CPU, shards in threads of this process (the twin that tests the
+  // sharding). 1: one runner holds the whole model.
+  int32_t tensor_parallel_size = 1;
+  // Set by the tensor-parallel runner for each rank's runner (whose model is the rank's share):
+  // the rank's collectives. Null: a whole model.
+  Communicator* communicator = nullptr;
 };
 
 // Memory and start-up figures of a runner, for logs and metrics.

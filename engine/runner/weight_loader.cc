@@ -1,37 +1,108 @@
 #include "engine/runner/weight_loader.h"
 
+#include <algorithm>
+#include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "common/status.h"
+#include "common/strings.h"
 #include "kernels/cpu/dequant.h"
 
 namespace lmserve::engine {
+namespace {
+
+// This rank's slice of `full`, the checkpoint tensor of a part of a split tensor
+// (WeightSpec::split), in `storage`: rows keep the file's element type (quantized rows are whole
+// blocks); a column slice of a quantized tensor is dequantized to fp32 first.
+absl::StatusOr<TensorView> RankSlice(const WeightSpec& spec, const WeightPart& part,
+                                     const TensorView& full, std::vector<std::byte>* storage) {
+  const int64_t n = spec.tensor_parallel_size, rank = spec.tensor_parallel_rank;
+  const int64_t full_rows = full.shape[0];
+  TensorView slice = full;
+  slice.shape = spec.PartShape(part);
+  if (spec.split == Split::kRows || spec.split == Split::kVocab) {
+    if (full.num_bytes % full_rows != 0) {
+      return absl::InvalidArgumentError(StrCat(full.file, ": tensor ", full.name, " ",
+                                               full.ShapeString(), " cannot be split by rows"));
+    }
+    const int64_t row_bytes = full.num_bytes / full_rows;
+    storage->assign(static_cast<size_t>(part.rows * row_bytes), std::byte{0});
+    if (spec.split == Split::kVocab) {  // rows [rank * rows, ...), the rest zero padding
+      const int64_t first = std::min(rank * part.rows, full_rows);
+      const int64_t count = std::min(part.rows, full_rows - first);
+      std::memcpy(storage->data(), full.data + first * row_bytes,
+                  static_cast<size_t>(count * row_bytes));
+    } else {  // the rank's slice of each segment, the segments one after another
+      const std::vector<RowSlices> segments =
+          part.segments.empty() ? std::vector<RowSlices>{RowSlices(part.rows, n)} : part.segments;
+      int64_t source_row = 0, row = 0;
+      for (const RowSlices& segment : segments) {
+        const int64_t slices = segment.slices > 0 ? segment.slices : n;
+        std::memcpy(storage->data() + row * row_bytes,
+                    full.data + (source_row + rank * slices / n * segment.rows) * row_bytes,
+                    static_cast<size_t>(segment.rows * row_bytes));
+        source_row += slices * segment.rows;
+        row += segment.rows;
+      }
+    }
+  } else {  // Split::kCols: columns [rank * cols, (rank + 1) * cols) of every row
+    const int64_t cols = spec.cols, full_cols = full.shape[1];
+    if (kernels::IsQuantized(full.dtype)) {
+      std::vector<float> values(static_cast<size_t>(full.NumElements()));
+      kernels::DequantizeToF32(full.dtype, full.data, values.data(), full.NumElements());
+      storage->resize(static_cast<size_t>(part.rows * cols) * sizeof(float));
+      float* out = reinterpret_cast<float*>(storage->data());
+      for (int64_t r = 0; r < part.rows; ++r) {
+        std::copy_n(values.data() + r * full_cols + rank * cols, cols, out + r * cols);
+      }
+      slice.dtype = kernels::DType::kF32;
+    } else {
+      const int64_t element_bytes = kernels::RowBytes(full.dtype, 1);
+      storage->resize(static_cast<size_t>(part.rows * cols * element_bytes));
+      for (int64_t r = 0; r < part.rows; ++r) {
+        std::memcpy(storage->data() + r * cols * element_bytes,
+                    full.data + (r * full_cols + rank * cols) * element_bytes,
+                    static_cast<size_t>(cols * element_bytes));
+      }
+    }
+  }
+  slice.data = storage->data();
+  slice.num_bytes = static_cast<int64_t>(storage->size());
+  return slice;
+}
+
+}  // namespace
 
 absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, LoadFormat format,
                          WeightSink& sink) {
+  std::vector<std::byte> slice_storage;
+  std::vector<float> shifted_values;
   for (const WeightSpec& spec : plan.specs()) {
     int64_t first_row = 0;
     for (const WeightPart& part : spec.parts) {
       if (format == LoadFormat::kDummy) {
         LMSERVE_RETURN_IF_ERROR(sink.StoreDummy(spec, first_row, part));
-      } else {
-        LMSERVE_ASSIGN_OR_RETURN(const TensorView* tensor,
-                                 checkpoint.Get(part.name, spec.PartShape(part)));
-        LMSERVE_RETURN_IF_ERROR(CheckTensorBytes(*tensor));
-        if (spec.offset == 0) {
-          LMSERVE_RETURN_IF_ERROR(sink.Store(spec, first_row, *tensor));
-        } else {  // Gemma's norms: the offset added in fp32, stored from there
-          std::vector<float> values(static_cast<size_t>(tensor->NumElements()));
-          kernels::DequantizeToF32(tensor->dtype, tensor->data, values.data(),
-                                   tensor->NumElements());
-          for (float& v : values) v += spec.offset;
-          TensorView shifted = *tensor;
-          shifted.dtype = kernels::DType::kF32;
-          shifted.data = reinterpret_cast<const std::byte*>(values.data());
-          shifted.num_bytes = static_cast<int64_t>(values.size() * sizeof(float));
-          LMSERVE_RETURN_IF_ERROR(sink.Store(spec, first_row, shifted));
-        }
+        first_row += part.rows;
+        continue;
       }
+      LMSERVE_ASSIGN_OR_RETURN(const TensorView* file_tensor,
+                               checkpoint.Get(part.name, spec.CheckpointShape(part)));
+      LMSERVE_RETURN_IF_ERROR(CheckTensorBytes(*file_tensor));
+      TensorView tensor = *file_tensor;
+      if (spec.split != Split::kReplicated && spec.tensor_parallel_size > 1) {
+        LMSERVE_ASSIGN_OR_RETURN(tensor, RankSlice(spec, part, *file_tensor, &slice_storage));
+      }
+      if (spec.offset != 0) {  // Gemma's norms: the offset added in fp32, stored from there
+        shifted_values.resize(static_cast<size_t>(tensor.NumElements()));
+        kernels::DequantizeToF32(tensor.dtype, tensor.data, shifted_values.data(),
+                                 tensor.NumElements());
+        for (float& v : shifted_values) v += spec.offset;
+        tensor.dtype = kernels::DType::kF32;
+        tensor.data = reinterpret_cast<const std::byte*>(shifted_values.data());
+        tensor.num_bytes = static_cast<int64_t>(shifted_values.size() * sizeof(float));
+      }
+      LMSERVE_RETURN_IF_ERROR(sink.Store(spec, first_row, tensor));
       first_row += part.rows;
     }
   }

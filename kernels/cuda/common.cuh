@@ -232,6 +232,11 @@ __device__ __forceinline__ void BeginDependentKernel() {
 // device at the first call decides) unless AllowProgrammaticLaunch(false) turned it off.
 bool ProgrammaticLaunchEnabled();
 
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) on the current
+// device, once per kernel, device and size: the attribute is a device's, so a process driving
+// several GPUs (tensor parallelism) must set it on each.
+cudaError_t SetMaxDynamicSharedMemory(const void* kernel, int bytes);
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where
 // enabled; the kernel must keep the contract above.
 template <typename... Params, typename... Args>

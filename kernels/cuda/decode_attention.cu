@@ -474,9 +474,8 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
         auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
-        static const cudaError_t attribute_status = cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
-        LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+        LMSERVE_CUDA_RETURN_IF_ERROR(
+            SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
         LMSERVE_CUDA_RETURN_IF_ERROR(
             LaunchKernel(kernel, grid, Shape::kThreads, Shape::kSmemBytes, stream, a));
         if (p.max_splits <= 1) return cudaSuccess;

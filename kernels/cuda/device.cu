@@ -1,6 +1,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -52,6 +55,19 @@ bool ProgrammaticLaunchEnabled() {
     return major >= 9;
   }();
   return supported;
+}
+
+cudaError_t SetMaxDynamicSharedMemory(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::set<std::tuple<const void*, int, int>> done;  // (kernel, device, bytes)
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device, bytes}) > 0) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess) done.insert({kernel, device, bytes});
+  return e;
 }
 
 }  // namespace lmserve::kernels::cuda

@@ -59,10 +59,11 @@ int GridLimit() {
 template <typename T, typename O>
 __global__ void __launch_bounds__(kThreads)
     EmbeddingKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
-                    O* __restrict__ output, int64_t vocab_size, int64_t hidden_size, float scale) {
+                    O* __restrict__ output, int64_t vocab_size, int64_t hidden_size, float scale,
+                    int64_t first_id) {
   constexpr int64_t kPerPiece = 16 / sizeof(T);
   const int64_t token = blockIdx.x;
-  const int32_t id = ids[token];
+  const int64_t id = ids[token] - first_id;
   const bool valid = id >= 0 && id < vocab_size;
   const T* row = table + static_cast<int64_t>(valid ? id : 0) * hidden_size;
   O* out = output + token * hidden_size;
@@ -132,13 +133,13 @@ cudaError_t Launch(const EmbeddingParams& p, cudaStream_t stream) {
       if (p.output_dtype.value_or(p.dtype) == DType::kF32) {
         EmbeddingKernel<T, float><<<grid, kThreads, 0, stream>>>(
             static_cast<const T*>(p.table), p.ids, static_cast<float*>(p.output), p.vocab_size,
-            p.hidden_size, p.scale);
+            p.hidden_size, p.scale, p.first_id);
         return cudaGetLastError();
       }
     }
     EmbeddingKernel<T, T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(p.table), p.ids,
                                                          static_cast<T*>(p.output), p.vocab_size,
-                                                         p.hidden_size, p.scale);
+                                                         p.hidden_size, p.scale, p.first_id);
     return cudaGetLastError();
   });
 }

@@ -28,6 +28,9 @@ struct EmbeddingParams {
   // Of output: dtype (nullopt means dtype) or kF32. fp32 rows of a 16-bit table are its values
   // times scale, unrounded.
   std::optional<DType> output_dtype = std::nullopt;
+  // The id of the table's first row (a tensor-parallel rank's slice of the vocabulary): token t
+  // gets row ids[t] - first_id, zeros where that is outside [0, vocab_size).
+  int64_t first_id = 0;
 
   absl::Status Validate() const;  // shapes and pointers only: the ids live on the device
 };

@@ -324,9 +324,8 @@ template <typename T, int kHeadDim>
 cudaError_t LaunchPrefillKernel(const PrefillArgs& a, int64_t num_tokens, cudaStream_t stream) {
   auto kernel = PrefillAttentionKernel<T, kHeadDim>;
   constexpr int kSmemBytes = PrefillShape<kHeadDim>::kSmemElements * static_cast<int>(sizeof(T));
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), kSmemBytes));
   const dim3 grid(static_cast<unsigned>(CeilDiv(num_tokens, PrefillShape<kHeadDim>::kBlockM) + a.num_seqs),
                   static_cast<unsigned>(a.num_heads));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);

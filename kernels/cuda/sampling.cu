@@ -580,9 +580,8 @@ cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_rows == 0) return cudaSuccess;
   constexpr int kSmemBytes = sizeof(SamplerSmem);
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  LMSERVE_CUDA_RETURN_IF_ERROR(attribute_status);
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(SampleKernel), kSmemBytes));
   SampleArgs a{p.logits, p.output, p.temperature, p.top_k, p.top_p, p.min_p, p.seeds, p.steps,
                p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
                static_cast<int>(p.vocab_size), p.workspace};

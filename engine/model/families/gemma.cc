@@ -26,8 +26,6 @@ class GemmaDescription final : public ModelDescription {
  public:
   GemmaDescription(const ModelConfig& c, bool qk_norm) : ModelDescription(c) {
     rotary_ = DecoderRotary(c);
-    const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
-    const int64_t q_dim = c.num_attention_heads * c.head_dim;
     WeightPlan& w = weights_;
     const DecoderEnds ends = AddDecoderEnds(w, c);
     embed_ = ends.embed;
@@ -41,7 +39,7 @@ class GemmaDescription final : public ModelDescription {
       kv_windows_[static_cast<size_t>(l)] = layer.attention.window;
       layer.input_norm = AddNorm(w, c, "input_layernorm", l, name("input_layernorm.weight"));
       layer.qkv = AddQkv(w, c, l, /*fused=*/false, qk_norm, &layer.attention);
-      layer.o_proj = w.AddTensor("o_proj", l, name("self_attn.o_proj.weight"), hidden, q_dim);
+      layer.o_proj = AddOutputProjection(w, c, l);
       layer.post_attention_norm =
           AddNorm(w, c, "post_attention_layernorm", l, name("post_attention_layernorm.weight"));
       layer.pre_mlp_norm =
@@ -49,7 +47,7 @@ class GemmaDescription final : public ModelDescription {
       layer.post_mlp_norm =
           AddNorm(w, c, "post_feedforward_layernorm", l, name("post_feedforward_layernorm.weight"));
       layer.gate_up = AddGateUp(w, c, l, /*fused=*/false);
-      layer.down = w.AddTensor("down_proj", l, name("mlp.down_proj.weight"), hidden, inter);
+      layer.down = AddDown(w, c, l);
     }
   }
 

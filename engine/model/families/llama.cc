@@ -35,22 +35,44 @@ AttentionLayer DecoderAttention(const ModelConfig& c, int64_t layer) {
 
 DecoderEnds AddDecoderEnds(WeightPlan& w, const ModelConfig& c) {
   DecoderEnds ends;
+  const int64_t vocab_rows = VocabShardRows(c);
   ends.embed =
-      w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+      w.AddTensor("embed_tokens", -1, "model.embed_tokens.weight", vocab_rows, c.hidden_size);
+  w.SetSplit(ends.embed, Split::kVocab, c);
   ends.final_norm = AddNorm(w, c, "norm", -1, "model.norm.weight");
-  ends.lm_head = c.tie_word_embeddings
-                     ? w.AddTied("lm_head", ends.embed)
-                     : w.AddTensor("lm_head", -1, "lm_head.weight", c.vocab_size, c.hidden_size);
+  if (c.tie_word_embeddings) {
+    ends.lm_head = w.AddTied("lm_head", ends.embed);
+  } else {
+    ends.lm_head = w.AddTensor("lm_head", -1, "lm_head.weight", vocab_rows, c.hidden_size);
+    w.SetSplit(ends.lm_head, Split::kVocab, c);
+  }
   return ends;
 }
 
 Weight AddGateUp(WeightPlan& w, const ModelConfig& c, int64_t l, bool fused) {
   auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
   const int64_t inter = c.intermediate_size;
-  return fused
-             ? w.AddTensor("gate_up", l, name("mlp.gate_up_proj.weight"), 2 * inter, c.hidden_size)
-             : w.Add("gate_up", l, 2 * inter, c.hidden_size,
-                     {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+  const Weight gate_up =
+      fused ? w.Add("gate_up", l, 2 * inter, c.hidden_size,
+                    {{name("mlp.gate_up_proj.weight"), 2 * inter, {RowSlices(inter), RowSlices(inter)}}})
+            : w.Add("gate_up", l, 2 * inter, c.hidden_size,
+                    {{name("mlp.gate_proj.weight"), inter}, {name("mlp.up_proj.weight"), inter}});
+  w.SetSplit(gate_up, Split::kRows, c);
+  return gate_up;
+}
+
+Weight AddDown(WeightPlan& w, const ModelConfig& c, int64_t l) {
+  const Weight down = w.AddTensor("down_proj", l, LayerTensorName(l, "mlp.down_proj.weight"),
+                                  c.hidden_size, c.intermediate_size);
+  w.SetSplit(down, Split::kCols, c);
+  return down;
+}
+
+Weight AddOutputProjection(WeightPlan& w, const ModelConfig& c, int64_t l) {
+  const Weight o_proj = w.AddTensor("o_proj", l, LayerTensorName(l, "self_attn.o_proj.weight"),
+                                    c.hidden_size, c.num_attention_heads * c.head_dim);
+  w.SetSplit(o_proj, Split::kCols, c);
+  return o_proj;
 }
 
 Weight AddNorm(WeightPlan& plan, const ModelConfig& c, std::string kind, int64_t layer,
@@ -60,16 +82,30 @@ Weight AddNorm(WeightPlan& plan, const ModelConfig& c, std::string kind, int64_t
   return weight;
 }
 
+RowSlices KvRows(const ModelConfig& c) {
+  return RowSlices(c.num_kv_heads * c.head_dim, c.tensor_parallel_kv_slices);
+}
+
+std::vector<WeightPart> QkvParts(const ModelConfig& c, int64_t l, std::string_view suffix) {
+  auto name = [l, suffix](std::string_view projection) {
+    return LayerTensorName(l, StrCat("self_attn.", projection, ".", suffix));
+  };
+  const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  return {{name("q_proj"), q_dim},
+          {name("k_proj"), kv_dim, {KvRows(c)}},
+          {name("v_proj"), kv_dim, {KvRows(c)}}};
+}
+
 Weight AddQkv(WeightPlan& w, const ModelConfig& c, int64_t l, bool fused, bool qk_norm,
               AttentionLayer* attention) {
   auto name = [l](std::string_view suffix) { return LayerTensorName(l, suffix); };
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  const Weight qkv = fused ? w.AddTensor("qkv", l, name("self_attn.qkv_proj.weight"),
-                                         q_dim + 2 * kv_dim, c.hidden_size)
-                           : w.Add("qkv", l, q_dim + 2 * kv_dim, c.hidden_size,
-                                   {{name("self_attn.q_proj.weight"), q_dim},
-                                    {name("self_attn.k_proj.weight"), kv_dim},
-                                    {name("self_attn.v_proj.weight"), kv_dim}});
+  const Weight qkv = w.Add("qkv", l, q_dim + 2 * kv_dim, c.hidden_size,
+                           fused ? std::vector<WeightPart>{{name("self_attn.qkv_proj.weight"),
+                                                            q_dim + 2 * kv_dim,
+                                                            {RowSlices(q_dim), KvRows(c), KvRows(c)}}}
+                                 : QkvParts(c, l, "weight"));
+  w.SetSplit(qkv, Split::kRows, c);
   if (qk_norm) {
     const float offset = static_cast<float>(c.norm_weight_offset);
     attention->q_norm = w.AddTensor("q_norm", l, name("self_attn.q_norm.weight"), c.head_dim);
@@ -99,6 +135,8 @@ MoeLayer DeclareMoeLayer(WeightPlan& w, const ModelConfig& c, int64_t l,
   }
   moe.gate_up = w.Add("moe_gate_up", l, c.num_experts * 2 * inter, hidden, std::move(gate_up));
   moe.down = w.Add("moe_down", l, c.num_experts * hidden, inter, std::move(down));
+  w.SetSplit(moe.gate_up, Split::kRows, c);  // every expert's gate and up rows
+  w.SetSplit(moe.down, Split::kCols, c);
   return moe;
 }
 
@@ -147,7 +185,6 @@ absl::Status ReadHfMoeConfig(const nlohmann::json& config, const char* num_exper
 LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& options)
     : ModelDescription(c) {
   rotary_ = DecoderRotary(c);
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
   WeightPlan& w = weights_;
   const DecoderEnds ends = AddDecoderEnds(w, c);
@@ -163,12 +200,11 @@ LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& opt
     layer.input_norm = AddNorm(w, c, "input_layernorm", l, name("input_layernorm.weight"));
     layer.qkv = AddQkv(w, c, l, options.fused_qkv, options.qk_norm, &layer.attention);
     if (c.attention_bias) {
-      layer.attention.qkv_bias = w.Add("qkv_bias", l, q_dim + 2 * kv_dim, 0,
-                                       {{name("self_attn.q_proj.bias"), q_dim},
-                                        {name("self_attn.k_proj.bias"), kv_dim},
-                                        {name("self_attn.v_proj.bias"), kv_dim}});
+      layer.attention.qkv_bias =
+          w.Add("qkv_bias", l, q_dim + 2 * kv_dim, 0, QkvParts(c, l, "bias"));
+      w.SetSplit(layer.attention.qkv_bias, Split::kRows, c);
     }
-    layer.o_proj = w.AddTensor("o_proj", l, name("self_attn.o_proj.weight"), hidden, q_dim);
+    layer.o_proj = AddOutputProjection(w, c, l);
     layer.post_norm =
         AddNorm(w, c, "post_attention_layernorm", l, name("post_attention_layernorm.weight"));
     if (options.moe_names.has_value() && IsMoeLayer(c, l)) {
@@ -176,7 +212,7 @@ LlamaDescription::LlamaDescription(const ModelConfig& c, const LlamaOptions& opt
       continue;
     }
     layer.gate_up = AddGateUp(w, c, l, options.fused_gate_up);
-    layer.down = w.AddTensor("down_proj", l, name("mlp.down_proj.weight"), hidden, inter);
+    layer.down = AddDown(w, c, l);
   }
 }
 

@@ -59,6 +59,11 @@ std::vector<RopeConfig> DecoderRotary(const ModelConfig& config);
 // Layer `layer`'s attention attributes from the config: its cache layer, rotary embedding, window,
 // query scale and soft-cap (no weights).
 AttentionLayer DecoderAttention(const ModelConfig& config, int64_t layer);
+// The rows of a rank's K or V projection and the slices of the checkpoint's they are one of
+// (ModelConfig::tensor_parallel_kv_slices).
+RowSlices KvRows(const ModelConfig& config);
+// The q_proj, k_proj and v_proj parts of `layer`'s fused QKV weight ("weight") or bias ("bias").
+std::vector<WeightPart> QkvParts(const ModelConfig& config, int64_t layer, std::string_view suffix);
 // Declares the fused QKV projection of `layer` ([q_dim + 2 kv_dim, hidden], from q/k/v_proj or
 // one qkv_proj), and, with `qk_norm`, the q/k norm weights into `attention` (offset: their load
 // offset, as ModelConfig::norm_weight_offset).
@@ -68,7 +73,7 @@ Weight AddQkv(WeightPlan& plan, const ModelConfig& config, int64_t layer, bool f
 // embeddings when tied). Declared before the layers: checks find missing tensors in this order,
 // and the CUDA runner lays its weights out in it.
 struct DecoderEnds {
-  Weight embed;       // [vocab, hidden]
+  Weight embed;       // [vocab, hidden] (a rank's VocabShardRows under tensor parallelism)
   Weight final_norm;  // [hidden]
   Weight lm_head;     // [vocab, hidden]
 };
@@ -76,6 +81,10 @@ DecoderEnds AddDecoderEnds(WeightPlan& plan, const ModelConfig& config);
 // Declares the gated MLP's [2 intermediate, hidden] gate/up matrix of `layer`: gate_proj then
 // up_proj, or one gate_up_proj (`fused`, Phi-3).
 Weight AddGateUp(WeightPlan& plan, const ModelConfig& config, int64_t layer, bool fused);
+// Declares the MLP's down projection [hidden, intermediate] and the attention's output projection
+// [hidden, q_dim] of `layer`: row-parallel under tensor parallelism (their outputs all-reduced).
+Weight AddDown(WeightPlan& plan, const ModelConfig& config, int64_t layer);
+Weight AddOutputProjection(WeightPlan& plan, const ModelConfig& config, int64_t layer);
 // Declares a [hidden] RMSNorm weight of `layer` (-1: outside the layers) named `name`.
 Weight AddNorm(WeightPlan& plan, const ModelConfig& config, std::string kind, int64_t layer,
                std::string name);
