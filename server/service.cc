@@ -421,7 +421,7 @@ class StreamCall final : public grpc::ServerWriteReactor<v1::CompleteStreamRespo
         // The client is gone: stop generating, drop what is queued.
         broken_ = true;
         to_write_.clear();
-        AbortRequest(/*for_drain=*/false);
+        AbortCancelled();
       }
       TryWrite();
     });

@@ -266,12 +266,22 @@ def main():
                             f"{answer!r:.300}")
         conn.close()
 
-        # 429: a server whose waiting queue holds nothing.
+        # 429: a server of one sequence slot and a waiting queue that holds nothing, its slot
+        # taken by a long stream (admission counts free slots first, so it needs one running).
         full = e2e_util.Server(args.build_dir, ["--model", model, "--http-port", "0",
+                                                "--max-num-seqs", "1",
                                                 "--max-queued-requests", "0"])
         checked += 1
+        hold = http.client.HTTPConnection("127.0.0.1", full.http_port, timeout=60)
+        hold.request("POST", "/v1/completions",
+                     body=json.dumps(completion(model=None, n=16, max_tokens=500, ignore_eos=True,
+                                                stream=True)).encode(),
+                     headers={"Content-Type": "application/json"})
+        held = hold.getresponse()
+        held.readline()  # its first event: the request is in flight
         status, body, _ = request(full.http_port, "POST", "/v1/completions",
                                   completion(model=None))
+        hold.close()
         if status != 429 or "waiting queue is full" not in body["error"]["message"]:
             failures.append(f"queue full: HTTP {status}, want 429: {body!r:.300}")
         full.stop()
