@@ -261,6 +261,7 @@ class Session final : public SessionBase,
     HttpRequest request;
     request.method = std::string(message.method_string());
     request.target = std::string(message.target());
+    request.authorization_headers = static_cast<int>(message.count(http::field::authorization));
     if (auto it = message.find(http::field::authorization); it != message.end()) {
       request.authorization = std::string(it->value());
     }

@@ -43,6 +43,7 @@ struct HttpRequest {
   std::string method;                        // "GET", "POST", ...
   std::string target;                        // the request target as sent: path and query
   std::optional<std::string> authorization;  // the Authorization header, when present
+  int authorization_headers = 0;             // how many were sent (more than one is refused)
   std::string content_type;                  // the Content-Type header ("" when absent)
   std::string body;
   // Non-zero when the transport refused the request (400 malformed, 413 body too large, 431

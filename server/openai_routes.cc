@@ -485,6 +485,12 @@ std::unique_ptr<HttpExchange> OpenAiRoutes::Handle(HttpRequest request, HttpResp
   if (is_models ? !get : request.method != "POST") {
     return method_not_allowed(is_models ? "GET" : "POST");
   }
+  if (request.authorization_headers > 1) {
+    // Which one a proxy or a peer would read is anyone's guess: refuse rather than pick one.
+    RespondError(responder, route,
+                 absl::UnauthenticatedError("more than one 'authorization' header"));
+    return nullptr;
+  }
   if (absl::Status status = core_->Authorize(request.authorization); !status.ok()) {
     RespondError(responder, route, status);
     return nullptr;
