@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -97,7 +98,9 @@ class TensorParallelRunner final : public ModelRunner {
     const int32_t n = size();
     std::vector<absl::Status> statuses(static_cast<size_t>(n));
     threads_.Run([&](int32_t r) {
-      statuses[static_cast<size_t>(r)] = [&]() -> absl::Status {
+      // An exception must not leave a rank thread (it would end the process): an allocation that
+      // fails despite the memory plan is this rank's error, as ModelRunner::Create makes it.
+      auto create = [&]() -> absl::Status {
         LMSERVE_ASSIGN_OR_RETURN(ModelConfig shard, ShardModelConfig(config_, n, r));
         LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelDescription> model, DescribeModel(shard));
         RunnerConfig rank = config;
@@ -122,7 +125,13 @@ class TensorParallelRunner final : public ModelRunner {
         }
         runners_[static_cast<size_t>(r)] = *std::move(runner);
         return absl::OkStatus();
-      }();
+      };
+      try {
+        statuses[static_cast<size_t>(r)] = create();
+      } catch (const std::bad_alloc&) {
+        statuses[static_cast<size_t>(r)] = absl::ResourceExhaustedError(
+            StrCat("tensor-parallel rank ", r, " of ", n, ": out of host memory while loading"));
+      }
     });
     for (const absl::Status& status : statuses) LMSERVE_RETURN_IF_ERROR(status);
     return absl::OkStatus();
