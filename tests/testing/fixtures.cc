@@ -1,5 +1,7 @@
 #include "tests/testing/fixtures.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -102,6 +104,15 @@ std::string TempDir() {
     return path;
   }();
   return *dir;
+}
+
+double ScaledError(std::span<const float> got, std::span<const float> want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = std::max(1.0, std::abs(double{want[i]}) / 10);
+    worst = std::max(worst, std::abs(double{got[i]} - want[i]) / scale);
+  }
+  return worst;
 }
 
 }  // namespace lmserve::testing

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ HfTinyReference LoadHfTinyReference(const std::string& model_name);
 // logits_J of DIR/reference_logits.safetensors, row-major [len(prompt J), vocab].
 std::vector<float> LoadReferenceLogits(const std::string& dir, int prompt_index);
 std::vector<float> LoadHfTinyReferenceLogits(const std::string& model_name, int prompt_index);
+
+// How far logits `got` are from `want`, the way the fixture tests bound it: the largest
+// |got - want| / max(1, |want| / 10) (absolute up to |logit| 10, relative beyond: errors grow with
+// a logit's size, and tied-embedding models' logits reach the hundreds).
+double ScaledError(std::span<const float> got, std::span<const float> want);
 
 // The demo model (SmolLM2-135M-Instruct Q4_1 GGUF): $LMSERVE_DEMO_MODEL, else the cache path that
 // scripts/fetch-demo-model.sh uses. nullopt when the file is absent.

@@ -90,15 +90,7 @@ std::unique_ptr<ModelRunner> CpuRunner(const Checkpoint& checkpoint, int64_t con
   return runner.ok() ? *std::move(runner) : nullptr;
 }
 
-// The largest |got - want| over `want`'s scale: |error| / max(1, |want| / 10).
-double ScaledError(std::span<const float> got, std::span<const float> want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = std::max(1.0, std::abs(double{want[i]}) / 10);
-    worst = std::max(worst, std::abs(double{got[i]} - want[i]) / scale);
-  }
-  return worst;
-}
+using testing::ScaledError;
 
 // Teacher-forced logits of `prompt`, fed in chunks of `chunk` tokens (0: at once).
 std::vector<float> Logits(ModelRunner& runner, const std::vector<int32_t>& prompt,

@@ -43,15 +43,7 @@ std::unique_ptr<ModelRunner> MistralRunner(const Checkpoint& checkpoint) {
   return runner.ok() ? *std::move(runner) : nullptr;
 }
 
-// |got - want| / max(1, |want| / 10), the largest.
-double ScaledError(std::span<const float> got, std::span<const float> want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = std::max(1.0, std::abs(double{want[i]}) / 10);
-    worst = std::max(worst, std::abs(double{got[i]} - want[i]) / scale);
-  }
-  return worst;
-}
+using testing::ScaledError;
 
 class SlidingWindowTest : public ::testing::Test {
  protected:

@@ -97,15 +97,7 @@ Outcome Forward(ModelRunner& runner, const std::vector<int32_t>& prompt, size_t 
   return run;
 }
 
-// The largest |got - want| over want's scale, max(1, |want| / 10), as the family tests measure.
-double ScaledError(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = std::max(1.0, std::abs(double{want[i]}) / 10);
-    worst = std::max(worst, std::abs(double{got[i]} - want[i]) / scale);
-  }
-  return worst;
-}
+using testing::ScaledError;
 double MaxAbsDifference(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double{a[i]} - b[i]));

@@ -39,14 +39,7 @@ std::unique_ptr<ModelRunner> Runner(const Checkpoint& checkpoint, Backend backen
   return runner.ok() ? *std::move(runner) : nullptr;
 }
 
-double ScaledError(std::span<const float> got, std::span<const float> want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = std::max(1.0, std::abs(double{want[i]}) / 10);
-    worst = std::max(worst, std::abs(double{got[i]} - want[i]) / scale);
-  }
-  return worst;
-}
+using testing::ScaledError;
 
 class SlidingWindowGpuTest : public ::testing::TestWithParam<const char*> {};
 
