@@ -326,10 +326,15 @@ class GrpcGenerationCall : public GenerationCall {
   }
 
   // Aborts the engine request of a call gRPC cancelled: by its client, or because its deadline
-  // expired (which gRPC reports alike; the deadline tells which).
+  // expired (which gRPC reports alike; the deadline tells which). A client whose deadline expires
+  // cancels the stream itself, and that cancel can arrive just before the server's copy of the
+  // deadline (which starts when the call arrives) has passed: a cancel within kDeadlineSlack of the
+  // deadline counts as the deadline's.
   void AbortCancelled() {
+    static constexpr auto kDeadlineSlack = std::chrono::milliseconds(250);
     const bool deadline_passed =
-        context_ != nullptr && context_->deadline() <= std::chrono::system_clock::now();
+        context_ != nullptr &&
+        context_->deadline() <= std::chrono::system_clock::now() + kDeadlineSlack;
     AbortRequest(/*for_drain=*/false, deadline_passed);
   }
 
