@@ -1,0 +1,263 @@
+// QuantLinear, the CPU linear layer over weights in their GGUF block formats (and F16 / BF16):
+// every SIMD path this machine has gives the portable path's bits exactly, and the portable path
+// equals the dot products of the dequantized weights (dequant.cc, itself checked against the
+// formats' definitions) with the int8-quantized input, summed in double.
+
+#include "kernels/cpu/quant_linear.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels {
+namespace {
+
+// Random rows of `dtype`: random bytes, with every fp16 scale (and min) field replaced by a
+// moderate random value, so that no block holds an infinity or a NaN.
+std::vector<uint8_t> RandomRows(DType dtype, int64_t rows, int64_t cols, std::mt19937* rng) {
+  const int64_t row_bytes = RowBytes(dtype, cols);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * row_bytes));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(byte(*rng));
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  auto put_half = [&](size_t offset, float v) {
+    const uint16_t bits = F32ToF16(v);
+    std::memcpy(bytes.data() + offset, &bits, 2);
+  };
+  if (dtype == DType::kF16 || dtype == DType::kBF16) {
+    for (size_t i = 0; i < bytes.size(); i += 2) {
+      const uint16_t bits = dtype == DType::kF16 ? F32ToF16(value(*rng)) : F32ToBf16(value(*rng));
+      std::memcpy(bytes.data() + i, &bits, 2);
+    }
+    return bytes;
+  }
+  const BlockLayout layout = GetBlockLayout(dtype);
+  for (size_t block = 0; block < bytes.size(); block += layout.bytes_per_block) {
+    switch (dtype) {
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+        put_half(block, 0.05f * value(*rng));
+        break;
+      case DType::kQ4_1:
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+        put_half(block, 0.05f * value(*rng));
+        put_half(block + 2, 0.05f * value(*rng));
+        break;
+      case DType::kQ6_K:
+        put_half(block + 208, 0.01f * value(*rng));
+        break;
+      default:
+        break;
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> RandomFloats(int64_t n, std::mt19937* rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(n));
+  for (float& v : values) v = normal(*rng);
+  return values;
+}
+
+struct Case {
+  DType dtype;
+  int64_t rows, cols, tokens;
+};
+
+std::string CaseName(const Case& c) {
+  return std::string(DTypeName(c.dtype)) + " " + std::to_string(c.rows) + "x" +
+         std::to_string(c.cols) + ", " + std::to_string(c.tokens) + " tokens";
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kF16, DType::kBF16}) {
+    for (int64_t tokens : {1, 3, 17}) {
+      cases.push_back({dtype, 37, 96, tokens});  // three blocks: an odd last one
+      cases.push_back({dtype, 9, 512, tokens});
+    }
+  }
+  for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    for (int64_t tokens : {1, 3, 17}) cases.push_back({dtype, 21, 768, tokens});
+  }
+  return cases;
+}
+
+std::vector<SimdPath> SupportedPaths() {
+  std::vector<SimdPath> paths;
+  for (SimdPath path : {SimdPath::kPortable, SimdPath::kAvx2, SimdPath::kAvx512Vnni}) {
+    if (SimdPathSupported(path)) paths.push_back(path);
+  }
+  return paths;
+}
+
+std::vector<float> RunCase(const Case& c, const std::vector<uint8_t>& weight,
+                       const std::vector<float>& input, const std::vector<float>& bias,
+                       SimdPath path, int threads, bool accumulate) {
+  // Outputs in a wider buffer (stride cols + 3), starting from a known pattern.
+  const int64_t stride = c.rows + 3;
+  std::vector<float> output(static_cast<size_t>(c.tokens * stride));
+  for (size_t i = 0; i < output.size(); ++i) output[i] = 0.25f * static_cast<float>(i % 7);
+  QuantLinearWorkspace workspace;
+  QuantLinear({.weight = weight.data(),
+               .dtype = c.dtype,
+               .input = input.data(),
+               .bias = bias.empty() ? nullptr : bias.data(),
+               .output = output.data(),
+               .num_tokens = c.tokens,
+               .in_features = c.cols,
+               .out_features = c.rows,
+               .output_stride = stride,
+               .accumulate = accumulate,
+               .num_threads = threads,
+               .path = path,
+               .workspace = &workspace});
+  return output;
+}
+
+TEST(QuantLinearTest, EverySimdPathGivesThePortableBits) {
+  std::mt19937 rng(7);
+  for (const Case& c : Cases()) {
+    const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
+    const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
+    const std::vector<float> bias = RandomFloats(c.rows, &rng);
+    for (bool accumulate : {false, true}) {
+      const std::vector<float> want =
+          RunCase(c, weight, input, bias, SimdPath::kPortable, 1, accumulate);
+      for (SimdPath path : SupportedPaths()) {
+        for (int threads : {1, 2, 3}) {
+          const std::vector<float> got = RunCase(c, weight, input, bias, path, threads, accumulate);
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << CaseName(c) << ", path " << SimdPathName(path) << ", " << threads
+              << " threads, accumulate " << accumulate;
+        }
+      }
+    }
+  }
+}
+
+// The portable path against sums in double of the dequantized weights times the quantized input
+// (for F16 / BF16: times the input itself). The bound is fp32 rounding of the lanes' fused
+// multiply-adds, relative to the sum of the terms' magnitudes.
+TEST(QuantLinearTest, EqualsTheDequantizedWeightsTimesTheQuantizedInput) {
+  std::mt19937 rng(11);
+  for (const Case& c : Cases()) {
+    const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
+    const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
+    std::vector<float> dequantized(static_cast<size_t>(c.rows * c.cols));
+    DequantizeToF32(c.dtype, weight.data(), dequantized.data(), c.rows * c.cols);
+    // The input the kernel multiplies: quantized to int8 per 32 for the block formats.
+    std::vector<float> effective = input;
+    if (IsQuantized(c.dtype)) {
+      std::vector<int8_t> q(static_cast<size_t>(c.cols));
+      std::vector<float> scale(static_cast<size_t>(c.cols / 32));
+      std::vector<int32_t> lanes(static_cast<size_t>(c.cols / 4));
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        QuantizeInputRow(input.data() + t * c.cols, c.cols, q.data(), scale.data(), lanes.data());
+        for (int64_t e = 0; e < c.cols; ++e) {
+          effective[t * c.cols + e] = static_cast<float>(q[e]) * scale[e / 32];
+        }
+      }
+    }
+    const std::vector<float> got = RunCase(c, weight, input, {}, SimdPath::kPortable, 1, false);
+    const int64_t stride = c.rows + 3;
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      for (int64_t o = 0; o < c.rows; ++o) {
+        double want = 0, magnitude = 0;
+        for (int64_t e = 0; e < c.cols; ++e) {
+          const double term = double{dequantized[o * c.cols + e]} * effective[t * c.cols + e];
+          want += term;
+          magnitude += std::fabs(term);
+        }
+        ASSERT_NEAR(got[t * stride + o], want, 2e-6 * magnitude + 1e-30)
+            << CaseName(c) << ", token " << t << ", row " << o;
+      }
+      // The padding between rows is left alone.
+      for (int64_t o = c.rows; o < stride; ++o) {
+        ASSERT_EQ(got[t * stride + o], 0.25f * static_cast<float>((t * stride + o) % 7));
+      }
+    }
+  }
+}
+
+TEST(QuantLinearTest, InputQuantizationRoundsToTheNearestStep) {
+  std::mt19937 rng(3);
+  std::vector<float> x = RandomFloats(64, &rng);
+  std::fill(x.begin() + 32, x.end(), 0.0f);  // the second block all zeros
+  std::vector<int8_t> q(64);
+  std::vector<float> scale(2);
+  std::vector<int32_t> lanes(16);
+  QuantizeInputRow(x.data(), 64, q.data(), scale.data(), lanes.data());
+  float amax = 0;
+  for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[e]));
+  EXPECT_EQ(scale[0], amax / 127.0f);
+  EXPECT_EQ(scale[1], 0.0f);
+  for (int e = 0; e < 32; ++e) {
+    EXPECT_LE(std::abs(q[e]), 127);
+    EXPECT_LE(std::fabs(q[e] * scale[0] - x[e]), 0.5f * scale[0] * (1 + 1e-6f)) << e;
+  }
+  for (int e = 32; e < 64; ++e) EXPECT_EQ(q[e], 0);
+  for (int l = 0; l < 16; ++l) {
+    EXPECT_EQ(lanes[l], q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+  }
+}
+
+TEST(QuantLinearTest, RefusesWhatItCannotRun) {
+  const std::vector<uint8_t> weight(4096);
+  const std::vector<float> input(64);
+  std::vector<float> output(64);
+  QuantLinearWorkspace workspace;
+  QuantLinearParams p{.weight = weight.data(),
+                      .dtype = DType::kQ4_0,
+                      .input = input.data(),
+                      .output = output.data(),
+                      .num_tokens = 1,
+                      .in_features = 64,
+                      .out_features = 2,
+                      .workspace = &workspace};
+  EXPECT_TRUE(p.Validate().ok());
+  QuantLinearParams bad = p;
+  bad.in_features = 48;  // not whole blocks
+  EXPECT_FALSE(bad.Validate().ok());
+  bad = p;
+  bad.dtype = DType::kF32;
+  EXPECT_FALSE(bad.Validate().ok());
+  bad = p;
+  bad.dtype = DType::kQ4_K;  // 64 is not a whole super-block
+  EXPECT_FALSE(bad.Validate().ok());
+  bad = p;
+  bad.workspace = nullptr;
+  EXPECT_FALSE(bad.Validate().ok());
+  EXPECT_FALSE(QuantLinearSupports(DType::kBF16, 24));
+  EXPECT_TRUE(QuantLinearSupports(DType::kBF16, 32));
+  EXPECT_TRUE(SimdPathSupported(SimdPath::kPortable));
+  EXPECT_NE(BestSimdPath(), SimdPath::kAuto);
+}
+
+TEST(ParallelForTest, EachIndexOnceOverAnyThreadCount) {
+  for (int threads : {1, 2, 5}) {
+    for (int64_t n : {0, 1, 3, 100}) {
+      std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+      ParallelFor(n, threads, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) seen[i].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[i].load(), 1) << n << " " << threads;
+    }
+  }
+  EXPECT_GE(PhysicalCoreCount(), 1);
+}
+
+}  // namespace
+}  // namespace lmserve::kernels
