@@ -1,5 +1,5 @@
 // lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128] [--decode-tokens 64]
-//                          [--repeats 3]
+//                          [--repeats 3] [--dtype auto|native|float32]
 //
 // Measures the CPU runner on one model:
 // - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, conversion of every
@@ -32,6 +32,7 @@
 #include "engine/runner/model_runner.h"
 #include "kernels/cpu/argmax.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/quant_linear.h"
 
 namespace {
 
@@ -53,6 +54,7 @@ struct Options {
   int prompt_tokens = 128;
   int decode_tokens = 64;
   int repeats = 3;
+  lmserve::engine::RunnerDType dtype = lmserve::engine::RunnerDType::kAuto;
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
@@ -70,6 +72,10 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       options->decode_tokens = std::atoi(value);
     } else if (arg == "--repeats") {
       options->repeats = std::atoi(value);
+    } else if (arg == "--dtype") {
+      const auto dtype = lmserve::engine::RunnerDTypeFromName(value);
+      if (!dtype.has_value()) return false;
+      options->dtype = *dtype;
     } else {
       return false;
     }
@@ -116,7 +122,7 @@ int main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128]"
-                 " [--decode-tokens 64] [--repeats 3]\n");
+                 " [--decode-tokens 64] [--repeats 3] [--dtype auto|native|float32]\n");
     return 2;
   }
 
@@ -129,6 +135,7 @@ int main(int argc, char** argv) {
   }
   lmserve::engine::RunnerConfig config;
   config.num_threads = options.threads;
+  config.dtype = options.dtype;
   const int64_t context = options.prompt_tokens + options.decode_tokens;
   auto runner = lmserve::engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
@@ -213,7 +220,9 @@ int main(int argc, char** argv) {
   const double prefill_flops = 2.0 * matmul_params * p +
                                c.num_layers * 2.0 * 2.0 * q_dim * (p * (p + 1) / 2) +
                                2.0 * lm_head_params;
-  const double decode_bytes_per_token = 4.0 * (matmul_params + lm_head_params);
+  // A decode step streams every stored weight (the tied embedding as the LM head), as stored.
+  const lmserve::engine::RunnerStats stats = model.stats();
+  const double decode_bytes_per_token = static_cast<double>(stats.weight_bytes);
 
   std::printf(
       "model            %s (%s, %lld layers, hidden %lld, %lld/%lld heads, head_dim %lld)\n",
@@ -222,8 +231,11 @@ int main(int argc, char** argv) {
       static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim));
   std::printf("blas             %s, %d threads\n", lmserve::kernels::BlasDescription().c_str(),
               lmserve::kernels::GetBlasThreads());
-  std::printf("load             %.3f s (open + fp32 conversion + KV pool of %d blocks)\n",
-              load_seconds, model.num_kv_blocks());
+  std::printf("load             %.3f s (open + weights in %s + KV pool of %d blocks)\n",
+              load_seconds, std::string(lmserve::engine::RunnerDTypeName(stats.dtype)).c_str(),
+              model.num_kv_blocks());
+  std::printf("simd             %s\n",
+              std::string(lmserve::kernels::SimdPathName(lmserve::kernels::BestSimdPath())).c_str());
   std::printf(
       "prefill          %.1f tokens/s (%d-token prompt, median of %d: %.2f ms; %.2f GFLOP/s = "
       "%.0f%% of the %.2f GFLOP/s sgemm floor)\n",
@@ -238,8 +250,7 @@ int main(int argc, char** argv) {
       1 / per_token, options.decode_tokens, options.repeats, per_token * 1e3,
       decode_bytes_per_token / 1e6, decode_bytes_per_token / (copy_gbps * 1e9) * 1e3, copy_gbps,
       100 * decode_bytes_per_token / (copy_gbps * 1e9) / per_token);
-  std::printf("peak RSS         %.1f MiB (getrusage ru_maxrss; fp32 weights are %.1f MiB)\n",
-              peak_rss_mib,
-              4.0 * (matmul_params + lm_head_params * (c.tie_word_embeddings ? 1 : 2)) / 1048576);
+  std::printf("peak RSS         %.1f MiB (getrusage ru_maxrss; the weights are %.1f MiB as stored)\n",
+              peak_rss_mib, stats.weight_bytes / 1048576.0);
   return 0;
 }

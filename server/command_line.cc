@@ -205,20 +205,26 @@ CLI::Option* AddBackendFlag(CLI::App* app, BackendFlag* backend, std::string hel
 
 CLI::Option* AddDtypeFlag(CLI::App* app, engine::RunnerDType* dtype, std::string help) {
   return AddChoiceFlag<engine::RunnerDType>(app, "--dtype", dtype, engine::RunnerDTypeFromName,
-                                            "auto, bfloat16, float32",
+                                            "auto, bfloat16, float32, native",
                                             engine::RunnerDTypeName(*dtype), std::move(help));
 }
 
 CLI::Option* AddThreadsFlag(CLI::App* app, int32_t* threads) {
   return AddIntFlag(app, "--threads", threads,
-                    "CPU threads for matrix products and attention; 0: one per core", 0, 1024);
+                    "CPU threads for matrix products and attention; 0: one per physical core", 0,
+                    1024);
 }
 
 absl::Status CheckBackendAndDtype(const BackendFlag& backend, engine::RunnerDType dtype) {
   if (backend == engine::Backend::kCpu && dtype == engine::RunnerDType::kBFloat16) {
     return absl::InvalidArgumentError(
-        "--dtype bfloat16: the CPU backend computes in float32 only (use auto or float32, or "
-        "--backend cuda)");
+        "--dtype bfloat16: the CPU backend keeps the checkpoint's types (auto, native) or converts "
+        "to float32 (float32); bfloat16 needs --backend cuda");
+  }
+  if (backend == engine::Backend::kCuda && dtype == engine::RunnerDType::kNative) {
+    return absl::InvalidArgumentError(
+        "--dtype native: only the CPU backend keeps the checkpoint's types (use auto, bfloat16 or "
+        "float32 with --backend cuda)");
   }
   return absl::OkStatus();
 }

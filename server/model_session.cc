@@ -20,11 +20,11 @@ void BindModelSessionFlags(CLI::App* command, ModelSessionOptions* options) {
              "KV cache size in MiB (default: just what the run needs)", 1, int64_t{1} << 30);
   AddThreadsFlag(command, &options->threads);
   AddBackendFlag(command, &options->backend,
-                 "cpu (the fp32 reference), cuda (bf16 on the GPU by default) or auto (cuda when "
-                 "this build supports the GPU)");
+                 "cpu (the checkpoint's types by default, fp32 with --dtype float32), cuda (bf16 on "
+                 "the GPU by default) or auto (cuda when this build supports the GPU)");
   AddDtypeFlag(command, &options->dtype,
-               "weights, activations and KV cache: auto (float32 on the CPU, bfloat16 on cuda), "
-               "bfloat16 (cuda only) or float32");
+               "weights, activations and KV cache: auto (native on the CPU, bfloat16 on cuda), "
+               "native (cpu only: the checkpoint's types), bfloat16 (cuda only) or float32");
 }
 
 absl::StatusOr<ModelSession> OpenModelSession(const ModelSessionOptions& options) {

@@ -199,8 +199,10 @@ absl::Status CheckReadable(std::string_view flag, const std::string& path) {
 void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
   AddDtypeFlag(command, &runner->dtype,
                "the element type of weights, activations and KV cache: auto (bfloat16 on cuda, "
-               "float32 on cpu), bfloat16 (cuda only) or float32 (on cuda: the CPU runner's "
-               "numbers, at twice bfloat16's memory and well below its speed)")
+               "native on cpu), native (cpu only: weights stay in the checkpoint's types, GGUF "
+               "blocks or bfloat16, with int8 activations for quantized ones), bfloat16 (cuda "
+               "only) or float32 (every weight converted: on cpu the reference path, on cuda the "
+               "CPU reference's numbers at twice bfloat16's memory)")
       ->group(kRunnerGroup);
   AddChoiceFlag<engine::LoadFormat>(
       command, "--load-format", &runner->load_format,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <span>
@@ -26,6 +27,8 @@
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/quant_linear.h"
 #include "kernels/cpu/rotary.h"
 #include "kernels/cpu/sampling.h"
 
@@ -53,45 +56,103 @@ kernels::RotaryLayout ToKernelLayout(RopeLayout layout) {
                                             : kernels::RotaryLayout::kHalfSplit;
 }
 
-// The CPU runner's weights: every declared tensor converted to fp32, one array each.
+// A run of rows of one tensor in one element type.
+struct WeightSegment {
+  int64_t first_row = 0;
+  int64_t rows = 0;
+  kernels::DType dtype = kernels::DType::kF32;
+  std::vector<std::byte> bytes;
+};
+
+// The CPU runner's weights. In float32 mode every declared tensor is converted to fp32 (one
+// segment each). In native mode the matrices that the linear layers, the LM head and the
+// embedding read keep their checkpoint's type where QuantLinear takes it (the GGUF block formats,
+// F16, BF16), part by part: a fused tensor whose parts differ in type (a K-quant mix's Q6_K V
+// beside Q4_K Q and K) is several segments. Vectors, the experts of MoE layers (kernels/cpu/moe.h
+// reads fp32) and everything else are fp32.
 class CpuWeights final : public WeightSink {
  public:
-  explicit CpuWeights(const WeightPlan& plan) : plan_(plan), arrays_(plan.size()) {
-    for (int32_t i = 0; i < plan.size(); ++i) {
-      const WeightSpec& spec = plan.specs()[i];
-      if (!spec.tied_to.present()) arrays_[i].resize(static_cast<size_t>(spec.num_elements()));
-    }
+  CpuWeights(const WeightPlan& plan, bool native)
+      : plan_(plan), native_(native), segments_(plan.size()) {}
+
+  // Whether a part of `spec` in `dtype` is kept in its type.
+  bool KeepsType(const WeightSpec& spec, kernels::DType dtype) const {
+    return native_ && spec.is_matrix() && spec.offset == 0 && !spec.kind.starts_with("moe_") &&
+           dtype != kernels::DType::kF32 && kernels::QuantLinearSupports(dtype, spec.cols);
   }
 
   absl::Status Store(const WeightSpec& spec, int64_t first_row, const TensorView& tensor) override {
-    kernels::DequantizeToF32(tensor.dtype, tensor.data, Rows(spec, first_row),
-                             tensor.NumElements());
+    const int64_t rows = tensor.NumElements() / std::max<int64_t>(spec.cols, 1);
+    if (KeepsType(spec, tensor.dtype)) {
+      std::byte* out = Append(spec, first_row, rows, tensor.dtype);
+      std::memcpy(out, tensor.data, static_cast<size_t>(kernels::RowBytes(tensor.dtype, spec.cols) * rows));
+    } else {
+      kernels::DequantizeToF32(tensor.dtype, tensor.data,
+                               reinterpret_cast<float*>(Append(spec, first_row, rows, kernels::DType::kF32)),
+                               tensor.NumElements());
+    }
     return absl::OkStatus();
   }
   absl::Status StoreDummy(const WeightSpec& spec, int64_t first_row,
                           const WeightPart& part) override {
-    FillDummyF32(part.name, spec.fan_in(), Rows(spec, first_row),
+    FillDummyF32(part.name, spec.fan_in(),
+                 reinterpret_cast<float*>(Append(spec, first_row, part.rows, kernels::DType::kF32)),
                  part.rows * std::max<int64_t>(spec.cols, 1));
     return absl::OkStatus();
   }
 
+  const std::vector<WeightSegment>& segments(Weight weight) const {
+    return segments_[plan_.Storage(weight).index];
+  }
+  // An fp32 tensor's values. REQUIRES: the tensor is stored in fp32 (checked).
   const float* operator[](Weight weight) const {
-    return arrays_[plan_.Storage(weight).index].data();
+    const std::vector<WeightSegment>& s = segments(weight);
+    LMSERVE_CORE_CHECK(s.size() == 1 && s[0].dtype == kernels::DType::kF32, plan_[weight].name,
+                       " is not stored in fp32");
+    return reinterpret_cast<const float*>(s[0].bytes.data());
+  }
+  // Row `row` of a matrix in fp32, whatever its type.
+  void RowF32(Weight weight, int64_t row, float* out) const {
+    const int64_t cols = plan_[plan_.Storage(weight)].cols;
+    for (const WeightSegment& segment : segments(weight)) {
+      if (row < segment.first_row || row >= segment.first_row + segment.rows) continue;
+      const int64_t row_bytes = kernels::RowBytes(segment.dtype, cols);
+      kernels::DequantizeToF32(segment.dtype,
+                               segment.bytes.data() + (row - segment.first_row) * row_bytes, out,
+                               cols);
+      return;
+    }
   }
   int64_t bytes() const {
     int64_t total = 0;
-    for (const std::vector<float>& array : arrays_) total += static_cast<int64_t>(array.size()) * 4;
+    for (const std::vector<WeightSegment>& tensor : segments_) {
+      for (const WeightSegment& segment : tensor) total += static_cast<int64_t>(segment.bytes.size());
+    }
     return total;
   }
 
  private:
-  float* Rows(const WeightSpec& spec, int64_t first_row) {
-    const int32_t index = static_cast<int32_t>(&spec - plan_.specs().data());
-    return arrays_[index].data() + first_row * std::max<int64_t>(spec.cols, 1);
+  // Room for `rows` rows of `spec` from `first_row` in `dtype`: the end of the last segment when
+  // it is of that type and ends there, else a new segment (sized for the rest of the tensor).
+  std::byte* Append(const WeightSpec& spec, int64_t first_row, int64_t rows, kernels::DType dtype) {
+    std::vector<WeightSegment>& tensor = segments_[&spec - plan_.specs().data()];
+    const int64_t cols = std::max<int64_t>(spec.cols, 1);
+    const int64_t row_bytes = kernels::RowBytes(dtype, cols);
+    if (tensor.empty() || tensor.back().dtype != dtype ||
+        tensor.back().first_row + tensor.back().rows != first_row) {
+      tensor.push_back({.first_row = first_row, .rows = 0, .dtype = dtype, .bytes = {}});
+      tensor.back().bytes.reserve(static_cast<size_t>((spec.rows - first_row) * row_bytes));
+    }
+    WeightSegment& segment = tensor.back();
+    const size_t offset = segment.bytes.size();
+    segment.bytes.resize(offset + static_cast<size_t>(rows * row_bytes));
+    segment.rows += rows;
+    return segment.bytes.data() + offset;
   }
 
   const WeightPlan& plan_;
-  std::vector<std::vector<float>> arrays_;  // by Weight::index; empty for tied tensors
+  const bool native_;
+  std::vector<std::vector<WeightSegment>> segments_;  // by Weight::index; empty for tied tensors
 };
 
 class CpuRunner final : public ModelRunner, private ForwardOps {
@@ -130,6 +191,10 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   absl::Status Sample() override;
 
   float* Buf(Buffer buffer) { return buffers_[static_cast<int>(buffer)].data(); }
+  // y = x W^T for `num_tokens` rows of x (stride ldx) into y (stride ldy), segment by segment:
+  // fp32 rows through kernels::Linear (with `split_k`), the others through QuantLinear.
+  void MatMul(Weight weight, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t num_tokens,
+              int64_t split_k = 0);
   // Under tensor parallelism, the sum over the ranks of `rows` rows of `buffer` (width `width`),
   // in place: the output of a row-parallel projection. A no-op for a whole model.
   absl::Status AllReduce(Buffer buffer, int64_t width);
@@ -147,6 +212,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   Communicator* const comm_;   // null for a whole model
   const int32_t block_size_;
   const int num_threads_;
+  const bool native_;  // weights in their checkpoint's types (RunnerDType::kNative)
   const int64_t q_dim_;                        // heads * head_dim
   const int64_t kv_dim_;                       // kv_heads * head_dim
   const int64_t qkv_dim_;                      // q_dim + 2 kv_dim
@@ -168,6 +234,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   std::vector<float> gate_up_;                           // [tokens, 2 intermediate]
   std::vector<float> attention_scratch_;                 // PagedAttentionParams::WorkspaceFloats
   kernels::MoeWorkspace moe_scratch_;
+  kernels::QuantLinearWorkspace quant_scratch_;
   std::vector<int32_t> positions_;  // [tokens]
   std::vector<int64_t> slots_;      // [groups, tokens]: KV cache slot of each new token, by group
   // With several groups, each group's block tables as the kernels take them ([groups, seqs + 1]
@@ -202,13 +269,13 @@ CpuRunner::CpuRunner(std::unique_ptr<const ModelDescription> model,
       config_(model_->config()),
       comm_(runner_config.communicator),
       block_size_(runner_config.block_size_tokens),
-      num_threads_(runner_config.num_threads > 0
-                       ? runner_config.num_threads
-                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      num_threads_(runner_config.num_threads > 0 ? runner_config.num_threads
+                                                 : kernels::PhysicalCoreCount()),
+      native_(ResolveRunnerDType(runner_config.dtype, Backend::kCpu) == RunnerDType::kNative),
       q_dim_(config_.num_attention_heads * config_.head_dim),
       kv_dim_(config_.num_kv_heads * config_.head_dim),
       qkv_dim_(q_dim_ + 2 * kv_dim_),
-      weights_(model_->weights()),
+      weights_(model_->weights(), native_),
       groups_(PlanKvCacheGroups(model_->kv_windows())) {
   for (const RopeConfig& rope : model_->rotary()) {
     inv_freq_.push_back(RopeInverseFrequencies(rope, config_.head_dim));
@@ -225,11 +292,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
                ") and kv_cache_bytes (", config.kv_cache_bytes,
                ") must be positive and num_threads (", config.num_threads, ") non-negative"));
   }
-  if (ResolveRunnerDType(config.dtype, Backend::kCpu) != RunnerDType::kFloat32) {
+  const RunnerDType dtype = ResolveRunnerDType(config.dtype, Backend::kCpu);
+  if (dtype != RunnerDType::kFloat32 && dtype != RunnerDType::kNative) {
     return absl::InvalidArgumentError(
         StrCat("CPU runner: dtype ", RunnerDTypeName(config.dtype),
-               " is not supported: the CPU runner computes in float32 only (use auto or float32; "
-               "bfloat16 needs the CUDA backend)"));
+               " is not supported: the CPU runner keeps the checkpoint's types (auto, native) or "
+               "converts every weight to float32 (float32); bfloat16 needs the CUDA backend"));
   }
   if (model.head_dim > kernels::PagedAttentionParams::kMaxHeadDim) {
     return absl::UnimplementedError(StrCat("CPU runner: head_dim ", model.head_dim,
@@ -247,11 +315,26 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
                                              block_bytes, " bytes for ", config.block_size_tokens,
                                              " tokens of ", groups.layers_per_block, " layers)"));
   }
-  // The memory plan, before anything is allocated: fp32 weights (whatever the file's type),
-  // the activations of the largest step, one logits row per sequence, and the KV pool.
+  // The memory plan, before anything is allocated: the weights as they will be stored, the
+  // activations of the largest step, one logits row per sequence, and the KV pool.
   MemoryPlan plan;
   plan.device = "RAM";
-  plan.weight_bytes = WeightPlanBytes(model_description->weights(), int64_t{sizeof(float)});
+  {
+    const CpuWeights sizer(model_description->weights(), dtype == RunnerDType::kNative);
+    plan.weight_bytes = 0;
+    for (const WeightSpec& spec : model_description->weights().specs()) {
+      for (const WeightPart& part : spec.parts) {
+        kernels::DType stored = kernels::DType::kF32;
+        if (config.load_format != LoadFormat::kDummy) {
+          const absl::StatusOr<const TensorView*> tensor = checkpoint.Get(part.name, spec.CheckpointShape(part));
+          if (tensor.ok() && spec.split != Split::kCols && sizer.KeepsType(spec, (*tensor)->dtype)) {
+            stored = (*tensor)->dtype;
+          }
+        }
+        plan.weight_bytes += part.rows * kernels::RowBytes(stored, std::max<int64_t>(spec.cols, 1));
+      }
+    }
+  }
   const int64_t max_tokens = std::max<int64_t>(config.max_num_batched_tokens, 1);
   int64_t activation_floats = 2 * model.intermediate_size;  // gate_up_
   for (int b = 0; b < kNumBuffers; ++b) {
@@ -281,7 +364,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
     return absl::ResourceExhaustedError(StrCat("CPU runner: cannot allocate a KV cache of ",
                                                pool_floats * sizeof(float), " bytes"));
   }
-  kernels::SetBlasThreads(runner->num_threads_);
+  // Native mode calls BLAS only for what stays fp32 (MoE experts, column slices): single-threaded,
+  // so that its threads never compete with the step's (kernels/cpu/parallel.h).
+  kernels::SetBlasThreads(runner->native_ ? 1 : runner->num_threads_);
   runner->startup_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return std::unique_ptr<ModelRunner>(std::move(runner));
@@ -394,12 +479,16 @@ absl::Status CpuRunner::Embed(Weight table, float scale) {
       const int64_t row = batch_->token_ids[t] - first_id;
       float* out = residual + t * hidden;
       if (row >= 0 && row < spec.rows) {
-        std::copy_n(weights_[table] + row * hidden, hidden, out);
+        weights_.RowF32(table, row, out);
       } else {
         std::fill_n(out, hidden, 0.0f);
       }
     }
     LMSERVE_RETURN_IF_ERROR(AllReduce(Buffer::kResidual, hidden));
+  } else if (weights_.segments(table).front().dtype != kernels::DType::kF32) {
+    for (int64_t t = 0; t < num_tokens_; ++t) {
+      weights_.RowF32(table, batch_->token_ids[t], Buf(Buffer::kResidual) + t * hidden);
+    }
   } else {
     kernels::EmbeddingGather({.table = weights_[table],
                               .ids = batch_->token_ids.data(),
@@ -437,26 +526,47 @@ absl::Status CpuRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, f
   return absl::OkStatus();
 }
 
+void CpuRunner::MatMul(Weight weight, const float* x, int64_t ldx, float* y, int64_t ldy,
+                       int64_t num_tokens, int64_t split_k) {
+  const int64_t cols = model_->weights()[model_->weights().Storage(weight)].cols;
+  for (const WeightSegment& segment : weights_.segments(weight)) {
+    if (segment.dtype == kernels::DType::kF32) {
+      kernels::Linear({.input = x,
+                       .weight = reinterpret_cast<const float*>(segment.bytes.data()),
+                       .output = y + segment.first_row,
+                       .num_tokens = num_tokens,
+                       .in_features = cols,
+                       .out_features = segment.rows,
+                       .input_stride = ldx,
+                       .output_stride = ldy,
+                       .split_k = split_k,
+                       .num_threads = num_threads_});
+    } else {
+      kernels::QuantLinear({.weight = segment.bytes.data(),
+                            .dtype = segment.dtype,
+                            .input = x,
+                            .output = y + segment.first_row,
+                            .num_tokens = num_tokens,
+                            .in_features = cols,
+                            .out_features = segment.rows,
+                            .input_stride = ldx,
+                            .output_stride = ldy,
+                            .num_threads = num_threads_,
+                            .workspace = &quant_scratch_});
+    }
+  }
+}
+
 absl::Status CpuRunner::Linear(Weight weight, Buffer in, Buffer out) {
   const WeightSpec& spec = model_->weights()[weight];
-  kernels::Linear({.input = Buf(in),
-                   .weight = weights_[weight],
-                   .output = Buf(out),
-                   .num_tokens = num_tokens_,
-                   .in_features = spec.cols,
-                   .out_features = spec.rows});
+  MatMul(weight, Buf(in), spec.cols, Buf(out), spec.rows, num_tokens_);
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
 }
 
 absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
   const WeightSpec& spec = model_->weights()[gate_up];
-  kernels::Linear({.input = Buf(in),
-                   .weight = weights_[gate_up],
-                   .output = gate_up_.data(),
-                   .num_tokens = num_tokens_,
-                   .in_features = spec.cols,
-                   .out_features = spec.rows});
+  MatMul(gate_up, Buf(in), spec.cols, gate_up_.data(), spec.rows, num_tokens_);
   kernels::GateActivation activation;
   switch (act) {
     case Activation::kSilu:
@@ -617,14 +727,8 @@ absl::Status CpuRunner::LmHead(Weight lm_head, float softcap) {
   // Logits of `num_rows` packed final rows from `first_row` into `out`, soft-capped when asked.
   auto logits = [&](int64_t first_row, int64_t num_rows, float* out) {
     if (num_rows == 0) return;
-    kernels::Linear({.input = final_rows_.data() + first_row * hidden,
-                     .weight = weights_[lm_head],
-                     .output = out,
-                     .num_tokens = num_rows,
-                     .in_features = hidden,
-                     .out_features = config_.vocab_size,
-                     .split_k = kLogitsSplitK,
-                     .num_threads = num_threads_});
+    MatMul(lm_head, final_rows_.data() + first_row * hidden, hidden, out, config_.vocab_size,
+           num_rows, kLogitsSplitK);
     if (softcap > 0) kernels::Softcap(out, num_rows * config_.vocab_size, softcap);
   };
   if (num_sampled > 0) Grow(&sample_logits_, num_sampled * config_.vocab_size);
@@ -639,14 +743,8 @@ absl::Status CpuRunner::LmHead(Weight lm_head, float softcap) {
   Grow(&rank_logits_, num_rows_ * slice);
   Grow(&gathered_logits_, n * num_rows_ * slice);
   if (num_rows_ > 0) {
-    kernels::Linear({.input = final_rows_.data(),
-                     .weight = weights_[lm_head],
-                     .output = rank_logits_.data(),
-                     .num_tokens = num_rows_,
-                     .in_features = hidden,
-                     .out_features = slice,
-                     .split_k = kLogitsSplitK,
-                     .num_threads = num_threads_});
+    MatMul(lm_head, final_rows_.data(), hidden, rank_logits_.data(), slice, num_rows_,
+           kLogitsSplitK);
   }
   LMSERVE_RETURN_IF_ERROR(comm_->AllGather(rank_logits_.data(), gathered_logits_.data(),
                                            num_rows_ * slice, kernels::DType::kF32, nullptr));
@@ -697,7 +795,7 @@ absl::Status CpuRunner::Sample() {
 
 RunnerStats CpuRunner::stats() const {
   RunnerStats s;
-  s.dtype = RunnerDType::kFloat32;
+  s.dtype = native_ ? RunnerDType::kNative : RunnerDType::kFloat32;
   s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = 2 * int64_t{groups_.layers_per_block} * layer_cache_floats_ * 4;
   s.startup_seconds = startup_seconds_;

@@ -252,8 +252,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   }
   const RunnerDType dtype = ResolveRunnerDType(config.dtype, Backend::kCuda);
   if (dtype != RunnerDType::kBFloat16 && dtype != RunnerDType::kFloat32) {
-    return absl::InvalidArgumentError(
-        StrCat("runner config: unknown dtype ", static_cast<int>(config.dtype)));
+    return absl::InvalidArgumentError(StrCat("CUDA runner: dtype ", RunnerDTypeName(dtype),
+                                             " is not supported (auto, bfloat16 or float32)"));
   }
   LMSERVE_RETURN_IF_ERROR(CheckCudaRunnerDevice(config.device));
   cudaDeviceProp prop{};

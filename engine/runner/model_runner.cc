@@ -30,12 +30,15 @@ std::string_view RunnerDTypeName(RunnerDType dtype) {
       return "bfloat16";
     case RunnerDType::kFloat32:
       return "float32";
+    case RunnerDType::kNative:
+      return "native";
   }
   return "unknown";
 }
 
 std::optional<RunnerDType> RunnerDTypeFromName(std::string_view name) {
-  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kBFloat16, RunnerDType::kFloat32}) {
+  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kBFloat16, RunnerDType::kFloat32,
+                            RunnerDType::kNative}) {
     if (RunnerDTypeName(dtype) == name) return dtype;
   }
   return std::nullopt;
@@ -43,7 +46,7 @@ std::optional<RunnerDType> RunnerDTypeFromName(std::string_view name) {
 
 RunnerDType ResolveRunnerDType(RunnerDType dtype, Backend backend) {
   if (dtype != RunnerDType::kAuto) return dtype;
-  return backend == Backend::kCuda ? RunnerDType::kBFloat16 : RunnerDType::kFloat32;
+  return backend == Backend::kCuda ? RunnerDType::kBFloat16 : RunnerDType::kNative;
 }
 
 int64_t RunnerDTypeBytes(RunnerDType dtype) { return dtype == RunnerDType::kFloat32 ? 4 : 2; }

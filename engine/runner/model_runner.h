@@ -119,15 +119,18 @@ struct BackendChoice {
 BackendChoice ChooseAutoBackend(int32_t device = 0);
 
 // The element type a runner holds its weights, activations and KV cache in, and computes with
-// (math inside kernels is fp32 either way). The CPU runner is fp32 only; the CUDA runner holds
-// bf16 by default and fp32 on request (a numerical twin of the CPU runner, at twice the memory).
+// (math inside kernels is fp32 either way). The CPU runner keeps the checkpoint's weight types by
+// default (GGUF blocks, bf16: kNative) and converts every weight to fp32 on request (the reference
+// path); the CUDA runner holds bf16 by default and fp32 on request (a numerical twin of the CPU
+// runner's fp32 path, at twice the memory).
 enum class RunnerDType : uint8_t {
-  kAuto,      // the backend's default: bf16 on CUDA, fp32 on the CPU
+  kAuto,      // the backend's default: bf16 on CUDA, native on the CPU
   kBFloat16,  // CUDA only
   kFloat32,
+  kNative,  // CPU only: matrices in the checkpoint's types (kernels/cpu/quant_linear.h), fp32 KV
 };
 
-// "auto", "bfloat16", "float32" (the names of `lmserve serve --dtype` and GetModelInfo's dtype).
+// "auto", "bfloat16", "float32", "native" (the names of `lmserve serve --dtype` and GetModelInfo's dtype).
 std::string_view RunnerDTypeName(RunnerDType dtype);
 // The inverse of RunnerDTypeName; nullopt for any other name.
 std::optional<RunnerDType> RunnerDTypeFromName(std::string_view name);

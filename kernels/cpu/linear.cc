@@ -9,6 +9,7 @@
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
+#include "kernels/cpu/parallel.h"
 
 namespace lmserve::kernels {
 
@@ -106,14 +107,10 @@ void SplitLinear(const LinearParams& p, int64_t ldx, int64_t ldy) {
   const int64_t num_workers =
       std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max(1, p.num_threads));
   const int64_t per_worker = (p.out_features + num_workers - 1) / num_workers;
-  std::vector<std::thread> threads;
-  for (int64_t w = 1; w < num_workers; ++w) {
-    const int64_t begin = std::min(p.out_features, w * per_worker);
-    const int64_t end = std::min(p.out_features, begin + per_worker);
-    threads.emplace_back(SplitLinearRange, std::cref(p), ldx, ldy, begin, end);
-  }
-  SplitLinearRange(p, ldx, ldy, 0, std::min(p.out_features, per_worker));
-  for (std::thread& thread : threads) thread.join();
+  ParallelFor(num_workers, static_cast<int>(num_workers), [&](int64_t begin, int64_t end) {
+    SplitLinearRange(p, ldx, ldy, std::min(p.out_features, begin * per_worker),
+                     std::min(p.out_features, end * per_worker));
+  });
 }
 
 }  // namespace
@@ -144,7 +141,7 @@ void Linear(const LinearParams& p) {
 
 void SetBlasThreads(int num_threads) {
   if (num_threads <= 0)
-    num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    num_threads = PhysicalCoreCount();
   openblas_set_num_threads(num_threads);
 }
 

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
+#include "kernels/cpu/parallel.h"
 
 namespace lmserve::kernels {
 namespace {
@@ -229,13 +229,11 @@ void PagedAttention(const PagedAttentionParams& p) {
     RunWorker(p, 0, 1, p.workspace);
     return;
   }
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(num_workers - 1));
-  for (int w = 1; w < num_workers; ++w) {
-    threads.emplace_back(RunWorker, std::cref(p), w, num_workers, p.workspace + w * scratch_floats);
-  }
-  RunWorker(p, 0, num_workers, p.workspace);
-  for (std::thread& thread : threads) thread.join();
+  ParallelFor(num_workers, num_workers, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) {
+      RunWorker(p, static_cast<int>(w), num_workers, p.workspace + w * scratch_floats);
+    }
+  });
 }
 
 absl::Status WriteKvCacheParams::Validate() const {

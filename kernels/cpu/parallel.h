@@ -1,6 +1,9 @@
-// The CPU kernels' threads: OpenMP's thread team (libgomp keeps its threads between parallel
-// regions, spinning briefly before they sleep, so a step's many short regions do not pay a thread
-// start each), and the number of physical cores that --threads defaults to.
+// The CPU kernels' threads. Each thread that calls ParallelFor owns a team of worker threads,
+// started at its first call and kept until it exits: a decode step runs a few hundred short
+// parallel loops, so workers spin for a moment between loops (about 100 us) before they sleep on
+// a futex, and a loop's start costs no thread creation and, while they spin, no system call. The
+// caller runs the first share itself. Teams of different callers are independent (tensor-parallel
+// ranks on CPU threads each have their own).
 
 #ifndef LMSERVE_KERNELS_CPU_PARALLEL_H_
 #define LMSERVE_KERNELS_CPU_PARALLEL_H_
@@ -12,8 +15,8 @@
 namespace lmserve::kernels {
 
 // Runs fn(begin, end) over [0, n) split into at most `num_threads` contiguous ranges of nearly equal
-// size, one per thread of the calling thread's team; the caller is one of them. Returns when all
-// are done. n <= 0 runs nothing; one range runs on the caller without a parallel region.
+// size (the caller and num_threads - 1 workers) and returns when all are done. n <= 0 runs
+// nothing; one range runs on the caller alone.
 void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn);
 
 // Physical cores this process may run on (its affinity mask, SMT siblings counted once); at least 1.

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -54,17 +55,57 @@ bool IsHalf(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16;
 
 #define LMSERVE_INLINE inline __attribute__((always_inline))
 
+// fp16 to fp32 without branches (half.h's F16ToF32, exactly): subnormals through an exact
+// int-to-float conversion, infinities and NaNs by their bits.
 LMSERVE_INLINE float Half(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return F16ToF32(bits);
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t em = h & 0x7fffu;
+  const uint32_t normal = (em << 13) + (112u << 23);
+  const uint32_t special = (em << 13) | 0x7f800000u;
+  const uint32_t subnormal = std::bit_cast<uint32_t>(static_cast<float>(em) * 0x1p-24f);
+  const uint32_t bits = em < 0x400u ? subnormal : em >= 0x7c00u ? special : normal;
+  return std::bit_cast<float>(bits | sign);
 }
 
+// The byte loops in 16-byte SSE2 steps (every x86-64 CPU has SSE2; the portable path uses them
+// too, the results are the same bytes).
+#if defined(__SSE2__)
+LMSERVE_INLINE __m128i Load16(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+LMSERVE_INLINE void Store16(uint8_t* p, __m128i v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+}
+LMSERVE_INLINE __m128i Low4(__m128i v) { return _mm_and_si128(v, _mm_set1_epi8(0x0F)); }
+LMSERVE_INLINE __m128i High4(__m128i v) {
+  return _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+}
+// (v >> shift) & 3, shifted to bits 4..5.
+LMSERVE_INLINE __m128i TwoBits(__m128i v, int shift) {
+  return _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm_set1_epi8(3)),
+                        4);
+}
+// 16 where (v & bit) != 0, else 0.
+LMSERVE_INLINE __m128i Bit16(__m128i v, int bit) {
+  const __m128i b = _mm_set1_epi8(static_cast<char>(bit));
+  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, b), b), _mm_set1_epi8(16));
+}
+#endif
+
+// 16 bytes of nibbles: the low ones to w[0..15], the high ones to w[16..31].
 LMSERVE_INLINE void Nibbles32(const uint8_t* qs, uint8_t* w) {
+#if defined(__SSE2__)
+  const __m128i q = Load16(qs);
+  Store16(w, Low4(q));
+  Store16(w + 16, High4(q));
+#else
   for (int j = 0; j < 16; ++j) {
     w[j] = qs[j] & 0x0F;
     w[j + 16] = qs[j] >> 4;
   }
+#endif
 }
 
 // Q4_K / Q5_K's 6-bit scale and min of sub-block j (dequant.cc's GetScaleMinK4).
@@ -78,24 +119,58 @@ LMSERVE_INLINE void ScaleMinK4(int j, const uint8_t* q, int* scale, int* min) {
   }
 }
 
+// 32 bytes of K-quant nibbles (ql) to w[0..31] (low) and w[32..63] (high), with a fifth bit from
+// qh (Q5_K: bit u1 for the low, u2 for the high) when qh is not null.
+LMSERVE_INLINE void NibblesK(const uint8_t* ql, const uint8_t* qh, int u1, int u2, uint8_t* w) {
+#if defined(__SSE2__)
+  for (int h = 0; h < 32; h += 16) {
+    __m128i low = Low4(Load16(ql + h)), high = High4(Load16(ql + h));
+    if (qh != nullptr) {
+      const __m128i bits = Load16(qh + h);
+      low = _mm_or_si128(low, Bit16(bits, u1));
+      high = _mm_or_si128(high, Bit16(bits, u2));
+    }
+    Store16(w + h, low);
+    Store16(w + 32 + h, high);
+  }
+#else
+  for (int l = 0; l < 32; ++l) {
+    w[l] = ql[l] & 0xF;
+    w[l + 32] = ql[l] >> 4;
+    if (qh != nullptr) {
+      w[l] |= (qh[l] & u1) != 0 ? 16 : 0;
+      w[l + 32] |= (qh[l] & u2) != 0 ? 16 : 0;
+    }
+  }
+#endif
+}
+
+// One weight row unpacked: `k` values w (unsigned 8-bit), one scale ws per block of 32, a min wm
+// per block (types with a min) and, for Q6_K, the integer scale of each lane (c, 8 per block).
 LMSERVE_INLINE void UnpackRow(DType dtype, const uint8_t* x, int64_t k, uint8_t* w, float* ws,
-                              float* wm) {
+                              float* wm, int8_t* c) {
   switch (dtype) {
     case DType::kQ8_0:
       for (int64_t b = 0; b < k / 32; ++b, x += 34, w += 32) {
-        ws[2 * b] = ws[2 * b + 1] = Half(x);
+        ws[b] = Half(x);
+#if defined(__SSE2__)
+        const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
+        Store16(w, _mm_xor_si128(Load16(x + 2), flip));
+        Store16(w + 16, _mm_xor_si128(Load16(x + 18), flip));
+#else
         for (int j = 0; j < 32; ++j) w[j] = x[2 + j] ^ 0x80;
+#endif
       }
       return;
     case DType::kQ4_0:
       for (int64_t b = 0; b < k / 32; ++b, x += 18, w += 32) {
-        ws[2 * b] = ws[2 * b + 1] = Half(x);
+        ws[b] = Half(x);
         Nibbles32(x + 2, w);
       }
       return;
     case DType::kQ4_1:
       for (int64_t b = 0; b < k / 32; ++b, x += 20, w += 32) {
-        ws[2 * b] = ws[2 * b + 1] = Half(x);
+        ws[b] = Half(x);
         wm[b] = Half(x + 2);
         Nibbles32(x + 4, w);
       }
@@ -106,28 +181,16 @@ LMSERVE_INLINE void UnpackRow(DType dtype, const uint8_t* x, int64_t k, uint8_t*
       for (int64_t s = 0; s < k / 256; ++s, x += five ? 176 : 144) {
         const float d = Half(x), dmin = Half(x + 2);
         const uint8_t* scales = x + 4;
-        const uint8_t* qh = x + 16;
         const uint8_t* ql = x + (five ? 48 : 16);
         for (int c = 0; c < 4; ++c, ql += 32) {  // 64 elements: sub-blocks 2c and 2c + 1
           for (int h = 0; h < 2; ++h) {
             int scale, min;
             ScaleMinK4(2 * c + h, scales, &scale, &min);
             const int64_t b = 8 * s + 2 * c + h;
-            ws[2 * b] = ws[2 * b + 1] = d * static_cast<float>(scale);
+            ws[b] = d * static_cast<float>(scale);
             wm[b] = -(dmin * static_cast<float>(min));
           }
-          uint8_t* out = w + 256 * s + 64 * c;
-          for (int l = 0; l < 32; ++l) {
-            out[l] = ql[l] & 0xF;
-            out[l + 32] = ql[l] >> 4;
-          }
-          if (five) {
-            const int u1 = 1 << (2 * c), u2 = 2 << (2 * c);
-            for (int l = 0; l < 32; ++l) {
-              out[l] |= (qh[l] & u1) != 0 ? 16 : 0;
-              out[l + 32] |= (qh[l] & u2) != 0 ? 16 : 0;
-            }
-          }
+          NibblesK(ql, five ? x + 16 : nullptr, 1 << (2 * c), 2 << (2 * c), w + 256 * s + 64 * c);
         }
       }
       return;
@@ -136,17 +199,30 @@ LMSERVE_INLINE void UnpackRow(DType dtype, const uint8_t* x, int64_t k, uint8_t*
       for (int64_t s = 0; s < k / 256; ++s, x += 210) {
         const float d = Half(x + 208);
         const auto* sc = reinterpret_cast<const int8_t*>(x + 192);
-        for (int b = 0; b < 16; ++b) ws[16 * s + b] = d * static_cast<float>(sc[b]);
+        for (int b = 0; b < 8; ++b) {
+          ws[8 * s + b] = d;
+          for (int l = 0; l < 8; ++l) c[64 * s + 8 * b + l] = sc[2 * b + l / 4];
+        }
         for (int n = 0; n < 2; ++n) {
           const uint8_t* ql = x + 64 * n;
           const uint8_t* qh = x + 128 + 32 * n;
           uint8_t* out = w + 256 * s + 128 * n;
+#if defined(__SSE2__)
+          for (int h = 0; h < 32; h += 16) {
+            const __m128i l0 = Load16(ql + h), l1 = Load16(ql + 32 + h), hb = Load16(qh + h);
+            Store16(out + h, _mm_or_si128(Low4(l0), TwoBits(hb, 0)));
+            Store16(out + 32 + h, _mm_or_si128(Low4(l1), TwoBits(hb, 2)));
+            Store16(out + 64 + h, _mm_or_si128(High4(l0), TwoBits(hb, 4)));
+            Store16(out + 96 + h, _mm_or_si128(High4(l1), TwoBits(hb, 6)));
+          }
+#else
           for (int l = 0; l < 32; ++l) {
             out[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
             out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
             out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
             out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
           }
+#endif
         }
       }
       return;
@@ -165,17 +241,20 @@ LMSERVE_INLINE void UnpackHalfRow(DType dtype, const uint8_t* x, int64_t k, floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// The dot products, one per path. Each takes an unpacked row and one quantized input row.
+// The dot products, one per path: an unpacked weight row against one quantized input row.
 
 struct Row {
   const uint8_t* w;
-  const float* ws;
-  const float* wm;  // null without a min
+  const float* ws;  // [blocks, padded to 16 with zeros]
+  const float* wm;  // [blocks, padded]; null without a min
+  const int8_t* c;  // [blocks * 8]: Q6_K's lane scales; null for the other types
 };
 struct Input {
   const int8_t* q;
-  const float* scale;
-  const int32_t* lanes;
+  const float* scale;    // [blocks, padded to 16 with zeros]
+  const float* sum;      // [blocks, padded]: scale * (sum of the block's q)
+  const int32_t* total;  // [blocks, padded]: the sum of the block's q
+  const int32_t* lanes;  // [blocks * 8]: sums of four consecutive q
 };
 
 LMSERVE_INLINE float Reduce16(const float* a) {
@@ -184,25 +263,26 @@ LMSERVE_INLINE float Reduce16(const float* a) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
+LMSERVE_INLINE float Finish(const float* s, const float* m) {
+  return m != nullptr ? Reduce16(s) + Reduce16(m) : Reduce16(s);
+}
+
 float DotPortable(const Row& row, const Input& in, int64_t nb, Format f) {
-  float acc[16] = {};
+  float s[16] = {}, m[16] = {};
   for (int64_t b = 0; b < nb; ++b) {
-    float* a = acc + 8 * (b & 1);
+    int32_t block = 0;
     for (int l = 0; l < 8; ++l) {
       const int64_t e = 32 * b + 4 * l;
       int32_t p = 0;
       for (int i = 0; i < 4; ++i) p += int32_t{row.w[e + i]} * int32_t{in.q[e + i]};
-      const int32_t lane_sum = in.lanes[8 * b + l];
-      if (f.shift >= 0) p -= lane_sum * (1 << f.shift);
-      const float s = row.ws[2 * b + l / 4] * in.scale[b];
-      a[l] = std::fma(static_cast<float>(p), s, a[l]);
-      if (row.wm != nullptr) {
-        const float t = row.wm[b] * in.scale[b];
-        a[l] = std::fma(static_cast<float>(lane_sum), t, a[l]);
-      }
+      if (row.c != nullptr) p = row.c[8 * b + l] * (p - in.lanes[8 * b + l] * (1 << f.shift));
+      block += p;
     }
+    if (row.c == nullptr && f.shift >= 0) block -= in.total[b] * (1 << f.shift);
+    s[b % 16] = std::fma(static_cast<float>(block), row.ws[b] * in.scale[b], s[b % 16]);
+    if (row.wm != nullptr) m[b % 16] = std::fma(row.wm[b], in.sum[b], m[b % 16]);
   }
-  return Reduce16(acc);
+  return Finish(s, row.wm != nullptr ? m : nullptr);
 }
 
 float DotHalfPortable(const float* w, const float* x, int64_t k) {
@@ -215,38 +295,62 @@ float DotHalfPortable(const float* w, const float* x, int64_t k) {
 #define LMSERVE_AVX512 \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-LMSERVE_AVX2 float DotAvx2(const Row& row, const Input& in, int64_t nb, Format f) {
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.w + 32 * b));
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.q + 32 * b));
+// AVX2: eight blocks at a time, one per register, their lanes summed into one register of eight
+// block sums.
+LMSERVE_AVX2 LMSERVE_INLINE __m256i BlockLanesAvx2(const Row& row, const Input& in, int64_t b,
+                                                   Format f) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.w + 32 * b));
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.q + 32 * b));
+  __m256i p;
+  if (!f.wide) {  // w <= 63: the 16-bit pair sums cannot saturate
+    p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+  } else {  // 16-bit products, pairs summed to 32 bits, then pairs of pairs (lanes reordered)
+    const __m256i m0 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(w)),
+                                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)));
+    const __m256i m1 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1)),
+                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)));
+    p = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(m0, m1),
+                                    _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  }
+  if (row.c != nullptr) {
     const __m256i lanes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.lanes + 8 * b));
-    __m256i p;
-    if (!f.wide) {  // w <= 63: the 16-bit pair sums cannot saturate
-      p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
-    } else {  // 16-bit products, pairs summed to 32 bits, then pairs of pairs (lanes reordered)
-      const __m256i m0 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(w)),
-                                           _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)));
-      const __m256i m1 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1)),
-                                           _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)));
-      p = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(m0, m1), order);
+    p = _mm256_sub_epi32(p, _mm256_slli_epi32(lanes, f.shift));
+    const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.c + 8 * b));
+    p = _mm256_mullo_epi32(p, _mm256_cvtepi8_epi32(c));
+  }
+  return p;
+}
+
+LMSERVE_AVX2 float DotAvx2(const Row& row, const Input& in, int64_t nb, Format f) {
+  __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < nb; g += 8) {
+    __m256i p[8];
+    for (int i = 0; i < 8; ++i) {
+      p[i] = g + i < nb ? BlockLanesAvx2(row, in, g + i, f) : _mm256_setzero_si256();
     }
-    if (f.shift >= 0) p = _mm256_sub_epi32(p, _mm256_slli_epi32(lanes, f.shift));
-    const float scale = in.scale[b];
-    const __m256 s = _mm256_set_m128(_mm_set1_ps(row.ws[2 * b + 1] * scale),
-                                      _mm_set1_ps(row.ws[2 * b] * scale));
-    __m256& a8 = acc[b & 1];
-    a8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, a8);
+    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i q0 = _mm256_hadd_epi32(h01, h23), q1 = _mm256_hadd_epi32(h45, h67);
+    __m256i block = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                                     _mm256_permute2x128_si256(q0, q1, 0x31));
+    if (row.c == nullptr && f.shift >= 0) {
+      const __m256i total = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.total + g));
+      block = _mm256_sub_epi32(block, _mm256_slli_epi32(total, f.shift));
+    }
+    const int half = static_cast<int>((g / 8) & 1);
+    const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(row.ws + g), _mm256_loadu_ps(in.scale + g));
+    s[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block), scale, s[half]);
     if (row.wm != nullptr) {
-      a8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(row.wm[b] * scale), a8);
+      m[half] = _mm256_fmadd_ps(_mm256_loadu_ps(row.wm + g), _mm256_loadu_ps(in.sum + g), m[half]);
     }
   }
-  alignas(32) float out[16];
-  _mm256_store_ps(out, acc[0]);
-  _mm256_store_ps(out + 8, acc[1]);
-  return Reduce16(out);
+  alignas(32) float out_s[16], out_m[16];
+  _mm256_store_ps(out_s, s[0]);
+  _mm256_store_ps(out_s + 8, s[1]);
+  _mm256_store_ps(out_m, m[0]);
+  _mm256_store_ps(out_m + 8, m[1]);
+  return Finish(out_s, row.wm != nullptr ? out_m : nullptr);
 }
 
 LMSERVE_AVX2 float DotHalfAvx2(const float* w, const float* x, int64_t k) {
@@ -261,46 +365,74 @@ LMSERVE_AVX2 float DotHalfAvx2(const float* w, const float* x, int64_t k) {
   return Reduce16(out);
 }
 
+// AVX-512: sixteen blocks at a time, two per register, their lanes summed into one register of
+// sixteen block sums.
+template <bool kTail>
+LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesAvx512(const Row& row, const Input& in, int64_t b,
+                                                      int64_t nb, Format f) {
+  __m512i w, a;
+  __mmask16 lanes_mask = 0xFFFF;
+  if (kTail) {
+    if (b >= nb) return _mm512_setzero_si512();
+    const __mmask64 bytes = b + 1 < nb ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
+    lanes_mask = b + 1 < nb ? 0xFFFF : 0x00FF;
+    w = _mm512_maskz_loadu_epi8(bytes, row.w + 32 * b);
+    a = _mm512_maskz_loadu_epi8(bytes, in.q + 32 * b);
+  } else {
+    w = _mm512_loadu_si512(row.w + 32 * b);
+    a = _mm512_loadu_si512(in.q + 32 * b);
+  }
+  __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
+  if (row.c != nullptr) {
+    const __m512i lanes = _mm512_maskz_loadu_epi32(lanes_mask, in.lanes + 8 * b);
+    p = _mm512_sub_epi32(p, _mm512_slli_epi32(lanes, f.shift));
+    const __m128i c = _mm_maskz_loadu_epi8(lanes_mask, row.c + 8 * b);
+    p = _mm512_mullo_epi32(p, _mm512_cvtepi8_epi32(c));
+  }
+  return p;
+}
+
+// The sums of blocks g..g+15 (zero past nb), in order.
+template <bool kTail>
+LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsAvx512(const Row& row, const Input& in, int64_t g,
+                                                      int64_t nb, Format f) {
+  // The reduction leaves the blocks in the order 0 2 4 6 1 3 5 7 8 10 12 14 9 11 13 15.
+  const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  __m512i t[4];
+  for (int i = 0; i < 4; ++i) {  // pairs of pairs: per 128-bit chunk, [v0 v1 v0 v1] partials
+    const __m512i v0 = PairLanesAvx512<kTail>(row, in, g + 4 * i, nb, f);
+    const __m512i v1 = PairLanesAvx512<kTail>(row, in, g + 4 * i + 2, nb, f);
+    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+  }
+  // Per chunk c: [sum of chunk c of v0, v1, v2, v3] (u0: pairs 0..3, u1: pairs 4..7).
+  const __m512i u0 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+  const __m512i u1 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+  // Chunks 0 and 1 of a pair are its first block's lanes, chunks 2 and 3 its second's.
+  const __m512i block = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                         _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_epi32(order, block);
+}
+
 LMSERVE_AVX512 float DotAvx512(const Row& row, const Input& in, int64_t nb, Format f) {
-  __m512 acc = _mm512_setzero_ps();
-  const __m512i quads = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {  // blocks b (lanes 0..7) and b + 1 (lanes 8..15)
-    const __m512i w = _mm512_loadu_si512(row.w + 32 * b);
-    const __m512i a = _mm512_loadu_si512(in.q + 32 * b);
-    const __m512i lanes = _mm512_loadu_si512(in.lanes + 8 * b);
-    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
-    if (f.shift >= 0) p = _mm512_sub_epi32(p, _mm512_slli_epi32(lanes, f.shift));
-    const __m128 scale2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(in.scale + b)));
-    const __m128 s4 = _mm_mul_ps(_mm_loadu_ps(row.ws + 2 * b), _mm_unpacklo_ps(scale2, scale2));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                          _mm512_permutexvar_ps(quads, _mm512_zextps128_ps512(s4)), acc);
+  __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+  for (int64_t g = 0; g < nb; g += 16) {
+    __m512i block = g + 16 <= nb ? BlockSumsAvx512<false>(row, in, g, nb, f)
+                                 : BlockSumsAvx512<true>(row, in, g, nb, f);
+    if (row.c == nullptr && f.shift >= 0) {
+      block = _mm512_sub_epi32(block, _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift));
+    }
+    const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(row.ws + g), _mm512_loadu_ps(in.scale + g));
+    s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block), scale, s);
     if (row.wm != nullptr) {
-      const __m128 t2 = _mm_mul_ps(
-          _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(row.wm + b))), scale2);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes),
-                            _mm512_permutexvar_ps(halves, _mm512_zextps128_ps512(t2)), acc);
+      m = _mm512_fmadd_ps(_mm512_loadu_ps(row.wm + g), _mm512_loadu_ps(in.sum + g), m);
     }
   }
-  if (b < nb) {  // an odd last block: the low eight lanes
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.w + 32 * b));
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.q + 32 * b));
-    const __m256i lanes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.lanes + 8 * b));
-    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
-    if (f.shift >= 0) p = _mm256_sub_epi32(p, _mm256_slli_epi32(lanes, f.shift));
-    const float scale = in.scale[b];
-    const __m256 s = _mm256_set_m128(_mm_set1_ps(row.ws[2 * b + 1] * scale),
-                                      _mm_set1_ps(row.ws[2 * b] * scale));
-    __m256 low = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, _mm512_castps512_ps256(acc));
-    if (row.wm != nullptr) {
-      low = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(row.wm[b] * scale), low);
-    }
-    acc = _mm512_insertf32x8(acc, low, 0);
-  }
-  alignas(64) float out[16];
-  _mm512_store_ps(out, acc);
-  return Reduce16(out);
+  alignas(64) float out_s[16], out_m[16];
+  _mm512_store_ps(out_s, s);
+  _mm512_store_ps(out_m, m);
+  return Finish(out_s, row.wm != nullptr ? out_m : nullptr);
 }
 
 LMSERVE_AVX512 float DotHalfAvx512(const float* w, const float* x, int64_t k) {
@@ -319,10 +451,8 @@ LMSERVE_AVX512 float DotHalfAvx512(const float* w, const float* x, int64_t k) {
 struct Job {
   const QuantLinearParams* p;
   Format format;
-  int64_t k, nb, ldx, ldy, row_bytes;
-  const int8_t* q;
-  const float* scale;
-  const int32_t* lanes;
+  int64_t k, nb, padded_nb, ldx, ldy, row_bytes;
+  const QuantLinearWorkspace* input;
 };
 
 LMSERVE_INLINE void Store(const Job& job, int64_t t, int64_t o, float v) {
@@ -338,41 +468,50 @@ template <float (*kDot)(const Row&, const Input&, int64_t, Format),
 LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_end) {
   const QuantLinearParams& p = *job.p;
   const auto* weight = static_cast<const uint8_t*>(p.weight);
+  const int64_t k = job.k, nb = job.nb, pnb = job.padded_nb;
   thread_local std::vector<uint8_t> w;
   thread_local std::vector<float> ws, wm, wf;
+  thread_local std::vector<int8_t> c;
   if (IsHalf(p.dtype)) {
-    if (static_cast<int64_t>(wf.size()) < kRowTile * job.k) wf.resize(kRowTile * job.k);
+    if (static_cast<int64_t>(wf.size()) < kRowTile * k) wf.resize(kRowTile * k);
     for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowTile) {
       const int64_t n = std::min(kRowTile, row_end - r0);
       for (int64_t i = 0; i < n; ++i) {
-        UnpackHalfRow(p.dtype, weight + (r0 + i) * job.row_bytes, job.k, wf.data() + i * job.k);
+        UnpackHalfRow(p.dtype, weight + (r0 + i) * job.row_bytes, k, wf.data() + i * k);
       }
       for (int64_t t = 0; t < p.num_tokens; ++t) {
         const float* x = p.input + t * job.ldx;
-        for (int64_t i = 0; i < n; ++i) {
-          Store(job, t, r0 + i, kDotHalf(wf.data() + i * job.k, x, job.k));
-        }
+        for (int64_t i = 0; i < n; ++i) Store(job, t, r0 + i, kDotHalf(wf.data() + i * k, x, k));
       }
     }
     return;
   }
-  if (static_cast<int64_t>(w.size()) < kRowTile * job.k) {
-    w.resize(kRowTile * job.k);
-    ws.resize(kRowTile * 2 * job.nb);
-    wm.resize(kRowTile * job.nb);
+  if (static_cast<int64_t>(w.size()) < kRowTile * k) w.resize(kRowTile * k);
+  if (static_cast<int64_t>(ws.size()) < kRowTile * pnb) {
+    ws.resize(kRowTile * pnb);
+    wm.resize(kRowTile * pnb);
   }
+  if (static_cast<int64_t>(c.size()) < kRowTile * 8 * nb) c.resize(kRowTile * 8 * nb);
+  const QuantLinearWorkspace& x = *job.input;
+  const bool lane_scales = p.dtype == DType::kQ6_K;
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowTile) {
     const int64_t n = std::min(kRowTile, row_end - r0);
     for (int64_t i = 0; i < n; ++i) {
-      UnpackRow(p.dtype, weight + (r0 + i) * job.row_bytes, job.k, w.data() + i * job.k,
-                ws.data() + i * 2 * job.nb, wm.data() + i * job.nb);
+      float* row_ws = ws.data() + i * pnb;
+      float* row_wm = wm.data() + i * pnb;
+      UnpackRow(p.dtype, weight + (r0 + i) * job.row_bytes, k, w.data() + i * k, row_ws, row_wm,
+                c.data() + i * 8 * nb);
+      std::fill(row_ws + nb, row_ws + pnb, 0.0f);  // the padding adds nothing
+      std::fill(row_wm + nb, row_wm + pnb, 0.0f);
     }
     for (int64_t t = 0; t < p.num_tokens; ++t) {
-      const Input in{job.q + t * job.k, job.scale + t * job.nb, job.lanes + t * (job.k / 4)};
+      const Input in{x.q.data() + t * k, x.scale.data() + t * pnb, x.sum.data() + t * pnb,
+                     x.total.data() + t * pnb, x.lanes.data() + t * (k / 4)};
       for (int64_t i = 0; i < n; ++i) {
-        const Row row{w.data() + i * job.k, ws.data() + i * 2 * job.nb,
-                      job.format.has_min ? wm.data() + i * job.nb : nullptr};
-        Store(job, t, r0 + i, kDot(row, in, job.nb, job.format));
+        const Row row{w.data() + i * k, ws.data() + i * pnb,
+                      job.format.has_min ? wm.data() + i * pnb : nullptr,
+                      lane_scales ? c.data() + i * 8 * nb : nullptr};
+        Store(job, t, r0 + i, kDot(row, in, nb, job.format));
       }
     }
   }
@@ -463,15 +602,18 @@ absl::Status QuantLinearParams::Validate() const {
 }
 
 void QuantizeInputRow(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* lanes) {
+  // 1.5 * 2^23: adding and subtracting it rounds a float below 2^22 in magnitude to the nearest
+  // integer, ties to even (the current rounding mode), without a call to nearbyint.
+  constexpr float kRound = 12582912.0f;
   for (int64_t b = 0; b < cols / kBlock; ++b, x += kBlock, q += kBlock) {
     float amax = 0.0f;
     for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
     for (int64_t j = 0; j < kBlock; ++j) {
-      // fmin/fmax turn a NaN into a bound; nearbyint rounds to nearest even.
-      const float v = std::fmin(std::fmax(x[j] * id, -127.0f), 127.0f);
-      q[j] = static_cast<int8_t>(std::nearbyint(v));
+      // std::min / std::max also turn a NaN into a bound.
+      const float v = std::max(-127.0f, std::min(127.0f, x[j] * id));
+      q[j] = static_cast<int8_t>(static_cast<int32_t>((v + kRound) - kRound));
     }
     scale[b] = d;
     for (int l = 0; l < 8; ++l) {
@@ -483,39 +625,50 @@ void QuantizeInputRow(const float* x, int64_t cols, int8_t* q, float* scale, int
 void QuantLinear(const QuantLinearParams& p) {
   CheckValid(p.Validate(), "QuantLinear");
   if (p.num_tokens == 0) return;
-  Job job{.p = &p,
-          .format = FormatOf(p.dtype),
-          .k = p.in_features,
-          .nb = p.in_features / kBlock,
-          .ldx = p.input_stride != 0 ? p.input_stride : p.in_features,
-          .ldy = p.output_stride != 0 ? p.output_stride : p.out_features,
-          .row_bytes = RowBytes(p.dtype, p.in_features),
-          .q = nullptr,
-          .scale = nullptr,
-          .lanes = nullptr};
+  const int64_t k = p.in_features, nb = k / kBlock, pnb = (nb + 15) / 16 * 16;
+  const Job job{.p = &p,
+                .format = FormatOf(p.dtype),
+                .k = k,
+                .nb = nb,
+                .padded_nb = pnb,
+                .ldx = p.input_stride != 0 ? p.input_stride : k,
+                .ldy = p.output_stride != 0 ? p.output_stride : p.out_features,
+                .row_bytes = RowBytes(p.dtype, k),
+                .input = p.workspace};
   // Below this many multiply-adds per thread, a thread costs more than it saves.
   constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
-  const int64_t work = p.num_tokens * p.out_features * p.in_features;
+  const int64_t work = p.num_tokens * p.out_features * k;
   const int threads = static_cast<int>(
       std::clamp<int64_t>(work / kMinWorkPerThread, 1,
                           std::min<int64_t>(p.num_threads, (p.out_features + 3) / kRowTile)));
   if (IsQuantized(p.dtype)) {
-    QuantLinearWorkspace& ws = *p.workspace;
-    const int64_t k = p.in_features;
-    if (static_cast<int64_t>(ws.q.size()) < p.num_tokens * k) {
-      ws.q.resize(p.num_tokens * k);
-      ws.scale.resize(p.num_tokens * (k / kBlock));
-      ws.lanes.resize(p.num_tokens * (k / 4));
+    QuantLinearWorkspace& x = *p.workspace;
+    const int64_t t_count = p.num_tokens;
+    if (static_cast<int64_t>(x.q.size()) < t_count * k) x.q.resize(t_count * k);
+    if (static_cast<int64_t>(x.lanes.size()) < t_count * (k / 4)) x.lanes.resize(t_count * (k / 4));
+    if (static_cast<int64_t>(x.scale.size()) < t_count * pnb) {
+      x.scale.resize(t_count * pnb);
+      x.sum.resize(t_count * pnb);
+      x.total.resize(t_count * pnb);
     }
-    ParallelFor(p.num_tokens, p.num_tokens >= 16 ? threads : 1, [&](int64_t begin, int64_t end) {
+    ParallelFor(t_count, t_count >= 16 ? threads : 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        QuantizeInputRow(p.input + t * job.ldx, k, ws.q.data() + t * k,
-                         ws.scale.data() + t * (k / kBlock), ws.lanes.data() + t * (k / 4));
+        float* scale = x.scale.data() + t * pnb;
+        float* sum = x.sum.data() + t * pnb;
+        int32_t* total = x.total.data() + t * pnb;
+        const int32_t* lanes = x.lanes.data() + t * (k / 4);
+        QuantizeInputRow(p.input + t * job.ldx, k, x.q.data() + t * k, scale,
+                         x.lanes.data() + t * (k / 4));
+        for (int64_t b = 0; b < nb; ++b) {
+          total[b] = 0;
+          for (int l = 0; l < 8; ++l) total[b] += lanes[8 * b + l];
+          sum[b] = scale[b] * static_cast<float>(total[b]);
+        }
+        std::fill(scale + nb, scale + pnb, 0.0f);  // the padding adds nothing
+        std::fill(sum + nb, sum + pnb, 0.0f);
+        std::fill(total + nb, total + pnb, 0);
       }
     });
-    job.q = ws.q.data();
-    job.scale = ws.scale.data();
-    job.lanes = ws.lanes.data();
   }
   const SimdPath path = p.path == SimdPath::kAuto ? BestSimdPath() : p.path;
   void (*run)(const Job&, int64_t, int64_t) = path == SimdPath::kAvx512Vnni ? RunRowsAvx512

@@ -52,9 +52,12 @@ bool QuantLinearSupports(DType dtype, int64_t cols);
 // Scratch for the quantized input rows, grown as needed; one per caller (not shared across threads
 // that call QuantLinear at the same time).
 struct QuantLinearWorkspace {
-  std::vector<int8_t> q;        // [tokens, cols]
-  std::vector<float> scale;     // [tokens, cols / 32]
-  std::vector<int32_t> lanes;   // [tokens, cols / 4]: sums of four consecutive q
+  std::vector<int8_t> q;         // [tokens, cols]
+  std::vector<int32_t> lanes;    // [tokens, cols / 4]: sums of four consecutive q
+  // [tokens, blocks padded to a multiple of 16 with zeros]:
+  std::vector<float> scale;      // the blocks' scales
+  std::vector<int32_t> total;    // the sums of their q
+  std::vector<float> sum;        // scale * total
 };
 
 struct QuantLinearParams {
