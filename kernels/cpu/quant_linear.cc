@@ -147,12 +147,15 @@ LMSERVE_INLINE void NibblesK(const uint8_t* ql, const uint8_t* qh, int u1, int u
 
 // One weight row unpacked: `k` values w (unsigned 8-bit), one scale ws per block of 32, a min wm
 // per block (types with a min) and, for Q6_K, the integer scale of each lane (c, 8 per block).
+// With kScales32 false, the scales (and mins) of Q8_0, Q4_0 and Q4_1 are left to the caller
+// (ScalesF16c).
+template <bool kScales32>
 LMSERVE_INLINE void UnpackRow(DType dtype, const uint8_t* x, int64_t k, uint8_t* w, float* ws,
                               float* wm, int8_t* c) {
   switch (dtype) {
     case DType::kQ8_0:
       for (int64_t b = 0; b < k / 32; ++b, x += 34, w += 32) {
-        ws[b] = Half(x);
+        if (kScales32) ws[b] = Half(x);
 #if defined(__SSE2__)
         const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
         Store16(w, _mm_xor_si128(Load16(x + 2), flip));
@@ -164,14 +167,16 @@ LMSERVE_INLINE void UnpackRow(DType dtype, const uint8_t* x, int64_t k, uint8_t*
       return;
     case DType::kQ4_0:
       for (int64_t b = 0; b < k / 32; ++b, x += 18, w += 32) {
-        ws[b] = Half(x);
+        if (kScales32) ws[b] = Half(x);
         Nibbles32(x + 2, w);
       }
       return;
     case DType::kQ4_1:
       for (int64_t b = 0; b < k / 32; ++b, x += 20, w += 32) {
-        ws[b] = Half(x);
-        wm[b] = Half(x + 2);
+        if (kScales32) {
+          ws[b] = Half(x);
+          wm[b] = Half(x + 2);
+        }
         Nibbles32(x + 4, w);
       }
       return;
@@ -285,6 +290,11 @@ float DotPortable(const Row& row, const Input& in, int64_t nb, Format f) {
   return Finish(s, row.wm != nullptr ? m : nullptr);
 }
 
+void DotTilePortable(const Row* rows, int64_t n, const Input& in, int64_t nb, Format f,
+                     float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = DotPortable(rows[i], in, nb, f);
+}
+
 float DotHalfPortable(const float* w, const float* x, int64_t k) {
   float acc[16] = {};
   for (int64_t e = 0; e < k; ++e) acc[e % 16] = std::fma(w[e], x[e], acc[e % 16]);
@@ -294,6 +304,35 @@ float DotHalfPortable(const float* w, const float* x, int64_t k) {
 #define LMSERVE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define LMSERVE_AVX512 \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// Reduce16 of lanes 0..7 in `low` and 8..15 in `high`, in registers: the same additions.
+LMSERVE_AVX2 LMSERVE_INLINE float Reduce16Avx2(__m256 low, __m256 high) {
+  const __m256 v = _mm256_add_ps(low, high);                         // v[l] = a[l] + a[8 + l]
+  const __m256 w = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));     // w[2i] = v[2i] + v[2i + 1]
+  const __m256 x = _mm256_add_ps(w, _mm256_permute_ps(w, 0x4E));     // x[0] = w[0] + w[2], x[4]
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+}
+
+// The scales (and mins) of a Q8_0, Q4_0 or Q4_1 row through F16C, one instruction each.
+LMSERVE_AVX2 void ScalesF16c(DType dtype, const uint8_t* x, int64_t nb, float* ws,
+                                            float* wm) {
+  const int64_t stride = GetBlockLayout(dtype).bytes_per_block;
+  if (dtype == DType::kQ4_1) {
+    for (int64_t b = 0; b < nb; ++b, x += stride) {
+      uint16_t d, m;
+      std::memcpy(&d, x, 2);
+      std::memcpy(&m, x + 2, 2);
+      ws[b] = _cvtsh_ss(d);
+      wm[b] = _cvtsh_ss(m);
+    }
+  } else if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) {
+    for (int64_t b = 0; b < nb; ++b, x += stride) {
+      uint16_t d;
+      std::memcpy(&d, x, 2);
+      ws[b] = _cvtsh_ss(d);
+    }
+  }
+}
 
 // AVX2: eight blocks at a time, one per register, their lanes summed into one register of eight
 // block sums.
@@ -345,12 +384,13 @@ LMSERVE_AVX2 float DotAvx2(const Row& row, const Input& in, int64_t nb, Format f
       m[half] = _mm256_fmadd_ps(_mm256_loadu_ps(row.wm + g), _mm256_loadu_ps(in.sum + g), m[half]);
     }
   }
-  alignas(32) float out_s[16], out_m[16];
-  _mm256_store_ps(out_s, s[0]);
-  _mm256_store_ps(out_s + 8, s[1]);
-  _mm256_store_ps(out_m, m[0]);
-  _mm256_store_ps(out_m + 8, m[1]);
-  return Finish(out_s, row.wm != nullptr ? out_m : nullptr);
+  const float sum = Reduce16Avx2(s[0], s[1]);
+  return row.wm != nullptr ? sum + Reduce16Avx2(m[0], m[1]) : sum;
+}
+
+LMSERVE_AVX2 void DotTileAvx2(const Row* rows, int64_t n, const Input& in, int64_t nb, Format f,
+                              float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = DotAvx2(rows[i], in, nb, f);
 }
 
 LMSERVE_AVX2 float DotHalfAvx2(const float* w, const float* x, int64_t k) {
@@ -359,10 +399,7 @@ LMSERVE_AVX2 float DotHalfAvx2(const float* w, const float* x, int64_t k) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + e), _mm256_loadu_ps(x + e), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + e + 8), _mm256_loadu_ps(x + e + 8), acc1);
   }
-  alignas(32) float out[16];
-  _mm256_store_ps(out, acc0);
-  _mm256_store_ps(out + 8, acc1);
-  return Reduce16(out);
+  return Reduce16Avx2(acc0, acc1);
 }
 
 // AVX-512: sixteen blocks at a time, two per register, their lanes summed into one register of
@@ -415,24 +452,41 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsAvx512(const Row& row, const Inpu
   return _mm512_permutexvar_epi32(order, block);
 }
 
-LMSERVE_AVX512 float DotAvx512(const Row& row, const Input& in, int64_t nb, Format f) {
-  __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+// The dots of up to kRowTile rows with one input, the rows side by side so that their
+// reductions overlap.
+template <int kRows>
+LMSERVE_AVX512 LMSERVE_INLINE void DotRowsAvx512(const Row* rows, const Input& in, int64_t nb,
+                                                 Format f, float* out) {
+  __m512 s[kRows], m[kRows];
+  for (int i = 0; i < kRows; ++i) s[i] = m[i] = _mm512_setzero_ps();
+  const bool has_min = rows[0].wm != nullptr, lane_scales = rows[0].c != nullptr;
   for (int64_t g = 0; g < nb; g += 16) {
-    __m512i block = g + 16 <= nb ? BlockSumsAvx512<false>(row, in, g, nb, f)
-                                 : BlockSumsAvx512<true>(row, in, g, nb, f);
-    if (row.c == nullptr && f.shift >= 0) {
-      block = _mm512_sub_epi32(block, _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift));
-    }
-    const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(row.ws + g), _mm512_loadu_ps(in.scale + g));
-    s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block), scale, s);
-    if (row.wm != nullptr) {
-      m = _mm512_fmadd_ps(_mm512_loadu_ps(row.wm + g), _mm512_loadu_ps(in.sum + g), m);
+    const __m512 in_scale = _mm512_loadu_ps(in.scale + g);
+    const bool offset = !lane_scales && f.shift >= 0;
+    const __m512i total = offset ? _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift)
+                                 : _mm512_setzero_si512();
+    const __m512 in_sum = _mm512_loadu_ps(in.sum + g);
+    for (int i = 0; i < kRows; ++i) {
+      const Row& row = rows[i];
+      __m512i block = g + 16 <= nb ? BlockSumsAvx512<false>(row, in, g, nb, f)
+                                   : BlockSumsAvx512<true>(row, in, g, nb, f);
+      if (offset) block = _mm512_sub_epi32(block, total);
+      const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(row.ws + g), in_scale);
+      s[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block), scale, s[i]);
+      if (has_min) m[i] = _mm512_fmadd_ps(_mm512_loadu_ps(row.wm + g), in_sum, m[i]);
     }
   }
-  alignas(64) float out_s[16], out_m[16];
-  _mm512_store_ps(out_s, s);
-  _mm512_store_ps(out_m, m);
-  return Finish(out_s, row.wm != nullptr ? out_m : nullptr);
+  for (int i = 0; i < kRows; ++i) {
+    const float sum = Reduce16Avx2(_mm512_castps512_ps256(s[i]), _mm512_extractf32x8_ps(s[i], 1));
+    out[i] = has_min ? sum + Reduce16Avx2(_mm512_castps512_ps256(m[i]),
+                                          _mm512_extractf32x8_ps(m[i], 1))
+                     : sum;
+  }
+}
+
+LMSERVE_AVX512 void DotTileAvx512(const Row* rows, int64_t n, const Input& in, int64_t nb,
+                                  Format f, float* out) {
+  for (int64_t i = 0; i < n; ++i) DotRowsAvx512<1>(rows + i, in, nb, f, out + i);
 }
 
 LMSERVE_AVX512 float DotHalfAvx512(const float* w, const float* x, int64_t k) {
@@ -440,9 +494,7 @@ LMSERVE_AVX512 float DotHalfAvx512(const float* w, const float* x, int64_t k) {
   for (int64_t e = 0; e < k; e += 16) {
     acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + e), _mm512_loadu_ps(x + e), acc);
   }
-  alignas(64) float out[16];
-  _mm512_store_ps(out, acc);
-  return Reduce16(out);
+  return Reduce16Avx2(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -463,8 +515,9 @@ LMSERVE_INLINE void Store(const Job& job, int64_t t, int64_t o, float v) {
   *y = v;
 }
 
-template <float (*kDot)(const Row&, const Input&, int64_t, Format),
-          float (*kDotHalf)(const float*, const float*, int64_t)>
+template <void (*kDotTile)(const Row*, int64_t, const Input&, int64_t, Format, float*),
+          float (*kDotHalf)(const float*, const float*, int64_t),
+          void (*kScales)(DType, const uint8_t*, int64_t, float*, float*)>
 LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_end) {
   const QuantLinearParams& p = *job.p;
   const auto* weight = static_cast<const uint8_t*>(p.weight);
@@ -499,32 +552,37 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
     for (int64_t i = 0; i < n; ++i) {
       float* row_ws = ws.data() + i * pnb;
       float* row_wm = wm.data() + i * pnb;
-      UnpackRow(p.dtype, weight + (r0 + i) * job.row_bytes, k, w.data() + i * k, row_ws, row_wm,
-                c.data() + i * 8 * nb);
+      const uint8_t* source = weight + (r0 + i) * job.row_bytes;
+      UnpackRow<kScales == nullptr>(p.dtype, source, k, w.data() + i * k, row_ws, row_wm,
+                                    c.data() + i * 8 * nb);
+      if constexpr (kScales != nullptr) kScales(p.dtype, source, nb, row_ws, row_wm);
       std::fill(row_ws + nb, row_ws + pnb, 0.0f);  // the padding adds nothing
       std::fill(row_wm + nb, row_wm + pnb, 0.0f);
     }
+    Row rows[kRowTile];
+    for (int64_t i = 0; i < n; ++i) {
+      rows[i] = {w.data() + i * k, ws.data() + i * pnb,
+                 job.format.has_min ? wm.data() + i * pnb : nullptr,
+                 lane_scales ? c.data() + i * 8 * nb : nullptr};
+    }
+    float out[kRowTile];
     for (int64_t t = 0; t < p.num_tokens; ++t) {
       const Input in{x.q.data() + t * k, x.scale.data() + t * pnb, x.sum.data() + t * pnb,
                      x.total.data() + t * pnb, x.lanes.data() + t * (k / 4)};
-      for (int64_t i = 0; i < n; ++i) {
-        const Row row{w.data() + i * k, ws.data() + i * pnb,
-                      job.format.has_min ? wm.data() + i * pnb : nullptr,
-                      lane_scales ? c.data() + i * 8 * nb : nullptr};
-        Store(job, t, r0 + i, kDot(row, in, nb, job.format));
-      }
+      kDotTile(rows, n, in, nb, job.format, out);
+      for (int64_t i = 0; i < n; ++i) Store(job, t, r0 + i, out[i]);
     }
   }
 }
 
 void RunRowsPortable(const Job& job, int64_t begin, int64_t end) {
-  RunRowsImpl<DotPortable, DotHalfPortable>(job, begin, end);
+  RunRowsImpl<DotTilePortable, DotHalfPortable, nullptr>(job, begin, end);
 }
 LMSERVE_AVX2 void RunRowsAvx2(const Job& job, int64_t begin, int64_t end) {
-  RunRowsImpl<DotAvx2, DotHalfAvx2>(job, begin, end);
+  RunRowsImpl<DotTileAvx2, DotHalfAvx2, ScalesF16c>(job, begin, end);
 }
 LMSERVE_AVX512 void RunRowsAvx512(const Job& job, int64_t begin, int64_t end) {
-  RunRowsImpl<DotAvx512, DotHalfAvx512>(job, begin, end);
+  RunRowsImpl<DotTileAvx512, DotHalfAvx512, ScalesF16c>(job, begin, end);
 }
 
 SimdPath DetectBestPath() {
