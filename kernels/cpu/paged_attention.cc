@@ -37,8 +37,13 @@ inline int64_t FirstKey(int64_t position, int32_t window) {
 
 // Attention for query rows [row_begin, row_end) of sequence `seq`, the query heads of KV head
 // `kv_head`. `scores` holds group_size * max_context_len floats.
-void AttendRows(const PagedAttentionParams& p, int64_t seq, int64_t kv_head, int64_t row_begin,
-                int64_t row_end, float* scores) {
+//
+// AVX2 where the CPU has it: the same operations in wider registers (no FMA, which would let the
+// compiler contract a * b + c and change the rounding from one CPU to another).
+__attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAttentionParams& p,
+                                                                  int64_t seq, int64_t kv_head,
+                                                                  int64_t row_begin,
+                                                                  int64_t row_end, float* scores) {
   const int64_t head_dim = p.head_dim;
   const int64_t group_size = p.num_heads / p.num_kv_heads;
   const int64_t q_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * head_dim;
