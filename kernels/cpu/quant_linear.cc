@@ -19,7 +19,11 @@ namespace lmserve::kernels {
 namespace {
 
 constexpr int64_t kBlock = 32;   // elements per input block and per weight block (or sub-block)
-constexpr int64_t kRowTile = 4;  // weight rows unpacked together, then run against every token
+constexpr int64_t kRowTile = 4;  // weight rows a thread's share is a multiple of
+// Weight rows unpacked together, then run against every token: more for a prompt's many tokens
+// (the input rows are read once per tile; on the demo model 16 gave 1.06x the prefill speed of 4).
+constexpr int64_t kMaxRowTile = 16;
+int64_t RowTile(int64_t num_tokens) { return num_tokens >= 8 ? kMaxRowTile : kRowTile; }
 
 // What a weight type unpacks to: unsigned 8-bit values w, whose true value is
 // ws * (w - offset) (+ wm), with offset = 1 << shift (no offset when shift < 0).
@@ -498,7 +502,7 @@ LMSERVE_AVX512 float DotHalfAvx512(const float* w, const float* x, int64_t k) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The row loop: unpack kRowTile rows, run every token against them.
+// The row loop: unpack RowTile rows, run every token against them.
 
 struct Job {
   const QuantLinearParams* p;
@@ -521,14 +525,14 @@ template <void (*kDotTile)(const Row*, int64_t, const Input&, int64_t, Format, f
 LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_end) {
   const QuantLinearParams& p = *job.p;
   const auto* weight = static_cast<const uint8_t*>(p.weight);
-  const int64_t k = job.k, nb = job.nb, pnb = job.padded_nb;
+  const int64_t k = job.k, nb = job.nb, pnb = job.padded_nb, tile = RowTile(p.num_tokens);
   thread_local std::vector<uint8_t> w;
   thread_local std::vector<float> ws, wm, wf;
   thread_local std::vector<int8_t> c;
   if (IsHalf(p.dtype)) {
-    if (static_cast<int64_t>(wf.size()) < kRowTile * k) wf.resize(kRowTile * k);
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowTile) {
-      const int64_t n = std::min(kRowTile, row_end - r0);
+    if (static_cast<int64_t>(wf.size()) < kMaxRowTile * k) wf.resize(kMaxRowTile * k);
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += tile) {
+      const int64_t n = std::min(tile, row_end - r0);
       for (int64_t i = 0; i < n; ++i) {
         UnpackHalfRow(p.dtype, weight + (r0 + i) * job.row_bytes, k, wf.data() + i * k);
       }
@@ -539,16 +543,16 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
     }
     return;
   }
-  if (static_cast<int64_t>(w.size()) < kRowTile * k) w.resize(kRowTile * k);
-  if (static_cast<int64_t>(ws.size()) < kRowTile * pnb) {
-    ws.resize(kRowTile * pnb);
-    wm.resize(kRowTile * pnb);
+  if (static_cast<int64_t>(w.size()) < kMaxRowTile * k) w.resize(kMaxRowTile * k);
+  if (static_cast<int64_t>(ws.size()) < kMaxRowTile * pnb) {
+    ws.resize(kMaxRowTile * pnb);
+    wm.resize(kMaxRowTile * pnb);
   }
-  if (static_cast<int64_t>(c.size()) < kRowTile * 8 * nb) c.resize(kRowTile * 8 * nb);
+  if (static_cast<int64_t>(c.size()) < kMaxRowTile * 8 * nb) c.resize(kMaxRowTile * 8 * nb);
   const QuantLinearWorkspace& x = *job.input;
   const bool lane_scales = p.dtype == DType::kQ6_K;
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRowTile) {
-    const int64_t n = std::min(kRowTile, row_end - r0);
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += tile) {
+    const int64_t n = std::min(tile, row_end - r0);
     for (int64_t i = 0; i < n; ++i) {
       float* row_ws = ws.data() + i * pnb;
       float* row_wm = wm.data() + i * pnb;
@@ -559,13 +563,13 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
       std::fill(row_ws + nb, row_ws + pnb, 0.0f);  // the padding adds nothing
       std::fill(row_wm + nb, row_wm + pnb, 0.0f);
     }
-    Row rows[kRowTile];
+    Row rows[kMaxRowTile];
     for (int64_t i = 0; i < n; ++i) {
       rows[i] = {w.data() + i * k, ws.data() + i * pnb,
                  job.format.has_min ? wm.data() + i * pnb : nullptr,
                  lane_scales ? c.data() + i * 8 * nb : nullptr};
     }
-    float out[kRowTile];
+    float out[kMaxRowTile];
     for (int64_t t = 0; t < p.num_tokens; ++t) {
       const Input in{x.q.data() + t * k, x.scale.data() + t * pnb, x.sum.data() + t * pnb,
                      x.total.data() + t * pnb, x.lanes.data() + t * (k / 4)};
