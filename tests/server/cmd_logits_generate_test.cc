@@ -140,14 +140,14 @@ TEST(CliErrorsTest, BadPathAndOutOfVocabularyIdsFailClearly) {
 
 // --dtype: the CPU runner computes in float32 only (auto and float32 run, bfloat16 is refused
 // with the reason), and an unknown name is refused by the option.
-TEST(CliErrorsTest, TheCpuBackendTakesFloat32Only) {
+TEST(CliErrorsTest, TheCpuBackendRefusesBfloat16) {
   const std::string base =
       StrCat("generate --model ", testing::HfTinyDir("llama-gqa"), " --ids 1,2 --max-tokens 2");
   const RunResult float32 = RunLmserve(base + " --dtype float32");
   EXPECT_EQ(float32.exit_code, 0) << float32.err;
   const RunResult bfloat16 = RunLmserve(base + " --dtype bfloat16");
   EXPECT_NE(bfloat16.exit_code, 0);
-  EXPECT_THAT(bfloat16.err, HasSubstr("float32 only"));
+  EXPECT_THAT(bfloat16.err, HasSubstr("bfloat16 needs --backend cuda"));
   const RunResult unknown = RunLmserve(base + " --dtype half");
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_THAT(unknown.err, HasSubstr("--dtype: 'half'"));

@@ -313,16 +313,21 @@ TEST(ServeConfigTest, RejectsUnknownDtypes) {
   }
 }
 
-// The CPU runner computes in float32 only: an explicit CPU backend with bfloat16 is refused here,
-// before the model loads (with --backend auto the CPU runner refuses it itself).
+// The CPU runner keeps the checkpoint's types or converts to float32: an explicit CPU backend with
+// bfloat16 is refused here, before the model loads (with --backend auto the CPU runner refuses it
+// itself), and so is native with an explicit CUDA backend.
 TEST(ServeConfigTest, RejectsBfloat16OnTheCpuBackend) {
   absl::StatusOr<ServeConfig> config = Parse({"--backend", "cpu", "--dtype", "bfloat16"});
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(config.status().message(), HasSubstr("--dtype bfloat16"));
-  EXPECT_THAT(config.status().message(), HasSubstr("float32 only"));
+  EXPECT_THAT(config.status().message(), HasSubstr("bfloat16 needs --backend cuda"));
   EXPECT_TRUE(Parse({"--backend", "cpu", "--dtype", "float32"}).ok());
   EXPECT_TRUE(Parse({"--backend", "cpu", "--dtype", "auto"}).ok());
+  EXPECT_TRUE(Parse({"--backend", "cpu", "--dtype", "native"}).ok());
+  absl::StatusOr<ServeConfig> native_on_cuda = Parse({"--backend", "cuda", "--dtype", "native"});
+  ASSERT_FALSE(native_on_cuda.ok());
+  EXPECT_THAT(native_on_cuda.status().message(), HasSubstr("--dtype native"));
 }
 
 // This build has no CUDA runner (or this machine no supported GPU): auto is the CPU, and says why.

@@ -34,6 +34,7 @@ Loaded Load(const std::string& model, int32_t block_size = kBlockSize) {
   out.checkpoint = *std::move(checkpoint);
   RunnerConfig config;
   config.block_size_tokens = block_size;
+  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
   config.kv_cache_bytes = int64_t{64} << 20;
   auto runner = ModelRunner::Create(*out.checkpoint, config);
   EXPECT_TRUE(runner.ok()) << runner.status();

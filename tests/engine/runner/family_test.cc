@@ -84,6 +84,7 @@ std::unique_ptr<ModelRunner> CpuRunner(const Checkpoint& checkpoint, int64_t con
   config.block_size_tokens = kBlockSize;
   config.kv_cache_bytes = int64_t{32} << 20;
   config.num_threads = 2;
+  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
   config.max_context_len = context;
   auto runner = ModelRunner::Create(checkpoint, config);
   EXPECT_TRUE(runner.ok()) << runner.status();

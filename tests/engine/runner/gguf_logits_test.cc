@@ -29,6 +29,7 @@ std::vector<float> AllLogits(const Checkpoint& checkpoint, const std::string& mo
   RunnerConfig config;
   config.kv_cache_bytes = int64_t{64} << 20;
   config.num_threads = 1;
+  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
   auto runner = ModelRunner::Create(checkpoint, config);
   EXPECT_TRUE(runner.ok()) << runner.status();
   if (!runner.ok()) return {};

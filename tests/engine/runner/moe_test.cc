@@ -41,6 +41,7 @@ std::unique_ptr<ModelRunner> CpuRunner(const Checkpoint& checkpoint,
                                        LoadFormat format = LoadFormat::kCheckpoint) {
   RunnerConfig config;
   config.block_size_tokens = kBlockSize;
+  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
   config.kv_cache_bytes = int64_t{16} << 20;
   config.num_threads = 1;
   config.load_format = format;

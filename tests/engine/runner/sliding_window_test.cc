@@ -36,6 +36,7 @@ constexpr const char* kFixture = "mistral-sliding";
 std::unique_ptr<ModelRunner> MistralRunner(const Checkpoint& checkpoint) {
   RunnerConfig config;
   config.block_size_tokens = kBlockSize;
+  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
   config.kv_cache_bytes = int64_t{8} << 20;
   config.num_threads = 2;
   auto runner = ModelRunner::Create(checkpoint, config);

@@ -92,6 +92,7 @@ class ValidateStepBatchTest : public ::testing::Test {
     checkpoint_ = *std::move(checkpoint);
     RunnerConfig config;
     config.kv_cache_bytes = 64 * CpuKvBlockBytes(checkpoint_->config(), 16);  // 64 blocks
+    config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
     auto runner = ModelRunner::Create(*checkpoint_, config);
     ASSERT_TRUE(runner.ok()) << runner.status();
     runner_ = *std::move(runner);
@@ -220,16 +221,18 @@ TEST(ModelRunnerCreateTest, ReportsUnsupportedBackendsAndBadConfigs) {
 }
 
 TEST(RunnerDTypeTest, NamesResolutionAndSizes) {
-  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kBFloat16, RunnerDType::kFloat32}) {
+  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kBFloat16, RunnerDType::kFloat32,
+                            RunnerDType::kNative}) {
     EXPECT_EQ(RunnerDTypeFromName(RunnerDTypeName(dtype)), dtype);
   }
+  EXPECT_EQ(RunnerDTypeName(RunnerDType::kNative), "native");
   EXPECT_EQ(RunnerDTypeName(RunnerDType::kFloat32), "float32");
   EXPECT_EQ(RunnerDTypeName(RunnerDType::kBFloat16), "bfloat16");
   EXPECT_EQ(RunnerDTypeFromName("half"), std::nullopt);
   EXPECT_EQ(RunnerDTypeFromName("fp32"), std::nullopt);
   EXPECT_EQ(RunnerDTypeFromName("Float32"), std::nullopt);
   EXPECT_EQ(ResolveRunnerDType(RunnerDType::kAuto, Backend::kCuda), RunnerDType::kBFloat16);
-  EXPECT_EQ(ResolveRunnerDType(RunnerDType::kAuto, Backend::kCpu), RunnerDType::kFloat32);
+  EXPECT_EQ(ResolveRunnerDType(RunnerDType::kAuto, Backend::kCpu), RunnerDType::kNative);
   EXPECT_EQ(ResolveRunnerDType(RunnerDType::kFloat32, Backend::kCuda), RunnerDType::kFloat32);
   EXPECT_EQ(RunnerDTypeBytes(RunnerDType::kBFloat16), 2);
   EXPECT_EQ(RunnerDTypeBytes(RunnerDType::kFloat32), 4);
@@ -248,22 +251,23 @@ TEST(RunnerDTypeTest, CudaKvBlockBytesFollowTheElementSize) {
   EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kFloat32), CpuKvBlockBytes(config, 16));
 }
 
-TEST(RunnerDTypeTest, TheCpuRunnerIsFloat32Only) {
+TEST(RunnerDTypeTest, TheCpuRunnerIsNativeOrFloat32) {
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   RunnerConfig config;
   config.kv_cache_bytes = 1 << 20;
-  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kFloat32}) {
+  for (RunnerDType dtype : {RunnerDType::kAuto, RunnerDType::kNative, RunnerDType::kFloat32}) {
     config.dtype = dtype;
     auto runner = ModelRunner::Create(**checkpoint, config);
     ASSERT_TRUE(runner.ok()) << runner.status();
-    EXPECT_EQ((*runner)->stats().dtype, RunnerDType::kFloat32);
+    EXPECT_EQ((*runner)->stats().dtype,
+              dtype == RunnerDType::kFloat32 ? RunnerDType::kFloat32 : RunnerDType::kNative);
   }
   config.dtype = RunnerDType::kBFloat16;
   auto bf16 = ModelRunner::Create(**checkpoint, config);
   EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bf16.status().message(), HasSubstr("dtype bfloat16 is not supported"));
-  EXPECT_THAT(bf16.status().message(), HasSubstr("float32 only"));
+  EXPECT_THAT(bf16.status().message(), HasSubstr("bfloat16 needs the CUDA backend"));
 }
 
 }  // namespace

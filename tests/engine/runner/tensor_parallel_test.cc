@@ -59,6 +59,7 @@ const Fixture kFixtures[] = {
 absl::StatusOr<std::unique_ptr<ModelRunner>> Runner(const Checkpoint& checkpoint, int32_t tp) {
   RunnerConfig config;
   config.block_size_tokens = kBlockSize;
+  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
   config.kv_cache_bytes = int64_t{16} << 20;
   config.num_threads = 2;
   config.tensor_parallel_size = tp;
