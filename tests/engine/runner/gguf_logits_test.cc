@@ -25,11 +25,12 @@ namespace lmserve::engine {
 namespace {
 
 // Teacher-forced logits of every fixture prompt, [sum of prompt lengths, vocab].
-std::vector<float> AllLogits(const Checkpoint& checkpoint, const std::string& model) {
+std::vector<float> AllLogits(const Checkpoint& checkpoint, const std::string& model,
+                             RunnerDType dtype = RunnerDType::kFloat32) {
   RunnerConfig config;
   config.kv_cache_bytes = int64_t{64} << 20;
   config.num_threads = 1;
-  config.dtype = RunnerDType::kFloat32;  // the fp32 reference path
+  config.dtype = dtype;  // float32 unless asked: the fp32 reference path
   auto runner = ModelRunner::Create(checkpoint, config);
   EXPECT_TRUE(runner.ok()) << runner.status();
   if (!runner.ok()) return {};
@@ -83,6 +84,50 @@ TEST(GgufLogitsTest, GgufFormsGiveTheSafetensorsLogits) {
                   model.c_str(), form.name, max_err, max_abs_logit);
       EXPECT_LE(max_err, form.bound * std::max(1.0, max_abs_logit / 10)) << model << " " << form.name;
       std::remove(path.c_str());
+    }
+  }
+}
+
+// The CPU runner's native path (issue 22: weights kept in the file's types) against its fp32 path
+// on the same file: bf16 safetensors and F16 GGUF are converted exactly and summed in another
+// order (the F32 bound above); Q8_0 GGUF multiplies int8-quantized activations, whose relative L2
+// error against the fp32 path is printed and bounded.
+TEST(GgufLogitsTest, NativeWeightsFollowTheFloat32Path) {
+  for (const std::string& model : testing::HfTinyModelNames()) {
+    auto hf = OpenCheckpoint(testing::HfTinyDir(model));
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    for (const char* form : {"safetensors", "F16", "Q8_0"}) {
+      const std::string path = testing::TempDir() + "/" + model + "-native-" + form + ".gguf";
+      std::unique_ptr<Checkpoint> gguf;
+      if (std::string(form) != "safetensors") {
+        const GgufOutputType type =
+            std::string(form) == "F16" ? GgufOutputType::kF16 : GgufOutputType::kQ8_0;
+        ASSERT_TRUE(WriteGgufCheckpoint(**hf, type, path).ok()) << model << " " << form;
+        auto opened = OpenCheckpoint(path);
+        ASSERT_TRUE(opened.ok()) << opened.status();
+        gguf = *std::move(opened);
+      }
+      const Checkpoint& checkpoint = gguf != nullptr ? *gguf : **hf;
+      const std::vector<float> want = AllLogits(checkpoint, model);
+      const std::vector<float> got = AllLogits(checkpoint, model, RunnerDType::kNative);
+      ASSERT_EQ(got.size(), want.size());
+      double max_abs_logit = 0, max_err = 0, diff = 0, norm = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        max_abs_logit = std::max<double>(max_abs_logit, std::fabs(want[i]));
+        max_err = std::max<double>(max_err, std::fabs(got[i] - want[i]));
+        diff += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+        norm += double{want[i]} * want[i];
+      }
+      const double relative_l2 = std::sqrt(diff / std::max(norm, 1e-30));
+      std::printf("%-28s %-11s native vs float32: max |diff| %.3g, relative L2 %.3g\n",
+                  model.c_str(), form, max_err, relative_l2);
+      if (std::string(form) == "Q8_0") {
+        EXPECT_GT(relative_l2, 0.0) << model << ": the int8 path did not run";
+        EXPECT_LE(relative_l2, 0.02) << model;
+      } else {
+        EXPECT_LE(max_err, 1e-5 * std::max(1.0, max_abs_logit / 10)) << model << " " << form;
+      }
+      if (gguf != nullptr) std::remove(path.c_str());
     }
   }
 }
