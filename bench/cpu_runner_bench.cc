@@ -1,5 +1,5 @@
 // lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128] [--decode-tokens 64]
-//                          [--repeats 3] [--dtype auto|native|float32]
+//                          [--repeats 3] [--dtype auto|native|float32] [--int8-activations]
 //
 // Measures the CPU runner on one model:
 // - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, conversion of every
@@ -55,11 +55,16 @@ struct Options {
   int decode_tokens = 64;
   int repeats = 3;
   lmserve::engine::RunnerDType dtype = lmserve::engine::RunnerDType::kAuto;
+  bool int8_activations = false;
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
+    if (arg == "--int8-activations") {
+      options->int8_activations = true;
+      continue;
+    }
     if (i + 1 >= argc) return false;
     const char* value = argv[++i];
     if (arg == "--model") {
@@ -122,7 +127,8 @@ int main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128]"
-                 " [--decode-tokens 64] [--repeats 3] [--dtype auto|native|float32]\n");
+                 " [--decode-tokens 64] [--repeats 3] [--dtype auto|native|float32]"
+                 " [--int8-activations]\n");
     return 2;
   }
 
@@ -136,6 +142,7 @@ int main(int argc, char** argv) {
   lmserve::engine::RunnerConfig config;
   config.num_threads = options.threads;
   config.dtype = options.dtype;
+  config.cpu_int8_activations = options.int8_activations;
   const int64_t context = options.prompt_tokens + options.decode_tokens;
   auto runner = lmserve::engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
@@ -234,8 +241,9 @@ int main(int argc, char** argv) {
   std::printf("load             %.3f s (open + weights in %s + KV pool of %d blocks)\n",
               load_seconds, std::string(lmserve::engine::RunnerDTypeName(stats.dtype)).c_str(),
               model.num_kv_blocks());
-  std::printf("simd             %s\n",
-              std::string(lmserve::kernels::SimdPathName(lmserve::kernels::BestSimdPath())).c_str());
+  std::printf("simd             %s; quantized matrices' inputs in %s\n",
+              std::string(lmserve::kernels::SimdPathName(lmserve::kernels::BestSimdPath())).c_str(),
+              options.int8_activations ? "one int8 part" : "two int8 parts");
   std::printf(
       "prefill          %.1f tokens/s (%d-token prompt, median of %d: %.2f ms; %.2f GFLOP/s = "
       "%.0f%% of the %.2f GFLOP/s sgemm floor)\n",

@@ -213,6 +213,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   const int32_t block_size_;
   const int num_threads_;
   const bool native_;  // weights in their checkpoint's types (RunnerDType::kNative)
+  const bool int8_activations_;  // RunnerConfig::cpu_int8_activations
   const int64_t q_dim_;                        // heads * head_dim
   const int64_t kv_dim_;                       // kv_heads * head_dim
   const int64_t qkv_dim_;                      // q_dim + 2 kv_dim
@@ -272,6 +273,7 @@ CpuRunner::CpuRunner(std::unique_ptr<const ModelDescription> model,
       num_threads_(runner_config.num_threads > 0 ? runner_config.num_threads
                                                  : kernels::PhysicalCoreCount()),
       native_(ResolveRunnerDType(runner_config.dtype, Backend::kCpu) == RunnerDType::kNative),
+      int8_activations_(runner_config.cpu_int8_activations),
       q_dim_(config_.num_attention_heads * config_.head_dim),
       kv_dim_(config_.num_kv_heads * config_.head_dim),
       qkv_dim_(q_dim_ + 2 * kv_dim_),
@@ -552,7 +554,8 @@ void CpuRunner::MatMul(Weight weight, const float* x, int64_t ldx, float* y, int
                             .input_stride = ldx,
                             .output_stride = ldy,
                             .num_threads = num_threads_,
-                            .workspace = &quant_scratch_});
+                            .workspace = &quant_scratch_,
+                            .precise_input = !int8_activations_});
     }
   }
 }

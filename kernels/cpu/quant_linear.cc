@@ -260,6 +260,7 @@ struct Row {
 };
 struct Input {
   const int8_t* q;
+  const int8_t* q_low;  // the precise input's low part (q * 256 + q_low); null for one part
   const float* scale;    // [blocks, padded to 16 with zeros]
   const float* sum;      // [blocks, padded]: scale * (sum of the block's q)
   const int32_t* total;  // [blocks, padded]: the sum of the block's q
@@ -283,7 +284,10 @@ float DotPortable(const Row& row, const Input& in, int64_t nb, Format f) {
     for (int l = 0; l < 8; ++l) {
       const int64_t e = 32 * b + 4 * l;
       int32_t p = 0;
-      for (int i = 0; i < 4; ++i) p += int32_t{row.w[e + i]} * int32_t{in.q[e + i]};
+      for (int i = 0; i < 4; ++i) {
+        const int32_t a = in.q_low != nullptr ? in.q[e + i] * 256 + in.q_low[e + i] : in.q[e + i];
+        p += int32_t{row.w[e + i]} * a;
+      }
       if (row.c != nullptr) p = row.c[8 * b + l] * (p - in.lanes[8 * b + l] * (1 << f.shift));
       block += p;
     }
@@ -340,20 +344,28 @@ LMSERVE_AVX2 void ScalesF16c(DType dtype, const uint8_t* x, int64_t nb, float* w
 
 // AVX2: eight blocks at a time, one per register, their lanes summed into one register of eight
 // block sums.
+// Sums of w * a over four consecutive bytes, eight lanes.
+LMSERVE_AVX2 LMSERVE_INLINE __m256i LanesAvx2(__m256i w, __m256i a, bool wide) {
+  if (!wide) {  // w <= 63: the 16-bit pair sums cannot saturate
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+  }
+  // 16-bit products, pairs summed to 32 bits, then pairs of pairs (lanes reordered)
+  const __m256i m0 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(w)),
+                                       _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)));
+  const __m256i m1 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1)),
+                                       _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)));
+  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(m0, m1),
+                                     _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
 LMSERVE_AVX2 LMSERVE_INLINE __m256i BlockLanesAvx2(const Row& row, const Input& in, int64_t b,
                                                    Format f) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.w + 32 * b));
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.q + 32 * b));
-  __m256i p;
-  if (!f.wide) {  // w <= 63: the 16-bit pair sums cannot saturate
-    p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
-  } else {  // 16-bit products, pairs summed to 32 bits, then pairs of pairs (lanes reordered)
-    const __m256i m0 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(w)),
-                                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)));
-    const __m256i m1 = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1)),
-                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)));
-    p = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(m0, m1),
-                                    _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  __m256i p = LanesAvx2(w, a, f.wide);
+  if (in.q_low != nullptr) {
+    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.q_low + 32 * b));
+    p = _mm256_add_epi32(_mm256_slli_epi32(p, 8), LanesAvx2(w, low, f.wide));
   }
   if (row.c != nullptr) {
     const __m256i lanes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.lanes + 8 * b));
@@ -411,7 +423,7 @@ LMSERVE_AVX2 float DotHalfAvx2(const float* w, const float* x, int64_t k) {
 template <bool kTail>
 LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesAvx512(const Row& row, const Input& in, int64_t b,
                                                       int64_t nb, Format f) {
-  __m512i w, a;
+  __m512i w, a, low = _mm512_setzero_si512();
   __mmask16 lanes_mask = 0xFFFF;
   if (kTail) {
     if (b >= nb) return _mm512_setzero_si512();
@@ -419,11 +431,14 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesAvx512(const Row& row, const Inpu
     lanes_mask = b + 1 < nb ? 0xFFFF : 0x00FF;
     w = _mm512_maskz_loadu_epi8(bytes, row.w + 32 * b);
     a = _mm512_maskz_loadu_epi8(bytes, in.q + 32 * b);
+    if (in.q_low != nullptr) low = _mm512_maskz_loadu_epi8(bytes, in.q_low + 32 * b);
   } else {
     w = _mm512_loadu_si512(row.w + 32 * b);
     a = _mm512_loadu_si512(in.q + 32 * b);
+    if (in.q_low != nullptr) low = _mm512_loadu_si512(in.q_low + 32 * b);
   }
   __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
+  if (in.q_low != nullptr) p = _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 8), w, low);
   if (row.c != nullptr) {
     const __m512i lanes = _mm512_maskz_loadu_epi32(lanes_mask, in.lanes + 8 * b);
     p = _mm512_sub_epi32(p, _mm512_slli_epi32(lanes, f.shift));
@@ -509,6 +524,7 @@ struct Job {
   Format format;
   int64_t k, nb, padded_nb, ldx, ldy, row_bytes;
   const QuantLinearWorkspace* input;
+  bool precise;  // the input in two parts (QuantLinearParams::precise_input; never for Q6_K)
 };
 
 LMSERVE_INLINE void Store(const Job& job, int64_t t, int64_t o, float v) {
@@ -571,8 +587,12 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
     }
     float out[kMaxRowTile];
     for (int64_t t = 0; t < p.num_tokens; ++t) {
-      const Input in{x.q.data() + t * k, x.scale.data() + t * pnb, x.sum.data() + t * pnb,
-                     x.total.data() + t * pnb, x.lanes.data() + t * (k / 4)};
+      const Input in{x.q.data() + t * k,
+                     job.precise ? x.q_low.data() + t * k : nullptr,
+                     x.scale.data() + t * pnb,
+                     x.sum.data() + t * pnb,
+                     x.total.data() + t * pnb,
+                     x.lanes.data() + t * (k / 4)};
       kDotTile(rows, n, in, nb, job.format, out);
       for (int64_t i = 0; i < n; ++i) Store(job, t, r0 + i, out[i]);
     }
@@ -663,23 +683,36 @@ absl::Status QuantLinearParams::Validate() const {
   return absl::OkStatus();
 }
 
-void QuantizeInputRow(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* lanes) {
+void QuantizeInputRow(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* lanes,
+                      int8_t* q_low) {
   // 1.5 * 2^23: adding and subtracting it rounds a float below 2^22 in magnitude to the nearest
   // integer, ties to even (the current rounding mode), without a call to nearbyint.
   constexpr float kRound = 12582912.0f;
+  auto round = [](float v) {  // std::min / std::max also turn a NaN into a bound
+    v = std::max(-127.0f, std::min(127.0f, v));
+    return static_cast<int8_t>(static_cast<int32_t>((v + kRound) - kRound));
+  };
   for (int64_t b = 0; b < cols / kBlock; ++b, x += kBlock, q += kBlock) {
     float amax = 0.0f;
     for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
     const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    for (int64_t j = 0; j < kBlock; ++j) {
-      // std::min / std::max also turn a NaN into a bound.
-      const float v = std::max(-127.0f, std::min(127.0f, x[j] * id));
-      q[j] = static_cast<int8_t>(static_cast<int32_t>((v + kRound) - kRound));
+    for (int64_t j = 0; j < kBlock; ++j) q[j] = round(x[j] * id);
+    int32_t low[kBlock] = {};
+    if (q_low != nullptr) {  // the residual, in steps of d / 256
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const float residual = x[j] - d * static_cast<float>(q[j]);
+        q_low[j] = round((residual * id) * 256.0f);
+        low[j] = q_low[j];
+      }
+      q_low += kBlock;
     }
-    scale[b] = d;
+    scale[b] = q_low != nullptr ? d / 256.0f : d;
+    const int32_t high = q_low != nullptr ? 256 : 1;
     for (int l = 0; l < 8; ++l) {
-      lanes[8 * b + l] = int32_t{q[4 * l]} + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
+      int32_t sum = 0;
+      for (int i = 4 * l; i < 4 * l + 4; ++i) sum += q[i] * high + low[i];
+      lanes[8 * b + l] = sum;
     }
   }
 }
@@ -696,7 +729,9 @@ void QuantLinear(const QuantLinearParams& p) {
                 .ldx = p.input_stride != 0 ? p.input_stride : k,
                 .ldy = p.output_stride != 0 ? p.output_stride : p.out_features,
                 .row_bytes = RowBytes(p.dtype, k),
-                .input = p.workspace};
+                .input = p.workspace,
+                // Q6_K's lane scales times two-part sums could overflow int32: one part.
+                .precise = p.precise_input && p.dtype != DType::kQ6_K};
   // Below this many multiply-adds per thread, a thread costs more than it saves.
   constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
   const int64_t work = p.num_tokens * p.out_features * k;
@@ -707,6 +742,9 @@ void QuantLinear(const QuantLinearParams& p) {
     QuantLinearWorkspace& x = *p.workspace;
     const int64_t t_count = p.num_tokens;
     if (static_cast<int64_t>(x.q.size()) < t_count * k) x.q.resize(t_count * k);
+    if (job.precise && static_cast<int64_t>(x.q_low.size()) < t_count * k) {
+      x.q_low.resize(t_count * k);
+    }
     if (static_cast<int64_t>(x.lanes.size()) < t_count * (k / 4)) x.lanes.resize(t_count * (k / 4));
     if (static_cast<int64_t>(x.scale.size()) < t_count * pnb) {
       x.scale.resize(t_count * pnb);
@@ -720,7 +758,8 @@ void QuantLinear(const QuantLinearParams& p) {
         int32_t* total = x.total.data() + t * pnb;
         const int32_t* lanes = x.lanes.data() + t * (k / 4);
         QuantizeInputRow(p.input + t * job.ldx, k, x.q.data() + t * k, scale,
-                         x.lanes.data() + t * (k / 4));
+                         x.lanes.data() + t * (k / 4),
+                         job.precise ? x.q_low.data() + t * k : nullptr);
         for (int64_t b = 0; b < nb; ++b) {
           total[b] = 0;
           for (int l = 0; l < 8; ++l) total[b] += lanes[8 * b + l];

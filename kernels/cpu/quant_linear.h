@@ -53,6 +53,7 @@ bool QuantLinearSupports(DType dtype, int64_t cols);
 // that call QuantLinear at the same time).
 struct QuantLinearWorkspace {
   std::vector<int8_t> q;         // [tokens, cols]
+  std::vector<int8_t> q_low;     // [tokens, cols]: the precise input's low part
   std::vector<int32_t> lanes;    // [tokens, cols / 4]: sums of four consecutive q
   // [tokens, blocks padded to a multiple of 16 with zeros]:
   std::vector<float> scale;      // the blocks' scales
@@ -75,6 +76,10 @@ struct QuantLinearParams {
   int num_threads = 1;
   SimdPath path = SimdPath::kAuto;
   QuantLinearWorkspace* workspace = nullptr;
+  // Quantize each input element in two int8 parts (q * 256 + q_low, steps of 1/256 of the block's
+  // int8 step: about 15 bits) and multiply both. false: one int8 part, the form llama.cpp uses,
+  // some 20% faster and less accurate. Q6_K always takes one part.
+  bool precise_input = true;
 
   absl::Status Validate() const;
 };
@@ -84,7 +89,10 @@ void QuantLinear(const QuantLinearParams& params);
 
 // The int8 quantization of one input row of `cols` elements (cols a multiple of 32) that QuantLinear
 // applies: q, one scale per 32 and the sums of four consecutive q. For tests.
-void QuantizeInputRow(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* lanes);
+// With q_low, the two-part form of QuantLinearParams::precise_input: scale is then the low part's
+// step (the int8 step / 256) and lanes hold the sums of q * 256 + q_low.
+void QuantizeInputRow(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* lanes,
+                      int8_t* q_low = nullptr);
 
 }  // namespace lmserve::kernels
 

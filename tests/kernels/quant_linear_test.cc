@@ -105,7 +105,7 @@ std::vector<SimdPath> SupportedPaths() {
 
 std::vector<float> RunCase(const Case& c, const std::vector<uint8_t>& weight,
                        const std::vector<float>& input, const std::vector<float>& bias,
-                       SimdPath path, int threads, bool accumulate) {
+                       SimdPath path, int threads, bool accumulate, bool precise = true) {
   // Outputs in a wider buffer (stride cols + 3), starting from a known pattern.
   const int64_t stride = c.rows + 3;
   std::vector<float> output(static_cast<size_t>(c.tokens * stride));
@@ -123,7 +123,8 @@ std::vector<float> RunCase(const Case& c, const std::vector<uint8_t>& weight,
                .accumulate = accumulate,
                .num_threads = threads,
                .path = path,
-               .workspace = &workspace});
+               .workspace = &workspace,
+               .precise_input = precise});
   return output;
 }
 
@@ -133,15 +134,18 @@ TEST(QuantLinearTest, EverySimdPathGivesThePortableBits) {
     const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
     const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
     const std::vector<float> bias = RandomFloats(c.rows, &rng);
-    for (bool accumulate : {false, true}) {
-      const std::vector<float> want =
-          RunCase(c, weight, input, bias, SimdPath::kPortable, 1, accumulate);
-      for (SimdPath path : SupportedPaths()) {
-        for (int threads : {1, 2, 3}) {
-          const std::vector<float> got = RunCase(c, weight, input, bias, path, threads, accumulate);
-          ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-              << CaseName(c) << ", path " << SimdPathName(path) << ", " << threads
-              << " threads, accumulate " << accumulate;
+    for (bool precise : {true, false}) {
+      for (bool accumulate : {false, true}) {
+        const std::vector<float> want =
+            RunCase(c, weight, input, bias, SimdPath::kPortable, 1, accumulate, precise);
+        for (SimdPath path : SupportedPaths()) {
+          for (int threads : {1, 2, 3}) {
+            const std::vector<float> got =
+                RunCase(c, weight, input, bias, path, threads, accumulate, precise);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << CaseName(c) << ", path " << SimdPathName(path) << ", " << threads
+                << " threads, accumulate " << accumulate << ", precise " << precise;
+          }
         }
       }
     }
@@ -149,11 +153,13 @@ TEST(QuantLinearTest, EverySimdPathGivesThePortableBits) {
 }
 
 // The portable path against sums in double of the dequantized weights times the quantized input
-// (for F16 / BF16: times the input itself). The bound is fp32 rounding of the lanes' fused
-// multiply-adds, relative to the sum of the terms' magnitudes.
+// (one or two int8 parts; for F16 / BF16: times the input itself). The bound is fp32 rounding of
+// the blocks' fused multiply-adds, relative to the sum of the terms' magnitudes.
 TEST(QuantLinearTest, EqualsTheDequantizedWeightsTimesTheQuantizedInput) {
   std::mt19937 rng(11);
   for (const Case& c : Cases()) {
+   for (bool precise : {true, false}) {
+    const bool two_parts = precise && c.dtype != DType::kQ6_K;
     const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
     const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
     std::vector<float> dequantized(static_cast<size_t>(c.rows * c.cols));
@@ -161,17 +167,20 @@ TEST(QuantLinearTest, EqualsTheDequantizedWeightsTimesTheQuantizedInput) {
     // The input the kernel multiplies: quantized to int8 per 32 for the block formats.
     std::vector<float> effective = input;
     if (IsQuantized(c.dtype)) {
-      std::vector<int8_t> q(static_cast<size_t>(c.cols));
+      std::vector<int8_t> q(static_cast<size_t>(c.cols)), q_low(static_cast<size_t>(c.cols));
       std::vector<float> scale(static_cast<size_t>(c.cols / 32));
       std::vector<int32_t> lanes(static_cast<size_t>(c.cols / 4));
       for (int64_t t = 0; t < c.tokens; ++t) {
-        QuantizeInputRow(input.data() + t * c.cols, c.cols, q.data(), scale.data(), lanes.data());
+        QuantizeInputRow(input.data() + t * c.cols, c.cols, q.data(), scale.data(), lanes.data(),
+                         two_parts ? q_low.data() : nullptr);
         for (int64_t e = 0; e < c.cols; ++e) {
-          effective[t * c.cols + e] = static_cast<float>(q[e]) * scale[e / 32];
+          const double steps = two_parts ? q[e] * 256.0 + q_low[e] : static_cast<double>(q[e]);
+          effective[t * c.cols + e] = static_cast<float>(steps * scale[e / 32]);
         }
       }
     }
-    const std::vector<float> got = RunCase(c, weight, input, {}, SimdPath::kPortable, 1, false);
+    const std::vector<float> got =
+        RunCase(c, weight, input, {}, SimdPath::kPortable, 1, false, precise);
     const int64_t stride = c.rows + 3;
     for (int64_t t = 0; t < c.tokens; ++t) {
       for (int64_t o = 0; o < c.rows; ++o) {
@@ -189,6 +198,30 @@ TEST(QuantLinearTest, EqualsTheDequantizedWeightsTimesTheQuantizedInput) {
         ASSERT_EQ(got[t * stride + o], 0.25f * static_cast<float>((t * stride + o) % 7));
       }
     }
+   }
+  }
+}
+
+// The two-part input is what it claims: within one low step (1/256 of the int8 step) of the input,
+// where one part is within half an int8 step. (Half a low step, but for a residual of exactly half
+// an int8 step, 128 low steps, which the int8 low part holds as 127.)
+TEST(QuantLinearTest, TheTwoPartInputIsWithinAStepOver256) {
+  std::mt19937 rng(5);
+  const std::vector<float> x = RandomFloats(256, &rng);
+  std::vector<int8_t> q(256), q_low(256);
+  std::vector<float> scale(8);
+  std::vector<int32_t> lanes(64);
+  QuantizeInputRow(x.data(), 256, q.data(), scale.data(), lanes.data(), q_low.data());
+  for (int e = 0; e < 256; ++e) {
+    const float step = scale[e / 32] * 256;  // the int8 part's step
+    const double value = (q[e] * 256.0 + q_low[e]) * scale[e / 32];
+    EXPECT_LE(std::fabs(value - x[e]), step / 256 * (1 + 1e-3)) << e;
+    EXPECT_LE(std::abs(q_low[e]), 127);
+  }
+  for (int l = 0; l < 64; ++l) {
+    int32_t sum = 0;
+    for (int i = 4 * l; i < 4 * l + 4; ++i) sum += q[i] * 256 + q_low[i];
+    EXPECT_EQ(lanes[l], sum);
   }
 }
 
