@@ -11,6 +11,7 @@
 # llama-bench's, built here from the source in the llama-cpp-python sdist on PyPI (the version
 # below: the llama.cpp of issue 22's baseline) into $LMSERVE_CACHE_DIR/llama.cpp-$VERSION, with
 # llama.cpp's own defaults (GGML_NATIVE: this machine's SIMD). Also prints lmserve's peak RSS.
+# LMSERVE_BENCH_ARGS adds arguments to lmserve's runs (e.g. --int8-activations, or --dtype float32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=0.3.36
@@ -43,13 +44,15 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
 
 echo "model: $gguf"
 echo "llama.cpp: llama-cpp-python $version's vendor/llama.cpp ($llama_bench)"
+echo "lmserve: $bench_lmserve ${LMSERVE_BENCH_ARGS:-}"
 printf "%-8s %-14s %12s %12s %8s\n" threads test lmserve llama.cpp ratio
 IFS=, read -ra counts <<<"$threads"
 for t in "${counts[@]}"; do
   : >/tmp/lmc-l-pp; : >/tmp/lmc-l-tg; : >/tmp/lmc-c-pp; : >/tmp/lmc-c-tg; : >/tmp/lmc-rss
   for ((i = 0; i < repeats; i++)); do
+    # shellcheck disable=SC2086  # LMSERVE_BENCH_ARGS: words
     out=$("$bench_lmserve" --model "$gguf" --threads "$t" --prompt-tokens 128 --decode-tokens 64 \
-      --repeats 1)
+      --repeats 1 ${LMSERVE_BENCH_ARGS:-})
     awk '$1 == "prefill" {print $2}' <<<"$out" >>/tmp/lmc-l-pp
     awk '$1 == "decode" {print $2}' <<<"$out" >>/tmp/lmc-l-tg
     awk '$1 == "peak" {print $3}' <<<"$out" >>/tmp/lmc-rss

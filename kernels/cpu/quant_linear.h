@@ -1,24 +1,26 @@
 // The linear layer y = x W^T (+ bias) (+ y) with W in its checkpoint's type: the GGUF block formats
 // (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and F16 / BF16, never expanded to fp32 in memory.
 //
-// Quantized W: each input row is quantized per block of 32 to int8 with an fp32 scale (round to
-// nearest even, |q| <= 127), and each weight row is unpacked, a few rows at a time, into unsigned
-// 8-bit values with per-block (or, for Q6_K, per-16) fp32 scales and mins. Integer dot products
-// over four consecutive elements (lanes) are exact; each block adds its lanes, scaled, into 16 fp32
-// accumulators with fused multiply-adds:
+// Quantized W: each input row is quantized per block of 32 elements, by default in two int8 parts
+// (a = q * 256 + q_low, steps of 1/256 of the int8 step: about 15 bits; precise_input) or in one
+// (llama.cpp's form), and each weight row is unpacked, a few rows at a time, into unsigned 8-bit
+// values w with one fp32 scale ws per block (Q6_K: one per super-block, times an integer scale c
+// per 16 elements) and a min wm per block for the types with one. Then, for each block b:
 //
-//   lane l of block b:  P = sum of w * a over elements 4l..4l+3  (- offset * sum of a, in int32)
-//   A[8 (b mod 2) + l] = fma(float(P), ws[b, l / 4] * as[b], A[...])
-//                      (+ fma(float(sum of a), wm[b] * as[b], ...) for types with a min)
+//   I_b = sum of w * a over the block, less offset * sum of a   (int32, exact; Q6_K: lane by lane
+//         times c; offset 8 for Q4_0, 128 for Q8_0, 32 for Q6_K)
+//   S[b mod 16] = fma(float(I_b), ws_b * scale_b, S[b mod 16])
+//   M[b mod 16] = fma(wm_b, scale_b * float(sum of the block's a), M[b mod 16])   (types with a min)
 //
-// and the 16 accumulators are added in one fixed tree. Every path (AVX-512 VNNI, AVX2, the portable
-// fallback) computes exactly this, so each gives the same bits as the portable one.
+// and the result is Reduce(S) + Reduce(M), each a fixed tree over the 16 lanes. Every path
+// (AVX-512 VNNI, AVX2, the portable fallback) computes exactly this: the integers are exact, the
+// fp32 operations the same in the same order, so each gives the portable path's bits.
 //
 // F16 / BF16 W: rows converted to fp32 in a thread's scratch and dotted with the fp32 input in 16
 // lanes (element e into lane e mod 16), the same tree at the end.
 //
-// Rows are split across the threads (ParallelFor); each thread unpacks a few rows and runs every
-// token against them, so a prefill chunk reads each weight row once.
+// Rows are split across the threads (ParallelFor); each thread unpacks a tile of rows and runs
+// every token against them, so a prefill chunk reads each weight row once.
 
 #ifndef LMSERVE_KERNELS_CPU_QUANT_LINEAR_H_
 #define LMSERVE_KERNELS_CPU_QUANT_LINEAR_H_
