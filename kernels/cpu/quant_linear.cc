@@ -13,6 +13,7 @@
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/parallel.h"
 
 namespace lmserve::kernels {
@@ -24,6 +25,8 @@ constexpr int64_t kRowTile = 4;  // weight rows a thread's share is a multiple o
 // (the input rows are read once per tile; on the demo model 16 gave 1.06x the prefill speed of 4).
 constexpr int64_t kMaxRowTile = 16;
 int64_t RowTile(int64_t num_tokens) { return num_tokens >= 8 ? kMaxRowTile : kRowTile; }
+// Weight rows converted to fp32 together for one sgemm (gemm_min_tokens).
+constexpr int64_t kGemmRows = 64;
 
 // What a weight type unpacks to: unsigned 8-bit values w, whose true value is
 // ws * (w - offset) (+ wm), with offset = 1 << shift (no offset when shift < 0).
@@ -246,6 +249,33 @@ LMSERVE_INLINE void UnpackHalfRow(DType dtype, const uint8_t* x, int64_t k, floa
     for (int64_t e = 0; e < k; ++e) w[e] = Bf16ToF32(bits[e]);
   } else {
     for (int64_t e = 0; e < k; ++e) w[e] = F16ToF32(bits[e]);
+  }
+}
+
+// An unpacked row (UnpackRow's output) in fp32: dequant.cc's values bit for bit (the same products
+// and sums in the same order; this file is compiled without floating-point contraction).
+LMSERVE_INLINE void RowToF32(DType dtype, const uint8_t* w, const float* ws, const float* wm,
+                             const int8_t* c, int64_t k, float* out) {
+  for (int64_t b = 0; b < k / 32; ++b, w += 32, out += 32) {
+    const float d = ws[b];
+    switch (dtype) {
+      case DType::kQ8_0:
+        for (int e = 0; e < 32; ++e) out[e] = static_cast<float>(int32_t{w[e]} - 128) * d;
+        break;
+      case DType::kQ4_0:
+        for (int e = 0; e < 32; ++e) out[e] = static_cast<float>(int32_t{w[e]} - 8) * d;
+        break;
+      case DType::kQ6_K:
+        for (int e = 0; e < 32; ++e) {
+          out[e] = (d * static_cast<float>(c[8 * b + e / 4])) * static_cast<float>(int32_t{w[e]} - 32);
+        }
+        break;
+      default: {  // Q4_1, Q4_K, Q5_K: scale * w + min
+        const float m = wm[b];
+        for (int e = 0; e < 32; ++e) out[e] = static_cast<float>(w[e]) * d + m;
+        break;
+      }
+    }
   }
 }
 
@@ -525,6 +555,7 @@ struct Job {
   int64_t k, nb, padded_nb, ldx, ldy, row_bytes;
   const QuantLinearWorkspace* input;
   bool precise;  // the input in two parts (QuantLinearParams::precise_input; never for Q6_K)
+  bool gemm;     // fp32 tiles and sgemm (QuantLinearParams::gemm_min_tokens)
 };
 
 LMSERVE_INLINE void Store(const Job& job, int64_t t, int64_t o, float v) {
@@ -545,6 +576,38 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
   thread_local std::vector<uint8_t> w;
   thread_local std::vector<float> ws, wm, wf;
   thread_local std::vector<int8_t> c;
+  if (job.gemm) {  // tiles of rows in fp32, each multiplied by one sgemm
+    if (static_cast<int64_t>(wf.size()) < kGemmRows * k) {
+      wf.resize(kGemmRows * k);
+      w.resize(k);
+      ws.resize(pnb);
+      wm.resize(pnb);
+      c.resize(8 * nb);
+    }
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kGemmRows) {
+      const int64_t n = std::min(kGemmRows, row_end - r0);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* source = weight + (r0 + i) * job.row_bytes;
+        if (IsHalf(p.dtype)) {
+          UnpackHalfRow(p.dtype, source, k, wf.data() + i * k);
+        } else {
+          UnpackRow<true>(p.dtype, source, k, w.data(), ws.data(), wm.data(), c.data());
+          RowToF32(p.dtype, w.data(), ws.data(), wm.data(), c.data(), k, wf.data() + i * k);
+        }
+      }
+      Linear({.input = p.input,
+              .weight = wf.data(),
+              .bias = p.bias != nullptr ? p.bias + r0 : nullptr,
+              .output = p.output + r0,
+              .num_tokens = p.num_tokens,
+              .in_features = k,
+              .out_features = n,
+              .input_stride = job.ldx,
+              .output_stride = job.ldy,
+              .accumulate = p.accumulate});
+    }
+    return;
+  }
   if (IsHalf(p.dtype)) {
     if (static_cast<int64_t>(wf.size()) < kMaxRowTile * k) wf.resize(kMaxRowTile * k);
     for (int64_t r0 = row_begin; r0 < row_end; r0 += tile) {
@@ -731,14 +794,15 @@ void QuantLinear(const QuantLinearParams& p) {
                 .row_bytes = RowBytes(p.dtype, k),
                 .input = p.workspace,
                 // Q6_K's lane scales times two-part sums could overflow int32: one part.
-                .precise = p.precise_input && p.dtype != DType::kQ6_K};
+                .precise = p.precise_input && p.dtype != DType::kQ6_K,
+                .gemm = p.gemm_min_tokens > 0 && p.num_tokens >= p.gemm_min_tokens};
   // Below this many multiply-adds per thread, a thread costs more than it saves.
   constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
   const int64_t work = p.num_tokens * p.out_features * k;
   const int threads = static_cast<int>(
       std::clamp<int64_t>(work / kMinWorkPerThread, 1,
                           std::min<int64_t>(p.num_threads, (p.out_features + 3) / kRowTile)));
-  if (IsQuantized(p.dtype)) {
+  if (IsQuantized(p.dtype) && !job.gemm) {
     QuantLinearWorkspace& x = *p.workspace;
     const int64_t t_count = p.num_tokens;
     if (static_cast<int64_t>(x.q.size()) < t_count * k) x.q.resize(t_count * k);

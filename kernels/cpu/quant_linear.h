@@ -20,7 +20,9 @@
 // lanes (element e into lane e mod 16), the same tree at the end.
 //
 // Rows are split across the threads (ParallelFor); each thread unpacks a tile of rows and runs
-// every token against them, so a prefill chunk reads each weight row once.
+// every token against them, so a prefill chunk reads each weight row once. From gemm_min_tokens
+// tokens on, the tiles are converted to fp32 instead and go through sgemm with the fp32 input:
+// a prompt's projections then have the float32 path's numbers.
 
 #ifndef LMSERVE_KERNELS_CPU_QUANT_LINEAR_H_
 #define LMSERVE_KERNELS_CPU_QUANT_LINEAR_H_
@@ -82,6 +84,11 @@ struct QuantLinearParams {
   // int8 step: about 15 bits) and multiply both. false: one int8 part, the form llama.cpp uses,
   // some 20% faster and less accurate. Q6_K always takes one part.
   bool precise_input = true;
+  // With at least this many tokens (0: never), rows are converted to fp32 a tile at a time
+  // (dequant.cc's values exactly) and multiplied by OpenBLAS's sgemm on the fp32 input: a prompt's
+  // many tokens amortize the conversion, and sgemm's blocking outruns the integer dot products.
+  // BLAS's own threads should be 1 (SetBlasThreads): the rows are already split across threads.
+  int64_t gemm_min_tokens = 16;
 
   absl::Status Validate() const;
 };

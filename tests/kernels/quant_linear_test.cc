@@ -105,7 +105,8 @@ std::vector<SimdPath> SupportedPaths() {
 
 std::vector<float> RunCase(const Case& c, const std::vector<uint8_t>& weight,
                        const std::vector<float>& input, const std::vector<float>& bias,
-                       SimdPath path, int threads, bool accumulate, bool precise = true) {
+                       SimdPath path, int threads, bool accumulate, bool precise = true,
+                       int64_t gemm_min_tokens = 0) {
   // Outputs in a wider buffer (stride cols + 3), starting from a known pattern.
   const int64_t stride = c.rows + 3;
   std::vector<float> output(static_cast<size_t>(c.tokens * stride));
@@ -124,7 +125,8 @@ std::vector<float> RunCase(const Case& c, const std::vector<uint8_t>& weight,
                .num_threads = threads,
                .path = path,
                .workspace = &workspace,
-               .precise_input = precise});
+               .precise_input = precise,
+               .gemm_min_tokens = gemm_min_tokens});
   return output;
 }
 
@@ -134,20 +136,23 @@ TEST(QuantLinearTest, EverySimdPathGivesThePortableBits) {
     const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
     const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
     const std::vector<float> bias = RandomFloats(c.rows, &rng);
-    for (bool precise : {true, false}) {
+    for (int64_t gemm : {0, 2}) {  // never, or from 2 tokens on (fp32 tiles and sgemm)
+     for (bool precise : {true, false}) {
       for (bool accumulate : {false, true}) {
         const std::vector<float> want =
-            RunCase(c, weight, input, bias, SimdPath::kPortable, 1, accumulate, precise);
+            RunCase(c, weight, input, bias, SimdPath::kPortable, 1, accumulate, precise, gemm);
         for (SimdPath path : SupportedPaths()) {
           for (int threads : {1, 2, 3}) {
             const std::vector<float> got =
-                RunCase(c, weight, input, bias, path, threads, accumulate, precise);
+                RunCase(c, weight, input, bias, path, threads, accumulate, precise, gemm);
             ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
                 << CaseName(c) << ", path " << SimdPathName(path) << ", " << threads
-                << " threads, accumulate " << accumulate << ", precise " << precise;
+                << " threads, accumulate " << accumulate << ", precise " << precise
+                << ", gemm from " << gemm;
           }
         }
       }
+     }
     }
   }
 }
@@ -199,6 +204,43 @@ TEST(QuantLinearTest, EqualsTheDequantizedWeightsTimesTheQuantizedInput) {
       }
     }
    }
+  }
+}
+
+// From gemm_min_tokens tokens on: the dequantized weights (dequant.cc's values exactly) times the
+// fp32 input, as the float32 path computes it (fp32 sums: the bound is their rounding).
+TEST(QuantLinearTest, ManyTokensTakeTheDequantizedWeightsThroughSgemm) {
+  std::mt19937 rng(13);
+  for (const Case& c : Cases()) {
+    const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
+    const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
+    std::vector<float> dequantized(static_cast<size_t>(c.rows * c.cols));
+    DequantizeToF32(c.dtype, weight.data(), dequantized.data(), c.rows * c.cols);
+    const std::vector<float> got =
+        RunCase(c, weight, input, {}, SimdPath::kAuto, 2, false, true, /*gemm_min_tokens=*/1);
+    const int64_t stride = c.rows + 3;
+    for (int64_t t = 0; t < c.tokens; ++t) {
+      for (int64_t o = 0; o < c.rows; ++o) {
+        double want = 0, magnitude = 0;
+        for (int64_t e = 0; e < c.cols; ++e) {
+          const double term = double{dequantized[o * c.cols + e]} * input[t * c.cols + e];
+          want += term;
+          magnitude += std::fabs(term);
+        }
+        ASSERT_NEAR(got[t * stride + o], want, 1e-5 * magnitude) << CaseName(c) << ", token " << t;
+      }
+    }
+    // One-hot inputs read the converted weights back: dequant.cc's values, bit for bit.
+    const Case identity{c.dtype, c.rows, c.cols, c.cols};
+    std::vector<float> one_hot(static_cast<size_t>(c.cols * c.cols), 0.0f);
+    for (int64_t e = 0; e < c.cols; ++e) one_hot[e * c.cols + e] = 1.0f;
+    const std::vector<float> columns = RunCase(identity, weight, one_hot, {}, SimdPath::kAuto, 2,
+                                               false, true, /*gemm_min_tokens=*/1);
+    for (int64_t e = 0; e < c.cols; ++e) {
+      for (int64_t o = 0; o < c.rows; ++o) {
+        ASSERT_EQ(columns[e * stride + o], dequantized[o * c.cols + e]) << CaseName(c);
+      }
+    }
   }
 }
 
