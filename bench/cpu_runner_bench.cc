@@ -1,18 +1,19 @@
 // lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128] [--decode-tokens 64]
 //                          [--repeats 3] [--dtype auto|native|float32] [--int8-activations]
+//                          [--accuracy IDS_FILE]
 //
 // Measures the CPU runner on one model:
-// - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, conversion of every
-// weight
-//   to fp32, fusing, KV pool allocation);
+// - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, weights in their types or
+//   converted to fp32 with --dtype float32, fusing, KV pool allocation);
 // - prefill: one step computing a --prompt-tokens prompt (pseudo-random ids, logits of the last
 //   token only), tokens per second, the median of --repeats runs after one warm-up;
 // - decode: single-stream greedy decoding of --decode-tokens tokens after that prompt, one token
-// per
-//   step through the paged cache, tokens per second (median of --repeats runs);
+//   per step through the paged cache, tokens per second (median of --repeats runs);
 // - peak RSS: getrusage's ru_maxrss at the end (weights, KV pages touched, workspaces).
+// With --accuracy IDS_FILE it measures instead the native modes' teacher-forced logits against the
+// float32 path's on those ids (top-1 agreement, relative L2).
 // Floors, measured on the same machine: prefill against the GEMM throughput of OpenBLAS (a square
-// 1024^3 sgemm through kernels::Linear), decode against the time to stream the fp32 weights once
+// 1024^3 sgemm through kernels::Linear), decode against the time to stream the stored weights once
 // from memory (memcpy bandwidth of a 256 MiB buffer).
 
 #include <sys/resource.h>
@@ -22,8 +23,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +59,7 @@ struct Options {
   int repeats = 3;
   lmserve::engine::RunnerDType dtype = lmserve::engine::RunnerDType::kAuto;
   bool int8_activations = false;
+  std::string accuracy_ids;  // --accuracy: a file of comma-separated token ids
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
@@ -77,6 +81,8 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       options->decode_tokens = std::atoi(value);
     } else if (arg == "--repeats") {
       options->repeats = std::atoi(value);
+    } else if (arg == "--accuracy") {
+      options->accuracy_ids = value;
     } else if (arg == "--dtype") {
       const auto dtype = lmserve::engine::RunnerDTypeFromName(value);
       if (!dtype.has_value()) return false;
@@ -120,6 +126,93 @@ double MeasureCopyGBps() {
   return kBytes / Median(times) / 1e9;
 }
 
+// Teacher-forced logits of `ids` at every position, [ids, vocab]; empty on an error (printed).
+std::vector<float> TeacherForcedLogits(const lmserve::engine::Checkpoint& checkpoint,
+                                       const lmserve::engine::RunnerConfig& base,
+                                       const std::vector<int32_t>& ids, int32_t chunk) {
+  lmserve::engine::RunnerConfig config = base;
+  config.max_num_batched_tokens = chunk;
+  auto runner = lmserve::engine::ModelRunner::Create(checkpoint, config);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
+    return {};
+  }
+  lmserve::engine::ModelRunner& model = **runner;
+  const int32_t block = model.block_size_tokens();
+  std::vector<int32_t> blocks((ids.size() + block - 1) / block);
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  std::vector<float> logits;
+  for (size_t begin = 0; begin < ids.size(); begin += chunk) {  // chunked prefill
+    const size_t end = std::min(ids.size(), begin + chunk);
+    lmserve::engine::StepBatch batch;
+    batch.AddSequence(std::span<const int32_t>(ids).subspan(begin, end - begin),
+                      static_cast<int32_t>(begin), blocks, LogitsMode::kAll);
+    lmserve::engine::StepOutput output;
+    if (absl::Status s = model.Execute(batch, &output); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return {};
+    }
+    logits.insert(logits.end(), output.logits.begin(), output.logits.end());
+  }
+  return logits;
+}
+
+// --accuracy: teacher-forced logits of the ids in the native modes against the float32 path: top-1
+// agreement and relative L2 (issue 22). Steps of `chunk` tokens: a chunk below
+// cpu_gemm_min_tokens runs the integer path, as decode steps do.
+int RunAccuracy(const Options& options) {
+  std::ifstream file(options.accuracy_ids);
+  std::vector<int32_t> ids;
+  for (std::string id; std::getline(file, id, ',');) ids.push_back(std::atoi(id.c_str()));
+  auto checkpoint = lmserve::engine::OpenCheckpoint(options.model);
+  if (!checkpoint.ok() || ids.empty()) {
+    std::fprintf(stderr, "--accuracy: cannot read the model or the ids\n");
+    return 1;
+  }
+  lmserve::engine::RunnerConfig reference;
+  reference.num_threads = options.threads;
+  reference.dtype = lmserve::engine::RunnerDType::kFloat32;
+  reference.kv_cache_bytes = int64_t{256} << 20;
+  const std::vector<float> want = TeacherForcedLogits(**checkpoint, reference, ids, 512);
+  if (want.empty()) return 1;
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  std::printf("%zu positions; against --dtype float32 (512-token chunks):\n", ids.size());
+  std::printf("%-58s %12s %12s\n", "native mode", "top-1 agree", "relative L2");
+  struct Mode {
+    const char* name;
+    bool int8;
+    int32_t gemm_min_tokens;
+    int32_t chunk;
+  };
+  const Mode modes[] = {
+      {"default (512-token steps: fp32 tiles + sgemm)", false, 8, 512},
+      {"integer path, two int8 parts (4-token steps, as decode)", false, 8, 4},
+      {"integer path, one int8 part (4-token steps, as decode)", true, 8, 4},
+  };
+  for (const Mode& mode : modes) {
+    lmserve::engine::RunnerConfig config = reference;
+    config.dtype = lmserve::engine::RunnerDType::kNative;
+    config.cpu_int8_activations = mode.int8;
+    config.cpu_gemm_min_tokens = mode.gemm_min_tokens;
+    const std::vector<float> got = TeacherForcedLogits(**checkpoint, config, ids, mode.chunk);
+    if (got.size() != want.size()) return 1;
+    int64_t agree = 0;
+    double diff = 0, norm = 0;
+    for (size_t row = 0; row < ids.size(); ++row) {
+      const float* g = got.data() + row * vocab;
+      const float* w = want.data() + row * vocab;
+      agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
+      for (int64_t v = 0; v < vocab; ++v) {
+        diff += (double{g[v]} - w[v]) * (double{g[v]} - w[v]);
+        norm += double{w[v]} * w[v];
+      }
+    }
+    std::printf("%-58s %11.2f%% %12.3g\n", mode.name, 100.0 * agree / ids.size(),
+                std::sqrt(diff / norm));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,9 +221,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128]"
                  " [--decode-tokens 64] [--repeats 3] [--dtype auto|native|float32]"
-                 " [--int8-activations]\n");
+                 " [--int8-activations] [--accuracy IDS_FILE]\n");
     return 2;
   }
+
+  if (!options.accuracy_ids.empty()) return RunAccuracy(options);
 
   // Load.
   const auto load_start = Clock::now();

@@ -213,7 +213,8 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   const int32_t block_size_;
   const int num_threads_;
   const bool native_;  // weights in their checkpoint's types (RunnerDType::kNative)
-  const bool int8_activations_;  // RunnerConfig::cpu_int8_activations
+  const bool int8_activations_;   // RunnerConfig::cpu_int8_activations
+  const int32_t gemm_min_tokens_;  // RunnerConfig::cpu_gemm_min_tokens
   const int64_t q_dim_;                        // heads * head_dim
   const int64_t kv_dim_;                       // kv_heads * head_dim
   const int64_t qkv_dim_;                      // q_dim + 2 kv_dim
@@ -274,6 +275,7 @@ CpuRunner::CpuRunner(std::unique_ptr<const ModelDescription> model,
                                                  : kernels::PhysicalCoreCount()),
       native_(ResolveRunnerDType(runner_config.dtype, Backend::kCpu) == RunnerDType::kNative),
       int8_activations_(runner_config.cpu_int8_activations),
+      gemm_min_tokens_(runner_config.cpu_gemm_min_tokens),
       q_dim_(config_.num_attention_heads * config_.head_dim),
       kv_dim_(config_.num_kv_heads * config_.head_dim),
       qkv_dim_(q_dim_ + 2 * kv_dim_),
@@ -288,11 +290,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
     std::unique_ptr<const ModelDescription> model_description, const Checkpoint& checkpoint,
     const RunnerConfig& config) {
   const ModelConfig& model = model_description->config();
-  if (config.block_size_tokens <= 0 || config.kv_cache_bytes <= 0 || config.num_threads < 0) {
+  if (config.block_size_tokens <= 0 || config.kv_cache_bytes <= 0 || config.num_threads < 0 ||
+      config.cpu_gemm_min_tokens < 0) {
     return absl::InvalidArgumentError(
         StrCat("runner config: block_size_tokens (", config.block_size_tokens,
                ") and kv_cache_bytes (", config.kv_cache_bytes,
-               ") must be positive and num_threads (", config.num_threads, ") non-negative"));
+               ") must be positive and num_threads (", config.num_threads,
+               ") and cpu_gemm_min_tokens (", config.cpu_gemm_min_tokens, ") non-negative"));
   }
   const RunnerDType dtype = ResolveRunnerDType(config.dtype, Backend::kCpu);
   if (dtype != RunnerDType::kFloat32 && dtype != RunnerDType::kNative) {
@@ -555,7 +559,8 @@ void CpuRunner::MatMul(Weight weight, const float* x, int64_t ldx, float* y, int
                             .output_stride = ldy,
                             .num_threads = num_threads_,
                             .workspace = &quant_scratch_,
-                            .precise_input = !int8_activations_});
+                            .precise_input = !int8_activations_,
+                            .gemm_min_tokens = gemm_min_tokens_});
     }
   }
 }

@@ -171,6 +171,9 @@ struct RunnerConfig {
   // (llama.cpp's form) instead of two (kernels/cpu/quant_linear.h, precise_input): faster, with a
   // relative L2 error of about 3e-2 against the fp32 path where two parts give 1e-4.
   bool cpu_int8_activations = false;
+  // CPU, native weights: steps of at least this many tokens convert weight tiles to fp32 and use
+  // sgemm (QuantLinearParams::gemm_min_tokens); 0: never (every step on the integer path).
+  int32_t cpu_gemm_min_tokens = 8;
   // The longest context served (the engine's max_model_len): the model is described with its
   // max_position_embeddings capped at it, which sizes the runner's tables and picks longrope's
   // factors. 0: the model's own.
