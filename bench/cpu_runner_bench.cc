@@ -186,8 +186,8 @@ int RunAccuracy(const Options& options) {
   };
   const Mode modes[] = {
       {"default (512-token steps: fp32 tiles + sgemm)", false, 8, 512},
-      {"integer path, two int8 parts (4-token steps, as decode)", false, 8, 4},
-      {"integer path, one int8 part (4-token steps, as decode)", true, 8, 4},
+      {"integer path, two int8 parts (1-token steps, as decode)", false, 8, 1},
+      {"integer path, one int8 part (1-token steps, as decode)", true, 8, 1},
   };
   for (const Mode& mode : modes) {
     lmserve::engine::RunnerConfig config = reference;
