@@ -244,6 +244,40 @@ TEST(QuantLinearTest, ManyTokensTakeTheDequantizedWeightsThroughSgemm) {
   }
 }
 
+// Every finite fp16 scale converts as half.h's F16ToF32 does (subnormals included): Q8_0 rows
+// with one quant of 1, read back through the fp32 tiles by a one-hot input.
+TEST(QuantLinearTest, ScalesConvertAsF16ToF32) {
+  std::vector<uint16_t> scales;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    if (((bits >> 10) & 0x1f) != 0x1f) scales.push_back(static_cast<uint16_t>(bits));
+  }
+  const int64_t rows = static_cast<int64_t>(scales.size());
+  std::vector<uint8_t> weight(static_cast<size_t>(rows * 34), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(weight.data() + r * 34, &scales[r], 2);
+    weight[r * 34 + 2] = 1;  // quant 0 = 1, the others 0
+  }
+  std::vector<float> input(32, 0.0f);
+  input[0] = 1.0f;
+  std::vector<float> output(static_cast<size_t>(rows));
+  QuantLinearWorkspace workspace;
+  QuantLinear({.weight = weight.data(),
+               .dtype = DType::kQ8_0,
+               .input = input.data(),
+               .output = output.data(),
+               .num_tokens = 1,
+               .in_features = 32,
+               .out_features = rows,
+               .num_threads = 2,
+               .workspace = &workspace,
+               .gemm_min_tokens = 1});
+  for (int64_t r = 0; r < rows; ++r) {
+    // Float equality: exact for every finite value (only a zero's sign, which the sum of the
+    // one-hot products loses, is not compared).
+    ASSERT_EQ(output[r], F16ToF32(scales[r])) << "fp16 bits " << scales[r];
+  }
+}
+
 // The two-part input is what it claims: within one low step (1/256 of the int8 step) of the input,
 // where one part is within half an int8 step. (Half a low step, but for a residual of exactly half
 // an int8 step, 128 low steps, which the int8 low part holds as 127.)
