@@ -602,6 +602,19 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsInPlace(DType dtype, const uint8_
   return _mm512_permutexvar_epi32(order, block);
 }
 
+// The sums of blocks g and g + 1 (the last one or two of a row, zero past it) in lanes 0 and 1: the
+// 16-block reduction above for a group that has only one pair.
+LMSERVE_AVX512 LMSERVE_INLINE __m512i LastPairSumsInPlace(DType dtype, const uint8_t* x,
+                                                          const Input& in, int64_t g, int64_t nb) {
+  const __m512i p = PairLanesInPlace<true>(dtype, x, in, g, nb);
+  const __m256i low = _mm512_castsi512_si256(p), high = _mm512_extracti64x4_epi64(p, 1);
+  const __m256i h = _mm256_hadd_epi32(low, high);  // per 128 bits: pairs of block g's, g + 1's
+  const __m256i hh = _mm256_hadd_epi32(h, h);      // [g, g + 1, g, g + 1] per 128 bits
+  const __m128i sums =
+      _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
+  return _mm512_zextsi128_si512(_mm_move_epi64(sums));  // [g, g + 1, 0, ...]
+}
+
 // Whether DotInPlaceAvx512 takes `dtype`.
 bool InPlaceType(DType dtype) {
   return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
@@ -621,8 +634,9 @@ LMSERVE_AVX512 float DotInPlaceAvx512(DType dtype, const uint8_t* x, const Input
     const __m512i words =
         _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, offsets, x + g * stride, 1);
     const __m512 ws = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
-    __m512i block = g + 16 <= nb ? BlockSumsInPlace<false>(dtype, x, in, g, nb)
-                                 : BlockSumsInPlace<true>(dtype, x, in, g, nb);
+    __m512i block = g + 16 <= nb  ? BlockSumsInPlace<false>(dtype, x, in, g, nb)
+                    : g + 2 >= nb ? LastPairSumsInPlace(dtype, x, in, g, nb)
+                                  : BlockSumsInPlace<true>(dtype, x, in, g, nb);
     if (f.shift >= 0) {
       block = _mm512_sub_epi32(block, _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift));
     }

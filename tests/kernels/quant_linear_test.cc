@@ -87,6 +87,8 @@ std::vector<Case> Cases() {
     for (int64_t tokens : {1, 3, 17}) {
       cases.push_back({dtype, 37, 96, tokens});  // three blocks: an odd last one
       cases.push_back({dtype, 9, 512, tokens});
+      cases.push_back({dtype, 6, 544, tokens});  // 16 blocks and one
+      cases.push_back({dtype, 5, 576, tokens});  // 16 blocks and two
     }
   }
   for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
