@@ -482,16 +482,14 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesAvx512(const Row& row, const Inpu
 }
 
 // The sums of blocks g..g+15 (zero past nb), in order.
-template <bool kTail>
-LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsAvx512(const Row& row, const Input& in, int64_t g,
-                                                      int64_t nb, Format f) {
+// The sums of 16 blocks from their lanes: v[i] holds blocks 2i (lanes 0..7) and 2i + 1 (8..15).
+LMSERVE_AVX512 LMSERVE_INLINE __m512i ReducePairs(const __m512i* v) {
   // The reduction leaves the blocks in the order 0 2 4 6 1 3 5 7 8 10 12 14 9 11 13 15.
   const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   __m512i t[4];
   for (int i = 0; i < 4; ++i) {  // pairs of pairs: per 128-bit chunk, [v0 v1 v0 v1] partials
-    const __m512i v0 = PairLanesAvx512<kTail>(row, in, g + 4 * i, nb, f);
-    const __m512i v1 = PairLanesAvx512<kTail>(row, in, g + 4 * i + 2, nb, f);
-    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
+    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                            _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
   }
   // Per chunk c: [sum of chunk c of v0, v1, v2, v3] (u0: pairs 0..3, u1: pairs 4..7).
   const __m512i u0 =
@@ -502,6 +500,14 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsAvx512(const Row& row, const Inpu
   const __m512i block = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
                                          _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_permutexvar_epi32(order, block);
+}
+
+template <bool kTail>
+LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsAvx512(const Row& row, const Input& in, int64_t g,
+                                                      int64_t nb, Format f) {
+  __m512i v[8];
+  for (int i = 0; i < 8; ++i) v[i] = PairLanesAvx512<kTail>(row, in, g + 2 * i, nb, f);
+  return ReducePairs(v);
 }
 
 // The dots of up to kRowTile rows with one input, the rows side by side so that their
@@ -586,20 +592,9 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesInPlace(DType dtype, const uint8_
 template <bool kTail>
 LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsInPlace(DType dtype, const uint8_t* x,
                                                        const Input& in, int64_t g, int64_t nb) {
-  const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-  __m512i t[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512i v0 = PairLanesInPlace<kTail>(dtype, x, in, g + 4 * i, nb);
-    const __m512i v1 = PairLanesInPlace<kTail>(dtype, x, in, g + 4 * i + 2, nb);
-    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
-  }
-  const __m512i u0 =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
-  const __m512i u1 =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
-  const __m512i block = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                         _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_permutexvar_epi32(order, block);
+  __m512i v[8];
+  for (int i = 0; i < 8; ++i) v[i] = PairLanesInPlace<kTail>(dtype, x, in, g + 2 * i, nb);
+  return ReducePairs(v);
 }
 
 // The sums of blocks g and g + 1 (the last one or two of a row, zero past it) in lanes 0 and 1: the
@@ -672,6 +667,15 @@ struct Job {
   bool gemm;     // fp32 tiles and sgemm (QuantLinearParams::gemm_min_tokens)
 };
 
+// Token t's quantized input row.
+Input TokenInput(const Job& job, int64_t t) {
+  const QuantLinearWorkspace& x = *job.input;
+  const int64_t k = job.k, pnb = job.padded_nb;
+  return {x.q.data() + t * k,       job.precise ? x.q_low.data() + t * k : nullptr,
+          x.scale.data() + t * pnb, x.sum.data() + t * pnb,
+          x.total.data() + t * pnb, x.lanes.data() + t * (k / 4)};
+}
+
 LMSERVE_INLINE void Store(const Job& job, int64_t t, int64_t o, float v) {
   const QuantLinearParams& p = *job.p;
   float* y = p.output + t * job.ldy + o;
@@ -737,15 +741,9 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
     }
     return;
   }
-  const QuantLinearWorkspace& x = *job.input;
   if (kInPlace != nullptr && p.num_tokens <= 2 && InPlaceType(p.dtype)) {
     for (int64_t t = 0; t < p.num_tokens; ++t) {
-      const Input in{x.q.data() + t * k,
-                     job.precise ? x.q_low.data() + t * k : nullptr,
-                     x.scale.data() + t * pnb,
-                     x.sum.data() + t * pnb,
-                     x.total.data() + t * pnb,
-                     x.lanes.data() + t * (k / 4)};
+      const Input in = TokenInput(job, t);
       for (int64_t r = row_begin; r < row_end; ++r) {
         Store(job, t, r, kInPlace(p.dtype, weight + r * job.row_bytes, in, nb, job.format));
       }
@@ -779,12 +777,7 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
     }
     float out[kMaxRowTile];
     for (int64_t t = 0; t < p.num_tokens; ++t) {
-      const Input in{x.q.data() + t * k,
-                     job.precise ? x.q_low.data() + t * k : nullptr,
-                     x.scale.data() + t * pnb,
-                     x.sum.data() + t * pnb,
-                     x.total.data() + t * pnb,
-                     x.lanes.data() + t * (k / 4)};
+      const Input in = TokenInput(job, t);
       kDotTile(rows, n, in, nb, job.format, out);
       for (int64_t i = 0; i < n; ++i) Store(job, t, r0 + i, out[i]);
     }
