@@ -8,7 +8,6 @@
 #include <limits>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -64,6 +63,14 @@ struct WeightSegment {
   std::vector<std::byte> bytes;
 };
 
+// Whether the CPU runner keeps a part of `spec` in `dtype`, its checkpoint's type (in native mode):
+// the matrices the linear layers, the LM head and the embedding read, where QuantLinear takes the
+// type.
+bool KeepsType(bool native, const WeightSpec& spec, kernels::DType dtype) {
+  return native && spec.is_matrix() && spec.offset == 0 && !spec.kind.starts_with("moe_") &&
+         dtype != kernels::DType::kF32 && kernels::QuantLinearSupports(dtype, spec.cols);
+}
+
 // The CPU runner's weights. In float32 mode every declared tensor is converted to fp32 (one
 // segment each). In native mode the matrices that the linear layers, the LM head and the
 // embedding read keep their checkpoint's type where QuantLinear takes it (the GGUF block formats,
@@ -75,15 +82,9 @@ class CpuWeights final : public WeightSink {
   CpuWeights(const WeightPlan& plan, bool native)
       : plan_(plan), native_(native), segments_(plan.size()) {}
 
-  // Whether a part of `spec` in `dtype` is kept in its type.
-  bool KeepsType(const WeightSpec& spec, kernels::DType dtype) const {
-    return native_ && spec.is_matrix() && spec.offset == 0 && !spec.kind.starts_with("moe_") &&
-           dtype != kernels::DType::kF32 && kernels::QuantLinearSupports(dtype, spec.cols);
-  }
-
   absl::Status Store(const WeightSpec& spec, int64_t first_row, const TensorView& tensor) override {
     const int64_t rows = tensor.NumElements() / std::max<int64_t>(spec.cols, 1);
-    if (KeepsType(spec, tensor.dtype)) {
+    if (KeepsType(native_, spec, tensor.dtype)) {
       std::byte* out = Append(spec, first_row, rows, tensor.dtype);
       std::memcpy(out, tensor.data, static_cast<size_t>(kernels::RowBytes(tensor.dtype, spec.cols) * rows));
     } else {
@@ -325,20 +326,19 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
   // activations of the largest step, one logits row per sequence, and the KV pool.
   MemoryPlan plan;
   plan.device = "RAM";
-  {
-    const CpuWeights sizer(model_description->weights(), dtype == RunnerDType::kNative);
-    plan.weight_bytes = 0;
-    for (const WeightSpec& spec : model_description->weights().specs()) {
-      for (const WeightPart& part : spec.parts) {
-        kernels::DType stored = kernels::DType::kF32;
-        if (config.load_format != LoadFormat::kDummy) {
-          const absl::StatusOr<const TensorView*> tensor = checkpoint.Get(part.name, spec.CheckpointShape(part));
-          if (tensor.ok() && spec.split != Split::kCols && sizer.KeepsType(spec, (*tensor)->dtype)) {
-            stored = (*tensor)->dtype;
-          }
+  plan.weight_bytes = 0;
+  for (const WeightSpec& spec : model_description->weights().specs()) {
+    for (const WeightPart& part : spec.parts) {
+      kernels::DType stored = kernels::DType::kF32;
+      if (config.load_format != LoadFormat::kDummy) {
+        const absl::StatusOr<const TensorView*> tensor =
+            checkpoint.Get(part.name, spec.CheckpointShape(part));
+        if (tensor.ok() && spec.split != Split::kCols &&
+            KeepsType(dtype == RunnerDType::kNative, spec, (*tensor)->dtype)) {
+          stored = (*tensor)->dtype;
         }
-        plan.weight_bytes += part.rows * kernels::RowBytes(stored, std::max<int64_t>(spec.cols, 1));
       }
+      plan.weight_bytes += part.rows * kernels::RowBytes(stored, std::max<int64_t>(spec.cols, 1));
     }
   }
   const int64_t max_tokens = std::max<int64_t>(config.max_num_batched_tokens, 1);

@@ -510,46 +510,36 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsAvx512(const Row& row, const Inpu
   return ReducePairs(v);
 }
 
-// The dots of up to kRowTile rows with one input, the rows side by side so that their
-// reductions overlap.
-template <int kRows>
-LMSERVE_AVX512 LMSERVE_INLINE void DotRowsAvx512(const Row* rows, const Input& in, int64_t nb,
-                                                 Format f, float* out) {
-  __m512 s[kRows], m[kRows];
-  for (int i = 0; i < kRows; ++i) s[i] = m[i] = _mm512_setzero_ps();
-  const bool has_min = rows[0].wm != nullptr, lane_scales = rows[0].c != nullptr;
+// One unpacked row against one input.
+LMSERVE_AVX512 float DotAvx512(const Row& row, const Input& in, int64_t nb, Format f) {
+  __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+  const bool offset = row.c == nullptr && f.shift >= 0;
   for (int64_t g = 0; g < nb; g += 16) {
-    const __m512 in_scale = _mm512_loadu_ps(in.scale + g);
-    const bool offset = !lane_scales && f.shift >= 0;
-    const __m512i total = offset ? _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift)
-                                 : _mm512_setzero_si512();
-    const __m512 in_sum = _mm512_loadu_ps(in.sum + g);
-    for (int i = 0; i < kRows; ++i) {
-      const Row& row = rows[i];
-      __m512i block = g + 16 <= nb ? BlockSumsAvx512<false>(row, in, g, nb, f)
-                                   : BlockSumsAvx512<true>(row, in, g, nb, f);
-      if (offset) block = _mm512_sub_epi32(block, total);
-      const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(row.ws + g), in_scale);
-      s[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block), scale, s[i]);
-      if (has_min) m[i] = _mm512_fmadd_ps(_mm512_loadu_ps(row.wm + g), in_sum, m[i]);
+    __m512i block = g + 16 <= nb ? BlockSumsAvx512<false>(row, in, g, nb, f)
+                                 : BlockSumsAvx512<true>(row, in, g, nb, f);
+    if (offset) {
+      block = _mm512_sub_epi32(block, _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift));
+    }
+    const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(row.ws + g), _mm512_loadu_ps(in.scale + g));
+    s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block), scale, s);
+    if (row.wm != nullptr) {
+      m = _mm512_fmadd_ps(_mm512_loadu_ps(row.wm + g), _mm512_loadu_ps(in.sum + g), m);
     }
   }
-  for (int i = 0; i < kRows; ++i) {
-    const float sum = Reduce16Avx2(_mm512_castps512_ps256(s[i]), _mm512_extractf32x8_ps(s[i], 1));
-    out[i] = has_min ? sum + Reduce16Avx2(_mm512_castps512_ps256(m[i]),
-                                          _mm512_extractf32x8_ps(m[i], 1))
-                     : sum;
-  }
+  const float sum = Reduce16Avx2(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  return row.wm != nullptr
+             ? sum + Reduce16Avx2(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1))
+             : sum;
 }
 
 LMSERVE_AVX512 void DotTileAvx512(const Row* rows, int64_t n, const Input& in, int64_t nb,
                                   Format f, float* out) {
-  for (int64_t i = 0; i < n; ++i) DotRowsAvx512<1>(rows + i, in, nb, f, out + i);
+  for (int64_t i = 0; i < n; ++i) out[i] = DotAvx512(rows[i], in, nb, f);
 }
 
 // Q8_0, Q4_0 and Q4_1 rows read in place, for steps of a token or two (decode): the blocks' bytes
 // go straight into registers, their scales gathered sixteen at a time, without the unpacking pass.
-// The same integer sums and fp32 operations as DotRowsAvx512 on the unpacked row.
+// The same integer sums and fp32 operations as DotAvx512 on the unpacked row.
 template <bool kTail>
 LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesInPlace(DType dtype, const uint8_t* x,
                                                        const Input& in, int64_t b, int64_t nb) {

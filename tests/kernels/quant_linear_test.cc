@@ -71,6 +71,21 @@ std::vector<float> RandomFloats(int64_t n, std::mt19937* rng) {
   return values;
 }
 
+// The sum in double of w[e] * x[e] over n elements, and of their magnitudes (the scale of a sum's
+// rounding error).
+struct DoubleDot {
+  double sum = 0, magnitude = 0;
+};
+DoubleDot SumInDouble(const float* w, const float* x, int64_t n) {
+  DoubleDot d;
+  for (int64_t e = 0; e < n; ++e) {
+    const double term = double{w[e]} * x[e];
+    d.sum += term;
+    d.magnitude += std::fabs(term);
+  }
+  return d;
+}
+
 struct Case {
   DType dtype;
   int64_t rows, cols, tokens;
@@ -191,13 +206,9 @@ TEST(QuantLinearTest, EqualsTheDequantizedWeightsTimesTheQuantizedInput) {
     const int64_t stride = c.rows + 3;
     for (int64_t t = 0; t < c.tokens; ++t) {
       for (int64_t o = 0; o < c.rows; ++o) {
-        double want = 0, magnitude = 0;
-        for (int64_t e = 0; e < c.cols; ++e) {
-          const double term = double{dequantized[o * c.cols + e]} * effective[t * c.cols + e];
-          want += term;
-          magnitude += std::fabs(term);
-        }
-        ASSERT_NEAR(got[t * stride + o], want, 2e-6 * magnitude + 1e-30)
+        const DoubleDot want = SumInDouble(dequantized.data() + o * c.cols,
+                                           effective.data() + t * c.cols, c.cols);
+        ASSERT_NEAR(got[t * stride + o], want.sum, 2e-6 * want.magnitude + 1e-30)
             << CaseName(c) << ", token " << t << ", row " << o;
       }
       // The padding between rows is left alone.
@@ -223,13 +234,10 @@ TEST(QuantLinearTest, ManyTokensTakeTheDequantizedWeightsThroughSgemm) {
     const int64_t stride = c.rows + 3;
     for (int64_t t = 0; t < c.tokens; ++t) {
       for (int64_t o = 0; o < c.rows; ++o) {
-        double want = 0, magnitude = 0;
-        for (int64_t e = 0; e < c.cols; ++e) {
-          const double term = double{dequantized[o * c.cols + e]} * input[t * c.cols + e];
-          want += term;
-          magnitude += std::fabs(term);
-        }
-        ASSERT_NEAR(got[t * stride + o], want, 1e-5 * magnitude) << CaseName(c) << ", token " << t;
+        const DoubleDot want = SumInDouble(dequantized.data() + o * c.cols,
+                                           input.data() + t * c.cols, c.cols);
+        ASSERT_NEAR(got[t * stride + o], want.sum, 1e-5 * want.magnitude)
+            << CaseName(c) << ", token " << t;
       }
     }
     // One-hot inputs read the converted weights back: dequant.cc's values, bit for bit.
