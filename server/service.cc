@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <iterator>
 #include <map>
@@ -44,6 +45,11 @@ namespace {
 namespace health = ::grpc::health::v1;
 
 constexpr std::string_view kServiceName = "lmserve.v1.Lmserve";
+
+// gRPC's core takes messages up to this many times --max-request-bytes, so that one over the limit
+// by up to this factor reaches Admit, which refuses and counts it; a larger one is refused by the
+// core, RESOURCE_EXHAUSTED before any code of ours sees the call, and is not counted.
+constexpr int64_t kGrpcCoreRequestBytesFactor = 2;
 
 // ---- The one conversion from absl::Status to grpc::Status ------------------------------------------
 
@@ -228,8 +234,9 @@ class LmserveService final : public v1::Lmserve::CallbackService {
   ServingCore* core() const { return core_; }
   Pump* pump() const { return pump_; }
 
-  // Authorization and readiness for every Lmserve method.
-  absl::Status Admit(grpc::CallbackServerContext* context, bool needs_model) const;
+  // Authorization, the request's size and readiness for every Lmserve method.
+  absl::Status Admit(grpc::CallbackServerContext* context,
+                     const google::protobuf::MessageLite& request, bool needs_model) const;
 
   // Finishes `reactor` with `status`, counted in the metrics.
   void FinishUnary(std::string_view method, grpc::ServerUnaryReactor* reactor,
@@ -273,7 +280,9 @@ class LmserveService final : public v1::Lmserve::CallbackService {
   Pump* const pump_;
 };
 
-absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool needs_model) const {
+absl::Status LmserveService::Admit(grpc::CallbackServerContext* context,
+                                   const google::protobuf::MessageLite& request,
+                                   bool needs_model) const {
   std::optional<std::string_view> authorization;
   const auto& metadata = context->client_metadata();
   const auto [first, last] = metadata.equal_range("authorization");
@@ -285,6 +294,16 @@ absl::Status LmserveService::Admit(grpc::CallbackServerContext* context, bool ne
     authorization = std::string_view(first->second.data(), first->second.size());
   }
   LMSERVE_RETURN_IF_ERROR(core_->Authorize(authorization));
+  // --max-request-bytes is checked here rather than by gRPC's core, which refuses a larger
+  // message before any code of ours sees the call (uncounted); the core's own limit is
+  // kGrpcCoreRequestBytesFactor times ours (LmserveServer::Start).
+  const size_t bytes = request.ByteSizeLong();
+  if (const int64_t limit = core_->options().max_request_bytes;
+      static_cast<int64_t>(bytes) > limit) {
+    return absl::ResourceExhaustedError(StrCat("the request message is ", bytes,
+                                               " bytes, more than --max-request-bytes (", limit,
+                                               ")"));
+  }
   if (needs_model) LMSERVE_RETURN_IF_ERROR(core_->CheckServing());
   return absl::OkStatus();
 }
@@ -300,9 +319,10 @@ class GrpcGenerationCall : public GenerationCall {
   // Handler thread: admits, prepares, submits. A non-OK result means nothing was submitted (the
   // caller finishes the reactor with it).
   absl::Status Begin(grpc::CallbackServerContext* context,
+                     const google::protobuf::MessageLite& request,
                      const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
     context_ = context;
-    LMSERVE_RETURN_IF_ERROR(service_->Admit(context, /*needs_model=*/true));
+    LMSERVE_RETURN_IF_ERROR(service_->Admit(context, request, /*needs_model=*/true));
     Pump* pump = service_->pump();
     return GenerationCall::Begin(prepare, [pump](std::function<void()> work) {
       pump->Post(std::move(work));
@@ -350,9 +370,9 @@ class UnaryCall final : public grpc::ServerUnaryReactor, public GrpcGenerationCa
       : GrpcGenerationCall(service, method), response_(response) {}
 
   // Handler thread.
-  void Start(grpc::CallbackServerContext* context,
+  void Start(grpc::CallbackServerContext* context, const google::protobuf::MessageLite& request,
              const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
-    absl::Status status = Begin(context, prepare);
+    absl::Status status = Begin(context, request, prepare);
     if (!status.ok()) service_->FinishUnary(method_, this, status);
   }
 
@@ -408,9 +428,9 @@ class StreamCall final : public grpc::ServerWriteReactor<v1::CompleteStreamRespo
       : GrpcGenerationCall(service, method) {}
 
   // Handler thread.
-  void Start(grpc::CallbackServerContext* context,
+  void Start(grpc::CallbackServerContext* context, const google::protobuf::MessageLite& request,
              const std::function<absl::StatusOr<PreparedRequest>()>& prepare) {
-    absl::Status status = Begin(context, prepare);
+    absl::Status status = Begin(context, request, prepare);
     if (!status.ok()) {
       const grpc::Status grpc_status = ToGrpcStatus(status);
       service_->CountRpc(method_, grpc_status.error_code());
@@ -513,7 +533,7 @@ grpc::ServerUnaryReactor* LmserveService::Complete(grpc::CallbackServerContext* 
                                                    const v1::CompleteRequest* request,
                                                    v1::CompleteResponse* response) {
   auto* call = new UnaryCall(this, "Complete", response);
-  call->Start(context, [this, request] {
+  call->Start(context, *request, [this, request] {
     return PrepareCompleteRequest(*request, *core_->model().text,
                                   core_->model().engine->limits(), core_->api_limits());
   });
@@ -523,7 +543,7 @@ grpc::ServerUnaryReactor* LmserveService::Complete(grpc::CallbackServerContext* 
 grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::CompleteStream(
     grpc::CallbackServerContext* context, const v1::CompleteRequest* request) {
   auto* call = new StreamCall(this, "CompleteStream");
-  call->Start(context, [this, request] {
+  call->Start(context, *request, [this, request] {
     return PrepareCompleteRequest(*request, *core_->model().text,
                                   core_->model().engine->limits(), core_->api_limits());
   });
@@ -534,7 +554,7 @@ grpc::ServerUnaryReactor* LmserveService::Chat(grpc::CallbackServerContext* cont
                                                const v1::ChatRequest* request,
                                                v1::CompleteResponse* response) {
   auto* call = new UnaryCall(this, "Chat", response);
-  call->Start(context, [this, request] {
+  call->Start(context, *request, [this, request] {
     return PrepareChatRequest(*request, *core_->model().text, core_->model().engine->limits(),
                               core_->api_limits());
   });
@@ -544,7 +564,7 @@ grpc::ServerUnaryReactor* LmserveService::Chat(grpc::CallbackServerContext* cont
 grpc::ServerWriteReactor<v1::CompleteStreamResponse>* LmserveService::ChatStream(
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
   auto* call = new StreamCall(this, "ChatStream");
-  call->Start(context, [this, request] {
+  call->Start(context, *request, [this, request] {
     return PrepareChatRequest(*request, *core_->model().text, core_->model().engine->limits(),
                               core_->api_limits());
   });
@@ -555,7 +575,7 @@ grpc::ServerUnaryReactor* LmserveService::Tokenize(grpc::CallbackServerContext* 
                                                    const v1::TokenizeRequest* request,
                                                    v1::TokenizeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = Admit(context, /*needs_model=*/true);
+  absl::Status status = Admit(context, *request, /*needs_model=*/true);
   if (status.ok()) {
     absl::StatusOr<std::vector<int32_t>> ids = TokenizeText(
         "text", request->text(),
@@ -575,7 +595,7 @@ grpc::ServerUnaryReactor* LmserveService::Detokenize(grpc::CallbackServerContext
                                                      const v1::DetokenizeRequest* request,
                                                      v1::DetokenizeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = Admit(context, /*needs_model=*/true);
+  absl::Status status = Admit(context, *request, /*needs_model=*/true);
   if (status.ok()) {
     const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
     absl::StatusOr<std::string> text =
@@ -592,20 +612,20 @@ grpc::ServerUnaryReactor* LmserveService::Detokenize(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* LmserveService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                       const v1::GetModelInfoRequest*,
+                                                       const v1::GetModelInfoRequest* request,
                                                        v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = Admit(context, /*needs_model=*/true);
+  absl::Status status = Admit(context, *request, /*needs_model=*/true);
   if (status.ok()) *response = core_->model().info;
   FinishUnary("GetModelInfo", reactor, status);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerContext* context,
-                                                          const v1::GetServerStatusRequest*,
+                                                          const v1::GetServerStatusRequest* request,
                                                           v1::ServerStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = Admit(context, /*needs_model=*/false);
+  absl::Status status = Admit(context, *request, /*needs_model=*/false);
   if (status.ok()) {
     const ServerState current = core_->state();
     response->set_ready(current == ServerState::kServing);
@@ -739,7 +759,10 @@ absl::StatusOr<std::unique_ptr<LmserveServer>> LmserveServer::Start(const Server
   grpc::ServerBuilder builder;
   const std::string address = ListenAddress(options.host, options.port);
   builder.AddListeningPort(address, credentials, &impl->port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  // gRPC's core refuses a larger message before any code of ours sees the call, so it could not
+  // be counted; it gets room beyond --max-request-bytes, which Admit checks and counts.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options.max_request_bytes * kGrpcCoreRequestBytesFactor, INT32_MAX)));
   builder.RegisterService(&impl->service);
   builder.RegisterService(&impl->health);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

@@ -40,6 +40,7 @@ namespace lmserve::testing {
 namespace {
 
 namespace v1 = ::lmserve::v1;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -452,10 +453,11 @@ grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const s
   return done.get_future().get();
 }
 
-// Issue 27: a body that does not parse got UNIMPLEMENTED with no message, and was not counted in
-// lmserve_grpc_server_handled_total. (An over-size message is refused by gRPC's core before any
-// of the server's code sees the call: answered RESOURCE_EXHAUSTED, but not counted.)
-TEST(ServerE2eTest, BodiesThatDoNotParseAreAnsweredAndCounted) {
+// Issue 27: a body that does not parse got UNIMPLEMENTED with no message, and neither it nor an
+// over-size message was counted in lmserve_grpc_server_handled_total. A message over
+// --max-request-bytes is now refused and counted by the server; only one over twice the limit is
+// still refused by gRPC's core before any of the server's code sees the call (not counted).
+TEST(ServerE2eTest, BodiesThatDoNotParseOrAreTooLargeAreAnsweredAndCounted) {
   auto server = ServerProcess::Start(Args({"--metrics-port", "0", "--max-request-bytes", "65536"}));
   ASSERT_NE(server, nullptr);
   for (const char* method : {"Complete", "Tokenize"}) {
@@ -464,16 +466,27 @@ TEST(ServerE2eTest, BodiesThatDoNotParseAreAnsweredAndCounted) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
     EXPECT_THAT(status.error_message(), HasSubstr("not a valid protobuf message")) << method;
   }
-  const grpc::Status too_large =
-      RawUnaryCall(server->Channel(), "/lmserve.v1.Lmserve/Complete", std::string(100000, '\x08'));
+  auto stub = v1::Lmserve::NewStub(server->Channel());
+  v1::CompleteRequest large = IdsRequest({1, 2, 3}, 4);
+  large.set_request_id(std::string(100000, 'x'));
+  grpc::ClientContext context;
+  SetDeadline(&context, 30);
+  v1::CompleteResponse response;
+  const grpc::Status too_large = stub->Complete(&context, large, &response);
   EXPECT_EQ(too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << too_large.error_message();
-  EXPECT_THAT(too_large.error_message(), HasSubstr("larger than max"));
+  EXPECT_THAT(too_large.error_message(), HasSubstr("more than --max-request-bytes (65536)"));
+  const grpc::Status far_too_large =
+      RawUnaryCall(server->Channel(), "/lmserve.v1.Lmserve/Complete", std::string(200000, '\x08'));
+  EXPECT_EQ(far_too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << far_too_large.error_message();
   const std::string metrics = RpcCountLines(HttpGet(server->MetricsPort(), "/metrics", 20));
   EXPECT_THAT(metrics, HasSubstr("{grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"Complete\""));
   EXPECT_THAT(metrics, HasSubstr("{grpc_code=\"INVALID_ARGUMENT\",grpc_method=\"Tokenize\""));
+  // One: the refusal of the message within twice the limit.
+  EXPECT_THAT(metrics, ContainsRegex("grpc_code=\"RESOURCE_EXHAUSTED\",grpc_method=\"Complete\""
+                                     "[^}]*\\} 1\n"));
   // The server goes on serving.
-  auto stub = v1::Lmserve::NewStub(server->Channel());
   EXPECT_TRUE(ReadStream(stub.get(), IdsRequest({1, 2, 3}, 4)).status.ok());
 }
 
