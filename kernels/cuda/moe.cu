@@ -367,13 +367,20 @@ __global__ void __launch_bounds__(kThreads)
 // of a step issued before its products.
 constexpr int kGateUpUnroll = 4;  // pieces of each of a warp's two rows in flight per lane
 constexpr int kDownUnroll = 8;    // pieces in flight per lane
+constexpr int kGateUpMinBlocks = 6;
 
 // Gate/up with SiLU-and-mul: grid (ceil(I / kWarps), slots). Warp w of block (bx, s) takes
 // column j = bx * kWarps + w of slot s = token * top_k + k: the gate row j and the up row j of
 // the token's k-th expert, and writes act[s, j] = silu(gate) * up, each rounded to T first as a
 // separate activation kernel would see them.
+//
+// 16-bit types: at least kGateUpMinBlocks blocks a multiprocessor (registers capped at 40 a
+// thread, a few bytes spilled): at batch 1 Qwen3-30B-A3B's 8 slots x 96 column blocks then run as
+// one wave on an H100's 132 multiprocessors, where 47 registers left room for 5 blocks and a
+// second wave of 108 (batch-1 decode step 3.37 -> 3.18 ms, bench/results section 7). fp32 pieces
+// take twice the registers: no cap.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? kGateUpMinBlocks : 1)
     FusedGateUpKernel(const T* __restrict__ x, const T* __restrict__ gate_up,
                       const float* __restrict__ logits, T* __restrict__ act, int experts,
                       int top_k, int hidden, int inter) {
