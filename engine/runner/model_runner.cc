@@ -288,6 +288,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
       case Backend::kCpu:
         return CreateCpuRunner(std::move(model), checkpoint, config);
       case Backend::kCuda:
+        if (model_config.ssm.num_heads > 0) {
+          // The ops are in ops.h and the CPU runner; the CUDA kernels are not written yet.
+          return absl::UnimplementedError(
+              "the CUDA runner does not run state-space (Mamba) layers yet: use --backend cpu");
+        }
 #ifdef LMSERVE_HAVE_CUDA_RUNNER
         return CreateCudaRunner(std::move(model), checkpoint, config);
 #else
