@@ -288,11 +288,6 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
       case Backend::kCpu:
         return CreateCpuRunner(std::move(model), checkpoint, config);
       case Backend::kCuda:
-        if (model_config.ssm.num_heads > 0) {
-          // The ops are in ops.h and the CPU runner; the CUDA kernels are not written yet.
-          return absl::UnimplementedError(
-              "the CUDA runner does not run state-space (Mamba) layers yet: use --backend cpu");
-        }
 #ifdef LMSERVE_HAVE_CUDA_RUNNER
         return CreateCudaRunner(std::move(model), checkpoint, config);
 #else
@@ -314,6 +309,14 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
 int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype) {
   return 2 * KvLayersPerBlock(config) * int64_t{block_size_tokens} * config.num_kv_heads *
          config.head_dim * RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
+}
+
+int64_t CudaStateSlotBytes(const ModelConfig& config) {
+  if (config.ssm.num_heads <= 0) return 0;
+  const SsmConfig& ssm = config.ssm;
+  // The conv state is a ring of conv_kernel rows (kernels/cuda/ssm.h).
+  return NumSsmLayers(config) * (ssm.conv_kernel * ssm.conv_dim() + ssm.ssm_state_floats()) *
+         int64_t{sizeof(float)};
 }
 
 std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs) {

@@ -44,7 +44,7 @@ TEST(StateSlotsE2eTest, StreamsAndAbortsReturnEveryStateSlot) {
   const HfTinyReference ref = LoadReference(dir);
   ASSERT_EQ(ref.prompts.size(), 4u);
   auto server = ServerProcess::Start({"--model", dir, "--max-num-seqs", std::to_string(kSlots),
-                                      "--kv-cache-mb", "16"});
+                                      "--max-queued-requests", "64", "--kv-cache-mb", "16"});
   ASSERT_NE(server, nullptr);
   auto stub = v1::Lmserve::NewStub(server->Channel());
   {
@@ -64,7 +64,7 @@ TEST(StateSlotsE2eTest, StreamsAndAbortsReturnEveryStateSlot) {
       const bool cancel = t >= kThreads / 2;
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(240));
-      auto reader = stub->CompleteStream(&context, Request(prompt, cancel ? 2000 : 24));
+      auto reader = stub->CompleteStream(&context, Request(prompt, cancel ? 600 : 24));
       v1::CompleteStreamResponse message;
       int messages = 0;
       while (reader->Read(&message)) {
