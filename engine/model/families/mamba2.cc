@@ -135,12 +135,14 @@ absl::Status ReadMamba2HfConfig(const nlohmann::json& config, ModelConfig* out) 
     return absl::UnimplementedError(StrCat("config.json: hidden_act '", it->get<std::string>(),
                                            "' is not supported (only silu)"));
   }
+  // [min, max]; Python writes an infinite max as Infinity, which the reader takes as null.
   if (auto it = config.find("time_step_limit"); it != config.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number()) {
+    if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() ||
+        !((*it)[1].is_number() || (*it)[1].is_null())) {
       return absl::InvalidArgumentError("config.json: 'time_step_limit' is not a pair of numbers");
     }
     s.time_step_min = (*it)[0].get<double>();
-    const double max = (*it)[1].get<double>();
+    const double max = (*it)[1].is_null() ? 0.0 : (*it)[1].get<double>();
     s.time_step_max = std::isinf(max) ? 0.0 : max;
   }
   // Mamba2Config has no context length: a state-space model has none of its own.
