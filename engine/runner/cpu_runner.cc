@@ -79,7 +79,9 @@ struct WeightSegment {
 // the matrices the linear layers, the LM head and the embedding read, where QuantLinear takes the
 // type.
 bool KeepsType(bool native, const WeightSpec& spec, kernels::DType dtype) {
+  // (The SSM conv weights, [channels, kernel], are read by the conv kernel in fp32.)
   return native && spec.is_matrix() && spec.offset == 0 && !spec.kind.starts_with("moe_") &&
+         spec.kind != "ssm_conv1d" &&
          dtype != kernels::DType::kF32 && kernels::QuantLinearSupports(dtype, spec.cols);
 }
 

@@ -780,7 +780,8 @@ kc::SsmConvParams CudaRunner::SsmConvParams(const SsmLayer& layer, Buffer in, Bu
           .conv_states = ConvStates(layer.state_layer),
           .channels = ssm.conv_dim(),
           .kernel = ssm.conv_kernel,
-          .dtype = kernel_dtype_};
+          .dtype = kernel_dtype_,
+          .num_tokens = step_.tokens};
 }
 
 kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Buffer conv,

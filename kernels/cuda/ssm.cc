@@ -31,7 +31,8 @@ bool SupportsSsmStateSize(int64_t state_size) {
 absl::Status SsmConvParams::Validate() const {
   LMSERVE_RETURN_IF_ERROR(CheckSequences("SsmConv", seqs));
   LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("SsmConv", dtype));
-  if (channels <= 0 || kernel < 2 || kernel > kSsmMaxConvKernel || input_stride < channels) {
+  if (channels <= 0 || kernel < 2 || kernel > kSsmMaxConvKernel || input_stride < channels ||
+      num_tokens < 0 || num_tokens > (int64_t{1} << 20)) {
     return KernelError("SsmConv", StrCat(channels, " channels, kernel ", kernel, ", input stride ",
                                          input_stride, " (kernel 2 to ", kSsmMaxConvKernel,
                                          ", stride at least the channels)"));

@@ -40,7 +40,12 @@ struct ConvArgs {
   int kernel;
 };
 
-// One thread per (channel, sequence): the window of the last kernel - 1 inputs in registers.
+constexpr int kConvTokens = 16;  // tokens a conv thread computes
+
+// One thread per (channel, sequence, run of kConvTokens tokens): every token's window read
+// afresh (from the step's inputs, or the ring for positions before the step), so that the
+// tokens' loads are independent. The ring is not written here: SsmConvStateKernel does it after
+// every block has read it.
 template <typename T>
 __global__ void __launch_bounds__(kConvThreads) SsmConvKernel(ConvArgs<T> a) {
   const int c = blockIdx.x * kConvThreads + threadIdx.x;
@@ -59,44 +64,45 @@ __global__ void __launch_bounds__(kConvThreads) SsmConvKernel(ConvArgs<T> a) {
   const int ctx = a.seqs.context_lens[i];
   const int first = a.seqs.query_start[i];
   const int len = a.seqs.query_start[i + 1] - first;
-  if (ctx == 0 || len == 0) return;
+  const int t0 = blockIdx.z * kConvTokens;
+  if (ctx == 0 || t0 >= len) return;
   const int start = ctx - len, k1 = a.kernel - 1;
-  float* ring = a.states + static_cast<int64_t>(a.seqs.state_slots[i]) * a.kernel * a.channels;
-  float window[kSsmMaxConvKernel] = {};  // window[j]: the input at position start - k1 + j
-#pragma unroll
-  for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {
-    const int q = start - k1 + j;
-    if (j < k1 && start > 0 && q >= 0) {
-      window[j] = ring[static_cast<int64_t>(q % a.kernel) * a.channels + c];
-    }
-  }
-  for (int t = 0; t < len; ++t) {
-    const int64_t row = first + t;
-    const float x = ToFloat(a.input[row * a.input_stride + c]);
+  const float* ring =
+      a.states + static_cast<int64_t>(a.seqs.state_slots[i]) * a.kernel * a.channels;
+  // Input at step token j (j < 0: position start + j, from the ring; zero before position 0).
+  auto input = [&](int j) -> float {
+    if (j >= 0) return ToFloat(a.input[(first + j) * a.input_stride + c]);
+    const int q = start + j;
+    return start == 0 || q < 0 ? 0.0f : ring[static_cast<int64_t>(q % a.kernel) * a.channels + c];
+  };
+#pragma unroll 4
+  for (int t = t0; t < min(len, t0 + kConvTokens); ++t) {
     float acc = bias;
 #pragma unroll
-    for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {
-      if (j < k1) acc += w[j] * window[j];
+    for (int k = 0; k < kSsmMaxConvKernel; ++k) {
+      if (k <= k1) acc += w[k] * input(t - k1 + k);
     }
-#pragma unroll
-    for (int k = 1; k < kSsmMaxConvKernel; ++k) {
-      if (k == a.kernel - 1) acc += w[k] * x;
-    }
-    a.output[row * a.channels + c] = FromFloat<T>(Silu(acc));
-#pragma unroll
-    for (int j = 0; j < kSsmMaxConvKernel - 2; ++j) {
-      if (j + 1 < k1) window[j] = window[j + 1];
-    }
-#pragma unroll
-    for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {
-      if (j == k1 - 1) window[j] = x;
-    }
+    a.output[(first + t) * static_cast<int64_t>(a.channels) + c] = FromFloat<T>(Silu(acc));
   }
-  // The last k1 inputs, each in its position's row of the ring.
-#pragma unroll
-  for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {
-    const int q = ctx - k1 + j;
-    if (j < k1 && q >= 0) ring[static_cast<int64_t>(q % a.kernel) * a.channels + c] = window[j];
+}
+
+// After SsmConvKernel: each sequence's new inputs at positions max(start, ctx - kernel + 1) ..
+// ctx - 1 into their ring rows (older positions of the window are in the ring already).
+template <typename T>
+__global__ void __launch_bounds__(kConvThreads) SsmConvStateKernel(ConvArgs<T> a) {
+  const int c = blockIdx.x * kConvThreads + threadIdx.x;
+  const int i = blockIdx.y;
+  BeginDependentKernel();
+  if (c >= a.channels) return;
+  const int ctx = a.seqs.context_lens[i];
+  const int first = a.seqs.query_start[i];
+  const int len = a.seqs.query_start[i + 1] - first;
+  if (ctx == 0 || len == 0) return;
+  const int start = ctx - len;
+  float* ring = a.states + static_cast<int64_t>(a.seqs.state_slots[i]) * a.kernel * a.channels;
+  for (int q = max(start, ctx - (a.kernel - 1)); q < ctx; ++q) {
+    ring[static_cast<int64_t>(q % a.kernel) * a.channels + c] =
+        ToFloat(a.input[(first + q - start) * a.input_stride + c]);
   }
 }
 
@@ -393,8 +399,13 @@ cudaError_t Launch(const SsmConvParams& p, cudaStream_t stream) {
   return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.channels, kConvThreads)),
-                    static_cast<unsigned>(p.seqs.num_seqs));
-    return LaunchKernel(SsmConvKernel<T>, grid, dim3(kConvThreads), 0, stream, MakeConvArgs<T>(p));
+                    static_cast<unsigned>(p.seqs.num_seqs),
+                    static_cast<unsigned>(CeilDiv(std::max<int64_t>(p.num_tokens, 1), kConvTokens)));
+    LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(SsmConvKernel<T>, grid, dim3(kConvThreads), 0,
+                                              stream, MakeConvArgs<T>(p)));
+    const dim3 state_grid(grid.x, grid.y);
+    return LaunchKernel(SsmConvStateKernel<T>, state_grid, dim3(kConvThreads), 0, stream,
+                        MakeConvArgs<T>(p));
   });
 }
 

@@ -13,8 +13,9 @@
 // q - 1 while the block that owns a channel writes position q, with no race); the SSM state is
 // [num_slots, num_heads, head_dim, state_size], as on the CPU.
 //
-// - SsmConv: the causal depthwise conv1d + SiLU over any step (prefill chunks, decodes): one
-//   thread per (sequence, channel) walks the sequence's tokens with the window in registers.
+// - SsmConv: the causal depthwise conv1d + SiLU over any step (prefill chunks, decodes): a
+//   thread per (channel, sequence, 16 tokens), each token's window read afresh; then a second
+//   kernel writes each sequence's last inputs into its ring.
 // - SsmScan: the scan over any step, in chunks of kScanChunk tokens staged in shared memory
 //   (x, B, C, dt), the recurrence within a chunk: one block per (sequence, head), 4 threads per
 //   head dim, each holding state_size / 4 of its state row in registers.
@@ -61,6 +62,9 @@ struct SsmConvParams {
   int64_t channels = 0;
   int64_t kernel = 0;  // 2 to kSsmMaxConvKernel
   DType dtype = DType::kBF16;  // of input, weight, bias and output
+  // The step's tokens (an upper bound on any sequence's): the grid covers them. SsmDecode does
+  // not read it.
+  int64_t num_tokens = 0;
 
   absl::Status Validate() const;
 };

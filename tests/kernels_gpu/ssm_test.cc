@@ -120,7 +120,8 @@ TEST(SsmGpuTest, ConvScanAndDecodeMatchTheCpuOverThreeSteps) {
           .conv_states = gpu_conv.get(),
           .channels = kConvDim,
           .kernel = kKernel,
-          .dtype = dtype};
+          .dtype = dtype,
+          .num_tokens = tokens};
       const SsmScanParams scan{
           .seqs = gpu_seqs,
           .xbc = d_xbc.get(),
