@@ -151,6 +151,8 @@ struct Metrics::Impl {
   Gauge* kv_usage = nullptr;
   Gauge* kv_blocks = nullptr;
   Gauge* kv_blocks_used = nullptr;
+  Gauge* state_slots = nullptr;
+  Gauge* state_slots_used = nullptr;
   Gauge* kv_bytes = nullptr;
   prometheus::Family<Gauge>* kv_group_blocks_used_family = nullptr;
   Gauge* weight_bytes = nullptr;
@@ -243,6 +245,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   m.kv_blocks_used = m.MakeGauge("lmserve_kv_cache_used_blocks",
                                  "KV-cache blocks referenced by running or waiting requests.");
   m.kv_bytes = m.MakeGauge("lmserve_kv_cache_bytes", "Memory of the KV-cache pool in bytes.");
+  m.state_slots = m.MakeGauge(
+      "lmserve_state_slots",
+      "Recurrent-state slots of state-space (Mamba) layers in the pool (0: the model has none).");
+  m.state_slots_used = m.MakeGauge("lmserve_state_slots_used",
+                                   "Recurrent-state slots held by running sequences.");
   m.kv_group_blocks_used_family =
       &BuildGauge()
            .Name("lmserve_kv_cache_group_used_blocks")
@@ -403,6 +410,8 @@ void Metrics::UpdateEngineStats(const engine::EngineStats& stats) {
   m.kv_usage->Set(stats.kv_cache_usage);
   m.kv_blocks->Set(stats.num_kv_blocks);
   m.kv_blocks_used->Set(stats.num_kv_blocks - stats.num_free_kv_blocks);
+  m.state_slots->Set(stats.num_state_slots);
+  m.state_slots_used->Set(stats.num_used_state_slots);
   absl::MutexLock lock(&m.mu);
   // The groups are fixed by the model: their gauges are made at the first snapshot.
   for (size_t g = m.kv_group_blocks_used.size(); g < stats.kv_groups.size(); ++g) {

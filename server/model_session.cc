@@ -67,7 +67,8 @@ absl::Status CreateRunner(const ModelSessionOptions& options, int64_t context_to
                                 engine::KvCacheGroupsFor(config).num_groups();
   runner_config.kv_cache_bytes = options.kv_cache_mb.has_value()
                                      ? *options.kv_cache_mb << 20
-                                     : blocks_needed * block_bytes(block_size);
+                                     // at least a byte: a model without KV cache layers
+                                     : std::max<int64_t>(blocks_needed * block_bytes(block_size), 1);
   LMSERVE_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelRunner> runner,
                            engine::ModelRunner::Create(*session->checkpoint, runner_config));
   if (runner->num_kv_blocks() < blocks_needed) {

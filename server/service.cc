@@ -638,6 +638,8 @@ grpc::ServerUnaryReactor* LmserveService::GetServerStatus(grpc::CallbackServerCo
       response->set_kv_cache_usage(stats.kv_cache_usage);
       response->set_kv_blocks_total(stats.num_kv_blocks);
       response->set_kv_blocks_free(stats.num_free_kv_blocks);
+      response->set_state_slots_total(stats.num_state_slots);
+      response->set_state_slots_used(stats.num_used_state_slots);
       for (const engine::KvGroupStats& group : stats.kv_groups) {
         v1::KvCacheGroupStatus* out = response->add_kv_groups();
         out->set_window(group.window);

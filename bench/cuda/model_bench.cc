@@ -8,10 +8,12 @@
 //     Mixtures of experts read only the experts their tokens chose: per sparse layer, the expected
 //     number of distinct experts that B tokens choosing top_k of E uniformly touch,
 //     E * (1 - (1 - top_k / E)^B) (exactly top_k at B = 1); the router and every dense tensor in
-//     full.
+//     full. State-space (Mamba) layers add B sequences' states read and written once (fp32: each
+//     layer's last conv_kernel - 1 conv inputs and its SSM state, 2 * StateSlotBytes a sequence).
 //   prefill: the wall time of one step of S sequences of N new tokens. Floor: the step's FLOPs
 //     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
-//     head on the S last rows) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
+//     head on the S last rows; a state-space layer's scan, on the CUDA cores, is not counted: its
+//     time is in the ratio) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
 //     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32).
 // Weight and KV bytes are those of the runner's dtype (--dtype: bfloat16, the default, or float32,
 // which holds everything in fp32: twice the bytes).
@@ -326,6 +328,8 @@ int Run(const Options& o) {
     return bytes;
   };
   const int64_t kv_token_bytes = engine::CudaKvBlockBytes(shard, 1, stats.dtype);
+  // A sequence's recurrent state, read and written once a decode step (state-space layers).
+  const double state_step_bytes = 2.0 * static_cast<double>(engine::StateSlotBytes(shard));
   const int64_t params = stats.weight_bytes / element_bytes / tp;  // one GPU's
   nlohmann::json results = {
       {"device", devices[0].name},
@@ -362,8 +366,9 @@ int Run(const Options& o) {
     }
     const double seconds = TimeSteps(**runner, batch, o.iters);
     const double step_weight_bytes = weights_read(b);
-    const double floor =
-        (step_weight_bytes + double{1.0} * b * (o.context + 1) * kv_token_bytes) / bandwidth;
+    const double floor = (step_weight_bytes + double{1.0} * b * (o.context + 1) * kv_token_bytes +
+                          b * state_step_bytes) /
+                         bandwidth;
     std::printf("%-8d %-8d %12.3f %12.3f %8.2f %14.0f\n", b, o.context + 1, seconds * 1e3,
                 floor * 1e3, seconds / floor, b / seconds);
     results["decode"].push_back({{"batch", b},
@@ -371,6 +376,7 @@ int Run(const Options& o) {
                                  {"step_seconds", seconds},
                                  {"floor_seconds", floor},
                                  {"weight_bytes_read", step_weight_bytes},
+                                 {"state_bytes", b * state_step_bytes},
                                  {"ratio", seconds / floor}});
     if (!o.timeline.empty()) timelines.push_back(RecordTimeline(**runner, batch, b));
   }

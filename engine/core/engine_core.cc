@@ -128,13 +128,16 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
       text_decoder_(std::move(text_decoder)),
       eos_token_ids_(runner_->model_config().eos_token_ids),
       vocab_size_(runner_->model_config().vocab_size),
+      // Prefix caching is off for models with recurrent state: a cached block holds no state.
       block_manager_(runner_->num_kv_blocks(), runner_->block_size_tokens(),
-                     config.enable_prefix_caching, runner_->kv_group_windows()),
+                     config.enable_prefix_caching && runner_->num_state_slots() == 0,
+                     runner_->kv_group_windows()),
+      state_slots_(runner_->num_state_slots()),
       scheduler_(
           SchedulerConfig{.max_num_seqs = config.max_num_seqs,
                           .max_num_batched_tokens = config.max_num_batched_tokens,
                           .long_prefill_token_threshold = config.long_prefill_token_threshold},
-          &block_manager_),
+          &block_manager_, &state_slots_),
       sampler_(runner_->model_config().vocab_size),
       seed_state_(config.seed),
       max_prompt_logits_rows_(static_cast<int32_t>(
@@ -338,7 +341,7 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
     }
     batch_.AddSequence(
         std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens), begin,
-        group_tables_, mode);
+        group_tables_, mode, state_slots_.SlotOf(seq.seq_id));
     if (runner_->samples_on_device()) {
       const SamplingParams& p = r.params();
       // The Philox key and counter of the engine's own draw (ProcessSequence): one definition.
@@ -549,6 +552,8 @@ EngineStats EngineCore::Stats() const {
   stats.num_kv_blocks = block_manager_.num_blocks();
   stats.num_free_kv_blocks = block_manager_.num_free_blocks();
   stats.kv_cache_usage = block_manager_.usage();
+  stats.num_state_slots = state_slots_.num_slots();
+  stats.num_used_state_slots = state_slots_.num_used();
   stats.kv_groups.clear();
   for (int32_t g = 0; g < block_manager_.num_groups(); ++g) {
     stats.kv_groups.push_back({.window = block_manager_.group_windows()[static_cast<size_t>(g)],

@@ -75,6 +75,10 @@ struct EngineStats {
   int32_t num_free_kv_blocks = 0;       // unreferenced, cached content included
   double kv_cache_usage = 0.0;          // referenced fraction of the pool
   std::vector<KvGroupStats> kv_groups;  // by group; their used blocks sum to the pool's
+  // Recurrent-state slots (state_slots.h): the pool (0: the model has no state-space layers)
+  // and those the running sequences hold.
+  int32_t num_state_slots = 0;
+  int32_t num_used_state_slots = 0;
   int64_t prefix_cache_queried_tokens = 0;
   int64_t prefix_cache_hit_tokens = 0;
   int64_t num_preemptions = 0;
@@ -172,6 +176,7 @@ class EngineCore {
   int64_t vocab_size_ = 0;
 
   BlockManager block_manager_;
+  StateSlotPool state_slots_;  // the runner's num_state_slots (0: none)
   Scheduler scheduler_;
   Sampler sampler_;
   uint64_t seed_state_;

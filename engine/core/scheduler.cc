@@ -13,8 +13,11 @@ bool Scheduler::SeqKeyLess::operator()(const Sequence* a, const Sequence* b) con
          std::tie(b->priority, b->arrival_order, b->sample_index);
 }
 
-Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager)
-    : config_(config), block_manager_(block_manager) {
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager,
+                     StateSlotPool* state_slots)
+    : config_(config),
+      block_manager_(block_manager),
+      state_slots_(state_slots != nullptr && state_slots->enabled() ? state_slots : nullptr) {
   LMSERVE_CORE_CHECK(config.max_num_seqs > 0, "max_num_seqs ", config.max_num_seqs);
   LMSERVE_CORE_CHECK(config.max_num_batched_tokens > 0, "max_num_batched_tokens ",
                      config.max_num_batched_tokens);
@@ -104,9 +107,14 @@ SchedulerOutput Scheduler::Schedule(int32_t prefill_budget) {
       const int32_t num_lacking = seq->num_known_tokens() - num_computed;
       const int32_t num_new = CapTokens(*seq, num_lacking, budget, prefill_budget);
       if (num_new == 0) break;  // the prefill budget is spent
+      if (state_slots_ != nullptr && state_slots_->num_free() == 0) break;
       if (!block_manager_->Allocate(seq->seq_id, int64_t{num_computed} + num_new, prefix,
                                     num_computed)) {
         break;
+      }
+      if (state_slots_ != nullptr) {
+        LMSERVE_CORE_CHECK(state_slots_->Allocate(seq->seq_id).has_value(), "seq ", seq->seq_id,
+                           " found no free state slot");
       }
       it = waiting_.erase(it);
       if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
@@ -159,6 +167,7 @@ void Scheduler::Remove(Sequence* seq) {
     if (seq->state == SequenceState::kPreempted) --num_preempted_waiting_;
   }
   block_manager_->Free(seq->seq_id);
+  if (state_slots_ != nullptr) state_slots_->Free(seq->seq_id);
   seq->state = SequenceState::kRemoved;
 }
 
@@ -167,6 +176,7 @@ void Scheduler::Preempt(Sequence* seq) {
   LMSERVE_CORE_CHECK(it != running_.end(), "preempting seq ", seq->seq_id, " not running");
   running_.erase(it);
   block_manager_->Free(seq->seq_id);
+  if (state_slots_ != nullptr) state_slots_->Free(seq->seq_id);
   seq->num_computed_tokens = 0;
   seq->state = SequenceState::kPreempted;
   ++num_preempted_waiting_;
@@ -177,6 +187,7 @@ void Scheduler::Preempt(Sequence* seq) {
 
 bool Scheduler::WaitsForPromptSource(const Sequence* seq) const {
   const Sequence* source = seq->prompt_source;
+  if (state_slots_ != nullptr) return false;  // no prompt sharing: each computes its own state
   return source != nullptr && source->state != SequenceState::kRemoved &&
          source->num_computed_tokens < seq->num_prompt_tokens;
 }
@@ -186,6 +197,8 @@ ComputedPrefix Scheduler::FindComputedPrefix(Sequence* seq) {
   // At least one token is left to compute: its logits pick the next token.
   const int32_t max_blocks = (seq->num_known_tokens() - 1) / block_size;
   ComputedPrefix prefix;
+  // A sequence with recurrent state starts at position 0: its slot holds no other's state.
+  if (state_slots_ != nullptr) return prefix;
   if (seq->use_prefix_cache && block_manager_->prefix_caching_enabled()) {
     block_manager_->ExtendBlockHashes(seq->tokens, &seq->block_hashes);
     prefix = block_manager_->FindCachedPrefix(seq->block_hashes, max_blocks);

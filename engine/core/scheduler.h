@@ -16,7 +16,8 @@
 //     num_computed_tokens = 0, and it returns to the waiting queue (it may be the sequence asking,
 //     which then gets nothing this step).
 //  2. If nobody was preempted, waiting sequences are admitted in SeqKey order (priority, then
-//     arrival) while the budget, max_num_seqs and the blocks allow. Admission looks the sequence's
+//     arrival) while the budget, max_num_seqs, the blocks and (for a model with state-space
+//     layers) the state slots allow (state_slots.h). Admission looks the sequence's
 //     full blocks up in the prefix cache (and, for samples 1..n-1 of a request, takes sample 0's
 //     prompt blocks) and never takes from other sequences: the first that does not fit stops it.
 //
@@ -39,6 +40,7 @@
 
 #include "engine/core/block_manager.h"
 #include "engine/core/request.h"
+#include "engine/core/state_slots.h"
 
 namespace lmserve::engine {
 
@@ -98,7 +100,12 @@ struct SchedulerOutput {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& config, BlockManager* block_manager);
+  // `state_slots`: the recurrent-state slots of a model with state-space layers (not owned; null
+  // or disabled: none). With slots, a sequence holds one while it runs, preemption and removal
+  // free it, and no sequence starts from another's blocks (prefix cache or prompt sharing): its
+  // state would not be there.
+  Scheduler(const SchedulerConfig& config, BlockManager* block_manager,
+            StateSlotPool* state_slots = nullptr);
 
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -151,6 +158,7 @@ class Scheduler {
 
   const SchedulerConfig config_;
   BlockManager* const block_manager_;  // not owned
+  StateSlotPool* const state_slots_;   // not owned; null or disabled: no state slots
   std::vector<Sequence*> running_;     // in admission order
   std::set<Sequence*, SeqKeyLess> waiting_;
   int64_t prefix_cache_queried_tokens_ = 0;

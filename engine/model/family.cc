@@ -9,6 +9,7 @@
 #include "engine/core/check.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/families/llama.h"
+#include "engine/model/families/mamba2.h"
 
 namespace lmserve::engine {
 namespace {
@@ -26,7 +27,7 @@ Registry& GetRegistry() {
     absl::MutexLock lock(&r->mu);
     for (ModelFamily family :
          {LlamaFamily(), MistralFamily(), Qwen2Family(), Qwen3Family(), Phi3Family(),
-          Gemma2Family(), Gemma3Family(), MixtralFamily(), Qwen3MoeFamily()}) {
+          Gemma2Family(), Gemma3Family(), MixtralFamily(), Qwen3MoeFamily(), Mamba2Family()}) {
       r->families.push_back(std::make_unique<ModelFamily>(std::move(family)));
     }
     return r;

@@ -18,10 +18,42 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+// `text` with Python's non-finite literals (Infinity, -Infinity, NaN, which json.dumps writes and
+// JSON lacks: Mamba-2 configs' "time_step_limit": [0.0, Infinity]) outside strings made null.
+std::string NonFiniteAsNull(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) {
+        out += text[++i];
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool replaced = false;
+    for (std::string_view word : {"-Infinity", "Infinity", "NaN"}) {
+      if (text.substr(i, word.size()) == word) {
+        out += "null";
+        i += word.size() - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += c;
+  }
+  return out;
+}
+
 absl::StatusOr<json> ReadJsonFile(const fs::path& path) {
   absl::StatusOr<std::string> text = ReadFile(path.string());
   if (!text.ok()) return absl::Status(text.status().code(), StrCat(path.string(), ": cannot open"));
-  json parsed = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  json parsed = json::parse(NonFiniteAsNull(*text), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     return absl::InvalidArgumentError(StrCat(path.string(), ": not valid JSON"));
   }

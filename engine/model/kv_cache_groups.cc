@@ -19,7 +19,14 @@ std::string KvCacheGroups::Describe() const {
 }
 
 KvCacheGroups PlanKvCacheGroups(std::span<const int32_t> kv_windows) {
-  LMSERVE_CORE_CHECK(!kv_windows.empty(), "a model with no KV cache layers");
+  if (kv_windows.empty()) {
+    // No KV cache layers (a model of state-space layers only): one full group whose blocks hold
+    // no layer, so that block tables keep their meaning and cost no memory.
+    KvCacheGroups groups;
+    groups.windows = {0};
+    groups.layers_per_block = 0;
+    return groups;
+  }
   // The layers of each window, windows in order of their first layer.
   std::vector<int32_t> order;                      // distinct windows
   std::map<int32_t, std::vector<int32_t>> layers;  // window -> its layers, in order

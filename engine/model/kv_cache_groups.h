@@ -39,8 +39,9 @@ struct KvCacheGroups {
 // The groups of a model whose KV cache layer l has window kv_windows[l] (0: full attention).
 // Layers of one window are grouped in layer order; groups are ordered by their first layer. The
 // group size is the smallest window's layer count, or the largest's when that is within 1.25
-// times the smallest (vLLM's rule: fewer groups for a little padding). REQUIRES: kv_windows is not
-// empty and holds no negative window.
+// times the smallest (vLLM's rule: fewer groups for a little padding). No layers (a model of
+// state-space layers only): one full group of 0 layers per block. REQUIRES: kv_windows holds no
+// negative window.
 KvCacheGroups PlanKvCacheGroups(std::span<const int32_t> kv_windows);
 
 }  // namespace lmserve::engine

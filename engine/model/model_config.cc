@@ -278,6 +278,10 @@ absl::StatusOr<ModelConfig> ShardModelConfig(const ModelConfig& config, int32_t 
   if (config.tensor_parallel_size != 1) {
     return absl::InternalError("tensor parallelism: the config is already a rank's share");
   }
+  if (size > 1 && config.ssm.num_heads > 0) {
+    return absl::UnimplementedError(
+        "tensor parallelism of models with state-space (Mamba) layers is not supported");
+  }
   ModelConfig shard = config;
   shard.tensor_parallel_size = size;
   shard.tensor_parallel_rank = rank;
@@ -310,6 +314,62 @@ int64_t VocabShardRows(const ModelConfig& config) {
   return (config.vocab_size + config.tensor_parallel_size - 1) / config.tensor_parallel_size;
 }
 
+namespace {
+
+absl::Status ValidateSsm(const ModelConfig& c) {
+  const SsmConfig& s = c.ssm;
+  auto invalid = [](auto&&... parts) {
+    return absl::InvalidArgumentError(StrCat("model config: ", parts...));
+  };
+  // Bounds far above real models (Mamba-2 2.7B: 80 heads of 64, state 128, kernel 4) that the
+  // kernels support.
+  for (auto [what, value, limit] :
+       {std::tuple<const char*, int64_t, int64_t>{"ssm num_heads", s.num_heads, 4096},
+        {"ssm head_dim", s.head_dim, 1024},
+        {"ssm state_size", s.state_size, 256},
+        {"ssm n_groups", s.n_groups, 1024},
+        {"ssm conv_kernel", s.conv_kernel, 8},
+        {"ssm chunk_size", s.chunk_size, 4096},
+        {"ssm norm_groups", s.norm_groups, 1024}}) {
+    if (value <= 0 || value > limit) {
+      return invalid(what, " = ", value, " is outside the supported range [1, ", limit, "]");
+    }
+  }
+  if (s.num_heads % s.n_groups != 0) {
+    return invalid("ssm num_heads (", s.num_heads, ") is not a multiple of n_groups (", s.n_groups,
+                   ")");
+  }
+  if (s.inner() % s.norm_groups != 0) {
+    return invalid("ssm inner size (", s.inner(), ") is not a multiple of the norm's groups (",
+                   s.norm_groups, ")");
+  }
+  if (!(s.time_step_min >= 0) || !(s.time_step_max >= 0) ||
+      (s.time_step_max > 0 && s.time_step_max < s.time_step_min)) {
+    return invalid("ssm time step limits [", s.time_step_min, ", ", s.time_step_max,
+                   "] are not a range of non-negative numbers");
+  }
+  if (!c.ssm_layers.empty() && static_cast<int64_t>(c.ssm_layers.size()) != c.num_layers) {
+    return invalid(c.ssm_layers.size(), " layer kinds for ", c.num_layers, " layers");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsSsmLayer(const ModelConfig& c, int64_t layer) {
+  if (c.ssm.num_heads <= 0) return false;
+  return c.ssm_layers.empty() ||
+         (layer < static_cast<int64_t>(c.ssm_layers.size()) && c.ssm_layers[static_cast<size_t>(layer)]);
+}
+
+int64_t NumSsmLayers(const ModelConfig& c) {
+  int64_t count = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) count += IsSsmLayer(c, l) ? 1 : 0;
+  return count;
+}
+
+bool HasAttentionLayers(const ModelConfig& c) { return NumSsmLayers(c) < c.num_layers; }
+
 absl::Status ValidateModelConfig(const ModelConfig& c) {
   auto positive = [](const char* what, int64_t value) -> absl::Status {
     if (value > 0) return absl::OkStatus();
@@ -318,14 +378,20 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   };
   for (auto [what, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
                              {"hidden_size", c.hidden_size},
-                             {"intermediate_size", c.intermediate_size},
                              {"num_hidden_layers", c.num_layers},
-                             {"num_attention_heads", c.num_attention_heads},
-                             {"num_key_value_heads", c.num_kv_heads},
-                             {"head_dim", c.head_dim},
                              {"max_position_embeddings", c.max_position_embeddings}}) {
     LMSERVE_RETURN_IF_ERROR(positive(what, value));
   }
+  const bool attention = HasAttentionLayers(c);
+  if (attention) {
+    for (auto [what, value] : {std::pair<const char*, int64_t>{"intermediate_size", c.intermediate_size},
+                               {"num_attention_heads", c.num_attention_heads},
+                               {"num_key_value_heads", c.num_kv_heads},
+                               {"head_dim", c.head_dim}}) {
+      LMSERVE_RETURN_IF_ERROR(positive(what, value));
+    }
+  }
+  if (c.ssm.num_heads > 0) LMSERVE_RETURN_IF_ERROR(ValidateSsm(c));
   // Bounds far above any real model; they keep a corrupt config from asking for absurd memory.
   for (auto [what, value, limit] :
        {std::tuple<const char*, int64_t, int64_t>{"vocab_size", c.vocab_size, int64_t{1} << 24},
@@ -340,7 +406,7 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
           StrCat("model config: ", what, " = ", value, " exceeds the supported maximum ", limit));
     }
   }
-  if (c.num_attention_heads % c.num_kv_heads != 0) {
+  if (attention && c.num_attention_heads % c.num_kv_heads != 0) {
     return absl::InvalidArgumentError(
         StrCat("model config: num_attention_heads (", c.num_attention_heads,
                ") is not a multiple of num_key_value_heads (", c.num_kv_heads, ")"));
@@ -352,8 +418,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (!(c.rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rms_norm_eps must be positive");
   }
-  LMSERVE_RETURN_IF_ERROR(ValidateRope(c.rope, c, "rope"));
-  if (c.local_rope.has_value())
+  if (attention) LMSERVE_RETURN_IF_ERROR(ValidateRope(c.rope, c, "rope"));
+  if (attention && c.local_rope.has_value())
     LMSERVE_RETURN_IF_ERROR(ValidateRope(*c.local_rope, c, "local rope"));
   if (c.sliding_window < 0) {
     return absl::InvalidArgumentError("model config: sliding_window must not be negative");

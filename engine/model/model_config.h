@@ -47,6 +47,36 @@ struct RopeConfig {
   double attention_factor = 1.0;
 };
 
+// The state-space (Mamba-2) layers of a model: each a mixer of in_proj, a causal depthwise conv1d
+// over its x, B and C channels, the SSD scan over num_heads heads of head_dim with a state of
+// state_size per head dim, B and C shared by the heads of one of n_groups groups, a gated RMSNorm
+// and out_proj. A sequence carries per layer a conv state (the last conv_kernel - 1 inputs of
+// every conv channel) and an SSM state ([num_heads, head_dim, state_size]) from step to step.
+struct SsmConfig {
+  int64_t num_heads = 0;  // 0: the model has no state-space layers
+  int64_t head_dim = 0;
+  int64_t state_size = 0;
+  int64_t n_groups = 1;
+  int64_t conv_kernel = 4;
+  int64_t chunk_size = 256;  // the SSD scan's chunk (a runner may choose its own)
+  // The gated RMSNorm normalizes groups of this many features (inner() / norm_groups):
+  // transformers' Mamba2 normalizes all of inner() (1 group); mamba_ssm and llama.cpp n_groups.
+  int64_t norm_groups = 1;
+  bool conv_bias = true;
+  // dt is clamped to [time_step_min, time_step_max] after its softplus (Hugging Face's
+  // time_step_limit; (0, inf) by default).
+  double time_step_min = 0.0;
+  double time_step_max = 0.0;  // 0: no upper limit
+
+  int64_t inner() const { return num_heads * head_dim; }  // d_inner = expand * hidden
+  int64_t conv_dim() const { return inner() + 2 * n_groups * state_size; }  // x, B, C
+  // in_proj's output: z (the gate, inner), x B C (conv_dim), dt (num_heads).
+  int64_t in_proj_dim() const { return inner() + conv_dim() + num_heads; }
+  // The floats of one layer's state of one sequence: conv then SSM state.
+  int64_t conv_state_floats() const { return (conv_kernel - 1) * conv_dim(); }
+  int64_t ssm_state_floats() const { return num_heads * head_dim * state_size; }
+};
+
 struct ModelConfig {
   std::string family = "llama";   // the ModelFamily's name: "llama", "mistral", "qwen2", ...
   std::string architecture_name;  // as the file names it: "LlamaForCausalLM", "qwen2", ...
@@ -74,6 +104,11 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   RopeConfig rope;
+  // State-space layers (Mamba-2): their shape, and by layer whether it is one (empty: every layer
+  // is when ssm.num_heads > 0). A model of only state-space layers has no attention fields
+  // (num_attention_heads, num_kv_heads, head_dim and intermediate_size are 0).
+  SsmConfig ssm;
+  std::vector<bool> ssm_layers;
   // Sliding-window attention: the window in tokens (0: none) and, by layer, whether the layer uses
   // it (empty: every layer does). Gemma's local layers also rotate by their own embedding.
   int32_t sliding_window = 0;
@@ -126,6 +161,13 @@ absl::StatusOr<ModelConfig> ShardModelConfig(const ModelConfig& config, int32_t 
 // The vocabulary rows each rank's embedding and LM head hold: ceil(vocab_size / size), the last
 // rank's padded with zero rows.
 int64_t VocabShardRows(const ModelConfig& config);
+
+// Whether decoder layer `layer` is a state-space (Mamba) layer, and how many of the model's are
+// (each holds one recurrent state per running sequence).
+bool IsSsmLayer(const ModelConfig& config, int64_t layer);
+int64_t NumSsmLayers(const ModelConfig& config);
+// Whether any layer is an attention layer (then the attention fields must be valid).
+bool HasAttentionLayers(const ModelConfig& config);
 
 // Whether decoder layer `layer` has a mixture-of-experts MLP (ModelConfig::num_experts).
 bool IsMoeLayer(const ModelConfig& config, int64_t layer);

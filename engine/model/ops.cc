@@ -16,6 +16,12 @@ int64_t BufferWidth(Buffer buffer, const ModelConfig& c) {
       return q_dim;
     case Buffer::kActivation:
       return c.intermediate_size;
+    case Buffer::kSsmIn:
+      return c.ssm.num_heads > 0 ? c.ssm.in_proj_dim() : 0;
+    case Buffer::kSsmConv:
+      return c.ssm.num_heads > 0 ? c.ssm.conv_dim() : 0;
+    case Buffer::kSsmOut:
+      return c.ssm.num_heads > 0 ? c.ssm.inner() : 0;
   }
   return 0;
 }

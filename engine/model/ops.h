@@ -35,8 +35,12 @@ enum class Buffer : uint8_t {
   kAttention,   // [q_dim]: attention's output
   kProjected,   // [hidden]: an output projection's result, added to the residual next
   kActivation,  // [intermediate]: the gated MLP's activation
+  // State-space (Mamba-2) layers (SsmConfig; width 0 in models without them):
+  kSsmIn,    // [ssm in_proj_dim]: in_proj's output: z (the gate), x B C, dt
+  kSsmConv,  // [ssm conv_dim]: x B C after the causal conv1d and its SiLU
+  kSsmOut,   // [ssm inner]: the scan's output, then the gated norm's
 };
-inline constexpr int kNumBuffers = 6;
+inline constexpr int kNumBuffers = 9;
 
 // The width of `buffer`'s rows for `config`.
 int64_t BufferWidth(Buffer buffer, const ModelConfig& config);
@@ -85,6 +89,22 @@ struct MoeLayer {
   Activation act = Activation::kSilu;
 };
 
+// One state-space (Mamba-2) mixer's attributes (SsmConfig gives the shapes). Its state, per
+// sequence: the conv state (the last conv_kernel - 1 inputs of each x B C channel) and the SSM
+// state h ([num_heads, head_dim, state_size], fp32), kept by the runner in the sequence's state
+// slot (StepBatch::state_slots) and updated in place by each step. A sequence whose step starts at
+// position 0 starts from zero state; a later step continues the state its slot holds.
+struct SsmLayer {
+  int64_t state_layer = 0;  // which of the model's state-space layers (its place in a state slot)
+  Weight conv_weight;       // [conv_dim, conv_kernel]: channel c's taps, oldest input first
+  Weight conv_bias;         // [conv_dim]; optional
+  Weight dt_bias;           // [num_heads]
+  Weight a_log;             // [num_heads]: A = -exp(a_log)
+  Weight d;                 // [num_heads]: the skip connection y += D x
+  Weight norm;              // [inner]: the gated RMSNorm's weight
+  float norm_epsilon = 1e-5f;
+};
+
 class ForwardOps {
  public:
   virtual ~ForwardOps() = default;
@@ -110,6 +130,26 @@ class ForwardOps {
   // out = causal attention of the step's (rotated) queries over the layer's cache, each sequence
   // over its own context.
   virtual absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) = 0;
+  // State-space layers (SsmLayer). `in` is in_proj's output ([z, x B C, dt] per token).
+  // conv = SiLU(causal depthwise conv1d of in's x B C channels, over the sequence's conv state
+  // and its new tokens, + bias); the conv state then holds the last conv_kernel - 1 inputs.
+  virtual absl::Status SsmConv(const SsmLayer& /*layer*/, Buffer /*in*/, Buffer /*conv*/) {
+    return absl::UnimplementedError("this runner has no state-space layers");
+  }
+  // out = the SSD scan of conv's x, B and C with dt = clamp(softplus(in's dt + dt_bias)), A =
+  // -exp(a_log): per head h (group g of h), h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T,
+  // y_t = h_t C_t + D x_t, from the sequence's SSM state, which then holds the last h_t. Runners
+  // may fuse it with SsmConv (an op may return before its work is done).
+  virtual absl::Status SsmScan(const SsmLayer& /*layer*/, Buffer /*in*/, Buffer /*conv*/,
+                                       Buffer /*out*/) {
+    return absl::UnimplementedError("this runner has no state-space layers");
+  }
+  // out = RMSNorm over each of norm_groups groups of (y * SiLU(z)) times the weight, z the gate
+  // of `in` (its first inner columns). `out` may be `y`.
+  virtual absl::Status GatedRmsNorm(const SsmLayer& /*layer*/, Buffer /*in*/, Buffer /*y*/,
+                                            Buffer /*out*/) {
+    return absl::UnimplementedError("this runner has no state-space layers");
+  }
   // For the rows that need logits: residual += add, then RMSNorm(residual) * weight, kept for
   // LmHead. (A runner may compute more rows; only these are read.)
   virtual absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) = 0;

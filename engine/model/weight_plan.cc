@@ -15,6 +15,7 @@ std::vector<int64_t> WeightSpec::PartShape(const WeightPart& part) const {
 }
 
 std::vector<int64_t> WeightSpec::CheckpointShape(const WeightPart& part) const {
+  if (!part.checkpoint_shape.empty()) return part.checkpoint_shape;
   const int64_t n = tensor_parallel_size;
   switch (split) {
     case Split::kReplicated:

@@ -51,6 +51,10 @@ struct WeightPart {
   // Split::kRows: how its rows split, one entry per piece that splits on its own (Phi-3's fused
   // qkv_proj: q, k and v); their rows add up to `rows`. Empty: one piece of N slices.
   std::vector<RowSlices> segments;
+  // The checkpoint tensor's shape where it differs from the part's [rows, cols] by unit
+  // dimensions (a depthwise conv1d's [channels, 1, kernel]); empty: [rows, cols]. Replicated
+  // tensors only.
+  std::vector<int64_t> checkpoint_shape;
 };
 
 // How tensor parallelism divides a tensor among N ranks (ModelConfig::tensor_parallel_size),

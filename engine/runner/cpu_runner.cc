@@ -30,12 +30,24 @@
 #include "kernels/cpu/quant_linear.h"
 #include "kernels/cpu/rotary.h"
 #include "kernels/cpu/sampling.h"
+#include "kernels/cpu/ssm.h"
 
 namespace lmserve::engine {
 namespace {
 
 // lm_head sums its reduction over hidden in double, over fp32 chunks of this many features.
 constexpr int64_t kLogitsSplitK = 32;
+
+// The block ids of a model with no KV cache layers (state-space layers only), whose blocks hold
+// nothing: enough for max_num_seqs sequences of the longest context, so that the engine's block
+// accounting never limits such a model.
+int64_t NoKvLayerBlocks(const ModelConfig& model, const RunnerConfig& config) {
+  const int64_t context =
+      config.max_context_len > 0 ? config.max_context_len : model.max_position_embeddings;
+  const int64_t per_sequence = (context + config.block_size_tokens - 1) / config.block_size_tokens;
+  return std::min<int64_t>(int64_t{std::max(config.max_num_seqs, 1)} * per_sequence + 1,
+                           int64_t{1} << 22);
+}
 
 // A zero-filled float array from calloc: large pools come from fresh mappings, so pages are only
 // touched (and counted in the resident set) once the cache writes them.
@@ -67,7 +79,9 @@ struct WeightSegment {
 // the matrices the linear layers, the LM head and the embedding read, where QuantLinear takes the
 // type.
 bool KeepsType(bool native, const WeightSpec& spec, kernels::DType dtype) {
+  // (The SSM conv weights, [channels, kernel], are read by the conv kernel in fp32.)
   return native && spec.is_matrix() && spec.offset == 0 && !spec.kind.starts_with("moe_") &&
+         spec.kind != "ssm_conv1d" &&
          dtype != kernels::DType::kF32 && kernels::QuantLinearSupports(dtype, spec.cols);
 }
 
@@ -167,6 +181,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t num_kv_blocks() const override { return num_blocks_; }
   std::vector<int32_t> kv_group_windows() const override { return groups_.windows; }
+  int32_t num_state_slots() const override { return num_state_slots_; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
   RunnerStats stats() const override;
@@ -187,6 +202,9 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
+  absl::Status SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) override;
+  absl::Status SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) override;
+  absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
   absl::Status Sample() override;
@@ -207,6 +225,19 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
     return kv_pool_.get() + (2 * int64_t{groups_.layer_slot[layer]} + 1) * layer_cache_floats_;
   }
   int32_t Group(int64_t layer) const { return groups_.layer_group[static_cast<size_t>(layer)]; }
+  // A state-space layer's states: conv [slots, kernel - 1, conv_dim], then SSM
+  // [slots, heads, head_dim, state_size].
+  float* ConvStates(int64_t state_layer) { return state_pool_.get() + state_layer * layer_state_floats_; }
+  float* SsmStates(int64_t state_layer) {
+    return ConvStates(state_layer) + int64_t{num_state_slots_} * config_.ssm.conv_state_floats();
+  }
+  kernels::SsmSequences Sequences() const {
+    return {.query_start = batch_->query_start.data(),
+            .context_lens = batch_->context_lens.data(),
+            .state_slots = batch_->state_slots.data(),
+            .num_seqs = batch_->num_seqs(),
+            .num_slots = num_state_slots_};
+  }
 
   const std::unique_ptr<const ModelDescription> model_;
   const ModelConfig& config_;  // a rank's share under tensor parallelism
@@ -231,6 +262,10 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   int32_t num_blocks_ = 0;
   int64_t layer_cache_floats_ = 0;
   PoolPtr kv_pool_;
+  // Recurrent states of the state-space layers: for each, every slot's conv and SSM state.
+  int32_t num_state_slots_ = 0;
+  int64_t layer_state_floats_ = 0;
+  PoolPtr state_pool_;
 
   // Workspaces, [tokens, ...] unless noted.
   std::array<std::vector<float>, kNumBuffers> buffers_;  // by Buffer, [tokens, BufferWidth]
@@ -315,7 +350,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
   const int64_t block_bytes = 2 * int64_t{groups.layers_per_block} * config.block_size_tokens *
                               model.num_kv_heads * model.head_dim * int64_t{sizeof(float)};
   const int64_t num_blocks =
-      std::min<int64_t>(config.kv_cache_bytes / block_bytes, std::numeric_limits<int32_t>::max());
+      block_bytes > 0 ? std::min<int64_t>(config.kv_cache_bytes / block_bytes,
+                                          std::numeric_limits<int32_t>::max())
+                      : NoKvLayerBlocks(model, config);
   if (num_blocks < 1) {
     return absl::InvalidArgumentError(StrCat("runner config: kv_cache_bytes ",
                                              config.kv_cache_bytes, " is less than one KV block (",
@@ -350,6 +387,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
                           int64_t{std::max(config.max_num_seqs, 1)} * model.vocab_size) *
                          int64_t{sizeof(float)};
   plan.kv_cache_bytes = num_blocks * block_bytes;
+  const int32_t num_state_slots = model.ssm.num_heads > 0 ? std::max(config.max_num_seqs, 1) : 0;
+  plan.state_bytes = int64_t{num_state_slots} * StateSlotBytes(model);
   const HostMemory host = AvailableHostMemory();
   plan.available_bytes = host.available_bytes;
   plan.available_source = host.source;
@@ -365,10 +404,23 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
   runner->layer_cache_floats_ = num_blocks * config.block_size_tokens * runner->kv_dim_;
   const size_t pool_floats =
       static_cast<size_t>(2 * int64_t{groups.layers_per_block} * runner->layer_cache_floats_);
-  runner->kv_pool_.reset(static_cast<float*>(std::calloc(pool_floats, sizeof(float))));
+  runner->kv_pool_.reset(static_cast<float*>(std::calloc(std::max<size_t>(pool_floats, 1), sizeof(float))));
   if (runner->kv_pool_ == nullptr) {
     return absl::ResourceExhaustedError(StrCat("CPU runner: cannot allocate a KV cache of ",
                                                pool_floats * sizeof(float), " bytes"));
+  }
+  runner->num_state_slots_ = num_state_slots;
+  if (num_state_slots > 0) {
+    const SsmConfig& ssm = model.ssm;
+    runner->layer_state_floats_ =
+        int64_t{num_state_slots} * (ssm.conv_state_floats() + ssm.ssm_state_floats());
+    const size_t state_floats =
+        static_cast<size_t>(NumSsmLayers(model) * runner->layer_state_floats_);
+    runner->state_pool_.reset(static_cast<float*>(std::calloc(state_floats, sizeof(float))));
+    if (runner->state_pool_ == nullptr) {
+      return absl::ResourceExhaustedError(StrCat("CPU runner: cannot allocate state slots of ",
+                                                 state_floats * sizeof(float), " bytes"));
+    }
   }
   // Native mode calls BLAS only for what stays fp32 (MoE experts, column slices): single-threaded,
   // so that its threads never compete with the step's (kernels/cpu/parallel.h).
@@ -457,8 +509,8 @@ void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
 }
 
 absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
-  LMSERVE_RETURN_IF_ERROR(
-      ValidateStepBatch(batch, config_, block_size_, num_blocks_, groups_.windows));
+  LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
+                                            groups_.windows, num_state_slots_));
   PlanStep(batch, output);
   if (num_tokens_ == 0) return absl::OkStatus();
   batch_ = &batch;
@@ -567,7 +619,11 @@ void CpuRunner::MatMul(Weight weight, const float* x, int64_t ldx, float* y, int
 
 absl::Status CpuRunner::Linear(Weight weight, Buffer in, Buffer out) {
   const WeightSpec& spec = model_->weights()[weight];
-  MatMul(weight, Buf(in), spec.cols, Buf(out), spec.rows, num_tokens_);
+  // State-space mixers' projections in the split form: a recurrent state carries their rounding
+  // from token to token, and the split form's sums do not depend on the step's token count (BLAS
+  // blocks them by it), so a prompt gives the same logits in any chunks.
+  const int64_t split_k = spec.kind.starts_with("ssm_") ? kLogitsSplitK : 0;
+  MatMul(weight, Buf(in), spec.cols, Buf(out), spec.rows, num_tokens_, split_k);
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
 }
@@ -710,6 +766,59 @@ absl::Status CpuRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffe
   return absl::OkStatus();
 }
 
+absl::Status CpuRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) {
+  const SsmConfig& ssm = config_.ssm;
+  kernels::CausalConv1d({.seqs = Sequences(),
+                         // x B C follow the gate z in in_proj's output
+                         .input = Buf(in) + ssm.inner(),
+                         .input_stride = ssm.in_proj_dim(),
+                         .weight = weights_[layer.conv_weight],
+                         .bias = layer.conv_bias.present() ? weights_[layer.conv_bias] : nullptr,
+                         .output = Buf(conv),
+                         .conv_states = ConvStates(layer.state_layer),
+                         .channels = ssm.conv_dim(),
+                         .kernel = ssm.conv_kernel,
+                         .num_threads = num_threads_});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) {
+  const SsmConfig& ssm = config_.ssm;
+  kernels::SsmScan({.seqs = Sequences(),
+                    .xbc = Buf(conv),
+                    .xbc_stride = ssm.conv_dim(),
+                    .dt = Buf(in) + ssm.inner() + ssm.conv_dim(),
+                    .dt_stride = ssm.in_proj_dim(),
+                    .dt_bias = weights_[layer.dt_bias],
+                    .a_log = weights_[layer.a_log],
+                    .d = weights_[layer.d],
+                    .output = Buf(out),
+                    .ssm_states = SsmStates(layer.state_layer),
+                    .num_heads = ssm.num_heads,
+                    .head_dim = ssm.head_dim,
+                    .state_size = ssm.state_size,
+                    .n_groups = ssm.n_groups,
+                    .chunk_size = ssm.chunk_size,
+                    .dt_min = static_cast<float>(ssm.time_step_min),
+                    .dt_max = static_cast<float>(ssm.time_step_max),
+                    .num_threads = num_threads_});
+  return absl::OkStatus();
+}
+
+absl::Status CpuRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
+  const SsmConfig& ssm = config_.ssm;
+  kernels::GatedRmsNorm({.input = Buf(y),
+                         .gate = Buf(in),
+                         .gate_stride = ssm.in_proj_dim(),
+                         .weight = weights_[layer.norm],
+                         .output = Buf(out),
+                         .num_tokens = num_tokens_,
+                         .width = ssm.inner(),
+                         .group_size = ssm.inner() / ssm.norm_groups,
+                         .epsilon = layer.norm_epsilon});
+  return absl::OkStatus();
+}
+
 absl::Status CpuRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
   // Only the logits rows, packed in logits_rows_ order.
   const int64_t hidden = config_.hidden_size;
@@ -805,7 +914,8 @@ RunnerStats CpuRunner::stats() const {
   RunnerStats s;
   s.dtype = native_ ? RunnerDType::kNative : RunnerDType::kFloat32;
   s.weight_bytes = weights_.bytes();
-  s.kv_cache_bytes = 2 * int64_t{groups_.layers_per_block} * layer_cache_floats_ * 4;
+  s.kv_cache_bytes = 2 * int64_t{groups_.layers_per_block} * layer_cache_floats_ * 4 +
+                     NumSsmLayers(config_) * layer_state_floats_ * 4;
   s.startup_seconds = startup_seconds_;
   s.device_name = "cpu";
   return s;

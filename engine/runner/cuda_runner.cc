@@ -37,6 +37,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/ssm.h"
 
 namespace lmserve::engine {
 namespace {
@@ -81,6 +82,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   int32_t num_kv_blocks() const override { return num_blocks_; }
   std::vector<int32_t> kv_group_windows() const override { return groups_.windows; }
   bool samples_on_device() const override { return true; }
+  int32_t num_state_slots() const override { return num_state_slots_; }
   RunnerStats stats() const override;
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
@@ -110,6 +112,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status Moe(const MoeLayer& moe, Buffer in, Buffer out) override;
   absl::Status RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) override;
   absl::Status Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) override;
+  absl::Status SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) override;
+  absl::Status SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) override;
+  absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
   absl::Status Sample() override;
@@ -142,6 +147,25 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     return kv_pool_.at((2 * int64_t{groups_.layer_slot[layer]} + 1) * layer_cache_bytes_);
   }
   int64_t Group(int64_t layer) const { return groups_.layer_group[static_cast<size_t>(layer)]; }
+  // A state-space layer's states (kernels/cuda/ssm.h's layouts, fp32): the conv ring
+  // [slots, kernel, conv_dim], then the SSM state [slots, heads, head_dim, state_size].
+  float* ConvStates(int64_t state_layer) const {
+    return state_pool_.as<float>() + state_layer * layer_state_floats_;
+  }
+  float* SsmStates(int64_t state_layer) const {
+    return ConvStates(state_layer) +
+           int64_t{num_state_slots_} * config_.ssm.conv_kernel * config_.ssm.conv_dim();
+  }
+  kc::SsmDeviceSequences SsmSequences() const {
+    return {.query_start = In<int32_t>(step_.layout->query_start),
+            .context_lens = In<int32_t>(step_.layout->context_lens),
+            .state_slots = In<int32_t>(step_.layout->state_slots),
+            .num_seqs = step_.seqs,
+            .num_slots = num_state_slots_};
+  }
+  kc::SsmConvParams SsmConvParams(const SsmLayer& layer, Buffer in, Buffer conv) const;
+  kc::SsmScanParams SsmScanParams(const SsmLayer& layer, Buffer in, Buffer conv,
+                                  Buffer out) const;
   // Tensor parallelism: the sum over the ranks of the step's rows of `buffer` ([tokens, width]),
   // in place (a row-parallel projection's partial sums). A no-op for a whole model.
   absl::Status AllReduce(Buffer buffer, int64_t width);
@@ -179,6 +203,10 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // kv_heads, head_dim]. A layer uses its slot, through its group's tables.
   const KvCacheGroups groups_;
   CudaBuffer kv_pool_;
+  // Recurrent states of the state-space layers, one slot a sequence (max_num_seqs of them).
+  CudaBuffer state_pool_;
+  int32_t num_state_slots_ = 0;
+  int64_t layer_state_floats_ = 0;
   int32_t num_blocks_ = 0;
   int64_t layer_cache_bytes_ = 0;
 
@@ -259,7 +287,21 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   cudaDeviceProp prop{};
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, config.device),
                                "cudaGetDeviceProperties");
-  if (!kc::SupportsHeadDim(model.head_dim)) {
+  if (model.ssm.num_heads > 0) {
+    const SsmConfig& ssm = model.ssm;
+    if (!kc::SupportsSsmStateSize(ssm.state_size) || ssm.head_dim % 8 != 0 ||
+        ssm.head_dim > kc::kSsmMaxHeadDim || ssm.conv_kernel < 2 ||
+        ssm.conv_kernel > kc::kSsmMaxConvKernel || ssm.in_proj_dim() % 8 != 0 ||
+        ssm.conv_dim() % 8 != 0) {
+      return absl::UnimplementedError(StrCat(
+          "CUDA runner: state-space layers of head_dim ", ssm.head_dim, ", state ",
+          ssm.state_size, ", conv kernel ", ssm.conv_kernel, " and in_proj width ",
+          ssm.in_proj_dim(), " are not supported (head_dim a multiple of 8, at most ",
+          kc::kSsmMaxHeadDim, "; state 16, 32, 64, 128 or 256; kernel 2 to ",
+          kc::kSsmMaxConvKernel, "; widths multiples of 8)"));
+    }
+  }
+  if (HasAttentionLayers(model) && !kc::SupportsHeadDim(model.head_dim)) {
     return absl::UnimplementedError(StrCat("CUDA runner: head_dim ", model.head_dim,
                                            " is not supported (", kc::kHeadDimList, ")"));
   }
@@ -304,6 +346,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     plan.kv_cache_bytes = config.kv_cache_bytes > 0
                               ? config.kv_cache_bytes
                               : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
+    plan.state_bytes = int64_t{config.max_num_seqs} * CudaStateSlotBytes(model);
     plan.available_bytes = static_cast<int64_t>(free_bytes) -
                            static_cast<int64_t>((1.0 - config.gpu_memory_utilization) *
                                                 static_cast<double>(total_bytes)) -
@@ -404,7 +447,8 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   // Decode attention: the split cap of each batch size, and room for the largest partials
   // (bf16 only: in float32 every attention runs on PagedAttentionF32, which needs neither).
   int64_t decode_bytes = 16;
-  for (int64_t b = 1; dtype_ == RunnerDType::kBFloat16 && b <= max_seqs_; ++b) {
+  for (int64_t b = 1; dtype_ == RunnerDType::kBFloat16 && HasAttentionLayers(c) && b <= max_seqs_;
+       ++b) {
     const int splits = kc::DecodeAttentionParams::ChooseMaxSplits(
         b, c.num_attention_heads, c.num_kv_heads, c.head_dim, DType::kBF16);
     decode_splits_[b] = splits;
@@ -427,10 +471,33 @@ absl::Status CudaRunner::AllocateWorkspaces() {
 }
 
 absl::Status CudaRunner::AllocateKvPool() {
+  // The state slots first (their count is fixed): the KV pool takes what the budget leaves.
+  if (config_.ssm.num_heads > 0) {
+    num_state_slots_ = static_cast<int32_t>(max_seqs_);
+    layer_state_floats_ = CudaStateSlotBytes(config_) / 4 / NumSsmLayers(config_) *
+                          num_state_slots_;
+    LMSERVE_ASSIGN_OR_RETURN(
+        state_pool_, CudaBuffer::Device(NumSsmLayers(config_) * layer_state_floats_ * 4,
+                                        "the state slots"));
+    LMSERVE_RETURN_IF_CUDA_ERROR(
+        cudaMemsetAsync(state_pool_.get(), 0, state_pool_.bytes(), stream_),
+        "zeroing the state slots");
+  }
   // What the memory budget leaves, or what the caller fixed.
   const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
   const int64_t block_bytes =
       2 * int64_t{groups_.layers_per_block} * block_size_ * kv_dim * element_bytes_;
+  if (block_bytes == 0) {
+    // No KV cache layers (state-space layers only): blocks hold nothing; enough ids that the
+    // engine's block accounting never limits the model.
+    const int64_t per_sequence =
+        (config_.max_position_embeddings + block_size_ - 1) / block_size_;
+    num_blocks_ = static_cast<int32_t>(std::min<int64_t>(max_seqs_ * per_sequence + 1, int64_t{1} << 22));
+    layer_cache_bytes_ = 0;
+    LMSERVE_ASSIGN_OR_RETURN(kv_pool_, CudaBuffer::Device(16, "the KV cache"));
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return absl::OkStatus();
+  }
   int64_t kv_bytes = runner_config_.kv_cache_bytes;
   size_t free_bytes = 0, total_bytes = 0;
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -503,7 +570,7 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(embed, stream_), "embedding");
   if (sliced) LMSERVE_RETURN_IF_ERROR(AllReduce(Buffer::kResidual, c.hidden_size));
   // A prefill step's attention plan, once for every layer.
-  if (!s.decode_only && dtype_ == RunnerDType::kBFloat16) {
+  if (!s.decode_only && dtype_ == RunnerDType::kBFloat16 && HasAttentionLayers(c)) {
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::LaunchPrefillPlan(PrefillParams(0), stream_), "prefill plan");
   }
   return absl::OkStatus();
@@ -701,6 +768,80 @@ absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buff
   return absl::OkStatus();
 }
 
+kc::SsmConvParams CudaRunner::SsmConvParams(const SsmLayer& layer, Buffer in, Buffer conv) const {
+  const SsmConfig& ssm = config_.ssm;
+  return {.seqs = SsmSequences(),
+          // x B C follow the gate z in in_proj's output
+          .input = static_cast<const unsigned char*>(Buf(in)) + ssm.inner() * element_bytes_,
+          .input_stride = ssm.in_proj_dim(),
+          .weight = weights_[layer.conv_weight],
+          .bias = layer.conv_bias.present() ? weights_[layer.conv_bias] : nullptr,
+          .output = Buf(conv),
+          .conv_states = ConvStates(layer.state_layer),
+          .channels = ssm.conv_dim(),
+          .kernel = ssm.conv_kernel,
+          .dtype = kernel_dtype_,
+          .num_tokens = step_.tokens};
+}
+
+kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Buffer conv,
+                                            Buffer out) const {
+  const SsmConfig& ssm = config_.ssm;
+  return {.seqs = SsmSequences(),
+          .xbc = Buf(conv),
+          .xbc_stride = ssm.conv_dim(),
+          .dt = static_cast<const unsigned char*>(Buf(in)) +
+                (ssm.inner() + ssm.conv_dim()) * element_bytes_,
+          .dt_stride = ssm.in_proj_dim(),
+          .dt_bias = weights_[layer.dt_bias],
+          .a_log = weights_[layer.a_log],
+          .d = weights_[layer.d],
+          .output = Buf(out),
+          .ssm_states = SsmStates(layer.state_layer),
+          .num_heads = ssm.num_heads,
+          .head_dim = ssm.head_dim,
+          .state_size = ssm.state_size,
+          .n_groups = ssm.n_groups,
+          .dt_min = static_cast<float>(ssm.time_step_min),
+          .dt_max = static_cast<float>(ssm.time_step_max),
+          .dtype = kernel_dtype_};
+}
+
+absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) {
+  // A decode-only step runs the conv inside SsmScan's fused kernel.
+  if (step_.decode_only) return absl::OkStatus();
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SsmConvParams(layer, in, conv), stream_), "SSM conv1d");
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) {
+  if (step_.decode_only) {
+    const kc::SsmDecodeParams decode{.conv = SsmConvParams(layer, in, conv),
+                                     .scan = SsmScanParams(layer, in, conv, out)};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(decode, stream_), "SSM decode update");
+    return absl::OkStatus();
+  }
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SsmScanParams(layer, in, conv, out), stream_),
+                               "SSM scan");
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
+  const SsmConfig& ssm = config_.ssm;
+  const kc::SsmGatedRmsNormParams norm{.input = Buf(y),
+                                       .gate = Buf(in),
+                                       .gate_stride = ssm.in_proj_dim(),
+                                       .weight = weights_[layer.norm],
+                                       .output = Buf(out),
+                                       .num_tokens = step_.tokens,
+                                       .width = ssm.inner(),
+                                       .group_size = ssm.inner() / ssm.norm_groups,
+                                       .epsilon = layer.norm_epsilon,
+                                       .dtype = kernel_dtype_};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "gated RMSNorm");
+  return absl::OkStatus();
+}
+
 absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
   if (step_.rows == 0) return absl::OkStatus();
   // Every token (cheaper than a gather first), then the rows that need logits.
@@ -796,8 +937,8 @@ absl::Status CudaRunner::Forward(const Step& step) {
 }
 
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
-  LMSERVE_RETURN_IF_ERROR(
-      ValidateStepBatch(batch, config_, block_size_, num_blocks_, groups_.windows));
+  LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
+                                            groups_.windows, num_state_slots_));
   // The caller's thread may hold another device (a tensor-parallel rank runs on the engine's).
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaSetDevice(runner_config_.device), "cudaSetDevice");
   const int64_t seqs = batch.num_seqs();
@@ -945,7 +1086,7 @@ RunnerStats CudaRunner::stats() const {
   RunnerStats s;
   s.dtype = dtype_;
   s.weight_bytes = weights_.bytes();
-  s.kv_cache_bytes = kv_pool_.bytes();
+  s.kv_cache_bytes = kv_pool_.bytes() + (num_state_slots_ > 0 ? state_pool_.bytes() : 0);
   s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
                       inputs_.device_bytes() + decode_workspace_.bytes() +
                       prefill_workspace_.bytes() + moe_workspace_.bytes() +

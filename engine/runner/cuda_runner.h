@@ -58,6 +58,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
 // (KvLayersPerBlock: every layer, or one KV cache group's), in `dtype` (kAuto: the CUDA runner's
 // default, bf16).
 int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype);
+// Bytes of one state slot in the CUDA runner (models with state-space layers; 0 for others):
+// every such layer's conv ring (conv_kernel rows of conv_dim) and SSM state, fp32.
+int64_t CudaStateSlotBytes(const ModelConfig& config);
 
 // The number of CUDA devices (0 without a GPU or driver). Only in builds with the CUDA runner.
 int CudaDeviceCount();

@@ -133,7 +133,9 @@ absl::Status CheckMemoryPlan(const MemoryPlan& plan, std::string_view advice) {
   return absl::ResourceExhaustedError(
       StrCat("the model does not fit in ", plan.device, ": weights ",
              FormatBytes(plan.weight_bytes), " + workspaces ", FormatBytes(plan.workspace_bytes),
-             " + KV cache ", FormatBytes(plan.kv_cache_bytes), " = ",
+             " + KV cache ", FormatBytes(plan.kv_cache_bytes),
+             plan.state_bytes > 0 ? StrCat(" + state slots ", FormatBytes(plan.state_bytes)) : "",
+             " = ",
              FormatBytes(plan.needed_bytes()), ", but only ", FormatBytes(plan.available_bytes),
              " are available (", plan.available_source, ")", advice.empty() ? "" : "; ", advice));
 }

@@ -23,10 +23,13 @@ struct MemoryPlan {
   int64_t weight_bytes = 0;      // weights as the runner holds them
   int64_t workspace_bytes = 0;   // activations, logits, kernel workspaces at the largest step
   int64_t kv_cache_bytes = 0;    // the KV pool (or the least the runner needs: one block)
+  int64_t state_bytes = 0;       // recurrent-state slots of state-space layers (0: none)
   int64_t available_bytes = 0;   // what the process may still take; < 0: unknown (no check)
   std::string available_source;  // how available_bytes was found, for the message
 
-  int64_t needed_bytes() const { return weight_bytes + workspace_bytes + kv_cache_bytes; }
+  int64_t needed_bytes() const {
+    return weight_bytes + workspace_bytes + kv_cache_bytes + state_bytes;
+  }
 };
 
 // OK when the plan fits (or the available memory is unknown). ResourceExhausted otherwise, with

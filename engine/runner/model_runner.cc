@@ -60,16 +60,18 @@ std::span<const int32_t> StepBatch::BlockTable(int32_t seq, int32_t group) const
 }
 
 void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
-                            std::span<const int32_t> block_ids, LogitsMode logits_mode) {
+                            std::span<const int32_t> block_ids, LogitsMode logits_mode,
+                            int32_t state_slot) {
   LMSERVE_CORE_CHECK(num_kv_groups == 1, "a batch of ", num_kv_groups,
                      " KV cache groups needs a table per group");
   const std::span<const int32_t> tables[1] = {block_ids};
-  AddSequence(new_tokens, num_computed_tokens, tables, logits_mode);
+  AddSequence(new_tokens, num_computed_tokens, tables, logits_mode, state_slot);
 }
 
 void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
                             std::span<const std::span<const int32_t>> group_block_ids,
-                            LogitsMode logits_mode) {
+                            LogitsMode logits_mode, int32_t state_slot) {
+  state_slots.push_back(state_slot >= 0 ? state_slot : num_seqs());
   if (num_seqs() == 0) num_kv_groups = static_cast<int32_t>(group_block_ids.size());
   LMSERVE_CORE_CHECK(static_cast<int32_t>(group_block_ids.size()) == num_kv_groups, "a sequence ",
                      "with ", group_block_ids.size(), " block tables in a batch of ", num_kv_groups,
@@ -94,12 +96,14 @@ void StepBatch::Clear() {
   block_table_ids.clear();
   logits_modes.clear();
   sampling.clear();
+  state_slots.clear();
   num_kv_groups = 1;
 }
 
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
                                int32_t block_size_tokens, int32_t num_kv_blocks,
-                               std::span<const int32_t> kv_group_windows) {
+                               std::span<const int32_t> kv_group_windows,
+                               int32_t num_state_slots) {
   const int64_t num_seqs = batch.num_seqs();
   const int64_t num_tokens = batch.num_tokens();
   const int32_t kFullAttention[1] = {0};
@@ -208,7 +212,33 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
       }
     }
   }
+  if (num_state_slots > 0) {
+    if (static_cast<int64_t>(batch.state_slots.size()) != num_seqs) {
+      return Malformed(StrCat(num_seqs, " sequences but ", batch.state_slots.size(),
+                              " state slots"));
+    }
+    std::vector<bool> taken(static_cast<size_t>(num_state_slots), false);
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      const int32_t slot = batch.state_slots[static_cast<size_t>(i)];
+      if (slot < 0 || slot >= num_state_slots) {
+        return Malformed(StrCat("sequence ", i, " names state slot ", slot, ", outside [0, ",
+                                num_state_slots, ")"));
+      }
+      if (taken[static_cast<size_t>(slot)]) {
+        return Malformed(StrCat("sequence ", i, " names state slot ", slot,
+                                ", which an earlier sequence of the step holds"));
+      }
+      taken[static_cast<size_t>(slot)] = true;
+    }
+  }
   return absl::OkStatus();
+}
+
+int64_t StateSlotBytes(const ModelConfig& config) {
+  if (config.ssm.num_heads <= 0) return 0;
+  return NumSsmLayers(config) *
+         (config.ssm.conv_state_floats() + config.ssm.ssm_state_floats()) *
+         static_cast<int64_t>(sizeof(float));
 }
 
 KvCacheGroups KvCacheGroupsFor(const ModelConfig& config) {
@@ -279,6 +309,14 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
 int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype) {
   return 2 * KvLayersPerBlock(config) * int64_t{block_size_tokens} * config.num_kv_heads *
          config.head_dim * RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
+}
+
+int64_t CudaStateSlotBytes(const ModelConfig& config) {
+  if (config.ssm.num_heads <= 0) return 0;
+  const SsmConfig& ssm = config.ssm;
+  // The conv state is a ring of conv_kernel rows (kernels/cuda/ssm.h).
+  return NumSsmLayers(config) * (ssm.conv_kernel * ssm.conv_dim() + ssm.ssm_state_floats()) *
+         int64_t{sizeof(float)};
 }
 
 std::vector<int32_t> CudaGraphBatchSizes(int32_t max_num_seqs) {

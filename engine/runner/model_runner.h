@@ -75,6 +75,10 @@ struct StepBatch {
   std::vector<int32_t> block_table_ids;       // KV block ids (-1 where a window allows it)
   std::vector<LogitsMode> logits_modes;       // [num_seqs]
   std::vector<RunnerSampling> sampling;       // [num_seqs] when any mode is kSample, else empty
+  // [num_seqs]: each sequence's state slot in [0, ModelRunner::num_state_slots()), distinct, for
+  // models with state-space layers (ignored by others). A sequence whose step starts at position
+  // 0 starts from zero state; otherwise its slot must hold the state its earlier steps left.
+  std::vector<int32_t> state_slots;
   int32_t num_kv_groups = 1;                  // block tables per sequence
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
@@ -85,13 +89,15 @@ struct StepBatch {
   // Appends a sequence: `new_tokens` computed after `num_computed_tokens` already in the cache, its
   // blocks `block_ids` covering at least num_computed_tokens + new_tokens.size() positions.
   // REQUIRES: num_kv_groups == 1.
+  // `state_slot`: its StepBatch::state_slots entry; -1: its index in the batch.
   void AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
-                   std::span<const int32_t> block_ids, LogitsMode logits_mode);
+                   std::span<const int32_t> block_ids, LogitsMode logits_mode,
+                   int32_t state_slot = -1);
   // The same with one table per KV cache group. The first sequence sets num_kv_groups.
   // REQUIRES: as many tables as earlier sequences had.
   void AddSequence(std::span<const int32_t> new_tokens, int32_t num_computed_tokens,
                    std::span<const std::span<const int32_t>> group_block_ids,
-                   LogitsMode logits_mode);
+                   LogitsMode logits_mode, int32_t state_slot = -1);
   void Clear();  // num_kv_groups back to 1
 };
 
@@ -237,6 +243,10 @@ class ModelRunner {
   // requests whose sampling it can do, and copies back only their tokens). The CPU runner
   // implements kSample too but says false: the engine's own sampler is the CPU reference.
   virtual bool samples_on_device() const { return false; }
+  // The recurrent-state slots of a model with state-space layers (0 for others): one per running
+  // sequence, which the engine assigns (StepBatch::state_slots), each holding every state-space
+  // layer's conv and SSM state. Sized at start-up (RunnerConfig::max_num_seqs).
+  virtual int32_t num_state_slots() const { return 0; }
   virtual RunnerStats stats() const { return {}; }
 
   // Runs one step. Validates the batch (token ids in the vocabulary, block ids in the pool, tables
@@ -262,9 +272,15 @@ absl::Status CheckLayerWindow(const AttentionLayer& layer, const KvCacheGroups& 
 // Checks a batch against a runner's limits; every runner calls it first. `kv_group_windows`:
 // the runner's (empty: one full-attention group); -1 entries are accepted only where a group's
 // window allows them.
+// `num_state_slots` > 0: the batch's state_slots must name distinct slots below it.
 absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config,
                                int32_t block_size_tokens, int32_t num_kv_blocks,
-                               std::span<const int32_t> kv_group_windows = {});
+                               std::span<const int32_t> kv_group_windows = {},
+                               int32_t num_state_slots = 0);
+
+// The bytes of one state slot of `config`'s model (every state-space layer's conv and SSM state,
+// fp32); 0 for a model without state-space layers.
+int64_t StateSlotBytes(const ModelConfig& config);
 
 }  // namespace lmserve::engine
 

@@ -23,6 +23,7 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
   l.positions = take(4 * tokens);
   l.query_start = take(4 * (seqs + 1));
   l.context_lens = take(4 * seqs);
+  l.state_slots = take(4 * seqs);
   l.block_table_start = take(4 * groups * (seqs + 1));
   l.logits_rows = take(4 * rows);
   l.temperature = take(4 * rows);
@@ -86,6 +87,8 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   int32_t* positions = Host<int32_t>(l.positions);
   int32_t* query_start = Host<int32_t>(l.query_start);
   int32_t* context_lens = Host<int32_t>(l.context_lens);
+  int32_t* state_slots = Host<int32_t>(l.state_slots);
+  const bool has_slots = static_cast<int64_t>(batch.state_slots.size()) == seqs;
   int32_t* table_start = Host<int32_t>(l.block_table_start);
   for (int64_t i = 0; i < seqs; ++i) {
     const int32_t begin = batch.query_start[i], end = batch.query_start[i + 1];
@@ -96,12 +99,14 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
     }
     query_start[i] = begin;
     context_lens[i] = batch.context_lens[i];
+    state_slots[i] = has_slots ? batch.state_slots[i] : 0;
   }
   for (int64_t i = seqs; i < layout_seqs; ++i) {  // padding: nothing read, nothing written
     ids[i] = 0;
     positions[i] = 0;
     query_start[i] = static_cast<int32_t>(i);
     context_lens[i] = 0;
+    state_slots[i] = 0;
   }
   query_start[layout_seqs] = static_cast<int32_t>(tokens);
   // Each group's slots and tables in turn (the batch holds them sequence by sequence).

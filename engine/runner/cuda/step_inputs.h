@@ -32,6 +32,7 @@ struct StepLayout {
   size_t positions = 0;          // int32 [tokens]
   size_t query_start = 0;        // int32 [seqs + 1]
   size_t context_lens = 0;       // int32 [seqs]
+  size_t state_slots = 0;        // int32 [seqs]: StepBatch::state_slots (0 where none, padding)
   size_t block_table_start = 0;  // int32 [groups, seqs + 1]
   size_t logits_rows = 0;        // int32 [rows]: the token of each logits row
   size_t temperature = 0;        // float [rows]

@@ -1,5 +1,7 @@
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "engine/model/checkpoint.h"
 #include "engine/model/safetensors.h"
@@ -89,6 +91,57 @@ TEST(HfCheckpointTest, TruncatedFileIsAClearError) {
   ASSERT_FALSE(checkpoint.ok());
   EXPECT_THAT(checkpoint.status().message(), HasSubstr("model.safetensors"));
   EXPECT_THAT(checkpoint.status().message(), HasSubstr("truncated"));
+}
+
+// Mamba-2 (state-space layers only): its shape from Mamba2Config's keys, and a config.json as
+// Python's json.dumps writes it, with a bare Infinity in time_step_limit.
+TEST(HfCheckpointTest, ReadsAMamba2ConfigWithPythonsInfinity) {
+  const fs::path dir = fs::path(testing::TempDir()) / "mamba2-infinity";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path fixture = testing::HfFamilyDir("mamba2-ssm");
+  fs::copy_file(fixture / "model.safetensors", dir / "model.safetensors");
+  std::ifstream in(fixture / "config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "\"chunk_size\": 32,";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(),
+               key + " \"time_step_limit\": [0.0, Infinity], \"_name_or_path\": \"NaN Infinity\",");
+  std::ofstream(dir / "config.json") << text;
+  auto checkpoint = OpenCheckpoint(dir.string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const ModelConfig& c = (*checkpoint)->config();
+  EXPECT_EQ(c.family, "mamba2");
+  EXPECT_EQ(c.name, "NaN Infinity");  // inside a string: left alone
+  EXPECT_EQ(c.num_attention_heads, 0);
+  EXPECT_EQ(c.ssm.num_heads, 8);
+  EXPECT_EQ(c.ssm.head_dim, 32);
+  EXPECT_EQ(c.ssm.state_size, 16);
+  EXPECT_EQ(c.ssm.n_groups, 1);
+  EXPECT_EQ(c.ssm.conv_kernel, 4);
+  EXPECT_EQ(c.ssm.chunk_size, 32);
+  EXPECT_EQ(c.ssm.time_step_max, 0.0);  // no upper limit
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);  // layer_norm_epsilon, not rms_norm_eps
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(NumSsmLayers(c), 2);
+  EXPECT_FALSE(HasAttentionLayers(c));
+}
+
+TEST(HfCheckpointTest, InconsistentMamba2ShapesAreRefused) {
+  const fs::path dir = fs::path(testing::TempDir()) / "mamba2-bad";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path fixture = testing::HfFamilyDir("mamba2-ssm");
+  fs::copy_file(fixture / "model.safetensors", dir / "model.safetensors");
+  std::ifstream in(fixture / "config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "\"num_heads\": 8,";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "\"num_heads\": 6,");  // 6 x 32 is not 2 x 128
+  std::ofstream(dir / "config.json") << text;
+  auto checkpoint = OpenCheckpoint(dir.string());
+  ASSERT_FALSE(checkpoint.ok());
+  EXPECT_THAT(checkpoint.status().message(), HasSubstr("expand"));
 }
 
 TEST(HfCheckpointTest, CorruptHeaderIsAClearError) {

@@ -41,6 +41,7 @@ const FamilyCase kCases[] = {
     {"mistral-sliding", "mistral"},
     {"qwen3-moe", "qwen3_moe"},
     {"mixtral-moe", "mixtral"},
+    {"mamba2-ssm", "mamba2"},  // state slots: each test's sequences start at position 0
 };
 
 int64_t ContextFor(const ModelConfig& config, int64_t tokens) {

@@ -1,0 +1,128 @@
+// State-space (Mamba-2) kernels on the GPU; the CPU twins are in kernels/cpu/ssm.h, which defines
+// the math (conv1d with its rolling state, the SSD recurrence, the gated RMSNorm).
+//
+// Sequences as the CPU twins take them (SsmSequences), with the arrays in device memory (the
+// runner's step inputs, so that CUDA graphs hold at any step): sequence i owns tokens
+// [query_start[i], query_start[i+1]) and state slot state_slots[i]; a sequence whose step starts
+// at position 0 (context_lens[i] equal to its token count) starts from zero state; a sequence of
+// context 0 is padding (CUDA graphs' padded batches) and is skipped without reading its slot.
+//
+// States (fp32): the conv state of a slot is a ring of `kernel` rows [num_slots, kernel,
+// channels], the input at position q in row q % kernel (the CPU twin keeps the last kernel - 1
+// rows in order: the GPU's ring lets the decode kernel's blocks read positions q - kernel + 1 ..
+// q - 1 while the block that owns a channel writes position q, with no race); the SSM state is
+// [num_slots, num_heads, head_dim, state_size], as on the CPU.
+//
+// - SsmConv: the causal depthwise conv1d + SiLU over any step (prefill chunks, decodes): a
+//   thread per (channel, sequence, 16 tokens), each token's window read afresh; then a second
+//   kernel writes each sequence's last inputs into its ring.
+// - SsmScan: the scan over any step, in chunks of kScanChunk tokens staged in shared memory
+//   (x, B, C, dt), the recurrence within a chunk: one block per (sequence, head), 4 threads per
+//   head dim, each holding state_size / 4 of its state row in registers.
+// - SsmDecode: a decode-only step (one token a sequence, or padding) in one kernel: the conv
+//   update of the head's x channels and its group's B and C channels, then the SSM update.
+// - GatedRmsNorm: one block per (token, norm group).
+// bf16, fp16 or fp32 activations and weights; fp32 math and states.
+
+#ifndef LMSERVE_KERNELS_CUDA_SSM_H_
+#define LMSERVE_KERNELS_CUDA_SSM_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+struct SsmDeviceSequences {
+  const int32_t* query_start = nullptr;   // [num_seqs + 1]; device
+  const int32_t* context_lens = nullptr;  // [num_seqs]; device; 0: padding
+  const int32_t* state_slots = nullptr;   // [num_seqs]; device; distinct, < num_slots
+  int64_t num_seqs = 0;
+  int64_t num_slots = 0;
+};
+
+// Shapes the kernels support.
+inline constexpr int64_t kSsmMaxHeadDim = 256;    // head_dim * 4 threads a block
+inline constexpr int64_t kSsmMaxConvKernel = 8;
+inline constexpr int kScanChunk = 16;             // tokens staged at once by SsmScan
+// state_size: 16, 32, 64, 128 or 256.
+bool SupportsSsmStateSize(int64_t state_size);
+
+struct SsmConvParams {
+  SsmDeviceSequences seqs;
+  const void* input = nullptr;   // [num_tokens, input_stride]: channels at [0, channels); device
+  int64_t input_stride = 0;
+  const void* weight = nullptr;  // [channels, kernel]; device
+  const void* bias = nullptr;    // [channels]; device; null: none
+  void* output = nullptr;        // [num_tokens, channels]; device
+  float* conv_states = nullptr;  // [num_slots, kernel, channels] fp32 ring; device
+  int64_t channels = 0;
+  int64_t kernel = 0;  // 2 to kSsmMaxConvKernel
+  DType dtype = DType::kBF16;  // of input, weight, bias and output
+  // The step's tokens (an upper bound on any sequence's): the grid covers them. SsmDecode does
+  // not read it.
+  int64_t num_tokens = 0;
+
+  absl::Status Validate() const;
+};
+
+struct SsmScanParams {
+  SsmDeviceSequences seqs;
+  const void* xbc = nullptr;  // [num_tokens, xbc_stride]: x, B, C (kernels/cpu/ssm.h); device
+  int64_t xbc_stride = 0;
+  const void* dt = nullptr;   // [num_tokens, dt_stride]: raw dt of each head; device
+  int64_t dt_stride = 0;
+  const void* dt_bias = nullptr;  // [num_heads]; device
+  const void* a_log = nullptr;    // [num_heads]; device
+  const void* d = nullptr;        // [num_heads]; device
+  void* output = nullptr;         // [num_tokens, num_heads * head_dim]; device
+  float* ssm_states = nullptr;    // [num_slots, num_heads, head_dim, state_size]; device
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;    // at most kSsmMaxHeadDim
+  int64_t state_size = 0;  // SupportsSsmStateSize
+  int64_t n_groups = 1;
+  float dt_min = 0.0f;
+  float dt_max = 0.0f;  // 0: no upper bound
+  DType dtype = DType::kBF16;  // of xbc, dt, the per-head weights and output
+
+  absl::Status Validate() const;
+};
+
+// A decode-only step: SsmConv and SsmScan of one token a sequence in one kernel. `scan.xbc` is
+// not read (the conv's output stays in shared memory); `conv.input` is in_proj's x B C columns.
+// REQUIRES: every sequence has one token or none (padding).
+struct SsmDecodeParams {
+  SsmConvParams conv;
+  SsmScanParams scan;
+
+  absl::Status Validate() const;
+};
+
+struct SsmGatedRmsNormParams {
+  const void* input = nullptr;   // y: [num_tokens, width]; device
+  const void* gate = nullptr;    // z: [num_tokens, gate_stride], columns [0, width); device
+  int64_t gate_stride = 0;
+  const void* weight = nullptr;  // [width]; device
+  void* output = nullptr;        // [num_tokens, width]; device; may be input
+  int64_t num_tokens = 0;
+  int64_t width = 0;
+  int64_t group_size = 0;  // divides width
+  float epsilon = 1e-5f;
+  DType dtype = DType::kBF16;
+
+  absl::Status Validate() const;
+};
+
+// Launchers: cudaErrorInvalidValue when Validate() fails, else the launch's error. Every kernel
+// keeps the programmatic-launch contract (common.cuh).
+cudaError_t Launch(const SsmConvParams& params, cudaStream_t stream);
+cudaError_t Launch(const SsmScanParams& params, cudaStream_t stream);
+cudaError_t Launch(const SsmDecodeParams& params, cudaStream_t stream);
+cudaError_t Launch(const SsmGatedRmsNormParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_SSM_H_

@@ -1,0 +1,144 @@
+// Mamba-2 (tests/fixtures/hf-families/mamba2-ssm) on the CUDA runner, beyond family_gpu_test.cc:
+// in float32, the state carried between prefill chunks (chunks of 1, 7, 32 and 50 tokens against
+// one chunk), the CPU runner's logits, and sequences prefilling and decoding in one step (the
+// conv and scan kernels, not the fused decode one) in slots that are not their batch indices,
+// against each alone. Bounds: 1e-4 on the fixture tests' scale (testing::ScaledError): the GPU's
+// scan sums in fp32 where the CPU's sums in double.
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/model/checkpoint.h"
+#include "engine/runner/model_runner.h"
+#include "gtest/gtest.h"
+#include "tests/testing/fixtures.h"
+
+namespace lmserve::engine {
+namespace {
+
+std::vector<int32_t> Blocks(int64_t tokens, int32_t first = 0) {
+  std::vector<int32_t> blocks(static_cast<size_t>((tokens + 15) / 16));
+  std::iota(blocks.begin(), blocks.end(), first);
+  return blocks;
+}
+
+class SsmGpuRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CheckCudaDevice().ok()) GTEST_SKIP() << "CUDA runner test skipped: " << CheckCudaDevice();
+    dir_ = testing::HfFamilyDir("mamba2-ssm");
+    auto checkpoint = OpenCheckpoint(dir_);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    checkpoint_ = *std::move(checkpoint);
+    ref_ = testing::LoadReference(dir_);
+  }
+
+  std::unique_ptr<ModelRunner> Runner(Backend backend) {
+    RunnerConfig config;
+    config.backend = backend;
+    config.dtype = RunnerDType::kFloat32;
+    config.kv_cache_bytes = int64_t{16} << 20;
+    config.max_num_seqs = 8;
+    config.max_num_batched_tokens = 512;
+    config.num_threads = 2;
+    auto runner = ModelRunner::Create(*checkpoint_, config);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    return runner.ok() ? *std::move(runner) : nullptr;
+  }
+
+  // Teacher-forced logits of `prompt` in slot `slot`, in chunks of `chunk` (0: at once).
+  static std::vector<float> Logits(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                                   size_t chunk = 0, int32_t slot = 0) {
+    std::vector<float> all;
+    const std::vector<int32_t> blocks = Blocks(static_cast<int64_t>(prompt.size()));
+    if (chunk == 0) chunk = prompt.size();
+    for (size_t start = 0; start < prompt.size(); start += chunk) {
+      const size_t count = std::min(chunk, prompt.size() - start);
+      StepBatch batch;
+      batch.AddSequence(std::span(prompt).subspan(start, count), static_cast<int32_t>(start),
+                        blocks, LogitsMode::kAll, slot);
+      StepOutput output;
+      const absl::Status status = runner.Execute(batch, &output);
+      EXPECT_TRUE(status.ok()) << status;
+      if (!status.ok()) return {};
+      all.insert(all.end(), output.logits.begin(), output.logits.end());
+    }
+    return all;
+  }
+
+  std::string dir_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  testing::HfTinyReference ref_;
+};
+
+TEST_F(SsmGpuRunnerTest, Float32ChunkedPrefillAndTheCpuRunnerAgree) {
+  std::unique_ptr<ModelRunner> gpu = Runner(Backend::kCuda);
+  std::unique_ptr<ModelRunner> cpu = Runner(Backend::kCpu);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(gpu->num_state_slots(), 8);
+  const std::vector<int32_t>& prompt = ref_.prompts[3];  // 130 tokens
+  const std::vector<float> whole = Logits(*gpu, prompt);
+  const std::vector<float> on_cpu = Logits(*cpu, prompt);
+  ASSERT_EQ(whole.size(), on_cpu.size());
+  const double cpu_error = testing::ScaledError(whole, on_cpu);
+  std::printf("[ cpu      ] scaled max |GPU fp32 logit - CPU logit| %.3g\n", cpu_error);
+  EXPECT_LE(cpu_error, 1e-4);
+  for (size_t chunk : {1, 7, 32, 50}) {
+    const std::vector<float> chunked = Logits(*gpu, prompt, chunk, 3);
+    ASSERT_EQ(chunked.size(), whole.size());
+    const double error = testing::ScaledError(chunked, whole);
+    std::printf("[ chunks   ] of %2zu: scaled max |logit - one chunk's| %.3g\n", chunk, error);
+    EXPECT_LE(error, 1e-4) << "chunks of " << chunk;
+  }
+}
+
+// Steps that mix prefills and decodes run the conv and scan kernels for every sequence; each
+// sequence gets the logits it has alone.
+TEST_F(SsmGpuRunnerTest, MixedStepsKeepEachSequencesState) {
+  std::unique_ptr<ModelRunner> gpu = Runner(Backend::kCuda);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t vocab = gpu->model_config().vocab_size;
+  // A (33 tokens) prefilled alone in step 0; then B (130 tokens) prefills in chunks of 40 while A
+  // decodes, in slots 5 and 2.
+  const std::vector<int32_t>& a = ref_.prompts[2];
+  const std::vector<int32_t>& b = ref_.prompts[3];
+  std::vector<int32_t> a_sequence = a;
+  a_sequence.insert(a_sequence.end(), ref_.greedy[2].begin(), ref_.greedy[2].begin() + 4);
+  const std::vector<float> a_alone = Logits(*gpu, a_sequence, 0, 0);
+  const std::vector<float> b_alone = Logits(*gpu, b, 0, 0);
+  const std::vector<int32_t> a_blocks = Blocks(64), b_blocks = Blocks(160, 8);
+  {
+    StepBatch batch;
+    batch.AddSequence(a, 0, a_blocks, LogitsMode::kLast, 5);
+    StepOutput output;
+    ASSERT_TRUE(gpu->Execute(batch, &output).ok());
+  }
+  for (int step = 0; step < 4; ++step) {
+    StepBatch batch;
+    const int32_t token = ref_.greedy[2][static_cast<size_t>(step)];
+    const int32_t a_computed = static_cast<int32_t>(a.size()) + step;
+    batch.AddSequence(std::span(&token, 1), a_computed, a_blocks, LogitsMode::kLast, 5);
+    const size_t b_start = static_cast<size_t>(step) * 40;
+    const size_t b_count = std::min<size_t>(40, b.size() - b_start);
+    batch.AddSequence(std::span(b).subspan(b_start, b_count), static_cast<int32_t>(b_start),
+                      b_blocks, LogitsMode::kAll, 2);
+    StepOutput output;
+    ASSERT_TRUE(gpu->Execute(batch, &output).ok());
+    const std::span<const float> a_got(output.logits.data(), static_cast<size_t>(vocab));
+    const std::span<const float> a_want(a_alone.data() + (a_computed) * vocab,
+                                        static_cast<size_t>(vocab));
+    EXPECT_LE(testing::ScaledError(a_got, a_want), 1e-4) << "A, step " << step;
+    const std::span<const float> b_got(output.logits.data() + vocab, b_count * vocab);
+    const std::span<const float> b_want(b_alone.data() + b_start * vocab, b_count * vocab);
+    EXPECT_LE(testing::ScaledError(b_got, b_want), 1e-4) << "B, step " << step;
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::engine
