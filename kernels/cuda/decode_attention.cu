@@ -47,10 +47,12 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
 // groups take several blocks), so a key's dot products with the whole group are one tensor-core
 // operation. Each warp owns every kWarps-th tile of kTileN keys of the block's split, streams it
-// through its own kStages-deep ring of bulk copies (no block barrier in the loop) and keeps its own
-// online softmax (the register layout of prefill_attention.cu's); the warps merge through shared
-// memory at the end. (A CUDA-core kernel with a lane group per key, shuffles for the dot
-// products, was 10-15% slower at batch 64 on an H200: 349 against 302 us for 64 x 4096 keys.)
+// through its own kStages-deep ring (no block barrier in the loop) and keeps its own online softmax
+// (the register layout of prefill_attention.cu's); the warps merge through shared memory at the
+// end. The ring is filled by bulk copies counted off mbarriers on Hopper (kBulk, where
+// UseHopperKernels()), by cp.async (sm_80+) on the portable path; the rest is the same code.
+// (A CUDA-core kernel with a lane group per key, shuffles for the dot products, was 10-15% slower
+// at batch 64 on an H200: 349 against 302 us for 64 x 4096 keys.)
 //
 // Blocks of 4 warps, or of 2 where a launch has blocks enough without splits (a large batch): all
 // of them then fit on the multiprocessors at once (4 a multiprocessor), and the start and end of
@@ -73,7 +75,7 @@ struct DecodeShape {
 };
 
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, bool kBulk>
 __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
   using Shape = DecodeShape<kHeadDim, kWarps>;
   constexpr int kThreads = Shape::kThreads;
@@ -86,7 +88,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   auto s_acc = reinterpret_cast<float (*)[kRows][kHeadDim]>(smem_raw);
   __shared__ float s_m[kWarps][kRows];
   __shared__ float s_l[kWarps][kRows];
-  __shared__ uint64_t s_bar[kWarps][kStages];  // each warp's ring: a stage's keys and values landed
+  // Each warp's ring (kBulk): a stage's keys and values landed.
+  __shared__ uint64_t s_bar[kBulk ? kWarps : 1][kBulk ? kStages : 1];
 
   // Before waiting for the previous kernel (QKV post-processing, which writes only the new
   // token's K and V), a block reads its sequence's length and table (step inputs, copied before
@@ -128,38 +131,57 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
   const int new_key = context_len - 1;  // written by the previous kernel
-  // Each warp streams its tiles through its ring with bulk copies: lane r copies key row r and
-  // lane 16 + r value row r of a tile (256 contiguous bytes each at head dim 128), counted off
-  // the stage's mbarrier. (cp.async in 16-byte pieces took a table lookup and address per piece
-  // and 201 registers against 120; on an H200 the bulk copies took batch 1's attention from 6.0
-  // to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) A row past the split's end copies the
-  // tile's first row instead: any finite data will do, its score is masked to a weight of 0.
+  // Each warp streams its tiles through its ring: lane r copies key row r and lane 16 + r value
+  // row r of a tile (256 contiguous bytes each at head dim 128). kBulk: one bulk copy a row,
+  // counted off the stage's mbarrier. (cp.async in 16-byte pieces spread over the warp took a table
+  // lookup and address per piece and 201 registers against 120; on an H200 the bulk copies took
+  // batch 1's attention from 6.0 to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) Portable:
+  // the same row a lane, in kHeadDim / 8 cp.async pieces of 16 bytes (one table lookup a row),
+  // a commit group a tile. A row past the split's end copies the tile's first row instead: any
+  // finite data will do, its score is masked to a weight of 0.
   constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
-  constexpr uint32_t kStageTx = 2 * kTileN * kRowBytes;
   static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
-  if (lane == 0) {
+  if constexpr (kBulk) {
+    if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) MbarrierInit(&s_bar[warp][s], 1);
+      for (int s = 0; s < kStages; ++s) MbarrierInit(&s_bar[warp][s], 1);
+    }
+    __syncwarp();
   }
-  __syncwarp();
   const int row = lane % 16;
   const T* const cache = lane < 16 ? key_cache : value_cache;
   enum Rows { kAll, kAllButNew, kNewOnly };
   // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
+  // (Portable: the caller commits the cp.async group; the new key's row, written by the previous
+  // kernel, is copied by plain loads and stores through L2, so that it needs no group of its own.)
   auto load = [&](int j, Rows which) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
-    uint64_t* bar = &s_bar[warp][j % kStages];
     T* dst = ring + (j % kStages) * 2 * Shape::kTileElements +
              (lane < 16 ? 0 : Shape::kTileElements) + row * kStride;
-    if (which != kNewOnly && lane == 0) MbarrierArriveExpectTx(bar, kStageTx);
-    __syncwarp();
+    if constexpr (kBulk) {
+      if (which != kNewOnly && lane == 0) {
+        MbarrierArriveExpectTx(&s_bar[warp][j % kStages], 2 * kTileN * kRowBytes);
+      }
+      __syncwarp();
+    }
     int pos = t0 + row;
     if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
     if (pos >= end) pos = t0;
     const int block_index = pos / a.block_size;
     const int64_t slot =
         int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-    BulkCopy(dst, cache + slot * token_stride + int64_t{kv_head} * kHeadDim, kRowBytes, bar);
+    const T* src = cache + slot * token_stride + int64_t{kv_head} * kHeadDim;
+    if constexpr (kBulk) {
+      BulkCopy(dst, src, kRowBytes, &s_bar[warp][j % kStages]);
+    } else if (which == kNewOnly) {
+#pragma unroll
+      for (int c = 0; c < kHeadDim / 8; ++c) {
+        Store16(dst + 8 * c, __ldcg(reinterpret_cast<const uint4*>(src + 8 * c)));
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < kHeadDim / 8; ++c) CpAsync16(dst + 8 * c, src + 8 * c, true);
+    }
   };
   // The first kStages - 1 tiles before the wait; the new key's row, if one of them holds it,
   // after (its stage's phase completes only when it has landed too).
@@ -171,6 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       const int t0 = begin + (warp + j * kWarps) * kTileN;
       new_key_early |= t0 <= new_key && new_key < t0 + kTileN;
     }
+    if constexpr (!kBulk) CpAsyncCommit();  // group j holds tile j (empty past my_tiles)
   }
   BeginDependentKernel();
 #pragma unroll
@@ -203,7 +226,16 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 
   for (int j = 0; j < my_tiles; ++j) {
     if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll);
-    MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
+    if constexpr (kBulk) {
+      MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
+    } else {
+      // Groups 0 .. j + kStages - 1 are committed, group i holding tile i: tile j has landed
+      // once at most kStages - 1 groups are pending. The warp barrier makes every lane's copies
+      // (and the new key's stores) visible to the others.
+      CpAsyncCommit();
+      CpAsyncWait<kStages - 1>();
+      __syncwarp();
+    }
     const T* sk = ring + (j % kStages) * 2 * Shape::kTileElements;
     const T* sv = sk + Shape::kTileElements;
 
@@ -381,10 +413,13 @@ int DecodeWarps(int64_t blocks, int sms) {
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
+// f(warps, bulk) with both as compile-time constants (std::integral_constant).
 template <typename F>
-cudaError_t DispatchWarps(int warps, F&& f) {
-  if (warps == 2) return f(std::integral_constant<int, 2>{});
-  return f(std::integral_constant<int, 4>{});
+cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  if (warps == 2) return bulk ? f(Two{}, std::true_type{}) : f(Two{}, std::false_type{});
+  return bulk ? f(Four{}, std::true_type{}) : f(Four{}, std::false_type{});
 }
 
 }  // namespace
@@ -398,14 +433,16 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
   if (sms <= 0) return 1;
   int resident = 0;
   int64_t blocks = 0;
+  const bool bulk = UseHopperKernels();
   const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
       blocks = num_seqs * num_kv_heads * CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows);
-      return DispatchWarps(DecodeWarps(blocks, sms), [&](auto warps_constant) {
+      return DispatchWarpsAndPath(DecodeWarps(blocks, sms), bulk, [&](auto warps_constant,
+                                                                      auto bulk_constant) {
         using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, bulk_constant()>;
         LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads,
@@ -463,17 +500,19 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
     a.cap_log2 = 0.0f;
   }
   const int sms = CurrentMultiprocessorCount();
+  const bool bulk = UseHopperKernels();
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
       a.head_chunks = static_cast<int>(CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows));
       const int64_t blocks = p.num_kv_heads * a.head_chunks * p.num_seqs;
-      return DispatchWarps(DecodeWarps(blocks, sms), [&](auto warps_constant) {
+      return DispatchWarpsAndPath(DecodeWarps(blocks, sms), bulk, [&](auto warps_constant,
+                                                                      auto bulk_constant) {
         using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, bulk_constant()>;
         LMSERVE_CUDA_RETURN_IF_ERROR(
             SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
         LMSERVE_CUDA_RETURN_IF_ERROR(
