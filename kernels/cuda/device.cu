@@ -45,6 +45,12 @@ std::atomic<KernelPath> kernel_path{KernelPath::kAuto};
 // of this build's code the driver loads for a device.
 __global__ void CodeProbeKernel() {}
 
+__global__ void CodeCapabilityKernel(int* capability) {
+#ifdef __CUDA_ARCH__
+  *capability = __CUDA_ARCH__ / 10;
+#endif
+}
+
 struct DeviceCapabilities {
   int device_capability = 0;  // 10 * major + minor
   int code_capability = 0;    // KernelCodeCapability
@@ -107,6 +113,23 @@ int KernelCodeCapability(int device) {
   }
   const int capability = CurrentDeviceCapabilities().code_capability;
   cudaSetDevice(current);
+  return capability;
+}
+
+int RunningCodeCapability() {
+  int* device_value = nullptr;
+  if (cudaMalloc(&device_value, sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int capability = 0;
+  CodeCapabilityKernel<<<1, 1>>>(device_value);
+  if (cudaGetLastError() != cudaSuccess ||
+      cudaMemcpy(&capability, device_value, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    cudaGetLastError();
+    capability = 0;
+  }
+  cudaFree(device_value);
   return capability;
 }
 

@@ -53,6 +53,14 @@ int KernelCodeCapability(int device);
 // Whether the current device runs the Hopper paths: GetKernelPath() is kAuto, the device is sm_90
 // or newer and so is the code loaded for it (KernelCodeCapability). Cached per device.
 bool UseHopperKernels();
+// The compute capability (10 * major + minor) a kernel of this library runs as on the current
+// device, as the kernel itself sees it (__CUDA_ARCH__ / 10, written by a one-thread launch and
+// read back); 0 when the launch fails. Synchronizes the device: for tests and diagnostics only,
+// never during stream capture. (KernelCodeCapability must agree with it: a test checks.)
+int RunningCodeCapability();
+// Whether LaunchKernel (common.cuh) asks for programmatic dependent launch: UseHopperKernels()
+// and AllowProgrammaticLaunch has not turned it off.
+bool ProgrammaticLaunchEnabled();
 
 }  // namespace lmserve::kernels::cuda
 

@@ -22,13 +22,16 @@
 
 namespace lmserve::kernels::cuda::testing {
 
-// Skips the test unless a CUDA GPU of compute capability 8.0 or newer is present.
+// Skips the test unless a CUDA GPU of compute capability 8.0 or newer is present and this build
+// holds code it runs.
 #define LMSERVE_REQUIRE_GPU()                                                                  \
   do {                                                                                         \
     const auto devices = ::lmserve::kernels::cuda::ListDevices();                              \
     if (devices.empty()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU kernel test skipped"; \
     if (devices[0].compute_capability_major < 8)                                               \
       GTEST_SKIP() << "GPU " << devices[0].name << " is older than sm_80: test skipped";       \
+    if (::lmserve::kernels::cuda::KernelCodeCapability(0) == 0)                                \
+      GTEST_SKIP() << "this build holds no code GPU " << devices[0].name << " runs: skipped";  \
   } while (0)
 
 #define CUDA_ASSERT(expr)                                                         \
