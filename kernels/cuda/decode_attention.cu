@@ -13,6 +13,7 @@ namespace lmserve::kernels::cuda {
 namespace {
 
 constexpr int kCombineThreads = 128;
+constexpr int kDecodeRows = 16;  // query heads per block: the M rows of the mma.sync tiles
 
 struct DecodeArgs {
   const void* query;
@@ -58,15 +59,19 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 // of them then fit on the multiprocessors at once (4 a multiprocessor), and the start and end of
 // a block, where the memory idles, come once per launch instead of once per wave. (Batch 64 at
 // 1024 keys ran at 72% of the copy bandwidth in two waves of 4-warp blocks, and at 87% at 4096
-// keys, whose blocks stream four times longer.)
-template <int kHeadDim, int kWarps_>
+// keys, whose blocks stream four times longer.) Where a block of 4 warps would take more shared
+// memory than the device gives a block, 2 warps (head dim 256 on sm_86/sm_89, 99 KB a block).
+template <int kHeadDim, int kWarps_, bool kBulk_>
 struct DecodeShape {
   static constexpr int kWarps = kWarps_;
+  static constexpr bool kBulk = kBulk_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = 16;   // query heads per block
+  static constexpr int kRows = kDecodeRows;
   static constexpr int kTileN = 16;  // keys per warp step
   static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  // Hopper: three stages up to head dim 128. Portable: two, so that 4 warps at head dim 128 fit
+  // the 99 KB a block of sm_86 and sm_89 (three take 102 KB).
+  static constexpr int kStages = kBulk && kHeadDim <= 128 ? 3 : 2;
   static constexpr int kTileElements = kTileN * kStride;
   static constexpr int kWarpElements = kStages * 2 * kTileElements;  // [stage][K, V][key][dim]
   static constexpr int kLoadBytes = kWarps * kWarpElements * 2;
@@ -77,7 +82,7 @@ struct DecodeShape {
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
 template <typename T, int kHeadDim, int kWarps, bool kBulk>
 __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
-  using Shape = DecodeShape<kHeadDim, kWarps>;
+  using Shape = DecodeShape<kHeadDim, kWarps, kBulk>;
   constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
   constexpr int kTileN = Shape::kTileN;
@@ -408,9 +413,26 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
 }
 
 // Warps per block (DecodeShape): 2 where `blocks` (a launch's blocks per split) fill the device
-// without splits at 4 of them a multiprocessor, else 4.
-int DecodeWarps(int64_t blocks, int sms) {
+// without splits at 4 of them a multiprocessor, or where a block of 4 (`four_warp_bytes` of
+// shared memory) would not fit the current device's limit; else 4.
+int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
+  int device = 0, max_bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    max_bytes = 0;
+  }
+  if (max_bytes > 0 && four_warp_bytes > max_bytes) return 2;
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
+}
+
+// DecodeWarps for a head dim and path.
+template <int kHeadDim>
+int DecodeWarpsFor(bool bulk, int64_t blocks, int sms) {
+  return DecodeWarps(blocks, sms,
+                     bulk ? DecodeShape<kHeadDim, 4, true>::kSmemBytes
+                          : DecodeShape<kHeadDim, 4, false>::kSmemBytes);
 }
 
 // f(warps, bulk) with both as compile-time constants (std::integral_constant).
@@ -438,11 +460,12 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows);
-      return DispatchWarpsAndPath(DecodeWarps(blocks, sms), bulk, [&](auto warps_constant,
-                                                                      auto bulk_constant) {
-        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, bulk_constant()>;
+      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows);
+      const int warps = DecodeWarpsFor<kHeadDim>(bulk, blocks, sms);
+      return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
+        using Shape =
+            DecodeShape<kHeadDim, decltype(warps_constant)::value, decltype(bulk_constant)::value>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk>;
         LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads,
@@ -505,14 +528,15 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      a.head_chunks = static_cast<int>(CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows));
+      a.head_chunks = static_cast<int>(CeilDiv(group_size, kDecodeRows));
       const int64_t blocks = p.num_kv_heads * a.head_chunks * p.num_seqs;
-      return DispatchWarpsAndPath(DecodeWarps(blocks, sms), bulk, [&](auto warps_constant,
-                                                                      auto bulk_constant) {
-        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
+      const int warps = DecodeWarpsFor<kHeadDim>(bulk, blocks, sms);
+      return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
+        using Shape =
+            DecodeShape<kHeadDim, decltype(warps_constant)::value, decltype(bulk_constant)::value>;
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, bulk_constant()>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk>;
         LMSERVE_CUDA_RETURN_IF_ERROR(
             SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
         LMSERVE_CUDA_RETURN_IF_ERROR(
