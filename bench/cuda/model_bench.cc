@@ -484,7 +484,8 @@ int main(int argc, char** argv) {
       const std::string name = value();
       const auto path = lmserve::engine::CudaKernelPathFromName(name);
       if (!path.has_value()) {
-        return lmserve::Usage(("--cuda-kernel-path: '" + name + "' is not auto or portable").c_str());
+        return lmserve::Usage(
+            ("--cuda-kernel-path: '" + name + "' is not auto or portable").c_str());
       }
       o.kernel_path = *path;
     } else if (arg == "--no-fp32-residual") {

@@ -328,9 +328,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   runner->device_name_ = prop.name;
   {
     const int code = kc::KernelCodeCapability(config.device);
-    runner->cuda_kernels_ = StrCat(kc::UseHopperKernels() ? "Hopper" : "portable", " kernels (sm_",
-                                   code, " code", kc::ProgrammaticLaunchEnabled() ? ", PDL" : "",
-                                   ")");
+    runner->cuda_kernels_ =
+        StrCat(kc::UseHopperKernels() ? "Hopper" : "portable", " kernels (sm_", code, " code",
+               kc::ProgrammaticLaunchEnabled() ? ", PDL" : "", ")");
   }
   LMSERVE_RETURN_IF_ERROR(runner->Init(checkpoint));
   runner->startup_seconds_ =
@@ -1003,7 +1003,8 @@ absl::Status CheckCudaRunnerDevice(int32_t device) {
                                  prop.major, ".", prop.minor, ")");
   if (10 * prop.major + prop.minor < kc::kMinComputeCapability) {
     return absl::FailedPreconditionError(StrCat(
-        gpu, " is not supported: the CUDA runner needs compute capability 8.0 or later (Ampere, "
+        gpu,
+        " is not supported: the CUDA runner needs compute capability 8.0 or later (Ampere, "
         "Ada, Hopper and newer: bf16 tensor cores, cp.async); fp16-only GPUs are not supported, "
         "use --backend cpu"));
   }

@@ -191,10 +191,10 @@ __device__ __forceinline__ float BlockMax(float x, float* scratch) {
   return WarpMax(x);
 }
 
-// Programmatic dependent launch (sm_90+, where UseHopperKernels(): device.h). The kernels of a decoder step run back to back on one
-// stream, most of them short; launched with LaunchKernel below, a kernel's blocks may be
-// scheduled while the kernels before it still run, so its launch, and any prologue that reads
-// only constant data (weights), overlap them.
+// Programmatic dependent launch (sm_90+, where UseHopperKernels(): device.h). The kernels of a
+// decoder step run back to back on one stream, most of them short; launched with LaunchKernel
+// below, a kernel's blocks may be scheduled while the kernels before it still run, so its launch,
+// and any prologue that reads only constant data (weights), overlap them.
 //
 // The contract, for every kernel launched through LaunchKernel: each thread calls
 // WaitForPriorKernels() before it reads or writes any memory an earlier kernel of the stream may

@@ -324,9 +324,9 @@ TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
             ScopedKernelPath scoped(path == 0 ? KernelPath::kAuto : KernelPath::kPortable);
             ASSERT_EQ(UseHopperKernels(), path == 0);
             DeviceBuffer<uint16_t> d_out(b.num_seqs() * b.num_heads * head_dim);
-            DeviceBuffer<uint8_t> d_ws(std::max<int64_t>(
-                16, DecodeAttentionParams::WorkspaceBytes(b.num_seqs(), b.num_heads, head_dim,
-                                                          max_splits)));
+            DeviceBuffer<uint8_t> d_ws(
+                std::max<int64_t>(16, DecodeAttentionParams::WorkspaceBytes(
+                                          b.num_seqs(), b.num_heads, head_dim, max_splits)));
             d_out.Poison();
             d_ws.Poison();
             CUDA_ASSERT(Launch(DecodeParams(b, d_out.get(), d_ws.get(), max_splits), nullptr));

@@ -1,8 +1,9 @@
 // The kernels' path choice (kernels/cuda/device.h): which code the driver loaded, whether the
 // Hopper paths run, and the portable path forced.
 
-#include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+
+#include "gtest/gtest.h"
 #include "tests/gpu_main/kernel_path.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -20,8 +21,8 @@ TEST(KernelPathGpuTest, CodeCapabilityIsWhatTheKernelsRunAs) {
   const DeviceInfo device = ListDevices()[0];
   EXPECT_LE(code, 10 * device.compute_capability_major + device.compute_capability_minor);
   std::printf("GPU %s (compute capability %d.%d) runs this build's sm_%d code\n",
-              device.name.c_str(), device.compute_capability_major,
-              device.compute_capability_minor, code);
+              device.name.c_str(), device.compute_capability_major, device.compute_capability_minor,
+              code);
 }
 
 TEST(KernelPathGpuTest, HopperPathsOnlyWhereDeviceAndCodeAreSm90AndNotForcedPortable) {
