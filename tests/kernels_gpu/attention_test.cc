@@ -29,6 +29,7 @@ using testing::FreshSeed;
 using testing::HalfToFloat;
 using testing::RandomFloats;
 using testing::RelativeL2;
+using testing::ScopedKernelPath;
 using testing::Tolerance;
 
 constexpr int64_t kBlockSize = 16;
@@ -282,18 +283,6 @@ TEST(DecodeAttentionGpuTest, SlidingWindowAndSoftcap) {
   RunDecodeCase(DType::kF16, 17, 2, 4, 128, 24, {1000, 30.0f, true});
   RunDecodeCase(DType::kBF16, 64, 8, 1, 128, kBlockSize, {4096, 0.0f, true});  // many blocks
 }
-
-// Sets the kernels' process-wide path for a scope, and restores the binary's on leaving it.
-class ScopedKernelPath {
- public:
-  explicit ScopedKernelPath(KernelPath path) : saved_(GetKernelPath()) { SetKernelPath(path); }
-  ~ScopedKernelPath() { SetKernelPath(saved_); }
-  ScopedKernelPath(const ScopedKernelPath&) = delete;
-  ScopedKernelPath& operator=(const ScopedKernelPath&) = delete;
-
- private:
-  KernelPath saved_;
-};
 
 // The portable path (cp.async) against Hopper's (bulk copies and mbarriers) on the same inputs:
 // only the loads into shared memory differ, the math is the same code, so the outputs (and the

@@ -34,6 +34,19 @@ namespace lmserve::kernels::cuda::testing {
       GTEST_SKIP() << "this build holds no code GPU " << devices[0].name << " runs: skipped";  \
   } while (0)
 
+// Sets the kernels' process-wide path (device.h) for a scope, and restores the previous one (the
+// binary's: tests/gpu_main/) on leaving it.
+class ScopedKernelPath {
+ public:
+  explicit ScopedKernelPath(KernelPath path) : saved_(GetKernelPath()) { SetKernelPath(path); }
+  ~ScopedKernelPath() { SetKernelPath(saved_); }
+  ScopedKernelPath(const ScopedKernelPath&) = delete;
+  ScopedKernelPath& operator=(const ScopedKernelPath&) = delete;
+
+ private:
+  KernelPath saved_;
+};
+
 #define CUDA_ASSERT(expr)                                                         \
   do {                                                                            \
     const cudaError_t err_ = (expr);                                              \
