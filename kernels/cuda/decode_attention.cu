@@ -136,14 +136,14 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
   const int new_key = context_len - 1;  // written by the previous kernel
-  // Each warp streams its tiles through its ring: lane r copies key row r and lane 16 + r value
-  // row r of a tile (256 contiguous bytes each at head dim 128). kBulk: one bulk copy a row,
+  // Each warp streams its tiles through its ring. kBulk: lane r copies key row r and lane 16 + r
+  // value row r of a tile (256 contiguous bytes each at head dim 128), one bulk copy a row,
   // counted off the stage's mbarrier. (cp.async in 16-byte pieces spread over the warp took a table
   // lookup and address per piece and 201 registers against 120; on an H200 the bulk copies took
   // batch 1's attention from 6.0 to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) Portable:
-  // the same row a lane, in kHeadDim / 8 cp.async pieces of 16 bytes (one table lookup a row),
-  // a commit group a tile. A row past the split's end copies the tile's first row instead: any
-  // finite data will do, its score is masked to a weight of 0.
+  // lanes 2r and 2r + 1 copy key and value rows r in cp.async pieces of 16 bytes (one table
+  // lookup a lane), a commit group a tile. A row past the split's end copies the tile's first row
+  // instead: any finite data will do, its score is masked to a weight of 0.
   constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
   static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
   if constexpr (kBulk) {
@@ -153,39 +153,55 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     }
     __syncwarp();
   }
-  const int row = lane % 16;
-  const T* const cache = lane < 16 ? key_cache : value_cache;
   enum Rows { kAll, kAllButNew, kNewOnly };
   // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
-  // (Portable: the caller commits the cp.async group; the new key's row, written by the previous
-  // kernel, is copied by plain loads and stores through L2, so that it needs no group of its own.)
   auto load = [&](int j, Rows which) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
-    T* dst = ring + (j % kStages) * 2 * Shape::kTileElements +
-             (lane < 16 ? 0 : Shape::kTileElements) + row * kStride;
+    T* const stage = ring + (j % kStages) * 2 * Shape::kTileElements;  // [K, V][key][dim]
     if constexpr (kBulk) {
+      // Lane r: key row r; lane 16 + r: value row r.
+      const int row = lane % 16;
       if (which != kNewOnly && lane == 0) {
         MbarrierArriveExpectTx(&s_bar[warp][j % kStages], 2 * kTileN * kRowBytes);
       }
       __syncwarp();
-    }
-    int pos = t0 + row;
-    if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
-    if (pos >= end) pos = t0;
-    const int block_index = pos / a.block_size;
-    const int64_t slot =
-        int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-    const T* src = cache + slot * token_stride + int64_t{kv_head} * kHeadDim;
-    if constexpr (kBulk) {
-      BulkCopy(dst, src, kRowBytes, &s_bar[warp][j % kStages]);
-    } else if (which == kNewOnly) {
-#pragma unroll
-      for (int c = 0; c < kHeadDim / 8; ++c) {
-        Store16(dst + 8 * c, __ldcg(reinterpret_cast<const uint4*>(src + 8 * c)));
-      }
+      int pos = t0 + row;
+      if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
+      if (pos >= end) pos = t0;
+      const int block_index = pos / a.block_size;
+      const int64_t slot =
+          int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+      const T* src = (lane < 16 ? key_cache : value_cache) + slot * token_stride +
+                     int64_t{kv_head} * kHeadDim;
+      BulkCopy(stage + (lane < 16 ? 0 : Shape::kTileElements) + row * kStride, src, kRowBytes,
+               &s_bar[warp][j % kStages]);
     } else {
+      // Lanes 2r and 2r + 1: key and value rows r, in alternate 16-byte pieces, so that each
+      // request of the warp covers 16 rows of 32 contiguous bytes (whole sectors; a row a lane
+      // took 32 rows of 16 bytes a request). The caller commits the cp.async group; the new key's
+      // rows, written by the previous kernel, are copied by plain loads and stores through L2, so
+      // that they need no group of their own.
+      static_assert(kHeadDim % 16 == 0, "two lanes share a row's 16-byte pieces evenly");
+      const int row = lane / 2;
+      int pos = t0 + row;
+      if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
+      if (pos >= end) pos = t0;
+      const int block_index = pos / a.block_size;
+      const int64_t slot =
+          int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+      const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + 8 * (lane % 2);
+      T* const dst_key = stage + row * kStride + 8 * (lane % 2);
+      T* const dst_value = dst_key + Shape::kTileElements;
 #pragma unroll
-      for (int c = 0; c < kHeadDim / 8; ++c) CpAsync16(dst + 8 * c, src + 8 * c, true);
+      for (int c = 0; c < kHeadDim; c += 16) {
+        if (which == kNewOnly) {
+          Store16(dst_key + c, __ldcg(reinterpret_cast<const uint4*>(key_cache + offset + c)));
+          Store16(dst_value + c, __ldcg(reinterpret_cast<const uint4*>(value_cache + offset + c)));
+        } else {
+          CpAsync16(dst_key + c, key_cache + offset + c, true);
+          CpAsync16(dst_value + c, value_cache + offset + c, true);
+        }
+      }
     }
   };
   // The first kStages - 1 tiles before the wait; the new key's row, if one of them holds it,
