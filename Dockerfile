@@ -32,8 +32,10 @@ ENV LMSERVE_CUDA=OFF
 
 # hadolint ignore=DL3006
 FROM build-${VARIANT} AS build
-# CUDA architectures to compile for (CMake's list syntax: "90;100").
-ARG CUDA_ARCHITECTURES=90
+# CUDA architectures to compile for (CMake's list syntax): machine code for A100/A30 (80), A10/A40/
+# RTX 30xx (86), L4/L40S/RTX 40xx (89) and H100/H200 (90), plus compute_90 PTX that the driver
+# compiles for newer GPUs. Below 9.0 the kernels take their portable path (kernels/cuda/device.h).
+ARG CUDA_ARCHITECTURES="80-real;86-real;89-real;90-real;90-virtual"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
 # The setup script alone first, so that the Debian packages are a layer of their own that source

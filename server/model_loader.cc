@@ -91,7 +91,9 @@ void LogRunner(std::string_view backend, const engine::ModelRunner& runner) {
           stats.workspace_bytes > 0  // the CPU runner's grow with the batch
               ? StrCat("workspaces ", stats.workspace_bytes >> 20, " MiB, ")
               : std::string(),
-          stats.num_cuda_graphs, " CUDA graphs; start-up took ", stats.startup_seconds, " s",
+          stats.num_cuda_graphs, " CUDA graphs",
+          stats.cuda_kernels.empty() ? std::string() : StrCat(", ", stats.cuda_kernels),
+          "; start-up took ", stats.startup_seconds, " s",
           stats.device_memory_total_bytes > 0
               ? StrCat("; GPU memory in use ", stats.device_memory_used_bytes >> 20, " of ",
                        stats.device_memory_total_bytes >> 20, " MiB")

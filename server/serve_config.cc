@@ -252,6 +252,13 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       "CUDA: the GEMM of steps of up to 8 tokens: auto (the faster of cuBLASLt and the skinny "
       "kernel, timed at start-up), blas or skinny")
       ->group(kRunnerGroup);
+  AddChoiceFlag<engine::CudaKernelPath>(
+      command, "--cuda-kernel-path", &runner->cuda_kernel_path, engine::CudaKernelPathFromName,
+      "auto, portable", std::string(engine::CudaKernelPathName(runner->cuda_kernel_path)),
+      "CUDA: the kernels' code path: auto (Hopper's bulk copies and programmatic dependent "
+      "launch on compute capability 9.0 and newer, the portable sm_80 path below it) or "
+      "portable (the portable path on every GPU)")
+      ->group(kRunnerGroup);
 }
 
 void BindServeFlags(CLI::App* command, ServeConfig* config) {
@@ -337,6 +344,7 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       ", CUDA graphs: ", runner.cuda_graphs ? "on" : "off",
       ", fp32 residual: ", runner.fp32_residual ? "on" : "off",
       ", decode GEMM: ", engine::DecodeGemmName(runner.decode_gemm),
+      ", CUDA kernel path: ", engine::CudaKernelPathName(runner.cuda_kernel_path),
       ", tensor parallel size: ", runner.tensor_parallel_size, "\n", "  listen: ", server.host, ":",
       server.port, ", metrics port: ",
       server.metrics_port < 0 ? std::string("off") : StrCat(server.metrics_port),

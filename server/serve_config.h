@@ -73,9 +73,9 @@ inline engine::EngineConfig ServeEngineDefaults() {
 struct ServeConfig {
   ModelOptions model;
   // dtype, load_format, kv_cache_bytes, num_threads, gpu_memory_utilization, cuda_graphs,
-  // fp32_residual and decode_gemm come from flags. The model loader sets the rest: backend
-  // (model.backend resolved), max_num_seqs and max_num_batched_tokens (the engine's), and
-  // kv_cache_bytes where it is 0 on the CPU.
+  // fp32_residual, decode_gemm and cuda_kernel_path come from flags. The model loader sets the
+  // rest: backend (model.backend resolved), max_num_seqs and max_num_batched_tokens (the engine's),
+  // and kv_cache_bytes where it is 0 on the CPU.
   engine::RunnerConfig runner = ServeRunnerDefaults();
   // max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, seed and
   // max_step_slowdown come from flags; the model loader sets max_logprobs and max_n from the API's

@@ -9,6 +9,9 @@
 // zeros.
 //
 // Usage: lmserve-kernels-bench [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING]
+//                              [--cuda-kernel-path auto|portable]
+// (--cuda-kernel-path portable: the kernels' portable path on a Hopper GPU too, device.h; decode
+// attention is the kernel whose figures it changes, and no kernel chains by programmatic launch.)
 
 #include <cuda_runtime.h>
 
@@ -645,14 +648,23 @@ int Main(int argc, char** argv) {
       options.iters = std::max(1, std::stoi(next()));
     } else if (arg == "--filter") {
       options.filter = next();
+    } else if (arg == "--cuda-kernel-path") {
+      const std::string path = next();
+      if (path != "auto" && path != "portable") {
+        std::fprintf(stderr, "--cuda-kernel-path: '%s' is not auto or portable\n", path.c_str());
+        return 2;
+      }
+      SetKernelPath(path == "portable" ? KernelPath::kPortable : KernelPath::kAuto);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING]\n",
+                   "usage: %s [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING] "
+                   "[--cuda-kernel-path auto|portable]\n",
                    argv[0]);
       return 2;
     }
   }
   Bench bench(options);
+  std::printf("kernels: %s path\n", UseHopperKernels() ? "Hopper" : "portable");
   std::printf("%-34s %-44s %13s %17s\n", "kernel", "shape", "median", "rate");
   bench.MeasureCeilings();
   bench.Norms();

@@ -25,7 +25,12 @@
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
-//        [--no-fp32-residual] [--tensor-parallel-size N] [--json FILE] [--timeline FILE]
+//        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--tensor-parallel-size N]
+//        [--json FILE] [--timeline FILE]
+//
+// --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
+// programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
+// and which code the driver loaded (a compute_80-only build runs the portable path by itself).
 //
 // With --tensor-parallel-size N the model runs on GPUs 0 .. N-1 and every floor is one GPU's
 // (its share of the weights, KV cache and FLOPs), as each GPU works on its share at once.
@@ -73,6 +78,7 @@ struct Options {
   bool graphs = true;
   engine::DecodeGemm decode_gemm = engine::DecodeGemm::kAuto;
   bool programmatic_launch = true;
+  engine::CudaKernelPath kernel_path = engine::CudaKernelPath::kAuto;
   bool fp32_residual = true;
   int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
@@ -85,7 +91,8 @@ int Usage(const char* message) {
                "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32] "
                "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
-               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--no-fp32-residual] "
+               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
+               "[--no-fp32-residual] "
                "[--tensor-parallel-size N] [--json FILE] "
                "[--timeline FILE]\n",
                message);
@@ -261,6 +268,7 @@ int Run(const Options& o) {
   config.cuda_graphs = o.graphs;
   config.decode_gemm = o.decode_gemm;
   config.programmatic_launch = o.programmatic_launch;
+  config.cuda_kernel_path = o.kernel_path;
   config.fp32_residual = o.fp32_residual;
   config.tensor_parallel_size = o.tensor_parallel_size;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
@@ -278,6 +286,16 @@ int Run(const Options& o) {
               std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
               stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(),
               stats.startup_seconds, stats.num_cuda_graphs);
+  // The runner has set the process-wide path (the current GPU's code decides; ranks' GPUs alike).
+  const bool hopper_kernels = kernels::cuda::UseHopperKernels();
+  const int code_capability = kernels::cuda::KernelCodeCapability(0);
+  std::printf("kernels: %s path (--cuda-kernel-path %s; code for compute %d.%d loaded on "
+              "compute capability %d.%d), programmatic dependent launch %s\n",
+              hopper_kernels ? "Hopper" : "portable",
+              std::string(engine::CudaKernelPathName(o.kernel_path)).c_str(),
+              code_capability / 10, code_capability % 10, devices[0].compute_capability_major,
+              devices[0].compute_capability_minor,
+              o.programmatic_launch && hopper_kernels ? "on" : "off");
 
   const int32_t block = (*runner)->block_size_tokens();
   // With tensor parallelism the floors are one GPU's: its share of the weights and the KV cache
@@ -338,6 +356,10 @@ int Run(const Options& o) {
       {"cuda_graphs", o.graphs},
       {"dtype", dtype_name},
       {"fp32_residual", o.fp32_residual},
+      {"cuda_kernel_path", engine::CudaKernelPathName(o.kernel_path)},
+      {"kernels", hopper_kernels ? "hopper" : "portable"},
+      {"kernel_code_capability", code_capability},
+      {"programmatic_launch", o.programmatic_launch && hopper_kernels},
       {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
@@ -464,6 +486,14 @@ int main(int argc, char** argv) {
       o.decode_gemm = *choice;
     } else if (arg == "--no-pdl") {
       o.programmatic_launch = false;
+    } else if (arg == "--cuda-kernel-path") {
+      const std::string name = value();
+      const auto path = lmserve::engine::CudaKernelPathFromName(name);
+      if (!path.has_value()) {
+        return lmserve::Usage(
+            ("--cuda-kernel-path: '" + name + "' is not auto or portable").c_str());
+      }
+      o.kernel_path = *path;
     } else if (arg == "--no-fp32-residual") {
       o.fp32_residual = false;
     } else if (arg == "--tensor-parallel-size") {

@@ -186,6 +186,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   int64_t max_table_ids_ = 0;
   int64_t logits_chunk_rows_ = 0;
   std::string device_name_;
+  std::string cuda_kernels_;  // RunnerStats::cuda_kernels
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::BlasLtHandle> blas_;
@@ -361,9 +362,19 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
                         "a smaller --max-num-batched-tokens or --kv-cache-mb, a higher "
                         "--gpu-memory-utilization, or a smaller model may fit"));
   }
+  // Both process-wide (the last runner created sets them). The portable path is what a GPU below
+  // Hopper runs: no programmatic dependent launch either.
+  kc::SetKernelPath(config.cuda_kernel_path == CudaKernelPath::kPortable ? kc::KernelPath::kPortable
+                                                                         : kc::KernelPath::kAuto);
   kc::AllowProgrammaticLaunch(config.programmatic_launch);
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));
   runner->device_name_ = prop.name;
+  {
+    const int code = kc::KernelCodeCapability(config.device);
+    runner->cuda_kernels_ =
+        StrCat(kc::UseHopperKernels() ? "Hopper" : "portable", " kernels (sm_", code, " code",
+               kc::ProgrammaticLaunchEnabled() ? ", PDL" : "", ")");
+  }
   LMSERVE_RETURN_IF_ERROR(runner->Init(checkpoint));
   runner->startup_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -1105,6 +1116,7 @@ RunnerStats CudaRunner::stats() const {
   s.startup_seconds = startup_seconds_;
   s.num_cuda_graphs = graphs_.size();
   s.device_name = device_name_;
+  s.cuda_kernels = cuda_kernels_;
   return s;
 }
 
@@ -1128,10 +1140,21 @@ absl::Status CheckCudaRunnerDevice(int32_t device) {
     return absl::FailedPreconditionError(
         StrCat("CUDA GPU ", device, ": cannot read its properties: ", cudaGetErrorString(e)));
   }
-  if (prop.major < 9) {
-    return absl::FailedPreconditionError(
-        StrCat("CUDA GPU ", device, " (", prop.name, ") has compute capability ", prop.major, ".",
-               prop.minor, "; this build's kernels need 9.0 or later (Hopper)"));
+  const std::string gpu = StrCat("CUDA GPU ", device, " (", prop.name, ", compute capability ",
+                                 prop.major, ".", prop.minor, ")");
+  if (10 * prop.major + prop.minor < kc::kMinComputeCapability) {
+    return absl::FailedPreconditionError(StrCat(
+        gpu,
+        " is not supported: the CUDA runner needs compute capability 8.0 or later (Ampere, "
+        "Ada, Hopper and newer: bf16 tensor cores, cp.async); fp16-only GPUs are not supported, "
+        "use --backend cpu"));
+  }
+  if (kc::KernelCodeCapability(device) == 0) {
+    return absl::FailedPreconditionError(StrCat(
+        gpu, ": this build holds no kernel code it can run (built for CUDA architectures ",
+        LMSERVE_CUDA_ARCHITECTURES, "); rebuild with ", prop.major, prop.minor,
+        " in -DCMAKE_CUDA_ARCHITECTURES, or a PTX architecture (e.g. 80-virtual) for the driver "
+        "to compile"));
   }
   return absl::OkStatus();
 }

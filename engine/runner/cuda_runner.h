@@ -47,7 +47,7 @@
 namespace lmserve::engine {
 
 // Builds the CUDA runner (ModelRunner::Create with Backend::kCuda lands here). Errors:
-// FailedPrecondition without a GPU of compute capability 9.0 (the kernels are built for sm_90),
+// FailedPrecondition without a supported GPU (CheckCudaRunnerDevice),
 // Unimplemented for shapes the kernels do not cover, ResourceExhausted when the weights or the KV
 // pool do not fit.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
@@ -65,8 +65,9 @@ int64_t CudaStateSlotBytes(const ModelConfig& config);
 // The number of CUDA devices (0 without a GPU or driver). Only in builds with the CUDA runner.
 int CudaDeviceCount();
 
-// OK when CUDA device `device` exists and its compute capability is one the kernels are built for
-// (9.0 or later); FailedPrecondition naming the device and its capability otherwise.
+// OK when CUDA device `device` exists, has compute capability 8.0 or later (bf16 tensor cores)
+// and this build holds code it runs (its own architecture's, or PTX the driver compiles);
+// FailedPrecondition naming the device and its capability otherwise.
 absl::Status CheckCudaRunnerDevice(int32_t device);
 
 // The decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 8 up to max_num_seqs (and

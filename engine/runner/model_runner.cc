@@ -348,6 +348,23 @@ std::optional<DecodeGemm> DecodeGemmFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view CudaKernelPathName(CudaKernelPath path) {
+  switch (path) {
+    case CudaKernelPath::kAuto:
+      return "auto";
+    case CudaKernelPath::kPortable:
+      return "portable";
+  }
+  return "unknown";
+}
+
+std::optional<CudaKernelPath> CudaKernelPathFromName(std::string_view name) {
+  for (CudaKernelPath path : {CudaKernelPath::kAuto, CudaKernelPath::kPortable}) {
+    if (CudaKernelPathName(path) == name) return path;
+  }
+  return std::nullopt;
+}
+
 std::string_view BackendName(Backend backend) {
   return backend == Backend::kCuda ? "cuda" : "cpu";
 }

@@ -118,10 +118,11 @@ std::optional<Backend> BackendFromName(std::string_view name);
 // What `--backend auto` resolves to, and why (for the start-up log).
 struct BackendChoice {
   Backend backend = Backend::kCpu;
-  std::string reason;  // "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0) is supported"
+  std::string reason;  // "CUDA device 0 is supported by this build"
 };
 // CUDA when this binary has the CUDA runner and CUDA device `device` is one its kernels support
-// (compute capability 9.0 or later); otherwise the CPU, with the reason it is not CUDA.
+// (compute capability 8.0 or later, with code in this build that the device runs); otherwise the
+// CPU, with the reason it is not CUDA.
 BackendChoice ChooseAutoBackend(int32_t device = 0);
 
 // The element type a runner holds its weights, activations and KV cache in, and computes with
@@ -163,6 +164,18 @@ enum class DecodeGemm : uint8_t {
 std::string_view DecodeGemmName(DecodeGemm choice);
 std::optional<DecodeGemm> DecodeGemmFromName(std::string_view name);
 
+// The CUDA kernels' code path (kernels/cuda/device.h, KernelPath). Decode attention's tile loads
+// (bulk copies and mbarriers) and programmatic dependent launch are Hopper's; every other kernel
+// has one path for sm_80 and newer.
+enum class CudaKernelPath : uint8_t {
+  kAuto,      // Hopper's on a GPU of compute capability 9.0+ running this build's sm_90+ code;
+              // the portable path (cp.async, mma.sync, ldmatrix) otherwise
+  kPortable,  // the portable path on every GPU (on a Hopper GPU: what an A100 or L40S runs)
+};
+// "auto", "portable"; and the inverse (nullopt for any other name).
+std::string_view CudaKernelPathName(CudaKernelPath path);
+std::optional<CudaKernelPath> CudaKernelPathFromName(std::string_view name);
+
 struct RunnerConfig {
   Backend backend = Backend::kCpu;
   // Weights, activations and KV cache. The CPU runner rejects kBFloat16 (InvalidArgument).
@@ -199,6 +212,9 @@ struct RunnerConfig {
   // Chain the step's kernels by programmatic dependent launch (sm_90): each launches while its
   // predecessor finishes. Process-wide in effect: the last CUDA runner created sets it.
   bool programmatic_launch = true;
+  // The CUDA kernels' path; kPortable also turns programmatic dependent launch off (it is
+  // Hopper's). Process-wide in effect, as programmatic_launch.
+  CudaKernelPath cuda_kernel_path = CudaKernelPath::kAuto;
   // Tensor parallelism over this many ranks (tensor_parallel_runner.h): CUDA devices device,
   // device + 1, ...; on the CPU, shards in threads of this process (the twin that tests the
   // sharding). 1: one runner holds the whole model.
@@ -220,6 +236,9 @@ struct RunnerStats {
   double startup_seconds = 0;   // Create(), weights, graph capture included
   int32_t num_cuda_graphs = 0;  // decode batch sizes captured
   std::string device_name;      // "NVIDIA H100 80GB HBM3", or "cpu"
+  // CUDA: the kernels' path as resolved on the device ("Hopper kernels (sm_90 code)",
+  // "portable kernels (sm_80 code)"); empty on the CPU.
+  std::string cuda_kernels;
 };
 
 class ModelRunner {

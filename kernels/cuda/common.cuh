@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cuda/device.h"
 #include "kernels/dtype.h"
 
 namespace lmserve::kernels::cuda {
@@ -190,10 +191,10 @@ __device__ __forceinline__ float BlockMax(float x, float* scratch) {
   return WarpMax(x);
 }
 
-// Programmatic dependent launch (sm_90+). The kernels of a decoder step run back to back on one
-// stream, most of them short; launched with LaunchKernel below, a kernel's blocks may be
-// scheduled while the kernels before it still run, so its launch, and any prologue that reads
-// only constant data (weights), overlap them.
+// Programmatic dependent launch (sm_90+, where UseHopperKernels(): device.h). The kernels of a
+// decoder step run back to back on one stream, most of them short; launched with LaunchKernel
+// below, a kernel's blocks may be scheduled while the kernels before it still run, so its launch,
+// and any prologue that reads only constant data (weights), overlap them.
 //
 // The contract, for every kernel launched through LaunchKernel: each thread calls
 // WaitForPriorKernels() before it reads or writes any memory an earlier kernel of the stream may
@@ -211,7 +212,10 @@ __device__ __forceinline__ float BlockMax(float x, float* scratch) {
 // files say why). (Calling it first thing, so that a chain of small kernels could be resident
 // ahead of the running one, was measured slower: an H200 took 4.74 instead of 4.34 ms for a
 // batch-1 decode step of Llama-3-8B's shapes.) Both are no-ops in a kernel launched without the
-// attribute (older GPUs, AllowProgrammaticLaunch(false), or plain <<<>>>).
+// attribute (older GPUs, the portable path, AllowProgrammaticLaunch(false), or plain <<<>>>),
+// and compile to nothing below sm_90, so that a launch with the attribute is asked for only where
+// the loaded code is sm_90's (ProgrammaticLaunchEnabled): a kernel that never waits must not be
+// launched early.
 __device__ __forceinline__ void WaitForPriorKernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -227,10 +231,6 @@ __device__ __forceinline__ void BeginDependentKernel() {
   WaitForPriorKernels();
   AllowDependentLaunch();
 }
-
-// Whether LaunchKernel asks for programmatic dependent launch: on sm_90+ devices (the current
-// device at the first call decides) unless AllowProgrammaticLaunch(false) turned it off.
-bool ProgrammaticLaunchEnabled();
 
 // cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) on the current
 // device, once per kernel, device and size: the attribute is a device's, so a process driving

@@ -13,6 +13,7 @@ namespace lmserve::kernels::cuda {
 namespace {
 
 constexpr int kCombineThreads = 128;
+constexpr int kDecodeRows = 16;  // query heads per block: the M rows of the mma.sync tiles
 
 struct DecodeArgs {
   const void* query;
@@ -47,24 +48,30 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
 // groups take several blocks), so a key's dot products with the whole group are one tensor-core
 // operation. Each warp owns every kWarps-th tile of kTileN keys of the block's split, streams it
-// through its own kStages-deep ring of bulk copies (no block barrier in the loop) and keeps its own
-// online softmax (the register layout of prefill_attention.cu's); the warps merge through shared
-// memory at the end. (A CUDA-core kernel with a lane group per key, shuffles for the dot
-// products, was 10-15% slower at batch 64 on an H200: 349 against 302 us for 64 x 4096 keys.)
+// through its own kStages-deep ring (no block barrier in the loop) and keeps its own online softmax
+// (the register layout of prefill_attention.cu's); the warps merge through shared memory at the
+// end. The ring is filled by bulk copies counted off mbarriers on Hopper (kBulk, where
+// UseHopperKernels()), by cp.async (sm_80+) on the portable path; the rest is the same code.
+// (A CUDA-core kernel with a lane group per key, shuffles for the dot products, was 10-15% slower
+// at batch 64 on an H200: 349 against 302 us for 64 x 4096 keys.)
 //
 // Blocks of 4 warps, or of 2 where a launch has blocks enough without splits (a large batch): all
 // of them then fit on the multiprocessors at once (4 a multiprocessor), and the start and end of
 // a block, where the memory idles, come once per launch instead of once per wave. (Batch 64 at
 // 1024 keys ran at 72% of the copy bandwidth in two waves of 4-warp blocks, and at 87% at 4096
-// keys, whose blocks stream four times longer.)
-template <int kHeadDim, int kWarps_>
+// keys, whose blocks stream four times longer.) Where a block of 4 warps would take more shared
+// memory than the device gives a block, 2 warps (head dim 256 on sm_86/sm_89, 99 KB a block).
+template <int kHeadDim, int kWarps_, bool kBulk_>
 struct DecodeShape {
   static constexpr int kWarps = kWarps_;
+  static constexpr bool kBulk = kBulk_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = 16;   // query heads per block
+  static constexpr int kRows = kDecodeRows;
   static constexpr int kTileN = 16;  // keys per warp step
   static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  // Hopper: three stages up to head dim 128. Portable: two, so that 4 warps at head dim 128 fit
+  // the 99 KB a block of sm_86 and sm_89 (three take 102 KB).
+  static constexpr int kStages = kBulk && kHeadDim <= 128 ? 3 : 2;
   static constexpr int kTileElements = kTileN * kStride;
   static constexpr int kWarpElements = kStages * 2 * kTileElements;  // [stage][K, V][key][dim]
   static constexpr int kLoadBytes = kWarps * kWarpElements * 2;
@@ -73,9 +80,9 @@ struct DecodeShape {
 };
 
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, bool kBulk>
 __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
-  using Shape = DecodeShape<kHeadDim, kWarps>;
+  using Shape = DecodeShape<kHeadDim, kWarps, kBulk>;
   constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
   constexpr int kTileN = Shape::kTileN;
@@ -86,7 +93,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   auto s_acc = reinterpret_cast<float (*)[kRows][kHeadDim]>(smem_raw);
   __shared__ float s_m[kWarps][kRows];
   __shared__ float s_l[kWarps][kRows];
-  __shared__ uint64_t s_bar[kWarps][kStages];  // each warp's ring: a stage's keys and values landed
+  // Each warp's ring (kBulk): a stage's keys and values landed.
+  __shared__ uint64_t s_bar[kBulk ? kWarps : 1][kBulk ? kStages : 1];
 
   // Before waiting for the previous kernel (QKV post-processing, which writes only the new
   // token's K and V), a block reads its sequence's length and table (step inputs, copied before
@@ -128,38 +136,73 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
   const int new_key = context_len - 1;  // written by the previous kernel
-  // Each warp streams its tiles through its ring with bulk copies: lane r copies key row r and
-  // lane 16 + r value row r of a tile (256 contiguous bytes each at head dim 128), counted off
-  // the stage's mbarrier. (cp.async in 16-byte pieces took a table lookup and address per piece
-  // and 201 registers against 120; on an H200 the bulk copies took batch 1's attention from 6.0
-  // to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) A row past the split's end copies the
-  // tile's first row instead: any finite data will do, its score is masked to a weight of 0.
+  // Each warp streams its tiles through its ring. kBulk: lane r copies key row r and lane 16 + r
+  // value row r of a tile (256 contiguous bytes each at head dim 128), one bulk copy a row,
+  // counted off the stage's mbarrier. (cp.async in 16-byte pieces spread over the warp took a table
+  // lookup and address per piece and 201 registers against 120; on an H200 the bulk copies took
+  // batch 1's attention from 6.0 to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) Portable:
+  // lanes 2r and 2r + 1 copy key and value rows r in cp.async pieces of 16 bytes (one table
+  // lookup a lane), a commit group a tile. A row past the split's end copies the tile's first row
+  // instead: any finite data will do, its score is masked to a weight of 0.
   constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
-  constexpr uint32_t kStageTx = 2 * kTileN * kRowBytes;
   static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
-  if (lane == 0) {
+  if constexpr (kBulk) {
+    if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) MbarrierInit(&s_bar[warp][s], 1);
+      for (int s = 0; s < kStages; ++s) MbarrierInit(&s_bar[warp][s], 1);
+    }
+    __syncwarp();
   }
-  __syncwarp();
-  const int row = lane % 16;
-  const T* const cache = lane < 16 ? key_cache : value_cache;
   enum Rows { kAll, kAllButNew, kNewOnly };
   // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
   auto load = [&](int j, Rows which) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
-    uint64_t* bar = &s_bar[warp][j % kStages];
-    T* dst = ring + (j % kStages) * 2 * Shape::kTileElements +
-             (lane < 16 ? 0 : Shape::kTileElements) + row * kStride;
-    if (which != kNewOnly && lane == 0) MbarrierArriveExpectTx(bar, kStageTx);
-    __syncwarp();
-    int pos = t0 + row;
-    if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
-    if (pos >= end) pos = t0;
-    const int block_index = pos / a.block_size;
-    const int64_t slot =
-        int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-    BulkCopy(dst, cache + slot * token_stride + int64_t{kv_head} * kHeadDim, kRowBytes, bar);
+    T* const stage = ring + (j % kStages) * 2 * Shape::kTileElements;  // [K, V][key][dim]
+    if constexpr (kBulk) {
+      // Lane r: key row r; lane 16 + r: value row r.
+      const int row = lane % 16;
+      if (which != kNewOnly && lane == 0) {
+        MbarrierArriveExpectTx(&s_bar[warp][j % kStages], 2 * kTileN * kRowBytes);
+      }
+      __syncwarp();
+      int pos = t0 + row;
+      if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
+      if (pos >= end) pos = t0;
+      const int block_index = pos / a.block_size;
+      const int64_t slot =
+          int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+      const T* src = (lane < 16 ? key_cache : value_cache) + slot * token_stride +
+                     int64_t{kv_head} * kHeadDim;
+      BulkCopy(stage + (lane < 16 ? 0 : Shape::kTileElements) + row * kStride, src, kRowBytes,
+               &s_bar[warp][j % kStages]);
+    } else {
+      // Lanes 2r and 2r + 1: key and value rows r, in alternate 16-byte pieces, so that each
+      // request of the warp covers 16 rows of 32 contiguous bytes (whole sectors; a row a lane
+      // took 32 rows of 16 bytes a request). The caller commits the cp.async group; the new key's
+      // rows, written by the previous kernel, are copied by plain loads and stores through L2, so
+      // that they need no group of their own.
+      static_assert(kHeadDim % 16 == 0, "two lanes share a row's 16-byte pieces evenly");
+      const int row = lane / 2;
+      int pos = t0 + row;
+      if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
+      if (pos >= end) pos = t0;
+      const int block_index = pos / a.block_size;
+      const int64_t slot =
+          int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+      const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + 8 * (lane % 2);
+      T* const dst_key = stage + row * kStride + 8 * (lane % 2);
+      T* const dst_value = dst_key + Shape::kTileElements;
+#pragma unroll
+      for (int c = 0; c < kHeadDim; c += 16) {
+        if (which == kNewOnly) {
+          Store16(dst_key + c, __ldcg(reinterpret_cast<const uint4*>(key_cache + offset + c)));
+          Store16(dst_value + c, __ldcg(reinterpret_cast<const uint4*>(value_cache + offset + c)));
+        } else {
+          CpAsync16(dst_key + c, key_cache + offset + c, true);
+          CpAsync16(dst_value + c, value_cache + offset + c, true);
+        }
+      }
+    }
   };
   // The first kStages - 1 tiles before the wait; the new key's row, if one of them holds it,
   // after (its stage's phase completes only when it has landed too).
@@ -171,6 +214,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       const int t0 = begin + (warp + j * kWarps) * kTileN;
       new_key_early |= t0 <= new_key && new_key < t0 + kTileN;
     }
+    if constexpr (!kBulk) CpAsyncCommit();  // group j holds tile j (empty past my_tiles)
   }
   BeginDependentKernel();
 #pragma unroll
@@ -203,7 +247,16 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 
   for (int j = 0; j < my_tiles; ++j) {
     if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll);
-    MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
+    if constexpr (kBulk) {
+      MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
+    } else {
+      // Groups 0 .. j + kStages - 1 are committed, group i holding tile i: tile j has landed
+      // once at most kStages - 1 groups are pending. The warp barrier makes every lane's copies
+      // (and the new key's stores) visible to the others.
+      CpAsyncCommit();
+      CpAsyncWait<kStages - 1>();
+      __syncwarp();
+    }
     const T* sk = ring + (j % kStages) * 2 * Shape::kTileElements;
     const T* sv = sk + Shape::kTileElements;
 
@@ -376,15 +429,35 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
 }
 
 // Warps per block (DecodeShape): 2 where `blocks` (a launch's blocks per split) fill the device
-// without splits at 4 of them a multiprocessor, else 4.
-int DecodeWarps(int64_t blocks, int sms) {
+// without splits at 4 of them a multiprocessor, or where a block of 4 (`four_warp_bytes` of
+// shared memory) would not fit the current device's limit; else 4.
+int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
+  int device = 0, max_bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    max_bytes = 0;
+  }
+  if (max_bytes > 0 && four_warp_bytes > max_bytes) return 2;
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
+// DecodeWarps for a head dim and path.
+template <int kHeadDim>
+int DecodeWarpsFor(bool bulk, int64_t blocks, int sms) {
+  return DecodeWarps(blocks, sms,
+                     bulk ? DecodeShape<kHeadDim, 4, true>::kSmemBytes
+                          : DecodeShape<kHeadDim, 4, false>::kSmemBytes);
+}
+
+// f(warps, bulk) with both as compile-time constants (std::integral_constant).
 template <typename F>
-cudaError_t DispatchWarps(int warps, F&& f) {
-  if (warps == 2) return f(std::integral_constant<int, 2>{});
-  return f(std::integral_constant<int, 4>{});
+cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  if (warps == 2) return bulk ? f(Two{}, std::true_type{}) : f(Two{}, std::false_type{});
+  return bulk ? f(Four{}, std::true_type{}) : f(Four{}, std::false_type{});
 }
 
 }  // namespace
@@ -398,14 +471,17 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
   if (sms <= 0) return 1;
   int resident = 0;
   int64_t blocks = 0;
+  const bool bulk = UseHopperKernels();
   const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows);
-      return DispatchWarps(DecodeWarps(blocks, sms), [&](auto warps_constant) {
-        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
+      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows);
+      const int warps = DecodeWarpsFor<kHeadDim>(bulk, blocks, sms);
+      return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
+        using Shape =
+            DecodeShape<kHeadDim, decltype(warps_constant)::value, decltype(bulk_constant)::value>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk>;
         LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
             kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads,
@@ -463,17 +539,20 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
     a.cap_log2 = 0.0f;
   }
   const int sms = CurrentMultiprocessorCount();
+  const bool bulk = UseHopperKernels();
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      a.head_chunks = static_cast<int>(CeilDiv(group_size, DecodeShape<kHeadDim, 4>::kRows));
+      a.head_chunks = static_cast<int>(CeilDiv(group_size, kDecodeRows));
       const int64_t blocks = p.num_kv_heads * a.head_chunks * p.num_seqs;
-      return DispatchWarps(DecodeWarps(blocks, sms), [&](auto warps_constant) {
-        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value>;
+      const int warps = DecodeWarpsFor<kHeadDim>(bulk, blocks, sms);
+      return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
+        using Shape =
+            DecodeShape<kHeadDim, decltype(warps_constant)::value, decltype(bulk_constant)::value>;
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk>;
         LMSERVE_CUDA_RETURN_IF_ERROR(
             SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
         LMSERVE_CUDA_RETURN_IF_ERROR(

@@ -1,5 +1,10 @@
 // Tensor-core and asynchronous-copy primitives: mma.sync m16n8k16 with fp32 accumulation,
 // ldmatrix, cp.async (sm_80+); mbarriers and bulk copies (sm_90). Include only from .cu files.
+//
+// The sm_90 ones compile to their instructions only where __CUDA_ARCH__ >= 900, and trap
+// elsewhere: a build for compute_80 (PTX the driver compiles for whatever GPU it meets) must not
+// hold them, and the code that calls them runs only where UseHopperKernels() (device.h) holds,
+// which asks the driver what code it loaded.
 
 #ifndef LMSERVE_KERNELS_CUDA_MMA_CUH_
 #define LMSERVE_KERNELS_CUDA_MMA_CUH_
@@ -61,17 +66,27 @@ __device__ __forceinline__ void CpAsyncWait() {
 // Shared-memory mbarriers and bulk copies (sm_90): a bulk copy moves `bytes` contiguous bytes
 // from global to shared memory and counts them off the barrier's transactions; a phase completes
 // when its arrivals are in and every byte announced with ArriveExpectTx has landed.
+// (Each body: the instruction where __CUDA_ARCH__ >= 900 or on the host pass, else __trap().)
 __device__ __forceinline__ void MbarrierInit(uint64_t* bar, uint32_t arrivals) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)), "r"(arrivals));
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
                "r"(bytes)
                : "memory");
+#else
+  __trap();
+#endif
 }
 // Waits until the phase of parity `parity` has completed.
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   uint32_t done = 0;
   do {
     asm volatile(
@@ -81,15 +96,22 @@ __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
         : "r"(SmemAddress(bar)), "r"(parity)
         : "memory");
   } while (done == 0);
+#else
+  __trap();
+#endif
 }
 // REQUIRES: 16-byte aligned addresses, bytes a multiple of 16.
 __device__ __forceinline__ void BulkCopy(void* smem, const void* global, uint32_t bytes,
                                          uint64_t* bar) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(SmemAddress(smem)),
       "l"(global), "r"(bytes), "r"(SmemAddress(bar))
       : "memory");
+#else
+  __trap();
+#endif
 }
 
 }  // namespace lmserve::kernels::cuda

@@ -25,14 +25,15 @@ __device__ __forceinline__ float FromFixed(unsigned long long w) {
   return __ull2float_rn(w) * (1.0f / kWeightUnit);
 }
 
+// The sampler's dynamic shared memory: this, then the candidates (SampleArgs::max_candidates of
+// each array: keys, weights, indices), CandidateBytes in all.
 struct SamplerSmem {
   uint32_t bin_count[kBins];
   unsigned long long bin_weight[kBins];  // fixed point, ToFixed
   float scan[kThreads];
-  uint32_t cand_key[kSamplingCandidates];
-  float cand_weight[kSamplingCandidates];
-  int32_t cand_index[kSamplingCandidates];
 };
+constexpr int kCandidateBytes = 4 + 4 + 4;  // key, weight, index
+static_assert(sizeof(SamplerSmem) % 16 == 0, "the candidates start 16-byte aligned");
 
 // Order-preserving map of floats to unsigned integers; NaN maps to 0, below everything.
 __device__ __forceinline__ uint32_t OrderedKey(float z) {
@@ -275,7 +276,8 @@ struct SampleArgs {
   const uint64_t* steps;
   int64_t stride;
   int vocab_size;
-  void* workspace;  // SamplingParams::workspace
+  void* workspace;     // SamplingParams::workspace
+  int max_candidates;  // kSamplingCandidates (Hopper path) or kSamplingCandidatesPortable
 };
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
@@ -304,6 +306,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   __shared__ int s_token;
   Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
   SamplerSmem& big = *sh.big;
+  const int max_candidates = a.max_candidates;
+  uint32_t* const cand_key = reinterpret_cast<uint32_t*>(smem_raw + sizeof(SamplerSmem));
+  float* const cand_weight = reinterpret_cast<float*>(cand_key + max_candidates);
+  int32_t* const cand_index = reinterpret_cast<int32_t*>(cand_weight + max_candidates);
 
   const int row_index = blockIdx.x;
   const float* row = a.logits + row_index * a.stride;
@@ -389,10 +395,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 #pragma unroll
       for (int e = 0; e < kItems; ++e) {
         if (keep & (1u << e)) {
-          if (slot < kSamplingCandidates) {
-            big.cand_key[slot] = OrderedKey(x[e]);
-            big.cand_weight[slot] = weight_of(x[e]);
-            big.cand_index[slot] = i0 + e;
+          if (slot < max_candidates) {
+            cand_key[slot] = OrderedKey(x[e]);
+            cand_weight[slot] = weight_of(x[e]);
+            cand_index[slot] = i0 + e;
           }
           ++slot;
         }
@@ -424,13 +430,13 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       const float bound_nats = static_cast<float>(kBins - selected) / kBinsPerNat;
       lower = OrderedKey(max_z - bound_nats);
       if (bound_nats + 1.0f / kBinsPerNat <= kProvisionalNats &&
-          provisional <= static_cast<float>(kSamplingCandidates)) {
+          provisional <= static_cast<float>(max_candidates)) {
         num_candidates = static_cast<int>(provisional);  // a superset of the tokens >= lower
       }
       float count = 0.0f;
       for (int h = selected + threadIdx.x; h < kBins; h += kThreads) count += big.bin_count[h];
       count = BlockSum(count, s_warp);
-      if (num_candidates < 0 && count <= static_cast<float>(kSamplingCandidates)) {
+      if (num_candidates < 0 && count <= static_cast<float>(max_candidates)) {
         float base = 0.0f;
         for (int tile = 0; tile < vocab; tile += kTileItems) {
           const int i0 = tile + kItems * threadIdx.x;
@@ -449,17 +455,17 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 #pragma unroll
           for (int e = 0; e < kItems; ++e) {
             if (key[e] >= lower && key[e] != 0u) {
-              if (slot < kSamplingCandidates) {
-                big.cand_key[slot] = key[e];
-                big.cand_weight[slot] = weight_of(x[e] * inv_t);
-                big.cand_index[slot] = i0 + e;
+              if (slot < max_candidates) {
+                cand_key[slot] = key[e];
+                cand_weight[slot] = weight_of(x[e] * inv_t);
+                cand_index[slot] = i0 + e;
               }
               ++slot;
             }
           }
           base += tile_total;
         }
-        num_candidates = base <= static_cast<float>(kSamplingCandidates) ? static_cast<int>(base) : -1;
+        num_candidates = base <= static_cast<float>(max_candidates) ? static_cast<int>(base) : -1;
         __syncthreads();
       }
     }
@@ -467,7 +473,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   auto for_each = [&](auto&& f) {
     if (num_candidates >= 0) {
       for (int i = threadIdx.x; i < num_candidates; i += kThreads) {
-        f(big.cand_key[i], big.cand_weight[i]);
+        f(cand_key[i], cand_weight[i]);
       }
     } else {
       global_for_each(f);
@@ -513,8 +519,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 #pragma unroll
       for (int e = 0; e < kItems; ++e) {
         const int i = i0 + e;
-        w[e] = i < n ? kept_weight(big.cand_key[i], big.cand_weight[i]) : 0.0f;
-        index[e] = i < n ? big.cand_index[i] : 0;
+        w[e] = i < n ? kept_weight(cand_key[i], cand_weight[i]) : 0.0f;
+        index[e] = i < n ? cand_index[i] : 0;
       }
     } else {
       float x[kItems];
@@ -579,12 +585,17 @@ cudaError_t Launch(const ArgmaxParams& p, cudaStream_t stream) {
 cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_rows == 0) return cudaSuccess;
-  constexpr int kSmemBytes = sizeof(SamplerSmem);
+  // The candidates' capacity only decides whether step 3 keeps them in shared memory or the later
+  // steps read global memory: the tokens drawn are the same either way.
+  const int max_candidates =
+      UseHopperKernels() ? kSamplingCandidates : kSamplingCandidatesPortable;
+  const int smem_bytes =
+      static_cast<int>(sizeof(SamplerSmem)) + max_candidates * kCandidateBytes;
   LMSERVE_CUDA_RETURN_IF_ERROR(
-      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(SampleKernel), kSmemBytes));
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(SampleKernel), smem_bytes));
   SampleArgs a{p.logits, p.output, p.temperature, p.top_k, p.top_p, p.min_p, p.seeds, p.steps,
                p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
-               static_cast<int>(p.vocab_size), p.workspace};
+               static_cast<int>(p.vocab_size), p.workspace, max_candidates};
   // Greedy rows split while the launch has fewer blocks than two a multiprocessor, each slice at
   // least 1024 entries.
   int64_t splits = 1;
@@ -594,7 +605,7 @@ cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
     splits = std::clamp<int64_t>(p.vocab_size / 1024, 1, splits);
   }
   const dim3 grid(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(splits));
-  SampleKernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+  SampleKernel<<<grid, kThreads, smem_bytes, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -8,8 +8,10 @@
 //      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
 //      top-p by a lower bound on each bin's weight, min-p directly);
 //   3. one pass that compacts the tokens above that bound, in vocabulary order, into shared memory
-//      (up to kSamplingCandidates; when more, or when the bound falls past the histogram's range,
-//      the next steps read global memory instead);
+//      (up to kSamplingCandidates on the Hopper path, 220 KB of shared memory with the histogram;
+//      up to kSamplingCandidatesPortable on the portable path, 76 KB, which fits every sm_80+
+//      GPU: 163 KB a block on A100, 99 KB on sm_86/sm_89; when more, or when the bound falls past
+//      the histogram's range, the next steps read global memory instead: the same tokens);
 //   4. exact top-k and top-p thresholds by radix selection (11 + 11 + 10 bits of the
 //      order-preserving bits of z) over the candidates, then an ordered prefix-sum search for the
 //      token that u * (kept weight) falls on.
@@ -33,6 +35,7 @@
 namespace lmserve::kernels::cuda {
 
 inline constexpr int kSamplingCandidates = 16384;
+inline constexpr int kSamplingCandidatesPortable = 4096;
 inline constexpr int64_t kSamplingSplitRows = 16;
 inline constexpr int kSamplingMaxSplits = 32;
 // The workspace of a split argmax: a counter a row, then each row's slice winners.

@@ -29,6 +29,7 @@ using testing::FreshSeed;
 using testing::HalfToFloat;
 using testing::RandomFloats;
 using testing::RelativeL2;
+using testing::ScopedKernelPath;
 using testing::Tolerance;
 
 constexpr int64_t kBlockSize = 16;
@@ -281,6 +282,51 @@ TEST(DecodeAttentionGpuTest, SlidingWindowAndSoftcap) {
   }
   RunDecodeCase(DType::kF16, 17, 2, 4, 128, 24, {1000, 30.0f, true});
   RunDecodeCase(DType::kBF16, 64, 8, 1, 128, kBlockSize, {4096, 0.0f, true});  // many blocks
+}
+
+// The portable path (cp.async) against Hopper's (bulk copies and mbarriers) on the same inputs:
+// only the loads into shared memory differ, the math is the same code, so the outputs (and the
+// splits' partial results) must be equal bit for bit. Needs a GPU and build that run Hopper's.
+TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
+  LMSERVE_REQUIRE_GPU();
+  {
+    ScopedKernelPath hopper(KernelPath::kAuto);
+    if (!UseHopperKernels()) {
+      GTEST_SKIP() << "no Hopper path here (GPU below 9.0 or code below sm_90): nothing to compare";
+    }
+  }
+  const uint32_t seed = FreshSeed();
+  std::mt19937 rng(seed);
+  for (int64_t head_dim : {64, 128, 256}) {
+    for (int64_t group : {1, 8}) {
+      for (const Masking& masking : {Masking{}, Masking{40, 30.0f, true}}) {
+        SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << " group " << group << " "
+                                          << masking << " seed " << seed);
+        PagedBatch b{DType::kBF16, 2 * group, 2, head_dim};
+        std::vector<std::pair<int32_t, int32_t>> seqs;
+        for (int i = 0; i < 17; ++i) seqs.push_back({1, kLengths[(i + 5) % 6]});
+        BuildBatch(b, seqs, rng);
+        ApplyMasking(b, masking);
+        for (int max_splits : {1, 7}) {
+          std::vector<uint16_t> outputs[2];
+          for (int path = 0; path < 2; ++path) {
+            ScopedKernelPath scoped(path == 0 ? KernelPath::kAuto : KernelPath::kPortable);
+            ASSERT_EQ(UseHopperKernels(), path == 0);
+            DeviceBuffer<uint16_t> d_out(b.num_seqs() * b.num_heads * head_dim);
+            DeviceBuffer<uint8_t> d_ws(
+                std::max<int64_t>(16, DecodeAttentionParams::WorkspaceBytes(
+                                          b.num_seqs(), b.num_heads, head_dim, max_splits)));
+            d_out.Poison();
+            d_ws.Poison();
+            CUDA_ASSERT(Launch(DecodeParams(b, d_out.get(), d_ws.get(), max_splits), nullptr));
+            CUDA_ASSERT(cudaDeviceSynchronize());
+            outputs[path] = d_out.Download();
+          }
+          EXPECT_EQ(outputs[0], outputs[1]) << "max_splits " << max_splits;
+        }
+      }
+    }
+  }
 }
 
 // One captured launch serves any lengths: captures `launch`, then replays the graph after changing

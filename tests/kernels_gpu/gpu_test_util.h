@@ -22,14 +22,30 @@
 
 namespace lmserve::kernels::cuda::testing {
 
-// Skips the test unless a CUDA GPU of compute capability 8.0 or newer is present.
+// Skips the test unless a CUDA GPU of compute capability 8.0 or newer is present and this build
+// holds code it runs.
 #define LMSERVE_REQUIRE_GPU()                                                                  \
   do {                                                                                         \
     const auto devices = ::lmserve::kernels::cuda::ListDevices();                              \
     if (devices.empty()) GTEST_SKIP() << "no CUDA GPU on this machine: GPU kernel test skipped"; \
     if (devices[0].compute_capability_major < 8)                                               \
       GTEST_SKIP() << "GPU " << devices[0].name << " is older than sm_80: test skipped";       \
+    if (::lmserve::kernels::cuda::KernelCodeCapability(0) == 0)                                \
+      GTEST_SKIP() << "this build holds no code GPU " << devices[0].name << " runs: skipped";  \
   } while (0)
+
+// Sets the kernels' process-wide path (device.h) for a scope, and restores the previous one (the
+// binary's: tests/gpu_main/) on leaving it.
+class ScopedKernelPath {
+ public:
+  explicit ScopedKernelPath(KernelPath path) : saved_(GetKernelPath()) { SetKernelPath(path); }
+  ~ScopedKernelPath() { SetKernelPath(saved_); }
+  ScopedKernelPath(const ScopedKernelPath&) = delete;
+  ScopedKernelPath& operator=(const ScopedKernelPath&) = delete;
+
+ private:
+  KernelPath saved_;
+};
 
 #define CUDA_ASSERT(expr)                                                         \
   do {                                                                            \

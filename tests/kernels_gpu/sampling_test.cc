@@ -86,8 +86,10 @@ void ExpectAgrees(const float* row, int64_t vocab, const RowSettings& s, uint64_
                                                              << d.token;
 }
 
-void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, float spread) {
-  const uint32_t seed = FreshSeed();
+// Samples rows of `settings` over random logits (`spread` their standard deviation) and checks
+// every token against the CPU twin; `tokens`, when given, receives them.
+void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, float spread,
+                     uint32_t seed = FreshSeed(), std::vector<int32_t>* tokens = nullptr) {
   SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " spread " << spread << " seed "
                                     << seed);
   std::mt19937 rng(seed);
@@ -133,6 +135,7 @@ void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, fl
   CUDA_ASSERT(Launch(p, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(d_out.Download(), out);
+  if (tokens != nullptr) *tokens = out;
 }
 
 // A launch's logits and its rows' temperatures, seeds and steps on the device (no filters), and
@@ -237,6 +240,29 @@ TEST(SamplingGpuTest, FlatDistributionsTakeTheGlobalPath) {
   RunSamplingCase(128256, {{1.0f, 0, 0.9f, 0.0f}, {1.0f, 30000, 1.0f, 0.0f},
                            {1.0f, 30000, 0.8f, 0.0f}, {1.0f, 0, 1.0f, 0.001f}},
                   0.05f);
+}
+
+// The portable path keeps at most kSamplingCandidatesPortable candidates in shared memory, the
+// Hopper path kSamplingCandidates: rows with a number of candidates in between read them from
+// global memory on the one and from shared memory on the other. The tokens must be the same.
+TEST(SamplingGpuTest, EitherPathsCandidateCapacityDrawsTheSameTokens) {
+  LMSERVE_REQUIRE_GPU();
+  {
+    testing::ScopedKernelPath hopper(KernelPath::kAuto);
+    if (!UseHopperKernels()) GTEST_SKIP() << "no Hopper path here: nothing to compare";
+  }
+  static_assert(kSamplingCandidatesPortable < 8000 && 12000 < kSamplingCandidates);
+  const std::vector<RowSettings> settings = {{1.0f, 8000, 1.0f, 0.0f},
+                                             {1.0f, 12000, 0.99f, 0.0f},
+                                             {0.9f, 6000, 1.0f, 0.0f},
+                                             {1.0f, 50, 1.0f, 0.0f}};
+  const uint32_t seed = FreshSeed();
+  std::vector<int32_t> tokens[2];
+  for (int path = 0; path < 2; ++path) {
+    testing::ScopedKernelPath scoped(path == 0 ? KernelPath::kAuto : KernelPath::kPortable);
+    RunSamplingCase(128256, settings, 1.0f, seed, &tokens[path]);
+  }
+  EXPECT_EQ(tokens[0], tokens[1]) << "seed " << seed;
 }
 
 TEST(SamplingGpuTest, DrawsFollowTheDistribution) {

@@ -47,6 +47,7 @@ TEST(ServeConfigTest, EveryFlagsDefault) {
   EXPECT_EQ(config.runner.gpu_memory_utilization, 0.9);
   EXPECT_TRUE(config.runner.cuda_graphs);
   EXPECT_TRUE(config.runner.fp32_residual);
+  EXPECT_EQ(config.runner.cuda_kernel_path, engine::CudaKernelPath::kAuto);
   EXPECT_EQ(config.engine.max_num_seqs, 64);
   EXPECT_EQ(config.engine.max_num_batched_tokens, 2048);
   EXPECT_EQ(config.engine.max_model_len, 0);
@@ -128,6 +129,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
       "0.5",
       "--no-cuda-graphs",
       "--no-fp32-residual",
+      "--cuda-kernel-path",
+      "portable",
       "--max-num-seqs",
       "8",
       "--max-num-batched-tokens=512",
@@ -180,6 +183,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   EXPECT_EQ(config.runner.gpu_memory_utilization, 0.5);
   EXPECT_FALSE(config.runner.cuda_graphs);
   EXPECT_FALSE(config.runner.fp32_residual);
+  EXPECT_EQ(config.runner.cuda_kernel_path, engine::CudaKernelPath::kPortable);
   EXPECT_EQ(config.engine.max_num_seqs, 8);
   EXPECT_EQ(config.engine.max_num_batched_tokens, 512);
   EXPECT_EQ(config.engine.max_model_len, 1024);
@@ -205,6 +209,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   const std::string summary = DescribeServeConfig(config);
   EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, threads: 3, load format: dummy"));
   EXPECT_THAT(summary, HasSubstr("CUDA graphs: off, fp32 residual: off"));
+  EXPECT_THAT(summary, HasSubstr("CUDA kernel path: portable"));
   EXPECT_THAT(summary, HasSubstr("KV cache: 256 MiB, max model len: 1024, prefix caching: off"));
   EXPECT_THAT(summary, HasSubstr("auth: bearer token (redacted)"));
   EXPECT_THAT(summary, Not(HasSubstr("s3cret")));
@@ -243,6 +248,7 @@ TEST(ServeConfigTest, BadValuesNameTheirFlag) {
       {{"--gpu-memory-utilization", "1.5"}, "--gpu-memory-utilization"},
       {{"--gpu-memory-utilization", "most"}, "--gpu-memory-utilization"},
       {{"--no-cuda-graphs=maybe"}, "--no-cuda-graphs"},
+      {{"--cuda-kernel-path", "hopper"}, "--cuda-kernel-path"},
       {{"--max-num-seqs", "0"}, "--max-num-seqs"},
       {{"--max-num-batched-tokens", "2048.5"}, "--max-num-batched-tokens"},
       {{"--max-model-len", "-1"}, "--max-model-len"},
@@ -361,6 +367,8 @@ TEST(ServeConfigTest, HelpListsEveryFlagWithItsDefault) {
                            "--gpu-memory-utilization",
                            "--no-cuda-graphs",
                            "--no-fp32-residual",
+                           "--decode-gemm",
+                           "--cuda-kernel-path",
                            "--max-num-seqs",
                            "--max-num-batched-tokens",
                            "--max-model-len",

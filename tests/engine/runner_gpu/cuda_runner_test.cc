@@ -20,6 +20,8 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/device.h"
+#include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 
 namespace lmserve::engine {
@@ -64,6 +66,7 @@ double Margin(const float* row, int64_t n) {
 RunnerConfig CudaConfig(bool graphs = true, RunnerDType dtype = RunnerDType::kAuto) {
   RunnerConfig config;
   config.backend = Backend::kCuda;
+  config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
   config.dtype = dtype;
   config.kv_cache_bytes = int64_t{64} << 20;
   config.max_num_seqs = 16;
@@ -472,6 +475,34 @@ TEST(CudaRunnerTest, DummyWeightsAgreeWithTheCpuRunner) {
 TEST(CudaRunnerTest, Float32DummyWeightsAgreeWithTheCpuRunner) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   CheckDummyWeights(RunnerDType::kFloat32);
+}
+
+// The configured path is the one the kernels take: the portable path when the run forces it (and
+// always below Hopper), Hopper's where the GPU and the loaded code are sm_90 (an sm_90 build on an
+// H100) and the configuration leaves it to the device.
+TEST(CudaRunnerTest, StatsNameTheKernelPathItRuns) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("qwen2-bias"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  for (CudaKernelPath path : {CudaKernelPath::kPortable, CudaKernelPath::kAuto}) {
+    RunnerConfig config = CudaConfig(/*graphs=*/false);
+    config.cuda_kernel_path = path;
+    auto runner = MakeRunner(**checkpoint, config);
+    ASSERT_NE(runner, nullptr);
+    const std::string described = runner->stats().cuda_kernels;
+    const bool hopper_here = kernels::cuda::ListDevices()[0].compute_capability_major >= 9 &&
+                             kernels::cuda::KernelCodeCapability(0) >= 90;
+    if (path == CudaKernelPath::kPortable || !hopper_here) {
+      EXPECT_EQ(described.rfind("portable kernels", 0), 0u) << described;
+    } else {
+      EXPECT_EQ(described.rfind("Hopper kernels (sm_", 0), 0u) << described;
+    }
+    std::printf("--cuda-kernel-path %s: %s\n", std::string(CudaKernelPathName(path)).c_str(),
+                described.c_str());
+  }
+  // Leaves the binary's own path set, for the tests that follow.
+  RunnerConfig config = CudaConfig(/*graphs=*/false);
+  ASSERT_NE(MakeRunner(**checkpoint, config), nullptr);
 }
 
 TEST(CudaRunnerTest, RejectsBatchesBeyondItsLimitsWithoutDying) {

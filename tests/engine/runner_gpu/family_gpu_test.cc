@@ -20,6 +20,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/step_batches.h"
 
@@ -65,6 +66,7 @@ std::unique_ptr<ModelRunner> CudaRunner(const Checkpoint& checkpoint, RunnerDTyp
                                         bool fp32_residual = true) {
   RunnerConfig config;
   config.backend = Backend::kCuda;
+  config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
   config.dtype = dtype;
   config.fp32_residual = fp32_residual;
   config.kv_cache_bytes = int64_t{64} << 20;

@@ -17,6 +17,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 
 namespace lmserve::engine {
@@ -41,6 +42,7 @@ std::unique_ptr<ModelRunner> Runner(const Checkpoint& checkpoint, Backend backen
                                     LoadFormat format = LoadFormat::kCheckpoint) {
   RunnerConfig config;
   config.backend = backend;
+  config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
   config.dtype = dtype;
   config.kv_cache_bytes = int64_t{64} << 20;
   config.max_num_seqs = 8;

@@ -18,6 +18,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 
 namespace lmserve::engine {
@@ -28,6 +29,7 @@ constexpr int32_t kBlockSize = 16;
 std::unique_ptr<ModelRunner> Runner(const Checkpoint& checkpoint, Backend backend) {
   RunnerConfig config;
   config.backend = backend;
+  config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
   config.dtype = RunnerDType::kFloat32;
   config.block_size_tokens = kBlockSize;
   config.kv_cache_bytes = int64_t{16} << 20;

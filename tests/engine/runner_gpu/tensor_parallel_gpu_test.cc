@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/allreduce.h"
+#include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/step_batches.h"
 
@@ -45,6 +46,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> Runner(const Checkpoint& checkpoint
                                                     RunnerDType dtype, int32_t tp) {
   RunnerConfig config;
   config.backend = Backend::kCuda;
+  config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
   config.dtype = dtype;
   config.kv_cache_bytes = int64_t{64} << 20;
   config.max_num_seqs = 8;
