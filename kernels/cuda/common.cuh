@@ -233,8 +233,8 @@ __device__ __forceinline__ void BeginDependentKernel() {
 }
 
 // cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) on the current
-// device, once per kernel, device and size: the attribute is a device's, so a process driving
-// several GPUs (tensor parallelism) must set it on each.
+// device where the kernel's bound there is below `bytes` (it is only ever raised): the attribute is
+// a device's, so a process driving several GPUs (tensor parallelism) must set it on each.
 cudaError_t SetMaxDynamicSharedMemory(const void* kernel, int bytes);
 
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch where

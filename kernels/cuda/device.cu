@@ -1,9 +1,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
-#include <set>
-#include <tuple>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -147,14 +147,18 @@ bool ProgrammaticLaunchEnabled() {
 
 cudaError_t SetMaxDynamicSharedMemory(const void* kernel, int bytes) {
   static std::mutex mu;
-  static std::set<std::tuple<const void*, int, int>> done;  // (kernel, device, bytes)
+  // The largest size set per (kernel, device): the attribute is a bound, so a launch asking for
+  // less needs no call, and one asking for more raises it (never lowered: a kernel launched with
+  // two sizes, as the sampler's candidate capacities on either kernel path, keeps working).
+  static std::map<std::pair<const void*, int>, int> largest;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device, bytes}) > 0) return cudaSuccess;
+  const auto it = largest.find({kernel, device});
+  if (it != largest.end() && it->second >= bytes) return cudaSuccess;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess) done.insert({kernel, device, bytes});
+  if (e == cudaSuccess) largest[{kernel, device}] = bytes;
   return e;
 }
 
