@@ -48,6 +48,7 @@ struct SsmDeviceSequences {
 inline constexpr int64_t kSsmMaxHeadDim = 256;    // head_dim * 4 threads a block
 inline constexpr int64_t kSsmMaxConvKernel = 8;
 inline constexpr int kScanChunk = 16;             // tokens staged at once by SsmScan
+inline constexpr int64_t kSsmMaxNormGroup = 32768;  // gated RMSNorm: a group in shared memory
 // state_size: 16, 32, 64, 128 or 256.
 bool SupportsSsmStateSize(int64_t state_size);
 
@@ -109,7 +110,7 @@ struct SsmGatedRmsNormParams {
   void* output = nullptr;        // [num_tokens, width]; device; may be input
   int64_t num_tokens = 0;
   int64_t width = 0;
-  int64_t group_size = 0;  // divides width
+  int64_t group_size = 0;  // divides width; at most kSsmMaxNormGroup
   float epsilon = 1e-5f;
   DType dtype = DType::kBF16;
 
