@@ -320,11 +320,11 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
   const float A = -expf(ToFloat(a.a_log[h]));
   const float dh = ToFloat(a.d[h]);
   const float dt_bias = ToFloat(a.dt_bias[h]);
-  const int ctx = a.seqs.context_lens[i];
+  const int ctx = __ldcg(a.seqs.context_lens + i);  // step inputs: uploaded before the step
   const int k1 = conv.kernel - 1;
   const int pos = ctx - 1;
   const bool fresh = ctx == 1;
-  const int64_t slot = ctx == 0 ? 0 : a.seqs.state_slots[i];
+  const int64_t slot = ctx == 0 ? 0 : __ldcg(a.seqs.state_slots + i);
   // The global channel of block channel k.
   auto channel = [&](int k) -> int64_t {
     if (k < 2 * kN) {
@@ -337,13 +337,15 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
   float* state = a.states + ((slot * a.num_heads + h) * hd + p) * kN;
   DecodeRow<kN, kL> st;
   if (ctx != 0) {
+    st.Load(state, s, fresh);  // first, so that its loads are in flight with the ring's
     for (int k = threadIdx.x; k < num_channels; k += blockDim.x) {
       const int64_t c = channel(k);
       const T* w = conv.weight + c * conv.kernel;
       float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
-      for (int j = 0; j < k1; ++j) {
+#pragma unroll
+      for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {  // unrolled: the loads issued together
         const int q = pos - k1 + j;
-        if (!fresh && q >= 0) {
+        if (j < k1 && !fresh && q >= 0) {
           acc += ToFloat(w[j]) * __ldcg(ring + static_cast<int64_t>(q % conv.kernel) *
                                                    conv.channels + c);
         }
@@ -351,7 +353,6 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
       part[k] = acc;
       newest[k] = ToFloat(w[k1]);
     }
-    st.Load(state, s, fresh);
   }
   BeginDependentKernel();
   if (ctx == 0) return;  // padding: the whole block

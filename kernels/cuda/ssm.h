@@ -20,8 +20,14 @@
 //   (x, B, C, dt), the recurrence within a chunk: one block per (sequence, head), 4 threads per
 //   head dim, each holding state_size / 4 of its state row in registers.
 // - SsmDecode: a decode-only step (one token a sequence, or padding) in one kernel: the conv
-//   update of the head's x channels and its group's B and C channels, then the SSM update.
-// - GatedRmsNorm: one block per (token, norm group).
+//   update of the head's x channels and its group's B and C channels, then the SSM update. A
+//   block takes up to 256 threads' worth of a head's rows (16 lanes a state row, fewer for
+//   states under 64), so that one sequence spreads over hundreds of blocks; the state rows and
+//   the conv taps of older positions are read before the kernel's programmatic-launch wait
+//   (they overlap in_proj), each state byte read and written once.
+// - GatedRmsNorm: one block per (token, norm group) of up to 1024 threads, 16-byte accesses
+//   where rows are aligned, the gated values kept in shared memory between the reduction and
+//   the write (a group of at most kSsmMaxNormGroup).
 // bf16, fp16 or fp32 activations and weights; fp32 math and states.
 
 #ifndef LMSERVE_KERNELS_CUDA_SSM_H_
