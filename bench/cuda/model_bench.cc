@@ -262,7 +262,8 @@ int Run(const Options& o) {
   config.backend = engine::Backend::kCuda;
   config.dtype = o.dtype;
   config.load_format = o.dummy ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
-  config.max_num_seqs = max_batch;
+  // The prefill's sequences need state slots too (state-space layers: one a sequence).
+  config.max_num_seqs = std::max(max_batch, o.prefill_seqs);
   config.max_num_batched_tokens = std::max(o.prefill_seqs * o.prefill_tokens, 256);
   config.kv_cache_bytes = 0;
   config.cuda_graphs = o.graphs;

@@ -80,11 +80,12 @@ absl::Status SsmDecodeParams::Validate() const {
 absl::Status SsmGatedRmsNormParams::Validate() const {
   LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("SsmGatedRmsNorm", dtype));
   if (num_tokens < 0 || width <= 0 || group_size <= 0 || width % group_size != 0 ||
-      gate_stride < width || !(epsilon > 0) || width / group_size > 65535) {
+      group_size > kSsmMaxNormGroup || gate_stride < width || !(epsilon > 0) ||
+      width / group_size > 65535) {
     return KernelError("SsmGatedRmsNorm",
                        StrCat("width ", width, " in groups of ", group_size, ", gate stride ",
-                              gate_stride, " (groups dividing the width, stride at least the "
-                              "width, epsilon > 0)"));
+                              gate_stride, " (groups dividing the width, at most ",
+                              kSsmMaxNormGroup, ", stride at least the width, epsilon > 0)"));
   }
   if (num_tokens > 0 &&
       (input == nullptr || gate == nullptr || weight == nullptr || output == nullptr)) {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -9,7 +10,6 @@ namespace lmserve::kernels::cuda {
 namespace {
 
 constexpr int kConvThreads = 128;
-constexpr int kNormThreads = 256;
 constexpr int kLanesPerRow = 4;  // threads per head dim in the scans: each holds state_size / 4
 
 __device__ __forceinline__ float Silu(float v) { return v / (1.0f + expf(-v)); }
@@ -229,24 +229,90 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
   st.Store(state, s);
 }
 
-// A decode-only step: one block per (rows of a head, sequence), kLanesPerRow threads per head
-// dim: the conv update of its x channels and of its group's B and C channels (the B and C ones
-// computed by every block of the group, written back by the group's first), then the SSM update
-// of its rows. `rows` head dims a block: 16 (8 where head_dim is not a multiple of 16), so that a
-// batch of one sequence still spreads over the SMs.
+// Lanes a state row is split over in the decode kernel: 16 (a row's 16 lanes move 256
+// contiguous bytes at once), fewer for small states so that each lane holds a float4 at least.
+template <int kN>
+constexpr int DecodeLanes() {
+  return kN / 4 < 16 ? kN / 4 : 16;
+}
+
+// The state entries a decode thread holds: lane s of a row's kL lanes holds float4s j * kL + s.
+template <int kN, int kL>
+struct DecodeRow {
+  static constexpr int kChunks = kN / (4 * kL);
+  float4 v[kChunks];
+
+  // Through L2 (__ldcg): read before the kernel's wait (SsmDecodeKernel says why that is safe).
+  __device__ __forceinline__ void Load(const float* row, int s, bool zero) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      v[j] = zero ? make_float4(0.f, 0.f, 0.f, 0.f)
+                  : __ldcg(reinterpret_cast<const float4*>(row) + j * kL + s);
+    }
+  }
+  __device__ __forceinline__ void Store(float* row, int s) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) reinterpret_cast<float4*>(row)[j * kL + s] = v[j];
+  }
+  // state = state * decay + dx * B; returns state . C over the row (every lane of the row).
+  __device__ __forceinline__ float Update(float decay, float dx, const float* b, const float* c,
+                                          int s) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int n = (j * kL + s) * 4;
+      const float4 bv = *reinterpret_cast<const float4*>(b + n);
+      const float4 cv = *reinterpret_cast<const float4*>(c + n);
+      v[j].x = v[j].x * decay + dx * bv.x;
+      v[j].y = v[j].y * decay + dx * bv.y;
+      v[j].z = v[j].z * decay + dx * bv.z;
+      v[j].w = v[j].w * decay + dx * bv.w;
+      acc += v[j].x * cv.x;
+      acc += v[j].y * cv.y;
+      acc += v[j].z * cv.z;
+      acc += v[j].w * cv.w;
+    }
+    // The row's kL lanes are adjacent in a warp.
+#pragma unroll
+    for (int o = 1; o < kL; o *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
+  }
+};
+
+constexpr int kDecodeMaxThreads = 256;
+
+// A decode-only step: one block per (rows of a head, sequence), DecodeLanes<kN>() threads per
+// head dim (`rows` * lanes <= 256 threads): the conv update of its group's B and C channels
+// (computed by every block of the group, the ring row written back by the group's first) and of
+// its x channels, then the SSM update of its rows.
+//
+// Before its wait the kernel reads, besides weights, the step's sequence arrays (uploaded
+// before the step's first kernel), its rows' SSM state and its channels' conv ring: only this
+// kernel of this layer writes those, in earlier steps, and the previous kernel (in_proj, a GEMM)
+// lets this one launch only after its own wait, so every kernel before it has completed
+// (common.cuh). The state therefore streams in while in_proj finishes; after the wait a block
+// reads its new conv inputs and dt (one round trip), then computes and stores. The ring row a
+// step writes (position pos, row pos % kernel) holds position pos - kernel, which no block of
+// the step reads.
 template <typename T, int kN>
-__global__ void SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, int rows) {
+__global__ void __launch_bounds__(kDecodeMaxThreads)
+    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, int rows) {
+  constexpr int kL = DecodeLanes<kN>();
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  float* bs = smem;      // [kN]
-  float* cs = bs + kN;   // [kN]
-  float* xs = cs + kN;   // [rows]
-  float* dts = xs + rows;  // [1]
+  const int num_channels = 2 * kN + rows;  // B, C, then the block's x channels
+  float* outs = smem;                      // [num_channels]: conv outputs (B, C, x)
+  float* part = outs + num_channels;       // [num_channels]: bias + the older positions' taps
+  float* newest = part + num_channels;     // [num_channels]: the newest position's tap weight
+  float* dts = newest + num_channels;      // [1]
+  const float* bs = outs;
+  const float* cs = outs + kN;
+  const float* xs = outs + 2 * kN;
   const int hd = a.head_dim;
   const int row_blocks = hd / rows;
   const int h = blockIdx.x / row_blocks, p0 = (blockIdx.x % row_blocks) * rows;
   const int i = blockIdx.y;
-  const int p = p0 + threadIdx.x / kLanesPerRow, s = threadIdx.x % kLanesPerRow;
+  const int p = p0 + threadIdx.x / kL, s = threadIdx.x % kL;
   const int heads_per_group = a.num_heads / a.n_groups;
   const int g = h / heads_per_group;
   const bool bc_owner = h % heads_per_group == 0 && p0 == 0;
@@ -254,74 +320,117 @@ __global__ void SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, int rows) {
   const float A = -expf(ToFloat(a.a_log[h]));
   const float dh = ToFloat(a.d[h]);
   const float dt_bias = ToFloat(a.dt_bias[h]);
-  BeginDependentKernel();
-  const int ctx = a.seqs.context_lens[i];
-  if (ctx == 0) return;  // padding: the whole block
-  const int64_t row = a.seqs.query_start[i];
-  const int pos = ctx - 1, k1 = conv.kernel - 1;
+  const int ctx = __ldcg(a.seqs.context_lens + i);  // step inputs: uploaded before the step
+  const int k1 = conv.kernel - 1;
+  const int pos = ctx - 1;
   const bool fresh = ctx == 1;
-  const int64_t slot = a.seqs.state_slots[i];
-  float* ring = conv.states + slot * conv.kernel * conv.channels;
-  const int num_channels = rows + 2 * kN;
-  for (int k = threadIdx.x; k < num_channels; k += blockDim.x) {
-    int64_t c;
-    float* out;
-    bool owner = true;
+  const int64_t slot = ctx == 0 ? 0 : __ldcg(a.seqs.state_slots + i);
+  // The global channel of block channel k.
+  auto channel = [&](int k) -> int64_t {
     if (k < 2 * kN) {
       const int n = k % kN;
-      const bool is_c = k >= kN;
-      c = inner + static_cast<int64_t>(is_c ? a.n_groups + g : g) * kN + n;
-      out = (is_c ? cs : bs) + n;
-      owner = bc_owner;
-    } else {
-      c = static_cast<int64_t>(h) * hd + p0 + (k - 2 * kN);
-      out = xs + (k - 2 * kN);
+      return inner + static_cast<int64_t>(k >= kN ? a.n_groups + g : g) * kN + n;
     }
-    const T* w = conv.weight + c * conv.kernel;
-    const float x_new = ToFloat(conv.input[row * conv.input_stride + c]);
-    float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
-    for (int j = 0; j < k1; ++j) {
-      const int q = pos - k1 + j;
-      const float v =
-          fresh || q < 0 ? 0.0f : ring[static_cast<int64_t>(q % conv.kernel) * conv.channels + c];
-      acc += ToFloat(w[j]) * v;
+    return static_cast<int64_t>(h) * hd + p0 + (k - 2 * kN);
+  };
+  const float* ring = conv.states + slot * conv.kernel * conv.channels;
+  float* state = a.states + ((slot * a.num_heads + h) * hd + p) * kN;
+  DecodeRow<kN, kL> st;
+  if (ctx != 0) {
+    st.Load(state, s, fresh);  // first, so that its loads are in flight with the ring's
+    for (int k = threadIdx.x; k < num_channels; k += blockDim.x) {
+      const int64_t c = channel(k);
+      const T* w = conv.weight + c * conv.kernel;
+      float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {  // unrolled: the loads issued together
+        const int q = pos - k1 + j;
+        if (j < k1 && !fresh && q >= 0) {
+          acc += ToFloat(w[j]) * __ldcg(ring + static_cast<int64_t>(q % conv.kernel) *
+                                                   conv.channels + c);
+        }
+      }
+      part[k] = acc;
+      newest[k] = ToFloat(w[k1]);
     }
-    acc += ToFloat(w[k1]) * x_new;
-    *out = Silu(acc);
-    // Row pos % kernel holds position pos - kernel, which no block of this step reads.
-    if (owner) ring[static_cast<int64_t>(pos % conv.kernel) * conv.channels + c] = x_new;
   }
+  BeginDependentKernel();
+  if (ctx == 0) return;  // padding: the whole block
+  const int64_t row = a.seqs.query_start[i];
   if (threadIdx.x == 0) {
     dts[0] = StepSize(ToFloat(a.dt[row * a.dt_stride + h]) + dt_bias, a.dt_min, a.dt_max);
   }
+  float* ring_out = conv.states + slot * conv.kernel * conv.channels +
+                    static_cast<int64_t>(pos % conv.kernel) * conv.channels;
+  for (int k = threadIdx.x; k < num_channels; k += blockDim.x) {
+    const int64_t c = channel(k);
+    const float x_new = ToFloat(conv.input[row * conv.input_stride + c]);
+    outs[k] = Silu(part[k] + newest[k] * x_new);
+    if (k >= 2 * kN || bc_owner) ring_out[c] = x_new;
+  }
   __syncthreads();
-  float* state = a.states + ((slot * a.num_heads + h) * hd + p) * kN;
-  StateRow<kN> st;
-  st.Load(state, s, fresh);
   const float dt = dts[0], x = xs[p - p0];
   const float acc = st.Update(expf(dt * A), dt * x, bs, cs, s);
   st.Store(state, s);
   if (s == 0) a.output[row * inner + static_cast<int64_t>(h) * hd + p] = FromFloat<T>(acc + dh * x);
 }
 
-// One block per (token, group): v = y * silu(z), normed over the group, times the weight.
-template <typename T>
-__global__ void __launch_bounds__(kNormThreads)
+constexpr int kGatedNormMaxThreads = 1024;
+
+// Elements kVec at a time (8: 16-byte accesses; 1 where rows are not so aligned).
+template <typename T, int kVec>
+__device__ __forceinline__ void LoadVec(const T* p, float (&out)[kVec]) {
+  if constexpr (kVec == 8) {
+    Load8<T>(p, out);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = ToFloat(p[j]);
+  }
+}
+template <typename T, int kVec>
+__device__ __forceinline__ void StoreVec(T* p, const float (&in)[kVec]) {
+  if constexpr (kVec == 8) {
+    Store8<T>(p, in);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) p[j] = FromFloat<T>(in[j]);
+  }
+}
+
+// One block per (token, group), up to 1024 threads, each kVec elements at a time: v = y *
+// silu(z) into shared memory ([group_size] floats) while the squares are summed, then the
+// normed v times the weight. The weight's first vector per thread is loaded before the wait.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kGatedNormMaxThreads)
     SsmGatedRmsNormKernel(const T* input, const T* gate, int64_t gate_stride, const T* weight,
                           T* output, int width, int group_size, float epsilon) {
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
+  extern __shared__ float4 smem4[];
+  float* gated = reinterpret_cast<float*>(smem4);  // [group_size]
   __shared__ Acc scratch[32];
+  const int g0 = blockIdx.y * group_size;
+  const int num_vecs = group_size / kVec;
+  float w0[kVec] = {};
+  if (static_cast<int>(threadIdx.x) < num_vecs) {
+    LoadVec<T, kVec>(weight + g0 + threadIdx.x * kVec, w0);
+  }
   BeginDependentKernel();
   const int64_t t = blockIdx.x;
-  const int g0 = blockIdx.y * group_size;
   const T* y = input + t * width + g0;
   const T* z = gate + t * gate_stride + g0;
   Acc sum = 0;
-  for (int k = threadIdx.x; k < group_size; k += kNormThreads) {
-    const float v = ToFloat(y[k]) * Silu(ToFloat(z[k]));
-    sum += static_cast<Acc>(v) * v;
+  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    float yv[kVec], zv[kVec];
+    LoadVec<T, kVec>(y + v * kVec, yv);
+    LoadVec<T, kVec>(z + v * kVec, zv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float e = yv[j] * Silu(zv[j]);
+      gated[v * kVec + j] = e;
+      sum += static_cast<Acc>(e) * e;
+    }
   }
-  sum = BlockSum(sum, scratch);
+  sum = BlockSum(sum, scratch);  // also orders the writes to `gated` before the reads below
   float scale;
   if constexpr (std::is_same_v<Acc, double>) {
     scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(group_size) +
@@ -330,9 +439,17 @@ __global__ void __launch_bounds__(kNormThreads)
     scale = rsqrtf(sum / static_cast<float>(group_size) + epsilon);
   }
   T* out = output + t * width + g0;
-  for (int k = threadIdx.x; k < group_size; k += kNormThreads) {
-    const float v = ToFloat(y[k]) * Silu(ToFloat(z[k]));
-    out[k] = FromFloat<T>(ToFloat(weight[g0 + k]) * (v * scale));
+  for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
+    float w[kVec], o[kVec];
+    if (v == static_cast<int>(threadIdx.x)) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) w[j] = w0[j];
+    } else {
+      LoadVec<T, kVec>(weight + g0 + v * kVec, w);
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o[j] = w[j] * (gated[v * kVec + j] * scale);
+    StoreVec<T, kVec>(out + v * kVec, o);
   }
 }
 
@@ -435,11 +552,16 @@ cudaError_t Launch(const SsmDecodeParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     return DispatchStateSize(p.scan.state_size, [&](auto n_tag) {
       constexpr int kN = decltype(n_tag)::value;
-      const int rows = p.scan.head_dim % 16 == 0 ? 16 : 8;
-      const size_t smem = static_cast<size_t>(2 * kN + rows + 1) * sizeof(float);
+      constexpr int kL = DecodeLanes<kN>();
+      // Rows a block: as many as 256 threads hold (head_dim is a multiple of 8, kL * 8 <= 128),
+      // halved until they divide head_dim. Mamba-2-2.7B (kN 128, head_dim 64): 16 rows, 256
+      // threads, 320 blocks a sequence.
+      int rows = kDecodeMaxThreads / kL;
+      while (p.scan.head_dim % rows != 0) rows /= 2;
+      const size_t smem = static_cast<size_t>(3 * (2 * kN + rows) + 1) * sizeof(float);
       const dim3 grid(static_cast<unsigned>(p.scan.num_heads * (p.scan.head_dim / rows)),
                       static_cast<unsigned>(p.scan.seqs.num_seqs));
-      const dim3 block(static_cast<unsigned>(rows * kLanesPerRow));
+      const dim3 block(static_cast<unsigned>(rows * kL));
       return LaunchKernel(SsmDecodeKernel<T, kN>, grid, block, smem, stream,
                           MakeConvArgs<T>(p.conv), MakeScanArgs<T>(p.scan), rows);
     });
@@ -453,10 +575,27 @@ cudaError_t Launch(const SsmGatedRmsNormParams& p, cudaStream_t stream) {
     using T = typename decltype(tag)::type;
     const dim3 grid(static_cast<unsigned>(p.num_tokens),
                     static_cast<unsigned>(p.width / p.group_size));
-    return LaunchKernel(SsmGatedRmsNormKernel<T>, grid, dim3(kNormThreads), 0, stream,
-                        static_cast<const T*>(p.input), static_cast<const T*>(p.gate),
-                        p.gate_stride, static_cast<const T*>(p.weight), static_cast<T*>(p.output),
-                        static_cast<int>(p.width), static_cast<int>(p.group_size), p.epsilon);
+    const int smem = static_cast<int>(p.group_size * static_cast<int64_t>(sizeof(float)));
+    auto launch = [&](auto kernel, int vec) -> cudaError_t {
+      if (smem > 48 * 1024) {
+        LMSERVE_CUDA_RETURN_IF_ERROR(
+            SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem));
+      }
+      const int64_t threads =
+          std::min<int64_t>(kGatedNormMaxThreads, CeilDiv(p.group_size / vec, 32) * 32);
+      return LaunchKernel(kernel, grid, dim3(static_cast<unsigned>(threads)),
+                          static_cast<size_t>(smem), stream, static_cast<const T*>(p.input),
+                          static_cast<const T*>(p.gate), p.gate_stride,
+                          static_cast<const T*>(p.weight), static_cast<T*>(p.output),
+                          static_cast<int>(p.width), static_cast<int>(p.group_size), p.epsilon);
+    };
+    // 16-byte accesses where every row and group starts 16-byte aligned.
+    auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    if (p.group_size % 8 == 0 && p.width % 8 == 0 && p.gate_stride % 8 == 0 &&
+        aligned(p.input) && aligned(p.gate) && aligned(p.weight) && aligned(p.output)) {
+      return launch(SsmGatedRmsNormKernel<T, 8>, 8);
+    }
+    return launch(SsmGatedRmsNormKernel<T, 1>, 1);
   });
 }
 

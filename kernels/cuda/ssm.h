@@ -20,8 +20,14 @@
 //   (x, B, C, dt), the recurrence within a chunk: one block per (sequence, head), 4 threads per
 //   head dim, each holding state_size / 4 of its state row in registers.
 // - SsmDecode: a decode-only step (one token a sequence, or padding) in one kernel: the conv
-//   update of the head's x channels and its group's B and C channels, then the SSM update.
-// - GatedRmsNorm: one block per (token, norm group).
+//   update of the head's x channels and its group's B and C channels, then the SSM update. A
+//   block takes up to 256 threads' worth of a head's rows (16 lanes a state row, fewer for
+//   states under 64), so that one sequence spreads over hundreds of blocks; the state rows and
+//   the conv taps of older positions are read before the kernel's programmatic-launch wait
+//   (they overlap in_proj), each state byte read and written once.
+// - GatedRmsNorm: one block per (token, norm group) of up to 1024 threads, 16-byte accesses
+//   where rows are aligned, the gated values kept in shared memory between the reduction and
+//   the write (a group of at most kSsmMaxNormGroup).
 // bf16, fp16 or fp32 activations and weights; fp32 math and states.
 
 #ifndef LMSERVE_KERNELS_CUDA_SSM_H_
@@ -48,6 +54,7 @@ struct SsmDeviceSequences {
 inline constexpr int64_t kSsmMaxHeadDim = 256;    // head_dim * 4 threads a block
 inline constexpr int64_t kSsmMaxConvKernel = 8;
 inline constexpr int kScanChunk = 16;             // tokens staged at once by SsmScan
+inline constexpr int64_t kSsmMaxNormGroup = 32768;  // gated RMSNorm: a group in shared memory
 // state_size: 16, 32, 64, 128 or 256.
 bool SupportsSsmStateSize(int64_t state_size);
 
@@ -109,7 +116,7 @@ struct SsmGatedRmsNormParams {
   void* output = nullptr;        // [num_tokens, width]; device; may be input
   int64_t num_tokens = 0;
   int64_t width = 0;
-  int64_t group_size = 0;  // divides width
+  int64_t group_size = 0;  // divides width; at most kSsmMaxNormGroup
   float epsilon = 1e-5f;
   DType dtype = DType::kBF16;
 

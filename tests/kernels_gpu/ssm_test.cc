@@ -36,11 +36,23 @@ struct Step {
   std::vector<int32_t> context_lens;
 };
 
-TEST(SsmGpuTest, ConvScanAndDecodeMatchTheCpuOverThreeSteps) {
-  LMSERVE_REQUIRE_GPU();
+// The heads of a layer: the state size and head dim choose the decode kernel's lanes a state row
+// (4, 8 or 16) and rows a block.
+struct HeadShape {
+  int64_t heads, head_dim, state, groups;
+};
+
+void CheckThreeSteps(const HeadShape& shape) {
+  const int64_t kHeads = shape.heads, kHeadDim = shape.head_dim, kState = shape.state,
+                kGroups = shape.groups;
+  const int64_t kInner = kHeads * kHeadDim;
+  const int64_t kConvDim = kInner + 2 * kGroups * kState;
+  const int64_t kInProj = kInner + kConvDim + kHeads;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     const uint32_t seed = FreshSeed();
-    SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " seed " << seed);
+    SCOPED_TRACE(::testing::Message()
+                 << testing::Name(dtype) << " heads " << kHeads << " x " << kHeadDim << ", state "
+                 << kState << ", groups " << kGroups << ", seed " << seed);
     std::mt19937 rng(seed);
     std::vector<float> conv_w = RandomFloats(kConvDim * kKernel, rng, 0.5f);
     std::vector<float> conv_b = RandomFloats(kConvDim, rng, 0.1f);
@@ -157,6 +169,17 @@ TEST(SsmGpuTest, ConvScanAndDecodeMatchTheCpuOverThreeSteps) {
   }
 }
 
+TEST(SsmGpuTest, ConvScanAndDecodeMatchTheCpuOverThreeSteps) {
+  LMSERVE_REQUIRE_GPU();
+  // The file's shape (8 lanes a row, 16 rows a block); Mamba-2-2.7B's heads (16 lanes, 16 rows,
+  // two float4s a lane); 4 lanes and 8 rows (one warp a block); state 256 (four float4s a lane).
+  for (const HeadShape& shape :
+       {HeadShape{kHeads, kHeadDim, kState, kGroups}, HeadShape{4, 64, 128, 1},
+        HeadShape{2, 8, 16, 1}, HeadShape{4, 32, 256, 2}}) {
+    CheckThreeSteps(shape);
+  }
+}
+
 // Padding sequences (context 0, as CUDA graphs pad a decode batch) read and write nothing.
 TEST(SsmGpuTest, DecodeSkipsPaddingSequences) {
   LMSERVE_REQUIRE_GPU();
@@ -221,35 +244,40 @@ TEST(SsmGpuTest, GatedRmsNormMatchesTheCpu) {
       SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " groups " << groups
                                         << " seed " << seed);
       std::mt19937 rng(seed);
-      const int64_t tokens = 17, width = 320, stride = 700;
-      std::vector<float> y = RandomFloats(tokens * width, rng);
-      std::vector<float> z = RandomFloats(tokens * stride, rng);
-      std::vector<float> w = RandomFloats(width, rng, 0.1f, 1.0f);
-      DeviceBuffer<uint8_t> d_y = Upload(y, dtype), d_z = Upload(z, dtype), d_w = Upload(w, dtype);
-      DeviceBuffer<uint8_t> d_out = Poisoned(tokens * width, dtype);
-      std::vector<float> want(tokens * width);
-      kernels::GatedRmsNorm({.input = y.data(),
-                             .gate = z.data(),
-                             .gate_stride = stride,
-                             .weight = w.data(),
-                             .output = want.data(),
-                             .num_tokens = tokens,
-                             .width = width,
-                             .group_size = width / groups,
-                             .epsilon = 1e-5});
-      CUDA_ASSERT(Launch(SsmGatedRmsNormParams{.input = d_y.get(),
-                                               .gate = d_z.get(),
-                                               .gate_stride = stride,
-                                               .weight = d_w.get(),
-                                               .output = d_out.get(),
-                                               .num_tokens = tokens,
-                                               .width = width,
-                                               .group_size = width / groups,
-                                               .epsilon = 1e-5f,
-                                               .dtype = dtype},
-                         nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      EXPECT_LE(RelativeL2(Download(d_out, dtype), want), testing::Tolerance(dtype));
+      // Gate stride 700: element by element; 704: 16-byte vectors (every row aligned).
+      for (int64_t stride : {700, 704}) {
+        SCOPED_TRACE(::testing::Message() << "gate stride " << stride);
+        const int64_t tokens = 17, width = 320;
+        std::vector<float> y = RandomFloats(tokens * width, rng);
+        std::vector<float> z = RandomFloats(tokens * stride, rng);
+        std::vector<float> w = RandomFloats(width, rng, 0.1f, 1.0f);
+        DeviceBuffer<uint8_t> d_y = Upload(y, dtype), d_z = Upload(z, dtype),
+                              d_w = Upload(w, dtype);
+        DeviceBuffer<uint8_t> d_out = Poisoned(tokens * width, dtype);
+        std::vector<float> want(tokens * width);
+        kernels::GatedRmsNorm({.input = y.data(),
+                               .gate = z.data(),
+                               .gate_stride = stride,
+                               .weight = w.data(),
+                               .output = want.data(),
+                               .num_tokens = tokens,
+                               .width = width,
+                               .group_size = width / groups,
+                               .epsilon = 1e-5});
+        CUDA_ASSERT(Launch(SsmGatedRmsNormParams{.input = d_y.get(),
+                                                 .gate = d_z.get(),
+                                                 .gate_stride = stride,
+                                                 .weight = d_w.get(),
+                                                 .output = d_out.get(),
+                                                 .num_tokens = tokens,
+                                                 .width = width,
+                                                 .group_size = width / groups,
+                                                 .epsilon = 1e-5f,
+                                                 .dtype = dtype},
+                           nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeL2(Download(d_out, dtype), want), testing::Tolerance(dtype));
+      }
     }
   }
 }
