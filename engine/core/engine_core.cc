@@ -8,6 +8,7 @@
 #include "common/hash.h"
 #include "common/strings.h"
 #include "engine/core/check.h"
+#include "engine/structured/matcher.h"
 #include "kernels/cpu/philox.h"
 
 namespace lmserve::engine {
@@ -17,6 +18,7 @@ struct EngineCore::SampleState {
   RequestState* request = nullptr;
   std::unique_ptr<IncrementalTextDecoder> decoder;  // null without a text decoder
   StopStringMatcher matcher{{}};
+  std::unique_ptr<structured::GrammarMatcher> grammar;  // sampling.constraint's state, or null
   bool finished = false;
   double first_scheduled_seconds = -1.0;
   double first_token_seconds = -1.0;
@@ -180,6 +182,9 @@ void EngineCore::AddRequest(RequestId id, Request request, double arrival_second
       sample->decoder = text_decoder_->NewSequence(r.request.prompt_token_ids);
     }
     sample->matcher = StopStringMatcher(params.stop);
+    if (params.constraint != nullptr) {
+      sample->grammar = std::make_unique<structured::GrammarMatcher>(params.constraint);
+    }
     samples_by_seq_id_[seq.seq_id] = sample.get();
     r.samples.push_back(std::move(sample));
   }
@@ -355,7 +360,8 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
 
 bool RunnerCanSample(const SamplingParams& params, const Sequence& seq) {
   // The runner's sampler knows temperature, top-k, top-p and min-p only; logprobs need the row.
-  if (!params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
+  // A structured-output constraint masks the row on the host (Sampler::Sample).
+  if (params.constraint != nullptr || !params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
       params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 ||
       params.logprobs.has_value()) {
     return false;
@@ -413,12 +419,32 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
   const float* last_row =
       mode == LogitsMode::kAll ? rows + int64_t{scheduled.num_new_tokens - 1} * vocab_size_ : rows;
   const RequestState& r = *sample->request;
+  std::span<const uint32_t> allowed;
+  if (sample->grammar != nullptr) {
+    const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
+    if (static_cast<size_t>(sample->grammar->grammar().trie().mask_words()) != words) {
+      RequestOutput output;
+      output.error = "structured output: the constraint was compiled for another vocabulary";
+      FinishSample(sample, FinishReason::kError, now, std::move(output));
+      return;
+    }
+    token_bitmask_.resize(words);
+    sample->grammar->FillMask(token_bitmask_);
+    if (sample->grammar->Failed()) {
+      RequestOutput output;
+      output.error = StrCat("structured output: the ", sample->grammar->grammar().description(),
+                            " constraint exceeded its bounds on states (too ambiguous)");
+      FinishSample(sample, FinishReason::kError, now, std::move(output));
+      return;
+    }
+    allowed = token_bitmask_;
+  }
   const std::span<const int32_t> tokens(seq.tokens);
   const int32_t token_id = sampler_.Sample(
       std::span<const float>(last_row, static_cast<size_t>(vocab_size_)), r.params(),
       tokens.first(seq.num_prompt_tokens), tokens.subspan(seq.num_prompt_tokens), eos_token_ids_,
       kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
-      seq.num_known_tokens());
+      seq.num_known_tokens(), allowed);
   AppendToken(sample, token_id, last_row, now);
 }
 
@@ -445,6 +471,15 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
   RequestState& r = *sample->request;
   const SamplingParams& params = r.params();
   Sequence& seq = sample->seq;
+  if (sample->grammar != nullptr && !sample->grammar->AcceptToken(token_id)) {
+    // Only a row whose every token was masked (min_tokens holding back the EOS that the
+    // constraint requires) draws a token the constraint refuses.
+    RequestOutput output;
+    output.error = StrCat("structured output: token ", token_id,
+                          " does not continue the constrained output");
+    FinishSample(sample, FinishReason::kError, now, std::move(output));
+    return;
+  }
   seq.tokens.push_back(token_id);
   ++stats_.num_generated_tokens;
   if (sample->first_token_seconds < 0.0) sample->first_token_seconds = now;
@@ -480,6 +515,9 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
       reason = FinishReason::kStopString;
       output.stop_string = *std::move(matched);
     }
+  }
+  if (!reason.has_value() && sample->grammar != nullptr && sample->grammar->MustEnd()) {
+    reason = FinishReason::kConstraintEnd;  // complete: nothing but EOS could follow
   }
   if (!reason.has_value() && seq.num_known_tokens() >= r.max_total_tokens) {
     reason =

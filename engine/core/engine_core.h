@@ -189,6 +189,7 @@ class EngineCore {
   std::vector<std::span<const int32_t>> group_tables_;  // one sequence's, while building batch_
   StepOutput step_output_;
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
+  std::vector<uint32_t> token_bitmask_;           // a constrained row's allowed tokens
 
   EngineStats stats_;
 

@@ -33,6 +33,8 @@ std::string_view FinishReasonName(FinishReason reason) {
       return "max_tokens";
     case FinishReason::kContextLength:
       return "context_length";
+    case FinishReason::kConstraintEnd:
+      return "constraint_end";
     case FinishReason::kAborted:
       return "aborted";
     case FinishReason::kError:

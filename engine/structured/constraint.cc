@@ -19,7 +19,9 @@ std::string_view ConstraintKindName(ConstraintKind kind) {
   return "unknown";
 }
 
-absl::StatusOr<Grammar> CompileGrammar(const ConstraintSpec& spec, const GrammarLimits& limits) {
+namespace {
+
+absl::StatusOr<Grammar> FrontEndGrammar(const ConstraintSpec& spec, const GrammarLimits& limits) {
   if (static_cast<int64_t>(spec.text.size()) > limits.max_input_bytes) {
     return absl::InvalidArgumentError(StrCat(ConstraintKindName(spec.kind), ": ",
                                              spec.text.size(), " bytes, above the limit of ",
@@ -44,13 +46,43 @@ absl::StatusOr<Grammar> CompileGrammar(const ConstraintSpec& spec, const Grammar
   return absl::InvalidArgumentError("unknown constraint kind");
 }
 
+}  // namespace
+
+absl::StatusOr<Grammar> CompileGrammar(const ConstraintSpec& spec, const GrammarLimits& limits) {
+  absl::StatusOr<Grammar> grammar = FrontEndGrammar(spec, limits);
+  if (!grammar.ok() || (spec.prefix.empty() && spec.suffix.empty())) return grammar;
+  // root' ::= prefix root suffix, appended to the flat grammar.
+  Grammar& g = *grammar;
+  std::vector<int32_t> code;
+  const auto byte_code = [&](uint8_t byte) {
+    ByteSet set;
+    set.Add(byte);
+    for (size_t k = 0; k < g.byte_sets.size(); ++k) {
+      if (g.byte_sets[k] == set) return static_cast<int32_t>(k);
+    }
+    g.byte_sets.push_back(set);
+    return static_cast<int32_t>(g.byte_sets.size() - 1);
+  };
+  for (char c : spec.prefix) code.push_back(byte_code(static_cast<uint8_t>(c)));
+  code.push_back(-(g.root + 2));
+  for (char c : spec.suffix) code.push_back(byte_code(static_cast<uint8_t>(c)));
+  code.push_back(Grammar::kEnd);
+  g.rule_alternatives.push_back({static_cast<int32_t>(g.code.size())});
+  g.rule_names.push_back("wrapped_root");
+  g.code.insert(g.code.end(), code.begin(), code.end());
+  g.root = static_cast<int32_t>(g.rule_alternatives.size() - 1);
+  return grammar;
+}
+
 ConstraintCompiler::ConstraintCompiler(std::unique_ptr<TokenTrie> trie,
                                        const GrammarLimits& limits, size_t max_cached)
     : trie_(std::move(trie)), limits_(limits), max_cached_(std::max<size_t>(max_cached, 1)) {}
 
 absl::StatusOr<std::shared_ptr<CompiledGrammar>> ConstraintCompiler::Compile(
     const ConstraintSpec& spec) {
-  std::string key = StrCat(ConstraintKindName(spec.kind), ":", spec.text);
+  // Lengths first: no two specs share a key.
+  std::string key = StrCat(ConstraintKindName(spec.kind), ":", spec.prefix.size(), ":",
+                           spec.suffix.size(), ":", spec.prefix, spec.suffix, spec.text);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = index_.find(key); it != index_.end()) {

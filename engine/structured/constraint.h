@@ -33,8 +33,15 @@ enum class ConstraintKind : uint8_t { kJsonSchema, kJsonObject, kRegex, kGrammar
 std::string_view ConstraintKindName(ConstraintKind kind);
 
 struct ConstraintSpec {
+  ConstraintSpec() = default;
+  ConstraintSpec(ConstraintKind kind_in, std::string text_in)
+      : kind(kind_in), text(std::move(text_in)) {}
+
   ConstraintKind kind = ConstraintKind::kJsonObject;
   std::string text;  // the schema (JSON text), the pattern or the GBNF grammar; "" for kJsonObject
+  // Literal text before and after the match (a tool call's tags).
+  std::string prefix;
+  std::string suffix;
 };
 
 // The front end's grammar for `spec`, without a tokenizer (tests, tools).
