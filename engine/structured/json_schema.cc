@@ -49,20 +49,31 @@ int64_t Pow10(int digits) {
   return value;
 }
 
-// A regex for the decimal strings of [lo, hi], both of `a`'s and `b`'s equal length.
+// A regex for the decimal strings from `a` to `b` (equal lengths, a <= b). Each level recurses
+// only into a part bounded on one side, whose other side is full ("0...0" or "9...9"), so the
+// result is linear in the digit count.
 std::string SameLengthRange(std::string_view a, std::string_view b) {
   if (a.empty()) return "";
+  if (a == b) return std::string(a);
   if (a.size() == 1) return StrCat("[", a, "-", b, "]");
   if (a[0] == b[0]) return StrCat(a.substr(0, 1), SameLengthRange(a.substr(1), b.substr(1)));
-  const std::string nines(a.size() - 1, '9');
-  const std::string zeros(a.size() - 1, '0');
-  std::string out = StrCat("(", a.substr(0, 1), SameLengthRange(a.substr(1), nines));
-  if (a[0] + 1 <= b[0] - 1) {
-    out += StrCat("|[", std::string(1, static_cast<char>(a[0] + 1)), "-",
-                  std::string(1, static_cast<char>(b[0] - 1)), "][0-9]{", a.size() - 1, "}");
+  const size_t rest = a.size() - 1;
+  const std::string nines(rest, '9');
+  const std::string zeros(rest, '0');
+  const bool low_full = a.substr(1) == zeros;
+  const bool high_full = b.substr(1) == nines;
+  std::vector<std::string> parts;
+  if (!low_full) parts.push_back(StrCat(a.substr(0, 1), SameLengthRange(a.substr(1), nines)));
+  const char first = low_full ? a[0] : static_cast<char>(a[0] + 1);
+  const char last = high_full ? b[0] : static_cast<char>(b[0] - 1);
+  if (first <= last) {
+    parts.push_back(StrCat("[", std::string(1, first), "-", std::string(1, last), "][0-9]{",
+                           rest, "}"));
   }
-  out += StrCat("|", b.substr(0, 1), SameLengthRange(zeros, b.substr(1)), ")");
-  return out;
+  if (!high_full) parts.push_back(StrCat(b.substr(0, 1), SameLengthRange(zeros, b.substr(1))));
+  std::string out = "(";
+  for (size_t k = 0; k < parts.size(); ++k) out += StrCat(k > 0 ? "|" : "", parts[k]);
+  return out + ")";
 }
 
 // A regex for the decimal integers in [lo, hi], 0 <= lo <= hi (no sign, no leading zeros).

@@ -137,6 +137,17 @@ TEST(JsonSchemaTest, NumberBoundsAreExactForIntegers) {
   for (int value = -40; value <= 300; ++value) {
     EXPECT_EQ(Matches(g, std::to_string(value)), value >= -17 && value < 250) << value;
   }
+  // One-sided bounds span 15-digit ranges: linear in the digits, not exponential.
+  auto big = Compile(ConstraintKind::kJsonSchema, R"({"type": "integer", "minimum": 0})");
+  EXPECT_TRUE(Matches(big, "0"));
+  EXPECT_TRUE(Matches(big, "123456789012345"));
+  EXPECT_FALSE(Matches(big, "-1"));
+  EXPECT_FALSE(Matches(big, "007"));
+  auto odd = Compile(ConstraintKind::kJsonSchema,
+                     R"({"type": "integer", "minimum": 1037, "maximum": 982451})");
+  for (int value : {1036, 1037, 1100, 9999, 10000, 98245, 982451, 982452, 999999}) {
+    EXPECT_EQ(Matches(odd, std::to_string(value)), value >= 1037 && value <= 982451) << value;
+  }
   auto n = Compile(ConstraintKind::kJsonSchema,
                    R"({"type": "number", "minimum": -1.5, "maximum": 2})");
   EXPECT_TRUE(Matches(n, "2"));
