@@ -261,7 +261,7 @@ int RunStep(const Flags& flags) {
       if (constrained) request.sampling.constraint = CompileSchema(schema, *trie);
       request.sampling.ignore_eos = !constrained;
       (*core)->AddRequest(static_cast<engine::RequestId>(i + 1), std::move(request), 0.0,
-                          std::make_shared<engine::OutputStream>());
+                          std::make_shared<engine::OutputStream>(static_cast<engine::RequestId>(i + 1), 1));
     }
     std::vector<double> steps;
     while ((*core)->HasWork()) {

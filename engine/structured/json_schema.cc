@@ -368,9 +368,16 @@ class SchemaCompiler {
         declared.insert(name);
       }
     }
-    // Required names without a property schema take any value.
+    // Required names without a property schema take any value, unless extra keys are refused.
+    const auto closed = schema.find("additionalProperties");
+    const bool no_extra = closed != schema.end() && closed->is_boolean() && !closed->get<bool>();
     if (auto list = schema.find("required"); list != schema.end()) {
       for (const Json& name : *list) {
+        if (no_extra && !declared.contains(name.get<std::string>())) {
+          return Error(path, StrCat("required property '", name.get<std::string>().substr(0, 100),
+                                    "' is not in 'properties' and 'additionalProperties' is false:"
+                                    " no value can match"));
+        }
         if (declared.insert(name.get<std::string>()).second) {
           members.emplace_back(name.dump(), AnyValue());
           required_flags.push_back(true);

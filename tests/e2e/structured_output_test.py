@@ -66,8 +66,7 @@ SCHEMAS = [
                                                                     "maxLength": 10}},
         "required": ["y"], "additionalProperties": False}),
     ("object_implicit_type", {"properties": {"id": {"type": "integer"}}, "required": ["id"]}),
-    ("object_required_untyped", {"type": "object", "required": ["anything"],
-                                 "additionalProperties": False}),
+    ("object_required_untyped", {"type": "object", "required": ["anything"]}),
     ("object_empty_closed", {"type": "object", "additionalProperties": False}),
     ("object_map", {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0,
                                                                "maximum": 9}}),
@@ -113,11 +112,15 @@ SCHEMAS = [
     ("ref_definitions", {"definitions": {"color": {"enum": ["cyan", "magenta"]}},
                          "type": "array", "items": {"$ref": "#/definitions/color"},
                          "maxItems": 3}),
-    ("ref_recursive", {"$defs": {"node": {"type": "object", "properties": {
-        "value": {"type": "integer", "minimum": 0, "maximum": 9},
-        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
-        "required": ["value"], "additionalProperties": False}},
-        "$ref": "#/$defs/node"}),
+    # $refs through $refs (a recursive schema nests as deep as the model likes at temperature 1:
+    # recursion is tested on the grammar, tests/engine/structured).
+    ("ref_nested", {"$defs": {
+        "leaf": {"type": "integer", "minimum": 0, "maximum": 9},
+        "pair": {"type": "array", "prefixItems": [{"$ref": "#/$defs/leaf"},
+                                                  {"$ref": "#/$defs/leaf"}], "items": False}},
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/pair"},
+                                         "b": {"$ref": "#/$defs/pair"}},
+        "required": ["a", "b"], "additionalProperties": False}),
     ("annotations", {"title": "T", "description": "d", "$schema":
                      "https://json-schema.org/draft/2020-12/schema", "$comment": "c",
                      "type": "object", "properties": {"v": {"type": "integer", "default": 1,
@@ -147,7 +150,7 @@ REGEXES = [
     r"(yes|no|maybe)",
     r"[A-Z][a-z]{2,8}( [A-Z][a-z]{2,8})?",
     r"(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})",
-    r"[a-z]+@[a-z]+\.(com|org)",
+    r"[a-z]{1,12}@[a-z]{1,12}\.(com|org)",
     r"#[0-9a-fA-F]{6}",
     r"(\w+, ){1,3}\w+\.",
     r"[^\n]{1,30}!",
@@ -156,7 +159,8 @@ REGEXES = [
 # (GBNF, an equivalent Python regex for the check).
 GRAMMARS = [
     ('root ::= "The answer is " ("yes" | "no") "."\n', r"The answer is (yes|no)\."),
-    ('root ::= num ("+" num)*\nnum ::= [1-9] [0-9]?\n', r"[1-9][0-9]?(\+[1-9][0-9]?)*"),
+    ('root ::= num ("+" num){0,4}\nnum ::= [1-9] [0-9]?\n',
+     r"[1-9][0-9]?(\+[1-9][0-9]?){0,4}"),
     ('root ::= "[" item ("," item){0,3} "]"\nitem ::= "\\"" [a-z]{1,5} "\\""\n',
      r'\["[a-z]{1,5}"(,"[a-z]{1,5}"){0,3}\]'),
     ('# a date\nroot ::= year "-" month\nyear ::= "19" [0-9] [0-9] | "20" [0-2] [0-9]\n'
@@ -286,10 +290,16 @@ def main():
                 print("invalid:", choice.message.content, error)
         print(f"response_format json_schema: {valid} of 100 valid", flush=True)
         checks.expect(valid == 100, f"response_format json_schema: {valid} of 100 valid")
-        reply = chat(client, served, 7, "A JSON object please.",
-                     response_format={"type": "json_object"})
-        checks.expect(isinstance(json.loads(reply.choices[0].message.content), dict),
-                      "json_object gives an object")
+        reply = client.chat.completions.create(
+            model=served, temperature=0, max_tokens=512, response_format={"type": "json_object"},
+            messages=[{"role": "user", "content": "Return a JSON object with a name and an age."}])
+        choice = reply.choices[0]
+        try:
+            checks.expect(choice.finish_reason == "stop" and
+                          isinstance(json.loads(choice.message.content), dict),
+                          f"json_object: {choice.finish_reason} {choice.message.content!r}")
+        except ValueError as error:
+            checks.expect(False, f"json_object: {choice.message.content!r}: {error}")
 
         # ---- Tool calls, forced: by name and "required".
         def run_tool(seed, choice):

@@ -192,6 +192,9 @@ TEST(JsonSchemaTest, RefusesUnsupportedKeywordsByName) {
               HasSubstr("'patternProperties'"));
   EXPECT_THAT(CompileError(ConstraintKind::kJsonSchema, R"({"$ref": "http://x/y"})"),
               HasSubstr("not supported"));
+  EXPECT_THAT(CompileError(ConstraintKind::kJsonSchema,
+                           R"({"required": ["x"], "additionalProperties": false})"),
+              HasSubstr("no value can match"));
   EXPECT_THAT(CompileError(ConstraintKind::kJsonSchema, "{not json"),
               HasSubstr("not valid JSON"));
 }
