@@ -9,6 +9,8 @@ namespace {
 
 // Masks cached per grammar: about 6 KiB each for a 49,152-token vocabulary.
 constexpr size_t kMaxCachedMasks = 1024;
+// DFA states kept per grammar (1 KiB of transitions each); the tables restart beyond it.
+constexpr size_t kMaxDfaStates = 16384;
 constexpr size_t kMaxAdvanceMemo = 8'000'000;
 
 std::string StateKey(const State& state) {
@@ -127,6 +129,28 @@ void CompiledGrammar::AdvanceLocked(const State& state, uint8_t byte, State* out
   }
 }
 
+int32_t CompiledGrammar::InternState(const State& state) {
+  auto [it, inserted] = dfa_ids_.try_emplace(StateKey(state), 0);
+  if (inserted) {
+    it->second = static_cast<int32_t>(dfa_states_.size());
+    dfa_states_.push_back(state);
+    std::array<int32_t, 256> row;
+    row.fill(kUnknown);
+    dfa_next_.push_back(row);
+    dfa_accept_only_.push_back(state.size() == 1 && state[0] == kAccept);
+  }
+  return it->second;
+}
+
+int32_t CompiledGrammar::DfaStep(int32_t dstate, uint8_t byte, bool* failed) {
+  int32_t next = dfa_next_[dstate][byte];
+  if (next != kUnknown) return next;
+  AdvanceLocked(dfa_states_[dstate], byte, &scratch_state_, failed);
+  next = scratch_state_.empty() ? kDead : InternState(scratch_state_);
+  dfa_next_[dstate][byte] = next;
+  return next;
+}
+
 void CompiledGrammar::Advance(const State& state, uint8_t byte, State* out, bool* failed) {
   absl::MutexLock lock(&mu_);
   AdvanceLocked(state, byte, out, failed);
@@ -143,16 +167,22 @@ void CompiledGrammar::FillMask(const State& state, std::span<uint32_t> mask, boo
   std::fill(mask.begin(), mask.end(), 0u);
   const std::vector<TokenTrie::Node>& nodes = trie_->nodes();
   const std::vector<int32_t>& tokens = trie_->node_tokens();
+  if (dfa_states_.size() > kMaxDfaStates) {
+    dfa_states_.clear();
+    dfa_next_.clear();
+    dfa_accept_only_.clear();
+    dfa_ids_.clear();
+  }
   walk_states_.resize(static_cast<size_t>(trie_->max_depth()) + 1);
-  walk_states_[0] = state;
+  walk_states_[0] = InternState(state);
   const auto num_nodes = static_cast<int32_t>(nodes.size());
   for (int32_t i = 1; i < num_nodes;) {
     const TokenTrie::Node& node = nodes[i];
-    State& next = walk_states_[node.depth];
-    AdvanceLocked(walk_states_[node.depth - 1], node.byte, &next, failed);
-    if (next.empty() || (next.size() == 1 && next[0] == kAccept)) {
+    const int32_t next = DfaStep(walk_states_[node.depth - 1], node.byte, failed);
+    walk_states_[node.depth] = next;
+    if (next == kDead || dfa_accept_only_[next]) {
       // Nothing more can follow kAccept alone; tokens ending here are allowed when it is there.
-      if (!next.empty()) {
+      if (next != kDead) {
         for (int32_t k = 0; k < node.num_tokens; ++k) {
           const int32_t token = tokens[node.first_token + k];
           mask[token >> 5] |= uint32_t{1} << (token & 31);

@@ -10,7 +10,10 @@
 // work of every earlier walk of the same grammar.
 //
 // The mask of a state: the trie (token_trie.h) is walked in preorder with one state per depth; a
-// byte that empties the state skips the node's whole subtree. A token is allowed when its bytes
+// byte that empties the state skips the node's whole subtree. The walk runs on a lazily built DFA
+// over states: each state met is interned with a 256-entry transition row filled on first use, so
+// a trie node costs one table read once the rows it needs exist (a cold walk of a string's
+// content state fills a handful of rows). A token is allowed when its bytes
 // leave a non-empty state; EOS only when the state accepts (some stack is empty). Masks are cached
 // by state: JSON spends most of its tokens in a few states (inside a string, between values).
 //
@@ -25,6 +28,7 @@
 #ifndef LMSERVE_ENGINE_STRUCTURED_MATCHER_H_
 #define LMSERVE_ENGINE_STRUCTURED_MATCHER_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -85,6 +89,9 @@ class CompiledGrammar {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceLocked(const State& state, uint8_t byte, State* out, bool* failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lazy DFA: the id of `state`, and the id after a byte (kDead: none).
+  int32_t InternState(const State& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t DfaStep(int32_t dstate, uint8_t byte, bool* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Grammar grammar_;
   const TokenTrie* const trie_;
@@ -97,7 +104,14 @@ class CompiledGrammar {
   absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> advance_memo_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> advance_results_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::vector<uint32_t>> mask_cache_ ABSL_GUARDED_BY(mu_);
-  std::vector<State> walk_states_ ABSL_GUARDED_BY(mu_);  // per trie depth
+  static constexpr int32_t kDead = -1;
+  static constexpr int32_t kUnknown = -2;
+  std::vector<State> dfa_states_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::array<int32_t, 256>> dfa_next_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint8_t> dfa_accept_only_ ABSL_GUARDED_BY(mu_);  // the state is {kAccept}
+  absl::flat_hash_map<std::string, int32_t> dfa_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> walk_states_ ABSL_GUARDED_BY(mu_);  // DFA state per trie depth
+  State scratch_state_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> closure_work_ ABSL_GUARDED_BY(mu_);
   int64_t num_mask_walks_ ABSL_GUARDED_BY(mu_) = 0;
 };
