@@ -1,7 +1,9 @@
 #include "server/openai_api.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <variant>
 #include <utility>
 
 #include "common/status.h"
@@ -151,6 +153,26 @@ absl::Status CheckRefused(const Json& object) {
   return absl::OkStatus();
 }
 
+// `value` as compact JSON text, in the key order of the same value in `ordered` (the body parsed
+// with its order) at `path` when it is there and the same value; else in `value`'s own order. (A
+// body with duplicate keys can hold different values in the two parses.)
+std::string OrderedDump(const Json& value, const nlohmann::ordered_json* ordered,
+                        std::initializer_list<std::variant<std::string_view, size_t>> path) {
+  const nlohmann::ordered_json* node = ordered;
+  for (const auto& step : path) {
+    if (node == nullptr) break;
+    if (const auto* key = std::get_if<std::string_view>(&step)) {
+      auto it = node->is_object() ? node->find(std::string(*key)) : node->end();
+      node = node->is_object() && it != node->end() ? &*it : nullptr;
+    } else {
+      const size_t index = std::get<size_t>(step);
+      node = node->is_array() && index < node->size() ? &(*node)[index] : nullptr;
+    }
+  }
+  if (node != nullptr && Json::parse(node->dump(), nullptr, false) == value) return node->dump();
+  return value.dump();
+}
+
 // Structured output: OpenAI's response_format, or vLLM's guided_json, guided_regex and
 // guided_grammar (at most one of them), into sampling.structured. `ordered` is the body parsed
 // with its objects' key order, so that a schema's properties keep the client's order.
@@ -178,12 +200,11 @@ absl::Status ParseStructuredOutput(const Json& object, const nlohmann::ordered_j
     }
     return absl::OkStatus();
   }
-  const nlohmann::ordered_json& ordered_value = ordered->at(std::string(key));
   if (key == "guided_json") {
     if (value.is_string()) {
       structured->set_json_schema(value.get<std::string>());
     } else if (value.is_object()) {
-      structured->set_json_schema(ordered_value.dump());
+      structured->set_json_schema(OrderedDump(value, ordered, {key}));
     } else {
       return WrongType(key, "a JSON schema (an object or a string)", value);
     }
@@ -211,7 +232,9 @@ absl::Status ParseStructuredOutput(const Json& object, const nlohmann::ordered_j
     if (schema == nullptr) {
       structured->set_json_object(true);  // OpenAI: no schema, any JSON object
     } else if (schema->is_object() || schema->is_boolean()) {
-      structured->set_json_schema(ordered_value.at("json_schema").at("schema").dump());
+      structured->set_json_schema(
+          OrderedDump(*schema, ordered, {key, std::string_view("json_schema"),
+                                         std::string_view("schema")}));
     } else {
       return WrongType("response_format.json_schema.schema", "an object", *schema);
     }
@@ -484,7 +507,10 @@ absl::Status ParseTools(const Json& object, const nlohmann::ordered_json* ordere
         if (!parameters->is_object()) {
           return WrongType(StrCat(field, ".function.parameters"), "an object", *parameters);
         }
-        out->set_parameters(ordered->at("tools").at(k).at("function").at("parameters").dump());
+        out->set_parameters(OrderedDump(*parameters, ordered,
+                                        {std::string_view("tools"), k,
+                                         std::string_view("function"),
+                                         std::string_view("parameters")}));
       }
     }
   }

@@ -159,6 +159,32 @@ TEST(JsonSchemaTest, NumberBoundsAreExactForIntegers) {
   EXPECT_FALSE(Matches(n, "3"));
 }
 
+// Random integer bounds (exclusive or not, negative or not) against the values around them.
+TEST(JsonSchemaTest, RandomIntegerBoundsAreExact) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> bound(-30000, 30000);
+  for (int trial = 0; trial < 40; ++trial) {
+    int lo = bound(rng), hi = bound(rng);
+    if (lo > hi) std::swap(lo, hi);
+    const bool lo_exclusive = trial % 3 == 1, hi_exclusive = trial % 4 == 2;
+    const std::string schema =
+        "{\"type\": \"integer\", \"" +
+        std::string(lo_exclusive ? "exclusiveMinimum" : "minimum") + "\": " + std::to_string(lo) +
+        ", \"" + std::string(hi_exclusive ? "exclusiveMaximum" : "maximum") +
+        "\": " + std::to_string(hi) + "}";
+    const int first = lo + (lo_exclusive ? 1 : 0), last = hi - (hi_exclusive ? 1 : 0);
+    if (first > last) continue;  // refused: nothing satisfies the bounds
+    auto g = Compile(ConstraintKind::kJsonSchema, schema);
+    ASSERT_NE(g, nullptr) << schema;
+    std::vector<int> probes = {lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, 0, -1, 1};
+    for (int k = 0; k < 30; ++k) probes.push_back(lo + static_cast<int>(rng() % (hi - lo + 1)));
+    for (int value : probes) {
+      EXPECT_EQ(Matches(g, std::to_string(value)), value >= first && value <= last)
+          << schema << " value " << value;
+    }
+  }
+}
+
 TEST(JsonSchemaTest, ArraysEnumsRefsAndAnyOf) {
   auto g = Compile(ConstraintKind::kJsonSchema, R"({
     "$defs": {"node": {"type": "object", "properties": {
