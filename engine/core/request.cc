@@ -142,6 +142,10 @@ absl::Status ValidateRequest(const Request& request, const RequestLimits& limits
     return Invalid("sampling.prompt_logprobs",
                    StrCat("must be in [0, ", limits.max_logprobs, "], got ", *s.prompt_logprobs));
   }
+  if (s.constraint != nullptr && s.ignore_eos) {
+    // A complete output allows only EOS, which ignore_eos would generate past.
+    return Invalid("sampling.ignore_eos", "cannot be combined with structured output");
+  }
   return absl::OkStatus();
 }
 

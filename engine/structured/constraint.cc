@@ -1,5 +1,7 @@
 #include "engine/structured/constraint.h"
 
+#include <algorithm>
+
 #include "common/strings.h"
 #include "engine/structured/frontends.h"
 
@@ -21,6 +23,31 @@ std::string_view ConstraintKindName(ConstraintKind kind) {
 
 namespace {
 
+// The deepest nesting of arrays and objects in JSON text (strings skipped), checked before parsing:
+// the parser's values are destroyed and written recursively.
+int32_t JsonDepth(std::string_view text) {
+  int32_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 absl::StatusOr<Grammar> FrontEndGrammar(const ConstraintSpec& spec, const GrammarLimits& limits) {
   if (static_cast<int64_t>(spec.text.size()) > limits.max_input_bytes) {
     return absl::InvalidArgumentError(StrCat(ConstraintKindName(spec.kind), ": ",
@@ -29,6 +56,11 @@ absl::StatusOr<Grammar> FrontEndGrammar(const ConstraintSpec& spec, const Gramma
   }
   switch (spec.kind) {
     case ConstraintKind::kJsonSchema: {
+      // A schema level is at most a few JSON levels (properties, items, anyOf arrays).
+      if (JsonDepth(spec.text) > 4 * limits.max_nesting) {
+        return absl::InvalidArgumentError(StrCat("json_schema: nested deeper than ",
+                                                 4 * limits.max_nesting, " JSON levels"));
+      }
       nlohmann::ordered_json schema =
           nlohmann::ordered_json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
       if (schema.is_discarded()) {

@@ -123,8 +123,11 @@ class GbnfParser {
           return Hex(2);
         case 'u':
           return Hex(4);
-        case 'U':
-          return Hex(8);
+        case 'U': {
+          LMSERVE_ASSIGN_OR_RETURN(uint32_t value, Hex(8));
+          if (value > 0x10FFFF) return Error("\\U beyond U+10FFFF");
+          return value;
+        }
         case '\\':
         case '"':
         case '[':
@@ -137,10 +140,19 @@ class GbnfParser {
       }
     }
     const auto lead = static_cast<uint8_t>(s_[i_]);
-    const int length = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : 4;
-    if (i_ + length > s_.size()) return Error("invalid UTF-8");
+    const int length = lead < 0x80           ? 1
+                       : (lead >> 5) == 6    ? 2
+                       : (lead >> 4) == 14   ? 3
+                       : (lead >> 3) == 30   ? 4
+                                             : 0;
+    if (length == 0 || i_ + length > s_.size()) return Error("invalid UTF-8");
     uint32_t value = length == 1 ? lead : lead & (0x7F >> length);
-    for (int k = 1; k < length; ++k) value = (value << 6) | (static_cast<uint8_t>(s_[i_ + k]) & 0x3F);
+    for (int k = 1; k < length; ++k) {
+      const auto byte = static_cast<uint8_t>(s_[i_ + k]);
+      if ((byte & 0xC0) != 0x80) return Error("invalid UTF-8");
+      value = (value << 6) | (byte & 0x3F);
+    }
+    if (value > 0x10FFFF) return Error("invalid UTF-8");
     i_ += length;
     return value;
   }

@@ -241,6 +241,12 @@ TEST(HostileTest, DeepNestingHugeEnumsAndBlowUpsAreRefused) {
   for (int k = 0; k < 60'000; ++k) many += "abcd|";
   EXPECT_THAT(CompileError(ConstraintKind::kRegex, many + "x"), HasSubstr("exceeds 200000"));
   EXPECT_THAT(CompileError(ConstraintKind::kRegex, "a{100000}"), HasSubstr("too large"));
+  const std::string deep_json = std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_THAT(CompileError(ConstraintKind::kJsonSchema, "{\"const\": " + deep_json + "}"),
+              HasSubstr("JSON levels"));
+  EXPECT_THAT(CompileError(ConstraintKind::kRegex, "a\xff"), HasSubstr("invalid UTF-8"));
+  EXPECT_THAT(CompileError(ConstraintKind::kGrammar, "root ::= \"\\U00110000\"\n"),
+              HasSubstr("U+10FFFF"));
   std::string groups(500, '(');
   groups += "a" + std::string(500, ')');
   EXPECT_THAT(CompileError(ConstraintKind::kRegex, groups), HasSubstr("nested"));
