@@ -89,6 +89,7 @@ std::unique_ptr<TokenTrie> TokenTrie::FromBytes(const std::vector<std::string>& 
   trie->excluded_.assign(num_tokens, 1);
   for (size_t id = 0; id < num_tokens; ++id) {
     trie->excluded_[id] = (id < excluded.size() && excluded[id]) || token_bytes[id].empty();
+    if (trie->excluded_[id]) trie->token_bytes_[id].clear();
   }
   trie->eos_token_ids_ = std::move(eos_token_ids);
 

@@ -502,6 +502,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpuEngineTest, ::testing::ValuesIn(EngineCase
 }  // namespace
 }  // namespace lmserve::engine
 
+namespace lmserve::engine {
+namespace {
+
 // Structured output through the engine: a regular expression over a made-up byte vocabulary of
 // the fixture model (token i spells a letter, a digit or a pair), sampled at temperature 1 with
 // n = 2: every sample's bytes match, and it ends by the constraint (complete) or by EOS where the
@@ -574,3 +577,6 @@ TEST(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
     }
   }
 }
+
+}  // namespace
+}  // namespace lmserve::engine
