@@ -6,9 +6,9 @@ vocabulary), through the official `openai` package, sampled at temperature 1 wit
 - regular expressions (vLLM's guided_regex) and GBNF grammars (guided_grammar): every output matches
   (a Python regex equivalent of each grammar);
 - response_format json_schema: 100 of 100 sampled tries valid;
-- forced tool calls (tool_choice a named function, and "required"): the call parses into the named
-  function with arguments valid under its parameters schema; tool and assistant tool_calls
-  messages are accepted;
+- forced tool calls (tool_choice a named function, and "required"), plain and streamed: the call
+  parses into the named function with arguments valid under its parameters schema; tool and
+  assistant tool_calls messages are accepted;
 - refusals: an unsupported keyword (400 naming it), a hostile schema (deep nesting, a huge enum) and
   a catastrophic pattern are refused.
 Requests run concurrently (the engine batches them). Skips (exit 77) without the demo model.
@@ -333,6 +333,27 @@ def main():
                     checks.expect(False, f"tool call {call.function.arguments!r}: {error}")
                 checks.expect(call.id.startswith("call_") and call.type == "function",
                               f"tool call id/type: {call.id} {call.type}")
+
+        # Streamed: the call arrives whole in the choice's last delta.
+        stream = client.chat.completions.create(
+            model=served, temperature=1.0, max_tokens=512, seed=77, tools=TOOLS, stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            messages=[{"role": "user", "content": "Weather in Oslo?"}])
+        streamed_calls, streamed_finish = [], None
+        for chunk in stream:
+            for choice in chunk.choices:
+                streamed_calls += choice.delta.tool_calls or []
+                streamed_finish = choice.finish_reason or streamed_finish
+        checks.expect(streamed_finish == "tool_calls" and len(streamed_calls) == 1 and
+                      streamed_calls[0].function.name == "get_weather",
+                      f"streamed tool call: {streamed_finish} {streamed_calls}")
+        if streamed_calls:
+            try:
+                jsonschema.validate(json.loads(streamed_calls[0].function.arguments),
+                                    TOOLS[0]["function"]["parameters"])
+                checks.passed += 1
+            except (ValueError, jsonschema.ValidationError) as error:
+                checks.expect(False, f"streamed tool call arguments: {error}")
 
         # A conversation with an assistant tool call and the tool's answer is accepted.
         reply = client.chat.completions.create(
