@@ -18,14 +18,17 @@
 //   tokenizer (--tokenizer; default: the model's) are served by --backend cpu|cuda; every request
 //   has a --prompt-tokens prompt and up to --max-tokens tokens at temperature 1 (unconstrained:
 //   EOS ignored). Reported: the median wall time of the decode-only steps with the whole batch
-//   running, constrained / unconstrained, and the host mask time inside them. The target
-//   is at most 1.05x on an H100 at batch 64.
+//   running, constrained / unconstrained. --device-mask 1 samples the constrained rows on the
+//   device (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
+//   kernels/cuda/token_bitmask.h before the device sampler); 0 (the default) brings their logits
+//   to the host, where the engine masks and samples them. The target is at most 1.05x on
+//   an H100 at batch 64.
 //
 // Usage: lmserve-structured-bench mask --tokenizer PATH [--schema FILE] [--sequences 64]
 //          [--tokens 128] [--seed 1]
 //        lmserve-structured-bench step --model PATH [--tokenizer PATH] [--backend cpu|cuda]
 //          [--load-format dummy] [--batch 64] [--prompt-tokens 32] [--max-tokens 128]
-//          [--schema FILE] [--threads 0] [--kv-cache-mib 2048]
+//          [--schema FILE] [--threads 0] [--kv-cache-mib 2048] [--device-mask 0|1]
 
 #include <time.h>
 
@@ -96,7 +99,7 @@ struct Flags {
   std::string command;
   std::string tokenizer, model, schema_file, backend = "cpu", load_format;
   int64_t sequences = 64, tokens = 128, seed = 1, batch = 64, prompt_tokens = 32,
-          max_tokens = 128, threads = 0, kv_cache_mib = 2048;
+          max_tokens = 128, threads = 0, kv_cache_mib = 2048, device_mask = 0;
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -125,6 +128,7 @@ Flags ParseFlags(int argc, char** argv) {
     else if (flag == "--max-tokens") flags.max_tokens = number();
     else if (flag == "--threads") flags.threads = number();
     else if (flag == "--kv-cache-mib") flags.kv_cache_mib = number();
+    else if (flag == "--device-mask") flags.device_mask = number();
     else Fail(StrCat("unknown flag ", flag));
   }
   return flags;
@@ -239,6 +243,7 @@ int RunStep(const Flags& flags) {
     runner_config.kv_cache_bytes = flags.kv_cache_mib << 20;
     runner_config.num_threads = static_cast<int32_t>(flags.threads);
     runner_config.max_num_seqs = static_cast<int32_t>(std::max<int64_t>(flags.batch, 1));
+    runner_config.device_token_bitmask = flags.device_mask != 0;
     absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
         engine::ModelRunner::Create(**checkpoint, runner_config);
     if (!runner.ok()) Fail(runner.status().ToString());

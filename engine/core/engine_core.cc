@@ -334,7 +334,7 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
                       : end == seq.num_known_tokens() ? LogitsMode::kLast
                                                       : LogitsMode::kNone;
     if (mode == LogitsMode::kLast && runner_->samples_on_device() &&
-        RunnerCanSample(r.params(), seq)) {
+        RunnerCanSample(r.params(), seq, runner_->samples_with_token_bitmask())) {
       mode = LogitsMode::kSample;
     }
     group_tables_.clear();
@@ -354,14 +354,30 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
            .min_p = static_cast<float>(p.min_p),
            .seed = kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
            .step = static_cast<uint64_t>(seq.num_known_tokens())});
+      SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
+      if (mode == LogitsMode::kSample && sample->grammar != nullptr) {
+        // The row's mask, computed here on the host; the runner masks the row before its draw. A
+        // matcher past its bounds gives an empty mask: the drawn token is refused (kError).
+        const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
+        const size_t row = batch_.sampling.size() - 1;
+        batch_.token_bitmask.resize(std::max(batch_.token_bitmask.size(), (row + 1) * words), ~0u);
+        sample->grammar->FillMask(
+            std::span<uint32_t>(batch_.token_bitmask).subspan(row * words, words));
+        batch_.sampling.back().masked = true;
+      }
     }
+  }
+  if (!batch_.token_bitmask.empty()) {  // a row per sequence; unmasked rows are all ones
+    batch_.token_bitmask.resize(
+        static_cast<size_t>(batch_.num_seqs()) * static_cast<size_t>((vocab_size_ + 31) / 32), ~0u);
   }
 }
 
-bool RunnerCanSample(const SamplingParams& params, const Sequence& seq) {
+bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool runner_masks) {
   // The runner's sampler knows temperature, top-k, top-p and min-p only; logprobs need the row.
-  // A structured-output constraint masks the row on the host (Sampler::Sample).
-  if (params.constraint != nullptr || !params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
+  // A structured-output constraint masks the row: on the host (Sampler::Sample) unless the
+  // runner applies the engine's bitmasks.
+  if ((params.constraint != nullptr && !runner_masks) || !params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
       params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 ||
       params.logprobs.has_value()) {
     return false;

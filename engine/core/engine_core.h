@@ -93,8 +93,9 @@ struct EngineStats {
 };
 
 // Whether the runner's own sampler (LogitsMode::kSample) can pick this sequence's next token
-// exactly as the engine's Sampler would (no penalties, biases, logprobs or min_tokens masking).
-bool RunnerCanSample(const SamplingParams& params, const Sequence& seq);
+// exactly as the engine's Sampler would (no penalties, biases, logprobs or min_tokens masking;
+// a structured-output constraint only when the runner applies token bitmasks, `runner_masks`).
+bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool runner_masks = false);
 
 class EngineCore {
  public:

@@ -48,6 +48,7 @@ class RecordingRunner final : public ModelRunner {
   // The CPU runner implements LogitsMode::kSample; saying so sends the engine down the path the
   // CUDA runner takes (tokens, not logits, come back).
   bool samples_on_device() const override { return samples_on_device_; }
+  bool samples_with_token_bitmask() const override { return inner_->samples_with_token_bitmask(); }
   Backend backend() const override { return inner_->backend(); }
   int32_t block_size_tokens() const override { return inner_->block_size_tokens(); }
   int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
@@ -508,8 +509,12 @@ namespace {
 // Structured output through the engine: a regular expression over a made-up byte vocabulary of
 // the fixture model (token i spells a letter, a digit or a pair), sampled at temperature 1 with
 // n = 2: every sample's bytes match, and it ends by the constraint (complete) or by EOS where the
-// match may end, never by length.
-TEST(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
+// match may end, never by length. Masked by the engine's sampler (the runner returns logits), and
+// by the runner (kSample with the engine's bitmasks, the CUDA runner's path).
+class CpuEngineStructuredTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
+  const bool runner_samples = GetParam();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const ModelConfig& model = (*checkpoint)->config();
@@ -536,8 +541,7 @@ TEST(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
   EngineConfig config;
   config.max_num_seqs = 8;
   RecordingRunner* recorder = nullptr;
-  auto engine = MakeEngine(**checkpoint, /*num_blocks=*/64, config, &recorder,
-                           /*runner_samples=*/true);
+  auto engine = MakeEngine(**checkpoint, /*num_blocks=*/64, config, &recorder, runner_samples);
   ASSERT_NE(engine, nullptr);
   const testing::HfTinyReference ref = testing::LoadHfTinyReference("llama-gqa");
   std::vector<std::shared_ptr<OutputStream>> streams;
@@ -555,8 +559,12 @@ TEST(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
   }
   while (engine->Step()) {
   }
-  // The runner samples unconstrained rows only: a constrained row's logits come to the engine.
-  EXPECT_EQ(recorder->num_runner_samples(), 0);
+  // The CPU runner masks rows as the CUDA runner does: with it, the runner draws every token.
+  if (runner_samples) {
+    EXPECT_GT(recorder->num_runner_samples(), 0);
+  } else {
+    EXPECT_EQ(recorder->num_runner_samples(), 0);
+  }
   const std::regex expected(pattern);
   for (const auto& stream : streams) {
     std::string text[2];
@@ -577,6 +585,11 @@ TEST(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(MaskedBy, CpuEngineStructuredTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Runner" : "Engine";
+                         });
 
 }  // namespace
 }  // namespace lmserve::engine
