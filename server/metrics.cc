@@ -113,6 +113,7 @@ std::string_view FinishedReasonLabel(engine::FinishReason reason) {
     case engine::FinishReason::kEos:
     case engine::FinishReason::kStopToken:
     case engine::FinishReason::kStopString:
+    case engine::FinishReason::kConstraintEnd:
       return "stop";
     case engine::FinishReason::kMaxTokens:
     case engine::FinishReason::kContextLength:

@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<ServingModel>> Load(const ServeConfig& config,
   LMSERVE_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelText> text,
       ModelText::Load(config.model.path, config.model.tokenizer_path, config.model.chat_template,
-                      model_config.vocab_size, &warning));
+                      model_config.vocab_size, &warning, model_config.eos_token_ids));
   if (!warning.empty()) LogWarning(warning);
 
   LMSERVE_ASSIGN_OR_RETURN(

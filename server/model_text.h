@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/core/text.h"
+#include "engine/structured/constraint.h"
 #include "nlohmann/json.hpp"
 
 namespace lmserve::server {
@@ -27,6 +28,8 @@ namespace lmserve::server {
 struct ChatTurn {
   std::string role;
   std::string content;
+  // More keys of the message for the template (tool_calls, tool_call_id, name); an object.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 class ModelText {
@@ -35,18 +38,23 @@ class ModelText {
 
   // The tokenizer of `tokenizer_path` when given (an error when it does not load), otherwise of
   // `model_path` (a model without a usable tokenizer gets one without: `*warning` says why).
-  // `vocab_size` is the model's: token ids at or beyond it are rejected. The chat template is
+  // `vocab_size` is the model's: token ids at or beyond it are rejected; `eos_token_ids` the
+  // model's (structured output allows them where a match may end; empty: the tokenizer's EOS and
+  // end-of-turn tokens). The chat template is
   // `chat_template` (a built-in name or a file; an error when it does not load or parse), else the
   // model's own; a model without one serves no Chat calls (`*warning` says so).
   static absl::StatusOr<std::unique_ptr<ModelText>> Load(const std::string& model_path,
                                                          const std::string& tokenizer_path,
                                                          const std::string& chat_template,
-                                                         int64_t vocab_size, std::string* warning);
+                                                         int64_t vocab_size, std::string* warning,
+                                                         std::vector<int32_t> eos_token_ids = {});
   // No tokenizer, no chat template.
   static std::unique_ptr<ModelText> None();
 
   virtual bool has_tokenizer() const = 0;
   virtual bool has_chat_template() const = 0;
+  // The chat template's source ("" without one): its tool-call format is read from it.
+  virtual std::string_view chat_template_source() const = 0;
 
   // The ids of `text` (valid UTF-8). FailedPrecondition without a tokenizer.
   virtual absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
@@ -58,6 +66,12 @@ class ModelText {
   virtual std::string TokenText(int32_t id) const = 0;
   // A text decoder for the engine; nullptr without a tokenizer.
   virtual std::unique_ptr<engine::TextDecoder> NewTextDecoder() const = 0;
+  // Structured output: `spec` compiled against this tokenizer's vocabulary, shared with earlier
+  // requests of the same spec (engine/structured/constraint.h). FailedPrecondition without a
+  // tokenizer; InvalidArgument naming the problem.
+  virtual absl::StatusOr<std::shared_ptr<engine::structured::CompiledGrammar>> CompileConstraint(
+      const engine::structured::ConstraintSpec& spec) const = 0;
+
   // The prompt text of a conversation under the model's chat template, with `template_kwargs` (a
   // JSON object, e.g. {"enable_thinking": false}) as further template variables. FailedPrecondition
   // without a template; InvalidArgument "messages: ..." when the template rejects the

@@ -1,7 +1,9 @@
 #include "server/openai_api.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <variant>
 #include <utility>
 
 #include "common/status.h"
@@ -131,37 +133,115 @@ absl::Status GetTokenIds(std::string_view field, const Json& value,
 
 // Fields this server refuses: present and not null (or not an allowed value).
 absl::Status CheckRefused(const Json& object) {
-  if (const Json* format = Find(object, "response_format"); format != nullptr) {
-    const bool text = format->is_object() && format->contains("type") &&
-                      (*format)["type"] == "text" && format->size() == 1;
-    if (!text) {
-      return Invalid("response_format",
-                     "structured output is not supported by this server yet; only "
-                     "{\"type\": \"text\"} is accepted");
-    }
-  }
-  if (const Json* tools = Find(object, "tools");
-      tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return Invalid("tools", "tool calling is not supported by this server yet");
-  }
-  if (const Json* choice = Find(object, "tool_choice"); choice != nullptr && *choice != "none") {
-    return Invalid("tool_choice", "tool calling is not supported by this server yet");
-  }
   for (std::string_view key : {"functions", "function_call"}) {
     if (Find(object, key) != nullptr) {
-      return Invalid(key, "function calling is not supported by this server yet");
+      return Invalid(key, "the legacy function-calling fields are not supported: use tools");
     }
   }
-  for (std::string_view key :
-       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+  for (std::string_view key : {"guided_choice", "structured_outputs", "guided_decoding_backend"}) {
     if (Find(object, key) != nullptr) {
-      return Invalid(key, "guided decoding is not supported by this server yet");
+      return Invalid(key,
+                     "not supported: use response_format, guided_json, guided_regex or "
+                     "guided_grammar");
     }
   }
   LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> include_stop,
                            GetBool(object, "include_stop_str_in_output"));
   if (include_stop.value_or(false)) {
     return Invalid("include_stop_str_in_output", "not supported: stop strings are never returned");
+  }
+  return absl::OkStatus();
+}
+
+// `value` as compact JSON text, in the key order of the same value in `ordered` (the body parsed
+// with its order) at `path` when it is there and the same value; else in `value`'s own order. (A
+// body with duplicate keys can hold different values in the two parses.)
+std::string OrderedDump(const Json& value, const nlohmann::ordered_json* ordered,
+                        std::initializer_list<std::variant<std::string_view, size_t>> path) {
+  const nlohmann::ordered_json* node = ordered;
+  for (const auto& step : path) {
+    if (node == nullptr) break;
+    if (const auto* key = std::get_if<std::string_view>(&step)) {
+      auto it = node->is_object() ? node->find(std::string(*key)) : node->end();
+      node = node->is_object() && it != node->end() ? &*it : nullptr;
+    } else {
+      const size_t index = std::get<size_t>(step);
+      node = node->is_array() && index < node->size() ? &(*node)[index] : nullptr;
+    }
+  }
+  if (node != nullptr && Json::parse(node->dump(), nullptr, false) == value) return node->dump();
+  return value.dump();
+}
+
+// Structured output: OpenAI's response_format, or vLLM's guided_json, guided_regex and
+// guided_grammar (at most one of them), into sampling.structured. `ordered` is the body parsed
+// with its objects' key order, so that a schema's properties keep the client's order.
+absl::Status ParseStructuredOutput(const Json& object, const nlohmann::ordered_json* ordered,
+                                   GenerationRequest* request, v1::SamplingParams* sampling) {
+  std::vector<std::string_view> given;
+  for (std::string_view key : {"response_format", "guided_json", "guided_regex", "guided_grammar"}) {
+    if (Find(object, key) != nullptr) given.push_back(key);
+  }
+  if (given.empty()) return absl::OkStatus();
+  if (given.size() > 1) {
+    return Invalid(given[1], StrCat("only one of response_format, guided_json, guided_regex and "
+                                    "guided_grammar may be given, got ", given[0], " too"));
+  }
+  const std::string_view key = given[0];
+  request->structured_field = std::string(key);
+  v1::StructuredOutput* structured = sampling->mutable_structured();
+  const Json& value = *Find(object, key);
+  if (key == "guided_regex" || key == "guided_grammar") {
+    if (!value.is_string()) return WrongType(key, "a string", value);
+    if (key == "guided_regex") {
+      structured->set_regex(value.get<std::string>());
+    } else {
+      structured->set_grammar(value.get<std::string>());
+    }
+    return absl::OkStatus();
+  }
+  if (key == "guided_json") {
+    if (value.is_string()) {
+      structured->set_json_schema(value.get<std::string>());
+    } else if (value.is_object()) {
+      structured->set_json_schema(OrderedDump(value, ordered, {key}));
+    } else {
+      return WrongType(key, "a JSON schema (an object or a string)", value);
+    }
+    return absl::OkStatus();
+  }
+  if (!value.is_object()) return WrongType("response_format", "an object", value);
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(value, "type"));
+  if (!type.has_value()) return Invalid("response_format.type", "missing");
+  if (*type == "text") {
+    sampling->clear_structured();
+    request->structured_field.clear();
+  } else if (*type == "json_object") {
+    structured->set_json_object(true);
+  } else if (*type == "json_schema") {
+    const Json* json_schema = Find(value, "json_schema");
+    if (json_schema == nullptr) return Invalid("response_format.json_schema", "missing");
+    if (!json_schema->is_object()) {
+      return WrongType("response_format.json_schema", "an object", *json_schema);
+    }
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(*json_schema, "name"));
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> strict, GetBool(*json_schema, "strict"));
+    (void)name;    // accepted, not used
+    (void)strict;  // the output always follows the schema
+    const Json* schema = Find(*json_schema, "schema");
+    if (schema == nullptr) {
+      structured->set_json_object(true);  // OpenAI: no schema, any JSON object
+    } else if (schema->is_object() || schema->is_boolean()) {
+      structured->set_json_schema(
+          OrderedDump(*schema, ordered, {key, std::string_view("json_schema"),
+                                         std::string_view("schema")}));
+    } else {
+      return WrongType("response_format.json_schema.schema", "an object", *schema);
+    }
+  } else {
+    return Invalid("response_format.type",
+                   StrCat("must be text, json_object or json_schema, got '", type->substr(0, 40),
+                          "'"));
   }
   return absl::OkStatus();
 }
@@ -277,8 +357,8 @@ absl::Status ParseSampling(const Json& object, OpenAiEndpoint endpoint, Generati
   return absl::OkStatus();
 }
 
-// One chat message, OpenAI's shape, into the API's. Tool calling extends this function: "tool"
-// messages and assistant "tool_calls" are refused until the API carries them.
+// One chat message, OpenAI's shape, into the API's: role, content, an assistant's tool_calls, a
+// tool message's tool_call_id and name.
 absl::Status ParseChatMessage(const Json& message, int index, v1::ChatMessage* out) {
   const std::string field = StrCat("messages[", index, "]");
   if (!message.is_object()) return WrongType(field, "an object", message);
@@ -286,20 +366,41 @@ absl::Status ParseChatMessage(const Json& message, int index, v1::ChatMessage* o
   if (role == nullptr) return Invalid(StrCat(field, ".role"), "missing");
   if (!role->is_string()) return WrongType(StrCat(field, ".role"), "a string", *role);
   std::string role_name = role->get<std::string>();
-  if (role_name == "tool" || role_name == "function") {
-    return Invalid(StrCat(field, ".role"),
-                   StrCat("'", role_name,
-                          "' messages need tool calling, which this server does "
-                          "not support yet"));
+  if (role_name == "function") {
+    return Invalid(StrCat(field, ".role"), "'function' messages are legacy: use 'tool'");
   }
-  if (const Json* calls = Find(message, "tool_calls");
-      calls != nullptr && !(calls->is_array() && calls->empty())) {
-    return Invalid(StrCat(field, ".tool_calls"),
-                   "tool calling is not supported by this server yet");
+  if (const Json* calls = Find(message, "tool_calls"); calls != nullptr) {
+    if (!calls->is_array()) return WrongType(StrCat(field, ".tool_calls"), "an array", *calls);
+    for (size_t k = 0; k < calls->size(); ++k) {
+      const Json& call = (*calls)[k];
+      const std::string call_field = StrCat(field, ".tool_calls[", k, "]");
+      if (!call.is_object()) return WrongType(call_field, "an object", call);
+      LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(call, "id"));
+      const Json* function = Find(call, "function");
+      if (function == nullptr) return Invalid(StrCat(call_field, ".function"), "missing");
+      if (!function->is_object()) {
+        return WrongType(StrCat(call_field, ".function"), "an object", *function);
+      }
+      LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(*function, "name"));
+      if (!name.has_value()) return Invalid(StrCat(call_field, ".function.name"), "missing");
+      v1::ToolCall* out_call = out->add_tool_calls();
+      out_call->set_id(id.value_or(""));
+      out_call->set_name(*name);
+      if (const Json* arguments = Find(*function, "arguments"); arguments != nullptr) {
+        out_call->set_arguments(arguments->is_string() ? arguments->get<std::string>()
+                                                       : arguments->dump());
+      } else {
+        out_call->set_arguments("{}");
+      }
+    }
   }
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> tool_call_id,
+                           GetString(message, "tool_call_id"));
+  if (tool_call_id.has_value()) out->set_tool_call_id(*tool_call_id);
+  LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(message, "name"));
+  if (name.has_value()) out->set_name(*name);
   if (Find(message, "function_call") != nullptr) {
-    return Invalid(StrCat(field, ".function_call"),
-                   "function calling is not supported by this server yet");
+    return Invalid(StrCat(field, ".function_call"), "legacy function calling: use tool_calls");
   }
   // OpenAI's "developer" messages are its newer name for system messages; chat templates know
   // "system".
@@ -371,6 +472,73 @@ void ToProtoValue(const Json& value, google::protobuf::Value* out) {
       out->set_null_value(google::protobuf::NULL_VALUE);
       break;
   }
+}
+
+// OpenAI's tools and tool_choice. `ordered` is the body with its key order (parameters' property
+// order is the generated arguments' order), or null when there are no tools.
+absl::Status ParseTools(const Json& object, const nlohmann::ordered_json* ordered,
+                        v1::ChatRequest* chat) {
+  const Json* tools = Find(object, "tools");
+  if (tools != nullptr) {
+    if (!tools->is_array()) return WrongType("tools", "an array", *tools);
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const Json& tool = (*tools)[k];
+      const std::string field = StrCat("tools[", k, "]");
+      if (!tool.is_object()) return WrongType(field, "an object", tool);
+      LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(tool, "type"));
+      if (type.value_or("function") != "function") {
+        return Invalid(StrCat(field, ".type"), "only \"function\" tools are supported");
+      }
+      const Json* function = Find(tool, "function");
+      if (function == nullptr) return Invalid(StrCat(field, ".function"), "missing");
+      if (!function->is_object()) {
+        return WrongType(StrCat(field, ".function"), "an object", *function);
+      }
+      LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(*function, "name"));
+      if (!name.has_value()) return Invalid(StrCat(field, ".function.name"), "missing");
+      LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> description,
+                               GetString(*function, "description"));
+      LMSERVE_ASSIGN_OR_RETURN(std::optional<bool> strict, GetBool(*function, "strict"));
+      (void)strict;  // a forced call always follows the schema
+      v1::Tool* out = chat->add_tools();
+      out->set_name(*name);
+      out->set_description(description.value_or(""));
+      if (const Json* parameters = Find(*function, "parameters"); parameters != nullptr) {
+        if (!parameters->is_object()) {
+          return WrongType(StrCat(field, ".function.parameters"), "an object", *parameters);
+        }
+        out->set_parameters(OrderedDump(*parameters, ordered,
+                                        {std::string_view("tools"), k,
+                                         std::string_view("function"),
+                                         std::string_view("parameters")}));
+      }
+    }
+  }
+  const Json* choice = Find(object, "tool_choice");
+  if (choice == nullptr) return absl::OkStatus();
+  if (choice->is_string()) {
+    const std::string mode = choice->get<std::string>();
+    if (mode != "auto" && mode != "none" && mode != "required") {
+      return Invalid("tool_choice", StrCat("must be auto, none, required or a function, got '",
+                                           mode.substr(0, 40), "'"));
+    }
+    chat->set_tool_choice(mode);
+  } else if (choice->is_object()) {
+    const Json* function = Find(*choice, "function");
+    if (function == nullptr || !function->is_object()) {
+      return Invalid("tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(*function, "name"));
+    if (!name.has_value()) return Invalid("tool_choice.function.name", "missing");
+    chat->set_tool_choice("function");
+    chat->set_tool_choice_function(*name);
+  } else {
+    return WrongType("tool_choice", "a string or an object", *choice);
+  }
+  if (chat->tools_size() == 0 && chat->tool_choice() != "auto" && chat->tool_choice() != "none") {
+    return Invalid("tool_choice", "needs tools");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParseChatFields(const Json& object, v1::ChatRequest* chat) {
@@ -517,8 +685,21 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(OpenAiEndpoint endpoint
 
   v1::SamplingParams sampling;
   LMSERVE_RETURN_IF_ERROR(ParseSampling(object, endpoint, &request, &sampling));
+  // Schemas keep their key order (the order of generated members): the body again, ordered (its
+  // nesting was bounded above), when it carries one.
+  std::optional<nlohmann::ordered_json> ordered;
+  for (std::string_view key : {"response_format", "guided_json", "tools"}) {
+    if (Find(object, key) != nullptr && !ordered.has_value()) {
+      ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    }
+  }
+  const nlohmann::ordered_json* ordered_body = ordered.has_value() ? &*ordered : nullptr;
+  LMSERVE_RETURN_IF_ERROR(ParseStructuredOutput(object, ordered_body, &request, &sampling));
 
   if (endpoint == OpenAiEndpoint::kCompletions) {
+    for (std::string_view key : {"tools", "tool_choice"}) {
+      if (Find(object, key) != nullptr) return Invalid(key, "only for chat completions");
+    }
     if (Find(object, "suffix") != nullptr) {
       return Invalid("suffix", "not supported by this server");
     }
@@ -549,6 +730,7 @@ absl::StatusOr<GenerationRequest> ParseGenerationRequest(OpenAiEndpoint endpoint
                      "tokens");
     }
     LMSERVE_RETURN_IF_ERROR(ParseChatFields(object, &request.chat));
+    LMSERVE_RETURN_IF_ERROR(ParseTools(object, ordered_body, &request.chat));
     *request.chat.mutable_sampling() = sampling;
     if (priority.has_value()) request.chat.set_priority(static_cast<int32_t>(*priority));
     if (request_id.has_value()) request.chat.set_request_id(*request_id);
@@ -566,7 +748,9 @@ absl::Status ToOpenAiFieldNames(const absl::Status& status, const GenerationRequ
   const std::string_view rest = message.substr(colon);
   const bool chat = request.endpoint == OpenAiEndpoint::kChatCompletions;
   std::string name;
-  if (field.rfind("sampling.", 0) == 0) {
+  if (field.rfind("sampling.structured", 0) == 0 && !request.structured_field.empty()) {
+    name = request.structured_field;
+  } else if (field.rfind("sampling.", 0) == 0) {
     name = std::string(field.substr(9));
     if (name == "max_tokens" && request.uses_max_completion_tokens) name = "max_completion_tokens";
     if (name == "logprobs" || name == "prompt_logprobs") name = chat ? "top_logprobs" : "logprobs";
@@ -628,6 +812,7 @@ std::string_view OpenAiFinishReason(engine::FinishReason reason) {
     case engine::FinishReason::kEos:
     case engine::FinishReason::kStopToken:
     case engine::FinishReason::kStopString:
+    case engine::FinishReason::kConstraintEnd:
       return "stop";
     case engine::FinishReason::kMaxTokens:
     case engine::FinishReason::kContextLength:

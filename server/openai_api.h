@@ -56,6 +56,9 @@ struct GenerationRequest {
   std::optional<int32_t> logprobs;
   // Chat: the client named max_completion_tokens (errors then name it).
   bool uses_max_completion_tokens = false;
+  // The field that asked for structured output (response_format, guided_json, ...; errors name
+  // it), "" for none.
+  std::string structured_field;
   std::vector<v1::CompleteRequest> prompts;  // completions: one per prompt
   v1::ChatRequest chat;                      // chat completions
 };

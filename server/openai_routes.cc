@@ -11,6 +11,7 @@
 #include "server/log.h"
 #include "server/openai_api.h"
 #include "server/request_convert.h"
+#include "server/tool_calls.h"
 
 namespace lmserve::server {
 namespace {
@@ -94,6 +95,7 @@ class GenerationExchange final : public HttpExchange {
       prepared.push_back(*std::move(one));
     }
     num_samples_ = prepared.front().request.sampling.n;
+    if (chat_) tool_format_ = prepared.front().tool_call_format;
     std::function<void(std::function<void()>)> poster = responder_->Poster();
     for (int i = 0; i < num_prompts; ++i) {
       auto call = std::make_unique<HttpCall>(routes_->core(), route_, this, i);
@@ -166,6 +168,9 @@ class GenerationExchange final : public HttpExchange {
     Json stop_reason;
   };
 
+  std::optional<ToolCallFormat> tool_format_;  // chat with tools: their calls are parsed
+  int64_t next_call_ = 0;
+
   size_t ChoiceIndex(int prompt_index, int32_t sample_index) const {
     return static_cast<size_t>(prompt_index) * num_samples_ + sample_index;
   }
@@ -225,6 +230,25 @@ class GenerationExchange final : public HttpExchange {
   }
 
   // One event per choice that has new output, in order of first appearance.
+  // The tool calls in a finished chat choice's text (OpenAI's message.tool_calls, or a delta's
+  // with indexes), or null when tools are off or it holds none; `*content` is what remains.
+  Json ToolCallsJson(const std::string& text, bool with_index, Json* content) {
+    if (!tool_format_.has_value()) return nullptr;
+    std::string rest;
+    std::optional<std::vector<ParsedToolCall>> calls = ParseToolCalls(text, *tool_format_, &rest);
+    if (!calls.has_value()) return nullptr;
+    Json out = Json::array();
+    for (size_t k = 0; k < calls->size(); ++k) {
+      Json call = {{"id", StrCat("call_", id_.substr(id_.find('-') + 1), "_", next_call_++)},
+                   {"type", "function"},
+                   {"function", {{"name", (*calls)[k].name}, {"arguments", (*calls)[k].arguments}}}};
+      if (with_index) call["index"] = k;
+      out.push_back(std::move(call));
+    }
+    *content = rest.empty() ? Json(nullptr) : Json(rest);
+    return out;
+  }
+
   void StreamOutputs(int prompt_index, const std::vector<engine::RequestOutput>& outputs,
                      const ModelText& text) {
     std::vector<size_t> order;
@@ -244,6 +268,12 @@ class GenerationExchange final : public HttpExchange {
         choice.logprobs = Json();
       }
       piece.text += output.text;
+      if (tool_format_.has_value()) {
+        // With tools, a choice's text is held until it ends: then it is content or tool calls.
+        choice.text += piece.text;
+        piece.text.clear();
+        if (output.finished) piece.text = choice.text;
+      }
       piece.token_ids.insert(piece.token_ids.end(), output.token_ids.begin(),
                              output.token_ids.end());
       if (request_.logprobs.has_value() && !output.logprobs.empty()) {
@@ -267,17 +297,26 @@ class GenerationExchange final : public HttpExchange {
     for (size_t index : order) {
       const Choice& piece = pieces[index];
       Json out = {{"index", index}};
+      std::string finish_reason = piece.finish_reason;
       if (chat_) {
         Json delta = Json::object();
         if (piece.begun) delta["role"] = "assistant";
-        if (!piece.text.empty() || piece.begun) delta["content"] = piece.text;
+        Json content = piece.text;
+        Json calls = piece.finished ? ToolCallsJson(piece.text, true, &content) : Json(nullptr);
+        if (!calls.is_null()) {
+          if (!content.is_null()) delta["content"] = content;
+          delta["tool_calls"] = std::move(calls);
+          if (finish_reason == "stop") finish_reason = "tool_calls";
+        } else if (!piece.text.empty() || piece.begun) {
+          delta["content"] = piece.text;
+        }
         out["delta"] = std::move(delta);
       } else {
         out["text"] = piece.text;
       }
       out["logprobs"] = request_.logprobs.has_value() && !piece.logprobs.is_null() ? piece.logprobs
                                                                                    : Json(nullptr);
-      out["finish_reason"] = piece.finished ? Json(piece.finish_reason) : Json(nullptr);
+      out["finish_reason"] = piece.finished ? Json(finish_reason) : Json(nullptr);
       if (piece.finished) out["stop_reason"] = piece.stop_reason;
       if (request_.return_token_ids) {
         out["token_ids"] = piece.token_ids;
@@ -349,13 +388,21 @@ class GenerationExchange final : public HttpExchange {
     for (size_t index = 0; index < choices_.size(); ++index) {
       const Choice& choice = choices_[index];
       Json out = {{"index", index}};
+      std::string finish_reason = choice.finish_reason;
       if (chat_) {
         out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+        Json content;
+        Json calls = ToolCallsJson(choice.text, false, &content);
+        if (!calls.is_null()) {
+          out["message"]["content"] = std::move(content);
+          out["message"]["tool_calls"] = std::move(calls);
+          if (finish_reason == "stop") finish_reason = "tool_calls";
+        }
       } else {
         out["text"] = choice.text;
       }
       out["logprobs"] = ChoiceLogprobs(choice);
-      out["finish_reason"] = choice.finish_reason;
+      out["finish_reason"] = finish_reason;
       out["stop_reason"] = choice.stop_reason;
       if (request_.return_token_ids) {
         out["token_ids"] = choice.token_ids;

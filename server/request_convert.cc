@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "common/utf8.h"
+#include "server/tool_calls.h"
 
 namespace lmserve::server {
 namespace {
@@ -55,13 +56,119 @@ absl::Status CheckPromptLength(std::string_view field, int64_t num_tokens,
   return absl::OkStatus();
 }
 
+// A chat message's tool fields as template keys (tool_calls, tool_call_id, name).
+absl::Status ToolMessageFields(const v1::ChatMessage& message, const std::string& field,
+                               nlohmann::ordered_json* extra) {
+  using Json = nlohmann::ordered_json;
+  if (message.tool_calls_size() > 0) {
+    Json calls = Json::array();
+    for (int k = 0; k < message.tool_calls_size(); ++k) {
+      const v1::ToolCall& call = message.tool_calls(k);
+      if (call.name().empty()) {
+        return Invalid(StrCat(field, ".tool_calls[", k, "].function.name"), "empty");
+      }
+      // Templates write arguments with tojson: an object when the text is one.
+      Json arguments = Json::parse(call.arguments(), nullptr, /*allow_exceptions=*/false);
+      if (arguments.is_discarded()) arguments = call.arguments();
+      calls.push_back(Json{{"id", call.id()},
+                           {"type", "function"},
+                           {"function", {{"name", call.name()}, {"arguments", arguments}}}});
+    }
+    (*extra)["tool_calls"] = std::move(calls);
+  }
+  if (!message.tool_call_id().empty()) (*extra)["tool_call_id"] = message.tool_call_id();
+  if (!message.name().empty()) (*extra)["name"] = message.name();
+  return absl::OkStatus();
+}
+
+// ChatRequest.tools in OpenAI's shape for the template's `tools` variable (an empty array for
+// none), after checking them and tool_choice.
+absl::StatusOr<nlohmann::ordered_json> ToolsJson(const v1::ChatRequest& request) {
+  using Json = nlohmann::ordered_json;
+  constexpr int kMaxTools = 128;
+  if (request.tools_size() > kMaxTools) {
+    return Invalid("tools", StrCat("more than ", kMaxTools, " tools"));
+  }
+  const std::string& choice = request.tool_choice();
+  if (choice != "" && choice != "auto" && choice != "none" && choice != "required" &&
+      choice != "function") {
+    return Invalid("tool_choice", StrCat("must be auto, none, required or a function, got '",
+                                         choice.substr(0, 40), "'"));
+  }
+  if (request.tools_size() == 0 && (choice == "required" || choice == "function")) {
+    return Invalid("tool_choice", "needs tools");
+  }
+  Json tools = Json::array();
+  bool found = false;
+  for (int k = 0; k < request.tools_size(); ++k) {
+    const v1::Tool& tool = request.tools(k);
+    const std::string field = StrCat("tools[", k, "]");
+    if (tool.name().empty()) return Invalid(StrCat(field, ".function.name"), "empty");
+    found |= tool.name() == request.tool_choice_function();
+    Json function = {{"name", tool.name()}};
+    if (!tool.description().empty()) function["description"] = tool.description();
+    if (!tool.parameters().empty()) {
+      Json parameters = Json::parse(tool.parameters(), nullptr, /*allow_exceptions=*/false);
+      if (!parameters.is_object()) {
+        return Invalid(StrCat(field, ".function.parameters"), "must be a JSON object");
+      }
+      function["parameters"] = std::move(parameters);
+    }
+    tools.push_back(Json{{"type", "function"}, {"function", std::move(function)}});
+  }
+  if (choice == "function" && !found) {
+    return Invalid("tool_choice", StrCat("no tool named '",
+                                         request.tool_choice_function().substr(0, 64), "'"));
+  }
+  return tools;
+}
+
+// SamplingParams.structured compiled for the model's tokenizer (null when unset).
+absl::StatusOr<std::shared_ptr<engine::structured::CompiledGrammar>> ConvertStructured(
+    const v1::SamplingParams& sampling, const ModelText& text) {
+  if (!sampling.has_structured()) return nullptr;
+  using engine::structured::ConstraintKind;
+  const v1::StructuredOutput& structured = sampling.structured();
+  engine::structured::ConstraintSpec spec;
+  std::string field;
+  switch (structured.kind_case()) {
+    case v1::StructuredOutput::kJsonSchema:
+      spec = {ConstraintKind::kJsonSchema, structured.json_schema()};
+      field = "sampling.structured.json_schema";
+      break;
+    case v1::StructuredOutput::kJsonObject:
+      spec = {ConstraintKind::kJsonObject, ""};
+      field = "sampling.structured.json_object";
+      break;
+    case v1::StructuredOutput::kRegex:
+      spec = {ConstraintKind::kRegex, structured.regex()};
+      field = "sampling.structured.regex";
+      break;
+    case v1::StructuredOutput::kGrammar:
+      spec = {ConstraintKind::kGrammar, structured.grammar()};
+      field = "sampling.structured.grammar";
+      break;
+    case v1::StructuredOutput::KIND_NOT_SET:
+      return Invalid("sampling.structured", "set one of json_schema, json_object, regex, grammar");
+  }
+  absl::StatusOr<std::shared_ptr<engine::structured::CompiledGrammar>> compiled =
+      text.CompileConstraint(spec);
+  if (!compiled.ok()) {
+    return absl::Status(compiled.status().code(),
+                        StrCat(field, ": ", std::string(compiled.status().message())));
+  }
+  return compiled;
+}
+
 // Shared by Complete and Chat once the prompt's ids are known.
 absl::Status FinishPrepare(const v1::SamplingParams& sampling, int32_t priority,
                            const std::string& request_id, const engine::RequestLimits& limits,
-                           const ApiLimits& api, PreparedRequest* prepared) {
+                           const ApiLimits& api, const ModelText& text,
+                           PreparedRequest* prepared) {
   LMSERVE_RETURN_IF_ERROR(CheckRequestId(request_id, api));
   prepared->request_id = request_id;
   LMSERVE_ASSIGN_OR_RETURN(engine::SamplingParams params, ConvertSampling(sampling, limits, api));
+  LMSERVE_ASSIGN_OR_RETURN(params.constraint, ConvertStructured(sampling, text));
   prepared->request.sampling = std::move(params);
   prepared->request.priority = priority;
   // Whatever the engine checks beyond the above (it names the field the same way).
@@ -296,7 +403,7 @@ absl::StatusOr<PreparedRequest> PrepareCompleteRequest(const v1::CompleteRequest
     }
   }
   LMSERVE_RETURN_IF_ERROR(FinishPrepare(request.sampling(), request.priority(),
-                                        request.request_id(), limits, api, &prepared));
+                                        request.request_id(), limits, api, text, &prepared));
   return prepared;
 }
 
@@ -361,10 +468,20 @@ absl::StatusOr<std::vector<int32_t>> RenderChatPrompt(const v1::ChatRequest& req
     if (!IsValidUtf8(message.content())) {
       return Invalid(StrCat("messages[", i, "].content"), "not valid UTF-8");
     }
-    turns.push_back({message.role(), message.content()});
+    ChatTurn& turn = turns.emplace_back();
+    turn.role = message.role();
+    turn.content = message.content();
+    LMSERVE_RETURN_IF_ERROR(ToolMessageFields(message, StrCat("messages[", i, "]"), &turn.extra));
   }
   LMSERVE_ASSIGN_OR_RETURN(nlohmann::ordered_json template_kwargs,
                            ChatTemplateKwargsToJson(request.chat_template_kwargs()));
+  LMSERVE_ASSIGN_OR_RETURN(nlohmann::ordered_json tools, ToolsJson(request));
+  if (!tools.empty()) {
+    if (template_kwargs.contains("tools")) {
+      return Invalid("chat_template_kwargs.tools", "give the tools in `tools`, not both");
+    }
+    if (request.tool_choice() != "none") template_kwargs["tools"] = std::move(tools);
+  }
   if (!text.has_chat_template()) {
     return absl::FailedPreconditionError(
         "messages: this model has no chat template; send a prompt to Complete (HTTP: "
@@ -392,7 +509,33 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const v1::ChatRequest& reques
   prepared.request.prompt_token_ids = std::move(ids);
   prepared.log_text = std::move(prompt);
   LMSERVE_RETURN_IF_ERROR(FinishPrepare(request.sampling(), request.priority(),
-                                        request.request_id(), limits, api, &prepared));
+                                        request.request_id(), limits, api, text, &prepared));
+  // Tools: the format the output is parsed in, and a forced call's constraint.
+  if (request.tools_size() > 0 && request.tool_choice() != "none") {
+    const ToolCallFormat format = DetectToolCallFormat(text.chat_template_source());
+    prepared.tool_call_format = format;
+    const bool forced = request.tool_choice() == "required" || request.tool_choice() == "function";
+    if (forced) {
+      if (request.sampling().has_structured()) {
+        return Invalid("tool_choice", "a forced tool call cannot be combined with structured output");
+      }
+      std::vector<ToolSpec> tools;
+      for (const v1::Tool& tool : request.tools()) {
+        tools.push_back({tool.name(), tool.description(), tool.parameters()});
+      }
+      absl::StatusOr<engine::structured::ConstraintSpec> spec = ForcedToolCallSpec(
+          tools, request.tool_choice() == "function" ? request.tool_choice_function() : "",
+          format);
+      if (!spec.ok()) return spec.status();
+      absl::StatusOr<std::shared_ptr<engine::structured::CompiledGrammar>> compiled =
+          text.CompileConstraint(*spec);
+      if (!compiled.ok()) {
+        return absl::Status(compiled.status().code(),
+                            StrCat("tools: ", std::string(compiled.status().message())));
+      }
+      prepared.request.sampling.constraint = *std::move(compiled);
+    }
+  }
   return prepared;
 }
 
@@ -420,6 +563,7 @@ v1::FinishReason ToProtoFinishReason(engine::FinishReason reason) {
     case engine::FinishReason::kEos:
     case engine::FinishReason::kStopToken:
     case engine::FinishReason::kStopString:
+    case engine::FinishReason::kConstraintEnd:
       return v1::FINISH_REASON_STOP;
     case engine::FinishReason::kMaxTokens:
     case engine::FinishReason::kContextLength:

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,6 +18,7 @@
 #include "lmserve/v1/lmserve.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/model_text.h"
+#include "server/tool_calls.h"
 
 namespace lmserve::server {
 
@@ -50,6 +52,8 @@ struct PreparedRequest {
   bool echo = false;
   std::string echo_text;    // the prompt's text, when echo
   std::string log_text;     // the prompt text, for --debug-log-text
+  // Chat with tools (tool_choice other than none): the format to parse tool calls in.
+  std::optional<ToolCallFormat> tool_call_format;
 };
 
 // Checks and converts. InvalidArgument names the field ("sampling.top_p: must be in (0, 1], got

@@ -242,6 +242,11 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
   AddNegatedFlag(command, "--no-cuda-graphs", &runner->cuda_graphs,
                  "CUDA: run decode steps eagerly instead of replaying CUDA graphs")
       ->group(kRunnerGroup);
+  AddBoolFlag(command, "--structured-output-on-device", &runner->device_token_bitmask,
+              "CUDA: sample structured output's masked rows on the GPU (the host's token "
+              "bitmasks applied by a kernel before the sampler) instead of bringing their "
+              "logits to the host")
+      ->group(kRunnerGroup);
   AddNegatedFlag(command, "--no-fp32-residual", &runner->fp32_residual,
                  "CUDA in bfloat16: hold the residual stream in bf16 too instead of fp32 (it is "
                  "then rounded at every residual add)")

@@ -8,6 +8,7 @@
 #include "common/hash.h"
 #include "common/strings.h"
 #include "engine/core/check.h"
+#include "engine/structured/matcher.h"
 #include "kernels/cpu/philox.h"
 
 namespace lmserve::engine {
@@ -17,6 +18,7 @@ struct EngineCore::SampleState {
   RequestState* request = nullptr;
   std::unique_ptr<IncrementalTextDecoder> decoder;  // null without a text decoder
   StopStringMatcher matcher{{}};
+  std::unique_ptr<structured::GrammarMatcher> grammar;  // sampling.constraint's state, or null
   bool finished = false;
   double first_scheduled_seconds = -1.0;
   double first_token_seconds = -1.0;
@@ -183,6 +185,9 @@ void EngineCore::AddRequest(RequestId id, Request request, double arrival_second
       sample->decoder = text_decoder_->NewSequence(r.request.prompt_token_ids);
     }
     sample->matcher = StopStringMatcher(params.stop);
+    if (params.constraint != nullptr) {
+      sample->grammar = std::make_unique<structured::GrammarMatcher>(params.constraint);
+    }
     samples_by_seq_id_[seq.seq_id] = sample.get();
     r.samples.push_back(std::move(sample));
   }
@@ -332,7 +337,7 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
                       : end == seq.num_known_tokens() ? LogitsMode::kLast
                                                       : LogitsMode::kNone;
     if (mode == LogitsMode::kLast && runner_->samples_on_device() &&
-        RunnerCanSample(r.params(), seq)) {
+        RunnerCanSample(r.params(), seq, runner_->samples_with_token_bitmask())) {
       mode = LogitsMode::kSample;
     }
     group_tables_.clear();
@@ -352,13 +357,30 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
            .min_p = static_cast<float>(p.min_p),
            .seed = kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
            .step = static_cast<uint64_t>(seq.num_known_tokens())});
+      SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
+      if (mode == LogitsMode::kSample && sample->grammar != nullptr) {
+        // The row's mask, computed here on the host; the runner masks the row before its draw. A
+        // matcher past its bounds gives an empty mask: the drawn token is refused (kError).
+        const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
+        const size_t row = batch_.sampling.size() - 1;
+        batch_.token_bitmask.resize(std::max(batch_.token_bitmask.size(), (row + 1) * words), ~0u);
+        sample->grammar->FillMask(
+            std::span<uint32_t>(batch_.token_bitmask).subspan(row * words, words));
+        batch_.sampling.back().masked = true;
+      }
     }
+  }
+  if (!batch_.token_bitmask.empty()) {  // a row per sequence; unmasked rows are all ones
+    batch_.token_bitmask.resize(
+        static_cast<size_t>(batch_.num_seqs()) * static_cast<size_t>((vocab_size_ + 31) / 32), ~0u);
   }
 }
 
-bool RunnerCanSample(const SamplingParams& params, const Sequence& seq) {
+bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool runner_masks) {
   // The runner's sampler knows temperature, top-k, top-p and min-p only; logprobs need the row.
-  if (!params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
+  // A structured-output constraint masks the row: on the host (Sampler::Sample) unless the
+  // runner applies the engine's bitmasks.
+  if ((params.constraint != nullptr && !runner_masks) || !params.logit_bias.empty() || params.repetition_penalty != 1.0 ||
       params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 ||
       params.logprobs.has_value()) {
     return false;
@@ -416,12 +438,32 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
   const float* last_row =
       mode == LogitsMode::kAll ? rows + int64_t{scheduled.num_new_tokens - 1} * vocab_size_ : rows;
   const RequestState& r = *sample->request;
+  std::span<const uint32_t> allowed;
+  if (sample->grammar != nullptr) {
+    const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
+    if (static_cast<size_t>(sample->grammar->grammar().trie().mask_words()) != words) {
+      RequestOutput output;
+      output.error = "structured output: the constraint was compiled for another vocabulary";
+      FinishSample(sample, FinishReason::kError, now, std::move(output));
+      return;
+    }
+    token_bitmask_.resize(words);
+    sample->grammar->FillMask(token_bitmask_);
+    if (sample->grammar->Failed()) {
+      RequestOutput output;
+      output.error = StrCat("structured output: the ", sample->grammar->grammar().description(),
+                            " constraint exceeded its bounds on states (too ambiguous)");
+      FinishSample(sample, FinishReason::kError, now, std::move(output));
+      return;
+    }
+    allowed = token_bitmask_;
+  }
   const std::span<const int32_t> tokens(seq.tokens);
   const int32_t token_id = sampler_.Sample(
       std::span<const float>(last_row, static_cast<size_t>(vocab_size_)), r.params(),
       tokens.first(seq.num_prompt_tokens), tokens.subspan(seq.num_prompt_tokens), eos_token_ids_,
       kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
-      seq.num_known_tokens());
+      seq.num_known_tokens(), allowed);
   AppendToken(sample, token_id, last_row, now);
 }
 
@@ -448,6 +490,15 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
   RequestState& r = *sample->request;
   const SamplingParams& params = r.params();
   Sequence& seq = sample->seq;
+  if (sample->grammar != nullptr && !sample->grammar->AcceptToken(token_id)) {
+    // Only a row whose every token was masked (min_tokens holding back the EOS that the
+    // constraint requires) draws a token the constraint refuses.
+    RequestOutput output;
+    output.error = StrCat("structured output: token ", token_id,
+                          " does not continue the constrained output");
+    FinishSample(sample, FinishReason::kError, now, std::move(output));
+    return;
+  }
   seq.tokens.push_back(token_id);
   ++stats_.num_generated_tokens;
   if (sample->first_token_seconds < 0.0) sample->first_token_seconds = now;
@@ -483,6 +534,9 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
       reason = FinishReason::kStopString;
       output.stop_string = *std::move(matched);
     }
+  }
+  if (!reason.has_value() && sample->grammar != nullptr && sample->grammar->MustEnd()) {
+    reason = FinishReason::kConstraintEnd;  // complete: nothing but EOS could follow
   }
   if (!reason.has_value() && seq.num_known_tokens() >= r.max_total_tokens) {
     reason =

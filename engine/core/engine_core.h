@@ -97,8 +97,9 @@ struct EngineStats {
 };
 
 // Whether the runner's own sampler (LogitsMode::kSample) can pick this sequence's next token
-// exactly as the engine's Sampler would (no penalties, biases, logprobs or min_tokens masking).
-bool RunnerCanSample(const SamplingParams& params, const Sequence& seq);
+// exactly as the engine's Sampler would (no penalties, biases, logprobs or min_tokens masking;
+// a structured-output constraint only when the runner applies token bitmasks, `runner_masks`).
+bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool runner_masks = false);
 
 class EngineCore {
  public:
@@ -194,6 +195,7 @@ class EngineCore {
   std::vector<std::span<const int32_t>> group_tables_;  // one sequence's, while building batch_
   StepOutput step_output_;
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
+  std::vector<uint32_t> token_bitmask_;           // a constrained row's allowed tokens
 
   EngineStats stats_;
 

@@ -33,6 +33,8 @@ std::string_view FinishReasonName(FinishReason reason) {
       return "max_tokens";
     case FinishReason::kContextLength:
       return "context_length";
+    case FinishReason::kConstraintEnd:
+      return "constraint_end";
     case FinishReason::kAborted:
       return "aborted";
     case FinishReason::kError:
@@ -139,6 +141,10 @@ absl::Status ValidateRequest(const Request& request, const RequestLimits& limits
       (*s.prompt_logprobs < 0 || *s.prompt_logprobs > limits.max_logprobs)) {
     return Invalid("sampling.prompt_logprobs",
                    StrCat("must be in [0, ", limits.max_logprobs, "], got ", *s.prompt_logprobs));
+  }
+  if (s.constraint != nullptr && s.ignore_eos) {
+    // A complete output allows only EOS, which ignore_eos would generate past.
+    return Invalid("sampling.ignore_eos", "cannot be combined with structured output");
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 #define LMSERVE_ENGINE_CORE_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +14,10 @@
 #include "absl/status/status.h"
 
 namespace lmserve::engine {
+
+namespace structured {
+class CompiledGrammar;
+}  // namespace structured
 
 using RequestId = uint64_t;
 
@@ -45,6 +50,11 @@ struct SamplingParams {
   // log-softmax of the logits before any processing above). nullopt: none.
   std::optional<int32_t> logprobs;
   std::optional<int32_t> prompt_logprobs;  // the same for every prompt token after the first
+  // Structured output (engine/structured/constraint.h): the output must match this grammar. Each
+  // step's logits are masked to the tokens it allows (EOS only where it may end), after the
+  // penalties and before temperature; generation ends (kConstraintEnd) when it allows nothing
+  // more. Shared by the requests with the same constraint; null: unconstrained.
+  std::shared_ptr<structured::CompiledGrammar> constraint;
 };
 
 struct Request {
@@ -60,6 +70,7 @@ enum class FinishReason : uint8_t {
   kStopString,     // one of sampling.stop (not included in the text)
   kMaxTokens,      // sampling.max_tokens generated
   kContextLength,  // prompt + generated tokens reached the engine's context length
+  kConstraintEnd,  // sampling.constraint allows nothing more (the output is complete)
   kAborted,        // Engine::Abort, or the engine shut down
   kError,          // the runner failed; RequestOutput::error says why
 };

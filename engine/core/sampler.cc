@@ -30,7 +30,7 @@ Sampler::Sampler(int64_t vocab_size)
 int32_t Sampler::Sample(std::span<const float> logits, const SamplingParams& params,
                         std::span<const int32_t> prompt, std::span<const int32_t> output,
                         std::span<const int32_t> eos_token_ids, uint64_t stream_key,
-                        int64_t position) {
+                        int64_t position, std::span<const uint32_t> allowed_tokens) {
   LMSERVE_CORE_CHECK(static_cast<int64_t>(logits.size()) == vocab_size_, "logits row has ",
                      logits.size(), " entries for a vocabulary of ", vocab_size_);
   work_.assign(logits.begin(), logits.end());
@@ -65,6 +65,13 @@ int32_t Sampler::Sample(std::span<const float> logits, const SamplingParams& par
                                             params.presence_penalty);
       counts_[token_id] = 0;
     }
+  }
+
+  if (!allowed_tokens.empty()) {
+    LMSERVE_CORE_CHECK(static_cast<int64_t>(allowed_tokens.size()) == (vocab_size_ + 31) / 32,
+                       "a token bitmask of ", allowed_tokens.size(), " words for a vocabulary of ",
+                       vocab_size_);
+    kernels::ApplyTokenBitmask(work_.data(), allowed_tokens.data(), vocab_size_);
   }
 
   // The selection: the device sampler's definition, with the values RunnerSampling would carry.

@@ -40,9 +40,12 @@ class Sampler {
   // (kernels::SampleStreamKey(seed, sample_index)) and counter `position`. Greedy (temperature 0)
   // is the argmax, lowest id among equal maxima; a row with every token masked to -inf gives
   // token 0 either way. Engine thread only.
+  // `allowed_tokens` (empty: all) is a structured-output bitmask: bit t of word t / 32 keeps
+  // token t; the others are masked to -inf after the penalties (kernels::ApplyTokenBitmask).
   int32_t Sample(std::span<const float> logits, const SamplingParams& params,
                  std::span<const int32_t> prompt, std::span<const int32_t> output,
-                 std::span<const int32_t> eos_token_ids, uint64_t stream_key, int64_t position);
+                 std::span<const int32_t> eos_token_ids, uint64_t stream_key, int64_t position,
+                 std::span<const uint32_t> allowed_tokens = {});
 
   // The raw logprob (log-softmax of `logits`) of `token_id`, its rank and the `num_top` most likely
   // tokens.

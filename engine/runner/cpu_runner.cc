@@ -182,6 +182,8 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   int32_t num_kv_blocks() const override { return num_blocks_; }
   std::vector<int32_t> kv_group_windows() const override { return groups_.windows; }
   int32_t num_state_slots() const override { return num_state_slots_; }
+  // Its kSample path (the CUDA runner's twin) masks rows as the CUDA runner's does.
+  bool samples_with_token_bitmask() const override { return true; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
   RunnerStats stats() const override;
@@ -892,6 +894,13 @@ absl::Status CpuRunner::Sample() {
     sample_min_p_.push_back(s.min_p);
     sample_seeds_.push_back(s.seed);
     sample_steps_.push_back(s.step);
+  }
+  const int64_t vocab = config_.vocab_size;
+  for (int64_t k = 0; k < num_sampled; ++k) {
+    const int32_t i = sample_seqs_[k];
+    if (!batch_->sampling[i].masked) continue;
+    kernels::ApplyTokenBitmask(sample_logits_.data() + k * vocab,
+                               batch_->token_bitmask.data() + i * ((vocab + 31) / 32), vocab);
   }
   sample_tokens_.resize(static_cast<size_t>(num_sampled));
   kernels::Sample({.logits = sample_logits_.data(),

@@ -38,6 +38,7 @@
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/ssm.h"
+#include "kernels/cuda/token_bitmask.h"
 
 namespace lmserve::engine {
 namespace {
@@ -83,6 +84,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::vector<int32_t> kv_group_windows() const override { return groups_.windows; }
   bool samples_on_device() const override { return true; }
   int32_t num_state_slots() const override { return num_state_slots_; }
+  bool samples_with_token_bitmask() const override {
+    return runner_config_.device_token_bitmask;
+  }
   RunnerStats stats() const override;
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
@@ -223,6 +227,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer rank_logits_, gathered_logits_;
   CudaBuffer sampled_;            // [max_tokens] int32
   CudaBuffer sampler_workspace_;  // kc::kSamplingWorkspaceBytes
+  CudaBuffer token_bitmask_;      // [max_seqs, ceil(vocab / 32)] uint32, device_token_bitmask only
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
   CudaBuffer decode_workspace_;
   CudaBuffer prefill_workspace_;
@@ -448,6 +453,11 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemset(sampler_workspace_.get(), 0, kc::kSamplingWorkspaceBytes),
                                "clearing the sampler's workspace");
   LMSERVE_ASSIGN_OR_RETURN(h_sampled_, CudaBuffer::Pinned(t * 4, "sampled tokens"));
+  if (runner_config_.device_token_bitmask) {
+    LMSERVE_ASSIGN_OR_RETURN(
+        token_bitmask_,
+        CudaBuffer::Device(max_seqs_ * ((c.vocab_size + 31) / 32) * 4, "token bitmasks"));
+  }
 
   // Inputs: every table at most ceil(max position / block size) blocks long, one per group.
   const int64_t blocks_per_seq = (c.max_position_embeddings + block_size_ - 1) / block_size_;
@@ -923,6 +933,15 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
 absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
   // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   const StepLayout& l = *step_.layout;
+  if (runner_config_.device_token_bitmask) {
+    // Structured output: masked rows lose the tokens their bitmask clears (others: mask -1).
+    const kc::TokenBitmaskParams mask{.logits = logits_.as<float>(),
+                                      .bitmask = token_bitmask_.as<uint32_t>(),
+                                      .mask_index = In<int32_t>(l.mask_index) + first_row,
+                                      .num_rows = num_rows,
+                                      .vocab_size = config_.vocab_size};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(mask, stream_), "masking the logits");
+  }
   kc::SamplingParams params{.logits = logits_.as<float>(),
                             .output = sampled_.as<int32_t>() + first_row,
                             .temperature = In<float>(l.temperature) + first_row,
@@ -979,6 +998,16 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const int64_t step_tokens = decode_only ? padded : tokens;
   LMSERVE_RETURN_IF_ERROR(inputs_.Upload(layout, stream_));
+  if (!batch.token_bitmask.empty()) {
+    if (!runner_config_.device_token_bitmask) {
+      return absl::InvalidArgumentError("step batch: token bitmasks without device_token_bitmask");
+    }
+    LMSERVE_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(token_bitmask_.get(), batch.token_bitmask.data(),
+                        batch.token_bitmask.size() * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                        stream_),
+        "copying the token bitmasks");
+  }
   bool rows_are_tokens = num_rows == step_tokens;
   for (int64_t r = 0; rows_are_tokens && r < num_rows; ++r) rows_are_tokens = rows[r].token == r;
   const Step step{.layout = &layout,

@@ -97,6 +97,7 @@ void StepBatch::Clear() {
   logits_modes.clear();
   sampling.clear();
   state_slots.clear();
+  token_bitmask.clear();
   num_kv_groups = 1;
 }
 
@@ -209,6 +210,11 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
       if (!(s.temperature == s.temperature) || !(s.top_p == s.top_p) ||
           !(s.min_p == s.min_p)) {
         return Malformed(StrCat("sequence ", i, " has NaN sampling parameters"));
+      }
+      if (s.masked && static_cast<int64_t>(batch.token_bitmask.size()) !=
+                          num_seqs * ((config.vocab_size + 31) / 32)) {
+        return Malformed(StrCat("sequence ", i, " is masked but the token bitmask has ",
+                                batch.token_bitmask.size(), " words"));
       }
     }
   }

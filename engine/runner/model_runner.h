@@ -57,6 +57,9 @@ struct RunnerSampling {
   float min_p = 0.0f;    // <= 0: off
   uint64_t seed = 0;
   uint64_t step = 0;     // the draw counter: the engine passes the token's position
+  // Structured output: the row is masked by its row of StepBatch::token_bitmask before the draw
+  // (only for a runner whose samples_with_token_bitmask() is true).
+  bool masked = false;
 };
 
 // One step's batch, in the compressed-sparse-row form that GPU kernels take.
@@ -79,6 +82,8 @@ struct StepBatch {
   // models with state-space layers (ignored by others). A sequence whose step starts at position
   // 0 starts from zero state; otherwise its slot must hold the state its earlier steps left.
   std::vector<int32_t> state_slots;
+  // [num_seqs, ceil(vocab_size / 32)] when any sampling[i].masked: bit t of row i keeps token t.
+  std::vector<uint32_t> token_bitmask;
   int32_t num_kv_groups = 1;                  // block tables per sequence
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
@@ -203,6 +208,10 @@ struct RunnerConfig {
   int32_t max_num_batched_tokens = 8192;
   double gpu_memory_utilization = 0.9;  // the share of the GPU's memory the runner may hold
   bool cuda_graphs = true;              // capture decode-only steps as CUDA graphs
+  // CUDA runner: structured output's masked rows are sampled on the device (a token-bitmask
+  // kernel before the sampler, in every decode graph) instead of coming back as logits. Off by
+  // default until measured on a GPU.
+  bool device_token_bitmask = false;
   int32_t device = 0;                   // CUDA device ordinal
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
   // CUDA runner in bf16: hold the residual stream in fp32 (the embeddings, every residual add,
@@ -266,6 +275,9 @@ class ModelRunner {
   // sequence, which the engine assigns (StepBatch::state_slots), each holding every state-space
   // layer's conv and SSM state. Sized at start-up (RunnerConfig::max_num_seqs).
   virtual int32_t num_state_slots() const { return 0; }
+  // Whether its kSample rows may be masked (RunnerSampling::masked, StepBatch::token_bitmask):
+  // structured output sampled on the device. Otherwise the engine masks and samples such rows.
+  virtual bool samples_with_token_bitmask() const { return false; }
   virtual RunnerStats stats() const { return {}; }
 
   // Runs one step. Validates the batch (token ids in the vocabulary, block ids in the pool, tables

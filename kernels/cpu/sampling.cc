@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "common/strings.h"
@@ -185,6 +186,14 @@ void Sample(const SamplingParams& p) {
         SampleRowInto(row, p.vocab_size, p.temperature[r], p.top_k != nullptr ? p.top_k[r] : 0,
                       p.top_p != nullptr ? p.top_p[r] : 1.0f,
                       p.min_p != nullptr ? p.min_p[r] : 0.0f, u, ws, &num_kept, &target);
+  }
+}
+
+void ApplyTokenBitmask(float* logits, const uint32_t* bitmask, int64_t vocab_size) {
+  for (int64_t t = 0; t < vocab_size; ++t) {
+    if (((bitmask[t >> 5] >> (t & 31)) & 1u) == 0) {
+      logits[t] = -std::numeric_limits<float>::infinity();
+    }
   }
 }
 

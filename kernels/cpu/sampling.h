@@ -68,6 +68,10 @@ struct SamplingParams {
 // REQUIRES: params.Validate().ok() (checked; aborts otherwise).
 void Sample(const SamplingParams& params);
 
+// Structured output: sets logits[t] to -inf for every token t whose bit (bit t % 32 of
+// bitmask[t / 32]) is clear; the CPU twin of kernels/cuda/token_bitmask.h.
+void ApplyTokenBitmask(float* logits, const uint32_t* bitmask, int64_t vocab_size);
+
 // The decision for one row (temperature > 0), for tests: which tokens are kept, their weights
 // w_i (0 for the others), the target u * total kept weight, and the token (Sample's for the same
 // row and u).

@@ -252,10 +252,12 @@ def main():
         try:
             client.chat.completions.create(
                 model=name, messages=messages, max_tokens=2,
-                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
-            c.expect(False, "response_format was accepted")
+                response_format={"type": "json_schema", "json_schema": {
+                    "name": "x", "schema": {"type": "number", "multipleOf": 2}}})
+            c.expect(False, "a schema with an unsupported keyword was accepted")
         except openai.BadRequestError as e:
-            c.expect(e.body.get("param") == "response_format", f"response_format: {e.body}")
+            c.expect(e.body.get("param") == "response_format" and "'multipleOf'" in e.body["message"],
+                     f"response_format: {e.body}")
 
         # ---- raw SSE with curl -N ----
         body = json.dumps({"model": name, "prompt": prompt, "max_tokens": 5, "temperature": 0,

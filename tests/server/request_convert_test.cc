@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <tuple>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -296,6 +298,89 @@ TEST(PrepareChatRequestTest, KwargsAreCheckedBeforeTheTemplateIsNeeded) {
   const absl::Status status = PrepareChatRequest(request, *text, Limits(), ApiLimits()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("chat_template_kwargs.bos_token"));
+}
+
+}  // namespace
+}  // namespace lmserve::server
+
+namespace lmserve::server {
+namespace {
+
+// SamplingParams.structured (gRPC) and ChatRequest.tools: compiled against the model's tokenizer,
+// errors naming the field.
+TEST(PrepareStructuredTest, StructuredOutputAndForcedToolCalls) {
+  engine::RequestLimits limits = Limits();
+  limits.vocab_size = 4096;
+  limits.max_context_tokens = 4096;
+  std::string warning;
+  absl::StatusOr<std::unique_ptr<ModelText>> text =
+      ModelText::Load(Qwen3TemplateModelDir(), "", "chatml", limits.vocab_size, &warning);
+  ASSERT_TRUE(text.ok()) << text.status();
+  v1::ChatRequest request = UserTurn("hi");
+  request.mutable_sampling()->mutable_structured()->set_json_schema(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}}})");
+  absl::StatusOr<PreparedRequest> prepared = PrepareChatRequest(request, **text, limits, ApiLimits());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_NE(prepared->request.sampling.constraint, nullptr);
+  EXPECT_FALSE(prepared->tool_call_format.has_value());
+  // The same schema again: the cached compile.
+  absl::StatusOr<PreparedRequest> again = PrepareChatRequest(request, **text, limits, ApiLimits());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->request.sampling.constraint, prepared->request.sampling.constraint);
+
+  for (const auto& [set, field, needle] :
+       std::vector<std::tuple<std::function<void(v1::StructuredOutput*)>, std::string,
+                              std::string>>{
+           {[](v1::StructuredOutput* s) { s->set_json_schema(R"({"type": "number", "not": {}})"); },
+            "sampling.structured.json_schema", "'not'"},
+           {[](v1::StructuredOutput* s) { s->set_regex("(a"); }, "sampling.structured.regex",
+            "unterminated"},
+           {[](v1::StructuredOutput* s) { s->set_grammar("root ::= x\n"); },
+            "sampling.structured.grammar", "not defined"},
+           {[](v1::StructuredOutput*) {}, "sampling.structured", "set one of"}}) {
+    v1::ChatRequest bad = UserTurn("hi");
+    set(bad.mutable_sampling()->mutable_structured());
+    const absl::Status status = PrepareChatRequest(bad, **text, limits, ApiLimits()).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(field + ": "));
+    EXPECT_THAT(std::string(status.message()), HasSubstr(needle));
+  }
+
+  // Tools: the template sees them; a forced call is constrained; the format is the template's.
+  v1::ChatRequest tools = UserTurn("2 + 3?");
+  v1::Tool* tool = tools.add_tools();
+  tool->set_name("add");
+  tool->set_parameters(R"({"type": "object", "properties": {"a": {"type": "integer"}}})");
+  tools.set_tool_choice("function");
+  tools.set_tool_choice_function("add");
+  prepared = PrepareChatRequest(tools, **text, limits, ApiLimits());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_NE(prepared->request.sampling.constraint, nullptr);
+  ASSERT_TRUE(prepared->tool_call_format.has_value());
+  EXPECT_EQ(*prepared->tool_call_format, ToolCallFormat::kHermes);
+  tools.set_tool_choice("auto");
+  prepared = PrepareChatRequest(tools, **text, limits, ApiLimits());
+  ASSERT_TRUE(prepared.ok());
+  EXPECT_EQ(prepared->request.sampling.constraint, nullptr);
+  tools.set_tool_choice("function");
+  tools.set_tool_choice_function("sub");
+  EXPECT_THAT(std::string(PrepareChatRequest(tools, **text, limits, ApiLimits())
+                              .status()
+                              .message()),
+              HasSubstr("no tool named 'sub'"));
+  // An assistant's tool call and the tool's answer render.
+  v1::ChatRequest turns = UserTurn("2 + 3?");
+  v1::ChatMessage* call = turns.add_messages();
+  call->set_role("assistant");
+  v1::ToolCall* made = call->add_tool_calls();
+  made->set_id("call_1");
+  made->set_name("add");
+  made->set_arguments(R"({"a": 2})");
+  v1::ChatMessage* answer = turns.add_messages();
+  answer->set_role("tool");
+  answer->set_tool_call_id("call_1");
+  answer->set_content("5");
+  EXPECT_TRUE(PrepareChatRequest(turns, **text, limits, ApiLimits()).ok());
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
   l.top_k = take(4 * rows);
   l.top_p = take(4 * rows);
   l.min_p = take(4 * rows);
+  l.mask_index = take(4 * rows);
   l.block_table_ids = take(4 * table_ids);
   l.total = offset;
   return l;
@@ -142,6 +143,7 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   float* min_p = Host<float>(l.min_p);
   uint64_t* seeds = Host<uint64_t>(l.seeds);
   uint64_t* steps = Host<uint64_t>(l.steps);
+  int32_t* mask_index = Host<int32_t>(l.mask_index);
   for (int64_t r = 0; r < rows; ++r) {
     logits_rows[r] = rows_[r].token;
     RunnerSampling s;  // greedy: rows that only return logits, and padding
@@ -152,6 +154,7 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
     min_p[r] = s.min_p;
     seeds[r] = s.seed;
     steps[r] = s.step;
+    mask_index[r] = rows_[r].sampled && s.masked ? rows_[r].seq : -1;
   }
   return l;
 }

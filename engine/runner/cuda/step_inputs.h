@@ -39,6 +39,7 @@ struct StepLayout {
   size_t top_k = 0;              // int32 [rows]
   size_t top_p = 0;              // float [rows]
   size_t min_p = 0;              // float [rows]
+  size_t mask_index = 0;         // int32 [rows]: a masked row's sequence (its bitmask row), else -1
   size_t block_table_ids = 0;    // int32 [table ids]
   size_t total = 0;
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <regex>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "engine/model/kv_cache_groups.h"
 #include "engine/runner/cpu_runner.h"
 #include "engine/runner/model_runner.h"
+#include "engine/structured/constraint.h"
+#include "engine/structured/matcher.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixtures.h"
 
@@ -45,6 +48,7 @@ class RecordingRunner final : public ModelRunner {
   // The CPU runner implements LogitsMode::kSample; saying so sends the engine down the path the
   // CUDA runner takes (tokens, not logits, come back).
   bool samples_on_device() const override { return samples_on_device_; }
+  bool samples_with_token_bitmask() const override { return inner_->samples_with_token_bitmask(); }
   Backend backend() const override { return inner_->backend(); }
   int32_t block_size_tokens() const override { return inner_->block_size_tokens(); }
   int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
@@ -494,6 +498,97 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpuEngineTest, ::testing::ValuesIn(EngineCase
                            std::string name = info.param.name;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
+                         });
+
+}  // namespace
+}  // namespace lmserve::engine
+
+namespace lmserve::engine {
+namespace {
+
+// Structured output through the engine: a regular expression over a made-up byte vocabulary of
+// the fixture model (token i spells a letter, a digit or a pair), sampled at temperature 1 with
+// n = 2: every sample's bytes match, and it ends by the constraint (complete) or by EOS where the
+// match may end, never by length. Masked by the engine's sampler (the runner returns logits), and
+// by the runner (kSample with the engine's bitmasks, the CUDA runner's path).
+class CpuEngineStructuredTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
+  const bool runner_samples = GetParam();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const ModelConfig& model = (*checkpoint)->config();
+  std::vector<std::string> bytes(static_cast<size_t>(model.vocab_size));
+  std::vector<uint8_t> excluded(bytes.size(), 0);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i < 26) {
+      bytes[i] = std::string(1, static_cast<char>('a' + i));
+    } else if (i < 36) {
+      bytes[i] = std::string(1, static_cast<char>('0' + i - 26));
+    } else {
+      bytes[i] = {static_cast<char>('a' + i % 7), static_cast<char>('-' + i % 3)};
+    }
+  }
+  for (int32_t eos : model.eos_token_ids) excluded[static_cast<size_t>(eos)] = 1;
+  auto trie = structured::TokenTrie::FromBytes(bytes, excluded, model.vocab_size,
+                                               model.eos_token_ids);
+  const std::string pattern = "[a-e]{2,5}(-[0-9]{1,2}|/[a-c])?";
+  absl::StatusOr<structured::Grammar> grammar = structured::CompileGrammar(
+      {structured::ConstraintKind::kRegex, pattern}, structured::GrammarLimits{});
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  auto compiled =
+      std::make_shared<structured::CompiledGrammar>(*std::move(grammar), trie.get(), "regex");
+  EngineConfig config;
+  config.max_num_seqs = 8;
+  RecordingRunner* recorder = nullptr;
+  auto engine = MakeEngine(**checkpoint, /*num_blocks=*/64, config, &recorder, runner_samples);
+  ASSERT_NE(engine, nullptr);
+  const testing::HfTinyReference ref = testing::LoadHfTinyReference("llama-gqa");
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    Request request;
+    request.prompt_token_ids = ref.prompts[static_cast<size_t>(i)];
+    request.sampling.temperature = 1.0;
+    request.sampling.seed = 77 + i;
+    request.sampling.n = 2;
+    request.sampling.max_tokens = 24;
+    request.sampling.constraint = compiled;
+    ASSERT_TRUE(engine->Validate(request).ok());
+    streams.push_back(std::make_shared<OutputStream>(i, 2));
+    engine->AddRequest(i, std::move(request), 0.0, streams.back());
+  }
+  while (engine->Step()) {
+  }
+  // The CPU runner masks rows as the CUDA runner does: with it, the runner draws every token.
+  if (runner_samples) {
+    EXPECT_GT(recorder->num_runner_samples(), 0);
+  } else {
+    EXPECT_EQ(recorder->num_runner_samples(), 0);
+  }
+  const std::regex expected(pattern);
+  for (const auto& stream : streams) {
+    std::string text[2];
+    int finished = 0;
+    RequestOutput output;
+    while (stream->Next(&output, absl::ZeroDuration()) == OutputStream::NextResult::kOutput) {
+      for (int32_t id : output.token_ids) text[output.sample_index] += trie->TokenBytes(id);
+      if (output.finished) {
+        ++finished;
+        EXPECT_TRUE(output.finish_reason == FinishReason::kConstraintEnd ||
+                    output.finish_reason == FinishReason::kEos)
+            << FinishReasonName(output.finish_reason) << " " << output.error;
+      }
+    }
+    EXPECT_EQ(finished, 2);
+    for (const std::string& sample : text) {
+      EXPECT_TRUE(std::regex_match(sample, expected)) << "'" << sample << "'";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MaskedBy, CpuEngineStructuredTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Runner" : "Engine";
                          });
 
 }  // namespace

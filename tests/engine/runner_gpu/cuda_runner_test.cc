@@ -401,6 +401,77 @@ TEST(CudaRunnerTest, SeededSamplingIsReproducibleAndMixesWithLogitsRows) {
   EXPECT_TRUE(differs);
 }
 
+// Structured output on the device (RunnerConfig::device_token_bitmask): a masked row draws only
+// tokens its bitmask keeps (here 3 of the vocabulary, at temperature 1 and greedy), in eager
+// prefill steps and in graph-replayed decode steps, while an unmasked row in the same step is
+// unchanged (the same token as without masks).
+TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig config = CudaConfig();
+  config.device_token_bitmask = true;
+  auto runner = MakeRunner(**checkpoint, config);
+  auto plain = MakeRunner(**checkpoint, CudaConfig());
+  ASSERT_NE(runner, nullptr);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(runner->samples_with_token_bitmask());
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int64_t words = (vocab + 31) / 32;
+  const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  for (const bool decode : {false, true}) {
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+      auto batch_of = [&](bool masks) {
+        StepBatch batch;
+        for (int s = 0; s < 3; ++s) {
+          const std::vector<int32_t> blocks = Blocks(s * 4, prompt.size() + 1, 16);
+          if (decode) {
+            batch.AddSequence(std::span(prompt).last(1), static_cast<int32_t>(prompt.size()) - 1,
+                              blocks, LogitsMode::kSample);
+          } else {
+            batch.AddSequence(prompt, 0, blocks, LogitsMode::kSample);
+          }
+          batch.sampling.push_back({.temperature = s == 2 ? 0.0f : 1.0f,
+                                    .seed = seed,
+                                    .step = 5,
+                                    .masked = masks && s != 1});
+        }
+        if (masks) {
+          batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
+          for (int s : {0, 2}) {
+            uint32_t* row = batch.token_bitmask.data() + s * words;
+            std::fill(row, row + words, 0u);
+            for (int32_t t : allowed) row[t >> 5] |= uint32_t{1} << (t & 31);
+          }
+        }
+        return batch;
+      };
+      if (decode) {  // the prompt's KV first (unmasked), then the decode step
+        StepBatch prefill;
+        for (int s = 0; s < 3; ++s) {
+          prefill.AddSequence(std::span(prompt).first(prompt.size() - 1), 0,
+                              Blocks(s * 4, prompt.size() + 1, 16), LogitsMode::kNone);
+        }
+        StepOutput ignored;
+        ASSERT_TRUE(runner->Execute(prefill, &ignored).ok());
+        ASSERT_TRUE(plain->Execute(prefill, &ignored).ok());
+      }
+      StepOutput masked, unmasked;
+      ASSERT_TRUE(runner->Execute(batch_of(true), &masked).ok());
+      ASSERT_TRUE(plain->Execute(batch_of(false), &unmasked).ok());
+      ASSERT_EQ(masked.sampled_tokens.size(), 3u);
+      for (int s : {0, 2}) {
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), masked.sampled_tokens[s]),
+                  allowed.end())
+            << "decode " << decode << " seed " << seed << " row " << s << " drew "
+            << masked.sampled_tokens[s];
+      }
+      EXPECT_EQ(masked.sampled_tokens[1], unmasked.sampled_tokens[1]) << "seed " << seed;
+    }
+  }
+}
+
 // More logits rows than one LM-head chunk (256): a long teacher-forced sequence, then a sampled
 // one whose row lands in the second chunk.
 TEST(CudaRunnerTest, SamplesRowsPastTheFirstLogitsChunk) {
