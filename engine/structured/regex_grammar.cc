@@ -63,8 +63,9 @@ class RegexCompiler {
     if (negated) ranges = Complement(std::move(ranges));
     bool quote = false, backslash = false, newline = false, tab = false, cr = false;
     Ranges plain;
-    for (const auto& [lo, hi] : ranges) {
-      const auto has = [&](uint32_t c) { return lo <= c && c <= hi; };
+    for (const auto& range : ranges) {
+      const uint32_t lo = range.first, hi = range.second;
+      const auto has = [lo, hi](uint32_t c) { return lo <= c && c <= hi; };
       quote |= has('"');
       backslash |= has('\\');
       newline |= has('\n');
