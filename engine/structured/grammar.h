@@ -17,6 +17,7 @@
 #define LMSERVE_ENGINE_STRUCTURED_GRAMMAR_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -28,6 +29,29 @@
 #include "absl/status/statusor.h"
 
 namespace lmserve::engine::structured {
+
+// The code point of the UTF-8 sequence at text[*pos], advancing *pos past it; 0 bytes on a lead
+// byte that starts no sequence, a truncated sequence, a bad continuation byte or a value past
+// U+10FFFF (the pattern and grammar readers' "invalid UTF-8"). REQUIRES: *pos < text.size().
+inline int DecodeUtf8(std::string_view text, size_t* pos, uint32_t* value) {
+  const auto lead = static_cast<uint8_t>(text[*pos]);
+  const int length = lead < 0x80           ? 1
+                     : (lead >> 5) == 6    ? 2
+                     : (lead >> 4) == 14   ? 3
+                     : (lead >> 3) == 30   ? 4
+                                           : 0;
+  if (length == 0 || *pos + length > text.size()) return 0;
+  uint32_t v = length == 1 ? lead : lead & (0x7F >> length);
+  for (int k = 1; k < length; ++k) {
+    const auto byte = static_cast<uint8_t>(text[*pos + k]);
+    if ((byte & 0xC0) != 0x80) return 0;
+    v = (v << 6) | (byte & 0x3F);
+  }
+  if (v > 0x10FFFF) return 0;
+  *pos += length;
+  *value = v;
+  return length;
+}
 
 struct GrammarLimits {
   int64_t max_elements = 200'000;  // elements over all alternatives

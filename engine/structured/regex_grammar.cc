@@ -114,21 +114,8 @@ class RegexCompiler {
 
   // A code point of the pattern (UTF-8).
   absl::StatusOr<uint32_t> Codepoint() {
-    const auto lead = static_cast<uint8_t>(p_[i_]);
-    const int length = lead < 0x80           ? 1
-                       : (lead >> 5) == 6    ? 2
-                       : (lead >> 4) == 14   ? 3
-                       : (lead >> 3) == 30   ? 4
-                                             : 0;
-    if (length == 0 || i_ + length > p_.size()) return Error("invalid UTF-8");
-    uint32_t value = length == 1 ? lead : lead & (0x7F >> length);
-    for (int k = 1; k < length; ++k) {
-      const auto byte = static_cast<uint8_t>(p_[i_ + k]);
-      if ((byte & 0xC0) != 0x80) return Error("invalid UTF-8");
-      value = (value << 6) | (byte & 0x3F);
-    }
-    if (value > 0x10FFFF) return Error("invalid UTF-8");
-    i_ += length;
+    uint32_t value = 0;
+    if (DecodeUtf8(p_, &i_, &value) == 0) return Error("invalid UTF-8");
     return value;
   }
 
