@@ -27,9 +27,16 @@ inline void CpuRelax() {
 // How long a worker spins for the next loop before it sleeps.
 constexpr auto kSpin = std::chrono::microseconds(100);
 
+// A loop is cut into up to this many ranges a thread, claimed one at a time by whichever thread is
+// free: a member that is descheduled (a busy machine) or still waking from its futex delays the
+// loop by at most the range it holds, not by its whole share, since the others take the rest.
+constexpr int64_t kRangesPerThread = 4;
+
 // One caller's workers. A loop is published as one 64-bit word, (generation << 16) | count, so
-// that a worker reads which loop it is and how many threads share it in one load: worker w (from
-// 1) takes share w of the loops whose count exceeds w, and skips the others.
+// that a worker reads which loop it is and how many threads may share it in one load: worker w
+// (from 1) joins the loops whose count exceeds w. Its ranges are claimed from a second word,
+// (generation << 40) | (ranges << 20) | next range, so that a worker that comes late to a loop
+// can neither claim a range of the next one nor one past the end.
 class Team {
  public:
   ~Team() {
@@ -44,13 +51,17 @@ class Team {
       const uint64_t seen = state_.load();  // before this loop is published
       workers_.emplace_back([this, index, seen] { Work(index, seen); });
     }
+    const uint64_t generation = (state_.load() >> 16) + 1;
+    const int64_t ranges = std::min(n, count * kRangesPerThread);
     fn_ = &fn;
     n_ = n;
-    pending_.store(count - 1, std::memory_order_relaxed);
-    Publish(((state_.load() >> 16) + 1) << 16 | static_cast<uint64_t>(count));
-    Share(0, count);
-    // The workers' shares are about as long as the caller's: spin, yielding if one is descheduled.
-    for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) {
+    done_.store(0, std::memory_order_relaxed);
+    claims_.store((generation & kGenerationMask) << 40 | static_cast<uint64_t>(ranges) << 20,
+                  std::memory_order_release);
+    Publish(generation << 16 | static_cast<uint64_t>(count));
+    RunRanges(generation);
+    // The others hold at most a range each: spin, yielding if one is descheduled.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < ranges; ++spins) {
       if (spins < 4096) {
         CpuRelax();
       } else {
@@ -60,14 +71,31 @@ class Team {
   }
 
  private:
+  static constexpr uint64_t kGenerationMask = (uint64_t{1} << 24) - 1;
+  static constexpr uint64_t kFieldMask = (uint64_t{1} << 20) - 1;  // ranges <= 4 x 0xFFFF
+
   void Publish(uint64_t state) {
     state_.store(state);  // seq_cst: ordered before the load of sleepers_ (Work's mirror image)
     if (sleepers_.load() > 0) state_.notify_all();
   }
 
-  void Share(int index, int count) {
-    const int64_t begin = n_ * index / count, end = n_ * (index + 1) / count;
-    if (begin < end) (*fn_)(begin, end);
+  // Claims and runs ranges of the loop `generation` until none is left (or it has ended).
+  void RunRanges(uint64_t generation) {
+    uint64_t claim = claims_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((claim >> 40) != (generation & kGenerationMask)) return;
+      const uint64_t ranges = (claim >> 20) & kFieldMask, index = claim & kFieldMask;
+      if (index >= ranges) return;
+      if (!claims_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel,
+                                         std::memory_order_acquire)) {
+        continue;  // `claim` now holds the current word
+      }
+      // A claimed range keeps the loop (fn_, n_) alive until done_ counts it.
+      const int64_t r = static_cast<int64_t>(ranges), i = static_cast<int64_t>(index);
+      (*fn_)(n_ * i / r, n_ * (i + 1) / r);
+      done_.fetch_add(1, std::memory_order_release);
+      claim = claims_.load(std::memory_order_acquire);
+    }
   }
 
   void Work(int index, uint64_t seen) {
@@ -87,19 +115,17 @@ class Team {
       seen = state;
       if (stop_.load()) return;
       const int count = static_cast<int>(state & 0xFFFF);
-      if (index < count) {
-        Share(index, count);
-        pending_.fetch_sub(1, std::memory_order_release);
-      }
+      if (index < count) RunRanges(state >> 16);
     }
   }
 
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> state_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> claims_{0};
+  std::atomic<int64_t> done_{0};  // ranges of the current loop finished
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
-  // The loop being run; valid while pending_ > 0 for the workers that share it.
+  // The loop being run; valid while a range of it is claimed and not yet done.
   absl::FunctionRef<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
 };

@@ -2,7 +2,8 @@
 // started at its first call and kept until it exits: a decode step runs a few hundred short
 // parallel loops, so workers spin for a moment between loops (about 100 us) before they sleep on
 // a futex, and a loop's start costs no thread creation and, while they spin, no system call. The
-// caller runs the first share itself. Teams of different callers are independent (tensor-parallel
+// caller works too, and the ranges of a loop go to whichever member is free, so a member that is
+// descheduled or still waking does not hold the loop up by a whole share. Teams of different callers are independent (tensor-parallel
 // ranks on CPU threads each have their own).
 
 #ifndef LMSERVE_KERNELS_CPU_PARALLEL_H_
@@ -14,9 +15,10 @@
 
 namespace lmserve::kernels {
 
-// Runs fn(begin, end) over [0, n) split into at most `num_threads` contiguous ranges of nearly equal
-// size (the caller and num_threads - 1 workers) and returns when all are done. n <= 0 runs
-// nothing; one range runs on the caller alone.
+// Runs fn(begin, end) over [0, n) split into contiguous ranges of nearly equal size, at most
+// min(n, 4 x num_threads) of them, on the caller and up to num_threads - 1 workers, and returns
+// when all are done. The ranges depend only on n and num_threads, not on which thread runs each.
+// n <= 0 runs nothing; num_threads <= 1 runs [0, n) on the caller alone.
 void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn);
 
 // Physical cores this process may run on (its affinity mask, SMT siblings counted once); at least 1.

@@ -6,11 +6,15 @@
 #include "kernels/cpu/quant_linear.h"
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -376,6 +380,50 @@ TEST(ParallelForTest, EachIndexOnceOverAnyThreadCount) {
     }
   }
   EXPECT_GE(PhysicalCoreCount(), 1);
+}
+
+TEST(ParallelForTest, RangesDependOnlyOnTheLoop) {
+  for (int round = 0; round < 200; ++round) {  // many loops in a row: a late worker stays in its own
+    for (int threads : {2, 3}) {
+      const int64_t n = 1 + round % 37;
+      std::mutex mu;
+      std::set<std::pair<int64_t, int64_t>> ranges;
+      ParallelFor(n, threads, [&](int64_t begin, int64_t end) {
+        std::lock_guard<std::mutex> lock(mu);
+        ranges.insert({begin, end});
+      });
+      const int64_t r = std::min<int64_t>(n, 4 * threads);
+      std::set<std::pair<int64_t, int64_t>> expected;
+      for (int64_t i = 0; i < r; ++i) expected.insert({n * i / r, n * (i + 1) / r});
+      ASSERT_EQ(ranges, expected) << n << " " << threads;
+    }
+  }
+}
+
+// A member that stalls (descheduled on a busy machine) holds the loop up by its own range only:
+// the others take every other range. With shares fixed per thread this would wait out the stall.
+TEST(ParallelForTest, OthersTakeTheRangesOfAStalledMember) {
+  const auto caller = std::this_thread::get_id();
+  constexpr int64_t kN = 8;  // 8 ranges over 2 threads
+  std::atomic<int> finished{0};
+  std::atomic<bool> gave_up{false};
+  ParallelFor(kN, 2, [&](int64_t begin, int64_t end) {
+    if (std::this_thread::get_id() != caller) {
+      // The worker's range (one of eight: one index) waits until the caller has run all the
+      // others; with a fixed half each it would wait for indices it holds itself.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (finished.load() < kN - 1) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          gave_up.store(true);
+          break;
+        }
+        std::this_thread::yield();
+      }
+    }
+    finished.fetch_add(static_cast<int>(end - begin));
+  });
+  EXPECT_EQ(finished.load(), kN);
+  EXPECT_FALSE(gave_up.load());
 }
 
 }  // namespace
