@@ -15,7 +15,7 @@ namespace {
 // Query rows of one sequence that one work item handles.
 constexpr int64_t kRowsPerItem = 16;
 // Below this many multiply-adds in QK^T, threads cost more than they save.
-constexpr int64_t kMinWorkPerThread = int64_t{1} << 20;
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
 
 // fp32 dot product with eight independent partial sums (which the compiler vectorizes).
 inline float Dot(const float* a, const float* b, int64_t n) {
@@ -33,6 +33,20 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 // sliding window, else 0.
 inline int64_t FirstKey(int64_t position, int32_t window) {
   return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+}
+
+// Asks for one KV head's rows of a cache block (keys or values) ahead of their use. A row is a
+// few cache lines, strided by the other heads' rows, which the hardware prefetchers follow poorly;
+// one query row (a decode) does too little work a key to hide the misses without this.
+inline void PrefetchBlock(const PagedAttentionParams& p, int64_t block, const float* cache,
+                          int64_t kv_head) {
+  const int64_t kv_token_stride = p.num_kv_heads * p.head_dim;
+  const float* rows = cache + block * p.block_size * kv_token_stride + kv_head * p.head_dim;
+  for (int64_t t = 0; t < p.block_size; ++t) {
+    for (int64_t f = 0; f < p.head_dim; f += 16) {  // 16 floats: a 64-byte line
+      __builtin_prefetch(rows + t * kv_token_stride + f);
+    }
+  }
 }
 
 // Attention for query rows [row_begin, row_end) of sequence `seq`, the query heads of KV head
@@ -61,13 +75,17 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
     const float* q = p.query + token * q_stride + kv_head * group_size * head_dim;
 
     // Scores, head h's of key first_key + j at scores[h * num_keys + j]. Keys are walked a block
-    // (or the part of one in the window) at a time.
+    // (or the part of one in the window) at a time, the next block's rows prefetched.
+    PrefetchBlock(p, table[first_key / p.block_size], p.key_cache, kv_head);
     for (int64_t j0 = first_key; j0 <= position;) {
       const int64_t block = table[j0 / p.block_size];
       const int64_t offset = j0 % p.block_size;
       const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
       const float* keys =
           p.key_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
+      if (j0 + count <= position) {
+        PrefetchBlock(p, table[(j0 + count) / p.block_size], p.key_cache, kv_head);
+      }
       for (int64_t o = 0; o < count; ++o) {
         const float* k = keys + o * kv_token_stride;
         for (int64_t h = 0; h < group_size; ++h) {
@@ -79,6 +97,7 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       j0 += count;
     }
     // Softmax per head: subtract the maximum, exponentiate, normalize (the sum in double).
+    PrefetchBlock(p, table[first_key / p.block_size], p.value_cache, kv_head);
     for (int64_t h = 0; h < group_size; ++h) {
       float* s = scores + h * num_keys;
       float max_score = s[0];
@@ -100,6 +119,9 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
       const float* values =
           p.value_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
+      if (j0 + count <= position) {
+        PrefetchBlock(p, table[(j0 + count) / p.block_size], p.value_cache, kv_head);
+      }
       for (int64_t o = 0; o < count; ++o) {
         const float* v = values + o * kv_token_stride;
         for (int64_t h = 0; h < group_size; ++h) {
