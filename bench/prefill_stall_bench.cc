@@ -10,6 +10,11 @@
 //           output token) is submitted; the short request's ITLs from that moment until the long
 //           prompt's first token (its whole prefill): median, largest, and their ratios to the idle
 //           median. Also the long prompt's time to first token, the price of its chunks.
+//   same-ctx the short request alone once more, as many tokens as it reached in the loaded run:
+//           the median of its gaps at the same tokens as the loaded ones, and the loaded median and
+//           largest gap over it. With small chunks the prefill takes seconds, the short request
+//           generates hundreds of tokens meanwhile, and its own attention over that context grows:
+//           these ratios charge the prefill only with what it adds.
 // Prompts are random token ids (prefix caching off). Each setting runs --repeats times after one
 // warm-up; the table shows the median over runs of each figure. The floor: the idle ITL itself
 // (one decode step: every fp32 weight read once); a ratio of 1 would mean the prefill costs the
@@ -141,13 +146,15 @@ struct Figures {
   double loaded_median_itl = 0, loaded_max_itl = 0;
   double long_ttft = 0;
   int32_t loaded_tokens = 0;  // the short request's tokens during the prefill
+  // Which of the short request's gaps those were: gap i ends at its token i + 1.
+  size_t first_gap = 0, end_gap = 0;
 };
 
-// The short request alone: its ITLs after the first token.
+// The short request alone, `max_tokens` tokens: its ITLs after the first token.
 absl::StatusOr<std::vector<double>> IdleItls(engine::Engine& eng, const Options& options,
-                                             std::mt19937* rng) {
+                                             int32_t max_tokens, std::mt19937* rng) {
   absl::StatusOr<engine::RequestHandle> handle =
-      eng.Submit(RandomRequest(options.short_prompt, 32, eng.limits().vocab_size, rng));
+      eng.Submit(RandomRequest(options.short_prompt, max_tokens, eng.limits().vocab_size, rng));
   if (!handle.ok()) return handle.status();
   std::vector<double> times;
   engine::RequestOutput output;
@@ -214,7 +221,11 @@ absl::StatusOr<Figures> LoadedRun(engine::Engine& eng, const Options& options, s
   std::vector<double> itls;
   for (size_t i = 1; i < times.size(); ++i) {
     // Gaps that end after the long prompt arrived and start before its first token.
-    if (times[i] > long_arrival && times[i - 1] < done) itls.push_back(times[i] - times[i - 1]);
+    if (times[i] > long_arrival && times[i - 1] < done) {
+      if (itls.empty()) figures.first_gap = i - 1;
+      figures.end_gap = i;
+      itls.push_back(times[i] - times[i - 1]);
+    }
   }
   figures.loaded_median_itl = Median(itls);
   figures.loaded_max_itl = Max(itls);
@@ -236,9 +247,9 @@ int Main(int argc, char** argv) {
       "max batched tokens %d, %d runs each (median shown)\n",
       options.model.c_str(), options.short_prompt, options.long_prompt, options.threads,
       options.max_batched_tokens, options.repeats);
-  std::printf("%-10s %12s %12s %14s %14s %8s %8s %10s %8s\n", "slowdown", "idle ITL p50",
-              "idle ITL max", "loaded ITL p50", "loaded ITL max", "p50 x", "max x", "long TTFT",
-              "tokens");
+  std::printf("%-10s %12s %12s %14s %14s %8s %8s %10s %8s %14s %8s %8s\n", "slowdown",
+              "idle ITL p50", "idle ITL max", "loaded ITL p50", "loaded ITL max", "p50 x", "max x",
+              "long TTFT", "tokens", "same-ctx p50", "p50 x", "max x");
   for (double slowdown : options.slowdowns) {
     engine::RunnerConfig runner_config;
     runner_config.backend = engine::Backend::kCpu;
@@ -260,30 +271,40 @@ int Main(int argc, char** argv) {
       return 1;
     }
     std::mt19937 rng(1234);
-    std::vector<double> idle_p50, idle_max, loaded_p50, loaded_max, long_ttft, tokens;
+    std::vector<double> idle_p50, idle_max, same_p50, loaded_p50, loaded_max, long_ttft, tokens;
     for (int32_t run = 0; run <= options.repeats; ++run) {  // run 0 warms up
-      absl::StatusOr<std::vector<double>> idle = IdleItls(**eng, options, &rng);
+      absl::StatusOr<std::vector<double>> idle = IdleItls(**eng, options, 32, &rng);
       absl::StatusOr<Figures> loaded =
           idle.ok() ? LoadedRun(**eng, options, &rng) : absl::StatusOr<Figures>(idle.status());
-      if (!loaded.ok()) {
+      // The short request alone again, as far as the loaded run went: its gaps at the same
+      // tokens (the same contexts) as the loaded ones.
+      absl::StatusOr<std::vector<double>> alone =
+          loaded.ok() ? IdleItls(**eng, options, static_cast<int32_t>(loaded->end_gap + 1), &rng)
+                      : absl::StatusOr<std::vector<double>>(loaded.status());
+      if (!alone.ok()) {
         std::fprintf(stderr, "lmserve-prefill-stall-bench: %s\n",
-                     loaded.status().ToString().c_str());
+                     alone.status().ToString().c_str());
         return 1;
       }
       if (run == 0) continue;
       idle_p50.push_back(Median(*idle));
       idle_max.push_back(Max(*idle));
+      same_p50.push_back(Median(std::vector<double>(
+          alone->begin() + static_cast<std::ptrdiff_t>(std::min(loaded->first_gap, alone->size())),
+          alone->begin() + static_cast<std::ptrdiff_t>(std::min(loaded->end_gap, alone->size())))));
       loaded_p50.push_back(loaded->loaded_median_itl);
       loaded_max.push_back(loaded->loaded_max_itl);
       long_ttft.push_back(loaded->long_ttft);
       tokens.push_back(loaded->loaded_tokens);
     }
-    const double idle = Median(idle_p50);
-    std::printf("%-10s %10.1f ms %10.1f ms %12.1f ms %12.1f ms %8.2f %8.2f %8.2f s %8.0f\n",
-                slowdown == 0.0 ? "off" : StrCat(slowdown).c_str(), 1e3 * idle,
-                1e3 * Median(idle_max), 1e3 * Median(loaded_p50), 1e3 * Median(loaded_max),
-                Median(loaded_p50) / idle, Median(loaded_max) / idle, Median(long_ttft),
-                Median(tokens));
+    const double idle = Median(idle_p50), same = Median(same_p50);
+    std::printf(
+        "%-10s %10.1f ms %10.1f ms %12.1f ms %12.1f ms %8.2f %8.2f %8.2f s %8.0f %11.1f ms %8.2f "
+        "%8.2f\n",
+        slowdown == 0.0 ? "off" : StrCat(slowdown).c_str(), 1e3 * idle, 1e3 * Median(idle_max),
+        1e3 * Median(loaded_p50), 1e3 * Median(loaded_max), Median(loaded_p50) / idle,
+        Median(loaded_max) / idle, Median(long_ttft), Median(tokens), 1e3 * same,
+        Median(loaded_p50) / same, Median(loaded_max) / same);
     std::fflush(stdout);
   }
   return 0;
