@@ -25,7 +25,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,12 +64,6 @@ const FamilyCase kCases[] = {
     {"mamba2-ssm", "mamba2", nullptr},  // ssm_test.cc tests its state further
 };
 
-std::vector<int32_t> Blocks(int64_t tokens) {
-  std::vector<int32_t> blocks(static_cast<size_t>((tokens + kBlockSize - 1) / kBlockSize));
-  std::iota(blocks.begin(), blocks.end(), 0);
-  return blocks;
-}
-
 // The context a fixture prompt of `tokens` tokens (greedy ones included) is served at: 0 (the
 // model's) but for longrope within its original context.
 int64_t ContextFor(const ModelConfig& config, int64_t tokens) {
@@ -98,21 +91,7 @@ using testing::ScaledError;
 // Teacher-forced logits of `prompt`, fed in chunks of `chunk` tokens (0: at once).
 std::vector<float> Logits(ModelRunner& runner, const std::vector<int32_t>& prompt,
                           size_t chunk = 0) {
-  std::vector<float> all;
-  const std::vector<int32_t> blocks = Blocks(prompt.size());
-  if (chunk == 0) chunk = prompt.size();
-  for (size_t start = 0; start < prompt.size(); start += chunk) {
-    const size_t count = std::min(chunk, prompt.size() - start);
-    StepBatch batch;
-    testing::AddSequenceToEveryGroup(&batch, runner, std::span(prompt).subspan(start, count),
-                                     static_cast<int32_t>(start), blocks, LogitsMode::kAll);
-    StepOutput output;
-    const absl::Status status = runner.Execute(batch, &output);
-    EXPECT_TRUE(status.ok()) << status;
-    if (!status.ok()) return {};
-    all.insert(all.end(), output.logits.begin(), output.logits.end());
-  }
-  return all;
+  return testing::PromptLogits(runner, prompt, chunk);
 }
 
 class FamilyTest : public ::testing::TestWithParam<FamilyCase> {
@@ -176,7 +155,8 @@ TEST_P(FamilyTest, GreedyDecodingMatchesTheReference) {
     std::vector<int32_t> sequence = ref_.prompts[j];
     const size_t steps = ref_.greedy[j].size();
     // Blocks in descending order: the table is not the identity.
-    std::vector<int32_t> blocks = Blocks(sequence.size() + steps);
+    std::vector<int32_t> blocks =
+        testing::ConsecutiveBlocks(*runner, static_cast<int64_t>(sequence.size() + steps));
     std::reverse(blocks.begin(), blocks.end());
     std::vector<int32_t> generated;
     for (size_t step = 0; step < steps; ++step) {

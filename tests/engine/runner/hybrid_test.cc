@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
@@ -162,21 +163,7 @@ class HybridTest : public ::testing::Test {
 
   std::vector<float> Logits(const std::vector<int32_t>& prompt, size_t chunk, int32_t slot,
                             int32_t first_block) {
-    std::vector<float> all;
-    std::vector<int32_t> blocks((prompt.size() + 15) / 16);
-    std::iota(blocks.begin(), blocks.end(), first_block);
-    for (size_t start = 0; start < prompt.size(); start += chunk) {
-      const size_t count = std::min(chunk, prompt.size() - start);
-      StepBatch batch;
-      batch.AddSequence(std::span(prompt).subspan(start, count), static_cast<int32_t>(start),
-                        blocks, LogitsMode::kAll, slot);
-      StepOutput output;
-      const absl::Status status = runner_->Execute(batch, &output);
-      EXPECT_TRUE(status.ok()) << status;
-      if (!status.ok()) return {};
-      all.insert(all.end(), output.logits.begin(), output.logits.end());
-    }
-    return all;
+    return testing::PromptLogits(*runner_, prompt, chunk, slot, first_block);
   }
 
   std::unique_ptr<Checkpoint> checkpoint_;

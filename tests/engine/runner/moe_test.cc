@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,18 +23,13 @@
 #include "kernels/cpu/argmax.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
 
 constexpr char kMixtral[] = "mixtral-moe";
 constexpr int32_t kBlockSize = 16;
-
-std::vector<int32_t> Blocks(int64_t tokens) {
-  std::vector<int32_t> blocks(static_cast<size_t>((tokens + kBlockSize - 1) / kBlockSize));
-  std::iota(blocks.begin(), blocks.end(), 0);
-  return blocks;
-}
 
 std::unique_ptr<ModelRunner> CpuRunner(const Checkpoint& checkpoint,
                                        LoadFormat format = LoadFormat::kCheckpoint) {
@@ -53,19 +47,7 @@ std::unique_ptr<ModelRunner> CpuRunner(const Checkpoint& checkpoint,
 // The logits of every position of `prompt`, in steps of `chunk` tokens (0: one step).
 std::vector<float> PromptLogits(ModelRunner& runner, const std::vector<int32_t>& prompt,
                                 size_t chunk) {
-  std::vector<float> logits;
-  const std::vector<int32_t> blocks = Blocks(prompt.size());
-  if (chunk == 0) chunk = prompt.size();
-  for (size_t start = 0; start < prompt.size(); start += chunk) {
-    const size_t n = std::min(chunk, prompt.size() - start);
-    StepBatch batch;
-    batch.AddSequence(std::span(prompt).subspan(start, n), static_cast<int32_t>(start), blocks,
-                      LogitsMode::kAll);
-    StepOutput output;
-    EXPECT_TRUE(runner.Execute(batch, &output).ok());
-    logits.insert(logits.end(), output.logits.begin(), output.logits.end());
-  }
-  return logits;
+  return testing::PromptLogits(runner, prompt, chunk);
 }
 
 // max |a - b| / max(1, the row's largest |b| / 10), over rows of `vocab`.
@@ -208,7 +190,8 @@ TEST(MoeTest, CpuGreedyDecodingMatchesTheReference) {
   for (size_t j = 0; j < ref.prompts.size(); ++j) {
     std::vector<int32_t> sequence = ref.prompts[j];
     const size_t steps = ref.greedy[j].size();
-    const std::vector<int32_t> blocks = Blocks(sequence.size() + steps);
+    const std::vector<int32_t> blocks =
+        testing::ConsecutiveBlocks(*runner, static_cast<int64_t>(sequence.size() + steps));
     std::vector<int32_t> generated;
     for (size_t step = 0; step < steps; ++step) {
       StepBatch batch;
@@ -244,8 +227,8 @@ TEST(MoeTest, BatchedPromptsGetTheirAloneLogits) {
   StepBatch batch;
   int32_t first_block = 0;
   for (const std::vector<int32_t>& prompt : ref.prompts) {
-    std::vector<int32_t> blocks = Blocks(prompt.size());
-    for (int32_t& b : blocks) b += first_block;
+    const std::vector<int32_t> blocks =
+        testing::ConsecutiveBlocks(*runner, static_cast<int64_t>(prompt.size()), first_block);
     first_block += static_cast<int32_t>(blocks.size());
     batch.AddSequence(prompt, 0, blocks, LogitsMode::kAll);
   }

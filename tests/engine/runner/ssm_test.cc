@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
@@ -34,12 +34,6 @@ double MaxAbsError(std::span<const float> got, std::span<const float> want) {
     worst = std::max(worst, std::abs(double{got[i]} - double{want[i]}));
   }
   return worst;
-}
-
-std::vector<int32_t> Blocks(int64_t tokens, int32_t first = 0) {
-  std::vector<int32_t> blocks(static_cast<size_t>((tokens + kBlockSize - 1) / kBlockSize));
-  std::iota(blocks.begin(), blocks.end(), first);
-  return blocks;
 }
 
 class SsmRunnerTest : public ::testing::Test {
@@ -66,21 +60,7 @@ class SsmRunnerTest : public ::testing::Test {
   // Teacher-forced logits of `prompt` in slot `slot`, fed in chunks of `chunk` (0: at once).
   std::vector<float> Logits(const std::vector<int32_t>& prompt, size_t chunk = 0,
                             int32_t slot = 0) {
-    std::vector<float> all;
-    const std::vector<int32_t> blocks = Blocks(static_cast<int64_t>(prompt.size()));
-    if (chunk == 0) chunk = prompt.size();
-    for (size_t start = 0; start < prompt.size(); start += chunk) {
-      const size_t count = std::min(chunk, prompt.size() - start);
-      StepBatch batch;
-      batch.AddSequence(std::span(prompt).subspan(start, count), static_cast<int32_t>(start),
-                        blocks, LogitsMode::kAll, slot);
-      StepOutput output;
-      const absl::Status status = runner_->Execute(batch, &output);
-      EXPECT_TRUE(status.ok()) << status;
-      if (!status.ok()) return {};
-      all.insert(all.end(), output.logits.begin(), output.logits.end());
-    }
-    return all;
+    return testing::PromptLogits(*runner_, prompt, chunk, slot);
   }
 
   std::string dir_;
@@ -151,7 +131,7 @@ TEST_F(SsmRunnerTest, BatchedSequencesKeepTheirOwnStates) {
   }
   std::vector<std::vector<int32_t>> blocks(4);
   for (size_t j = 0; j < 4; ++j) {
-    blocks[j] = Blocks(static_cast<int64_t>(ref_.prompts[j].size()) + kDecodeSteps,
+    blocks[j] = testing::ConsecutiveBlocks(*runner_, static_cast<int64_t>(ref_.prompts[j].size()) + kDecodeSteps,
                        static_cast<int32_t>(j) * 16);
   }
   for (int step = 0; step <= kDecodeSteps; ++step) {
@@ -181,7 +161,7 @@ TEST_F(SsmRunnerTest, BatchedSequencesKeepTheirOwnStates) {
 
 TEST_F(SsmRunnerTest, BadStateSlotsAreRefused) {
   const std::vector<int32_t> prompt = {5, 6, 7};
-  const std::vector<int32_t> blocks = Blocks(3);
+  const std::vector<int32_t> blocks = testing::ConsecutiveBlocks(*runner_, 3);
   for (int32_t slot : {8, 100}) {
     StepBatch batch;
     batch.AddSequence(prompt, 0, blocks, LogitsMode::kLast, slot);
@@ -192,7 +172,7 @@ TEST_F(SsmRunnerTest, BadStateSlotsAreRefused) {
   }
   StepBatch shared;
   shared.AddSequence(prompt, 0, blocks, LogitsMode::kLast, 3);
-  shared.AddSequence(prompt, 0, Blocks(3, 4), LogitsMode::kLast, 3);
+  shared.AddSequence(prompt, 0, testing::ConsecutiveBlocks(*runner_, 3, 4), LogitsMode::kLast, 3);
   StepOutput output;
   EXPECT_EQ(runner_->Execute(shared, &output).code(), absl::StatusCode::kInvalidArgument);
   StepBatch missing;

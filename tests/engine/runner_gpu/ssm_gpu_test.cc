@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,15 +16,10 @@
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
-
-std::vector<int32_t> Blocks(int64_t tokens, int32_t first = 0) {
-  std::vector<int32_t> blocks(static_cast<size_t>((tokens + 15) / 16));
-  std::iota(blocks.begin(), blocks.end(), first);
-  return blocks;
-}
 
 class SsmGpuRunnerTest : public ::testing::Test {
  protected:
@@ -54,21 +48,7 @@ class SsmGpuRunnerTest : public ::testing::Test {
   // Teacher-forced logits of `prompt` in slot `slot`, in chunks of `chunk` (0: at once).
   static std::vector<float> Logits(ModelRunner& runner, const std::vector<int32_t>& prompt,
                                    size_t chunk = 0, int32_t slot = 0) {
-    std::vector<float> all;
-    const std::vector<int32_t> blocks = Blocks(static_cast<int64_t>(prompt.size()));
-    if (chunk == 0) chunk = prompt.size();
-    for (size_t start = 0; start < prompt.size(); start += chunk) {
-      const size_t count = std::min(chunk, prompt.size() - start);
-      StepBatch batch;
-      batch.AddSequence(std::span(prompt).subspan(start, count), static_cast<int32_t>(start),
-                        blocks, LogitsMode::kAll, slot);
-      StepOutput output;
-      const absl::Status status = runner.Execute(batch, &output);
-      EXPECT_TRUE(status.ok()) << status;
-      if (!status.ok()) return {};
-      all.insert(all.end(), output.logits.begin(), output.logits.end());
-    }
-    return all;
+    return testing::PromptLogits(runner, prompt, chunk, slot);
   }
 
   std::string dir_;
@@ -112,7 +92,8 @@ TEST_F(SsmGpuRunnerTest, MixedStepsKeepEachSequencesState) {
   a_sequence.insert(a_sequence.end(), ref_.greedy[2].begin(), ref_.greedy[2].begin() + 4);
   const std::vector<float> a_alone = Logits(*gpu, a_sequence, 0, 0);
   const std::vector<float> b_alone = Logits(*gpu, b, 0, 0);
-  const std::vector<int32_t> a_blocks = Blocks(64), b_blocks = Blocks(160, 8);
+  const std::vector<int32_t> a_blocks = testing::ConsecutiveBlocks(*gpu, 64),
+                             b_blocks = testing::ConsecutiveBlocks(*gpu, 160, 8);
   {
     StepBatch batch;
     batch.AddSequence(a, 0, a_blocks, LogitsMode::kLast, 5);
