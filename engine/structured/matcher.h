@@ -65,6 +65,9 @@ class CompiledGrammar {
   State Initial();
   // The state after `byte`; empty when the byte is not allowed (or a bound is exceeded: `failed`).
   void Advance(const State& state, uint8_t byte, State* out, bool* failed);
+  // The state after `bytes` (a token's), through the lazy DFA that the mask walks fill, under one
+  // lock: a token the last mask allowed costs a table read per byte. Empty as Advance.
+  void AdvanceBytes(const State& state, std::string_view bytes, State* out, bool* failed);
   // Fills `mask` ([trie().mask_words()] words; bit t of word t / 32 for token t) for `state`.
   void FillMask(const State& state, std::span<uint32_t> mask, bool* failed);
 
@@ -92,6 +95,8 @@ class CompiledGrammar {
   // The lazy DFA: the id of `state`, and the id after a byte (kDead: none).
   int32_t InternState(const State& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t DfaStep(int32_t dstate, uint8_t byte, bool* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the DFA's tables when they hold more than kMaxDfaStates states.
+  void ResetDfaIfFull() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Grammar grammar_;
   const TokenTrie* const trie_;
