@@ -225,7 +225,6 @@ class EngineCore {
   };
   std::vector<MaskJob> mask_jobs_;
   std::vector<uint32_t> host_token_bitmask_;  // [num_seqs, words]: rows the engine's sampler uses
-  int32_t mask_threads_ = 1;
 
   EngineStats stats_;
 
@@ -234,6 +233,7 @@ class EngineCore {
   double decode_step_seconds_ = 0.0;
   double prefill_chunk_tokens_ = 0.0;
   int32_t max_prompt_logits_rows_ = 1;  // rows of prompt logprobs per step
+  int32_t mask_threads_ = 1;            // EngineConfig::structured_mask_threads, resolved
 };
 
 }  // namespace lmserve::engine
