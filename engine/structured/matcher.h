@@ -13,7 +13,8 @@
 // byte that empties the state skips the node's whole subtree. The walk runs on a lazily built DFA
 // over states: each state met is interned with a 256-entry transition row filled on first use, so
 // a trie node costs one table read once the rows it needs exist (a cold walk of a string's
-// content state fills a handful of rows). A token is allowed when its bytes
+// content state fills a handful of rows); a generated token advances its matcher through the same
+// rows (GrammarMatcher::AcceptToken), one lock a token. A token is allowed when its bytes
 // leave a non-empty state; EOS only when the state accepts (some stack is empty). Masks are cached
 // by state: JSON spends most of its tokens in a few states (inside a string, between values).
 //
