@@ -91,10 +91,11 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   RunnerStats stats() const override;
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
-  // Launch uploads the step's inputs and enqueues the forward pass and the first chunk of logits
-  // (a decode graph's replay, or eagerly); Finish uploads the token bitmasks, enqueues the
-  // masking and the sampler (never in a graph: they wait for masks computed after the launch),
-  // the further logits chunks and the copies back, and waits for the stream.
+  // Launch uploads the step's inputs and enqueues the forward pass, the first chunk of logits and,
+  // when no row is masked, its draw (a decode graph's replay, or eagerly: a masked step runs
+  // eagerly up to the logits); Finish uploads the token bitmasks and enqueues the masking and the
+  // first chunk's draw (they wait for masks computed after the launch), the further logits
+  // chunks and the copies back, and waits for the stream.
   absl::Status Launch(const StepBatch& batch, StepOutput* output) override;
   absl::Status Finish() override;
 
@@ -129,9 +130,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
-  // A no-op: the draw waits for the step's token bitmasks, which come after Launch (Finish
-  // enqueues it), so the decode graphs end with the logits.
-  absl::Status Sample() override { return absl::OkStatus(); }
+  // The first logits chunk's draw, unless the step is masked: then it waits for the step's token
+  // bitmasks, which come after Launch (Finish enqueues it).
+  absl::Status Sample() override;
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
   std::pair<int, int64_t> Projection(Weight weight, bool logits);
@@ -245,7 +246,10 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer moe_workspace_;  // kc::MoeParams::WorkspaceBytes; models with experts only
   std::map<int64_t, int> decode_splits_;  // batch size -> DecodeAttentionParams max_splits
 
+  // Decode graphs: the whole step, the draw included. A step with masked rows runs eagerly (its
+  // draw waits for masks computed after the launch).
   cuda::DecodeGraphs graphs_;
+  bool sample_in_forward_ = true;  // the Sample op draws (false while a masked step runs)
 
   // The step being enqueued, for the ops; between Launch and Finish, the launched step (its
   // batch, output and inputs' layout).
@@ -906,6 +910,11 @@ absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
   return LogitsChunk(0, std::min(step_.rows, logits_chunk_rows_));
 }
 
+absl::Status CudaRunner::Sample() {
+  if (!sample_in_forward_ || step_.rows == 0) return absl::OkStatus();
+  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_), /*masked=*/false);
+}
+
 absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   const auto [id, layer] = Projection(lm_head_, /*logits=*/true);
   const void* rows = static_cast<const unsigned char*>(final_rows_source_) +
@@ -1013,7 +1022,9 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   for (int64_t i = 0; i < seqs; ++i) {
     if (batch.logits_modes[i] == LogitsMode::kNone) decode_only = false;
   }
-  const int64_t bucket = decode_only ? graphs_.BucketFor(seqs) : 0;
+  // A masked step's draw waits for its masks (Finish): it runs eagerly, without the draw.
+  sample_in_forward_ = batch.token_bitmask.empty();
+  const int64_t bucket = decode_only && sample_in_forward_ ? graphs_.BucketFor(seqs) : 0;
   const int64_t padded = bucket > 0 ? bucket : seqs;
   layout_ = inputs_.Pack(batch, padded, decode_only, block_size_);
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
@@ -1081,10 +1092,12 @@ absl::Status CudaRunner::Finish() {
   output->logits.resize(static_cast<size_t>(num_output_rows * vocab));
   for (int64_t chunk_start = 0; chunk_start < num_rows; chunk_start += logits_chunk_rows_) {
     const int64_t chunk = std::min(logits_chunk_rows_, num_rows - chunk_start);
-    // The first chunk's logits came with the forward pass (or the graph). A sampled row can sit
-    // past the first chunk (a long kAll sequence before it).
+    // The first chunk's logits came with the forward pass (or the graph), and its draw too unless
+    // the step is masked. A sampled row can sit past the first chunk (a long kAll sequence
+    // before it).
     if (chunk_start > 0) LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk));
     const bool sample =
+        (chunk_start > 0 || !sample_in_forward_) &&
         std::any_of(rows.begin() + chunk_start, rows.begin() + chunk_start + chunk,
                     [](const cuda::LogitsRow& row) { return row.sampled; });
     if (sample) {
