@@ -12,23 +12,31 @@
 //   sequence: every state's first walk of the trie, the worst case), and the trie's size. Times are
 //   the thread's CPU time.
 //
-// step: engine step time at a batch of --batch sequences, each with the JSON schema (a fresh
-//   compile per sequence, as distinct schemas per request would be), against the same batch
-//   unconstrained. The model (--model, --load-format dummy for random weights of its shape) and its
-//   tokenizer (--tokenizer; default: the model's) are served by --backend cpu|cuda; every request
-//   has a --prompt-tokens prompt and up to --max-tokens tokens at temperature 1 (unconstrained:
-//   EOS ignored). Reported: the median wall time of the decode-only steps with the whole batch
-//   running, constrained / unconstrained. --device-mask 1 samples the constrained rows on the
-//   device (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
+// step: engine step time at a batch of --batch sequences, each with the JSON schema, against the
+//   same batch unconstrained. Two settings of the schema (--schemas shared|cold|both): "shared",
+//   every request brings the schema and it is compiled through one ConstraintCompiler, which
+//   caches by content, so all share one compiled grammar (what the server does: its first
+//   request compiles it); "cold", a fresh compile per request (distinct schemas, the worst case:
+//   no mask is shared). The model (--model, --load-format dummy for random weights of its shape)
+//   and its tokenizer (--tokenizer; default: the model's) are served by --backend cpu|cuda; every
+//   request has a --prompt-tokens prompt and up to --max-tokens tokens at temperature 1
+//   (unconstrained: EOS ignored). Reported: the median and p90 wall time of the decode-only steps
+//   with the whole batch running, constrained / unconstrained, and the engine's host mask time
+//   per step (EngineStats::mask_seconds: the wall time of a step's masks, which overlap the
+//   forward pass). --device-mask 1 samples the constrained rows on the device
+//   (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
 //   kernels/cuda/token_bitmask.h before the device sampler); 0 (the default) brings their logits
-//   to the host, where the engine masks and samples them. The target is at most 1.05x on
-//   an H100 at batch 64.
+//   to the host, where the engine masks and samples them. --overlap 0 computes the masks before
+//   the step's launch (EngineConfig::overlap_structured_masks), --mask-threads N on N threads
+//   (EngineConfig::structured_mask_threads; 0: the engine's default). The target is at most
+//   1.05x on an H100 at batch 64.
 //
 // Usage: lmserve-structured-bench mask --tokenizer PATH [--schema FILE] [--sequences 64]
 //          [--tokens 128] [--seed 1]
 //        lmserve-structured-bench step --model PATH [--tokenizer PATH] [--backend cpu|cuda]
 //          [--load-format dummy] [--batch 64] [--prompt-tokens 32] [--max-tokens 128]
 //          [--schema FILE] [--threads 0] [--kv-cache-mib 2048] [--device-mask 0|1]
+//          [--schemas shared|cold|both] [--overlap 0|1] [--mask-threads 0]
 
 #include <time.h>
 
@@ -37,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -97,9 +106,10 @@ double Percentile(std::vector<double> values, double p) {
 
 struct Flags {
   std::string command;
-  std::string tokenizer, model, schema_file, backend = "cpu", load_format;
+  std::string tokenizer, model, schema_file, backend = "cpu", load_format, schemas = "both";
   int64_t sequences = 64, tokens = 128, seed = 1, batch = 64, prompt_tokens = 32,
-          max_tokens = 128, threads = 0, kv_cache_mib = 2048, device_mask = 0;
+          max_tokens = 128, threads = 0, kv_cache_mib = 2048, device_mask = 0, overlap = 1,
+          mask_threads = 0;
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -129,6 +139,9 @@ Flags ParseFlags(int argc, char** argv) {
     else if (flag == "--threads") flags.threads = number();
     else if (flag == "--kv-cache-mib") flags.kv_cache_mib = number();
     else if (flag == "--device-mask") flags.device_mask = number();
+    else if (flag == "--schemas") flags.schemas = value;
+    else if (flag == "--overlap") flags.overlap = number();
+    else if (flag == "--mask-threads") flags.mask_threads = number();
     else Fail(StrCat("unknown flag ", flag));
   }
   return flags;
@@ -224,6 +237,9 @@ int RunMask(const Flags& flags) {
 
 int RunStep(const Flags& flags) {
   if (flags.model.empty()) Fail("step: --model is required");
+  if (flags.schemas != "shared" && flags.schemas != "cold" && flags.schemas != "both") {
+    Fail(StrCat("--schemas: shared, cold or both, not ", flags.schemas));
+  }
   absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
       flags.load_format == "dummy" ? engine::OpenConfigOnlyCheckpoint(flags.model)
                                    : engine::OpenCheckpoint(flags.model);
@@ -233,9 +249,17 @@ int RunStep(const Flags& flags) {
   std::unique_ptr<structured::TokenTrie> trie =
       LoadTrie(flags.tokenizer.empty() ? flags.model : flags.tokenizer, model.vocab_size,
                &tokenizer);
+  const structured::TokenTrie* trie_ptr = trie.get();
   const std::string schema = SchemaText(flags);
+  enum class Setting { kUnconstrained, kShared, kCold };
+  std::vector<Setting> settings = {Setting::kUnconstrained};
+  if (flags.schemas != "cold") settings.push_back(Setting::kShared);
+  if (flags.schemas != "shared") settings.push_back(Setting::kCold);
+  // The server's compiler: one per tokenizer, caching compiled constraints by content.
+  structured::ConstraintCompiler compiler(std::move(trie), structured::GrammarLimits{});
   double unconstrained_median = 0.0;
-  for (const bool constrained : {false, true}) {
+  for (const Setting setting : settings) {
+    const bool constrained = setting != Setting::kUnconstrained;
     engine::RunnerConfig runner_config;
     runner_config.backend = flags.backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
     runner_config.load_format =
@@ -250,11 +274,14 @@ int RunStep(const Flags& flags) {
     engine::EngineConfig config;
     config.max_num_seqs = static_cast<int32_t>(flags.batch);
     config.enable_prefix_caching = false;
+    config.overlap_structured_masks = flags.overlap != 0;
+    config.structured_mask_threads = static_cast<int32_t>(flags.mask_threads);
     absl::StatusOr<std::unique_ptr<engine::EngineCore>> core =
         engine::EngineCore::Create(*std::move(runner), config, nullptr);
     if (!core.ok()) Fail(core.status().ToString());
     std::mt19937 rng(static_cast<uint32_t>(flags.seed));
     std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.vocab_size) - 1);
+    std::vector<std::shared_ptr<engine::OutputStream>> streams;
     for (int64_t i = 0; i < flags.batch; ++i) {
       engine::Request request;
       request.prompt_token_ids.resize(static_cast<size_t>(flags.prompt_tokens));
@@ -262,14 +289,25 @@ int RunStep(const Flags& flags) {
       request.sampling.temperature = 1.0;
       request.sampling.seed = static_cast<uint64_t>(i);
       request.sampling.max_tokens = static_cast<int32_t>(flags.max_tokens);
-      // Each request its own compiled schema: no mask is shared between sequences.
-      if (constrained) request.sampling.constraint = CompileSchema(schema, *trie);
+      if (setting == Setting::kShared) {
+        // Every request brings the schema; the compiler's cache gives all the same grammar.
+        absl::StatusOr<std::shared_ptr<structured::CompiledGrammar>> compiled =
+            compiler.Compile({structured::ConstraintKind::kJsonSchema, schema});
+        if (!compiled.ok()) Fail(compiled.status().ToString());
+        request.sampling.constraint = *std::move(compiled);
+      } else if (setting == Setting::kCold) {
+        // Each request its own compiled schema: no mask is shared between sequences.
+        request.sampling.constraint = CompileSchema(schema, *trie_ptr);
+      }
       request.sampling.ignore_eos = !constrained;
+      streams.push_back(
+          std::make_shared<engine::OutputStream>(static_cast<engine::RequestId>(i + 1), 1));
       (*core)->AddRequest(static_cast<engine::RequestId>(i + 1), std::move(request), 0.0,
-                          std::make_shared<engine::OutputStream>(static_cast<engine::RequestId>(i + 1), 1));
+                          streams.back());
     }
-    std::vector<double> steps;
+    std::vector<double> steps, masks, launches, finishes;
     while ((*core)->HasWork()) {
+      const engine::EngineStats before = (*core)->Stats();
       const double start = WallSeconds();
       (*core)->Step();
       const double seconds = WallSeconds() - start;
@@ -278,15 +316,49 @@ int RunStep(const Flags& flags) {
           static_cast<int64_t>(scheduled.size()) == flags.batch &&
           std::all_of(scheduled.begin(), scheduled.end(),
                       [](const engine::EngineCore::StepEntry& e) { return e.num_new_tokens == 1; });
-      if (full_decode) steps.push_back(seconds);
+      if (full_decode) {
+        const engine::EngineStats after = (*core)->Stats();
+        steps.push_back(seconds);
+        masks.push_back(after.total_mask_seconds - before.total_mask_seconds);
+        launches.push_back(after.total_launch_seconds - before.total_launch_seconds);
+        finishes.push_back(after.total_finish_seconds - before.total_finish_seconds);
+      }
     }
     const double median = Percentile(steps, 0.5);
-    std::printf("%-13s batch %lld: %zu full decode steps, median %.3f ms, p90 %.3f ms%s\n",
-                constrained ? "json_schema" : "unconstrained", static_cast<long long>(flags.batch),
-                steps.size(), 1e3 * median, 1e3 * Percentile(steps, 0.9),
-                constrained && unconstrained_median > 0.0
-                    ? StrCat(" (", median / unconstrained_median, "x unconstrained)").c_str()
-                    : "");
+    const char* name = setting == Setting::kUnconstrained ? "unconstrained"
+                       : setting == Setting::kShared      ? "schema-shared"
+                                                          : "schema-cold";
+    std::printf(
+        "%-13s batch %lld: %zu full decode steps, median %.3f ms, p90 %.3f ms%s\n"
+        "              per step (median, p90): launch %.3f, %.3f ms; host masks %.3f, %.3f ms; "
+        "finish (waits for the GPU) %.3f, %.3f ms\n",
+        name, static_cast<long long>(flags.batch), steps.size(), 1e3 * median,
+        1e3 * Percentile(steps, 0.9),
+        constrained && unconstrained_median > 0.0
+            ? StrCat(" (", median / unconstrained_median, "x unconstrained)").c_str()
+            : "",
+        1e3 * Percentile(launches, 0.5), 1e3 * Percentile(launches, 0.9),
+        1e3 * Percentile(masks, 0.5), 1e3 * Percentile(masks, 0.9),
+        1e3 * Percentile(finishes, 0.5), 1e3 * Percentile(finishes, 0.9));
+    // How the requests ended (a constrained one by its constraint or EOS; an error is a bug).
+    std::map<std::string, int> reasons;
+    std::string first_error;
+    int64_t tokens = 0;
+    for (const auto& stream : streams) {
+      engine::RequestOutput output;
+      while (stream->Next(&output, absl::ZeroDuration()) ==
+             engine::OutputStream::NextResult::kOutput) {
+        tokens += static_cast<int64_t>(output.token_ids.size());
+        if (!output.finished) continue;
+        ++reasons[std::string(engine::FinishReasonName(output.finish_reason))];
+        if (!output.error.empty() && first_error.empty()) first_error = output.error;
+      }
+    }
+    std::string summary;
+    for (const auto& [reason, count] : reasons) summary += StrCat(" ", reason, " ", count);
+    if (!first_error.empty()) summary += StrCat("; first error: ", first_error);
+    std::printf("              %lld tokens; finished:%s\n", static_cast<long long>(tokens),
+                summary.c_str());
     if (!constrained) unconstrained_median = median;
   }
   return 0;

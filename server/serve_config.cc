@@ -244,8 +244,9 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       ->group(kRunnerGroup);
   AddBoolFlag(command, "--structured-output-on-device", &runner->device_token_bitmask,
               "CUDA: sample structured output's masked rows on the GPU (the host's token "
-              "bitmasks applied by a kernel before the sampler) instead of bringing their "
-              "logits to the host")
+              "bitmasks, computed while the forward pass runs, applied by a kernel before the "
+              "sampler); on by default, =false brings their logits to the host to be masked and "
+              "sampled there")
       ->group(kRunnerGroup);
   AddNegatedFlag(command, "--no-fp32-residual", &runner->fp32_residual,
                  "CUDA in bfloat16: hold the residual stream in bf16 too instead of fp32 (it is "

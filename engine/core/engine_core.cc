@@ -1,6 +1,7 @@
 #include "engine/core/engine_core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <span>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "common/strings.h"
 #include "engine/core/check.h"
 #include "engine/structured/matcher.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/philox.h"
 
 namespace lmserve::engine {
@@ -79,6 +81,11 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::Create(
         StrCat("EngineConfig.max_step_slowdown: must be 0 (off) or in [1, 1e6], got ",
                config.max_step_slowdown));
   }
+  if (config.structured_mask_threads < 0 || config.structured_mask_threads > 256) {
+    return absl::InvalidArgumentError(
+        StrCat("EngineConfig.structured_mask_threads: must be in [0, 256], got ",
+               config.structured_mask_threads));
+  }
   if (config.max_prompt_logits_bytes_per_step < 1) {
     return absl::InvalidArgumentError(
         "EngineConfig.max_prompt_logits_bytes_per_step: must be >= 1");
@@ -145,7 +152,10 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
       max_prompt_logits_rows_(static_cast<int32_t>(
           std::clamp<int64_t>(config.max_prompt_logits_bytes_per_step /
                                   (std::max<int64_t>(vocab_size_, 1) * int64_t{sizeof(float)}),
-                              1, INT32_MAX))) {}
+                              1, INT32_MAX))),
+      mask_threads_(config.structured_mask_threads > 0
+                        ? config.structured_mask_threads
+                        : std::min(4, kernels::PhysicalCoreCount())) {}
 
 EngineCore::~EngineCore() = default;
 
@@ -245,7 +255,18 @@ bool EngineCore::Step() {
   }
 
   BuildBatch(plan);
-  absl::Status status = runner_->Execute(batch_, &step_output_);
+  // The step's masks are computed while the forward pass runs (Launch returns while a GPU runs
+  // it); the masked draw waits for them (Finish). Serially, they come before the launch.
+  if (!config_.overlap_structured_masks) ComputeMasks();
+  const double launch_start = clock_->NowSeconds();
+  absl::Status status = runner_->Launch(batch_, &step_output_);
+  stats_.total_launch_seconds += clock_->NowSeconds() - launch_start;
+  if (status.ok()) {
+    if (config_.overlap_structured_masks) ComputeMasks();
+    const double finish_start = clock_->NowSeconds();
+    status = runner_->Finish();
+    stats_.total_finish_seconds += clock_->NowSeconds() - finish_start;
+  }
   if (status.ok()) status = CheckStepOutput(plan);
   const double now = clock_->NowSeconds();
   if (status.ok()) {
@@ -324,6 +345,8 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget
 
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {
   batch_.Clear();
+  mask_jobs_.clear();
+  const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
   for (const ScheduledSequence& scheduled : plan.scheduled) {
     const Sequence& seq = *scheduled.seq;
     const RequestState& r = *samples_by_seq_id_.at(seq.seq_id)->request;
@@ -357,23 +380,66 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
            .min_p = static_cast<float>(p.min_p),
            .seed = kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
            .step = static_cast<uint64_t>(seq.num_known_tokens())});
-      SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
-      if (mode == LogitsMode::kSample && sample->grammar != nullptr) {
-        // The row's mask, computed here on the host; the runner masks the row before its draw. A
-        // matcher past its bounds gives an empty mask: the drawn token is refused (kError).
-        const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
-        const size_t row = batch_.sampling.size() - 1;
-        batch_.token_bitmask.resize(std::max(batch_.token_bitmask.size(), (row + 1) * words), ~0u);
-        sample->grammar->FillMask(
-            std::span<uint32_t>(batch_.token_bitmask).subspan(row * words, words));
+      // The runner masks the row before its draw (ComputeMasks fills its row of the bitmask).
+      if (mode == LogitsMode::kSample && samples_by_seq_id_.at(seq.seq_id)->grammar != nullptr) {
         batch_.sampling.back().masked = true;
       }
     }
+    SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
+    if (sample->grammar != nullptr && end == seq.num_known_tokens()) {
+      // The sequence draws a token this step: its mask is one of the step's (ComputeMasks).
+      mask_jobs_.push_back({.sample = sample,
+                            .batch_index = batch_.num_seqs() - 1,
+                            .on_runner = mode == LogitsMode::kSample});
+    }
   }
-  if (!batch_.token_bitmask.empty()) {  // a row per sequence; unmasked rows are all ones
-    batch_.token_bitmask.resize(
-        static_cast<size_t>(batch_.num_seqs()) * static_cast<size_t>((vocab_size_ + 31) / 32), ~0u);
+  // A row per sequence, in the runner's bitmask and the engine's (only the rows of mask_jobs_
+  // are written and read).
+  const size_t mask_words = static_cast<size_t>(batch_.num_seqs()) * words;
+  bool on_runner = false, on_host = false;
+  for (const MaskJob& job : mask_jobs_) (job.on_runner ? on_runner : on_host) = true;
+  if (on_runner) batch_.token_bitmask.resize(mask_words);
+  if (on_host && host_token_bitmask_.size() < mask_words) host_token_bitmask_.resize(mask_words);
+}
+
+void EngineCore::ComputeMasks() {
+  if (mask_jobs_.empty()) return;
+  const double start = clock_->NowSeconds();
+  FillMasks();
+  stats_.total_mask_seconds += clock_->NowSeconds() - start;
+  stats_.num_masks += static_cast<int64_t>(mask_jobs_.size());
+}
+
+void EngineCore::FillMasks() {
+  const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
+  auto fill = [&](const MaskJob& job) {
+    std::vector<uint32_t>& masks = job.on_runner ? batch_.token_bitmask : host_token_bitmask_;
+    const std::span<uint32_t> row =
+        std::span<uint32_t>(masks).subspan(static_cast<size_t>(job.batch_index) * words, words);
+    structured::GrammarMatcher& matcher = *job.sample->grammar;
+    // A constraint of another vocabulary allows nothing here; ProcessSequence ends it. A matcher
+    // past its bounds fills an empty mask and says Failed(), which ProcessSequence reports.
+    if (static_cast<size_t>(matcher.grammar().trie().mask_words()) != words) {
+      std::fill(row.begin(), row.end(), 0u);
+      return;
+    }
+    matcher.FillMask(row);
+  };
+  const auto num_jobs = static_cast<int64_t>(mask_jobs_.size());
+  const int threads = static_cast<int>(std::min<int64_t>(mask_threads_, num_jobs));
+  if (threads <= 1) {
+    for (const MaskJob& job : mask_jobs_) fill(job);
+    return;
   }
+  // Masks differ in cost by 1000x (a cached state's copy, a trie walk): each thread takes the
+  // next job as it gets free. Each matcher is one sequence's, on one thread; compiled grammars
+  // shared by several sequences guard their own tables (matcher.h).
+  std::atomic<int64_t> next{0};
+  kernels::ParallelFor(threads, threads, [&](int64_t, int64_t) {
+    for (int64_t j = next.fetch_add(1); j < num_jobs; j = next.fetch_add(1)) {
+      fill(mask_jobs_[static_cast<size_t>(j)]);
+    }
+  });
 }
 
 bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool runner_masks) {
@@ -425,7 +491,9 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
   Sequence& seq = sample->seq;
   const LogitsMode mode = batch_.logits_modes[batch_index];
   if (mode == LogitsMode::kSample) {
-    AppendToken(sample, step_output_.sampled_tokens[batch_index], nullptr, now);
+    if (sample->grammar == nullptr || MaskUsable(sample, now)) {
+      AppendToken(sample, step_output_.sampled_tokens[batch_index], nullptr, now);
+    }
     return;
   }
   const float* rows = step_output_.logits.data() +
@@ -440,23 +508,11 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
   const RequestState& r = *sample->request;
   std::span<const uint32_t> allowed;
   if (sample->grammar != nullptr) {
+    if (!MaskUsable(sample, now)) return;
+    // Its mask, computed while the step ran (ComputeMasks).
     const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
-    if (static_cast<size_t>(sample->grammar->grammar().trie().mask_words()) != words) {
-      RequestOutput output;
-      output.error = "structured output: the constraint was compiled for another vocabulary";
-      FinishSample(sample, FinishReason::kError, now, std::move(output));
-      return;
-    }
-    token_bitmask_.resize(words);
-    sample->grammar->FillMask(token_bitmask_);
-    if (sample->grammar->Failed()) {
-      RequestOutput output;
-      output.error = StrCat("structured output: the ", sample->grammar->grammar().description(),
-                            " constraint exceeded its bounds on states (too ambiguous)");
-      FinishSample(sample, FinishReason::kError, now, std::move(output));
-      return;
-    }
-    allowed = token_bitmask_;
+    allowed = std::span<const uint32_t>(host_token_bitmask_)
+                  .subspan(static_cast<size_t>(batch_index) * words, words);
   }
   const std::span<const int32_t> tokens(seq.tokens);
   const int32_t token_id = sampler_.Sample(
@@ -465,6 +521,21 @@ void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t bat
       kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
       seq.num_known_tokens(), allowed);
   AppendToken(sample, token_id, last_row, now);
+}
+
+bool EngineCore::MaskUsable(SampleState* sample, double now) {
+  const structured::GrammarMatcher& matcher = *sample->grammar;
+  RequestOutput output;
+  if (matcher.grammar().trie().mask_words() != (vocab_size_ + 31) / 32) {
+    output.error = "structured output: the constraint was compiled for another vocabulary";
+  } else if (matcher.Failed()) {
+    output.error = StrCat("structured output: the ", matcher.grammar().description(),
+                          " constraint exceeded its bounds on states (too ambiguous)");
+  } else {
+    return true;
+  }
+  FinishSample(sample, FinishReason::kError, now, std::move(output));
+  return false;
 }
 
 void EngineCore::RecordPromptLogprobs(SampleState* sample, int32_t first_position, int32_t num_rows,

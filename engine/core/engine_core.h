@@ -53,6 +53,13 @@ struct EngineConfig {
   // The logits rows of prompt logprobs one step may ask for, as bytes of fp32 rows: a prompt's
   // rows are computed chunk by chunk, never [prompt x vocabulary] at once.
   int64_t max_prompt_logits_bytes_per_step = int64_t{32} << 20;
+  // Structured output: the token bitmasks of a step's constrained sequences are computed on the
+  // host while the runner's forward pass runs (between ModelRunner::Launch and Finish), on this
+  // many threads (the engine's and structured_mask_threads - 1 workers, kernels/cpu/parallel.h),
+  // each sequence's matcher on one thread. 0: min(4, physical cores).
+  int32_t structured_mask_threads = 0;
+  // false: the masks are computed before the step is launched (the serial path, for comparison).
+  bool overlap_structured_masks = true;
   const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
 };
 
@@ -94,6 +101,14 @@ struct EngineStats {
   double decode_step_seconds = 0.0;
   double prefill_chunk_tokens = 0.0;
   int32_t last_prefill_budget = 0;
+  // Structured output: the wall time of the steps' token bitmasks on the host (all threads at
+  // once), and the masks computed.
+  double total_mask_seconds = 0.0;
+  int64_t num_masks = 0;
+  // The wall time in the runner's halves (ModelRunner::Launch, Finish): a GPU runner's Finish
+  // waits for the step's end.
+  double total_launch_seconds = 0.0;
+  double total_finish_seconds = 0.0;
 };
 
 // Whether the runner's own sampler (LogitsMode::kSample) can pick this sequence's next token
@@ -157,7 +172,13 @@ class EngineCore {
   // Folds a step's measured time into the step-time model; `prefill_budget` is the step's.
   void MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget, double seconds);
   void BuildBatch(const SchedulerOutput& plan);
+  // The token bitmasks of mask_jobs_ (BuildBatch lists them), on mask_threads_ threads.
+  void ComputeMasks();
+  void FillMasks();  // ComputeMasks' work
   absl::Status CheckStepOutput(const SchedulerOutput& plan) const;
+  // Whether a constrained sequence's mask of this step is usable; if not (a constraint of
+  // another vocabulary, a matcher past its bounds), finishes it with the error.
+  bool MaskUsable(SampleState* sample, double now);
   // Consumes the logits rows of one scheduled sequence.
   void ProcessSequence(const ScheduledSequence& scheduled, int32_t batch_index, double now);
   void RecordPromptLogprobs(SampleState* sample, int32_t first_position, int32_t num_rows,
@@ -195,7 +216,15 @@ class EngineCore {
   std::vector<std::span<const int32_t>> group_tables_;  // one sequence's, while building batch_
   StepOutput step_output_;
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
-  std::vector<uint32_t> token_bitmask_;           // a constrained row's allowed tokens
+  // The step's constrained sequences that draw a token. Each one's mask goes to its row of
+  // batch_.token_bitmask when the runner masks it, else to its row of host_token_bitmask_.
+  struct MaskJob {
+    SampleState* sample = nullptr;
+    int32_t batch_index = 0;
+    bool on_runner = false;
+  };
+  std::vector<MaskJob> mask_jobs_;
+  std::vector<uint32_t> host_token_bitmask_;  // [num_seqs, words]: rows the engine's sampler uses
 
   EngineStats stats_;
 
@@ -204,6 +233,7 @@ class EngineCore {
   double decode_step_seconds_ = 0.0;
   double prefill_chunk_tokens_ = 0.0;
   int32_t max_prompt_logits_rows_ = 1;  // rows of prompt logprobs per step
+  int32_t mask_threads_ = 1;            // EngineConfig::structured_mask_threads, resolved
 };
 
 }  // namespace lmserve::engine

@@ -186,6 +186,9 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   bool samples_with_token_bitmask() const override { return true; }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
+  // Launch computes the forward pass and the logits; Finish masks and samples the kSample rows.
+  absl::Status Launch(const StepBatch& batch, StepOutput* output) override;
+  absl::Status Finish() override;
   RunnerStats stats() const override;
 
  private:
@@ -209,7 +212,10 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
-  absl::Status Sample() override;
+  // A no-op: the draw waits for the step's token bitmasks, which come after Launch (Finish).
+  absl::Status Sample() override { return absl::OkStatus(); }
+  // The kSample rows' draw (masked rows first lose the tokens their bitmask clears).
+  void SampleRows();
 
   float* Buf(Buffer buffer) { return buffers_[static_cast<int>(buffer)].data(); }
   // y = x W^T for `num_tokens` rows of x (stride ldx) into y (stride ldy), segment by segment:
@@ -294,7 +300,7 @@ class CpuRunner final : public ModelRunner, private ForwardOps {
   std::vector<int32_t> sample_top_k_, sample_tokens_, sample_seqs_;
   std::vector<uint64_t> sample_seeds_, sample_steps_;
 
-  // The step being executed (set by Execute for the ops).
+  // The step being executed (set by Launch for the ops, until Finish).
   const StepBatch* batch_ = nullptr;
   StepOutput* output_ = nullptr;
   int64_t num_tokens_ = 0;
@@ -511,16 +517,33 @@ void CpuRunner::PlanStep(const StepBatch& batch, StepOutput* output) {
 }
 
 absl::Status CpuRunner::Execute(const StepBatch& batch, StepOutput* output) {
+  LMSERVE_RETURN_IF_ERROR(Launch(batch, output));
+  return Finish();
+}
+
+absl::Status CpuRunner::Launch(const StepBatch& batch, StepOutput* output) {
   LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
                                             groups_.windows, num_state_slots_));
   PlanStep(batch, output);
-  if (num_tokens_ == 0) return absl::OkStatus();
   batch_ = &batch;
   output_ = output;
+  if (num_tokens_ == 0) return absl::OkStatus();
   const absl::Status status = model_->Forward(*this);
+  if (!status.ok()) {
+    batch_ = nullptr;
+    output_ = nullptr;
+  }
+  return status;
+}
+
+absl::Status CpuRunner::Finish() {
+  if (batch_ == nullptr) {
+    return absl::FailedPreconditionError("CPU runner: Finish without a Launch");
+  }
+  if (num_tokens_ > 0) SampleRows();
   batch_ = nullptr;
   output_ = nullptr;
-  return status;
+  return absl::OkStatus();
 }
 
 absl::Status CpuRunner::AllReduce(Buffer buffer, int64_t width) {
@@ -881,8 +904,8 @@ absl::Status CpuRunner::LmHead(Weight lm_head, float softcap) {
   return absl::OkStatus();
 }
 
-absl::Status CpuRunner::Sample() {
-  if (sample_seqs_.empty()) return absl::OkStatus();
+void CpuRunner::SampleRows() {
+  if (sample_seqs_.empty()) return;
   const int64_t num_sampled = static_cast<int64_t>(sample_seqs_.size());
   sample_temperature_.clear(), sample_top_p_.clear(), sample_min_p_.clear();
   sample_top_k_.clear(), sample_seeds_.clear(), sample_steps_.clear();
@@ -916,7 +939,6 @@ absl::Status CpuRunner::Sample() {
   for (int64_t k = 0; k < num_sampled; ++k) {
     output_->sampled_tokens[sample_seqs_[k]] = sample_tokens_[k];
   }
-  return absl::OkStatus();
 }
 
 RunnerStats CpuRunner::stats() const {

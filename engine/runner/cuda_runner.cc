@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -90,6 +91,13 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   RunnerStats stats() const override;
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
+  // Launch uploads the step's inputs and enqueues the forward pass, the first chunk of logits and,
+  // when no row is masked, its draw (a decode graph's replay, or eagerly: a masked step runs
+  // eagerly up to the logits); Finish uploads the token bitmasks and enqueues the masking and the
+  // first chunk's draw (they wait for masks computed after the launch), the further logits
+  // chunks and the copies back, and waits for the stream.
+  absl::Status Launch(const StepBatch& batch, StepOutput* output) override;
+  absl::Status Finish() override;
 
  private:
   CudaRunner(std::unique_ptr<const ModelDescription> model, const RunnerConfig& runner_config);
@@ -104,7 +112,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // Logits rows [first_row, first_row + num_rows) into logits_, from the final norm's rows.
   absl::Status LogitsChunk(int64_t first_row, int64_t num_rows);
   // The sampler over those rows; their tokens reach h_sampled_ when the stream gets there.
-  absl::Status SampleRows(int64_t first_row, int64_t num_rows);
+  // `masked`: some row of the step is masked (its bitmask row applied before the draw).
+  absl::Status SampleRows(int64_t first_row, int64_t num_rows, bool masked);
 
   // ForwardOps, over step_.
   absl::Status Embed(Weight table, float scale) override;
@@ -121,6 +130,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
+  // The first logits chunk's draw, unless the step is masked: then it waits for the step's token
+  // bitmasks, which come after Launch (Finish enqueues it).
   absl::Status Sample() override;
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
@@ -229,15 +240,23 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer sampler_workspace_;  // kc::kSamplingWorkspaceBytes
   CudaBuffer token_bitmask_;      // [max_seqs, ceil(vocab / 32)] uint32, device_token_bitmask only
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
+  CudaBuffer h_token_bitmask_;    // pinned staging of token_bitmask_, device_token_bitmask only
   CudaBuffer decode_workspace_;
   CudaBuffer prefill_workspace_;
   CudaBuffer moe_workspace_;  // kc::MoeParams::WorkspaceBytes; models with experts only
   std::map<int64_t, int> decode_splits_;  // batch size -> DecodeAttentionParams max_splits
 
+  // Decode graphs: the whole step, the draw included. A step with masked rows runs eagerly (its
+  // draw waits for masks computed after the launch).
   cuda::DecodeGraphs graphs_;
+  bool sample_in_forward_ = true;  // the Sample op draws (false while a masked step runs)
 
-  // The step being enqueued, for the ops.
+  // The step being enqueued, for the ops; between Launch and Finish, the launched step (its
+  // batch, output and inputs' layout).
   Step step_;
+  StepLayout layout_;
+  const StepBatch* launched_batch_ = nullptr;
+  StepOutput* launched_output_ = nullptr;
   const void* final_rows_source_ = nullptr;  // the final norm's rows: normed or gathered
   Weight lm_head_;                           // the last LmHead op's weights
   float logit_softcap_ = 0;                  // and its soft-cap
@@ -454,9 +473,9 @@ absl::Status CudaRunner::AllocateWorkspaces() {
                                "clearing the sampler's workspace");
   LMSERVE_ASSIGN_OR_RETURN(h_sampled_, CudaBuffer::Pinned(t * 4, "sampled tokens"));
   if (runner_config_.device_token_bitmask) {
-    LMSERVE_ASSIGN_OR_RETURN(
-        token_bitmask_,
-        CudaBuffer::Device(max_seqs_ * ((c.vocab_size + 31) / 32) * 4, "token bitmasks"));
+    const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
+    LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
+    LMSERVE_ASSIGN_OR_RETURN(h_token_bitmask_, CudaBuffer::Pinned(mask_bytes, "token bitmasks"));
   }
 
   // Inputs: every table at most ceil(max position / block size) blocks long, one per group.
@@ -892,8 +911,8 @@ absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
 }
 
 absl::Status CudaRunner::Sample() {
-  if (step_.rows == 0) return absl::OkStatus();
-  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_));
+  if (!sample_in_forward_ || step_.rows == 0) return absl::OkStatus();
+  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_), /*masked=*/false);
 }
 
 absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
@@ -930,10 +949,10 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
+absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool masked) {
   // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   const StepLayout& l = *step_.layout;
-  if (runner_config_.device_token_bitmask) {
+  if (masked) {
     // Structured output: masked rows lose the tokens their bitmask clears (others: mask -1).
     const kc::TokenBitmaskParams mask{.logits = logits_.as<float>(),
                                       .bitmask = token_bitmask_.as<uint32_t>(),
@@ -967,6 +986,13 @@ absl::Status CudaRunner::Forward(const Step& step) {
 }
 
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
+  LMSERVE_RETURN_IF_ERROR(Launch(batch, output));
+  return Finish();
+}
+
+absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
+  launched_batch_ = nullptr;
+  launched_output_ = nullptr;
   LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
                                             groups_.windows, num_state_slots_));
   // The caller's thread may hold another device (a tensor-parallel rank runs on the engine's).
@@ -980,9 +1006,14 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
                batch.block_table_ids.size(), " table entries exceed the CUDA runner's limits (",
                max_seqs_, ", ", max_tokens_, ", ", max_table_ids_, ")"));
   }
+  if (!batch.token_bitmask.empty() && !runner_config_.device_token_bitmask) {
+    return absl::InvalidArgumentError("step batch: token bitmasks without device_token_bitmask");
+  }
   output->logits_row_start.assign(static_cast<size_t>(seqs + 1), 0);
   output->sampled_tokens.assign(static_cast<size_t>(seqs), -1);
   output->logits.clear();
+  launched_batch_ = &batch;
+  launched_output_ = output;
   if (seqs == 0) return absl::OkStatus();
 
   // Decode-only: one new token per sequence, each with a logits row. It takes the graph of the
@@ -991,39 +1022,61 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   for (int64_t i = 0; i < seqs; ++i) {
     if (batch.logits_modes[i] == LogitsMode::kNone) decode_only = false;
   }
-  const int64_t bucket = decode_only ? graphs_.BucketFor(seqs) : 0;
+  // A masked step's draw waits for its masks (Finish): it runs eagerly, without the draw.
+  sample_in_forward_ = batch.token_bitmask.empty();
+  const int64_t bucket = decode_only && sample_in_forward_ ? graphs_.BucketFor(seqs) : 0;
   const int64_t padded = bucket > 0 ? bucket : seqs;
-  const StepLayout layout = inputs_.Pack(batch, padded, decode_only, block_size_);
+  layout_ = inputs_.Pack(batch, padded, decode_only, block_size_);
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const int64_t step_tokens = decode_only ? padded : tokens;
-  LMSERVE_RETURN_IF_ERROR(inputs_.Upload(layout, stream_));
-  if (!batch.token_bitmask.empty()) {
-    if (!runner_config_.device_token_bitmask) {
-      return absl::InvalidArgumentError("step batch: token bitmasks without device_token_bitmask");
-    }
-    LMSERVE_RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(token_bitmask_.get(), batch.token_bitmask.data(),
-                        batch.token_bitmask.size() * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                        stream_),
-        "copying the token bitmasks");
-  }
+  absl::Status status = inputs_.Upload(layout_, stream_);
   bool rows_are_tokens = num_rows == step_tokens;
   for (int64_t r = 0; rows_are_tokens && r < num_rows; ++r) rows_are_tokens = rows[r].token == r;
-  const Step step{.layout = &layout,
+  const Step step{.layout = &layout_,
                   .tokens = step_tokens,
                   .seqs = decode_only ? padded : seqs,
                   .rows = num_rows,
                   .decode_only = decode_only,
                   .rows_are_tokens = rows_are_tokens};
-  if (bucket > 0) {
+  if (status.ok() && bucket > 0) {
     // The graph read the final norm's rows from where the capture put them.
     step_ = step;
     final_rows_source_ = rows_are_tokens ? Buf(Buffer::kNormed) : final_rows_.get();
-    LMSERVE_RETURN_IF_ERROR(graphs_.Replay(bucket, stream_));
-  } else {
-    LMSERVE_RETURN_IF_ERROR(Forward(step));
+    status = graphs_.Replay(bucket, stream_);
+  } else if (status.ok()) {
+    status = Forward(step);
   }
+  if (!status.ok()) {
+    launched_batch_ = nullptr;
+    launched_output_ = nullptr;
+  }
+  return status;
+}
+
+absl::Status CudaRunner::Finish() {
+  if (launched_batch_ == nullptr) {
+    return absl::FailedPreconditionError("CUDA runner: Finish without a Launch");
+  }
+  const StepBatch& batch = *launched_batch_;
+  StepOutput* output = launched_output_;
+  launched_batch_ = nullptr;
+  launched_output_ = nullptr;
+  const int64_t seqs = batch.num_seqs();
+  if (seqs == 0) return absl::OkStatus();
+  if (!batch.token_bitmask.empty()) {
+    // Through pinned memory: the copy is enqueued behind the forward pass, not waited for.
+    const size_t bytes = batch.token_bitmask.size() * sizeof(uint32_t);
+    if (static_cast<int64_t>(bytes) > h_token_bitmask_.bytes()) {
+      return absl::InvalidArgumentError("step batch: more token bitmask rows than sequences");
+    }
+    std::memcpy(h_token_bitmask_.get(), batch.token_bitmask.data(), bytes);
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
+                                                 bytes, cudaMemcpyHostToDevice, stream_),
+                                 "copying the token bitmasks");
+  }
+  const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
+  const int64_t num_rows = static_cast<int64_t>(rows.size());
 
   // Outputs: logits rows of kLast/kAll sequences, tokens of kSample ones.
   int64_t num_output_rows = 0;
@@ -1039,13 +1092,16 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   output->logits.resize(static_cast<size_t>(num_output_rows * vocab));
   for (int64_t chunk_start = 0; chunk_start < num_rows; chunk_start += logits_chunk_rows_) {
     const int64_t chunk = std::min(logits_chunk_rows_, num_rows - chunk_start);
-    if (chunk_start > 0) {  // the first chunk ran in the forward pass (or the graph)
-      // A sampled row can sit past the first chunk (a long kAll sequence before it).
-      const bool sample =
-          std::any_of(rows.begin() + chunk_start, rows.begin() + chunk_start + chunk,
-                      [](const cuda::LogitsRow& row) { return row.sampled; });
-      LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk));
-      if (sample) LMSERVE_RETURN_IF_ERROR(SampleRows(chunk_start, chunk));
+    // The first chunk's logits came with the forward pass (or the graph), and its draw too unless
+    // the step is masked. A sampled row can sit past the first chunk (a long kAll sequence
+    // before it).
+    if (chunk_start > 0) LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk));
+    const bool sample =
+        (chunk_start > 0 || !sample_in_forward_) &&
+        std::any_of(rows.begin() + chunk_start, rows.begin() + chunk_start + chunk,
+                    [](const cuda::LogitsRow& row) { return row.sampled; });
+    if (sample) {
+      LMSERVE_RETURN_IF_ERROR(SampleRows(chunk_start, chunk, !batch.token_bitmask.empty()));
     }
     // Copy each run of consecutive output rows at once.
     for (int64_t r = chunk_start; r < chunk_start + chunk;) {

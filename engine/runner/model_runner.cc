@@ -88,6 +88,21 @@ void StepBatch::AddSequence(std::span<const int32_t> new_tokens, int32_t num_com
   logits_modes.push_back(logits_mode);
 }
 
+absl::Status ModelRunner::Launch(const StepBatch& batch, StepOutput* output) {
+  pending_batch_ = &batch;
+  pending_output_ = output;
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Finish() {
+  if (pending_batch_ == nullptr) return absl::FailedPreconditionError("Finish without a Launch");
+  const StepBatch* batch = pending_batch_;
+  StepOutput* output = pending_output_;
+  pending_batch_ = nullptr;
+  pending_output_ = nullptr;
+  return Execute(*batch, output);
+}
+
 void StepBatch::Clear() {
   token_ids.clear();
   query_start.clear();

@@ -83,6 +83,8 @@ struct StepBatch {
   // 0 starts from zero state; otherwise its slot must hold the state its earlier steps left.
   std::vector<int32_t> state_slots;
   // [num_seqs, ceil(vocab_size / 32)] when any sampling[i].masked: bit t of row i keeps token t.
+  // Only masked rows are read, and only by ModelRunner::Finish (the host may write them while the
+  // step's forward pass runs).
   std::vector<uint32_t> token_bitmask;
   int32_t num_kv_groups = 1;                  // block tables per sequence
 
@@ -208,10 +210,10 @@ struct RunnerConfig {
   int32_t max_num_batched_tokens = 8192;
   double gpu_memory_utilization = 0.9;  // the share of the GPU's memory the runner may hold
   bool cuda_graphs = true;              // capture decode-only steps as CUDA graphs
-  // CUDA runner: structured output's masked rows are sampled on the device (a token-bitmask
-  // kernel before the sampler, in every decode graph) instead of coming back as logits. Off by
-  // default until measured on a GPU.
-  bool device_token_bitmask = false;
+  // CUDA runner: structured output's masked rows are sampled on the device (the engine's host
+  // masks, computed while the forward pass runs, uploaded and applied by a token-bitmask kernel
+  // before the sampler) instead of coming back as logits to be masked and sampled on the host.
+  bool device_token_bitmask = true;
   int32_t device = 0;                   // CUDA device ordinal
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
   // CUDA runner in bf16: hold the residual stream in fp32 (the embeddings, every residual add,
@@ -284,6 +286,29 @@ class ModelRunner {
   // long enough, contexts within the model's) and returns InvalidArgument without touching the cache
   // when it is malformed.
   virtual absl::Status Execute(const StepBatch& batch, StepOutput* output) = 0;
+
+  // The same step in two halves, so that the host computes the step's token bitmasks
+  // (structured output) while the forward pass runs:
+  // - Launch(batch, output) validates the batch and starts the step: the forward pass and the
+  //   logits, enqueued on a GPU (it returns while they run), computed on the CPU. Everything but
+  //   the contents of batch.token_bitmask is read here; that vector must already have its size.
+  // - The caller then writes the masked rows of batch.token_bitmask (the rows of
+  //   RunnerSampling::masked sequences).
+  // - Finish() reads the masks and completes the step: masking, sampling, the outputs. After
+  //   it returns, `output` holds what Execute would have given.
+  // `batch` and `output` must stay alive from Launch to Finish; no other call comes between. A
+  // Launch that fails needs no Finish; after one that succeeds, Finish must come before the next
+  // step. Execute(batch, output) is Launch then Finish with the masks already written.
+  // The CPU runner computes the forward pass in Launch, the CUDA runner enqueues it (CUDA graphs
+  // for decode) and samples in Finish. The default halves run the whole step in Finish (Execute:
+  // no overlap, as the tensor-parallel runner does).
+  virtual absl::Status Launch(const StepBatch& batch, StepOutput* output);
+  virtual absl::Status Finish();
+
+ private:
+  // The default halves' step, between Launch and Finish.
+  const StepBatch* pending_batch_ = nullptr;
+  StepOutput* pending_output_ = nullptr;
 };
 
 // OK when this binary has the CUDA runner and CUDA device `device` exists and is one its kernels

@@ -145,15 +145,43 @@ int32_t CompiledGrammar::InternState(const State& state) {
 int32_t CompiledGrammar::DfaStep(int32_t dstate, uint8_t byte, bool* failed) {
   int32_t next = dfa_next_[dstate][byte];
   if (next != kUnknown) return next;
-  AdvanceLocked(dfa_states_[dstate], byte, &scratch_state_, failed);
+  bool step_failed = false;
+  AdvanceLocked(dfa_states_[dstate], byte, &scratch_state_, &step_failed);
   next = scratch_state_.empty() ? kDead : InternState(scratch_state_);
+  // A bound exceeded is not cached as a dead end: each step that meets it says so.
+  if (step_failed) {
+    *failed = true;
+    return kDead;
+  }
   dfa_next_[dstate][byte] = next;
   return next;
+}
+
+void CompiledGrammar::ResetDfaIfFull() {
+  if (dfa_states_.size() <= kMaxDfaStates) return;
+  dfa_states_.clear();
+  dfa_next_.clear();
+  dfa_accept_only_.clear();
+  dfa_ids_.clear();
 }
 
 void CompiledGrammar::Advance(const State& state, uint8_t byte, State* out, bool* failed) {
   absl::MutexLock lock(&mu_);
   AdvanceLocked(state, byte, out, failed);
+}
+
+void CompiledGrammar::AdvanceBytes(const State& state, std::string_view bytes, State* out,
+                                   bool* failed) {
+  absl::MutexLock lock(&mu_);
+  out->clear();
+  if (state.empty()) return;
+  ResetDfaIfFull();
+  int32_t dstate = InternState(state);
+  for (char c : bytes) {
+    dstate = DfaStep(dstate, static_cast<uint8_t>(c), failed);
+    if (dstate == kDead) return;
+  }
+  *out = dfa_states_[static_cast<size_t>(dstate)];
 }
 
 void CompiledGrammar::FillMask(const State& state, std::span<uint32_t> mask, bool* failed) {
@@ -167,12 +195,7 @@ void CompiledGrammar::FillMask(const State& state, std::span<uint32_t> mask, boo
   std::fill(mask.begin(), mask.end(), 0u);
   const std::vector<TokenTrie::Node>& nodes = trie_->nodes();
   const std::vector<int32_t>& tokens = trie_->node_tokens();
-  if (dfa_states_.size() > kMaxDfaStates) {
-    dfa_states_.clear();
-    dfa_next_.clear();
-    dfa_accept_only_.clear();
-    dfa_ids_.clear();
-  }
+  ResetDfaIfFull();
   walk_states_.resize(static_cast<size_t>(trie_->max_depth()) + 1);
   walk_states_[0] = InternState(state);
   const auto num_nodes = static_cast<int32_t>(nodes.size());
@@ -223,13 +246,10 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar)
 
 bool GrammarMatcher::AcceptBytes(std::string_view bytes) {
   if (ended_ || failed_) return false;
-  State current = state_;
-  for (char c : bytes) {
-    grammar_->Advance(current, static_cast<uint8_t>(c), &scratch_, &failed_);
-    if (failed_ || scratch_.empty()) return false;
-    std::swap(current, scratch_);
-  }
-  state_ = std::move(current);
+  if (bytes.empty()) return true;
+  grammar_->AdvanceBytes(state_, bytes, &scratch_, &failed_);
+  if (failed_ || scratch_.empty()) return false;
+  std::swap(state_, scratch_);
   return true;
 }
 

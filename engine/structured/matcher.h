@@ -13,7 +13,8 @@
 // byte that empties the state skips the node's whole subtree. The walk runs on a lazily built DFA
 // over states: each state met is interned with a 256-entry transition row filled on first use, so
 // a trie node costs one table read once the rows it needs exist (a cold walk of a string's
-// content state fills a handful of rows). A token is allowed when its bytes
+// content state fills a handful of rows); a generated token advances its matcher through the same
+// rows (GrammarMatcher::AcceptToken), one lock a token. A token is allowed when its bytes
 // leave a non-empty state; EOS only when the state accepts (some stack is empty). Masks are cached
 // by state: JSON spends most of its tokens in a few states (inside a string, between values).
 //
@@ -65,6 +66,9 @@ class CompiledGrammar {
   State Initial();
   // The state after `byte`; empty when the byte is not allowed (or a bound is exceeded: `failed`).
   void Advance(const State& state, uint8_t byte, State* out, bool* failed);
+  // The state after `bytes` (a token's), through the lazy DFA that the mask walks fill, under one
+  // lock: a token the last mask allowed costs a table read per byte. Empty as Advance.
+  void AdvanceBytes(const State& state, std::string_view bytes, State* out, bool* failed);
   // Fills `mask` ([trie().mask_words()] words; bit t of word t / 32 for token t) for `state`.
   void FillMask(const State& state, std::span<uint32_t> mask, bool* failed);
 
@@ -92,6 +96,8 @@ class CompiledGrammar {
   // The lazy DFA: the id of `state`, and the id after a byte (kDead: none).
   int32_t InternState(const State& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t DfaStep(int32_t dstate, uint8_t byte, bool* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the DFA's tables when they hold more than kMaxDfaStates states.
+  void ResetDfaIfFull() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Grammar grammar_;
   const TokenTrie* const trie_;

@@ -54,6 +54,36 @@ class RecordingRunner final : public ModelRunner {
   int32_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   std::vector<int32_t> kv_group_windows() const override { return inner_->kv_group_windows(); }
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
+    Record(batch);
+    return inner_->Execute(batch, output);
+  }
+  // The engine's halves go to the runner's own (the CPU runner: the forward pass in Launch, the
+  // masked draw in Finish). With an engine set, they note when its masks were computed.
+  absl::Status Launch(const StepBatch& batch, StepOutput* output) override {
+    Record(batch);
+    if (engine_ != nullptr) {
+      if (engine_->Stats().num_masks > masks_seen_) ++num_steps_masked_before_launch_;
+      masks_seen_ = engine_->Stats().num_masks;
+    }
+    return inner_->Launch(batch, output);
+  }
+  absl::Status Finish() override {
+    if (engine_ != nullptr) {
+      if (engine_->Stats().num_masks > masks_seen_) ++num_steps_masked_after_launch_;
+      masks_seen_ = engine_->Stats().num_masks;
+    }
+    return inner_->Finish();
+  }
+  void set_engine(const EngineCore* engine) { engine_ = engine; }
+  int64_t num_steps_masked_before_launch() const { return num_steps_masked_before_launch_; }
+  int64_t num_steps_masked_after_launch() const { return num_steps_masked_after_launch_; }
+  int64_t num_partial_prefills() const { return num_partial_prefills_; }
+  int64_t num_decodes() const { return num_decodes_; }
+  int32_t max_seqs_per_step() const { return max_seqs_per_step_; }
+  int64_t num_runner_samples() const { return num_runner_samples_; }
+
+ private:
+  void Record(const StepBatch& batch) {
     for (int32_t i = 0; i < batch.num_seqs(); ++i) {
       // A chunk that neither ends its sequence nor asks for logits: a partial prefill.
       if (batch.logits_modes[i] == LogitsMode::kNone) ++num_partial_prefills_;
@@ -62,16 +92,14 @@ class RecordingRunner final : public ModelRunner {
       if (num_new == 1) ++num_decodes_;
     }
     max_seqs_per_step_ = std::max(max_seqs_per_step_, batch.num_seqs());
-    return inner_->Execute(batch, output);
   }
-  int64_t num_partial_prefills() const { return num_partial_prefills_; }
-  int64_t num_decodes() const { return num_decodes_; }
-  int32_t max_seqs_per_step() const { return max_seqs_per_step_; }
-  int64_t num_runner_samples() const { return num_runner_samples_; }
 
- private:
   std::unique_ptr<ModelRunner> inner_;
   const bool samples_on_device_;
+  const EngineCore* engine_ = nullptr;
+  int64_t masks_seen_ = 0;
+  int64_t num_steps_masked_before_launch_ = 0;
+  int64_t num_steps_masked_after_launch_ = 0;
   int64_t num_runner_samples_ = 0;
   int64_t num_partial_prefills_ = 0;
   int64_t num_decodes_ = 0;
@@ -506,18 +534,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpuEngineTest, ::testing::ValuesIn(EngineCase
 namespace lmserve::engine {
 namespace {
 
-// Structured output through the engine: a regular expression over a made-up byte vocabulary of
-// the fixture model (token i spells a letter, a digit or a pair), sampled at temperature 1 with
-// n = 2: every sample's bytes match, and it ends by the constraint (complete) or by EOS where the
-// match may end, never by length. Masked by the engine's sampler (the runner returns logits), and
-// by the runner (kSample with the engine's bitmasks, the CUDA runner's path).
-class CpuEngineStructuredTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
-  const bool runner_samples = GetParam();
-  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  const ModelConfig& model = (*checkpoint)->config();
+// The made-up byte vocabulary of the structured tests: token i spells a letter, a digit or a pair.
+std::unique_ptr<structured::TokenTrie> LetterTrie(const ModelConfig& model) {
   std::vector<std::string> bytes(static_cast<size_t>(model.vocab_size));
   std::vector<uint8_t> excluded(bytes.size(), 0);
   for (size_t i = 0; i < bytes.size(); ++i) {
@@ -530,19 +548,43 @@ TEST_P(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
     }
   }
   for (int32_t eos : model.eos_token_ids) excluded[static_cast<size_t>(eos)] = 1;
-  auto trie = structured::TokenTrie::FromBytes(bytes, excluded, model.vocab_size,
-                                               model.eos_token_ids);
-  const std::string pattern = "[a-e]{2,5}(-[0-9]{1,2}|/[a-c])?";
+  return structured::TokenTrie::FromBytes(bytes, excluded, model.vocab_size, model.eos_token_ids);
+}
+
+constexpr const char* kStructuredPattern = "[a-e]{2,5}(-[0-9]{1,2}|/[a-c])?";
+
+// What one sample of the structured workload produced.
+struct StructuredSample {
+  std::vector<int32_t> tokens;
+  std::string text;
+  int finished = 0;
+  FinishReason reason = FinishReason::kError;
+  std::string error;
+};
+
+// What the runner saw of the workload (RecordingRunner's counts, read before the engine goes).
+struct StructuredSteps {
+  int64_t runner_samples = 0;
+  int64_t masked_before_launch = 0;  // steps whose masks were computed before Launch
+  int64_t masked_after_launch = 0;   // ... between Launch and Finish
+};
+
+// Four requests of the fixture prompts, n = 2, temperature 1, constrained by kStructuredPattern,
+// run to the end on `config`. Samples by request, then sample index.
+std::vector<StructuredSample> RunStructured(const Checkpoint& checkpoint,
+                                            const structured::TokenTrie& trie,
+                                            const EngineConfig& config, bool runner_samples,
+                                            StructuredSteps* steps) {
   absl::StatusOr<structured::Grammar> grammar = structured::CompileGrammar(
-      {structured::ConstraintKind::kRegex, pattern}, structured::GrammarLimits{});
-  ASSERT_TRUE(grammar.ok()) << grammar.status();
+      {structured::ConstraintKind::kRegex, kStructuredPattern}, structured::GrammarLimits{});
+  EXPECT_TRUE(grammar.ok()) << grammar.status();
+  if (!grammar.ok()) return {};
   auto compiled =
-      std::make_shared<structured::CompiledGrammar>(*std::move(grammar), trie.get(), "regex");
-  EngineConfig config;
-  config.max_num_seqs = 8;
+      std::make_shared<structured::CompiledGrammar>(*std::move(grammar), &trie, "regex");
   RecordingRunner* recorder = nullptr;
-  auto engine = MakeEngine(**checkpoint, /*num_blocks=*/64, config, &recorder, runner_samples);
-  ASSERT_NE(engine, nullptr);
+  auto engine = MakeEngine(checkpoint, /*num_blocks=*/64, config, &recorder, runner_samples);
+  if (engine == nullptr) return {};
+  recorder->set_engine(engine.get());
   const testing::HfTinyReference ref = testing::LoadHfTinyReference("llama-gqa");
   std::vector<std::shared_ptr<OutputStream>> streams;
   for (int i = 0; i < 4; ++i) {
@@ -553,37 +595,101 @@ TEST_P(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
     request.sampling.n = 2;
     request.sampling.max_tokens = 24;
     request.sampling.constraint = compiled;
-    ASSERT_TRUE(engine->Validate(request).ok());
+    EXPECT_TRUE(engine->Validate(request).ok());
     streams.push_back(std::make_shared<OutputStream>(i, 2));
     engine->AddRequest(i, std::move(request), 0.0, streams.back());
   }
   while (engine->Step()) {
   }
-  // The CPU runner masks rows as the CUDA runner does: with it, the runner draws every token.
-  if (runner_samples) {
-    EXPECT_GT(recorder->num_runner_samples(), 0);
-  } else {
-    EXPECT_EQ(recorder->num_runner_samples(), 0);
-  }
-  const std::regex expected(pattern);
-  for (const auto& stream : streams) {
-    std::string text[2];
-    int finished = 0;
+  recorder->set_engine(nullptr);
+  steps->runner_samples = recorder->num_runner_samples();
+  steps->masked_before_launch = recorder->num_steps_masked_before_launch();
+  steps->masked_after_launch = recorder->num_steps_masked_after_launch();
+  std::vector<StructuredSample> samples(2 * streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
     RequestOutput output;
-    while (stream->Next(&output, absl::ZeroDuration()) == OutputStream::NextResult::kOutput) {
-      for (int32_t id : output.token_ids) text[output.sample_index] += trie->TokenBytes(id);
+    while (streams[i]->Next(&output, absl::ZeroDuration()) == OutputStream::NextResult::kOutput) {
+      StructuredSample& sample = samples[2 * i + static_cast<size_t>(output.sample_index)];
+      for (int32_t id : output.token_ids) {
+        sample.tokens.push_back(id);
+        sample.text += trie.TokenBytes(id);
+      }
       if (output.finished) {
-        ++finished;
-        EXPECT_TRUE(output.finish_reason == FinishReason::kConstraintEnd ||
-                    output.finish_reason == FinishReason::kEos)
-            << FinishReasonName(output.finish_reason) << " " << output.error;
+        ++sample.finished;
+        sample.reason = output.finish_reason;
+        sample.error = output.error;
       }
     }
-    EXPECT_EQ(finished, 2);
-    for (const std::string& sample : text) {
-      EXPECT_TRUE(std::regex_match(sample, expected)) << "'" << sample << "'";
-    }
   }
+  return samples;
+}
+
+// Structured output through the engine: a regular expression over the letter vocabulary of the
+// fixture model, sampled at temperature 1 with n = 2: every sample's bytes match, and it ends by
+// the constraint (complete) or by EOS where the match may end, never by length. Masked by the
+// engine's sampler (the runner returns logits), and by the runner (kSample with the engine's
+// bitmasks, the CUDA runner's path).
+class CpuEngineStructuredTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CpuEngineStructuredTest, SampledOutputsMatchTheirConstraint) {
+  const bool runner_samples = GetParam();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto trie = LetterTrie((*checkpoint)->config());
+  EngineConfig config;
+  config.max_num_seqs = 8;
+  StructuredSteps steps;
+  const std::vector<StructuredSample> samples =
+      RunStructured(**checkpoint, *trie, config, runner_samples, &steps);
+  ASSERT_EQ(samples.size(), 8u);
+  // The CPU runner masks rows as the CUDA runner does: with it, the runner draws every token.
+  if (runner_samples) {
+    EXPECT_GT(steps.runner_samples, 0);
+  } else {
+    EXPECT_EQ(steps.runner_samples, 0);
+  }
+  const std::regex expected(kStructuredPattern);
+  for (const StructuredSample& sample : samples) {
+    EXPECT_EQ(sample.finished, 1);
+    EXPECT_TRUE(sample.reason == FinishReason::kConstraintEnd ||
+                sample.reason == FinishReason::kEos)
+        << FinishReasonName(sample.reason) << " " << sample.error;
+    EXPECT_TRUE(std::regex_match(sample.text, expected)) << "'" << sample.text << "'";
+  }
+}
+
+// The step's masks overlap the forward pass (EngineConfig::overlap_structured_masks): computed
+// between the runner's Launch (the CPU runner has computed the forward pass by then) and its
+// Finish, on several threads; the serial path computes them on one thread before the launch.
+// For the same seeds, both give the same tokens, masked by the engine's sampler or the runner's.
+TEST_P(CpuEngineStructuredTest, MasksAfterTheLaunchGiveTheSerialPathsTokens) {
+  const bool runner_samples = GetParam();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto trie = LetterTrie((*checkpoint)->config());
+  EngineConfig serial;
+  serial.max_num_seqs = 8;
+  serial.overlap_structured_masks = false;
+  serial.structured_mask_threads = 1;
+  EngineConfig overlapped = serial;
+  overlapped.overlap_structured_masks = true;
+  overlapped.structured_mask_threads = 3;
+  StructuredSteps serial_steps, overlapped_steps;
+  const std::vector<StructuredSample> expected =
+      RunStructured(**checkpoint, *trie, serial, runner_samples, &serial_steps);
+  const std::vector<StructuredSample> actual =
+      RunStructured(**checkpoint, *trie, overlapped, runner_samples, &overlapped_steps);
+  ASSERT_EQ(expected.size(), 8u);
+  ASSERT_EQ(actual.size(), 8u);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_FALSE(expected[i].tokens.empty());
+    EXPECT_EQ(actual[i].tokens, expected[i].tokens) << "sample " << i;
+    EXPECT_EQ(actual[i].reason, expected[i].reason) << "sample " << i;
+  }
+  EXPECT_GT(serial_steps.masked_before_launch, 0);
+  EXPECT_EQ(serial_steps.masked_after_launch, 0);
+  EXPECT_EQ(overlapped_steps.masked_before_launch, 0);
+  EXPECT_GT(overlapped_steps.masked_after_launch, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(MaskedBy, CpuEngineStructuredTest, ::testing::Bool(),

@@ -268,5 +268,50 @@ TEST(CpuRunnerTest, KvPoolIsSizedFromTheBudget) {
   EXPECT_EQ((*runner)->model_config().num_layers, c.num_layers);
 }
 
+// Structured output's overlap (ModelRunner::Launch, then Finish): the masked rows' bitmask is
+// written after Launch has computed the forward pass, and Finish draws with it: the tokens equal
+// Execute's with those masks in the batch from the start, though at Launch the rows allowed only
+// token 7; the unmasked row is unchanged.
+TEST(CpuRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
+  Loaded loaded = Load("llama-gqa");
+  ASSERT_NE(loaded.runner, nullptr);
+  ModelRunner& runner = *loaded.runner;
+  const int64_t vocab = runner.model_config().vocab_size;
+  const int64_t words = (vocab + 31) / 32;
+  const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  auto set_rows = [&](StepBatch* batch, const std::vector<int32_t>& tokens) {
+    for (int s : {0, 2}) {
+      uint32_t* row = batch->token_bitmask.data() + s * words;
+      std::fill(row, row + words, 0u);
+      for (int32_t t : tokens) row[t >> 5] |= uint32_t{1} << (t & 31);
+    }
+  };
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    StepBatch batch;
+    for (int s = 0; s < 3; ++s) {
+      batch.AddSequence(prompt, 0, Iota(s, 1), LogitsMode::kSample);
+      batch.sampling.push_back(
+          {.temperature = s == 2 ? 0.0f : 1.0f, .seed = seed, .step = 5, .masked = s != 1});
+    }
+    batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
+    set_rows(&batch, allowed);
+    StepOutput expected, overlapped;
+    ASSERT_TRUE(runner.Execute(batch, &expected).ok());
+    set_rows(&batch, {7});
+    ASSERT_TRUE(runner.Launch(batch, &overlapped).ok());
+    set_rows(&batch, allowed);  // the host's masks, computed while the step ran
+    ASSERT_TRUE(runner.Finish().ok());
+    EXPECT_EQ(overlapped.sampled_tokens, expected.sampled_tokens) << "seed " << seed;
+    for (int s : {0, 2}) {
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), overlapped.sampled_tokens[s]),
+                allowed.end())
+          << "seed " << seed << " row " << s << " drew " << overlapped.sampled_tokens[s];
+    }
+  }
+  // Finish without a Launch is an error, not a crash.
+  EXPECT_FALSE(runner.Finish().ok());
+}
+
 }  // namespace
 }  // namespace lmserve::engine

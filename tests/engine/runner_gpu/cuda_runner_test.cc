@@ -472,6 +472,71 @@ TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
   }
 }
 
+// Structured output's overlap on the device (ModelRunner::Launch, then Finish): the bitmask rows
+// written after Launch has enqueued the forward pass (a decode graph's replay, or eagerly) are the
+// ones applied: the tokens equal Execute's with those masks from the start, though at Launch the
+// rows allowed only token 7.
+TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig config = CudaConfig();
+  config.device_token_bitmask = true;
+  auto runner = MakeRunner(**checkpoint, config);
+  ASSERT_NE(runner, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int64_t words = (vocab + 31) / 32;
+  const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  auto set_rows = [&](StepBatch* batch, const std::vector<int32_t>& tokens) {
+    for (int s : {0, 2}) {
+      uint32_t* row = batch->token_bitmask.data() + s * words;
+      std::fill(row, row + words, 0u);
+      for (int32_t t : tokens) row[t >> 5] |= uint32_t{1} << (t & 31);
+    }
+  };
+  for (const bool decode : {false, true}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      StepBatch batch;
+      for (int s = 0; s < 3; ++s) {
+        const std::vector<int32_t> blocks = Blocks(s * 4, prompt.size() + 1, 16);
+        if (decode) {
+          batch.AddSequence(std::span(prompt).last(1), static_cast<int32_t>(prompt.size()) - 1,
+                            blocks, LogitsMode::kSample);
+        } else {
+          batch.AddSequence(prompt, 0, blocks, LogitsMode::kSample);
+        }
+        batch.sampling.push_back(
+            {.temperature = s == 2 ? 0.0f : 1.0f, .seed = seed, .step = 5, .masked = s != 1});
+      }
+      batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
+      if (decode) {  // the prompt's KV first (unmasked)
+        StepBatch prefill;
+        for (int s = 0; s < 3; ++s) {
+          prefill.AddSequence(std::span(prompt).first(prompt.size() - 1), 0,
+                              Blocks(s * 4, prompt.size() + 1, 16), LogitsMode::kNone);
+        }
+        StepOutput ignored;
+        ASSERT_TRUE(runner->Execute(prefill, &ignored).ok());
+      }
+      set_rows(&batch, allowed);
+      StepOutput expected, overlapped;
+      ASSERT_TRUE(runner->Execute(batch, &expected).ok());
+      set_rows(&batch, {7});
+      ASSERT_TRUE(runner->Launch(batch, &overlapped).ok());
+      set_rows(&batch, allowed);  // the host's masks, computed while the step runs
+      ASSERT_TRUE(runner->Finish().ok());
+      EXPECT_EQ(overlapped.sampled_tokens, expected.sampled_tokens)
+          << "decode " << decode << " seed " << seed;
+      for (int s : {0, 2}) {
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), overlapped.sampled_tokens[s]),
+                  allowed.end())
+            << "decode " << decode << " seed " << seed << " row " << s;
+      }
+    }
+  }
+}
+
 // More logits rows than one LM-head chunk (256): a long teacher-forced sequence, then a sampled
 // one whose row lands in the second chunk.
 TEST(CudaRunnerTest, SamplesRowsPastTheFirstLogitsChunk) {
