@@ -232,16 +232,26 @@ __device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float 
 
 // Radix selection of the threshold key: the smallest key v among the elements with key >= lower
 // such that the weight (count, or w when use_weight) of those with key > v is below limit.
-// for_each(f) calls f(key, w) for every element.
+// for_each(f) calls f(key, w) for every element; every key is at most `upper`.
+// The digits are those of key - lower, from the highest set bit of upper - lower down, 11 bits a
+// level (the last level's 10 or fewer): the candidates' keys span a few exponents, so that the
+// raw keys' top 11 bits (sign, exponent, 2 mantissa bits) put most of them in a handful of bins,
+// each a chain of conflicting shared-memory atomics.
 template <typename ForEach>
 __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool use_weight,
-                                   uint32_t lower, float limit) {
-  uint32_t prefix = 0;
+                                   uint32_t lower, uint32_t upper, float limit) {
+  if (upper <= lower) return lower;  // one key at most: it is the threshold
+  const uint32_t span = upper - lower;
+  int remaining = 32 - __clz(static_cast<int>(span));  // significant bits of the offsets
+  uint32_t prefix = 0;  // the offsets' digits chosen so far, in place
   float above_total = 0.0f;
-  for (int level = 0; level < 3; ++level) {
-    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
-    const int num_bins = level == 2 ? 1024 : 2048;
-    const uint32_t high_mask = level == 0 ? 0u : (level == 1 ? 0xFFE00000u : 0xFFFFFC00u);
+  while (remaining > 0) {
+    const int bits = min(remaining, 11);
+    const int shift = remaining - bits;
+    const int num_bins = bits > 10 ? 2048 : 1024;  // SelectBin takes 1 or 2 bins a thread
+    const uint32_t digit_mask = (1u << bits) - 1u;
+    // The offset bits already chosen (those at and above `remaining`; beyond the span's, zero).
+    const uint32_t high_mask = remaining >= 32 ? 0u : ~((1u << remaining) - 1u);
     __syncthreads();
     for (int b = threadIdx.x; b < num_bins; b += kThreads) {
       sh.big->bin_count[b] = 0;
@@ -249,8 +259,9 @@ __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool us
     }
     __syncthreads();
     for_each([&](uint32_t key, float w) {
-      if (key >= lower && (key & high_mask) == prefix) {
-        const int b = (key >> shift) & (num_bins - 1);
+      const uint32_t offset = key - lower;
+      if (key >= lower && (offset & high_mask) == prefix) {
+        const int b = static_cast<int>((offset >> shift) & digit_mask);
         atomicAdd(&sh.big->bin_count[b], 1u);
         if (use_weight) atomicAdd(&sh.big->bin_weight[b], ToFixed(w));
       }
@@ -261,8 +272,9 @@ __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool us
     if (best < 0) return lower;  // unreachable with limit > 0: keep everything from `lower`
     above_total += above_best;
     prefix |= static_cast<uint32_t>(best) << shift;
+    remaining = shift;
   }
-  return prefix;
+  return lower + prefix;
 }
 
 struct SampleArgs {
@@ -282,6 +294,7 @@ struct SampleArgs {
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
 constexpr float kProvisionalNats = 10.0f;  // pass 2 also keeps the tokens with w > e^-10
+constexpr float kFusedNats = 10.5f;  // pass 1 keeps the tokens within this of the running maximum
 constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
 constexpr int kTileItems = kItems * kThreads;
 
@@ -334,19 +347,81 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const bool use_min_p = min_p > 0.0f;
   const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
 
-  // 1. Maximum and normalizer (online: a running maximum per thread).
-  float m = -INFINITY, s = 0.0f;
-  ForEachLogit(row, vocab, [&](int, float x) {
-    const float z = x * inv_t;
-    if (z > m) {
-      s = s * __expf(m - z) + 1.0f;
-      m = z;
-    } else if (z > -INFINITY) {  // not NaN, and m is finite here
-      s += __expf(z - m);
+  const bool filtered = use_top_k || use_top_p || use_min_p;
+  float max_z, total_weight;
+  int fused = -1;  // the candidates pass 1 kept in shared memory (filtered rows); -1: none
+  if (filtered) {
+    // 1. Maximum and normalizer, and in the same pass the candidates: the tokens within
+    //    kFusedNats of the block's running maximum (a superset of those within kFusedNats of the
+    //    row's), compacted in vocabulary order. The next tile's loads are issued before a tile's
+    //    barriers, so that the row streams at the memory's pace.
+    float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
+    float run_max = -INFINITY;      // the block's maximum over the tiles so far
+    float base = 0.0f;              // candidates so far
+    float next[kItems];
+    LoadContiguous(row, vocab, kItems * threadIdx.x, next);
+    for (int tile = 0; tile < vocab; tile += kTileItems) {
+      const int i0 = tile + kItems * threadIdx.x;
+      float x[kItems];
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) x[e] = next[e] * inv_t;  // NaN (and past the end) stays NaN
+      if (tile + kTileItems < vocab) LoadContiguous(row, vocab, i0 + kTileItems, next);
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) tile_max = fmaxf(tile_max, x[e]);  // NaN ignored
+      if (tile_max > m) {
+        s *= __expf(m - tile_max);  // m = -inf: s is 0
+        m = tile_max;
+      }
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (x[e] > -INFINITY) s += __expf(x[e] - m);  // not NaN, not -inf: m is finite
+      }
+      run_max = fmaxf(run_max, BlockMax(tile_max, s_warp));
+      const float admit = run_max - kFusedNats;
+      uint32_t keep = 0;
+      float flags = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (x[e] > -INFINITY && x[e] >= admit) {
+          keep |= 1u << e;
+          flags += 1.0f;
+        }
+      }
+      float exclusive, tile_total;
+      BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
+      int slot = static_cast<int>(base + exclusive);
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (keep & (1u << e)) {
+          if (slot < max_candidates) {
+            cand_key[slot] = OrderedKey(x[e]);
+            cand_weight[slot] = x[e];  // z for now: the weight needs the row's maximum
+            cand_index[slot] = i0 + e;
+          }
+          ++slot;
+        }
+      }
+      base += tile_total;
     }
-  });
-  const float max_z = BlockMax(m, s_warp);
-  const float total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+    max_z = BlockMax(m, s_warp);
+    total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+    fused = base <= static_cast<float>(max_candidates) ? static_cast<int>(base) : -1;
+  } else {
+    // 1. Maximum and normalizer (online: a running maximum per thread).
+    float m = -INFINITY, s = 0.0f;
+    ForEachLogit(row, vocab, [&](int, float x) {
+      const float z = x * inv_t;
+      if (z > m) {
+        s = s * __expf(m - z) + 1.0f;
+        m = z;
+      } else if (z > -INFINITY) {  // not NaN, and m is finite here
+        s += __expf(z - m);
+      }
+    });
+    max_z = BlockMax(m, s_warp);
+    total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+  }
   if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
     if (threadIdx.x == 0) a.output[row_index] = 0;
     return;
@@ -358,13 +433,37 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       f(OrderedKey(z), weight_of(z));
     });
   };
+  const uint32_t upper = OrderedKey(max_z);  // every key is at most this
 
-  // 2. A lower bound on the kept keys from a count histogram of d = max - z over
-  //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
-  //    3. the candidates above it, compacted in vocabulary order into shared memory.
   uint32_t lower = 0;
   int num_candidates = -1;  // -1: read global memory
-  if (use_top_k || use_top_p || use_min_p) {
+  if (fused >= 0) {
+    // 2. Whether pass 1's candidates hold the kept set: every token within kFusedNats - 0.5 of
+    //    the maximum is among them (the margin covers rounding), so the thresholds are exact
+    //    over them when that set holds top-k's k tokens, top-p's mass, or min-p's range.
+    for (int i = threadIdx.x; i < fused; i += kThreads) cand_weight[i] = weight_of(cand_weight[i]);
+    const uint32_t fused_lower = OrderedKey(max_z - (kFusedNats - 0.5f));
+    float count = 0.0f, mass = 0.0f;
+    for (int i = threadIdx.x; i < fused; i += kThreads) {
+      if (cand_key[i] >= fused_lower) count += 1.0f, mass += cand_weight[i];
+    }
+    count = BlockSum(count, s_warp);
+    mass = BlockSum(mass, s_warp);
+    bool covered;
+    if (use_top_k) {
+      covered = count >= static_cast<float>(top_k);
+    } else if (use_top_p) {
+      covered = mass >= 1.001f * fmaxf(top_p * total_weight, FLT_MIN);
+    } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
+      covered = -logf(min_p) <= kFusedNats - 1.0f;
+    }
+    if (covered) lower = fused_lower, num_candidates = fused;
+  }
+
+  // 2'. Otherwise a lower bound on the kept keys from a count histogram of d = max - z over
+  //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
+  //    3. the candidates above it, compacted in vocabulary order into shared memory.
+  if (filtered && num_candidates < 0) {
     constexpr float kBinsPerNat = kBins / kRangeNats;
     for (int b = threadIdx.x; b < kBins; b += kThreads) big.bin_count[b] = 0;
     __syncthreads();
@@ -482,7 +581,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
   // 4. Exact thresholds.
   uint32_t threshold = lower;
-  if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, static_cast<float>(top_k));
+  if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, upper, static_cast<float>(top_k));
   if (use_top_p) {
     float set_weight = total_weight;  // no top-k: the whole vocabulary
     if (use_top_k) {
@@ -492,7 +591,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       });
       set_weight = BlockSum(set_weight, s_warp);
     }
-    threshold = RadixThreshold(sh, for_each, true, threshold, fmaxf(top_p * set_weight, FLT_MIN));
+    threshold = RadixThreshold(sh, for_each, true, threshold, upper,
+                               fmaxf(top_p * set_weight, FLT_MIN));
   }
   auto kept_weight = [&](uint32_t key, float w) {
     return key >= threshold && (!use_min_p || w >= min_p) ? w : 0.0f;
