@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -31,6 +32,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention_f32.h"
@@ -196,6 +198,12 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   CudaBuffer gemm_workspace_;
   std::unique_ptr<cuda::GemmSelector> gemms_;
+  // GatedRmsNorm deferred to the next Linear, which reads its output (GatedRmsNorm says when).
+  struct PendingGatedNorm {
+    Buffer out;
+    cuda::GatedNormPrologue prologue;
+  };
+  std::optional<PendingGatedNorm> pending_gated_norm_;
   // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
   // (-1 before), and the weight's place among its kind's.
   std::vector<int> weight_projection_;
@@ -633,7 +641,16 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
   const auto [id, layer] = Projection(weight, /*logits=*/false);
-  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out)));
+  std::optional<PendingGatedNorm> norm;
+  norm.swap(pending_gated_norm_);
+  if (norm.has_value() && norm->out != in) {
+    return absl::InternalError("CUDA runner: a deferred gated RMSNorm's output is not the next "
+                               "product's input");
+  }
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out),
+                                      /*act=*/nullptr, /*late_dependents=*/false,
+                                      kernels::GateActivation::kSilu,
+                                      norm.has_value() ? &norm->prologue : nullptr));
   const WeightSpec& spec = model_->weights()[weight];
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
@@ -849,6 +866,21 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
 
 absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
   const SsmConfig& ssm = config_.ssm;
+  // Folded into the next product (out_proj, which reads `out`) where its GEMM may be the skinny
+  // kernel: Linear applies it (gemm_selector.h), in the skinny kernel's prologue or by this
+  // kernel in place before cuBLASLt. One norm group (the prologue's norm spans the whole input),
+  // 16-bit activations, up to the skinny kernel's rows, no tensor parallelism (the norm would
+  // span ranks' slices), and the norm in place (the prologue reads y as out).
+  if (runner_config_.fuse_gated_norm && dtype_ == RunnerDType::kBFloat16 && comm_ == nullptr &&
+      ssm.norm_groups == 1 && y == out && step_.tokens <= kc::kMaxSkinnyGemmRows) {
+    pending_gated_norm_ = PendingGatedNorm{
+        .out = out,
+        .prologue = {.gate = Buf(in),
+                     .gate_stride = ssm.in_proj_dim(),
+                     .weight = weights_[layer.norm],
+                     .epsilon = layer.norm_epsilon}};
+    return absl::OkStatus();
+  }
   const kc::SsmGatedRmsNormParams norm{.input = Buf(y),
                                        .gate = Buf(in),
                                        .gate_stride = ssm.in_proj_dim(),
@@ -963,7 +995,13 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
 
 absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
-  return model_->Forward(*this);
+  pending_gated_norm_.reset();
+  LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
+  if (pending_gated_norm_.has_value()) {
+    return absl::InternalError("CUDA runner: a gated RMSNorm was deferred to a product that never "
+                               "came");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {

@@ -22,15 +22,45 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
   *p = v;
 }
 
+// The gated RMSNorm prologue's inputs (skinny_gemm.h); unused without kGatedNorm.
+template <typename T>
+struct GatedNormInput {
+  const T* gate;
+  int64_t gate_stride;
+  const T* weight;
+  float epsilon;
+};
+
+// Input row t's 8 features from chunk c: x itself, or with kGatedNorm weight * v (v = x *
+// silu(gate)), adding sum(v^2) to *squares.
+template <typename T, bool kGatedNorm>
+__device__ __forceinline__ void LoadInput(const T* x, int64_t x_stride, const GatedNormInput<T>& g,
+                                          int t, int c, float (&xf)[8], float* squares) {
+  Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
+  if constexpr (kGatedNorm) {
+    float zf[8], wf[8];
+    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(g.gate + t * g.gate_stride + c * 8)), zf);
+    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(g.weight + c * 8)), wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float v = xf[e] * (zf[e] / (1.0f + expf(-zf[e])));
+      *squares = fmaf(v, v, *squares);
+      xf[e] = wf[e] * v;
+    }
+  }
+}
+
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
 // column j = b * kWarps + w: the gate row j and the up row j + n / 2, and writes
-// act(gate) * up (kActivation).
+// act(gate) * up (kActivation). With kGatedNorm, the gated RMSNorm prologue (skinny_gemm.h).
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu>
+          GateActivation kActivation = GateActivation::kSilu, bool kGatedNorm = false>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
-                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents) {
+                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
+                     GatedNormInput<T> norm) {
+  static_assert(!(kSiluAndMul && kGatedNorm));
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -42,6 +72,9 @@ __global__ void __launch_bounds__(kThreads)
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
   const int chunks = k / 8;
   float acc[kRowsPerWarp][M];
+  float squares[M];  // kGatedNorm: this lane's sum of v^2 per input row
+#pragma unroll
+  for (int t = 0; t < M; ++t) squares[t] = 0.0f;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -83,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         float xf[8];
-        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + (c + 32 * u) * 8)), xf);
+        LoadInput<T, kGatedNorm>(x, x_stride, norm, t, c + 32 * u, xf, &squares[t]);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
           float wf[8];
@@ -101,7 +134,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       float xf[8];
-      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
+      LoadInput<T, kGatedNorm>(x, x_stride, norm, t, c, xf, &squares[t]);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         float wf[8];
@@ -120,6 +153,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if constexpr (kGatedNorm) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      const float scale = rsqrtf(WarpSum(squares[t]) / static_cast<float>(k) + norm.epsilon);
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] *= scale;
+    }
   }
   if constexpr (kSiluAndMul) {
     if (lane == 0) {
@@ -142,8 +183,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, typename OutT, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu>
+          GateActivation kActivation = GateActivation::kSilu, bool kGatedNorm = false>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
+  const GatedNormInput<T> norm{static_cast<const T*>(p.gate), p.gate_stride,
+                               static_cast<const T*>(p.norm_weight), p.norm_epsilon};
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
@@ -155,9 +198,9 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks, kThreads, \
-                        0, stream,                                                      \
-                        x, w, y, n, k, x_stride, y_stride, p.late_dependents);
+    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation, kGatedNorm>,    \
+                        blocks, kThreads, 0, stream, x, w, y, n, k, x_stride, y_stride,           \
+                        p.late_dependents, norm);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)
@@ -178,12 +221,15 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   return DispatchActivationDType(p.input_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Validate() allows the activation with the input type out only.
+    // Validate() allows the activation and the gated norm with the input type out only.
     if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false>(p, stream);
     if (p.silu_and_mul && p.activation == GateActivation::kGeluTanh) {
       return LaunchTyped<T, T, true, GateActivation::kGeluTanh>(p, stream);
     }
     if (p.silu_and_mul) return LaunchTyped<T, T, true>(p, stream);
+    if (p.gate != nullptr) {
+      return LaunchTyped<T, T, false, GateActivation::kSilu, /*kGatedNorm=*/true>(p, stream);
+    }
     return LaunchTyped<T, T, false>(p, stream);
   });
 }

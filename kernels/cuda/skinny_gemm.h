@@ -41,6 +41,17 @@ struct SkinnyGemmParams {
   // would see it. y_stride then counts n/2 columns; the output type must be the input type.
   bool silu_and_mul = false;
   GateActivation activation = GateActivation::kSilu;  // act() of the epilogue, with silu_and_mul
+  // Mamba-2's gated RMSNorm as the prologue (kernels/cpu/ssm.h's GatedRmsNorm over one group of
+  // all k features): with `gate`, the product's input row t is
+  //   norm_weight * v * rsqrt(mean(v^2) + norm_epsilon),  v = x[t] * silu(gate[t]),
+  // in fp32 (the separate kernel rounds it to the input type first). Every warp walks the whole
+  // of x, so each sums the squares itself and scales its sums at the end: the norm costs no
+  // kernel of its own. Not with silu_and_mul; the output in the input type; gate and norm_weight
+  // 16-byte aligned, gate_stride a multiple of 8.
+  const void* gate = nullptr;         // [m, k], row stride gate_stride; device; null: no norm
+  int64_t gate_stride = 0;
+  const void* norm_weight = nullptr;  // [k]; device
+  float norm_epsilon = 1e-5f;
   // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
   // has read its share of W (late), or right after the wait, as most kernels do.
   bool late_dependents = true;

@@ -11,6 +11,7 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/ssm.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/gemm.h"
@@ -254,6 +255,66 @@ TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
   bad.silu_and_mul = true;
   bad.output_dtype = DType::kF32;
   EXPECT_FALSE(bad.Validate().ok());
+}
+
+// The gated RMSNorm prologue (Mamba-2's norm folded into out_proj): against the CPU's gated
+// norm (one group of all k features) and linear layer, on bf16-rounded inputs; a gate row stride
+// wider than k (the runner's gate is in_proj's output); the tail loop (k = 1824) included.
+TEST(SkinnyGemmGpuTest, GatedNormPrologue) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t m : {1, 3, 8}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{2560, 5120}, {66, 1824}, {130, 264}}) {
+      const int64_t gate_stride = k + 40;
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> x = RandomFloats(m * k, rng), gate = RandomFloats(m * gate_stride, rng, 2.0f),
+                         norm_w = RandomFloats(k, rng, 0.2f, 1.0f),
+                         w = RandomFloats(n * k, rng, 0.05f);
+      // The device copies; the CPU gets the same rounded values.
+      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_gate(RoundToHalf(gate, DType::kBF16)),
+          d_norm_w(RoundToHalf(norm_w, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16)),
+          d_y(m * n);
+      std::vector<float> normed(m * k);
+      kernels::GatedRmsNorm({.input = x.data(),
+                             .gate = gate.data(),
+                             .gate_stride = gate_stride,
+                             .weight = norm_w.data(),
+                             .output = normed.data(),
+                             .num_tokens = m,
+                             .width = k,
+                             .group_size = k,
+                             .epsilon = 1e-5});
+      const std::vector<float> ref = CpuLinear(normed, w, m, n, k);
+      d_y.Poison();
+      SkinnyGemmParams p;
+      p.x = d_x.get();
+      p.w = d_w.get();
+      p.y = d_y.get();
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.gate = d_gate.get();
+      p.gate_stride = gate_stride;
+      p.norm_weight = d_norm_w.get();
+      p.norm_epsilon = 1e-5f;
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2);
+    }
+  }
+  SkinnyGemmParams bad;
+  bad.m = 1;
+  bad.n = 8;
+  bad.k = 8;
+  bad.x = bad.w = bad.y = bad.gate = reinterpret_cast<void*>(256);
+  bad.gate_stride = 8;
+  EXPECT_FALSE(bad.Validate().ok()) << "no norm weight";
+  bad.norm_weight = reinterpret_cast<void*>(256);
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.silu_and_mul = true;
+  EXPECT_FALSE(bad.Validate().ok()) << "with silu_and_mul";
 }
 
 // Random blocks of each type with finite fp16 scales.

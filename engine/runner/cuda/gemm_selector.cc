@@ -9,6 +9,7 @@
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/ssm.h"
 
 namespace lmserve::engine::cuda {
 namespace {
@@ -16,15 +17,22 @@ namespace {
 namespace kc = kernels::cuda;
 
 kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
-                                  void* y) {
-  return {.x = x,
-          .w = w,
-          .y = y,
-          .m = shape.m,
-          .n = shape.n,
-          .k = shape.k,
-          .input_dtype = shape.input_dtype,
-          .output_dtype = shape.output_dtype};
+                                  void* y, const GatedNormPrologue* gated_norm) {
+  kc::SkinnyGemmParams params{.x = x,
+                              .w = w,
+                              .y = y,
+                              .m = shape.m,
+                              .n = shape.n,
+                              .k = shape.k,
+                              .input_dtype = shape.input_dtype,
+                              .output_dtype = shape.output_dtype};
+  if (gated_norm != nullptr) {
+    params.gate = gated_norm->gate;
+    params.gate_stride = gated_norm->gate_stride;
+    params.norm_weight = gated_norm->weight;
+    params.norm_epsilon = gated_norm->epsilon;
+  }
+  return params;
 }
 
 }  // namespace
@@ -67,7 +75,8 @@ absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
 
 absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::GemmPlan& plan,
                                                           const void* x, void* y, void* act,
-                                                          kernels::GateActivation activation) {
+                                                          kernels::GateActivation activation,
+                                                          const GatedNormPrologue* gated_norm) {
   // The skinny kernel is bf16 only: float32 runs every GEMM through cuBLASLt.
   if (dtype_ != kernels::DType::kBF16) return Kernel::kBlas;
   const int64_t m = plan.shape().m;
@@ -75,7 +84,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
   const GemmProjection& projection = projections_[id];
   kc::SkinnyGemmParams skinny =
-      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y);
+      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y, gated_norm);
   skinny.silu_and_mul = act != nullptr;
   skinny.activation = activation;
   const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
@@ -143,15 +152,30 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   if (m <= kc::kMaxSkinnyGemmRows) {
-    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act, activation));
+    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel,
+                             Choose(id, *plan, x, y, act, activation, gated_norm));
     if (kernel == Kernel::kSkinny) {
-      kc::SkinnyGemmParams params = SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y);
+      kc::SkinnyGemmParams params =
+          SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y, gated_norm);
       params.silu_and_mul = act != nullptr;
       params.activation = activation;
       params.late_dependents = late_dependents;
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }
+  }
+  if (gated_norm != nullptr) {  // cuBLASLt: the norm kernel first, in place
+    const kc::SsmGatedRmsNormParams norm{.input = x,
+                                         .gate = gated_norm->gate,
+                                         .gate_stride = gated_norm->gate_stride,
+                                         .weight = gated_norm->weight,
+                                         .output = const_cast<void*>(x),
+                                         .num_tokens = m,
+                                         .width = projection.k,
+                                         .group_size = projection.k,
+                                         .epsilon = gated_norm->epsilon,
+                                         .dtype = dtype_};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "gated RMSNorm");
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",

@@ -36,6 +36,15 @@ struct GemmProjection {
   std::vector<const void*> weights;                     // [n, k] each, one per layer; device
 };
 
+// Mamba-2's gated RMSNorm of a product's input, over one group of all k features
+// (kernels/cuda/ssm.h): x = norm(x, gate) before y = x W^T.
+struct GatedNormPrologue {
+  const void* gate = nullptr;  // [m, k], row stride gate_stride; device
+  int64_t gate_stride = 0;
+  const void* weight = nullptr;  // [k]; device
+  float epsilon = 1e-5f;
+};
+
 class GemmSelector {
  public:
   // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
@@ -55,10 +64,13 @@ class GemmSelector {
   // epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y). `late_dependents`: the next
   // kernel is another stream of weights, which may launch only once this one has read its own
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
-  // is kept per projection and row count).
+  // is kept per projection and row count). With `gated_norm` (not with `act`), x is first
+  // normed by it: in the skinny kernel's prologue where that kernel runs, else by the norm kernel
+  // in place (x is then overwritten); a projection is always run with or always without it.
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
-                   kernels::GateActivation activation = kernels::GateActivation::kSilu);
+                   kernels::GateActivation activation = kernels::GateActivation::kSilu,
+                   const GatedNormPrologue* gated_norm = nullptr);
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -67,7 +79,8 @@ class GemmSelector {
   enum class Kernel { kBlas, kSkinny };
   // The kernel for projection `id` at m <= kMaxSkinnyGemmRows rows.
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
-                                void* act, kernels::GateActivation activation);
+                                void* act, kernels::GateActivation activation,
+                                const GatedNormPrologue* gated_norm);
 
   // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:
   // the kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
