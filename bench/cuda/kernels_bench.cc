@@ -512,8 +512,10 @@ class Bench {
       }
     }
     if (Selected("skinny")) {
-      // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32): the skinny
-      // kernel and cuBLASLt's autotuned plan at the batch sizes that decide between them.
+      // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32) and of
+      // Mamba-2-2.7B (in_proj, out_proj, the latter also with the gated RMSNorm as its
+      // prologue): the skinny kernel and cuBLASLt's autotuned plan at the batch sizes that decide
+      // between them.
       struct Projection {
         const char* name;
         int64_t n, k;
@@ -521,7 +523,9 @@ class Bench {
       };
       for (const Projection& proj : {Projection{"qkv", 6144, 4096, false}, {"o", 4096, 4096, false},
                                      {"gate_up", 28672, 4096, false}, {"down", 4096, 14336, false},
-                                     {"lm_head", 128256, 4096, true}}) {
+                                     {"lm_head", 128256, 4096, true},
+                                     {"mamba2 in_proj", 10576, 2560, false},
+                                     {"mamba2 out_proj", 2560, 5120, false}}) {
         Buffer w(proj.n * proj.k * 2), x(64 * proj.k * 2), y(64 * proj.n * 4);
         FillBf16(w, 0.05f);
         FillBf16(x);
@@ -542,6 +546,17 @@ class Bench {
               auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
               Record({"skinny GEMM + SiLU", shape_text, fused_us, fused_min,
                       bytes - m * proj.n, 0});
+            }
+            if (std::string_view(proj.name) == "mamba2 out_proj") {
+              Buffer gate(m * proj.k * 2), norm_weight(proj.k * 2);
+              FillBf16(gate);
+              FillBf16(norm_weight);
+              p.gate = gate.get();
+              p.gate_stride = proj.k;
+              p.norm_weight = norm_weight.get();
+              auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+              Record({"skinny GEMM + gated RMSNorm", shape_text, fused_us, fused_min,
+                      bytes + 2.0 * (m + 1) * proj.k, 0});
             }
           }
           GemmShape shape;
