@@ -198,12 +198,31 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   CudaBuffer gemm_workspace_;
   std::unique_ptr<cuda::GemmSelector> gemms_;
-  // GatedRmsNorm deferred to the next Linear, which reads its output (GatedRmsNorm says when).
-  struct PendingGatedNorm {
+  // Mamba-2's norms and residual add folded into its projections' GEMMs (gemm_selector.h's
+  // GemmFusion; RunnerConfig::fuse_gated_norm): an op is deferred to the next, which runs it in
+  // its GEMM. The gated norm goes to out_proj's Linear; out_proj (with it) to the residual add
+  // that follows, which adds the product into the residual in the GEMM's epilogue; that add's
+  // RMSNorm (and layer 0's) to in_proj's Linear, as its prologue. Where cuBLASLt runs the GEMM,
+  // the separate kernels run beside it.
+  struct PendingNorm {  // a norm whose output `out` is the next Linear's input
     Buffer out;
-    cuda::GatedNormPrologue prologue;
+    cuda::GemmFusion fusion;
   };
-  std::optional<PendingGatedNorm> pending_gated_norm_;
+  struct PendingProduct {  // out_proj, waiting for the residual add
+    Weight weight;
+    Buffer in, out;
+    cuda::GemmFusion fusion;
+  };
+  std::optional<PendingNorm> pending_gated_norm_;
+  std::optional<PendingProduct> pending_product_;
+  std::optional<PendingNorm> pending_rms_norm_;
+  // Whether this step may fold the gated norm (FusesNorms), and also the residual add and the
+  // RMSNorm (FusesResidual: a model of SSM layers only, the residual stream in fp32).
+  bool FusesNorms() const;
+  bool FusesResidual() const;
+  absl::Status RunRmsNorm(Buffer in, Weight weight, float epsilon, Buffer out);
+  absl::Status AddRmsNormImpl(Buffer residual, Buffer add, Weight weight, float epsilon,
+                              Buffer out, bool may_defer);
   // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
   // (-1 before), and the weight's place among its kind's.
   std::vector<int> weight_projection_;
@@ -605,7 +624,28 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
   return absl::OkStatus();
 }
 
+bool CudaRunner::FusesNorms() const {
+  return runner_config_.fuse_gated_norm && dtype_ == RunnerDType::kBFloat16 && comm_ == nullptr &&
+         config_.ssm.norm_groups == 1 && step_.tokens <= kc::kMaxSkinnyGemmRows;
+}
+
+bool CudaRunner::FusesResidual() const {
+  return FusesNorms() && residual_dtype_ == DType::kF32 && !HasAttentionLayers(config_);
+}
+
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
+  // Layer 0's norm of the residual: in_proj's prologue (FusesResidual).
+  if (FusesResidual() && in == Buffer::kResidual && BufDType(out) == kernel_dtype_) {
+    pending_rms_norm_ = PendingNorm{.out = out,
+                                    .fusion = {.norm_weight = weights_[weight],
+                                               .norm_epsilon = epsilon,
+                                               .rms_input = static_cast<const float*>(Buf(in))}};
+    return absl::OkStatus();
+  }
+  return RunRmsNorm(in, weight, epsilon, out);
+}
+
+absl::Status CudaRunner::RunRmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
   if (BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -623,6 +663,31 @@ absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer
 
 absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                                     Buffer out) {
+  return AddRmsNormImpl(residual, add, weight, epsilon, out, /*may_defer=*/true);
+}
+
+absl::Status CudaRunner::AddRmsNormImpl(Buffer residual, Buffer add, Weight weight,
+                                        float epsilon, Buffer out, bool may_defer) {
+  if (pending_product_.has_value()) {
+    // out_proj, deferred by Linear: its skinny GEMM adds the product into the residual.
+    PendingProduct product = *pending_product_;
+    pending_product_.reset();
+    if (product.out != add || residual != Buffer::kResidual) {
+      return absl::InternalError("CUDA runner: a deferred product's output is not the residual "
+                                 "add's addend");
+    }
+    product.fusion.accumulate = static_cast<float*>(Buf(residual));
+    const auto projection = Projection(product.weight, /*logits=*/false);
+    bool accumulated = false;
+    LMSERVE_RETURN_IF_ERROR(gemms_->Run(projection.first, projection.second, step_.tokens,
+                                        Buf(product.in), Buf(product.out), /*act=*/nullptr,
+                                        /*late_dependents=*/false, kernels::GateActivation::kSilu,
+                                        &product.fusion, &accumulated));
+    if (accumulated) {  // the residual holds the sum: the norm alone is left
+      return may_defer ? RmsNorm(residual, weight, epsilon, out)
+                       : RunRmsNorm(residual, weight, epsilon, out);
+    }
+  }
   if (BufDType(add) != kernel_dtype_ || BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -640,17 +705,26 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
 }
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
-  const auto [id, layer] = Projection(weight, /*logits=*/false);
-  std::optional<PendingGatedNorm> norm;
-  norm.swap(pending_gated_norm_);
-  if (norm.has_value() && norm->out != in) {
-    return absl::InternalError("CUDA runner: a deferred gated RMSNorm's output is not the next "
-                               "product's input");
+  std::optional<PendingNorm> norm;
+  if (pending_gated_norm_.has_value()) norm.swap(pending_gated_norm_);
+  const bool gated = norm.has_value();
+  if (!gated && pending_rms_norm_.has_value()) norm.swap(pending_rms_norm_);
+  if (pending_gated_norm_.has_value() || pending_rms_norm_.has_value() ||
+      pending_product_.has_value() || (norm.has_value() && norm->out != in)) {
+    return absl::InternalError("CUDA runner: a deferred norm's output is not the next product's "
+                               "input");
   }
+  // out_proj after its gated norm: deferred to the residual add that follows (FusesResidual).
+  if (gated && FusesResidual() && out == Buffer::kProjected) {
+    pending_product_ =
+        PendingProduct{.weight = weight, .in = in, .out = out, .fusion = norm->fusion};
+    return absl::OkStatus();
+  }
+  const auto [id, layer] = Projection(weight, /*logits=*/false);
   LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out),
                                       /*act=*/nullptr, /*late_dependents=*/false,
                                       kernels::GateActivation::kSilu,
-                                      norm.has_value() ? &norm->prologue : nullptr));
+                                      norm.has_value() ? &norm->fusion : nullptr));
   const WeightSpec& spec = model_->weights()[weight];
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
@@ -867,18 +941,16 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
 absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
   const SsmConfig& ssm = config_.ssm;
   // Folded into the next product (out_proj, which reads `out`) where its GEMM may be the skinny
-  // kernel: Linear applies it (gemm_selector.h), in the skinny kernel's prologue or by this
-  // kernel in place before cuBLASLt. One norm group (the prologue's norm spans the whole input),
-  // 16-bit activations, up to the skinny kernel's rows, no tensor parallelism (the norm would
-  // span ranks' slices), and the norm in place (the prologue reads y as out).
-  if (runner_config_.fuse_gated_norm && dtype_ == RunnerDType::kBFloat16 && comm_ == nullptr &&
-      ssm.norm_groups == 1 && y == out && step_.tokens <= kc::kMaxSkinnyGemmRows) {
-    pending_gated_norm_ = PendingGatedNorm{
-        .out = out,
-        .prologue = {.gate = Buf(in),
-                     .gate_stride = ssm.in_proj_dim(),
-                     .weight = weights_[layer.norm],
-                     .epsilon = layer.norm_epsilon}};
+  // kernel (FusesNorms): Linear applies it (gemm_selector.h), in the skinny kernel's prologue or
+  // by this kernel in place before cuBLASLt. One norm group (the prologue's norm spans the whole
+  // input), bf16, up to the skinny kernel's rows, no tensor parallelism (the norm would span
+  // ranks' slices), and the norm in place (the prologue reads y as out).
+  if (FusesNorms() && y == out) {
+    pending_gated_norm_ = PendingNorm{.out = out,
+                                      .fusion = {.gate = Buf(in),
+                                                 .gate_stride = ssm.in_proj_dim(),
+                                                 .norm_weight = weights_[layer.norm],
+                                                 .norm_epsilon = layer.norm_epsilon}};
     return absl::OkStatus();
   }
   const kc::SsmGatedRmsNormParams norm{.input = Buf(y),
@@ -896,9 +968,13 @@ absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y
 }
 
 absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
-  if (step_.rows == 0) return absl::OkStatus();
+  if (step_.rows == 0) {
+    pending_product_.reset();  // the last layer's out_proj: nothing reads it
+    return absl::OkStatus();
+  }
   // Every token (cheaper than a gather first), then the rows that need logits.
-  LMSERVE_RETURN_IF_ERROR(AddRmsNorm(residual, add, weight, epsilon, Buffer::kNormed));
+  LMSERVE_RETURN_IF_ERROR(
+      AddRmsNormImpl(residual, add, weight, epsilon, Buffer::kNormed, /*may_defer=*/false));
   final_rows_source_ = Buf(Buffer::kNormed);
   if (!step_.rows_are_tokens) {
     kc::EmbeddingParams gather{.table = Buf(Buffer::kNormed),
@@ -996,10 +1072,12 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
 absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
   pending_gated_norm_.reset();
+  pending_product_.reset();
+  pending_rms_norm_.reset();
   LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
-  if (pending_gated_norm_.has_value()) {
-    return absl::InternalError("CUDA runner: a gated RMSNorm was deferred to a product that never "
-                               "came");
+  if (pending_gated_norm_.has_value() || pending_product_.has_value() ||
+      pending_rms_norm_.has_value()) {
+    return absl::InternalError("CUDA runner: an op was deferred to one that never came");
   }
   return absl::OkStatus();
 }

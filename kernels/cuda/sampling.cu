@@ -581,7 +581,9 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
   // 4. Exact thresholds.
   uint32_t threshold = lower;
-  if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, upper, static_cast<float>(top_k));
+  if (use_top_k) {
+    threshold = RadixThreshold(sh, for_each, false, threshold, upper, static_cast<float>(top_k));
+  }
   if (use_top_p) {
     float set_weight = total_weight;  // no top-k: the whole vocabulary
     if (use_top_k) {

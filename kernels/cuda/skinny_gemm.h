@@ -52,6 +52,15 @@ struct SkinnyGemmParams {
   int64_t gate_stride = 0;
   const void* norm_weight = nullptr;  // [k]; device
   float norm_epsilon = 1e-5f;
+  // RMSNorm (norm.h's) as the prologue, over the fp32 residual stream: with rms_norm, x is fp32
+  // and the input row t is norm_weight * x[t] * rsqrt(mean(x[t]^2) + norm_epsilon), in fp32 (the
+  // separate kernel rounds it to the input type). Not with gate or silu_and_mul; the input type
+  // out; x 16-byte aligned.
+  bool rms_norm = false;
+  // With gate only: y is fp32 (the residual stream, output_dtype kF32) and y[t] += the product
+  // rounded to the input type, the sum as fp32, as the fused add + RMSNorm adds a projection to
+  // the residual (each element of y is read and written by one warp).
+  bool accumulate = false;
   // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
   // has read its share of W (late), or right after the wait, as most kernels do.
   bool late_dependents = true;

@@ -266,15 +266,17 @@ TEST(SkinnyGemmGpuTest, GatedNormPrologue) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{2560, 5120}, {66, 1824}, {130, 264}}) {
       const int64_t gate_stride = k + 40;
       const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " seed " << seed);
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " n " << n << " k " << k << " seed " << seed);
       std::mt19937 rng(seed);
-      std::vector<float> x = RandomFloats(m * k, rng), gate = RandomFloats(m * gate_stride, rng, 2.0f),
+      std::vector<float> x = RandomFloats(m * k, rng),
+                         gate = RandomFloats(m * gate_stride, rng, 2.0f),
                          norm_w = RandomFloats(k, rng, 0.2f, 1.0f),
                          w = RandomFloats(n * k, rng, 0.05f);
       // The device copies; the CPU gets the same rounded values.
-      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_gate(RoundToHalf(gate, DType::kBF16)),
-          d_norm_w(RoundToHalf(norm_w, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16)),
-          d_y(m * n);
+      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)),
+          d_gate(RoundToHalf(gate, DType::kBF16)), d_norm_w(RoundToHalf(norm_w, DType::kBF16)),
+          d_w(RoundToHalf(w, DType::kBF16)), d_y(m * n);
       std::vector<float> normed(m * k);
       kernels::GatedRmsNorm({.input = x.data(),
                              .gate = gate.data(),

@@ -8,6 +8,7 @@
 #include "common/strings.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/ssm.h"
 
@@ -16,8 +17,9 @@ namespace {
 
 namespace kc = kernels::cuda;
 
+// The skinny kernel's parameters, with fusion's norm as its prologue (its add is Run's).
 kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
-                                  void* y, const GatedNormPrologue* gated_norm) {
+                                  void* y, const GemmFusion* fusion) {
   kc::SkinnyGemmParams params{.x = x,
                               .w = w,
                               .y = y,
@@ -26,11 +28,15 @@ kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, con
                               .k = shape.k,
                               .input_dtype = shape.input_dtype,
                               .output_dtype = shape.output_dtype};
-  if (gated_norm != nullptr) {
-    params.gate = gated_norm->gate;
-    params.gate_stride = gated_norm->gate_stride;
-    params.norm_weight = gated_norm->weight;
-    params.norm_epsilon = gated_norm->epsilon;
+  if (fusion != nullptr) {
+    params.gate = fusion->gate;
+    params.gate_stride = fusion->gate_stride;
+    params.norm_weight = fusion->norm_weight;
+    params.norm_epsilon = fusion->norm_epsilon;
+    if (fusion->rms_input != nullptr) {
+      params.x = fusion->rms_input;
+      params.rms_norm = true;
+    }
   }
   return params;
 }
@@ -76,7 +82,7 @@ absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
 absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::GemmPlan& plan,
                                                           const void* x, void* y, void* act,
                                                           kernels::GateActivation activation,
-                                                          const GatedNormPrologue* gated_norm) {
+                                                          const GemmFusion* fusion) {
   // The skinny kernel is bf16 only: float32 runs every GEMM through cuBLASLt.
   if (dtype_ != kernels::DType::kBF16) return Kernel::kBlas;
   const int64_t m = plan.shape().m;
@@ -84,7 +90,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
   const GemmProjection& projection = projections_[id];
   kc::SkinnyGemmParams skinny =
-      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y, gated_norm);
+      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y, fusion);
   skinny.silu_and_mul = act != nullptr;
   skinny.activation = activation;
   const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
@@ -147,35 +153,54 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
 }
 
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                               bool late_dependents, kernels::GateActivation activation) {
+                               bool late_dependents, kernels::GateActivation activation,
+                               const GemmFusion* fusion, bool* accumulated) {
+  if (accumulated != nullptr) *accumulated = false;
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   if (m <= kc::kMaxSkinnyGemmRows) {
-    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel,
-                             Choose(id, *plan, x, y, act, activation, gated_norm));
+    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act, activation, fusion));
     if (kernel == Kernel::kSkinny) {
       kc::SkinnyGemmParams params =
-          SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y, gated_norm);
+          SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y, fusion);
       params.silu_and_mul = act != nullptr;
       params.activation = activation;
       params.late_dependents = late_dependents;
+      if (fusion != nullptr && fusion->accumulate != nullptr) {
+        params.y = fusion->accumulate;
+        params.output_dtype = kernels::DType::kF32;
+        params.accumulate = true;
+      }
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
+      if (accumulated != nullptr) *accumulated = params.accumulate;
       return absl::OkStatus();
     }
   }
-  if (gated_norm != nullptr) {  // cuBLASLt: the norm kernel first, in place
+  // cuBLASLt: the fused norms as kernels of their own first, into x.
+  if (fusion != nullptr && fusion->gate != nullptr) {
     const kc::SsmGatedRmsNormParams norm{.input = x,
-                                         .gate = gated_norm->gate,
-                                         .gate_stride = gated_norm->gate_stride,
-                                         .weight = gated_norm->weight,
+                                         .gate = fusion->gate,
+                                         .gate_stride = fusion->gate_stride,
+                                         .weight = fusion->norm_weight,
                                          .output = const_cast<void*>(x),
                                          .num_tokens = m,
                                          .width = projection.k,
                                          .group_size = projection.k,
-                                         .epsilon = gated_norm->epsilon,
+                                         .epsilon = fusion->norm_epsilon,
                                          .dtype = dtype_};
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "gated RMSNorm");
+  }
+  if (fusion != nullptr && fusion->rms_input != nullptr) {
+    const kc::RmsNormParams norm{.input = fusion->rms_input,
+                                 .weight = fusion->norm_weight,
+                                 .output = const_cast<void*>(x),
+                                 .num_tokens = m,
+                                 .hidden_size = projection.k,
+                                 .epsilon = fusion->norm_epsilon,
+                                 .dtype = dtype_,
+                                 .input_dtype = kernels::DType::kF32};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "RMSNorm");
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",
