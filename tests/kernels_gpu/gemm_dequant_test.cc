@@ -11,6 +11,7 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/norm.h"
 #include "kernels/cpu/ssm.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/dequant.h"
@@ -317,6 +318,104 @@ TEST(SkinnyGemmGpuTest, GatedNormPrologue) {
   EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
   bad.silu_and_mul = true;
   EXPECT_FALSE(bad.Validate().ok()) << "with silu_and_mul";
+}
+
+// The fused forms Mamba-2's layers use at up to 8 tokens: the RMSNorm prologue over an fp32
+// input (the residual stream) against the CPU's RMSNorm and linear layer; the gated-norm
+// prologue with the product added into an fp32 output (accumulate) against the CPU's, the
+// product rounded to bf16 before the add as the fused add + RMSNorm kernel adds it.
+TEST(SkinnyGemmGpuTest, RmsNormPrologueAndResidualAdd) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t m : {1, 2, 8}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{10576, 2560}, {66, 1824}}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " n " << n << " k " << k << " seed " << seed);
+      std::mt19937 rng(seed);
+      // RMSNorm prologue: x fp32.
+      std::vector<float> x = RandomFloats(m * k, rng, 3.0f),
+                         norm_w = RandomFloats(k, rng, 0.2f, 1.0f),
+                         w = RandomFloats(n * k, rng, 0.05f);
+      DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16)),
+          d_w(RoundToHalf(w, DType::kBF16)), d_y(m * n);
+      DeviceBuffer<float> d_x(x);
+      std::vector<float> normed(m * k);
+      kernels::RmsNorm({.input = x.data(),
+                        .weight = norm_w.data(),
+                        .output = normed.data(),
+                        .num_tokens = m,
+                        .hidden_size = k,
+                        .epsilon = 1e-5});
+      const std::vector<float> ref = CpuLinear(normed, w, m, n, k);
+      d_y.Poison();
+      SkinnyGemmParams p;
+      p.x = d_x.get();
+      p.w = d_w.get();
+      p.y = d_y.get();
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.rms_norm = true;
+      p.norm_weight = d_norm_w.get();
+      p.norm_epsilon = 1e-5f;
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2) << "RMSNorm";
+
+      // Gated norm + accumulate into fp32: n x k as out_proj (k the SSM width, n the hidden).
+      std::vector<float> y = RandomFloats(m * k, rng), gate = RandomFloats(m * k, rng, 2.0f),
+                         residual = RandomFloats(m * n, rng, 4.0f);
+      std::vector<float> w2 = RandomFloats(n * k, rng, 0.05f);
+      DeviceBuffer<uint16_t> d_y16(RoundToHalf(y, DType::kBF16)),
+          d_gate(RoundToHalf(gate, DType::kBF16)), d_w2(RoundToHalf(w2, DType::kBF16));
+      DeviceBuffer<float> d_residual(residual);
+      std::vector<float> gated(m * k);
+      kernels::GatedRmsNorm({.input = y.data(),
+                             .gate = gate.data(),
+                             .gate_stride = k,
+                             .weight = norm_w.data(),
+                             .output = gated.data(),
+                             .num_tokens = m,
+                             .width = k,
+                             .group_size = k,
+                             .epsilon = 1e-5});
+      const std::vector<float> product = CpuLinear(gated, w2, m, n, k);
+      SkinnyGemmParams q;
+      q.x = d_y16.get();
+      q.w = d_w2.get();
+      q.y = d_residual.get();
+      q.m = m;
+      q.n = n;
+      q.k = k;
+      q.output_dtype = DType::kF32;
+      q.gate = d_gate.get();
+      q.gate_stride = k;
+      q.norm_weight = d_norm_w.get();
+      q.accumulate = true;
+      ASSERT_TRUE(q.Validate().ok()) << q.Validate();
+      CUDA_ASSERT(Launch(q, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<float> added = d_residual.Download();
+      for (size_t i = 0; i < added.size(); ++i) added[i] -= residual[i];
+      EXPECT_LE(RelativeL2(added, product), 1e-2) << "gated norm + accumulate";
+    }
+  }
+  SkinnyGemmParams bad;
+  bad.m = 1;
+  bad.n = 8;
+  bad.k = 8;
+  bad.x = bad.w = bad.y = bad.norm_weight = reinterpret_cast<void*>(256);
+  bad.accumulate = true;
+  bad.output_dtype = DType::kF32;
+  EXPECT_FALSE(bad.Validate().ok()) << "accumulate without the gated norm";
+  bad.accumulate = false;
+  bad.output_dtype = DType::kBF16;
+  bad.rms_norm = true;
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.gate = reinterpret_cast<void*>(256);
+  bad.gate_stride = 8;
+  EXPECT_FALSE(bad.Validate().ok()) << "both prologues";
 }
 
 // Random blocks of each type with finite fp16 scales.
