@@ -311,7 +311,8 @@ TEST(SkinnyGemmGpuTest, GatedNormPrologue) {
   bad.m = 1;
   bad.n = 8;
   bad.k = 8;
-  bad.x = bad.w = bad.y = bad.gate = reinterpret_cast<void*>(256);
+  bad.y = reinterpret_cast<void*>(256);
+  bad.x = bad.w = bad.gate = bad.y;
   bad.gate_stride = 8;
   EXPECT_FALSE(bad.Validate().ok()) << "no norm weight";
   bad.norm_weight = reinterpret_cast<void*>(256);
@@ -405,7 +406,8 @@ TEST(SkinnyGemmGpuTest, RmsNormPrologueAndResidualAdd) {
   bad.m = 1;
   bad.n = 8;
   bad.k = 8;
-  bad.x = bad.w = bad.y = bad.norm_weight = reinterpret_cast<void*>(256);
+  bad.y = reinterpret_cast<void*>(256);
+  bad.x = bad.w = bad.norm_weight = bad.y;
   bad.accumulate = true;
   bad.output_dtype = DType::kF32;
   EXPECT_FALSE(bad.Validate().ok()) << "accumulate without the gated norm";
