@@ -78,7 +78,7 @@ struct Options {
   bool graphs = true;
   engine::DecodeGemm decode_gemm = engine::DecodeGemm::kAuto;
   bool programmatic_launch = true;
-  bool fuse_gated_norm = true;  // --no-norm-fusion: RunnerConfig::fuse_gated_norm off
+  bool fuse_norms = true;  // --no-norm-fusion: RunnerConfig::fuse_norms off
   engine::CudaKernelPath kernel_path = engine::CudaKernelPath::kAuto;
   bool fp32_residual = true;
   int tensor_parallel_size = 1;
@@ -271,7 +271,7 @@ int Run(const Options& o) {
   config.cuda_graphs = o.graphs;
   config.decode_gemm = o.decode_gemm;
   config.programmatic_launch = o.programmatic_launch;
-  config.fuse_gated_norm = o.fuse_gated_norm;
+  config.fuse_norms = o.fuse_norms;
   config.cuda_kernel_path = o.kernel_path;
   config.fp32_residual = o.fp32_residual;
   config.tensor_parallel_size = o.tensor_parallel_size;
@@ -364,7 +364,7 @@ int Run(const Options& o) {
       {"kernels", hopper_kernels ? "hopper" : "portable"},
       {"kernel_code_capability", code_capability},
       {"programmatic_launch", o.programmatic_launch && hopper_kernels},
-      {"fuse_gated_norm", o.fuse_gated_norm},
+      {"fuse_norms", o.fuse_norms},
       {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
@@ -492,7 +492,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--no-pdl") {
       o.programmatic_launch = false;
     } else if (arg == "--no-norm-fusion") {
-      o.fuse_gated_norm = false;
+      o.fuse_norms = false;
     } else if (arg == "--cuda-kernel-path") {
       const std::string name = value();
       const auto path = lmserve::engine::CudaKernelPathFromName(name);

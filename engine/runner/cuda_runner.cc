@@ -198,27 +198,22 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   CudaBuffer gemm_workspace_;
   std::unique_ptr<cuda::GemmSelector> gemms_;
-  // Mamba-2's norms and residual add folded into its projections' GEMMs (gemm_selector.h's
-  // GemmFusion; RunnerConfig::fuse_gated_norm): an op is deferred to the next, which runs it in
-  // its GEMM. The gated norm goes to out_proj's Linear; out_proj (with it) to the residual add
-  // that follows, which adds the product into the residual in the GEMM's epilogue; that add's
-  // RMSNorm (and layer 0's) to in_proj's Linear, as its prologue. Where cuBLASLt runs the GEMM,
+  // Mamba-2's residual add and RMSNorm folded into its projections' skinny GEMMs (gemm_selector.h's
+  // GemmFusion; RunnerConfig::fuse_norms), in steps of up to 8 tokens of models of SSM layers
+  // only with the fp32 residual stream (FusesResidual): out_proj is deferred to the residual
+  // add that follows and adds its product into the residual in its epilogue; the RMSNorm after
+  // it (and layer 0's) is deferred to in_proj, as its prologue. Where cuBLASLt runs the GEMM,
   // the separate kernels run beside it.
-  struct PendingNorm {  // a norm whose output `out` is the next Linear's input
+  struct PendingNorm {  // an RMSNorm whose output `out` is the next Linear's input
     Buffer out;
     cuda::GemmFusion fusion;
   };
   struct PendingProduct {  // out_proj, waiting for the residual add
     Weight weight;
     Buffer in, out;
-    cuda::GemmFusion fusion;
   };
-  std::optional<PendingNorm> pending_gated_norm_;
   std::optional<PendingProduct> pending_product_;
   std::optional<PendingNorm> pending_rms_norm_;
-  // Whether this step may fold the gated norm (FusesNorms), and also the residual add and the
-  // RMSNorm (FusesResidual: a model of SSM layers only, the residual stream in fp32).
-  bool FusesNorms() const;
   bool FusesResidual() const;
   absl::Status RunRmsNorm(Buffer in, Weight weight, float epsilon, Buffer out);
   absl::Status AddRmsNormImpl(Buffer residual, Buffer add, Weight weight, float epsilon,
@@ -624,13 +619,10 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
   return absl::OkStatus();
 }
 
-bool CudaRunner::FusesNorms() const {
-  return runner_config_.fuse_gated_norm && dtype_ == RunnerDType::kBFloat16 && comm_ == nullptr &&
-         config_.ssm.norm_groups == 1 && step_.tokens <= kc::kMaxSkinnyGemmRows;
-}
-
 bool CudaRunner::FusesResidual() const {
-  return FusesNorms() && residual_dtype_ == DType::kF32 && !HasAttentionLayers(config_);
+  return runner_config_.fuse_norms && dtype_ == RunnerDType::kBFloat16 && comm_ == nullptr &&
+         residual_dtype_ == DType::kF32 && !HasAttentionLayers(config_) &&
+         step_.tokens <= kc::kMaxSkinnyGemmRows;
 }
 
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
@@ -676,13 +668,13 @@ absl::Status CudaRunner::AddRmsNormImpl(Buffer residual, Buffer add, Weight weig
       return absl::InternalError("CUDA runner: a deferred product's output is not the residual "
                                  "add's addend");
     }
-    product.fusion.accumulate = static_cast<float*>(Buf(residual));
+    const cuda::GemmFusion fusion{.accumulate = static_cast<float*>(Buf(residual))};
     const auto projection = Projection(product.weight, /*logits=*/false);
     bool accumulated = false;
     LMSERVE_RETURN_IF_ERROR(gemms_->Run(projection.first, projection.second, step_.tokens,
                                         Buf(product.in), Buf(product.out), /*act=*/nullptr,
                                         /*late_dependents=*/false, kernels::GateActivation::kSilu,
-                                        &product.fusion, &accumulated));
+                                        &fusion, &accumulated));
     if (accumulated) {  // the residual holds the sum: the norm alone is left
       return may_defer ? RmsNorm(residual, weight, epsilon, out)
                        : RunRmsNorm(residual, weight, epsilon, out);
@@ -706,18 +698,15 @@ absl::Status CudaRunner::AddRmsNormImpl(Buffer residual, Buffer add, Weight weig
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
   std::optional<PendingNorm> norm;
-  if (pending_gated_norm_.has_value()) norm.swap(pending_gated_norm_);
-  const bool gated = norm.has_value();
-  if (!gated && pending_rms_norm_.has_value()) norm.swap(pending_rms_norm_);
-  if (pending_gated_norm_.has_value() || pending_rms_norm_.has_value() ||
-      pending_product_.has_value() || (norm.has_value() && norm->out != in)) {
+  norm.swap(pending_rms_norm_);
+  if (pending_product_.has_value() || (norm.has_value() && norm->out != in)) {
     return absl::InternalError("CUDA runner: a deferred norm's output is not the next product's "
                                "input");
   }
-  // out_proj after its gated norm: deferred to the residual add that follows (FusesResidual).
-  if (gated && FusesResidual() && out == Buffer::kProjected) {
-    pending_product_ =
-        PendingProduct{.weight = weight, .in = in, .out = out, .fusion = norm->fusion};
+  // out_proj (the product into kProjected of a model of SSM layers only): deferred to the
+  // residual add that follows (FusesResidual).
+  if (!norm.has_value() && FusesResidual() && out == Buffer::kProjected) {
+    pending_product_ = PendingProduct{.weight = weight, .in = in, .out = out};
     return absl::OkStatus();
   }
   const auto [id, layer] = Projection(weight, /*logits=*/false);
@@ -940,19 +929,6 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
 
 absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
   const SsmConfig& ssm = config_.ssm;
-  // Folded into the next product (out_proj, which reads `out`) where its GEMM may be the skinny
-  // kernel (FusesNorms): Linear applies it (gemm_selector.h), in the skinny kernel's prologue or
-  // by this kernel in place before cuBLASLt. One norm group (the prologue's norm spans the whole
-  // input), bf16, up to the skinny kernel's rows, no tensor parallelism (the norm would span
-  // ranks' slices), and the norm in place (the prologue reads y as out).
-  if (FusesNorms() && y == out) {
-    pending_gated_norm_ = PendingNorm{.out = out,
-                                      .fusion = {.gate = Buf(in),
-                                                 .gate_stride = ssm.in_proj_dim(),
-                                                 .norm_weight = weights_[layer.norm],
-                                                 .norm_epsilon = layer.norm_epsilon}};
-    return absl::OkStatus();
-  }
   const kc::SsmGatedRmsNormParams norm{.input = Buf(y),
                                        .gate = Buf(in),
                                        .gate_stride = ssm.in_proj_dim(),
@@ -1071,12 +1047,10 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
 
 absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
-  pending_gated_norm_.reset();
   pending_product_.reset();
   pending_rms_norm_.reset();
   LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
-  if (pending_gated_norm_.has_value() || pending_product_.has_value() ||
-      pending_rms_norm_.has_value()) {
+  if (pending_product_.has_value() || pending_rms_norm_.has_value()) {
     return absl::InternalError("CUDA runner: an op was deferred to one that never came");
   }
   return absl::OkStatus();

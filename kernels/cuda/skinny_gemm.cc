@@ -29,8 +29,8 @@ absl::Status SkinnyGemmParams::Validate() const {
   if (xs < k || xs % 8 != 0 || ys < y_columns) {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
-  if (accumulate && (gate == nullptr || output_dtype != DType::kF32)) {
-    return KernelError("SkinnyGemm", "accumulate needs the gated-norm prologue and an fp32 output");
+  if (accumulate && (gate != nullptr || rms_norm || silu_and_mul || output_dtype != DType::kF32)) {
+    return KernelError("SkinnyGemm", "accumulate needs an fp32 output and no prologue or epilogue");
   }
   if (rms_norm && (gate != nullptr || silu_and_mul || output_dtype != input_dtype ||
                    norm_weight == nullptr || !Aligned16(norm_weight))) {
@@ -39,7 +39,7 @@ absl::Status SkinnyGemmParams::Validate() const {
                        "type out, and neither the gated norm nor silu_and_mul");
   }
   if (gate != nullptr &&
-      (silu_and_mul || (output_dtype != input_dtype && !accumulate) || norm_weight == nullptr ||
+      (silu_and_mul || output_dtype != input_dtype || norm_weight == nullptr ||
        gate_stride < k || gate_stride % 8 != 0 || !Aligned16(gate) || !Aligned16(norm_weight))) {
     return KernelError(
         "SkinnyGemm",

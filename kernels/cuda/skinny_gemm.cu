@@ -257,8 +257,8 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
     // Validate() allows the activation and the norms with the input type out only, the norm
     // prologues' fused forms (residual stream in fp32) as below only.
     constexpr GateActivation kSilu = GateActivation::kSilu;
-    if (p.gate != nullptr && p.accumulate) {  // Mamba-2's out_proj into the fp32 residual
-      return LaunchTyped<T, float, false, kSilu, Prologue::kGatedNorm, T, true>(p, stream);
+    if (p.accumulate) {  // Mamba-2's out_proj into the fp32 residual
+      return LaunchTyped<T, float, false, kSilu, Prologue::kNone, T, true>(p, stream);
     }
     if (p.rms_norm) {  // the next layer's in_proj over the fp32 residual
       return LaunchTyped<T, T, false, kSilu, Prologue::kRmsNorm, float>(p, stream);

@@ -322,9 +322,9 @@ TEST(SkinnyGemmGpuTest, GatedNormPrologue) {
 }
 
 // The fused forms Mamba-2's layers use at up to 8 tokens: the RMSNorm prologue over an fp32
-// input (the residual stream) against the CPU's RMSNorm and linear layer; the gated-norm
-// prologue with the product added into an fp32 output (accumulate) against the CPU's, the
-// product rounded to bf16 before the add as the fused add + RMSNorm kernel adds it.
+// input (the residual stream) against the CPU's RMSNorm and linear layer; the product added into
+// an fp32 output (accumulate) against the CPU's, the product rounded to bf16 before the add as
+// the fused add + RMSNorm kernel adds it.
 TEST(SkinnyGemmGpuTest, RmsNormPrologueAndResidualAdd) {
   LMSERVE_REQUIRE_GPU();
   for (int64_t m : {1, 2, 8}) {
@@ -364,24 +364,13 @@ TEST(SkinnyGemmGpuTest, RmsNormPrologueAndResidualAdd) {
       CUDA_ASSERT(cudaDeviceSynchronize());
       EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2) << "RMSNorm";
 
-      // Gated norm + accumulate into fp32: n x k as out_proj (k the SSM width, n the hidden).
-      std::vector<float> y = RandomFloats(m * k, rng), gate = RandomFloats(m * k, rng, 2.0f),
-                         residual = RandomFloats(m * n, rng, 4.0f);
+      // The product added into fp32: n x k as out_proj (k the SSM width, n the hidden).
+      std::vector<float> y = RandomFloats(m * k, rng), residual = RandomFloats(m * n, rng, 4.0f);
       std::vector<float> w2 = RandomFloats(n * k, rng, 0.05f);
       DeviceBuffer<uint16_t> d_y16(RoundToHalf(y, DType::kBF16)),
-          d_gate(RoundToHalf(gate, DType::kBF16)), d_w2(RoundToHalf(w2, DType::kBF16));
+          d_w2(RoundToHalf(w2, DType::kBF16));
       DeviceBuffer<float> d_residual(residual);
-      std::vector<float> gated(m * k);
-      kernels::GatedRmsNorm({.input = y.data(),
-                             .gate = gate.data(),
-                             .gate_stride = k,
-                             .weight = norm_w.data(),
-                             .output = gated.data(),
-                             .num_tokens = m,
-                             .width = k,
-                             .group_size = k,
-                             .epsilon = 1e-5});
-      const std::vector<float> product = CpuLinear(gated, w2, m, n, k);
+      const std::vector<float> product = CpuLinear(y, w2, m, n, k);
       SkinnyGemmParams q;
       q.x = d_y16.get();
       q.w = d_w2.get();
@@ -390,16 +379,13 @@ TEST(SkinnyGemmGpuTest, RmsNormPrologueAndResidualAdd) {
       q.n = n;
       q.k = k;
       q.output_dtype = DType::kF32;
-      q.gate = d_gate.get();
-      q.gate_stride = k;
-      q.norm_weight = d_norm_w.get();
       q.accumulate = true;
       ASSERT_TRUE(q.Validate().ok()) << q.Validate();
       CUDA_ASSERT(Launch(q, nullptr));
       CUDA_ASSERT(cudaDeviceSynchronize());
       std::vector<float> added = d_residual.Download();
       for (size_t i = 0; i < added.size(); ++i) added[i] -= residual[i];
-      EXPECT_LE(RelativeL2(added, product), 1e-2) << "gated norm + accumulate";
+      EXPECT_LE(RelativeL2(added, product), 1e-2) << "accumulate";
     }
   }
   SkinnyGemmParams bad;
@@ -409,8 +395,11 @@ TEST(SkinnyGemmGpuTest, RmsNormPrologueAndResidualAdd) {
   bad.y = reinterpret_cast<void*>(256);
   bad.x = bad.w = bad.norm_weight = bad.y;
   bad.accumulate = true;
+  EXPECT_FALSE(bad.Validate().ok()) << "accumulate into bf16";
   bad.output_dtype = DType::kF32;
-  EXPECT_FALSE(bad.Validate().ok()) << "accumulate without the gated norm";
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.rms_norm = true;
+  EXPECT_FALSE(bad.Validate().ok()) << "accumulate with a prologue";
   bad.accumulate = false;
   bad.output_dtype = DType::kBF16;
   bad.rms_norm = true;

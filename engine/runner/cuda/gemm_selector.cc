@@ -10,7 +10,6 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
-#include "kernels/cuda/ssm.h"
 
 namespace lmserve::engine::cuda {
 namespace {
@@ -28,15 +27,11 @@ kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, con
                               .k = shape.k,
                               .input_dtype = shape.input_dtype,
                               .output_dtype = shape.output_dtype};
-  if (fusion != nullptr) {
-    params.gate = fusion->gate;
-    params.gate_stride = fusion->gate_stride;
+  if (fusion != nullptr && fusion->rms_input != nullptr) {
+    params.x = fusion->rms_input;
+    params.rms_norm = true;
     params.norm_weight = fusion->norm_weight;
     params.norm_epsilon = fusion->norm_epsilon;
-    if (fusion->rms_input != nullptr) {
-      params.x = fusion->rms_input;
-      params.rms_norm = true;
-    }
   }
   return params;
 }
@@ -177,20 +172,7 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       return absl::OkStatus();
     }
   }
-  // cuBLASLt: the fused norms as kernels of their own first, into x.
-  if (fusion != nullptr && fusion->gate != nullptr) {
-    const kc::SsmGatedRmsNormParams norm{.input = x,
-                                         .gate = fusion->gate,
-                                         .gate_stride = fusion->gate_stride,
-                                         .weight = fusion->norm_weight,
-                                         .output = const_cast<void*>(x),
-                                         .num_tokens = m,
-                                         .width = projection.k,
-                                         .group_size = projection.k,
-                                         .epsilon = fusion->norm_epsilon,
-                                         .dtype = dtype_};
-    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "gated RMSNorm");
-  }
+  // cuBLASLt: the fused norm as a kernel of its own first, into x.
   if (fusion != nullptr && fusion->rms_input != nullptr) {
     const kc::RmsNormParams norm{.input = fusion->rms_input,
                                  .weight = fusion->norm_weight,

@@ -36,24 +36,19 @@ struct GemmProjection {
   std::vector<const void*> weights;                     // [n, k] each, one per layer; device
 };
 
-// Norms and a residual add folded into a product (Mamba-2's layers at up to 8 tokens): in the
-// skinny kernel's prologue and epilogue where that kernel runs it (skinny_gemm.h), else by the
-// separate kernels beside cuBLASLt.
+// An RMSNorm and a residual add folded into a product (Mamba-2's layers at up to 8 tokens): the
+// skinny kernel's prologue and epilogue where that kernel runs the product (skinny_gemm.h), else
+// the separate kernels beside cuBLASLt.
 struct GemmFusion {
-  // Mamba-2's gated RMSNorm of x over one group of all k features: the skinny kernel's
-  // prologue, else the norm kernel on x in place first.
-  const void* gate = nullptr;  // [m, k], row stride gate_stride; device
-  int64_t gate_stride = 0;
-  // The weight and epsilon of the norm (gated or not).
-  const void* norm_weight = nullptr;  // [k]; device
-  float norm_epsilon = 1e-5f;
-  // With gate: the skinny kernel adds the product (rounded to the input type) into this fp32
-  // [m, n] buffer (the residual stream) instead of writing y; Run's *accumulated says whether it
-  // did (if not, y holds the product).
-  float* accumulate = nullptr;
   // An RMSNorm of this fp32 [m, k] buffer (the residual stream) is the product's input: the
   // skinny kernel's prologue reads it in place of x, else the norm kernel writes x from it first.
   const float* rms_input = nullptr;
+  const void* norm_weight = nullptr;  // [k]; device
+  float norm_epsilon = 1e-5f;
+  // The skinny kernel adds the product (rounded to the input type) into this fp32 [m, n] buffer
+  // (the residual stream) instead of writing y; Run's *accumulated says whether it did (if not,
+  // y holds the product). Not with rms_input.
+  float* accumulate = nullptr;
 };
 
 class GemmSelector {
@@ -75,8 +70,8 @@ class GemmSelector {
   // epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y). `late_dependents`: the next
   // kernel is another stream of weights, which may launch only once this one has read its own
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
-  // is kept per projection and row count). With `fusion` (not with `act`), GemmFusion's norms
-  // and add (x may then be overwritten by a norm kernel).
+  // is kept per projection and row count). With `fusion` (not with `act`), GemmFusion's norm
+  // or add (x may then be overwritten by the norm kernel).
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
                    kernels::GateActivation activation = kernels::GateActivation::kSilu,
