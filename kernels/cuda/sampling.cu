@@ -34,6 +34,8 @@ struct SamplerSmem {
 };
 constexpr int kCandidateBytes = 4 + 4 + 4;  // key, weight, index
 static_assert(sizeof(SamplerSmem) % 16 == 0, "the candidates start 16-byte aligned");
+static_assert(kSamplingCandidates % 4 == 0 && kSamplingCandidatesPortable % 4 == 0,
+              "each candidate array starts 16-byte aligned");
 
 // Order-preserving map of floats to unsigned integers; NaN maps to 0, below everything.
 __device__ __forceinline__ uint32_t OrderedKey(float z) {
@@ -185,6 +187,35 @@ __device__ float BlockScan(float x, float* exclusive, float* total, float* s_sca
   return inclusive;
 }
 
+// Exclusive prefix sum of 64-bit integers over the block, in thread order; *total gets the
+// block's sum. Exact (integers), so the sampler packs four 16-bit counts into one value (each
+// field's block total below 2^16: no carries between fields). Barriers inside; s_warp: [32].
+__device__ unsigned long long BlockScanU64(unsigned long long x, unsigned long long* total,
+                                          unsigned long long* s_warp) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  unsigned long long v = x;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long t = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += t;
+  }
+  __syncthreads();  // s_warp may still be read by a previous call
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = s_warp[lane];
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const unsigned long long t = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += t;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  *total = s_warp[kThreads / 32 - 1];
+  return (warp > 0 ? s_warp[warp - 1] : 0ull) + v - x;
+}
+
 struct Shared {
   SamplerSmem* big;
   float* warp;      // [32]
@@ -313,6 +344,7 @@ __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size,
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_warp[32];
+  __shared__ unsigned long long s_warp64[32];
   __shared__ int s_warp_index[32];
   __shared__ int s_best_bin;
   __shared__ float s_best_above;
@@ -357,15 +389,29 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     //    barriers, so that the row streams at the memory's pace.
     float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
     float run_max = -INFINITY;      // the block's maximum over the tiles so far
-    float base = 0.0f;              // candidates so far
-    float next[kItems];
-    LoadContiguous(row, vocab, kItems * threadIdx.x, next);
-    for (int tile = 0; tile < vocab; tile += kTileItems) {
-      const int i0 = tile + kItems * threadIdx.x;
-      float x[kItems];
+    int base = 0;                   // candidates so far
+    // A tile is kItems / 4 = 4 slices of kThreads float4s, each slice read coalesced (thread t
+    // takes float4 t of the slice); its candidates keep vocabulary order: slice, thread, element.
+    constexpr int kSlices = kItems / 4;
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int n4 = vocab / 4;
+    auto load_tile = [&](int tile4, float4 (&dst)[kSlices]) {
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) x[e] = next[e] * inv_t;  // NaN (and past the end) stays NaN
-      if (tile + kTileItems < vocab) LoadContiguous(row, vocab, i0 + kTileItems, next);
+      for (int j = 0; j < kSlices; ++j) {
+        const int v = tile4 + j * kThreads + static_cast<int>(threadIdx.x);
+        dst[j] = v < n4 ? __ldg(row4 + v) : make_float4(NAN, NAN, NAN, NAN);
+      }
+    };
+    float4 next[kSlices];
+    load_tile(0, next);
+    for (int tile4 = 0; tile4 < n4; tile4 += kSlices * kThreads) {
+      float x[kItems];  // element e of slice j: x[4 * j + e]
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {  // z; NaN (and past the end) stays NaN
+        x[4 * j] = next[j].x * inv_t, x[4 * j + 1] = next[j].y * inv_t;
+        x[4 * j + 2] = next[j].z * inv_t, x[4 * j + 3] = next[j].w * inv_t;
+      }
+      if (tile4 + kSlices * kThreads < n4) load_tile(tile4 + kSlices * kThreads, next);
       float tile_max = -INFINITY;
 #pragma unroll
       for (int e = 0; e < kItems; ++e) tile_max = fmaxf(tile_max, x[e]);  // NaN ignored
@@ -380,33 +426,38 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       run_max = fmaxf(run_max, BlockMax(tile_max, s_warp));
       const float admit = run_max - kFusedNats;
       uint32_t keep = 0;
-      float flags = 0.0f;
+      unsigned long long counts = 0;  // 16 bits a slice
 #pragma unroll
       for (int e = 0; e < kItems; ++e) {
         if (x[e] > -INFINITY && x[e] >= admit) {
           keep |= 1u << e;
-          flags += 1.0f;
+          counts += 1ull << (16 * (e / 4));
         }
       }
-      float exclusive, tile_total;
-      BlockScan(flags, &exclusive, &tile_total, big.scan, s_warp);
-      int slot = static_cast<int>(base + exclusive);
+      unsigned long long totals;
+      const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
+      int slice_start = base;
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) {
-        if (keep & (1u << e)) {
-          if (slot < max_candidates) {
-            cand_key[slot] = OrderedKey(x[e]);
-            cand_weight[slot] = x[e];  // z for now: the weight needs the row's maximum
-            cand_index[slot] = i0 + e;
+      for (int j = 0; j < kSlices; ++j) {
+        int slot = slice_start + static_cast<int>((before >> (16 * j)) & 0xffffu);
+#pragma unroll
+        for (int e = 4 * j; e < 4 * j + 4; ++e) {
+          if (keep & (1u << e)) {
+            if (slot < max_candidates) {
+              cand_key[slot] = OrderedKey(x[e]);
+              cand_weight[slot] = x[e];  // z for now: the weight needs the row's maximum
+              cand_index[slot] = 4 * (tile4 + j * kThreads + static_cast<int>(threadIdx.x)) + e % 4;
+            }
+            ++slot;
           }
-          ++slot;
         }
+        slice_start += static_cast<int>((totals >> (16 * j)) & 0xffffu);
       }
-      base += tile_total;
+      base = slice_start;
     }
     max_z = BlockMax(m, s_warp);
     total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
-    fused = base <= static_cast<float>(max_candidates) ? static_cast<int>(base) : -1;
+    fused = base <= max_candidates ? base : -1;
   } else {
     // 1. Maximum and normalizer (online: a running maximum per thread).
     float m = -INFINITY, s = 0.0f;
@@ -618,11 +669,29 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     int index[kItems];
     float local = 0.0f;
     if (num_candidates >= 0) {
+      // 16-byte reads (a thread's 16 candidates are contiguous: 4-way bank conflicts, not 16):
+      // a 4-aligned group starting below n lies within the arrays (max_candidates is a multiple
+      // of 4); its entries past n are masked.
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) {
-        const int i = i0 + e;
-        w[e] = i < n ? kept_weight(cand_key[i], cand_weight[i]) : 0.0f;
-        index[e] = i < n ? cand_index[i] : 0;
+      for (int q = 0; q < kItems / 4; ++q) {
+        const int i = i0 + 4 * q;
+        uint4 k4 = make_uint4(0u, 0u, 0u, 0u);
+        float4 w4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int4 x4 = make_int4(0, 0, 0, 0);
+        if (i < n) {
+          k4 = *reinterpret_cast<const uint4*>(cand_key + i);
+          w4 = *reinterpret_cast<const float4*>(cand_weight + i);
+          x4 = *reinterpret_cast<const int4*>(cand_index + i);
+        }
+        const uint32_t keys[4] = {k4.x, k4.y, k4.z, k4.w};
+        const float weights[4] = {w4.x, w4.y, w4.z, w4.w};
+        const int32_t indices[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool valid = i + e < n;
+          w[4 * q + e] = valid ? kept_weight(keys[e], weights[e]) : 0.0f;
+          index[4 * q + e] = valid ? indices[e] : 0;
+        }
       }
     } else {
       float x[kItems];
