@@ -629,9 +629,9 @@ absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer
   // Layer 0's norm of the residual: in_proj's prologue (FusesResidual).
   if (FusesResidual() && in == Buffer::kResidual && BufDType(out) == kernel_dtype_) {
     pending_rms_norm_ = PendingNorm{.out = out,
-                                    .fusion = {.norm_weight = weights_[weight],
-                                               .norm_epsilon = epsilon,
-                                               .rms_input = static_cast<const float*>(Buf(in))}};
+                                    .fusion = {.rms_input = static_cast<const float*>(Buf(in)),
+                                               .norm_weight = weights_[weight],
+                                               .norm_epsilon = epsilon}};
     return absl::OkStatus();
   }
   return RunRmsNorm(in, weight, epsilon, out);
