@@ -6,7 +6,8 @@
 //   1. one pass for the maximum and the softmax normalizer; with a filter, the same pass also
 //      compacts the tokens within 10.5 nats of the block's running maximum (a superset of those
 //      within 10.5 nats of the row's), in vocabulary order, into shared memory (the capacity
-//      below). When the tokens within 10 nats of the maximum hold the kept set (top-k's k tokens,
+//      below), reading each tile coalesced (4 slices of a float4 a thread) and ordering the
+//      candidates by one integer block scan of four packed 16-bit counts. When the tokens within 10 nats of the maximum hold the kept set (top-k's k tokens,
 //      top-p's mass, min-p's range), step 4 runs on them and the row is read once (typical
 //      logits; the truncation first, as Qrita's sigma-truncation and FlashInfer's pivots avoid a
 //      sort, but exact). Otherwise (flat rows, or more candidates than fit):
