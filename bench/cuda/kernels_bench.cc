@@ -583,9 +583,8 @@ class Bench {
     }
     if (Selected("skinny")) {
       // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32) and of
-      // Mamba-2-2.7B (in_proj, out_proj, the latter also with the gated RMSNorm as its
-      // prologue): the skinny kernel and cuBLASLt's autotuned plan at the batch sizes that decide
-      // between them.
+      // Mamba-2-2.7B (in_proj, out_proj): the skinny kernel and cuBLASLt's autotuned plan at the
+      // batch sizes that decide between them.
       struct Projection {
         const char* name;
         int64_t n, k;
@@ -616,17 +615,6 @@ class Bench {
               auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
               Record({"skinny GEMM + SiLU", shape_text, fused_us, fused_min,
                       bytes - m * proj.n, 0});
-            }
-            if (std::string_view(proj.name) == "mamba2 out_proj") {
-              Buffer gate(m * proj.k * 2), norm_weight(proj.k * 2);
-              FillBf16(gate);
-              FillBf16(norm_weight);
-              p.gate = gate.get();
-              p.gate_stride = proj.k;
-              p.norm_weight = norm_weight.get();
-              auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-              Record({"skinny GEMM + gated RMSNorm", shape_text, fused_us, fused_min,
-                      bytes + 2.0 * (m + 1) * proj.k, 0});
             }
           }
           GemmShape shape;

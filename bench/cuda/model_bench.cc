@@ -25,7 +25,7 @@
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
-//        [--no-norm-fusion] [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--tensor-parallel-size N]
+//        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--tensor-parallel-size N]
 //        [--json FILE] [--timeline FILE]
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
@@ -78,7 +78,6 @@ struct Options {
   bool graphs = true;
   engine::DecodeGemm decode_gemm = engine::DecodeGemm::kAuto;
   bool programmatic_launch = true;
-  bool fuse_norms = true;  // --no-norm-fusion: RunnerConfig::fuse_norms off
   engine::CudaKernelPath kernel_path = engine::CudaKernelPath::kAuto;
   bool fp32_residual = true;
   int tensor_parallel_size = 1;
@@ -92,8 +91,7 @@ int Usage(const char* message) {
                "%s\nusage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32] "
                "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
-               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--no-norm-fusion] "
-               "[--cuda-kernel-path auto|portable] "
+               "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] "
                "[--tensor-parallel-size N] [--json FILE] "
                "[--timeline FILE]\n",
@@ -271,7 +269,6 @@ int Run(const Options& o) {
   config.cuda_graphs = o.graphs;
   config.decode_gemm = o.decode_gemm;
   config.programmatic_launch = o.programmatic_launch;
-  config.fuse_norms = o.fuse_norms;
   config.cuda_kernel_path = o.kernel_path;
   config.fp32_residual = o.fp32_residual;
   config.tensor_parallel_size = o.tensor_parallel_size;
@@ -364,7 +361,6 @@ int Run(const Options& o) {
       {"kernels", hopper_kernels ? "hopper" : "portable"},
       {"kernel_code_capability", code_capability},
       {"programmatic_launch", o.programmatic_launch && hopper_kernels},
-      {"fuse_norms", o.fuse_norms},
       {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
@@ -491,8 +487,6 @@ int main(int argc, char** argv) {
       o.decode_gemm = *choice;
     } else if (arg == "--no-pdl") {
       o.programmatic_launch = false;
-    } else if (arg == "--no-norm-fusion") {
-      o.fuse_norms = false;
     } else if (arg == "--cuda-kernel-path") {
       const std::string name = value();
       const auto path = lmserve::engine::CudaKernelPathFromName(name);

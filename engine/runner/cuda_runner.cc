@@ -9,7 +9,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -38,7 +37,6 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/ssm.h"
 #include "kernels/cuda/token_bitmask.h"
 
@@ -198,26 +196,6 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   CudaBuffer gemm_workspace_;
   std::unique_ptr<cuda::GemmSelector> gemms_;
-  // Mamba-2's residual add and RMSNorm folded into its projections' skinny GEMMs (gemm_selector.h's
-  // GemmFusion; RunnerConfig::fuse_norms), in steps of up to 8 tokens of models of SSM layers
-  // only with the fp32 residual stream (FusesResidual): out_proj is deferred to the residual
-  // add that follows and adds its product into the residual in its epilogue; the RMSNorm after
-  // it (and layer 0's) is deferred to in_proj, as its prologue. Where cuBLASLt runs the GEMM,
-  // the separate kernels run beside it.
-  struct PendingNorm {  // an RMSNorm whose output `out` is the next Linear's input
-    Buffer out;
-    cuda::GemmFusion fusion;
-  };
-  struct PendingProduct {  // out_proj, waiting for the residual add
-    Weight weight;
-    Buffer in, out;
-  };
-  std::optional<PendingProduct> pending_product_;
-  std::optional<PendingNorm> pending_rms_norm_;
-  bool FusesResidual() const;
-  absl::Status RunRmsNorm(Buffer in, Weight weight, float epsilon, Buffer out);
-  absl::Status AddRmsNormImpl(Buffer residual, Buffer add, Weight weight, float epsilon,
-                              Buffer out, bool may_defer);
   // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
   // (-1 before), and the weight's place among its kind's.
   std::vector<int> weight_projection_;
@@ -619,25 +597,7 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
   return absl::OkStatus();
 }
 
-bool CudaRunner::FusesResidual() const {
-  return runner_config_.fuse_norms && dtype_ == RunnerDType::kBFloat16 && comm_ == nullptr &&
-         residual_dtype_ == DType::kF32 && !HasAttentionLayers(config_) &&
-         step_.tokens <= kc::kMaxSkinnyGemmRows;
-}
-
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
-  // Layer 0's norm of the residual: in_proj's prologue (FusesResidual).
-  if (FusesResidual() && in == Buffer::kResidual && BufDType(out) == kernel_dtype_) {
-    pending_rms_norm_ = PendingNorm{.out = out,
-                                    .fusion = {.rms_input = static_cast<const float*>(Buf(in)),
-                                               .norm_weight = weights_[weight],
-                                               .norm_epsilon = epsilon}};
-    return absl::OkStatus();
-  }
-  return RunRmsNorm(in, weight, epsilon, out);
-}
-
-absl::Status CudaRunner::RunRmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
   if (BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -655,31 +615,6 @@ absl::Status CudaRunner::RunRmsNorm(Buffer in, Weight weight, float epsilon, Buf
 
 absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                                     Buffer out) {
-  return AddRmsNormImpl(residual, add, weight, epsilon, out, /*may_defer=*/true);
-}
-
-absl::Status CudaRunner::AddRmsNormImpl(Buffer residual, Buffer add, Weight weight,
-                                        float epsilon, Buffer out, bool may_defer) {
-  if (pending_product_.has_value()) {
-    // out_proj, deferred by Linear: its skinny GEMM adds the product into the residual.
-    PendingProduct product = *pending_product_;
-    pending_product_.reset();
-    if (product.out != add || residual != Buffer::kResidual) {
-      return absl::InternalError("CUDA runner: a deferred product's output is not the residual "
-                                 "add's addend");
-    }
-    const cuda::GemmFusion fusion{.accumulate = static_cast<float*>(Buf(residual))};
-    const auto projection = Projection(product.weight, /*logits=*/false);
-    bool accumulated = false;
-    LMSERVE_RETURN_IF_ERROR(gemms_->Run(projection.first, projection.second, step_.tokens,
-                                        Buf(product.in), Buf(product.out), /*act=*/nullptr,
-                                        /*late_dependents=*/false, kernels::GateActivation::kSilu,
-                                        &fusion, &accumulated));
-    if (accumulated) {  // the residual holds the sum: the norm alone is left
-      return may_defer ? RmsNorm(residual, weight, epsilon, out)
-                       : RunRmsNorm(residual, weight, epsilon, out);
-    }
-  }
   if (BufDType(add) != kernel_dtype_ || BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -697,23 +632,8 @@ absl::Status CudaRunner::AddRmsNormImpl(Buffer residual, Buffer add, Weight weig
 }
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
-  std::optional<PendingNorm> norm;
-  norm.swap(pending_rms_norm_);
-  if (pending_product_.has_value() || (norm.has_value() && norm->out != in)) {
-    return absl::InternalError("CUDA runner: a deferred norm's output is not the next product's "
-                               "input");
-  }
-  // out_proj (the product into kProjected of a model of SSM layers only): deferred to the
-  // residual add that follows (FusesResidual).
-  if (!norm.has_value() && FusesResidual() && out == Buffer::kProjected) {
-    pending_product_ = PendingProduct{.weight = weight, .in = in, .out = out};
-    return absl::OkStatus();
-  }
   const auto [id, layer] = Projection(weight, /*logits=*/false);
-  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out),
-                                      /*act=*/nullptr, /*late_dependents=*/false,
-                                      kernels::GateActivation::kSilu,
-                                      norm.has_value() ? &norm->fusion : nullptr));
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out)));
   const WeightSpec& spec = model_->weights()[weight];
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
@@ -944,13 +864,9 @@ absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y
 }
 
 absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
-  if (step_.rows == 0) {
-    pending_product_.reset();  // the last layer's out_proj: nothing reads it
-    return absl::OkStatus();
-  }
+  if (step_.rows == 0) return absl::OkStatus();
   // Every token (cheaper than a gather first), then the rows that need logits.
-  LMSERVE_RETURN_IF_ERROR(
-      AddRmsNormImpl(residual, add, weight, epsilon, Buffer::kNormed, /*may_defer=*/false));
+  LMSERVE_RETURN_IF_ERROR(AddRmsNorm(residual, add, weight, epsilon, Buffer::kNormed));
   final_rows_source_ = Buf(Buffer::kNormed);
   if (!step_.rows_are_tokens) {
     kc::EmbeddingParams gather{.table = Buf(Buffer::kNormed),
@@ -1047,13 +963,7 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows) {
 
 absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
-  pending_product_.reset();
-  pending_rms_norm_.reset();
-  LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
-  if (pending_product_.has_value() || pending_rms_norm_.has_value()) {
-    return absl::InternalError("CUDA runner: an op was deferred to one that never came");
-  }
-  return absl::OkStatus();
+  return model_->Forward(*this);
 }
 
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {

@@ -221,9 +221,6 @@ struct RunnerConfig {
   // Chain the step's kernels by programmatic dependent launch (sm_90): each launches while its
   // predecessor finishes. Process-wide in effect: the last CUDA runner created sets it.
   bool programmatic_launch = true;
-  // CUDA runner, bf16, steps of up to 8 tokens: Mamba-2's residual add and RMSNorm folded into
-  // its projections' skinny GEMMs (epilogue, prologue): one kernel fewer a layer.
-  bool fuse_norms = true;
   // The CUDA kernels' path; kPortable also turns programmatic dependent launch off (it is
   // Hopper's). Process-wide in effect, as programmatic_launch.
   CudaKernelPath cuda_kernel_path = CudaKernelPath::kAuto;

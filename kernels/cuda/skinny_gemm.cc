@@ -29,23 +29,6 @@ absl::Status SkinnyGemmParams::Validate() const {
   if (xs < k || xs % 8 != 0 || ys < y_columns) {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
-  if (accumulate && (gate != nullptr || rms_norm || silu_and_mul || output_dtype != DType::kF32)) {
-    return KernelError("SkinnyGemm", "accumulate needs an fp32 output and no prologue or epilogue");
-  }
-  if (rms_norm && (gate != nullptr || silu_and_mul || output_dtype != input_dtype ||
-                   norm_weight == nullptr || !Aligned16(norm_weight))) {
-    return KernelError("SkinnyGemm",
-                       "the RMSNorm prologue needs a norm weight (16-byte aligned), the input "
-                       "type out, and neither the gated norm nor silu_and_mul");
-  }
-  if (gate != nullptr &&
-      (silu_and_mul || output_dtype != input_dtype || norm_weight == nullptr ||
-       gate_stride < k || gate_stride % 8 != 0 || !Aligned16(gate) || !Aligned16(norm_weight))) {
-    return KernelError(
-        "SkinnyGemm",
-        "the gated-norm prologue needs a norm weight, a gate stride of at least k "
-        "(a multiple of 8), 16-byte alignment, the input type out, and no silu_and_mul");
-  }
   if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
   if (!Aligned16(x) || !Aligned16(w)) {
     return KernelError("SkinnyGemm", "x and W must be 16-byte aligned");

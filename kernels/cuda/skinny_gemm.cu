@@ -1,8 +1,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -24,66 +22,15 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
   *p = v;
 }
 
-// The input's prologue (skinny_gemm.h): none, Mamba-2's gated RMSNorm, or an RMSNorm.
-enum class Prologue { kNone, kGatedNorm, kRmsNorm };
-
-// The prologue's inputs; unused with Prologue::kNone.
-template <typename T>
-struct NormInput {
-  const T* gate;  // kGatedNorm
-  int64_t gate_stride;
-  const T* weight;
-  float epsilon;
-};
-
-// Input row t's 8 features from chunk c (x of type XT: T, or fp32 for kRmsNorm): x itself, or
-// weight * v with v = x * silu(gate) (kGatedNorm) or v = x (kRmsNorm), adding sum(v^2) to
-// *squares.
-template <typename T, typename XT, Prologue kPrologue>
-__device__ __forceinline__ void LoadInput(const XT* x, int64_t x_stride, const NormInput<T>& g,
-                                          int t, int c, float (&xf)[8], float* squares) {
-  if constexpr (std::is_same_v<XT, float>) {
-    const float4* p = reinterpret_cast<const float4*>(x + t * x_stride + c * 8);
-    const float4 lo = __ldg(p), hi = __ldg(p + 1);
-    xf[0] = lo.x, xf[1] = lo.y, xf[2] = lo.z, xf[3] = lo.w;
-    xf[4] = hi.x, xf[5] = hi.y, xf[6] = hi.z, xf[7] = hi.w;
-  } else {
-    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
-  }
-  if constexpr (kPrologue != Prologue::kNone) {
-    float wf[8], gate[8];  // gate: silu(z), or 1 (kRmsNorm)
-    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(g.weight + c * 8)), wf);
-    if constexpr (kPrologue == Prologue::kGatedNorm) {
-      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(g.gate + t * g.gate_stride + c * 8)), gate);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) gate[e] = gate[e] / (1.0f + expf(-gate[e]));
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) gate[e] = 1.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float v = xf[e] * gate[e];
-      *squares = fmaf(v, v, *squares);
-      xf[e] = wf[e] * v;
-    }
-  }
-}
-
 // grid: ceil(n / (kWarps * kRowsPerWarp)); warp w of block b takes rows
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
 // column j = b * kWarps + w: the gate row j and the up row j + n / 2, and writes
-// act(gate) * up (kActivation). kPrologue: the norm of the input (skinny_gemm.h); with
-// kAccumulate, y += the product rounded to T (y of type OutT: the residual stream).
+// act(gate) * up (kActivation).
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu, Prologue kPrologue = Prologue::kNone,
-          typename XT = T, bool kAccumulate = false>
+          GateActivation kActivation = GateActivation::kSilu>
 __global__ void __launch_bounds__(kThreads)
-    SkinnyGemmKernel(const XT* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
-                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
-                     NormInput<T> norm) {
-  static_assert(!kSiluAndMul || (kPrologue == Prologue::kNone && !kAccumulate));
-  static_assert(std::is_same_v<XT, T> || kPrologue == Prologue::kRmsNorm);
+    SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
+                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -95,9 +42,6 @@ __global__ void __launch_bounds__(kThreads)
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
   const int chunks = k / 8;
   float acc[kRowsPerWarp][M];
-  float squares[M];  // with a prologue: this lane's sum of v^2 per input row
-#pragma unroll
-  for (int t = 0; t < M; ++t) squares[t] = 0.0f;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -139,7 +83,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         float xf[8];
-        LoadInput<T, XT, kPrologue>(x, x_stride, norm, t, c + 32 * u, xf, &squares[t]);
+        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + (c + 32 * u) * 8)), xf);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
           float wf[8];
@@ -157,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       float xf[8];
-      LoadInput<T, XT, kPrologue>(x, x_stride, norm, t, c, xf, &squares[t]);
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         float wf[8];
@@ -177,14 +121,6 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
   }
-  if constexpr (kPrologue != Prologue::kNone) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-      const float scale = rsqrtf(WarpSum(squares[t]) / static_cast<float>(k) + norm.epsilon);
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] *= scale;
-    }
-  }
   if constexpr (kSiluAndMul) {
     if (lane == 0) {
 #pragma unroll
@@ -200,40 +136,28 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < kRowsPerWarp; ++r) {
       if (row0 + r >= n) continue;
 #pragma unroll
-      for (int t = 0; t < M; ++t) {
-        OutT* out = y + t * y_stride + row0 + r;
-        if constexpr (kAccumulate) {
-          // As the fused add + RMSNorm would add this product: rounded to T, the sum to OutT.
-          Store(out, ToFloat(*out) + ToFloat(FromFloat<T>(acc[r][t])));
-        } else {
-          Store(out, acc[r][t]);
-        }
-      }
+      for (int t = 0; t < M; ++t) Store(y + t * y_stride + row0 + r, acc[r][t]);
     }
   }
 }
 
 template <typename T, typename OutT, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu, Prologue kPrologue = Prologue::kNone,
-          typename XT = T, bool kAccumulate = false>
+          GateActivation kActivation = GateActivation::kSilu>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
-  const NormInput<T> norm{static_cast<const T*>(p.gate), p.gate_stride,
-                          static_cast<const T*>(p.norm_weight), p.norm_epsilon};
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
       static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));  // both mappings
-  const XT* x = static_cast<const XT*>(p.x);
+  const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation, kPrologue, XT,   \
-                                         kAccumulate>,                                        \
-                        blocks, kThreads, 0, stream, x, w, y, n, k, x_stride, y_stride,           \
-                        p.late_dependents, norm);
+    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks, kThreads, \
+                        0, stream,                                                      \
+                        x, w, y, n, k, x_stride, y_stride, p.late_dependents);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)
@@ -254,21 +178,12 @@ cudaError_t Launch(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   return DispatchActivationDType(p.input_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Validate() allows the activation and the norms with the input type out only, the norm
-    // prologues' fused forms (residual stream in fp32) as below only.
-    constexpr GateActivation kSilu = GateActivation::kSilu;
-    if (p.accumulate) {  // Mamba-2's out_proj into the fp32 residual
-      return LaunchTyped<T, float, false, kSilu, Prologue::kNone, T, true>(p, stream);
-    }
-    if (p.rms_norm) {  // the next layer's in_proj over the fp32 residual
-      return LaunchTyped<T, T, false, kSilu, Prologue::kRmsNorm, float>(p, stream);
-    }
+    // Validate() allows the activation with the input type out only.
     if (p.output_dtype == DType::kF32) return LaunchTyped<T, float, false>(p, stream);
     if (p.silu_and_mul && p.activation == GateActivation::kGeluTanh) {
       return LaunchTyped<T, T, true, GateActivation::kGeluTanh>(p, stream);
     }
     if (p.silu_and_mul) return LaunchTyped<T, T, true>(p, stream);
-    if (p.gate != nullptr) return LaunchTyped<T, T, false, kSilu, Prologue::kGatedNorm>(p, stream);
     return LaunchTyped<T, T, false>(p, stream);
   });
 }

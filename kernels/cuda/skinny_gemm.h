@@ -41,28 +41,6 @@ struct SkinnyGemmParams {
   // would see it. y_stride then counts n/2 columns; the output type must be the input type.
   bool silu_and_mul = false;
   GateActivation activation = GateActivation::kSilu;  // act() of the epilogue, with silu_and_mul
-  // Mamba-2's gated RMSNorm as the prologue (kernels/cpu/ssm.h's GatedRmsNorm over one group of
-  // all k features): with `gate`, the product's input row t is
-  //   norm_weight * v * rsqrt(mean(v^2) + norm_epsilon),  v = x[t] * silu(gate[t]),
-  // in fp32 (the separate kernel rounds it to the input type first). Every warp walks the whole
-  // of x, so each sums the squares itself and scales its sums at the end: the norm costs no
-  // kernel of its own, but every warp recomputes silu over all of x: on an H100, Mamba-2-2.7B's
-  // out_proj at one row took 29.6 us with it against 16.3 without (the runner does not use it).
-  // Not with silu_and_mul; the output in the input type; gate and norm_weight 16-byte aligned,
-  // gate_stride a multiple of 8.
-  const void* gate = nullptr;         // [m, k], row stride gate_stride; device; null: no norm
-  int64_t gate_stride = 0;
-  const void* norm_weight = nullptr;  // [k]; device
-  float norm_epsilon = 1e-5f;
-  // RMSNorm (norm.h's) as the prologue, over the fp32 residual stream: with rms_norm, x is fp32
-  // and the input row t is norm_weight * x[t] * rsqrt(mean(x[t]^2) + norm_epsilon), in fp32 (the
-  // separate kernel rounds it to the input type). Not with gate or silu_and_mul; the input type
-  // out; x 16-byte aligned.
-  bool rms_norm = false;
-  // y is fp32 (the residual stream, output_dtype kF32) and y[t] += the product rounded to the
-  // input type, the sum as fp32, as the fused add + RMSNorm adds a projection to the residual
-  // (each element of y is read and written by one warp). Not with a prologue or silu_and_mul.
-  bool accumulate = false;
   // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
   // has read its share of W (late), or right after the wait, as most kernels do.
   bool late_dependents = true;

@@ -8,7 +8,6 @@
 #include "common/strings.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
-#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::engine::cuda {
@@ -16,24 +15,16 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-// The skinny kernel's parameters, with fusion's norm as its prologue (its add is Run's).
 kc::SkinnyGemmParams SkinnyParams(const kc::GemmShape& shape, const void* x, const void* w,
-                                  void* y, const GemmFusion* fusion) {
-  kc::SkinnyGemmParams params{.x = x,
-                              .w = w,
-                              .y = y,
-                              .m = shape.m,
-                              .n = shape.n,
-                              .k = shape.k,
-                              .input_dtype = shape.input_dtype,
-                              .output_dtype = shape.output_dtype};
-  if (fusion != nullptr && fusion->rms_input != nullptr) {
-    params.x = fusion->rms_input;
-    params.rms_norm = true;
-    params.norm_weight = fusion->norm_weight;
-    params.norm_epsilon = fusion->norm_epsilon;
-  }
-  return params;
+                                  void* y) {
+  return {.x = x,
+          .w = w,
+          .y = y,
+          .m = shape.m,
+          .n = shape.n,
+          .k = shape.k,
+          .input_dtype = shape.input_dtype,
+          .output_dtype = shape.output_dtype};
 }
 
 }  // namespace
@@ -76,8 +67,7 @@ absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
 
 absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::GemmPlan& plan,
                                                           const void* x, void* y, void* act,
-                                                          kernels::GateActivation activation,
-                                                          const GemmFusion* fusion) {
+                                                          kernels::GateActivation activation) {
   // The skinny kernel is bf16 only: float32 runs every GEMM through cuBLASLt.
   if (dtype_ != kernels::DType::kBF16) return Kernel::kBlas;
   const int64_t m = plan.shape().m;
@@ -85,7 +75,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
   const GemmProjection& projection = projections_[id];
   kc::SkinnyGemmParams skinny =
-      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y, fusion);
+      SkinnyParams(plan.shape(), x, projection.weights[0], act != nullptr ? act : y);
   skinny.silu_and_mul = act != nullptr;
   skinny.activation = activation;
   const bool skinny_ok = m <= kc::kMaxSkinnyGemmRows && skinny.Validate().ok();
@@ -148,41 +138,20 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
 }
 
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                               bool late_dependents, kernels::GateActivation activation,
-                               const GemmFusion* fusion, bool* accumulated) {
-  if (accumulated != nullptr) *accumulated = false;
+                               bool late_dependents, kernels::GateActivation activation) {
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   if (m <= kc::kMaxSkinnyGemmRows) {
-    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act, activation, fusion));
+    LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act, activation));
     if (kernel == Kernel::kSkinny) {
-      kc::SkinnyGemmParams params =
-          SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y, fusion);
+      kc::SkinnyGemmParams params = SkinnyParams(plan->shape(), x, w, act != nullptr ? act : y);
       params.silu_and_mul = act != nullptr;
       params.activation = activation;
       params.late_dependents = late_dependents;
-      if (fusion != nullptr && fusion->accumulate != nullptr) {
-        params.y = fusion->accumulate;
-        params.output_dtype = kernels::DType::kF32;
-        params.accumulate = true;
-      }
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
-      if (accumulated != nullptr) *accumulated = params.accumulate;
       return absl::OkStatus();
     }
-  }
-  // cuBLASLt: the fused norm as a kernel of its own first, into x.
-  if (fusion != nullptr && fusion->rms_input != nullptr) {
-    const kc::RmsNormParams norm{.input = fusion->rms_input,
-                                 .weight = fusion->norm_weight,
-                                 .output = const_cast<void*>(x),
-                                 .num_tokens = m,
-                                 .hidden_size = projection.k,
-                                 .epsilon = fusion->norm_epsilon,
-                                 .dtype = dtype_,
-                                 .input_dtype = kernels::DType::kF32};
-    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "RMSNorm");
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",

@@ -36,21 +36,6 @@ struct GemmProjection {
   std::vector<const void*> weights;                     // [n, k] each, one per layer; device
 };
 
-// An RMSNorm and a residual add folded into a product (Mamba-2's layers at up to 8 tokens): the
-// skinny kernel's prologue and epilogue where that kernel runs the product (skinny_gemm.h), else
-// the separate kernels beside cuBLASLt.
-struct GemmFusion {
-  // An RMSNorm of this fp32 [m, k] buffer (the residual stream) is the product's input: the
-  // skinny kernel's prologue reads it in place of x, else the norm kernel writes x from it first.
-  const float* rms_input = nullptr;
-  const void* norm_weight = nullptr;  // [k]; device
-  float norm_epsilon = 1e-5f;
-  // The skinny kernel adds the product (rounded to the input type) into this fp32 [m, n] buffer
-  // (the residual stream) instead of writing y; Run's *accumulated says whether it did (if not,
-  // y holds the product). Not with rms_input.
-  float* accumulate = nullptr;
-};
-
 class GemmSelector {
  public:
   // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
@@ -70,12 +55,10 @@ class GemmSelector {
   // epilogue, or a SiLU-and-mul kernel after cuBLASLt writes y). `late_dependents`: the next
   // kernel is another stream of weights, which may launch only once this one has read its own
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
-  // is kept per projection and row count). With `fusion` (not with `act`), GemmFusion's norm
-  // or add (x may then be overwritten by the norm kernel).
+  // is kept per projection and row count).
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
-                   kernels::GateActivation activation = kernels::GateActivation::kSilu,
-                   const GemmFusion* fusion = nullptr, bool* accumulated = nullptr);
+                   kernels::GateActivation activation = kernels::GateActivation::kSilu);
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -84,8 +67,7 @@ class GemmSelector {
   enum class Kernel { kBlas, kSkinny };
   // The kernel for projection `id` at m <= kMaxSkinnyGemmRows rows.
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
-                                void* act, kernels::GateActivation activation,
-                                const GemmFusion* fusion);
+                                void* act, kernels::GateActivation activation);
 
   // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:
   // the kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
