@@ -43,6 +43,7 @@
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/ssm.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -481,6 +482,75 @@ class Bench {
     }
   }
 
+  // Mamba-2-2.7B's decode update of one layer (kernels/cuda/ssm.h): 80 heads of 64, state 128,
+  // one group, conv kernel 4, each sequence in its own slot; both block shapes at each batch.
+  // Bytes: each sequence's SSM state read and written (2.6 MB each way) and its conv ring's
+  // older taps; the rest (in_proj's columns, the output) is small beside them.
+  void SsmDecode() {
+    if (!Selected("ssm")) return;
+    const int64_t heads = 80, head_dim = 64, state = 128, kernel = 4;
+    const int64_t inner = heads * head_dim, conv_dim = inner + 2 * state;
+    const int64_t in_proj = inner + conv_dim + heads;
+    for (int64_t batch : {1, 64}) {
+      Buffer in(batch * in_proj * 2), conv_w(conv_dim * kernel * 2), conv_b(conv_dim * 2),
+          per_head(heads * 2), conv_states(batch * kernel * conv_dim * 4),
+          ssm_states(batch * heads * head_dim * state * 4), out(batch * inner * 2),
+          query_start((batch + 1) * 4), context(batch * 4), slots(batch * 4);
+      FillBf16(in);
+      FillBf16(conv_w, 0.5f);
+      FillBf16(conv_b, 0.1f);
+      FillBf16(per_head, 0.5f);
+      CHECK_CUDA(cudaMemset(conv_states.get(), 0, conv_states.bytes()));
+      CHECK_CUDA(cudaMemset(ssm_states.get(), 0, ssm_states.bytes()));
+      std::vector<int32_t> starts(batch + 1), lens(batch, 1025), slot_ids(batch);
+      for (int64_t i = 0; i <= batch; ++i) starts[i] = static_cast<int32_t>(i);
+      for (int64_t i = 0; i < batch; ++i) slot_ids[i] = static_cast<int32_t>(i);
+      Upload(query_start, starts);
+      Upload(context, lens);
+      Upload(slots, slot_ids);
+      const SsmDeviceSequences seqs{.query_start = query_start.get<int32_t>(),
+                                    .context_lens = context.get<int32_t>(),
+                                    .state_slots = slots.get<int32_t>(),
+                                    .num_seqs = batch,
+                                    .num_slots = batch};
+      const auto* in_bytes = in.get<unsigned char>();
+      SsmDecodeParams p{
+          .conv = {.seqs = seqs,
+                   .input = in_bytes + inner * 2,
+                   .input_stride = in_proj,
+                   .weight = conv_w.get(),
+                   .bias = conv_b.get(),
+                   .output = out.get(),
+                   .conv_states = conv_states.get<float>(),
+                   .channels = conv_dim,
+                   .kernel = kernel},
+          .scan = {.seqs = seqs,
+                   .xbc = in.get(),
+                   .xbc_stride = conv_dim,
+                   .dt = in_bytes + (inner + conv_dim) * 2,
+                   .dt_stride = in_proj,
+                   .dt_bias = per_head.get(),
+                   .a_log = per_head.get(),
+                   .d = per_head.get(),
+                   .output = out.get(),
+                   .ssm_states = ssm_states.get<float>(),
+                   .num_heads = heads,
+                   .head_dim = head_dim,
+                   .state_size = state,
+                   .n_groups = 1}};
+      const double bytes = batch * (2.0 * heads * head_dim * state * 4 + 3.0 * conv_dim * 4);
+      for (SsmDecodeBlocks blocks : {SsmDecodeBlocks::kSmall, SsmDecodeBlocks::kLarge}) {
+        p.blocks = blocks;
+        auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+        char shape[96];
+        std::snprintf(shape, sizeof(shape), "Mamba-2-2.7B layer, batch %lld, %s blocks",
+                      static_cast<long long>(batch),
+                      blocks == SsmDecodeBlocks::kSmall ? "small" : "large");
+        Record({"SSM decode update", shape, us, min_us, bytes, 0});
+      }
+    }
+  }
+
   void Misc() {
     if (Selected("embedding")) {
       const int64_t vocab = 128256, hidden = 4096, tokens = 8192;
@@ -512,8 +582,9 @@ class Bench {
       }
     }
     if (Selected("skinny")) {
-      // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32): the skinny
-      // kernel and cuBLASLt's autotuned plan at the batch sizes that decide between them.
+      // The decode projections of Llama-3-8B (QKV, O, gate/up, down, LM head in fp32) and of
+      // Mamba-2-2.7B (in_proj, out_proj): the skinny kernel and cuBLASLt's autotuned plan at the
+      // batch sizes that decide between them.
       struct Projection {
         const char* name;
         int64_t n, k;
@@ -521,7 +592,9 @@ class Bench {
       };
       for (const Projection& proj : {Projection{"qkv", 6144, 4096, false}, {"o", 4096, 4096, false},
                                      {"gate_up", 28672, 4096, false}, {"down", 4096, 14336, false},
-                                     {"lm_head", 128256, 4096, true}}) {
+                                     {"lm_head", 128256, 4096, true},
+                                     {"mamba2 in_proj", 10576, 2560, false},
+                                     {"mamba2 out_proj", 2560, 5120, false}}) {
         Buffer w(proj.n * proj.k * 2), x(64 * proj.k * 2), y(64 * proj.n * 4);
         FillBf16(w, 0.05f);
         FillBf16(x);
@@ -678,6 +751,7 @@ int Main(int argc, char** argv) {
   bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
   bench.Prefill({8192}, 64, "prefill attention d64", 0);
   bench.Sampling();
+  bench.SsmDecode();
   bench.Misc();
   bench.WriteJson();
   return 0;

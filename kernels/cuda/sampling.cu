@@ -34,6 +34,8 @@ struct SamplerSmem {
 };
 constexpr int kCandidateBytes = 4 + 4 + 4;  // key, weight, index
 static_assert(sizeof(SamplerSmem) % 16 == 0, "the candidates start 16-byte aligned");
+static_assert(kSamplingCandidates % 4 == 0 && kSamplingCandidatesPortable % 4 == 0,
+              "each candidate array starts 16-byte aligned");
 
 // Order-preserving map of floats to unsigned integers; NaN maps to 0, below everything.
 __device__ __forceinline__ uint32_t OrderedKey(float z) {
@@ -185,6 +187,35 @@ __device__ float BlockScan(float x, float* exclusive, float* total, float* s_sca
   return inclusive;
 }
 
+// Exclusive prefix sum of 64-bit integers over the block, in thread order; *total gets the
+// block's sum. Exact (integers), so the sampler packs four 16-bit counts into one value (each
+// field's block total below 2^16: no carries between fields). Barriers inside; s_warp: [32].
+__device__ unsigned long long BlockScanU64(unsigned long long x, unsigned long long* total,
+                                          unsigned long long* s_warp) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  unsigned long long v = x;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long t = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += t;
+  }
+  __syncthreads();  // s_warp may still be read by a previous call
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = s_warp[lane];
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const unsigned long long t = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += t;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  *total = s_warp[kThreads / 32 - 1];
+  return (warp > 0 ? s_warp[warp - 1] : 0ull) + v - x;
+}
+
 struct Shared {
   SamplerSmem* big;
   float* warp;      // [32]
@@ -232,16 +263,26 @@ __device__ int SelectBin(const Shared& sh, int num_bins, bool use_weight, float 
 
 // Radix selection of the threshold key: the smallest key v among the elements with key >= lower
 // such that the weight (count, or w when use_weight) of those with key > v is below limit.
-// for_each(f) calls f(key, w) for every element.
+// for_each(f) calls f(key, w) for every element; every key is at most `upper`.
+// The digits are those of key - lower, from the highest set bit of upper - lower down, 11 bits a
+// level (the last level's 10 or fewer): the candidates' keys span a few exponents, so that the
+// raw keys' top 11 bits (sign, exponent, 2 mantissa bits) put most of them in a handful of bins,
+// each a chain of conflicting shared-memory atomics.
 template <typename ForEach>
 __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool use_weight,
-                                   uint32_t lower, float limit) {
-  uint32_t prefix = 0;
+                                   uint32_t lower, uint32_t upper, float limit) {
+  if (upper <= lower) return lower;  // one key at most: it is the threshold
+  const uint32_t span = upper - lower;
+  int remaining = 32 - __clz(static_cast<int>(span));  // significant bits of the offsets
+  uint32_t prefix = 0;  // the offsets' digits chosen so far, in place
   float above_total = 0.0f;
-  for (int level = 0; level < 3; ++level) {
-    const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
-    const int num_bins = level == 2 ? 1024 : 2048;
-    const uint32_t high_mask = level == 0 ? 0u : (level == 1 ? 0xFFE00000u : 0xFFFFFC00u);
+  while (remaining > 0) {
+    const int bits = min(remaining, 11);
+    const int shift = remaining - bits;
+    const int num_bins = bits > 10 ? 2048 : 1024;  // SelectBin takes 1 or 2 bins a thread
+    const uint32_t digit_mask = (1u << bits) - 1u;
+    // The offset bits already chosen (those at and above `remaining`; beyond the span's, zero).
+    const uint32_t high_mask = remaining >= 32 ? 0u : ~((1u << remaining) - 1u);
     __syncthreads();
     for (int b = threadIdx.x; b < num_bins; b += kThreads) {
       sh.big->bin_count[b] = 0;
@@ -249,8 +290,9 @@ __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool us
     }
     __syncthreads();
     for_each([&](uint32_t key, float w) {
-      if (key >= lower && (key & high_mask) == prefix) {
-        const int b = (key >> shift) & (num_bins - 1);
+      const uint32_t offset = key - lower;
+      if (key >= lower && (offset & high_mask) == prefix) {
+        const int b = static_cast<int>((offset >> shift) & digit_mask);
         atomicAdd(&sh.big->bin_count[b], 1u);
         if (use_weight) atomicAdd(&sh.big->bin_weight[b], ToFixed(w));
       }
@@ -261,8 +303,9 @@ __device__ uint32_t RadixThreshold(const Shared& sh, ForEach&& for_each, bool us
     if (best < 0) return lower;  // unreachable with limit > 0: keep everything from `lower`
     above_total += above_best;
     prefix |= static_cast<uint32_t>(best) << shift;
+    remaining = shift;
   }
-  return prefix;
+  return lower + prefix;
 }
 
 struct SampleArgs {
@@ -282,6 +325,7 @@ struct SampleArgs {
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
 constexpr float kProvisionalNats = 10.0f;  // pass 2 also keeps the tokens with w > e^-10
+constexpr float kFusedNats = 10.5f;  // pass 1 keeps the tokens within this of the running maximum
 constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
 constexpr int kTileItems = kItems * kThreads;
 
@@ -300,6 +344,7 @@ __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size,
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_warp[32];
+  __shared__ unsigned long long s_warp64[32];
   __shared__ int s_warp_index[32];
   __shared__ int s_best_bin;
   __shared__ float s_best_above;
@@ -334,19 +379,100 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const bool use_min_p = min_p > 0.0f;
   const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
 
-  // 1. Maximum and normalizer (online: a running maximum per thread).
-  float m = -INFINITY, s = 0.0f;
-  ForEachLogit(row, vocab, [&](int, float x) {
-    const float z = x * inv_t;
-    if (z > m) {
-      s = s * __expf(m - z) + 1.0f;
-      m = z;
-    } else if (z > -INFINITY) {  // not NaN, and m is finite here
-      s += __expf(z - m);
+  const bool filtered = use_top_k || use_top_p || use_min_p;
+  float max_z, total_weight;
+  int fused = -1;  // the candidates pass 1 kept in shared memory (filtered rows); -1: none
+  if (filtered) {
+    // 1. Maximum and normalizer, and in the same pass the candidates: the tokens within
+    //    kFusedNats of the block's running maximum (a superset of those within kFusedNats of the
+    //    row's), compacted in vocabulary order. The next tile's loads are issued before a tile's
+    //    barriers, so that the row streams at the memory's pace.
+    float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
+    float run_max = -INFINITY;      // the block's maximum over the tiles so far
+    int base = 0;                   // candidates so far
+    // A tile is kItems / 4 = 4 slices of kThreads float4s, each slice read coalesced (thread t
+    // takes float4 t of the slice); its candidates keep vocabulary order: slice, thread, element.
+    constexpr int kSlices = kItems / 4;
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int n4 = vocab / 4;
+    auto load_tile = [&](int tile4, float4 (&dst)[kSlices]) {
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {
+        const int v = tile4 + j * kThreads + static_cast<int>(threadIdx.x);
+        dst[j] = v < n4 ? __ldg(row4 + v) : make_float4(NAN, NAN, NAN, NAN);
+      }
+    };
+    float4 next[kSlices];
+    load_tile(0, next);
+    for (int tile4 = 0; tile4 < n4; tile4 += kSlices * kThreads) {
+      float x[kItems];  // element e of slice j: x[4 * j + e]
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {  // z; NaN (and past the end) stays NaN
+        x[4 * j] = next[j].x * inv_t, x[4 * j + 1] = next[j].y * inv_t;
+        x[4 * j + 2] = next[j].z * inv_t, x[4 * j + 3] = next[j].w * inv_t;
+      }
+      if (tile4 + kSlices * kThreads < n4) load_tile(tile4 + kSlices * kThreads, next);
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) tile_max = fmaxf(tile_max, x[e]);  // NaN ignored
+      if (tile_max > m) {
+        s *= __expf(m - tile_max);  // m = -inf: s is 0
+        m = tile_max;
+      }
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (x[e] > -INFINITY) s += __expf(x[e] - m);  // not NaN, not -inf: m is finite
+      }
+      run_max = fmaxf(run_max, BlockMax(tile_max, s_warp));
+      const float admit = run_max - kFusedNats;
+      uint32_t keep = 0;
+      unsigned long long counts = 0;  // 16 bits a slice
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (x[e] > -INFINITY && x[e] >= admit) {
+          keep |= 1u << e;
+          counts += 1ull << (16 * (e / 4));
+        }
+      }
+      unsigned long long totals;
+      const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
+      int slice_start = base;
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {
+        int slot = slice_start + static_cast<int>((before >> (16 * j)) & 0xffffu);
+#pragma unroll
+        for (int e = 4 * j; e < 4 * j + 4; ++e) {
+          if (keep & (1u << e)) {
+            if (slot < max_candidates) {
+              cand_key[slot] = OrderedKey(x[e]);
+              cand_weight[slot] = x[e];  // z for now: the weight needs the row's maximum
+              cand_index[slot] = 4 * (tile4 + j * kThreads + static_cast<int>(threadIdx.x)) + e % 4;
+            }
+            ++slot;
+          }
+        }
+        slice_start += static_cast<int>((totals >> (16 * j)) & 0xffffu);
+      }
+      base = slice_start;
     }
-  });
-  const float max_z = BlockMax(m, s_warp);
-  const float total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+    max_z = BlockMax(m, s_warp);
+    total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+    fused = base <= max_candidates ? base : -1;
+  } else {
+    // 1. Maximum and normalizer (online: a running maximum per thread).
+    float m = -INFINITY, s = 0.0f;
+    ForEachLogit(row, vocab, [&](int, float x) {
+      const float z = x * inv_t;
+      if (z > m) {
+        s = s * __expf(m - z) + 1.0f;
+        m = z;
+      } else if (z > -INFINITY) {  // not NaN, and m is finite here
+        s += __expf(z - m);
+      }
+    });
+    max_z = BlockMax(m, s_warp);
+    total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+  }
   if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
     if (threadIdx.x == 0) a.output[row_index] = 0;
     return;
@@ -358,13 +484,37 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       f(OrderedKey(z), weight_of(z));
     });
   };
+  const uint32_t upper = OrderedKey(max_z);  // every key is at most this
 
-  // 2. A lower bound on the kept keys from a count histogram of d = max - z over
-  //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
-  //    3. the candidates above it, compacted in vocabulary order into shared memory.
   uint32_t lower = 0;
   int num_candidates = -1;  // -1: read global memory
-  if (use_top_k || use_top_p || use_min_p) {
+  if (fused >= 0) {
+    // 2. Whether pass 1's candidates hold the kept set: every token within kFusedNats - 0.5 of
+    //    the maximum is among them (the margin covers rounding), so the thresholds are exact
+    //    over them when that set holds top-k's k tokens, top-p's mass, or min-p's range.
+    for (int i = threadIdx.x; i < fused; i += kThreads) cand_weight[i] = weight_of(cand_weight[i]);
+    const uint32_t fused_lower = OrderedKey(max_z - (kFusedNats - 0.5f));
+    float count = 0.0f, mass = 0.0f;
+    for (int i = threadIdx.x; i < fused; i += kThreads) {
+      if (cand_key[i] >= fused_lower) count += 1.0f, mass += cand_weight[i];
+    }
+    count = BlockSum(count, s_warp);
+    mass = BlockSum(mass, s_warp);
+    bool covered;
+    if (use_top_k) {
+      covered = count >= static_cast<float>(top_k);
+    } else if (use_top_p) {
+      covered = mass >= 1.001f * fmaxf(top_p * total_weight, FLT_MIN);
+    } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
+      covered = -logf(min_p) <= kFusedNats - 1.0f;
+    }
+    if (covered) lower = fused_lower, num_candidates = fused;
+  }
+
+  // 2'. Otherwise a lower bound on the kept keys from a count histogram of d = max - z over
+  //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
+  //    3. the candidates above it, compacted in vocabulary order into shared memory.
+  if (filtered && num_candidates < 0) {
     constexpr float kBinsPerNat = kBins / kRangeNats;
     for (int b = threadIdx.x; b < kBins; b += kThreads) big.bin_count[b] = 0;
     __syncthreads();
@@ -482,7 +632,9 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
   // 4. Exact thresholds.
   uint32_t threshold = lower;
-  if (use_top_k) threshold = RadixThreshold(sh, for_each, false, threshold, static_cast<float>(top_k));
+  if (use_top_k) {
+    threshold = RadixThreshold(sh, for_each, false, threshold, upper, static_cast<float>(top_k));
+  }
   if (use_top_p) {
     float set_weight = total_weight;  // no top-k: the whole vocabulary
     if (use_top_k) {
@@ -492,7 +644,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       });
       set_weight = BlockSum(set_weight, s_warp);
     }
-    threshold = RadixThreshold(sh, for_each, true, threshold, fmaxf(top_p * set_weight, FLT_MIN));
+    threshold = RadixThreshold(sh, for_each, true, threshold, upper,
+                               fmaxf(top_p * set_weight, FLT_MIN));
   }
   auto kept_weight = [&](uint32_t key, float w) {
     return key >= threshold && (!use_min_p || w >= min_p) ? w : 0.0f;
@@ -516,11 +669,29 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     int index[kItems];
     float local = 0.0f;
     if (num_candidates >= 0) {
+      // 16-byte reads (a thread's 16 candidates are contiguous: 4-way bank conflicts, not 16):
+      // a 4-aligned group starting below n lies within the arrays (max_candidates is a multiple
+      // of 4); its entries past n are masked.
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) {
-        const int i = i0 + e;
-        w[e] = i < n ? kept_weight(cand_key[i], cand_weight[i]) : 0.0f;
-        index[e] = i < n ? cand_index[i] : 0;
+      for (int q = 0; q < kItems / 4; ++q) {
+        const int i = i0 + 4 * q;
+        uint4 k4 = make_uint4(0u, 0u, 0u, 0u);
+        float4 w4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int4 x4 = make_int4(0, 0, 0, 0);
+        if (i < n) {
+          k4 = *reinterpret_cast<const uint4*>(cand_key + i);
+          w4 = *reinterpret_cast<const float4*>(cand_weight + i);
+          x4 = *reinterpret_cast<const int4*>(cand_index + i);
+        }
+        const uint32_t keys[4] = {k4.x, k4.y, k4.z, k4.w};
+        const float weights[4] = {w4.x, w4.y, w4.z, w4.w};
+        const int32_t indices[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool valid = i + e < n;
+          w[4 * q + e] = valid ? kept_weight(keys[e], weights[e]) : 0.0f;
+          index[4 * q + e] = valid ? indices[e] : 0;
+        }
       }
     } else {
       float x[kItems];

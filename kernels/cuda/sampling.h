@@ -3,8 +3,15 @@
 // gives the exact definition both implement.
 //
 // The sampler never sorts the vocabulary. One thread block of 1024 threads per row:
-//   1. one pass for the maximum and the softmax normalizer;
-//   2. (with a filter) one pass for a count histogram of the distance from the maximum,
+//   1. one pass for the maximum and the softmax normalizer; with a filter, the same pass also
+//      compacts the tokens within 10.5 nats of the block's running maximum (a superset of those
+//      within 10.5 nats of the row's), in vocabulary order, into shared memory (the capacity
+//      below), reading each tile coalesced (4 slices of a float4 a thread) and ordering the
+//      candidates by one integer block scan of four packed 16-bit counts. When the tokens within 10 nats of the maximum hold the kept set (top-k's k tokens,
+//      top-p's mass, min-p's range), step 4 runs on them and the row is read once (typical
+//      logits; the truncation first, as Qrita's sigma-truncation and FlashInfer's pivots avoid a
+//      sort, but exact). Otherwise (flat rows, or more candidates than fit):
+//   2. one pass for a count histogram of the distance from the maximum,
 //      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
 //      top-p by a lower bound on each bin's weight, min-p directly);
 //   3. one pass that compacts the tokens above that bound, in vocabulary order, into shared memory
@@ -12,9 +19,10 @@
 //      up to kSamplingCandidatesPortable on the portable path, 76 KB, which fits every sm_80+
 //      GPU: 163 KB a block on A100, 99 KB on sm_86/sm_89; when more, or when the bound falls past
 //      the histogram's range, the next steps read global memory instead: the same tokens);
-//   4. exact top-k and top-p thresholds by radix selection (11 + 11 + 10 bits of the
-//      order-preserving bits of z) over the candidates, then an ordered prefix-sum search for the
-//      token that u * (kept weight) falls on.
+//   4. exact top-k and top-p thresholds by radix selection over the candidates (digits of 11
+//      bits or fewer of the order-preserving key of z minus the lower bound, from the highest bit
+//      of the candidates' key span down), then an ordered prefix-sum search for the token that
+//      u * (kept weight) falls on.
 // Every per-row setting is read from device memory, so one launch serves any mix of requests.
 //
 // Greedy rows of a launch with few rows (at most kSamplingSplitRows) and a workspace split their

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/ssm.h"
 
@@ -125,33 +126,43 @@ struct ScanArgs {
   float dt_max;
 };
 
-// The state entries a scan thread holds: lane s of a head dim's kLanesPerRow holds the float4s
-// q = j * 4 + s (j < kN / 16) of its row, entries 4q .. 4q + 3, so that a row's lanes read and
-// write 64 contiguous bytes at once.
-template <int kN>
+// The state entries a thread holds of one state row split over kL adjacent lanes of a warp:
+// lane s holds the float4s j * kL + s (j < kN / (4 * kL)), so that a row's lanes move
+// 16 * kL contiguous bytes at once. The scan uses 4 lanes a row, the decode kernel 16 or 32.
+template <int kN, int kL>
 struct StateRow {
-  static constexpr int kChunks = kN / (4 * kLanesPerRow);
+  static_assert(kN % (4 * kL) == 0 && kL <= 32 && (kL & (kL - 1)) == 0);
+  static constexpr int kChunks = kN / (4 * kL);
   float4 v[kChunks];
 
+  // kThroughL2: __ldcg, for the decode kernel's reads before its wait (SsmDecodeKernel says why
+  // that is safe).
+  template <bool kThroughL2 = false>
   __device__ __forceinline__ void Load(const float* row, int s, bool zero) {
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      v[j] = zero ? make_float4(0.f, 0.f, 0.f, 0.f)
-                  : reinterpret_cast<const float4*>(row)[j * kLanesPerRow + s];
+      const float4* src = reinterpret_cast<const float4*>(row) + j * kL + s;
+      if (zero) {
+        v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      } else if constexpr (kThroughL2) {
+        v[j] = __ldcg(src);
+      } else {
+        v[j] = *src;
+      }
     }
   }
   __device__ __forceinline__ void Store(float* row, int s) const {
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) reinterpret_cast<float4*>(row)[j * kLanesPerRow + s] = v[j];
+    for (int j = 0; j < kChunks; ++j) reinterpret_cast<float4*>(row)[j * kL + s] = v[j];
   }
-  // state = state * decay + dx * B; returns this thread's part of state . C (B, C: [kN] in
-  // shared memory).
+  // state = state * decay + dx * B; returns state . C over the row, in every lane of the row
+  // (B, C: [kN] in shared memory). Every lane of the warp must call it.
   __device__ __forceinline__ float Update(float decay, float dx, const float* b, const float* c,
                                           int s) {
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int n = (j * kLanesPerRow + s) * 4;
+      const int n = (j * kL + s) * 4;
       const float4 bv = *reinterpret_cast<const float4*>(b + n);
       const float4 cv = *reinterpret_cast<const float4*>(c + n);
       v[j].x = v[j].x * decay + dx * bv.x;
@@ -163,9 +174,8 @@ struct StateRow {
       acc += v[j].z * cv.z;
       acc += v[j].w * cv.w;
     }
-    // The row's kLanesPerRow lanes are adjacent in a warp.
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+#pragma unroll
+    for (int o = 1; o < kL; o *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     return acc;
   }
 };
@@ -195,7 +205,7 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
   if (ctx == 0 || len == 0) return;  // the whole block
   float* state = a.states +
                  ((static_cast<int64_t>(a.seqs.state_slots[i]) * a.num_heads + h) * hd + p) * kN;
-  StateRow<kN> st;
+  StateRow<kN, kLanesPerRow> st;
   st.Load(state, s, /*zero=*/ctx == len);
   const int64_t b_col = inner + static_cast<int64_t>(g) * kN;
   const int64_t c_col = inner + static_cast<int64_t>(a.n_groups + g) * kN;
@@ -229,93 +239,58 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
   st.Store(state, s);
 }
 
-// Lanes a state row is split over in the decode kernel: 16 (a row's 16 lanes move 256
-// contiguous bytes at once), fewer for small states so that each lane holds a float4 at least.
-template <int kN>
+constexpr int kDecodeThreads = 256;
+
+// Lanes a state row is split over in the decode kernel: kMax (16 or 32; a row's lanes move
+// 16 * kMax contiguous bytes at once), fewer for small states so that each lane holds a float4.
+template <int kN, int kMax>
 constexpr int DecodeLanes() {
-  return kN / 4 < 16 ? kN / 4 : 16;
+  return kN / 4 < kMax ? kN / 4 : kMax;
 }
 
-// The state entries a decode thread holds: lane s of a row's kL lanes holds float4s j * kL + s.
-template <int kN, int kL>
-struct DecodeRow {
-  static constexpr int kChunks = kN / (4 * kL);
-  float4 v[kChunks];
-
-  // Through L2 (__ldcg): read before the kernel's wait (SsmDecodeKernel says why that is safe).
-  __device__ __forceinline__ void Load(const float* row, int s, bool zero) {
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      v[j] = zero ? make_float4(0.f, 0.f, 0.f, 0.f)
-                  : __ldcg(reinterpret_cast<const float4*>(row) + j * kL + s);
-    }
-  }
-  __device__ __forceinline__ void Store(float* row, int s) const {
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) reinterpret_cast<float4*>(row)[j * kL + s] = v[j];
-  }
-  // state = state * decay + dx * B; returns state . C over the row (every lane of the row).
-  __device__ __forceinline__ float Update(float decay, float dx, const float* b, const float* c,
-                                          int s) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int n = (j * kL + s) * 4;
-      const float4 bv = *reinterpret_cast<const float4*>(b + n);
-      const float4 cv = *reinterpret_cast<const float4*>(c + n);
-      v[j].x = v[j].x * decay + dx * bv.x;
-      v[j].y = v[j].y * decay + dx * bv.y;
-      v[j].z = v[j].z * decay + dx * bv.z;
-      v[j].w = v[j].w * decay + dx * bv.w;
-      acc += v[j].x * cv.x;
-      acc += v[j].y * cv.y;
-      acc += v[j].z * cv.z;
-      acc += v[j].w * cv.w;
-    }
-    // The row's kL lanes are adjacent in a warp.
-#pragma unroll
-    for (int o = 1; o < kL; o *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    return acc;
-  }
-};
-
-constexpr int kDecodeMaxThreads = 256;
-
-// A decode-only step: one block per (rows of a head, sequence), DecodeLanes<kN>() threads per
-// head dim (`rows` * lanes <= 256 threads): the conv update of its group's B and C channels
-// (computed by every block of the group, the ring row written back by the group's first) and of
-// its x channels, then the SSM update of its rows.
+// A decode-only step: one block of 256 threads per (rows of a head, sequence). The block's
+// threads form 256 / kL groups of kL lanes; group g holds rows g, g + groups, ... (kR of them)
+// of the block's kRows, each lane kN / kL entries of a row. Two shapes (Launch picks): small
+// batches 16 lanes a row and one row a group (16 rows a block at state 128: many blocks a
+// sequence, so that one sequence spreads over the GPU); large batches 32 lanes a row and 8 rows a
+// group (64 rows, a whole head at state 128), so that the group's B and C conv, which every block
+// computes, is computed once a head instead of once per 16 rows, and each thread keeps 128 bytes
+// of state in flight. Rows past head_dim (a head_dim that kRows does not divide) are computed on
+// zeros and not stored.
 //
+// A block computes the conv update of its group's B and C channels (the ring row written back by
+// the group's first block) and of its rows' x channels, then the SSM update of its rows.
 // Before its wait the kernel reads, besides weights, the step's sequence arrays (uploaded
-// before the step's first kernel), its rows' SSM state and its channels' conv ring: only this
-// kernel of this layer writes those, in earlier steps, and the previous kernel (in_proj, a GEMM)
-// lets this one launch only after its own wait, so every kernel before it has completed
-// (common.cuh). The state therefore streams in while in_proj finishes; after the wait a block
-// reads its new conv inputs and dt (one round trip), then computes and stores. The ring row a
-// step writes (position pos, row pos % kernel) holds position pos - kernel, which no block of
-// the step reads.
-template <typename T, int kN>
-__global__ void __launch_bounds__(kDecodeMaxThreads)
-    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, int rows) {
-  constexpr int kL = DecodeLanes<kN>();
-  extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  const int num_channels = 2 * kN + rows;  // B, C, then the block's x channels
-  float* outs = smem;                      // [num_channels]: conv outputs (B, C, x)
-  float* part = outs + num_channels;       // [num_channels]: bias + the older positions' taps
-  float* newest = part + num_channels;     // [num_channels]: the newest position's tap weight
-  float* dts = newest + num_channels;      // [1]
+// before the step's first kernel), its rows' SSM state and its channels' conv ring taps into
+// registers: only this kernel of this layer writes those, in earlier steps, and the previous
+// kernel (in_proj, a GEMM) lets this one launch only after its own wait, so every kernel before
+// it has completed (common.cuh). The state therefore streams in while in_proj finishes; after
+// the wait a block issues the loads of its new conv inputs and dt, and only then consumes the
+// taps, so that a block launched after in_proj has completed waits for one round trip, not two.
+// The ring row a step writes (position pos, row pos % kernel) holds position pos - kernel,
+// which no block of the step reads.
+template <typename T, int kN, int kL, int kR>
+__global__ void __launch_bounds__(kDecodeThreads)
+    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a) {
+  constexpr int kGroups = kDecodeThreads / kL;
+  constexpr int kRows = kGroups * kR;
+  constexpr int kChannels = 2 * kN + kRows;  // B, C, then the block's x channels
+  constexpr int kPerThread = (kChannels + kDecodeThreads - 1) / kDecodeThreads;
+  constexpr int kTaps = kSsmMaxConvKernel - 1;  // older positions' taps, at most
+  __shared__ __align__(16) float outs[kChannels];  // the conv outputs (B, C, x)
+  __shared__ float s_dt;
   const float* bs = outs;
   const float* cs = outs + kN;
   const float* xs = outs + 2 * kN;
   const int hd = a.head_dim;
-  const int row_blocks = hd / rows;
-  const int h = blockIdx.x / row_blocks, p0 = (blockIdx.x % row_blocks) * rows;
+  const int row_blocks = (hd + kRows - 1) / kRows;
+  const int h = blockIdx.x / row_blocks, p0 = (blockIdx.x % row_blocks) * kRows;
   const int i = blockIdx.y;
-  const int p = p0 + threadIdx.x / kL, s = threadIdx.x % kL;
+  const int group = threadIdx.x / kL, s = threadIdx.x % kL;
   const int heads_per_group = a.num_heads / a.n_groups;
   const int g = h / heads_per_group;
   const bool bc_owner = h % heads_per_group == 0 && p0 == 0;
+  const int num_channels = 2 * kN + min(kRows, hd - p0);
   const int64_t inner = static_cast<int64_t>(a.num_heads) * hd;
   const float A = -expf(ToFloat(a.a_log[h]));
   const float dh = ToFloat(a.d[h]);
@@ -333,46 +308,74 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     }
     return static_cast<int64_t>(h) * hd + p0 + (k - 2 * kN);
   };
-  const float* ring = conv.states + slot * conv.kernel * conv.channels;
-  float* state = a.states + ((slot * a.num_heads + h) * hd + p) * kN;
-  DecodeRow<kN, kL> st;
+  float* head_state = a.states + (slot * a.num_heads + h) * static_cast<int64_t>(hd) * kN;
+  StateRow<kN, kL> st[kR];
+  float taps[kPerThread][kTaps];  // ring values of the older positions, weighted after the wait
   if (ctx != 0) {
-    st.Load(state, s, fresh);  // first, so that its loads are in flight with the ring's
-    for (int k = threadIdx.x; k < num_channels; k += blockDim.x) {
-      const int64_t c = channel(k);
-      const T* w = conv.weight + c * conv.kernel;
-      float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
 #pragma unroll
-      for (int j = 0; j < kSsmMaxConvKernel - 1; ++j) {  // unrolled: the loads issued together
-        const int q = pos - k1 + j;
-        if (j < k1 && !fresh && q >= 0) {
-          acc += ToFloat(w[j]) * __ldcg(ring + static_cast<int64_t>(q % conv.kernel) *
-                                                   conv.channels + c);
-        }
+    for (int r = 0; r < kR; ++r) {  // first, so that its loads are in flight with the ring's
+      const int p = p0 + group + r * kGroups;
+      st[r].template Load</*kThroughL2=*/true>(head_state + static_cast<int64_t>(p) * kN, s,
+                                                /*zero=*/fresh || p >= hd);
+    }
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int k = threadIdx.x + j * kDecodeThreads;
+      const int64_t c = k < num_channels ? channel(k) : 0;
+#pragma unroll
+      for (int t = 0; t < kTaps; ++t) {  // unrolled: the loads issued together
+        const int q = pos - k1 + t;
+        taps[j][t] = k < num_channels && t < k1 && !fresh && q >= 0
+                         ? __ldcg(conv.states + slot * conv.kernel * conv.channels +
+                                  static_cast<int64_t>(q % conv.kernel) * conv.channels + c)
+                         : 0.0f;
       }
-      part[k] = acc;
-      newest[k] = ToFloat(w[k1]);
     }
   }
   BeginDependentKernel();
   if (ctx == 0) return;  // padding: the whole block
   const int64_t row = a.seqs.query_start[i];
   if (threadIdx.x == 0) {
-    dts[0] = StepSize(ToFloat(a.dt[row * a.dt_stride + h]) + dt_bias, a.dt_min, a.dt_max);
+    s_dt = StepSize(ToFloat(a.dt[row * a.dt_stride + h]) + dt_bias, a.dt_min, a.dt_max);
+  }
+  float x_new[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int k = threadIdx.x + j * kDecodeThreads;
+    x_new[j] = k < num_channels ? ToFloat(conv.input[row * conv.input_stride + channel(k)]) : 0.0f;
   }
   float* ring_out = conv.states + slot * conv.kernel * conv.channels +
                     static_cast<int64_t>(pos % conv.kernel) * conv.channels;
-  for (int k = threadIdx.x; k < num_channels; k += blockDim.x) {
-    const int64_t c = channel(k);
-    const float x_new = ToFloat(conv.input[row * conv.input_stride + c]);
-    outs[k] = Silu(part[k] + newest[k] * x_new);
-    if (k >= 2 * kN || bc_owner) ring_out[c] = x_new;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int k = threadIdx.x + j * kDecodeThreads;
+    if (k < num_channels) {
+      const int64_t c = channel(k);
+      const T* w = conv.weight + c * conv.kernel;
+      float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
+#pragma unroll
+      for (int t = 0; t < kTaps; ++t) {
+        if (t < k1) acc += ToFloat(w[t]) * taps[j][t];
+      }
+      outs[k] = Silu(acc + ToFloat(w[k1]) * x_new[j]);
+      if (k >= 2 * kN || bc_owner) ring_out[c] = x_new[j];
+    }
   }
   __syncthreads();
-  const float dt = dts[0], x = xs[p - p0];
-  const float acc = st.Update(expf(dt * A), dt * x, bs, cs, s);
-  st.Store(state, s);
-  if (s == 0) a.output[row * inner + static_cast<int64_t>(h) * hd + p] = FromFloat<T>(acc + dh * x);
+  const float dt = s_dt, decay = expf(dt * A);
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int p = p0 + group + r * kGroups;
+    const bool valid = p < hd;
+    const float x = valid ? xs[p - p0] : 0.0f;
+    const float acc = st[r].Update(decay, dt * x, bs, cs, s);  // every lane of the warp
+    if (valid) {
+      st[r].Store(head_state + static_cast<int64_t>(p) * kN, s);
+      if (s == 0) {
+        a.output[row * inner + static_cast<int64_t>(h) * hd + p] = FromFloat<T>(acc + dh * x);
+      }
+    }
+  }
 }
 
 constexpr int kGatedNormMaxThreads = 1024;
@@ -550,20 +553,32 @@ cudaError_t Launch(const SsmDecodeParams& p, cudaStream_t stream) {
   if (p.scan.seqs.num_seqs == 0) return cudaSuccess;
   return DispatchElementwiseDType(p.scan.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return DispatchStateSize(p.scan.state_size, [&](auto n_tag) {
+    return DispatchStateSize(p.scan.state_size, [&](auto n_tag) -> cudaError_t {
       constexpr int kN = decltype(n_tag)::value;
-      constexpr int kL = DecodeLanes<kN>();
-      // Rows a block: as many as 256 threads hold (head_dim is a multiple of 8, kL * 8 <= 128),
-      // halved until they divide head_dim. Mamba-2-2.7B (kN 128, head_dim 64): 16 rows, 256
-      // threads, 320 blocks a sequence.
-      int rows = kDecodeMaxThreads / kL;
-      while (p.scan.head_dim % rows != 0) rows /= 2;
-      const size_t smem = static_cast<size_t>(3 * (2 * kN + rows) + 1) * sizeof(float);
-      const dim3 grid(static_cast<unsigned>(p.scan.num_heads * (p.scan.head_dim / rows)),
-                      static_cast<unsigned>(p.scan.seqs.num_seqs));
-      const dim3 block(static_cast<unsigned>(rows * kL));
-      return LaunchKernel(SsmDecodeKernel<T, kN>, grid, block, smem, stream,
-                          MakeConvArgs<T>(p.conv), MakeScanArgs<T>(p.scan), rows);
+      const int64_t seqs = p.scan.seqs.num_seqs, heads = p.scan.num_heads, hd = p.scan.head_dim;
+      auto launch = [&](auto kernel, int rows) {
+        const dim3 grid(static_cast<unsigned>(heads * CeilDiv(hd, rows)),
+                        static_cast<unsigned>(seqs));
+        return LaunchKernel(kernel, grid, dim3(kDecodeThreads), 0, stream, MakeConvArgs<T>(p.conv),
+                            MakeScanArgs<T>(p.scan));
+      };
+      if constexpr (kN >= 64) {
+        // The large-batch shape: 32 lanes a row and 32 floats of state a thread (kN 128: 8 rows a
+        // group, 64 a block), where its rows divide head_dim and it still makes 4 blocks a
+        // multiprocessor or more (Mamba-2-2.7B: from 7 sequences).
+        constexpr int kL = DecodeLanes<kN, 32>();
+        constexpr int kR = 32 * kL / kN;
+        constexpr int kRows = kDecodeThreads / kL * kR;
+        const bool large =
+            p.blocks == SsmDecodeBlocks::kLarge ||
+            (p.blocks == SsmDecodeBlocks::kAuto &&
+             seqs * heads * (hd / kRows) >= 4 * int64_t{CurrentMultiprocessorCount()});
+        if (hd % kRows == 0 && large) {
+          return launch(SsmDecodeKernel<T, kN, kL, kR>, kRows);
+        }
+      }
+      constexpr int kL = DecodeLanes<kN, 16>();
+      return launch(SsmDecodeKernel<T, kN, kL, 1>, kDecodeThreads / kL);
     });
   });
 }

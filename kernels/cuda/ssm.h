@@ -20,11 +20,15 @@
 //   (x, B, C, dt), the recurrence within a chunk: one block per (sequence, head), 4 threads per
 //   head dim, each holding state_size / 4 of its state row in registers.
 // - SsmDecode: a decode-only step (one token a sequence, or padding) in one kernel: the conv
-//   update of the head's x channels and its group's B and C channels, then the SSM update. A
-//   block takes up to 256 threads' worth of a head's rows (16 lanes a state row, fewer for
-//   states under 64), so that one sequence spreads over hundreds of blocks; the state rows and
-//   the conv taps of older positions are read before the kernel's programmatic-launch wait
-//   (they overlap in_proj), each state byte read and written once.
+//   update of the head's x channels and its group's B and C channels, then the SSM update.
+//   Blocks of 256 threads in two shapes: at small batches a block takes 16 rows of a head (16
+//   lanes a state row, fewer for states under 64), so that one sequence spreads over hundreds of
+//   blocks; at large batches (state 64 or more, at least 4 blocks a multiprocessor) 32 lanes a
+//   row and 32 floats of state a thread (a whole head of 64 rows at state 128), so that the
+//   group's B and C conv, which every block computes, is computed once a head. The state rows
+//   and the conv taps of older positions are read before the kernel's programmatic-launch wait
+//   (they overlap in_proj), each state byte read and written once; after the wait one round
+//   trip (the step's conv inputs and dt) before the update.
 // - GatedRmsNorm: one block per (token, norm group) of up to 1024 threads, 16-byte accesses
 //   where rows are aligned, the gated values kept in shared memory between the reduction and
 //   the write (a group of at most kSsmMaxNormGroup).
@@ -101,9 +105,14 @@ struct SsmScanParams {
 // A decode-only step: SsmConv and SsmScan of one token a sequence in one kernel. `scan.xbc` is
 // not read (the conv's output stays in shared memory); `conv.input` is in_proj's x B C columns.
 // REQUIRES: every sequence has one token or none (padding).
+// The decode kernel's block shape (ssm.cu): kAuto picks by the batch; the others are for tests
+// (kLarge where the shape does not allow it runs kSmall).
+enum class SsmDecodeBlocks { kAuto, kSmall, kLarge };
+
 struct SsmDecodeParams {
   SsmConvParams conv;
   SsmScanParams scan;
+  SsmDecodeBlocks blocks = SsmDecodeBlocks::kAuto;
 
   absl::Status Validate() const;
 };

@@ -265,6 +265,30 @@ TEST(SamplingGpuTest, EitherPathsCandidateCapacityDrawsTheSameTokens) {
   EXPECT_EQ(tokens[0], tokens[1]) << "seed " << seed;
 }
 
+// Logits of spread 3.5 at temperature 1 put about 10,000-12,000 tokens within 10.5 nats of the
+// maximum: on the Hopper path they fit in shared memory and the filters run on pass 1's
+// candidates (one pass over the logits); on the portable path (4096) they do not, and the
+// histogram path runs. Both must draw the same tokens.
+TEST(SamplingGpuTest, OnePassAndHistogramPathsDrawTheSameTokens) {
+  LMSERVE_REQUIRE_GPU();
+  {
+    testing::ScopedKernelPath hopper(KernelPath::kAuto);
+    if (!UseHopperKernels()) GTEST_SKIP() << "no Hopper path here: nothing to compare";
+  }
+  const std::vector<RowSettings> settings = {{1.0f, 0, 0.9f, 0.0f},   {1.0f, 50, 0.9f, 0.0f},
+                                             {1.0f, 0, 1.0f, 0.05f},  {1.0f, 0, 0.5f, 0.0f},
+                                             {1.0f, 500, 1.0f, 0.0f}, {1.0f, 0, 0.95f, 0.01f}};
+  for (int repeat = 0; repeat < 4; ++repeat) {
+    const uint32_t seed = FreshSeed();
+    std::vector<int32_t> tokens[2];
+    for (int path = 0; path < 2; ++path) {
+      testing::ScopedKernelPath scoped(path == 0 ? KernelPath::kAuto : KernelPath::kPortable);
+      RunSamplingCase(128256, settings, 3.5f, seed, &tokens[path]);
+    }
+    EXPECT_EQ(tokens[0], tokens[1]) << "seed " << seed;
+  }
+}
+
 TEST(SamplingGpuTest, DrawsFollowTheDistribution) {
   LMSERVE_REQUIRE_GPU();
   // 4096 rows of the same 8 logits, different seeds: token frequencies near the probabilities.

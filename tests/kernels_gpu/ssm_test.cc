@@ -42,7 +42,7 @@ struct HeadShape {
   int64_t heads, head_dim, state, groups;
 };
 
-void CheckThreeSteps(const HeadShape& shape) {
+void CheckThreeSteps(const HeadShape& shape, SsmDecodeBlocks blocks) {
   const int64_t kHeads = shape.heads, kHeadDim = shape.head_dim, kState = shape.state,
                 kGroups = shape.groups;
   const int64_t kInner = kHeads * kHeadDim;
@@ -52,7 +52,8 @@ void CheckThreeSteps(const HeadShape& shape) {
     const uint32_t seed = FreshSeed();
     SCOPED_TRACE(::testing::Message()
                  << testing::Name(dtype) << " heads " << kHeads << " x " << kHeadDim << ", state "
-                 << kState << ", groups " << kGroups << ", seed " << seed);
+                 << kState << ", groups " << kGroups << ", decode blocks "
+                 << (blocks == SsmDecodeBlocks::kLarge ? "large" : "small") << ", seed " << seed);
     std::mt19937 rng(seed);
     std::vector<float> conv_w = RandomFloats(kConvDim * kKernel, rng, 0.5f);
     std::vector<float> conv_b = RandomFloats(kConvDim, rng, 0.1f);
@@ -154,7 +155,7 @@ void CheckThreeSteps(const HeadShape& shape) {
         CUDA_ASSERT(Launch(conv, nullptr));
         CUDA_ASSERT(Launch(scan, nullptr));
       } else {
-        CUDA_ASSERT(Launch(SsmDecodeParams{.conv = conv, .scan = scan}, nullptr));
+        CUDA_ASSERT(Launch(SsmDecodeParams{.conv = conv, .scan = scan, .blocks = blocks}, nullptr));
       }
       CUDA_ASSERT(cudaDeviceSynchronize());
       const double tolerance = dtype == DType::kF32 ? 1e-5 : 1e-2;
@@ -171,12 +172,19 @@ void CheckThreeSteps(const HeadShape& shape) {
 
 TEST(SsmGpuTest, ConvScanAndDecodeMatchTheCpuOverThreeSteps) {
   LMSERVE_REQUIRE_GPU();
-  // The file's shape (8 lanes a row, 16 rows a block); Mamba-2-2.7B's heads (16 lanes, 16 rows,
-  // two float4s a lane); 4 lanes and 8 rows (one warp a block); state 256 (four float4s a lane).
+  // The decode kernel's small blocks: the file's shape (8 lanes a row, 32 rows a block, 16 of
+  // them past head_dim); Mamba-2-2.7B's heads (16 lanes, 16 rows, two float4s a lane); 4 lanes
+  // and 64 rows (56 past head_dim); state 256 (four float4s a lane). Its large blocks (32 lanes
+  // a row, 32 floats a thread), which need state 64 or more and head_dim a multiple of the rows:
+  // Mamba-2-2.7B's heads (8 rows a group, one head a block), state 256 (4 rows a group, 32 a
+  // block, a head of 32).
   for (const HeadShape& shape :
        {HeadShape{kHeads, kHeadDim, kState, kGroups}, HeadShape{4, 64, 128, 1},
         HeadShape{2, 8, 16, 1}, HeadShape{4, 32, 256, 2}}) {
-    CheckThreeSteps(shape);
+    CheckThreeSteps(shape, SsmDecodeBlocks::kSmall);
+  }
+  for (const HeadShape& shape : {HeadShape{4, 64, 128, 1}, HeadShape{4, 32, 256, 2}}) {
+    CheckThreeSteps(shape, SsmDecodeBlocks::kLarge);
   }
 }
 
