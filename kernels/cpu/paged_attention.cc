@@ -15,7 +15,9 @@ namespace {
 // Query rows of one sequence that one work item handles.
 constexpr int64_t kRowsPerItem = 16;
 // Below this many multiply-adds in QK^T, threads cost more than they save.
-constexpr int64_t kMinWorkPerThread = int64_t{1} << 20;
+// (A decode step of the demo model, 9 heads of 64 at 160 keys: 92K; one of its layers' attention
+// took some 40 us on one thread, a parallel loop's start and end a few.)
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 15;
 
 // fp32 dot product with eight independent partial sums (which the compiler vectorizes).
 inline float Dot(const float* a, const float* b, int64_t n) {
@@ -40,12 +42,16 @@ inline int64_t FirstKey(int64_t position, int32_t window) {
 //
 // AVX2 where the CPU has it: the same operations in wider registers (no FMA, which would let the
 // compiler contract a * b + c and change the rounding from one CPU to another).
+// Only the group's query heads [head_begin, head_end) (each head's results do not depend on the
+// others').
 __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAttentionParams& p,
                                                                   int64_t seq, int64_t kv_head,
+                                                                  int64_t head_begin,
+                                                                  int64_t head_end,
                                                                   int64_t row_begin,
                                                                   int64_t row_end, float* scores) {
   const int64_t head_dim = p.head_dim;
-  const int64_t group_size = p.num_heads / p.num_kv_heads;
+  const int64_t group_size = head_end - head_begin;
   const int64_t q_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * head_dim;
   const int64_t kv_token_stride = p.num_kv_heads * head_dim;
   const int64_t query_len = p.query_start[seq + 1] - p.query_start[seq];
@@ -58,7 +64,8 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
     const int64_t position = first_position + row;
     const int64_t first_key = FirstKey(position, p.window);  // keys [first_key, position]
     const int64_t num_keys = position + 1 - first_key;
-    const float* q = p.query + token * q_stride + kv_head * group_size * head_dim;
+    const int64_t first_head = kv_head * (p.num_heads / p.num_kv_heads) + head_begin;
+    const float* q = p.query + token * q_stride + first_head * head_dim;
 
     // Scores, head h's of key first_key + j at scores[h * num_keys + j]. Keys are walked a block
     // (or the part of one in the window) at a time.
@@ -92,7 +99,7 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       for (int64_t j = 0; j < num_keys; ++j) s[j] *= inv_sum;
     }
     // Weighted sum of the values.
-    float* out = p.output + token * p.num_heads * head_dim + kv_head * group_size * head_dim;
+    float* out = p.output + token * p.num_heads * head_dim + first_head * head_dim;
     std::memset(out, 0, static_cast<size_t>(group_size * head_dim) * sizeof(float));
     for (int64_t j0 = first_key; j0 <= position;) {
       const int64_t block = table[j0 / p.block_size];
@@ -113,15 +120,23 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
   }
 }
 
-// Runs the work items i with i % num_workers == worker: (sequence, KV head, chunk of query rows).
-void RunWorker(const PagedAttentionParams& p, int worker, int num_workers, float* scores) {
+// Runs the work items i with i % num_workers == worker: (sequence, KV head, chunk of query rows),
+// or with split_heads (decode steps: too few items to go round the threads), (sequence, KV head,
+// chunk of query rows, query head).
+void RunWorker(const PagedAttentionParams& p, int worker, int num_workers, bool split_heads,
+               float* scores) {
+  const int64_t group_size = p.num_heads / p.num_kv_heads;
+  const int64_t head_step = split_heads ? 1 : group_size;
   int64_t item = 0;
   for (int64_t seq = 0; seq < p.num_seqs; ++seq) {
     const int64_t query_len = p.query_start[seq + 1] - p.query_start[seq];
     for (int64_t kv_head = 0; kv_head < p.num_kv_heads; ++kv_head) {
-      for (int64_t row = 0; row < query_len; row += kRowsPerItem, ++item) {
-        if (item % num_workers != worker) continue;
-        AttendRows(p, seq, kv_head, row, std::min(query_len, row + kRowsPerItem), scores);
+      for (int64_t row = 0; row < query_len; row += kRowsPerItem) {
+        for (int64_t h = 0; h < group_size; h += head_step, ++item) {
+          if (item % num_workers != worker) continue;
+          AttendRows(p, seq, kv_head, h, h + head_step, row,
+                     std::min(query_len, row + kRowsPerItem), scores);
+        }
       }
     }
   }
@@ -231,12 +246,18 @@ void PagedAttention(const PagedAttentionParams& p) {
   const int num_workers = static_cast<int>(
       std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max(1, p.num_threads)));
   if (num_workers == 1) {
-    RunWorker(p, 0, 1, p.workspace);
+    RunWorker(p, 0, 1, false, p.workspace);
     return;
   }
+  int64_t items = 0;  // (sequence, KV head, row chunk) items
+  for (int64_t i = 0; i < p.num_seqs; ++i) {
+    items += p.num_kv_heads *
+             ((p.query_start[i + 1] - p.query_start[i] + kRowsPerItem - 1) / kRowsPerItem);
+  }
+  const bool split_heads = items < 4 * int64_t{num_workers};
   ParallelFor(num_workers, num_workers, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
-      RunWorker(p, static_cast<int>(w), num_workers, p.workspace + w * scratch_floats);
+      RunWorker(p, static_cast<int>(w), num_workers, split_heads, p.workspace + w * scratch_floats);
     }
   });
 }
