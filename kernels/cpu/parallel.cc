@@ -38,7 +38,9 @@ class Team {
     for (std::thread& t : workers_) t.join();
   }
 
-  void Run(int64_t n, int count, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  // chunk 0: share i of `count` nearly equal ranges to thread i; else ranges of `chunk` indexes
+  // taken in order by whichever thread is free.
+  void Run(int64_t n, int count, int64_t chunk, absl::FunctionRef<void(int64_t, int64_t)> fn) {
     while (static_cast<int>(workers_.size()) < count - 1) {
       const int index = static_cast<int>(workers_.size()) + 1;
       const uint64_t seen = state_.load();  // before this loop is published
@@ -46,6 +48,8 @@ class Team {
     }
     fn_ = &fn;
     n_ = n;
+    chunk_ = chunk;
+    next_.store(0, std::memory_order_relaxed);
     pending_.store(count - 1, std::memory_order_relaxed);
     Publish(((state_.load() >> 16) + 1) << 16 | static_cast<uint64_t>(count));
     Share(0, count);
@@ -66,6 +70,13 @@ class Team {
   }
 
   void Share(int index, int count) {
+    if (chunk_ > 0) {
+      for (;;) {
+        const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+        if (begin >= n_) return;
+        (*fn_)(begin, std::min(n_, begin + chunk_));
+      }
+    }
     const int64_t begin = n_ * index / count, end = n_ * (index + 1) / count;
     if (begin < end) (*fn_)(begin, end);
   }
@@ -102,21 +113,33 @@ class Team {
   // The loop being run; valid while pending_ > 0 for the workers that share it.
   absl::FunctionRef<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
+  int64_t chunk_ = 0;
+  std::atomic<int64_t> next_{0};  // chunk_ > 0: the first index not yet taken
 };
 
-}  // namespace
-
-void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+void Run(int64_t n, int num_threads, int64_t chunk, absl::FunctionRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   const int count =
       static_cast<int>(std::clamp<int64_t>(num_threads, 1, std::min<int64_t>(n, 0xFFFF)));
   if (count == 1) {
-    fn(int64_t{0}, n);
+    if (chunk == 0) chunk = n;
+    for (int64_t begin = 0; begin < n; begin += chunk) fn(begin, std::min(n, begin + chunk));
     return;
   }
   thread_local std::unique_ptr<Team> team;
   if (team == nullptr) team = std::make_unique<Team>();
-  team->Run(n, count, fn);
+  team->Run(n, count, chunk, fn);
+}
+
+}  // namespace
+
+void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  Run(n, num_threads, 0, fn);
+}
+
+void ParallelForChunks(int64_t n, int num_threads, int64_t chunk,
+                       absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  Run(n, num_threads, std::max<int64_t>(chunk, 1), fn);
 }
 
 int PhysicalCoreCount() {

@@ -19,6 +19,13 @@ namespace lmserve::kernels {
 // nothing; one range runs on the caller alone.
 void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn);
 
+// Runs fn(begin, end) over [0, n) in ranges of `chunk` indexes (the last one shorter), taken in
+// order by the caller and up to num_threads - 1 workers as each becomes free, and returns when all
+// are done: a thread that starts late (descheduled on a busy machine) or runs slower takes fewer.
+// Each range runs on one thread; which one is not fixed.
+void ParallelForChunks(int64_t n, int num_threads, int64_t chunk,
+                       absl::FunctionRef<void(int64_t, int64_t)> fn);
+
 // Physical cores this process may run on (its affinity mask, SMT siblings counted once); at least 1.
 int PhysicalCoreCount();
 

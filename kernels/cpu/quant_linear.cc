@@ -1166,9 +1166,11 @@ void QuantLinear(const QuantLinearParams& p) {
   void (*run)(const Job&, int64_t, int64_t) = path == SimdPath::kAvx512Vnni ? RunRowsAvx512
                                               : path == SimdPath::kAvx2     ? RunRowsAvx2
                                                                             : RunRowsPortable;
-  // Whole tiles of rows per thread.
+  // Whole tiles of rows, in about eight chunks per thread taken by whichever thread is free (on a
+  // shared machine a thread may start late), at least a fp32 tile's rows on the sgemm path.
   const int64_t tiles = (p.out_features + kRowTile - 1) / kRowTile;
-  ParallelFor(tiles, threads, [&](int64_t begin, int64_t end) {
+  const int64_t chunk = std::max(job.gemm ? kGemmRows / kRowTile : 4, tiles / (8 * threads));
+  ParallelForChunks(tiles, threads, chunk, [&](int64_t begin, int64_t end) {
     run(job, begin * kRowTile, std::min(p.out_features, end * kRowTile));
   });
 }

@@ -385,5 +385,25 @@ TEST(ParallelForTest, EachIndexOnceOverAnyThreadCount) {
   EXPECT_GE(PhysicalCoreCount(), 1);
 }
 
+TEST(ParallelForTest, ChunksCoverEachIndexOnceInRangesOfTheChunk) {
+  for (int threads : {1, 2, 5}) {
+    for (int64_t chunk : {1, 4, 7}) {
+      for (int64_t n : {0, 1, 3, 100}) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        std::atomic<int> bad_ranges{0};
+        ParallelForChunks(n, threads, chunk, [&](int64_t begin, int64_t end) {
+          // Ranges start at multiples of the chunk and hold a chunk, the last one what is left.
+          if (begin % chunk != 0 || end != std::min(n, begin + chunk)) bad_ranges.fetch_add(1);
+          for (int64_t i = begin; i < end; ++i) seen[i].fetch_add(1);
+        });
+        EXPECT_EQ(bad_ranges.load(), 0) << n << " " << threads << " " << chunk;
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_EQ(seen[i].load(), 1) << n << " " << threads << " " << chunk;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lmserve::kernels
