@@ -12,6 +12,10 @@
 namespace lmserve::kernels {
 namespace {
 
+// Features of a head whose weighted sum over the values stays in registers.
+constexpr int64_t kValueChunk = 32;
+// Keys ahead whose rows are prefetched in QK^T.
+constexpr int64_t kPrefetchKeys = 8;
 // Query rows of one sequence that one work item handles.
 constexpr int64_t kRowsPerItem = 16;
 // Below this many multiply-adds in QK^T, threads cost more than they save.
@@ -77,6 +81,10 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
           p.key_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
       for (int64_t o = 0; o < count; ++o) {
         const float* k = keys + o * kv_token_stride;
+        if (o + kPrefetchKeys < count) {  // the cache is cold: the weights streamed through since
+          const float* ahead = k + kPrefetchKeys * kv_token_stride;
+          for (int64_t d = 0; d < head_dim; d += 16) __builtin_prefetch(ahead + d);
+        }
         for (int64_t h = 0; h < group_size; ++h) {
           float s = Dot(q + h * head_dim, k, head_dim) * p.scale;
           if (capped) s = p.softcap * std::tanh(s / p.softcap);
@@ -98,24 +106,37 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       const float inv_sum = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < num_keys; ++j) s[j] *= inv_sum;
     }
-    // Weighted sum of the values.
+    // Weighted sum of the values: kValueChunk features of one head at a time, summed in registers
+    // over the keys in order from 0 (a running sum in memory waited on its own stores).
     float* out = p.output + token * p.num_heads * head_dim + first_head * head_dim;
-    std::memset(out, 0, static_cast<size_t>(group_size * head_dim) * sizeof(float));
-    for (int64_t j0 = first_key; j0 <= position;) {
-      const int64_t block = table[j0 / p.block_size];
-      const int64_t offset = j0 % p.block_size;
-      const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
-      const float* values =
-          p.value_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
-      for (int64_t o = 0; o < count; ++o) {
-        const float* v = values + o * kv_token_stride;
-        for (int64_t h = 0; h < group_size; ++h) {
-          const float w = scores[h * num_keys + j0 - first_key + o];
-          float* out_h = out + h * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) out_h[d] += w * v[d];
+    for (int64_t h = 0; h < group_size; ++h) {
+      const float* weights = scores + h * num_keys;
+      for (int64_t d0 = 0; d0 < head_dim; d0 += kValueChunk) {
+        const int64_t width = std::min(kValueChunk, head_dim - d0);
+        float acc[kValueChunk] = {};
+        for (int64_t j0 = first_key; j0 <= position;) {
+          const int64_t block = table[j0 / p.block_size];
+          const int64_t offset = j0 % p.block_size;
+          const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
+          const float* values = p.value_cache +
+                                (block * p.block_size + offset) * kv_token_stride +
+                                kv_head * head_dim + d0;
+          const float* w = weights + (j0 - first_key);
+          if (width == kValueChunk) {
+            for (int64_t o = 0; o < count; ++o) {
+              const float* v = values + o * kv_token_stride;
+              for (int64_t d = 0; d < kValueChunk; ++d) acc[d] += w[o] * v[d];
+            }
+          } else {
+            for (int64_t o = 0; o < count; ++o) {
+              const float* v = values + o * kv_token_stride;
+              for (int64_t d = 0; d < width; ++d) acc[d] += w[o] * v[d];
+            }
+          }
+          j0 += count;
         }
+        std::memcpy(out + h * head_dim + d0, acc, static_cast<size_t>(width) * sizeof(float));
       }
-      j0 += count;
     }
   }
 }
