@@ -613,6 +613,19 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockHeadsAvx512(const uint8_t* x, int64_t
   return heads;
 }
 
+// The words of two consecutive blocks' 16 nibble bytes (kStride apart), each block's twice:
+// [b, b, b + 1, b + 1] in the four 128-bit chunks.
+template <int kStride>
+struct NibbleCopies {
+  int16_t index[32] = {};
+  constexpr NibbleCopies() {
+    for (int i = 0; i < 8; ++i) {
+      index[i] = index[8 + i] = static_cast<int16_t>(i);
+      index[16 + i] = index[24 + i] = static_cast<int16_t>(kStride / 2 + i);
+    }
+  }
+};
+
 // The weights of blocks b and b + 1 as unsigned bytes (block b in bytes 0..31): zero past nb.
 template <DType kType, bool kTail>
 LMSERVE_AVX512 LMSERVE_INLINE __m512i PairWeightsInPlace(const uint8_t* x, int64_t b, int64_t nb) {
@@ -629,15 +642,14 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i PairWeightsInPlace(const uint8_t* x, int64
     }
     w = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
   } else {
+    // One load of both blocks' nibbles (16 bytes each, kStride apart: an even stride, so block
+    // b + 1's start at word kStride / 2), only their bytes (a masked load reads nothing past them).
     const uint8_t* q = x + kStride * b + (kType == DType::kQ4_1 ? 4 : 2);
-    __m256i v = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-    if (two) {
-      v = _mm256_inserti128_si256(
-          v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + kStride)), 1);
-    }
+    const __mmask64 bytes = two ? (__mmask64{1} << (kStride + 16)) - 1 : __mmask64{0xFFFF};
+    const __m512i v = _mm512_maskz_loadu_epi8(bytes, q);
     // [nibbles of b, of b, of b + 1, of b + 1], the second copy of each shifted down by 4.
-    const __m512i copies = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-                                                    _mm512_zextsi256_si512(v));
+    static constexpr NibbleCopies<kStride> kCopies;
+    const __m512i copies = _mm512_permutexvar_epi16(_mm512_loadu_si512(kCopies.index), v);
     w = _mm512_and_si512(_mm512_srlv_epi64(copies, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
                          _mm512_set1_epi8(0x0F));
   }
