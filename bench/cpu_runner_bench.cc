@@ -1,6 +1,6 @@
 // lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128] [--decode-tokens 64]
 //                          [--repeats 3] [--dtype auto|native|float32] [--int8-activations]
-//                          [--accuracy IDS_FILE]
+//                          [--batch N] [--accuracy IDS_FILE]
 //
 // Measures the CPU runner on one model:
 // - load: wall time of OpenCheckpoint + ModelRunner::Create (file mapping, weights in their types or
@@ -9,6 +9,8 @@
 //   token only), tokens per second, the median of --repeats runs after one warm-up;
 // - decode: single-stream greedy decoding of --decode-tokens tokens after that prompt, one token
 //   per step through the paged cache, tokens per second (median of --repeats runs);
+// - with --batch N (N > 1), also decode steps of N sequences (each after its own prompt, one token
+//   each per step): milliseconds per step, the median over --decode-tokens steps of --repeats runs;
 // - peak RSS: getrusage's ru_maxrss at the end (weights, KV pages touched, workspaces).
 // With --accuracy IDS_FILE it measures instead the native modes' teacher-forced logits against the
 // float32 path's on those ids (top-1 agreement, relative L2).
@@ -57,6 +59,7 @@ struct Options {
   int prompt_tokens = 128;
   int decode_tokens = 64;
   int repeats = 3;
+  int batch = 1;
   lmserve::engine::RunnerDType dtype = lmserve::engine::RunnerDType::kAuto;
   bool int8_activations = false;
   std::string accuracy_ids;  // --accuracy: a file of comma-separated token ids
@@ -81,6 +84,8 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       options->decode_tokens = std::atoi(value);
     } else if (arg == "--repeats") {
       options->repeats = std::atoi(value);
+    } else if (arg == "--batch") {
+      options->batch = std::atoi(value);
     } else if (arg == "--accuracy") {
       options->accuracy_ids = value;
     } else if (arg == "--dtype") {
@@ -92,7 +97,7 @@ bool ParseOptions(int argc, char** argv, Options* options) {
     }
   }
   return !options->model.empty() && options->prompt_tokens > 0 && options->decode_tokens > 0 &&
-         options->repeats > 0 && options->threads >= 0;
+         options->repeats > 0 && options->threads >= 0 && options->batch > 0;
 }
 
 // GFLOP/s of a square fp32 GEMM through kernels::Linear (median of 5 after a warm-up).
@@ -221,7 +226,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: lmserve-cpu-runner-bench --model PATH [--threads N] [--prompt-tokens 128]"
                  " [--decode-tokens 64] [--repeats 3] [--dtype auto|native|float32]"
-                 " [--int8-activations] [--accuracy IDS_FILE]\n");
+                 " [--int8-activations] [--batch N] [--accuracy IDS_FILE]\n");
     return 2;
   }
 
@@ -247,8 +252,9 @@ int main(int argc, char** argv) {
   const double load_seconds = Seconds(load_start);
   lmserve::engine::ModelRunner& model = **runner;
   const lmserve::engine::ModelConfig& c = model.model_config();
+  const int64_t blocks_per_seq = (context + model.block_size_tokens() - 1) / model.block_size_tokens();
   if (context > c.max_position_embeddings ||
-      context > int64_t{model.num_kv_blocks()} * model.block_size_tokens()) {
+      options.batch * blocks_per_seq > int64_t{model.num_kv_blocks()}) {
     std::fprintf(stderr, "prompt + decode tokens (%lld) exceed the context or the KV cache\n",
                  static_cast<long long>(context));
     return 1;
@@ -304,6 +310,49 @@ int main(int argc, char** argv) {
   }
   const double decode_seconds = Median(decode_times);
 
+  // Decode steps of --batch sequences.
+  double batch_step_seconds = 0;
+  if (options.batch > 1) {
+    const int32_t n = options.batch;
+    std::vector<std::vector<int32_t>> tables(n);
+    for (int32_t i = 0; i < n; ++i) {
+      for (int64_t b = 0; b < blocks_per_seq; ++b) {
+        tables[i].push_back(static_cast<int32_t>(i * blocks_per_seq + b));
+      }
+    }
+    std::vector<double> step_times;
+    for (int run = 0; run <= options.repeats; ++run) {
+      std::vector<int32_t> tokens(n);
+      for (int32_t i = 0; i < n; ++i) {  // each sequence's prompt (a rotation of the one prompt)
+        std::vector<int32_t> own(prompt);
+        std::rotate(own.begin(), own.begin() + i % own.size(), own.end());
+        batch.Clear();
+        batch.AddSequence(own, 0, tables[i], LogitsMode::kLast);
+        if (!model.Execute(batch, &output).ok()) return 1;
+        tokens[i] = argmax();
+      }
+      int32_t computed = options.prompt_tokens;
+      for (int step = 0; step < options.decode_tokens; ++step) {
+        batch.Clear();
+        for (int32_t i = 0; i < n; ++i) {
+          batch.AddSequence(std::span<const int32_t>(&tokens[i], 1), computed, tables[i],
+                            LogitsMode::kLast);
+        }
+        const auto start = Clock::now();
+        if (!model.Execute(batch, &output).ok()) return 1;
+        if (run > 0) step_times.push_back(Seconds(start));
+        for (int32_t i = 0; i < n; ++i) {
+          lmserve::kernels::Argmax({.input = output.logits.data() + int64_t{i} * c.vocab_size,
+                                    .output = &tokens[i],
+                                    .num_rows = 1,
+                                    .row_size = c.vocab_size});
+        }
+        ++computed;
+      }
+    }
+    batch_step_seconds = Median(step_times);
+  }
+
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const double peak_rss_mib = usage.ru_maxrss / 1024.0;
@@ -353,6 +402,11 @@ int main(int argc, char** argv) {
       1 / per_token, options.decode_tokens, options.repeats, per_token * 1e3,
       decode_bytes_per_token / 1e6, decode_bytes_per_token / (copy_gbps * 1e9) * 1e3, copy_gbps,
       100 * decode_bytes_per_token / (copy_gbps * 1e9) / per_token);
+  if (options.batch > 1) {
+    std::printf("decode batch     %d sequences: %.2f ms/step (median of %d steps), %.1f tokens/s\n",
+                options.batch, batch_step_seconds * 1e3, options.repeats * options.decode_tokens,
+                options.batch / batch_step_seconds);
+  }
   std::printf("peak RSS         %.1f MiB (getrusage ru_maxrss; the weights are %.1f MiB as stored)\n",
               peak_rss_mib, stats.weight_bytes / 1048576.0);
   return 0;

@@ -12,10 +12,16 @@
 namespace lmserve::kernels {
 namespace {
 
+// Features of a head whose weighted sum over the values stays in registers.
+constexpr int64_t kValueChunk = 32;
+// Keys ahead whose rows are prefetched in QK^T.
+constexpr int64_t kPrefetchKeys = 8;
 // Query rows of one sequence that one work item handles.
 constexpr int64_t kRowsPerItem = 16;
 // Below this many multiply-adds in QK^T, threads cost more than they save.
-constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
+// (A decode step of the demo model, 9 heads of 64 at 160 keys: 92K; one of its layers' attention
+// took some 40 us on one thread, a parallel loop's start and end a few.)
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 15;
 
 // fp32 dot product with eight independent partial sums (which the compiler vectorizes).
 inline float Dot(const float* a, const float* b, int64_t n) {
@@ -35,31 +41,21 @@ inline int64_t FirstKey(int64_t position, int32_t window) {
   return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
 }
 
-// Asks for one KV head's rows of a cache block (keys or values) ahead of their use. A row is a
-// few cache lines, strided by the other heads' rows, which the hardware prefetchers follow poorly;
-// one query row (a decode) does too little work a key to hide the misses without this.
-inline void PrefetchBlock(const PagedAttentionParams& p, int64_t block, const float* cache,
-                          int64_t kv_head) {
-  const int64_t kv_token_stride = p.num_kv_heads * p.head_dim;
-  const float* rows = cache + block * p.block_size * kv_token_stride + kv_head * p.head_dim;
-  for (int64_t t = 0; t < p.block_size; ++t) {
-    for (int64_t f = 0; f < p.head_dim; f += 16) {  // 16 floats: a 64-byte line
-      __builtin_prefetch(rows + t * kv_token_stride + f);
-    }
-  }
-}
-
 // Attention for query rows [row_begin, row_end) of sequence `seq`, the query heads of KV head
 // `kv_head`. `scores` holds group_size * max_context_len floats.
 //
 // AVX2 where the CPU has it: the same operations in wider registers (no FMA, which would let the
 // compiler contract a * b + c and change the rounding from one CPU to another).
+// Only the group's query heads [head_begin, head_end) (each head's results do not depend on the
+// others').
 __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAttentionParams& p,
                                                                   int64_t seq, int64_t kv_head,
+                                                                  int64_t head_begin,
+                                                                  int64_t head_end,
                                                                   int64_t row_begin,
                                                                   int64_t row_end, float* scores) {
   const int64_t head_dim = p.head_dim;
-  const int64_t group_size = p.num_heads / p.num_kv_heads;
+  const int64_t group_size = head_end - head_begin;
   const int64_t q_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * head_dim;
   const int64_t kv_token_stride = p.num_kv_heads * head_dim;
   const int64_t query_len = p.query_start[seq + 1] - p.query_start[seq];
@@ -72,22 +68,23 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
     const int64_t position = first_position + row;
     const int64_t first_key = FirstKey(position, p.window);  // keys [first_key, position]
     const int64_t num_keys = position + 1 - first_key;
-    const float* q = p.query + token * q_stride + kv_head * group_size * head_dim;
+    const int64_t first_head = kv_head * (p.num_heads / p.num_kv_heads) + head_begin;
+    const float* q = p.query + token * q_stride + first_head * head_dim;
 
     // Scores, head h's of key first_key + j at scores[h * num_keys + j]. Keys are walked a block
-    // (or the part of one in the window) at a time, the next block's rows prefetched.
-    PrefetchBlock(p, table[first_key / p.block_size], p.key_cache, kv_head);
+    // (or the part of one in the window) at a time.
     for (int64_t j0 = first_key; j0 <= position;) {
       const int64_t block = table[j0 / p.block_size];
       const int64_t offset = j0 % p.block_size;
       const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
       const float* keys =
           p.key_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
-      if (j0 + count <= position) {
-        PrefetchBlock(p, table[(j0 + count) / p.block_size], p.key_cache, kv_head);
-      }
       for (int64_t o = 0; o < count; ++o) {
         const float* k = keys + o * kv_token_stride;
+        if (o + kPrefetchKeys < count) {  // the cache is cold: the weights streamed through since
+          const float* ahead = k + kPrefetchKeys * kv_token_stride;
+          for (int64_t d = 0; d < head_dim; d += 16) __builtin_prefetch(ahead + d);
+        }
         for (int64_t h = 0; h < group_size; ++h) {
           float s = Dot(q + h * head_dim, k, head_dim) * p.scale;
           if (capped) s = p.softcap * std::tanh(s / p.softcap);
@@ -97,7 +94,6 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       j0 += count;
     }
     // Softmax per head: subtract the maximum, exponentiate, normalize (the sum in double).
-    PrefetchBlock(p, table[first_key / p.block_size], p.value_cache, kv_head);
     for (int64_t h = 0; h < group_size; ++h) {
       float* s = scores + h * num_keys;
       float max_score = s[0];
@@ -110,40 +106,58 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       const float inv_sum = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < num_keys; ++j) s[j] *= inv_sum;
     }
-    // Weighted sum of the values.
-    float* out = p.output + token * p.num_heads * head_dim + kv_head * group_size * head_dim;
-    std::memset(out, 0, static_cast<size_t>(group_size * head_dim) * sizeof(float));
-    for (int64_t j0 = first_key; j0 <= position;) {
-      const int64_t block = table[j0 / p.block_size];
-      const int64_t offset = j0 % p.block_size;
-      const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
-      const float* values =
-          p.value_cache + (block * p.block_size + offset) * kv_token_stride + kv_head * head_dim;
-      if (j0 + count <= position) {
-        PrefetchBlock(p, table[(j0 + count) / p.block_size], p.value_cache, kv_head);
-      }
-      for (int64_t o = 0; o < count; ++o) {
-        const float* v = values + o * kv_token_stride;
-        for (int64_t h = 0; h < group_size; ++h) {
-          const float w = scores[h * num_keys + j0 - first_key + o];
-          float* out_h = out + h * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) out_h[d] += w * v[d];
+    // Weighted sum of the values: kValueChunk features of one head at a time, summed in registers
+    // over the keys in order from 0 (a running sum in memory waited on its own stores).
+    float* out = p.output + token * p.num_heads * head_dim + first_head * head_dim;
+    for (int64_t h = 0; h < group_size; ++h) {
+      const float* weights = scores + h * num_keys;
+      for (int64_t d0 = 0; d0 < head_dim; d0 += kValueChunk) {
+        const int64_t width = std::min(kValueChunk, head_dim - d0);
+        float acc[kValueChunk] = {};
+        for (int64_t j0 = first_key; j0 <= position;) {
+          const int64_t block = table[j0 / p.block_size];
+          const int64_t offset = j0 % p.block_size;
+          const int64_t count = std::min(p.block_size - offset, position + 1 - j0);
+          const float* values = p.value_cache +
+                                (block * p.block_size + offset) * kv_token_stride +
+                                kv_head * head_dim + d0;
+          const float* w = weights + (j0 - first_key);
+          if (width == kValueChunk) {
+            for (int64_t o = 0; o < count; ++o) {
+              const float* v = values + o * kv_token_stride;
+              for (int64_t d = 0; d < kValueChunk; ++d) acc[d] += w[o] * v[d];
+            }
+          } else {
+            for (int64_t o = 0; o < count; ++o) {
+              const float* v = values + o * kv_token_stride;
+              for (int64_t d = 0; d < width; ++d) acc[d] += w[o] * v[d];
+            }
+          }
+          j0 += count;
         }
+        std::memcpy(out + h * head_dim + d0, acc, static_cast<size_t>(width) * sizeof(float));
       }
-      j0 += count;
     }
   }
 }
 
-// Runs the work items i with i % num_workers == worker: (sequence, KV head, chunk of query rows).
-void RunWorker(const PagedAttentionParams& p, int worker, int num_workers, float* scores) {
+// Runs the work items i with i % num_workers == worker: (sequence, KV head, chunk of query rows),
+// or with split_heads (decode steps: too few items to go round the threads), (sequence, KV head,
+// chunk of query rows, query head).
+void RunWorker(const PagedAttentionParams& p, int worker, int num_workers, bool split_heads,
+               float* scores) {
+  const int64_t group_size = p.num_heads / p.num_kv_heads;
+  const int64_t head_step = split_heads ? 1 : group_size;
   int64_t item = 0;
   for (int64_t seq = 0; seq < p.num_seqs; ++seq) {
     const int64_t query_len = p.query_start[seq + 1] - p.query_start[seq];
     for (int64_t kv_head = 0; kv_head < p.num_kv_heads; ++kv_head) {
-      for (int64_t row = 0; row < query_len; row += kRowsPerItem, ++item) {
-        if (item % num_workers != worker) continue;
-        AttendRows(p, seq, kv_head, row, std::min(query_len, row + kRowsPerItem), scores);
+      for (int64_t row = 0; row < query_len; row += kRowsPerItem) {
+        for (int64_t h = 0; h < group_size; h += head_step, ++item) {
+          if (item % num_workers != worker) continue;
+          AttendRows(p, seq, kv_head, h, h + head_step, row,
+                     std::min(query_len, row + kRowsPerItem), scores);
+        }
       }
     }
   }
@@ -253,12 +267,18 @@ void PagedAttention(const PagedAttentionParams& p) {
   const int num_workers = static_cast<int>(
       std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max(1, p.num_threads)));
   if (num_workers == 1) {
-    RunWorker(p, 0, 1, p.workspace);
+    RunWorker(p, 0, 1, false, p.workspace);
     return;
   }
+  int64_t items = 0;  // (sequence, KV head, row chunk) items
+  for (int64_t i = 0; i < p.num_seqs; ++i) {
+    items += p.num_kv_heads *
+             ((p.query_start[i + 1] - p.query_start[i] + kRowsPerItem - 1) / kRowsPerItem);
+  }
+  const bool split_heads = items < 4 * int64_t{num_workers};
   ParallelFor(num_workers, num_workers, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
-      RunWorker(p, static_cast<int>(w), num_workers, p.workspace + w * scratch_floats);
+      RunWorker(p, static_cast<int>(w), num_workers, split_heads, p.workspace + w * scratch_floats);
     }
   });
 }

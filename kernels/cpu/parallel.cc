@@ -45,16 +45,19 @@ class Team {
     for (std::thread& t : workers_) t.join();
   }
 
-  void Run(int64_t n, int count, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  // chunk 0: up to kRangesPerThread nearly equal ranges a thread; else ranges of `chunk` indexes.
+  void Run(int64_t n, int count, int64_t chunk, absl::FunctionRef<void(int64_t, int64_t)> fn) {
     while (static_cast<int>(workers_.size()) < count - 1) {
       const int index = static_cast<int>(workers_.size()) + 1;
       const uint64_t seen = state_.load();  // before this loop is published
       workers_.emplace_back([this, index, seen] { Work(index, seen); });
     }
     const uint64_t generation = (state_.load() >> 16) + 1;
-    const int64_t ranges = std::min(n, count * kRangesPerThread);
+    const int64_t ranges =
+        chunk > 0 ? (n + chunk - 1) / chunk : std::min(n, count * kRangesPerThread);
     fn_ = &fn;
     n_ = n;
+    chunk_ = chunk;
     done_.store(0, std::memory_order_relaxed);
     claims_.store((generation & kGenerationMask) << 40 | static_cast<uint64_t>(ranges) << 20,
                   std::memory_order_release);
@@ -72,7 +75,7 @@ class Team {
 
  private:
   static constexpr uint64_t kGenerationMask = (uint64_t{1} << 24) - 1;
-  static constexpr uint64_t kFieldMask = (uint64_t{1} << 20) - 1;  // ranges <= 4 x 0xFFFF
+  static constexpr uint64_t kFieldMask = (uint64_t{1} << 20) - 1;  // ranges (Run's callers bound them)
 
   void Publish(uint64_t state) {
     state_.store(state);  // seq_cst: ordered before the load of sleepers_ (Work's mirror image)
@@ -92,7 +95,11 @@ class Team {
       }
       // A claimed range keeps the loop (fn_, n_) alive until done_ counts it.
       const int64_t r = static_cast<int64_t>(ranges), i = static_cast<int64_t>(index);
-      (*fn_)(n_ * i / r, n_ * (i + 1) / r);
+      if (chunk_ > 0) {
+        (*fn_)(i * chunk_, std::min(n_, (i + 1) * chunk_));
+      } else {
+        (*fn_)(n_ * i / r, n_ * (i + 1) / r);
+      }
       done_.fetch_add(1, std::memory_order_release);
       claim = claims_.load(std::memory_order_acquire);
     }
@@ -128,21 +135,35 @@ class Team {
   // The loop being run; valid while a range of it is claimed and not yet done.
   absl::FunctionRef<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
+  int64_t chunk_ = 0;
 };
 
-}  // namespace
-
-void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+// Runs a loop on the calling thread's team (Team::Run's `chunk`).
+void Run(int64_t n, int num_threads, int64_t chunk, absl::FunctionRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   const int count =
       static_cast<int>(std::clamp<int64_t>(num_threads, 1, std::min<int64_t>(n, 0xFFFF)));
   if (count == 1) {
-    fn(int64_t{0}, n);
+    if (chunk == 0) chunk = n;
+    for (int64_t begin = 0; begin < n; begin += chunk) fn(begin, std::min(n, begin + chunk));
     return;
   }
   thread_local std::unique_ptr<Team> team;
   if (team == nullptr) team = std::make_unique<Team>();
-  team->Run(n, count, fn);
+  team->Run(n, count, chunk, fn);
+}
+
+}  // namespace
+
+void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  Run(n, num_threads, 0, fn);
+}
+
+void ParallelForChunks(int64_t n, int num_threads, int64_t chunk,
+                       absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  // At most 2^20 - 1 ranges (the claim word's field): larger chunks past that.
+  chunk = std::max<int64_t>({chunk, 1, (n + 0xFFFFE) / 0xFFFFF});
+  Run(n, num_threads, chunk, fn);
 }
 
 int PhysicalCoreCount() {

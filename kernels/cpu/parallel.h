@@ -3,8 +3,8 @@
 // parallel loops, so workers spin for a moment between loops (about 100 us) before they sleep on
 // a futex, and a loop's start costs no thread creation and, while they spin, no system call. The
 // caller works too, and the ranges of a loop go to whichever member is free, so a member that is
-// descheduled or still waking does not hold the loop up by a whole share. Teams of different callers are independent (tensor-parallel
-// ranks on CPU threads each have their own).
+// descheduled or still waking does not hold the loop up by a whole share. Teams of different
+// callers are independent (tensor-parallel ranks on CPU threads each have their own).
 
 #ifndef LMSERVE_KERNELS_CPU_PARALLEL_H_
 #define LMSERVE_KERNELS_CPU_PARALLEL_H_
@@ -20,6 +20,13 @@ namespace lmserve::kernels {
 // when all are done. The ranges depend only on n and num_threads, not on which thread runs each.
 // n <= 0 runs nothing; num_threads <= 1 runs [0, n) on the caller alone.
 void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int64_t)> fn);
+
+// Runs fn(begin, end) over [0, n) in ranges of `chunk` indexes (the last one shorter), taken in
+// order by the caller and up to num_threads - 1 workers as each becomes free, and returns when all
+// are done: a thread that starts late (descheduled on a busy machine) or runs slower takes fewer.
+// Each range runs on one thread; which one is not fixed.
+void ParallelForChunks(int64_t n, int num_threads, int64_t chunk,
+                       absl::FunctionRef<void(int64_t, int64_t)> fn);
 
 // Physical cores this process may run on (its affinity mask, SMT siblings counted once); at least 1.
 int PhysicalCoreCount();

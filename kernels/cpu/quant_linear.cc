@@ -537,61 +537,146 @@ LMSERVE_AVX512 void DotTileAvx512(const Row* rows, int64_t n, const Input& in, i
   for (int64_t i = 0; i < n; ++i) out[i] = DotAvx512(rows[i], in, nb, f);
 }
 
-// Q8_0, Q4_0 and Q4_1 rows read in place, for steps of a token or two (decode): the blocks' bytes
-// go straight into registers, their scales gathered sixteen at a time, without the unpacking pass.
+// Q8_0, Q4_0 and Q4_1 rows read in place, for steps of up to kMaxInPlaceTokens tokens (decode,
+// small decode batches): the blocks' bytes go straight into registers, without the unpacking
+// pass, and each group of sixteen blocks is extracted once and multiplied by every token's input.
 // The same integer sums and fp32 operations as DotAvx512 on the unpacked row.
-template <bool kTail>
-LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesInPlace(DType dtype, const uint8_t* x,
-                                                       const Input& in, int64_t b, int64_t nb) {
+constexpr int64_t kMaxInPlaceTokens = 8;
+constexpr int kInPlaceTokenChunk = 4;  // tokens whose accumulators stay in registers together
+
+// Whether DotsInPlaceAvx512 takes `dtype`.
+bool InPlaceType(DType dtype) {
+  return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+}
+
+constexpr int InPlaceStride(DType dtype) {
+  return dtype == DType::kQ8_0 ? 34 : dtype == DType::kQ4_0 ? 18 : 20;
+}
+
+// Where each of sixteen consecutive blocks' first four bytes (its fp16 scale, and Q4_1's min)
+// lies in the group's bytes loaded as 64-byte registers: output dword i (words 2i, 2i + 1) is taken
+// by the two-register permutation of registers k and k + 1 whose mask holds it, k the register of
+// its first byte. Replaces a gather (on AMD Zen 4, a gather of sixteen was a sixth of a token).
+template <int kStride>
+struct HeadTable {
+  static constexpr int kRegs = (16 * kStride + 63) / 64;
+  int16_t index[kRegs][32] = {};
+  uint32_t mask[kRegs] = {};
+  constexpr HeadTable() {
+    for (int i = 0; i < 16; ++i) {
+      const int k = kStride * i / 64;
+      const int word = kStride * i / 2 - 32 * k;  // strides are even: blocks start on words
+      index[k][2 * i] = static_cast<int16_t>(word);
+      index[k][2 * i + 1] = static_cast<int16_t>(word + 1);
+      mask[k] |= 3u << (2 * i);
+    }
+  }
+};
+
+// The first four bytes of blocks g..g+15 of a row (zero for those at or past nb), one per dword.
+// Reads no byte past block nb - 1. kTail: the row's last group, of fewer than sixteen blocks.
+template <DType kType, bool kTail>
+LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockHeadsAvx512(const uint8_t* x, int64_t g, int64_t nb) {
+  constexpr int kStride = InPlaceStride(kType);
+  const uint8_t* base = x + g * kStride;
+  if (kTail && nb - g <= 2) {  // one or two blocks: two loads
+    uint32_t first, second = 0;
+    std::memcpy(&first, base, 4);
+    if (nb - g == 2) std::memcpy(&second, base + kStride, 4);
+    return _mm512_zextsi128_si512(_mm_setr_epi32(static_cast<int32_t>(first),
+                                                 static_cast<int32_t>(second), 0, 0));
+  }
+  static constexpr HeadTable<kStride> kTable;
+  constexpr int kRegs = HeadTable<kStride>::kRegs;
+  // The group's bytes in the row.
+  const int64_t bytes = kTail ? (nb - g) * kStride : 16 * kStride;
+  __m512i regs[kRegs + 1];
+  for (int k = 0; k < kRegs; ++k) {
+    const int64_t left = bytes - 64 * k;
+    if (!kTail && left >= 64) {
+      regs[k] = _mm512_loadu_si512(base + 64 * k);
+    } else {
+      const __mmask64 mask = left >= 64 ? ~__mmask64{0}
+                             : left <= 0 ? __mmask64{0}
+                                         : (__mmask64{1} << left) - 1;
+      regs[k] = _mm512_maskz_loadu_epi8(mask, base + 64 * k);
+    }
+  }
+  regs[kRegs] = _mm512_setzero_si512();
+  __m512i heads = _mm512_setzero_si512();
+  for (int k = 0; k < kRegs; ++k) {
+    const __m512i index = _mm512_loadu_si512(kTable.index[k]);
+    heads = _mm512_mask_blend_epi16(kTable.mask[k], heads,
+                                    _mm512_permutex2var_epi16(regs[k], index, regs[k + 1]));
+  }
+  // Blocks past nb: their words came from zeroed bytes.
+  return heads;
+}
+
+// The words of two consecutive blocks' 16 nibble bytes (kStride apart), each block's twice:
+// [b, b, b + 1, b + 1] in the four 128-bit chunks.
+template <int kStride>
+struct NibbleCopies {
+  int16_t index[32] = {};
+  constexpr NibbleCopies() {
+    for (int i = 0; i < 8; ++i) {
+      index[i] = index[8 + i] = static_cast<int16_t>(i);
+      index[16 + i] = index[24 + i] = static_cast<int16_t>(kStride / 2 + i);
+    }
+  }
+};
+
+// The weights of blocks b and b + 1 as unsigned bytes (block b in bytes 0..31): zero past nb.
+template <DType kType, bool kTail>
+LMSERVE_AVX512 LMSERVE_INLINE __m512i PairWeightsInPlace(const uint8_t* x, int64_t b, int64_t nb) {
   if (kTail && b >= nb) return _mm512_setzero_si512();
   const bool two = !kTail || b + 1 < nb;  // a second block (never read past the row's end)
-  const int64_t stride = dtype == DType::kQ8_0 ? 34 : dtype == DType::kQ4_0 ? 18 : 20;
+  constexpr int64_t kStride = InPlaceStride(kType);
   __m512i w;
-  if (dtype == DType::kQ8_0) {
-    const uint8_t* q = x + stride * b + 2;
+  if constexpr (kType == DType::kQ8_0) {
+    const uint8_t* q = x + kStride * b + 2;
     __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
     if (two) {
-      v = _mm512_inserti64x4(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + stride)),
+      v = _mm512_inserti64x4(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kStride)),
                              1);
     }
     w = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
   } else {
-    const uint8_t* q = x + stride * b + (dtype == DType::kQ4_1 ? 4 : 2);
-    __m256i v = _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-    if (two) {
-      v = _mm256_inserti128_si256(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + stride)),
-                                  1);
-    }
+    // One load of both blocks' nibbles (16 bytes each, kStride apart: an even stride, so block
+    // b + 1's start at word kStride / 2), only their bytes (a masked load reads nothing past them).
+    const uint8_t* q = x + kStride * b + (kType == DType::kQ4_1 ? 4 : 2);
+    const __mmask64 bytes = two ? (__mmask64{1} << (kStride + 16)) - 1 : __mmask64{0xFFFF};
+    const __m512i v = _mm512_maskz_loadu_epi8(bytes, q);
     // [nibbles of b, of b, of b + 1, of b + 1], the second copy of each shifted down by 4.
-    const __m512i copies = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-                                                    _mm512_zextsi256_si512(v));
+    static constexpr NibbleCopies<kStride> kCopies;
+    const __m512i copies = _mm512_permutexvar_epi16(_mm512_loadu_si512(kCopies.index), v);
     w = _mm512_and_si512(_mm512_srlv_epi64(copies, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
                          _mm512_set1_epi8(0x0F));
   }
-  const __mmask64 bytes = two ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
-  w = _mm512_maskz_mov_epi8(bytes, w);
-  const __m512i a = _mm512_maskz_loadu_epi8(bytes, in.q + 32 * b);
+  if (kTail && !two) w = _mm512_maskz_mov_epi8(__mmask64{0xFFFFFFFF}, w);
+  return w;
+}
+
+// The lane sums of a pair of blocks' weights w against one input (blocks b and b + 1).
+template <bool kTail>
+LMSERVE_AVX512 LMSERVE_INLINE __m512i PairLanesAgainst(__m512i w, const Input& in, int64_t b,
+                                                       int64_t nb) {
+  if (kTail && b >= nb) return _mm512_setzero_si512();
+  const __mmask64 bytes = !kTail || b + 1 < nb ? ~__mmask64{0} : __mmask64{0xFFFFFFFF};
+  const __m512i a = kTail ? _mm512_maskz_loadu_epi8(bytes, in.q + 32 * b)
+                          : _mm512_loadu_si512(in.q + 32 * b);
   __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
   if (in.q_low != nullptr) {
-    p = _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 8), w,
-                            _mm512_maskz_loadu_epi8(bytes, in.q_low + 32 * b));
+    const __m512i low = kTail ? _mm512_maskz_loadu_epi8(bytes, in.q_low + 32 * b)
+                              : _mm512_loadu_si512(in.q_low + 32 * b);
+    p = _mm512_dpbusd_epi32(_mm512_slli_epi32(p, 8), w, low);
   }
   return p;
 }
 
-template <bool kTail>
-LMSERVE_AVX512 LMSERVE_INLINE __m512i BlockSumsInPlace(DType dtype, const uint8_t* x,
-                                                       const Input& in, int64_t g, int64_t nb) {
-  __m512i v[8];
-  for (int i = 0; i < 8; ++i) v[i] = PairLanesInPlace<kTail>(dtype, x, in, g + 2 * i, nb);
-  return ReducePairs(v);
-}
-
-// The sums of blocks g and g + 1 (the last one or two of a row, zero past it) in lanes 0 and 1: the
-// 16-block reduction above for a group that has only one pair.
-LMSERVE_AVX512 LMSERVE_INLINE __m512i LastPairSumsInPlace(DType dtype, const uint8_t* x,
-                                                          const Input& in, int64_t g, int64_t nb) {
-  const __m512i p = PairLanesInPlace<true>(dtype, x, in, g, nb);
+// The sums of blocks g and g + 1 (the last one or two of a row, zero past it) in lanes 0 and 1
+// from their pair's lanes p: the 16-block reduction for a group that has only one pair.
+LMSERVE_AVX512 LMSERVE_INLINE __m512i LastPairSums(__m512i p) {
   const __m256i low = _mm512_castsi512_si256(p), high = _mm512_extracti64x4_epi64(p, 1);
   const __m256i h = _mm256_hadd_epi32(low, high);  // per 128 bits: pairs of block g's, g + 1's
   const __m256i hh = _mm256_hadd_epi32(h, h);      // [g, g + 1, g, g + 1] per 128 bits
@@ -600,41 +685,173 @@ LMSERVE_AVX512 LMSERVE_INLINE __m512i LastPairSumsInPlace(DType dtype, const uin
   return _mm512_zextsi128_si512(_mm_move_epi64(sums));  // [g, g + 1, 0, ...]
 }
 
-// Whether DotInPlaceAvx512 takes `dtype`.
-bool InPlaceType(DType dtype) {
-  return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+// Reduce16 of the sixteen lanes of a and of b, side by side: Reduce16Avx2's additions.
+LMSERVE_AVX512 LMSERVE_INLINE void Reduce16Pair(__m512 a, __m512 b, float* sums) {
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+  const __m512 x = _mm512_add_ps(w, _mm512_permute_ps(w, 0x4E));
+  // x[0] + x[4] and x[8] + x[12]
+  const __m512 y = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
+  sums[0] = _mm512_cvtss_f32(y);
+  sums[1] = _mm_cvtss_f32(_mm512_extractf32x4_ps(y, 2));
 }
 
-LMSERVE_AVX512 float DotInPlaceAvx512(DType dtype, const uint8_t* x, const Input& in, int64_t nb,
-                                      Format f) {
-  const int64_t stride = dtype == DType::kQ8_0 ? 34 : dtype == DType::kQ4_0 ? 18 : 20;
-  const __m512i offsets = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(static_cast<int32_t>(stride)));
-  const bool has_min = dtype == DType::kQ4_1;
-  __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+// One row of kType read in place against kTokens inputs: out[t] = row . in[t].
+template <DType kType, int kTokens>
+LMSERVE_AVX512 LMSERVE_INLINE void DotsInPlaceAvx512(const uint8_t* x, const Input* in,
+                                                     int64_t nb, float* out) {
+  constexpr bool kHasMin = kType == DType::kQ4_1;
+  constexpr int kShift = kType == DType::kQ8_0 ? 7 : kType == DType::kQ4_0 ? 3 : -1;
+  __m512 s[kTokens], m[kTokens];
+  for (int t = 0; t < kTokens; ++t) s[t] = m[t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < nb; g += 16) {
-    const __mmask16 mask = nb - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (nb - g)) - 1);
-    // Each block's first four bytes: its fp16 scale (and Q4_1's min).
-    const __m512i words =
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, offsets, x + g * stride, 1);
+    const __m512i words = g + 16 <= nb ? BlockHeadsAvx512<kType, false>(x, g, nb)
+                                       : BlockHeadsAvx512<kType, true>(x, g, nb);
     const __m512 ws = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
-    __m512i block = g + 16 <= nb  ? BlockSumsInPlace<false>(dtype, x, in, g, nb)
-                    : g + 2 >= nb ? LastPairSumsInPlace(dtype, x, in, g, nb)
-                                  : BlockSumsInPlace<true>(dtype, x, in, g, nb);
-    if (f.shift >= 0) {
-      block = _mm512_sub_epi32(block, _mm512_slli_epi32(_mm512_loadu_si512(in.total + g), f.shift));
+    __m512 wm = _mm512_setzero_ps();
+    if constexpr (kHasMin) wm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16)));
+    __m512i block[kTokens];
+    if (g + 16 <= nb) {
+      __m512i w[8];
+      for (int i = 0; i < 8; ++i) w[i] = PairWeightsInPlace<kType, false>(x, g + 2 * i, nb);
+      for (int t = 0; t < kTokens; ++t) {
+        __m512i v[8];
+        for (int i = 0; i < 8; ++i) v[i] = PairLanesAgainst<false>(w[i], in[t], g + 2 * i, nb);
+        block[t] = ReducePairs(v);
+      }
+    } else if (g + 2 >= nb) {
+      const __m512i w = PairWeightsInPlace<kType, true>(x, g, nb);
+      for (int t = 0; t < kTokens; ++t) {
+        block[t] = LastPairSums(PairLanesAgainst<true>(w, in[t], g, nb));
+      }
+    } else {
+      __m512i w[8];
+      for (int i = 0; i < 8; ++i) w[i] = PairWeightsInPlace<kType, true>(x, g + 2 * i, nb);
+      for (int t = 0; t < kTokens; ++t) {
+        __m512i v[8];
+        for (int i = 0; i < 8; ++i) v[i] = PairLanesAgainst<true>(w[i], in[t], g + 2 * i, nb);
+        block[t] = ReducePairs(v);
+      }
     }
-    s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block), _mm512_mul_ps(ws, _mm512_loadu_ps(in.scale + g)),
-                        s);
-    if (has_min) {
-      const __m512 wm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(words, 16)));
-      m = _mm512_fmadd_ps(wm, _mm512_loadu_ps(in.sum + g), m);
+    for (int t = 0; t < kTokens; ++t) {
+      __m512i b = block[t];
+      if constexpr (kShift >= 0) {
+        b = _mm512_sub_epi32(b, _mm512_slli_epi32(_mm512_loadu_si512(in[t].total + g), kShift));
+      }
+      s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(ws, _mm512_loadu_ps(in[t].scale + g)),
+                             s[t]);
+      if constexpr (kHasMin) m[t] = _mm512_fmadd_ps(wm, _mm512_loadu_ps(in[t].sum + g), m[t]);
     }
   }
-  const float sum = Reduce16Avx2(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  return has_min ? sum + Reduce16Avx2(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1))
-                 : sum;
+  for (int t = 0; t < kTokens; ++t) {
+    if constexpr (kHasMin) {
+      float sums[2];
+      Reduce16Pair(s[t], m[t], sums);
+      out[t] = sums[0] + sums[1];
+    } else {
+      out[t] = Reduce16Avx2(_mm512_castps512_ps256(s[t]), _mm512_extractf32x8_ps(s[t], 1));
+    }
+  }
+}
+
+// QuantizeInputRow's rounding of v * (1 / step) in sixteen lanes: (v < 127 ? v : 127), then
+// (that > -127 ? that : -127) (std::max(-127, std::min(127, v)), a NaN going to 127 as there), then
+// to the nearest integer through 1.5 * 2^23.
+LMSERVE_AVX512 LMSERVE_INLINE __m512i RoundToInt8Avx512(__m512 v) {
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  v = _mm512_max_ps(_mm512_min_ps(v, _mm512_set1_ps(127.0f)), _mm512_set1_ps(-127.0f));
+  return _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(v, round), round));
+}
+
+// QuantizeInputRow and the blocks' totals and scale * total (QuantLinear's input quantization),
+// sixteen elements at a time: the same fp32 operations on each element (no contraction), the same
+// integer sums, so the same bytes. q_low null: one part.
+LMSERVE_AVX512 void QuantizeRowAvx512(const float* x, int64_t cols, int8_t* q, int8_t* q_low,
+                                      float* scale, int32_t* lanes, int32_t* total, float* sum) {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512i first_of_four = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0,
+                                                  0, 0);
+  for (int64_t b = 0; b < cols / kBlock; ++b, x += kBlock) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    // max(|x|) over the block: a NaN never passes (max_ps returns its second operand then).
+    const __m512 m = _mm512_max_ps(_mm512_and_ps(x1, magnitude),
+                                   _mm512_max_ps(_mm512_and_ps(x0, magnitude),
+                                                 _mm512_setzero_ps()));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    __m512i q0 = RoundToInt8Avx512(_mm512_mul_ps(x0, vid)), q1 = RoundToInt8Avx512(_mm512_mul_ps(x1, vid));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+    if (q_low != nullptr) {  // the residual, in steps of d / 256
+      const __m512 vd = _mm512_set1_ps(d), steps = _mm512_set1_ps(256.0f);
+      const __m512i l0 = RoundToInt8Avx512(_mm512_mul_ps(
+          _mm512_mul_ps(_mm512_sub_ps(x0, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(q0))), vid), steps));
+      const __m512i l1 = RoundToInt8Avx512(_mm512_mul_ps(
+          _mm512_mul_ps(_mm512_sub_ps(x1, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(q1))), vid), steps));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q_low + 32 * b), _mm512_cvtepi32_epi8(l0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q_low + 32 * b + 16), _mm512_cvtepi32_epi8(l1));
+      q0 = _mm512_add_epi32(_mm512_slli_epi32(q0, 8), l0);
+      q1 = _mm512_add_epi32(_mm512_slli_epi32(q1, 8), l1);
+    }
+    scale[b] = q_low != nullptr ? d / 256.0f : d;
+    // Sums of four consecutive values (exact integers): lane 4i of each holds elements 4i..4i+3.
+    const __m512i p0 = _mm512_add_epi32(q0, _mm512_shuffle_epi32(q0, _MM_PERM_CDAB));
+    const __m512i p1 = _mm512_add_epi32(q1, _mm512_shuffle_epi32(q1, _MM_PERM_CDAB));
+    const __m512i s0 = _mm512_add_epi32(p0, _mm512_shuffle_epi32(p0, _MM_PERM_BADC));
+    const __m512i s1 = _mm512_add_epi32(p1, _mm512_shuffle_epi32(p1, _MM_PERM_BADC));
+    const __m256i four = _mm512_castsi512_si256(_mm512_permutex2var_epi32(s0, first_of_four, s1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes + 8 * b), four);
+    total[b] = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(four));
+    sum[b] = scale[b] * static_cast<float>(total[b]);
+  }
+}
+
+// Rows [row_begin, row_end) of kType read in place against `num_tokens` (<= kMaxInPlaceTokens)
+// inputs, at most kInPlaceTokenChunk at a time: out[t * ldo + r - row_begin].
+template <DType kType>
+LMSERVE_AVX512 void RowsInPlaceAvx512(const uint8_t* weight, int64_t row_bytes, int64_t row_begin,
+                                      int64_t row_end, const Input* in, int64_t num_tokens,
+                                      int64_t nb, float* out, int64_t ldo) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* x = weight + r * row_bytes;
+    float dots[kMaxInPlaceTokens];
+    for (int64_t t = 0; t < num_tokens; t += kInPlaceTokenChunk) {
+      switch (std::min<int64_t>(kInPlaceTokenChunk, num_tokens - t)) {
+        case 1:
+          DotsInPlaceAvx512<kType, 1>(x, in + t, nb, dots + t);
+          break;
+        case 2:
+          DotsInPlaceAvx512<kType, 2>(x, in + t, nb, dots + t);
+          break;
+        case 3:
+          DotsInPlaceAvx512<kType, 3>(x, in + t, nb, dots + t);
+          break;
+        default:
+          DotsInPlaceAvx512<kType, 4>(x, in + t, nb, dots + t);
+          break;
+      }
+    }
+    for (int64_t t = 0; t < num_tokens; ++t) out[t * ldo + (r - row_begin)] = dots[t];
+  }
+}
+
+LMSERVE_AVX512 void InPlaceAvx512(DType dtype, const uint8_t* weight, int64_t row_bytes,
+                                  int64_t row_begin, int64_t row_end, const Input* in,
+                                  int64_t num_tokens, int64_t nb, float* out, int64_t ldo) {
+  switch (dtype) {
+    case DType::kQ8_0:
+      return RowsInPlaceAvx512<DType::kQ8_0>(weight, row_bytes, row_begin, row_end, in,
+                                             num_tokens, nb, out, ldo);
+    case DType::kQ4_0:
+      return RowsInPlaceAvx512<DType::kQ4_0>(weight, row_bytes, row_begin, row_end, in,
+                                             num_tokens, nb, out, ldo);
+    default:
+      return RowsInPlaceAvx512<DType::kQ4_1>(weight, row_bytes, row_begin, row_end, in,
+                                             num_tokens, nb, out, ldo);
+  }
 }
 
 LMSERVE_AVX512 float DotHalfAvx512(const float* w, const float* x, int64_t k) {
@@ -677,7 +894,8 @@ LMSERVE_INLINE void Store(const Job& job, int64_t t, int64_t o, float v) {
 template <void (*kDotTile)(const Row*, int64_t, const Input&, int64_t, Format, float*),
           float (*kDotHalf)(const float*, const float*, int64_t),
           void (*kScales)(DType, const uint8_t*, int64_t, float*, float*),
-          float (*kInPlace)(DType, const uint8_t*, const Input&, int64_t, Format)>
+          void (*kInPlace)(DType, const uint8_t*, int64_t, int64_t, int64_t, const Input*,
+                           int64_t, int64_t, float*, int64_t)>
 LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_end) {
   const QuantLinearParams& p = *job.p;
   const auto* weight = static_cast<const uint8_t*>(p.weight);
@@ -731,11 +949,16 @@ LMSERVE_INLINE void RunRowsImpl(const Job& job, int64_t row_begin, int64_t row_e
     }
     return;
   }
-  if (kInPlace != nullptr && p.num_tokens <= 2 && InPlaceType(p.dtype)) {
-    for (int64_t t = 0; t < p.num_tokens; ++t) {
-      const Input in = TokenInput(job, t);
-      for (int64_t r = row_begin; r < row_end; ++r) {
-        Store(job, t, r, kInPlace(p.dtype, weight + r * job.row_bytes, in, nb, job.format));
+  if (kInPlace != nullptr && p.num_tokens <= kMaxInPlaceTokens && InPlaceType(p.dtype)) {
+    Input in[kMaxInPlaceTokens];
+    for (int64_t t = 0; t < p.num_tokens; ++t) in[t] = TokenInput(job, t);
+    constexpr int64_t kRows = 16;  // rows per call, their dots then stored
+    float out[kMaxInPlaceTokens * kRows];
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+      const int64_t n = std::min(kRows, row_end - r0);
+      kInPlace(p.dtype, weight, job.row_bytes, r0, r0 + n, in, p.num_tokens, nb, out, kRows);
+      for (int64_t t = 0; t < p.num_tokens; ++t) {
+        for (int64_t i = 0; i < n; ++i) Store(job, t, r0 + i, out[t * kRows + i]);
       }
     }
     return;
@@ -781,7 +1004,7 @@ LMSERVE_AVX2 void RunRowsAvx2(const Job& job, int64_t begin, int64_t end) {
   RunRowsImpl<DotTileAvx2, DotHalfAvx2, ScalesF16c, nullptr>(job, begin, end);
 }
 LMSERVE_AVX512 void RunRowsAvx512(const Job& job, int64_t begin, int64_t end) {
-  RunRowsImpl<DotTileAvx512, DotHalfAvx512, ScalesF16c, DotInPlaceAvx512>(job, begin, end);
+  RunRowsImpl<DotTileAvx512, DotHalfAvx512, ScalesF16c, InPlaceAvx512>(job, begin, end);
 }
 
 SimdPath DetectBestPath() {
@@ -914,6 +1137,7 @@ void QuantLinear(const QuantLinearParams& p) {
   const int threads = static_cast<int>(
       std::clamp<int64_t>(work / kMinWorkPerThread, 1,
                           std::min<int64_t>(p.num_threads, (p.out_features + 3) / kRowTile)));
+  const SimdPath path = p.path == SimdPath::kAuto ? BestSimdPath() : p.path;
   if (IsQuantized(p.dtype) && !job.gemm) {
     QuantLinearWorkspace& x = *p.workspace;
     const int64_t t_count = p.num_tokens;
@@ -932,14 +1156,18 @@ void QuantLinear(const QuantLinearParams& p) {
         float* scale = x.scale.data() + t * pnb;
         float* sum = x.sum.data() + t * pnb;
         int32_t* total = x.total.data() + t * pnb;
-        const int32_t* lanes = x.lanes.data() + t * (k / 4);
-        QuantizeInputRow(p.input + t * job.ldx, k, x.q.data() + t * k, scale,
-                         x.lanes.data() + t * (k / 4),
-                         job.precise ? x.q_low.data() + t * k : nullptr);
-        for (int64_t b = 0; b < nb; ++b) {
-          total[b] = 0;
-          for (int l = 0; l < 8; ++l) total[b] += lanes[8 * b + l];
-          sum[b] = scale[b] * static_cast<float>(total[b]);
+        int32_t* lanes = x.lanes.data() + t * (k / 4);
+        int8_t* q_low = job.precise ? x.q_low.data() + t * k : nullptr;
+        if (path == SimdPath::kAvx512Vnni) {
+          QuantizeRowAvx512(p.input + t * job.ldx, k, x.q.data() + t * k, q_low, scale, lanes,
+                            total, sum);
+        } else {
+          QuantizeInputRow(p.input + t * job.ldx, k, x.q.data() + t * k, scale, lanes, q_low);
+          for (int64_t b = 0; b < nb; ++b) {
+            total[b] = 0;
+            for (int l = 0; l < 8; ++l) total[b] += lanes[8 * b + l];
+            sum[b] = scale[b] * static_cast<float>(total[b]);
+          }
         }
         std::fill(scale + nb, scale + pnb, 0.0f);  // the padding adds nothing
         std::fill(sum + nb, sum + pnb, 0.0f);
@@ -947,13 +1175,14 @@ void QuantLinear(const QuantLinearParams& p) {
       }
     });
   }
-  const SimdPath path = p.path == SimdPath::kAuto ? BestSimdPath() : p.path;
   void (*run)(const Job&, int64_t, int64_t) = path == SimdPath::kAvx512Vnni ? RunRowsAvx512
                                               : path == SimdPath::kAvx2     ? RunRowsAvx2
                                                                             : RunRowsPortable;
-  // Whole tiles of rows per thread.
+  // Whole tiles of rows, in about eight chunks per thread taken by whichever thread is free (on a
+  // shared machine a thread may start late), at least a fp32 tile's rows on the sgemm path.
   const int64_t tiles = (p.out_features + kRowTile - 1) / kRowTile;
-  ParallelFor(tiles, threads, [&](int64_t begin, int64_t end) {
+  const int64_t chunk = std::max(job.gemm ? kGemmRows / kRowTile : 4, tiles / (8 * threads));
+  ParallelForChunks(tiles, threads, chunk, [&](int64_t begin, int64_t end) {
     run(job, begin * kRowTile, std::min(p.out_features, end * kRowTile));
   });
 }

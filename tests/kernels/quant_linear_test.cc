@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/quant_linear.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -103,11 +104,14 @@ std::string CaseName(const Case& c) {
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kF16, DType::kBF16}) {
-    for (int64_t tokens : {1, 3, 17}) {
+    // 1 to 8 tokens: Q8_0, Q4_0 and Q4_1 rows read in place, up to four tokens against each
+    // extracted group of blocks (1, 2, 3, 4 + 1, 4 + 4); 17: unpacked tiles.
+    for (int64_t tokens : {1, 2, 3, 5, 8, 17}) {
       cases.push_back({dtype, 37, 96, tokens});  // three blocks: an odd last one
       cases.push_back({dtype, 9, 512, tokens});
       cases.push_back({dtype, 6, 544, tokens});  // 16 blocks and one
       cases.push_back({dtype, 5, 576, tokens});  // 16 blocks and two
+      cases.push_back({dtype, 3, 1504, tokens});  // 32 blocks and 15
     }
   }
   for (DType dtype : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
@@ -155,7 +159,10 @@ TEST(QuantLinearTest, EverySimdPathGivesThePortableBits) {
   std::mt19937 rng(7);
   for (const Case& c : Cases()) {
     const std::vector<uint8_t> weight = RandomRows(c.dtype, c.rows, c.cols, &rng);
-    const std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
+    std::vector<float> input = RandomFloats(c.tokens * c.cols, &rng);
+    // Blocks the input quantization treats apart: all zeros (step 0), one large element.
+    std::fill_n(input.begin() + 32, 32, 0.0f);
+    input[70] = 3.0e6f;
     const std::vector<float> bias = RandomFloats(c.rows, &rng);
     for (int64_t gemm : {0, 2}) {  // never, or from 2 tokens on (fp32 tiles and sgemm)
      for (bool precise : {true, false}) {
@@ -396,6 +403,26 @@ TEST(ParallelForTest, RangesDependOnlyOnTheLoop) {
       std::set<std::pair<int64_t, int64_t>> expected;
       for (int64_t i = 0; i < r; ++i) expected.insert({n * i / r, n * (i + 1) / r});
       ASSERT_EQ(ranges, expected) << n << " " << threads;
+    }
+  }
+}
+
+TEST(ParallelForTest, ChunksCoverEachIndexOnceInRangesOfTheChunk) {
+  for (int threads : {1, 2, 5}) {
+    for (int64_t chunk : {1, 4, 7}) {
+      for (int64_t n : {0, 1, 3, 100}) {
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+        std::atomic<int> bad_ranges{0};
+        ParallelForChunks(n, threads, chunk, [&](int64_t begin, int64_t end) {
+          // Ranges start at multiples of the chunk and hold a chunk, the last one what is left.
+          if (begin % chunk != 0 || end != std::min(n, begin + chunk)) bad_ranges.fetch_add(1);
+          for (int64_t i = begin; i < end; ++i) seen[i].fetch_add(1);
+        });
+        EXPECT_EQ(bad_ranges.load(), 0) << n << " " << threads << " " << chunk;
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_EQ(seen[i].load(), 1) << n << " " << threads << " " << chunk;
+        }
+      }
     }
   }
 }
