@@ -27,6 +27,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -74,7 +75,7 @@ struct Sm90Args {
   float score_scale;  // scale * log2(e)
 };
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPipelined>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                       const __grid_constant__ CUtensorMap k_map,
@@ -203,106 +204,178 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pos_a = group_first_pos + row_a, pos_b = pos_a + 8;
   const unsigned char* q_group = s_q + group * Shape::kQGroupBytes;
   const float scale = a.score_scale;
+  // The tiles with a key at or before this group's last row: a prefix of the block's tiles.
+  const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
 
   float o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  float s[kBlockN / 2];    // scores of a tile, then its softmax weights (fp32)
+  uint32_t p[kBlockN / 4];  // the weights as 16-bit pairs: wgmma's A fragments
   float m_a = -INFINITY, m_b = -INFINITY;  // running row maxima, unscaled scores
   float l_a = 0.0f, l_b = 0.0f;            // this thread's part of the row sums
-  MbarrierWait(q_full, 0);
 
-  for (int j = 0; j < num_kv_tiles; ++j) {
-    const int stage = j % kStages;
-    const uint32_t phase = (j / kStages) & 1;
-    const int n0 = j * kBlockN;
-    MbarrierWait(k_full + stage, phase);
-    if (n0 <= group_first_pos + 63) {  // some key at or before this group's last row
-      float s[kBlockN / 2];
-      sm90::WgmmaFence();
+  auto issue_qk = [&](int stage) {
 #pragma unroll
-      for (int c = 0; c < Shape::kColumns; ++c) {
+    for (int c = 0; c < Shape::kColumns; ++c) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          sm90::WgmmaSS_N128<kF16>(
-              s, sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0),
-              sm90::SmemDescriptor(
-                  s_k + stage * Shape::kTileBytes + c * Shape::kColumnBytes + kk * 32, 0),
-              (c | kk) != 0 ? 1 : 0);
-        }
+      for (int kk = 0; kk < 4; ++kk) {
+        sm90::WgmmaSS_N128<kF16>(
+            s, sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0),
+            sm90::SmemDescriptor(
+                s_k + stage * Shape::kTileBytes + c * Shape::kColumnBytes + kk * 32, 0),
+            (c | kk) != 0 ? 1 : 0);
       }
-      sm90::WgmmaCommit();
-      sm90::WgmmaWait<0>();
-      sm90::FenceRegisters(s);
-
-      if (n0 + kBlockN - 1 > group_first_pos || n0 + kBlockN > kv_end) {
-#pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) {
-          const int key = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-          const int pos = (i & 2) ? pos_b : pos_a;
-          if (key > pos || key >= kv_end) s[i] = -INFINITY;
-        }
-      }
-      float max_a = m_a, max_b = m_b;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; i += 4) {
-        max_a = fmaxf(max_a, fmaxf(s[i], s[i + 1]));
-        max_b = fmaxf(max_b, fmaxf(s[i + 2], s[i + 3]));
-      }
-      max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, 1));
-      max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, 2));
-      max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 1));
-      max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 2));
-      // A row with no key yet keeps a zero base (its weights are all exp2(-inf) = 0).
-      const float base_a = max_a == -INFINITY ? 0.0f : max_a * scale;
-      const float base_b = max_b == -INFINITY ? 0.0f : max_b * scale;
-      const float rescale_a = exp2f(m_a * scale - base_a);
-      const float rescale_b = exp2f(m_b * scale - base_b);
-      m_a = max_a;
-      m_b = max_b;
-      l_a *= rescale_a;
-      l_b *= rescale_b;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; i += 4) {
-        s[i] = exp2f(fmaf(s[i], scale, -base_a));
-        s[i + 1] = exp2f(fmaf(s[i + 1], scale, -base_a));
-        s[i + 2] = exp2f(fmaf(s[i + 2], scale, -base_b));
-        s[i + 3] = exp2f(fmaf(s[i + 3], scale, -base_b));
-        l_a += s[i] + s[i + 1];
-        l_b += s[i + 2] + s[i + 3];
-      }
-      uint32_t p[kBlockN / 4];
-#pragma unroll
-      for (int i = 0; i < kBlockN / 4; ++i) p[i] = Pack2<T>(s[2 * i], s[2 * i + 1]);
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 2; i += 4) {
-        o[i] *= rescale_a;
-        o[i + 1] *= rescale_a;
-        o[i + 2] *= rescale_b;
-        o[i + 3] *= rescale_b;
-      }
-
-      MbarrierWait(v_full + stage, phase);
-      sm90::WgmmaFence();
-      const unsigned char* v_tile = s_v + stage * Shape::kTileBytes;
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-        const uint64_t v_desc =
-            sm90::SmemDescriptor(v_tile + kk * 16 * kRowBytes, Shape::kColumnBytes);
-        if constexpr (kHeadDim == 128) {
-          sm90::WgmmaRS_N128<kF16>(o, pa, v_desc, 1);
-        } else {
-          sm90::WgmmaRS_N64<kF16>(o, pa, v_desc, 1);
-        }
-      }
-      sm90::WgmmaCommit();
-      sm90::WgmmaWait<0>();
-      sm90::FenceRegisters(o);
-    } else {
-      MbarrierWait(v_full + stage, phase);
     }
+    sm90::WgmmaCommit();
+  };
+  auto issue_pv = [&](int stage) {
+    const unsigned char* v_tile = s_v + stage * Shape::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      const uint64_t v_desc =
+          sm90::SmemDescriptor(v_tile + kk * 16 * kRowBytes, Shape::kColumnBytes);
+      if constexpr (kHeadDim == 128) {
+        sm90::WgmmaRS_N128<kF16>(o, pa, v_desc, 1);
+      } else {
+        sm90::WgmmaRS_N64<kF16>(o, pa, v_desc, 1);
+      }
+    }
+    sm90::WgmmaCommit();
+  };
+  // Masks tile j's scores in s, turns them into weights in place, updates m and l; returns the
+  // factors that bring O to the new maxima.
+  // kMasked (std::integral_constant<bool, ...>): whether tile j may need the mask; the
+  // pipelined loop splits its tiles so that no branch sits between a wgmma and its wait (ptxas
+  // would serialize the wgmmas).
+  auto softmax = [&](int j, auto kMasked, float& rescale_a, float& rescale_b) {
+    const int n0 = j * kBlockN;
+    if (decltype(kMasked)::value) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        const int key = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+        const int pos = (i & 2) ? pos_b : pos_a;
+        if (key > pos || key >= kv_end) s[i] = -INFINITY;
+      }
+    }
+    float max_a = m_a, max_b = m_b;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; i += 4) {
+      max_a = fmaxf(max_a, fmaxf(s[i], s[i + 1]));
+      max_b = fmaxf(max_b, fmaxf(s[i + 2], s[i + 3]));
+    }
+    max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, 1));
+    max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, 2));
+    max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 1));
+    max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 2));
+    // A row with no key yet keeps a zero base (its weights are all exp2(-inf) = 0).
+    const float base_a = max_a == -INFINITY ? 0.0f : max_a * scale;
+    const float base_b = max_b == -INFINITY ? 0.0f : max_b * scale;
+    rescale_a = exp2f(m_a * scale - base_a);
+    rescale_b = exp2f(m_b * scale - base_b);
+    m_a = max_a;
+    m_b = max_b;
+    l_a *= rescale_a;
+    l_b *= rescale_b;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; i += 4) {
+      s[i] = exp2f(fmaf(s[i], scale, -base_a));
+      s[i + 1] = exp2f(fmaf(s[i + 1], scale, -base_a));
+      s[i + 2] = exp2f(fmaf(s[i + 2], scale, -base_b));
+      s[i + 3] = exp2f(fmaf(s[i + 3], scale, -base_b));
+      l_a += s[i] + s[i + 1];
+      l_b += s[i + 2] + s[i + 3];
+    }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 4; ++i) p[i] = Pack2<T>(s[2 * i], s[2 * i + 1]);
+  };
+  auto rescale_o = [&](float rescale_a, float rescale_b) {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; i += 4) {
+      o[i] *= rescale_a;
+      o[i + 1] *= rescale_a;
+      o[i + 2] *= rescale_b;
+      o[i + 3] *= rescale_b;
+    }
+  };
+  auto release = [&](int stage) {
     __syncwarp();
     if (lane == 0) sm90::MbarrierArrive(kv_empty + stage);
+  };
+
+  MbarrierWait(q_full, 0);
+  float rescale_a, rescale_b;
+  if constexpr (kPipelined) {
+    // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
+    // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
+    // weights) while p holds tile j-1's weights, so both fit beside O.
+    // Tiles from first_masked on may cross a row's diagonal or the context's end.
+    const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
+    const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
+    auto step = [&](int j, auto kMasked) {
+      const int stage = j % kStages, prev = (j - 1) % kStages;
+      pack_p();
+      sm90::MbarrierWaitNoBranch(k_full + stage, (j / kStages) & 1);
+      sm90::WgmmaFence();
+      issue_qk(stage);
+      sm90::MbarrierWaitNoBranch(v_full + prev, ((j - 1) / kStages) & 1);
+      sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
+      issue_pv(prev);
+      sm90::WgmmaWait<1>();
+      sm90::FenceRegisters(s);
+      softmax(j, kMasked, rescale_a, rescale_b);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(o);
+      rescale_o(rescale_a, rescale_b);
+      release(prev);
+    };
+    MbarrierWait(k_full, 0);
+    sm90::WgmmaFence();
+    issue_qk(0);
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(s);
+    softmax(0, std::true_type{}, rescale_a, rescale_b);
+    const int unmasked_end = min(first_masked, group_tiles);
+    for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
+    for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
+    const int last = group_tiles - 1, stage = last % kStages;
+    pack_p();
+    MbarrierWait(v_full + stage, (last / kStages) & 1);
+    sm90::WgmmaFence();
+    issue_pv(stage);
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(o);
+    release(stage);
+  } else {
+    for (int j = 0; j < group_tiles; ++j) {
+      const int stage = j % kStages;
+      const uint32_t phase = (j / kStages) & 1;
+      MbarrierWait(k_full + stage, phase);
+      sm90::WgmmaFence();
+      issue_qk(stage);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(s);
+      softmax(j, std::true_type{}, rescale_a, rescale_b);
+      pack_p();
+      rescale_o(rescale_a, rescale_b);
+      MbarrierWait(v_full + stage, phase);
+      sm90::WgmmaFence();
+      issue_pv(stage);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(o);
+      release(stage);
+    }
+  }
+  // The tiles past this group's rows (the other group's diagonal): only freed.
+  for (int j = group_tiles; j < num_kv_tiles; ++j) {
+    const int stage = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    MbarrierWait(k_full + stage, phase);
+    MbarrierWait(v_full + stage, phase);
+    release(stage);
   }
 
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
@@ -368,6 +441,8 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+std::atomic<bool> pipelined{true};
+
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Shape = Sm90Shape<kHeadDim>;
@@ -397,7 +472,8 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
-  auto kernel = PrefillSm90Kernel<T, kHeadDim>;
+  auto kernel = pipelined.load(std::memory_order_relaxed) ? PrefillSm90Kernel<T, kHeadDim, true>
+                                                          : PrefillSm90Kernel<T, kHeadDim, false>;
   LMSERVE_CUDA_RETURN_IF_ERROR(
       SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs),
@@ -415,6 +491,8 @@ bool PrefillSm90Supports(const PrefillAttentionParams& p) {
          block_fits && p.num_blocks * p.block_size < (int64_t{1} << 31) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
+
+void SetPrefillSm90Pipelined(bool on) { pipelined.store(on); }
 
 bool PrefillSm90Available() {
   static std::mutex mu;
@@ -436,7 +514,7 @@ bool PrefillSm90Available() {
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
     ok = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(
-                                                PrefillSm90Kernel<__nv_bfloat16, 128>)) ==
+                                                PrefillSm90Kernel<__nv_bfloat16, 128, true>)) ==
          cudaSuccess;
   }
   cudaGetLastError();

@@ -86,6 +86,22 @@ __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
 #endif
 }
 
+// Waits for the phase of parity `parity` of `bar`, the retry loop inside the asm: no branch the
+// compiler sees, so wgmmas in flight across the wait are not serialized (mma.cuh's MbarrierWait
+// loops in C++).
+__device__ __forceinline__ void MbarrierWaitNoBranch(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred ready;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+      "@!ready bra WAIT_%=;\n}\n" ::"r"(SmemAddress(bar)),
+      "r"(parity)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 // Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma, TMA).
 __device__ __forceinline__ void FenceProxyAsyncShared() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
