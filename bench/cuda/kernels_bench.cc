@@ -40,6 +40,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -684,6 +685,11 @@ int Main(int argc, char** argv) {
   bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
   bench.Prefill({8192}, 64, "prefill attention d64", 378.0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024)", 0);
+  // The Hopper kernel's serial consumer loop (no QK^T/softmax over PV overlap), for comparison.
+  SetPrefillSm90Pipelined(false);
+  bench.Prefill({8192}, 128, "prefill attention [serial loop]", 0);
+  bench.Prefill({8192}, 64, "prefill attention d64 [serial loop]", 0);
+  SetPrefillSm90Pipelined(true);
   bench.Sampling();
   bench.Misc();
   bench.WriteJson();

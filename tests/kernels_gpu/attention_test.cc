@@ -19,6 +19,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/paged_attention_f32.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
 namespace lmserve::kernels::cuda {
@@ -539,17 +540,29 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
 }
 
+void RunHopperKernelShapes(const std::vector<std::pair<int32_t, int32_t>>& chunked);
+
 // The shapes the Hopper kernel takes, at the edges of its tiles: cache block sizes from 8 (16
 // TMA boxes a key tile) to 256 (a box of 128 slots inside a block), queries starting at every
 // offset against a cached prefix (chunked prefill: the diagonal crosses two key tiles), lengths
 // one past a query or key tile, GQA 1/4/8, fp16, and NaN in every slot past a context (only the
 // tile that reaches past the context's end may hold them; none may reach an output). On other
 // GPUs (or the portable path) these run the mma.sync kernel.
+// Both consumer loops of the Hopper kernel (SetPrefillSm90Pipelined) run every case.
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   const std::vector<std::pair<int32_t, int32_t>> chunked = {
       {129, 129}, {128, 128}, {127, 300}, {256, 1000}, {1, 129}, {200, 455}, {64, 64},
       {65, 193}, {300, 301}, {2, 2}};
+  for (bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipelined consumer loop" : "serial consumer loop");
+    SetPrefillSm90Pipelined(pipelined);
+    RunHopperKernelShapes(chunked);
+  }
+  SetPrefillSm90Pipelined(true);
+}
+
+void RunHopperKernelShapes(const std::vector<std::pair<int32_t, int32_t>>& chunked) {
   for (int64_t head_dim : {64, 128}) {
     for (int64_t block_size : {8, 16, 32, 64, 128, 256}) {
       RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {block_size, true});
