@@ -374,7 +374,7 @@ class Bench {
 
   void Prefill(const std::vector<int32_t>& seq_lens, int64_t head_dim, const std::string& name,
                double target_tflops) {
-    if (!Selected("prefill")) return;
+    if (!Selected(name)) return;
     const int64_t heads = 32, kv_heads = 8, block = 16;
     int64_t tokens = 0, num_blocks = 0;
     double flops = 0;
@@ -685,11 +685,18 @@ int Main(int argc, char** argv) {
   bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
   bench.Prefill({8192}, 64, "prefill attention d64", 378.0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024)", 0);
-  // The Hopper kernel's serial consumer loop (no QK^T/softmax over PV overlap), for comparison.
-  SetPrefillSm90Pipelined(false);
-  bench.Prefill({8192}, 128, "prefill attention [serial loop]", 0);
-  bench.Prefill({8192}, 64, "prefill attention d64 [serial loop]", 0);
-  SetPrefillSm90Pipelined(true);
+  // The Hopper kernel's other consumer loops (prefill_attention_sm90.h), for comparison: serial
+  // (no QK^T/softmax over PV overlap) and ping-pong (the two groups take turns at the tensor
+  // cores). --filter selects rows by name, so "[ping-pong]" picks those alone.
+  SetPrefillSm90Loop(PrefillSm90Loop::kSerial);
+  bench.Prefill({8192}, 128, "prefill attention [serial]", 0);
+  bench.Prefill({8192}, 64, "prefill attention d64 [serial]", 0);
+  SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
+  bench.Prefill({8192}, 128, "prefill attention [ping-pong]", 0);
+  bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs) [ping-pong]", 0);
+  bench.Prefill({8192}, 64, "prefill attention d64 [ping-pong]", 0);
+  bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024) [ping-pong]", 0);
+  SetPrefillSm90Loop(PrefillSm90Loop::kPipelined);
   bench.Sampling();
   bench.Misc();
   bench.WriteJson();

@@ -15,7 +15,8 @@
 //     row's diagonal or the context's end), online softmax in fp32 registers, then O += P V by
 //     wgmma with P straight from registers (the accumulator layout of S is the A-fragment
 //     layout) and V read N-major (transposed) from the same swizzled tile. Each warp of both
-//     groups then frees the stage (an mbarrier of 8 arrivals).
+//     groups frees a stage's K once its QK^T is done and its V once its PV is (mbarriers of 8
+//     arrivals), so the next K tiles load while PV still reads V.
 // K and V tiles have separate "full" barriers, so QK^T starts before V has landed. The two
 // consumer groups run side by side without an explicit ping-pong: while one does its softmax the
 // other's wgmmas keep the tensor cores busy.
@@ -50,7 +51,7 @@ template <int kHeadDim>
 struct Sm90Shape {
   static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
   static constexpr int kColumns = kHeadDim / 64;              // 64-element atom columns
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 2;       // K/V ring depth
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;       // K/V ring depth
   static constexpr int kQGroupBytes = 64 * kHeadDim * 2;       // one consumer group's Q rows
   static constexpr int kQColumnBytes = 64 * kRowBytes;         // 64 rows of one column
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;    // a K or V tile
@@ -58,7 +59,8 @@ struct Sm90Shape {
   static constexpr int kKOffset = 2 * kQGroupBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
-  static constexpr int kBarriers = 2 + 3 * kStages;  // q_full, v_tail, k_full[], v_full[], empty[]
+  // q_full, v_tail, k_full[], v_full[], k_empty[], v_empty[]
+  static constexpr int kBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 1024;  // + alignment slack
 };
 
@@ -75,7 +77,19 @@ struct Sm90Args {
   float score_scale;  // scale * log2(e)
 };
 
-template <typename T, int kHeadDim, bool kPipelined>
+// The consumer loops (PrefillSm90Loop in prefill_attention_sm90.h).
+constexpr int kSerial = 0, kPipelined = 1, kPingpong = 2;
+
+// Named barriers 1 and 2 (0 is __syncthreads): consumer group g waits on 1 + g for its turn to
+// issue wgmmas, and hands the turn to the other group by arriving on the other's.
+__device__ __forceinline__ void NamedBarrierSync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+template <typename T, int kHeadDim, int kLoop>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                       const __grid_constant__ CUtensorMap k_map,
@@ -93,7 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* v_tail = q_full + 1;
   uint64_t* k_full = q_full + 2;
   uint64_t* v_full = k_full + kStages;
-  uint64_t* kv_empty = v_full + kStages;
+  uint64_t* k_empty = v_full + kStages;
+  uint64_t* v_empty = k_empty + kStages;
 
   const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   if (tile >= a.tile_start[a.num_seqs]) return;
@@ -125,7 +140,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       MbarrierInit(k_full + s, 1);
       MbarrierInit(v_full + s, 1);
-      MbarrierInit(kv_empty + s, 8);  // every consumer warp
+      MbarrierInit(k_empty + s, 8);  // every consumer warp
+      MbarrierInit(v_empty + s, 8);
     }
   }
   __syncthreads();
@@ -155,21 +171,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int block_index = pos / a.block_size;
         slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
       }
-      // The tile past the context's end: V's garbage rows are zeroed before the consumers see it.
-      const bool tail = kv_end == context_len && n0 + kBlockN > context_len;
+      // The last tile, when it reaches past the context's end: a box loaded for keys below kv_end
+      // may hold slots past the context (kv_end < context_len too, for a query tile that is not
+      // the sequence's last), so V's rows from the context's end on are zeroed before the
+      // consumers see them.
+      const bool tail = j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
+      // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
       if (lane == 0) {
-        MbarrierWait(kv_empty + stage, phase ^ 1);
+        MbarrierWait(k_empty + stage, phase ^ 1);
         MbarrierArriveExpectTx(k_full + stage, Shape::kTileBytes);
-        MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
       }
       __syncwarp();
+      const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
       if (lane < boxes) {
-        const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
 #pragma unroll
         for (int c = 0; c < Shape::kColumns; ++c) {
           sm90::TmaLoad3d(s_k + offset + c * Shape::kColumnBytes, &k_map, c * 64, kv_head, slot,
                           k_full + stage);
         }
+      }
+      if (lane == 0) {
+        MbarrierWait(v_empty + stage, phase ^ 1);
+        MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
+      }
+      __syncwarp();
+      if (lane < boxes) {
 #pragma unroll
         for (int c = 0; c < Shape::kColumns; ++c) {
           sm90::TmaLoad3d(s_v + offset + c * Shape::kColumnBytes, &v_map, c * 64, kv_head, slot,
@@ -301,14 +327,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[i + 3] *= rescale_b;
     }
   };
-  auto release = [&](int stage) {
+  auto release = [&](uint64_t* empty) {  // k_empty or v_empty of a stage
     __syncwarp();
-    if (lane == 0) sm90::MbarrierArrive(kv_empty + stage);
+    if (lane == 0) sm90::MbarrierArrive(empty);
   };
 
   MbarrierWait(q_full, 0);
   float rescale_a, rescale_b;
-  if constexpr (kPipelined) {
+  // Ping-pong (FlashAttention-3's scheduler barrier): the two groups take turns to issue their
+  // wgmmas, so one group's softmax runs under the other's matrix products. Each group takes
+  // num_kv_tiles + 1 turns (tile 0's QK^T, one per later tile, the last PV; a skipped tile is an
+  // empty turn); group 1 hands group 0 its first turn and keeps its own last one.
+  int turns_left = num_kv_tiles + 1;
+  auto turn_begin = [&] {
+    if constexpr (kLoop == kPingpong) NamedBarrierSync(1 + group);
+  };
+  auto turn_end = [&] {
+    if constexpr (kLoop == kPingpong) {
+      if (--turns_left > 0 || group == 0) NamedBarrierArrive(2 - group);
+    }
+  };
+  if constexpr (kLoop == kPingpong) {
+    if (group == 1) NamedBarrierArrive(1);
+  }
+  if constexpr (kLoop != kSerial) {
     // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
     // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
     // weights) while p holds tile j-1's weights, so both fit beside O.
@@ -319,24 +361,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = j % kStages, prev = (j - 1) % kStages;
       pack_p();
       sm90::MbarrierWaitNoBranch(k_full + stage, (j / kStages) & 1);
+      turn_begin();
       sm90::WgmmaFence();
       issue_qk(stage);
       sm90::MbarrierWaitNoBranch(v_full + prev, ((j - 1) / kStages) & 1);
       sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
       issue_pv(prev);
+      turn_end();
       sm90::WgmmaWait<1>();
       sm90::FenceRegisters(s);
+      release(k_empty + stage);
       softmax(j, kMasked, rescale_a, rescale_b);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o);
       rescale_o(rescale_a, rescale_b);
-      release(prev);
+      release(v_empty + prev);
     };
     MbarrierWait(k_full, 0);
+    turn_begin();
     sm90::WgmmaFence();
     issue_qk(0);
+    turn_end();
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s);
+    release(k_empty);
     softmax(0, std::true_type{}, rescale_a, rescale_b);
     const int unmasked_end = min(first_masked, group_tiles);
     for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
@@ -344,11 +392,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int last = group_tiles - 1, stage = last % kStages;
     pack_p();
     MbarrierWait(v_full + stage, (last / kStages) & 1);
+    turn_begin();
     sm90::WgmmaFence();
     issue_pv(stage);
+    turn_end();
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(o);
-    release(stage);
+    release(v_empty + stage);
   } else {
     for (int j = 0; j < group_tiles; ++j) {
       const int stage = j % kStages;
@@ -358,6 +408,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_qk(stage);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(s);
+      release(k_empty + stage);
       softmax(j, std::true_type{}, rescale_a, rescale_b);
       pack_p();
       rescale_o(rescale_a, rescale_b);
@@ -366,16 +417,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(stage);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o);
-      release(stage);
+      release(v_empty + stage);
     }
   }
   // The tiles past this group's rows (the other group's diagonal): only freed.
   for (int j = group_tiles; j < num_kv_tiles; ++j) {
     const int stage = j % kStages;
     const uint32_t phase = (j / kStages) & 1;
+    turn_begin();
+    turn_end();
     MbarrierWait(k_full + stage, phase);
+    release(k_empty + stage);
     MbarrierWait(v_full + stage, phase);
-    release(stage);
+    release(v_empty + stage);
   }
 
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
@@ -441,7 +495,7 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-std::atomic<bool> pipelined{true};
+std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPipelined};
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
@@ -472,8 +526,10 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
-  auto kernel = pipelined.load(std::memory_order_relaxed) ? PrefillSm90Kernel<T, kHeadDim, true>
-                                                          : PrefillSm90Kernel<T, kHeadDim, false>;
+  const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
+  auto kernel = loop == PrefillSm90Loop::kSerial       ? PrefillSm90Kernel<T, kHeadDim, kSerial>
+                : loop == PrefillSm90Loop::kPingpong ? PrefillSm90Kernel<T, kHeadDim, kPingpong>
+                                                     : PrefillSm90Kernel<T, kHeadDim, kPipelined>;
   LMSERVE_CUDA_RETURN_IF_ERROR(
       SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs),
@@ -492,7 +548,7 @@ bool PrefillSm90Supports(const PrefillAttentionParams& p) {
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
 
-void SetPrefillSm90Pipelined(bool on) { pipelined.store(on); }
+void SetPrefillSm90Loop(PrefillSm90Loop loop) { loop_choice.store(loop); }
 
 bool PrefillSm90Available() {
   static std::mutex mu;
@@ -514,7 +570,7 @@ bool PrefillSm90Available() {
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
     ok = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(
-                                                PrefillSm90Kernel<__nv_bfloat16, 128, true>)) ==
+                                                PrefillSm90Kernel<__nv_bfloat16, 128, kPipelined>)) ==
          cudaSuccess;
   }
   cudaGetLastError();

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/prefill_attention.h"
 
 namespace lmserve::kernels::cuda {
@@ -17,10 +19,15 @@ bool PrefillSm90Supports(const PrefillAttentionParams& params);
 // Whether the current device runs the sm_90a code (compute capability 9.0 and the kernel's code
 // loads there). Cached per device.
 bool PrefillSm90Available();
-// Which consumer loop the kernel runs (process-wide; tests and the benchmark compare them):
-// pipelined (the default: tile j's QK^T and softmax overlap tile j-1's PV, FlashAttention-3's
-// intra-warpgroup overlap) or not (each tile's QK^T, softmax and PV in turn).
-void SetPrefillSm90Pipelined(bool on);
+// Which consumer loop the kernel runs (process-wide; tests and the benchmark compare them).
+enum class PrefillSm90Loop : uint8_t {
+  kSerial,     // each tile's QK^T, softmax and PV in turn
+  kPipelined,  // the default: tile j's QK^T and softmax overlap tile j-1's PV
+               // (FlashAttention-3's intra-warpgroup overlap)
+  kPingpong,   // kPipelined, and the two consumer groups take turns to issue their wgmmas
+               // (FlashAttention-3's scheduler barrier between warpgroups)
+};
+void SetPrefillSm90Loop(PrefillSm90Loop loop);
 // REQUIRES: params valid, PrefillSm90Supports(params), the tile plan in params.workspace.
 cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& params, cudaStream_t stream);
 

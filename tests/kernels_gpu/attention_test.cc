@@ -540,7 +540,7 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
 }
 
-void RunHopperKernelShapes(const std::vector<std::pair<int32_t, int32_t>>& chunked);
+void RunHopperKernelShapes();
 
 // The shapes the Hopper kernel takes, at the edges of its tiles: cache block sizes from 8 (16
 // TMA boxes a key tile) to 256 (a box of 128 slots inside a block), queries starting at every
@@ -548,21 +548,34 @@ void RunHopperKernelShapes(const std::vector<std::pair<int32_t, int32_t>>& chunk
 // one past a query or key tile, GQA 1/4/8, fp16, and NaN in every slot past a context (only the
 // tile that reaches past the context's end may hold them; none may reach an output). On other
 // GPUs (or the portable path) these run the mma.sync kernel.
-// Both consumer loops of the Hopper kernel (SetPrefillSm90Pipelined) run every case.
+// Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong in a
+// test of its own.
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
-  const std::vector<std::pair<int32_t, int32_t>> chunked = {
-      {129, 129}, {128, 128}, {127, 300}, {256, 1000}, {1, 129}, {200, 455}, {64, 64},
-      {65, 193}, {300, 301}, {2, 2}};
-  for (bool pipelined : {false, true}) {
-    SCOPED_TRACE(pipelined ? "pipelined consumer loop" : "serial consumer loop");
-    SetPrefillSm90Pipelined(pipelined);
-    RunHopperKernelShapes(chunked);
+  for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
+    SCOPED_TRACE(loop == PrefillSm90Loop::kSerial ? "serial consumer loop"
+                                                  : "pipelined consumer loop");
+    SetPrefillSm90Loop(loop);
+    RunHopperKernelShapes();
   }
-  SetPrefillSm90Pipelined(true);
+  SetPrefillSm90Loop(PrefillSm90Loop::kPipelined);
 }
 
-void RunHopperKernelShapes(const std::vector<std::pair<int32_t, int32_t>>& chunked) {
+TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
+  LMSERVE_REQUIRE_GPU();
+  SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
+  RunHopperKernelShapes();
+  RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
+  SetPrefillSm90Loop(PrefillSm90Loop::kPipelined);
+}
+
+void RunHopperKernelShapes() {
+  // Chunks of every offset against a cached prefix (the diagonal crosses two key tiles, and a
+  // query tile's last key tile reaches past the context while its keys end before it: 280 of
+  // 301), lengths one past a query or key tile.
+  const std::vector<std::pair<int32_t, int32_t>> chunked = {
+      {129, 129}, {128, 128}, {127, 300}, {256, 1000}, {1, 129}, {200, 455}, {64, 64},
+      {65, 193}, {300, 301}, {2, 2}, {152, 301}, {139, 290}};
   for (int64_t head_dim : {64, 128}) {
     for (int64_t block_size : {8, 16, 32, 64, 128, 256}) {
       RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {block_size, true});
