@@ -40,9 +40,9 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
-constexpr int kBlockM = 128;   // query rows per block (== PrefillBlockRows for head dims <= 128)
-constexpr int kBlockN = 128;   // keys per tile
-constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kBlockM = 128;    // query rows per block (== PrefillBlockRows for head dims <= 128)
+constexpr int kBlockN = 128;    // keys per tile
+constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kRowBytes = 128;  // a swizzled row: 64 16-bit elements
 static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
               "the plan and the kernel agree on the query tile");
@@ -50,12 +50,12 @@ static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64
 template <int kHeadDim>
 struct Sm90Shape {
   static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
-  static constexpr int kColumns = kHeadDim / 64;              // 64-element atom columns
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;       // K/V ring depth
-  static constexpr int kQGroupBytes = 64 * kHeadDim * 2;       // one consumer group's Q rows
-  static constexpr int kQColumnBytes = 64 * kRowBytes;         // 64 rows of one column
-  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;    // a K or V tile
-  static constexpr int kColumnBytes = kBlockN * kRowBytes;     // 128 rows of one column
+  static constexpr int kColumns = kHeadDim / 64;             // 64-element atom columns
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;     // K/V ring depth
+  static constexpr int kQGroupBytes = 64 * kHeadDim * 2;     // one consumer group's Q rows
+  static constexpr int kQColumnBytes = 64 * kRowBytes;       // 64 rows of one column
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // a K or V tile
+  static constexpr int kColumnBytes = kBlockN * kRowBytes;   // 128 rows of one column
   static constexpr int kKOffset = 2 * kQGroupBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
@@ -72,8 +72,8 @@ struct Sm90Args {
   const int32_t* tile_start;  // the plan
   void* output;
   int num_seqs, group_size, num_heads, block_size;
-  int box_rows;   // cache slots per TMA box: min(block_size, kBlockN)
-  int num_slots;  // num_blocks * block_size: a box there reads zeros
+  int box_rows;       // cache slots per TMA box: min(block_size, kBlockN)
+  int num_slots;      // num_blocks * block_size: a box there reads zeros
   float score_scale;  // scale * log2(e)
 };
 
@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int first_row = context_len - n0;
         const int chunks = (kBlockN - first_row) * (kRowBytes / 16);  // per column
         for (int c = 0; c < Shape::kColumns; ++c) {
-          unsigned char* base = s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes +
-                                first_row * kRowBytes;
+          unsigned char* base =
+              s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes + first_row * kRowBytes;
           for (int i = lane; i < chunks; i += 32) {
             *reinterpret_cast<uint4*>(base + i * 16) = make_uint4(0, 0, 0, 0);
           }
@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-  float s[kBlockN / 2];    // scores of a tile, then its softmax weights (fp32)
-  uint32_t p[kBlockN / 4];  // the weights as 16-bit pairs: wgmma's A fragments
+  float s[kBlockN / 2];                    // scores of a tile, then its softmax weights (fp32)
+  uint32_t p[kBlockN / 4];                 // the weights as 16-bit pairs: wgmma's A fragments
   float m_a = -INFINITY, m_b = -INFINITY;  // running row maxima, unscaled scores
   float l_a = 0.0f, l_b = 0.0f;            // this thread's part of the row sums
 
@@ -465,8 +465,8 @@ EncodeTiledFn EncodeTiled() {
   static const EncodeTiledFn fn = [] {
     void* entry = nullptr;
     cudaDriverEntryPointQueryResult query{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000,
-                                         cudaEnableDefault, &query) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault,
+                                         &query) != cudaSuccess ||
         query != cudaDriverEntryPointSuccess) {
       cudaGetLastError();
       return EncodeTiledFn{nullptr};
@@ -506,10 +506,10 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   CUtensorMap q_map, k_map, v_map;
   if (!EncodeMap(&q_map, p.dtype, p.query, kHeadDim, p.num_heads, p.num_tokens, kHeadDim * 2,
                  query_stride * 2, 64) ||
-      !EncodeMap(&k_map, p.dtype, p.key_cache, kHeadDim, p.num_kv_heads, num_slots,
-                 kHeadDim * 2, p.num_kv_heads * kHeadDim * 2, box_rows) ||
-      !EncodeMap(&v_map, p.dtype, p.value_cache, kHeadDim, p.num_kv_heads, num_slots,
-                 kHeadDim * 2, p.num_kv_heads * kHeadDim * 2, box_rows)) {
+      !EncodeMap(&k_map, p.dtype, p.key_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
+                 p.num_kv_heads * kHeadDim * 2, box_rows) ||
+      !EncodeMap(&v_map, p.dtype, p.value_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
+                 p.num_kv_heads * kHeadDim * 2, box_rows)) {
     return cudaErrorInvalidValue;
   }
   Sm90Args a{};
@@ -527,7 +527,7 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
   const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
-  auto kernel = loop == PrefillSm90Loop::kSerial       ? PrefillSm90Kernel<T, kHeadDim, kSerial>
+  auto kernel = loop == PrefillSm90Loop::kSerial     ? PrefillSm90Kernel<T, kHeadDim, kSerial>
                 : loop == PrefillSm90Loop::kPingpong ? PrefillSm90Kernel<T, kHeadDim, kPingpong>
                                                      : PrefillSm90Kernel<T, kHeadDim, kPipelined>;
   LMSERVE_CUDA_RETURN_IF_ERROR(
@@ -543,8 +543,8 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
 bool PrefillSm90Supports(const PrefillAttentionParams& p) {
   const bool block_fits =
       p.block_size % 8 == 0 && (kBlockN % p.block_size == 0 || p.block_size % kBlockN == 0);
-  return (p.head_dim == 64 || p.head_dim == 128) && p.window == 0 && p.softcap == 0 &&
-         block_fits && p.num_blocks * p.block_size < (int64_t{1} << 31) &&
+  return (p.head_dim == 64 || p.head_dim == 128) && p.window == 0 && p.softcap == 0 && block_fits &&
+         p.num_blocks * p.block_size < (int64_t{1} << 31) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
 
@@ -562,16 +562,15 @@ bool PrefillSm90Available() {
   const auto it = available.find(device);
   if (it != available.end()) return it->second;
   int major = 0, minor = 0;
-  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-                cudaSuccess &&
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) ==
-                cudaSuccess &&
-            major == 9 && minor == 0 && EncodeTiled() != nullptr;
+  bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+      major == 9 && minor == 0 && EncodeTiled() != nullptr;
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
-    ok = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(
-                                                PrefillSm90Kernel<__nv_bfloat16, 128, kPipelined>)) ==
-         cudaSuccess;
+    ok = cudaFuncGetAttributes(
+             &attributes, reinterpret_cast<const void*>(
+                              PrefillSm90Kernel<__nv_bfloat16, 128, kPipelined>)) == cudaSuccess;
   }
   cudaGetLastError();
   available[device] = ok;
