@@ -17,9 +17,11 @@
 //     layout) and V read N-major (transposed) from the same swizzled tile. Each warp of both
 //     groups frees a stage's K once its QK^T is done and its V once its PV is (mbarriers of 8
 //     arrivals), so the next K tiles load while PV still reads V.
-// K and V tiles have separate "full" barriers, so QK^T starts before V has landed. The two
-// consumer groups run side by side without an explicit ping-pong: while one does its softmax the
-// other's wgmmas keep the tensor cores busy.
+// K and V tiles have separate "full" barriers, so QK^T starts before V has landed. Three consumer
+// loops (PrefillSm90Loop): serial, pipelined (tile j's QK^T and softmax under tile j-1's PV) and
+// the default, ping-pong (pipelined, and the two groups take turns at issuing wgmmas through two
+// named barriers, so one group's softmax runs under the other's matrix products): on an H100 it
+// was the fastest at every benchmarked shape (bench/results/README.md, section 16).
 //
 // Cache slots past a sequence's context length hold whatever the pool held (possibly NaN bit
 // patterns): their scores are masked, but P = 0 times a NaN value is NaN, so on the tile that
@@ -495,7 +497,7 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPipelined};
+std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
@@ -570,7 +572,7 @@ bool PrefillSm90Available() {
     cudaFuncAttributes attributes{};
     ok = cudaFuncGetAttributes(
              &attributes, reinterpret_cast<const void*>(
-                              PrefillSm90Kernel<__nv_bfloat16, 128, kPipelined>)) == cudaSuccess;
+                              PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong>)) == cudaSuccess;
   }
   cudaGetLastError();
   available[device] = ok;

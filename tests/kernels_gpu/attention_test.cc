@@ -548,8 +548,8 @@ void RunHopperKernelShapes();
 // one past a query or key tile, GQA 1/4/8, fp16, and NaN in every slot past a context (only the
 // tile that reaches past the context's end may hold them; none may reach an output). On other
 // GPUs (or the portable path) these run the mma.sync kernel.
-// Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong in a
-// test of its own.
+// Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong (the
+// default, which the other prefill tests run too) in a test of its own.
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
@@ -558,7 +558,7 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
     SetPrefillSm90Loop(loop);
     RunHopperKernelShapes();
   }
-  SetPrefillSm90Loop(PrefillSm90Loop::kPipelined);
+  SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);  // the default
 }
 
 TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
@@ -566,7 +566,6 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
   RunHopperKernelShapes();
   RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
-  SetPrefillSm90Loop(PrefillSm90Loop::kPipelined);
 }
 
 void RunHopperKernelShapes() {
