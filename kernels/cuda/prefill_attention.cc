@@ -5,7 +5,9 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 
 namespace lmserve::kernels::cuda {
 
@@ -49,6 +51,13 @@ absl::Status PrefillAttentionParams::Validate() const {
     return KernelError(kName, "query, caches and output must be 16-byte aligned");
   }
   return absl::OkStatus();
+}
+
+PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params) {
+  if (UseHopperKernels() && PrefillSm90Supports(params) && PrefillSm90Available()) {
+    return PrefillKernelKind::kWgmmaSm90;
+  }
+  return PrefillKernelKind::kMmaSync;
 }
 
 }  // namespace lmserve::kernels::cuda

@@ -2,6 +2,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -347,6 +348,7 @@ cudaError_t Launch(const PrefillAttentionParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_seqs == 0 || p.num_tokens == 0) return cudaSuccess;
   if (!p.plan_ready) LMSERVE_CUDA_RETURN_IF_ERROR(LaunchPrefillPlan(p, stream));
+  if (ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90) return LaunchPrefillSm90(p, stream);
   PrefillArgs a{};
   a.query = p.query;
   a.key_cache = p.key_cache;

@@ -12,7 +12,8 @@
 // cache blocks with cp.async into double-buffered shared memory; online softmax in fp32 registers,
 // after an optional soft-cap of the scores (Gemma 2). Which block takes which (sequence, query
 // tile) comes from a tile plan computed on the device from query_start, so the launch
-// configuration depends on num_tokens and num_seqs only.
+// configuration depends on num_tokens and num_seqs only. On Hopper a second kernel takes the
+// common shapes (PrefillKernelKind below); both read the same plan.
 
 #ifndef LMSERVE_KERNELS_CUDA_PREFILL_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_PREFILL_ATTENTION_H_
@@ -62,6 +63,14 @@ struct PrefillAttentionParams {
 
   absl::Status Validate() const;  // shapes and pointers; the lengths and tables live on the device
 };
+
+// The two kernels behind Launch. kWgmmaSm90 (prefill_attention_sm90.h): FlashAttention-3's
+// manner, a TMA producer warp and two wgmma consumer warpgroups, head dims 64 and 128, no window
+// and no soft-cap, on a compute capability 9.0 GPU on the Hopper kernel path
+// (UseHopperKernels()). kMmaSync (this file's): everything else, and the portable path.
+enum class PrefillKernelKind : uint8_t { kMmaSync, kWgmmaSm90 };
+// Which kernel Launch runs for these (valid) params on the current device and kernel path.
+PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params);
 
 // Computes the tile plan into params.workspace (one small kernel).
 cudaError_t LaunchPrefillPlan(const PrefillAttentionParams& params, cudaStream_t stream);

@@ -19,6 +19,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/paged_attention_f32.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
 namespace lmserve::kernels::cuda {
@@ -388,18 +389,46 @@ Params RaggedParams(const PagedBatch& b, void* output) {
   return p;
 }
 
+// Writes NaN into every cache slot past its sequence's context length (the tail of each
+// sequence's last block): a slot the pool gave out but no token has written. Nothing may read it
+// into an output (a masked score times a NaN value is still NaN).
+void PoisonSlotsPastContext(PagedBatch& b) {
+  const int64_t row = b.num_kv_heads * b.head_dim;
+  for (int64_t i = 0; i < b.num_seqs(); ++i) {
+    const int64_t ctx = b.context_lens[i];
+    const int64_t blocks = b.table_start[i + 1] - b.table_start[i];
+    for (int64_t pos = ctx; pos < blocks * b.block_size; ++pos) {
+      const int32_t id = b.table_ids[b.table_start[i] + pos / b.block_size];
+      const int64_t begin = b.guard() + (id * b.block_size + pos % b.block_size) * row;
+      std::fill_n(b.key_cache.begin() + begin, row, NAN);
+      std::fill_n(b.value_cache.begin() + begin, row, NAN);
+    }
+  }
+  b.d_key = testing::Upload(b.key_cache, b.dtype);
+  b.d_value = testing::Upload(b.value_cache, b.dtype);
+}
+
+struct PrefillLayout {
+  int64_t block_size = kBlockSize;
+  bool nan_past_context = false;  // PoisonSlotsPastContext
+};
+
 void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t head_dim,
                     const std::vector<std::pair<int32_t, int32_t>>& seqs,
-                    const Masking& masking = {}) {
+                    const Masking& masking = {}, const PrefillLayout& layout = {}) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " kv heads " << num_kv_heads
                                     << " group " << group << " head_dim " << head_dim
-                                    << " seqs " << seqs.size() << " " << masking << " seed "
-                                    << seed);
+                                    << " seqs " << seqs.size() << " " << masking
+                                    << " block size " << layout.block_size
+                                    << (layout.nan_past_context ? " NaN past the context" : "")
+                                    << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
+  b.block_size = layout.block_size;
   BuildBatch(b, seqs, rng);
   ApplyMasking(b, masking);
+  if (layout.nan_past_context) PoisonSlotsPastContext(b);
   const std::vector<float> ref = CpuAttention(b);
   DeviceBuffer<uint16_t> d_out(ref.size());
   DeviceBuffer<uint8_t> d_ws(PrefillAttentionParams::WorkspaceBytes(b.num_seqs()));
@@ -460,6 +489,105 @@ TEST(PrefillAttentionGpuTest, SlidingWindowAndSoftcap) {
 TEST(PrefillAttentionGpuTest, LongPrefill) {
   LMSERVE_REQUIRE_GPU();
   RunPrefillCase(DType::kBF16, 2, 4, 128, {{4099, 4099}, {15, 15}, {1, 97}});
+}
+
+// Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
+// 64 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the mma.sync
+// kernel otherwise, and always on the portable path.
+TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
+  LMSERVE_REQUIRE_GPU();
+  PrefillAttentionParams p;
+  p.num_seqs = 0;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.block_size = 16;
+  p.num_blocks = 1024;
+  p.scale = 0.088f;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  {
+    ScopedKernelPath portable(KernelPath::kPortable);
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
+  }
+  ScopedKernelPath hopper(KernelPath::kAuto);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (!UseHopperKernels() || major != 9 || minor != 0) {
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
+    GTEST_SKIP() << "not a compute capability 9.0 GPU on the Hopper path: the sm_90a kernel "
+                    "never runs here";
+  }
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
+  p.head_dim = 64;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
+  for (int64_t block_size : {8, 32, 64, 128, 256}) {
+    p.block_size = block_size;
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90) << block_size;
+  }
+  p.block_size = 24;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
+  p.block_size = 16;
+  for (int64_t head_dim : {32, 80, 96, 256}) {
+    p.head_dim = head_dim;
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync) << head_dim;
+  }
+  p.head_dim = 128;
+  p.window = 64;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
+  p.window = 0;
+  p.softcap = 30.0f;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
+}
+
+void RunHopperKernelShapes();
+
+// The shapes the Hopper kernel takes, at the edges of its tiles: cache block sizes from 8 (16
+// TMA boxes a key tile) to 256 (a box of 128 slots inside a block), queries starting at every
+// offset against a cached prefix (chunked prefill: the diagonal crosses two key tiles), lengths
+// one past a query or key tile, GQA 1/4/8, fp16, and NaN in every slot past a context (only the
+// tile that reaches past the context's end may hold them; none may reach an output). On other
+// GPUs (or the portable path) these run the mma.sync kernel.
+// Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong (the
+// default, which the other prefill tests run too) in a test of its own.
+TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
+  LMSERVE_REQUIRE_GPU();
+  for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
+    SCOPED_TRACE(loop == PrefillSm90Loop::kSerial ? "serial consumer loop"
+                                                  : "pipelined consumer loop");
+    SetPrefillSm90Loop(loop);
+    RunHopperKernelShapes();
+  }
+  SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);  // the default
+}
+
+TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
+  LMSERVE_REQUIRE_GPU();
+  SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
+  RunHopperKernelShapes();
+  RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
+}
+
+void RunHopperKernelShapes() {
+  // Chunks of every offset against a cached prefix (the diagonal crosses two key tiles, and a
+  // query tile's last key tile reaches past the context while its keys end before it: 280 of
+  // 301), lengths one past a query or key tile.
+  const std::vector<std::pair<int32_t, int32_t>> chunked = {
+      {129, 129}, {128, 128}, {127, 300}, {256, 1000}, {1, 129}, {200, 455}, {64, 64},
+      {65, 193}, {300, 301}, {2, 2}, {152, 301}, {139, 290}};
+  for (int64_t head_dim : {64, 128}) {
+    for (int64_t block_size : {8, 16, 32, 64, 128, 256}) {
+      RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {block_size, true});
+    }
+    for (int64_t group : {1, 8}) {
+      RunPrefillCase(DType::kBF16, 1, group, head_dim, kMixedBatch, {}, {16, true});
+    }
+    RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
+  }
+  // The benchmark's shapes, smaller: one long prompt, four equal ones.
+  RunPrefillCase(DType::kBF16, 2, 4, 128, {{2048, 2048}}, {}, {16, false});
+  RunPrefillCase(DType::kBF16, 2, 4, 64, {{1024, 1024}, {1024, 1024}, {1024, 1024}}, {},
+                 {16, false});
 }
 
 // ---- PagedAttentionF32: the float32 mode's attention, decode and prefill in one kernel ----------

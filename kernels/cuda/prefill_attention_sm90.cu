@@ -1,0 +1,591 @@
+// Hopper prefill attention over the paged KV cache, in FlashAttention-3's manner (built for sm_90a
+// alone: kernels/CMakeLists.txt, target lmserve_kernels_cuda_sm90a).
+//
+// A thread block takes 128 query rows of one head (the tile plan of prefill_attention.cu: the same
+// PrefillBlockRows) and has three warpgroups:
+//   - the producer (warp 0 of warpgroup 0; the other three warps leave at once, and the group
+//     gives its registers up with setmaxnreg) loads Q once and then, for each tile of 128 keys,
+//     K and V into a ring of shared-memory stages by TMA: one 3-D box (64 head-dim elements x 1
+//     KV head x R cache slots, R = min(block_size, 128)) per cache block and 64-element column,
+//     so a paged block costs one descriptor-based copy per column whatever its place in the
+//     pool, and the copies land in the 128-byte-swizzled layout wgmma reads. Boxes past the
+//     queries' last key point past the pool's end and read as zeros.
+//   - two consumer warpgroups, each owning 64 of the query rows: S = Q K^T by wgmma
+//     (m64n128k16, both operands in shared memory), scale, mask (only on tiles that cross a
+//     row's diagonal or the context's end), online softmax in fp32 registers, then O += P V by
+//     wgmma with P straight from registers (the accumulator layout of S is the A-fragment
+//     layout) and V read N-major (transposed) from the same swizzled tile. Each warp of both
+//     groups frees a stage's K once its QK^T is done and its V once its PV is (mbarriers of 8
+//     arrivals), so the next K tiles load while PV still reads V.
+// K and V tiles have separate "full" barriers, so QK^T starts before V has landed. Three consumer
+// loops (PrefillSm90Loop): serial, pipelined (tile j's QK^T and softmax under tile j-1's PV) and
+// the default, ping-pong (pipelined, and the two groups take turns at issuing wgmmas through two
+// named barriers, so one group's softmax runs under the other's matrix products): on an H100 it
+// was the fastest at every benchmarked shape (bench/results/README.md, section 16).
+//
+// Cache slots past a sequence's context length hold whatever the pool held (possibly NaN bit
+// patterns): their scores are masked, but P = 0 times a NaN value is NaN, so on the tile that
+// reaches past the context the producer waits for V itself, zeroes those rows and only then
+// releases the tile to the consumers.
+
+#include <cuda.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/prefill_attention_sm90.h"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+constexpr int kBlockM = 128;    // query rows per block (== PrefillBlockRows for head dims <= 128)
+constexpr int kBlockN = 128;    // keys per tile
+constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
+constexpr int kRowBytes = 128;  // a swizzled row: 64 16-bit elements
+static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
+              "the plan and the kernel agree on the query tile");
+
+template <int kHeadDim>
+struct Sm90Shape {
+  static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
+  static constexpr int kColumns = kHeadDim / 64;             // 64-element atom columns
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;     // K/V ring depth
+  static constexpr int kQGroupBytes = 64 * kHeadDim * 2;     // one consumer group's Q rows
+  static constexpr int kQColumnBytes = 64 * kRowBytes;       // 64 rows of one column
+  static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // a K or V tile
+  static constexpr int kColumnBytes = kBlockN * kRowBytes;   // 128 rows of one column
+  static constexpr int kKOffset = 2 * kQGroupBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
+  // q_full, v_tail, k_full[], v_full[], k_empty[], v_empty[]
+  static constexpr int kBarriers = 2 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 1024;  // + alignment slack
+};
+
+struct Sm90Args {
+  const int32_t* query_start;
+  const int32_t* context_lens;
+  const int32_t* block_table_start;
+  const int32_t* block_table_ids;
+  const int32_t* tile_start;  // the plan
+  void* output;
+  int num_seqs, group_size, num_heads, block_size;
+  int box_rows;       // cache slots per TMA box: min(block_size, kBlockN)
+  int num_slots;      // num_blocks * block_size: a box there reads zeros
+  float score_scale;  // scale * log2(e)
+};
+
+// The consumer loops (PrefillSm90Loop in prefill_attention_sm90.h).
+constexpr int kSerial = 0, kPipelined = 1, kPingpong = 2;
+
+// Named barriers 1 and 2 (0 is __syncthreads): consumer group g waits on 1 + g for its turn to
+// issue wgmmas, and hands the turn to the other group by arriving on the other's.
+__device__ __forceinline__ void NamedBarrierSync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+template <typename T, int kHeadDim, int kLoop>
+__global__ void __launch_bounds__(kThreads, 1)
+    PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
+                      const __grid_constant__ CUtensorMap k_map,
+                      const __grid_constant__ CUtensorMap v_map, const Sm90Args a) {
+  using Shape = Sm90Shape<kHeadDim>;
+  constexpr bool kF16 = std::is_same_v<T, __half>;
+  constexpr int kStages = Shape::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  // Swizzled atoms want 1024-byte alignment.
+  unsigned char* smem = smem_raw + ((1024 - (SmemAddress(smem_raw) & 1023)) & 1023);
+  unsigned char* s_q = smem;
+  unsigned char* s_k = smem + Shape::kKOffset;  // [stage][column][kBlockN rows][128 B]
+  unsigned char* s_v = smem + Shape::kVOffset;
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Shape::kBarrierOffset);
+  uint64_t* v_tail = q_full + 1;
+  uint64_t* k_full = q_full + 2;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* k_empty = v_full + kStages;
+  uint64_t* v_empty = k_empty + kStages;
+
+  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  if (tile >= a.tile_start[a.num_seqs]) return;
+  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first tile is <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.tile_start[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int seq = lo;
+  const int head = blockIdx.y;
+  const int kv_head = head / a.group_size;
+  const int seq_token0 = a.query_start[seq];
+  const int query_len = a.query_start[seq + 1] - seq_token0;
+  const int context_len = a.context_lens[seq];
+  const int row0 = (tile - a.tile_start[seq]) * kBlockM;
+  const int rows = min(kBlockM, query_len - row0);
+  const int first_pos = context_len - query_len + row0;   // position of row 0
+  const int kv_end = min(context_len, first_pos + rows);  // keys [0, kv_end)
+  const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+
+  const int tid = threadIdx.x, lane = tid % 32;
+  if (tid == 0) {
+    MbarrierInit(q_full, 1);
+    MbarrierInit(v_tail, 1);
+    for (int s = 0; s < kStages; ++s) {
+      MbarrierInit(k_full + s, 1);
+      MbarrierInit(v_full + s, 1);
+      MbarrierInit(k_empty + s, 8);  // every consumer warp
+      MbarrierInit(v_empty + s, 8);
+    }
+  }
+  __syncthreads();
+
+  if (tid < 128) {  // the producer warpgroup
+    sm90::SetMaxRegistersDec<24>();
+    if (tid >= 32) return;
+    if (lane == 0) {
+      MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
+      for (int group = 0; group < 2; ++group) {
+        for (int c = 0; c < Shape::kColumns; ++c) {
+          sm90::TmaLoad3d(s_q + group * Shape::kQGroupBytes + c * Shape::kQColumnBytes, &q_map,
+                          c * 64, head, seq_token0 + row0 + group * 64, q_full);
+        }
+      }
+    }
+    const int32_t* table = a.block_table_ids + a.block_table_start[seq];
+    const int boxes = kBlockN / a.box_rows;  // <= 16: box_rows >= 8
+    for (int j = 0; j < num_kv_tiles; ++j) {
+      const int stage = j % kStages;
+      const uint32_t phase = (j / kStages) & 1;
+      const int n0 = j * kBlockN;
+      // Lane b's box: keys n0 + b * box_rows onwards, in one cache block.
+      int slot = a.num_slots;
+      const int pos = n0 + lane * a.box_rows;
+      if (lane < boxes && pos < kv_end) {
+        const int block_index = pos / a.block_size;
+        slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
+      }
+      // The last tile, when it reaches past the context's end: a box loaded for keys below kv_end
+      // may hold slots past the context (kv_end < context_len too, for a query tile that is not
+      // the sequence's last), so V's rows from the context's end on are zeroed before the
+      // consumers see them.
+      const bool tail = j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
+      // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
+      if (lane == 0) {
+        MbarrierWait(k_empty + stage, phase ^ 1);
+        MbarrierArriveExpectTx(k_full + stage, Shape::kTileBytes);
+      }
+      __syncwarp();
+      const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
+      if (lane < boxes) {
+#pragma unroll
+        for (int c = 0; c < Shape::kColumns; ++c) {
+          sm90::TmaLoad3d(s_k + offset + c * Shape::kColumnBytes, &k_map, c * 64, kv_head, slot,
+                          k_full + stage);
+        }
+      }
+      if (lane == 0) {
+        MbarrierWait(v_empty + stage, phase ^ 1);
+        MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
+      }
+      __syncwarp();
+      if (lane < boxes) {
+#pragma unroll
+        for (int c = 0; c < Shape::kColumns; ++c) {
+          sm90::TmaLoad3d(s_v + offset + c * Shape::kColumnBytes, &v_map, c * 64, kv_head, slot,
+                          tail ? v_tail : v_full + stage);
+        }
+      }
+      if (tail) {
+        MbarrierWait(v_tail, 0);  // at most one tail tile per block
+        const int first_row = context_len - n0;
+        const int chunks = (kBlockN - first_row) * (kRowBytes / 16);  // per column
+        for (int c = 0; c < Shape::kColumns; ++c) {
+          unsigned char* base =
+              s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes + first_row * kRowBytes;
+          for (int i = lane; i < chunks; i += 32) {
+            *reinterpret_cast<uint4*>(base + i * 16) = make_uint4(0, 0, 0, 0);
+          }
+        }
+        sm90::FenceProxyAsyncShared();
+        __syncwarp();
+        if (lane == 0) sm90::MbarrierArrive(v_full + stage);
+      }
+    }
+    return;
+  }
+
+  // A consumer warpgroup: 64 query rows.
+  sm90::SetMaxRegistersInc<240>();
+  const int group = tid / 128 - 1;
+  const int warp_in_group = (tid % 128) / 32;
+  const int group_first_pos = first_pos + group * 64;
+  const int row_a = warp_in_group * 16 + lane / 4;  // this thread's rows: row_a, row_a + 8
+  const int pos_a = group_first_pos + row_a, pos_b = pos_a + 8;
+  const unsigned char* q_group = s_q + group * Shape::kQGroupBytes;
+  const float scale = a.score_scale;
+  // The tiles with a key at or before this group's last row: a prefix of the block's tiles.
+  const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  float s[kBlockN / 2];                    // scores of a tile, then its softmax weights (fp32)
+  uint32_t p[kBlockN / 4];                 // the weights as 16-bit pairs: wgmma's A fragments
+  float m_a = -INFINITY, m_b = -INFINITY;  // running row maxima, unscaled scores
+  float l_a = 0.0f, l_b = 0.0f;            // this thread's part of the row sums
+
+  auto issue_qk = [&](int stage) {
+#pragma unroll
+    for (int c = 0; c < Shape::kColumns; ++c) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        sm90::WgmmaSS_N128<kF16>(
+            s, sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0),
+            sm90::SmemDescriptor(
+                s_k + stage * Shape::kTileBytes + c * Shape::kColumnBytes + kk * 32, 0),
+            (c | kk) != 0 ? 1 : 0);
+      }
+    }
+    sm90::WgmmaCommit();
+  };
+  auto issue_pv = [&](int stage) {
+    const unsigned char* v_tile = s_v + stage * Shape::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      const uint64_t v_desc =
+          sm90::SmemDescriptor(v_tile + kk * 16 * kRowBytes, Shape::kColumnBytes);
+      if constexpr (kHeadDim == 128) {
+        sm90::WgmmaRS_N128<kF16>(o, pa, v_desc, 1);
+      } else {
+        sm90::WgmmaRS_N64<kF16>(o, pa, v_desc, 1);
+      }
+    }
+    sm90::WgmmaCommit();
+  };
+  // Masks tile j's scores in s, turns them into weights in place, updates m and l; returns the
+  // factors that bring O to the new maxima.
+  // kMasked (std::integral_constant<bool, ...>): whether tile j may need the mask; the
+  // pipelined loop splits its tiles so that no branch sits between a wgmma and its wait (ptxas
+  // would serialize the wgmmas).
+  auto softmax = [&](int j, auto kMasked, float& rescale_a, float& rescale_b) {
+    const int n0 = j * kBlockN;
+    if (decltype(kMasked)::value) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        const int key = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+        const int pos = (i & 2) ? pos_b : pos_a;
+        if (key > pos || key >= kv_end) s[i] = -INFINITY;
+      }
+    }
+    float max_a = m_a, max_b = m_b;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; i += 4) {
+      max_a = fmaxf(max_a, fmaxf(s[i], s[i + 1]));
+      max_b = fmaxf(max_b, fmaxf(s[i + 2], s[i + 3]));
+    }
+    max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, 1));
+    max_a = fmaxf(max_a, __shfl_xor_sync(0xffffffffu, max_a, 2));
+    max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 1));
+    max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 2));
+    // A row with no key yet keeps a zero base (its weights are all exp2(-inf) = 0).
+    const float base_a = max_a == -INFINITY ? 0.0f : max_a * scale;
+    const float base_b = max_b == -INFINITY ? 0.0f : max_b * scale;
+    rescale_a = exp2f(m_a * scale - base_a);
+    rescale_b = exp2f(m_b * scale - base_b);
+    m_a = max_a;
+    m_b = max_b;
+    l_a *= rescale_a;
+    l_b *= rescale_b;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; i += 4) {
+      s[i] = exp2f(fmaf(s[i], scale, -base_a));
+      s[i + 1] = exp2f(fmaf(s[i + 1], scale, -base_a));
+      s[i + 2] = exp2f(fmaf(s[i + 2], scale, -base_b));
+      s[i + 3] = exp2f(fmaf(s[i + 3], scale, -base_b));
+      l_a += s[i] + s[i + 1];
+      l_b += s[i + 2] + s[i + 3];
+    }
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 4; ++i) p[i] = Pack2<T>(s[2 * i], s[2 * i + 1]);
+  };
+  auto rescale_o = [&](float rescale_a, float rescale_b) {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; i += 4) {
+      o[i] *= rescale_a;
+      o[i + 1] *= rescale_a;
+      o[i + 2] *= rescale_b;
+      o[i + 3] *= rescale_b;
+    }
+  };
+  auto release = [&](uint64_t* empty) {  // k_empty or v_empty of a stage
+    __syncwarp();
+    if (lane == 0) sm90::MbarrierArrive(empty);
+  };
+
+  MbarrierWait(q_full, 0);
+  float rescale_a, rescale_b;
+  // Ping-pong (FlashAttention-3's scheduler barrier): the two groups take turns to issue their
+  // wgmmas, so one group's softmax runs under the other's matrix products. Each group takes
+  // num_kv_tiles + 1 turns (tile 0's QK^T, one per later tile, the last PV; a skipped tile is an
+  // empty turn); group 1 hands group 0 its first turn and keeps its own last one.
+  int turns_left = num_kv_tiles + 1;
+  auto turn_begin = [&] {
+    if constexpr (kLoop == kPingpong) NamedBarrierSync(1 + group);
+  };
+  auto turn_end = [&] {
+    if constexpr (kLoop == kPingpong) {
+      if (--turns_left > 0 || group == 0) NamedBarrierArrive(2 - group);
+    }
+  };
+  if constexpr (kLoop == kPingpong) {
+    if (group == 1) NamedBarrierArrive(1);
+  }
+  if constexpr (kLoop != kSerial) {
+    // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
+    // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
+    // weights) while p holds tile j-1's weights, so both fit beside O.
+    // Tiles from first_masked on may cross a row's diagonal or the context's end.
+    const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
+    const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
+    auto step = [&](int j, auto kMasked) {
+      const int stage = j % kStages, prev = (j - 1) % kStages;
+      pack_p();
+      sm90::MbarrierWaitNoBranch(k_full + stage, (j / kStages) & 1);
+      turn_begin();
+      sm90::WgmmaFence();
+      issue_qk(stage);
+      sm90::MbarrierWaitNoBranch(v_full + prev, ((j - 1) / kStages) & 1);
+      sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
+      issue_pv(prev);
+      turn_end();
+      sm90::WgmmaWait<1>();
+      sm90::FenceRegisters(s);
+      release(k_empty + stage);
+      softmax(j, kMasked, rescale_a, rescale_b);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(o);
+      rescale_o(rescale_a, rescale_b);
+      release(v_empty + prev);
+    };
+    MbarrierWait(k_full, 0);
+    turn_begin();
+    sm90::WgmmaFence();
+    issue_qk(0);
+    turn_end();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(s);
+    release(k_empty);
+    softmax(0, std::true_type{}, rescale_a, rescale_b);
+    const int unmasked_end = min(first_masked, group_tiles);
+    for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
+    for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
+    const int last = group_tiles - 1, stage = last % kStages;
+    pack_p();
+    MbarrierWait(v_full + stage, (last / kStages) & 1);
+    turn_begin();
+    sm90::WgmmaFence();
+    issue_pv(stage);
+    turn_end();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(o);
+    release(v_empty + stage);
+  } else {
+    for (int j = 0; j < group_tiles; ++j) {
+      const int stage = j % kStages;
+      const uint32_t phase = (j / kStages) & 1;
+      MbarrierWait(k_full + stage, phase);
+      sm90::WgmmaFence();
+      issue_qk(stage);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(s);
+      release(k_empty + stage);
+      softmax(j, std::true_type{}, rescale_a, rescale_b);
+      pack_p();
+      rescale_o(rescale_a, rescale_b);
+      MbarrierWait(v_full + stage, phase);
+      sm90::WgmmaFence();
+      issue_pv(stage);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(o);
+      release(v_empty + stage);
+    }
+  }
+  // The tiles past this group's rows (the other group's diagonal): only freed.
+  for (int j = group_tiles; j < num_kv_tiles; ++j) {
+    const int stage = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    turn_begin();
+    turn_end();
+    MbarrierWait(k_full + stage, phase);
+    release(k_empty + stage);
+    MbarrierWait(v_full + stage, phase);
+    release(v_empty + stage);
+  }
+
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
+  const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+  const int64_t out_stride = int64_t{a.num_heads} * kHeadDim;
+  const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
+  T* out = static_cast<T*>(a.output) + int64_t{seq_token0 + row0} * out_stride +
+           int64_t{head} * kHeadDim + 2 * (lane % 4);
+#pragma unroll
+  for (int c = 0; c < kHeadDim / 8; ++c) {
+    if (cta_row_a < rows) {
+      *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
+          Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
+    }
+    if (cta_row_b < rows) {
+      *reinterpret_cast<uint32_t*>(out + cta_row_b * out_stride + c * 8) =
+          Pack2<T>(o[4 * c + 2] * inv_b, o[4 * c + 3] * inv_b);
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn EncodeTiled() {
+  static const EncodeTiledFn fn = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult query{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault,
+                                         &query) != cudaSuccess ||
+        query != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return EncodeTiledFn{nullptr};
+    }
+    return reinterpret_cast<EncodeTiledFn>(entry);
+  }();
+  return fn;
+}
+
+// A 3-D map over 16-bit elements [dim2][dim1][dim0] (dim0 contiguous), boxes of
+// 64 x 1 x box_rows, 128-byte swizzle, zeros out of bounds.
+bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, uint64_t dim1,
+               uint64_t dim2, uint64_t stride1_bytes, uint64_t stride2_bytes, uint32_t box_rows) {
+  const EncodeTiledFn encode = EncodeTiled();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {dim0, dim1, dim2};
+  const cuuint64_t strides[2] = {stride1_bytes, stride2_bytes};
+  const cuuint32_t box[3] = {64, 1, box_rows};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map,
+                dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                3, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
+  using Shape = Sm90Shape<kHeadDim>;
+  const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
+  const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
+  const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
+  CUtensorMap q_map, k_map, v_map;
+  if (!EncodeMap(&q_map, p.dtype, p.query, kHeadDim, p.num_heads, p.num_tokens, kHeadDim * 2,
+                 query_stride * 2, 64) ||
+      !EncodeMap(&k_map, p.dtype, p.key_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
+                 p.num_kv_heads * kHeadDim * 2, box_rows) ||
+      !EncodeMap(&v_map, p.dtype, p.value_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
+                 p.num_kv_heads * kHeadDim * 2, box_rows)) {
+    return cudaErrorInvalidValue;
+  }
+  Sm90Args a{};
+  a.query_start = p.query_start;
+  a.context_lens = p.context_lens;
+  a.block_table_start = p.block_table_start;
+  a.block_table_ids = p.block_table_ids;
+  a.tile_start = static_cast<const int32_t*>(p.workspace);
+  a.output = p.output;
+  a.num_seqs = static_cast<int>(p.num_seqs);
+  a.group_size = static_cast<int>(p.num_heads / p.num_kv_heads);
+  a.num_heads = static_cast<int>(p.num_heads);
+  a.block_size = static_cast<int>(p.block_size);
+  a.box_rows = box_rows;
+  a.num_slots = static_cast<int>(num_slots);
+  a.score_scale = p.scale * 1.4426950408889634f;
+  const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
+  auto kernel = loop == PrefillSm90Loop::kSerial     ? PrefillSm90Kernel<T, kHeadDim, kSerial>
+                : loop == PrefillSm90Loop::kPingpong ? PrefillSm90Kernel<T, kHeadDim, kPingpong>
+                                                     : PrefillSm90Kernel<T, kHeadDim, kPipelined>;
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs),
+                  static_cast<unsigned>(p.num_heads));
+  kernel<<<grid, kThreads, Shape::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool PrefillSm90Supports(const PrefillAttentionParams& p) {
+  const bool block_fits =
+      p.block_size % 8 == 0 && (kBlockN % p.block_size == 0 || p.block_size % kBlockN == 0);
+  return (p.head_dim == 64 || p.head_dim == 128) && p.window == 0 && p.softcap == 0 && block_fits &&
+         p.num_blocks * p.block_size < (int64_t{1} << 31) &&
+         (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
+}
+
+void SetPrefillSm90Loop(PrefillSm90Loop loop) { loop_choice.store(loop); }
+
+bool PrefillSm90Available() {
+  static std::mutex mu;
+  static std::map<int, bool> available;  // per device
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = available.find(device);
+  if (it != available.end()) return it->second;
+  int major = 0, minor = 0;
+  bool ok =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+      major == 9 && minor == 0 && EncodeTiled() != nullptr;
+  if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
+    cudaFuncAttributes attributes{};
+    ok = cudaFuncGetAttributes(
+             &attributes, reinterpret_cast<const void*>(
+                              PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong>)) == cudaSuccess;
+  }
+  cudaGetLastError();
+  available[device] = ok;
+  return ok;
+}
+
+cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& p, cudaStream_t stream) {
+  if (p.head_dim == 64) {
+    return p.dtype == DType::kF16 ? LaunchTyped<__half, 64>(p, stream)
+                                  : LaunchTyped<__nv_bfloat16, 64>(p, stream);
+  }
+  return p.dtype == DType::kF16 ? LaunchTyped<__half, 128>(p, stream)
+                                : LaunchTyped<__nv_bfloat16, 128>(p, stream);
+}
+
+}  // namespace lmserve::kernels::cuda
