@@ -3,6 +3,7 @@
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
+#include "kernels/cuda/prefill_tiles.cuh"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -101,26 +102,19 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   T* s_k = s_q + kBlockM * kStride;       // [2][kBlockN][kStride]
   T* s_v = s_k + 2 * kBlockN * kStride;   // [2][kBlockN][kStride]
 
-  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  if (tile >= a.tile_start[a.num_seqs]) return;
-  int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first tile is <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.tile_start[mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
+  PrefillTile t;
+  if (!LocatePrefillTile(static_cast<int>(gridDim.x - 1 - blockIdx.x), kBlockM, a.num_seqs,
+                         a.tile_start, a.query_start, a.context_lens, &t)) {
+    return;
   }
-  const int seq = lo;
+  const int seq = t.seq;
   const int head = blockIdx.y;
   const int kv_head = head / a.group_size;
-  const int seq_token0 = a.query_start[seq];
-  const int query_len = a.query_start[seq + 1] - seq_token0;
-  const int context_len = a.context_lens[seq];
-  const int row0 = (tile - a.tile_start[seq]) * kBlockM;
-  const int rows = min(kBlockM, query_len - row0);
-  const int first_pos = context_len - query_len + row0;  // position of row 0
+  const int seq_token0 = t.seq_token0;
+  const int context_len = t.context_len;
+  const int row0 = t.row0;
+  const int rows = t.rows;
+  const int first_pos = t.first_pos;  // position of row 0
   const int kv_end = min(context_len, first_pos + rows);  // keys [kv_begin, kv_end)
   // With a window, row 0's window starts the keys any row sees; tiles before it are skipped and
   // positions before it never loaded (their table entries may be -1).
