@@ -27,6 +27,16 @@ void AddSequenceToEveryGroup(engine::StepBatch* batch, const engine::ModelRunner
   batch->AddSequence(new_tokens, num_computed_tokens, spans, logits_mode, state_slot);
 }
 
+void AllowOnly(engine::StepBatch* batch, std::span<const int32_t> rows,
+               std::span<const int32_t> tokens) {
+  const size_t words = batch->token_bitmask.size() / static_cast<size_t>(batch->num_seqs());
+  for (int32_t r : rows) {
+    uint32_t* row = batch->token_bitmask.data() + static_cast<size_t>(r) * words;
+    std::fill(row, row + words, 0u);
+    for (int32_t t : tokens) row[t >> 5] |= uint32_t{1} << (t & 31);
+  }
+}
+
 std::vector<int32_t> ConsecutiveBlocks(const engine::ModelRunner& runner, int64_t tokens,
                                        int32_t first_block) {
   const int64_t block_size = runner.block_size_tokens();

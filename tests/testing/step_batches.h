@@ -21,6 +21,11 @@ void AddSequenceToEveryGroup(engine::StepBatch* batch, const engine::ModelRunner
                              std::span<const int32_t> block_ids, engine::LogitsMode logits_mode,
                              int32_t state_slot = -1);
 
+// Rows `rows` of batch->token_bitmask (ceil(vocabulary / 32) words a row, already sized) allow
+// exactly `tokens`.
+void AllowOnly(engine::StepBatch* batch, std::span<const int32_t> rows,
+               std::span<const int32_t> tokens);
+
 // Block ids first_block, first_block + 1, ... enough for `tokens` tokens of `runner`'s blocks.
 std::vector<int32_t> ConsecutiveBlocks(const engine::ModelRunner& runner, int64_t tokens,
                                        int32_t first_block = 0);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/argmax.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
@@ -280,13 +281,7 @@ TEST(CpuRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
   const int64_t words = (vocab + 31) / 32;
   const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
-  auto set_rows = [&](StepBatch* batch, const std::vector<int32_t>& tokens) {
-    for (int s : {0, 2}) {
-      uint32_t* row = batch->token_bitmask.data() + s * words;
-      std::fill(row, row + words, 0u);
-      for (int32_t t : tokens) row[t >> 5] |= uint32_t{1} << (t & 31);
-    }
-  };
+  constexpr int32_t kMaskedRows[] = {0, 2};
   for (uint64_t seed = 1; seed <= 8; ++seed) {
     StepBatch batch;
     for (int s = 0; s < 3; ++s) {
@@ -295,12 +290,13 @@ TEST(CpuRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
           {.temperature = s == 2 ? 0.0f : 1.0f, .seed = seed, .step = 5, .masked = s != 1});
     }
     batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
-    set_rows(&batch, allowed);
+    testing::AllowOnly(&batch, kMaskedRows, allowed);
     StepOutput expected, overlapped;
     ASSERT_TRUE(runner.Execute(batch, &expected).ok());
-    set_rows(&batch, {7});
+    testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
     ASSERT_TRUE(runner.Launch(batch, &overlapped).ok());
-    set_rows(&batch, allowed);  // the host's masks, computed while the step ran
+    // The host's masks, computed while the step ran.
+    testing::AllowOnly(&batch, kMaskedRows, allowed);
     ASSERT_TRUE(runner.Finish().ok());
     EXPECT_EQ(overlapped.sampled_tokens, expected.sampled_tokens) << "seed " << seed;
     for (int s : {0, 2}) {

@@ -23,6 +23,7 @@
 #include "kernels/cuda/device.h"
 #include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
 namespace {
@@ -401,10 +402,44 @@ TEST(CudaRunnerTest, SeededSamplingIsReproducibleAndMixesWithLogitsRows) {
   EXPECT_TRUE(differs);
 }
 
+// The masking tests' steps: three sequences of `prompt` drawing with `seed` (row 2 greedy) over
+// blocks s * 4..., a prefill step or, with `decode`, the decode step of the prompt's last token;
+// with `masked`, rows 0 and 2 are masked and every bitmask row allows everything (until
+// testing::AllowOnly sets rows kMaskedRows).
+StepBatch MaskingStep(const std::vector<int32_t>& prompt, bool decode, uint64_t seed, bool masked,
+                      int64_t words) {
+  StepBatch batch;
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<int32_t> blocks = Blocks(s * 4, prompt.size() + 1, 16);
+    if (decode) {
+      batch.AddSequence(std::span(prompt).last(1), static_cast<int32_t>(prompt.size()) - 1, blocks,
+                        LogitsMode::kSample);
+    } else {
+      batch.AddSequence(prompt, 0, blocks, LogitsMode::kSample);
+    }
+    batch.sampling.push_back(
+        {.temperature = s == 2 ? 0.0f : 1.0f, .seed = seed, .step = 5, .masked = masked && s != 1});
+  }
+  if (masked) batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
+  return batch;
+}
+
+constexpr int32_t kMaskedRows[] = {0, 2};
+
+// Before a decode MaskingStep: the KV of the prompt but its last token, unmasked.
+StepBatch MaskingPrefill(const std::vector<int32_t>& prompt) {
+  StepBatch prefill;
+  for (int s = 0; s < 3; ++s) {
+    prefill.AddSequence(std::span(prompt).first(prompt.size() - 1), 0,
+                        Blocks(s * 4, prompt.size() + 1, 16), LogitsMode::kNone);
+  }
+  return prefill;
+}
+
 // Structured output on the device (RunnerConfig::device_token_bitmask): a masked row draws only
-// tokens its bitmask keeps (here 3 of the vocabulary, at temperature 1 and greedy), in eager
-// prefill steps and in graph-replayed decode steps, while an unmasked row in the same step is
-// unchanged (the same token as without masks).
+// tokens its bitmask keeps (here 3 of the vocabulary, at temperature 1 and greedy), in prefill and
+// decode steps (masked steps run eagerly; the unmasked runner's decode steps replay its graphs),
+// while an unmasked row in the same step is unchanged (the same token as without masks).
 TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
@@ -422,44 +457,16 @@ TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
   for (const bool decode : {false, true}) {
     for (uint64_t seed = 1; seed <= 8; ++seed) {
-      auto batch_of = [&](bool masks) {
-        StepBatch batch;
-        for (int s = 0; s < 3; ++s) {
-          const std::vector<int32_t> blocks = Blocks(s * 4, prompt.size() + 1, 16);
-          if (decode) {
-            batch.AddSequence(std::span(prompt).last(1), static_cast<int32_t>(prompt.size()) - 1,
-                              blocks, LogitsMode::kSample);
-          } else {
-            batch.AddSequence(prompt, 0, blocks, LogitsMode::kSample);
-          }
-          batch.sampling.push_back({.temperature = s == 2 ? 0.0f : 1.0f,
-                                    .seed = seed,
-                                    .step = 5,
-                                    .masked = masks && s != 1});
-        }
-        if (masks) {
-          batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
-          for (int s : {0, 2}) {
-            uint32_t* row = batch.token_bitmask.data() + s * words;
-            std::fill(row, row + words, 0u);
-            for (int32_t t : allowed) row[t >> 5] |= uint32_t{1} << (t & 31);
-          }
-        }
-        return batch;
-      };
       if (decode) {  // the prompt's KV first (unmasked), then the decode step
-        StepBatch prefill;
-        for (int s = 0; s < 3; ++s) {
-          prefill.AddSequence(std::span(prompt).first(prompt.size() - 1), 0,
-                              Blocks(s * 4, prompt.size() + 1, 16), LogitsMode::kNone);
-        }
         StepOutput ignored;
-        ASSERT_TRUE(runner->Execute(prefill, &ignored).ok());
-        ASSERT_TRUE(plain->Execute(prefill, &ignored).ok());
+        ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+        ASSERT_TRUE(plain->Execute(MaskingPrefill(prompt), &ignored).ok());
       }
+      StepBatch with_masks = MaskingStep(prompt, decode, seed, /*masked=*/true, words);
+      testing::AllowOnly(&with_masks, kMaskedRows, allowed);
       StepOutput masked, unmasked;
-      ASSERT_TRUE(runner->Execute(batch_of(true), &masked).ok());
-      ASSERT_TRUE(plain->Execute(batch_of(false), &unmasked).ok());
+      ASSERT_TRUE(runner->Execute(with_masks, &masked).ok());
+      ASSERT_TRUE(plain->Execute(MaskingStep(prompt, decode, seed, false, words), &unmasked).ok());
       ASSERT_EQ(masked.sampled_tokens.size(), 3u);
       for (int s : {0, 2}) {
         EXPECT_NE(std::find(allowed.begin(), allowed.end(), masked.sampled_tokens[s]),
@@ -473,9 +480,8 @@ TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
 }
 
 // Structured output's overlap on the device (ModelRunner::Launch, then Finish): the bitmask rows
-// written after Launch has enqueued the forward pass (a decode graph's replay, or eagerly) are the
-// ones applied: the tokens equal Execute's with those masks from the start, though at Launch the
-// rows allowed only token 7.
+// written after Launch has enqueued the forward pass are the ones applied: the tokens equal
+// Execute's with those masks from the start, though at Launch the rows allowed only token 7.
 TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
@@ -488,43 +494,20 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
   const int64_t words = (vocab + 31) / 32;
   const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
-  auto set_rows = [&](StepBatch* batch, const std::vector<int32_t>& tokens) {
-    for (int s : {0, 2}) {
-      uint32_t* row = batch->token_bitmask.data() + s * words;
-      std::fill(row, row + words, 0u);
-      for (int32_t t : tokens) row[t >> 5] |= uint32_t{1} << (t & 31);
-    }
-  };
   for (const bool decode : {false, true}) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
-      StepBatch batch;
-      for (int s = 0; s < 3; ++s) {
-        const std::vector<int32_t> blocks = Blocks(s * 4, prompt.size() + 1, 16);
-        if (decode) {
-          batch.AddSequence(std::span(prompt).last(1), static_cast<int32_t>(prompt.size()) - 1,
-                            blocks, LogitsMode::kSample);
-        } else {
-          batch.AddSequence(prompt, 0, blocks, LogitsMode::kSample);
-        }
-        batch.sampling.push_back(
-            {.temperature = s == 2 ? 0.0f : 1.0f, .seed = seed, .step = 5, .masked = s != 1});
-      }
-      batch.token_bitmask.assign(static_cast<size_t>(3 * words), ~0u);
+      StepBatch batch = MaskingStep(prompt, decode, seed, /*masked=*/true, words);
       if (decode) {  // the prompt's KV first (unmasked)
-        StepBatch prefill;
-        for (int s = 0; s < 3; ++s) {
-          prefill.AddSequence(std::span(prompt).first(prompt.size() - 1), 0,
-                              Blocks(s * 4, prompt.size() + 1, 16), LogitsMode::kNone);
-        }
         StepOutput ignored;
-        ASSERT_TRUE(runner->Execute(prefill, &ignored).ok());
+        ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
       }
-      set_rows(&batch, allowed);
+      testing::AllowOnly(&batch, kMaskedRows, allowed);
       StepOutput expected, overlapped;
       ASSERT_TRUE(runner->Execute(batch, &expected).ok());
-      set_rows(&batch, {7});
+      testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
       ASSERT_TRUE(runner->Launch(batch, &overlapped).ok());
-      set_rows(&batch, allowed);  // the host's masks, computed while the step runs
+      // The host's masks, computed while the step runs.
+      testing::AllowOnly(&batch, kMaskedRows, allowed);
       ASSERT_TRUE(runner->Finish().ok());
       EXPECT_EQ(overlapped.sampled_tokens, expected.sampled_tokens)
           << "decode " << decode << " seed " << seed;
