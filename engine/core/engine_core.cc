@@ -1,7 +1,6 @@
 #include "engine/core/engine_core.h"
 
 #include <algorithm>
-#include <atomic>
 #include <optional>
 #include <span>
 #include <utility>
@@ -425,21 +424,15 @@ void EngineCore::FillMasks() {
     }
     matcher.FillMask(row);
   };
-  const auto num_jobs = static_cast<int64_t>(mask_jobs_.size());
-  const int threads = static_cast<int>(std::min<int64_t>(mask_threads_, num_jobs));
-  if (threads <= 1) {
-    for (const MaskJob& job : mask_jobs_) fill(job);
-    return;
-  }
   // Masks differ in cost by 1000x (a cached state's copy, a trie walk): each thread takes the
-  // next job as it gets free. Each matcher is one sequence's, on one thread; compiled grammars
-  // shared by several sequences guard their own tables (matcher.h).
-  std::atomic<int64_t> next{0};
-  kernels::ParallelFor(threads, threads, [&](int64_t, int64_t) {
-    for (int64_t j = next.fetch_add(1); j < num_jobs; j = next.fetch_add(1)) {
-      fill(mask_jobs_[static_cast<size_t>(j)]);
-    }
-  });
+  // next job as it gets free (chunks of one). Each matcher is one sequence's, on one thread;
+  // compiled grammars shared by several sequences guard their own tables (matcher.h).
+  kernels::ParallelForChunks(static_cast<int64_t>(mask_jobs_.size()), mask_threads_, 1,
+                             [&](int64_t begin, int64_t end) {
+                               for (int64_t j = begin; j < end; ++j) {
+                                 fill(mask_jobs_[static_cast<size_t>(j)]);
+                               }
+                             });
 }
 
 bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool runner_masks) {
