@@ -593,7 +593,8 @@ absl::Status CpuRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer 
                     .output = Buf(out),
                     .num_tokens = num_tokens_,
                     .hidden_size = model_->weights()[weight].rows,
-                    .epsilon = epsilon});
+                    .epsilon = epsilon,
+                    .num_threads = num_threads_});
   return absl::OkStatus();
 }
 
@@ -605,7 +606,8 @@ absl::Status CpuRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, f
                             .output = Buf(out),
                             .num_tokens = num_tokens_,
                             .hidden_size = model_->weights()[weight].rows,
-                            .epsilon = epsilon});
+                            .epsilon = epsilon,
+                            .num_threads = num_threads_});
   return absl::OkStatus();
 }
 
@@ -671,7 +673,8 @@ absl::Status CpuRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, B
                        .output = Buf(out),
                        .num_tokens = num_tokens_,
                        .intermediate_size = spec.rows / 2,
-                       .activation = activation});
+                       .activation = activation,
+                       .num_threads = num_threads_});
   return absl::OkStatus();
 }
 

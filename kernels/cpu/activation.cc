@@ -4,6 +4,8 @@
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
+#include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/parallel.h"
 
 namespace lmserve::kernels {
 
@@ -22,18 +24,33 @@ absl::Status SiluAndMulParams::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Elements below which the rows run on the caller alone (a parallel loop's start and end cost a
+// few microseconds).
+constexpr int64_t kMinParallelElements = int64_t{1} << 15;
+
+}  // namespace
+
 void SiluAndMul(const SiluAndMulParams& p) {
   CheckValid(p.Validate(), "SiluAndMul");
   const int64_t n = p.intermediate_size;
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const float* gate = p.gate_up + t * 2 * n;
-    const float* up = gate + n;
-    float* out = p.output + t * n;
-    if (p.activation == GateActivation::kGeluTanh) {
-      for (int64_t i = 0; i < n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
-    } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  const auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* gate = p.gate_up + t * 2 * n;
+      const float* up = gate + n;
+      float* out = p.output + t * n;
+      if (p.activation == GateActivation::kGeluTanh) {
+        for (int64_t i = 0; i < n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
+      } else {
+        SiluMul(gate, up, out, n);
+      }
     }
+  };
+  if (p.num_threads > 1 && p.num_tokens > 1 && p.num_tokens * n >= kMinParallelElements) {
+    ParallelFor(p.num_tokens, p.num_threads, rows);
+  } else {
+    rows(0, p.num_tokens);
   }
 }
 

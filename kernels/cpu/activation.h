@@ -30,6 +30,7 @@ struct SiluAndMulParams {
   int64_t num_tokens = 0;
   int64_t intermediate_size = 0;
   GateActivation activation = GateActivation::kSilu;  // act() of the gate
+  int num_threads = 1;  // threads to split the tokens across (a prompt's; one row runs on one)
 
   absl::Status Validate() const;
 };

@@ -4,6 +4,7 @@
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
+#include "kernels/cpu/parallel.h"
 
 namespace lmserve::kernels {
 namespace {
@@ -23,11 +24,32 @@ absl::Status ValidateShape(const char* kernel, int64_t num_tokens, int64_t hidde
   return absl::OkStatus();
 }
 
-// Writes x / rms(x) * weight; `x` and `out` may alias.
+// Elements of a step's rows below which the rows run on the caller alone (a loop's start and end
+// on the team cost a few microseconds; a row of 576 takes about one).
+constexpr int64_t kMinParallelElements = int64_t{1} << 15;
+
+// Runs fn(begin, end) over the step's rows, split across threads where they are many.
+void ForRows(int64_t num_tokens, int64_t row_elements, int num_threads,
+             absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  if (num_threads > 1 && num_tokens > 1 && num_tokens * row_elements >= kMinParallelElements) {
+    ParallelFor(num_tokens, num_threads, fn);
+  } else {
+    fn(0, num_tokens);
+  }
+}
+
+// Writes x / rms(x) * weight; `x` and `out` may alias. The squares are summed in eight partial
+// sums (independent additions, where one running sum waited on each).
 inline void NormalizeRow(const float* x, const float* weight, float* out, int64_t hidden_size,
                          double epsilon) {
-  double sum_squares = 0;
-  for (int64_t i = 0; i < hidden_size; ++i) sum_squares += double{x[i]} * x[i];
+  double partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= hidden_size; i += 8) {
+    for (int k = 0; k < 8; ++k) partial[k] += double{x[i + k]} * x[i + k];
+  }
+  for (; i < hidden_size; ++i) partial[0] += double{x[i]} * x[i];
+  const double sum_squares = ((partial[0] + partial[4]) + (partial[1] + partial[5])) +
+                             ((partial[2] + partial[6]) + (partial[3] + partial[7]));
   const float inv_rms =
       static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(hidden_size) + epsilon));
   for (int64_t i = 0; i < hidden_size; ++i) out[i] = x[i] * inv_rms * weight[i];
@@ -53,10 +75,12 @@ void RmsNorm(const RmsNormParams& p) {
   CheckValid(p.Validate(), "RmsNorm");
   const int64_t in_stride = p.input_stride != 0 ? p.input_stride : p.hidden_size;
   const int64_t out_stride = p.output_stride != 0 ? p.output_stride : p.hidden_size;
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    NormalizeRow(p.input + t * in_stride, p.weight, p.output + t * out_stride, p.hidden_size,
-                 p.epsilon);
-  }
+  ForRows(p.num_tokens, p.hidden_size, p.num_threads, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      NormalizeRow(p.input + t * in_stride, p.weight, p.output + t * out_stride, p.hidden_size,
+                   p.epsilon);
+    }
+  });
 }
 
 absl::Status FusedAddRmsNormParams::Validate() const {
@@ -76,12 +100,14 @@ absl::Status FusedAddRmsNormParams::Validate() const {
 
 void FusedAddRmsNorm(const FusedAddRmsNormParams& p) {
   CheckValid(p.Validate(), "FusedAddRmsNorm");
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    float* residual = p.residual + t * p.hidden_size;
-    const float* input = p.input + t * p.hidden_size;
-    for (int64_t i = 0; i < p.hidden_size; ++i) residual[i] += input[i];
-    NormalizeRow(residual, p.weight, p.output + t * p.hidden_size, p.hidden_size, p.epsilon);
-  }
+  ForRows(p.num_tokens, p.hidden_size, p.num_threads, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* residual = p.residual + t * p.hidden_size;
+      const float* input = p.input + t * p.hidden_size;
+      for (int64_t i = 0; i < p.hidden_size; ++i) residual[i] += input[i];
+      NormalizeRow(residual, p.weight, p.output + t * p.hidden_size, p.hidden_size, p.epsilon);
+    }
+  });
 }
 
 absl::Status HeadRmsNormParams::Validate() const {

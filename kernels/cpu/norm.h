@@ -26,6 +26,7 @@ struct RmsNormParams {
   int64_t input_stride = 0;   // elements between rows; 0 means hidden_size
   int64_t output_stride = 0;  // elements between rows; 0 means hidden_size
   double epsilon = 1e-6;
+  int num_threads = 1;  // threads to split the tokens across (a prompt's; one row runs on one)
 
   absl::Status Validate() const;
 };
@@ -41,6 +42,7 @@ struct FusedAddRmsNormParams {
   int64_t num_tokens = 0;
   int64_t hidden_size = 0;
   double epsilon = 1e-6;
+  int num_threads = 1;  // threads to split the tokens across (a prompt's; one row runs on one)
 
   absl::Status Validate() const;
 };

@@ -7,6 +7,7 @@
 
 #include "common/strings.h"
 #include "kernels/cpu/check.h"
+#include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/parallel.h"
 
 namespace lmserve::kernels {
@@ -98,11 +99,15 @@ __attribute__((target_clones("avx2", "default"))) void AttendRows(const PagedAtt
       float* s = scores + h * num_keys;
       float max_score = s[0];
       for (int64_t j = 1; j < num_keys; ++j) max_score = std::max(max_score, s[j]);
-      double sum = 0;
-      for (int64_t j = 0; j < num_keys; ++j) {
-        s[j] = std::exp(s[j] - max_score);
-        sum += s[j];
+      ExpShifted(s, num_keys, max_score);
+      double partial[8] = {};  // in eight partial sums, which vectorize
+      int64_t j = 0;
+      for (; j + 8 <= num_keys; j += 8) {
+        for (int k = 0; k < 8; ++k) partial[k] += s[j + k];
       }
+      for (; j < num_keys; ++j) partial[0] += s[j];
+      const double sum = ((partial[0] + partial[4]) + (partial[1] + partial[5])) +
+                         ((partial[2] + partial[6]) + (partial[3] + partial[7]));
       const float inv_sum = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < num_keys; ++j) s[j] *= inv_sum;
     }

@@ -1,8 +1,10 @@
 // The element-wise, normalization, rotary, linear and argmax CPU kernels against naive
 // double-precision references computed here, at awkward sizes, with poisoned output buffers.
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/argmax.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/fast_exp.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rotary.h"
@@ -394,6 +397,96 @@ TEST(SiluAndMulTest, MatchesDoubleReference) {
     }
     ExpectNear(out, expected, 1e-6, 1e-6, "silu");
   }
+}
+
+// Ulps of float between a and the float nearest the exact value e.
+double UlpError(float a, double e) {
+  const float nearest = static_cast<float>(e);
+  const float next = std::nextafter(nearest, std::numeric_limits<float>::infinity());
+  return std::abs(a - e) / (double{next} - nearest);
+}
+
+TEST(FastExpTest, WithinTwoUlpOfExpAndExactAtTheEdges) {
+  double worst = 0;
+  float worst_x = 0;
+  for (int64_t i = 0; i <= 2'000'000; ++i) {  // evenly over the range where exp is normal
+    const float x = static_cast<float>(-87.33 + (88.72 + 87.33) * static_cast<double>(i) / 2e6);
+    const double error = UlpError(FastExp(x), std::exp(double{x}));
+    if (error > worst) worst = error, worst_x = x;
+  }
+  for (float x = -1e-3f; x < 1e-3f; x += 1.3e-7f) {  // near 0, where r is the whole argument
+    worst = std::max(worst, UlpError(FastExp(x), std::exp(double{x})));
+  }
+  EXPECT_LE(worst, 2.0) << "at x = " << worst_x;
+  EXPECT_EQ(FastExp(0.0f), 1.0f);
+  EXPECT_EQ(FastExp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(FastExp(-88.0f), 0.0f);  // exp is subnormal there: flushed
+  EXPECT_EQ(FastExp(-1000.0f), 0.0f);
+  EXPECT_EQ(FastExp(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(FastExp(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(FastExp(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// The AVX2 paths of ExpShifted and SiluMul give the scalar FastExp's bits, at every length's tail
+// and for the values at and past the edges.
+TEST(FastExpTest, VectorPathGivesTheScalarBits) {
+  if (!FastExpVectorized()) GTEST_SKIP() << "no AVX2 on this CPU: only the scalar path runs";
+  std::vector<float> values = RandomVector(4099, 31, 30.0f);
+  const float specials[] = {0.0f, -0.0f, 88.72f, 88.73f, -87.33f, -87.34f, -104.0f, 1e-30f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(specials); ++i) values[i * 7] = specials[i];
+  const auto up = RandomVector(4099, 32);
+  for (int64_t n : {1, 7, 8, 9, 31, 4099}) {
+    std::vector<float> vector_exp(values.begin(), values.begin() + n), scalar_exp = vector_exp;
+    std::vector<float> vector_silu(static_cast<size_t>(n)), scalar_silu(static_cast<size_t>(n));
+    ExpShifted(vector_exp.data(), n, -0.5f);
+    SiluMul(values.data(), up.data(), vector_silu.data(), n);
+    SetFastExpScalarForTesting(true);
+    ExpShifted(scalar_exp.data(), n, -0.5f);
+    SiluMul(values.data(), up.data(), scalar_silu.data(), n);
+    SetFastExpScalarForTesting(false);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(vector_exp[i]), std::bit_cast<uint32_t>(scalar_exp[i]))
+          << "exp, n " << n << ", x " << values[i];
+      ASSERT_EQ(std::bit_cast<uint32_t>(vector_silu[i]), std::bit_cast<uint32_t>(scalar_silu[i]))
+          << "silu, n " << n << ", x " << values[i];
+    }
+  }
+}
+
+// A prompt's rows split across threads give the bits of one thread.
+TEST(SiluAndMulTest, ThreadsGiveTheSameBits) {
+  const int64_t tokens = 67, inter = 1536;
+  const auto gate_up = RandomVector(tokens * 2 * inter, 13, 4.0f);
+  std::vector<float> one(static_cast<size_t>(tokens * inter), kPoison), four = one;
+  SiluAndMul({.gate_up = gate_up.data(), .output = one.data(), .num_tokens = tokens,
+              .intermediate_size = inter});
+  SiluAndMul({.gate_up = gate_up.data(), .output = four.data(), .num_tokens = tokens,
+              .intermediate_size = inter, .num_threads = 4});
+  EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)), 0);
+}
+
+TEST(RmsNormTest, ThreadsGiveTheSameBits) {
+  const int64_t tokens = 71, hidden = 576;
+  const auto input = RandomVector(tokens * hidden, 14);
+  const auto weight = RandomVector(hidden, 15);
+  std::vector<float> one(input.size(), kPoison), four = one;
+  RmsNorm({.input = input.data(), .weight = weight.data(), .output = one.data(),
+           .num_tokens = tokens, .hidden_size = hidden});
+  RmsNorm({.input = input.data(), .weight = weight.data(), .output = four.data(),
+           .num_tokens = tokens, .hidden_size = hidden, .num_threads = 4});
+  EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)), 0);
+  std::vector<float> residual_one(input.size(), 0.25f), residual_four = residual_one;
+  FusedAddRmsNorm({.residual = residual_one.data(), .input = input.data(),
+                   .weight = weight.data(), .output = one.data(), .num_tokens = tokens,
+                   .hidden_size = hidden});
+  FusedAddRmsNorm({.residual = residual_four.data(), .input = input.data(),
+                   .weight = weight.data(), .output = four.data(), .num_tokens = tokens,
+                   .hidden_size = hidden, .num_threads = 4});
+  EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)), 0);
+  EXPECT_EQ(residual_one, residual_four);
 }
 
 // GeGLU (Gemma): gelu_tanh(gate) * up, PyTorch's gelu(approximate="tanh") in double.
