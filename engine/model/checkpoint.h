@@ -50,6 +50,9 @@ class Checkpoint {
   virtual const std::map<std::string, TensorView, std::less<>>& tensors() const = 0;
   // The GGUF file (metadata for the tokenizer and chat template); nullptr for other formats.
   virtual const GgufFile* gguf() const { return nullptr; }
+  // Drops the mapped pages of `tensor` (one of tensors()) from the process's memory, once a
+  // runner has copied it out (MappedFile::DropPages): a later read maps them again.
+  virtual void DropPages(const TensorView& tensor) const = 0;
 
   // Returns the tensor, or NotFound naming the checkpoint and the tensor.
   absl::StatusOr<const TensorView*> Find(std::string_view name) const;

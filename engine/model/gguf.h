@@ -108,6 +108,7 @@ class GgufFile {
   static absl::StatusOr<std::unique_ptr<GgufFile>> Parse(std::unique_ptr<MappedFile> file);
 
   const std::string& path() const { return file_->path(); }
+  const MappedFile& file() const { return *file_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // where the data section starts

@@ -37,6 +37,9 @@ class GgufCheckpoint : public Checkpoint {
     return tensors_;
   }
   const GgufFile* gguf() const override { return file_.get(); }
+  void DropPages(const TensorView& tensor) const override {
+    if (file_ != nullptr) file_->file().DropPages(tensor.data, static_cast<size_t>(tensor.num_bytes));
+  }
 
   std::string path_;
   ModelConfig config_;

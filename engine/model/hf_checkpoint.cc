@@ -68,6 +68,11 @@ class HfCheckpoint : public Checkpoint {
   const std::map<std::string, TensorView, std::less<>>& tensors() const override {
     return tensors_;
   }
+  void DropPages(const TensorView& tensor) const override {
+    for (const std::unique_ptr<SafetensorsFile>& shard : shards_) {  // the one it is in
+      shard->file().DropPages(tensor.data, static_cast<size_t>(tensor.num_bytes));
+    }
+  }
 
   std::string path_;
   ModelConfig config_;

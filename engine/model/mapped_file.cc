@@ -48,6 +48,19 @@ std::unique_ptr<MappedFile> MappedFile::FromBytes(std::span<const std::byte> byt
       new MappedFile(std::move(name), copy, bytes.size(), /*mapped=*/false));
 }
 
+void MappedFile::DropPages(const std::byte* begin, size_t size) const {
+  if (!mapped_ || begin < data_ || size > size_ || begin - data_ > static_cast<ptrdiff_t>(size_ - size)) {
+    return;
+  }
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + size) / page * page;
+  if (first >= last) return;
+  // A private, read-only file mapping: its pages are the file's, never written, so dropping them
+  // loses nothing (a failure leaves them resident, which is harmless).
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (mapped_) {
     ::munmap(const_cast<std::byte*>(data_), size_);

@@ -31,6 +31,12 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }
 
+  // Drops the pages wholly inside [begin, begin + size) from the process's memory (a loader calls
+  // it on a tensor it has copied out, so that the file's pages and the copies are not resident
+  // together); reading them again maps them again from the page cache, with the same bytes. Does
+  // nothing for FromBytes files and for a range that is not inside this file.
+  void DropPages(const std::byte* begin, size_t size) const;
+
  private:
   MappedFile(std::string path, const std::byte* data, size_t size, bool mapped)
       : path_(std::move(path)), data_(data), size_(size), mapped_(mapped) {}

@@ -29,6 +29,7 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(std::unique_ptr<MappedFile> file);
 
   const std::string& path() const { return file_->path(); }
+  const MappedFile& file() const { return *file_; }
   // Tensors by their names in the file; views point into the mapping.
   const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
   const std::map<std::string, std::string, std::less<>>& metadata() const { return metadata_; }

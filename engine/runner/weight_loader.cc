@@ -103,6 +103,7 @@ absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, L
         tensor.num_bytes = static_cast<int64_t>(shifted_values.size() * sizeof(float));
       }
       LMSERVE_RETURN_IF_ERROR(sink.Store(spec, first_row, tensor));
+      checkpoint.DropPages(*file_tensor);  // copied out: the file's pages need not stay resident
       first_row += part.rows;
     }
   }

@@ -5,6 +5,8 @@
 #include "engine/model/gguf.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include "common/strings.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/gguf_writer.h"
+#include "engine/model/mapped_file.h"
 #include "engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -44,6 +47,47 @@ class ScratchFile {
  private:
   std::string path_;
 };
+
+// Kilobytes of the process's resident set in the mapping that holds `address` (/proc/self/smaps).
+int64_t MappingRssKb(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t start = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &start, &end) == 2 && line.find('-') < 17 &&
+        line.find(':') > line.find(' ')) {  // a mapping's header line
+      inside = start <= a && a < end;
+    } else if (inside && line.starts_with("Rss:")) {
+      return std::atoll(line.c_str() + 4);
+    }
+  }
+  return -1;
+}
+
+TEST(MappedFileTest, DroppedPagesLeaveTheProcessAndReadBackTheSame) {
+  ScratchFile file("dropped_pages.bin");
+  std::vector<char> pattern(8 << 20);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<char>(i * 131 + (i >> 12));
+  std::ofstream(file.path(), std::ios::binary).write(pattern.data(), std::ssize(pattern));
+  absl::StatusOr<std::unique_ptr<MappedFile>> mapped = MappedFile::Open(file.path());
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const MappedFile& f = **mapped;
+  ASSERT_EQ(std::memcmp(f.data(), pattern.data(), pattern.size()), 0);  // every page touched
+  EXPECT_GE(MappingRssKb(f.data()), 8 * 1024 - 64);
+  f.DropPages(f.data() + 1, f.size() - 2);  // all but the two partly covered pages
+  EXPECT_LE(MappingRssKb(f.data()), 64);
+  EXPECT_EQ(std::memcmp(f.data(), pattern.data(), pattern.size()), 0);
+  EXPECT_GE(MappingRssKb(f.data()), 8 * 1024 - 64);
+  f.DropPages(f.data() + f.size() - 4096, 8192);  // past the end: nothing dropped
+  EXPECT_GE(MappingRssKb(f.data()), 8 * 1024 - 64);
+
+  // Bytes in memory (no file behind them) are never dropped: their pages would come back as 0.
+  std::unique_ptr<MappedFile> in_memory = MappedFile::FromBytes(
+      std::as_bytes(std::span<const char>(pattern)), "in memory");
+  in_memory->DropPages(in_memory->data(), in_memory->size());
+  EXPECT_EQ(std::memcmp(in_memory->data(), pattern.data(), pattern.size()), 0);
+}
 
 // ---- A GGUF file assembled byte by byte, independent of GgufWriter ----------------------------
 
