@@ -770,6 +770,24 @@ int Main(int argc, char** argv) {
   bench.Prefill({8192}, 64, "prefill attention d64 [pipelined]", 0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024) [pipelined]", 0);
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
+  // Variants of the default (prefill_attention_sm90.h: PrefillSm90Variant); "timing only" rows
+  // compute wrong outputs, each with one cost taken away.
+  struct PrefillVariant {
+    PrefillSm90Variant variant;
+    const char* tag;
+  };
+  for (const PrefillVariant& v :
+       {PrefillVariant{PrefillSm90Variant::kHeadsFastest, "[heads first]"},
+        PrefillVariant{PrefillSm90Variant::kTwoStages, "[2 stages]"},
+        PrefillVariant{PrefillSm90Variant::kContiguousBoxes, "[timing only: 128-slot boxes]"},
+        PrefillVariant{PrefillSm90Variant::kNoExp, "[timing only: no exp]"}}) {
+    SetPrefillSm90Variant(v.variant);
+    bench.Prefill({8192}, 128, std::string("prefill attention ") + v.tag, 0);
+    bench.Prefill({2048, 2048, 2048, 2048}, 128, std::string("prefill attention (4 seqs) ") + v.tag,
+                  0);
+    bench.Prefill({8192}, 64, std::string("prefill attention d64 ") + v.tag, 0);
+  }
+  SetPrefillSm90Variant(PrefillSm90Variant::kDefault);
   bench.Sampling();
   bench.SsmDecode();
   bench.Misc();

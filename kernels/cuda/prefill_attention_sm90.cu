@@ -50,11 +50,13 @@ constexpr int kRowBytes = 128;  // a swizzled row: 64 16-bit elements
 static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
               "the plan and the kernel agree on the query tile");
 
-template <int kHeadDim>
+constexpr int DefaultStages(int head_dim) { return head_dim <= 64 ? 4 : 3; }
+
+template <int kHeadDim, int kStagesParam = DefaultStages(kHeadDim)>
 struct Sm90Shape {
   static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
   static constexpr int kColumns = kHeadDim / 64;             // 64-element atom columns
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;     // K/V ring depth
+  static constexpr int kStages = kStagesParam;               // K/V ring depth
   static constexpr int kQGroupBytes = 64 * kHeadDim * 2;     // one consumer group's Q rows
   static constexpr int kQColumnBytes = 64 * kRowBytes;       // 64 rows of one column
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // a K or V tile
@@ -64,7 +66,10 @@ struct Sm90Shape {
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
   // q_full, v_tail, k_full[], v_full[], k_empty[], v_empty[]
   static constexpr int kBarriers = 2 + 4 * kStages;
-  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 1024;  // + alignment slack
+  // A float per consumer thread that the overlapped loops store their row sums to each tile (see
+  // the loop): written, never read.
+  static constexpr int kSinkOffset = kBarrierOffset + kBarriers * 8;
+  static constexpr int kSmemBytes = kSinkOffset + 256 * 4 + 1024;  // + alignment slack
 };
 
 struct Sm90Args {
@@ -78,6 +83,7 @@ struct Sm90Args {
   int box_rows;       // cache slots per TMA box: min(block_size, kBlockN)
   int num_slots;      // num_blocks * block_size: a box there reads zeros
   float score_scale;  // scale * log2(e)
+  int heads_fastest;  // blockIdx.x walks the heads, blockIdx.y the tiles (else the other way)
 };
 
 // The consumer loops (PrefillSm90Loop in prefill_attention_sm90.h).
@@ -92,12 +98,15 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-template <typename T, int kHeadDim, int kLoop>
+// kStagesParam: the K/V ring's depth; kNoExp (a benchmark variant, wrong outputs): the softmax's
+// exponentials left out.
+template <typename T, int kHeadDim, int kLoop, int kStagesParam = DefaultStages(kHeadDim),
+          bool kNoExp = false>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                       const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const Sm90Args a) {
-  using Shape = Sm90Shape<kHeadDim>;
+  using Shape = Sm90Shape<kHeadDim, kStagesParam>;
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int kStages = Shape::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -114,12 +123,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* v_empty = k_empty + kStages;
 
   PrefillTile t;
-  if (!LocatePrefillTile(static_cast<int>(gridDim.x - 1 - blockIdx.x), kBlockM, a.num_seqs,
-                         a.tile_start, a.query_start, a.context_lens, &t)) {
+  const int tile_index = a.heads_fastest ? static_cast<int>(gridDim.y - 1 - blockIdx.y)
+                                         : static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  if (!LocatePrefillTile(tile_index, kBlockM, a.num_seqs, a.tile_start, a.query_start,
+                         a.context_lens, &t)) {
     return;
   }
   const int seq = t.seq;
-  const int head = blockIdx.y;
+  const int head = a.heads_fastest ? blockIdx.x : blockIdx.y;
   const int kv_head = head / a.group_size;
   const int seq_token0 = t.seq_token0;
   const int context_len = t.context_len;
@@ -226,6 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pos_a = group_first_pos + row_a, pos_b = pos_a + 8;
   const unsigned char* q_group = s_q + group * Shape::kQGroupBytes;
   const float scale = a.score_scale;
+  volatile float* sink = reinterpret_cast<volatile float*>(smem + Shape::kSinkOffset);
   // The tiles with a key at or before this group's last row: a prefix of the block's tiles.
   const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
 
@@ -294,18 +306,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A row with no key yet keeps a zero base (its weights are all exp2(-inf) = 0).
     const float base_a = max_a == -INFINITY ? 0.0f : max_a * scale;
     const float base_b = max_b == -INFINITY ? 0.0f : max_b * scale;
-    rescale_a = exp2f(m_a * scale - base_a);
-    rescale_b = exp2f(m_b * scale - base_b);
+    rescale_a = sm90::Exp2Ftz(m_a * scale - base_a);
+    rescale_b = sm90::Exp2Ftz(m_b * scale - base_b);
     m_a = max_a;
     m_b = max_b;
     l_a *= rescale_a;
     l_b *= rescale_b;
+    auto weight = [](float x) { return kNoExp ? x : sm90::Exp2Ftz(x); };
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; i += 4) {
-      s[i] = exp2f(fmaf(s[i], scale, -base_a));
-      s[i + 1] = exp2f(fmaf(s[i + 1], scale, -base_a));
-      s[i + 2] = exp2f(fmaf(s[i + 2], scale, -base_b));
-      s[i + 3] = exp2f(fmaf(s[i + 3], scale, -base_b));
+      s[i] = weight(fmaf(s[i], scale, -base_a));
+      s[i + 1] = weight(fmaf(s[i + 1], scale, -base_a));
+      s[i + 2] = weight(fmaf(s[i + 2], scale, -base_b));
+      s[i + 3] = weight(fmaf(s[i + 3], scale, -base_b));
       l_a += s[i] + s[i + 1];
       l_b += s[i + 2] + s[i + 3];
     }
@@ -368,6 +381,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::FenceRegisters(s);
       release(k_empty + stage);
       softmax(j, kMasked, rescale_a, rescale_b);
+      // A store that needs every weight of the tile (through the row sums) keeps ptxas from
+      // moving the wait for PV above the exponentials, which it did at head dim 128 (it sinks
+      // them towards their use, next tile's packing), leaving the softmax overlapping nothing.
+      sink[tid - 128] = l_a + l_b;
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o);
       rescale_o(rescale_a, rescale_b);
@@ -492,12 +509,26 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
 }
 
 std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
+std::atomic<PrefillSm90Variant> variant_choice{PrefillSm90Variant::kDefault};
+
+template <typename Kernel>
+cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtensorMap& q_map,
+                         const CUtensorMap& k_map, const CUtensorMap& v_map, const Sm90Args& a,
+                         cudaStream_t stream) {
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem_bytes));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(q_map, k_map, v_map, a);
+  return cudaGetLastError();
+}
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Shape = Sm90Shape<kHeadDim>;
+  const PrefillSm90Variant variant = variant_choice.load(std::memory_order_relaxed);
   const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
-  const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
+  const int box_rows = variant == PrefillSm90Variant::kContiguousBoxes
+                           ? kBlockN
+                           : static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
   const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
   CUtensorMap q_map, k_map, v_map;
   if (!EncodeMap(&q_map, p.dtype, p.query, kHeadDim, p.num_heads, p.num_tokens, kHeadDim * 2,
@@ -522,16 +553,26 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
+  const unsigned tiles = static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs);
+  const unsigned heads = static_cast<unsigned>(p.num_heads);
+  a.heads_fastest = variant == PrefillSm90Variant::kHeadsFastest ? 1 : 0;
+  const dim3 grid = a.heads_fastest ? dim3(heads, tiles) : dim3(tiles, heads);
+  // The benchmark variants (bf16, ping-pong only).
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (variant == PrefillSm90Variant::kTwoStages) {
+      return LaunchKernel(PrefillSm90Kernel<T, kHeadDim, kPingpong, 2>,
+                          Sm90Shape<kHeadDim, 2>::kSmemBytes, grid, q_map, k_map, v_map, a, stream);
+    }
+    if (variant == PrefillSm90Variant::kNoExp) {
+      return LaunchKernel(PrefillSm90Kernel<T, kHeadDim, kPingpong, DefaultStages(kHeadDim), true>,
+                          Shape::kSmemBytes, grid, q_map, k_map, v_map, a, stream);
+    }
+  }
   const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
   auto kernel = loop == PrefillSm90Loop::kSerial     ? PrefillSm90Kernel<T, kHeadDim, kSerial>
                 : loop == PrefillSm90Loop::kPingpong ? PrefillSm90Kernel<T, kHeadDim, kPingpong>
                                                      : PrefillSm90Kernel<T, kHeadDim, kPipelined>;
-  LMSERVE_CUDA_RETURN_IF_ERROR(
-      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs),
-                  static_cast<unsigned>(p.num_heads));
-  kernel<<<grid, kThreads, Shape::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
-  return cudaGetLastError();
+  return LaunchKernel(kernel, Shape::kSmemBytes, grid, q_map, k_map, v_map, a, stream);
 }
 
 }  // namespace
@@ -545,6 +586,7 @@ bool PrefillSm90Supports(const PrefillAttentionParams& p) {
 }
 
 void SetPrefillSm90Loop(PrefillSm90Loop loop) { loop_choice.store(loop); }
+void SetPrefillSm90Variant(PrefillSm90Variant variant) { variant_choice.store(variant); }
 
 bool PrefillSm90Available() {
   static std::mutex mu;

@@ -29,6 +29,18 @@ enum class PrefillSm90Loop : uint8_t {
                // scheduler barrier between warpgroups)
 };
 void SetPrefillSm90Loop(PrefillSm90Loop loop);
+// Variants of the kernel for the benchmark's comparison rows (process-wide; with the ping-pong loop
+// and bf16 only, the default elsewhere). Those marked "timing only" compute wrong outputs: each
+// takes one cost away to show what it costs.
+enum class PrefillSm90Variant : uint8_t {
+  kDefault,
+  kHeadsFastest,     // the grid walks the heads first (a KV head's query heads side by side)
+  kTwoStages,        // a K/V ring of two stages
+  kContiguousBoxes,  // timing only: one TMA box of 128 cache slots per column and tile, whatever
+                     // the block size
+  kNoExp,            // timing only: the softmax without its exponentials
+};
+void SetPrefillSm90Variant(PrefillSm90Variant variant);
 // REQUIRES: params valid, PrefillSm90Supports(params), the tile plan in params.workspace.
 cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& params, cudaStream_t stream);
 

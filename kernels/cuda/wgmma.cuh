@@ -77,6 +77,15 @@ __device__ __forceinline__ void SetMaxRegistersDec() {
 #endif
 }
 
+// 2^x with flush-to-zero (ex2.approx.ftz.f32: one MUFU.EX2). exp2f without --use_fast_math is
+// ex2.approx.f32, which ptxas wraps in a compare and two multiplies to keep denormal results; the
+// softmax weights lose nothing to flushing them (they are rounded to 16 bits next).
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A plain arrival (no transaction bytes).
 __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
