@@ -777,7 +777,8 @@ int Main(int argc, char** argv) {
     const char* tag;
   };
   for (const PrefillVariant& v :
-       {PrefillVariant{PrefillSm90Variant::kHeadsFastest, "[heads first]"},
+       {PrefillVariant{PrefillSm90Variant::kOneItemPerBlock, "[block per item]"},
+        PrefillVariant{PrefillSm90Variant::kTilesFirst, "[block per item, tiles first]"},
         PrefillVariant{PrefillSm90Variant::kTwoStages, "[2 stages]"},
         PrefillVariant{PrefillSm90Variant::kContiguousBoxes, "[timing only: 128-slot boxes]"},
         PrefillVariant{PrefillSm90Variant::kNoExp, "[timing only: no exp]"}}) {

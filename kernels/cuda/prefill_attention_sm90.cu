@@ -64,8 +64,8 @@ struct Sm90Shape {
   static constexpr int kKOffset = 2 * kQGroupBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
-  // q_full, v_tail, k_full[], v_full[], k_empty[], v_empty[]
-  static constexpr int kBarriers = 2 + 4 * kStages;
+  // q_full, q_empty, v_tail, k_full[], v_full[], k_empty[], v_empty[]
+  static constexpr int kBarriers = 3 + 4 * kStages;
   // A float per consumer thread that the overlapped loops store their row sums to each tile (see
   // the loop): written, never read.
   static constexpr int kSinkOffset = kBarrierOffset + kBarriers * 8;
@@ -83,7 +83,7 @@ struct Sm90Args {
   int box_rows;       // cache slots per TMA box: min(block_size, kBlockN)
   int num_slots;      // num_blocks * block_size: a box there reads zeros
   float score_scale;  // scale * log2(e)
-  int heads_fastest;  // blockIdx.x walks the heads, blockIdx.y the tiles (else the other way)
+  int heads_fastest;  // the work items' order: heads fastest (else tiles fastest)
 };
 
 // The consumer loops (PrefillSm90Loop in prefill_attention_sm90.h).
@@ -116,33 +116,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* s_k = smem + Shape::kKOffset;  // [stage][column][kBlockN rows][128 B]
   unsigned char* s_v = smem + Shape::kVOffset;
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Shape::kBarrierOffset);
-  uint64_t* v_tail = q_full + 1;
-  uint64_t* k_full = q_full + 2;
+  uint64_t* q_empty = q_full + 1;
+  uint64_t* v_tail = q_full + 2;
+  uint64_t* k_full = q_full + 3;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
 
-  PrefillTile t;
-  const int tile_index = a.heads_fastest ? static_cast<int>(gridDim.y - 1 - blockIdx.y)
-                                         : static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  if (!LocatePrefillTile(tile_index, kBlockM, a.num_seqs, a.tile_start, a.query_start,
-                         a.context_lens, &t)) {
-    return;
-  }
-  const int seq = t.seq;
-  const int head = a.heads_fastest ? blockIdx.x : blockIdx.y;
-  const int kv_head = head / a.group_size;
-  const int seq_token0 = t.seq_token0;
-  const int context_len = t.context_len;
-  const int row0 = t.row0;
-  const int rows = t.rows;
-  const int first_pos = t.first_pos;  // position of row 0
-  const int kv_end = min(context_len, first_pos + rows);  // keys [0, kv_end)
-  const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
-
   const int tid = threadIdx.x, lane = tid % 32;
   if (tid == 0) {
     MbarrierInit(q_full, 1);
+    MbarrierInit(q_empty, 8);  // every consumer warp
     MbarrierInit(v_tail, 1);
     for (int s = 0; s < kStages; ++s) {
       MbarrierInit(k_full + s, 1);
@@ -153,101 +137,132 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (tid < 128) {  // the producer warpgroup
-    sm90::SetMaxRegistersDec<24>();
-    if (tid >= 32) return;
-    if (lane == 0) {
-      MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
-      for (int group = 0; group < 2; ++group) {
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          sm90::TmaLoad3d(s_q + group * Shape::kQGroupBytes + c * Shape::kQColumnBytes, &q_map,
-                          c * 64, head, seq_token0 + row0 + group * 64, q_full);
-        }
-      }
+  // The work items, (query tile, head) pairs: block b takes items b, b + gridDim.x, ... (one item
+  // per block when the grid has one block per item), the longest tiles first (a sequence's later
+  // tiles reach more keys), heads fastest unless a.heads_fastest is 0.
+  const int num_tiles = a.tile_start[a.num_seqs];
+  const int num_items = num_tiles * a.num_heads;
+  auto locate = [&](int item, PrefillTile* t, int* head) {
+    int tile_index;
+    if (a.heads_fastest) {
+      *head = item % a.num_heads;
+      tile_index = num_tiles - 1 - item / a.num_heads;
+    } else {
+      *head = item / num_tiles;
+      tile_index = num_tiles - 1 - item % num_tiles;
     }
-    const int32_t* table = a.block_table_ids + a.block_table_start[seq];
-    const int boxes = kBlockN / a.box_rows;  // <= 16: box_rows >= 8
-    for (int j = 0; j < num_kv_tiles; ++j) {
-      const int stage = j % kStages;
-      const uint32_t phase = (j / kStages) & 1;
-      const int n0 = j * kBlockN;
-      // Lane b's box: keys n0 + b * box_rows onwards, in one cache block.
-      int slot = a.num_slots;
-      const int pos = n0 + lane * a.box_rows;
-      if (lane < boxes && pos < kv_end) {
-        const int block_index = pos / a.block_size;
-        slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
-      }
-      // The last tile, when it reaches past the context's end: a box loaded for keys below kv_end
-      // may hold slots past the context (kv_end < context_len too, for a query tile that is not
-      // the sequence's last), so V's rows from the context's end on are zeroed before the
-      // consumers see them.
-      const bool tail = j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
-      // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
-      if (lane == 0) {
-        MbarrierWait(k_empty + stage, phase ^ 1);
-        MbarrierArriveExpectTx(k_full + stage, Shape::kTileBytes);
-      }
-      __syncwarp();
-      const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
-      if (lane < boxes) {
-#pragma unroll
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          sm90::TmaLoad3d(s_k + offset + c * Shape::kColumnBytes, &k_map, c * 64, kv_head, slot,
-                          k_full + stage);
-        }
-      }
-      if (lane == 0) {
-        MbarrierWait(v_empty + stage, phase ^ 1);
-        MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
-      }
-      __syncwarp();
-      if (lane < boxes) {
-#pragma unroll
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          sm90::TmaLoad3d(s_v + offset + c * Shape::kColumnBytes, &v_map, c * 64, kv_head, slot,
-                          tail ? v_tail : v_full + stage);
-        }
-      }
-      if (tail) {
-        MbarrierWait(v_tail, 0);  // at most one tail tile per block
-        const int first_row = context_len - n0;
-        const int chunks = (kBlockN - first_row) * (kRowBytes / 16);  // per column
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          unsigned char* base =
-              s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes + first_row * kRowBytes;
-          for (int i = lane; i < chunks; i += 32) {
-            *reinterpret_cast<uint4*>(base + i * 16) = make_uint4(0, 0, 0, 0);
+    LocatePrefillTile(tile_index, kBlockM, a.num_seqs, a.tile_start, a.query_start,
+                      a.context_lens, t);
+  };
+  // Stage and phase of the ring's g-th tile (counted over the block's items).
+  auto stage_of = [](int g) { return g % kStages; };
+  auto phase_of = [](int g) { return static_cast<uint32_t>((g / kStages) & 1); };
+
+  if (tid < 128) {  // the producer warpgroup
+    sm90::SetMaxRegistersDec<32>();  // 128 x 32 + 256 x 240 = the 64K registers
+    if (tid >= 32) return;
+    int tiles_done = 0, items_done = 0, tails_done = 0;
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++items_done) {
+      PrefillTile t;
+      int head;
+      locate(item, &t, &head);
+      const int kv_head = head / a.group_size;
+      const int context_len = t.context_len;
+      const int kv_end = min(context_len, t.first_pos + t.rows);  // keys [0, kv_end)
+      const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+      if (lane == 0) {  // Q, once the consumers are done with the last item's
+        MbarrierWait(q_empty, (items_done & 1) ^ 1);
+        MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
+        for (int group = 0; group < 2; ++group) {
+          for (int c = 0; c < Shape::kColumns; ++c) {
+            sm90::TmaLoad3d(s_q + group * Shape::kQGroupBytes + c * Shape::kQColumnBytes, &q_map,
+                            c * 64, head, t.seq_token0 + t.row0 + group * 64, q_full);
           }
         }
-        sm90::FenceProxyAsyncShared();
-        __syncwarp();
-        if (lane == 0) sm90::MbarrierArrive(v_full + stage);
       }
+      const int32_t* table = a.block_table_ids + a.block_table_start[t.seq];
+      const int boxes = kBlockN / a.box_rows;  // <= 16: box_rows >= 8
+      for (int j = 0; j < num_kv_tiles; ++j) {
+        const int stage = stage_of(tiles_done + j);
+        const uint32_t phase = phase_of(tiles_done + j);
+        const int n0 = j * kBlockN;
+        // Lane b's box: keys n0 + b * box_rows onwards, in one cache block.
+        int slot = a.num_slots;
+        const int pos = n0 + lane * a.box_rows;
+        if (lane < boxes && pos < kv_end) {
+          const int block_index = pos / a.block_size;
+          slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
+        }
+        // The last tile, when it reaches past the context's end: a box loaded for keys below
+        // kv_end may hold slots past the context (kv_end < context_len too, for a query tile that
+        // is not the sequence's last), so V's rows from the context's end on are zeroed before
+        // the consumers see them.
+        const bool tail = j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
+        // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
+        if (lane == 0) {
+          MbarrierWait(k_empty + stage, phase ^ 1);
+          MbarrierArriveExpectTx(k_full + stage, Shape::kTileBytes);
+        }
+        __syncwarp();
+        const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
+        if (lane < boxes) {
+#pragma unroll
+          for (int c = 0; c < Shape::kColumns; ++c) {
+            sm90::TmaLoad3d(s_k + offset + c * Shape::kColumnBytes, &k_map, c * 64, kv_head, slot,
+                            k_full + stage);
+          }
+        }
+        if (lane == 0) {
+          MbarrierWait(v_empty + stage, phase ^ 1);
+          MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
+        }
+        __syncwarp();
+        if (lane < boxes) {
+#pragma unroll
+          for (int c = 0; c < Shape::kColumns; ++c) {
+            sm90::TmaLoad3d(s_v + offset + c * Shape::kColumnBytes, &v_map, c * 64, kv_head, slot,
+                            tail ? v_tail : v_full + stage);
+          }
+        }
+        if (tail) {
+          MbarrierWait(v_tail, tails_done & 1);  // at most one tail tile per item
+          ++tails_done;
+          const int first_row = context_len - n0;
+          const int chunks = (kBlockN - first_row) * (kRowBytes / 16);  // per column
+          for (int c = 0; c < Shape::kColumns; ++c) {
+            unsigned char* base =
+                s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes + first_row * kRowBytes;
+            for (int i = lane; i < chunks; i += 32) {
+              *reinterpret_cast<uint4*>(base + i * 16) = make_uint4(0, 0, 0, 0);
+            }
+          }
+          sm90::FenceProxyAsyncShared();
+          __syncwarp();
+          if (lane == 0) sm90::MbarrierArrive(v_full + stage);
+        }
+      }
+      tiles_done += num_kv_tiles;
     }
     return;
   }
 
-  // A consumer warpgroup: 64 query rows.
+  // A consumer warpgroup: 64 query rows of each item.
   sm90::SetMaxRegistersInc<240>();
   const int group = tid / 128 - 1;
   const int warp_in_group = (tid % 128) / 32;
-  const int group_first_pos = first_pos + group * 64;
   const int row_a = warp_in_group * 16 + lane / 4;  // this thread's rows: row_a, row_a + 8
-  const int pos_a = group_first_pos + row_a, pos_b = pos_a + 8;
   const unsigned char* q_group = s_q + group * Shape::kQGroupBytes;
   const float scale = a.score_scale;
   volatile float* sink = reinterpret_cast<volatile float*>(smem + Shape::kSinkOffset);
-  // The tiles with a key at or before this group's last row: a prefix of the block's tiles.
-  const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
 
   float o[kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   float s[kBlockN / 2];                    // scores of a tile, then its softmax weights (fp32)
   uint32_t p[kBlockN / 4];                 // the weights as 16-bit pairs: wgmma's A fragments
   float m_a = -INFINITY, m_b = -INFINITY;  // running row maxima, unscaled scores
   float l_a = 0.0f, l_b = 0.0f;            // this thread's part of the row sums
+  int pos_a = 0, pos_b = 0;                // this thread's rows' positions
+  int kv_end = 0;                          // the item's keys: [0, kv_end)
+  int tiles_done = 0;                      // the ring's tiles before this item's
 
   auto issue_qk = [&](int stage) {
 #pragma unroll
@@ -336,135 +351,160 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[i + 3] *= rescale_b;
     }
   };
-  auto release = [&](uint64_t* empty) {  // k_empty or v_empty of a stage
+  auto release = [&](uint64_t* empty) {  // q_empty, or k_empty or v_empty of a stage
     __syncwarp();
     if (lane == 0) sm90::MbarrierArrive(empty);
   };
 
-  MbarrierWait(q_full, 0);
-  float rescale_a, rescale_b;
   // Ping-pong (FlashAttention-3's scheduler barrier): the two groups take turns to issue their
   // wgmmas, so one group's softmax runs under the other's matrix products. Each group takes
-  // num_kv_tiles + 1 turns (tile 0's QK^T, one per later tile, the last PV; a skipped tile is an
-  // empty turn); group 1 hands group 0 its first turn and keeps its own last one.
-  int turns_left = num_kv_tiles + 1;
+  // num_kv_tiles + 1 turns an item (tile 0's QK^T, one per later tile, the last PV; a skipped
+  // tile is an empty turn), so the turns alternate across items too; group 1 hands group 0 its
+  // first turn, and group 0 takes group 1's last hand-over after its last item.
   auto turn_begin = [&] {
     if constexpr (kLoop == kPingpong) NamedBarrierSync(1 + group);
   };
   auto turn_end = [&] {
-    if constexpr (kLoop == kPingpong) {
-      if (--turns_left > 0 || group == 0) NamedBarrierArrive(2 - group);
-    }
+    if constexpr (kLoop == kPingpong) NamedBarrierArrive(2 - group);
   };
   if constexpr (kLoop == kPingpong) {
     if (group == 1) NamedBarrierArrive(1);
   }
-  if constexpr (kLoop != kSerial) {
-    // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
-    // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
-    // weights) while p holds tile j-1's weights, so both fit beside O.
-    // Tiles from first_masked on may cross a row's diagonal or the context's end.
-    const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
-    const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
-    auto step = [&](int j, auto kMasked) {
-      const int stage = j % kStages, prev = (j - 1) % kStages;
-      pack_p();
-      sm90::MbarrierWaitNoBranch(k_full + stage, (j / kStages) & 1);
+
+  int items_done = 0;
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++items_done) {
+    PrefillTile t;
+    int head;
+    locate(item, &t, &head);
+    const int first_pos = t.first_pos;  // position of the item's row 0
+    kv_end = min(t.context_len, first_pos + t.rows);
+    const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+    const int group_first_pos = first_pos + group * 64;
+    pos_a = group_first_pos + row_a;
+    pos_b = pos_a + 8;
+    // The tiles with a key at or before this group's last row: a prefix of the item's tiles.
+    const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    m_a = m_b = -INFINITY;
+    l_a = l_b = 0.0f;
+
+    MbarrierWait(q_full, items_done & 1);
+    float rescale_a, rescale_b;
+    if constexpr (kLoop != kSerial) {
+      // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
+      // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
+      // weights) while p holds tile j-1's weights, so both fit beside O.
+      // Tiles from first_masked on may cross a row's diagonal or the context's end.
+      const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
+      const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
+      auto step = [&](int j, auto kMasked) {
+        const int stage = stage_of(tiles_done + j), prev = stage_of(tiles_done + j - 1);
+        pack_p();
+        sm90::MbarrierWaitNoBranch(k_full + stage, phase_of(tiles_done + j));
+        turn_begin();
+        sm90::WgmmaFence();
+        issue_qk(stage);
+        sm90::MbarrierWaitNoBranch(v_full + prev, phase_of(tiles_done + j - 1));
+        sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
+        issue_pv(prev);
+        turn_end();
+        sm90::WgmmaWait<1>();
+        sm90::FenceRegisters(s);
+        release(k_empty + stage);
+        softmax(j, kMasked, rescale_a, rescale_b);
+        // A store that needs every weight of the tile (through the row sums) keeps ptxas from
+        // moving the wait for PV above the exponentials, which it did at head dim 128 (it sinks
+        // them towards their use, next tile's packing), leaving the softmax overlapping nothing.
+        sink[tid - 128] = l_a + l_b;
+        sm90::WgmmaWait<0>();
+        sm90::FenceRegisters(o);
+        rescale_o(rescale_a, rescale_b);
+        release(v_empty + prev);
+      };
+      const int stage0 = stage_of(tiles_done);
+      MbarrierWait(k_full + stage0, phase_of(tiles_done));
       turn_begin();
       sm90::WgmmaFence();
-      issue_qk(stage);
-      sm90::MbarrierWaitNoBranch(v_full + prev, ((j - 1) / kStages) & 1);
-      sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
-      issue_pv(prev);
+      issue_qk(stage0);
       turn_end();
-      sm90::WgmmaWait<1>();
-      sm90::FenceRegisters(s);
-      release(k_empty + stage);
-      softmax(j, kMasked, rescale_a, rescale_b);
-      // A store that needs every weight of the tile (through the row sums) keeps ptxas from
-      // moving the wait for PV above the exponentials, which it did at head dim 128 (it sinks
-      // them towards their use, next tile's packing), leaving the softmax overlapping nothing.
-      sink[tid - 128] = l_a + l_b;
-      sm90::WgmmaWait<0>();
-      sm90::FenceRegisters(o);
-      rescale_o(rescale_a, rescale_b);
-      release(v_empty + prev);
-    };
-    MbarrierWait(k_full, 0);
-    turn_begin();
-    sm90::WgmmaFence();
-    issue_qk(0);
-    turn_end();
-    sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(s);
-    release(k_empty);
-    softmax(0, std::true_type{}, rescale_a, rescale_b);
-    const int unmasked_end = min(first_masked, group_tiles);
-    for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
-    for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
-    const int last = group_tiles - 1, stage = last % kStages;
-    pack_p();
-    MbarrierWait(v_full + stage, (last / kStages) & 1);
-    turn_begin();
-    sm90::WgmmaFence();
-    issue_pv(stage);
-    turn_end();
-    sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(o);
-    release(v_empty + stage);
-  } else {
-    for (int j = 0; j < group_tiles; ++j) {
-      const int stage = j % kStages;
-      const uint32_t phase = (j / kStages) & 1;
-      MbarrierWait(k_full + stage, phase);
-      sm90::WgmmaFence();
-      issue_qk(stage);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(s);
-      release(k_empty + stage);
-      softmax(j, std::true_type{}, rescale_a, rescale_b);
+      release(k_empty + stage0);
+      softmax(0, std::true_type{}, rescale_a, rescale_b);
+      const int unmasked_end = min(first_masked, group_tiles);
+      for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
+      for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
+      release(q_empty);  // every QK^T of the item is done
+      const int last = tiles_done + group_tiles - 1, stage = stage_of(last);
       pack_p();
-      rescale_o(rescale_a, rescale_b);
-      MbarrierWait(v_full + stage, phase);
+      MbarrierWait(v_full + stage, phase_of(last));
+      turn_begin();
       sm90::WgmmaFence();
       issue_pv(stage);
+      turn_end();
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o);
       release(v_empty + stage);
+    } else {
+      for (int j = 0; j < group_tiles; ++j) {
+        const int stage = stage_of(tiles_done + j);
+        const uint32_t phase = phase_of(tiles_done + j);
+        MbarrierWait(k_full + stage, phase);
+        sm90::WgmmaFence();
+        issue_qk(stage);
+        sm90::WgmmaWait<0>();
+        sm90::FenceRegisters(s);
+        release(k_empty + stage);
+        softmax(j, std::true_type{}, rescale_a, rescale_b);
+        pack_p();
+        rescale_o(rescale_a, rescale_b);
+        MbarrierWait(v_full + stage, phase);
+        sm90::WgmmaFence();
+        issue_pv(stage);
+        sm90::WgmmaWait<0>();
+        sm90::FenceRegisters(o);
+        release(v_empty + stage);
+      }
+      release(q_empty);
     }
-  }
-  // The tiles past this group's rows (the other group's diagonal): only freed.
-  for (int j = group_tiles; j < num_kv_tiles; ++j) {
-    const int stage = j % kStages;
-    const uint32_t phase = (j / kStages) & 1;
-    turn_begin();
-    turn_end();
-    MbarrierWait(k_full + stage, phase);
-    release(k_empty + stage);
-    MbarrierWait(v_full + stage, phase);
-    release(v_empty + stage);
-  }
+    // The tiles past this group's rows (the other group's diagonal): only freed.
+    for (int j = group_tiles; j < num_kv_tiles; ++j) {
+      const int stage = stage_of(tiles_done + j);
+      const uint32_t phase = phase_of(tiles_done + j);
+      turn_begin();
+      turn_end();
+      MbarrierWait(k_full + stage, phase);
+      release(k_empty + stage);
+      MbarrierWait(v_full + stage, phase);
+      release(v_empty + stage);
+    }
+    tiles_done += num_kv_tiles;
 
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-  const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
-  const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
-  const int64_t out_stride = int64_t{a.num_heads} * kHeadDim;
-  const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
-  T* out = static_cast<T*>(a.output) + int64_t{seq_token0 + row0} * out_stride +
-           int64_t{head} * kHeadDim + 2 * (lane % 4);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
+    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+    const int64_t out_stride = int64_t{a.num_heads} * kHeadDim;
+    const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
+    T* out = static_cast<T*>(a.output) + int64_t{t.seq_token0 + t.row0} * out_stride +
+             int64_t{head} * kHeadDim + 2 * (lane % 4);
 #pragma unroll
-  for (int c = 0; c < kHeadDim / 8; ++c) {
-    if (cta_row_a < rows) {
-      *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
-          Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
+    for (int c = 0; c < kHeadDim / 8; ++c) {
+      if (cta_row_a < t.rows) {
+        *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
+            Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
+      }
+      if (cta_row_b < t.rows) {
+        *reinterpret_cast<uint32_t*>(out + cta_row_b * out_stride + c * 8) =
+            Pack2<T>(o[4 * c + 2] * inv_b, o[4 * c + 3] * inv_b);
+      }
     }
-    if (cta_row_b < rows) {
-      *reinterpret_cast<uint32_t*>(out + cta_row_b * out_stride + c * 8) =
-          Pack2<T>(o[4 * c + 2] * inv_b, o[4 * c + 3] * inv_b);
-    }
+  }
+  if constexpr (kLoop == kPingpong) {
+    if (group == 0) NamedBarrierSync(1);  // group 1's last hand-over
   }
 }
 
@@ -511,6 +551,21 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
 std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
 std::atomic<PrefillSm90Variant> variant_choice{PrefillSm90Variant::kDefault};
 
+// The current device's multiprocessor count, cached per device.
+cudaError_t MultiprocessorCount(int* count) {
+  static std::atomic<int> cached[64];
+  int device = 0;
+  LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) {
+    *count = cached[device].load(std::memory_order_relaxed);
+    return cudaSuccess;
+  }
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device));
+  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
 template <typename Kernel>
 cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtensorMap& q_map,
                          const CUtensorMap& k_map, const CUtensorMap& v_map, const Sm90Args& a,
@@ -553,10 +608,19 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
-  const unsigned tiles = static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs);
-  const unsigned heads = static_cast<unsigned>(p.num_heads);
-  a.heads_fastest = variant == PrefillSm90Variant::kHeadsFastest ? 1 : 0;
-  const dim3 grid = a.heads_fastest ? dim3(heads, tiles) : dim3(tiles, heads);
+  // At most this many work items (the plan, on the device, has the exact count).
+  const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
+  a.heads_fastest = variant == PrefillSm90Variant::kTilesFirst ? 0 : 1;
+  int64_t blocks = max_items;  // one item a block
+  if (variant == PrefillSm90Variant::kDefault || variant == PrefillSm90Variant::kTwoStages ||
+      variant == PrefillSm90Variant::kContiguousBoxes || variant == PrefillSm90Variant::kNoExp) {
+    int sms = 0;
+    LMSERVE_CUDA_RETURN_IF_ERROR(MultiprocessorCount(&sms));
+    blocks = std::min<int64_t>(max_items, sms);  // persistent: a block a multiprocessor
+  } else if (variant == PrefillSm90Variant::kFewBlocks) {
+    blocks = std::min<int64_t>(max_items, 3);
+  }
+  const dim3 grid(static_cast<unsigned>(blocks));
   // The benchmark variants (bf16, ping-pong only).
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (variant == PrefillSm90Variant::kTwoStages) {

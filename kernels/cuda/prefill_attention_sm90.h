@@ -29,12 +29,17 @@ enum class PrefillSm90Loop : uint8_t {
                // scheduler barrier between warpgroups)
 };
 void SetPrefillSm90Loop(PrefillSm90Loop loop);
-// Variants of the kernel for the benchmark's comparison rows (process-wide; with the ping-pong loop
-// and bf16 only, the default elsewhere). Those marked "timing only" compute wrong outputs: each
-// takes one cost away to show what it costs.
+// Variants of the kernel for the benchmark's comparison rows and the tests (process-wide). The
+// default is persistent: a block a multiprocessor, each taking work items (a query tile of one
+// head) in turn, longest first, heads fastest, so that one item's loads overlap the last one's
+// end. kTwoStages, kContiguousBoxes and kNoExp change the ping-pong loop's bf16 kernel only;
+// those marked "timing only" compute wrong outputs: each takes one cost away to show what it
+// costs.
 enum class PrefillSm90Variant : uint8_t {
   kDefault,
-  kHeadsFastest,     // the grid walks the heads first (a KV head's query heads side by side)
+  kOneItemPerBlock,  // a block per work item (the grid walks them in the default's order)
+  kTilesFirst,       // a block per work item, tiles fastest (one head's tiles side by side)
+  kFewBlocks,        // persistent on 3 blocks: many items a block even for small shapes (tests)
   kTwoStages,        // a K/V ring of two stages
   kContiguousBoxes,  // timing only: one TMA box of 128 cache slots per column and tile, whatever
                      // the block size

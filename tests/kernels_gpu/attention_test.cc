@@ -549,7 +549,10 @@ void RunHopperKernelShapes();
 // tile that reaches past the context's end may hold them; none may reach an output). On other
 // GPUs (or the portable path) these run the mma.sync kernel.
 // Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong (the
-// default, which the other prefill tests run too) in a test of its own.
+// default, which the other prefill tests run too) in a test of its own. The kernel is persistent
+// (a block a multiprocessor, taking work items in turn), which these small shapes hardly
+// exercise: each loop also runs on 3 blocks (many items a block: the K/V ring, Q's reloads and
+// the ping-pong turns carried from item to item), and ping-pong with a block per item.
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
@@ -557,6 +560,10 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
                                                   : "pipelined consumer loop");
     SetPrefillSm90Loop(loop);
     RunHopperKernelShapes();
+    SCOPED_TRACE("on 3 blocks");
+    SetPrefillSm90Variant(PrefillSm90Variant::kFewBlocks);
+    RunHopperKernelShapes();
+    SetPrefillSm90Variant(PrefillSm90Variant::kDefault);
   }
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);  // the default
 }
@@ -566,6 +573,14 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
   RunHopperKernelShapes();
   RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
+  for (PrefillSm90Variant variant :
+       {PrefillSm90Variant::kFewBlocks, PrefillSm90Variant::kOneItemPerBlock}) {
+    SCOPED_TRACE(variant == PrefillSm90Variant::kFewBlocks ? "on 3 blocks" : "a block per item");
+    SetPrefillSm90Variant(variant);
+    RunHopperKernelShapes();
+    RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
+  }
+  SetPrefillSm90Variant(PrefillSm90Variant::kDefault);
 }
 
 void RunHopperKernelShapes() {
