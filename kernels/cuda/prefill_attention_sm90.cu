@@ -84,6 +84,7 @@ struct Sm90Args {
   int num_slots;      // num_blocks * block_size: a box there reads zeros
   float score_scale;  // scale * log2(e)
   int heads_fastest;  // the work items' order: heads fastest (else tiles fastest)
+  int head_dim;       // <= kHeadDim: the tensors' (80 and 96 run padded to 128, reading zeros)
 };
 
 // The consumer loops (PrefillSm90Loop in prefill_attention_sm90.h).
@@ -487,12 +488,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
     const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
     const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
-    const int64_t out_stride = int64_t{a.num_heads} * kHeadDim;
+    const int64_t out_stride = int64_t{a.num_heads} * a.head_dim;
     const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
     T* out = static_cast<T*>(a.output) + int64_t{t.seq_token0 + t.row0} * out_stride +
-             int64_t{head} * kHeadDim + 2 * (lane % 4);
+             int64_t{head} * a.head_dim + 2 * (lane % 4);
 #pragma unroll
     for (int c = 0; c < kHeadDim / 8; ++c) {
+      if (c * 8 >= a.head_dim) break;  // the padding's columns (all zero)
       if (cta_row_a < t.rows) {
         *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
             Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
@@ -581,17 +583,20 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Shape = Sm90Shape<kHeadDim>;
   const PrefillSm90Variant variant = variant_choice.load(std::memory_order_relaxed);
   const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
+  const int64_t head_dim = p.head_dim;  // kHeadDim, or 80 or 96 under kHeadDim 128
   const int box_rows = variant == PrefillSm90Variant::kContiguousBoxes
                            ? kBlockN
                            : static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
   const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
   CUtensorMap q_map, k_map, v_map;
-  if (!EncodeMap(&q_map, p.dtype, p.query, kHeadDim, p.num_heads, p.num_tokens, kHeadDim * 2,
+  // The maps span the tensors' head dim: a box's columns past it read as zeros, which pad 80 and
+  // 96 to 128 (zero scores' terms, zero output columns, left unstored).
+  if (!EncodeMap(&q_map, p.dtype, p.query, head_dim, p.num_heads, p.num_tokens, head_dim * 2,
                  query_stride * 2, 64) ||
-      !EncodeMap(&k_map, p.dtype, p.key_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
-                 p.num_kv_heads * kHeadDim * 2, box_rows) ||
-      !EncodeMap(&v_map, p.dtype, p.value_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
-                 p.num_kv_heads * kHeadDim * 2, box_rows)) {
+      !EncodeMap(&k_map, p.dtype, p.key_cache, head_dim, p.num_kv_heads, num_slots, head_dim * 2,
+                 p.num_kv_heads * head_dim * 2, box_rows) ||
+      !EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads, num_slots, head_dim * 2,
+                 p.num_kv_heads * head_dim * 2, box_rows)) {
     return cudaErrorInvalidValue;
   }
   Sm90Args a{};
@@ -608,6 +613,7 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
+  a.head_dim = static_cast<int>(head_dim);
   // At most this many work items (the plan, on the device, has the exact count).
   const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
   a.heads_fastest = variant == PrefillSm90Variant::kTilesFirst ? 0 : 1;
@@ -644,7 +650,8 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
 bool PrefillSm90Supports(const PrefillAttentionParams& p) {
   const bool block_fits =
       p.block_size % 8 == 0 && (kBlockN % p.block_size == 0 || p.block_size % kBlockN == 0);
-  return (p.head_dim == 64 || p.head_dim == 128) && p.window == 0 && p.softcap == 0 && block_fits &&
+  return (p.head_dim == 64 || p.head_dim == 80 || p.head_dim == 96 || p.head_dim == 128) &&
+         p.window == 0 && p.softcap == 0 && block_fits &&
          p.num_blocks * p.block_size < (int64_t{1} << 31) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
@@ -684,6 +691,7 @@ cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& p, cudaStream_t stre
     return p.dtype == DType::kF16 ? LaunchTyped<__half, 64>(p, stream)
                                   : LaunchTyped<__nv_bfloat16, 64>(p, stream);
   }
+  // 80, 96 and 128: 80 and 96 padded to 128.
   return p.dtype == DType::kF16 ? LaunchTyped<__half, 128>(p, stream)
                                 : LaunchTyped<__nv_bfloat16, 128>(p, stream);
 }

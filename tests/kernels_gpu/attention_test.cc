@@ -492,8 +492,8 @@ TEST(PrefillAttentionGpuTest, LongPrefill) {
 }
 
 // Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
-// 64 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the mma.sync
-// kernel otherwise, and always on the portable path.
+// 64, 80, 96 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the
+// mma.sync kernel otherwise, and always on the portable path.
 TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   LMSERVE_REQUIRE_GPU();
   PrefillAttentionParams p;
@@ -528,7 +528,11 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   p.block_size = 24;
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
   p.block_size = 16;
-  for (int64_t head_dim : {32, 80, 96, 256}) {
+  for (int64_t head_dim : {80, 96}) {
+    p.head_dim = head_dim;
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90) << head_dim;
+  }
+  for (int64_t head_dim : {32, 256}) {
     p.head_dim = head_dim;
     EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync) << head_dim;
   }
@@ -597,6 +601,15 @@ void RunHopperKernelShapes() {
     for (int64_t group : {1, 8}) {
       RunPrefillCase(DType::kBF16, 1, group, head_dim, kMixedBatch, {}, {16, true});
     }
+    RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
+  }
+  // Head dims 80 and 96: the head-dim-128 kernel over boxes whose columns past the head dim read
+  // as zeros.
+  for (int64_t head_dim : {80, 96}) {
+    for (int64_t block_size : {8, 16, 256}) {
+      RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {block_size, true});
+    }
+    RunPrefillCase(DType::kBF16, 1, 8, head_dim, kMixedBatch, {}, {16, true});
     RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
   }
   // The benchmark's shapes, smaller: one long prompt, four equal ones.
