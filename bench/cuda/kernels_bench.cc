@@ -770,25 +770,27 @@ int Main(int argc, char** argv) {
   bench.Prefill({8192}, 64, "prefill attention d64 [pipelined]", 0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024) [pipelined]", 0);
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
-  // Variants of the default (prefill_attention_sm90.h: PrefillSm90Variant); "timing only" rows
-  // compute wrong outputs, each with one cost taken away.
+  // The default's options turned off (prefill_attention_sm90.h: PrefillSm90Options): a block per
+  // work item instead of persistent blocks; a TMA box per 64-element column at head dim 128
+  // instead of one for both; and all three off with the tiles-first order (main's kernel before).
   struct PrefillVariant {
-    PrefillSm90Variant variant;
+    PrefillSm90Options options;
     const char* tag;
   };
   for (const PrefillVariant& v :
-       {PrefillVariant{PrefillSm90Variant::kOneItemPerBlock, "[block per item]"},
-        PrefillVariant{PrefillSm90Variant::kTilesFirst, "[block per item, tiles first]"},
-        PrefillVariant{PrefillSm90Variant::kTwoStages, "[2 stages]"},
-        PrefillVariant{PrefillSm90Variant::kContiguousBoxes, "[timing only: 128-slot boxes]"},
-        PrefillVariant{PrefillSm90Variant::kNoExp, "[timing only: no exp]"}}) {
-    SetPrefillSm90Variant(v.variant);
+       {PrefillVariant{{.persistent = false}, "[block per item]"},
+        PrefillVariant{{.paired = false}, "[box per column]"},
+        PrefillVariant{{.persistent = false, .heads_first = false, .paired = false},
+                       "[all three off]"}}) {
+    SetPrefillSm90Options(v.options);
     bench.Prefill({8192}, 128, std::string("prefill attention ") + v.tag, 0);
     bench.Prefill({2048, 2048, 2048, 2048}, 128, std::string("prefill attention (4 seqs) ") + v.tag,
                   0);
     bench.Prefill({8192}, 64, std::string("prefill attention d64 ") + v.tag, 0);
+    bench.Prefill({1024, 1024, 1024, 1024}, 128,
+                  std::string("prefill attention (4 x 1024) ") + v.tag, 0);
   }
-  SetPrefillSm90Variant(PrefillSm90Variant::kDefault);
+  SetPrefillSm90Options({});
   bench.Sampling();
   bench.SsmDecode();
   bench.Misc();

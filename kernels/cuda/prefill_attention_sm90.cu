@@ -1,15 +1,19 @@
 // Hopper prefill attention over the paged KV cache, in FlashAttention-3's manner (built for sm_90a
 // alone: kernels/CMakeLists.txt, target lmserve_kernels_cuda_sm90a).
 //
-// A thread block takes 128 query rows of one head (the tile plan of prefill_attention.cu: the same
-// PrefillBlockRows) and has three warpgroups:
-//   - the producer (warp 0 of warpgroup 0; the other three warps leave at once, and the group
-//     gives its registers up with setmaxnreg) loads Q once and then, for each tile of 128 keys,
-//     K and V into a ring of shared-memory stages by TMA: one 3-D box (64 head-dim elements x 1
-//     KV head x R cache slots, R = min(block_size, 128)) per cache block and 64-element column,
-//     so a paged block costs one descriptor-based copy per column whatever its place in the
-//     pool, and the copies land in the 128-byte-swizzled layout wgmma reads. Boxes past the
-//     queries' last key point past the pool's end and read as zeros.
+// Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (the
+// same PrefillBlockRows). The kernel is persistent (PrefillSm90Options): a block a multiprocessor
+// takes items in turn, longest tiles first and heads fastest (a KV head's query heads side by
+// side), so one item's first loads overlap the last one's end. A block has three warpgroups:
+//   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
+//     warp 1 loads V (the other two warps leave at once, and the group gives its registers up
+//     with setmaxnreg), for each tile of 128 keys into a ring of shared-memory stages, by TMA: a
+//     box per cache block (R = min(block_size, 128) slots of one KV head), so a paged block costs
+//     one descriptor-based copy whatever its place in the pool, landing in the 128-byte-swizzled
+//     layout wgmma reads. At head dim 128 one 5-D box brings both 64-element columns (the
+//     "paired" layout, TileRowOffset); else a 3-D box per column. Boxes past the queries' last
+//     key point past the pool's end and read as zeros. The many small boxes of the default block
+//     size (16) are what the loads cost, not their bytes (bench/results/README.md, section 16).
 //   - two consumer warpgroups, each owning 64 of the query rows: S = Q K^T by wgmma
 //     (m64n128k16, both operands in shared memory), scale, mask (only on tiles that cross a
 //     row's diagonal or the context's end), online softmax in fp32 registers, then O += P V by
@@ -20,12 +24,13 @@
 // K and V tiles have separate "full" barriers, so QK^T starts before V has landed. Three consumer
 // loops (PrefillSm90Loop): serial, pipelined (tile j's QK^T and softmax under tile j-1's PV) and
 // the default, ping-pong (pipelined, and the two groups take turns at issuing wgmmas through two
-// named barriers, so one group's softmax runs under the other's matrix products): on an H100 it
-// was the fastest at every benchmarked shape (bench/results/README.md, section 16).
+// named barriers, so one group's softmax runs under the other's matrix products).
+// Head dims 64 and 128; 80 and 96 run the head-dim-128 kernel, the tensor maps' columns past the
+// head dim reading as zeros.
 //
 // Cache slots past a sequence's context length hold whatever the pool held (possibly NaN bit
 // patterns): their scores are masked, but P = 0 times a NaN value is NaN, so on the tile that
-// reaches past the context the producer waits for V itself, zeroes those rows and only then
+// reaches past the context the V warp waits for V itself, zeroes those rows and only then
 // releases the tile to the consumers.
 
 #include <cuda.h>
@@ -47,16 +52,20 @@ constexpr int kBlockM = 128;    // query rows per block (== PrefillBlockRows for
 constexpr int kBlockN = 128;    // keys per tile
 constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kRowBytes = 128;  // a swizzled row: 64 16-bit elements
+// setmaxnreg's shares: the block is launched with 168 registers a thread (the launch bound's
+// share of 64K, in whole 8s) and the consumers can take only what the producer gives up.
+constexpr int kLaunchRegisters = 168, kProducerRegisters = 40, kConsumerRegisters = 232;
+static_assert(128 * (kLaunchRegisters - kProducerRegisters) ==
+                  256 * (kConsumerRegisters - kLaunchRegisters),
+              "the consumers take what the producer gives up");
 static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
               "the plan and the kernel agree on the query tile");
 
-constexpr int DefaultStages(int head_dim) { return head_dim <= 64 ? 4 : 3; }
-
-template <int kHeadDim, int kStagesParam = DefaultStages(kHeadDim)>
+template <int kHeadDim>
 struct Sm90Shape {
   static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
   static constexpr int kColumns = kHeadDim / 64;             // 64-element atom columns
-  static constexpr int kStages = kStagesParam;               // K/V ring depth
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;     // K/V ring depth
   static constexpr int kQGroupBytes = 64 * kHeadDim * 2;     // one consumer group's Q rows
   static constexpr int kQColumnBytes = 64 * kRowBytes;       // 64 rows of one column
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // a K or V tile
@@ -71,6 +80,20 @@ struct Sm90Shape {
   static constexpr int kSinkOffset = kBarrierOffset + kBarriers * 8;
   static constexpr int kSmemBytes = kSinkOffset + 256 * 4 + 1024;  // + alignment slack
 };
+
+// A K or V tile's layout in shared memory, 128-byte rows of 64 elements in 8-row atoms, as the
+// loads write it and the descriptors read it: unpaired, column after column ([column][128 rows]);
+// paired (head dim 128, one box for both columns), each 8-row atom of column 0 followed by the
+// same rows of column 1 ([row / 8][column][row % 8]), so that a box of a cache block's slots
+// brings both columns at once. Returns the byte offset of row `row` of column `c`.
+template <typename Shape, bool kPaired>
+__host__ __device__ constexpr int TileRowOffset(int row, int c) {
+  if constexpr (kPaired) {
+    return (row / 8) * (Shape::kColumns * 8 * kRowBytes) + c * 8 * kRowBytes + (row % 8) * kRowBytes;
+  } else {
+    return c * Shape::kColumnBytes + row * kRowBytes;
+  }
+}
 
 struct Sm90Args {
   const int32_t* query_start;
@@ -99,15 +122,15 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-// kStagesParam: the K/V ring's depth; kNoExp (a benchmark variant, wrong outputs): the softmax's
-// exponentials left out.
-template <typename T, int kHeadDim, int kLoop, int kStagesParam = DefaultStages(kHeadDim),
-          bool kNoExp = false>
+// kPaired: K and V tiles in the paired layout (TileRowOffset), k_map and v_map 5-D maps
+// (EncodePairedMap); else unpaired, 3-D maps (EncodeMap).
+template <typename T, int kHeadDim, int kLoop, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                       const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const Sm90Args a) {
-  using Shape = Sm90Shape<kHeadDim, kStagesParam>;
+  using Shape = Sm90Shape<kHeadDim>;
+  static_assert(!kPaired || Shape::kColumns == 2, "pairs of columns");
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int kStages = Shape::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -160,8 +183,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto phase_of = [](int g) { return static_cast<uint32_t>((g / kStages) & 1); };
 
   if (tid < 128) {  // the producer warpgroup
-    sm90::SetMaxRegistersDec<32>();  // 128 x 32 + 256 x 240 = the 64K registers
-    if (tid >= 32) return;
+    sm90::SetMaxRegistersDec<kProducerRegisters>();
+    if (tid >= 64) return;
+    // Warp 0 loads Q and K, warp 1 V: two warps issue the many small boxes side by side.
+    const bool loads_v = tid >= 32;
+    unsigned char* const s_kv = loads_v ? s_v : s_k;
+    const CUtensorMap* const kv_map = loads_v ? &v_map : &k_map;
+    uint64_t* const kv_full = loads_v ? v_full : k_full;
+    uint64_t* const kv_empty = loads_v ? v_empty : k_empty;
     int tiles_done = 0, items_done = 0, tails_done = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++items_done) {
       PrefillTile t;
@@ -171,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int context_len = t.context_len;
       const int kv_end = min(context_len, t.first_pos + t.rows);  // keys [0, kv_end)
       const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
-      if (lane == 0) {  // Q, once the consumers are done with the last item's
+      if (tid == 0) {  // Q, once the consumers are done with the last item's
         MbarrierWait(q_empty, (items_done & 1) ^ 1);
         MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
         for (int group = 0; group < 2; ++group) {
@@ -187,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = stage_of(tiles_done + j);
         const uint32_t phase = phase_of(tiles_done + j);
         const int n0 = j * kBlockN;
-        // Lane b's box: keys n0 + b * box_rows onwards, in one cache block.
+        // Lane b's box: keys n0 + b * box_rows onwards, in one cache block (its first slot a
+        // multiple of 8).
         int slot = a.num_slots;
         const int pos = n0 + lane * a.box_rows;
         if (lane < boxes && pos < kv_end) {
@@ -198,44 +228,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         // kv_end may hold slots past the context (kv_end < context_len too, for a query tile that
         // is not the sequence's last), so V's rows from the context's end on are zeroed before
         // the consumers see them.
-        const bool tail = j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
+        const bool tail = loads_v && j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
         // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
         if (lane == 0) {
-          MbarrierWait(k_empty + stage, phase ^ 1);
-          MbarrierArriveExpectTx(k_full + stage, Shape::kTileBytes);
-        }
-        __syncwarp();
-        const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
-        if (lane < boxes) {
-#pragma unroll
-          for (int c = 0; c < Shape::kColumns; ++c) {
-            sm90::TmaLoad3d(s_k + offset + c * Shape::kColumnBytes, &k_map, c * 64, kv_head, slot,
-                            k_full + stage);
-          }
-        }
-        if (lane == 0) {
-          MbarrierWait(v_empty + stage, phase ^ 1);
-          MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
+          MbarrierWait(kv_empty + stage, phase ^ 1);
+          MbarrierArriveExpectTx(tail ? v_tail : kv_full + stage, Shape::kTileBytes);
         }
         __syncwarp();
         if (lane < boxes) {
+          unsigned char* box = s_kv + stage * Shape::kTileBytes;
+          if constexpr (kPaired) {  // both columns in one box
+            sm90::TmaLoad5d(box + lane * a.box_rows * 2 * kRowBytes, kv_map, 0, 0, 0, slot / 8,
+                            kv_head, tail ? v_tail : kv_full + stage);
+          } else {
 #pragma unroll
-          for (int c = 0; c < Shape::kColumns; ++c) {
-            sm90::TmaLoad3d(s_v + offset + c * Shape::kColumnBytes, &v_map, c * 64, kv_head, slot,
-                            tail ? v_tail : v_full + stage);
+            for (int c = 0; c < Shape::kColumns; ++c) {
+              sm90::TmaLoad3d(box + c * Shape::kColumnBytes + lane * a.box_rows * kRowBytes,
+                              kv_map, c * 64, kv_head, slot, tail ? v_tail : kv_full + stage);
+            }
           }
         }
         if (tail) {
           MbarrierWait(v_tail, tails_done & 1);  // at most one tail tile per item
           ++tails_done;
           const int first_row = context_len - n0;
-          const int chunks = (kBlockN - first_row) * (kRowBytes / 16);  // per column
-          for (int c = 0; c < Shape::kColumns; ++c) {
-            unsigned char* base =
-                s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes + first_row * kRowBytes;
-            for (int i = lane; i < chunks; i += 32) {
-              *reinterpret_cast<uint4*>(base + i * 16) = make_uint4(0, 0, 0, 0);
-            }
+          const int chunks = (kBlockN - first_row) * Shape::kColumns * (kRowBytes / 16);
+          unsigned char* tile = s_v + stage * Shape::kTileBytes;
+          for (int i = lane; i < chunks; i += 32) {  // 16-byte chunks of the rows' columns
+            const int per_row = Shape::kColumns * (kRowBytes / 16);
+            const int row = first_row + i / per_row, c = (i % per_row) / (kRowBytes / 16);
+            const int chunk = i % (kRowBytes / 16);
+            *reinterpret_cast<uint4*>(tile + TileRowOffset<Shape, kPaired>(row, c) + chunk * 16) =
+                make_uint4(0, 0, 0, 0);
           }
           sm90::FenceProxyAsyncShared();
           __syncwarp();
@@ -248,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // A consumer warpgroup: 64 query rows of each item.
-  sm90::SetMaxRegistersInc<240>();
+  sm90::SetMaxRegistersInc<kConsumerRegisters>();
   const int group = tid / 128 - 1;
   const int warp_in_group = (tid % 128) / 32;
   const int row_a = warp_in_group * 16 + lane / 4;  // this thread's rows: row_a, row_a + 8
@@ -265,6 +289,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int kv_end = 0;                          // the item's keys: [0, kv_end)
   int tiles_done = 0;                      // the ring's tiles before this item's
 
+  // From one 8-row atom of a K or V column to the next.
+  constexpr uint32_t kAtomStride = TileRowOffset<Shape, kPaired>(8, 0);
   auto issue_qk = [&](int stage) {
 #pragma unroll
     for (int c = 0; c < Shape::kColumns; ++c) {
@@ -273,7 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::WgmmaSS_N128<kF16>(
             s, sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0),
             sm90::SmemDescriptor(
-                s_k + stage * Shape::kTileBytes + c * Shape::kColumnBytes + kk * 32, 0),
+                s_k + stage * Shape::kTileBytes + TileRowOffset<Shape, kPaired>(0, c) + kk * 32, 0,
+                kAtomStride),
             (c | kk) != 0 ? 1 : 0);
       }
     }
@@ -285,7 +312,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       const uint64_t v_desc =
-          sm90::SmemDescriptor(v_tile + kk * 16 * kRowBytes, Shape::kColumnBytes);
+          sm90::SmemDescriptor(v_tile + TileRowOffset<Shape, kPaired>(kk * 16, 0),
+                               TileRowOffset<Shape, kPaired>(0, 1), kAtomStride);
       if constexpr (kHeadDim == 128) {
         sm90::WgmmaRS_N128<kF16>(o, pa, v_desc, 1);
       } else {
@@ -300,13 +328,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // pipelined loop splits its tiles so that no branch sits between a wgmma and its wait (ptxas
   // would serialize the wgmmas).
   auto softmax = [&](int j, auto kMasked, float& rescale_a, float& rescale_b) {
-    const int n0 = j * kBlockN;
     if (decltype(kMasked)::value) {
+      // Score i's key is j * kBlockN + 2 * (lane % 4) + a constant: a row keeps the keys up to its
+      // position and below kv_end, i.e. constants up to its limit.
+      const int base = j * kBlockN + 2 * (lane % 4);
+      const int limit_a = min(pos_a, kv_end - 1) - base;
+      const int limit_b = min(pos_b, kv_end - 1) - base;
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
-        const int key = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-        const int pos = (i & 2) ? pos_b : pos_a;
-        if (key > pos || key >= kv_end) s[i] = -INFINITY;
+        if (8 * (i / 4) + (i & 1) > ((i & 2) ? limit_b : limit_a)) s[i] = -INFINITY;
       }
     }
     float max_a = m_a, max_b = m_b;
@@ -328,13 +358,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     m_b = max_b;
     l_a *= rescale_a;
     l_b *= rescale_b;
-    auto weight = [](float x) { return kNoExp ? x : sm90::Exp2Ftz(x); };
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; i += 4) {
-      s[i] = weight(fmaf(s[i], scale, -base_a));
-      s[i + 1] = weight(fmaf(s[i + 1], scale, -base_a));
-      s[i + 2] = weight(fmaf(s[i + 2], scale, -base_b));
-      s[i + 3] = weight(fmaf(s[i + 3], scale, -base_b));
+      s[i] = sm90::Exp2Ftz(fmaf(s[i], scale, -base_a));
+      s[i + 1] = sm90::Exp2Ftz(fmaf(s[i + 1], scale, -base_a));
+      s[i + 2] = sm90::Exp2Ftz(fmaf(s[i + 2], scale, -base_b));
+      s[i + 3] = sm90::Exp2Ftz(fmaf(s[i + 3], scale, -base_b));
       l_a += s[i] + s[i + 1];
       l_b += s[i + 2] + s[i + 3];
     }
@@ -550,8 +579,31 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A K or V cache [slots][kv heads][128] of 16-bit elements as the 5-D map of the paired layout
+// (TileRowOffset): dims (innermost first) 64 elements, 8 slots, 2 columns, slots / 8, kv heads;
+// a box of 64 x 8 x 2 x box_rows / 8 x 1 lands as [row / 8][column][row % 8]. Slots past the
+// pool's end read as zeros.
+bool EncodePairedMap(CUtensorMap* map, DType dtype, const void* base, uint64_t num_kv_heads,
+                     uint64_t num_slots, uint32_t box_rows) {
+  const EncodeTiledFn encode = EncodeTiled();
+  if (encode == nullptr || num_slots % 8 != 0) return false;
+  const uint64_t slot_bytes = num_kv_heads * 128 * 2;
+  const cuuint64_t dims[5] = {64, 8, 2, num_slots / 8, num_kv_heads};
+  const cuuint64_t strides[4] = {slot_bytes, 128, 8 * slot_bytes, 128 * 2};
+  const cuuint32_t box[5] = {64, 8, 2, box_rows / 8, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  return encode(map,
+                dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                5, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
-std::atomic<PrefillSm90Variant> variant_choice{PrefillSm90Variant::kDefault};
+std::mutex options_mu;
+PrefillSm90Options options_choice;  // guarded by options_mu
 
 // The current device's multiprocessor count, cached per device.
 cudaError_t MultiprocessorCount(int* count) {
@@ -581,22 +633,33 @@ cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtenso
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Shape = Sm90Shape<kHeadDim>;
-  const PrefillSm90Variant variant = variant_choice.load(std::memory_order_relaxed);
+  PrefillSm90Options options;
+  {
+    std::lock_guard<std::mutex> lock(options_mu);
+    options = options_choice;
+  }
   const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   const int64_t head_dim = p.head_dim;  // kHeadDim, or 80 or 96 under kHeadDim 128
-  const int box_rows = variant == PrefillSm90Variant::kContiguousBoxes
-                           ? kBlockN
-                           : static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
+  const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
   const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
   CUtensorMap q_map, k_map, v_map;
+  // Head dim 128: K and V in the paired layout (one box per block for both columns), unless the
+  // driver refuses the 5-D maps or the options ask for the unpaired layout.
+  bool paired = false;
+  if constexpr (kHeadDim == 128) {
+    paired = head_dim == 128 && options.paired &&
+             EncodePairedMap(&k_map, p.dtype, p.key_cache, p.num_kv_heads, num_slots, box_rows) &&
+             EncodePairedMap(&v_map, p.dtype, p.value_cache, p.num_kv_heads, num_slots, box_rows);
+  }
   // The maps span the tensors' head dim: a box's columns past it read as zeros, which pad 80 and
   // 96 to 128 (zero scores' terms, zero output columns, left unstored).
   if (!EncodeMap(&q_map, p.dtype, p.query, head_dim, p.num_heads, p.num_tokens, head_dim * 2,
                  query_stride * 2, 64) ||
-      !EncodeMap(&k_map, p.dtype, p.key_cache, head_dim, p.num_kv_heads, num_slots, head_dim * 2,
-                 p.num_kv_heads * head_dim * 2, box_rows) ||
-      !EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads, num_slots, head_dim * 2,
-                 p.num_kv_heads * head_dim * 2, box_rows)) {
+      (!paired && (!EncodeMap(&k_map, p.dtype, p.key_cache, head_dim, p.num_kv_heads, num_slots,
+                              head_dim * 2, p.num_kv_heads * head_dim * 2, box_rows) ||
+                   !EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads,
+                              num_slots, head_dim * 2, p.num_kv_heads * head_dim * 2,
+                              box_rows)))) {
     return cudaErrorInvalidValue;
   }
   Sm90Args a{};
@@ -616,33 +679,31 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.head_dim = static_cast<int>(head_dim);
   // At most this many work items (the plan, on the device, has the exact count).
   const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
-  a.heads_fastest = variant == PrefillSm90Variant::kTilesFirst ? 0 : 1;
+  a.heads_fastest = options.heads_first ? 1 : 0;
   int64_t blocks = max_items;  // one item a block
-  if (variant == PrefillSm90Variant::kDefault || variant == PrefillSm90Variant::kTwoStages ||
-      variant == PrefillSm90Variant::kContiguousBoxes || variant == PrefillSm90Variant::kNoExp) {
+  if (options.persistent) {
     int sms = 0;
     LMSERVE_CUDA_RETURN_IF_ERROR(MultiprocessorCount(&sms));
-    blocks = std::min<int64_t>(max_items, sms);  // persistent: a block a multiprocessor
-  } else if (variant == PrefillSm90Variant::kFewBlocks) {
-    blocks = std::min<int64_t>(max_items, 3);
+    blocks = std::min<int64_t>(max_items, options.max_blocks > 0 ? options.max_blocks : sms);
   }
   const dim3 grid(static_cast<unsigned>(blocks));
-  // The benchmark variants (bf16, ping-pong only).
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (variant == PrefillSm90Variant::kTwoStages) {
-      return LaunchKernel(PrefillSm90Kernel<T, kHeadDim, kPingpong, 2>,
-                          Sm90Shape<kHeadDim, 2>::kSmemBytes, grid, q_map, k_map, v_map, a, stream);
-    }
-    if (variant == PrefillSm90Variant::kNoExp) {
-      return LaunchKernel(PrefillSm90Kernel<T, kHeadDim, kPingpong, DefaultStages(kHeadDim), true>,
-                          Shape::kSmemBytes, grid, q_map, k_map, v_map, a, stream);
+  const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
+  auto pick = [&](auto kPaired) {
+    constexpr bool kPairedValue = decltype(kPaired)::value;
+    return loop == PrefillSm90Loop::kSerial
+               ? PrefillSm90Kernel<T, kHeadDim, kSerial, kPairedValue>
+           : loop == PrefillSm90Loop::kPingpong
+               ? PrefillSm90Kernel<T, kHeadDim, kPingpong, kPairedValue>
+               : PrefillSm90Kernel<T, kHeadDim, kPipelined, kPairedValue>;
+  };
+  if constexpr (kHeadDim == 128) {
+    if (paired) {
+      return LaunchKernel(pick(std::true_type{}), Shape::kSmemBytes, grid, q_map, k_map, v_map, a,
+                          stream);
     }
   }
-  const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
-  auto kernel = loop == PrefillSm90Loop::kSerial     ? PrefillSm90Kernel<T, kHeadDim, kSerial>
-                : loop == PrefillSm90Loop::kPingpong ? PrefillSm90Kernel<T, kHeadDim, kPingpong>
-                                                     : PrefillSm90Kernel<T, kHeadDim, kPipelined>;
-  return LaunchKernel(kernel, Shape::kSmemBytes, grid, q_map, k_map, v_map, a, stream);
+  return LaunchKernel(pick(std::false_type{}), Shape::kSmemBytes, grid, q_map, k_map, v_map, a,
+                      stream);
 }
 
 }  // namespace
@@ -657,7 +718,10 @@ bool PrefillSm90Supports(const PrefillAttentionParams& p) {
 }
 
 void SetPrefillSm90Loop(PrefillSm90Loop loop) { loop_choice.store(loop); }
-void SetPrefillSm90Variant(PrefillSm90Variant variant) { variant_choice.store(variant); }
+void SetPrefillSm90Options(const PrefillSm90Options& options) {
+  std::lock_guard<std::mutex> lock(options_mu);
+  options_choice = options;
+}
 
 bool PrefillSm90Available() {
   static std::mutex mu;
@@ -679,7 +743,7 @@ bool PrefillSm90Available() {
     cudaFuncAttributes attributes{};
     ok = cudaFuncGetAttributes(
              &attributes, reinterpret_cast<const void*>(
-                              PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong>)) == cudaSuccess;
+                              PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true>)) == cudaSuccess;
   }
   cudaGetLastError();
   available[device] = ok;

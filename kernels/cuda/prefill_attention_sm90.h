@@ -12,7 +12,7 @@
 
 namespace lmserve::kernels::cuda {
 
-// Whether the sm_90a kernel covers these (valid) params: head dim 64 or 128, no window, no
+// Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128, no window, no
 // soft-cap, a block size that is a multiple of 8 and divides 128 or is a multiple of it. Host
 // only; says nothing of the device.
 bool PrefillSm90Supports(const PrefillAttentionParams& params);
@@ -29,23 +29,17 @@ enum class PrefillSm90Loop : uint8_t {
                // scheduler barrier between warpgroups)
 };
 void SetPrefillSm90Loop(PrefillSm90Loop loop);
-// Variants of the kernel for the benchmark's comparison rows and the tests (process-wide). The
-// default is persistent: a block a multiprocessor, each taking work items (a query tile of one
-// head) in turn, longest first, heads fastest, so that one item's loads overlap the last one's
-// end. kTwoStages, kContiguousBoxes and kNoExp change the ping-pong loop's bf16 kernel only;
-// those marked "timing only" compute wrong outputs: each takes one cost away to show what it
-// costs.
-enum class PrefillSm90Variant : uint8_t {
-  kDefault,
-  kOneItemPerBlock,  // a block per work item (the grid walks them in the default's order)
-  kTilesFirst,       // a block per work item, tiles fastest (one head's tiles side by side)
-  kFewBlocks,        // persistent on 3 blocks: many items a block even for small shapes (tests)
-  kTwoStages,        // a K/V ring of two stages
-  kContiguousBoxes,  // timing only: one TMA box of 128 cache slots per column and tile, whatever
-                     // the block size
-  kNoExp,            // timing only: the softmax without its exponentials
+// How the kernel runs (process-wide; the benchmark compares them and the tests run each). The
+// defaults are the fastest measured.
+struct PrefillSm90Options {
+  // A block a multiprocessor, each taking work items (a query tile of one head) in turn, so that
+  // one item's loads overlap the last one's end; else a block per item.
+  bool persistent = true;
+  int max_blocks = 0;  // persistent: at most this many blocks (0: the multiprocessors; tests)
+  bool heads_first = true;  // items' order: longest tiles first, heads fastest (else tiles fastest)
+  bool paired = true;  // head dim 128: one TMA box for both 64-element columns of a cache block
 };
-void SetPrefillSm90Variant(PrefillSm90Variant variant);
+void SetPrefillSm90Options(const PrefillSm90Options& options);
 // REQUIRES: params valid, PrefillSm90Supports(params), the tile plan in params.workspace.
 cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& params, cudaStream_t stream);
 

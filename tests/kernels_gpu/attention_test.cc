@@ -556,7 +556,8 @@ void RunHopperKernelShapes();
 // default, which the other prefill tests run too) in a test of its own. The kernel is persistent
 // (a block a multiprocessor, taking work items in turn), which these small shapes hardly
 // exercise: each loop also runs on 3 blocks (many items a block: the K/V ring, Q's reloads and
-// the ping-pong turns carried from item to item), and ping-pong with a block per item.
+// the ping-pong turns carried from item to item), and ping-pong with each option off
+// (PrefillSm90Options).
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
@@ -565,9 +566,9 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
     SetPrefillSm90Loop(loop);
     RunHopperKernelShapes();
     SCOPED_TRACE("on 3 blocks");
-    SetPrefillSm90Variant(PrefillSm90Variant::kFewBlocks);
+    SetPrefillSm90Options({.max_blocks = 3});
     RunHopperKernelShapes();
-    SetPrefillSm90Variant(PrefillSm90Variant::kDefault);
+    SetPrefillSm90Options({});
   }
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);  // the default
 }
@@ -577,14 +578,22 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
   RunHopperKernelShapes();
   RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
-  for (PrefillSm90Variant variant :
-       {PrefillSm90Variant::kFewBlocks, PrefillSm90Variant::kOneItemPerBlock}) {
-    SCOPED_TRACE(variant == PrefillSm90Variant::kFewBlocks ? "on 3 blocks" : "a block per item");
-    SetPrefillSm90Variant(variant);
+  struct Variant {
+    PrefillSm90Options options;
+    const char* name;
+  };
+  for (const Variant& v :
+       {Variant{{.max_blocks = 3}, "on 3 blocks"},
+        Variant{{.persistent = false}, "a block per item"},
+        Variant{{.max_blocks = 3, .paired = false}, "a box per column, on 3 blocks"},
+        Variant{{.persistent = false, .heads_first = false, .paired = false},
+                "a block per item, tiles first, a box per column"}}) {
+    SCOPED_TRACE(v.name);
+    SetPrefillSm90Options(v.options);
     RunHopperKernelShapes();
     RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
   }
-  SetPrefillSm90Variant(PrefillSm90Variant::kDefault);
+  SetPrefillSm90Options({});
 }
 
 void RunHopperKernelShapes() {
