@@ -2,9 +2,9 @@
 // alone: kernels/CMakeLists.txt, target lmserve_kernels_cuda_sm90a).
 //
 // Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (the
-// same PrefillBlockRows). The kernel is persistent (PrefillSm90Options): a block a multiprocessor
-// takes items in turn, longest tiles first and heads fastest (a KV head's query heads side by
-// side), so one item's first loads overlap the last one's end. A block has three warpgroups:
+// same PrefillBlockRows), longest tiles first and heads fastest (a KV head's query heads side by
+// side). By default a block takes one item; persistent blocks (PrefillSm90Options: a block a
+// multiprocessor taking items in turn) run the same code. A block has three warpgroups:
 //   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
 //     warp 1 loads V (the other two warps leave at once, and the group gives its registers up
 //     with setmaxnreg), for each tile of 128 keys into a ring of shared-memory stages, by TMA: a

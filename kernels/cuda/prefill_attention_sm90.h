@@ -30,11 +30,13 @@ enum class PrefillSm90Loop : uint8_t {
 };
 void SetPrefillSm90Loop(PrefillSm90Loop loop);
 // How the kernel runs (process-wide; the benchmark compares them and the tests run each). The
-// defaults are the fastest measured.
+// defaults are the fastest measured (H100, bench/results/README.md section 16).
 struct PrefillSm90Options {
   // A block a multiprocessor, each taking work items (a query tile of one head) in turn, so that
-  // one item's loads overlap the last one's end; else a block per item.
-  bool persistent = true;
+  // one item's loads overlap the last one's end; else (the default) a block per item. Persistent
+  // blocks measured 5-10% slower (their static round-robin share of the items, and Q reloaded only
+  // once the last item's QK^T is done).
+  bool persistent = false;
   int max_blocks = 0;  // persistent: at most this many blocks (0: the multiprocessors; tests)
   bool heads_first = true;  // items' order: longest tiles first, heads fastest (else tiles fastest)
   bool paired = true;  // head dim 128: one TMA box for both 64-element columns of a cache block

@@ -553,11 +553,10 @@ void RunHopperKernelShapes();
 // tile that reaches past the context's end may hold them; none may reach an output). On other
 // GPUs (or the portable path) these run the mma.sync kernel.
 // Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong (the
-// default, which the other prefill tests run too) in a test of its own. The kernel is persistent
-// (a block a multiprocessor, taking work items in turn), which these small shapes hardly
-// exercise: each loop also runs on 3 blocks (many items a block: the K/V ring, Q's reloads and
-// the ping-pong turns carried from item to item), and ping-pong with each option off
-// (PrefillSm90Options).
+// default, which the other prefill tests run too) in a test of its own. Each loop also runs with
+// persistent blocks on 3 blocks (many items a block: the K/V ring, Q's reloads and the ping-pong
+// turns carried from item to item), and ping-pong with each of PrefillSm90Options' other
+// settings.
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
@@ -565,8 +564,8 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
                                                   : "pipelined consumer loop");
     SetPrefillSm90Loop(loop);
     RunHopperKernelShapes();
-    SCOPED_TRACE("on 3 blocks");
-    SetPrefillSm90Options({.max_blocks = 3});
+    SCOPED_TRACE("persistent, on 3 blocks");
+    SetPrefillSm90Options({.persistent = true, .max_blocks = 3});
     RunHopperKernelShapes();
     SetPrefillSm90Options({});
   }
@@ -583,11 +582,11 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
     const char* name;
   };
   for (const Variant& v :
-       {Variant{{.max_blocks = 3}, "on 3 blocks"},
-        Variant{{.persistent = false}, "a block per item"},
-        Variant{{.max_blocks = 3, .paired = false}, "a box per column, on 3 blocks"},
-        Variant{{.persistent = false, .heads_first = false, .paired = false},
-                "a block per item, tiles first, a box per column"}}) {
+       {Variant{{.persistent = true, .max_blocks = 3}, "persistent, on 3 blocks"},
+        Variant{{.persistent = true}, "persistent"},
+        Variant{{.persistent = true, .max_blocks = 3, .paired = false},
+                "persistent, on 3 blocks, a box per column"},
+        Variant{{.heads_first = false, .paired = false}, "tiles first, a box per column"}}) {
     SCOPED_TRACE(v.name);
     SetPrefillSm90Options(v.options);
     RunHopperKernelShapes();
