@@ -89,7 +89,8 @@ struct Sm90Shape {
 template <typename Shape, bool kPaired>
 __host__ __device__ constexpr int TileRowOffset(int row, int c) {
   if constexpr (kPaired) {
-    return (row / 8) * (Shape::kColumns * 8 * kRowBytes) + c * 8 * kRowBytes + (row % 8) * kRowBytes;
+    return (row / 8) * (Shape::kColumns * 8 * kRowBytes) + c * 8 * kRowBytes +
+           (row % 8) * kRowBytes;
   } else {
     return c * Shape::kColumnBytes + row * kRowBytes;
   }
@@ -741,9 +742,9 @@ bool PrefillSm90Available() {
       major == 9 && minor == 0 && EncodeTiled() != nullptr;
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
-    ok = cudaFuncGetAttributes(
-             &attributes, reinterpret_cast<const void*>(
-                              PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true>)) == cudaSuccess;
+    const void* kernel =
+        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true>);
+    ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
   }
   cudaGetLastError();
   available[device] = ok;

@@ -138,8 +138,8 @@ __device__ __forceinline__ void TmaLoad3d(void* smem, const CUtensorMap* map, in
 
 // A 5-D box of `map` at coordinates (c0, ..., c4) (innermost first) into shared memory, its bytes
 // counted off `bar`. Coordinates past the tensor's end read as zeros (and still count).
-__device__ __forceinline__ void TmaLoad5d(void* smem, const CUtensorMap* map, int c0, int c1, int c2,
-                                          int c3, int c4, uint64_t* bar) {
+__device__ __forceinline__ void TmaLoad5d(void* smem, const CUtensorMap* map, int c0, int c1,
+                                          int c2, int c3, int c4, uint64_t* bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
