@@ -770,6 +770,26 @@ int Main(int argc, char** argv) {
   bench.Prefill({8192}, 64, "prefill attention d64 [pipelined]", 0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024) [pipelined]", 0);
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
+  // The default's options changed (prefill_attention_sm90.h: PrefillSm90Options): persistent
+  // blocks instead of a block per work item; a TMA box per 64-element column at head dim 128
+  // instead of one for both; and that with the tiles-first order too (as main's kernel was).
+  struct PrefillVariant {
+    PrefillSm90Options options;
+    const char* tag;
+  };
+  for (const PrefillVariant& v :
+       {PrefillVariant{{.persistent = true}, "[persistent]"},
+        PrefillVariant{{.paired = false}, "[box per column]"},
+        PrefillVariant{{.heads_first = false, .paired = false}, "[tiles first, box per column]"}}) {
+    SetPrefillSm90Options(v.options);
+    bench.Prefill({8192}, 128, std::string("prefill attention ") + v.tag, 0);
+    bench.Prefill({2048, 2048, 2048, 2048}, 128, std::string("prefill attention (4 seqs) ") + v.tag,
+                  0);
+    bench.Prefill({8192}, 64, std::string("prefill attention d64 ") + v.tag, 0);
+    bench.Prefill({1024, 1024, 1024, 1024}, 128,
+                  std::string("prefill attention (4 x 1024) ") + v.tag, 0);
+  }
+  SetPrefillSm90Options({});
   bench.Sampling();
   bench.SsmDecode();
   bench.Misc();

@@ -65,7 +65,7 @@ struct PrefillAttentionParams {
 };
 
 // The two kernels behind Launch. kWgmmaSm90 (prefill_attention_sm90.h): FlashAttention-3's
-// manner, a TMA producer warp and two wgmma consumer warpgroups, head dims 64 and 128, no window
+// manner, TMA producer warps and two wgmma consumer warpgroups, head dims 64/80/96/128, no window
 // and no soft-cap, on a compute capability 9.0 GPU on the Hopper kernel path
 // (UseHopperKernels()). kMmaSync (this file's): everything else, and the portable path.
 enum class PrefillKernelKind : uint8_t { kMmaSync, kWgmmaSm90 };

@@ -1,15 +1,19 @@
 // Hopper prefill attention over the paged KV cache, in FlashAttention-3's manner (built for sm_90a
 // alone: kernels/CMakeLists.txt, target lmserve_kernels_cuda_sm90a).
 //
-// A thread block takes 128 query rows of one head (the tile plan of prefill_attention.cu: the same
-// PrefillBlockRows) and has three warpgroups:
-//   - the producer (warp 0 of warpgroup 0; the other three warps leave at once, and the group
-//     gives its registers up with setmaxnreg) loads Q once and then, for each tile of 128 keys,
-//     K and V into a ring of shared-memory stages by TMA: one 3-D box (64 head-dim elements x 1
-//     KV head x R cache slots, R = min(block_size, 128)) per cache block and 64-element column,
-//     so a paged block costs one descriptor-based copy per column whatever its place in the
-//     pool, and the copies land in the 128-byte-swizzled layout wgmma reads. Boxes past the
-//     queries' last key point past the pool's end and read as zeros.
+// Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (the
+// same PrefillBlockRows), longest tiles first and heads fastest (a KV head's query heads side by
+// side). By default a block takes one item; persistent blocks (PrefillSm90Options: a block a
+// multiprocessor taking items in turn) run the same code. A block has three warpgroups:
+//   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
+//     warp 1 loads V (the other two warps leave at once, and the group gives its registers up
+//     with setmaxnreg), for each tile of 128 keys into a ring of shared-memory stages, by TMA: a
+//     box per cache block (R = min(block_size, 128) slots of one KV head), so a paged block costs
+//     one descriptor-based copy whatever its place in the pool, landing in the 128-byte-swizzled
+//     layout wgmma reads. At head dim 128 one 5-D box brings both 64-element columns (the
+//     "paired" layout, TileRowOffset); else a 3-D box per column. Boxes past the queries' last
+//     key point past the pool's end and read as zeros. The many small boxes of the default block
+//     size (16) are what the loads cost, not their bytes (bench/results/README.md, section 16).
 //   - two consumer warpgroups, each owning 64 of the query rows: S = Q K^T by wgmma
 //     (m64n128k16, both operands in shared memory), scale, mask (only on tiles that cross a
 //     row's diagonal or the context's end), online softmax in fp32 registers, then O += P V by
@@ -20,12 +24,13 @@
 // K and V tiles have separate "full" barriers, so QK^T starts before V has landed. Three consumer
 // loops (PrefillSm90Loop): serial, pipelined (tile j's QK^T and softmax under tile j-1's PV) and
 // the default, ping-pong (pipelined, and the two groups take turns at issuing wgmmas through two
-// named barriers, so one group's softmax runs under the other's matrix products): on an H100 it
-// was the fastest at every benchmarked shape (bench/results/README.md, section 16).
+// named barriers, so one group's softmax runs under the other's matrix products).
+// Head dims 64 and 128; 80 and 96 run the head-dim-128 kernel, the tensor maps' columns past the
+// head dim reading as zeros.
 //
 // Cache slots past a sequence's context length hold whatever the pool held (possibly NaN bit
 // patterns): their scores are masked, but P = 0 times a NaN value is NaN, so on the tile that
-// reaches past the context the producer waits for V itself, zeroes those rows and only then
+// reaches past the context the V warp waits for V itself, zeroes those rows and only then
 // releases the tile to the consumers.
 
 #include <cuda.h>
@@ -47,6 +52,12 @@ constexpr int kBlockM = 128;    // query rows per block (== PrefillBlockRows for
 constexpr int kBlockN = 128;    // keys per tile
 constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kRowBytes = 128;  // a swizzled row: 64 16-bit elements
+// setmaxnreg's shares: the block is launched with 168 registers a thread (the launch bound's
+// share of 64K, in whole 8s) and the consumers can take only what the producer gives up.
+constexpr int kLaunchRegisters = 168, kProducerRegisters = 40, kConsumerRegisters = 232;
+static_assert(128 * (kLaunchRegisters - kProducerRegisters) ==
+                  256 * (kConsumerRegisters - kLaunchRegisters),
+              "the consumers take what the producer gives up");
 static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
               "the plan and the kernel agree on the query tile");
 
@@ -62,10 +73,28 @@ struct Sm90Shape {
   static constexpr int kKOffset = 2 * kQGroupBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
-  // q_full, v_tail, k_full[], v_full[], k_empty[], v_empty[]
-  static constexpr int kBarriers = 2 + 4 * kStages;
-  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 1024;  // + alignment slack
+  // q_full, q_empty, v_tail, k_full[], v_full[], k_empty[], v_empty[]
+  static constexpr int kBarriers = 3 + 4 * kStages;
+  // A float per consumer thread that the overlapped loops store their row sums to each tile (see
+  // the loop): written, never read.
+  static constexpr int kSinkOffset = kBarrierOffset + kBarriers * 8;
+  static constexpr int kSmemBytes = kSinkOffset + 256 * 4 + 1024;  // + alignment slack
 };
+
+// A K or V tile's layout in shared memory, 128-byte rows of 64 elements in 8-row atoms, as the
+// loads write it and the descriptors read it: unpaired, column after column ([column][128 rows]);
+// paired (head dim 128, one box for both columns), each 8-row atom of column 0 followed by the
+// same rows of column 1 ([row / 8][column][row % 8]), so that a box of a cache block's slots
+// brings both columns at once. Returns the byte offset of row `row` of column `c`.
+template <typename Shape, bool kPaired>
+__host__ __device__ constexpr int TileRowOffset(int row, int c) {
+  if constexpr (kPaired) {
+    return (row / 8) * (Shape::kColumns * 8 * kRowBytes) + c * 8 * kRowBytes +
+           (row % 8) * kRowBytes;
+  } else {
+    return c * Shape::kColumnBytes + row * kRowBytes;
+  }
+}
 
 struct Sm90Args {
   const int32_t* query_start;
@@ -78,6 +107,8 @@ struct Sm90Args {
   int box_rows;       // cache slots per TMA box: min(block_size, kBlockN)
   int num_slots;      // num_blocks * block_size: a box there reads zeros
   float score_scale;  // scale * log2(e)
+  int heads_fastest;  // the work items' order: heads fastest (else tiles fastest)
+  int head_dim;       // <= kHeadDim: the tensors' (80 and 96 run padded to 128, reading zeros)
 };
 
 // The consumer loops (PrefillSm90Loop in prefill_attention_sm90.h).
@@ -92,12 +123,15 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-template <typename T, int kHeadDim, int kLoop>
+// kPaired: K and V tiles in the paired layout (TileRowOffset), k_map and v_map 5-D maps
+// (EncodePairedMap); else unpaired, 3-D maps (EncodeMap).
+template <typename T, int kHeadDim, int kLoop, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                       const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const Sm90Args a) {
   using Shape = Sm90Shape<kHeadDim>;
+  static_assert(!kPaired || Shape::kColumns == 2, "pairs of columns");
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int kStages = Shape::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -107,31 +141,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* s_k = smem + Shape::kKOffset;  // [stage][column][kBlockN rows][128 B]
   unsigned char* s_v = smem + Shape::kVOffset;
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Shape::kBarrierOffset);
-  uint64_t* v_tail = q_full + 1;
-  uint64_t* k_full = q_full + 2;
+  uint64_t* q_empty = q_full + 1;
+  uint64_t* v_tail = q_full + 2;
+  uint64_t* k_full = q_full + 3;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
 
-  PrefillTile t;
-  if (!LocatePrefillTile(static_cast<int>(gridDim.x - 1 - blockIdx.x), kBlockM, a.num_seqs,
-                         a.tile_start, a.query_start, a.context_lens, &t)) {
-    return;
-  }
-  const int seq = t.seq;
-  const int head = blockIdx.y;
-  const int kv_head = head / a.group_size;
-  const int seq_token0 = t.seq_token0;
-  const int context_len = t.context_len;
-  const int row0 = t.row0;
-  const int rows = t.rows;
-  const int first_pos = t.first_pos;  // position of row 0
-  const int kv_end = min(context_len, first_pos + rows);  // keys [0, kv_end)
-  const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
-
   const int tid = threadIdx.x, lane = tid % 32;
   if (tid == 0) {
     MbarrierInit(q_full, 1);
+    MbarrierInit(q_empty, 8);  // every consumer warp
     MbarrierInit(v_tail, 1);
     for (int s = 0; s < kStages; ++s) {
       MbarrierInit(k_full + s, 1);
@@ -142,101 +162,136 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (tid < 128) {  // the producer warpgroup
-    sm90::SetMaxRegistersDec<24>();
-    if (tid >= 32) return;
-    if (lane == 0) {
-      MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
-      for (int group = 0; group < 2; ++group) {
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          sm90::TmaLoad3d(s_q + group * Shape::kQGroupBytes + c * Shape::kQColumnBytes, &q_map,
-                          c * 64, head, seq_token0 + row0 + group * 64, q_full);
-        }
-      }
+  // The work items, (query tile, head) pairs: block b takes items b, b + gridDim.x, ... (one item
+  // per block when the grid has one block per item), the longest tiles first (a sequence's later
+  // tiles reach more keys), heads fastest unless a.heads_fastest is 0.
+  const int num_tiles = a.tile_start[a.num_seqs];
+  const int num_items = num_tiles * a.num_heads;
+  auto locate = [&](int item, PrefillTile* t, int* head) {
+    int tile_index;
+    if (a.heads_fastest) {
+      *head = item % a.num_heads;
+      tile_index = num_tiles - 1 - item / a.num_heads;
+    } else {
+      *head = item / num_tiles;
+      tile_index = num_tiles - 1 - item % num_tiles;
     }
-    const int32_t* table = a.block_table_ids + a.block_table_start[seq];
-    const int boxes = kBlockN / a.box_rows;  // <= 16: box_rows >= 8
-    for (int j = 0; j < num_kv_tiles; ++j) {
-      const int stage = j % kStages;
-      const uint32_t phase = (j / kStages) & 1;
-      const int n0 = j * kBlockN;
-      // Lane b's box: keys n0 + b * box_rows onwards, in one cache block.
-      int slot = a.num_slots;
-      const int pos = n0 + lane * a.box_rows;
-      if (lane < boxes && pos < kv_end) {
-        const int block_index = pos / a.block_size;
-        slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
-      }
-      // The last tile, when it reaches past the context's end: a box loaded for keys below kv_end
-      // may hold slots past the context (kv_end < context_len too, for a query tile that is not
-      // the sequence's last), so V's rows from the context's end on are zeroed before the
-      // consumers see them.
-      const bool tail = j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
-      // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
-      if (lane == 0) {
-        MbarrierWait(k_empty + stage, phase ^ 1);
-        MbarrierArriveExpectTx(k_full + stage, Shape::kTileBytes);
-      }
-      __syncwarp();
-      const int offset = stage * Shape::kTileBytes + lane * a.box_rows * kRowBytes;
-      if (lane < boxes) {
-#pragma unroll
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          sm90::TmaLoad3d(s_k + offset + c * Shape::kColumnBytes, &k_map, c * 64, kv_head, slot,
-                          k_full + stage);
-        }
-      }
-      if (lane == 0) {
-        MbarrierWait(v_empty + stage, phase ^ 1);
-        MbarrierArriveExpectTx(tail ? v_tail : v_full + stage, Shape::kTileBytes);
-      }
-      __syncwarp();
-      if (lane < boxes) {
-#pragma unroll
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          sm90::TmaLoad3d(s_v + offset + c * Shape::kColumnBytes, &v_map, c * 64, kv_head, slot,
-                          tail ? v_tail : v_full + stage);
-        }
-      }
-      if (tail) {
-        MbarrierWait(v_tail, 0);  // at most one tail tile per block
-        const int first_row = context_len - n0;
-        const int chunks = (kBlockN - first_row) * (kRowBytes / 16);  // per column
-        for (int c = 0; c < Shape::kColumns; ++c) {
-          unsigned char* base =
-              s_v + stage * Shape::kTileBytes + c * Shape::kColumnBytes + first_row * kRowBytes;
-          for (int i = lane; i < chunks; i += 32) {
-            *reinterpret_cast<uint4*>(base + i * 16) = make_uint4(0, 0, 0, 0);
+    LocatePrefillTile(tile_index, kBlockM, a.num_seqs, a.tile_start, a.query_start,
+                      a.context_lens, t);
+  };
+  // Stage and phase of the ring's g-th tile (counted over the block's items).
+  auto stage_of = [](int g) { return g % kStages; };
+  auto phase_of = [](int g) { return static_cast<uint32_t>((g / kStages) & 1); };
+
+  if (tid < 128) {  // the producer warpgroup
+    sm90::SetMaxRegistersDec<kProducerRegisters>();
+    if (tid >= 64) return;
+    // Warp 0 loads Q and K, warp 1 V: two warps issue the many small boxes side by side.
+    const bool loads_v = tid >= 32;
+    unsigned char* const s_kv = loads_v ? s_v : s_k;
+    const CUtensorMap* const kv_map = loads_v ? &v_map : &k_map;
+    uint64_t* const kv_full = loads_v ? v_full : k_full;
+    uint64_t* const kv_empty = loads_v ? v_empty : k_empty;
+    int tiles_done = 0, items_done = 0, tails_done = 0;
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++items_done) {
+      PrefillTile t;
+      int head;
+      locate(item, &t, &head);
+      const int kv_head = head / a.group_size;
+      const int context_len = t.context_len;
+      const int kv_end = min(context_len, t.first_pos + t.rows);  // keys [0, kv_end)
+      const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+      if (tid == 0) {  // Q, once the consumers are done with the last item's
+        MbarrierWait(q_empty, (items_done & 1) ^ 1);
+        MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
+        for (int group = 0; group < 2; ++group) {
+          for (int c = 0; c < Shape::kColumns; ++c) {
+            sm90::TmaLoad3d(s_q + group * Shape::kQGroupBytes + c * Shape::kQColumnBytes, &q_map,
+                            c * 64, head, t.seq_token0 + t.row0 + group * 64, q_full);
           }
         }
-        sm90::FenceProxyAsyncShared();
-        __syncwarp();
-        if (lane == 0) sm90::MbarrierArrive(v_full + stage);
       }
+      const int32_t* table = a.block_table_ids + a.block_table_start[t.seq];
+      const int boxes = kBlockN / a.box_rows;  // <= 16: box_rows >= 8
+      for (int j = 0; j < num_kv_tiles; ++j) {
+        const int stage = stage_of(tiles_done + j);
+        const uint32_t phase = phase_of(tiles_done + j);
+        const int n0 = j * kBlockN;
+        // Lane b's box: keys n0 + b * box_rows onwards, in one cache block (its first slot a
+        // multiple of 8).
+        int slot = a.num_slots;
+        const int pos = n0 + lane * a.box_rows;
+        if (lane < boxes && pos < kv_end) {
+          const int block_index = pos / a.block_size;
+          slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
+        }
+        // The last tile, when it reaches past the context's end: a box loaded for keys below
+        // kv_end may hold slots past the context (kv_end < context_len too, for a query tile that
+        // is not the sequence's last), so V's rows from the context's end on are zeroed before
+        // the consumers see them.
+        const bool tail = loads_v && j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
+        // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
+        if (lane == 0) {
+          MbarrierWait(kv_empty + stage, phase ^ 1);
+          MbarrierArriveExpectTx(tail ? v_tail : kv_full + stage, Shape::kTileBytes);
+        }
+        __syncwarp();
+        if (lane < boxes) {
+          unsigned char* box = s_kv + stage * Shape::kTileBytes;
+          if constexpr (kPaired) {  // both columns in one box
+            sm90::TmaLoad5d(box + lane * a.box_rows * 2 * kRowBytes, kv_map, 0, 0, 0, slot / 8,
+                            kv_head, tail ? v_tail : kv_full + stage);
+          } else {
+#pragma unroll
+            for (int c = 0; c < Shape::kColumns; ++c) {
+              sm90::TmaLoad3d(box + c * Shape::kColumnBytes + lane * a.box_rows * kRowBytes,
+                              kv_map, c * 64, kv_head, slot, tail ? v_tail : kv_full + stage);
+            }
+          }
+        }
+        if (tail) {
+          MbarrierWait(v_tail, tails_done & 1);  // at most one tail tile per item
+          ++tails_done;
+          const int first_row = context_len - n0;
+          const int chunks = (kBlockN - first_row) * Shape::kColumns * (kRowBytes / 16);
+          unsigned char* tile = s_v + stage * Shape::kTileBytes;
+          for (int i = lane; i < chunks; i += 32) {  // 16-byte chunks of the rows' columns
+            const int per_row = Shape::kColumns * (kRowBytes / 16);
+            const int row = first_row + i / per_row, c = (i % per_row) / (kRowBytes / 16);
+            const int chunk = i % (kRowBytes / 16);
+            *reinterpret_cast<uint4*>(tile + TileRowOffset<Shape, kPaired>(row, c) + chunk * 16) =
+                make_uint4(0, 0, 0, 0);
+          }
+          sm90::FenceProxyAsyncShared();
+          __syncwarp();
+          if (lane == 0) sm90::MbarrierArrive(v_full + stage);
+        }
+      }
+      tiles_done += num_kv_tiles;
     }
     return;
   }
 
-  // A consumer warpgroup: 64 query rows.
-  sm90::SetMaxRegistersInc<240>();
+  // A consumer warpgroup: 64 query rows of each item.
+  sm90::SetMaxRegistersInc<kConsumerRegisters>();
   const int group = tid / 128 - 1;
   const int warp_in_group = (tid % 128) / 32;
-  const int group_first_pos = first_pos + group * 64;
   const int row_a = warp_in_group * 16 + lane / 4;  // this thread's rows: row_a, row_a + 8
-  const int pos_a = group_first_pos + row_a, pos_b = pos_a + 8;
   const unsigned char* q_group = s_q + group * Shape::kQGroupBytes;
   const float scale = a.score_scale;
-  // The tiles with a key at or before this group's last row: a prefix of the block's tiles.
-  const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
+  volatile float* sink = reinterpret_cast<volatile float*>(smem + Shape::kSinkOffset);
 
   float o[kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   float s[kBlockN / 2];                    // scores of a tile, then its softmax weights (fp32)
   uint32_t p[kBlockN / 4];                 // the weights as 16-bit pairs: wgmma's A fragments
   float m_a = -INFINITY, m_b = -INFINITY;  // running row maxima, unscaled scores
   float l_a = 0.0f, l_b = 0.0f;            // this thread's part of the row sums
+  int pos_a = 0, pos_b = 0;                // this thread's rows' positions
+  int kv_end = 0;                          // the item's keys: [0, kv_end)
+  int tiles_done = 0;                      // the ring's tiles before this item's
 
+  // From one 8-row atom of a K or V column to the next.
+  constexpr uint32_t kAtomStride = TileRowOffset<Shape, kPaired>(8, 0);
   auto issue_qk = [&](int stage) {
 #pragma unroll
     for (int c = 0; c < Shape::kColumns; ++c) {
@@ -245,7 +300,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm90::WgmmaSS_N128<kF16>(
             s, sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0),
             sm90::SmemDescriptor(
-                s_k + stage * Shape::kTileBytes + c * Shape::kColumnBytes + kk * 32, 0),
+                s_k + stage * Shape::kTileBytes + TileRowOffset<Shape, kPaired>(0, c) + kk * 32, 0,
+                kAtomStride),
             (c | kk) != 0 ? 1 : 0);
       }
     }
@@ -257,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       const uint64_t v_desc =
-          sm90::SmemDescriptor(v_tile + kk * 16 * kRowBytes, Shape::kColumnBytes);
+          sm90::SmemDescriptor(v_tile + TileRowOffset<Shape, kPaired>(kk * 16, 0),
+                               TileRowOffset<Shape, kPaired>(0, 1), kAtomStride);
       if constexpr (kHeadDim == 128) {
         sm90::WgmmaRS_N128<kF16>(o, pa, v_desc, 1);
       } else {
@@ -272,13 +329,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // pipelined loop splits its tiles so that no branch sits between a wgmma and its wait (ptxas
   // would serialize the wgmmas).
   auto softmax = [&](int j, auto kMasked, float& rescale_a, float& rescale_b) {
-    const int n0 = j * kBlockN;
     if (decltype(kMasked)::value) {
+      // Score i's key is j * kBlockN + 2 * (lane % 4) + a constant: a row keeps the keys up to its
+      // position and below kv_end, i.e. constants up to its limit.
+      const int base = j * kBlockN + 2 * (lane % 4);
+      const int limit_a = min(pos_a, kv_end - 1) - base;
+      const int limit_b = min(pos_b, kv_end - 1) - base;
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
-        const int key = n0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-        const int pos = (i & 2) ? pos_b : pos_a;
-        if (key > pos || key >= kv_end) s[i] = -INFINITY;
+        if (8 * (i / 4) + (i & 1) > ((i & 2) ? limit_b : limit_a)) s[i] = -INFINITY;
       }
     }
     float max_a = m_a, max_b = m_b;
@@ -294,18 +353,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A row with no key yet keeps a zero base (its weights are all exp2(-inf) = 0).
     const float base_a = max_a == -INFINITY ? 0.0f : max_a * scale;
     const float base_b = max_b == -INFINITY ? 0.0f : max_b * scale;
-    rescale_a = exp2f(m_a * scale - base_a);
-    rescale_b = exp2f(m_b * scale - base_b);
+    rescale_a = sm90::Exp2Ftz(m_a * scale - base_a);
+    rescale_b = sm90::Exp2Ftz(m_b * scale - base_b);
     m_a = max_a;
     m_b = max_b;
     l_a *= rescale_a;
     l_b *= rescale_b;
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; i += 4) {
-      s[i] = exp2f(fmaf(s[i], scale, -base_a));
-      s[i + 1] = exp2f(fmaf(s[i + 1], scale, -base_a));
-      s[i + 2] = exp2f(fmaf(s[i + 2], scale, -base_b));
-      s[i + 3] = exp2f(fmaf(s[i + 3], scale, -base_b));
+      s[i] = sm90::Exp2Ftz(fmaf(s[i], scale, -base_a));
+      s[i + 1] = sm90::Exp2Ftz(fmaf(s[i + 1], scale, -base_a));
+      s[i + 2] = sm90::Exp2Ftz(fmaf(s[i + 2], scale, -base_b));
+      s[i + 3] = sm90::Exp2Ftz(fmaf(s[i + 3], scale, -base_b));
       l_a += s[i] + s[i + 1];
       l_b += s[i + 2] + s[i + 3];
     }
@@ -323,131 +382,161 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[i + 3] *= rescale_b;
     }
   };
-  auto release = [&](uint64_t* empty) {  // k_empty or v_empty of a stage
+  auto release = [&](uint64_t* empty) {  // q_empty, or k_empty or v_empty of a stage
     __syncwarp();
     if (lane == 0) sm90::MbarrierArrive(empty);
   };
 
-  MbarrierWait(q_full, 0);
-  float rescale_a, rescale_b;
   // Ping-pong (FlashAttention-3's scheduler barrier): the two groups take turns to issue their
   // wgmmas, so one group's softmax runs under the other's matrix products. Each group takes
-  // num_kv_tiles + 1 turns (tile 0's QK^T, one per later tile, the last PV; a skipped tile is an
-  // empty turn); group 1 hands group 0 its first turn and keeps its own last one.
-  int turns_left = num_kv_tiles + 1;
+  // num_kv_tiles + 1 turns an item (tile 0's QK^T, one per later tile, the last PV; a skipped
+  // tile is an empty turn), so the turns alternate across items too; group 1 hands group 0 its
+  // first turn, and group 0 takes group 1's last hand-over after its last item.
   auto turn_begin = [&] {
     if constexpr (kLoop == kPingpong) NamedBarrierSync(1 + group);
   };
   auto turn_end = [&] {
-    if constexpr (kLoop == kPingpong) {
-      if (--turns_left > 0 || group == 0) NamedBarrierArrive(2 - group);
-    }
+    if constexpr (kLoop == kPingpong) NamedBarrierArrive(2 - group);
   };
   if constexpr (kLoop == kPingpong) {
     if (group == 1) NamedBarrierArrive(1);
   }
-  if constexpr (kLoop != kSerial) {
-    // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
-    // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
-    // weights) while p holds tile j-1's weights, so both fit beside O.
-    // Tiles from first_masked on may cross a row's diagonal or the context's end.
-    const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
-    const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
-    auto step = [&](int j, auto kMasked) {
-      const int stage = j % kStages, prev = (j - 1) % kStages;
-      pack_p();
-      sm90::MbarrierWaitNoBranch(k_full + stage, (j / kStages) & 1);
+
+  int items_done = 0;
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++items_done) {
+    PrefillTile t;
+    int head;
+    locate(item, &t, &head);
+    const int first_pos = t.first_pos;  // position of the item's row 0
+    kv_end = min(t.context_len, first_pos + t.rows);
+    const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+    const int group_first_pos = first_pos + group * 64;
+    pos_a = group_first_pos + row_a;
+    pos_b = pos_a + 8;
+    // The tiles with a key at or before this group's last row: a prefix of the item's tiles.
+    const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    m_a = m_b = -INFINITY;
+    l_a = l_b = 0.0f;
+
+    MbarrierWait(q_full, items_done & 1);
+    float rescale_a, rescale_b;
+    if constexpr (kLoop != kSerial) {
+      // FlashAttention-3's intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are in flight
+      // together, and tile j's softmax runs while PV still is. s holds tile j's scores (then
+      // weights) while p holds tile j-1's weights, so both fit beside O.
+      // Tiles from first_masked on may cross a row's diagonal or the context's end.
+      const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
+      const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
+      auto step = [&](int j, auto kMasked) {
+        const int stage = stage_of(tiles_done + j), prev = stage_of(tiles_done + j - 1);
+        pack_p();
+        sm90::MbarrierWaitNoBranch(k_full + stage, phase_of(tiles_done + j));
+        turn_begin();
+        sm90::WgmmaFence();
+        issue_qk(stage);
+        sm90::MbarrierWaitNoBranch(v_full + prev, phase_of(tiles_done + j - 1));
+        sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
+        issue_pv(prev);
+        turn_end();
+        sm90::WgmmaWait<1>();
+        sm90::FenceRegisters(s);
+        release(k_empty + stage);
+        softmax(j, kMasked, rescale_a, rescale_b);
+        // A store that needs every weight of the tile (through the row sums) keeps ptxas from
+        // moving the wait for PV above the exponentials, which it did at head dim 128 (it sinks
+        // them towards their use, next tile's packing), leaving the softmax overlapping nothing.
+        sink[tid - 128] = l_a + l_b;
+        sm90::WgmmaWait<0>();
+        sm90::FenceRegisters(o);
+        rescale_o(rescale_a, rescale_b);
+        release(v_empty + prev);
+      };
+      const int stage0 = stage_of(tiles_done);
+      MbarrierWait(k_full + stage0, phase_of(tiles_done));
       turn_begin();
       sm90::WgmmaFence();
-      issue_qk(stage);
-      sm90::MbarrierWaitNoBranch(v_full + prev, ((j - 1) / kStages) & 1);
-      sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
-      issue_pv(prev);
+      issue_qk(stage0);
       turn_end();
-      sm90::WgmmaWait<1>();
-      sm90::FenceRegisters(s);
-      release(k_empty + stage);
-      softmax(j, kMasked, rescale_a, rescale_b);
-      sm90::WgmmaWait<0>();
-      sm90::FenceRegisters(o);
-      rescale_o(rescale_a, rescale_b);
-      release(v_empty + prev);
-    };
-    MbarrierWait(k_full, 0);
-    turn_begin();
-    sm90::WgmmaFence();
-    issue_qk(0);
-    turn_end();
-    sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(s);
-    release(k_empty);
-    softmax(0, std::true_type{}, rescale_a, rescale_b);
-    const int unmasked_end = min(first_masked, group_tiles);
-    for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
-    for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
-    const int last = group_tiles - 1, stage = last % kStages;
-    pack_p();
-    MbarrierWait(v_full + stage, (last / kStages) & 1);
-    turn_begin();
-    sm90::WgmmaFence();
-    issue_pv(stage);
-    turn_end();
-    sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(o);
-    release(v_empty + stage);
-  } else {
-    for (int j = 0; j < group_tiles; ++j) {
-      const int stage = j % kStages;
-      const uint32_t phase = (j / kStages) & 1;
-      MbarrierWait(k_full + stage, phase);
-      sm90::WgmmaFence();
-      issue_qk(stage);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(s);
-      release(k_empty + stage);
-      softmax(j, std::true_type{}, rescale_a, rescale_b);
+      release(k_empty + stage0);
+      softmax(0, std::true_type{}, rescale_a, rescale_b);
+      const int unmasked_end = min(first_masked, group_tiles);
+      for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
+      for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
+      release(q_empty);  // every QK^T of the item is done
+      const int last = tiles_done + group_tiles - 1, stage = stage_of(last);
       pack_p();
-      rescale_o(rescale_a, rescale_b);
-      MbarrierWait(v_full + stage, phase);
+      MbarrierWait(v_full + stage, phase_of(last));
+      turn_begin();
       sm90::WgmmaFence();
       issue_pv(stage);
+      turn_end();
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o);
       release(v_empty + stage);
+    } else {
+      for (int j = 0; j < group_tiles; ++j) {
+        const int stage = stage_of(tiles_done + j);
+        const uint32_t phase = phase_of(tiles_done + j);
+        MbarrierWait(k_full + stage, phase);
+        sm90::WgmmaFence();
+        issue_qk(stage);
+        sm90::WgmmaWait<0>();
+        sm90::FenceRegisters(s);
+        release(k_empty + stage);
+        softmax(j, std::true_type{}, rescale_a, rescale_b);
+        pack_p();
+        rescale_o(rescale_a, rescale_b);
+        MbarrierWait(v_full + stage, phase);
+        sm90::WgmmaFence();
+        issue_pv(stage);
+        sm90::WgmmaWait<0>();
+        sm90::FenceRegisters(o);
+        release(v_empty + stage);
+      }
+      release(q_empty);
     }
-  }
-  // The tiles past this group's rows (the other group's diagonal): only freed.
-  for (int j = group_tiles; j < num_kv_tiles; ++j) {
-    const int stage = j % kStages;
-    const uint32_t phase = (j / kStages) & 1;
-    turn_begin();
-    turn_end();
-    MbarrierWait(k_full + stage, phase);
-    release(k_empty + stage);
-    MbarrierWait(v_full + stage, phase);
-    release(v_empty + stage);
-  }
+    // The tiles past this group's rows (the other group's diagonal): only freed.
+    for (int j = group_tiles; j < num_kv_tiles; ++j) {
+      const int stage = stage_of(tiles_done + j);
+      const uint32_t phase = phase_of(tiles_done + j);
+      turn_begin();
+      turn_end();
+      MbarrierWait(k_full + stage, phase);
+      release(k_empty + stage);
+      MbarrierWait(v_full + stage, phase);
+      release(v_empty + stage);
+    }
+    tiles_done += num_kv_tiles;
 
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-  const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
-  const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
-  const int64_t out_stride = int64_t{a.num_heads} * kHeadDim;
-  const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
-  T* out = static_cast<T*>(a.output) + int64_t{seq_token0 + row0} * out_stride +
-           int64_t{head} * kHeadDim + 2 * (lane % 4);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
+    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+    const int64_t out_stride = int64_t{a.num_heads} * a.head_dim;
+    const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
+    T* out = static_cast<T*>(a.output) + int64_t{t.seq_token0 + t.row0} * out_stride +
+             int64_t{head} * a.head_dim + 2 * (lane % 4);
 #pragma unroll
-  for (int c = 0; c < kHeadDim / 8; ++c) {
-    if (cta_row_a < rows) {
-      *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
-          Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
+    for (int c = 0; c < kHeadDim / 8; ++c) {
+      if (c * 8 >= a.head_dim) break;  // the padding's columns (all zero)
+      if (cta_row_a < t.rows) {
+        *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
+            Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
+      }
+      if (cta_row_b < t.rows) {
+        *reinterpret_cast<uint32_t*>(out + cta_row_b * out_stride + c * 8) =
+            Pack2<T>(o[4 * c + 2] * inv_b, o[4 * c + 3] * inv_b);
+      }
     }
-    if (cta_row_b < rows) {
-      *reinterpret_cast<uint32_t*>(out + cta_row_b * out_stride + c * 8) =
-          Pack2<T>(o[4 * c + 2] * inv_b, o[4 * c + 3] * inv_b);
-    }
+  }
+  if constexpr (kLoop == kPingpong) {
+    if (group == 0) NamedBarrierSync(1);  // group 1's last hand-over
   }
 }
 
@@ -491,21 +580,87 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A K or V cache [slots][kv heads][128] of 16-bit elements as the 5-D map of the paired layout
+// (TileRowOffset): dims (innermost first) 64 elements, 8 slots, 2 columns, slots / 8, kv heads;
+// a box of 64 x 8 x 2 x box_rows / 8 x 1 lands as [row / 8][column][row % 8]. Slots past the
+// pool's end read as zeros.
+bool EncodePairedMap(CUtensorMap* map, DType dtype, const void* base, uint64_t num_kv_heads,
+                     uint64_t num_slots, uint32_t box_rows) {
+  const EncodeTiledFn encode = EncodeTiled();
+  if (encode == nullptr || num_slots % 8 != 0) return false;
+  const uint64_t slot_bytes = num_kv_heads * 128 * 2;
+  const cuuint64_t dims[5] = {64, 8, 2, num_slots / 8, num_kv_heads};
+  const cuuint64_t strides[4] = {slot_bytes, 128, 8 * slot_bytes, 128 * 2};
+  const cuuint32_t box[5] = {64, 8, 2, box_rows / 8, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  return encode(map,
+                dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                5, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
+std::mutex options_mu;
+PrefillSm90Options options_choice;  // guarded by options_mu
+
+// The current device's multiprocessor count, cached per device.
+cudaError_t MultiprocessorCount(int* count) {
+  static std::atomic<int> cached[64];
+  int device = 0;
+  LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) {
+    *count = cached[device].load(std::memory_order_relaxed);
+    return cudaSuccess;
+  }
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device));
+  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+template <typename Kernel>
+cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtensorMap& q_map,
+                         const CUtensorMap& k_map, const CUtensorMap& v_map, const Sm90Args& a,
+                         cudaStream_t stream) {
+  LMSERVE_CUDA_RETURN_IF_ERROR(
+      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem_bytes));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(q_map, k_map, v_map, a);
+  return cudaGetLastError();
+}
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Shape = Sm90Shape<kHeadDim>;
+  PrefillSm90Options options;
+  {
+    std::lock_guard<std::mutex> lock(options_mu);
+    options = options_choice;
+  }
   const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
+  const int64_t head_dim = p.head_dim;  // kHeadDim, or 80 or 96 under kHeadDim 128
   const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
   const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
   CUtensorMap q_map, k_map, v_map;
-  if (!EncodeMap(&q_map, p.dtype, p.query, kHeadDim, p.num_heads, p.num_tokens, kHeadDim * 2,
+  // Head dim 128: K and V in the paired layout (one box per block for both columns), unless the
+  // driver refuses the 5-D maps or the options ask for the unpaired layout.
+  bool paired = false;
+  if constexpr (kHeadDim == 128) {
+    paired = head_dim == 128 && options.paired &&
+             EncodePairedMap(&k_map, p.dtype, p.key_cache, p.num_kv_heads, num_slots, box_rows) &&
+             EncodePairedMap(&v_map, p.dtype, p.value_cache, p.num_kv_heads, num_slots, box_rows);
+  }
+  // The maps span the tensors' head dim: a box's columns past it read as zeros, which pad 80 and
+  // 96 to 128 (zero scores' terms, zero output columns, left unstored).
+  if (!EncodeMap(&q_map, p.dtype, p.query, head_dim, p.num_heads, p.num_tokens, head_dim * 2,
                  query_stride * 2, 64) ||
-      !EncodeMap(&k_map, p.dtype, p.key_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
-                 p.num_kv_heads * kHeadDim * 2, box_rows) ||
-      !EncodeMap(&v_map, p.dtype, p.value_cache, kHeadDim, p.num_kv_heads, num_slots, kHeadDim * 2,
-                 p.num_kv_heads * kHeadDim * 2, box_rows)) {
+      (!paired && (!EncodeMap(&k_map, p.dtype, p.key_cache, head_dim, p.num_kv_heads, num_slots,
+                              head_dim * 2, p.num_kv_heads * head_dim * 2, box_rows) ||
+                   !EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads,
+                              num_slots, head_dim * 2, p.num_kv_heads * head_dim * 2,
+                              box_rows)))) {
     return cudaErrorInvalidValue;
   }
   Sm90Args a{};
@@ -522,16 +677,34 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
   a.score_scale = p.scale * 1.4426950408889634f;
+  a.head_dim = static_cast<int>(head_dim);
+  // At most this many work items (the plan, on the device, has the exact count).
+  const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
+  a.heads_fastest = options.heads_first ? 1 : 0;
+  int64_t blocks = max_items;  // one item a block
+  if (options.persistent) {
+    int sms = 0;
+    LMSERVE_CUDA_RETURN_IF_ERROR(MultiprocessorCount(&sms));
+    blocks = std::min<int64_t>(max_items, options.max_blocks > 0 ? options.max_blocks : sms);
+  }
+  const dim3 grid(static_cast<unsigned>(blocks));
   const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
-  auto kernel = loop == PrefillSm90Loop::kSerial     ? PrefillSm90Kernel<T, kHeadDim, kSerial>
-                : loop == PrefillSm90Loop::kPingpong ? PrefillSm90Kernel<T, kHeadDim, kPingpong>
-                                                     : PrefillSm90Kernel<T, kHeadDim, kPipelined>;
-  LMSERVE_CUDA_RETURN_IF_ERROR(
-      SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.num_tokens, kBlockM) + p.num_seqs),
-                  static_cast<unsigned>(p.num_heads));
-  kernel<<<grid, kThreads, Shape::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
-  return cudaGetLastError();
+  auto pick = [&](auto kPaired) {
+    constexpr bool kPairedValue = decltype(kPaired)::value;
+    return loop == PrefillSm90Loop::kSerial
+               ? PrefillSm90Kernel<T, kHeadDim, kSerial, kPairedValue>
+           : loop == PrefillSm90Loop::kPingpong
+               ? PrefillSm90Kernel<T, kHeadDim, kPingpong, kPairedValue>
+               : PrefillSm90Kernel<T, kHeadDim, kPipelined, kPairedValue>;
+  };
+  if constexpr (kHeadDim == 128) {
+    if (paired) {
+      return LaunchKernel(pick(std::true_type{}), Shape::kSmemBytes, grid, q_map, k_map, v_map, a,
+                          stream);
+    }
+  }
+  return LaunchKernel(pick(std::false_type{}), Shape::kSmemBytes, grid, q_map, k_map, v_map, a,
+                      stream);
 }
 
 }  // namespace
@@ -539,12 +712,17 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
 bool PrefillSm90Supports(const PrefillAttentionParams& p) {
   const bool block_fits =
       p.block_size % 8 == 0 && (kBlockN % p.block_size == 0 || p.block_size % kBlockN == 0);
-  return (p.head_dim == 64 || p.head_dim == 128) && p.window == 0 && p.softcap == 0 && block_fits &&
+  return (p.head_dim == 64 || p.head_dim == 80 || p.head_dim == 96 || p.head_dim == 128) &&
+         p.window == 0 && p.softcap == 0 && block_fits &&
          p.num_blocks * p.block_size < (int64_t{1} << 31) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
 
 void SetPrefillSm90Loop(PrefillSm90Loop loop) { loop_choice.store(loop); }
+void SetPrefillSm90Options(const PrefillSm90Options& options) {
+  std::lock_guard<std::mutex> lock(options_mu);
+  options_choice = options;
+}
 
 bool PrefillSm90Available() {
   static std::mutex mu;
@@ -564,9 +742,9 @@ bool PrefillSm90Available() {
       major == 9 && minor == 0 && EncodeTiled() != nullptr;
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
-    ok = cudaFuncGetAttributes(
-             &attributes, reinterpret_cast<const void*>(
-                              PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong>)) == cudaSuccess;
+    const void* kernel =
+        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true>);
+    ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
   }
   cudaGetLastError();
   available[device] = ok;
@@ -578,6 +756,7 @@ cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& p, cudaStream_t stre
     return p.dtype == DType::kF16 ? LaunchTyped<__half, 64>(p, stream)
                                   : LaunchTyped<__nv_bfloat16, 64>(p, stream);
   }
+  // 80, 96 and 128: 80 and 96 padded to 128.
   return p.dtype == DType::kF16 ? LaunchTyped<__half, 128>(p, stream)
                                 : LaunchTyped<__nv_bfloat16, 128>(p, stream);
 }

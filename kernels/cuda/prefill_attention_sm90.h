@@ -12,7 +12,7 @@
 
 namespace lmserve::kernels::cuda {
 
-// Whether the sm_90a kernel covers these (valid) params: head dim 64 or 128, no window, no
+// Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128, no window, no
 // soft-cap, a block size that is a multiple of 8 and divides 128 or is a multiple of it. Host
 // only; says nothing of the device.
 bool PrefillSm90Supports(const PrefillAttentionParams& params);
@@ -29,6 +29,19 @@ enum class PrefillSm90Loop : uint8_t {
                // scheduler barrier between warpgroups)
 };
 void SetPrefillSm90Loop(PrefillSm90Loop loop);
+// How the kernel runs (process-wide; the benchmark compares them and the tests run each). The
+// defaults are the fastest measured (H100, bench/results/README.md section 16).
+struct PrefillSm90Options {
+  // A block a multiprocessor, each taking work items (a query tile of one head) in turn, so that
+  // one item's loads overlap the last one's end; else (the default) a block per item. Persistent
+  // blocks measured 5-10% slower (their static round-robin share of the items, and Q reloaded only
+  // once the last item's QK^T is done).
+  bool persistent = false;
+  int max_blocks = 0;  // persistent: at most this many blocks (0: the multiprocessors; tests)
+  bool heads_first = true;  // items' order: longest tiles first, heads fastest (else tiles fastest)
+  bool paired = true;  // head dim 128: one TMA box for both 64-element columns of a cache block
+};
+void SetPrefillSm90Options(const PrefillSm90Options& options);
 // REQUIRES: params valid, PrefillSm90Supports(params), the tile plan in params.workspace.
 cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& params, cudaStream_t stream);
 

@@ -28,11 +28,12 @@
 namespace lmserve::kernels::cuda::sm90 {
 
 // A 128-byte-swizzled operand descriptor; `lbo_bytes` matters only for MN-major operands wider
-// than 64 elements.
-__device__ __forceinline__ uint64_t SmemDescriptor(const void* smem, uint32_t lbo_bytes) {
+// than 64 elements; `sbo_bytes`: from one 8-row atom to the next (1024 where they are packed).
+__device__ __forceinline__ uint64_t SmemDescriptor(const void* smem, uint32_t lbo_bytes,
+                                                   uint32_t sbo_bytes = 1024) {
   const uint64_t address = SmemAddress(smem);
   return ((address & 0x3FFFF) >> 4) | (uint64_t{(lbo_bytes >> 4) & 0x3FFF} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+         (uint64_t{(sbo_bytes >> 4) & 0x3FFF} << 32) | (uint64_t{1} << 62);
 }
 
 __device__ __forceinline__ void WgmmaFence() {
@@ -75,6 +76,15 @@ __device__ __forceinline__ void SetMaxRegistersDec() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 #endif
+}
+
+// 2^x with flush-to-zero (ex2.approx.ftz.f32: one MUFU.EX2). exp2f without --use_fast_math is
+// ex2.approx.f32, which ptxas wraps in a compare and two multiplies to keep denormal results; the
+// softmax weights lose nothing to flushing them (they are rounded to 16 bits next).
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // A plain arrival (no transaction bytes).
@@ -120,6 +130,22 @@ __device__ __forceinline__ void TmaLoad3d(void* smem, const CUtensorMap* map, in
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(SmemAddress(smem)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SmemAddress(bar))
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
+// A 5-D box of `map` at coordinates (c0, ..., c4) (innermost first) into shared memory, its bytes
+// counted off `bar`. Coordinates past the tensor's end read as zeros (and still count).
+__device__ __forceinline__ void TmaLoad5d(void* smem, const CUtensorMap* map, int c0, int c1,
+                                          int c2, int c3, int c4, uint64_t* bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(SmemAddress(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+      "r"(SmemAddress(bar))
       : "memory");
 #else
   __trap();

@@ -492,8 +492,8 @@ TEST(PrefillAttentionGpuTest, LongPrefill) {
 }
 
 // Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
-// 64 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the mma.sync
-// kernel otherwise, and always on the portable path.
+// 64, 80, 96 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the
+// mma.sync kernel otherwise, and always on the portable path.
 TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   LMSERVE_REQUIRE_GPU();
   PrefillAttentionParams p;
@@ -528,7 +528,11 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   p.block_size = 24;
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
   p.block_size = 16;
-  for (int64_t head_dim : {32, 80, 96, 256}) {
+  for (int64_t head_dim : {80, 96}) {
+    p.head_dim = head_dim;
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90) << head_dim;
+  }
+  for (int64_t head_dim : {32, 256}) {
     p.head_dim = head_dim;
     EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync) << head_dim;
   }
@@ -549,7 +553,10 @@ void RunHopperKernelShapes();
 // tile that reaches past the context's end may hold them; none may reach an output). On other
 // GPUs (or the portable path) these run the mma.sync kernel.
 // Every consumer loop of the Hopper kernel (SetPrefillSm90Loop) runs every case; ping-pong (the
-// default, which the other prefill tests run too) in a test of its own.
+// default, which the other prefill tests run too) in a test of its own. Each loop also runs with
+// persistent blocks on 3 blocks (many items a block: the K/V ring, Q's reloads and the ping-pong
+// turns carried from item to item), and ping-pong with each of PrefillSm90Options' other
+// settings.
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
@@ -557,6 +564,10 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
                                                   : "pipelined consumer loop");
     SetPrefillSm90Loop(loop);
     RunHopperKernelShapes();
+    SCOPED_TRACE("persistent, on 3 blocks");
+    SetPrefillSm90Options({.persistent = true, .max_blocks = 3});
+    RunHopperKernelShapes();
+    SetPrefillSm90Options({});
   }
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);  // the default
 }
@@ -566,6 +577,22 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
   RunHopperKernelShapes();
   RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
+  struct Variant {
+    PrefillSm90Options options;
+    const char* name;
+  };
+  for (const Variant& v :
+       {Variant{{.persistent = true, .max_blocks = 3}, "persistent, on 3 blocks"},
+        Variant{{.persistent = true}, "persistent"},
+        Variant{{.persistent = true, .max_blocks = 3, .paired = false},
+                "persistent, on 3 blocks, a box per column"},
+        Variant{{.heads_first = false, .paired = false}, "tiles first, a box per column"}}) {
+    SCOPED_TRACE(v.name);
+    SetPrefillSm90Options(v.options);
+    RunHopperKernelShapes();
+    RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch);
+  }
+  SetPrefillSm90Options({});
 }
 
 void RunHopperKernelShapes() {
@@ -582,6 +609,15 @@ void RunHopperKernelShapes() {
     for (int64_t group : {1, 8}) {
       RunPrefillCase(DType::kBF16, 1, group, head_dim, kMixedBatch, {}, {16, true});
     }
+    RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
+  }
+  // Head dims 80 and 96: the head-dim-128 kernel over boxes whose columns past the head dim read
+  // as zeros.
+  for (int64_t head_dim : {80, 96}) {
+    for (int64_t block_size : {8, 16, 256}) {
+      RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {block_size, true});
+    }
+    RunPrefillCase(DType::kBF16, 1, 8, head_dim, kMixedBatch, {}, {16, true});
     RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
   }
   // The benchmark's shapes, smaller: one long prompt, four equal ones.
