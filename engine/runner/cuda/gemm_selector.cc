@@ -8,6 +8,7 @@
 #include "common/strings.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::engine::cuda {
@@ -58,8 +59,11 @@ absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
   auto& slot = plans_[{id, m}];
   if (slot != nullptr) return slot.get();
   const GemmProjection& p = projections_[id];
-  const kc::GemmShape shape{
-      .m = m, .n = p.n, .k = p.k, .input_dtype = dtype_, .output_dtype = p.output_dtype};
+  const kc::GemmShape shape{.m = m,
+                            .n = p.n,
+                            .k = p.k,
+                            .input_dtype = p.f8 ? kernels::DType::kF8E4M3 : dtype_,
+                            .output_dtype = p.output_dtype};
   LMSERVE_ASSIGN_OR_RETURN(
       slot, kc::GemmPlan::Create(blas_, shape, workspace_, workspace_bytes_, autotune_, stream_));
   return slot.get();
@@ -137,8 +141,59 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   return kernels_[key] = best;
 }
 
+absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x, void* y,
+                                 void* act, bool late_dependents,
+                                 kernels::GateActivation activation) {
+  const GemmProjection& projection = projections_[id];
+  const void* w = projection.weights[layer];
+  const float* w_scales = projection.scales[layer];
+  if (m <= kc::kMaxSkinnyGemmRows && choice_ != DecodeGemm::kBlas) {
+    const kc::F8SkinnyGemmParams params{.x = x,
+                                        .w = w,
+                                        .w_scales = w_scales,
+                                        .y = act != nullptr ? act : y,
+                                        .m = m,
+                                        .n = projection.n,
+                                        .k = projection.k,
+                                        .input_dtype = dtype_,
+                                        .output_dtype = projection.output_dtype,
+                                        .silu_and_mul = act != nullptr,
+                                        .activation = activation,
+                                        .late_dependents = late_dependents};
+    LMSERVE_RETURN_IF_ERROR(params.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_),
+                                 StrCat("FP8 skinny GEMM (", projection.kind, ")"));
+    return absl::OkStatus();
+  }
+  if (m > f8_max_rows_ || projection.k > f8_max_cols_) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " FP8 GEMM of ", m,
+                                      " rows, ", projection.k, " columns exceeds its workspace (",
+                                      f8_max_rows_, " x ", f8_max_cols_, ")"));
+  }
+  const kc::F8QuantizeRowsParams quantize{.src = x,
+                                          .dst = f8_x_,
+                                          .scales = f8_x_scales_,
+                                          .rows = m,
+                                          .cols = projection.k,
+                                          .src_dtype = dtype_};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(quantize, stream_),
+                               StrCat("quantizing the input of ", projection.kind));
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  if (const cublasStatus_t status = plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_);
+      status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
+                                      " FP8 GEMM: cuBLAS status ", static_cast<int>(status)));
+  }
+  if (act != nullptr) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_),
+                                 "gated activation");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                                bool late_dependents, kernels::GateActivation activation) {
+  if (projections_[id].f8) return RunF8(id, layer, m, x, y, act, late_dependents, activation);
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
