@@ -93,9 +93,6 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) return Kernel::kBlas;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "cudaEventCreate");
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
   // The candidates, each a pass over every layer's weights.
   std::vector<std::pair<Kernel, std::function<void()>>> candidates;
   candidates.emplace_back(Kernel::kBlas, [&] {
@@ -110,6 +107,16 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
       kc::Launch(skinny, stream_);
     }
   });
+  LMSERVE_ASSIGN_OR_RETURN(const Kernel best, Fastest(candidates, projection.kind));
+  return kernels_[key] = best;
+}
+
+absl::StatusOr<GemmSelector::Kernel> GemmSelector::Fastest(
+    const std::vector<std::pair<Kernel, std::function<void()>>>& candidates,
+    const std::string& kind) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "cudaEventCreate");
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
   // Rounds that time every candidate in turn (after two warm-up rounds), so that a clock or
   // neighbour's change hits them alike; the median of 7 each. A single pass each, in order, once
   // let cuBLASLt win gate/up at one row on an H200 that ran it 8% slower in the step.
@@ -136,8 +143,52 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetLastError(),
-                               StrCat("timing the ", projection.kind, " GEMMs"));
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetLastError(), StrCat("timing the ", kind, " GEMMs"));
+  return best;
+}
+
+absl::StatusOr<GemmSelector::Kernel> GemmSelector::ChooseF8(int id, int64_t m, const void* x,
+                                                            void* y, void* act,
+                                                            kernels::GateActivation activation) {
+  const auto key = std::make_pair(id, m);
+  if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+  const GemmProjection& projection = projections_[id];
+  if (choice_ == DecodeGemm::kBlas) return kernels_[key] = Kernel::kBlas;
+  if (choice_ == DecodeGemm::kSkinny || (m == 1 && !projection.logits)) {
+    return kernels_[key] = Kernel::kSkinny;
+  }
+  // 2 to 8 rows: the skinny kernel's multiply-adds per weight byte grow with the rows (twice
+  // bf16's per byte), so it may stop being bound by memory before 8; timed against the per-token
+  // quantization and cuBLASLt's FP8 GEMM, as the bf16 choice is.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return Kernel::kSkinny;
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  (void)plan;  // created (and autotuned) before the timing
+  std::vector<std::pair<Kernel, std::function<void()>>> candidates;
+  int64_t layer = 0;
+  candidates.emplace_back(Kernel::kBlas, [&] {
+    for (layer = 0; layer < static_cast<int64_t>(projection.weights.size()); ++layer) {
+      (void)RunF8Blas(id, layer, m, x, y, act, activation);
+    }
+  });
+  candidates.emplace_back(Kernel::kSkinny, [&] {
+    for (layer = 0; layer < static_cast<int64_t>(projection.weights.size()); ++layer) {
+      const kc::F8SkinnyGemmParams params{.x = x,
+                                          .w = projection.weights[layer],
+                                          .w_scales = projection.scales[layer],
+                                          .y = act != nullptr ? act : y,
+                                          .m = m,
+                                          .n = projection.n,
+                                          .k = projection.k,
+                                          .input_dtype = dtype_,
+                                          .output_dtype = projection.output_dtype,
+                                          .silu_and_mul = act != nullptr,
+                                          .activation = activation};
+      kc::Launch(params, stream_);
+    }
+  });
+  LMSERVE_ASSIGN_OR_RETURN(const Kernel best, Fastest(candidates, projection.kind));
   return kernels_[key] = best;
 }
 
@@ -147,7 +198,11 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
-  if (m <= kc::kMaxSkinnyGemmRows && choice_ != DecodeGemm::kBlas) {
+  Kernel kernel = Kernel::kBlas;
+  if (m <= kc::kMaxSkinnyGemmRows) {
+    LMSERVE_ASSIGN_OR_RETURN(kernel, ChooseF8(id, m, x, y, act, activation));
+  }
+  if (kernel == Kernel::kSkinny) {
     const kc::F8SkinnyGemmParams params{.x = x,
                                         .w = w,
                                         .w_scales = w_scales,
@@ -165,6 +220,14 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
                                  StrCat("FP8 skinny GEMM (", projection.kind, ")"));
     return absl::OkStatus();
   }
+  return RunF8Blas(id, layer, m, x, y, act, activation);
+}
+
+absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y,
+                                     void* act, kernels::GateActivation activation) {
+  const GemmProjection& projection = projections_[id];
+  const void* w = projection.weights[layer];
+  const float* w_scales = projection.scales[layer];
   if (m > f8_max_rows_ || projection.k > f8_max_cols_) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " FP8 GEMM of ", m,
                                       " rows, ", projection.k, " columns exceeds its workspace (",

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,9 +82,19 @@ class GemmSelector {
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
                                 void* act, kernels::GateActivation activation);
 
-  // Run() of an FP8 projection.
+  // The fastest of `candidates` (each a pass over a projection's layers; rounds of each in turn,
+  // the median kept; a tie goes to the later one). REQUIRES: not capturing.
+  absl::StatusOr<Kernel> Fastest(
+      const std::vector<std::pair<Kernel, std::function<void()>>>& candidates,
+      const std::string& kind);
+  // Run() of an FP8 projection, its kernel choice at up to kMaxSkinnyGemmRows rows, and its
+  // cuBLASLt path (x quantized per token into the FP8 workspace, then the FP8 GEMM).
   absl::Status RunF8(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                      bool late_dependents, kernels::GateActivation activation);
+  absl::StatusOr<Kernel> ChooseF8(int id, int64_t m, const void* x, void* y, void* act,
+                                  kernels::GateActivation activation);
+  absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
+                         kernels::GateActivation activation);
 
   // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:
   // the kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.

@@ -4,7 +4,8 @@
 // they are, each within issue 23's bounds: relative L2 6e-2 over all logits, and top-1 agreement
 // of at least 98% at the rows whose reference top-2 margin exceeds 0.1 x the row's standard
 // deviation. Each prompt runs twice: whole (more than 8 tokens: per-token quantized inputs and
-// cuBLASLt's FP8 GEMM) and in chunks of 8 (the FP8 skinny kernel, inputs as they are).
+// cuBLASLt's FP8 GEMM) and in chunks of 8 (the FP8 skinny kernel, --decode-gemm skinny, inputs
+// as they are).
 // Skipped without a GPU of compute capability 8.9+.
 
 #include <cstdio>
@@ -48,8 +49,9 @@ int64_t ContextFor(const ModelConfig& config, int64_t tokens) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> Fp8Runner(const Checkpoint& checkpoint,
                                                         RunnerQuantization quantization,
-                                                        int64_t context = 0) {
+                                                        int64_t context, DecodeGemm decode_gemm) {
   RunnerConfig config;
+  config.decode_gemm = decode_gemm;
   config.backend = Backend::kCuda;
   config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
   config.quantization = quantization;
@@ -75,7 +77,9 @@ void ExpectAccurate(const std::string& name, const std::string& fixture_dir,
       const int64_t context =
           ContextFor((*checkpoint)->config(),
                      static_cast<int64_t>(ref.prompts[j].size() + ref.greedy[j].size()));
-      auto runner = Fp8Runner(**checkpoint, quantization, context);
+      // Chunks run the skinny kernel (forced: auto may time cuBLASLt faster at 2-8 rows).
+      auto runner = Fp8Runner(**checkpoint, quantization, context,
+                              chunk == 0 ? DecodeGemm::kAuto : DecodeGemm::kSkinny);
       ASSERT_TRUE(runner.ok()) << runner.status();
       ASSERT_EQ((*runner)->stats().quantization, RunnerQuantization::kFp8);
       const int32_t state_slot = (*runner)->num_state_slots() > 0 ? 0 : -1;
