@@ -58,4 +58,17 @@ absl::Status F8SkinnyGemmParams::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status F8ScaleOutputParams::Validate() const {
+  const int64_t ys = y_stride != 0 ? y_stride : n;
+  if (m < 0 || n <= 0 || n % 8 != 0 || ys < n || ys % 8 != 0) {
+    return KernelError("F8ScaleOutput", StrCat("shape [", m, ", ", n, "], stride ", ys,
+                                               " is not supported (n and stride multiples of 8)"));
+  }
+  if (m > 0 && (y == nullptr || row_scales == nullptr || col_scales == nullptr)) {
+    return KernelError("F8ScaleOutput", "null pointer");
+  }
+  if (!Aligned16(y)) return KernelError("F8ScaleOutput", "y must be 16-byte aligned");
+  return absl::OkStatus();
+}
+
 }  // namespace lmserve::kernels::cuda

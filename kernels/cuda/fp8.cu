@@ -68,6 +68,28 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   }
 }
 
+// ---- F8ScaleOutput: a block of 256 threads per row, 8 columns a thread at a time.
+
+constexpr int kScaleThreads = 256;
+
+__global__ void __launch_bounds__(kScaleThreads)
+    F8ScaleOutputKernel(__nv_bfloat16* __restrict__ y, const float* __restrict__ row_scales,
+                        const float* __restrict__ col_scales, int n, int64_t y_stride) {
+  BeginDependentKernel();
+  __nv_bfloat16* row = y + blockIdx.x * y_stride;
+  const float row_scale = row_scales[blockIdx.x];
+  for (int c = threadIdx.x * 8; c < n; c += kScaleThreads * 8) {
+    float v[8];
+    Load8(row + c, v);
+    const float4 s0 = *reinterpret_cast<const float4*>(col_scales + c);
+    const float4 s1 = *reinterpret_cast<const float4*>(col_scales + c + 4);
+    const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = v[e] * (row_scale * s[e]);
+    Store8(row + c, v);
+  }
+}
+
 // ---- F8SkinnyGemm: as skinny_gemm.cu's kernel, over 16 E4M3 weights a 16-byte piece.
 
 constexpr int kThreads = 256;
@@ -241,6 +263,14 @@ cudaError_t Launch(const F8QuantizeRowsParams& p, cudaStream_t stream) {
                         0, stream, static_cast<const T*>(p.src), static_cast<uint8_t*>(p.dst),
                         p.scales, static_cast<int>(p.cols), src_stride, dst_stride);
   });
+}
+
+cudaError_t Launch(const F8ScaleOutputParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.m == 0) return cudaSuccess;
+  return LaunchKernel(F8ScaleOutputKernel, static_cast<unsigned>(p.m), kScaleThreads, 0, stream,
+                      static_cast<__nv_bfloat16*>(p.y), p.row_scales, p.col_scales,
+                      static_cast<int>(p.n), p.y_stride != 0 ? p.y_stride : p.n);
 }
 
 cudaError_t Launch(const F8SkinnyGemmParams& p, cudaStream_t stream) {

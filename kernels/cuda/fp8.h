@@ -69,6 +69,22 @@ struct F8SkinnyGemmParams {
 
 cudaError_t Launch(const F8SkinnyGemmParams& params, cudaStream_t stream);
 
+// y[t, j] *= row_scales[t] * col_scales[j], in place, bf16 (rounded once more): the scales of an
+// FP8 GEMM that ran with unit scales (gemm.h's fallback where cuBLASLt has no outer-vector
+// scaling).
+struct F8ScaleOutputParams {
+  void* y = nullptr;                  // [m, n] bf16, row stride y_stride; device, 16-byte aligned
+  const float* row_scales = nullptr;  // [m] (x's per token); device
+  const float* col_scales = nullptr;  // [n] (W's per channel); device
+  int64_t m = 0;
+  int64_t n = 0;         // multiple of 8
+  int64_t y_stride = 0;  // multiple of 8; 0 means n
+
+  absl::Status Validate() const;
+};
+
+cudaError_t Launch(const F8ScaleOutputParams& params, cudaStream_t stream);
+
 }  // namespace lmserve::kernels::cuda
 
 #endif  // LMSERVE_KERNELS_CUDA_FP8_H_

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/fp8.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -163,17 +164,16 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
                                  sizeof(trans_b));
   const bool fp8 = shape.input_dtype == DType::kF8E4M3;
+  // FP8: first cuBLASLt's outer-vector scales (A: cuBLAS's M, W's rows, our n; B: cuBLAS's N, our
+  // tokens); where the heuristic refuses them (cuBLAS 13.0 on an H100 does, with "an unsupported
+  // value"), the plain FP8 GEMM, and the scales applied by a kernel after it (fp8.h).
+  const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   if (fp8) {
-    // Outer-vector scales: A (cuBLAS's M: W's rows, our n) and B (cuBLAS's N: our tokens).
-    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    if ((s = Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
-                                         sizeof(mode))) != CUBLAS_STATUS_SUCCESS ||
-        (s = Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
-                                         sizeof(mode))) != CUBLAS_STATUS_SUCCESS) {
-      return absl::UnimplementedError(
-          StrCat("cuBLASLt: no outer-vector FP8 scaling (", Lt().GetStatusString(s),
-                 "); FP8 GEMMs need cuBLAS 12.9 or newer"));
-    }
+    plan->fp8_outer_vector_scales_ =
+        Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vector,
+                                    sizeof(outer_vector)) == CUBLAS_STATUS_SUCCESS &&
+        Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer_vector,
+                                    sizeof(outer_vector)) == CUBLAS_STATUS_SUCCESS;
   }
   const cudaDataType_t in_type = CudaType(shape.input_dtype);
   const cudaDataType_t out_type = CudaType(shape.output_dtype);
@@ -207,12 +207,25 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   s = Lt().MatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
                                      plan->c_layout_, plan->c_layout_, preference, kMaxCandidates,
                                      results, &returned);
+  if (fp8 && plan->fp8_outer_vector_scales_ && (s != CUBLAS_STATUS_SUCCESS || returned == 0)) {
+    // No outer-vector scaling here: scalar mode (the default, unit scales without pointers).
+    plan->fp8_outer_vector_scales_ = false;
+    const int32_t scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scalar,
+                                sizeof(scalar));
+    Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scalar,
+                                sizeof(scalar));
+    returned = 0;
+    s = Lt().MatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
+                                    plan->c_layout_, plan->c_layout_, preference, kMaxCandidates,
+                                    results, &returned);
+  }
   Lt().MatmulPreferenceDestroy(preference);
   if (s != CUBLAS_STATUS_SUCCESS) return BlasError("MatmulAlgoGetHeuristic", s);
   if (returned == 0 && fp8) {
     return absl::UnimplementedError(
-        StrCat("cuBLASLt has no FP8 GEMM with per-token x per-channel scales for m ", shape.m,
-               ", n ", shape.n, ", k ", shape.k, " on this GPU (E4M3 in, bf16 out)"));
+        StrCat("cuBLASLt has no FP8 GEMM for m ", shape.m, ", n ", shape.n, ", k ", shape.k,
+               " on this GPU (E4M3 in, bf16 out)"));
   }
   if (returned == 0) {
     return absl::UnimplementedError(
@@ -301,6 +314,20 @@ cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t
   const float alpha = 1.0f, beta = 0.0f;
   if (shape_.input_dtype == DType::kF8E4M3) {
     if (w_scales == nullptr || x_scales == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!fp8_outer_vector_scales_) {  // unit scales, then the scaling kernel
+      const cublasStatus_t s = Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_,
+                                           &beta, y, c_layout_, y, c_layout_, &algo_, workspace_,
+                                           workspace_bytes_, stream);
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+      const F8ScaleOutputParams scale{.y = y,
+                                      .row_scales = x_scales,
+                                      .col_scales = w_scales,
+                                      .m = shape_.m,
+                                      .n = shape_.n,
+                                      .y_stride = shape_.y_stride};
+      return Launch(scale, stream) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                  : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     // The pointers are read when the call is enqueued (and baked into a captured graph).
     cublasStatus_t s = Lt().MatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                    &w_scales, sizeof(w_scales));

@@ -7,8 +7,10 @@
 // FP8 (input_dtype kF8E4M3, compute capability 8.9+): x and W both E4M3, each with fp32 scales,
 // W's per output channel and x's per row (token), applied by cuBLASLt's outer-vector scaling
 // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: y[t, j] = s_x[t] s_w[j] sum_c x[t, c] W[j, c]),
-// fp32 accumulation, bf16 out. Plan creation fails (Unimplemented) where the cuBLASLt in use has
-// no such kernel for the GPU.
+// fp32 accumulation, bf16 out. Where cuBLASLt's heuristic refuses outer-vector scales (cuBLAS
+// 13.0 on an H100 does), the plan runs the plain FP8 GEMM (unit scales, bf16 out) and then
+// F8ScaleOutput (fp8.h), which multiplies y in place by s_x[t] s_w[j]: one more rounding to bf16
+// (2^-9 relative) and one more pass over y.
 //
 // A GemmPlan fixes the shape and chooses the algorithm once, at start-up: cuBLASLt's heuristic
 // candidates, each timed on the device when `autotune`, the fastest kept. The runner creates one
@@ -76,6 +78,8 @@ class GemmPlan {
                      const float* w_scales = nullptr, const float* x_scales = nullptr) const;
 
   const GemmShape& shape() const { return shape_; }
+  // FP8: whether cuBLASLt applies the scales itself (else a kernel after it).
+  bool fp8_outer_vector_scales() const { return fp8_outer_vector_scales_; }
   int candidates_tried() const { return candidates_tried_; }
 
  private:
@@ -88,6 +92,7 @@ class GemmPlan {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   int candidates_tried_ = 0;
+  bool fp8_outer_vector_scales_ = false;
 };
 
 }  // namespace lmserve::kernels::cuda

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,7 +66,7 @@ TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
       std::mt19937 rng(seed);
       std::vector<float> x = RandomFloats(rows * cols, rng, 3.0f);
       for (int64_t c = 0; c < cols; ++c) x[c] = 0.0f;  // an all-zero row
-      x[cols + 3] = 1e6f;                               // a large outlier in another
+      if (rows > 1) x[cols + 3] = 1e6f;                 // a large outlier in another
       DeviceBuffer<uint8_t> d_x = testing::Upload(x, dtype);  // rounds x to dtype
       const HostF8 ref = QuantizeOnHost(x, rows, cols);
       DeviceBuffer<uint8_t> d_q(rows * cols);
@@ -176,8 +177,9 @@ TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
   }
 }
 
-// cuBLASLt's FP8 GEMM: x quantized per token on the GPU, W per channel, outer-vector scales,
-// bf16 out, against the CPU's product of the same quantized values.
+// cuBLASLt's FP8 GEMM: x quantized per token on the GPU, W per channel, outer-vector scales (or
+// the scaling kernel after a unit-scale GEMM, where cuBLASLt refuses them), bf16 out, against the
+// CPU's product of the same quantized values.
 TEST(Fp8GpuTest, CublasLtGemmWithPerTokenAndPerChannelScales) {
   LMSERVE_REQUIRE_FP8_GPU();
   auto handle = BlasLtHandle::Create();
@@ -216,6 +218,11 @@ TEST(Fp8GpuTest, CublasLtGemmWithPerTokenAndPerChannelScales) {
       auto plan = GemmPlan::Create((*handle)->get(), shape, workspace.get(), workspace_bytes,
                                    autotune, nullptr);
       ASSERT_TRUE(plan.ok()) << plan.status();
+      if (m == 9 && !autotune) {
+        std::printf("[ cublaslt ] FP8 scales applied by %s\n",
+                    (*plan)->fp8_outer_vector_scales() ? "cuBLASLt (outer-vector scaling)"
+                                                       : "a kernel after a unit-scale GEMM");
+      }
       DeviceBuffer<uint16_t> d_y(m * n);
       d_y.Poison();
       ASSERT_EQ((*plan)->Run(d_xq.get(), d_w.get(), d_y.get(), nullptr, d_w_scales.get(),
@@ -237,6 +244,36 @@ TEST(Fp8GpuTest, CublasLtGemmWithPerTokenAndPerChannelScales) {
   }
   const GemmShape bad{.m = 4, .n = 40, .k = 64, .input_dtype = DType::kF8E4M3};
   EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("multiples of 16"));
+}
+
+TEST(Fp8GpuTest, ScaleOutputMultipliesRowsAndColumns) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const int64_t m = 7, n = 264, stride = 272;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> y = RandomFloats(m * stride, rng, 100.0f);
+  const std::vector<float> rows = RandomFloats(m, rng), cols = RandomFloats(n, rng);
+  DeviceBuffer<uint16_t> d_y(RoundToHalf(y, DType::kBF16));
+  DeviceBuffer<float> d_rows(rows), d_cols(cols);
+  const F8ScaleOutputParams p{.y = d_y.get(),
+                              .row_scales = d_rows.get(),
+                              .col_scales = d_cols.get(),
+                              .m = m,
+                              .n = n,
+                              .y_stride = stride};
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> out = HalfToFloat(d_y.Download(), DType::kBF16);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < stride; ++j) {
+      // The columns past n are not touched; the others are the bf16 of the fp32 product.
+      const float want = j < n ? Bf16ToF32(F32ToBf16(y[t * stride + j] * (rows[t] * cols[j])))
+                               : y[t * stride + j];
+      ASSERT_EQ(out[t * stride + j], want) << t << " " << j;
+    }
+  }
 }
 
 }  // namespace
