@@ -164,7 +164,7 @@ absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, L
         tensor.num_bytes = static_cast<int64_t>(dequantized_values.size() * sizeof(float));
       }
       if (spec.split != Split::kReplicated && spec.tensor_parallel_size > 1) {
-        LMSERVE_ASSIGN_OR_RETURN(tensor, RankSlice(spec, part, *file_tensor, &slice_storage));
+        LMSERVE_ASSIGN_OR_RETURN(tensor, RankSlice(spec, part, tensor, &slice_storage));
       }
       if (spec.offset != 0) {  // Gemma's norms: the offset added in fp32, stored from there
         shifted_values.resize(static_cast<size_t>(tensor.NumElements()));

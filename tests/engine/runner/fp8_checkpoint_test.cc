@@ -180,6 +180,30 @@ TEST(Fp8CheckpointConfigTest, MissingScalesAreNamed) {
       << runner.status();
 }
 
+// Tensor parallelism slices FP8 tensors after dequantizing them (weight_loader.cc): two CPU
+// shards give the one runner's logits.
+TEST(Fp8CheckpointConfigTest, TensorParallelShardsMatchOneRunner) {
+  const std::string fixture = testing::HfTinyDir("llama-gqa");
+  auto dir = testing::WriteFp8Checkpoint(fixture, Fp8CheckpointLayout::kCompressedTensorsChannel);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto checkpoint = OpenCheckpoint(*dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig config;
+  config.kv_cache_bytes = int64_t{8} << 20;
+  config.num_threads = 1;
+  config.dtype = RunnerDType::kFloat32;
+  auto one = ModelRunner::Create(**checkpoint, config);
+  ASSERT_TRUE(one.ok()) << one.status();
+  config.tensor_parallel_size = 2;
+  auto two = ModelRunner::Create(**checkpoint, config);
+  ASSERT_TRUE(two.ok()) << two.status();
+  const testing::HfTinyReference ref = testing::LoadReference(fixture);
+  const std::vector<float> a = testing::PromptLogits(**one, ref.prompts[0]);
+  const std::vector<float> b = testing::PromptLogits(**two, ref.prompts[0]);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_LE(testing::ScaledError(b, a), 1e-4);
+}
+
 TEST(Fp8CheckpointConfigTest, CpuRunnerRefusesFp8Quantization) {
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
