@@ -55,8 +55,8 @@ const Fp8Case kCases[] = {
      Fp8CheckpointLayout::kCompressedTensorsChannel, true, 7e-2},
 };
 
-std::unique_ptr<ModelRunner> CpuRunner(const Checkpoint& checkpoint,
-                                       RunnerQuantization quantization = RunnerQuantization::kAuto) {
+std::unique_ptr<ModelRunner> CpuRunner(
+    const Checkpoint& checkpoint, RunnerQuantization quantization = RunnerQuantization::kAuto) {
   RunnerConfig config;
   config.kv_cache_bytes = int64_t{32} << 20;
   config.num_threads = 2;
@@ -91,7 +91,8 @@ TEST_P(Fp8CheckpointTest, DequantizedLogitsMatchTheReference) {
   std::printf("[ fp8      ] %-20s relative L2 %.3g, top-1 %lld of %lld decisive rows (%lld rows)\n",
               GetParam().name, accuracy.relative_l2(),
               static_cast<long long>(accuracy.decisive_agree),
-              static_cast<long long>(accuracy.decisive_rows), static_cast<long long>(accuracy.rows));
+              static_cast<long long>(accuracy.decisive_rows),
+              static_cast<long long>(accuracy.rows));
   EXPECT_LE(accuracy.relative_l2(), GetParam().max_relative_l2);
   EXPECT_GE(accuracy.top1_agreement(), 0.98);
   // FP8 is not free: the dequantized weights are not the originals (the test can fail).
@@ -167,8 +168,8 @@ TEST(Fp8CheckpointConfigTest, MissingScalesAreNamed) {
   const std::string fixture = testing::HfTinyDir("llama-gqa");
   auto dir = testing::WriteFp8Checkpoint(fixture, Fp8CheckpointLayout::kCompressedTensorsTensor);
   ASSERT_TRUE(dir.ok()) << dir.status();
-  RewriteQuantization(*dir,
-                      nlohmann::json::parse(R"({"quant_method": "fp8", "weight_block_size": [32, 32]})"));
+  RewriteQuantization(
+      *dir, nlohmann::json::parse(R"({"quant_method": "fp8", "weight_block_size": [32, 32]})"));
   auto checkpoint = OpenCheckpoint(*dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   RunnerConfig config;
