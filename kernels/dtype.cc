@@ -11,7 +11,7 @@ struct DTypeInfo {
   BlockLayout layout;
 };
 
-constexpr std::array<DTypeInfo, 9> kDTypes = {{
+constexpr std::array<DTypeInfo, 10> kDTypes = {{
     {DType::kF32, "F32", {1, 4}},
     {DType::kF16, "F16", {1, 2}},
     {DType::kBF16, "BF16", {1, 2}},
@@ -21,6 +21,7 @@ constexpr std::array<DTypeInfo, 9> kDTypes = {{
     {DType::kQ4_K, "Q4_K", {256, 2 + 2 + 12 + 128}},
     {DType::kQ5_K, "Q5_K", {256, 2 + 2 + 12 + 32 + 128}},
     {DType::kQ6_K, "Q6_K", {256, 128 + 64 + 16 + 2}},
+    {DType::kF8E4M3, "F8_E4M3", {1, 1}},
 }};
 
 const DTypeInfo& Info(DType dtype) { return kDTypes[static_cast<size_t>(dtype)]; }

@@ -22,6 +22,10 @@ enum class DType : uint8_t {
   kQ4_K,  // 256 elements: super-block with 8 sub-blocks, 6-bit scales and mins
   kQ5_K,  // 256 elements: as Q4_K plus one high bit per element
   kQ6_K,  // 256 elements: 16 sub-blocks, 8-bit scales, 6-bit values
+  // FP8 E4M3 (OCP's "fn" variant, PyTorch's float8_e4m3fn: no infinities, max 448), one byte an
+  // element. Its values mean something only with their scales (kernels/cpu/fp8.h), which travel
+  // beside the tensor: conversions of it alone give the unscaled values.
+  kF8E4M3,
 };
 
 // The activation of a gated MLP over its fused [gate | up] projection: out = act(gate) * up. One

@@ -204,6 +204,15 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
                "only) or float32 (every weight converted: on cpu the reference path, on cuda the "
                "CPU reference's numbers at twice bfloat16's memory)")
       ->group(kRunnerGroup);
+  AddChoiceFlag<engine::RunnerQuantization>(
+      command, "--quantization", &runner->quantization, engine::RunnerQuantizationFromName,
+      "auto, none, fp8", std::string(engine::RunnerQuantizationName(runner->quantization)),
+      "the linear layers' weights: auto (the checkpoint's: an FP8 checkpoint in FP8 on a GPU of "
+      "compute capability 8.9+, dequantized elsewhere), none (the --dtype; FP8 checkpoints "
+      "dequantized) or fp8 (cuda in bfloat16 on compute capability 8.9+ only: E4M3 weights with "
+      "a scale per output channel, a bfloat16 checkpoint quantized at load; embeddings, norms, "
+      "the LM head and experts stay bfloat16)")
+      ->group(kRunnerGroup);
   AddChoiceFlag<engine::LoadFormat>(
       command, "--load-format", &runner->load_format,
       [](std::string_view name) -> std::optional<engine::LoadFormat> {
@@ -344,7 +353,9 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       "  chat template: ", or_default(model.chat_template, "(the model's)"), "\n",
       "  served model name: ", or_default(model.served_model_name, "(the model's)"), "\n",
       "  backend: ", BackendFlagName(model.backend),
-      ", dtype: ", engine::RunnerDTypeName(runner.dtype), ", threads: ", runner.num_threads,
+      ", dtype: ", engine::RunnerDTypeName(runner.dtype),
+      ", quantization: ", engine::RunnerQuantizationName(runner.quantization),
+      ", threads: ", runner.num_threads,
       ", load format: ", runner.load_format == engine::LoadFormat::kDummy ? "dummy" : "auto",
       ", GPU memory utilization: ", runner.gpu_memory_utilization,
       ", CUDA graphs: ", runner.cuda_graphs ? "on" : "off",

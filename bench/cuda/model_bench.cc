@@ -16,7 +16,9 @@
 //     time is in the ratio) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
 //     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32).
 // Weight and KV bytes are those of the runner's dtype (--dtype: bfloat16, the default, or float32,
-// which holds everything in fp32: twice the bytes).
+// which holds everything in fp32: twice the bytes). With --quantization fp8 the linear layers'
+// weights are E4M3 (one byte a weight, plus a 4-byte scale a row): the runner's weight bytes, and
+// so the decode floor, are FP8's; the prefill floor stays at the bf16 GEMM rate.
 //
 // With --timeline, one more decode step of each batch runs with its kernels recorded (CUPTI), and
 // the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
@@ -26,7 +28,7 @@
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
 //        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--tensor-parallel-size N]
-//        [--json FILE] [--timeline FILE]
+//        [--quantization none|fp8] [--json FILE] [--timeline FILE]
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -55,6 +57,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/model/family.h"
 #include "engine/runner/cuda_runner.h"
+#include "engine/runner/memory_plan.h"
 #include "engine/runner/model_runner.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
@@ -82,6 +85,7 @@ struct Options {
   bool fp32_residual = true;
   int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
+  engine::RunnerQuantization quantization = engine::RunnerQuantization::kAuto;
   std::string json;
   std::string timeline;
 };
@@ -93,7 +97,7 @@ int Usage(const char* message) {
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] "
-               "[--tensor-parallel-size N] [--json FILE] "
+               "[--tensor-parallel-size N] [--quantization auto|none|fp8] [--json FILE] "
                "[--timeline FILE]\n",
                message);
   return 2;
@@ -261,6 +265,7 @@ int Run(const Options& o) {
   engine::RunnerConfig config;
   config.backend = engine::Backend::kCuda;
   config.dtype = o.dtype;
+  config.quantization = o.quantization;
   config.load_format = o.dummy ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   // The prefill's sequences need state slots too (state-space layers: one a sequence).
   config.max_num_seqs = std::max(max_batch, o.prefill_seqs);
@@ -279,12 +284,13 @@ int Run(const Options& o) {
   }
   const engine::RunnerStats stats = (*runner)->stats();
   std::printf("model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
-              "%.2f GiB %s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+              "%.2f GiB %s%s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
               o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
               static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
               static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
               std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
+              stats.quantization == engine::RunnerQuantization::kFp8 ? " (linear layers FP8)" : "",
               stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(),
               stats.startup_seconds, stats.num_cuda_graphs);
   // The runner has set the process-wide path (the current GPU's code decides; ranks' GPUs alike).
@@ -349,13 +355,22 @@ int Run(const Options& o) {
   const int64_t kv_token_bytes = engine::CudaKvBlockBytes(shard, 1, stats.dtype);
   // A sequence's recurrent state, read and written once a decode step (state-space layers).
   const double state_step_bytes = 2.0 * static_cast<double>(engine::StateSlotBytes(shard));
-  const int64_t params = stats.weight_bytes / element_bytes / tp;  // one GPU's
+  int64_t params = stats.weight_bytes / element_bytes / tp;  // one GPU's
+  if (stats.quantization != engine::RunnerQuantization::kNone) {  // bytes are not elements
+    auto model = engine::DescribeModel(shard);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+      return 1;
+    }
+    params = engine::WeightPlanBytes((*model)->weights(), 1);
+  }
   nlohmann::json results = {
       {"device", devices[0].name},
       {"model", o.model},
       {"dummy_weights", o.dummy},
       {"cuda_graphs", o.graphs},
       {"dtype", dtype_name},
+      {"quantization", engine::RunnerQuantizationName(stats.quantization)},
       {"fp32_residual", o.fp32_residual},
       {"cuda_kernel_path", engine::CudaKernelPathName(o.kernel_path)},
       {"kernels", hopper_kernels ? "hopper" : "portable"},
@@ -476,6 +491,13 @@ int main(int argc, char** argv) {
         return lmserve::Usage(("--dtype: '" + name + "' is not bfloat16 or float32").c_str());
       }
       o.dtype = *dtype;
+    } else if (arg == "--quantization") {
+      const std::string name = value();
+      const auto quantization = lmserve::engine::RunnerQuantizationFromName(name);
+      if (!quantization.has_value()) {
+        return lmserve::Usage(("--quantization: '" + name + "' is not auto, none or fp8").c_str());
+      }
+      o.quantization = *quantization;
     } else if (arg == "--no-graphs") {
       o.graphs = false;
     } else if (arg == "--decode-gemm") {

@@ -186,6 +186,10 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   if (absl::Status s = ValidateModelConfig(c); !s.ok()) {
     return absl::Status(s.code(), StrCat(path, ": ", s.message()));
   }
+  if (c.fp8.present) {  // its tensors mean something only with their scales
+    return absl::UnimplementedError(StrCat(path, ": exporting an FP8 checkpoint (",
+                                           c.fp8.method, " quantization) is not supported"));
+  }
   const ModelFamily* family = FindFamily(c.family);
   if (family == nullptr || family->gguf_architecture.empty()) {
     return absl::UnimplementedError(StrCat(

@@ -183,6 +183,77 @@ absl::StatusOr<RopeConfig> ParseRopeParameters(const json& parameters, RopeConfi
   return base;
 }
 
+namespace {
+
+// config.json's quantization_config: FP8 weights (Fp8CheckpointConfig) or an error naming what
+// is not supported.
+absl::Status ParseQuantizationConfig(const json& q, Fp8CheckpointConfig* out) {
+  if (!q.is_object()) {
+    return absl::InvalidArgumentError("config.json: 'quantization_config' is not an object");
+  }
+  std::string method;
+  LMSERVE_RETURN_IF_ERROR(ReadString(q, "quant_method", &method));
+  const std::string supported =
+      "supported: FP8 E4M3 weights as quant_method 'fp8' (per tensor, or block-wise with "
+      "weight_block_size) or 'compressed-tensors' (float weights of 8 bits, per tensor or per "
+      "channel)";
+  if (method == "fp8") {
+    std::string fmt = "e4m3";
+    LMSERVE_RETURN_IF_ERROR(ReadString(q, "fmt", &fmt));
+    if (fmt != "e4m3") {
+      return absl::UnimplementedError(
+          StrCat("config.json: quantization_config fmt '", fmt, "' is not supported (", supported,
+                 ")"));
+    }
+    if (auto it = q.find("weight_block_size"); it != q.end() && !it->is_null()) {
+      if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number_integer() ||
+          !(*it)[1].is_number_integer() || (*it)[0].get<int64_t>() <= 0 ||
+          (*it)[1].get<int64_t>() <= 0) {
+        return absl::InvalidArgumentError(
+            "config.json: quantization_config weight_block_size is not two positive integers");
+      }
+      out->block_rows = (*it)[0].get<int64_t>();
+      out->block_cols = (*it)[1].get<int64_t>();
+    }
+  } else if (method == "compressed-tensors") {
+    auto groups = q.find("config_groups");
+    if (groups == q.end() || !groups->is_object() || groups->empty()) {
+      return absl::InvalidArgumentError(
+          "config.json: compressed-tensors quantization_config has no config_groups");
+    }
+    for (const auto& [name, group] : groups->items()) {
+      const json* weights = group.is_object() && group.contains("weights") ? &group["weights"]
+                                                                           : nullptr;
+      if (weights == nullptr || !weights->is_object()) {
+        return absl::InvalidArgumentError(StrCat(
+            "config.json: compressed-tensors config group '", name, "' has no weights scheme"));
+      }
+      std::string type, strategy;
+      int64_t bits = 0;
+      LMSERVE_RETURN_IF_ERROR(ReadString(*weights, "type", &type));
+      LMSERVE_RETURN_IF_ERROR(ReadString(*weights, "strategy", &strategy));
+      LMSERVE_RETURN_IF_ERROR(ReadInt(*weights, "num_bits", &bits));
+      if (type != "float" || bits != 8 || (strategy != "tensor" && strategy != "channel")) {
+        return absl::UnimplementedError(
+            StrCat("config.json: compressed-tensors weights of type '", type, "', ", bits,
+                   " bits, strategy '", strategy, "' are not supported (", supported, ")"));
+      }
+    }
+  } else {
+    return absl::UnimplementedError(StrCat("config.json: quantization_config quant_method '",
+                                           method, "' is not supported (", supported, ")"));
+  }
+  out->present = true;
+  out->method = method;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Fp8CheckpointConfig::ScaleName(const std::string& weight_name) const {
+  return StrCat(weight_name, block_rows > 0 ? "_scale_inv" : "_scale");
+}
+
 absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* generation_config) {
   if (!config.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   ModelConfig out;
@@ -217,6 +288,9 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const json& config, const json* genera
   LMSERVE_RETURN_IF_ERROR(ReadInt(config, "max_position_embeddings", &out.max_position_embeddings));
   LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "rms_norm_eps", &out.rms_norm_eps));
   LMSERVE_RETURN_IF_ERROR(ReadBool(config, "tie_word_embeddings", &out.tie_word_embeddings));
+  if (auto it = config.find("quantization_config"); it != config.end() && !it->is_null()) {
+    LMSERVE_RETURN_IF_ERROR(ParseQuantizationConfig(*it, &out.fp8));
+  }
   LMSERVE_RETURN_IF_ERROR(ReadDouble(config, "rope_theta", &out.rope.theta));
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     auto it = config.find(key);

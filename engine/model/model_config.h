@@ -77,6 +77,26 @@ struct SsmConfig {
   int64_t ssm_state_floats() const { return num_heads * head_dim * state_size; }
 };
 
+// A checkpoint's FP8 (E4M3) weights, from config.json's quantization_config. Each F8_E4M3 tensor
+// `<prefix>.weight` comes with its fp32/bf16 scales, the dequantized value being scale * q:
+// - compressed-tensors (quant_method "compressed-tensors", float weights of 8 bits: the `*-FP8`
+//   and `*-FP8-dynamic` models) and vLLM's own "fp8" without a block size: `<prefix>.weight_scale`,
+//   one value (per tensor) or one per output channel ([rows] or [rows, 1]);
+// - block-wise (quant_method "fp8" with weight_block_size [128, 128], as DeepSeek-V3 and
+//   Qwen3-*-FP8): `<prefix>.weight_scale_inv`, [ceil(rows / 128), ceil(cols / 128)], one per
+//   block (despite its name, a multiplier too).
+// Activation scales (`input_scale`, static) are not read: activations are scaled per token at
+// run time.
+struct Fp8CheckpointConfig {
+  bool present = false;
+  std::string method;       // "compressed-tensors" or "fp8", for messages
+  int64_t block_rows = 0;   // weight_block_size; 0: per-tensor or per-channel `weight_scale`
+  int64_t block_cols = 0;
+
+  // The scale tensor's name for the weight tensor `weight_name` ("....weight").
+  std::string ScaleName(const std::string& weight_name) const;
+};
+
 struct ModelConfig {
   std::string family = "llama";   // the ModelFamily's name: "llama", "mistral", "qwen2", ...
   std::string architecture_name;  // as the file names it: "LlamaForCausalLM", "qwen2", ...
@@ -134,6 +154,8 @@ struct ModelConfig {
   // size, or the model's num_kv_heads when there are fewer KV heads than ranks (each rank then
   // holds one, shared with other ranks).
   int64_t tensor_parallel_kv_slices = 1;
+  // The checkpoint's FP8 weights (Hugging Face safetensors only); present false: none.
+  Fp8CheckpointConfig fp8;
 };
 
 // Parses a Hugging Face config.json (and, when given, generation_config.json, whose eos/bos ids

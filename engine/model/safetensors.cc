@@ -24,6 +24,7 @@ std::optional<DType> DTypeFromSafetensors(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -76,7 +77,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
     std::optional<DType> dtype = DTypeFromSafetensors(dtype_name);
     if (!dtype.has_value()) {
       return absl::UnimplementedError(StrCat(path, ": ", where, " has dtype ", dtype_name,
-                                                   "; supported: F32, F16, BF16"));
+                                                   "; supported: F32, F16, BF16, F8_E4M3"));
     }
     TensorView view;
     view.name = name;
@@ -145,7 +146,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   json header = json::object();
   uint64_t offset = 0;
   for (const TensorToWrite& t : tensors) {
-    if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16) {
+    if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16 &&
+        t.dtype != DType::kF8E4M3) {
       return absl::InvalidArgumentError(StrCat(path, ": cannot write ", t.name, " as ",
                                                      kernels::DTypeName(t.dtype)));
     }

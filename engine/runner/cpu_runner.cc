@@ -349,6 +349,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
                " is not supported: the CPU runner keeps the checkpoint's types (auto, native) or "
                "converts every weight to float32 (float32); bfloat16 needs the CUDA backend"));
   }
+  if (config.quantization == RunnerQuantization::kFp8) {
+    return absl::InvalidArgumentError(
+        "CPU runner: --quantization fp8 is not supported: FP8 weights need the CUDA backend on a "
+        "GPU of compute capability 8.9 or newer (an FP8 checkpoint is dequantized on the CPU with "
+        "--quantization auto or none)");
+  }
   if (model.head_dim > kernels::PagedAttentionParams::kMaxHeadDim) {
     return absl::UnimplementedError(StrCat("CPU runner: head_dim ", model.head_dim,
                                            " is not supported (at most ",

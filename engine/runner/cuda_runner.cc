@@ -31,6 +31,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/norm.h"
@@ -56,6 +57,16 @@ constexpr int64_t kMinLogitsChunkRows = 256;
 // GPU memory kept free beyond the weights, workspaces and KV pool: CUDA graphs, cuBLAS's own
 // allocations, the CUDA context's growth.
 constexpr int64_t kReserveBytes = int64_t{512} << 20;
+
+// The widest input of the matrices an FP8 runner holds in FP8 (cuda::IsF8Linear): the row of its
+// per-token quantized inputs.
+int64_t MaxF8Columns(const WeightPlan& plan) {
+  int64_t columns = 16;
+  for (const WeightSpec& spec : plan.specs()) {
+    if (cuda::IsF8Linear(spec)) columns = std::max(columns, spec.cols);
+  }
+  return columns;
+}
 // The ops that take Buffer::kResidual in fp32 beside bf16 activations (ops.h allows no others).
 constexpr const char* kResidualOnlyThere =
     "CUDA runner: the fp32 residual stream is only Embed's output, RmsNorm's input and the "
@@ -202,6 +213,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   int64_t logits_chunk_rows_ = 0;
   std::string device_name_;
   std::string cuda_kernels_;  // RunnerStats::cuda_kernels
+  bool fp8_ = false;          // the linear layers in FP8 (RunnerQuantization, resolved)
+  CudaBuffer f8_inputs_;      // FP8 projections' per-token quantized inputs and their scales
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::BlasLtHandle> blas_;
@@ -312,6 +325,25 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   cudaDeviceProp prop{};
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, config.device),
                                "cudaGetDeviceProperties");
+  // FP8 linear layers: asked for, or an FP8 checkpoint under kAuto where the GPU and dtype can
+  // serve it (else it is dequantized at load).
+  const bool fp8_capable = kc::SupportsFp8(prop.major, prop.minor);
+  if (config.quantization == RunnerQuantization::kFp8) {
+    if (!fp8_capable) {
+      return absl::FailedPreconditionError(
+          StrCat("CUDA runner: --quantization fp8 needs a GPU of compute capability 8.9 or newer "
+                 "(Ada, Hopper); ",
+                 prop.name, " is ", prop.major, ".", prop.minor));
+    }
+    if (dtype != RunnerDType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          StrCat("CUDA runner: --quantization fp8 needs --dtype bfloat16 (or auto), not ",
+                 RunnerDTypeName(dtype)));
+    }
+  }
+  const bool fp8 = config.quantization == RunnerQuantization::kFp8 ||
+                   (config.quantization == RunnerQuantization::kAuto && model.fp8.present &&
+                    fp8_capable && dtype == RunnerDType::kBFloat16);
   if (model.ssm.num_heads > 0) {
     const SsmConfig& ssm = model.ssm;
     if (!kc::SupportsSsmStateSize(ssm.state_size) || ssm.head_dim % 8 != 0 ||
@@ -364,8 +396,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
         std::min<int64_t>(std::max<int64_t>(config.max_num_seqs, kMinLogitsChunkRows), max_tokens);
     MemoryPlan plan;
     plan.device = StrCat("GPU memory (", prop.name, ")");
-    plan.weight_bytes = WeightPlanBytes(model_description->weights(), RunnerDTypeBytes(dtype));
-    plan.workspace_bytes = max_tokens * activation_elements * 4 +
+    plan.weight_bytes = cuda::CudaWeights::Bytes(
+        model_description->weights(),
+        dtype == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16, fp8);
+    int64_t f8_input_bytes = 0;
+    if (fp8) f8_input_bytes = max_tokens * (MaxF8Columns(model_description->weights()) + 4) + 512;
+    plan.workspace_bytes = f8_input_bytes + max_tokens * activation_elements * 4 +
                            logits_rows * model.vocab_size * 4 +
                            static_cast<int64_t>(kGemmWorkspaceBytes);
     plan.kv_cache_bytes = config.kv_cache_bytes > 0
@@ -393,6 +429,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   kc::AllowProgrammaticLaunch(config.programmatic_launch);
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));
   runner->device_name_ = prop.name;
+  runner->fp8_ = fp8;
   {
     const int code = kc::KernelCodeCapability(config.device);
     runner->cuda_kernels_ =
@@ -417,7 +454,8 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
 
   // Weights, then the rotary tables (fp32, every position the model takes).
   LMSERVE_ASSIGN_OR_RETURN(weights_,
-                           cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_, stream_));
+                           cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_, fp8_,
+                                                       stream_));
   LMSERVE_RETURN_IF_ERROR(
       LoadWeights(model_->weights(), checkpoint, runner_config_.load_format, weights_));
   for (const RopeConfig& rope : model_->rotary()) {
@@ -465,6 +503,14 @@ absl::Status CudaRunner::AllocateWorkspaces() {
     LMSERVE_ASSIGN_OR_RETURN(rank_logits_, CudaBuffer::Device(slice_bytes, "logits"));
     LMSERVE_ASSIGN_OR_RETURN(gathered_logits_,
                              CudaBuffer::Device(comm_->size() * slice_bytes, "logits"));
+  }
+  if (fp8_) {  // the FP8 projections' quantized inputs [t, widest k] and scales [t]
+    const int64_t columns = MaxF8Columns(model_->weights());
+    const int64_t x_bytes = (t * columns + 255) / 256 * 256;
+    LMSERVE_ASSIGN_OR_RETURN(f8_inputs_,
+                             CudaBuffer::Device(x_bytes + t * 4, "FP8 GEMM inputs"));
+    gemms_->SetF8Workspace(f8_inputs_.get(), f8_inputs_.at<float>(x_bytes), t,
+                           columns);
   }
   LMSERVE_ASSIGN_OR_RETURN(sampled_, CudaBuffer::Device(t * 4, "sampled tokens"));
   LMSERVE_ASSIGN_OR_RETURN(sampler_workspace_,
@@ -575,10 +621,12 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
     projection.k = spec.cols;
     projection.output_dtype = logits ? DType::kF32 : kernel_dtype_;
     projection.logits = logits;
+    projection.f8 = weights_.IsF8(weight);
     const std::vector<Weight> of_kind = plan.OfKind(spec.kind);
     for (Weight w : of_kind) {
       weight_layer_[w.index] = static_cast<int64_t>(projection.weights.size());
       projection.weights.push_back(weights_[w]);
+      projection.scales.push_back(weights_.Scales(w));
     }
     const int id = gemms_->Add(std::move(projection));
     for (Weight w : of_kind) weight_projection_[w.index] = id;
@@ -1181,6 +1229,7 @@ absl::Status CudaRunner::CaptureGraphs() {
 RunnerStats CudaRunner::stats() const {
   RunnerStats s;
   s.dtype = dtype_;
+  s.quantization = fp8_ ? RunnerQuantization::kFp8 : RunnerQuantization::kNone;
   s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = kv_pool_.bytes() + (num_state_slots_ > 0 ? state_pool_.bytes() : 0);
   s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +

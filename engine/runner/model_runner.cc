@@ -369,6 +369,26 @@ std::optional<DecodeGemm> DecodeGemmFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view RunnerQuantizationName(RunnerQuantization quantization) {
+  switch (quantization) {
+    case RunnerQuantization::kAuto:
+      return "auto";
+    case RunnerQuantization::kNone:
+      return "none";
+    case RunnerQuantization::kFp8:
+      return "fp8";
+  }
+  return "unknown";
+}
+
+std::optional<RunnerQuantization> RunnerQuantizationFromName(std::string_view name) {
+  for (RunnerQuantization q :
+       {RunnerQuantization::kAuto, RunnerQuantization::kNone, RunnerQuantization::kFp8}) {
+    if (RunnerQuantizationName(q) == name) return q;
+  }
+  return std::nullopt;
+}
+
 std::string_view CudaKernelPathName(CudaKernelPath path) {
   switch (path) {
     case CudaKernelPath::kAuto:

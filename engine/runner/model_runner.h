@@ -153,6 +153,21 @@ RunnerDType ResolveRunnerDType(RunnerDType dtype, Backend backend);
 // Bytes per element of a resolved dtype (2 or 4). REQUIRES: dtype != kAuto.
 int64_t RunnerDTypeBytes(RunnerDType dtype);
 
+// How the weights of the linear layers (the decoder's QKV, output, gate/up and down projections
+// and the state-space in/out projections) are held, as vLLM's --quantization. Embeddings, norms,
+// the LM head and mixture-of-experts weights stay in the runner's dtype either way.
+enum class RunnerQuantization : uint8_t {
+  kAuto,  // the checkpoint's: FP8 checkpoints (ModelConfig::fp8) in FP8 on the CUDA runner
+          // (dequantized on the CPU runner, which holds no FP8); none for every other checkpoint
+  kNone,  // the runner's dtype (an FP8 checkpoint is dequantized at load)
+  kFp8,   // CUDA runner in bf16 on compute capability 8.9+: FP8 E4M3 with a scale per output
+          // channel (a bf16 checkpoint's weights quantized at load, kernels/cpu/fp8.h); the CPU
+          // runner refuses it
+};
+// "auto", "none", "fp8"; and the inverse (nullopt for any other name).
+std::string_view RunnerQuantizationName(RunnerQuantization quantization);
+std::optional<RunnerQuantization> RunnerQuantizationFromName(std::string_view name);
+
 // Where the weights come from.
 enum class LoadFormat {
   kCheckpoint,  // the checkpoint's tensors
@@ -187,6 +202,7 @@ struct RunnerConfig {
   Backend backend = Backend::kCpu;
   // Weights, activations and KV cache. The CPU runner rejects kBFloat16 (InvalidArgument).
   RunnerDType dtype = RunnerDType::kAuto;
+  RunnerQuantization quantization = RunnerQuantization::kAuto;
   LoadFormat load_format = LoadFormat::kCheckpoint;
   int32_t block_size_tokens = 16;
   // Memory for the KV pool, all layers. The CUDA runner: 0 sizes the pool from
@@ -240,6 +256,8 @@ struct RunnerConfig {
 // Memory and start-up figures of a runner, for logs and metrics.
 struct RunnerStats {
   RunnerDType dtype = RunnerDType::kFloat32;  // what the runner holds and computes in (resolved)
+  // The linear layers' weights (resolved: kNone or kFp8).
+  RunnerQuantization quantization = RunnerQuantization::kNone;
   int64_t weight_bytes = 0;     // weights as the runner holds them
   int64_t kv_cache_bytes = 0;   // the KV pool
   int64_t workspace_bytes = 0;  // device buffers besides weights and KV (activations, logits,

@@ -74,10 +74,66 @@ absl::StatusOr<TensorView> RankSlice(const WeightSpec& spec, const WeightPart& p
 
 }  // namespace
 
+absl::Status WeightSink::StoreF8(const WeightSpec& spec, int64_t, const TensorView&,
+                                 const std::vector<float>&) {
+  return absl::InternalError(StrCat("this runner holds no FP8 weights (", spec.name, ")"));
+}
+
+absl::StatusOr<F8Scales> ReadF8Scales(const Checkpoint& checkpoint, const TensorView& tensor) {
+  const Fp8CheckpointConfig& fp8 = checkpoint.config().fp8;
+  if (!fp8.present) {
+    return absl::InvalidArgumentError(
+        StrCat(tensor.file, ": tensor '", tensor.name,
+               "' is F8_E4M3 but config.json has no quantization_config saying how it is scaled"));
+  }
+  if (tensor.shape.size() != 2) {
+    return absl::UnimplementedError(StrCat(tensor.file, ": F8_E4M3 tensor '", tensor.name, "' ",
+                                           tensor.ShapeString(), " is not a matrix"));
+  }
+  const std::string scale_name = fp8.ScaleName(tensor.name);
+  const auto it = checkpoint.tensors().find(scale_name);
+  if (it == checkpoint.tensors().end()) {
+    return absl::InvalidArgumentError(StrCat(tensor.file, ": F8_E4M3 tensor '", tensor.name,
+                                             "' has no scales '", scale_name, "' (",
+                                             fp8.method, " quantization)"));
+  }
+  const TensorView& scale = it->second;
+  LMSERVE_RETURN_IF_ERROR(CheckTensorBytes(scale));
+  if (scale.dtype != kernels::DType::kF32 && scale.dtype != kernels::DType::kBF16 &&
+      scale.dtype != kernels::DType::kF16) {
+    return absl::UnimplementedError(StrCat(scale.file, ": scales '", scale_name, "' of type ",
+                                           kernels::DTypeName(scale.dtype),
+                                           " are not supported (F32, BF16, F16)"));
+  }
+  const int64_t rows = tensor.shape[0], cols = tensor.shape[1], count = scale.NumElements();
+  F8Scales out;
+  out.values.resize(static_cast<size_t>(count));
+  kernels::DequantizeToF32(scale.dtype, scale.data, out.values.data(), count);
+  if (fp8.block_rows > 0) {
+    out.layout = {fp8.block_rows, fp8.block_cols};
+    if (count != out.layout.ScaleRows(rows) * out.layout.ScaleCols(cols)) {
+      return absl::InvalidArgumentError(
+          StrCat(scale.file, ": scales '", scale_name, "' ", scale.ShapeString(), " do not fit ",
+                 tensor.ShapeString(), " in blocks of ", fp8.block_rows, " x ", fp8.block_cols));
+    }
+    return out;
+  }
+  out.per_row = true;
+  if (count == 1) {  // per tensor: the one value for every row
+    out.values.assign(static_cast<size_t>(rows), out.values[0]);
+  } else if (count != rows) {
+    return absl::InvalidArgumentError(StrCat(scale.file, ": scales '", scale_name, "' ",
+                                             scale.ShapeString(), " are neither one value nor one ",
+                                             "per output channel of ", tensor.ShapeString()));
+  }
+  out.layout = kernels::F8ScaleLayout::PerChannel(cols);
+  return out;
+}
+
 absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, LoadFormat format,
                          WeightSink& sink) {
   std::vector<std::byte> slice_storage;
-  std::vector<float> shifted_values;
+  std::vector<float> shifted_values, dequantized_values;
   for (const WeightSpec& spec : plan.specs()) {
     int64_t first_row = 0;
     for (const WeightPart& part : spec.parts) {
@@ -90,8 +146,25 @@ absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, L
                                checkpoint.Get(part.name, spec.CheckpointShape(part)));
       LMSERVE_RETURN_IF_ERROR(CheckTensorBytes(*file_tensor));
       TensorView tensor = *file_tensor;
+      if (tensor.dtype == kernels::DType::kF8E4M3) {
+        LMSERVE_ASSIGN_OR_RETURN(F8Scales scales, ReadF8Scales(checkpoint, tensor));
+        const bool whole = spec.split == Split::kReplicated || spec.tensor_parallel_size == 1;
+        if (scales.per_row && whole && spec.offset == 0 && sink.HoldsF8(spec)) {
+          LMSERVE_RETURN_IF_ERROR(sink.StoreF8(spec, first_row, tensor, scales.values));
+          first_row += part.rows;
+          continue;
+        }
+        // Dequantized on the host; the sink converts fp32 as any other tensor.
+        dequantized_values.resize(static_cast<size_t>(tensor.NumElements()));
+        kernels::DequantizeF8E4M3(reinterpret_cast<const uint8_t*>(tensor.data), tensor.shape[0],
+                                  tensor.shape[1], scales.layout, scales.values.data(),
+                                  dequantized_values.data());
+        tensor.dtype = kernels::DType::kF32;
+        tensor.data = reinterpret_cast<const std::byte*>(dequantized_values.data());
+        tensor.num_bytes = static_cast<int64_t>(dequantized_values.size() * sizeof(float));
+      }
       if (spec.split != Split::kReplicated && spec.tensor_parallel_size > 1) {
-        LMSERVE_ASSIGN_OR_RETURN(tensor, RankSlice(spec, part, *file_tensor, &slice_storage));
+        LMSERVE_ASSIGN_OR_RETURN(tensor, RankSlice(spec, part, tensor, &slice_storage));
       }
       if (spec.offset != 0) {  // Gemma's norms: the offset added in fp32, stored from there
         shifted_values.resize(static_cast<size_t>(tensor.NumElements()));

@@ -7,11 +7,13 @@
 #define LMSERVE_ENGINE_RUNNER_WEIGHT_LOADER_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/weight_plan.h"
 #include "engine/runner/model_runner.h"
+#include "kernels/cpu/fp8.h"
 
 namespace lmserve::engine {
 
@@ -24,12 +26,32 @@ class WeightSink {
   // Rows [first_row, first_row + part.rows) of `spec` take `part`'s dummy values.
   virtual absl::Status StoreDummy(const WeightSpec& spec, int64_t first_row,
                                   const WeightPart& part) = 0;
+  // Whether `spec` is held in FP8 E4M3 with a scale per row, so that an FP8 checkpoint's tensor
+  // scaled per tensor or per channel may go to StoreF8 as it is. Other FP8 tensors (block-wise
+  // scales, tensor-parallel slices, tensors of sinks that hold no FP8) reach Store dequantized
+  // to fp32.
+  virtual bool HoldsF8(const WeightSpec& /*spec*/) const { return false; }
+  // Rows [first_row, first_row + part.rows) of `spec` are `tensor`'s E4M3 bytes, row r's scale
+  // row_scales[r]. Called only where HoldsF8(spec).
+  virtual absl::Status StoreF8(const WeightSpec& spec, int64_t first_row, const TensorView& tensor,
+                               const std::vector<float>& row_scales);
 };
 
 // Hands every part of every tensor of `plan` that has storage of its own (tied ones have none) to
 // `sink`, in declaration order. With LoadFormat::kDummy the checkpoint's tensors are not read.
+// FP8 checkpoint tensors (ModelConfig::fp8) are read with their scales (F8Scales).
 absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, LoadFormat format,
                          WeightSink& sink);
+
+// The scales of the FP8 tensor `tensor` of `checkpoint` (its `weight_scale` or
+// `weight_scale_inv`, as the config's Fp8CheckpointConfig names it) in fp32, and their layout,
+// told apart by their count: one (per tensor), one a row (per channel) or one a block.
+struct F8Scales {
+  std::vector<float> values;
+  kernels::F8ScaleLayout layout;
+  bool per_row = false;  // per tensor or per channel: values broadcast to one a row
+};
+absl::StatusOr<F8Scales> ReadF8Scales(const Checkpoint& checkpoint, const TensorView& tensor);
 
 }  // namespace lmserve::engine
 

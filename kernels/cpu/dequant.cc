@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 
 namespace lmserve::kernels {
@@ -207,6 +208,9 @@ void DequantizeToF32(DType dtype, const void* src, float* dst, int64_t num_eleme
       return DequantizeQ5K(bytes, dst, num_blocks);
     case DType::kQ6_K:
       return DequantizeQ6K(bytes, dst, num_blocks);
+    case DType::kF8E4M3:  // the unscaled values (fp8.h applies the scales)
+      for (int64_t i = 0; i < num_elements; ++i) dst[i] = F8E4M3ToF32(bytes[i]);
+      return;
   }
   std::fprintf(stderr, "DequantizeToF32: unknown dtype %d\n", static_cast<int>(dtype));
   std::abort();

@@ -6,6 +6,9 @@
 namespace lmserve::kernels::cuda {
 
 absl::Status DequantizeParams::Validate() const {
+  if (dtype == DType::kF8E4M3) {  // scaled: kernels/cuda/fp8.h
+    return KernelError("Dequantize", "F8_E4M3 tensors are converted with their scales (fp8.h)");
+  }
   const int64_t block = IsQuantized(dtype) ? GetBlockLayout(dtype).elements_per_block : 32;
   if (num_elements < 0 || num_elements % block != 0 || num_elements % 32 != 0) {
     return KernelError("Dequantize", StrCat(num_elements, " elements of ", DTypeName(dtype),

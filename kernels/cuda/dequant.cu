@@ -147,6 +147,8 @@ cudaError_t Launch(const DequantizeParams& p, cudaStream_t stream) {
       return LaunchDequantize<DType::kQ5_K>(p, stream);
     case DType::kQ6_K:
       return LaunchDequantize<DType::kQ6_K>(p, stream);
+    case DType::kF8E4M3:  // Validate() refuses it
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }

@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/fp8.h"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -87,6 +88,8 @@ cudaDataType_t CudaType(DType dtype) {
       return CUDA_R_16BF;
     case DType::kF16:
       return CUDA_R_16F;
+    case DType::kF8E4M3:
+      return CUDA_R_8F_E4M3;
     default:
       return CUDA_R_32F;
   }
@@ -111,8 +114,20 @@ absl::StatusOr<std::unique_ptr<BlasLtHandle>> BlasLtHandle::Create() {
 BlasLtHandle::~BlasLtHandle() { Lt().Destroy(handle_); }
 
 absl::Status GemmShape::Validate() const {
-  LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("Gemm", input_dtype));
-  if (output_dtype != input_dtype && output_dtype != DType::kF32) {
+  if (input_dtype == DType::kF8E4M3) {
+    if (output_dtype != DType::kBF16) {
+      return KernelError("Gemm", "FP8 GEMMs write bf16");
+    }
+    if (m <= 0 || n % 16 != 0 || k % 16 != 0 || (x_stride != 0 && x_stride % 16 != 0)) {
+      return KernelError("Gemm", StrCat("FP8 shape m ", m, ", n ", n, ", k ", k,
+                                        " is not supported (n, k and x's stride multiples of 16)"));
+    }
+  }
+  if (input_dtype != DType::kF8E4M3) {
+    LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType("Gemm", input_dtype));
+  }
+  if (output_dtype != input_dtype && output_dtype != DType::kF32 &&
+      input_dtype != DType::kF8E4M3) {
     return KernelError("Gemm", StrCat("output dtype ", DTypeName(output_dtype),
                                       " is not supported (the input type or f32)"));
   }
@@ -148,6 +163,18 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
                                  sizeof(trans_a));
   Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
                                  sizeof(trans_b));
+  const bool fp8 = shape.input_dtype == DType::kF8E4M3;
+  // FP8: first cuBLASLt's outer-vector scales (A: cuBLAS's M, W's rows, our n; B: cuBLAS's N, our
+  // tokens); where the heuristic refuses them (cuBLAS 13.0 on an H100 does, with "an unsupported
+  // value"), the plain FP8 GEMM, and the scales applied by a kernel after it (fp8.h).
+  const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  if (fp8) {
+    plan->fp8_outer_vector_scales_ =
+        Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vector,
+                                    sizeof(outer_vector)) == CUBLAS_STATUS_SUCCESS &&
+        Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer_vector,
+                                    sizeof(outer_vector)) == CUBLAS_STATUS_SUCCESS;
+  }
   const cudaDataType_t in_type = CudaType(shape.input_dtype);
   const cudaDataType_t out_type = CudaType(shape.output_dtype);
   if ((s = Lt().MatrixLayoutCreate(&plan->a_layout_, in_type, shape.k, shape.n, shape.k)) !=
@@ -180,8 +207,26 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   s = Lt().MatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
                                      plan->c_layout_, plan->c_layout_, preference, kMaxCandidates,
                                      results, &returned);
+  if (fp8 && plan->fp8_outer_vector_scales_ && (s != CUBLAS_STATUS_SUCCESS || returned == 0)) {
+    // No outer-vector scaling here: scalar mode (the default, unit scales without pointers).
+    plan->fp8_outer_vector_scales_ = false;
+    const int32_t scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &scalar,
+                                sizeof(scalar));
+    Lt().MatmulDescSetAttribute(plan->desc_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &scalar,
+                                sizeof(scalar));
+    returned = 0;
+    s = Lt().MatmulAlgoGetHeuristic(handle, plan->desc_, plan->a_layout_, plan->b_layout_,
+                                    plan->c_layout_, plan->c_layout_, preference, kMaxCandidates,
+                                    results, &returned);
+  }
   Lt().MatmulPreferenceDestroy(preference);
   if (s != CUBLAS_STATUS_SUCCESS) return BlasError("MatmulAlgoGetHeuristic", s);
+  if (returned == 0 && fp8) {
+    return absl::UnimplementedError(
+        StrCat("cuBLASLt has no FP8 GEMM for m ", shape.m, ", n ", shape.n, ", k ", shape.k,
+               " on this GPU (E4M3 in, bf16 out)"));
+  }
   if (returned == 0) {
     return absl::UnimplementedError(
         StrCat("cuBLASLt has no algorithm for m ", shape.m, ", n ", shape.n, ", k ", shape.k, " (",
@@ -194,7 +239,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   // Time each candidate on scratch data (small random-ish values: never zeros). A decode step
   // reads W from memory, not from the L2: the timed runs rotate over enough copies of W that
   // none is still cached when it comes round again.
-  const size_t in_bytes = shape.input_dtype == DType::kF32 ? 4 : 2;
+  const size_t in_bytes = shape.input_dtype == DType::kF32 ? 4 : fp8 ? 1 : 2;
   const size_t out_bytes = shape.output_dtype == DType::kF32 ? 4 : 2;
   const size_t w_bytes = shape.n * shape.k * in_bytes;
   int device = 0, l2_bytes = 0;
@@ -204,11 +249,12 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   }
   const int w_copies =
       static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2_bytes) / w_bytes + 1, 1, 8));
-  void *x = nullptr, *y = nullptr;
+  void *x = nullptr, *y = nullptr, *scales = nullptr;
   std::vector<void*> w(w_copies, nullptr);
   cudaEvent_t start = nullptr, stop = nullptr;
   auto release = [&] {
     cudaFree(x);
+    cudaFree(scales);
     for (void* copy : w) cudaFree(copy);
     cudaFree(y);
     if (start != nullptr) cudaEventDestroy(start);
@@ -216,6 +262,7 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   };
   bool allocated = cudaMalloc(&x, x_stride * shape.m * in_bytes) == cudaSuccess &&
                    cudaMalloc(&y, y_stride * shape.m * out_bytes) == cudaSuccess &&
+                   cudaMalloc(&scales, std::max(shape.m, shape.n) * sizeof(float)) == cudaSuccess &&
                    cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
   for (void*& copy : w) allocated = allocated && cudaMalloc(&copy, w_bytes) == cudaSuccess;
   if (!allocated) {
@@ -225,18 +272,20 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   }
   // 0x3c00 is 1.0 in fp16, 0x3f80 in bf16; 0x3b ~ a value below 1 in every type (fp32: 0.003).
   cudaMemsetAsync(x, 0x3b, x_stride * shape.m * in_bytes, stream);
+  cudaMemsetAsync(scales, 0x3c, std::max(shape.m, shape.n) * sizeof(float), stream);  // ~0.01
+  const float* scale = static_cast<const float*>(scales);
   for (void* copy : w) cudaMemsetAsync(copy, 0x3b, w_bytes, stream);
   float best_ms = 0;
   int best = -1;
   int turn = 0;
   for (int i = 0; i < returned; ++i) {
     plan->algo_ = results[i].algo;
-    if (plan->Run(x, w[0], y, stream) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+    if (plan->Run(x, w[0], y, stream, scale, scale) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
     std::vector<float> times;
     for (int r = 0; r < 5; ++r) {
       const void* w_now = w[++turn % w_copies];
       cudaEventRecord(start, stream);
-      plan->Run(x, w_now, y, stream);
+      plan->Run(x, w_now, y, stream, scale, scale);
       cudaEventRecord(stop, stream);
       cudaEventSynchronize(stop);
       float ms = 0;
@@ -260,8 +309,34 @@ GemmPlan::~GemmPlan() {
   if (desc_ != nullptr) Lt().MatmulDescDestroy(desc_);
 }
 
-cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t stream) const {
+cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t stream,
+                             const float* w_scales, const float* x_scales) const {
   const float alpha = 1.0f, beta = 0.0f;
+  if (shape_.input_dtype == DType::kF8E4M3) {
+    if (w_scales == nullptr || x_scales == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!fp8_outer_vector_scales_) {  // unit scales, then the scaling kernel
+      const cublasStatus_t s = Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_,
+                                           &beta, y, c_layout_, y, c_layout_, &algo_, workspace_,
+                                           workspace_bytes_, stream);
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+      const F8ScaleOutputParams scale{.y = y,
+                                      .row_scales = x_scales,
+                                      .col_scales = w_scales,
+                                      .m = shape_.m,
+                                      .n = shape_.n,
+                                      .y_stride = shape_.y_stride};
+      return Launch(scale, stream) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                  : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    // The pointers are read when the call is enqueued (and baked into a captured graph).
+    cublasStatus_t s = Lt().MatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                   &w_scales, sizeof(w_scales));
+    if (s == CUBLAS_STATUS_SUCCESS) {
+      s = Lt().MatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales,
+                                      sizeof(x_scales));
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+  }
   return Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_, &beta, y, c_layout_, y,
                         c_layout_, &algo_, workspace_, workspace_bytes_, stream);
 }

@@ -4,6 +4,14 @@
 // CUBLAS_COMPUTE_32F, and only algorithms that multiply in fp32 on the CUDA cores (no TF32, no
 // tensor-core emulation: the plan filters the heuristic's candidates by their numerics).
 //
+// FP8 (input_dtype kF8E4M3, compute capability 8.9+): x and W both E4M3, each with fp32 scales,
+// W's per output channel and x's per row (token), applied by cuBLASLt's outer-vector scaling
+// (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: y[t, j] = s_x[t] s_w[j] sum_c x[t, c] W[j, c]),
+// fp32 accumulation, bf16 out. Where cuBLASLt's heuristic refuses outer-vector scales (cuBLAS
+// 13.0 on an H100 does), the plan runs the plain FP8 GEMM (unit scales, bf16 out) and then
+// F8ScaleOutput (fp8.h), which multiplies y in place by s_x[t] s_w[j]: one more rounding to bf16
+// (2^-9 relative) and one more pass over y.
+//
 // A GemmPlan fixes the shape and chooses the algorithm once, at start-up: cuBLASLt's heuristic
 // candidates, each timed on the device when `autotune`, the fastest kept. The runner creates one
 // plan per (projection, token-count bucket) and runs it every step.
@@ -43,8 +51,9 @@ struct GemmShape {
   int64_t k = 0;  // input features; multiple of 8
   int64_t x_stride = 0;  // elements between rows of x, multiple of 8; 0 means k
   int64_t y_stride = 0;  // elements between rows of y, multiple of 8; 0 means n
-  DType input_dtype = DType::kBF16;   // of x and W: kBF16, kF16 or kF32
-  DType output_dtype = DType::kBF16;  // of y: input_dtype or kF32
+  DType input_dtype = DType::kBF16;   // of x and W: kBF16, kF16, kF32 or kF8E4M3 (n, k and the
+                                      // strides then multiples of 16)
+  DType output_dtype = DType::kBF16;  // of y: input_dtype or kF32; kBF16 for kF8E4M3
 
   absl::Status Validate() const;
 };
@@ -63,10 +72,14 @@ class GemmPlan {
   GemmPlan& operator=(const GemmPlan&) = delete;
 
   // y = x W^T. x: [m, k] (row stride x_stride), w: [n, k] contiguous, y: [m, n] (row stride
-  // y_stride); device, 16-byte aligned.
-  cublasStatus_t Run(const void* x, const void* w, void* y, cudaStream_t stream) const;
+  // y_stride); device, 16-byte aligned. FP8: w_scales [n] and x_scales [m] (device fp32) are
+  // W's and x's scales, required; other types ignore them.
+  cublasStatus_t Run(const void* x, const void* w, void* y, cudaStream_t stream,
+                     const float* w_scales = nullptr, const float* x_scales = nullptr) const;
 
   const GemmShape& shape() const { return shape_; }
+  // FP8: whether cuBLASLt applies the scales itself (else a kernel after it).
+  bool fp8_outer_vector_scales() const { return fp8_outer_vector_scales_; }
   int candidates_tried() const { return candidates_tried_; }
 
  private:
@@ -79,6 +92,7 @@ class GemmPlan {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   int candidates_tried_ = 0;
+  bool fp8_outer_vector_scales_ = false;
 };
 
 }  // namespace lmserve::kernels::cuda

@@ -207,7 +207,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
 
   // The summary shows the settings and never the token.
   const std::string summary = DescribeServeConfig(config);
-  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, threads: 3, load format: dummy"));
+  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, quantization: auto, threads: 3, "
+                                 "load format: dummy"));
   EXPECT_THAT(summary, HasSubstr("CUDA graphs: off, fp32 residual: off"));
   EXPECT_THAT(summary, HasSubstr("CUDA kernel path: portable"));
   EXPECT_THAT(summary, HasSubstr("KV cache: 256 MiB, max model len: 1024, prefix caching: off"));
@@ -292,6 +293,21 @@ TEST(ServeConfigTest, DtypeDefaultsToAuto) {
   EXPECT_EQ(config->runner.dtype, engine::RunnerDType::kAuto);
   EXPECT_EQ(BackendFlagName(config->model.backend), "auto");
   EXPECT_THAT(DescribeServeConfig(*config), HasSubstr("backend: auto, dtype: auto"));
+}
+
+TEST(ServeConfigTest, QuantizationTakesAutoNoneAndFp8) {
+  absl::StatusOr<ServeConfig> config = Parse({});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->runner.quantization, engine::RunnerQuantization::kAuto);
+  for (const char* name : {"auto", "none", "fp8"}) {
+    config = Parse({"--quantization", name});
+    ASSERT_TRUE(config.ok()) << name << ": " << config.status();
+    EXPECT_EQ(engine::RunnerQuantizationName(config->runner.quantization), name);
+    EXPECT_THAT(DescribeServeConfig(*config), HasSubstr(std::string("quantization: ") + name));
+  }
+  config = Parse({"--quantization", "int4"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("--quantization"));
 }
 
 TEST(ServeConfigTest, DtypeTakesAutoBfloat16AndFloat32) {

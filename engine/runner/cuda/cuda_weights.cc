@@ -9,6 +9,7 @@
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/dequant.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/random_fill.h"
 
 namespace lmserve::engine::cuda {
@@ -19,14 +20,41 @@ using kernels::DType;
 
 int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// The bytes of `spec`'s storage: FP8 bytes then scales, or elements of element_bytes.
+int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8) {
+  if (f8) return Align256(spec.rows * spec.cols) + Align256(spec.rows * int64_t{sizeof(float)});
+  return Align256(spec.num_elements() * element_bytes);
+}
+
 }  // namespace
 
-absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType dtype,
+bool IsF8Linear(const WeightSpec& spec) {
+  if (!spec.is_matrix() || spec.tied_to.present() || spec.rows % 16 != 0 || spec.cols % 16 != 0) {
+    return false;
+  }
+  for (const char* kind :
+       {"qkv", "o_proj", "gate_up", "down_proj", "ssm_in_proj", "ssm_out_proj"}) {
+    if (spec.kind == kind) return true;
+  }
+  return false;
+}
+
+int64_t CudaWeights::Bytes(const WeightPlan& plan, DType dtype, bool fp8) {
+  int64_t total = 0;
+  for (const WeightSpec& spec : plan.specs()) {
+    if (spec.tied_to.present()) continue;
+    total += StorageBytes(spec, dtype == DType::kF32 ? 4 : 2, fp8 && IsF8Linear(spec));
+  }
+  return total;
+}
+
+absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType dtype, bool fp8,
                                                   cudaStream_t stream) {
   CudaWeights weights;
   weights.plan_ = &plan;
   weights.dtype_ = dtype;
   weights.element_bytes_ = dtype == DType::kF32 ? 4 : 2;
+  weights.fp8_ = fp8 && dtype == DType::kBF16;
   weights.stream_ = stream;
   weights.offsets_.assign(static_cast<size_t>(plan.size()), 0);
   int64_t total = 0;
@@ -34,7 +62,7 @@ absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType 
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
     weights.offsets_[i] = total;
-    total += Align256(spec.num_elements() * weights.element_bytes_);
+    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec));
   }
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
@@ -45,28 +73,93 @@ absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType 
 }
 
 void* CudaWeights::Rows(const WeightSpec& spec, int64_t first_row) const {
-  const int64_t index = &spec - plan_->specs().data();
-  return buffer_.at(offsets_[index] + first_row * std::max<int64_t>(spec.cols, 1) * element_bytes_);
+  const int64_t element_bytes = IsF8(spec) ? 1 : element_bytes_;
+  return buffer_.at(offsets_[Index(spec)] +
+                    first_row * std::max<int64_t>(spec.cols, 1) * element_bytes);
+}
+
+float* CudaWeights::RowScales(const WeightSpec& spec, int64_t first_row) const {
+  return static_cast<float*>(buffer_.at(offsets_[Index(spec)] + Align256(spec.rows * spec.cols))) +
+         first_row;
+}
+
+const float* CudaWeights::Scales(Weight weight) const {
+  const WeightSpec& spec = plan_->specs()[plan_->Storage(weight).index];
+  return IsF8(spec) ? RowScales(spec, 0) : nullptr;
+}
+
+absl::Status CudaWeights::QuantizeRows(const WeightSpec& spec, int64_t first_row, int64_t rows,
+                                       const void* bf16, const std::string& name) {
+  const kc::F8QuantizeRowsParams quantize{.src = bf16,
+                                          .dst = Rows(spec, first_row),
+                                          .scales = RowScales(spec, first_row),
+                                          .rows = rows,
+                                          .cols = spec.cols,
+                                          .src_dtype = DType::kBF16};
+  LMSERVE_RETURN_IF_ERROR(quantize.Validate());
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(quantize, stream_), StrCat("quantizing ", name));
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), StrCat("quantizing ", name));
+  return absl::OkStatus();
+}
+
+absl::Status CudaWeights::StoreF8(const WeightSpec& spec, int64_t first_row,
+                                  const TensorView& tensor, const std::vector<float>& row_scales) {
+  const int64_t rows = tensor.shape.empty() ? 0 : tensor.shape[0];
+  if (!IsF8(spec) || tensor.dtype != DType::kF8E4M3 ||
+      tensor.num_bytes != rows * spec.cols || static_cast<int64_t>(row_scales.size()) != rows ||
+      first_row + rows > spec.rows) {
+    return absl::InternalError(StrCat("CUDA runner: FP8 tensor ", tensor.name,
+                                      " does not fit its storage ", spec.name));
+  }
+  LMSERVE_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(Rows(spec, first_row), tensor.data, static_cast<size_t>(tensor.num_bytes),
+                      cudaMemcpyHostToDevice, stream_),
+      StrCat("uploading ", tensor.name));
+  LMSERVE_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(RowScales(spec, first_row), row_scales.data(),
+                      row_scales.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+      StrCat("uploading the scales of ", tensor.name));
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), StrCat("uploading ", tensor.name));
+  return absl::OkStatus();
 }
 
 absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
                                      const WeightPart& part) {
   const DummyRange range = DummyWeightRange(part.name, spec.fan_in());
-  const kc::RandomFillParams fill{.output = Rows(spec, first_row),
+  CudaBuffer staging;
+  if (IsF8(spec)) {  // drawn in bf16, then quantized
+    LMSERVE_ASSIGN_OR_RETURN(staging,
+                             CudaBuffer::Device(part.rows * spec.cols * 2, "dummy FP8 staging"));
+  }
+  const kc::RandomFillParams fill{.output = IsF8(spec) ? staging.get() : Rows(spec, first_row),
                                   .num_elements = part.rows * std::max<int64_t>(spec.cols, 1),
                                   .low = range.low,
                                   .high = range.high,
                                   .seed = DummyTensorSeed(part.name),
                                   .dtype = dtype_};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(fill, stream_), StrCat("dummy values of ", part.name));
+  if (IsF8(spec)) return QuantizeRows(spec, first_row, part.rows, staging.get(), part.name);
   return absl::OkStatus();
 }
 
 absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const TensorView& t) {
   const std::string& name = t.name;
-  void* dst = Rows(spec, first_row);
+  if (IsF8(spec)) {
+    // In bf16 first (the path below, into a staging buffer), then quantized per row.
+    const int64_t rows = t.NumElements() / spec.cols;
+    LMSERVE_ASSIGN_OR_RETURN(CudaBuffer staging,
+                             CudaBuffer::Device(rows * spec.cols * 2, StrCat("staging ", name)));
+    LMSERVE_RETURN_IF_ERROR(StoreAs(staging.get(), DType::kBF16, t));
+    return QuantizeRows(spec, first_row, rows, staging.get(), name);
+  }
+  return StoreAs(Rows(spec, first_row), dtype_, t);
+}
+
+absl::Status CudaWeights::StoreAs(void* dst, DType dtype, const TensorView& t) const {
+  const std::string& name = t.name;
   const int64_t elements = t.NumElements();
-  if (t.dtype == dtype_) {  // already in the runner's dtype: copy as is
+  const int64_t element_bytes = dtype == DType::kF32 ? 4 : 2;
+  if (t.dtype == dtype) {  // already in the runner's dtype: copy as is
     LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, t.data, static_cast<size_t>(t.num_bytes),
                                                  cudaMemcpyHostToDevice, stream_),
                                  StrCat("uploading ", name));
@@ -80,7 +173,7 @@ absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const
                                      .dst = dst,
                                      .num_elements = elements,
                                      .dtype = t.dtype,
-                                     .output_dtype = dtype_};
+                                     .output_dtype = dtype};
   if (convert.Validate().ok()) {
     LMSERVE_RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(staging.get(), t.data, static_cast<size_t>(t.num_bytes),
@@ -95,13 +188,13 @@ absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const
   kernels::DequantizeToF32(t.dtype, t.data, f32.data(), elements);
   std::vector<uint16_t> bf16;
   const void* host = f32.data();
-  if (dtype_ == DType::kBF16) {
+  if (dtype == DType::kBF16) {
     bf16.resize(f32.size());
     for (size_t i = 0; i < f32.size(); ++i) bf16[i] = kernels::F32ToBf16(f32[i]);
     host = bf16.data();
   }
   LMSERVE_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(dst, host, static_cast<size_t>(elements * element_bytes_),
+      cudaMemcpyAsync(dst, host, static_cast<size_t>(elements * element_bytes),
                       cudaMemcpyHostToDevice, stream_),
       StrCat("uploading ", name));
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), StrCat("uploading ", name));

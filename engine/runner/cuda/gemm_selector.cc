@@ -8,6 +8,7 @@
 #include "common/strings.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::engine::cuda {
@@ -58,8 +59,11 @@ absl::StatusOr<const kc::GemmPlan*> GemmSelector::Plan(int id, int64_t m) {
   auto& slot = plans_[{id, m}];
   if (slot != nullptr) return slot.get();
   const GemmProjection& p = projections_[id];
-  const kc::GemmShape shape{
-      .m = m, .n = p.n, .k = p.k, .input_dtype = dtype_, .output_dtype = p.output_dtype};
+  const kc::GemmShape shape{.m = m,
+                            .n = p.n,
+                            .k = p.k,
+                            .input_dtype = p.f8 ? kernels::DType::kF8E4M3 : dtype_,
+                            .output_dtype = p.output_dtype};
   LMSERVE_ASSIGN_OR_RETURN(
       slot, kc::GemmPlan::Create(blas_, shape, workspace_, workspace_bytes_, autotune_, stream_));
   return slot.get();
@@ -89,9 +93,6 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
   if (capturing != cudaStreamCaptureStatusNone) return Kernel::kBlas;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "cudaEventCreate");
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
   // The candidates, each a pass over every layer's weights.
   std::vector<std::pair<Kernel, std::function<void()>>> candidates;
   candidates.emplace_back(Kernel::kBlas, [&] {
@@ -106,6 +107,16 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
       kc::Launch(skinny, stream_);
     }
   });
+  LMSERVE_ASSIGN_OR_RETURN(const Kernel best, Fastest(candidates, projection.kind));
+  return kernels_[key] = best;
+}
+
+absl::StatusOr<GemmSelector::Kernel> GemmSelector::Fastest(
+    const std::vector<std::pair<Kernel, std::function<void()>>>& candidates,
+    const std::string& kind) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "cudaEventCreate");
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
   // Rounds that time every candidate in turn (after two warm-up rounds), so that a clock or
   // neighbour's change hits them alike; the median of 7 each. A single pass each, in order, once
   // let cuBLASLt win gate/up at one row on an H200 that ran it 8% slower in the step.
@@ -132,13 +143,120 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetLastError(),
-                               StrCat("timing the ", projection.kind, " GEMMs"));
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaGetLastError(), StrCat("timing the ", kind, " GEMMs"));
+  return best;
+}
+
+absl::StatusOr<GemmSelector::Kernel> GemmSelector::ChooseF8(int id, int64_t m, const void* x,
+                                                            void* y, void* act,
+                                                            kernels::GateActivation activation) {
+  const auto key = std::make_pair(id, m);
+  if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+  const GemmProjection& projection = projections_[id];
+  if (choice_ == DecodeGemm::kBlas) return kernels_[key] = Kernel::kBlas;
+  if (choice_ == DecodeGemm::kSkinny || (m == 1 && !projection.logits)) {
+    return kernels_[key] = Kernel::kSkinny;
+  }
+  // 2 to 8 rows: the skinny kernel's multiply-adds per weight byte grow with the rows (twice
+  // bf16's per byte), so it may stop being bound by memory before 8; timed against the per-token
+  // quantization and cuBLASLt's FP8 GEMM, as the bf16 choice is.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return Kernel::kSkinny;
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  (void)plan;  // created (and autotuned) before the timing
+  std::vector<std::pair<Kernel, std::function<void()>>> candidates;
+  int64_t layer = 0;
+  candidates.emplace_back(Kernel::kBlas, [&] {
+    for (layer = 0; layer < static_cast<int64_t>(projection.weights.size()); ++layer) {
+      (void)RunF8Blas(id, layer, m, x, y, act, activation);
+    }
+  });
+  candidates.emplace_back(Kernel::kSkinny, [&] {
+    for (layer = 0; layer < static_cast<int64_t>(projection.weights.size()); ++layer) {
+      const kc::F8SkinnyGemmParams params{.x = x,
+                                          .w = projection.weights[layer],
+                                          .w_scales = projection.scales[layer],
+                                          .y = act != nullptr ? act : y,
+                                          .m = m,
+                                          .n = projection.n,
+                                          .k = projection.k,
+                                          .input_dtype = dtype_,
+                                          .output_dtype = projection.output_dtype,
+                                          .silu_and_mul = act != nullptr,
+                                          .activation = activation};
+      kc::Launch(params, stream_);
+    }
+  });
+  LMSERVE_ASSIGN_OR_RETURN(const Kernel best, Fastest(candidates, projection.kind));
   return kernels_[key] = best;
+}
+
+absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x, void* y,
+                                 void* act, bool late_dependents,
+                                 kernels::GateActivation activation) {
+  const GemmProjection& projection = projections_[id];
+  const void* w = projection.weights[layer];
+  const float* w_scales = projection.scales[layer];
+  Kernel kernel = Kernel::kBlas;
+  if (m <= kc::kMaxSkinnyGemmRows) {
+    LMSERVE_ASSIGN_OR_RETURN(kernel, ChooseF8(id, m, x, y, act, activation));
+  }
+  if (kernel == Kernel::kSkinny) {
+    const kc::F8SkinnyGemmParams params{.x = x,
+                                        .w = w,
+                                        .w_scales = w_scales,
+                                        .y = act != nullptr ? act : y,
+                                        .m = m,
+                                        .n = projection.n,
+                                        .k = projection.k,
+                                        .input_dtype = dtype_,
+                                        .output_dtype = projection.output_dtype,
+                                        .silu_and_mul = act != nullptr,
+                                        .activation = activation,
+                                        .late_dependents = late_dependents};
+    LMSERVE_RETURN_IF_ERROR(params.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_),
+                                 StrCat("FP8 skinny GEMM (", projection.kind, ")"));
+    return absl::OkStatus();
+  }
+  return RunF8Blas(id, layer, m, x, y, act, activation);
+}
+
+absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y,
+                                     void* act, kernels::GateActivation activation) {
+  const GemmProjection& projection = projections_[id];
+  const void* w = projection.weights[layer];
+  const float* w_scales = projection.scales[layer];
+  if (m > f8_max_rows_ || projection.k > f8_max_cols_) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " FP8 GEMM of ", m,
+                                      " rows, ", projection.k, " columns exceeds its workspace (",
+                                      f8_max_rows_, " x ", f8_max_cols_, ")"));
+  }
+  const kc::F8QuantizeRowsParams quantize{.src = x,
+                                          .dst = f8_x_,
+                                          .scales = f8_x_scales_,
+                                          .rows = m,
+                                          .cols = projection.k,
+                                          .src_dtype = dtype_};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(quantize, stream_),
+                               StrCat("quantizing the input of ", projection.kind));
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  if (const cublasStatus_t status = plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_);
+      status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
+                                      " FP8 GEMM: cuBLAS status ", static_cast<int>(status)));
+  }
+  if (act != nullptr) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_),
+                                 "gated activation");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                                bool late_dependents, kernels::GateActivation activation) {
+  if (projections_[id].f8) return RunF8(id, layer, m, x, y, act, late_dependents, activation);
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];

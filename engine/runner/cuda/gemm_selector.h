@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,11 @@ struct GemmProjection {
   kernels::DType output_dtype = kernels::DType::kBF16;  // the runner's dtype, or kF32 (logits)
   bool logits = false;                                  // the LM head: timed even at one token
   std::vector<const void*> weights;                     // [n, k] each, one per layer; device
+  // FP8 weights (E4M3 [n, k] bytes) with their scales, [n] fp32 per layer (device): steps of up
+  // to kMaxSkinnyGemmRows tokens run the FP8 skinny kernel on x as it is (W8A16), larger ones
+  // quantize x per token and run cuBLASLt's FP8 GEMM (kernels/cuda/fp8.h, gemm.h).
+  bool f8 = false;
+  std::vector<const float*> scales;
 };
 
 class GemmSelector {
@@ -41,6 +47,13 @@ class GemmSelector {
   // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
   GemmSelector(cublasLtHandle_t blas, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                kernels::DType dtype, DecodeGemm choice);
+
+  // The scratch of FP8 projections' quantized inputs: x_q [max_rows, max_cols] bytes and
+  // x_scales [max_rows] fp32 (device, 16-byte aligned), for steps of more than
+  // kMaxSkinnyGemmRows tokens. Required before such a step runs an FP8 projection.
+  void SetF8Workspace(void* x_q, float* x_scales, int64_t max_rows, int64_t max_cols) {
+    f8_x_ = x_q, f8_x_scales_ = x_scales, f8_max_rows_ = max_rows, f8_max_cols_ = max_cols;
+  }
 
   // Registers a projection and returns its id.
   int Add(GemmProjection projection);
@@ -69,6 +82,20 @@ class GemmSelector {
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
                                 void* act, kernels::GateActivation activation);
 
+  // The fastest of `candidates` (each a pass over a projection's layers; rounds of each in turn,
+  // the median kept; a tie goes to the later one). REQUIRES: not capturing.
+  absl::StatusOr<Kernel> Fastest(
+      const std::vector<std::pair<Kernel, std::function<void()>>>& candidates,
+      const std::string& kind);
+  // Run() of an FP8 projection, its kernel choice at up to kMaxSkinnyGemmRows rows, and its
+  // cuBLASLt path (x quantized per token into the FP8 workspace, then the FP8 GEMM).
+  absl::Status RunF8(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
+                     bool late_dependents, kernels::GateActivation activation);
+  absl::StatusOr<Kernel> ChooseF8(int id, int64_t m, const void* x, void* y, void* act,
+                                  kernels::GateActivation activation);
+  absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
+                         kernels::GateActivation activation);
+
   // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:
   // the kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
   kernels::cuda::SiluAndMulParams SiluAndMul(const GemmProjection& projection, int64_t m,
@@ -82,6 +109,9 @@ class GemmSelector {
   const kernels::DType dtype_;
   const DecodeGemm choice_;
   bool autotune_ = false;
+  void* f8_x_ = nullptr;
+  float* f8_x_scales_ = nullptr;
+  int64_t f8_max_rows_ = 0, f8_max_cols_ = 0;
   std::vector<GemmProjection> projections_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, Kernel> kernels_;

@@ -1,0 +1,280 @@
+// The FP8 kernels (kernels/cuda/fp8.h) and cuBLASLt's FP8 GEMM (gemm.h) against their CPU twin
+// (kernels/cpu/fp8.h): the row quantizer bit for bit (bytes and scales), the FP8 skinny GEMM for
+// every row count (W8A16: x as it is) and with its gated-activation epilogue, and the cuBLASLt
+// FP8 GEMM with per-token x per-channel outer-vector scales at awkward sizes, each on fresh random
+// inputs into poisoned outputs. Skipped below compute capability 8.9.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/fp8.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/skinny_gemm.h"
+#include "tests/kernels_gpu/gpu_test_util.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::FreshSeed;
+using testing::HalfToFloat;
+using testing::RandomFloats;
+using testing::RelativeL2;
+using testing::RoundToHalf;
+
+#define LMSERVE_REQUIRE_FP8_GPU()                                                            \
+  do {                                                                                       \
+    LMSERVE_REQUIRE_GPU();                                                                   \
+    const auto fp8_devices = ListDevices();                                                  \
+    if (!SupportsFp8(fp8_devices[0].compute_capability_major,                                \
+                     fp8_devices[0].compute_capability_minor)) {                             \
+      GTEST_SKIP() << "GPU " << fp8_devices[0].name << " has no FP8 (compute capability "    \
+                   << fp8_devices[0].compute_capability_major << "."                         \
+                   << fp8_devices[0].compute_capability_minor << " < 8.9): skipped";         \
+    }                                                                                        \
+  } while (0)
+
+// Quantized on the host (the reference's bytes and scales).
+struct HostF8 {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+};
+HostF8 QuantizeOnHost(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  HostF8 out{std::vector<uint8_t>(rows * cols), std::vector<float>(rows)};
+  QuantizeRowsF8E4M3(values.data(), rows, cols, cols, out.q.data(), out.scales.data());
+  return out;
+}
+
+TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 16}, {17, 1040}, {300, 4096}}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " rows " << rows
+                                        << " cols " << cols << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> x = RandomFloats(rows * cols, rng, 3.0f);
+      for (int64_t c = 0; c < cols; ++c) x[c] = 0.0f;  // an all-zero row
+      if (rows > 1) x[cols + 3] = 1e6f;                 // a large outlier in another
+      DeviceBuffer<uint8_t> d_x = testing::Upload(x, dtype);  // rounds x to dtype
+      const HostF8 ref = QuantizeOnHost(x, rows, cols);
+      DeviceBuffer<uint8_t> d_q(rows * cols);
+      DeviceBuffer<float> d_scales(rows);
+      d_q.Poison(0x7f);
+      d_scales.Poison();
+      const F8QuantizeRowsParams p{.src = d_x.get(),
+                                   .dst = d_q.get(),
+                                   .scales = d_scales.get(),
+                                   .rows = rows,
+                                   .cols = cols,
+                                   .src_dtype = dtype};
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_EQ(d_q.Download(), ref.q);
+      EXPECT_EQ(d_scales.Download(), ref.scales);
+    }
+  }
+  F8QuantizeRowsParams bad{.rows = 1, .cols = 24};
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("multiple of 16"));
+}
+
+TEST(Fp8GpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+    for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
+      // k = 3600: a whole step of 128 pieces of 16 and 97 left for the tail; n = 66: a last block
+      // with idle warps.
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64},
+                          {4096, 4096},
+                          {1034, 272},
+                          {130, 14336},
+                          {66, 3600}}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " out "
+                                          << DTypeName(out_dtype).data() << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+        const HostF8 wq = QuantizeOnHost(w, n, k);
+        DeviceBuffer<uint8_t> d_w(wq.q);
+        DeviceBuffer<float> d_scales(wq.scales);
+        std::vector<float> ref(m * n);
+        F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, /*quantize_x=*/false,
+                          ref.data());
+        F8SkinnyGemmParams p{.x = d_x.get(),
+                             .w = d_w.get(),
+                             .w_scales = d_scales.get(),
+                             .m = m,
+                             .n = n,
+                             .k = k,
+                             .output_dtype = out_dtype};
+        DeviceBuffer<uint8_t> d_y = testing::Poisoned(m * n, out_dtype);
+        p.y = d_y.get();
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeL2(testing::Download(d_y, out_dtype), ref),
+                  out_dtype == DType::kF32 ? 1e-5 : 1e-2);
+      }
+    }
+  }
+  F8SkinnyGemmParams bad{.m = 1, .n = 8, .k = 24};
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("multiple of 16"));
+}
+
+// The gated activation epilogue, against the CPU's activation of the reference product.
+TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+    for (int64_t m : {1, 5, 8}) {
+      const int64_t inter = 1032, k = 272, n = 2 * inter;
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(activation) << " m "
+                                        << m << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
+      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+      const HostF8 wq = QuantizeOnHost(w, n, k);
+      DeviceBuffer<uint8_t> d_w(wq.q);
+      DeviceBuffer<float> d_scales(wq.scales);
+      std::vector<float> gate_up(m * n), ref(m * inter);
+      F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, false, gate_up.data());
+      kernels::SiluAndMulParams act;
+      act.gate_up = gate_up.data();
+      act.output = ref.data();
+      act.num_tokens = m;
+      act.intermediate_size = inter;
+      act.activation = activation;
+      kernels::SiluAndMul(act);
+      DeviceBuffer<uint16_t> d_y(m * inter);
+      d_y.Poison();
+      const F8SkinnyGemmParams p{.x = d_x.get(),
+                                 .w = d_w.get(),
+                                 .w_scales = d_scales.get(),
+                                 .y = d_y.get(),
+                                 .m = m,
+                                 .n = n,
+                                 .k = k,
+                                 .silu_and_mul = true,
+                                 .activation = activation};
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2);
+    }
+  }
+}
+
+// cuBLASLt's FP8 GEMM: x quantized per token on the GPU, W per channel, outer-vector scales (or
+// the scaling kernel after a unit-scale GEMM, where cuBLASLt refuses them), bf16 out, against the
+// CPU's product of the same quantized values.
+TEST(Fp8GpuTest, CublasLtGemmWithPerTokenAndPerChannelScales) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  auto handle = BlasLtHandle::Create();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  const size_t workspace_bytes = size_t{32} << 20;
+  DeviceBuffer<uint8_t> workspace(workspace_bytes);
+  for (bool autotune : {false, true}) {
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{9, 64, 64},
+                           {17, 1040, 272},
+                           {97, 4096, 4096},
+                           {300, 768, 14336},
+                           {1, 32, 48}}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " autotune "
+                                        << autotune << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+      // Rows of very different sizes: per-token and per-channel scales must each be applied.
+      for (int64_t c = 0; c < k; ++c) x[(m / 2) * k + c] *= 1000.0f;
+      for (int64_t c = 0; c < k; ++c) w[(n - 1) * k + c] *= 1e-3f;
+      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+      const HostF8 wq = QuantizeOnHost(w, n, k);
+      DeviceBuffer<uint8_t> d_w(wq.q), d_xq(m * k);
+      DeviceBuffer<float> d_w_scales(wq.scales), d_x_scales(m);
+      std::vector<float> ref(m * n);
+      F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, /*quantize_x=*/true,
+                        ref.data());
+      const F8QuantizeRowsParams quantize{.src = d_x.get(),
+                                          .dst = d_xq.get(),
+                                          .scales = d_x_scales.get(),
+                                          .rows = m,
+                                          .cols = k};
+      CUDA_ASSERT(Launch(quantize, nullptr));
+      const GemmShape shape{
+          .m = m, .n = n, .k = k, .input_dtype = DType::kF8E4M3, .output_dtype = DType::kBF16};
+      auto plan = GemmPlan::Create((*handle)->get(), shape, workspace.get(), workspace_bytes,
+                                   autotune, nullptr);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      if (m == 9 && !autotune) {
+        std::printf("[ cublaslt ] FP8 scales applied by %s\n",
+                    (*plan)->fp8_outer_vector_scales() ? "cuBLASLt (outer-vector scaling)"
+                                                       : "a kernel after a unit-scale GEMM");
+      }
+      DeviceBuffer<uint16_t> d_y(m * n);
+      d_y.Poison();
+      ASSERT_EQ((*plan)->Run(d_xq.get(), d_w.get(), d_y.get(), nullptr, d_w_scales.get(),
+                             d_x_scales.get()),
+                CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ((*plan)->Run(d_xq.get(), d_w.get(), d_y.get(), nullptr), CUBLAS_STATUS_INVALID_VALUE)
+          << "FP8 without scales is refused";
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<float> y = HalfToFloat(d_y.Download(), DType::kBF16);
+      EXPECT_LE(RelativeL2(y, ref), 1e-2);
+      // The small channel and the large token, each against its own scale of the reference.
+      std::vector<float> small_channel, small_ref;
+      for (int64_t t = 0; t < m; ++t) {
+        small_channel.push_back(y[t * n + n - 1]);
+        small_ref.push_back(ref[t * n + n - 1]);
+      }
+      EXPECT_LE(RelativeL2(small_channel, small_ref), 1e-2);
+    }
+  }
+  const GemmShape bad{.m = 4, .n = 40, .k = 64, .input_dtype = DType::kF8E4M3};
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("multiples of 16"));
+}
+
+TEST(Fp8GpuTest, ScaleOutputMultipliesRowsAndColumns) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const int64_t m = 7, n = 264, stride = 272;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> y = RandomFloats(m * stride, rng, 100.0f);
+  const std::vector<float> rows = RandomFloats(m, rng), cols = RandomFloats(n, rng);
+  DeviceBuffer<uint16_t> d_y(RoundToHalf(y, DType::kBF16));
+  DeviceBuffer<float> d_rows(rows), d_cols(cols);
+  const F8ScaleOutputParams p{.y = d_y.get(),
+                              .row_scales = d_rows.get(),
+                              .col_scales = d_cols.get(),
+                              .m = m,
+                              .n = n,
+                              .y_stride = stride};
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const std::vector<float> out = HalfToFloat(d_y.Download(), DType::kBF16);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < stride; ++j) {
+      // The columns past n are not touched; the others are the bf16 of the fp32 product.
+      const float want = j < n ? Bf16ToF32(F32ToBf16(y[t * stride + j] * (rows[t] * cols[j])))
+                               : y[t * stride + j];
+      ASSERT_EQ(out[t * stride + j], want) << t << " " << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::kernels::cuda
