@@ -151,6 +151,7 @@ absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, L
         const bool whole = spec.split == Split::kReplicated || spec.tensor_parallel_size == 1;
         if (scales.per_row && whole && spec.offset == 0 && sink.HoldsF8(spec)) {
           LMSERVE_RETURN_IF_ERROR(sink.StoreF8(spec, first_row, tensor, scales.values));
+          checkpoint.DropPages(*file_tensor);
           first_row += part.rows;
           continue;
         }
