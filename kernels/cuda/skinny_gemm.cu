@@ -1,6 +1,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -26,12 +28,35 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
 // column j = b * kWarps + w: the gate row j and the up row j + n / 2, and writes
 // act(gate) * up (kActivation).
+// The norm epilogue's partial sums a lane holds (SkinnyGemmParams::norm_partials, one row).
+constexpr int kNormPartialsPerLane = kMaxSkinnyNormPartials / 32;
+
+// What the kernel does besides the product (skinny_gemm.h): the L2 prefetch before the wait, and
+// the norm epilogue (kNorm).
+struct SkinnyExtras {
+  int prefetch_offset = 0;  // bytes into each row where the prefetch starts
+  int prefetch_bytes = 0;   // per row; 0: none
+  const float* norm_partials = nullptr;
+  int num_norm_partials = 0;
+  float inv_norm_width = 0.0f;
+  float norm_epsilon = 0.0f;
+};
+
+// Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned).
+__device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu>
+          GateActivation kActivation = GateActivation::kSilu, bool kNorm = false>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
-                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents) {
+                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
+                     SkinnyExtras extras) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
+  static_assert(!kNorm || (M == 1 && !kSiluAndMul), "the norm epilogue takes one row");
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
@@ -66,8 +91,25 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kStep = 32 * kUnroll;
   int c = lane;
   if (kStep <= chunks) load_w(c);
+  // Lane r asks L2 for the rest of row r (up to extras.prefetch_bytes of it), past the pieces
+  // just loaded.
+  if (extras.prefetch_bytes > 0 && lane < kRowsPerWarp &&
+      (kSiluAndMul || row0 + lane < n)) {
+    PrefetchL2(reinterpret_cast<const char*>(w + int64_t{row0 + lane * row_step} * k) +
+                   extras.prefetch_offset,
+               extras.prefetch_bytes);
+  }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
+  // The norm epilogue's partial sums: requested now, summed after the products.
+  [[maybe_unused]] float partials[kNorm ? kNormPartialsPerLane : 1];
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int j = 0; j < kNormPartialsPerLane; ++j) {
+      const int index = lane + 32 * j;
+      partials[j] = index < extras.num_norm_partials ? extras.norm_partials[index] : 0.0f;
+    }
+  }
   for (; c - lane + kStep <= chunks; c += kStep) {
     if (c != lane) {
       load_w(c);
@@ -121,6 +163,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
   }
+  if constexpr (kNorm) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormPartialsPerLane; ++j) sum += partials[j];
+    const float scale = rsqrtf(WarpSum(sum) * extras.inv_norm_width + extras.norm_epsilon);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= scale;
+  }
   if constexpr (kSiluAndMul) {
     if (lane == 0) {
 #pragma unroll
@@ -144,6 +194,17 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename OutT, bool kSiluAndMul,
           GateActivation kActivation = GateActivation::kSilu>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
+  SkinnyExtras extras;
+  if (p.l2_prefetch_bytes > 0) {
+    // Past the pieces of the kernel's first step (loaded into registers before the wait).
+    const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
+    const int64_t first = p.k / 8 >= 32 * kUnroll ? int64_t{32 * kUnroll * 16} : 0;
+    const int64_t per_row = std::min(row_bytes - first, p.l2_prefetch_bytes / p.n) / 16 * 16;
+    if (per_row > 0) {
+      extras.prefetch_offset = static_cast<int>(first);
+      extras.prefetch_bytes = static_cast<int>(per_row);
+    }
+  }
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
@@ -152,12 +213,22 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  if constexpr (!kSiluAndMul) {
+    if (p.norm_partials != nullptr) {  // Validate(): one row
+      extras.norm_partials = p.norm_partials;
+      extras.num_norm_partials = static_cast<int>(p.num_norm_partials);
+      extras.inv_norm_width = 1.0f / static_cast<float>(p.norm_width);
+      extras.norm_epsilon = p.norm_epsilon;
+      return LaunchKernel(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true>, blocks, kThreads,
+                          0, stream, x, w, y, n, k, x_stride, y_stride, p.late_dependents, extras);
+    }
+  }
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
     return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks, kThreads, \
                         0, stream,                                                      \
-                        x, w, y, n, k, x_stride, y_stride, p.late_dependents);
+                        x, w, y, n, k, x_stride, y_stride, p.late_dependents, extras);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)

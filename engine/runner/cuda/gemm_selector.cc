@@ -137,8 +137,15 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   return kernels_[key] = best;
 }
 
+bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
+  // Choose's rule at one row; Validate's shape (the pointers are the runner's, 16-byte aligned).
+  return dtype_ == kernels::DType::kBF16 && choice_ != DecodeGemm::kBlas && n % 2 == 0 &&
+         k % 8 == 0;
+}
+
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                               bool late_dependents, kernels::GateActivation activation) {
+                               bool late_dependents, kernels::GateActivation activation,
+                               const GemmNormEpilogue* norm) {
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
@@ -149,9 +156,20 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       params.silu_and_mul = act != nullptr;
       params.activation = activation;
       params.late_dependents = late_dependents;
+      params.l2_prefetch_bytes = l2_prefetch_bytes_;
+      if (norm != nullptr) {
+        params.norm_partials = norm->partials;
+        params.num_norm_partials = norm->num_partials;
+        params.norm_width = norm->width;
+        params.norm_epsilon = norm->epsilon;
+      }
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }
+  }
+  if (norm != nullptr) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
+                                      " rows: a norm epilogue without the skinny GEMM"));
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",

@@ -36,6 +36,15 @@ struct GemmProjection {
   std::vector<const void*> weights;                     // [n, k] each, one per layer; device
 };
 
+// The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
+// the decode kernel), for Run at one row.
+struct GemmNormEpilogue {
+  const float* partials = nullptr;  // the row's partial sums of squares; device
+  int64_t num_partials = 0;
+  int64_t width = 0;
+  float epsilon = 0.0f;
+};
+
 class GemmSelector {
  public:
   // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
@@ -56,9 +65,20 @@ class GemmSelector {
   // kernel is another stream of weights, which may launch only once this one has read its own
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
   // is kept per projection and row count).
+  // `norm`: the norm epilogue, which needs the skinny kernel (SkinnyAtOneRow) at m 1.
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
-                   kernels::GateActivation activation = kernels::GateActivation::kSilu);
+                   kernels::GateActivation activation = kernels::GateActivation::kSilu,
+                   const GemmNormEpilogue* norm = nullptr);
+
+  // Whether a product of n outputs and k inputs (not the LM head) runs the skinny kernel at one
+  // row: untimed there, it does unless every GEMM is cuBLASLt's or its shape is not the skinny
+  // kernel's.
+  bool SkinnyAtOneRow(int64_t n, int64_t k) const;
+
+  // The skinny kernel's L2 prefetch before its wait (SkinnyGemmParams::l2_prefetch_bytes), in
+  // every product it runs in steps from now on; 0: none.
+  void set_l2_prefetch_bytes(int64_t bytes) { l2_prefetch_bytes_ = bytes; }
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -82,6 +102,7 @@ class GemmSelector {
   const kernels::DType dtype_;
   const DecodeGemm choice_;
   bool autotune_ = false;
+  int64_t l2_prefetch_bytes_ = 0;
   std::vector<GemmProjection> projections_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, Kernel> kernels_;
