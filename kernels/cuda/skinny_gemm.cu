@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -36,6 +37,10 @@ constexpr int kNormPartialsPerLane = kMaxSkinnyNormPartials / 32;
 struct SkinnyExtras {
   int prefetch_offset = 0;  // bytes into each row where the prefetch starts
   int prefetch_bytes = 0;   // per row; 0: none
+  // The warps of one wave of resident blocks: a warp of the first wave also asks L2 for the
+  // whole rows of warps warp + wave_warps, warp + 2 * wave_warps, ... (blocks that start only
+  // once others finish, without overlapping anything). 0: none.
+  int wave_warps = 0;
   const float* norm_partials = nullptr;
   int num_norm_partials = 0;
   float inv_norm_width = 0.0f;
@@ -98,6 +103,18 @@ __global__ void __launch_bounds__(kThreads)
     PrefetchL2(reinterpret_cast<const char*>(w + int64_t{row0 + lane * row_step} * k) +
                    extras.prefetch_offset,
                extras.prefetch_bytes);
+  }
+  if (extras.wave_warps > 0 && lane == 0) {
+    const int warps = kSiluAndMul ? n / 2 : (n + kRowsPerWarp - 1) / kRowsPerWarp;
+    for (int later = warp_index + extras.wave_warps; later < warps; later += extras.wave_warps) {
+      if constexpr (kSiluAndMul) {
+        PrefetchL2(w + int64_t{later} * k, k * static_cast<int>(sizeof(T)));
+        PrefetchL2(w + int64_t{later + n / 2} * k, k * static_cast<int>(sizeof(T)));
+      } else {
+        const int rows = min(kRowsPerWarp, n - later * kRowsPerWarp);
+        PrefetchL2(w + int64_t{later} * kRowsPerWarp * k, rows * k * static_cast<int>(sizeof(T)));
+      }
+    }
   }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
@@ -195,16 +212,6 @@ template <typename T, typename OutT, bool kSiluAndMul,
           GateActivation kActivation = GateActivation::kSilu>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   SkinnyExtras extras;
-  if (p.l2_prefetch_bytes > 0) {
-    // Past the pieces of the kernel's first step (loaded into registers before the wait).
-    const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
-    const int64_t first = p.k / 8 >= 32 * kUnroll ? int64_t{32 * kUnroll * 16} : 0;
-    const int64_t per_row = std::min(row_bytes - first, p.l2_prefetch_bytes / p.n) / 16 * 16;
-    if (per_row > 0) {
-      extras.prefetch_offset = static_cast<int>(first);
-      extras.prefetch_bytes = static_cast<int>(per_row);
-    }
-  }
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
@@ -213,22 +220,51 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  // The L2 prefetch's budget (SkinnyExtras): first the rows of blocks past the first wave of
+  // resident ones (they start only as others finish: the kernel's tail), where they fit; then
+  // what is left, spread over every row past the pieces of the kernel's first step (loaded into
+  // registers before the wait).
+  auto launch = [&](auto kernel, auto&&... args) {
+    int64_t budget = p.l2_prefetch_bytes;
+    const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
+    int per_sm = 0;
+    if (budget > 0 &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) ==
+            cudaSuccess &&
+        per_sm > 0) {
+      const int64_t wave = int64_t{per_sm} * CurrentMultiprocessorCount();
+      const int64_t later_bytes =
+          std::max<int64_t>(0, p.n - wave * kWarps * kRowsPerWarp) * row_bytes;
+      if (wave < blocks && later_bytes <= budget) {
+        extras.wave_warps = static_cast<int>(wave * kWarps);
+        budget -= later_bytes;
+      }
+    }
+    if (budget > 0) {
+      const int64_t first = p.k / 8 >= 32 * kUnroll ? int64_t{32 * kUnroll * 16} : 0;
+      const int64_t per_row = std::min(row_bytes - first, budget / p.n) / 16 * 16;
+      if (per_row > 0) {
+        extras.prefetch_offset = static_cast<int>(first);
+        extras.prefetch_bytes = static_cast<int>(per_row);
+      }
+    }
+    return LaunchKernel(kernel, blocks, kThreads, 0, stream, args..., extras);
+  };
   if constexpr (!kSiluAndMul) {
     if (p.norm_partials != nullptr) {  // Validate(): one row
       extras.norm_partials = p.norm_partials;
       extras.num_norm_partials = static_cast<int>(p.num_norm_partials);
       extras.inv_norm_width = 1.0f / static_cast<float>(p.norm_width);
       extras.norm_epsilon = p.norm_epsilon;
-      return LaunchKernel(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true>, blocks, kThreads,
-                          0, stream, x, w, y, n, k, x_stride, y_stride, p.late_dependents, extras);
+      return launch(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true>, x, w, y, n, k,
+                    x_stride, y_stride, p.late_dependents);
     }
   }
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks, kThreads, \
-                        0, stream,                                                      \
-                        x, w, y, n, k, x_stride, y_stride, p.late_dependents, extras);
+    return launch(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, x, w, y, n, k,   \
+                  x_stride, y_stride, p.late_dependents);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)

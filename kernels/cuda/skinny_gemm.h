@@ -46,11 +46,14 @@ struct SkinnyGemmParams {
   // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
   // has read its share of W (late), or right after the wait, as most kernels do.
   bool late_dependents = true;
-  // Before its wait for the previous kernel, each warp asks L2 for up to this many bytes of W
-  // (all rows together; spread evenly over them), past the pieces it loads into registers there
-  // (cp.async.bulk.prefetch.L2, sm_90; nothing elsewhere). A kernel launched while a short,
-  // latency-bound one runs (programmatic dependent launch) so keeps the memory busy: its W then
-  // comes from L2. 0: none. Keep it well under the L2's size.
+  // Before its wait for the previous kernel, the kernel asks L2 for up to this many bytes of W
+  // (cp.async.bulk.prefetch.L2, sm_90; nothing elsewhere): first the rows of the blocks past
+  // the first wave of resident ones, if they fit (they would start only as others finish, the
+  // kernel's tail: Mamba-2-2.7B's in_proj at one row is 661 blocks where 528 are resident), then
+  // what is left spread evenly over the rows, past the pieces each warp loads into registers
+  // there. A kernel launched while a short, latency-bound one runs (programmatic dependent
+  // launch) so keeps the memory busy, and its W then comes from L2. 0: none. Keep it well under
+  // the L2's size.
   int64_t l2_prefetch_bytes = 0;
   // Mamba-2's gated RMSNorm applied in the epilogue (the decode kernel's fused form, ssm.h): x
   // holds weight * v (v = y * silu(z)) and norm_partials[t * num_norm_partials + j] the partial

@@ -127,7 +127,7 @@ struct SsmDecodeParams {
   SsmConvParams conv;
   SsmScanParams scan;
   SsmDecodeBlocks blocks = SsmDecodeBlocks::kAuto;
-  SsmDecodeGatedNorm norm;
+  SsmDecodeGatedNorm norm = {};
 
   absl::Status Validate() const;
 };
