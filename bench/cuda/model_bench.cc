@@ -26,7 +26,8 @@
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
 //        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--no-ssm-norm-fusion]
-//        [--l2-prefetch-mib N] [--tensor-parallel-size N]
+//        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
+//        [--tensor-parallel-size N]
 //        [--json FILE] [--timeline FILE]
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
@@ -83,6 +84,8 @@ struct Options {
   bool fp32_residual = true;
   bool fuse_ssm_norm = true;
   int64_t l2_prefetch_bytes = 0;
+  bool skinny_split_k = true;
+  bool ssm_decode_late_dependents = false;
   int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   std::string json;
@@ -96,6 +99,7 @@ int Usage(const char* message) {
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
+               "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--json FILE] "
                "[--timeline FILE]\n",
                message);
@@ -279,6 +283,8 @@ int Run(const Options& o) {
   config.fp32_residual = o.fp32_residual;
   config.fuse_ssm_norm = o.fuse_ssm_norm;
   config.skinny_l2_prefetch_bytes = o.l2_prefetch_bytes;
+  config.skinny_split_k = o.skinny_split_k;
+  config.ssm_decode_late_dependents = o.ssm_decode_late_dependents;
   config.tensor_parallel_size = o.tensor_parallel_size;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
@@ -367,6 +373,8 @@ int Run(const Options& o) {
       {"fp32_residual", o.fp32_residual},
       {"fuse_ssm_norm", o.fuse_ssm_norm},
       {"skinny_l2_prefetch_bytes", o.l2_prefetch_bytes},
+      {"skinny_split_k", o.skinny_split_k},
+      {"ssm_decode_late_dependents", o.ssm_decode_late_dependents},
       {"cuda_kernel_path", engine::CudaKernelPathName(o.kernel_path)},
       {"kernels", hopper_kernels ? "hopper" : "portable"},
       {"kernel_code_capability", code_capability},
@@ -516,6 +524,10 @@ int main(int argc, char** argv) {
       o.fp32_residual = false;
     } else if (arg == "--no-ssm-norm-fusion") {
       o.fuse_ssm_norm = false;
+    } else if (arg == "--no-skinny-split-k") {
+      o.skinny_split_k = false;
+    } else if (arg == "--ssm-decode-late-dependents") {
+      o.ssm_decode_late_dependents = true;
     } else if (arg == "--l2-prefetch-mib") {
       const double mib = std::atof(value().c_str());
       if (!(mib >= 0)) return lmserve::Usage("--l2-prefetch-mib: a size of at least 0");

@@ -428,6 +428,7 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
       std::make_unique<cuda::GemmSelector>(blas_->get(), gemm_workspace_.get(), kGemmWorkspaceBytes,
                                            stream_, kernel_dtype_, runner_config_.decode_gemm);
   gemms_->set_l2_prefetch_bytes(runner_config_.skinny_l2_prefetch_bytes);
+  gemms_->set_split_k(runner_config_.skinny_split_k);
 
   // Weights, then the rotary tables (fp32, every position the model takes).
   LMSERVE_ASSIGN_OR_RETURN(weights_,
@@ -906,6 +907,7 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
         decode.norm = {};
       }
     }
+    decode.late_dependents = runner_config_.ssm_decode_late_dependents;
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(decode, stream_), "SSM decode update");
     return absl::OkStatus();
   }

@@ -30,6 +30,7 @@ absl::Status SkinnyGemmParams::Validate() const {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
   if (l2_prefetch_bytes < 0) return KernelError("SkinnyGemm", "negative l2_prefetch_bytes");
+  if (k_split < 0 || k_split > 2) return KernelError("SkinnyGemm", "k_split is 0, 1 or 2");
   if (norm_partials != nullptr &&
       (silu_and_mul || m != 1 || num_norm_partials <= 0 ||
        num_norm_partials > kMaxSkinnyNormPartials || norm_width <= 0)) {

@@ -54,23 +54,32 @@ __device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
 #endif
 }
 
+// kSplit (1 or 2): warps a row pair, each taking a contiguous 1 / kSplit of k, their sums added
+// through shared memory (SkinnyGemmParams::k_split; every warp of the grid then has rows).
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu, bool kNorm = false>
+          GateActivation kActivation = GateActivation::kSilu, bool kNorm = false, int kSplit = 1>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
                      int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
                      SkinnyExtras extras) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
   static_assert(!kNorm || (M == 1 && !kSiluAndMul), "the norm epilogue takes one row");
+  static_assert(kSplit == 1 || !kSiluAndMul);
   const int lane = threadIdx.x % 32;
-  const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int warp_in_block = threadIdx.x / 32;
+  const int slice = warp_in_block % kSplit;  // of k
+  const int warp_index = blockIdx.x * (kWarps / kSplit) + warp_in_block / kSplit;  // row pair
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
     return;
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
-  const int chunks = k / 8;
+  const int chunks = k / 8 / kSplit;  // of this warp's slice
+  if constexpr (kSplit > 1) {
+    w += static_cast<int64_t>(slice) * chunks * 8;
+    x += static_cast<int64_t>(slice) * chunks * 8;
+  }
   float acc[kRowsPerWarp][M];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -180,6 +189,26 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
   }
+  if constexpr (kSplit > 1) {  // the slices' sums into slice 0's warp
+    __shared__ float slice_sums[kWarps][kRowsPerWarp][M];
+    if (slice != 0 && lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int t = 0; t < M; ++t) slice_sums[warp_in_block][r][t] = acc[r][t];
+      }
+    }
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int s = 1; s < kSplit; ++s) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int t = 0; t < M; ++t) acc[r][t] += slice_sums[warp_in_block + s][r][t];
+      }
+    }
+  }
   if constexpr (kNorm) {
     float sum = 0.0f;
 #pragma unroll
@@ -216,6 +245,17 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
       static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));  // both mappings
+  // Two warps a row pair (one row, no activation) where the blocks would not make 2 a
+  // multiprocessor, each half of k a full step of the loop or more, and the rows fill every
+  // block: twice the loads in flight for a short, wide product (Mamba-2-2.7B's out_proj: 160
+  // blocks of 16 rows).
+  constexpr int kSplitRows = kWarps / 2 * kRowsPerWarp;
+  [[maybe_unused]] const bool split =
+      !kSiluAndMul && p.m == 1 && p.n % kSplitRows == 0 && p.k % 16 == 0 &&
+      p.k / 16 >= 32 * kUnroll &&
+      (p.k_split == 2 ||
+       (p.k_split == 0 && blocks < 2 * static_cast<unsigned>(CurrentMultiprocessorCount())));
+  [[maybe_unused]] const unsigned split_blocks = static_cast<unsigned>(p.n / kSplitRows);
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
@@ -250,14 +290,27 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
     }
     return LaunchKernel(kernel, blocks, kThreads, 0, stream, args..., extras);
   };
+  [[maybe_unused]] auto launch_split = [&](auto kernel, auto&&... args) {  // no prefetch
+    return LaunchKernel(kernel, split_blocks, kThreads, 0, stream, args..., extras);
+  };
   if constexpr (!kSiluAndMul) {
     if (p.norm_partials != nullptr) {  // Validate(): one row
       extras.norm_partials = p.norm_partials;
       extras.num_norm_partials = static_cast<int>(p.num_norm_partials);
       extras.inv_norm_width = 1.0f / static_cast<float>(p.norm_width);
       extras.norm_epsilon = p.norm_epsilon;
+      if (split) {
+        return launch_split(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true, 2>, x, w, y, n,
+                            k, x_stride, y_stride, p.late_dependents);
+      }
       return launch(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true>, x, w, y, n, k,
                     x_stride, y_stride, p.late_dependents);
+    }
+  }
+  if constexpr (!kSiluAndMul) {
+    if (split) {
+      return launch_split(SkinnyGemmKernel<T, OutT, 1, false, kActivation, false, 2>, x, w, y, n,
+                          k, x_stride, y_stride, p.late_dependents);
     }
   }
   switch (p.m) {

@@ -55,6 +55,11 @@ struct SkinnyGemmParams {
   // launch) so keeps the memory busy, and its W then comes from L2. 0: none. Keep it well under
   // the L2's size.
   int64_t l2_prefetch_bytes = 0;
+  // Two warps a pair of W's rows, each over half of k (one row of x, no activation, n a multiple
+  // of 8, k / 2 at least 1024): 2 always where the shape allows; 0 where also the grid would
+  // make fewer than 2 blocks a multiprocessor (a short, wide product: more loads in flight);
+  // 1 never. No L2 prefetch then.
+  int k_split = 1;
   // Mamba-2's gated RMSNorm applied in the epilogue (the decode kernel's fused form, ssm.h): x
   // holds weight * v (v = y * silu(z)) and norm_partials[t * num_norm_partials + j] the partial
   // sums of v^2 of row t; y[t] = rsqrt(sum / norm_width + norm_epsilon) * (x[t] W^T). Null: none.

@@ -282,7 +282,7 @@ struct GatedNormArgs {
 
 template <typename T, int kN, int kL, int kR, bool kGated = false>
 __global__ void __launch_bounds__(kDecodeThreads)
-    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, GatedNormArgs<T> gn) {
+    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, GatedNormArgs<T> gn, bool late_dependents) {
   constexpr int kGroups = kDecodeThreads / kL;
   constexpr int kRows = kGroups * kR;
   constexpr int kChannels = 2 * kN + kRows;  // B, C, then the block's x channels
@@ -352,7 +352,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
       norm_w[r] = p < hd ? ToFloat(gn.weight[static_cast<int64_t>(h) * hd + p]) : 0.0f;
     }
   }
-  BeginDependentKernel();
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
   if (ctx == 0) return;  // padding: the whole block
   const int64_t row = a.seqs.query_start[i];
   if (threadIdx.x == 0) {
@@ -425,6 +426,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       gn.partials[row * gridDim.x + blockIdx.x] = sum;
     }
   }
+  if (late_dependents) AllowDependentLaunch();
 }
 
 constexpr int kGatedNormMaxThreads = 1024;
@@ -659,7 +661,8 @@ cudaError_t Launch(const SsmDecodeParams& p, cudaStream_t stream) {
         const dim3 grid(static_cast<unsigned>(heads * CeilDiv(hd, rows)),
                         static_cast<unsigned>(seqs));
         return LaunchKernel(gated ? gated_kernel : kernel, grid, dim3(kDecodeThreads), 0, stream,
-                            MakeConvArgs<T>(p.conv), MakeScanArgs<T>(p.scan), gn);
+                            MakeConvArgs<T>(p.conv), MakeScanArgs<T>(p.scan), gn,
+                            p.late_dependents);
       };
       if constexpr (kN >= 64) {
         using Shape = LargeDecodeShape<kN>;

@@ -128,6 +128,9 @@ struct SsmDecodeParams {
   SsmScanParams scan;
   SsmDecodeBlocks blocks = SsmDecodeBlocks::kAuto;
   SsmDecodeGatedNorm norm = {};
+  // When the next kernel may launch (programmatic dependent launch): right after the wait (its
+  // launch and weight loads overlap this kernel), or only once this kernel's stores are issued.
+  bool late_dependents = false;
 
   absl::Status Validate() const;
 };

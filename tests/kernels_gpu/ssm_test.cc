@@ -438,7 +438,9 @@ void CheckDecodeWithGatedNorm(const HeadShape& shape, SsmDecodeBlocks blocks) {
     ASSERT_GT(num_partials, 0);
     ASSERT_LE(num_partials, kMaxSkinnyNormPartials);
     CUDA_ASSERT(Launch(decode, nullptr));
-    for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+    for (auto [out_dtype, k_split] : {std::pair{DType::kBF16, 1}, std::pair{DType::kF32, 1},
+                                      std::pair{DType::kBF16, 2}}) {
+      SCOPED_TRACE(::testing::Message() << "k split " << k_split);
       DeviceBuffer<uint8_t> d_out = Poisoned(out_features, out_dtype);
       SkinnyGemmParams gemm{.x = d_y.get(),
                             .w = d_out_w.get(),
@@ -448,6 +450,7 @@ void CheckDecodeWithGatedNorm(const HeadShape& shape, SsmDecodeBlocks blocks) {
                             .k = inner,
                             .input_dtype = dtype,
                             .output_dtype = out_dtype,
+                            .k_split = k_split,
                             .norm_partials = partials.get(),
                             .num_norm_partials = num_partials,
                             .norm_width = inner,
@@ -471,6 +474,8 @@ TEST(SsmGpuTest, DecodeWithGatedNormAndOutProjMatchTheCpu) {
   CheckDecodeWithGatedNorm({4, 64, 128, 1}, SsmDecodeBlocks::kLarge);
   CheckDecodeWithGatedNorm({4, 32, 256, 2}, SsmDecodeBlocks::kLarge);
   CheckDecodeWithGatedNorm({6, 40, 32, 2}, SsmDecodeBlocks::kSmall);
+  // k 2048: out_proj's k split over two warps (half of k a full step of the GEMM's loop).
+  CheckDecodeWithGatedNorm({32, 64, 128, 1}, SsmDecodeBlocks::kSmall);
 }
 
 // The skinny GEMM's norm epilogue takes one row and at most kMaxSkinnyNormPartials partials.

@@ -157,6 +157,7 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       params.activation = activation;
       params.late_dependents = late_dependents;
       params.l2_prefetch_bytes = l2_prefetch_bytes_;
+      params.k_split = split_k_ ? 0 : 1;
       if (norm != nullptr) {
         params.norm_partials = norm->partials;
         params.num_norm_partials = norm->num_partials;

@@ -79,6 +79,8 @@ class GemmSelector {
   // The skinny kernel's L2 prefetch before its wait (SkinnyGemmParams::l2_prefetch_bytes), in
   // every product it runs in steps from now on; 0: none.
   void set_l2_prefetch_bytes(int64_t bytes) { l2_prefetch_bytes_ = bytes; }
+  // Whether the skinny kernel may split k at one row (SkinnyGemmParams::k_split 0, else 1).
+  void set_split_k(bool split) { split_k_ = split; }
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -103,6 +105,7 @@ class GemmSelector {
   const DecodeGemm choice_;
   bool autotune_ = false;
   int64_t l2_prefetch_bytes_ = 0;
+  bool split_k_ = true;
   std::vector<GemmProjection> projections_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, Kernel> kernels_;
