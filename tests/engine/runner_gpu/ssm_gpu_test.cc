@@ -123,7 +123,7 @@ TEST_F(SsmGpuRunnerTest, Bfloat16DecodeStepsMatchTheReference) {
                 "reference, %.3g against the unfolded norm\n",
                 j, relative_l2, fold_l2);
     EXPECT_LE(relative_l2, 2e-2) << "prompt " << j;
-    EXPECT_LE(fold_l2, 1e-2) << "prompt " << j;
+    EXPECT_LE(fold_l2, 2e-2) << "prompt " << j;
   }
   std::printf("[ decode   ] bf16 top-1: %lld of %lld rows\n", static_cast<long long>(top1),
               static_cast<long long>(rows));
