@@ -20,15 +20,17 @@
 // weights are E4M3 (one byte a weight, plus a 4-byte scale a row): the runner's weight bytes, and
 // so the decode floor, are FP8's; the prefill floor stays at the bf16 GEMM rate.
 //
-// With --timeline, one more decode step of each batch runs with its kernels recorded (CUPTI), and
-// the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
+// With --timeline, one more decode step of each batch (and one more prefill step) runs with its
+// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
 // kernel adds to the critical path, overlaps of programmatic dependent launch included.
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
-//        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--tensor-parallel-size N]
-//        [--quantization none|fp8] [--json FILE] [--timeline FILE]
+//        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--no-ssm-norm-fusion]
+//        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
+//        [--tensor-parallel-size N] [--quantization auto|none|fp8]
+//        [--json FILE] [--timeline FILE]
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -83,6 +85,10 @@ struct Options {
   bool programmatic_launch = true;
   engine::CudaKernelPath kernel_path = engine::CudaKernelPath::kAuto;
   bool fp32_residual = true;
+  bool fuse_ssm_norm = true;
+  int64_t l2_prefetch_bytes = 0;
+  bool skinny_split_k = true;
+  bool ssm_decode_late_dependents = false;
   int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   engine::RunnerQuantization quantization = engine::RunnerQuantization::kAuto;
@@ -96,7 +102,8 @@ int Usage(const char* message) {
                "[--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4] "
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
-               "[--no-fp32-residual] "
+               "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
+               "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8] [--json FILE] "
                "[--timeline FILE]\n",
                message);
@@ -207,7 +214,9 @@ double TimeSteps(engine::ModelRunner& runner, const StepBatch& batch, int iters)
 
 // One more step of `batch` with its kernels recorded: prints the kernels by their share of the
 // critical path, and returns the records (times relative to the first kernel's start, in us).
-nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batch, int b) {
+// `b`: the decode batch, or 0 for the prefill step (`label` names the step in the printout).
+nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batch, int b,
+                              const std::string& label) {
   auto timeline = bench::KernelTimeline::Start();
   if (!timeline.ok()) {
     std::printf("  timeline: %s\n", timeline.status().ToString().c_str());
@@ -221,8 +230,8 @@ nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batc
   uint64_t first_start = records.front().start_ns;
   for (const auto& r : records) first_start = std::min(first_start, r.start_ns);
   const double span_us = (records.back().end_ns - first_start) * 1e-3;
-  std::printf("  batch %d timeline: %zu kernels over %.1f us; by share of the critical path:\n",
-              b, records.size(), span_us);
+  std::printf("  %s timeline: %zu kernels over %.1f us; by share of the critical path:\n",
+              label.c_str(), records.size(), span_us);
   nlohmann::json shares = nlohmann::json::array();
   for (const bench::KernelShare& s : bench::Summarize(records)) {
     if (s.critical_us >= 0.005 * span_us) {
@@ -237,7 +246,8 @@ nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batc
     kernels.push_back({{"name", r.name}, {"start_us", (r.start_ns - first_start) * 1e-3},
                        {"end_us", (r.end_ns - first_start) * 1e-3}});
   }
-  return {{"batch", b}, {"span_us", span_us}, {"shares", shares}, {"kernels", kernels}};
+  return {{"batch", b}, {"step", label}, {"span_us", span_us}, {"shares", shares},
+          {"kernels", kernels}};
 }
 
 int Run(const Options& o) {
@@ -276,6 +286,10 @@ int Run(const Options& o) {
   config.programmatic_launch = o.programmatic_launch;
   config.cuda_kernel_path = o.kernel_path;
   config.fp32_residual = o.fp32_residual;
+  config.fuse_ssm_norm = o.fuse_ssm_norm;
+  config.skinny_l2_prefetch_bytes = o.l2_prefetch_bytes;
+  config.skinny_split_k = o.skinny_split_k;
+  config.ssm_decode_late_dependents = o.ssm_decode_late_dependents;
   config.tensor_parallel_size = o.tensor_parallel_size;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
@@ -372,6 +386,10 @@ int Run(const Options& o) {
       {"dtype", dtype_name},
       {"quantization", engine::RunnerQuantizationName(stats.quantization)},
       {"fp32_residual", o.fp32_residual},
+      {"fuse_ssm_norm", o.fuse_ssm_norm},
+      {"skinny_l2_prefetch_bytes", o.l2_prefetch_bytes},
+      {"skinny_split_k", o.skinny_split_k},
+      {"ssm_decode_late_dependents", o.ssm_decode_late_dependents},
       {"cuda_kernel_path", engine::CudaKernelPathName(o.kernel_path)},
       {"kernels", hopper_kernels ? "hopper" : "portable"},
       {"kernel_code_capability", code_capability},
@@ -416,9 +434,10 @@ int Run(const Options& o) {
                                  {"weight_bytes_read", step_weight_bytes},
                                  {"state_bytes", b * state_step_bytes},
                                  {"ratio", seconds / floor}});
-    if (!o.timeline.empty()) timelines.push_back(RecordTimeline(**runner, batch, b));
+    if (!o.timeline.empty()) {
+      timelines.push_back(RecordTimeline(**runner, batch, b, "batch " + std::to_string(b)));
+    }
   }
-  if (!o.timeline.empty()) std::ofstream(o.timeline) << timelines.dump(1) << "\n";
 
   // Prefill: S sequences of N new tokens from position 0.
   if (o.prefill_seqs > 0 && o.prefill_tokens > 0) {
@@ -459,7 +478,13 @@ int Run(const Options& o) {
                           {"step_seconds", seconds}, {"flops", flops},
                           {"floor_seconds", floor}, {"ratio", seconds / floor},
                           {"tokens_per_second", total_tokens / seconds}};
+    if (!o.timeline.empty()) {
+      timelines.push_back(RecordTimeline(
+          **runner, batch, 0, "prefill " + std::to_string(o.prefill_seqs) + " x " +
+                                  std::to_string(n)));
+    }
   }
+  if (!o.timeline.empty()) std::ofstream(o.timeline) << timelines.dump(1) << "\n";
   if (!o.json.empty()) {
     std::ofstream(o.json) << results.dump(2) << "\n";
   }
@@ -519,6 +544,16 @@ int main(int argc, char** argv) {
       o.kernel_path = *path;
     } else if (arg == "--no-fp32-residual") {
       o.fp32_residual = false;
+    } else if (arg == "--no-ssm-norm-fusion") {
+      o.fuse_ssm_norm = false;
+    } else if (arg == "--no-skinny-split-k") {
+      o.skinny_split_k = false;
+    } else if (arg == "--ssm-decode-late-dependents") {
+      o.ssm_decode_late_dependents = true;
+    } else if (arg == "--l2-prefetch-mib") {
+      const double mib = std::atof(value().c_str());
+      if (!(mib >= 0)) return lmserve::Usage("--l2-prefetch-mib: a size of at least 0");
+      o.l2_prefetch_bytes = static_cast<int64_t>(mib * 1048576.0);
     } else if (arg == "--tensor-parallel-size") {
       o.tensor_parallel_size = std::atoi(value().c_str());
     } else if (arg == "--batches") {

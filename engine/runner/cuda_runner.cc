@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -39,6 +40,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/ssm.h"
 #include "kernels/cuda/token_bitmask.h"
 
@@ -220,6 +222,17 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::unique_ptr<kc::BlasLtHandle> blas_;
   CudaBuffer gemm_workspace_;
   std::unique_ptr<cuda::GemmSelector> gemms_;
+  // The gated RMSNorm folded into the SSM decode kernel and out_proj (RunnerConfig::fuse_ssm_norm;
+  // SsmScan says when): the partial sums of squares the decode kernel writes, one row, and the
+  // norm's state between the three ops — set by SsmScan, handed on by GatedRmsNorm (which then
+  // launches nothing), taken by the Linear that reads `out`.
+  CudaBuffer ssm_norm_partials_;
+  struct PendingSsmNorm {
+    Buffer out;
+    cuda::GemmNormEpilogue epilogue;
+    bool gated = false;  // GatedRmsNorm has run
+  };
+  std::optional<PendingSsmNorm> pending_ssm_norm_;
   // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
   // (-1 before), and the weight's place among its kind's.
   std::vector<int> weight_projection_;
@@ -451,6 +464,8 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   gemms_ =
       std::make_unique<cuda::GemmSelector>(blas_->get(), gemm_workspace_.get(), kGemmWorkspaceBytes,
                                            stream_, kernel_dtype_, runner_config_.decode_gemm);
+  gemms_->set_l2_prefetch_bytes(runner_config_.skinny_l2_prefetch_bytes);
+  gemms_->set_split_k(runner_config_.skinny_split_k);
 
   // Weights, then the rotary tables (fp32, every position the model takes).
   LMSERVE_ASSIGN_OR_RETURN(weights_,
@@ -568,6 +583,9 @@ absl::Status CudaRunner::AllocateKvPool() {
     LMSERVE_RETURN_IF_CUDA_ERROR(
         cudaMemsetAsync(state_pool_.get(), 0, state_pool_.bytes(), stream_),
         "zeroing the state slots");
+    LMSERVE_ASSIGN_OR_RETURN(
+        ssm_norm_partials_,
+        CudaBuffer::Device(kc::kMaxSkinnyNormPartials * sizeof(float), "the SSM norm's sums"));
   }
   // What the memory budget leaves, or what the caller fixed.
   const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
@@ -700,7 +718,15 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
   const auto [id, layer] = Projection(weight, /*logits=*/false);
-  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out)));
+  std::optional<PendingSsmNorm> norm;
+  norm.swap(pending_ssm_norm_);
+  if (norm.has_value() && (!norm->gated || norm->out != in)) {
+    return absl::InternalError("CUDA runner: the SSM decode kernel's gated norm is not the next "
+                               "product's input");
+  }
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out), /*act=*/nullptr,
+                                      /*late_dependents=*/false, kernels::GateActivation::kSilu,
+                                      norm.has_value() ? &norm->epilogue : nullptr));
   const WeightSpec& spec = model_->weights()[weight];
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
@@ -904,8 +930,33 @@ absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) 
 
 absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) {
   if (step_.decode_only) {
-    const kc::SsmDecodeParams decode{.conv = SsmConvParams(layer, in, conv),
-                                     .scan = SsmScanParams(layer, in, conv, out)};
+    const SsmConfig& ssm = config_.ssm;
+    kc::SsmDecodeParams decode{.conv = SsmConvParams(layer, in, conv),
+                               .scan = SsmScanParams(layer, in, conv, out)};
+    // The gated RMSNorm that follows, folded into this kernel (its gating and weight) and
+    // out_proj's skinny GEMM (its scale), where out_proj runs that kernel (one token, bf16),
+    // the norm spans the whole inner width (one group, no tensor parallelism) and the partial
+    // sums fit the GEMM's epilogue (not with FP8 projections: their kernels have no such
+    // epilogue). The norm's kernel alone costs more than the two additions
+    // (an H100, Mamba-2-2.7B at batch 1: 2.8 us a layer on the step's critical path).
+    if (runner_config_.fuse_ssm_norm && !fp8_ && step_.tokens == 1 && comm_ == nullptr &&
+        ssm.norm_groups == 1 && gemms_->SkinnyAtOneRow(config_.hidden_size, ssm.inner())) {
+      decode.norm = {.gate = Buf(in),
+                     .gate_stride = ssm.in_proj_dim(),
+                     .weight = weights_[layer.norm],
+                     .partials = ssm_norm_partials_.as<float>()};
+      const int64_t partials = kc::SsmDecodeNormPartials(decode);
+      if (partials > 0 && partials <= kc::kMaxSkinnyNormPartials) {
+        pending_ssm_norm_ = PendingSsmNorm{.out = out,
+                                           .epilogue = {.partials = decode.norm.partials,
+                                                        .num_partials = partials,
+                                                        .width = ssm.inner(),
+                                                        .epsilon = layer.norm_epsilon}};
+      } else {
+        decode.norm = {};
+      }
+    }
+    decode.late_dependents = runner_config_.ssm_decode_late_dependents;
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(decode, stream_), "SSM decode update");
     return absl::OkStatus();
   }
@@ -916,6 +967,14 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
 
 absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
   const SsmConfig& ssm = config_.ssm;
+  if (pending_ssm_norm_.has_value()) {  // done by the decode kernel and the next product
+    if (pending_ssm_norm_->gated || pending_ssm_norm_->out != y || y != out) {
+      return absl::InternalError("CUDA runner: the SSM decode kernel's gated norm is not this "
+                                 "one, in place");
+    }
+    pending_ssm_norm_->gated = true;
+    return absl::OkStatus();
+  }
   const kc::SsmGatedRmsNormParams norm{.input = Buf(y),
                                        .gate = Buf(in),
                                        .gate_stride = ssm.in_proj_dim(),
@@ -1030,7 +1089,13 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
 
 absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
-  return model_->Forward(*this);
+  pending_ssm_norm_.reset();
+  LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
+  if (pending_ssm_norm_.has_value()) {
+    return absl::InternalError("CUDA runner: an SSM decode kernel's gated norm was left to a "
+                               "product that never came");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {

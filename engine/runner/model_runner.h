@@ -241,6 +241,19 @@ struct RunnerConfig {
   // Chain the step's kernels by programmatic dependent launch (sm_90): each launches while its
   // predecessor finishes. Process-wide in effect: the last CUDA runner created sets it.
   bool programmatic_launch = true;
+  // CUDA runner, Mamba-2 decode steps of one token: the gated RMSNorm folded into the SSM decode
+  // kernel (its gating) and out_proj's skinny GEMM (its scale) instead of a kernel of its own
+  // (kernels/cuda/ssm.h, SsmDecodeGatedNorm).
+  bool fuse_ssm_norm = true;
+  // CUDA runner: the skinny GEMM's L2 prefetch before its programmatic-launch wait, in bytes a
+  // product (kernels/cuda/skinny_gemm.h, l2_prefetch_bytes); 0: none.
+  int64_t skinny_l2_prefetch_bytes = 0;
+  // CUDA runner: the skinny GEMM at one row splits k over two warps a row pair where its grid
+  // would make fewer than 2 blocks a multiprocessor (skinny_gemm.h, k_split 0); off: never.
+  bool skinny_split_k = true;
+  // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
+  // stores are issued, instead of right after its wait (ssm.h, late_dependents).
+  bool ssm_decode_late_dependents = false;
   // The CUDA kernels' path; kPortable also turns programmatic dependent launch off (it is
   // Hopper's). Process-wide in effect, as programmatic_launch.
   CudaKernelPath cuda_kernel_path = CudaKernelPath::kAuto;

@@ -29,6 +29,15 @@ absl::Status SkinnyGemmParams::Validate() const {
   if (xs < k || xs % 8 != 0 || ys < y_columns) {
     return KernelError("SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
+  if (l2_prefetch_bytes < 0) return KernelError("SkinnyGemm", "negative l2_prefetch_bytes");
+  if (k_split < 0 || k_split > 2) return KernelError("SkinnyGemm", "k_split is 0, 1 or 2");
+  if (norm_partials != nullptr &&
+      (silu_and_mul || m != 1 || num_norm_partials <= 0 ||
+       num_norm_partials > kMaxSkinnyNormPartials || norm_width <= 0)) {
+    return KernelError("SkinnyGemm", StrCat("the norm epilogue takes one row, 1 to ",
+                                            kMaxSkinnyNormPartials,
+                                            " partials and a width, and no silu_and_mul"));
+  }
   if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
   if (!Aligned16(x) || !Aligned16(w)) {
     return KernelError("SkinnyGemm", "x and W must be 16-byte aligned");

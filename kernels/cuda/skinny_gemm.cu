@@ -1,7 +1,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -26,21 +29,57 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
 // (b * kWarps + w) * kRowsPerWarp + [0, kRowsPerWarp). With kSiluAndMul, warp w takes output
 // column j = b * kWarps + w: the gate row j and the up row j + n / 2, and writes
 // act(gate) * up (kActivation).
+// The norm epilogue's partial sums a lane holds (SkinnyGemmParams::norm_partials, one row).
+constexpr int kNormPartialsPerLane = kMaxSkinnyNormPartials / 32;
+
+// What the kernel does besides the product (skinny_gemm.h): the L2 prefetch before the wait, and
+// the norm epilogue (kNorm).
+struct SkinnyExtras {
+  int prefetch_offset = 0;  // bytes into each row where the prefetch starts
+  int prefetch_bytes = 0;   // per row; 0: none
+  // The warps of one wave of resident blocks: a warp of the first wave also asks L2 for the
+  // whole rows of warps warp + wave_warps, warp + 2 * wave_warps, ... (blocks that start only
+  // once others finish, without overlapping anything). 0: none.
+  int wave_warps = 0;
+  const float* norm_partials = nullptr;
+  int num_norm_partials = 0;
+  float inv_norm_width = 0.0f;
+  float norm_epsilon = 0.0f;
+};
+
+// Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned).
+__device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// kSplit (1 or 2): warps a row pair, each taking a contiguous 1 / kSplit of k, their sums added
+// through shared memory (SkinnyGemmParams::k_split; every warp of the grid then has rows).
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu>
+          GateActivation kActivation = GateActivation::kSilu, bool kNorm = false, int kSplit = 1>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
-                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents) {
+                     int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
+                     SkinnyExtras extras) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
+  static_assert(!kNorm || (M == 1 && !kSiluAndMul), "the norm epilogue takes one row");
+  static_assert(kSplit == 1 || !kSiluAndMul);
   const int lane = threadIdx.x % 32;
-  const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int warp_in_block = threadIdx.x / 32;
+  const int slice = warp_in_block % kSplit;  // of k
+  const int warp_index = blockIdx.x * (kWarps / kSplit) + warp_in_block / kSplit;  // row pair
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
     return;
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
-  const int chunks = k / 8;
+  const int chunks = k / 8 / kSplit;  // of this warp's slice
+  if constexpr (kSplit > 1) {
+    w += static_cast<int64_t>(slice) * chunks * 8;
+    x += static_cast<int64_t>(slice) * chunks * 8;
+  }
   float acc[kRowsPerWarp][M];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -66,8 +105,37 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kStep = 32 * kUnroll;
   int c = lane;
   if (kStep <= chunks) load_w(c);
+  // Lane r asks L2 for the rest of row r (up to extras.prefetch_bytes of it), past the pieces
+  // just loaded.
+  if (extras.prefetch_bytes > 0 && lane < kRowsPerWarp &&
+      (kSiluAndMul || row0 + lane < n)) {
+    PrefetchL2(reinterpret_cast<const char*>(w + int64_t{row0 + lane * row_step} * k) +
+                   extras.prefetch_offset,
+               extras.prefetch_bytes);
+  }
+  if (extras.wave_warps > 0 && lane == 0) {
+    const int warps = kSiluAndMul ? n / 2 : (n + kRowsPerWarp - 1) / kRowsPerWarp;
+    for (int later = warp_index + extras.wave_warps; later < warps; later += extras.wave_warps) {
+      if constexpr (kSiluAndMul) {
+        PrefetchL2(w + int64_t{later} * k, k * static_cast<int>(sizeof(T)));
+        PrefetchL2(w + int64_t{later + n / 2} * k, k * static_cast<int>(sizeof(T)));
+      } else {
+        const int rows = min(kRowsPerWarp, n - later * kRowsPerWarp);
+        PrefetchL2(w + int64_t{later} * kRowsPerWarp * k, rows * k * static_cast<int>(sizeof(T)));
+      }
+    }
+  }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
+  // The norm epilogue's partial sums: requested now, summed after the products.
+  [[maybe_unused]] float partials[kNorm ? kNormPartialsPerLane : 1];
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int j = 0; j < kNormPartialsPerLane; ++j) {
+      const int index = lane + 32 * j;
+      partials[j] = index < extras.num_norm_partials ? extras.norm_partials[index] : 0.0f;
+    }
+  }
   for (; c - lane + kStep <= chunks; c += kStep) {
     if (c != lane) {
       load_w(c);
@@ -121,6 +189,34 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
   }
+  if constexpr (kSplit > 1) {  // the slices' sums into slice 0's warp
+    __shared__ float slice_sums[kWarps][kRowsPerWarp][M];
+    if (slice != 0 && lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int t = 0; t < M; ++t) slice_sums[warp_in_block][r][t] = acc[r][t];
+      }
+    }
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int s = 1; s < kSplit; ++s) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int t = 0; t < M; ++t) acc[r][t] += slice_sums[warp_in_block + s][r][t];
+      }
+    }
+  }
+  if constexpr (kNorm) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormPartialsPerLane; ++j) sum += partials[j];
+    const float scale = rsqrtf(WarpSum(sum) * extras.inv_norm_width + extras.norm_epsilon);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= scale;
+  }
   if constexpr (kSiluAndMul) {
     if (lane == 0) {
 #pragma unroll
@@ -144,20 +240,84 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename OutT, bool kSiluAndMul,
           GateActivation kActivation = GateActivation::kSilu>
 cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
+  SkinnyExtras extras;
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
   const unsigned blocks =
       static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));  // both mappings
+  // Two warps a row pair (one row, no activation) where the blocks would not make 2 a
+  // multiprocessor, each half of k a full step of the loop or more, and the rows fill every
+  // block: twice the loads in flight for a short, wide product (Mamba-2-2.7B's out_proj: 160
+  // blocks of 16 rows).
+  constexpr int kSplitRows = kWarps / 2 * kRowsPerWarp;
+  [[maybe_unused]] const bool split =
+      !kSiluAndMul && p.m == 1 && p.n % kSplitRows == 0 && p.k % 16 == 0 &&
+      p.k / 16 >= 32 * kUnroll &&
+      (p.k_split == 2 ||
+       (p.k_split == 0 && blocks < 2 * static_cast<unsigned>(CurrentMultiprocessorCount())));
+  [[maybe_unused]] const unsigned split_blocks = static_cast<unsigned>(p.n / kSplitRows);
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  // The L2 prefetch's budget (SkinnyExtras): first the rows of blocks past the first wave of
+  // resident ones (they start only as others finish: the kernel's tail), where they fit; then
+  // what is left, spread over every row past the pieces of the kernel's first step (loaded into
+  // registers before the wait).
+  auto launch = [&](auto kernel, auto&&... args) {
+    int64_t budget = p.l2_prefetch_bytes;
+    const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
+    int per_sm = 0;
+    if (budget > 0 &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) ==
+            cudaSuccess &&
+        per_sm > 0) {
+      const int64_t wave = int64_t{per_sm} * CurrentMultiprocessorCount();
+      const int64_t later_bytes =
+          std::max<int64_t>(0, p.n - wave * kWarps * kRowsPerWarp) * row_bytes;
+      if (wave < blocks && later_bytes <= budget) {
+        extras.wave_warps = static_cast<int>(wave * kWarps);
+        budget -= later_bytes;
+      }
+    }
+    if (budget > 0) {
+      const int64_t first = p.k / 8 >= 32 * kUnroll ? int64_t{32 * kUnroll * 16} : 0;
+      const int64_t per_row = std::min(row_bytes - first, budget / p.n) / 16 * 16;
+      if (per_row > 0) {
+        extras.prefetch_offset = static_cast<int>(first);
+        extras.prefetch_bytes = static_cast<int>(per_row);
+      }
+    }
+    return LaunchKernel(kernel, blocks, kThreads, 0, stream, args..., extras);
+  };
+  [[maybe_unused]] auto launch_split = [&](auto kernel, auto&&... args) {  // no prefetch
+    return LaunchKernel(kernel, split_blocks, kThreads, 0, stream, args..., extras);
+  };
+  if constexpr (!kSiluAndMul) {
+    if (p.norm_partials != nullptr) {  // Validate(): one row
+      extras.norm_partials = p.norm_partials;
+      extras.num_norm_partials = static_cast<int>(p.num_norm_partials);
+      extras.inv_norm_width = 1.0f / static_cast<float>(p.norm_width);
+      extras.norm_epsilon = p.norm_epsilon;
+      if (split) {
+        return launch_split(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true, 2>, x, w, y, n,
+                            k, x_stride, y_stride, p.late_dependents);
+      }
+      return launch(SkinnyGemmKernel<T, OutT, 1, false, kActivation, true>, x, w, y, n, k,
+                    x_stride, y_stride, p.late_dependents);
+    }
+  }
+  if constexpr (!kSiluAndMul) {
+    if (split) {
+      return launch_split(SkinnyGemmKernel<T, OutT, 1, false, kActivation, false, 2>, x, w, y, n,
+                          k, x_stride, y_stride, p.late_dependents);
+    }
+  }
   switch (p.m) {
 #define LMSERVE_SKINNY_CASE(M)                                                          \
   case M:                                                                               \
-    return LaunchKernel(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks, kThreads, \
-                        0, stream,                                                      \
-                        x, w, y, n, k, x_stride, y_stride, p.late_dependents);
+    return launch(SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, x, w, y, n, k,   \
+                  x_stride, y_stride, p.late_dependents);
     LMSERVE_SKINNY_CASE(1)
     LMSERVE_SKINNY_CASE(2)
     LMSERVE_SKINNY_CASE(3)

@@ -23,6 +23,8 @@
 namespace lmserve::kernels::cuda {
 
 inline constexpr int64_t kMaxSkinnyGemmRows = 8;
+// The most partial sums the norm epilogue (SkinnyGemmParams::norm_partials) takes a row.
+inline constexpr int kMaxSkinnyNormPartials = 512;
 
 struct SkinnyGemmParams {
   const void* x = nullptr;  // [m, k], row stride x_stride; device, 16-byte aligned
@@ -44,6 +46,28 @@ struct SkinnyGemmParams {
   // When the next kernel may launch (programmatic dependent launch, common.cuh): once every warp
   // has read its share of W (late), or right after the wait, as most kernels do.
   bool late_dependents = true;
+  // Before its wait for the previous kernel, the kernel asks L2 for up to this many bytes of W
+  // (cp.async.bulk.prefetch.L2, sm_90; nothing elsewhere): first the rows of the blocks past
+  // the first wave of resident ones, if they fit (they would start only as others finish, the
+  // kernel's tail: Mamba-2-2.7B's in_proj at one row is 661 blocks where 528 are resident), then
+  // what is left spread evenly over the rows, past the pieces each warp loads into registers
+  // there. A kernel launched while a short, latency-bound one runs (programmatic dependent
+  // launch) so keeps the memory busy, and its W then comes from L2. 0: none. Keep it well under
+  // the L2's size.
+  int64_t l2_prefetch_bytes = 0;
+  // Two warps a pair of W's rows, each over half of k (one row of x, no activation, n a multiple
+  // of 8, k / 2 at least 1024): 2 always where the shape allows; 0 where also the grid would
+  // make fewer than 2 blocks a multiprocessor (a short, wide product: more loads in flight);
+  // 1 never. No L2 prefetch then.
+  int k_split = 1;
+  // Mamba-2's gated RMSNorm applied in the epilogue (the decode kernel's fused form, ssm.h): x
+  // holds weight * v (v = y * silu(z)) and norm_partials[t * num_norm_partials + j] the partial
+  // sums of v^2 of row t; y[t] = rsqrt(sum / norm_width + norm_epsilon) * (x[t] W^T). Null: none.
+  // One row (m 1), at most kMaxSkinnyNormPartials partials; not with silu_and_mul.
+  const float* norm_partials = nullptr;
+  int64_t num_norm_partials = 0;
+  int64_t norm_width = 0;
+  float norm_epsilon = 0.0f;
 
   absl::Status Validate() const;
 };

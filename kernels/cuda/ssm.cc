@@ -74,6 +74,12 @@ absl::Status SsmDecodeParams::Validate() const {
       conv.dtype != scan.dtype || conv.seqs.num_seqs != scan.seqs.num_seqs) {
     return KernelError("SsmDecode", "the conv's channels are not the scan's x, B and C");
   }
+  if (norm.partials != nullptr &&
+      (norm.gate == nullptr || norm.weight == nullptr ||
+       norm.gate_stride < scan.num_heads * scan.head_dim)) {
+    return KernelError("SsmDecode", StrCat("the gated norm needs a gate of stride at least ",
+                                           scan.num_heads * scan.head_dim, " and a weight"));
+  }
   return absl::OkStatus();
 }
 

@@ -269,9 +269,20 @@ constexpr int DecodeLanes() {
 // taps, so that a block launched after in_proj has completed waits for one round trip, not two.
 // The ring row a step writes (position pos, row pos % kernel) holds position pos - kernel,
 // which no block of the step reads.
-template <typename T, int kN, int kL, int kR>
+// With kGated, the gated RMSNorm's gating and weight (SsmDecodeGatedNorm): the output is
+// weight * v, v = y * silu(z), and the block's sum of v^2 goes to gn.partials[row * gridDim.x +
+// blockIdx.x]. Each row's z and weight are read by its lanes with the step's other loads.
+template <typename T>
+struct GatedNormArgs {
+  const T* gate;
+  int64_t gate_stride;
+  const T* weight;
+  float* partials;
+};
+
+template <typename T, int kN, int kL, int kR, bool kGated = false>
 __global__ void __launch_bounds__(kDecodeThreads)
-    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a) {
+    SsmDecodeKernel(ConvArgs<T> conv, ScanArgs<T> a, GatedNormArgs<T> gn, bool late_dependents) {
   constexpr int kGroups = kDecodeThreads / kL;
   constexpr int kRows = kGroups * kR;
   constexpr int kChannels = 2 * kN + kRows;  // B, C, then the block's x channels
@@ -332,7 +343,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
   }
-  BeginDependentKernel();
+  // The norm's weight of each of the thread's rows (kGated).
+  [[maybe_unused]] float norm_w[kGated ? kR : 1];
+  if constexpr (kGated) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int p = p0 + group + r * kGroups;
+      norm_w[r] = p < hd ? ToFloat(gn.weight[static_cast<int64_t>(h) * hd + p]) : 0.0f;
+    }
+  }
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
   if (ctx == 0) return;  // padding: the whole block
   const int64_t row = a.seqs.query_start[i];
   if (threadIdx.x == 0) {
@@ -343,6 +364,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int j = 0; j < kPerThread; ++j) {
     const int k = threadIdx.x + j * kDecodeThreads;
     x_new[j] = k < num_channels ? ToFloat(conv.input[row * conv.input_stride + channel(k)]) : 0.0f;
+  }
+  [[maybe_unused]] float z[kGated ? kR : 1];  // the gate of each of the thread's rows (kGated)
+  if constexpr (kGated) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int p = p0 + group + r * kGroups;
+      z[r] = p < hd ? ToFloat(gn.gate[row * gn.gate_stride + static_cast<int64_t>(h) * hd + p])
+                    : 0.0f;
+    }
   }
   float* ring_out = conv.states + slot * conv.kernel * conv.channels +
                     static_cast<int64_t>(pos % conv.kernel) * conv.channels;
@@ -363,6 +393,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncthreads();
   const float dt = s_dt, decay = expf(dt * A);
+  float squares = 0.0f;  // kGated: this lane's share of the block's sum of v^2
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int p = p0 + group + r * kGroups;
@@ -372,10 +403,30 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (valid) {
       st[r].Store(head_state + static_cast<int64_t>(p) * kN, s);
       if (s == 0) {
-        a.output[row * inner + static_cast<int64_t>(h) * hd + p] = FromFloat<T>(acc + dh * x);
+        T* out = a.output + row * inner + static_cast<int64_t>(h) * hd + p;
+        if constexpr (kGated) {
+          const float v = ToFloat(FromFloat<T>(acc + dh * x)) * Silu(z[r]);
+          squares += v * v;
+          *out = FromFloat<T>(norm_w[r] * v);
+        } else {
+          *out = FromFloat<T>(acc + dh * x);
+        }
       }
     }
   }
+  if constexpr (kGated) {
+    __shared__ float warp_squares[kDecodeThreads / 32];
+    squares = WarpSum(squares);
+    if (threadIdx.x % 32 == 0) warp_squares[threadIdx.x / 32] = squares;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeThreads / 32; ++w) sum += warp_squares[w];
+      gn.partials[row * gridDim.x + blockIdx.x] = sum;
+    }
+  }
+  if (late_dependents) AllowDependentLaunch();
 }
 
 constexpr int kGatedNormMaxThreads = 1024;
@@ -548,6 +599,53 @@ cudaError_t Launch(const SsmScanParams& p, cudaStream_t stream) {
   });
 }
 
+namespace {
+
+// The decode kernel's large-block shape for state kN: lanes a row, rows a group, rows a block.
+template <int kN>
+struct LargeDecodeShape {
+  static constexpr int kL = DecodeLanes<kN, 32>();
+  static constexpr int kR = 32 * kL / kN;
+  static constexpr int kRows = kDecodeThreads / kL * kR;
+};
+
+// Whether Launch runs the large blocks (Mamba-2-2.7B: from 7 sequences): 32 lanes a row and 32
+// floats of state a thread (kN 128: 8 rows a group, 64 a block), where its rows divide head_dim
+// and it still makes 4 blocks a multiprocessor or more.
+template <int kN>
+bool LargeDecodeBlocks(const SsmDecodeParams& p) {
+  if constexpr (kN >= 64) {
+    constexpr int kRows = LargeDecodeShape<kN>::kRows;
+    const int64_t seqs = p.scan.seqs.num_seqs, heads = p.scan.num_heads, hd = p.scan.head_dim;
+    const bool large =
+        p.blocks == SsmDecodeBlocks::kLarge ||
+        (p.blocks == SsmDecodeBlocks::kAuto &&
+         seqs * heads * (hd / kRows) >= 4 * int64_t{CurrentMultiprocessorCount()});
+    return hd % kRows == 0 && large;
+  } else {
+    return false;
+  }
+}
+
+// Rows a block of the decode kernel's small shape.
+template <int kN>
+constexpr int SmallDecodeRows() {
+  return kDecodeThreads / DecodeLanes<kN, 16>();
+}
+
+}  // namespace
+
+int64_t SsmDecodeNormPartials(const SsmDecodeParams& p) {
+  int64_t rows = 0;
+  const cudaError_t error = DispatchStateSize(p.scan.state_size, [&](auto n_tag) {
+    constexpr int kN = decltype(n_tag)::value;
+    rows = LargeDecodeBlocks<kN>(p) ? LargeDecodeShape<kN>::kRows : SmallDecodeRows<kN>();
+    return cudaSuccess;
+  });
+  if (error != cudaSuccess) return 0;
+  return p.scan.num_heads * CeilDiv(p.scan.head_dim, rows);
+}
+
 cudaError_t Launch(const SsmDecodeParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.scan.seqs.num_seqs == 0) return cudaSuccess;
@@ -556,29 +654,26 @@ cudaError_t Launch(const SsmDecodeParams& p, cudaStream_t stream) {
     return DispatchStateSize(p.scan.state_size, [&](auto n_tag) -> cudaError_t {
       constexpr int kN = decltype(n_tag)::value;
       const int64_t seqs = p.scan.seqs.num_seqs, heads = p.scan.num_heads, hd = p.scan.head_dim;
-      auto launch = [&](auto kernel, int rows) {
+      const GatedNormArgs<T> gn{static_cast<const T*>(p.norm.gate), p.norm.gate_stride,
+                                static_cast<const T*>(p.norm.weight), p.norm.partials};
+      const bool gated = p.norm.partials != nullptr;
+      auto launch = [&](auto kernel, auto gated_kernel, int rows) {
         const dim3 grid(static_cast<unsigned>(heads * CeilDiv(hd, rows)),
                         static_cast<unsigned>(seqs));
-        return LaunchKernel(kernel, grid, dim3(kDecodeThreads), 0, stream, MakeConvArgs<T>(p.conv),
-                            MakeScanArgs<T>(p.scan));
+        return LaunchKernel(gated ? gated_kernel : kernel, grid, dim3(kDecodeThreads), 0, stream,
+                            MakeConvArgs<T>(p.conv), MakeScanArgs<T>(p.scan), gn,
+                            p.late_dependents);
       };
       if constexpr (kN >= 64) {
-        // The large-batch shape: 32 lanes a row and 32 floats of state a thread (kN 128: 8 rows a
-        // group, 64 a block), where its rows divide head_dim and it still makes 4 blocks a
-        // multiprocessor or more (Mamba-2-2.7B: from 7 sequences).
-        constexpr int kL = DecodeLanes<kN, 32>();
-        constexpr int kR = 32 * kL / kN;
-        constexpr int kRows = kDecodeThreads / kL * kR;
-        const bool large =
-            p.blocks == SsmDecodeBlocks::kLarge ||
-            (p.blocks == SsmDecodeBlocks::kAuto &&
-             seqs * heads * (hd / kRows) >= 4 * int64_t{CurrentMultiprocessorCount()});
-        if (hd % kRows == 0 && large) {
-          return launch(SsmDecodeKernel<T, kN, kL, kR>, kRows);
+        using Shape = LargeDecodeShape<kN>;
+        if (LargeDecodeBlocks<kN>(p)) {
+          return launch(SsmDecodeKernel<T, kN, Shape::kL, Shape::kR>,
+                        SsmDecodeKernel<T, kN, Shape::kL, Shape::kR, true>, Shape::kRows);
         }
       }
       constexpr int kL = DecodeLanes<kN, 16>();
-      return launch(SsmDecodeKernel<T, kN, kL, 1>, kDecodeThreads / kL);
+      return launch(SsmDecodeKernel<T, kN, kL, 1>, SsmDecodeKernel<T, kN, kL, 1, true>,
+                    SmallDecodeRows<kN>());
     });
   });
 }

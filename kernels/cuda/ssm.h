@@ -28,7 +28,8 @@
 //   group's B and C conv, which every block computes, is computed once a head. The state rows
 //   and the conv taps of older positions are read before the kernel's programmatic-launch wait
 //   (they overlap in_proj), each state byte read and written once; after the wait one round
-//   trip (the step's conv inputs and dt) before the update.
+//   trip (the step's conv inputs and dt) before the update. Optionally the gated RMSNorm's
+//   gating and weight too, its scale left to out_proj (SsmDecodeGatedNorm).
 // - GatedRmsNorm: one block per (token, norm group) of up to 1024 threads, 16-byte accesses
 //   where rows are aligned, the gated values kept in shared memory between the reduction and
 //   the write (a group of at most kSsmMaxNormGroup).
@@ -109,13 +110,34 @@ struct SsmScanParams {
 // (kLarge where the shape does not allow it runs kSmall).
 enum class SsmDecodeBlocks { kAuto, kSmall, kLarge };
 
+// The gated RMSNorm folded into the decode kernel, for one norm group spanning the whole inner
+// width: the kernel writes weight * v (v = y * silu(z), y rounded to the output type first, as
+// the norm kernel reads it) instead of y, and partials[row * P + b] = the sum of v^2 over block
+// b's rows of token row `row` (P = SsmDecodeNormPartials(params): the grid's blocks a sequence).
+// The norm's scale, rsqrt(sum / width + epsilon), is left to the next product (skinny_gemm.h's
+// norm epilogue), which sums the P partials of its row.
+struct SsmDecodeGatedNorm {
+  const void* gate = nullptr;  // z: [num_tokens, gate_stride], columns [0, inner); device
+  int64_t gate_stride = 0;
+  const void* weight = nullptr;  // [inner]; device
+  float* partials = nullptr;     // [num_tokens, P]; device. Null: no norm (the plain y out)
+};
+
 struct SsmDecodeParams {
   SsmConvParams conv;
   SsmScanParams scan;
   SsmDecodeBlocks blocks = SsmDecodeBlocks::kAuto;
+  SsmDecodeGatedNorm norm = {};
+  // When the next kernel may launch (programmatic dependent launch): right after the wait (its
+  // launch and weight loads overlap this kernel), or only once this kernel's stores are issued.
+  bool late_dependents = false;
 
   absl::Status Validate() const;
 };
+
+// The decode kernel's blocks a sequence for `params` (its shape and the block shape it picks):
+// the gated norm's partial sums a row.
+int64_t SsmDecodeNormPartials(const SsmDecodeParams& params);
 
 struct SsmGatedRmsNormParams {
   const void* input = nullptr;   // y: [num_tokens, width]; device

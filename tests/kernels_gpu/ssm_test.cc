@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/ssm.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/ssm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -288,6 +290,217 @@ TEST(SsmGpuTest, GatedRmsNormMatchesTheCpu) {
       }
     }
   }
+}
+
+// The decode kernel with the gated RMSNorm folded in (its gating and weight; SsmDecodeGatedNorm)
+// and the skinny GEMM's norm epilogue (its scale) as out_proj, against the CPU twins' conv,
+// scan, gated norm and linear layer: a prefill of 9 tokens (the separate kernels), then a decode
+// step of one token in bf16. Bound: 2e-2 relative L2 (bf16 roundings of y, the gated values and
+// the product, which the unfused path rounds in other places).
+void CheckDecodeWithGatedNorm(const HeadShape& shape, SsmDecodeBlocks blocks) {
+  const DType dtype = DType::kBF16;
+  const int64_t heads = shape.heads, head_dim = shape.head_dim, state = shape.state,
+                groups = shape.groups;
+  const int64_t inner = heads * head_dim, conv_dim = inner + 2 * groups * state;
+  const int64_t in_proj = inner + conv_dim + heads, out_features = 136;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "heads " << heads << " x " << head_dim << ", state "
+                                    << state << ", decode blocks "
+                                    << (blocks == SsmDecodeBlocks::kLarge ? "large" : "small")
+                                    << ", seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> conv_w = RandomFloats(conv_dim * kKernel, rng, 0.5f);
+  std::vector<float> conv_b = RandomFloats(conv_dim, rng, 0.1f);
+  std::vector<float> dt_bias = RandomFloats(heads, rng, 0.5f, -1.0f);
+  std::vector<float> a_log = RandomFloats(heads, rng, 0.5f);
+  std::vector<float> d = RandomFloats(heads, rng, 1.0f);
+  std::vector<float> norm_w = RandomFloats(inner, rng, 0.2f, 1.0f);
+  std::vector<float> out_w = RandomFloats(out_features * inner, rng, 0.1f);
+  DeviceBuffer<uint8_t> d_conv_w = Upload(conv_w, dtype), d_conv_b = Upload(conv_b, dtype),
+                        d_dt_bias = Upload(dt_bias, dtype), d_a_log = Upload(a_log, dtype),
+                        d_d = Upload(d, dtype), d_norm_w = Upload(norm_w, dtype),
+                        d_out_w = Upload(out_w, dtype);
+  const std::vector<int32_t> slots = {2};
+  DeviceBuffer<int32_t> d_slots(slots);
+  std::vector<float> cpu_conv(kSlots * (kKernel - 1) * conv_dim, 7.0f);
+  std::vector<float> cpu_ssm(kSlots * heads * head_dim * state, 7.0f);
+  DeviceBuffer<float> gpu_conv(static_cast<size_t>(kSlots * kKernel * conv_dim));
+  DeviceBuffer<float> gpu_ssm(cpu_ssm);
+  gpu_conv.Poison(0x40);
+  for (int32_t step : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const int32_t len = step == 0 ? 9 : 1;
+    const std::vector<int32_t> query_start = {0, len}, context = {step == 0 ? 9 : 10};
+    std::vector<float> in = RandomFloats(len * in_proj, rng);
+    DeviceBuffer<uint8_t> d_in = Upload(in, dtype);  // rounds `in` too
+    DeviceBuffer<int32_t> d_query_start(query_start), d_context(context);
+    const SsmSequences cpu_seqs{.query_start = query_start.data(),
+                                .context_lens = context.data(),
+                                .state_slots = slots.data(),
+                                .num_seqs = 1,
+                                .num_slots = kSlots};
+    const SsmDeviceSequences gpu_seqs{.query_start = d_query_start.get(),
+                                      .context_lens = d_context.get(),
+                                      .state_slots = d_slots.get(),
+                                      .num_seqs = 1,
+                                      .num_slots = kSlots};
+    std::vector<float> cpu_xbc(len * conv_dim), cpu_y(len * inner);
+    kernels::CausalConv1d({.seqs = cpu_seqs,
+                           .input = in.data() + inner,
+                           .input_stride = in_proj,
+                           .weight = conv_w.data(),
+                           .bias = conv_b.data(),
+                           .output = cpu_xbc.data(),
+                           .conv_states = cpu_conv.data(),
+                           .channels = conv_dim,
+                           .kernel = kKernel});
+    testing::RoundToHalf(cpu_xbc, dtype);
+    kernels::SsmScan({.seqs = cpu_seqs,
+                      .xbc = cpu_xbc.data(),
+                      .xbc_stride = conv_dim,
+                      .dt = in.data() + inner + conv_dim,
+                      .dt_stride = in_proj,
+                      .dt_bias = dt_bias.data(),
+                      .a_log = a_log.data(),
+                      .d = d.data(),
+                      .output = cpu_y.data(),
+                      .ssm_states = cpu_ssm.data(),
+                      .num_heads = heads,
+                      .head_dim = head_dim,
+                      .state_size = state,
+                      .n_groups = groups,
+                      .chunk_size = 8});
+    DeviceBuffer<uint8_t> d_xbc = Poisoned(len * conv_dim, dtype);
+    DeviceBuffer<uint8_t> d_y = Poisoned(len * inner, dtype);
+    const SsmConvParams conv{.seqs = gpu_seqs,
+                             .input = d_in.get() + inner * 2,
+                             .input_stride = in_proj,
+                             .weight = d_conv_w.get(),
+                             .bias = d_conv_b.get(),
+                             .output = d_xbc.get(),
+                             .conv_states = gpu_conv.get(),
+                             .channels = conv_dim,
+                             .kernel = kKernel,
+                             .dtype = dtype,
+                             .num_tokens = len};
+    const SsmScanParams scan{.seqs = gpu_seqs,
+                             .xbc = d_xbc.get(),
+                             .xbc_stride = conv_dim,
+                             .dt = d_in.get() + (inner + conv_dim) * 2,
+                             .dt_stride = in_proj,
+                             .dt_bias = d_dt_bias.get(),
+                             .a_log = d_a_log.get(),
+                             .d = d_d.get(),
+                             .output = d_y.get(),
+                             .ssm_states = gpu_ssm.get(),
+                             .num_heads = heads,
+                             .head_dim = head_dim,
+                             .state_size = state,
+                             .n_groups = groups,
+                             .dtype = dtype};
+    if (step == 0) {
+      CUDA_ASSERT(Launch(conv, nullptr));
+      CUDA_ASSERT(Launch(scan, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      continue;
+    }
+    // The CPU's gated norm and out_proj.
+    std::vector<float> cpu_normed(inner), want(out_features);
+    testing::RoundToHalf(cpu_y, dtype);  // as the norm reads y
+    kernels::GatedRmsNorm({.input = cpu_y.data(),
+                           .gate = in.data(),
+                           .gate_stride = in_proj,
+                           .weight = norm_w.data(),
+                           .output = cpu_normed.data(),
+                           .num_tokens = 1,
+                           .width = inner,
+                           .group_size = inner,
+                           .epsilon = 1e-5});
+    kernels::LinearParams linear;
+    linear.input = cpu_normed.data();
+    linear.weight = out_w.data();
+    linear.output = want.data();
+    linear.num_tokens = 1;
+    linear.in_features = inner;
+    linear.out_features = out_features;
+    kernels::Linear(linear);
+    // The GPU's decode kernel with the norm's gating, then the skinny GEMM with its scale.
+    DeviceBuffer<float> partials(static_cast<size_t>(kMaxSkinnyNormPartials));
+    partials.Poison();
+    const SsmDecodeParams decode{.conv = conv,
+                                 .scan = scan,
+                                 .blocks = blocks,
+                                 .norm = {.gate = d_in.get(),
+                                          .gate_stride = in_proj,
+                                          .weight = d_norm_w.get(),
+                                          .partials = partials.get()}};
+    const int64_t num_partials = SsmDecodeNormPartials(decode);
+    ASSERT_GT(num_partials, 0);
+    ASSERT_LE(num_partials, kMaxSkinnyNormPartials);
+    CUDA_ASSERT(Launch(decode, nullptr));
+    for (auto [out_dtype, k_split] : {std::pair{DType::kBF16, 1}, std::pair{DType::kF32, 1},
+                                      std::pair{DType::kBF16, 2}}) {
+      SCOPED_TRACE(::testing::Message() << "k split " << k_split);
+      DeviceBuffer<uint8_t> d_out = Poisoned(out_features, out_dtype);
+      SkinnyGemmParams gemm{.x = d_y.get(),
+                            .w = d_out_w.get(),
+                            .y = d_out.get(),
+                            .m = 1,
+                            .n = out_features,
+                            .k = inner,
+                            .input_dtype = dtype,
+                            .output_dtype = out_dtype,
+                            .k_split = k_split,
+                            .norm_partials = partials.get(),
+                            .num_norm_partials = num_partials,
+                            .norm_width = inner,
+                            .norm_epsilon = 1e-5f};
+      ASSERT_TRUE(gemm.Validate().ok()) << gemm.Validate();
+      CUDA_ASSERT(Launch(gemm, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeL2(Download(d_out, out_dtype), want), 2e-2)
+          << "out_proj, " << testing::Name(out_dtype);
+    }
+    EXPECT_LE(RelativeL2(gpu_ssm.Download(), cpu_ssm), 2e-2) << "SSM states";
+  }
+}
+
+TEST(SsmGpuTest, DecodeWithGatedNormAndOutProjMatchTheCpu) {
+  LMSERVE_REQUIRE_GPU();
+  // Mamba-2-2.7B's heads in both block shapes (16 rows a block, 4 blocks a head; a head a
+  // block); state 256 in large blocks (4 rows a group, a head of 32 a block) and 2 groups; state
+  // 32 in small blocks of 32 rows over heads of 40 (24 rows of each head's last block past it).
+  CheckDecodeWithGatedNorm({4, 64, 128, 1}, SsmDecodeBlocks::kSmall);
+  CheckDecodeWithGatedNorm({4, 64, 128, 1}, SsmDecodeBlocks::kLarge);
+  CheckDecodeWithGatedNorm({4, 32, 256, 2}, SsmDecodeBlocks::kLarge);
+  CheckDecodeWithGatedNorm({6, 40, 32, 2}, SsmDecodeBlocks::kSmall);
+  // k 2048: out_proj's k split over two warps (half of k a full step of the GEMM's loop).
+  CheckDecodeWithGatedNorm({32, 64, 128, 1}, SsmDecodeBlocks::kSmall);
+}
+
+// The skinny GEMM's norm epilogue takes one row and at most kMaxSkinnyNormPartials partials.
+TEST(SsmGpuTest, NormEpilogueShapesAreChecked) {
+  alignas(16) static uint16_t buffer[64];  // Validate reads no memory: host addresses do
+  static float partials[8];
+  SkinnyGemmParams gemm{.x = buffer,
+                        .w = buffer,
+                        .y = buffer,
+                        .m = 1,
+                        .n = 2,
+                        .k = 16,
+                        .norm_partials = partials,
+                        .num_norm_partials = 8,
+                        .norm_width = 16,
+                        .norm_epsilon = 1e-5f};
+  EXPECT_TRUE(gemm.Validate().ok()) << gemm.Validate();
+  gemm.m = 2;
+  EXPECT_FALSE(gemm.Validate().ok());
+  gemm.m = 1;
+  gemm.num_norm_partials = kMaxSkinnyNormPartials + 1;
+  EXPECT_FALSE(gemm.Validate().ok());
+  gemm.num_norm_partials = 8;
+  gemm.silu_and_mul = true;
+  EXPECT_FALSE(gemm.Validate().ok());
 }
 
 TEST(SsmGpuTest, UnsupportedShapesAreRefused) {

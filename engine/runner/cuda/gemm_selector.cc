@@ -254,9 +254,22 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
   return absl::OkStatus();
 }
 
+bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
+  // Choose's rule at one row; Validate's shape (the pointers are the runner's, 16-byte aligned).
+  return dtype_ == kernels::DType::kBF16 && choice_ != DecodeGemm::kBlas && n % 2 == 0 &&
+         k % 8 == 0;
+}
+
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                               bool late_dependents, kernels::GateActivation activation) {
-  if (projections_[id].f8) return RunF8(id, layer, m, x, y, act, late_dependents, activation);
+                               bool late_dependents, kernels::GateActivation activation,
+                               const GemmNormEpilogue* norm) {
+  if (projections_[id].f8) {
+    if (norm != nullptr) {  // the FP8 kernels have no norm epilogue (SkinnyAtOneRow says so)
+      return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
+                                        ": a norm epilogue on an FP8 projection"));
+    }
+    return RunF8(id, layer, m, x, y, act, late_dependents, activation);
+  }
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
@@ -267,9 +280,21 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       params.silu_and_mul = act != nullptr;
       params.activation = activation;
       params.late_dependents = late_dependents;
+      params.l2_prefetch_bytes = l2_prefetch_bytes_;
+      params.k_split = split_k_ ? 0 : 1;
+      if (norm != nullptr) {
+        params.norm_partials = norm->partials;
+        params.num_norm_partials = norm->num_partials;
+        params.norm_width = norm->width;
+        params.norm_epsilon = norm->epsilon;
+      }
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }
+  }
+  if (norm != nullptr) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
+                                      " rows: a norm epilogue without the skinny GEMM"));
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",

@@ -42,6 +42,15 @@ struct GemmProjection {
   std::vector<const float*> scales;
 };
 
+// The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
+// the decode kernel), for Run at one row.
+struct GemmNormEpilogue {
+  const float* partials = nullptr;  // the row's partial sums of squares; device
+  int64_t num_partials = 0;
+  int64_t width = 0;
+  float epsilon = 0.0f;
+};
+
 class GemmSelector {
  public:
   // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
@@ -69,9 +78,22 @@ class GemmSelector {
   // kernel is another stream of weights, which may launch only once this one has read its own
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
   // is kept per projection and row count).
+  // `norm`: the norm epilogue, which needs the skinny kernel (SkinnyAtOneRow) at m 1.
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
-                   kernels::GateActivation activation = kernels::GateActivation::kSilu);
+                   kernels::GateActivation activation = kernels::GateActivation::kSilu,
+                   const GemmNormEpilogue* norm = nullptr);
+
+  // Whether a product of n outputs and k inputs (not the LM head) runs the skinny kernel at one
+  // row: untimed there, it does unless every GEMM is cuBLASLt's or its shape is not the skinny
+  // kernel's.
+  bool SkinnyAtOneRow(int64_t n, int64_t k) const;
+
+  // The skinny kernel's L2 prefetch before its wait (SkinnyGemmParams::l2_prefetch_bytes), in
+  // every product it runs in steps from now on; 0: none.
+  void set_l2_prefetch_bytes(int64_t bytes) { l2_prefetch_bytes_ = bytes; }
+  // Whether the skinny kernel may split k at one row (SkinnyGemmParams::k_split 0, else 1).
+  void set_split_k(bool split) { split_k_ = split; }
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -112,6 +134,8 @@ class GemmSelector {
   void* f8_x_ = nullptr;
   float* f8_x_scales_ = nullptr;
   int64_t f8_max_rows_ = 0, f8_max_cols_ = 0;
+  int64_t l2_prefetch_bytes_ = 0;
+  bool split_k_ = true;
   std::vector<GemmProjection> projections_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, Kernel> kernels_;

@@ -3,9 +3,11 @@
 // one chunk), the CPU runner's logits, and sequences prefilling and decoding in one step (the
 // conv and scan kernels, not the fused decode one) in slots that are not their batch indices,
 // against each alone. Bounds: 1e-4 on the fixture tests' scale (testing::ScaledError): the GPU's
-// scan sums in fp32 where the CPU's sums in double.
+// scan sums in fp32 where the CPU's sums in double. In bfloat16, decode steps of one token (the
+// gated norm folded into the decode kernel and out_proj) against the reference's logits.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <span>
@@ -15,6 +17,7 @@
 #include "engine/model/checkpoint.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/step_batches.h"
 
@@ -32,10 +35,15 @@ class SsmGpuRunnerTest : public ::testing::Test {
     ref_ = testing::LoadReference(dir_);
   }
 
-  std::unique_ptr<ModelRunner> Runner(Backend backend) {
+  std::unique_ptr<ModelRunner> Runner(Backend backend, RunnerDType dtype = RunnerDType::kFloat32,
+                                      bool fuse_ssm_norm = true) {
     RunnerConfig config;
     config.backend = backend;
-    config.dtype = RunnerDType::kFloat32;
+    config.dtype = dtype;
+    config.fuse_ssm_norm = fuse_ssm_norm;
+    if (backend == Backend::kCuda) {
+      config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
+    }
     config.kv_cache_bytes = int64_t{16} << 20;
     config.max_num_seqs = 8;
     config.max_num_batched_tokens = 512;
@@ -76,6 +84,50 @@ TEST_F(SsmGpuRunnerTest, Float32ChunkedPrefillAndTheCpuRunnerAgree) {
     std::printf("[ chunks   ] of %2zu: scaled max |logit - one chunk's| %.3g\n", chunk, error);
     EXPECT_LE(error, 1e-4) << "chunks of " << chunk;
   }
+}
+
+// Bfloat16 decode steps of one token (chunks of 1 after the first: the SSM decode kernel with the
+// gated RMSNorm's gating folded in, out_proj's skinny GEMM with its scale and k split), which the
+// fixture tests' one-step prefill does not run: teacher-forced logits against the reference's,
+// relative L2 at most 2e-2 and top-1 at least 99% as family_gpu_test.cc holds bf16 to; and against
+// the same steps with the fold off (RunnerConfig::fuse_ssm_norm), within bf16's rounding.
+TEST_F(SsmGpuRunnerTest, Bfloat16DecodeStepsMatchTheReference) {
+  std::unique_ptr<ModelRunner> fused = Runner(Backend::kCuda, RunnerDType::kBFloat16, true);
+  std::unique_ptr<ModelRunner> unfused = Runner(Backend::kCuda, RunnerDType::kBFloat16, false);
+  ASSERT_NE(fused, nullptr);
+  ASSERT_NE(unfused, nullptr);
+  const int64_t vocab = fused->model_config().vocab_size;
+  int64_t top1 = 0, rows = 0;
+  for (size_t j : {size_t{0}, size_t{3}}) {
+    const std::vector<int32_t>& prompt = ref_.prompts[j];
+    const std::vector<float> got = Logits(*fused, prompt, /*chunk=*/1);
+    const std::vector<float> plain = Logits(*unfused, prompt, /*chunk=*/1);
+    const std::vector<float> want = testing::LoadReferenceLogits(dir_, static_cast<int>(j));
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(plain.size(), want.size());
+    double num = 0, den = 0, fold_num = 0, fold_den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
+      den += double{want[i]} * want[i];
+      fold_num += (double{got[i]} - plain[i]) * (double{got[i]} - plain[i]);
+      fold_den += double{plain[i]} * plain[i];
+    }
+    for (size_t r = 0; r < prompt.size(); ++r) {
+      const float* g = got.data() + r * vocab;
+      const float* w = want.data() + r * vocab;
+      top1 += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
+      ++rows;
+    }
+    const double relative_l2 = std::sqrt(num / den), fold_l2 = std::sqrt(fold_num / fold_den);
+    std::printf("[ decode   ] bf16 prompt %zu, steps of 1: relative L2 %.3g against the "
+                "reference, %.3g against the unfolded norm\n",
+                j, relative_l2, fold_l2);
+    EXPECT_LE(relative_l2, 2e-2) << "prompt " << j;
+    EXPECT_LE(fold_l2, 2e-2) << "prompt " << j;
+  }
+  std::printf("[ decode   ] bf16 top-1: %lld of %lld rows\n", static_cast<long long>(top1),
+              static_cast<long long>(rows));
+  EXPECT_GE(top1, 0.99 * static_cast<double>(rows));
 }
 
 // Steps that mix prefills and decodes run the conv and scan kernels for every sequence; each
