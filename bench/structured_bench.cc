@@ -306,7 +306,9 @@ int RunStep(const Flags& flags) {
                           streams.back());
     }
     std::vector<double> steps, masks, launches, finishes;
+    int64_t graph_replays = 0;  // of the full decode steps
     while ((*core)->HasWork()) {
+      const int64_t replays_before = (*core)->runner().stats().num_graph_replays;
       const engine::EngineStats before = (*core)->Stats();
       const double start = WallSeconds();
       (*core)->Step();
@@ -322,6 +324,7 @@ int RunStep(const Flags& flags) {
         masks.push_back(after.total_mask_seconds - before.total_mask_seconds);
         launches.push_back(after.total_launch_seconds - before.total_launch_seconds);
         finishes.push_back(after.total_finish_seconds - before.total_finish_seconds);
+        graph_replays += (*core)->runner().stats().num_graph_replays - replays_before;
       }
     }
     const double median = Percentile(steps, 0.5);
@@ -329,10 +332,12 @@ int RunStep(const Flags& flags) {
                        : setting == Setting::kShared      ? "schema-shared"
                                                           : "schema-cold";
     std::printf(
-        "%-13s batch %lld: %zu full decode steps, median %.3f ms, p90 %.3f ms%s\n"
+        "%-13s batch %lld: %zu full decode steps (%lld replayed CUDA graphs), median %.3f ms, "
+        "p90 %.3f ms%s\n"
         "              per step (median, p90): launch %.3f, %.3f ms; host masks %.3f, %.3f ms; "
         "finish (waits for the GPU) %.3f, %.3f ms\n",
-        name, static_cast<long long>(flags.batch), steps.size(), 1e3 * median,
+        name, static_cast<long long>(flags.batch), steps.size(),
+        static_cast<long long>(graph_replays), 1e3 * median,
         1e3 * Percentile(steps, 0.9),
         constrained && unconstrained_median > 0.0
             ? StrCat(" (", median / unconstrained_median, "x unconstrained)").c_str()

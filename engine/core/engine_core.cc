@@ -232,6 +232,21 @@ void EngineCore::AbortAll() {
   for (RequestId id : ids) Abort(id);
 }
 
+namespace {
+
+// Finishes a launched step if the scope is left before `runner` is cleared (an exception).
+struct FinishOnUnwind {
+  explicit FinishOnUnwind(ModelRunner* launched) : runner(launched) {}
+  FinishOnUnwind(const FinishOnUnwind&) = delete;
+  FinishOnUnwind& operator=(const FinishOnUnwind&) = delete;
+  ~FinishOnUnwind() {
+    if (runner != nullptr) runner->Finish().IgnoreError();
+  }
+  ModelRunner* runner;
+};
+
+}  // namespace
+
 bool EngineCore::Step() {
   if (!scheduler_.HasWork()) return false;
   const double start = clock_->NowSeconds();
@@ -261,8 +276,12 @@ bool EngineCore::Step() {
   absl::Status status = runner_->Launch(batch_, &step_output_);
   stats_.total_launch_seconds += clock_->NowSeconds() - launch_start;
   if (status.ok()) {
+    // A launched step is always finished: a masked draw waits on the device for the masks that
+    // Finish releases, so an exception out of the masks finishes the step on its way out.
+    FinishOnUnwind finish_on_unwind(runner_.get());
     if (config_.overlap_structured_masks) ComputeMasks();
     const double finish_start = clock_->NowSeconds();
+    finish_on_unwind.runner = nullptr;
     status = runner_->Finish();
     stats_.total_finish_seconds += clock_->NowSeconds() - finish_start;
   }
