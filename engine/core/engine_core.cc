@@ -362,6 +362,11 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget
 }
 
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {
+  // The runner bitmask's storage (and rows) outlives the batch: a cleared vector resized would
+  // zero every row before each launch, where only the masked rows are written and read.
+  if (batch_.token_bitmask.size() > spare_token_bitmask_.size()) {
+    spare_token_bitmask_.swap(batch_.token_bitmask);
+  }
   batch_.Clear();
   mask_jobs_.clear();
   const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
@@ -416,7 +421,10 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
   const size_t mask_words = static_cast<size_t>(batch_.num_seqs()) * words;
   bool on_runner = false, on_host = false;
   for (const MaskJob& job : mask_jobs_) (job.on_runner ? on_runner : on_host) = true;
-  if (on_runner) batch_.token_bitmask.resize(mask_words);
+  if (on_runner) {
+    batch_.token_bitmask.swap(spare_token_bitmask_);
+    batch_.token_bitmask.resize(mask_words);  // zeroes only what it grows by
+  }
   if (on_host && host_token_bitmask_.size() < mask_words) host_token_bitmask_.resize(mask_words);
 }
 

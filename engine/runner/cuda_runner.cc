@@ -243,13 +243,14 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer sampled_;            // [max_tokens] int32
   CudaBuffer sampler_workspace_;  // kc::kSamplingWorkspaceBytes
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
-  // device_token_bitmask only: the step's masks, [max_seqs, ceil(vocab / 32)] uint32 in pinned
-  // memory, which the gated token bitmask reads where Finish writes them; and the release word
-  // (at byte 0) and the timed-out word (at byte 64, its own cache line), pinned. d_*: their
-  // device addresses.
+  // device_token_bitmask only: the step's masks, [max_seqs, ceil(vocab / 32)] uint32, on the
+  // device and their pinned staging (Finish copies them on mask_stream_ and waits, then releases
+  // them); the release word (at byte 0) and the timed-out word (at byte 64, its own cache line),
+  // pinned, which the gated token bitmask reads and writes by their device addresses (d_*).
+  CudaBuffer token_bitmask_;
   CudaBuffer h_token_bitmask_;
   CudaBuffer h_mask_sync_;
-  const uint32_t* d_token_bitmask_ = nullptr;
+  cudaStream_t mask_stream_ = nullptr;
   const uint64_t* d_mask_release_ = nullptr;
   uint64_t* d_mask_timed_out_ = nullptr;
   uint64_t* mask_release() const { return h_mask_sync_.as<uint64_t>(); }
@@ -305,6 +306,7 @@ CudaRunner::~CudaRunner() {
   gemms_.reset();
   blas_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (mask_stream_ != nullptr) cudaStreamDestroy(mask_stream_);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
@@ -495,14 +497,14 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   LMSERVE_ASSIGN_OR_RETURN(h_sampled_, CudaBuffer::Pinned(t * 4, "sampled tokens"));
   if (runner_config_.device_token_bitmask) {
     const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
+    LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
     LMSERVE_ASSIGN_OR_RETURN(h_token_bitmask_, CudaBuffer::Pinned(mask_bytes, "token bitmasks"));
     LMSERVE_ASSIGN_OR_RETURN(h_mask_sync_, CudaBuffer::Pinned(128, "the token bitmasks' release"));
     std::memset(h_mask_sync_.get(), 0, 128);
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&mask_stream_, cudaStreamNonBlocking),
+                                 "cudaStreamCreate");
     // Pinned memory is mapped into the device's address space (unified addressing).
     void* device_address = nullptr;
-    LMSERVE_RETURN_IF_CUDA_ERROR(cudaHostGetDevicePointer(&device_address, h_token_bitmask_.get(), 0),
-                                 "mapping the token bitmasks");
-    d_token_bitmask_ = static_cast<const uint32_t*>(device_address);
     LMSERVE_RETURN_IF_CUDA_ERROR(cudaHostGetDevicePointer(&device_address, h_mask_sync_.get(), 0),
                                  "mapping the token bitmasks' release");
     d_mask_release_ = static_cast<const uint64_t*>(device_address);
@@ -993,7 +995,7 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
     // the tokens their bitmask clears; other rows (mask -1) pass at once.
     const kc::GatedTokenBitmaskParams mask{
         .logits = logits_.as<float>(),
-        .host_bitmask = d_token_bitmask_,
+        .bitmask = token_bitmask_.as<uint32_t>(),
         .mask_index = In<int32_t>(l.mask_index) + first_row,
         .step = In<uint64_t>(l.mask_step),
         .release = d_mask_release_,
@@ -1124,9 +1126,11 @@ absl::Status CudaRunner::Finish() {
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const bool masked = masks_pending_;
   if (masked) {
-    // The masked rows' masks into the pinned rows the device reads (the step's draw is already
-    // enqueued, waiting for them), then their release. The previous step's draw has finished
-    // reading them: its Finish waited for the stream.
+    // The masked rows' masks to the device (the step's draw is already enqueued, waiting for
+    // them), by a copy on mask_stream_ that overlaps the forward pass, then their release. The
+    // previous step's draw has finished reading them: its Finish waited for the stream. (The
+    // draw's kernel could read the pinned rows itself, but 64 rows of 6 KB read over PCIe from
+    // the kernel cost the step more than this copy does.)
     const size_t words = static_cast<size_t>((config_.vocab_size + 31) / 32);
     for (const cuda::LogitsRow& row : rows) {
       if (!row.sampled || !batch.sampling[row.seq].masked) continue;
@@ -1134,7 +1138,13 @@ absl::Status CudaRunner::Finish() {
       std::memcpy(h_token_bitmask_.as<uint32_t>() + at, batch.token_bitmask.data() + at,
                   words * sizeof(uint32_t));
     }
-    ReleaseMasks(/*abandoned=*/false);
+    cudaError_t copied =
+        cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
+                        static_cast<size_t>(seqs) * words * sizeof(uint32_t),
+                        cudaMemcpyHostToDevice, mask_stream_);
+    if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
+    ReleaseMasks(/*abandoned=*/copied != cudaSuccess);
+    LMSERVE_RETURN_IF_CUDA_ERROR(copied, "copying the token bitmasks");
   }
   if (seqs == 0) return absl::OkStatus();
 

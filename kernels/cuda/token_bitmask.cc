@@ -37,7 +37,7 @@ absl::Status GatedTokenBitmaskParams::Validate() const {
     return KernelError("GatedTokenBitmask", StrCat("timeout ", timeout_ns, " ns: must be positive"));
   }
   if (num_rows > 0 && vocab_size > 0 &&
-      (logits == nullptr || host_bitmask == nullptr || mask_index == nullptr || step == nullptr ||
+      (logits == nullptr || bitmask == nullptr || mask_index == nullptr || step == nullptr ||
        release == nullptr || timed_out == nullptr)) {
     return KernelError("GatedTokenBitmask", "null pointer");
   }

@@ -47,10 +47,10 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 
 // One block a row. Thread 0 of a masked row's block waits for the release of the step (acquire
 // at system scope: the host's stores of the masks, made before its release store, are visible
-// after it); the block then stages the row's mask from host memory in shared memory, a piece at
-// a time, and clears the logits of the tokens it drops.
+// after it); the block then stages the row's mask in shared memory, a piece at a time, and
+// clears the logits of the tokens it drops.
 __global__ void __launch_bounds__(kGatedThreads)
-    GatedTokenBitmaskKernel(float* logits, const uint32_t* host_bitmask,
+    GatedTokenBitmaskKernel(float* logits, const uint32_t* bitmask,
                             const int32_t* mask_index, const uint64_t* step,
                             const uint64_t* release, uint64_t* timed_out, int64_t vocab_size,
                             int64_t stride, int64_t words, int64_t timeout_ns) {
@@ -77,12 +77,12 @@ __global__ void __launch_bounds__(kGatedThreads)
   }
   __syncthreads();
   if (apply == 0) return;
-  const uint32_t* row_mask = host_bitmask + int64_t{mask} * words;
+  const uint32_t* row_mask = bitmask + int64_t{mask} * words;
   float* row_logits = logits + row * stride;
   for (int64_t first_word = 0; first_word < words; first_word += kGatedStageWords) {
     const int64_t count =
         words - first_word < kGatedStageWords ? words - first_word : int64_t{kGatedStageWords};
-    // ld.global.cv: fetched again from host memory, never an earlier step's line from a cache.
+    // ld.global.cv: fetched again, never a line some cache held from before the release.
     for (int64_t w = threadIdx.x; w < count; w += kGatedThreads) {
       stage[w] = __ldcv(row_mask + first_word + w);
     }
@@ -108,7 +108,7 @@ cudaError_t Launch(const GatedTokenBitmaskParams& p, cudaStream_t stream) {
   const int64_t stride = p.logits_stride == 0 ? p.vocab_size : p.logits_stride;
   const int64_t words = (p.vocab_size + 31) / 32;
   GatedTokenBitmaskKernel<<<static_cast<unsigned>(p.num_rows), kGatedThreads, 0, stream>>>(
-      p.logits, p.host_bitmask, p.mask_index, p.step, p.release, p.timed_out, p.vocab_size,
+      p.logits, p.bitmask, p.mask_index, p.step, p.release, p.timed_out, p.vocab_size,
       stride, words, p.timeout_ns);
   return cudaGetLastError();
 }

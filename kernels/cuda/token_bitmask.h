@@ -7,10 +7,11 @@
 // launch that writes nothing).
 //
 // GatedTokenBitmaskParams: the same masking where the masks come after the launch. The host
-// writes them into pinned, host-mapped memory while the kernels before this one run, then
-// releases the step by storing its number into a host-mapped word (ReleaseTokenBitmasks). Each
-// masked row's block waits on the device until the release reaches the step's number, then reads
-// its mask from host memory and applies it; a row without a mask neither waits nor reads, so a
+// writes them (into device memory by a copy it has waited for, or into pinned, host-mapped
+// memory) while the kernels before this one run, then releases the step by storing its number
+// into a host-mapped word (ReleaseTokenBitmasks). Each masked row's block waits on the device
+// until the release reaches the step's number, then reads its mask (ld.global.cv: never a stale
+// cached line) and applies it; a row without a mask neither waits nor reads, so a
 // step with no masked row costs one launch whose blocks return at once. That lets a CUDA graph
 // hold the draw of every decode step, masked or not. The wait is bounded: after timeout_ns
 // without the release the block gives up, leaves its row unmasked and writes the step's number to
@@ -46,8 +47,9 @@ constexpr uint64_t kTokenBitmaskAbandoned = uint64_t{1} << 63;
 
 struct GatedTokenBitmaskParams {
   float* logits = nullptr;                 // [num_rows, logits_stride] fp32, masked in place; device
-  const uint32_t* host_bitmask = nullptr;  // [masks, ceil(vocab_size / 32)]: pinned host memory,
-                                           // its device address (cudaHostGetDevicePointer)
+  // [masks, ceil(vocab_size / 32)]: device memory, or pinned host memory by its device address
+  // (cudaHostGetDevicePointer); complete before the release, read only after it.
+  const uint32_t* bitmask = nullptr;
   const int32_t* mask_index = nullptr;     // [num_rows]: each row's mask, < 0: none; device
   const uint64_t* step = nullptr;          // [1]: the step number the masked rows wait for; device
   const uint64_t* release = nullptr;       // [1]: the last released step (| kTokenBitmaskAbandoned);

@@ -95,7 +95,7 @@ struct GatedCase {
         d_step(std::vector<uint64_t>{step_number}),
         sync(16) {
     params = GatedTokenBitmaskParams{.logits = d_logits.get(),
-                                     .host_bitmask = masks.device(),
+                                     .bitmask = masks.device(),
                                      .mask_index = d_index.get(),
                                      .step = d_step.get(),
                                      .release = sync.device(),
@@ -133,7 +133,7 @@ TEST(TokenBitmaskGpuTest, GatedMatchesCpuWithMasksWrittenAfterTheLaunch) {
       std::vector<int32_t> index(rows);
       for (int64_t r = 0; r < rows; ++r) index[r] = r % 4 == 3 ? -1 : static_cast<int32_t>(r % 3);
       GatedCase c(rows, vocab, 3, ++step_number, logits, index);
-      ASSERT_NE(c.params.host_bitmask, nullptr);
+      ASSERT_NE(c.params.bitmask, nullptr);
       ASSERT_NE(c.params.release, nullptr);
       // Released up to the step before: the kernel waits.
       ReleaseTokenBitmasks(c.release(), step_number - 1, false);
@@ -212,7 +212,7 @@ TEST(TokenBitmaskGpuTest, GatedValidateRefusesBadParams) {
   const uint32_t mask = 0;
   const int32_t index = 0;
   uint64_t word = 0;
-  p = {.logits = &logits, .host_bitmask = &mask, .mask_index = &index, .step = &word,
+  p = {.logits = &logits, .bitmask = &mask, .mask_index = &index, .step = &word,
        .release = &word, .timed_out = &word, .num_rows = 1, .vocab_size = 10, .timeout_ns = 1};
   EXPECT_TRUE(p.Validate().ok());
   p.timeout_ns = 0;
