@@ -23,7 +23,8 @@
 //   (unconstrained: EOS ignored). Reported: the median and p90 wall time of the decode-only steps
 //   with the whole batch running, constrained / unconstrained, and the engine's host mask time
 //   per step (EngineStats::mask_seconds: the wall time of a step's masks, which overlap the
-//   forward pass). --device-mask 1 samples the constrained rows on the device
+//   forward pass), and how many of those steps replayed a CUDA graph (RunnerStats::
+//   num_graph_replays; masked steps do too). --device-mask 1 samples the constrained rows on the device
 //   (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
 //   kernels/cuda/token_bitmask.h before the device sampler); 0 (the default) brings their logits
 //   to the host, where the engine masks and samples them. --overlap 0 computes the masks before
