@@ -23,7 +23,8 @@
 //   (unconstrained: EOS ignored). Reported: the median and p90 wall time of the decode-only steps
 //   with the whole batch running, constrained / unconstrained, and the engine's host mask time
 //   per step (EngineStats::mask_seconds: the wall time of a step's masks, which overlap the
-//   forward pass). --device-mask 1 samples the constrained rows on the device
+//   forward pass), and how many of those steps replayed a CUDA graph (RunnerStats::
+//   num_graph_replays; masked steps do too). --device-mask 1 samples the constrained rows on the device
 //   (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
 //   kernels/cuda/token_bitmask.h before the device sampler); 0 (the default) brings their logits
 //   to the host, where the engine masks and samples them. --overlap 0 computes the masks before
@@ -306,7 +307,9 @@ int RunStep(const Flags& flags) {
                           streams.back());
     }
     std::vector<double> steps, masks, launches, finishes;
+    int64_t graph_replays = 0;  // of the full decode steps
     while ((*core)->HasWork()) {
+      const int64_t replays_before = (*core)->runner().stats().num_graph_replays;
       const engine::EngineStats before = (*core)->Stats();
       const double start = WallSeconds();
       (*core)->Step();
@@ -322,6 +325,7 @@ int RunStep(const Flags& flags) {
         masks.push_back(after.total_mask_seconds - before.total_mask_seconds);
         launches.push_back(after.total_launch_seconds - before.total_launch_seconds);
         finishes.push_back(after.total_finish_seconds - before.total_finish_seconds);
+        graph_replays += (*core)->runner().stats().num_graph_replays - replays_before;
       }
     }
     const double median = Percentile(steps, 0.5);
@@ -329,10 +333,12 @@ int RunStep(const Flags& flags) {
                        : setting == Setting::kShared      ? "schema-shared"
                                                           : "schema-cold";
     std::printf(
-        "%-13s batch %lld: %zu full decode steps, median %.3f ms, p90 %.3f ms%s\n"
+        "%-13s batch %lld: %zu full decode steps (%lld replayed CUDA graphs), median %.3f ms, "
+        "p90 %.3f ms%s\n"
         "              per step (median, p90): launch %.3f, %.3f ms; host masks %.3f, %.3f ms; "
         "finish (waits for the GPU) %.3f, %.3f ms\n",
-        name, static_cast<long long>(flags.batch), steps.size(), 1e3 * median,
+        name, static_cast<long long>(flags.batch), steps.size(),
+        static_cast<long long>(graph_replays), 1e3 * median,
         1e3 * Percentile(steps, 0.9),
         constrained && unconstrained_median > 0.0
             ? StrCat(" (", median / unconstrained_median, "x unconstrained)").c_str()

@@ -30,7 +30,12 @@
 //        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--no-ssm-norm-fusion]
 //        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8]
-//        [--json FILE] [--timeline FILE]
+//        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
+//
+// --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
+// or sampled at temperature 1 behind a token bitmask (structured output on the device) that
+// keeps every 64th token, as a JSON state drops most of the vocabulary; the masks are written
+// before each step (Execute), so the draw's wait for them ends at once.
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -94,6 +99,7 @@ struct Options {
   engine::RunnerQuantization quantization = engine::RunnerQuantization::kAuto;
   std::string json;
   std::string timeline;
+  std::string draw = "greedy";
 };
 
 int Usage(const char* message) {
@@ -105,7 +111,7 @@ int Usage(const char* message) {
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8] [--json FILE] "
-               "[--timeline FILE]\n",
+               "[--timeline FILE] [--draw greedy|sample|masked]\n",
                message);
   return 2;
 }
@@ -419,6 +425,16 @@ int Run(const Options& o) {
       const int32_t token = static_cast<int32_t>((s * 7919 + 13) % c.vocab_size);
       batch.AddSequence(std::span(&token, 1), o.context, blocks, LogitsMode::kSample);
       batch.sampling.push_back({});
+      if (o.draw != "greedy") {
+        batch.sampling.back().temperature = 1.0f;
+        batch.sampling.back().seed = static_cast<uint64_t>(s);
+        batch.sampling.back().masked = o.draw == "masked";
+      }
+    }
+    if (o.draw == "masked") {
+      // Every 64th token kept (bit 0 of every other word).
+      batch.token_bitmask.assign(static_cast<size_t>(b) * ((c.vocab_size + 31) / 32), 0u);
+      for (size_t w = 0; w < batch.token_bitmask.size(); w += 2) batch.token_bitmask[w] = 1u;
     }
     const double seconds = TimeSteps(**runner, batch, o.iters);
     const double step_weight_bytes = weights_read(b);
@@ -574,6 +590,11 @@ int main(int argc, char** argv) {
       o.json = value();
     } else if (arg == "--timeline") {
       o.timeline = value();
+    } else if (arg == "--draw") {
+      o.draw = value();
+      if (o.draw != "greedy" && o.draw != "sample" && o.draw != "masked") {
+        return lmserve::Usage("--draw: greedy, sample or masked");
+      }
     } else {
       return lmserve::Usage(("unknown argument " + arg).c_str());
     }

@@ -232,6 +232,21 @@ void EngineCore::AbortAll() {
   for (RequestId id : ids) Abort(id);
 }
 
+namespace {
+
+// Finishes a launched step if the scope is left before `runner` is cleared (an exception).
+struct FinishOnUnwind {
+  explicit FinishOnUnwind(ModelRunner* launched) : runner(launched) {}
+  FinishOnUnwind(const FinishOnUnwind&) = delete;
+  FinishOnUnwind& operator=(const FinishOnUnwind&) = delete;
+  ~FinishOnUnwind() {
+    if (runner != nullptr) runner->Finish().IgnoreError();
+  }
+  ModelRunner* runner;
+};
+
+}  // namespace
+
 bool EngineCore::Step() {
   if (!scheduler_.HasWork()) return false;
   const double start = clock_->NowSeconds();
@@ -261,8 +276,12 @@ bool EngineCore::Step() {
   absl::Status status = runner_->Launch(batch_, &step_output_);
   stats_.total_launch_seconds += clock_->NowSeconds() - launch_start;
   if (status.ok()) {
+    // A launched step is always finished: a masked draw waits on the device for the masks that
+    // Finish releases, so an exception out of the masks finishes the step on its way out.
+    FinishOnUnwind finish_on_unwind(runner_.get());
     if (config_.overlap_structured_masks) ComputeMasks();
     const double finish_start = clock_->NowSeconds();
+    finish_on_unwind.runner = nullptr;
     status = runner_->Finish();
     stats_.total_finish_seconds += clock_->NowSeconds() - finish_start;
   }
@@ -343,6 +362,11 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget
 }
 
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {
+  // The runner bitmask's storage (and rows) outlives the batch: a cleared vector resized would
+  // zero every row before each launch, where only the masked rows are written and read.
+  if (batch_.token_bitmask.size() > spare_token_bitmask_.size()) {
+    spare_token_bitmask_.swap(batch_.token_bitmask);
+  }
   batch_.Clear();
   mask_jobs_.clear();
   const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
@@ -397,7 +421,10 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
   const size_t mask_words = static_cast<size_t>(batch_.num_seqs()) * words;
   bool on_runner = false, on_host = false;
   for (const MaskJob& job : mask_jobs_) (job.on_runner ? on_runner : on_host) = true;
-  if (on_runner) batch_.token_bitmask.resize(mask_words);
+  if (on_runner) {
+    batch_.token_bitmask.swap(spare_token_bitmask_);
+    batch_.token_bitmask.resize(mask_words);  // zeroes only what it grows by
+  }
   if (on_host && host_token_bitmask_.size() < mask_words) host_token_bitmask_.resize(mask_words);
 }
 

@@ -225,6 +225,7 @@ class EngineCore {
   };
   std::vector<MaskJob> mask_jobs_;
   std::vector<uint32_t> host_token_bitmask_;  // [num_seqs, words]: rows the engine's sampler uses
+  std::vector<uint32_t> spare_token_bitmask_;  // batch_.token_bitmask's storage between steps
 
   EngineStats stats_;
 

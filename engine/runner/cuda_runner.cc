@@ -104,11 +104,13 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   RunnerStats stats() const override;
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
-  // Launch uploads the step's inputs and enqueues the forward pass, the first chunk of logits and,
-  // when no row is masked, its draw (a decode graph's replay, or eagerly: a masked step runs
-  // eagerly up to the logits); Finish uploads the token bitmasks and enqueues the masking and the
-  // first chunk's draw (they wait for masks computed after the launch), the further logits
-  // chunks and the copies back, and waits for the stream.
+  // Launch uploads the step's inputs and enqueues the forward pass, the first chunk of logits and
+  // its draw (a decode graph's replay, or eagerly), masked or not: a masked step's draw waits on
+  // the device for its masks (the gated token bitmask, kernels/cuda/token_bitmask.h). Finish
+  // writes the masks into pinned memory and releases them, enqueues any further logits chunks
+  // and the copies back, and waits for the stream. Every path out of a launched masked step
+  // releases its masks: Finish, a failed Launch, the next Launch without a Finish (abandoned),
+  // and the destructor; and the device's wait is bounded (device_mask_wait_seconds).
   absl::Status Launch(const StepBatch& batch, StepOutput* output) override;
   absl::Status Finish() override;
 
@@ -125,8 +127,11 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // Logits rows [first_row, first_row + num_rows) into logits_, from the final norm's rows.
   absl::Status LogitsChunk(int64_t first_row, int64_t num_rows);
   // The sampler over those rows; their tokens reach h_sampled_ when the stream gets there.
-  // `masked`: some row of the step is masked (its bitmask row applied before the draw).
+  // `masked`: the gated token bitmask first (masked rows wait for the step's release).
   absl::Status SampleRows(int64_t first_row, int64_t num_rows, bool masked);
+  // Releases the launched masked step's masks (mask_step_) to the device; `abandoned`: the step
+  // is given up, its rows not masked. Clears masks_pending_.
+  void ReleaseMasks(bool abandoned);
 
   // ForwardOps, over step_.
   absl::Status Embed(Weight table, float scale) override;
@@ -143,8 +148,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
-  // The first logits chunk's draw, unless the step is masked: then it waits for the step's token
-  // bitmasks, which come after Launch (Finish enqueues it).
+  // The first logits chunk's draw; behind the gated token bitmask where gate_masks_.
   absl::Status Sample() override;
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
@@ -264,18 +268,30 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer rank_logits_, gathered_logits_;
   CudaBuffer sampled_;            // [max_tokens] int32
   CudaBuffer sampler_workspace_;  // kc::kSamplingWorkspaceBytes
-  CudaBuffer token_bitmask_;      // [max_seqs, ceil(vocab / 32)] uint32, device_token_bitmask only
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
-  CudaBuffer h_token_bitmask_;    // pinned staging of token_bitmask_, device_token_bitmask only
+  // device_token_bitmask only: the step's masks, [max_seqs, ceil(vocab / 32)] uint32, on the
+  // device and their pinned staging (Finish copies them on mask_stream_ and waits, then releases
+  // them); the release word (at byte 0) and the timed-out word (at byte 64, its own cache line),
+  // pinned, which the gated token bitmask reads and writes by their device addresses (d_*).
+  CudaBuffer token_bitmask_;
+  CudaBuffer h_token_bitmask_;
+  CudaBuffer h_mask_sync_;
+  cudaStream_t mask_stream_ = nullptr;
+  const uint64_t* d_mask_release_ = nullptr;
+  uint64_t* d_mask_timed_out_ = nullptr;
+  uint64_t* mask_release() const { return h_mask_sync_.as<uint64_t>(); }
+  const uint64_t* mask_timed_out() const { return h_mask_sync_.at<const uint64_t>(64); }
+  uint64_t mask_step_ = 0;      // the last masked step's number (released in order: 1, 2, ...)
+  bool masks_pending_ = false;  // a masked step is launched and its masks not yet released
   CudaBuffer decode_workspace_;
   CudaBuffer prefill_workspace_;
   CudaBuffer moe_workspace_;  // kc::MoeParams::WorkspaceBytes; models with experts only
   std::map<int64_t, int> decode_splits_;  // batch size -> DecodeAttentionParams max_splits
 
-  // Decode graphs: the whole step, the draw included. A step with masked rows runs eagerly (its
-  // draw waits for masks computed after the launch).
+  // Decode graphs: the whole step, the draw included, behind the gated token bitmask where
+  // device_token_bitmask (a step with masked rows replays the same graph as any other).
   cuda::DecodeGraphs graphs_;
-  bool sample_in_forward_ = true;  // the Sample op draws (false while a masked step runs)
+  bool gate_masks_ = false;  // the Sample op enqueues the gated token bitmask (captures, masked steps)
 
   // The step being enqueued, for the ops; between Launch and Finish, the launched step (its
   // batch, output and inputs' layout).
@@ -287,6 +303,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   Weight lm_head_;                           // the last LmHead op's weights
   float logit_softcap_ = 0;                  // and its soft-cap
   double startup_seconds_ = 0;
+  int64_t num_graph_replays_ = 0;  // RunnerStats::num_graph_replays
 };
 
 CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
@@ -309,9 +326,13 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
 
 CudaRunner::~CudaRunner() {
   cudaSetDevice(runner_config_.device);
+  // A launched masked step never finished: its draw must not wait for masks that will not come.
+  if (masks_pending_) ReleaseMasks(/*abandoned=*/true);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   gemms_.reset();
   blas_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (mask_stream_ != nullptr) cudaStreamDestroy(mask_stream_);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
@@ -321,13 +342,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   const ModelConfig& model = model_description->config();
   if (config.block_size_tokens <= 0 || config.kv_cache_bytes < 0 || config.max_num_seqs <= 0 ||
       config.max_num_batched_tokens <= 0 || !(config.gpu_memory_utilization > 0.0) ||
-      config.gpu_memory_utilization > 1.0) {
+      config.gpu_memory_utilization > 1.0 || !(config.device_mask_wait_seconds > 0.0) ||
+      config.device_mask_wait_seconds > 1e6) {
     return absl::InvalidArgumentError(
         StrCat("runner config: block_size_tokens (", config.block_size_tokens, "), max_num_seqs (",
                config.max_num_seqs, ") and max_num_batched_tokens (", config.max_num_batched_tokens,
                ") must be positive, kv_cache_bytes (", config.kv_cache_bytes,
-               ") non-negative and gpu_memory_utilization (", config.gpu_memory_utilization,
-               ") in (0, 1]"));
+               ") non-negative, gpu_memory_utilization (", config.gpu_memory_utilization,
+               ") in (0, 1] and device_mask_wait_seconds (", config.device_mask_wait_seconds,
+               ") in (0, 1e6]"));
   }
   const RunnerDType dtype = ResolveRunnerDType(config.dtype, Backend::kCuda);
   if (dtype != RunnerDType::kBFloat16 && dtype != RunnerDType::kFloat32) {
@@ -537,6 +560,16 @@ absl::Status CudaRunner::AllocateWorkspaces() {
     const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
     LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
     LMSERVE_ASSIGN_OR_RETURN(h_token_bitmask_, CudaBuffer::Pinned(mask_bytes, "token bitmasks"));
+    LMSERVE_ASSIGN_OR_RETURN(h_mask_sync_, CudaBuffer::Pinned(128, "the token bitmasks' release"));
+    std::memset(h_mask_sync_.get(), 0, 128);
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&mask_stream_, cudaStreamNonBlocking),
+                                 "cudaStreamCreate");
+    // Pinned memory is mapped into the device's address space (unified addressing).
+    void* device_address = nullptr;
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaHostGetDevicePointer(&device_address, h_mask_sync_.get(), 0),
+                                 "mapping the token bitmasks' release");
+    d_mask_release_ = static_cast<const uint64_t*>(device_address);
+    d_mask_timed_out_ = static_cast<uint64_t*>(device_address) + 8;
   }
 
   // Inputs: every table at most ceil(max position / block size) blocks long, one per group.
@@ -1018,8 +1051,13 @@ absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
 }
 
 absl::Status CudaRunner::Sample() {
-  if (!sample_in_forward_ || step_.rows == 0) return absl::OkStatus();
-  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_), /*masked=*/false);
+  if (step_.rows == 0) return absl::OkStatus();
+  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_), gate_masks_);
+}
+
+void CudaRunner::ReleaseMasks(bool abandoned) {
+  kc::ReleaseTokenBitmasks(mask_release(), mask_step_, abandoned);
+  masks_pending_ = false;
 }
 
 absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
@@ -1060,12 +1098,18 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
   // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   const StepLayout& l = *step_.layout;
   if (masked) {
-    // Structured output: masked rows lose the tokens their bitmask clears (others: mask -1).
-    const kc::TokenBitmaskParams mask{.logits = logits_.as<float>(),
-                                      .bitmask = token_bitmask_.as<uint32_t>(),
-                                      .mask_index = In<int32_t>(l.mask_index) + first_row,
-                                      .num_rows = num_rows,
-                                      .vocab_size = config_.vocab_size};
+    // Structured output: masked rows wait for the step's masks (Finish releases them), then lose
+    // the tokens their bitmask clears; other rows (mask -1) pass at once.
+    const kc::GatedTokenBitmaskParams mask{
+        .logits = logits_.as<float>(),
+        .bitmask = token_bitmask_.as<uint32_t>(),
+        .mask_index = In<int32_t>(l.mask_index) + first_row,
+        .step = In<uint64_t>(l.mask_step),
+        .release = d_mask_release_,
+        .timed_out = d_mask_timed_out_,
+        .num_rows = num_rows,
+        .vocab_size = config_.vocab_size,
+        .timeout_ns = static_cast<int64_t>(runner_config_.device_mask_wait_seconds * 1e9)};
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(mask, stream_), "masking the logits");
   }
   kc::SamplingParams params{.logits = logits_.as<float>(),
@@ -1106,6 +1150,8 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
 absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   launched_batch_ = nullptr;
   launched_output_ = nullptr;
+  // The step before was launched and never finished (a broken contract): its draw stops waiting.
+  if (masks_pending_) ReleaseMasks(/*abandoned=*/true);
   LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
                                             groups_.windows, num_state_slots_));
   // The caller's thread may hold another device (a tensor-parallel rank runs on the engine's).
@@ -1119,8 +1165,15 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
                batch.block_table_ids.size(), " table entries exceed the CUDA runner's limits (",
                max_seqs_, ", ", max_tokens_, ", ", max_table_ids_, ")"));
   }
-  if (!batch.token_bitmask.empty() && !runner_config_.device_token_bitmask) {
+  const bool masked = !batch.token_bitmask.empty();
+  if (masked && !runner_config_.device_token_bitmask) {
     return absl::InvalidArgumentError("step batch: token bitmasks without device_token_bitmask");
+  }
+  const int64_t mask_words = (config_.vocab_size + 31) / 32;
+  if (masked && static_cast<int64_t>(batch.token_bitmask.size()) != seqs * mask_words) {
+    return absl::InvalidArgumentError(
+        StrCat("step batch: ", batch.token_bitmask.size(), " token bitmask words for ", seqs,
+               " sequences of ", mask_words, " words each"));
   }
   output->logits_row_start.assign(static_cast<size_t>(seqs + 1), 0);
   output->sampled_tokens.assign(static_cast<size_t>(seqs), -1);
@@ -1135,11 +1188,13 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   for (int64_t i = 0; i < seqs; ++i) {
     if (batch.logits_modes[i] == LogitsMode::kNone) decode_only = false;
   }
-  // A masked step's draw waits for its masks (Finish): it runs eagerly, without the draw.
-  sample_in_forward_ = batch.token_bitmask.empty();
-  const int64_t bucket = decode_only && sample_in_forward_ ? graphs_.BucketFor(seqs) : 0;
+  // A masked step's draw waits on the device for its masks (released by Finish): a decode step
+  // replays its graph, masked or not (the graphs hold the gated token bitmask).
+  if (masked) ++mask_step_;
+  gate_masks_ = masked;
+  const int64_t bucket = decode_only ? graphs_.BucketFor(seqs) : 0;
   const int64_t padded = bucket > 0 ? bucket : seqs;
-  layout_ = inputs_.Pack(batch, padded, decode_only, block_size_);
+  layout_ = inputs_.Pack(batch, padded, decode_only, block_size_, mask_step_);
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const int64_t step_tokens = decode_only ? padded : tokens;
@@ -1152,15 +1207,19 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
                   .rows = num_rows,
                   .decode_only = decode_only,
                   .rows_are_tokens = rows_are_tokens};
+  masks_pending_ = masked;
   if (status.ok() && bucket > 0) {
     // The graph read the final norm's rows from where the capture put them.
     step_ = step;
     final_rows_source_ = rows_are_tokens ? Buf(Buffer::kNormed) : final_rows_.get();
     status = graphs_.Replay(bucket, stream_);
+    ++num_graph_replays_;
   } else if (status.ok()) {
     status = Forward(step);
   }
   if (!status.ok()) {
+    // A failed Launch gets no Finish: whatever was enqueued must not wait for masks.
+    if (masks_pending_) ReleaseMasks(/*abandoned=*/true);
     launched_batch_ = nullptr;
     launched_output_ = nullptr;
   }
@@ -1176,20 +1235,31 @@ absl::Status CudaRunner::Finish() {
   launched_batch_ = nullptr;
   launched_output_ = nullptr;
   const int64_t seqs = batch.num_seqs();
-  if (seqs == 0) return absl::OkStatus();
-  if (!batch.token_bitmask.empty()) {
-    // Through pinned memory: the copy is enqueued behind the forward pass, not waited for.
-    const size_t bytes = batch.token_bitmask.size() * sizeof(uint32_t);
-    if (static_cast<int64_t>(bytes) > h_token_bitmask_.bytes()) {
-      return absl::InvalidArgumentError("step batch: more token bitmask rows than sequences");
-    }
-    std::memcpy(h_token_bitmask_.get(), batch.token_bitmask.data(), bytes);
-    LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
-                                                 bytes, cudaMemcpyHostToDevice, stream_),
-                                 "copying the token bitmasks");
-  }
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
   const int64_t num_rows = static_cast<int64_t>(rows.size());
+  const bool masked = masks_pending_;
+  if (masked) {
+    // The masked rows' masks to the device (the step's draw is already enqueued, waiting for
+    // them), by a copy on mask_stream_ that overlaps the forward pass, then their release. The
+    // previous step's draw has finished reading them: its Finish waited for the stream. (The
+    // draw's kernel could read the pinned rows itself, but 64 rows of 6 KB read over PCIe from
+    // the kernel cost the step more than this copy does.)
+    const size_t words = static_cast<size_t>((config_.vocab_size + 31) / 32);
+    for (const cuda::LogitsRow& row : rows) {
+      if (!row.sampled || !batch.sampling[row.seq].masked) continue;
+      const size_t at = static_cast<size_t>(row.seq) * words;
+      std::memcpy(h_token_bitmask_.as<uint32_t>() + at, batch.token_bitmask.data() + at,
+                  words * sizeof(uint32_t));
+    }
+    cudaError_t copied =
+        cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
+                        static_cast<size_t>(seqs) * words * sizeof(uint32_t),
+                        cudaMemcpyHostToDevice, mask_stream_);
+    if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
+    ReleaseMasks(/*abandoned=*/copied != cudaSuccess);
+    LMSERVE_RETURN_IF_CUDA_ERROR(copied, "copying the token bitmasks");
+  }
+  if (seqs == 0) return absl::OkStatus();
 
   // Outputs: logits rows of kLast/kAll sequences, tokens of kSample ones.
   int64_t num_output_rows = 0;
@@ -1205,17 +1275,14 @@ absl::Status CudaRunner::Finish() {
   output->logits.resize(static_cast<size_t>(num_output_rows * vocab));
   for (int64_t chunk_start = 0; chunk_start < num_rows; chunk_start += logits_chunk_rows_) {
     const int64_t chunk = std::min(logits_chunk_rows_, num_rows - chunk_start);
-    // The first chunk's logits came with the forward pass (or the graph), and its draw too unless
-    // the step is masked. A sampled row can sit past the first chunk (a long kAll sequence
-    // before it).
+    // The first chunk's logits and draw came with the forward pass (or the graph). A sampled
+    // row can sit past the first chunk (a long kAll sequence before it): its masks are released.
     if (chunk_start > 0) LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk));
     const bool sample =
-        (chunk_start > 0 || !sample_in_forward_) &&
+        chunk_start > 0 &&
         std::any_of(rows.begin() + chunk_start, rows.begin() + chunk_start + chunk,
                     [](const cuda::LogitsRow& row) { return row.sampled; });
-    if (sample) {
-      LMSERVE_RETURN_IF_ERROR(SampleRows(chunk_start, chunk, !batch.token_bitmask.empty()));
-    }
+    if (sample) LMSERVE_RETURN_IF_ERROR(SampleRows(chunk_start, chunk, masked));
     // Copy each run of consecutive output rows at once.
     for (int64_t r = chunk_start; r < chunk_start + chunk;) {
       if (rows[r].output_row < 0) {
@@ -1236,6 +1303,11 @@ absl::Status CudaRunner::Finish() {
     }
   }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "running the step");
+  if (masked && kc::TokenBitmaskTimedOutStep(mask_timed_out()) == mask_step_) {
+    return absl::DeadlineExceededError(StrCat(
+        "CUDA runner: the step's draw waited ", runner_config_.device_mask_wait_seconds,
+        " s on the GPU for its token bitmasks and gave up (ModelRunner::Finish came too late)"));
+  }
   for (int64_t r = 0; r < num_rows; ++r) {
     if (rows[r].sampled) output->sampled_tokens[rows[r].seq] = h_sampled_.as<int32_t>()[r];
   }
@@ -1262,6 +1334,8 @@ absl::Status CudaRunner::CaptureGraphs() {
     }
     return absl::OkStatus();
   };
+  // The graphs' draw waits for masked rows' masks (none while capturing: every row is padding).
+  gate_masks_ = runner_config_.device_token_bitmask;
   gemms_->set_autotune(true);
   if (comm_ != nullptr) {
     // Tensor parallelism: autotuning allocates, and an allocation may wait for every GPU of the
@@ -1314,6 +1388,7 @@ RunnerStats CudaRunner::stats() const {
   }
   s.startup_seconds = startup_seconds_;
   s.num_cuda_graphs = graphs_.size();
+  s.num_graph_replays = num_graph_replays_;
   s.device_name = device_name_;
   s.cuda_kernels = cuda_kernels_;
   return s;

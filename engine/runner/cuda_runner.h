@@ -31,6 +31,17 @@
 // padding sequences have context length 0 and cache slot -1, so they read and write nothing. Every
 // length, position and table is read from device memory, so a graph is valid at any context
 // length. Steps with prefill tokens run eagerly.
+//
+// Structured output (RunnerConfig::device_token_bitmask): a masked row's draw waits on the GPU
+// for its mask, which the engine computes after Launch. The draw starts with the gated token
+// bitmask (kernels/cuda/token_bitmask.h), in the graphs too: Finish copies the step's masked rows
+// to the device (through pinned memory, on a second stream, while the forward pass runs), waits
+// for the copy and releases them by storing the step's number into a pinned, host-mapped word (a
+// release store); the kernel's masked rows poll for it (an acquire load), then read their masks
+// and apply them, while rows without a mask pass at once. So a masked decode step replays
+// the same graph as any other. Every way out of a launched masked step releases it (Finish; a
+// failed Launch, the next Launch or the destructor as abandoned, unmasked), and the device's wait
+// is bounded by device_mask_wait_seconds, after which the step fails with DeadlineExceeded.
 
 #ifndef LMSERVE_ENGINE_RUNNER_CUDA_RUNNER_H_
 #define LMSERVE_ENGINE_RUNNER_CUDA_RUNNER_H_

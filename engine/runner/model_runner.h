@@ -232,6 +232,11 @@ struct RunnerConfig {
   // masks, computed while the forward pass runs, uploaded and applied by a token-bitmask kernel
   // before the sampler) instead of coming back as logits to be masked and sampled on the host.
   bool device_token_bitmask = true;
+  // CUDA runner, device_token_bitmask: how long a masked step's draw waits on the GPU for the
+  // step's masks (they are released by ModelRunner::Finish) before it gives up, draws its rows
+  // unmasked and the step fails (DeadlineExceeded). A bound, so that a host that never finishes
+  // a step cannot hang the GPU; far above any step's mask time.
+  double device_mask_wait_seconds = 10.0;
   int32_t device = 0;                   // CUDA device ordinal
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
   // CUDA runner in bf16: hold the residual stream in fp32 (the embeddings, every residual add,
@@ -279,6 +284,7 @@ struct RunnerStats {
   int64_t device_memory_total_bytes = 0;  // the GPU's memory; 0 on CPU
   double startup_seconds = 0;   // Create(), weights, graph capture included
   int32_t num_cuda_graphs = 0;  // decode batch sizes captured
+  int64_t num_graph_replays = 0;  // steps run by replaying one (masked steps included)
   std::string device_name;      // "NVIDIA H100 80GB HBM3", or "cpu"
   // CUDA: the kernels' path as resolved on the device ("Hopper kernels (sm_90 code)",
   // "portable kernels (sm_80 code)"); empty on the CPU.

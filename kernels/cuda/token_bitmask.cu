@@ -25,7 +25,93 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kGatedThreads = 512;
+// Mask words staged in shared memory at once (16 KB: 131,072 tokens).
+constexpr int kGatedStageWords = 4096;
+
+__device__ __forceinline__ uint64_t LoadAcquireSystem(const uint64_t* address) {
+  uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ void StoreRelaxedSystem(uint64_t* address, uint64_t value) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+// One block a row. Thread 0 of a masked row's block waits for the release of the step (acquire
+// at system scope: the host's stores of the masks, made before its release store, are visible
+// after it); the block then stages the row's mask in shared memory, a piece at a time, and
+// clears the logits of the tokens it drops.
+__global__ void __launch_bounds__(kGatedThreads)
+    GatedTokenBitmaskKernel(float* logits, const uint32_t* bitmask,
+                            const int32_t* mask_index, const uint64_t* step,
+                            const uint64_t* release, uint64_t* timed_out, int64_t vocab_size,
+                            int64_t stride, int64_t words, int64_t timeout_ns) {
+  __shared__ uint32_t stage[kGatedStageWords];
+  __shared__ int apply;
+  const int64_t row = blockIdx.x;
+  const int32_t mask = mask_index[row];
+  if (mask < 0) return;
+  if (threadIdx.x == 0) {
+    const uint64_t want = *step;
+    const uint64_t start = GlobalTimerNs();
+    uint64_t seen = LoadAcquireSystem(release);
+    while ((seen & ~kTokenBitmaskAbandoned) < want &&
+           GlobalTimerNs() - start < static_cast<uint64_t>(timeout_ns)) {
+      __nanosleep(200);
+      seen = LoadAcquireSystem(release);
+    }
+    if ((seen & ~kTokenBitmaskAbandoned) < want) {
+      StoreRelaxedSystem(timed_out, want);  // the host fails the step
+      apply = 0;
+    } else {
+      apply = seen == (want | kTokenBitmaskAbandoned) ? 0 : 1;
+    }
+  }
+  __syncthreads();
+  if (apply == 0) return;
+  const uint32_t* row_mask = bitmask + int64_t{mask} * words;
+  float* row_logits = logits + row * stride;
+  for (int64_t first_word = 0; first_word < words; first_word += kGatedStageWords) {
+    const int64_t count =
+        words - first_word < kGatedStageWords ? words - first_word : int64_t{kGatedStageWords};
+    // ld.global.cv: fetched again, never a line some cache held from before the release.
+    for (int64_t w = threadIdx.x; w < count; w += kGatedThreads) {
+      stage[w] = __ldcv(row_mask + first_word + w);
+    }
+    __syncthreads();
+    const int64_t first_token = first_word * 32;
+    const int64_t end_token =
+        (first_word + count) * 32 < vocab_size ? (first_word + count) * 32 : vocab_size;
+    for (int64_t t = first_token + threadIdx.x; t < end_token; t += kGatedThreads) {
+      const int64_t i = t - first_token;
+      if (((stage[i >> 5] >> (i & 31)) & 1u) == 0u) {
+        row_logits[t] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
+
+cudaError_t Launch(const GatedTokenBitmaskParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.num_rows == 0 || p.vocab_size == 0) return cudaSuccess;
+  const int64_t stride = p.logits_stride == 0 ? p.vocab_size : p.logits_stride;
+  const int64_t words = (p.vocab_size + 31) / 32;
+  GatedTokenBitmaskKernel<<<static_cast<unsigned>(p.num_rows), kGatedThreads, 0, stream>>>(
+      p.logits, p.bitmask, p.mask_index, p.step, p.release, p.timed_out, p.vocab_size,
+      stride, words, p.timeout_ns);
+  return cudaGetLastError();
+}
 
 cudaError_t Launch(const TokenBitmaskParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;

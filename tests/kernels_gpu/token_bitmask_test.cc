@@ -1,5 +1,8 @@
-// The token bitmask on the GPU against its CPU twin (kernels::ApplyTokenBitmask).
+// The token bitmask on the GPU against its CPU twin (kernels::ApplyTokenBitmask), and the gated
+// one, whose masks arrive in pinned host memory after its launch: released, timed out, abandoned.
 
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -54,6 +57,168 @@ TEST(TokenBitmaskGpuTest, ValidateRefusesBadShapes) {
   p.vocab_size = 10;
   EXPECT_FALSE(p.Validate().ok());  // null pointers
   p.num_rows = 70000;
+  EXPECT_FALSE(p.Validate().ok());
+}
+
+// Pinned host memory of `count` T, zeroed; mapped into the device's address space.
+template <typename T>
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t count) : count_(count) {
+    if (cudaMallocHost(&ptr_, count * sizeof(T)) != cudaSuccess) std::abort();
+    std::memset(ptr_, 0, count * sizeof(T));
+  }
+  ~PinnedBuffer() { cudaFreeHost(ptr_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  T* get() const { return ptr_; }
+  T* device() const {
+    void* address = nullptr;
+    return cudaHostGetDevicePointer(&address, ptr_, 0) == cudaSuccess ? static_cast<T*>(address)
+                                                                       : nullptr;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// One gated launch's buffers: logits, pinned masks (zero: they would drop every token), mask
+// indices, the step number on the device, and the release and timed-out words (pinned).
+struct GatedCase {
+  GatedCase(int64_t rows, int64_t vocab, int64_t num_masks, uint64_t step_number,
+            std::vector<float> logits, const std::vector<int32_t>& index)
+      : words((vocab + 31) / 32),
+        d_logits(logits),
+        masks(static_cast<size_t>(num_masks * words)),
+        d_index(index),
+        d_step(std::vector<uint64_t>{step_number}),
+        sync(16) {
+    params = GatedTokenBitmaskParams{.logits = d_logits.get(),
+                                     .bitmask = masks.device(),
+                                     .mask_index = d_index.get(),
+                                     .step = d_step.get(),
+                                     .release = sync.device(),
+                                     .timed_out = sync.device() + 8,
+                                     .num_rows = rows,
+                                     .vocab_size = vocab,
+                                     .timeout_ns = int64_t{60} * 1000 * 1000 * 1000};
+  }
+  uint64_t* release() const { return sync.get(); }
+  uint64_t timed_out_step() const { return TokenBitmaskTimedOutStep(sync.get() + 8); }
+
+  int64_t words;
+  DeviceBuffer<float> d_logits;
+  PinnedBuffer<uint32_t> masks;
+  DeviceBuffer<int32_t> d_index;
+  DeviceBuffer<uint64_t> d_step;
+  PinnedBuffer<uint64_t> sync;  // release at 0, timed out at 8 (words)
+  GatedTokenBitmaskParams params;
+};
+
+// The masks are written, and the step released, after the kernel is launched (it waits for them
+// on the device): the logits equal the CPU twin's with those masks. Vocabularies past one staged
+// piece of mask (131,072 tokens) included.
+TEST(TokenBitmaskGpuTest, GatedMatchesCpuWithMasksWrittenAfterTheLaunch) {
+  LMSERVE_REQUIRE_GPU();
+  cudaStream_t stream = nullptr;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint64_t step_number = 0;
+  for (int64_t rows : {1, 17, 64}) {
+    for (int64_t vocab : {33, 49152, 128256, 300001}) {
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << " vocab " << vocab << " seed " << seed);
+      std::mt19937 rng(seed);
+      const std::vector<float> logits = RandomFloats(rows * vocab, rng, 4.0f);
+      std::vector<int32_t> index(rows);
+      for (int64_t r = 0; r < rows; ++r) index[r] = r % 4 == 3 ? -1 : static_cast<int32_t>(r % 3);
+      GatedCase c(rows, vocab, 3, ++step_number, logits, index);
+      ASSERT_NE(c.params.bitmask, nullptr);
+      ASSERT_NE(c.params.release, nullptr);
+      // Released up to the step before: the kernel waits.
+      ReleaseTokenBitmasks(c.release(), step_number - 1, false);
+      CUDA_ASSERT(Launch(c.params, stream));
+      std::vector<uint32_t> masks(static_cast<size_t>(3 * c.words));
+      for (uint32_t& word : masks) word = static_cast<uint32_t>(rng()) & static_cast<uint32_t>(rng());
+      std::memcpy(c.masks.get(), masks.data(), masks.size() * sizeof(uint32_t));
+      ReleaseTokenBitmasks(c.release(), step_number, false);
+      CUDA_ASSERT(cudaStreamSynchronize(stream));
+      EXPECT_NE(c.timed_out_step(), step_number);
+      std::vector<float> expected = logits;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (index[r] >= 0) {
+          kernels::ApplyTokenBitmask(expected.data() + r * vocab,
+                                     masks.data() + index[r] * c.words, vocab);
+        }
+      }
+      EXPECT_EQ(c.d_logits.Download(), expected);
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Never released: the masked rows give up after the timeout, leave their logits alone and say
+// so (the host fails the step); the stream does not hang.
+TEST(TokenBitmaskGpuTest, GatedWaitGivesUpAfterItsTimeout) {
+  LMSERVE_REQUIRE_GPU();
+  std::mt19937 rng(FreshSeed());
+  const int64_t rows = 5, vocab = 1000;
+  const std::vector<float> logits = RandomFloats(rows * vocab, rng);
+  GatedCase c(rows, vocab, 1, 7, logits, {0, -1, 0, 0, -1});
+  c.params.timeout_ns = 1000 * 1000;  // 1 ms
+  ReleaseTokenBitmasks(c.release(), 6, false);
+  CUDA_ASSERT(Launch(c.params, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(c.timed_out_step(), 7u);
+  EXPECT_EQ(c.d_logits.Download(), logits);
+}
+
+// Abandoned (the host gave the step up): the rows stop waiting, unmasked, without a timeout.
+TEST(TokenBitmaskGpuTest, GatedAbandonedStepLeavesItsRowsAlone) {
+  LMSERVE_REQUIRE_GPU();
+  std::mt19937 rng(FreshSeed());
+  const int64_t rows = 3, vocab = 4096;
+  const std::vector<float> logits = RandomFloats(rows * vocab, rng);
+  GatedCase c(rows, vocab, 1, 3, logits, {0, 0, -1});
+  CUDA_ASSERT(Launch(c.params, nullptr));
+  ReleaseTokenBitmasks(c.release(), 3, /*abandoned=*/true);
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(c.timed_out_step(), 0u);
+  EXPECT_EQ(c.d_logits.Download(), logits);
+}
+
+// A launch without masked rows reads no release: never released, with a wait of an hour, it
+// returns at once (were it to wait, the test would hang past ctest's timeout).
+TEST(TokenBitmaskGpuTest, GatedRowsWithoutMasksDoNotWait) {
+  LMSERVE_REQUIRE_GPU();
+  std::mt19937 rng(FreshSeed());
+  const int64_t rows = 64, vocab = 49152;
+  const std::vector<float> logits = RandomFloats(rows * vocab, rng);
+  GatedCase c(rows, vocab, 1, 9, logits, std::vector<int32_t>(rows, -1));
+  c.params.timeout_ns = int64_t{3600} * 1000 * 1000 * 1000;
+  CUDA_ASSERT(Launch(c.params, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(c.timed_out_step(), 0u);
+  EXPECT_EQ(c.d_logits.Download(), logits);
+}
+
+TEST(TokenBitmaskGpuTest, GatedValidateRefusesBadParams) {
+  GatedTokenBitmaskParams p;
+  p.num_rows = 2;
+  p.vocab_size = 10;
+  p.timeout_ns = 1000;
+  EXPECT_FALSE(p.Validate().ok());  // null pointers
+  float logits = 0;
+  const uint32_t mask = 0;
+  const int32_t index = 0;
+  uint64_t word = 0;
+  p = {.logits = &logits, .bitmask = &mask, .mask_index = &index, .step = &word,
+       .release = &word, .timed_out = &word, .num_rows = 1, .vocab_size = 10, .timeout_ns = 1};
+  EXPECT_TRUE(p.Validate().ok());
+  p.timeout_ns = 0;
+  EXPECT_FALSE(p.Validate().ok());  // no bound on the wait
+  p.timeout_ns = 1;
+  p.logits_stride = 5;
   EXPECT_FALSE(p.Validate().ok());
 }
 

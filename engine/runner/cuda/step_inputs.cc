@@ -16,6 +16,7 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
     offset = (offset + static_cast<size_t>(bytes) + 15) / 16 * 16;
     return at;
   };
+  l.mask_step = take(8);
   l.slots = take(8 * groups * tokens);
   l.seeds = take(8 * rows);
   l.steps = take(8 * rows);
@@ -48,7 +49,7 @@ absl::StatusOr<StepInputs> StepInputs::Create(int64_t max_tokens, int64_t max_se
 }
 
 StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
-                            int32_t block_size) {
+                            int32_t block_size, uint64_t mask_step) {
   const int64_t seqs = batch.num_seqs();
   const int64_t tokens = decode_only ? padded_seqs : batch.num_tokens();
   // Device rows: every kLast/kSample sequence's last token, every kAll sequence's tokens; a
@@ -83,6 +84,7 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   const int64_t groups = num_groups_;
   const StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids, groups);
 
+  *Host<uint64_t>(l.mask_step) = mask_step;
   int64_t* slots = Host<int64_t>(l.slots);
   int32_t* ids = Host<int32_t>(l.token_ids);
   int32_t* positions = Host<int32_t>(l.positions);

@@ -25,6 +25,8 @@ namespace lmserve::engine::cuda {
 // group's starts as offsets into the one array of ids, which holds group 0's tables, then group
 // 1's, ...): a layer of group g reads slots + g * tokens and block_table_start + g * (seqs + 1).
 struct StepLayout {
+  size_t mask_step = 0;          // uint64 [1]: the step number its masked rows wait for (the
+                                 // gated token bitmask, kernels/cuda/token_bitmask.h)
   size_t slots = 0;              // int64 [groups, tokens]: each token's cache slot; -1: padding
   size_t seeds = 0;              // uint64 [rows]
   size_t steps = 0;              // uint64 [rows]
@@ -67,9 +69,10 @@ class StepInputs {
   // Packs `batch` (REQUIRES: valid, within the limits, num_groups tables a sequence) into the host
   // buffer. A decode-only step run by a graph of `padded_seqs` sequences is padded to it: padding
   // sequences have context 0, empty tables and cache slot -1, so they read and write nothing, and
-  // a greedy logits row each. Fills rows().
+  // a greedy logits row each. `mask_step`: the number whose release the step's masked rows wait
+  // for. Fills rows().
   StepLayout Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
-                  int32_t block_size_tokens);
+                  int32_t block_size_tokens, uint64_t mask_step = 0);
   // Copies the packed inputs of `layout` to the device, on `stream`.
   absl::Status Upload(const StepLayout& layout, cudaStream_t stream) const;
 

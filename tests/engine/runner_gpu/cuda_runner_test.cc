@@ -4,6 +4,8 @@
 
 #include "engine/runner/cuda_runner.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -438,8 +440,8 @@ StepBatch MaskingPrefill(const std::vector<int32_t>& prompt) {
 
 // Structured output on the device (RunnerConfig::device_token_bitmask): a masked row draws only
 // tokens its bitmask keeps (here 3 of the vocabulary, at temperature 1 and greedy), in prefill and
-// decode steps (masked steps run eagerly; the unmasked runner's decode steps replay its graphs),
-// while an unmasked row in the same step is unchanged (the same token as without masks).
+// decode steps (decode steps, masked or not, replay the runners' graphs), while an unmasked row in
+// the same step is unchanged (the same token as without masks).
 TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
@@ -518,6 +520,118 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
       }
     }
   }
+}
+
+// A masked decode step replays a CUDA graph (its draw waits on the device for masks written after
+// Launch) and draws the tokens of the eager path: a runner without graphs, given the same masks
+// from the start. float32, so that the two paths' logits agree to ~1e-6 and the draws at
+// temperature 1 with them.
+TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto graphed = MakeRunner(**checkpoint, CudaConfig(true, RunnerDType::kFloat32));
+  auto eager = MakeRunner(**checkpoint, CudaConfig(false, RunnerDType::kFloat32));
+  ASSERT_NE(graphed, nullptr);
+  ASSERT_NE(eager, nullptr);
+  ASSERT_GT(graphed->stats().num_cuda_graphs, 0);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int64_t words = (vocab + 31) / 32;
+  const std::vector<int32_t> allowed = {3, 40, 41, 500, static_cast<int32_t>(vocab - 1)};
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    StepOutput ignored;
+    ASSERT_TRUE(graphed->Execute(MaskingPrefill(prompt), &ignored).ok());
+    ASSERT_TRUE(eager->Execute(MaskingPrefill(prompt), &ignored).ok());
+    StepBatch batch = MaskingStep(prompt, /*decode=*/true, seed, /*masked=*/true, words);
+    testing::AllowOnly(&batch, kMaskedRows, allowed);
+    StepOutput expected, replayed;
+    ASSERT_TRUE(eager->Execute(batch, &expected).ok());
+    const int64_t replays = graphed->stats().num_graph_replays;
+    testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
+    ASSERT_TRUE(graphed->Launch(batch, &replayed).ok());
+    testing::AllowOnly(&batch, kMaskedRows, allowed);  // the host's masks, after the launch
+    absl::Status status = graphed->Finish();
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(graphed->stats().num_graph_replays, replays + 1) << "seed " << seed;
+    EXPECT_EQ(eager->stats().num_graph_replays, 0);
+    EXPECT_EQ(replayed.sampled_tokens, expected.sampled_tokens) << "seed " << seed;
+    for (int s : {0, 2}) {
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), replayed.sampled_tokens[s]),
+                allowed.end())
+          << "seed " << seed << " row " << s;
+    }
+  }
+}
+
+// The failure paths of a masked step whose masks never come: none hangs the GPU. (Each runner
+// waits for masks far longer than ctest's timeout, but where the test says otherwise: a wait
+// that was not ended would fail the test by its timeout.)
+TEST(CudaRunnerTest, MaskedStepWithoutItsMasksFailsInsteadOfHanging) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int64_t words = (vocab + 31) / 32;
+  const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  RunnerConfig config = CudaConfig();
+  config.device_mask_wait_seconds = 1e5;
+  StepOutput ignored;
+  {
+    // Finish never called, the runner destroyed: its destructor ends the device's wait.
+    auto runner = MakeRunner(**checkpoint, config);
+    ASSERT_NE(runner, nullptr);
+    ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+    StepBatch batch = MaskingStep(prompt, true, 1, /*masked=*/true, words);
+    StepOutput output;
+    ASSERT_TRUE(runner->Launch(batch, &output).ok());
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  {
+    // Finish never called, the next step launched: the abandoned step's draw ends, and the next
+    // step's tokens are right (its masks applied).
+    auto runner = MakeRunner(**checkpoint, config);
+    ASSERT_NE(runner, nullptr);
+    ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+    StepBatch abandoned = MaskingStep(prompt, true, 1, /*masked=*/true, words);
+    StepOutput abandoned_output;
+    ASSERT_TRUE(runner->Launch(abandoned, &abandoned_output).ok());
+    StepBatch batch = MaskingStep(prompt, true, 2, /*masked=*/true, words);
+    testing::AllowOnly(&batch, kMaskedRows, allowed);
+    StepOutput output;
+    absl::Status status = runner->Execute(batch, &output);
+    ASSERT_TRUE(status.ok()) << status;
+    for (int s : {0, 2}) {
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), output.sampled_tokens[s]), allowed.end());
+    }
+  }
+  {
+    // The masks come after the device gave up waiting (1 ms; the test waits for the GPU to idle
+    // first): Finish fails the step, DeadlineExceeded, and the runner goes on.
+    config.device_mask_wait_seconds = 1e-3;
+    auto runner = MakeRunner(**checkpoint, config);
+    ASSERT_NE(runner, nullptr);
+    ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+    StepBatch batch = MaskingStep(prompt, true, 1, /*masked=*/true, words);
+    StepOutput output;
+    ASSERT_TRUE(runner->Launch(batch, &output).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    testing::AllowOnly(&batch, kMaskedRows, allowed);
+    const absl::Status late = runner->Finish();
+    EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+    // The next step is not failed by the last one's timeout.
+    const absl::Status status =
+        runner->Execute(MaskingStep(prompt, true, 2, /*masked=*/false, words), &output);
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_EQ(output.sampled_tokens.size(), 3u);
+    for (int32_t token : output.sampled_tokens) {
+      EXPECT_GE(token, 0);
+      EXPECT_LT(token, vocab);
+    }
+  }
+  config.device_mask_wait_seconds = 0;
+  EXPECT_FALSE(ModelRunner::Create(**checkpoint, config).ok());
 }
 
 // More logits rows than one LM-head chunk (256): a long teacher-forced sequence, then a sampled
