@@ -26,9 +26,8 @@ absl::Status SiluAndMulParams::Validate() const {
 
 namespace {
 
-// Elements below which the rows run on the caller alone (a parallel loop's start and end cost a
-// few microseconds).
-constexpr int64_t kMinParallelElements = int64_t{1} << 15;
+// A thread's least share of a step's rows, in elements (as the norms').
+constexpr int64_t kMinElementsPerThread = int64_t{1} << 14;
 
 }  // namespace
 
@@ -47,11 +46,8 @@ void SiluAndMul(const SiluAndMulParams& p) {
       }
     }
   };
-  if (p.num_threads > 1 && p.num_tokens > 1 && p.num_tokens * n >= kMinParallelElements) {
-    ParallelFor(p.num_tokens, p.num_threads, rows);
-  } else {
-    rows(0, p.num_tokens);
-  }
+  ParallelFor(p.num_tokens, ThreadsForWork(p.num_tokens * n, kMinElementsPerThread, p.num_threads),
+              rows);
 }
 
 void Softcap(float* data, int64_t count, float cap) {

@@ -104,8 +104,7 @@ __attribute__((target_clones("avx2", "default"))) void SplitLinearRange(const Li
 void SplitLinear(const LinearParams& p, int64_t ldx, int64_t ldy) {
   constexpr int64_t kMinWorkPerThread = int64_t{1} << 20;  // multiply-adds
   const int64_t work = p.num_tokens * p.out_features * p.in_features;
-  const int64_t num_workers =
-      std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max(1, p.num_threads));
+  const int64_t num_workers = ThreadsForWork(work, kMinWorkPerThread, p.num_threads);
   const int64_t per_worker = (p.out_features + num_workers - 1) / num_workers;
   ParallelFor(num_workers, static_cast<int>(num_workers), [&](int64_t begin, int64_t end) {
     SplitLinearRange(p, ldx, ldy, std::min(p.out_features, begin * per_worker),

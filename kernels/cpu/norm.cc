@@ -24,18 +24,14 @@ absl::Status ValidateShape(const char* kernel, int64_t num_tokens, int64_t hidde
   return absl::OkStatus();
 }
 
-// Elements of a step's rows below which the rows run on the caller alone (a loop's start and end
-// on the team cost a few microseconds; a row of 576 takes about one).
-constexpr int64_t kMinParallelElements = int64_t{1} << 15;
+// A thread's least share of a step's rows, in elements (a row of 576 takes about a microsecond).
+constexpr int64_t kMinElementsPerThread = int64_t{1} << 14;
 
 // Runs fn(begin, end) over the step's rows, split across threads where they are many.
 void ForRows(int64_t num_tokens, int64_t row_elements, int num_threads,
              absl::FunctionRef<void(int64_t, int64_t)> fn) {
-  if (num_threads > 1 && num_tokens > 1 && num_tokens * row_elements >= kMinParallelElements) {
-    ParallelFor(num_tokens, num_threads, fn);
-  } else {
-    fn(0, num_tokens);
-  }
+  ParallelFor(num_tokens,
+              ThreadsForWork(num_tokens * row_elements, kMinElementsPerThread, num_threads), fn);
 }
 
 // Writes x / rms(x) * weight; `x` and `out` may alias. The squares are summed in eight partial

@@ -269,8 +269,7 @@ void PagedAttention(const PagedAttentionParams& p) {
     work += int64_t{p.query_start[i + 1] - p.query_start[i]} * keys;
   }
   work *= p.num_heads * p.head_dim;
-  const int num_workers = static_cast<int>(
-      std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max(1, p.num_threads)));
+  const int num_workers = ThreadsForWork(work, kMinWorkPerThread, p.num_threads);
   if (num_workers == 1) {
     RunWorker(p, 0, 1, false, p.workspace);
     return;

@@ -75,7 +75,8 @@ class Team {
 
  private:
   static constexpr uint64_t kGenerationMask = (uint64_t{1} << 24) - 1;
-  static constexpr uint64_t kFieldMask = (uint64_t{1} << 20) - 1;  // ranges (Run's callers bound them)
+  static constexpr uint64_t kFieldMask =
+      (uint64_t{1} << 20) - 1;  // ranges (Run's callers bound them)
 
   void Publish(uint64_t state) {
     state_.store(state);  // seq_cst: ordered before the load of sleepers_ (Work's mirror image)
@@ -164,6 +165,11 @@ void ParallelForChunks(int64_t n, int num_threads, int64_t chunk,
   // At most 2^20 - 1 ranges (the claim word's field): larger chunks past that.
   chunk = std::max<int64_t>({chunk, 1, (n + 0xFFFFE) / 0xFFFFF});
   Run(n, num_threads, chunk, fn);
+}
+
+int ThreadsForWork(int64_t work, int64_t min_work_per_thread, int max_threads) {
+  return static_cast<int>(std::clamp<int64_t>(work / std::max<int64_t>(min_work_per_thread, 1), 1,
+                                              std::max(1, max_threads)));
 }
 
 int PhysicalCoreCount() {

@@ -28,7 +28,13 @@ void ParallelFor(int64_t n, int num_threads, absl::FunctionRef<void(int64_t, int
 void ParallelForChunks(int64_t n, int num_threads, int64_t chunk,
                        absl::FunctionRef<void(int64_t, int64_t)> fn);
 
-// Physical cores this process may run on (its affinity mask, SMT siblings counted once); at least 1.
+// The threads worth giving a loop of `work` units (multiply-adds, elements: the caller's measure)
+// when a thread should get at least `min_work_per_thread` of them (a loop's start and end on the
+// team cost a few microseconds): work / min_work_per_thread, between 1 and max(1, max_threads).
+int ThreadsForWork(int64_t work, int64_t min_work_per_thread, int max_threads);
+
+// Physical cores this process may run on (its affinity mask, SMT siblings counted once); at
+// least 1.
 int PhysicalCoreCount();
 
 }  // namespace lmserve::kernels

@@ -1134,9 +1134,9 @@ void QuantLinear(const QuantLinearParams& p) {
   // Below this many multiply-adds per thread, a thread costs more than it saves.
   constexpr int64_t kMinWorkPerThread = int64_t{1} << 16;
   const int64_t work = p.num_tokens * p.out_features * k;
-  const int threads = static_cast<int>(
-      std::clamp<int64_t>(work / kMinWorkPerThread, 1,
-                          std::min<int64_t>(p.num_threads, (p.out_features + 3) / kRowTile)));
+  const int threads = ThreadsForWork(
+      work, kMinWorkPerThread,
+      static_cast<int>(std::min<int64_t>(p.num_threads, (p.out_features + 3) / kRowTile)));
   const SimdPath path = p.path == SimdPath::kAuto ? BestSimdPath() : p.path;
   if (IsQuantized(p.dtype) && !job.gemm) {
     QuantLinearWorkspace& x = *p.workspace;

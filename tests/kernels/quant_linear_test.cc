@@ -389,6 +389,15 @@ TEST(ParallelForTest, EachIndexOnceOverAnyThreadCount) {
   EXPECT_GE(PhysicalCoreCount(), 1);
 }
 
+TEST(ParallelForTest, ThreadsForWorkGivesEachThreadItsLeastShare) {
+  EXPECT_EQ(ThreadsForWork(0, 100, 8), 1);
+  EXPECT_EQ(ThreadsForWork(199, 100, 8), 1);
+  EXPECT_EQ(ThreadsForWork(200, 100, 8), 2);
+  EXPECT_EQ(ThreadsForWork(int64_t{1} << 40, 100, 8), 8);
+  EXPECT_EQ(ThreadsForWork(1000, 100, 0), 1);  // no team: the caller alone
+  EXPECT_EQ(ThreadsForWork(1000, 0, 4), 4);    // no least share: every thread
+}
+
 TEST(ParallelForTest, RangesDependOnlyOnTheLoop) {
   for (int round = 0; round < 200; ++round) {  // many loops in a row: a late worker stays in its own
     for (int threads : {2, 3}) {
