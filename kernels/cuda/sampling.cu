@@ -501,7 +501,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       auto field = [](unsigned long long v, int j) {
         return static_cast<int>((v >> (16 * j)) & 0xffffu);
       };
-      const int tile_total = field(totals, 0) + field(totals, 1) + field(totals, 2) + field(totals, 3);
+      const int tile_total =
+          field(totals, 0) + field(totals, 1) + field(totals, 2) + field(totals, 3);
       if (keep != 0) {
         int slice_start = max_candidates - placed - tile_total;
 #pragma unroll
@@ -549,9 +550,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   uint32_t lower = 0;
   int num_candidates = -1;  // -1: read global memory
   if (fused >= 0) {
-    // Whether pass 2's candidates hold the kept set: every token within kFusedNats - 0.5 of
-    //    the maximum is among them (the margin covers rounding), so the thresholds are exact
-    //    over them when that set holds top-k's k tokens, top-p's mass, or min-p's range.
+    // Whether pass 2's candidates hold the kept set: every token within kFusedNats - 0.5 of the
+    // maximum is among them (the margin covers rounding), so the thresholds are exact over them
+    // when that set holds top-k's k tokens, top-p's mass, or min-p's range. Their keys and
+    // weights from z first.
     uint32_t* const key = cand_key + fused_first;
     float* const weight = cand_weight + fused_first;
     const uint32_t fused_lower = OrderedKey(max_z - (kFusedNats - 0.5f));
