@@ -436,10 +436,43 @@ class Bench {
     Record(r);
   }
 
+  // Where a sampling launch's time goes: one more launch (after an L2 flush) with
+  // SamplingParams::profile set; the mean over rows of each step's SM cycles, and in us at the
+  // clock that the slowest row's cycles over the timed median imply (a lower bound on the clock:
+  // the median includes the launch).
+  void SamplingSteps(SamplingParams p, const Buffer& profile, double median_us) {
+    p.profile = profile.get<long long>();
+    CHECK_CUDA(cudaMemsetAsync(profile.get(), 0, profile.bytes(), stream_));
+    CHECK_CUDA(cudaMemsetAsync(flush_->get(), 1, flush_->bytes(), stream_));
+    CHECK_CUDA(Launch(p, stream_));
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<long long> stamps(static_cast<size_t>(p.num_rows) * kSamplingProfileStamps);
+    CHECK_CUDA(cudaMemcpy(stamps.data(), profile.get(), stamps.size() * 8, cudaMemcpyDeviceToHost));
+    std::vector<double> mean(kSamplingProfileStamps, 0.0);
+    double slowest = 0;
+    for (int64_t r = 0; r < p.num_rows; ++r) {
+      const long long* row = stamps.data() + r * kSamplingProfileStamps;
+      for (int k = 1; k < kSamplingProfileStamps; ++k) {
+        mean[k] += static_cast<double>(row[k] - row[k - 1]) / static_cast<double>(p.num_rows);
+      }
+      slowest = std::max(slowest, static_cast<double>(row[kSamplingProfileStamps - 1] - row[0]));
+    }
+    const double per_us = slowest / median_us;
+    static const char* const kSteps[] = {"", "pass 1", "pass 2", "coverage", "histogram",
+                                         "thresholds", "kept weight", "token"};
+    std::printf("  steps (mean cycles | us at %.0f cycles/us):", per_us);
+    for (int k = 1; k < kSamplingProfileStamps; ++k) {
+      std::printf(" %s %.0f | %.1f;", kSteps[k], mean[k], mean[k] / per_us);
+    }
+    std::printf(" slowest row %.0f cycles\n", slowest);
+    std::fflush(stdout);
+  }
+
   void Sampling() {
     const int64_t rows = 128, vocab = 128256;
     Buffer logits(rows * vocab * 4), out(rows * 4), temp(rows * 4), top_k(rows * 4),
-        top_p(rows * 4), min_p(rows * 4), seeds(rows * 8), steps(rows * 8);
+        top_p(rows * 4), min_p(rows * 4), seeds(rows * 8), steps(rows * 8),
+        profile(rows * kSamplingProfileStamps * 8);
     FillF32(logits, 3.0f);
     std::vector<uint64_t> seed_values(rows), step_values(rows, 7);
     for (int64_t i = 0; i < rows; ++i) seed_values[i] = 1000 + i;
@@ -482,6 +515,7 @@ class Bench {
         r.target_us = 100;
       }
       Record(r);
+      SamplingSteps(p, profile, us);
     }
     if (Selected("argmax")) {
       ArgmaxParams p{logits.get<float>(), out.get<int32_t>(), rows, vocab, 0};
