@@ -342,6 +342,13 @@ constexpr int kTile4 = kSlices * kThreads;  // float4s a tile
 // Pass 1 keeps each warp's maximum of the first kTrackedTiles tiles (2M tokens) in the
 // histogram's weights, unused until pass 2 is done.
 constexpr int kTrackedTiles = kBins * 2 / (kThreads / 32);
+// Pass 2 works warp by warp for rows of at most kLocalTiles tiles (262,144 tokens): two chunks
+// (tile, slice, warp) a thread in its block scan; their counts and first slots, 2 bytes each, in
+// the histogram's counts and in the scan buffer.
+constexpr int kLocalTiles = 2 * kThreads / (kSlices * (kThreads / 32));
+static_assert(kLocalTiles * kSlices * (kThreads / 32) * 2 <= kBins * 4 &&
+                  kLocalTiles * kSlices * (kThreads / 32) * 2 <= kThreads * 4,
+              "the chunk counts fit");
 
 // 16 contiguous logits from i0 (a multiple of 16); past the end: NaN, which is never kept.
 __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size, int i0,
@@ -363,6 +370,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   __shared__ int s_best_bin;
   __shared__ float s_best_above;
   __shared__ int s_token;
+  __shared__ int s_overflow;  // pass 2: a warp's candidates did not fit its region
   Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
   SamplerSmem& big = *sh.big;
   const int max_candidates = a.max_candidates;
@@ -400,6 +408,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     }
   };
   stamp(0);
+  if (threadIdx.x == 0) s_overflow = 0;  // published by pass 1's barriers
 
   const bool filtered = use_top_k || use_top_p || use_min_p;
   // A tile is kItems / 4 = kSlices slices of kThreads float4s, each slice read coalesced (thread
@@ -483,68 +492,174 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     auto live = [&](int tile) {
       return tile >= kTrackedTiles || warp_tile_max[tile * (kThreads / 32) + warp] >= admit;
     };
-    int placed = 0;  // candidates from the tiles after this one
-    float4 next[kSlices];
-    if (live(num_tiles - 1)) load_tile(num_tiles - 1, next);
-    bool next_live = live(num_tiles - 1);
-    for (int tile = num_tiles - 1; tile >= 0; --tile) {
-      float x[kItems];
-      const bool this_live = next_live;
-      if (this_live) to_z(next, x);
-      if (tile > 0) {
-        next_live = live(tile - 1);
-        if (next_live) load_tile(tile - 1, next);
-      }
-      uint32_t keep = 0;  // bit e: x[e] is a candidate
-      if (this_live) {
+    if (num_tiles <= kLocalTiles && max_candidates == kSamplingCandidates) {
+      // Warp by warp, with no block barrier in the loop: each warp compacts the candidates of its
+      // chunks (its 128 elements of a slice of a tile) into its own region, z and the element's
+      // offset in the chunk, and counts each chunk; then one block scan over the chunk counts in
+      // vocabulary order (tile, slice, warp) places every chunk, and each warp copies its own.
+      constexpr int kWarps = kThreads / 32;
+      constexpr int kWarpCap = kSamplingCandidates / kWarps;
+      float* const src_z = reinterpret_cast<float*>(cand_key) + warp * kWarpCap;
+      uint8_t* const src_offset = reinterpret_cast<uint8_t*>(cand_index) + warp * kWarpCap;
+      // [(tile * kSlices + slice) * kWarps + warp]: the chunk's count, then its first slot.
+      uint16_t* const chunk_count = reinterpret_cast<uint16_t*>(big.bin_count);
+      uint16_t* const chunk_first = reinterpret_cast<uint16_t*>(big.scan);
+      int own = 0;  // this warp's candidates so far
+      float4 next[kSlices];
+      bool next_live = live(num_tiles - 1);
+      if (next_live) load_tile(num_tiles - 1, next);
+      for (int tile = num_tiles - 1; tile >= 0; --tile) {  // the same in every warp
+        float4 cur[kSlices];
+        const bool this_live = next_live;  // the same in the warp's lanes
+        if (this_live) {
 #pragma unroll
-        for (int e = 0; e < kItems; ++e) keep |= (x[e] >= admit ? 1u : 0u) << e;  // NaN: no
-      }
-      // The candidates of each slice, 16 bits each: a slice has 4 * kThreads elements.
-      const unsigned long long counts =
-          (static_cast<unsigned long long>(__popc(keep & 0xf00u) | (__popc(keep & 0xf000u) << 16))
-           << 32) |
-          static_cast<uint32_t>(__popc(keep & 0xfu) | (__popc(keep & 0xf0u) << 16));
-      unsigned long long totals;
-      const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
-      auto field = [](unsigned long long v, int j) {
-        return static_cast<int>((v >> (16 * j)) & 0xffffu);
-      };
-      const int tile_total =
-          field(totals, 0) + field(totals, 1) + field(totals, 2) + field(totals, 3);
-      if (keep != 0) {
-        int slice_start = max_candidates - placed - tile_total;
+          for (int j = 0; j < kSlices; ++j) cur[j] = next[j];
+        }
+        if (tile > 0) {
+          next_live = live(tile - 1);
+          if (next_live) load_tile(tile - 1, next);
+        }
 #pragma unroll
         for (int j = 0; j < kSlices; ++j) {
-          const int first = slice_start + field(before, j);
-          const int index = 4 * (tile * kTile4 + j * kThreads + static_cast<int>(threadIdx.x));
+          int chunk_total = 0;
+          if (this_live) {
+            const float z[4] = {cur[j].x * inv_t, cur[j].y * inv_t, cur[j].z * inv_t,
+                                cur[j].w * inv_t};
+            uint32_t mask = 0;
 #pragma unroll
-          for (int e = 4 * j; e < 4 * j + 4; ++e) {
-            // Its slot: after this thread's candidates of the slice before it.
-            const int slot = first + __popc(keep & ((1u << e) - 1u) & (0xfu << (4 * j)));
-            if ((keep & (1u << e)) != 0 && slot >= 0) {
-              cand_weight[slot] = x[e];  // z for now: the weight comes after the pass
-              cand_index[slot] = index + e % 4;
+            for (int e = 0; e < 4; ++e) mask |= (z[e] >= admit ? 1u : 0u) << e;  // NaN: no
+            const int count = __popc(mask);
+            int inclusive = count;
+#pragma unroll
+            for (int offset = 1; offset < 32; offset <<= 1) {
+              const int t = __shfl_up_sync(0xffffffffu, inclusive, offset);
+              if (lane >= offset) inclusive += t;
+            }
+            chunk_total = __shfl_sync(0xffffffffu, inclusive, 31);
+            int slot = own + inclusive - count;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if ((mask & (1u << e)) != 0) {
+                if (slot < kWarpCap) {
+                  src_z[slot] = z[e];
+                  src_offset[slot] = static_cast<uint8_t>(4 * lane + e);
+                }
+                ++slot;
+              }
             }
           }
-          slice_start += field(totals, j);
+          if (lane == 0) {
+            chunk_count[(tile * kSlices + j) * kWarps + warp] = static_cast<uint16_t>(chunk_total);
+          }
+          own += chunk_total;
         }
       }
-      placed += tile_total;  // the same in every thread: the branch below is uniform
-      if (placed > max_candidates) break;
-    }
-    __syncthreads();
-    if (placed <= max_candidates) {
-      // The arrays from a multiple of 4 (16-byte reads below), the 0-3 entries before the first
-      // candidate padded with NaN: key 0 and weight 0, never kept.
-      fused_first = (max_candidates - placed) & ~3;
-      fused = max_candidates - fused_first;
-      for (int i = fused_first + static_cast<int>(threadIdx.x); i < max_candidates - placed;
-           i += kThreads) {
-        cand_weight[i] = NAN;
-        cand_index[i] = 0;
+      if (own > kWarpCap && lane == 0) s_overflow = 1;
+      __syncthreads();
+      if (s_overflow == 0) {  // the same in every thread
+        const int entries = num_tiles * kSlices * kWarps;  // at most 2 a thread
+        const int e0 = 2 * static_cast<int>(threadIdx.x);
+        const int c0 = e0 < entries ? chunk_count[e0] : 0;
+        const int c1 = e0 + 1 < entries ? chunk_count[e0 + 1] : 0;
+        unsigned long long all;
+        const auto first = static_cast<int>(
+            BlockScanU64(static_cast<unsigned long long>(c0 + c1), &all, s_warp64));
+        if (e0 < entries) chunk_first[e0] = static_cast<uint16_t>(first);
+        if (e0 + 1 < entries) chunk_first[e0 + 1] = static_cast<uint16_t>(first + c0);
+        const int n = static_cast<int>(all);
+        // The candidates go to the top of cand_weight and cand_index, above the offsets (the
+        // first kSamplingCandidates bytes of cand_index): more than that leaves no room.
+        const int first_slot = (max_candidates - n) & ~3;
+        if (first_slot * 4 >= kSamplingCandidates) {  // the same in every thread
+          __syncthreads();
+          int src = 0;
+          for (int tile = num_tiles - 1; tile >= 0; --tile) {
+            for (int j = 0; j < kSlices; ++j) {
+              const int k = (tile * kSlices + j) * kWarps + warp;
+              const int count = chunk_count[k];
+              const int dst = max_candidates - n + chunk_first[k];
+              const int index = 4 * (tile * kTile4 + j * kThreads + warp * 32);
+              for (int i = lane; i < count; i += 32) {
+                cand_weight[dst + i] = src_z[src + i];
+                cand_index[dst + i] = index + src_offset[src + i];
+              }
+              src += count;
+            }
+          }
+          fused_first = first_slot;
+          fused = max_candidates - first_slot;
+          for (int i = first_slot + static_cast<int>(threadIdx.x); i < max_candidates - n;
+               i += kThreads) {
+            cand_weight[i] = NAN;  // key 0 and weight 0: never kept
+            cand_index[i] = 0;
+          }
+          __syncthreads();
+        }
+      }
+    } else {
+      int placed = 0;  // candidates from the tiles after this one
+      float4 next[kSlices];
+      if (live(num_tiles - 1)) load_tile(num_tiles - 1, next);
+      bool next_live = live(num_tiles - 1);
+      for (int tile = num_tiles - 1; tile >= 0; --tile) {
+        float x[kItems];
+        const bool this_live = next_live;
+        if (this_live) to_z(next, x);
+        if (tile > 0) {
+          next_live = live(tile - 1);
+          if (next_live) load_tile(tile - 1, next);
+        }
+        uint32_t keep = 0;  // bit e: x[e] is a candidate
+        if (this_live) {
+#pragma unroll
+          for (int e = 0; e < kItems; ++e) keep |= (x[e] >= admit ? 1u : 0u) << e;  // NaN: no
+        }
+        // The candidates of each slice, 16 bits each: a slice has 4 * kThreads elements.
+        const uint32_t low = __popc(keep & 0xfu) | (__popc(keep & 0xf0u) << 16);
+        const uint32_t high = __popc(keep & 0xf00u) | (__popc(keep & 0xf000u) << 16);
+        const unsigned long long counts = (static_cast<unsigned long long>(high) << 32) | low;
+        unsigned long long totals;
+        const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
+        auto field = [](unsigned long long v, int j) {
+          return static_cast<int>((v >> (16 * j)) & 0xffffu);
+        };
+        const int tile_total =
+            field(totals, 0) + field(totals, 1) + field(totals, 2) + field(totals, 3);
+        if (keep != 0) {
+          int slice_start = max_candidates - placed - tile_total;
+#pragma unroll
+          for (int j = 0; j < kSlices; ++j) {
+            const int first = slice_start + field(before, j);
+            const int index =
+                4 * (tile * kTile4 + j * kThreads + static_cast<int>(threadIdx.x));
+#pragma unroll
+            for (int e = 4 * j; e < 4 * j + 4; ++e) {
+              // Its slot: after this thread's candidates of the slice before it.
+              const int slot = first + __popc(keep & ((1u << e) - 1u) & (0xfu << (4 * j)));
+              if ((keep & (1u << e)) != 0 && slot >= 0) {
+                cand_weight[slot] = x[e];  // z for now: the weight comes after the pass
+                cand_index[slot] = index + e % 4;
+              }
+            }
+            slice_start += field(totals, j);
+          }
+        }
+        placed += tile_total;  // the same in every thread: the branch below is uniform
+        if (placed > max_candidates) break;
       }
       __syncthreads();
+      if (placed <= max_candidates) {
+        // The arrays from a multiple of 4 (16-byte reads below), the 0-3 entries before the first
+        // candidate padded with NaN: key 0 and weight 0, never kept.
+        fused_first = (max_candidates - placed) & ~3;
+        fused = max_candidates - fused_first;
+        for (int i = fused_first + static_cast<int>(threadIdx.x); i < max_candidates - placed;
+             i += kThreads) {
+          cand_weight[i] = NAN;
+          cand_index[i] = 0;
+        }
+        __syncthreads();
+      }
     }
   }
   stamp(2);
