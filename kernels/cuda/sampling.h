@@ -12,7 +12,12 @@
 //      shared memory (up to kSamplingCandidates on the Hopper path; kSamplingCandidatesPortable
 //      on the portable path, which fits every sm_80+ GPU: 163 KB a block on A100, 99 KB on
 //      sm_86/sm_89), skipping every warp's part of a tile whose maximum is below that bound
-//      (peaked rows read little). When the tokens within 10 nats of the maximum hold the kept set
+//      (peaked rows read little). Rows of up to 16 tiles (262,144 tokens) on the Hopper path run
+//      it warp by warp, with no block barrier in the loop: each warp compacts its chunks (its 128
+//      logits of a slice of a tile) into its own region (512 candidates) and counts them, then
+//      one block scan of the chunk counts places them (up to 12,284 candidates: the regions' byte
+//      offsets share the index array); longer rows scan each tile across the block. When the
+//      tokens within 10 nats of the maximum hold the kept set
 //      (top-k's k tokens, top-p's mass, min-p's range), step 5 runs on them (typical logits; the
 //      truncation first, as Qrita's sigma-truncation and FlashInfer's pivots avoid a sort, but
 //      exact). Otherwise (flat rows, or more candidates than fit: the pass stops there):
