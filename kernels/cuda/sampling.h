@@ -15,7 +15,7 @@
 //      (peaked rows read little). Rows of up to 16 tiles (262,144 tokens) on the Hopper path run
 //      it warp by warp, with no block barrier in the loop: each warp compacts its chunks (its 128
 //      logits of a slice of a tile) into its own region (512 candidates) and counts them, then
-//      one block scan of the chunk counts places them (up to 12,284 candidates: the regions' byte
+//      one block scan of the chunk counts places them (up to 12,288 candidates: the regions' byte
 //      offsets share the index array); longer rows scan each tile across the block. When the
 //      tokens within 10 nats of the maximum hold the kept set
 //      (top-k's k tokens, top-p's mass, min-p's range), step 5 runs on them (typical logits; the
