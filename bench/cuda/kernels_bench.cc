@@ -458,8 +458,8 @@ class Bench {
       slowest = std::max(slowest, static_cast<double>(row[kSamplingProfileStamps - 1] - row[0]));
     }
     const double per_us = slowest / median_us;
-    static const char* const kSteps[] = {"", "pass 1", "pass 2", "coverage", "histogram",
-                                         "thresholds", "kept weight", "token"};
+    static const char* const kSteps[kSamplingProfileStamps] = {
+        "", "pass 1", "coverage", "histogram", "thresholds", "kept weight", "token"};
     std::printf("  steps (mean cycles | us at %.0f cycles/us):", per_us);
     for (int k = 1; k < kSamplingProfileStamps; ++k) {
       std::printf(" %s %.0f | %.1f;", kSteps[k], mean[k], mean[k] / per_us);

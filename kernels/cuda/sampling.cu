@@ -44,14 +44,6 @@ __device__ __forceinline__ uint32_t OrderedKey(float z) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// 2^x with flush-to-zero (ex2.approx.ftz.f32: one MUFU.EX2; __expf adds a compare and two
-// multiplies to keep denormal results, which no sum here needs).
-__device__ __forceinline__ float Exp2Ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Argmax order: a number beats NaN, a larger value beats a smaller, a lower index breaks ties.
 __device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i) {
   const bool nan_v = v != v, nan_best = best_v != best_v;
@@ -333,22 +325,10 @@ struct SampleArgs {
 };
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
-constexpr float kProvisionalNats = 10.0f;  // the histogram pass also keeps those with w > e^-10
-constexpr float kFusedNats = 10.5f;  // pass 2 keeps the tokens within this of the maximum
-constexpr int kItems = 16;           // elements per thread in a tile
+constexpr float kProvisionalNats = 10.0f;  // pass 2 also keeps the tokens with w > e^-10
+constexpr float kFusedNats = 10.5f;  // pass 1 keeps the tokens within this of the running maximum
+constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
 constexpr int kTileItems = kItems * kThreads;
-constexpr int kSlices = kItems / 4;  // a tile of the streaming passes: kSlices coalesced float4s
-constexpr int kTile4 = kSlices * kThreads;  // float4s a tile
-// Pass 1 keeps each warp's maximum of the first kTrackedTiles tiles (2M tokens) in the
-// histogram's weights, unused until pass 2 is done.
-constexpr int kTrackedTiles = kBins * 2 / (kThreads / 32);
-// Pass 2 works warp by warp for rows of at most kLocalTiles tiles (262,144 tokens): two chunks
-// (tile, slice, warp) a thread in its block scan; their counts and first slots, 2 bytes each, in
-// the histogram's counts and in the scan buffer.
-constexpr int kLocalTiles = 2 * kThreads / (kSlices * (kThreads / 32));
-static_assert(kLocalTiles * kSlices * (kThreads / 32) * 2 <= kBins * 4 &&
-                  kLocalTiles * kSlices * (kThreads / 32) * 2 <= kThreads * 4,
-              "the chunk counts fit");
 
 // 16 contiguous logits from i0 (a multiple of 16); past the end: NaN, which is never kept.
 __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size, int i0,
@@ -370,14 +350,12 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   __shared__ int s_best_bin;
   __shared__ float s_best_above;
   __shared__ int s_token;
-  __shared__ int s_overflow;  // pass 2: a warp's candidates did not fit its region
   Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
   SamplerSmem& big = *sh.big;
   const int max_candidates = a.max_candidates;
-  // The candidate arrays; once the filters run on pass 2's candidates, from their first.
-  uint32_t* cand_key = reinterpret_cast<uint32_t*>(smem_raw + sizeof(SamplerSmem));
-  float* cand_weight = reinterpret_cast<float*>(cand_key + max_candidates);
-  int32_t* cand_index = reinterpret_cast<int32_t*>(cand_weight + max_candidates);
+  uint32_t* const cand_key = reinterpret_cast<uint32_t*>(smem_raw + sizeof(SamplerSmem));
+  float* const cand_weight = reinterpret_cast<float*>(cand_key + max_candidates);
+  int32_t* const cand_index = reinterpret_cast<int32_t*>(cand_weight + max_candidates);
 
   const int row_index = blockIdx.x;
   const float* row = a.logits + row_index * a.stride;
@@ -401,268 +379,113 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const bool use_top_p = top_p < 1.0f;
   const bool use_min_p = min_p > 0.0f;
   const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
-  // SamplingParams::profile: stamp k, by thread 0 (after a barrier, where the step ends in one).
+  // SamplingParams::profile: stamp k, by thread 0 (after a barrier where the step ends in one).
   auto stamp = [&](int k) {
     if (a.profile != nullptr && threadIdx.x == 0) {
       a.profile[int64_t{row_index} * kSamplingProfileStamps + k] = clock64();
     }
   };
   stamp(0);
-  if (threadIdx.x == 0) s_overflow = 0;  // published by pass 1's barriers
 
   const bool filtered = use_top_k || use_top_p || use_min_p;
-  // A tile is kItems / 4 = kSlices slices of kThreads float4s, each slice read coalesced (thread
-  // t takes float4 t of the slice); its elements in vocabulary order: slice, thread, element.
-  const float4* row4 = reinterpret_cast<const float4*>(row);
-  const int n4 = vocab / 4;
-  const int num_tiles = (n4 + kTile4 - 1) / kTile4;
-  auto load_tile = [&](int tile, float4 (&dst)[kSlices]) {
-#pragma unroll
-    for (int j = 0; j < kSlices; ++j) {
-      const int v = tile * kTile4 + j * kThreads + static_cast<int>(threadIdx.x);
-      dst[j] = v < n4 ? __ldg(row4 + v) : make_float4(NAN, NAN, NAN, NAN);
-    }
-  };
-  auto to_z = [&](const float4 (&src)[kSlices], float (&x)[kItems]) {
-#pragma unroll
-    for (int j = 0; j < kSlices; ++j) {  // z; NaN (and past the end) stays NaN
-      x[4 * j] = src[j].x * inv_t, x[4 * j + 1] = src[j].y * inv_t;
-      x[4 * j + 2] = src[j].z * inv_t, x[4 * j + 3] = src[j].w * inv_t;
-    }
-  };
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // Each warp's maximum z over its part of each of the first kTrackedTiles tiles (pass 1 writes
-  // it, pass 2 skips the parts with nothing to keep); the histogram's storage, unused until then.
-  float* const warp_tile_max = reinterpret_cast<float*>(big.bin_weight);
-
-  // 1. Maximum and normalizer: no barrier until the end. A thread's running maximum m of z and
-  //    sum s of exp(z - m), rescaled once a tile, each term one FFMA and one ex2 (2^(x * inv_t *
-  //    log2 e - m * log2 e); a NaN's argument is clamped to -200: 0); the next tile's loads are
-  //    issued before a tile's work, so that the row streams at the memory's pace.
   float max_z, total_weight;
-  {
-    constexpr float kLog2e = 1.4426950408889634f;
-    const float scale = inv_t * kLog2e;
-    float m = -INFINITY, s = 0.0f;
-    float4 next[kSlices];
-    load_tile(0, next);
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      float x[kItems];  // the logits, not yet scaled
+  int fused = -1;  // the candidates pass 1 kept in shared memory (filtered rows); -1: none
+  if (filtered) {
+    // 1. Maximum and normalizer, and in the same pass the candidates: the tokens within
+    //    kFusedNats of the block's running maximum (a superset of those within kFusedNats of the
+    //    row's), compacted in vocabulary order. The next tile's loads are issued before a tile's
+    //    barriers, so that the row streams at the memory's pace.
+    float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
+    float run_max = -INFINITY;      // the block's maximum over the tiles so far
+    int base = 0;                   // candidates so far
+    // A tile is kItems / 4 = 4 slices of kThreads float4s, each slice read coalesced (thread t
+    // takes float4 t of the slice); its candidates keep vocabulary order: slice, thread, element.
+    constexpr int kSlices = kItems / 4;
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int n4 = vocab / 4;
+    auto load_tile = [&](int tile4, float4 (&dst)[kSlices]) {
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
-        x[4 * j] = next[j].x, x[4 * j + 1] = next[j].y;
-        x[4 * j + 2] = next[j].z, x[4 * j + 3] = next[j].w;
+        const int v = tile4 + j * kThreads + static_cast<int>(threadIdx.x);
+        dst[j] = v < n4 ? __ldg(row4 + v) : make_float4(NAN, NAN, NAN, NAN);
       }
-      if (tile + 1 < num_tiles) load_tile(tile + 1, next);
-      float x_max = -INFINITY;
+    };
+    float4 next[kSlices];
+    load_tile(0, next);
+    for (int tile4 = 0; tile4 < n4; tile4 += kSlices * kThreads) {
+      float x[kItems];  // element e of slice j: x[4 * j + e]
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) x_max = fmaxf(x_max, x[e]);  // NaN ignored
-      // The tile's maximum z: scaling by inv_t > 0 is monotone, rounding included.
-      const float tile_max = x_max * inv_t;
-      if (tile < kTrackedTiles) {
-        const float w = WarpMax(tile_max);
-        if (lane == 0) warp_tile_max[tile * (kThreads / 32) + warp] = w;
+      for (int j = 0; j < kSlices; ++j) {  // z; NaN (and past the end) stays NaN
+        x[4 * j] = next[j].x * inv_t, x[4 * j + 1] = next[j].y * inv_t;
+        x[4 * j + 2] = next[j].z * inv_t, x[4 * j + 3] = next[j].w * inv_t;
       }
+      if (tile4 + kSlices * kThreads < n4) load_tile(tile4 + kSlices * kThreads, next);
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) tile_max = fmaxf(tile_max, x[e]);  // NaN ignored
       if (tile_max > m) {
-        s *= Exp2Ftz((m - tile_max) * kLog2e);  // m = -inf: s is 0
+        s *= __expf(m - tile_max);  // m = -inf: s is 0
         m = tile_max;
       }
-      const float offset = m * kLog2e;
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) s += Exp2Ftz(fmaxf(fmaf(x[e], scale, -offset), -200.0f));
+      for (int e = 0; e < kItems; ++e) {
+        if (x[e] > -INFINITY) s += __expf(x[e] - m);  // not NaN, not -inf: m is finite
+      }
+      run_max = fmaxf(run_max, BlockMax(tile_max, s_warp));
+      const float admit = run_max - kFusedNats;
+      uint32_t keep = 0;
+      unsigned long long counts = 0;  // 16 bits a slice
+#pragma unroll
+      for (int e = 0; e < kItems; ++e) {
+        if (x[e] > -INFINITY && x[e] >= admit) {
+          keep |= 1u << e;
+          counts += 1ull << (16 * (e / 4));
+        }
+      }
+      unsigned long long totals;
+      const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
+      int slice_start = base;
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {
+        int slot = slice_start + static_cast<int>((before >> (16 * j)) & 0xffffu);
+#pragma unroll
+        for (int e = 4 * j; e < 4 * j + 4; ++e) {
+          if (keep & (1u << e)) {
+            if (slot < max_candidates) {
+              cand_key[slot] = OrderedKey(x[e]);
+              cand_weight[slot] = x[e];  // z for now: the weight needs the row's maximum
+              cand_index[slot] = 4 * (tile4 + j * kThreads + static_cast<int>(threadIdx.x)) + e % 4;
+            }
+            ++slot;
+          }
+        }
+        slice_start += static_cast<int>((totals >> (16 * j)) & 0xffffu);
+      }
+      base = slice_start;
     }
-    max_z = BlockMax(m, s_warp);  // its barriers publish warp_tile_max
-    total_weight =
-        BlockSum(m == -INFINITY ? 0.0f : s * Exp2Ftz((m - max_z) * kLog2e), s_warp);
+    max_z = BlockMax(m, s_warp);
+    total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+    fused = base <= max_candidates ? base : -1;
+  } else {
+    // 1. Maximum and normalizer (online: a running maximum per thread).
+    float m = -INFINITY, s = 0.0f;
+    ForEachLogit(row, vocab, [&](int, float x) {
+      const float z = x * inv_t;
+      if (z > m) {
+        s = s * __expf(m - z) + 1.0f;
+        m = z;
+      } else if (z > -INFINITY) {  // not NaN, and m is finite here
+        s += __expf(z - m);
+      }
+    });
+    max_z = BlockMax(m, s_warp);
+    total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
   }
   stamp(1);
   if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
     if (threadIdx.x == 0) a.output[row_index] = 0;
     return;
   }
-
-  // 2. Filtered rows: the candidates, every token with z >= max - kFusedNats, compacted in
-  //    vocabulary order into the top of the candidate arrays (z for now, and the index). The
-  //    tiles run last to first: the row's end, read last by pass 1, is still in L2. A warp's part
-  //    of a tile whose maximum is below the bound is neither read nor scanned element by element.
-  int fused = -1;  // the number of candidates at fused_first; -1: more than fit
-  int fused_first = 0;
-  if (filtered) {
-    const float admit = max_z - kFusedNats;
-    auto live = [&](int tile) {
-      return tile >= kTrackedTiles || warp_tile_max[tile * (kThreads / 32) + warp] >= admit;
-    };
-    if (num_tiles <= kLocalTiles && max_candidates == kSamplingCandidates) {
-      // Warp by warp, with no block barrier in the loop: each warp compacts the candidates of its
-      // chunks (its 128 elements of a slice of a tile) into its own region, z and the element's
-      // offset in the chunk, and counts each chunk; then one block scan over the chunk counts in
-      // vocabulary order (tile, slice, warp) places every chunk, and each warp copies its own.
-      constexpr int kWarps = kThreads / 32;
-      constexpr int kWarpCap = kSamplingCandidates / kWarps;
-      float* const src_z = reinterpret_cast<float*>(cand_key) + warp * kWarpCap;
-      uint8_t* const src_offset = reinterpret_cast<uint8_t*>(cand_index) + warp * kWarpCap;
-      // [(tile * kSlices + slice) * kWarps + warp]: the chunk's count, then its first slot.
-      uint16_t* const chunk_count = reinterpret_cast<uint16_t*>(big.bin_count);
-      uint16_t* const chunk_first = reinterpret_cast<uint16_t*>(big.scan);
-      int own = 0;  // this warp's candidates so far
-      float4 next[kSlices];
-      bool next_live = live(num_tiles - 1);
-      if (next_live) load_tile(num_tiles - 1, next);
-      for (int tile = num_tiles - 1; tile >= 0; --tile) {  // the same in every warp
-        float4 cur[kSlices];
-        const bool this_live = next_live;  // the same in the warp's lanes
-        if (this_live) {
-#pragma unroll
-          for (int j = 0; j < kSlices; ++j) cur[j] = next[j];
-        }
-        if (tile > 0) {
-          next_live = live(tile - 1);
-          if (next_live) load_tile(tile - 1, next);
-        }
-#pragma unroll
-        for (int j = 0; j < kSlices; ++j) {
-          int chunk_total = 0;
-          if (this_live) {
-            const float z[4] = {cur[j].x * inv_t, cur[j].y * inv_t, cur[j].z * inv_t,
-                                cur[j].w * inv_t};
-            uint32_t mask = 0;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mask |= (z[e] >= admit ? 1u : 0u) << e;  // NaN: no
-            const int count = __popc(mask);
-            int inclusive = count;
-#pragma unroll
-            for (int offset = 1; offset < 32; offset <<= 1) {
-              const int t = __shfl_up_sync(0xffffffffu, inclusive, offset);
-              if (lane >= offset) inclusive += t;
-            }
-            chunk_total = __shfl_sync(0xffffffffu, inclusive, 31);
-            int slot = own + inclusive - count;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if ((mask & (1u << e)) != 0) {
-                if (slot < kWarpCap) {
-                  src_z[slot] = z[e];
-                  src_offset[slot] = static_cast<uint8_t>(4 * lane + e);
-                }
-                ++slot;
-              }
-            }
-          }
-          if (lane == 0) {
-            chunk_count[(tile * kSlices + j) * kWarps + warp] = static_cast<uint16_t>(chunk_total);
-          }
-          own += chunk_total;
-        }
-      }
-      if (own > kWarpCap && lane == 0) s_overflow = 1;
-      __syncthreads();
-      if (s_overflow == 0) {  // the same in every thread
-        const int entries = num_tiles * kSlices * kWarps;  // at most 2 a thread
-        const int e0 = 2 * static_cast<int>(threadIdx.x);
-        const int c0 = e0 < entries ? chunk_count[e0] : 0;
-        const int c1 = e0 + 1 < entries ? chunk_count[e0 + 1] : 0;
-        unsigned long long all;
-        const auto first = static_cast<int>(
-            BlockScanU64(static_cast<unsigned long long>(c0 + c1), &all, s_warp64));
-        if (e0 < entries) chunk_first[e0] = static_cast<uint16_t>(first);
-        if (e0 + 1 < entries) chunk_first[e0 + 1] = static_cast<uint16_t>(first + c0);
-        const int n = static_cast<int>(all);
-        // The candidates go to the top of cand_weight and cand_index, above the offsets (the
-        // first kSamplingCandidates bytes of cand_index): more than that leaves no room.
-        const int first_slot = (max_candidates - n) & ~3;
-        if (first_slot * 4 >= kSamplingCandidates) {  // the same in every thread
-          __syncthreads();
-          int src = 0;
-          for (int tile = num_tiles - 1; tile >= 0; --tile) {
-            for (int j = 0; j < kSlices; ++j) {
-              const int k = (tile * kSlices + j) * kWarps + warp;
-              const int count = chunk_count[k];
-              const int dst = max_candidates - n + chunk_first[k];
-              const int index = 4 * (tile * kTile4 + j * kThreads + warp * 32);
-              for (int i = lane; i < count; i += 32) {
-                cand_weight[dst + i] = src_z[src + i];
-                cand_index[dst + i] = index + src_offset[src + i];
-              }
-              src += count;
-            }
-          }
-          fused_first = first_slot;
-          fused = max_candidates - first_slot;
-          for (int i = first_slot + static_cast<int>(threadIdx.x); i < max_candidates - n;
-               i += kThreads) {
-            cand_weight[i] = NAN;  // key 0 and weight 0: never kept
-            cand_index[i] = 0;
-          }
-          __syncthreads();
-        }
-      }
-    } else {
-      int placed = 0;  // candidates from the tiles after this one
-      float4 next[kSlices];
-      if (live(num_tiles - 1)) load_tile(num_tiles - 1, next);
-      bool next_live = live(num_tiles - 1);
-      for (int tile = num_tiles - 1; tile >= 0; --tile) {
-        float x[kItems];
-        const bool this_live = next_live;
-        if (this_live) to_z(next, x);
-        if (tile > 0) {
-          next_live = live(tile - 1);
-          if (next_live) load_tile(tile - 1, next);
-        }
-        uint32_t keep = 0;  // bit e: x[e] is a candidate
-        if (this_live) {
-#pragma unroll
-          for (int e = 0; e < kItems; ++e) keep |= (x[e] >= admit ? 1u : 0u) << e;  // NaN: no
-        }
-        // The candidates of each slice, 16 bits each: a slice has 4 * kThreads elements.
-        const uint32_t low = __popc(keep & 0xfu) | (__popc(keep & 0xf0u) << 16);
-        const uint32_t high = __popc(keep & 0xf00u) | (__popc(keep & 0xf000u) << 16);
-        const unsigned long long counts = (static_cast<unsigned long long>(high) << 32) | low;
-        unsigned long long totals;
-        const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
-        auto field = [](unsigned long long v, int j) {
-          return static_cast<int>((v >> (16 * j)) & 0xffffu);
-        };
-        const int tile_total =
-            field(totals, 0) + field(totals, 1) + field(totals, 2) + field(totals, 3);
-        if (keep != 0) {
-          int slice_start = max_candidates - placed - tile_total;
-#pragma unroll
-          for (int j = 0; j < kSlices; ++j) {
-            const int first = slice_start + field(before, j);
-            const int index =
-                4 * (tile * kTile4 + j * kThreads + static_cast<int>(threadIdx.x));
-#pragma unroll
-            for (int e = 4 * j; e < 4 * j + 4; ++e) {
-              // Its slot: after this thread's candidates of the slice before it.
-              const int slot = first + __popc(keep & ((1u << e) - 1u) & (0xfu << (4 * j)));
-              if ((keep & (1u << e)) != 0 && slot >= 0) {
-                cand_weight[slot] = x[e];  // z for now: the weight comes after the pass
-                cand_index[slot] = index + e % 4;
-              }
-            }
-            slice_start += field(totals, j);
-          }
-        }
-        placed += tile_total;  // the same in every thread: the branch below is uniform
-        if (placed > max_candidates) break;
-      }
-      __syncthreads();
-      if (placed <= max_candidates) {
-        // The arrays from a multiple of 4 (16-byte reads below), the 0-3 entries before the first
-        // candidate padded with NaN: key 0 and weight 0, never kept.
-        fused_first = (max_candidates - placed) & ~3;
-        fused = max_candidates - fused_first;
-        for (int i = fused_first + static_cast<int>(threadIdx.x); i < max_candidates - placed;
-             i += kThreads) {
-          cand_weight[i] = NAN;
-          cand_index[i] = 0;
-        }
-        __syncthreads();
-      }
-    }
-  }
-  stamp(2);
   auto weight_of = [&](float z) { return z == z ? __expf(z - max_z) : 0.0f; };
   auto global_for_each = [&](auto&& f) {
     ForEachLogit(row, vocab, [&](int, float x) {
@@ -675,19 +498,14 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   uint32_t lower = 0;
   int num_candidates = -1;  // -1: read global memory
   if (fused >= 0) {
-    // Whether pass 2's candidates hold the kept set: every token within kFusedNats - 0.5 of the
-    // maximum is among them (the margin covers rounding), so the thresholds are exact over them
-    // when that set holds top-k's k tokens, top-p's mass, or min-p's range. Their keys and
-    // weights from z first.
-    uint32_t* const key = cand_key + fused_first;
-    float* const weight = cand_weight + fused_first;
+    // 2. Whether pass 1's candidates hold the kept set: every token within kFusedNats - 0.5 of
+    //    the maximum is among them (the margin covers rounding), so the thresholds are exact
+    //    over them when that set holds top-k's k tokens, top-p's mass, or min-p's range.
+    for (int i = threadIdx.x; i < fused; i += kThreads) cand_weight[i] = weight_of(cand_weight[i]);
     const uint32_t fused_lower = OrderedKey(max_z - (kFusedNats - 0.5f));
     float count = 0.0f, mass = 0.0f;
     for (int i = threadIdx.x; i < fused; i += kThreads) {
-      const float z = weight[i];
-      key[i] = OrderedKey(z);
-      weight[i] = weight_of(z);
-      if (key[i] >= fused_lower) count += 1.0f, mass += weight[i];
+      if (cand_key[i] >= fused_lower) count += 1.0f, mass += cand_weight[i];
     }
     count = BlockSum(count, s_warp);
     mass = BlockSum(mass, s_warp);
@@ -699,22 +517,19 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
       covered = -logf(min_p) <= kFusedNats - 1.0f;
     }
-    if (covered) {
-      lower = fused_lower, num_candidates = fused;
-      cand_key = key, cand_weight = weight, cand_index += fused_first;
-    }
+    if (covered) lower = fused_lower, num_candidates = fused;
   }
-  stamp(3);
+  stamp(2);
 
-  // 3. Otherwise a lower bound on the kept keys from a count histogram of d = max - z over
+  // 2'. Otherwise a lower bound on the kept keys from a count histogram of d = max - z over
   //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
-  //    4. the candidates above it, compacted in vocabulary order into shared memory.
+  //    3. the candidates above it, compacted in vocabulary order into shared memory.
   if (filtered && num_candidates < 0) {
     constexpr float kBinsPerNat = kBins / kRangeNats;
     for (int b = threadIdx.x; b < kBins; b += kThreads) big.bin_count[b] = 0;
     __syncthreads();
     // The histogram, and in the same pass a provisional compaction of the tokens with
-    // d < kProvisionalNats: when the bound found below is within it, step 4 needs no pass.
+    // d < kProvisionalNats: when the bound found below is within it, no third pass is needed.
     float provisional = 0.0f;
     for (int tile = 0; tile < vocab; tile += kTileItems) {
       const int i0 = tile + kItems * threadIdx.x;
@@ -825,8 +640,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     }
   };
 
-  stamp(4);
-  // 5. Exact thresholds.
+  stamp(3);
+  // 4. Exact thresholds.
   uint32_t threshold = lower;
   if (use_top_k) {
     threshold = RadixThreshold(sh, for_each, false, threshold, upper, static_cast<float>(top_k));
@@ -847,15 +662,15 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     return key >= threshold && (!use_min_p || w >= min_p) ? w : 0.0f;
   };
 
-  stamp(5);
-  // 6. The token: u * (kept weight) located by an ordered prefix sum.
+  stamp(4);
+  // 5. The token: u * (kept weight) located by an ordered prefix sum.
   float kept_total = total_weight;  // nothing filtered: every token
   if (use_top_k || use_top_p || use_min_p) {
     kept_total = 0.0f;
     for_each([&](uint32_t key, float w) { kept_total += kept_weight(key, w); });
     kept_total = BlockSum(kept_total, s_warp);
   }
-  stamp(6);
+  stamp(5);
   const float target = uniform * kept_total;
   const int n = num_candidates >= 0 ? num_candidates : vocab;
   if (threadIdx.x == 0) s_token = -1;
@@ -938,7 +753,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     token = max(s_token, 0);
   }
   if (threadIdx.x == 0) a.output[row_index] = token;
-  stamp(7);
+  stamp(6);
 }
 
 }  // namespace

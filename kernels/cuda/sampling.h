@@ -3,32 +3,23 @@
 // gives the exact definition both implement.
 //
 // The sampler never sorts the vocabulary. One thread block of 1024 threads per row:
-//   1. one pass for the maximum and the softmax normalizer, with no barrier until its end (each
-//      thread's running maximum, rescaled once a tile of 16 logits a thread; a logit costs one
-//      FFMA and one ex2; the next tile's loads are in flight during a tile's work); it also keeps
-//      each warp's maximum over its part of each tile;
-//   2. filtered rows: one pass, tiles last to first (the row's end, read last by pass 1, is still
-//      in L2), that compacts the tokens within 10.5 nats of the maximum, in vocabulary order, into
-//      shared memory (up to kSamplingCandidates on the Hopper path; kSamplingCandidatesPortable
-//      on the portable path, which fits every sm_80+ GPU: 163 KB a block on A100, 99 KB on
-//      sm_86/sm_89), skipping every warp's part of a tile whose maximum is below that bound
-//      (peaked rows read little). Rows of up to 16 tiles (262,144 tokens) on the Hopper path run
-//      it warp by warp, with no block barrier in the loop: each warp compacts its chunks (its 128
-//      logits of a slice of a tile) into its own region (512 candidates) and counts them, then
-//      one block scan of the chunk counts places them (up to 12,288 candidates: the regions' byte
-//      offsets share the index array); longer rows scan each tile across the block. When the
-//      tokens within 10 nats of the maximum hold the kept set
-//      (top-k's k tokens, top-p's mass, min-p's range), step 5 runs on them (typical logits; the
-//      truncation first, as Qrita's sigma-truncation and FlashInfer's pivots avoid a sort, but
-//      exact). Otherwise (flat rows, or more candidates than fit: the pass stops there):
-//   3. one pass for a count histogram of the distance from the maximum,
+//   1. one pass for the maximum and the softmax normalizer; with a filter, the same pass also
+//      compacts the tokens within 10.5 nats of the block's running maximum (a superset of those
+//      within 10.5 nats of the row's), in vocabulary order, into shared memory (the capacity
+//      below), reading each tile coalesced (4 slices of a float4 a thread) and ordering the
+//      candidates by one integer block scan of four packed 16-bit counts. When the tokens within 10 nats of the maximum hold the kept set (top-k's k tokens,
+//      top-p's mass, min-p's range), step 4 runs on them and the row is read once (typical
+//      logits; the truncation first, as Qrita's sigma-truncation and FlashInfer's pivots avoid a
+//      sort, but exact). Otherwise (flat rows, or more candidates than fit):
+//   2. one pass for a count histogram of the distance from the maximum,
 //      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
-//      top-p by a lower bound on each bin's weight, min-p directly), compacting the tokens with
-//      d < 10 on the way;
-//   4. when the bound is further than that, one pass that compacts the tokens above it, in
-//      vocabulary order, into shared memory (when more than fit, or when the bound falls past the
-//      histogram's range, the next step reads global memory instead: the same tokens);
-//   5. exact top-k and top-p thresholds by radix selection over the candidates (digits of 11
+//      top-p by a lower bound on each bin's weight, min-p directly);
+//   3. one pass that compacts the tokens above that bound, in vocabulary order, into shared memory
+//      (up to kSamplingCandidates on the Hopper path, 220 KB of shared memory with the histogram;
+//      up to kSamplingCandidatesPortable on the portable path, 76 KB, which fits every sm_80+
+//      GPU: 163 KB a block on A100, 99 KB on sm_86/sm_89; when more, or when the bound falls past
+//      the histogram's range, the next steps read global memory instead: the same tokens);
+//   4. exact top-k and top-p thresholds by radix selection over the candidates (digits of 11
 //      bits or fewer of the order-preserving key of z minus the lower bound, from the highest bit
 //      of the candidates' key span down), then an ordered prefix-sum search for the token that
 //      u * (kept weight) falls on.
@@ -58,7 +49,7 @@ inline constexpr int kSamplingMaxSplits = 32;
 // The workspace of a split argmax: a counter a row, then each row's slice winners.
 inline constexpr int64_t kSamplingWorkspaceBytes =
     kSamplingSplitRows * (4 + kSamplingMaxSplits * 8);
-inline constexpr int kSamplingProfileStamps = 8;
+inline constexpr int kSamplingProfileStamps = 7;
 
 struct ArgmaxParams {
   const float* logits = nullptr;  // [num_rows, vocab_size], row stride logits_stride; device
@@ -86,9 +77,9 @@ struct SamplingParams {
   // leaves it zero), used by one launch at a time. Null: one block a row.
   void* workspace = nullptr;
   // Diagnostics (lmserve-kernels-bench): when set, [num_rows, kSamplingProfileStamps] device
-  // memory that each sampled row's block fills with SM clock stamps (clock64) at the ends of its
-  // steps: start, pass 1, pass 2, the coverage test, the histogram path, the thresholds, the kept
-  // weight, the token. Greedy rows write nothing.
+  // memory that each sampled row's block fills with SM clock stamps (clock64, thread 0) at the
+  // ends of its steps: its start, pass 1, the coverage test, the histogram path, the thresholds,
+  // the kept weight, the token. Greedy rows write nothing.
   long long* profile = nullptr;
 
   absl::Status Validate() const;

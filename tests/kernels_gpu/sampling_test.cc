@@ -303,8 +303,8 @@ TEST(SamplingGpuTest, OnePassAndHistogramPathsDrawTheSameTokens) {
 // Rows whose kept set is large or sits on ties: flat rows (every token within a few nats of the
 // maximum, more candidates than shared memory holds) under top-p 1.0 with min-p, top-p near 1
 // and a large top-k; rows of few distinct values (long runs of equal logits) cut by top-k and
-// top-p inside a run of ties; and rows where a few spikes stand far above the rest, so that pass
-// 2 skips every warp's part of the tiles that hold no spike.
+// top-p inside a run of ties; and rows where a few spikes, two of them tied, stand far above the
+// rest in different parts of the row (a handful of candidates).
 TEST(SamplingGpuTest, LargeKeptSetsTiesAndSpikesMatchCpu) {
   LMSERVE_REQUIRE_GPU();
   const int64_t vocab = 128256;
@@ -344,9 +344,9 @@ TEST(SamplingGpuTest, LargeKeptSetsTiesAndSpikesMatchCpu) {
   RunSamplingRows(vocab, logits, settings, rng);
 }
 
-// A vocabulary past the tiles whose warp maxima pass 1 keeps (2M tokens): the maximum and the
-// kept set lie in the tiles after them too.
-TEST(SamplingGpuTest, VocabularyPastTheTrackedTilesMatchesCpu) {
+// A 2.2M-token vocabulary: the maximum at the row's end and the kept set at both ends (top-p);
+// a spike with no other token within 10 nats of it, under top-k 20 (the histogram path).
+TEST(SamplingGpuTest, LongVocabularyMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
   const int64_t vocab = 2200000;
   const uint32_t seed = FreshSeed();
