@@ -79,7 +79,8 @@ struct SamplingParams {
   // Diagnostics (lmserve-kernels-bench): when set, [num_rows, kSamplingProfileStamps] device
   // memory that each sampled row's block fills with SM clock stamps (clock64, thread 0) at the
   // ends of its steps: its start, pass 1, the coverage test, the histogram path, the thresholds,
-  // the kept weight, the token. Greedy rows write nothing.
+  // the kept weight, the token. Greedy rows write nothing; rows with no finite logit only the
+  // first two.
   long long* profile = nullptr;
 
   absl::Status Validate() const;
