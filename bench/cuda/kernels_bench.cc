@@ -436,27 +436,64 @@ class Bench {
     Record(r);
   }
 
+  // Where a sampling launch's time goes: one more launch (after an L2 flush) with
+  // SamplingParams::profile set; the mean over rows of each step's SM cycles, and in us at the
+  // clock that the slowest row's cycles over the timed median imply (a lower bound on the clock:
+  // the median includes the launch).
+  void SamplingSteps(SamplingParams p, const Buffer& profile, double median_us) {
+    p.profile = profile.get<long long>();
+    CHECK_CUDA(cudaMemsetAsync(profile.get(), 0, profile.bytes(), stream_));
+    CHECK_CUDA(cudaMemsetAsync(flush_->get(), 1, flush_->bytes(), stream_));
+    CHECK_CUDA(Launch(p, stream_));
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<long long> stamps(static_cast<size_t>(p.num_rows) * kSamplingProfileStamps);
+    CHECK_CUDA(cudaMemcpy(stamps.data(), profile.get(), stamps.size() * 8, cudaMemcpyDeviceToHost));
+    std::vector<double> mean(kSamplingProfileStamps, 0.0);
+    double slowest = 0;
+    for (int64_t r = 0; r < p.num_rows; ++r) {
+      const long long* row = stamps.data() + r * kSamplingProfileStamps;
+      for (int k = 1; k < kSamplingProfileStamps; ++k) {
+        mean[k] += static_cast<double>(row[k] - row[k - 1]) / static_cast<double>(p.num_rows);
+      }
+      slowest = std::max(slowest, static_cast<double>(row[kSamplingProfileStamps - 1] - row[0]));
+    }
+    const double per_us = slowest / median_us;
+    static const char* const kSteps[kSamplingProfileStamps] = {
+        "", "pass 1", "coverage", "histogram", "thresholds", "kept weight", "token"};
+    std::printf("  steps (mean cycles | us at %.0f cycles/us):", per_us);
+    for (int k = 1; k < kSamplingProfileStamps; ++k) {
+      std::printf(" %s %.0f | %.1f;", kSteps[k], mean[k], mean[k] / per_us);
+    }
+    std::printf(" slowest row %.0f cycles\n", slowest);
+    std::fflush(stdout);
+  }
+
   void Sampling() {
     const int64_t rows = 128, vocab = 128256;
     Buffer logits(rows * vocab * 4), out(rows * 4), temp(rows * 4), top_k(rows * 4),
-        top_p(rows * 4), min_p(rows * 4), seeds(rows * 8), steps(rows * 8);
+        top_p(rows * 4), min_p(rows * 4), seeds(rows * 8), steps(rows * 8),
+        profile(rows * kSamplingProfileStamps * 8);
     FillF32(logits, 3.0f);
     std::vector<uint64_t> seed_values(rows), step_values(rows, 7);
     for (int64_t i = 0; i < rows; ++i) seed_values[i] = 1000 + i;
     Upload(seeds, seed_values);
     Upload(steps, step_values);
-    Upload(temp, std::vector<float>(rows, 0.8f));
     struct Variant {
       const char* name;
       int32_t k;
       float p, min_p;
       bool target;
+      float temperature = 0.8f;
     };
+    // The last row: temperature 0.3 makes the rows peaked (about 50 tokens within 10.5 nats of
+    // the maximum, where 0.8 puts about 7,000 there).
     for (const Variant& var : {Variant{"sampling top-p 0.9", 0, 0.9f, 0.0f, true},
                                Variant{"sampling top-k 50 + top-p 0.9", 50, 0.9f, 0.0f, true},
                                Variant{"sampling temperature only", 0, 1.0f, 0.0f, false},
-                               Variant{"sampling min-p 0.05", 0, 1.0f, 0.05f, false}}) {
+                               Variant{"sampling min-p 0.05", 0, 1.0f, 0.05f, false},
+                               Variant{"sampling top-p 0.9, T 0.3", 0, 0.9f, 0.0f, false, 0.3f}}) {
       if (!Selected("sampling")) continue;
+      Upload(temp, std::vector<float>(rows, var.temperature));
       Upload(top_k, std::vector<int32_t>(rows, var.k));
       Upload(top_p, std::vector<float>(rows, var.p));
       Upload(min_p, std::vector<float>(rows, var.min_p));
@@ -478,6 +515,7 @@ class Bench {
         r.target_us = 100;
       }
       Record(r);
+      SamplingSteps(p, profile, us);
     }
     if (Selected("argmax")) {
       ArgmaxParams p{logits.get<float>(), out.get<int32_t>(), rows, vocab, 0};

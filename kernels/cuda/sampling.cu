@@ -321,6 +321,7 @@ struct SampleArgs {
   int vocab_size;
   void* workspace;     // SamplingParams::workspace
   int max_candidates;  // kSamplingCandidates (Hopper path) or kSamplingCandidatesPortable
+  long long* profile;  // SamplingParams::profile
 };
 
 constexpr float kRangeNats = 16.0f;  // the first histogram covers w = exp(z - max) > e^-16
@@ -378,6 +379,13 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   const bool use_top_p = top_p < 1.0f;
   const bool use_min_p = min_p > 0.0f;
   const float uniform = UniformFromSeed(a.seeds[row_index], a.steps[row_index]);
+  // SamplingParams::profile: stamp k, by thread 0 (after a barrier where the step ends in one).
+  auto stamp = [&](int k) {
+    if (a.profile != nullptr && threadIdx.x == 0) {
+      a.profile[int64_t{row_index} * kSamplingProfileStamps + k] = clock64();
+    }
+  };
+  stamp(0);
 
   const bool filtered = use_top_k || use_top_p || use_min_p;
   float max_z, total_weight;
@@ -473,6 +481,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     max_z = BlockMax(m, s_warp);
     total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
   }
+  stamp(1);
   if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
     if (threadIdx.x == 0) a.output[row_index] = 0;
     return;
@@ -510,6 +519,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     }
     if (covered) lower = fused_lower, num_candidates = fused;
   }
+  stamp(2);
 
   // 2'. Otherwise a lower bound on the kept keys from a count histogram of d = max - z over
   //    [0, kRangeNats) (bin kBins - 1 - floor(d * kBins / kRangeNats): the top bin is the highest);
@@ -630,6 +640,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     }
   };
 
+  stamp(3);
   // 4. Exact thresholds.
   uint32_t threshold = lower;
   if (use_top_k) {
@@ -651,6 +662,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     return key >= threshold && (!use_min_p || w >= min_p) ? w : 0.0f;
   };
 
+  stamp(4);
   // 5. The token: u * (kept weight) located by an ordered prefix sum.
   float kept_total = total_weight;  // nothing filtered: every token
   if (use_top_k || use_top_p || use_min_p) {
@@ -658,6 +670,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     for_each([&](uint32_t key, float w) { kept_total += kept_weight(key, w); });
     kept_total = BlockSum(kept_total, s_warp);
   }
+  stamp(5);
   const float target = uniform * kept_total;
   const int n = num_candidates >= 0 ? num_candidates : vocab;
   if (threadIdx.x == 0) s_token = -1;
@@ -740,6 +753,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     token = max(s_token, 0);
   }
   if (threadIdx.x == 0) a.output[row_index] = token;
+  stamp(6);
 }
 
 }  // namespace
@@ -766,7 +780,7 @@ cudaError_t Launch(const SamplingParams& p, cudaStream_t stream) {
       SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(SampleKernel), smem_bytes));
   SampleArgs a{p.logits, p.output, p.temperature, p.top_k, p.top_p, p.min_p, p.seeds, p.steps,
                p.logits_stride != 0 ? p.logits_stride : p.vocab_size,
-               static_cast<int>(p.vocab_size), p.workspace, max_candidates};
+               static_cast<int>(p.vocab_size), p.workspace, max_candidates, p.profile};
   // Greedy rows split while the launch has fewer blocks than two a multiprocessor, each slice at
   // least 1024 entries.
   int64_t splits = 1;

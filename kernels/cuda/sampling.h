@@ -49,6 +49,7 @@ inline constexpr int kSamplingMaxSplits = 32;
 // The workspace of a split argmax: a counter a row, then each row's slice winners.
 inline constexpr int64_t kSamplingWorkspaceBytes =
     kSamplingSplitRows * (4 + kSamplingMaxSplits * 8);
+inline constexpr int kSamplingProfileStamps = 7;
 
 struct ArgmaxParams {
   const float* logits = nullptr;  // [num_rows, vocab_size], row stride logits_stride; device
@@ -75,6 +76,12 @@ struct SamplingParams {
   // Optional: kSamplingWorkspaceBytes of device memory, zero before its first launch (a launch
   // leaves it zero), used by one launch at a time. Null: one block a row.
   void* workspace = nullptr;
+  // Diagnostics (lmserve-kernels-bench): when set, [num_rows, kSamplingProfileStamps] device
+  // memory that each sampled row's block fills with SM clock stamps (clock64, thread 0) at the
+  // ends of its steps: its start, pass 1, the coverage test, the histogram path, the thresholds,
+  // the kept weight, the token. Greedy rows write nothing; rows with no finite logit only the
+  // first two.
+  long long* profile = nullptr;
 
   absl::Status Validate() const;
 };

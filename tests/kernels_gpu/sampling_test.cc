@@ -1,5 +1,6 @@
 // Argmax and the sampler on the GPU against their CPU twins.
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -86,15 +87,14 @@ void ExpectAgrees(const float* row, int64_t vocab, const RowSettings& s, uint64_
                                                              << d.token;
 }
 
-// Samples rows of `settings` over random logits (`spread` their standard deviation) and checks
-// every token against the CPU twin; `tokens`, when given, receives them.
-void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, float spread,
-                     uint32_t seed = FreshSeed(), std::vector<int32_t>* tokens = nullptr) {
-  SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " spread " << spread << " seed "
-                                    << seed);
-  std::mt19937 rng(seed);
+// Samples rows of `settings` over `logits` ([rows, vocab]; seeds and steps from `rng`) and checks
+// every token against the CPU twin, and that a second launch draws the same; `tokens`, when
+// given, receives them.
+void RunSamplingRows(int64_t vocab, const std::vector<float>& logits,
+                     const std::vector<RowSettings>& settings, std::mt19937& rng,
+                     std::vector<int32_t>* tokens = nullptr) {
   const auto rows = static_cast<int64_t>(settings.size());
-  std::vector<float> logits = RandomFloats(rows * vocab, rng, spread);
+  ASSERT_EQ(logits.size(), static_cast<size_t>(rows * vocab));
   std::vector<float> temperature, top_p, min_p;
   std::vector<int32_t> top_k;
   std::vector<uint64_t> seeds, steps;
@@ -136,6 +136,17 @@ void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, fl
   CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(d_out.Download(), out);
   if (tokens != nullptr) *tokens = out;
+}
+
+// RunSamplingRows over random logits (`spread` their standard deviation).
+void RunSamplingCase(int64_t vocab, const std::vector<RowSettings>& settings, float spread,
+                     uint32_t seed = FreshSeed(), std::vector<int32_t>* tokens = nullptr) {
+  SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " spread " << spread << " seed "
+                                    << seed);
+  std::mt19937 rng(seed);
+  const auto rows = static_cast<int64_t>(settings.size());
+  const std::vector<float> logits = RandomFloats(rows * vocab, rng, spread);
+  RunSamplingRows(vocab, logits, settings, rng, tokens);
 }
 
 // A launch's logits and its rows' temperatures, seeds and steps on the device (no filters), and
@@ -287,6 +298,66 @@ TEST(SamplingGpuTest, OnePassAndHistogramPathsDrawTheSameTokens) {
     }
     EXPECT_EQ(tokens[0], tokens[1]) << "seed " << seed;
   }
+}
+
+// Rows whose kept set is large or sits on ties: flat rows (every token within a few nats of the
+// maximum, more candidates than shared memory holds) under top-p 1.0 with min-p, top-p near 1
+// and a large top-k; rows of few distinct values (long runs of equal logits) cut by top-k and
+// top-p inside a run of ties; and rows where a few spikes, two of them tied, stand far above the
+// rest in different parts of the row (a handful of candidates).
+TEST(SamplingGpuTest, LargeKeptSetsTiesAndSpikesMatchCpu) {
+  LMSERVE_REQUIRE_GPU();
+  const int64_t vocab = 128256;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<RowSettings> settings = {
+      {1.0f, 0, 1.0f, 0.5f},   {1.0f, 0, 0.999f, 0.0f}, {1.0f, 100000, 0.95f, 0.0f},
+      {1.0f, 0, 1.0f, 0.0f},   {0.7f, 777, 1.0f, 0.0f}, {1.0f, 0, 0.37f, 0.0f},
+      {1.3f, 5, 0.8f, 0.05f},  {1.0f, 0, 0.9f, 0.0f},   {1.0f, 3, 1.0f, 0.0f},
+      {1.0f, 0, 1.0f, 0.2f},
+  };
+  const auto rows = static_cast<int64_t>(settings.size());
+  std::vector<float> logits(rows * vocab);
+  std::uniform_int_distribution<int64_t> col(0, vocab - 1);
+  std::uniform_int_distribution<int> level(0, 7);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = logits.data() + r * vocab;
+    if (r < 4) {  // flat: N(0, 0.3)
+      const std::vector<float> v = RandomFloats(vocab, rng, 0.3f);
+      std::copy(v.begin(), v.end(), row);
+    } else if (r < 7) {  // levels 3 apart, each a run of ties: ~30 at 0, ~300 at -3, ~3000 at
+      // -6, ~7000 at -9, the rest at -12 to -21 (about 10,000 within 10.5 nats of the maximum)
+      for (int64_t i = 0; i < vocab; ++i) {
+        const int64_t u = col(rng);
+        const int l = u < 30 ? 0 : u < 330 ? 1 : u < 3330 ? 2 : u < 10330 ? 3 : 4 + level(rng) % 4;
+        row[i] = -3.0f * static_cast<float>(l);
+      }
+    } else {  // N(0, 1) with three spikes at 30, in different tiles, two of them tied
+      const std::vector<float> v = RandomFloats(vocab, rng, 1.0f);
+      std::copy(v.begin(), v.end(), row);
+      row[col(rng) / 3] = 30.0f;
+      row[vocab / 3 + col(rng) / 3] = 30.0f;
+      row[2 * vocab / 3 + col(rng) / 3] = 29.0f;
+    }
+  }
+  RunSamplingRows(vocab, logits, settings, rng);
+}
+
+// A 2.2M-token vocabulary: the maximum at the row's end and the kept set at both ends (top-p);
+// a spike with no other token within 10 nats of it, under top-k 20 (the histogram path).
+TEST(SamplingGpuTest, LongVocabularyMatchesCpu) {
+  LMSERVE_REQUIRE_GPU();
+  const int64_t vocab = 2200000;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<RowSettings> settings = {{1.0f, 0, 0.9f, 0.0f}, {1.0f, 20, 1.0f, 0.0f}};
+  std::vector<float> logits = RandomFloats(2 * vocab, rng, 1.0f);
+  logits[vocab - 5] = 25.0f;       // row 0: the maximum in the last tile
+  logits[1000] = 24.0f;            // row 0: a second token within reach, in the first
+  logits[2 * vocab - 100] = 20.0f;  // row 1
+  RunSamplingRows(vocab, logits, settings, rng);
 }
 
 TEST(SamplingGpuTest, DrawsFollowTheDistribution) {
