@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
       {"info", "print a model's configuration and tensors", server::DeclareInfo},
       {"logits", "teacher-forced logits of token ids, to a file", server::DeclareLogits},
       {"generate", "greedy decoding of token ids", server::DeclareGenerate},
-      {"export-gguf", "write a model as a GGUF file (f32, f16, q8_0)", server::DeclareExportGguf},
+      {"export-gguf", "write a model as a GGUF file (f32, f16, q8_0, q4_0, q4_k, q6_k)", server::DeclareExportGguf},
       {"tokenize", "print the token ids of a text", server::DeclareTokenize},
       {"detokenize", "print the text of token ids", server::DeclareDetokenize},
       {"chat-template", "render messages with a chat template", server::DeclareChatTemplate},

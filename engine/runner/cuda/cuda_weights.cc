@@ -1,7 +1,10 @@
 #include "engine/runner/cuda/cuda_weights.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -10,6 +13,7 @@
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/random_fill.h"
 
 namespace lmserve::engine::cuda {
@@ -20,10 +24,18 @@ using kernels::DType;
 
 int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The bytes of `spec`'s storage: FP8 bytes then scales, or elements of element_bytes.
-int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8) {
+// The bytes of `spec`'s storage: FP8 bytes then scales, the device layout of GGUF blocks
+// (block_type quantized), or elements of element_bytes.
+int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8, DType block_type) {
   if (f8) return Align256(spec.rows * spec.cols) + Align256(spec.rows * int64_t{sizeof(float)});
+  if (kernels::IsQuantized(block_type)) {
+    return Align256(kc::QuantMatrixBytes(block_type, spec.rows, spec.cols));
+  }
   return Align256(spec.num_elements() * element_bytes);
+}
+
+DType BlockTypeAt(const std::vector<DType>& block_types, size_t index) {
+  return block_types.empty() ? DType::kF32 : block_types[index];
 }
 
 }  // namespace
@@ -39,16 +51,66 @@ bool IsF8Linear(const WeightSpec& spec) {
   return false;
 }
 
-int64_t CudaWeights::Bytes(const WeightPlan& plan, DType dtype, bool fp8) {
+bool IsQuantLinear(const WeightSpec& spec) {
+  if (!spec.is_matrix() || spec.tied_to.present() || spec.offset != 0) return false;
+  for (const char* kind : {"qkv", "o_proj", "gate_up", "down_proj"}) {
+    if (spec.kind == kind) return true;
+  }
+  return false;
+}
+
+std::vector<DType> ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint,
+                                    RunnerQuantization quantization, LoadFormat format) {
+  std::vector<DType> types(static_cast<size_t>(plan.size()), DType::kF32);
+  const std::optional<DType> dummy_type = RunnerQuantizationBlockType(quantization);
+  const bool keep_file_blocks = (quantization == RunnerQuantization::kAuto ||
+                                 quantization == RunnerQuantization::kGguf) &&
+                                format == LoadFormat::kCheckpoint;
+  for (int32_t i = 0; i < plan.size(); ++i) {
+    const WeightSpec& spec = plan.specs()[i];
+    if (!IsQuantLinear(spec)) continue;
+    std::optional<DType> type = dummy_type;
+    if (keep_file_blocks && !spec.parts.empty() &&
+        (spec.tensor_parallel_size == 1 || spec.split == Split::kReplicated ||
+         spec.split == Split::kRows)) {
+      for (const WeightPart& part : spec.parts) {
+        const auto it = checkpoint.tensors().find(part.name);
+        if (it == checkpoint.tensors().end() || (type.has_value() && *type != it->second.dtype)) {
+          type.reset();
+          break;
+        }
+        type = it->second.dtype;
+      }
+    }
+    if (type.has_value() && kc::SupportsQuantWeights(*type) &&
+        kc::CheckQuantMatrix(*type, spec.rows, spec.cols).ok()) {
+      types[i] = *type;
+    }
+  }
+  return types;
+}
+
+int64_t CudaWeights::Bytes(const WeightPlan& plan, DType dtype, bool fp8,
+                           const std::vector<DType>& block_types) {
   int64_t total = 0;
-  for (const WeightSpec& spec : plan.specs()) {
+  for (int32_t i = 0; i < plan.size(); ++i) {
+    const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
-    total += StorageBytes(spec, dtype == DType::kF32 ? 4 : 2, fp8 && IsF8Linear(spec));
+    total += StorageBytes(spec, dtype == DType::kF32 ? 4 : 2, fp8 && IsF8Linear(spec),
+                          BlockTypeAt(block_types, i));
   }
   return total;
 }
 
+bool CudaWeights::HoldsBlocks() const {
+  for (DType type : block_types_) {
+    if (kernels::IsQuantized(type)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType dtype, bool fp8,
+                                                  std::vector<DType> block_types,
                                                   cudaStream_t stream) {
   CudaWeights weights;
   weights.plan_ = &plan;
@@ -56,13 +118,18 @@ absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType 
   weights.element_bytes_ = dtype == DType::kF32 ? 4 : 2;
   weights.fp8_ = fp8 && dtype == DType::kBF16;
   weights.stream_ = stream;
+  weights.block_types_ = std::move(block_types);
+  if (weights.HoldsBlocks() && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("CUDA runner: GGUF blocks are held in bfloat16 runners only");
+  }
   weights.offsets_.assign(static_cast<size_t>(plan.size()), 0);
   int64_t total = 0;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
     weights.offsets_[i] = total;
-    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec));
+    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec),
+                          BlockTypeAt(weights.block_types_, i));
   }
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
@@ -126,6 +193,20 @@ absl::Status CudaWeights::StoreF8(const WeightSpec& spec, int64_t first_row,
 absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
                                      const WeightPart& part) {
   const DummyRange range = DummyWeightRange(part.name, spec.fan_in());
+  if (const std::optional<DType> type = BlockTypeOf(Index(spec)); type.has_value()) {
+    const kc::QuantDummyFillParams fill{
+        .dst = buffer_.at(offsets_[Index(spec)]),
+        .dtype = *type,
+        .matrix_rows = spec.rows,
+        .cols = spec.cols,
+        .first_row = first_row,
+        .rows = part.rows,
+        .high = std::max(std::fabs(range.low), std::fabs(range.high)),
+        .seed = DummyTensorSeed(part.name)};
+    LMSERVE_RETURN_IF_ERROR(fill.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(fill, stream_), StrCat("dummy blocks of ", part.name));
+    return absl::OkStatus();
+  }
   CudaBuffer staging;
   if (IsF8(spec)) {  // drawn in bf16, then quantized
     LMSERVE_ASSIGN_OR_RETURN(staging,
@@ -144,6 +225,32 @@ absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
 
 absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const TensorView& t) {
   const std::string& name = t.name;
+  if (const std::optional<DType> type = BlockTypeOf(Index(spec)); type.has_value()) {
+    // The file's blocks as they are, regrouped into the device layout.
+    const int64_t rows = t.shape.empty() ? 0 : t.shape[0];
+    if (t.dtype != *type || t.num_bytes != rows * kernels::RowBytes(*type, spec.cols)) {
+      return absl::InternalError(StrCat("CUDA runner: tensor ", name, " (",
+                                        kernels::DTypeName(t.dtype), ") does not fit its ",
+                                        kernels::DTypeName(*type), " storage ", spec.name));
+    }
+    LMSERVE_ASSIGN_OR_RETURN(CudaBuffer staging,
+                             CudaBuffer::Device(t.num_bytes, StrCat("staging ", name)));
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging.get(), t.data,
+                                                 static_cast<size_t>(t.num_bytes),
+                                                 cudaMemcpyHostToDevice, stream_),
+                                 StrCat("uploading ", name));
+    const kc::QuantRepackParams repack{.src = staging.get(),
+                                       .dst = buffer_.at(offsets_[Index(spec)]),
+                                       .dtype = *type,
+                                       .matrix_rows = spec.rows,
+                                       .cols = spec.cols,
+                                       .first_row = first_row,
+                                       .rows = rows};
+    LMSERVE_RETURN_IF_ERROR(repack.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(repack, stream_), StrCat("repacking ", name));
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), StrCat("repacking ", name));
+    return absl::OkStatus();
+  }
   if (IsF8(spec)) {
     // In bf16 first (the path below, into a staging buffer), then quantized per row.
     const int64_t rows = t.NumElements() / spec.cols;

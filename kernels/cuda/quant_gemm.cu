@@ -1,0 +1,543 @@
+// The quantized-weight kernels (quant_gemm.h).
+//
+// Every type is read in units: a unit is one lane's share of a row, 32 weights (Q8_0, Q4_0,
+// Q4_K) or 64 (Q6_K), brought in by 16-byte loads, and decodes to runs of 16 consecutive
+// weights, each run w = scale * q - min (min only in Q4_K) with q small integers. The integers
+// become floats by the exponent trick (q | 0x4B000000 is 2^23 + q as a float; one byte permute
+// and one subtraction an element).
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quant_gemm.h"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+__host__ __device__ constexpr int64_t AlignUp256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+__device__ __forceinline__ float HalfBits(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
+}
+__device__ __forceinline__ float LoadHalfAt(const uint8_t* p) {  // 2-byte aligned
+  return HalfBits(*reinterpret_cast<const unsigned short*>(p));
+}
+
+// Byte i (0..3) of `word` as the float 2^23 + byte, less `offset` (2^23 + the quants' zero).
+template <int kByte>
+__device__ __forceinline__ float ByteAsFloat(uint32_t word, float offset) {
+  return __uint_as_float(__byte_perm(word, 0x4B00u, 0x5440u + kByte)) - offset;
+}
+// The 16 bytes of v (lowest first) as floats, less offset.
+__device__ __forceinline__ void BytesAsFloats(const uint4& v, float offset, float (&out)[16]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[4 * i + 0] = ByteAsFloat<0>(words[i], offset);
+    out[4 * i + 1] = ByteAsFloat<1>(words[i], offset);
+    out[4 * i + 2] = ByteAsFloat<2>(words[i], offset);
+    out[4 * i + 3] = ByteAsFloat<3>(words[i], offset);
+  }
+}
+__device__ __forceinline__ uint4 Map4(const uint4& v, uint32_t mask, int shift) {
+  return make_uint4((v.x >> shift) & mask, (v.y >> shift) & mask, (v.z >> shift) & mask,
+                    (v.w >> shift) & mask);
+}
+// Byte j (0..15, any value at run time) of v.
+__device__ __forceinline__ uint32_t ByteOf(const uint4& v, int j) {
+  const uint32_t word = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
+  return (word >> (8 * (j & 3))) & 0xffu;
+}
+
+constexpr float kTwo23 = 8388608.0f;
+
+// The device layout of a matrix (quant_gemm.h) and its units.
+template <DType kType>
+struct Quant;
+
+template <>
+struct Quant<DType::kQ8_0> {
+  static constexpr int kUnitElements = 32, kRuns = 2;
+  static constexpr bool kHasMin = false;
+  struct Raw {
+    uint4 q[2];
+    float d;
+  };
+  __device__ static void Load(const uint8_t* w, int64_t rows, int64_t cols, int64_t row, int64_t u,
+                              Raw& raw) {
+    const uint8_t* q = w + row * cols + u * 32;
+    raw.q[0] = LoadStream16(q);
+    raw.q[1] = LoadStream16(q + 16);
+    const uint8_t* d = w + AlignUp256(rows * cols);
+    raw.d = LoadHalfAt(d + (row * (cols / 32) + u) * 2);
+  }
+  __device__ static int64_t RunStart(int64_t u, int run) { return u * 32 + run * 16; }
+  // q (as floats) and the run's scale / min.
+  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+    const uint4 v = raw.q[run];
+    BytesAsFloats(make_uint4(v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u,
+                             v.w ^ 0x80808080u),
+                  kTwo23 + 128.0f, q);
+    scale = raw.d;
+    min = 0.0f;
+  }
+};
+
+template <>
+struct Quant<DType::kQ4_0> {
+  static constexpr int kUnitElements = 32, kRuns = 2;
+  static constexpr bool kHasMin = false;
+  struct Raw {
+    uint4 q;
+    float d;
+  };
+  __device__ static void Load(const uint8_t* w, int64_t rows, int64_t cols, int64_t row, int64_t u,
+                              Raw& raw) {
+    const int64_t blocks = cols / 32;
+    raw.q = LoadStream16(w + (row * blocks + u) * 16);
+    const uint8_t* d = w + AlignUp256(rows * cols / 2);
+    raw.d = LoadHalfAt(d + (row * blocks + u) * 2);
+  }
+  __device__ static int64_t RunStart(int64_t u, int run) { return u * 32 + run * 16; }
+  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+    BytesAsFloats(Map4(raw.q, 0x0F0F0F0Fu, 4 * run), kTwo23 + 8.0f, q);
+    scale = raw.d;
+    min = 0.0f;
+  }
+};
+
+template <>
+struct Quant<DType::kQ4_K> {
+  static constexpr int kUnitElements = 32, kRuns = 2;
+  static constexpr bool kHasMin = true;
+  struct Raw {
+    uint4 header;  // d, dmin, 12 bytes of 6-bit scales and mins
+    uint4 q;       // 16 bytes of a pair of sub-blocks' quants
+    int j;         // the unit within its block: pair j / 2, half j % 2
+  };
+  __device__ static void Load(const uint8_t* w, int64_t /*rows*/, int64_t cols, int64_t row,
+                              int64_t u, Raw& raw) {
+    const uint8_t* block = w + (row * (cols / 256) + u / 8) * 144;
+    raw.j = static_cast<int>(u % 8);
+    raw.header = __ldg(reinterpret_cast<const uint4*>(block));
+    raw.q = LoadStream16(block + 16 + (raw.j / 2) * 32 + (raw.j % 2) * 16);
+  }
+  __device__ static int64_t RunStart(int64_t u, int run) {
+    const int64_t j = u % 8;
+    return (u / 8) * 256 + (j / 2) * 64 + run * 32 + (j % 2) * 16;
+  }
+  // Sub-block s's 6-bit scale and min (ScaleMinK4 of kernels/cpu/dequant.cc), the 12 bytes
+  // from byte 4 of the header.
+  __device__ static void ScaleMin(const uint4& header, int s, float& sc, float& mn) {
+    if (s < 4) {
+      sc = static_cast<float>(ByteOf(header, 4 + s) & 63);
+      mn = static_cast<float>(ByteOf(header, 8 + s) & 63);
+    } else {
+      sc = static_cast<float>((ByteOf(header, 8 + s) & 0xF) | ((ByteOf(header, s) >> 6) << 4));
+      mn = static_cast<float>((ByteOf(header, 8 + s) >> 4) | ((ByteOf(header, 4 + s) >> 6) << 4));
+    }
+  }
+  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+    BytesAsFloats(Map4(raw.q, 0x0F0F0F0Fu, 4 * run), kTwo23, q);
+    float sc, mn;
+    ScaleMin(raw.header, (raw.j / 2) * 2 + run, sc, mn);
+    scale = __fmul_rn(HalfBits(raw.header.x), sc);
+    min = __fmul_rn(HalfBits(raw.header.x >> 16), mn);
+  }
+};
+
+template <>
+struct Quant<DType::kQ6_K> {
+  static constexpr int kUnitElements = 64, kRuns = 4;
+  static constexpr bool kHasMin = false;
+  struct Raw {
+    uint4 ql0, ql1, qh;
+    uint4 scales;  // the block's 16 int8 scales
+    float d;
+    int j;  // the unit within its block: half j / 2, l from 16 * (j % 2)
+  };
+  __device__ static void Load(const uint8_t* w, int64_t rows, int64_t cols, int64_t row, int64_t u,
+                              Raw& raw) {
+    const int64_t blocks = rows * (cols / 256);
+    const int64_t b = row * (cols / 256) + u / 4;
+    raw.j = static_cast<int>(u % 4);
+    const int half = raw.j / 2, l = (raw.j % 2) * 16;
+    const uint8_t* block = w + b * 192;
+    raw.ql0 = LoadStream16(block + 64 * half + l);
+    raw.ql1 = LoadStream16(block + 64 * half + 32 + l);
+    raw.qh = LoadStream16(block + 128 + 32 * half + l);
+    const uint8_t* scales = w + AlignUp256(blocks * 192);
+    raw.scales = __ldg(reinterpret_cast<const uint4*>(scales + b * 16));
+    raw.d = LoadHalfAt(scales + AlignUp256(blocks * 16) + b * 2);
+  }
+  __device__ static int64_t RunStart(int64_t u, int run) {
+    const int64_t j = u % 4;
+    return (u / 4) * 256 + (j / 2) * 128 + (j % 2) * 16 + run * 32;
+  }
+  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+    // Runs 0..3: ql0 low, ql1 low, ql0 high, ql1 high nibbles, qh bits 2 * run.
+    const uint4& ql = run % 2 == 0 ? raw.ql0 : raw.ql1;
+    const uint4 low = Map4(ql, 0x0F0F0F0Fu, 4 * (run / 2));
+    const uint4 high = Map4(raw.qh, 0x03030303u, 2 * run);
+    BytesAsFloats(make_uint4(low.x | (high.x << 4), low.y | (high.y << 4), low.z | (high.z << 4),
+                             low.w | (high.w << 4)),
+                  kTwo23 + 32.0f, q);
+    const int s = 8 * (raw.j / 2) + (raw.j % 2) + 2 * run;
+    const auto sc = static_cast<int8_t>(ByteOf(raw.scales, s));
+    scale = __fmul_rn(raw.d, static_cast<float>(sc));
+    min = 0.0f;
+  }
+};
+
+// ---- QuantSkinnyGemm.
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = 2;
+constexpr int kUnroll = 2;  // units of each row in flight per lane
+
+template <typename T>
+__device__ __forceinline__ void StoreOut(T* p, float v) {
+  *p = FromFloat<T>(v);
+}
+template <>
+__device__ __forceinline__ void StoreOut<float>(float* p, float v) {
+  *p = v;
+}
+
+// acc[r][t] += W run . x run (16 elements from `start`), for the first m of M tokens.
+template <DType kType, typename T, int M>
+__device__ __forceinline__ void MultiplyUnit(const typename Quant<kType>::Raw (&raw)[kRowsPerWarp],
+                                             int64_t u, const T* x, int64_t x_stride, int m,
+                                             float (&acc)[kRowsPerWarp][M]) {
+  using Q = Quant<kType>;
+#pragma unroll
+  for (int run = 0; run < Q::kRuns; ++run) {
+    float w[kRowsPerWarp][16], scale[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      float min;
+      Q::Decode(raw[r], run, w[r], scale[r], min);
+      if constexpr (Q::kHasMin) {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) w[r][e] = fmaf(scale[r], w[r][e], -min);
+      }
+    }
+    const int64_t start = Q::RunStart(u, run);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      if (t >= m) break;
+      const uint4* xp = reinterpret_cast<const uint4*>(x + t * x_stride + start);
+      float xf[16];
+      float (&x_lo)[8] = *reinterpret_cast<float(*)[8]>(xf);
+      float (&x_hi)[8] = *reinterpret_cast<float(*)[8]>(xf + 8);
+      Unpack8<T>(__ldg(xp), x_lo);
+      Unpack8<T>(__ldg(xp + 1), x_hi);
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) sum = fmaf(w[r][e], xf[e], sum);
+        acc[r][t] = Q::kHasMin ? acc[r][t] + sum : fmaf(scale[r], sum, acc[r][t]);
+      }
+    }
+  }
+}
+
+// grid: ceil(n / (kWarps * kRowsPerWarp)) blocks; warp w takes rows 2w, 2w + 1 (with
+// silu_and_mul: gate row w and up row w + n/2).
+template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
+          GateActivation kActivation>
+__global__ void __launch_bounds__(kThreads)
+    QuantSkinnyGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                          OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
+                          int64_t y_stride, bool late_dependents) {
+  using Q = Quant<kType>;
+  const int lane = threadIdx.x % 32;
+  const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
+  if (row0 >= (kSiluAndMul ? n / 2 : n)) {
+    WaitForPriorKernels();
+    return;
+  }
+  const int row_step = kSiluAndMul ? n / 2 : 1;
+  int rows[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) rows[r] = min(row0 + r * row_step, n - 1);
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  }
+  const int64_t units = k / Q::kUnitElements;
+  typename Q::Raw raw[kUnroll][kRowsPerWarp];
+  auto load = [&](int64_t u0) {
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      const int64_t u = u0 + 32 * i;
+      if (u >= units) break;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) Q::Load(w, n, k, rows[r], u, raw[i][r]);
+    }
+  };
+  int64_t u0 = lane;
+  load(u0);  // weights before the wait (skinny_gemm.cu says why)
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  for (; u0 < units; u0 += 32 * kUnroll) {
+    if (u0 != lane) load(u0);
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      const int64_t u = u0 + 32 * i;
+      if (u >= units) break;
+      MultiplyUnit<kType, T, M>(raw[i], u, x, x_stride, m, acc);
+    }
+  }
+  if (late_dependents) AllowDependentLaunch();
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if (lane != 0) return;
+  if constexpr (kSiluAndMul) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      if (t >= m) break;
+      const float gate = ToFloat(FromFloat<T>(acc[0][t])), up = ToFloat(FromFloat<T>(acc[1][t]));
+      StoreOut(y + t * y_stride + row0, GateActivationOf<kActivation, true>(gate) * up);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      if (row0 + r >= n) continue;
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        if (t < m) StoreOut(y + t * y_stride + row0 + r, acc[r][t]);
+      }
+    }
+  }
+}
+
+template <DType kType, typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>
+cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
+  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));
+  const T* x = static_cast<const T*>(p.x);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  OutT* y = static_cast<OutT*>(p.y);
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+#define LMSERVE_QUANT_SKINNY(M)                                                                  \
+  return LaunchKernel(QuantSkinnyGemmKernel<kType, T, OutT, M, kSiluAndMul, kActivation>, blocks, \
+                      kThreads, 0, stream, x, w, y, m, n, k, x_stride, y_stride,                  \
+                      p.late_dependents)
+  if (m == 1) LMSERVE_QUANT_SKINNY(1);
+  if (m == 2) LMSERVE_QUANT_SKINNY(2);
+  if (m <= 4) LMSERVE_QUANT_SKINNY(4);
+  LMSERVE_QUANT_SKINNY(8);
+#undef LMSERVE_QUANT_SKINNY
+}
+
+template <DType kType>
+cudaError_t LaunchSkinnyOf(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  using T = __nv_bfloat16;
+  if (p.output_dtype == DType::kF32) {
+    return LaunchSkinny<kType, T, float, false, GateActivation::kSilu>(p, stream);
+  }
+  if (p.silu_and_mul && p.activation == GateActivation::kGeluTanh) {
+    return LaunchSkinny<kType, T, T, true, GateActivation::kGeluTanh>(p, stream);
+  }
+  if (p.silu_and_mul) return LaunchSkinny<kType, T, T, true, GateActivation::kSilu>(p, stream);
+  return LaunchSkinny<kType, T, T, false, GateActivation::kSilu>(p, stream);
+}
+
+// ---- QuantDequantize: a thread per unit, the CPU's arithmetic (no contraction).
+
+template <DType kType>
+__global__ void __launch_bounds__(kThreads)
+    QuantDequantizeKernel(const uint8_t* __restrict__ w, __nv_bfloat16* __restrict__ dst,
+                          int64_t rows, int64_t cols) {
+  using Q = Quant<kType>;
+  BeginDependentKernel();
+  const int64_t units = cols / Q::kUnitElements;
+  const int64_t index = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (index >= rows * units) return;
+  const int64_t row = index / units, u = index % units;
+  typename Q::Raw raw;
+  Q::Load(w, rows, cols, row, u, raw);
+#pragma unroll
+  for (int run = 0; run < Q::kRuns; ++run) {
+    float q[16], scale, min;
+    Q::Decode(raw, run, q, scale, min);
+    float v[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      v[e] = Q::kHasMin ? __fsub_rn(__fmul_rn(scale, q[e]), min) : __fmul_rn(q[e], scale);
+    }
+    __nv_bfloat16* out = dst + row * cols + Q::RunStart(u, run);
+    float (&lo)[8] = *reinterpret_cast<float(*)[8]>(v);
+    float (&hi)[8] = *reinterpret_cast<float(*)[8]>(v + 8);
+    Store8(out, lo);
+    Store8(out + 8, hi);
+  }
+}
+
+// ---- QuantRepack and QuantDummyFill: a thread per block of a row.
+
+// Where block b (of the matrix's rows * nb) goes in the layout.
+struct BlockPlaces {
+  uint8_t* quants;  // Q8_0 32, Q4_0 16, Q6_K 192 bytes; Q4_K the whole block (144)
+  uint8_t* d;       // fp16 (not Q4_K)
+  uint8_t* scales;  // Q6_K: 16 bytes
+};
+__device__ BlockPlaces PlaceBlock(uint8_t* dst, DType dtype, int64_t matrix_rows, int64_t cols,
+                                  int64_t b) {
+  BlockPlaces p{};
+  if (dtype == DType::kQ8_0) {
+    p.quants = dst + b * 32;
+    p.d = dst + AlignUp256(matrix_rows * cols) + b * 2;
+  } else if (dtype == DType::kQ4_0) {
+    p.quants = dst + b * 16;
+    p.d = dst + AlignUp256(matrix_rows * cols / 2) + b * 2;
+  } else if (dtype == DType::kQ4_K) {
+    p.quants = dst + b * 144;
+  } else {  // kQ6_K
+    const int64_t blocks = matrix_rows * (cols / 256);
+    p.quants = dst + b * 192;
+    p.scales = dst + AlignUp256(blocks * 192) + b * 16;
+    p.d = dst + AlignUp256(blocks * 192) + AlignUp256(blocks * 16) + b * 2;
+  }
+  return p;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    QuantRepackKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, DType dtype,
+                      int64_t matrix_rows, int64_t cols, int64_t first_block, int64_t num_blocks,
+                      int block_bytes) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= num_blocks) return;
+  const uint8_t* in = src + i * block_bytes;
+  const BlockPlaces p = PlaceBlock(dst, dtype, matrix_rows, cols, first_block + i);
+  if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) {  // d, then the quants
+    p.d[0] = in[0], p.d[1] = in[1];
+    for (int j = 0; j < block_bytes - 2; ++j) p.quants[j] = in[2 + j];
+  } else if (dtype == DType::kQ4_K) {
+    for (int j = 0; j < 144; ++j) p.quants[j] = in[j];
+  } else {  // Q6_K: ql, qh (192), scales (16), d
+    for (int j = 0; j < 192; ++j) p.quants[j] = in[j];
+    for (int j = 0; j < 16; ++j) p.scales[j] = in[192 + j];
+    p.d[0] = in[208], p.d[1] = in[209];
+  }
+}
+
+__device__ __forceinline__ uint32_t HashWord(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+__device__ __forceinline__ void StoreHalf(uint8_t* p, float v) {
+  const unsigned short bits = __half_as_ushort(__float2half_rn(v));
+  p[0] = static_cast<uint8_t>(bits & 0xff), p[1] = static_cast<uint8_t>(bits >> 8);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    QuantDummyFillKernel(uint8_t* __restrict__ dst, DType dtype, int64_t matrix_rows, int64_t cols,
+                         int64_t first_block, int64_t num_blocks, float high, uint64_t seed) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= num_blocks) return;
+  const int64_t b = first_block + i;
+  const BlockPlaces p = PlaceBlock(dst, dtype, matrix_rows, cols, b);
+  auto fill = [&](uint8_t* out, int bytes) {  // 4-byte aligned runs of random bytes
+    for (int j = 0; j < bytes; j += 4) {
+      *reinterpret_cast<uint32_t*>(out + j) = HashWord(seed, static_cast<uint64_t>(b) * 64 + j / 4);
+    }
+  };
+  if (dtype == DType::kQ8_0) {
+    fill(p.quants, 32);
+    StoreHalf(p.d, high / 127.0f);
+  } else if (dtype == DType::kQ4_0) {
+    fill(p.quants, 16);
+    StoreHalf(p.d, high / 8.0f);
+  } else if (dtype == DType::kQ4_K) {
+    // Every sub-block's scale and min 32 (the first four) or 15 (the last four) with min = 7.5
+    // steps: values d * sc * (q - 7.5) within +-high.
+    const float d = high / (32.0f * 7.5f);
+    fill(p.quants + 16, 128);
+    StoreHalf(p.quants, d);
+    StoreHalf(p.quants + 2, d * 7.5f);
+    for (int j = 0; j < 8; ++j) p.quants[4 + j] = 32;
+    for (int j = 8; j < 12; ++j) p.quants[4 + j] = 0xFF;
+  } else {  // Q6_K: scales 16, values d * 16 * (q - 32)
+    fill(p.quants, 192);
+    for (int j = 0; j < 16; ++j) p.scales[j] = 16;
+    StoreHalf(p.d, high / (16.0f * 32.0f));
+  }
+}
+
+}  // namespace
+
+cudaError_t Launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok() || p.input_dtype != DType::kBF16) return cudaErrorInvalidValue;
+  switch (p.w_dtype) {
+    case DType::kQ8_0:
+      return LaunchSkinnyOf<DType::kQ8_0>(p, stream);
+    case DType::kQ4_0:
+      return LaunchSkinnyOf<DType::kQ4_0>(p, stream);
+    case DType::kQ4_K:
+      return LaunchSkinnyOf<DType::kQ4_K>(p, stream);
+    case DType::kQ6_K:
+      return LaunchSkinnyOf<DType::kQ6_K>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t Launch(const QuantDequantizeParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  auto* dst = static_cast<__nv_bfloat16*>(p.dst);
+  auto launch = [&](auto kernel, int unit_elements) {
+    const int64_t threads = p.rows * (p.cols / unit_elements);
+    return LaunchKernel(kernel, static_cast<unsigned>(CeilDiv(threads, kThreads)), kThreads, 0,
+                        stream, w, dst, p.rows, p.cols);
+  };
+  switch (p.dtype) {
+    case DType::kQ8_0:
+      return launch(QuantDequantizeKernel<DType::kQ8_0>, 32);
+    case DType::kQ4_0:
+      return launch(QuantDequantizeKernel<DType::kQ4_0>, 32);
+    case DType::kQ4_K:
+      return launch(QuantDequantizeKernel<DType::kQ4_K>, 32);
+    case DType::kQ6_K:
+      return launch(QuantDequantizeKernel<DType::kQ6_K>, 64);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t Launch(const QuantRepackParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  const BlockLayout layout = GetBlockLayout(p.dtype);
+  const int64_t per_row = p.cols / layout.elements_per_block;
+  const int64_t blocks = p.rows * per_row;
+  QuantRepackKernel<<<static_cast<unsigned>(CeilDiv(blocks, kThreads)), kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(p.src), static_cast<uint8_t*>(p.dst), p.dtype, p.matrix_rows,
+      p.cols, p.first_row * per_row, blocks, static_cast<int>(layout.bytes_per_block));
+  return cudaGetLastError();
+}
+
+cudaError_t Launch(const QuantDummyFillParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  const int64_t per_row = p.cols / GetBlockLayout(p.dtype).elements_per_block;
+  const int64_t blocks = p.rows * per_row;
+  QuantDummyFillKernel<<<static_cast<unsigned>(CeilDiv(blocks, kThreads)), kThreads, 0, stream>>>(
+      static_cast<uint8_t*>(p.dst), p.dtype, p.matrix_rows, p.cols, p.first_row * per_row, blocks,
+      p.high, p.seed);
+  return cudaGetLastError();
+}
+
+}  // namespace lmserve::kernels::cuda
