@@ -635,7 +635,7 @@ class Bench {
         }
       }
     }
-    if (Selected("quant-skinny")) {
+    if (Selected("quantized")) {
       // GGUF blocks on the GPU (quant_gemm.h): the quantized skinny kernel over Llama-3-8B's
       // decode projections, its bytes the blocks' (quantized W, bf16 x and y); and the
       // dequantization to bf16 that larger steps run before cuBLASLt (bytes: blocks + bf16 out).
@@ -674,6 +674,34 @@ class Bench {
           const QuantDequantizeParams dq{.w = w.get(), .dst = wd.get(), .dtype = dtype,
                                          .rows = proj.n, .cols = proj.k};
           auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(dq, stream_)); });
+          // A check, not a test (tests/kernels_gpu/quant_gemm_test.cc is): the skinny kernel at
+          // m 8 against cuBLASLt's bf16 GEMM over the dequantized weight, relative L2.
+          {
+            GemmShape shape;
+            shape.m = 8;
+            shape.n = proj.n;
+            shape.k = proj.k;
+            auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
+                                         gemm_workspace_->bytes(), false, stream_);
+            Buffer y_ref(8 * proj.n * 2);
+            const QuantSkinnyGemmParams p{.x = x.get(), .w = w.get(), .w_dtype = dtype,
+                                          .y = y.get(), .m = 8, .n = proj.n, .k = proj.k};
+            CHECK_CUDA(Launch(p, stream_));
+            if (plan.ok()) (*plan)->Run(x.get(), wd.get(), y_ref.get(), stream_);
+            CHECK_CUDA(cudaStreamSynchronize(stream_));
+            std::vector<uint16_t> a(8 * proj.n), b(8 * proj.n);
+            CHECK_CUDA(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(b.data(), y_ref.get(), b.size() * 2, cudaMemcpyDeviceToHost));
+            double diff = 0, norm = 0;
+            for (size_t i = 0; i < a.size(); ++i) {
+              const double d = static_cast<double>(Bf16ToF32(a[i])) - Bf16ToF32(b[i]);
+              diff += d * d;
+              norm += static_cast<double>(Bf16ToF32(b[i])) * Bf16ToF32(b[i]);
+            }
+            std::printf("check %s %s: skinny m 8 vs dequantize + cuBLASLt: relative L2 %.3g%s\n",
+                        std::string(DTypeName(dtype)).c_str(), proj.name,
+                        norm > 0 ? std::sqrt(diff / norm) : -1.0, plan.ok() ? "" : " (no plan)");
+          }
           char shape_text[80];
           std::snprintf(shape_text, sizeof(shape_text), "%s %s n %lld k %lld",
                         std::string(DTypeName(dtype)).c_str(), proj.name,
