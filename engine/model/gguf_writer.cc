@@ -26,6 +26,7 @@ constexpr uint32_t kFileTypeMostlyF16 = 1;
 constexpr uint32_t kFileTypeMostlyQ4_0 = 2;
 constexpr uint32_t kFileTypeMostlyQ8_0 = 7;
 constexpr uint32_t kFileTypeMostlyQ4_KS = 14;
+constexpr uint32_t kFileTypeMostlyQ4_KM = 15;
 constexpr uint32_t kFileTypeMostlyQ6_K = 18;
 
 template <typename T>
@@ -165,6 +166,7 @@ std::optional<GgufOutputType> GgufOutputTypeFromName(std::string_view name) {
   if (name == "q4_0") return GgufOutputType::kQ4_0;
   if (name == "q4_k") return GgufOutputType::kQ4_K;
   if (name == "q6_k") return GgufOutputType::kQ6_K;
+  if (name == "q4_k_m") return GgufOutputType::kQ4_K_M;
   return std::nullopt;
 }
 
@@ -227,6 +229,9 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
       break;
     case GgufOutputType::kQ6_K:
       file_type = kFileTypeMostlyQ6_K;
+      break;
+    case GgufOutputType::kQ4_K_M:
+      file_type = kFileTypeMostlyQ4_KM;
       break;
   }
   writer.Add("general.file_type", U32(file_type));
@@ -415,9 +420,14 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
     if (matrix && type == GgufOutputType::kQ4_0) {
       out_dtype = cols % 32 == 0 ? DType::kQ4_0 : DType::kF16;
     }
-    if (matrix && (type == GgufOutputType::kQ4_K || type == GgufOutputType::kQ6_K)) {
+    if (matrix && (type == GgufOutputType::kQ4_K || type == GgufOutputType::kQ6_K ||
+                   type == GgufOutputType::kQ4_K_M)) {
       // Rows that are not whole super-blocks fall back as llama.cpp's quantizer does: to Q8_0.
-      const DType k_type = type == GgufOutputType::kQ4_K ? DType::kQ4_K : DType::kQ6_K;
+      const bool six_bits =
+          type == GgufOutputType::kQ6_K ||
+          (type == GgufOutputType::kQ4_K_M && (view->name.ends_with("v_proj.weight") ||
+                                               view->name.ends_with("down_proj.weight")));
+      const DType k_type = six_bits ? DType::kQ6_K : DType::kQ4_K;
       out_dtype = cols % 256 == 0 ? k_type : cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     }
     // The number of heads whose rows to reorder, or 0.

@@ -62,9 +62,11 @@ class GgufWriter {
 
 // The tensor types of `lmserve export-gguf --type`.
 // Q4_0, Q4_K and Q6_K are written by plain quantizers (kernels/cpu/dequant.h: valid blocks of
-// about llama.cpp's error, not its searched scales), for tests and experiments.
-enum class GgufOutputType { kF32, kF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K };
-// f32, f16, q8_0, q4_0, q4_k, q6_k
+// about llama.cpp's error, not its searched scales), for tests and experiments. kQ4_K_M mixes
+// them as llama.cpp's Q4_K_M does, simplified: the v and down projections in Q6_K (llama.cpp:
+// in some layers), every other matrix in Q4_K.
+enum class GgufOutputType { kF32, kF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K, kQ4_K_M };
+// f32, f16, q8_0, q4_0, q4_k, q6_k, q4_k_m
 std::optional<GgufOutputType> GgufOutputTypeFromName(std::string_view name);
 
 // Writes `checkpoint` as GGUF v3, as convert_hf_to_gguf.py would:

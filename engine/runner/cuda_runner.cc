@@ -223,7 +223,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer f8_inputs_;      // FP8 projections' per-token quantized inputs and their scales
   // GGUF blocks (cuda::ChooseBlockTypes, by Weight::index; empty: none), what RunnerStats
   // reports for them, and the scratch that larger steps dequantize such a weight into.
-  std::vector<DType> block_types_;
+  cuda::BlockTypes block_types_;
   RunnerQuantization block_quantization_ = RunnerQuantization::kNone;
   int64_t dequant_scratch_bytes_ = 0;
   CudaBuffer dequant_scratch_;
@@ -400,16 +400,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
         StrCat("CUDA runner: --quantization ", RunnerQuantizationName(config.quantization),
                " needs --dtype bfloat16 (or auto), not ", RunnerDTypeName(dtype)));
   }
-  std::vector<DType> block_types;
+  cuda::BlockTypes block_types;
   if (!fp8 && dtype == RunnerDType::kBFloat16) {
     block_types = cuda::ChooseBlockTypes(model_description->weights(), checkpoint,
                                          config.quantization, config.load_format);
   }
   int64_t dequant_scratch_bytes = 0;
   for (size_t i = 0; i < block_types.size(); ++i) {
-    if (!kernels::IsQuantized(block_types[i])) continue;
+    if (block_types[i].empty()) continue;
     const WeightSpec& spec = model_description->weights().specs()[i];
-    dequant_scratch_bytes = std::max(dequant_scratch_bytes, (spec.rows * spec.cols * 2 + 255) / 256 * 256);
+    dequant_scratch_bytes =
+        std::max(dequant_scratch_bytes, (spec.rows * spec.cols * 2 + 255) / 256 * 256);
   }
   if (dequant_scratch_bytes == 0) block_types.clear();
   if (model.ssm.num_heads > 0) {
@@ -722,7 +723,7 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
       weight_layer_[w.index] = static_cast<int64_t>(projection.weights.size());
       projection.weights.push_back(weights_[w]);
       projection.scales.push_back(weights_.Scales(w));
-      projection.blocks.push_back(weights_.BlockType(w));
+      projection.blocks.push_back(weights_.Blocks(w));
     }
     const int id = gemms_->Add(std::move(projection));
     for (Weight w : of_kind) weight_projection_[w.index] = id;

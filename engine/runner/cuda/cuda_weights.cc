@@ -1,6 +1,7 @@
 #include "engine/runner/cuda/cuda_weights.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -24,18 +25,46 @@ using kernels::DType;
 
 int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The bytes of `spec`'s storage: FP8 bytes then scales, the device layout of GGUF blocks
-// (block_type quantized), or elements of element_bytes.
-int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8, DType block_type) {
+// The segments of `spec` held in blocks of `part_types` (one a part; empty: none), their data
+// at offsets from 0 (each 256-byte aligned, in row order).
+std::vector<BlockSegment> Segments(const WeightSpec& spec, const std::vector<DType>& part_types) {
+  std::vector<BlockSegment> segments;
+  int64_t row = 0, offset = 0;
+  for (size_t p = 0; p < part_types.size() && p < spec.parts.size(); ++p) {
+    if (segments.empty() || segments.back().type != part_types[p]) {
+      if (!segments.empty()) {
+        const BlockSegment& last = segments.back();
+        offset += Align256(kc::QuantMatrixBytes(last.type, last.rows, spec.cols));
+      }
+      segments.push_back({.type = part_types[p],
+                          .data = reinterpret_cast<const void*>(offset),
+                          .first_row = row,
+                          .rows = 0});
+    }
+    segments.back().rows += spec.parts[p].rows;
+    row += spec.parts[p].rows;
+  }
+  return segments;
+}
+
+// The bytes of `spec`'s storage: FP8 bytes then scales, the device layouts of its GGUF block
+// segments, or elements of element_bytes.
+int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8,
+                     const std::vector<DType>& part_types) {
   if (f8) return Align256(spec.rows * spec.cols) + Align256(spec.rows * int64_t{sizeof(float)});
-  if (kernels::IsQuantized(block_type)) {
-    return Align256(kc::QuantMatrixBytes(block_type, spec.rows, spec.cols));
+  if (!part_types.empty()) {
+    int64_t bytes = 0;
+    for (const BlockSegment& segment : Segments(spec, part_types)) {
+      bytes += Align256(kc::QuantMatrixBytes(segment.type, segment.rows, spec.cols));
+    }
+    return bytes;
   }
   return Align256(spec.num_elements() * element_bytes);
 }
 
-DType BlockTypeAt(const std::vector<DType>& block_types, size_t index) {
-  return block_types.empty() ? DType::kF32 : block_types[index];
+const std::vector<DType>& PartTypesAt(const BlockTypes& block_types, size_t index) {
+  static const std::vector<DType> kNone;
+  return index < block_types.size() ? block_types[index] : kNone;
 }
 
 }  // namespace
@@ -59,58 +88,74 @@ bool IsQuantLinear(const WeightSpec& spec) {
   return false;
 }
 
-std::vector<DType> ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint,
-                                    RunnerQuantization quantization, LoadFormat format) {
-  std::vector<DType> types(static_cast<size_t>(plan.size()), DType::kF32);
+BlockTypes ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint,
+                            RunnerQuantization quantization, LoadFormat format) {
+  BlockTypes types(static_cast<size_t>(plan.size()));
   const std::optional<DType> dummy_type = RunnerQuantizationBlockType(quantization);
   const bool keep_file_blocks = (quantization == RunnerQuantization::kAuto ||
                                  quantization == RunnerQuantization::kGguf) &&
                                 format == LoadFormat::kCheckpoint;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
-    if (!IsQuantLinear(spec)) continue;
-    std::optional<DType> type = dummy_type;
-    if (keep_file_blocks && !spec.parts.empty() &&
-        (spec.tensor_parallel_size == 1 || spec.split == Split::kReplicated ||
-         spec.split == Split::kRows)) {
-      for (const WeightPart& part : spec.parts) {
+    if (!IsQuantLinear(spec) || spec.parts.empty()) continue;
+    if (!dummy_type.has_value() &&
+        (!keep_file_blocks || (spec.tensor_parallel_size > 1 && spec.split != Split::kReplicated &&
+                               spec.split != Split::kRows))) {
+      continue;
+    }
+    std::vector<DType> part_types;
+    for (const WeightPart& part : spec.parts) {
+      std::optional<DType> type = dummy_type;
+      if (!type.has_value()) {
         const auto it = checkpoint.tensors().find(part.name);
-        if (it == checkpoint.tensors().end() || (type.has_value() && *type != it->second.dtype)) {
-          type.reset();
-          break;
-        }
-        type = it->second.dtype;
+        if (it != checkpoint.tensors().end()) type = it->second.dtype;
       }
+      if (!type.has_value() || !kc::SupportsQuantWeights(*type) ||
+          !kc::CheckQuantMatrix(*type, part.rows, spec.cols).ok()) {
+        part_types.clear();
+        break;
+      }
+      part_types.push_back(*type);
     }
-    if (type.has_value() && kc::SupportsQuantWeights(*type) &&
-        kc::CheckQuantMatrix(*type, spec.rows, spec.cols).ok()) {
-      types[i] = *type;
+    const bool gated = spec.kind == "gate_up";
+    if (gated && !part_types.empty() &&
+        std::count(part_types.begin(), part_types.end(), part_types[0]) !=
+            static_cast<std::ptrdiff_t>(part_types.size())) {
+      part_types.clear();
     }
+    types[i] = std::move(part_types);
   }
   return types;
 }
 
 int64_t CudaWeights::Bytes(const WeightPlan& plan, DType dtype, bool fp8,
-                           const std::vector<DType>& block_types) {
+                           const BlockTypes& block_types) {
   int64_t total = 0;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
     total += StorageBytes(spec, dtype == DType::kF32 ? 4 : 2, fp8 && IsF8Linear(spec),
-                          BlockTypeAt(block_types, i));
+                          PartTypesAt(block_types, i));
   }
   return total;
 }
 
 bool CudaWeights::HoldsBlocks() const {
-  for (DType type : block_types_) {
-    if (kernels::IsQuantized(type)) return true;
+  for (const std::vector<BlockSegment>& segments : segments_) {
+    if (!segments.empty()) return true;
   }
   return false;
 }
 
+const BlockSegment* CudaWeights::SegmentOf(const WeightSpec& spec, int64_t row) const {
+  for (const BlockSegment& segment : segments_[Index(spec)]) {
+    if (row >= segment.first_row && row < segment.first_row + segment.rows) return &segment;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType dtype, bool fp8,
-                                                  std::vector<DType> block_types,
+                                                  const BlockTypes& block_types,
                                                   cudaStream_t stream) {
   CudaWeights weights;
   weights.plan_ = &plan;
@@ -118,24 +163,32 @@ absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType 
   weights.element_bytes_ = dtype == DType::kF32 ? 4 : 2;
   weights.fp8_ = fp8 && dtype == DType::kBF16;
   weights.stream_ = stream;
-  weights.block_types_ = std::move(block_types);
-  if (weights.HoldsBlocks() && dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("CUDA runner: GGUF blocks are held in bfloat16 runners only");
-  }
+  weights.segments_.resize(static_cast<size_t>(plan.size()));
   weights.offsets_.assign(static_cast<size_t>(plan.size()), 0);
   int64_t total = 0;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
     weights.offsets_[i] = total;
-    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec),
-                          BlockTypeAt(weights.block_types_, i));
+    const std::vector<DType>& part_types = PartTypesAt(block_types, i);
+    if (!part_types.empty() && (weights.fp8_ || dtype != DType::kBF16)) {
+      return absl::InvalidArgumentError(
+          "CUDA runner: GGUF blocks are held in bfloat16 runners without FP8 only");
+    }
+    weights.segments_[i] = Segments(spec, part_types);
+    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec), part_types);
   }
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) weights.offsets_[i] = weights.offsets_[spec.tied_to.index];
   }
   LMSERVE_ASSIGN_OR_RETURN(weights.buffer_, CudaBuffer::Device(total, "the weights"));
+  for (int32_t i = 0; i < plan.size(); ++i) {  // the segments' offsets become addresses
+    for (BlockSegment& segment : weights.segments_[i]) {
+      segment.data = weights.buffer_.at(weights.offsets_[i] +
+                                        reinterpret_cast<intptr_t>(segment.data));
+    }
+  }
   return weights;
 }
 
@@ -193,13 +246,13 @@ absl::Status CudaWeights::StoreF8(const WeightSpec& spec, int64_t first_row,
 absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
                                      const WeightPart& part) {
   const DummyRange range = DummyWeightRange(part.name, spec.fan_in());
-  if (const std::optional<DType> type = BlockTypeOf(Index(spec)); type.has_value()) {
+  if (const BlockSegment* segment = SegmentOf(spec, first_row); segment != nullptr) {
     const kc::QuantDummyFillParams fill{
-        .dst = buffer_.at(offsets_[Index(spec)]),
-        .dtype = *type,
-        .matrix_rows = spec.rows,
+        .dst = const_cast<void*>(segment->data),
+        .dtype = segment->type,
+        .matrix_rows = segment->rows,
         .cols = spec.cols,
-        .first_row = first_row,
+        .first_row = first_row - segment->first_row,
         .rows = part.rows,
         .high = std::max(std::fabs(range.low), std::fabs(range.high)),
         .seed = DummyTensorSeed(part.name)};
@@ -225,13 +278,14 @@ absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
 
 absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const TensorView& t) {
   const std::string& name = t.name;
-  if (const std::optional<DType> type = BlockTypeOf(Index(spec)); type.has_value()) {
-    // The file's blocks as they are, regrouped into the device layout.
+  if (const BlockSegment* segment = SegmentOf(spec, first_row); segment != nullptr) {
+    // The file's blocks as they are, regrouped into the segment's device layout.
     const int64_t rows = t.shape.empty() ? 0 : t.shape[0];
-    if (t.dtype != *type || t.num_bytes != rows * kernels::RowBytes(*type, spec.cols)) {
+    if (t.dtype != segment->type || t.num_bytes != rows * kernels::RowBytes(t.dtype, spec.cols)) {
       return absl::InternalError(StrCat("CUDA runner: tensor ", name, " (",
                                         kernels::DTypeName(t.dtype), ") does not fit its ",
-                                        kernels::DTypeName(*type), " storage ", spec.name));
+                                        kernels::DTypeName(segment->type), " storage ",
+                                        spec.name));
     }
     LMSERVE_ASSIGN_OR_RETURN(CudaBuffer staging,
                              CudaBuffer::Device(t.num_bytes, StrCat("staging ", name)));
@@ -240,11 +294,11 @@ absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const
                                                  cudaMemcpyHostToDevice, stream_),
                                  StrCat("uploading ", name));
     const kc::QuantRepackParams repack{.src = staging.get(),
-                                       .dst = buffer_.at(offsets_[Index(spec)]),
-                                       .dtype = *type,
-                                       .matrix_rows = spec.rows,
+                                       .dst = const_cast<void*>(segment->data),
+                                       .dtype = segment->type,
+                                       .matrix_rows = segment->rows,
                                        .cols = spec.cols,
-                                       .first_row = first_row,
+                                       .first_row = first_row - segment->first_row,
                                        .rows = rows};
     LMSERVE_RETURN_IF_ERROR(repack.Validate());
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(repack, stream_), StrCat("repacking ", name));

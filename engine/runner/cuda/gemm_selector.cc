@@ -268,25 +268,34 @@ absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const voi
                                      void* act, bool late_dependents,
                                      kernels::GateActivation activation) {
   const GemmProjection& projection = projections_[id];
-  const kernels::DType type = *projection.blocks[layer];
-  const void* w = projection.weights[layer];
+  const std::vector<BlockSegment>& segments = projection.blocks[layer];
+  if (act != nullptr && segments.size() != 1) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
+                                      ": a gated activation over ", segments.size(),
+                                      " block segments"));
+  }
   if (m <= kc::kMaxSkinnyGemmRows && choice_ != DecodeGemm::kBlas) {
-    const kc::QuantSkinnyGemmParams params{.x = x,
-                                           .w = w,
-                                           .w_dtype = type,
-                                           .y = act != nullptr ? act : y,
-                                           .m = m,
-                                           .n = projection.n,
-                                           .k = projection.k,
-                                           .input_dtype = dtype_,
-                                           .output_dtype = projection.output_dtype,
-                                           .silu_and_mul = act != nullptr,
-                                           .activation = activation,
-                                           .late_dependents = late_dependents};
-    LMSERVE_RETURN_IF_ERROR(params.Validate());
-    LMSERVE_RETURN_IF_CUDA_ERROR(
-        kc::Launch(params, stream_),
-        StrCat(kernels::DTypeName(type), " skinny GEMM (", projection.kind, ")"));
+    const int64_t out_bytes = projection.output_dtype == kernels::DType::kF32 ? 4 : 2;
+    for (const BlockSegment& segment : segments) {
+      const kc::QuantSkinnyGemmParams params{
+          .x = x,
+          .w = segment.data,
+          .w_dtype = segment.type,
+          .y = act != nullptr ? act : static_cast<char*>(y) + segment.first_row * out_bytes,
+          .m = m,
+          .n = segment.rows,
+          .k = projection.k,
+          .y_stride = act != nullptr ? 0 : projection.n,
+          .input_dtype = dtype_,
+          .output_dtype = projection.output_dtype,
+          .silu_and_mul = act != nullptr,
+          .activation = activation,
+          .late_dependents = late_dependents};
+      LMSERVE_RETURN_IF_ERROR(params.Validate());
+      LMSERVE_RETURN_IF_CUDA_ERROR(
+          kc::Launch(params, stream_),
+          StrCat(kernels::DTypeName(segment.type), " skinny GEMM (", projection.kind, ")"));
+    }
     return absl::OkStatus();
   }
   if (projection.n * projection.k * 2 > dequant_bytes_) {
@@ -294,11 +303,17 @@ absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const voi
                                       projection.k, "] exceeds the dequantization scratch (",
                                       dequant_bytes_, " bytes)"));
   }
-  const kc::QuantDequantizeParams dequantize{
-      .w = w, .dst = dequant_, .dtype = type, .rows = projection.n, .cols = projection.k};
-  LMSERVE_RETURN_IF_ERROR(dequantize.Validate());
-  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(dequantize, stream_),
-                               StrCat("dequantizing ", projection.kind));
+  for (const BlockSegment& segment : segments) {
+    const kc::QuantDequantizeParams dequantize{
+        .w = segment.data,
+        .dst = static_cast<char*>(dequant_) + segment.first_row * projection.k * 2,
+        .dtype = segment.type,
+        .rows = segment.rows,
+        .cols = projection.k};
+    LMSERVE_RETURN_IF_ERROR(dequantize.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(dequantize, stream_),
+                                 StrCat("dequantizing ", projection.kind));
+  }
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   if (const cublasStatus_t status = plan->Run(x, dequant_, y, stream_);
       status != CUBLAS_STATUS_SUCCESS) {

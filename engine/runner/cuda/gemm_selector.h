@@ -29,6 +29,16 @@
 
 namespace lmserve::engine::cuda {
 
+// Rows [first_row, first_row + rows) of a weight held in GGUF blocks, in one block type: the
+// device layout of kernels/cuda/quant_gemm.h of a [rows, k] matrix. A fused weight whose parts
+// are of different types (a Q4_K_M file's Q4_K q/k and Q6_K v) is several segments.
+struct BlockSegment {
+  kernels::DType type = kernels::DType::kQ4_K;
+  const void* data = nullptr;  // device
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+
 struct GemmProjection {
   std::string kind;                                     // for messages: "qkv"
   int64_t n = 0;                                        // output features
@@ -41,12 +51,12 @@ struct GemmProjection {
   // quantize x per token and run cuBLASLt's FP8 GEMM (kernels/cuda/fp8.h, gemm.h).
   bool f8 = false;
   std::vector<const float*> scales;
-  // Per layer: the GGUF block type of a weight held in blocks (kernels/cuda/quant_gemm.h's device
-  // layout); nullopt (or empty) for the runner's dtype. Steps of up to kMaxSkinnyGemmRows tokens
-  // run the quantized skinny kernel (W4A16 / W8A16, untimed: a GEMM would first dequantize all of
-  // W), larger ones (and every step under DecodeGemm::kBlas) dequantize W into the dequant
-  // workspace and run the bf16 cuBLASLt plan.
-  std::vector<std::optional<kernels::DType>> blocks;
+  // Per layer: the segments of a weight held in GGUF blocks (empty, or no entry, for the
+  // runner's dtype; one segment with an activation epilogue). Steps of up to kMaxSkinnyGemmRows
+  // tokens run the quantized skinny kernel on each segment (W4A16 / W8A16, untimed: a GEMM
+  // would first dequantize all of W), larger ones (and every step under DecodeGemm::kBlas)
+  // dequantize W into the dequant workspace and run the bf16 cuBLASLt plan.
+  std::vector<std::vector<BlockSegment>> blocks;
 };
 
 // The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
@@ -135,7 +145,7 @@ class GemmSelector {
   absl::Status RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                          bool late_dependents, kernels::GateActivation activation);
   bool HeldInBlocks(const GemmProjection& projection, size_t layer) const {
-    return layer < projection.blocks.size() && projection.blocks[layer].has_value();
+    return layer < projection.blocks.size() && !projection.blocks[layer].empty();
   }
 
   // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:

@@ -1,6 +1,7 @@
-// GGUF blocks on the CUDA runner (issue 23): fixture models written as GGUF in Q8_0, Q4_0, Q4_K
-// and Q6_K (engine/model/gguf_writer.h; llama-hd128's down projection, 640 columns, falls back to
-// Q8_0 in its K-quant files: two block types in one model), served with their blocks kept on the
+// GGUF blocks on the CUDA runner (issue 23): fixture models written as GGUF in Q8_0, Q4_0, Q4_K,
+// Q6_K and a Q4_K_M-like mix (engine/model/gguf_writer.h: Q4_K with the v and down projections
+// in Q6_K, so the fused QKV holds two block types; llama-hd128's down projection, 640 columns,
+// falls back to Q8_0 in its K-quant files), served with their blocks kept on the
 // GPU (--quantization auto), against the CPU runner's float32 path on the same file (the blocks
 // dequantized exactly, fp32 GEMMs). Each prompt runs whole (its 33- and 130-token prompts through
 // the dequantize-then-cuBLASLt path) and in chunks of 8 (the quantized skinny kernel), and the
@@ -112,6 +113,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GgufCase{"qwen2-bias", GgufOutputType::kQ4_0, "Q4_0"},
                       GgufCase{"llama-mqa-tied-llama3rope", GgufOutputType::kQ4_K, "Q4_K"},
                       GgufCase{"llama-mqa-tied-llama3rope", GgufOutputType::kQ6_K, "Q6_K"},
+                      // Q/K Q4_K and V Q6_K in one fused QKV (two block segments), down Q6_K.
+                      GgufCase{"llama-mqa-tied-llama3rope", GgufOutputType::kQ4_K_M, "Q4_K_M"},
                       GgufCase{"llama-hd128", GgufOutputType::kQ4_K, "Q4_K"}),
     [](const ::testing::TestParamInfo<GgufCase>& info) {
       std::string name = std::string(info.param.model) + "_" + info.param.type_name;
