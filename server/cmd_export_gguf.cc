@@ -1,4 +1,5 @@
-// lmserve export-gguf --model PATH --type f32|f16|q8_0|q4_0|q4_k|q6_k|q4_k_m --out FILE: writes a model as GGUF v3.
+// lmserve export-gguf --model PATH --type f32|f16|q8_0|q4_0|q4_k|q6_k|q4_k_m --out FILE: writes a
+// model as GGUF v3.
 
 #include <cstdio>
 #include <memory>

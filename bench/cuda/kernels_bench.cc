@@ -644,13 +644,20 @@ class Bench {
         int64_t n, k;
       };
       for (DType dtype : {DType::kQ4_K, DType::kQ8_0, DType::kQ4_0, DType::kQ6_K}) {
-        for (const Projection& proj : {Projection{"qkv", 6144, 4096}, {"o", 4096, 4096},
-                                       {"gate_up", 28672, 4096}, {"down", 4096, 14336}}) {
+        for (const Projection& proj : {Projection{"qkv", 6144, 4096},
+                                       {"o", 4096, 4096},
+                                       {"gate_up", 28672, 4096},
+                                       {"down", 4096, 14336}}) {
           const int64_t w_bytes = QuantMatrixBytes(dtype, proj.n, proj.k);
           Buffer w(w_bytes), x(8 * proj.k * 2), y(8 * proj.n * 2), wd(proj.n * proj.k * 2);
-          const QuantDummyFillParams fill{.dst = w.get(), .dtype = dtype, .matrix_rows = proj.n,
-                                          .cols = proj.k, .first_row = 0, .rows = proj.n,
-                                          .high = 0.05f, .seed = 7};
+          const QuantDummyFillParams fill{.dst = w.get(),
+                                          .dtype = dtype,
+                                          .matrix_rows = proj.n,
+                                          .cols = proj.k,
+                                          .first_row = 0,
+                                          .rows = proj.n,
+                                          .high = 0.05f,
+                                          .seed = 7};
           CHECK_CUDA(Launch(fill, stream_));
           FillBf16(x);
           for (int64_t m : {1, 2, 4, 8}) {
@@ -660,8 +667,13 @@ class Bench {
                           static_cast<long long>(m), static_cast<long long>(proj.n),
                           static_cast<long long>(proj.k));
             const double bytes = static_cast<double>(w_bytes) + 2.0 * m * (proj.k + proj.n);
-            QuantSkinnyGemmParams p{.x = x.get(), .w = w.get(), .w_dtype = dtype, .y = y.get(),
-                                    .m = m, .n = proj.n, .k = proj.k};
+            QuantSkinnyGemmParams p{.x = x.get(),
+                                    .w = w.get(),
+                                    .w_dtype = dtype,
+                                    .y = y.get(),
+                                    .m = m,
+                                    .n = proj.n,
+                                    .k = proj.k};
             auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
             Record({"quant skinny GEMM", shape_text, us, min_us, bytes, 0});
             if (std::string_view(proj.name) == "gate_up") {
@@ -671,8 +683,8 @@ class Bench {
                       bytes - m * proj.n, 0});
             }
           }
-          const QuantDequantizeParams dq{.w = w.get(), .dst = wd.get(), .dtype = dtype,
-                                         .rows = proj.n, .cols = proj.k};
+          const QuantDequantizeParams dq{
+              .w = w.get(), .dst = wd.get(), .dtype = dtype, .rows = proj.n, .cols = proj.k};
           auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(dq, stream_)); });
           // A check, not a test (tests/kernels_gpu/quant_gemm_test.cc is): the skinny kernel at
           // m 8 against cuBLASLt's bf16 GEMM over the dequantized weight, relative L2.
@@ -684,8 +696,13 @@ class Bench {
             auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
                                          gemm_workspace_->bytes(), false, stream_);
             Buffer y_ref(8 * proj.n * 2);
-            const QuantSkinnyGemmParams p{.x = x.get(), .w = w.get(), .w_dtype = dtype,
-                                          .y = y.get(), .m = 8, .n = proj.n, .k = proj.k};
+            const QuantSkinnyGemmParams p{.x = x.get(),
+                                          .w = w.get(),
+                                          .w_dtype = dtype,
+                                          .y = y.get(),
+                                          .m = 8,
+                                          .n = proj.n,
+                                          .k = proj.k};
             CHECK_CUDA(Launch(p, stream_));
             if (plan.ok()) (*plan)->Run(x.get(), wd.get(), y_ref.get(), stream_);
             CHECK_CUDA(cudaStreamSynchronize(stream_));

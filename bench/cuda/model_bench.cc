@@ -24,8 +24,9 @@
 // is the quantized bytes read.
 //
 // With --timeline, one more decode step of each batch (and one more prefill step) runs with its
-// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
-// kernel adds to the critical path, overlaps of programmatic dependent launch included.
+// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between
+// consecutive kernels' ends: what each kernel adds to the critical path, overlaps of programmatic
+// dependent launch included.
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
@@ -113,7 +114,8 @@ int Usage(const char* message) {
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
-               "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] [--json FILE] "
+               "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
+               "[--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked]\n",
                message);
   return 2;
@@ -306,18 +308,19 @@ int Run(const Options& o) {
     return 1;
   }
   const engine::RunnerStats stats = (*runner)->stats();
-  std::printf("model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
-              "%.2f GiB %s%s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
-              o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
-              static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
-              static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
-              static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
-              std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
-              stats.quantization == engine::RunnerQuantization::kFp8    ? " (linear layers FP8)"
-              : stats.quantization == engine::RunnerQuantization::kNone ? ""
-                                                                        : " (linear layers in GGUF blocks)",
-              stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(),
-              stats.startup_seconds, stats.num_cuda_graphs);
+  std::printf(
+      "model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
+      "%.2f GiB %s%s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+      o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
+      static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
+      static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
+      static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
+      std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
+      stats.quantization == engine::RunnerQuantization::kFp8    ? " (linear layers FP8)"
+      : stats.quantization == engine::RunnerQuantization::kNone ? ""
+                                                                : " (linear layers in GGUF blocks)",
+      stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(), stats.startup_seconds,
+      stats.num_cuda_graphs);
   // The runner has set the process-wide path (the current GPU's code decides; ranks' GPUs alike).
   const bool hopper_kernels = kernels::cuda::UseHopperKernels();
   const int code_capability = kernels::cuda::KernelCodeCapability(0);

@@ -425,8 +425,8 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
       // Rows that are not whole super-blocks fall back as llama.cpp's quantizer does: to Q8_0.
       const bool six_bits =
           type == GgufOutputType::kQ6_K ||
-          (type == GgufOutputType::kQ4_K_M && (view->name.ends_with("v_proj.weight") ||
-                                               view->name.ends_with("down_proj.weight")));
+          (type == GgufOutputType::kQ4_K_M &&
+           (view->name.ends_with("v_proj.weight") || view->name.ends_with("down_proj.weight")));
       const DType k_type = six_bits ? DType::kQ6_K : DType::kQ4_K;
       out_dtype = cols % 256 == 0 ? k_type : cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     }

@@ -466,14 +466,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     MemoryPlan plan;
     plan.device = StrCat("GPU memory (", prop.name, ")");
     plan.weight_bytes = cuda::CudaWeights::Bytes(
-        model_description->weights(),
-        dtype == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16, fp8, block_types);
+        model_description->weights(), dtype == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16,
+        fp8, block_types);
     int64_t f8_input_bytes = 0;
     if (fp8) f8_input_bytes = max_tokens * (MaxF8Columns(model_description->weights()) + 4) + 512;
-    plan.workspace_bytes = f8_input_bytes + dequant_scratch_bytes +
-                           max_tokens * activation_elements * 4 +
-                           logits_rows * model.vocab_size * 4 +
-                           static_cast<int64_t>(kGemmWorkspaceBytes);
+    plan.workspace_bytes =
+        f8_input_bytes + dequant_scratch_bytes + max_tokens * activation_elements * 4 +
+        logits_rows * model.vocab_size * 4 + static_cast<int64_t>(kGemmWorkspaceBytes);
     plan.kv_cache_bytes = config.kv_cache_bytes > 0
                               ? config.kv_cache_bytes
                               : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
@@ -501,8 +500,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   runner->device_name_ = prop.name;
   runner->fp8_ = fp8;
   if (!block_types.empty()) {
-    runner->block_quantization_ =
-        dummy_blocks ? config.quantization : RunnerQuantization::kGguf;
+    runner->block_quantization_ = dummy_blocks ? config.quantization : RunnerQuantization::kGguf;
   }
   runner->block_types_ = std::move(block_types);
   runner->dequant_scratch_bytes_ = dequant_scratch_bytes;
@@ -531,9 +529,8 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   gemms_->set_split_k(runner_config_.skinny_split_k);
 
   // Weights, then the rotary tables (fp32, every position the model takes).
-  LMSERVE_ASSIGN_OR_RETURN(weights_,
-                           cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_, fp8_,
-                                                       block_types_, stream_));
+  LMSERVE_ASSIGN_OR_RETURN(weights_, cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_,
+                                                                 fp8_, block_types_, stream_));
   LMSERVE_RETURN_IF_ERROR(
       LoadWeights(model_->weights(), checkpoint, runner_config_.load_format, weights_));
   for (const RopeConfig& rope : model_->rotary()) {
@@ -1417,12 +1414,11 @@ RunnerStats CudaRunner::stats() const {
   s.quantization = fp8_ ? RunnerQuantization::kFp8 : block_quantization_;
   s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = kv_pool_.bytes() + (num_state_slots_ > 0 ? state_pool_.bytes() : 0);
-  s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
-                      inputs_.device_bytes() + decode_workspace_.bytes() +
-                      prefill_workspace_.bytes() + moe_workspace_.bytes() +
-                      gemm_workspace_.bytes() + sampled_.bytes() + rank_logits_.bytes() +
-                      gathered_logits_.bytes() + dequant_scratch_.bytes() +
-                      sampler_workspace_.bytes();
+  s.workspace_bytes =
+      gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() + inputs_.device_bytes() +
+      decode_workspace_.bytes() + prefill_workspace_.bytes() + moe_workspace_.bytes() +
+      gemm_workspace_.bytes() + sampled_.bytes() + rank_logits_.bytes() + gathered_logits_.bytes() +
+      dequant_scratch_.bytes() + sampler_workspace_.bytes();
   for (const CudaBuffer& buffer : buffers_) s.workspace_bytes += buffer.bytes();
   for (const CudaBuffer& table : cos_sin_) s.workspace_bytes += table.bytes();
   size_t free_bytes = 0, total_bytes = 0;

@@ -280,7 +280,8 @@ void QuantizeQ4_K(const float* src, void* dst, int64_t num_elements) {
     float scales[8], mins[8], max_scale = 0.0f, max_min = 0.0f;
     for (int j = 0; j < 8; ++j) {
       float lo = 0.0f, hi = 0.0f;
-      for (int l = 0; l < 32; ++l) lo = std::fmin(lo, src[32 * j + l]), hi = std::fmax(hi, src[32 * j + l]);
+      for (int l = 0; l < 32; ++l)
+        lo = std::fmin(lo, src[32 * j + l]), hi = std::fmax(hi, src[32 * j + l]);
       scales[j] = (hi - lo) / 15.0f;
       mins[j] = -lo;
       max_scale = std::fmax(max_scale, scales[j]);

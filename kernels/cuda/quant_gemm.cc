@@ -64,8 +64,8 @@ int64_t QuantMatrixBytes(DType dtype, int64_t rows, int64_t cols) {
 }
 
 absl::Status QuantRepackParams::Validate() const {
-  if (absl::Status s = CheckLayoutRows("QuantRepack", dst, dtype, matrix_rows, cols, first_row,
-                                       rows);
+  if (absl::Status s =
+          CheckLayoutRows("QuantRepack", dst, dtype, matrix_rows, cols, first_row, rows);
       !s.ok()) {
     return s;
   }
@@ -74,12 +74,13 @@ absl::Status QuantRepackParams::Validate() const {
 }
 
 absl::Status QuantDummyFillParams::Validate() const {
-  if (absl::Status s = CheckLayoutRows("QuantDummyFill", dst, dtype, matrix_rows, cols, first_row,
-                                       rows);
+  if (absl::Status s =
+          CheckLayoutRows("QuantDummyFill", dst, dtype, matrix_rows, cols, first_row, rows);
       !s.ok()) {
     return s;
   }
-  if (!(high > 0.0f) || high > 1e4f) return KernelError("QuantDummyFill", "high must be in (0, 1e4]");
+  if (!(high > 0.0f) || high > 1e4f)
+    return KernelError("QuantDummyFill", "high must be in (0, 1e4]");
   return absl::OkStatus();
 }
 
@@ -95,8 +96,8 @@ absl::Status QuantDequantizeParams::Validate() const {
 
 absl::Status QuantSkinnyGemmParams::Validate() const {
   if (input_dtype != DType::kBF16) {
-    return KernelError("QuantSkinnyGemm", StrCat("input dtype ", DTypeName(input_dtype),
-                                                 " is not supported (bf16)"));
+    return KernelError("QuantSkinnyGemm",
+                       StrCat("input dtype ", DTypeName(input_dtype), " is not supported (bf16)"));
   }
   if (absl::Status s = CheckLayoutRows("QuantSkinnyGemm", w, w_dtype, n, k, 0, n); !s.ok()) {
     return s;
@@ -109,7 +110,8 @@ absl::Status QuantSkinnyGemmParams::Validate() const {
                        StrCat("m ", m, " is not in [1, ", kMaxSkinnyGemmRows, "]"));
   }
   if (activation != GateActivation::kSilu && activation != GateActivation::kGeluTanh) {
-    return KernelError("QuantSkinnyGemm", StrCat("unknown activation ", static_cast<int>(activation)));
+    return KernelError("QuantSkinnyGemm",
+                       StrCat("unknown activation ", static_cast<int>(activation)));
   }
   if (silu_and_mul && output_dtype != input_dtype) {
     return KernelError("QuantSkinnyGemm", "silu_and_mul writes the input type");
@@ -117,7 +119,8 @@ absl::Status QuantSkinnyGemmParams::Validate() const {
   const int64_t y_columns = silu_and_mul ? n / 2 : n;
   const int64_t xs = x_stride != 0 ? x_stride : k, ys = y_stride != 0 ? y_stride : y_columns;
   if (xs < k || xs % 8 != 0 || ys < y_columns) {
-    return KernelError("QuantSkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
+    return KernelError("QuantSkinnyGemm",
+                       StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
   if (x == nullptr || y == nullptr || !Aligned16(x)) {
     return KernelError("QuantSkinnyGemm", "x (16-byte aligned) and y must be device addresses");

@@ -13,7 +13,9 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
-__host__ __device__ constexpr int64_t AlignUp256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+__host__ __device__ constexpr int64_t AlignUp256(int64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
 
 __device__ __forceinline__ float HalfBits(uint32_t bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
@@ -74,9 +76,9 @@ struct Quant<DType::kQ8_0> {
   // q (as floats) and the run's scale / min.
   __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
     const uint4 v = raw.q[run];
-    BytesAsFloats(make_uint4(v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u,
-                             v.w ^ 0x80808080u),
-                  kTwo23 + 128.0f, q);
+    BytesAsFloats(
+        make_uint4(v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u),
+        kTwo23 + 128.0f, q);
     scale = raw.d;
     min = 0.0f;
   }
@@ -228,8 +230,8 @@ __device__ __forceinline__ void MultiplyUnit(const typename Quant<kType>::Raw (&
       if (t >= m) break;
       const uint4* xp = reinterpret_cast<const uint4*>(x + t * x_stride + start);
       float xf[16];
-      float (&x_lo)[8] = *reinterpret_cast<float(*)[8]>(xf);
-      float (&x_hi)[8] = *reinterpret_cast<float(*)[8]>(xf + 8);
+      float(&x_lo)[8] = *reinterpret_cast<float(*)[8]>(xf);
+      float(&x_hi)[8] = *reinterpret_cast<float(*)[8]>(xf + 8);
       Unpack8<T>(__ldg(xp), x_lo);
       Unpack8<T>(__ldg(xp + 1), x_hi);
 #pragma unroll
@@ -328,7 +330,7 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   const auto* w = static_cast<const uint8_t*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-#define LMSERVE_QUANT_SKINNY(M)                                                                  \
+#define LMSERVE_QUANT_SKINNY(M)                                                                   \
   return LaunchKernel(QuantSkinnyGemmKernel<kType, T, OutT, M, kSiluAndMul, kActivation>, blocks, \
                       kThreads, 0, stream, x, w, y, m, n, k, x_stride, y_stride,                  \
                       p.late_dependents)
@@ -376,8 +378,8 @@ __global__ void __launch_bounds__(kThreads)
       v[e] = Q::kHasMin ? __fsub_rn(__fmul_rn(scale, q[e]), min) : __fmul_rn(q[e], scale);
     }
     __nv_bfloat16* out = dst + row * cols + Q::RunStart(u, run);
-    float (&lo)[8] = *reinterpret_cast<float(*)[8]>(v);
-    float (&hi)[8] = *reinterpret_cast<float(*)[8]>(v + 8);
+    float(&lo)[8] = *reinterpret_cast<float(*)[8]>(v);
+    float(&hi)[8] = *reinterpret_cast<float(*)[8]>(v + 8);
     Store8(out, lo);
     Store8(out + 8, hi);
   }

@@ -89,10 +89,10 @@ struct QuantSkinnyGemmParams {
   const void* x = nullptr;  // [m, k] of input_dtype, row stride x_stride; device, 16-byte aligned
   const void* w = nullptr;  // the device layout of W [n, k] of w_dtype; device, 256-byte aligned
   DType w_dtype = DType::kQ4_K;
-  void* y = nullptr;  // [m, n] of output_dtype, row stride y_stride; device
-  int64_t m = 0;      // 1 .. kMaxSkinnyGemmRows (skinny_gemm.h)
-  int64_t n = 0;      // even
-  int64_t k = 0;      // a multiple of w_dtype's block
+  void* y = nullptr;                  // [m, n] of output_dtype, row stride y_stride; device
+  int64_t m = 0;                      // 1 .. kMaxSkinnyGemmRows (skinny_gemm.h)
+  int64_t n = 0;                      // even
+  int64_t k = 0;                      // a multiple of w_dtype's block
   int64_t x_stride = 0;               // multiple of 8; 0 means k
   int64_t y_stride = 0;               // 0 means n (n / 2 with silu_and_mul)
   DType input_dtype = DType::kBF16;   // of x: kBF16

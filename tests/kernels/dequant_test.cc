@@ -378,8 +378,8 @@ TEST(QuantizeTest, BlockQuantizersRoundTrip) {
   const struct {
     DType dtype;
     double max_relative_l2;
-  } cases[] = {{DType::kQ8_0, 0.01}, {DType::kQ4_0, 0.15}, {DType::kQ4_K, 0.15},
-               {DType::kQ6_K, 0.04}};
+  } cases[] = {
+      {DType::kQ8_0, 0.01}, {DType::kQ4_0, 0.15}, {DType::kQ4_K, 0.15}, {DType::kQ6_K, 0.04}};
   for (const auto& c : cases) {
     std::vector<float> x(256 * 16);
     for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (1.0f + (i / 256) % 4);

@@ -4,6 +4,8 @@
 // bf16 (bit for bit) and multiplied by the skinny kernel for every row count, with its
 // gated-activation epilogue, into poisoned outputs; and the dummy fill's values.
 
+#include "kernels/cuda/quant_gemm.h"
+
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -18,7 +20,6 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/cpu/half.h"
-#include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -114,10 +115,8 @@ TEST(QuantGemmGpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
       for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
         // k in blocks: one; 9 (a lane's units do not fill a step); 16 and 56 (4096 and 14336 for
         // the K-quants). n = 66: a last block with idle warps.
-        for (auto [n, k_blocks] : {std::pair<int64_t, int64_t>{2, 1},
-                                   {66, 9},
-                                   {1034, 16},
-                                   {130, 56}}) {
+        for (auto [n, k_blocks] :
+             {std::pair<int64_t, int64_t>{2, 1}, {66, 9}, {1034, 16}, {130, 56}}) {
           const int64_t k = k_blocks * Block(dtype);
           const uint32_t seed = FreshSeed();
           SCOPED_TRACE(::testing::Message()
@@ -155,9 +154,9 @@ TEST(QuantGemmGpuTest, SkinnyGemmSiluAndMulEpilogue) {
       for (int64_t m : {1, 5, 8}) {
         const int64_t inter = 1032, k = 2 * 256, n = 2 * inter;
         const uint32_t seed = FreshSeed();
-        SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " activation "
-                                          << static_cast<int>(activation) << " m " << m
-                                          << " seed " << seed);
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(dtype).data() << " activation " << static_cast<int>(activation)
+                     << " m " << m << " seed " << seed);
         std::mt19937 rng(seed);
         std::vector<float> x = RandomFloats(m * k, rng);
         DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
@@ -229,8 +228,10 @@ TEST(QuantGemmGpuTest, DummyFillGivesBoundedVariedValues) {
       EXPECT_LE(hi, high * 1.05f);
       EXPECT_GE(lo, -high * 1.05f);
       EXPECT_GT(hi - lo, high / 2);
-      if (pass == 0) first = bits;
-      else EXPECT_EQ(bits, first);
+      if (pass == 0)
+        first = bits;
+      else
+        EXPECT_EQ(bits, first);
     }
   }
 }

@@ -1,8 +1,8 @@
 #include "engine/runner/cuda/cuda_weights.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -92,9 +92,9 @@ BlockTypes ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint
                             RunnerQuantization quantization, LoadFormat format) {
   BlockTypes types(static_cast<size_t>(plan.size()));
   const std::optional<DType> dummy_type = RunnerQuantizationBlockType(quantization);
-  const bool keep_file_blocks = (quantization == RunnerQuantization::kAuto ||
-                                 quantization == RunnerQuantization::kGguf) &&
-                                format == LoadFormat::kCheckpoint;
+  const bool keep_file_blocks =
+      (quantization == RunnerQuantization::kAuto || quantization == RunnerQuantization::kGguf) &&
+      format == LoadFormat::kCheckpoint;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (!IsQuantLinear(spec) || spec.parts.empty()) continue;
@@ -185,8 +185,8 @@ absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType 
   LMSERVE_ASSIGN_OR_RETURN(weights.buffer_, CudaBuffer::Device(total, "the weights"));
   for (int32_t i = 0; i < plan.size(); ++i) {  // the segments' offsets become addresses
     for (BlockSegment& segment : weights.segments_[i]) {
-      segment.data = weights.buffer_.at(weights.offsets_[i] +
-                                        reinterpret_cast<intptr_t>(segment.data));
+      segment.data =
+          weights.buffer_.at(weights.offsets_[i] + reinterpret_cast<intptr_t>(segment.data));
     }
   }
   return weights;
@@ -284,15 +284,14 @@ absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const
     if (t.dtype != segment->type || t.num_bytes != rows * kernels::RowBytes(t.dtype, spec.cols)) {
       return absl::InternalError(StrCat("CUDA runner: tensor ", name, " (",
                                         kernels::DTypeName(t.dtype), ") does not fit its ",
-                                        kernels::DTypeName(segment->type), " storage ",
-                                        spec.name));
+                                        kernels::DTypeName(segment->type), " storage ", spec.name));
     }
     LMSERVE_ASSIGN_OR_RETURN(CudaBuffer staging,
                              CudaBuffer::Device(t.num_bytes, StrCat("staging ", name)));
-    LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging.get(), t.data,
-                                                 static_cast<size_t>(t.num_bytes),
-                                                 cudaMemcpyHostToDevice, stream_),
-                                 StrCat("uploading ", name));
+    LMSERVE_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(staging.get(), t.data, static_cast<size_t>(t.num_bytes),
+                        cudaMemcpyHostToDevice, stream_),
+        StrCat("uploading ", name));
     const kc::QuantRepackParams repack{.src = staging.get(),
                                        .dst = const_cast<void*>(segment->data),
                                        .dtype = segment->type,

@@ -5,14 +5,14 @@
 #include "engine/model/gguf.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
-#include <optional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -765,8 +765,9 @@ TEST(GgufWriterTest, FourAndSixBitTypes) {
       const int64_t block = c.dtype == DType::kQ4_0 ? 32 : 256;
       const bool six_bits = std::string_view(c.name) == "q4_k_m" &&
                             (name.ends_with("v_proj.weight") || name.ends_with("down_proj.weight"));
-      EXPECT_EQ((*view)->dtype,
-                cols % block != 0 ? DType::kQ8_0 : six_bits ? DType::kQ6_K : c.dtype);
+      EXPECT_EQ((*view)->dtype, cols % block != 0 ? DType::kQ8_0
+                                : six_bits        ? DType::kQ6_K
+                                                  : c.dtype);
       // As sorted values (Q/K rows are permuted in the file): a bound on the distributions, at
       // most the element-wise error; the runner tests measure the logits end to end.
       std::vector<float> want = ToF32(hf_view), got = ToF32(**view);

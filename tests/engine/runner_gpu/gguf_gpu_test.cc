@@ -73,14 +73,14 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
   }
   const int64_t vocab = (*checkpoint)->config().vocab_size;
 
-  auto dequantized = ModelRunner::Create(**checkpoint,
-                                         GpuConfig(RunnerQuantization::kNone, DecodeGemm::kAuto));
+  auto dequantized =
+      ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kNone, DecodeGemm::kAuto));
   ASSERT_TRUE(dequantized.ok()) << dequantized.status();
   ASSERT_EQ((*dequantized)->stats().quantization, RunnerQuantization::kNone);
   for (const size_t chunk : {size_t{0}, size_t{8}}) {
     SCOPED_TRACE(chunk == 0 ? "whole prompts" : "chunks of 8");
-    auto blocks = ModelRunner::Create(**checkpoint,
-                                      GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
+    auto blocks =
+        ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
     ASSERT_TRUE(blocks.ok()) << blocks.status();
     EXPECT_EQ((*blocks)->stats().quantization, RunnerQuantization::kGguf);
     EXPECT_LT((*blocks)->stats().weight_bytes, (*dequantized)->stats().weight_bytes);
@@ -93,14 +93,14 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
       accuracy.Add(got, want[j], vocab);
       baseline.Add(base, want[j], vocab);
     }
-    std::printf("[ gguf     ] %-28s %-5s %-6s weights %lld of %lld bytes; relative L2 to the CPU "
-                "%.3g (dequantized at load: %.3g), top-1 %lld of %lld decisive rows\n",
-                c.model, c.type_name, chunk == 0 ? "whole" : "chunks",
-                static_cast<long long>((*blocks)->stats().weight_bytes),
-                static_cast<long long>((*dequantized)->stats().weight_bytes),
-                accuracy.relative_l2(), baseline.relative_l2(),
-                static_cast<long long>(accuracy.decisive_agree),
-                static_cast<long long>(accuracy.decisive_rows));
+    std::printf(
+        "[ gguf     ] %-28s %-5s %-6s weights %lld of %lld bytes; relative L2 to the CPU "
+        "%.3g (dequantized at load: %.3g), top-1 %lld of %lld decisive rows\n",
+        c.model, c.type_name, chunk == 0 ? "whole" : "chunks",
+        static_cast<long long>((*blocks)->stats().weight_bytes),
+        static_cast<long long>((*dequantized)->stats().weight_bytes), accuracy.relative_l2(),
+        baseline.relative_l2(), static_cast<long long>(accuracy.decisive_agree),
+        static_cast<long long>(accuracy.decisive_rows));
     EXPECT_LE(accuracy.relative_l2(), std::fmax(1.5 * baseline.relative_l2(), 1e-2));
     EXPECT_LE(accuracy.relative_l2(), 3e-2);
     EXPECT_GE(accuracy.top1_agreement(), 0.98);
