@@ -44,10 +44,9 @@ __device__ __forceinline__ uint4 Map4(const uint4& v, uint32_t mask, int shift) 
   return make_uint4((v.x >> shift) & mask, (v.y >> shift) & mask, (v.z >> shift) & mask,
                     (v.w >> shift) & mask);
 }
-// Byte j (0..15, any value at run time) of v.
-__device__ __forceinline__ uint32_t ByteOf(const uint4& v, int j) {
-  const uint32_t word = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
-  return (word >> (8 * (j & 3))) & 0xffu;
+// A small non-negative integer (below 2^23) as a float: the exponent trick.
+__device__ __forceinline__ float SmallUintAsFloat(uint32_t v) {
+  return __uint_as_float(0x4B000000u | v) - 8388608.0f;
 }
 
 constexpr float kTwo23 = 8388608.0f;
@@ -127,15 +126,18 @@ struct Quant<DType::kQ4_K> {
     const int64_t j = u % 8;
     return (u / 8) * 256 + (j / 2) * 64 + run * 32 + (j % 2) * 16;
   }
-  // Sub-block s's 6-bit scale and min (ScaleMinK4 of kernels/cpu/dequant.cc), the 12 bytes
-  // from byte 4 of the header.
+  // Sub-block s's 6-bit scale and min (ScaleMinK4 of kernels/cpu/dequant.cc): the 12 bytes
+  // q[0..11] from byte 4 of the header are its words y, z, w; byte s & 3 of each.
   __device__ static void ScaleMin(const uint4& header, int s, float& sc, float& mn) {
-    if (s < 4) {
-      sc = static_cast<float>(ByteOf(header, 4 + s) & 63);
-      mn = static_cast<float>(ByteOf(header, 8 + s) & 63);
-    } else {
-      sc = static_cast<float>((ByteOf(header, 8 + s) & 0xF) | ((ByteOf(header, s) >> 6) << 4));
-      mn = static_cast<float>((ByteOf(header, 8 + s) >> 4) | ((ByteOf(header, 4 + s) >> 6) << 4));
+    const int shift = 8 * (s & 3);
+    const uint32_t y = (header.y >> shift) & 0xFFu, z = (header.z >> shift) & 0xFFu,
+                   w = (header.w >> shift) & 0xFFu;
+    if (s < 4) {  // q[s] & 63, q[s + 4] & 63
+      sc = SmallUintAsFloat(y & 63u);
+      mn = SmallUintAsFloat(z & 63u);
+    } else {  // (q[s + 4] & 15) | (q[s - 4] >> 6) << 4, (q[s + 4] >> 4) | (q[s] >> 6) << 4
+      sc = SmallUintAsFloat((w & 0xFu) | ((y >> 6) << 4));
+      mn = SmallUintAsFloat((w >> 4) | ((z >> 6) << 4));
     }
   }
   __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
@@ -183,8 +185,12 @@ struct Quant<DType::kQ6_K> {
     BytesAsFloats(make_uint4(low.x | (high.x << 4), low.y | (high.y << 4), low.z | (high.z << 4),
                              low.w | (high.w << 4)),
                   kTwo23 + 32.0f, q);
-    const int s = 8 * (raw.j / 2) + (raw.j % 2) + 2 * run;
-    const auto sc = static_cast<int8_t>(ByteOf(raw.scales, s));
+    // Scale 8 * half + (j % 2) + 2 * run: word 2 * half + run / 2, byte (j % 2) + 2 * (run % 2).
+    const bool high_half = raw.j >= 2;
+    const uint32_t word = run < 2 ? (high_half ? raw.scales.z : raw.scales.x)
+                                  : (high_half ? raw.scales.w : raw.scales.y);
+    const int byte = (raw.j % 2) + 2 * (run % 2);
+    const int sc = static_cast<int32_t>(word << (24 - 8 * byte)) >> 24;  // sign-extended
     scale = __fmul_rn(raw.d, static_cast<float>(sc));
     min = 0.0f;
   }
