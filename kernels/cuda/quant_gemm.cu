@@ -51,7 +51,9 @@ __device__ __forceinline__ float SmallUintAsFloat(uint32_t v) {
 
 constexpr float kTwo23 = 8388608.0f;
 
-// The device layout of a matrix (quant_gemm.h) and its units.
+// The device layout of a matrix (quant_gemm.h) and its units. Row() finds a row's places once;
+// Load() brings unit u of the row (u < 2^24: offsets in 32 bits); Decode() gives run `run` of
+// it as small integers in floats, q[16], with the run's scale and min: w = scale * q - min.
 template <DType kType>
 struct Quant;
 
@@ -59,21 +61,26 @@ template <>
 struct Quant<DType::kQ8_0> {
   static constexpr int kUnitElements = 32, kRuns = 2;
   static constexpr bool kHasMin = false;
+  struct Row {
+    const uint8_t* q;  // the row's quants, k bytes
+    const uint8_t* d;  // its blocks' fp16 scales
+  };
   struct Raw {
     uint4 q[2];
     float d;
   };
-  __device__ static void Load(const uint8_t* w, int64_t rows, int64_t cols, int64_t row, int64_t u,
-                              Raw& raw) {
-    const uint8_t* q = w + row * cols + u * 32;
+  __device__ static Row RowOf(const uint8_t* w, int64_t rows, int64_t cols, int64_t row) {
+    return {w + row * cols, w + AlignUp256(rows * cols) + row * (cols / 32) * 2};
+  }
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const uint8_t* q = row.q + u * 32;
     raw.q[0] = LoadStream16(q);
     raw.q[1] = LoadStream16(q + 16);
-    const uint8_t* d = w + AlignUp256(rows * cols);
-    raw.d = LoadHalfAt(d + (row * (cols / 32) + u) * 2);
+    raw.d = LoadHalfAt(row.d + u * 2);
   }
-  __device__ static int64_t RunStart(int64_t u, int run) { return u * 32 + run * 16; }
-  // q (as floats) and the run's scale / min.
-  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+  __device__ static int RunStart(int u, int run) { return u * 32 + run * 16; }
+  __device__ static void Decode(const Raw& raw, int /*u*/, int run, float (&q)[16], float& scale,
+                                float& min) {
     const uint4 v = raw.q[run];
     BytesAsFloats(
         make_uint4(v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u),
@@ -87,19 +94,24 @@ template <>
 struct Quant<DType::kQ4_0> {
   static constexpr int kUnitElements = 32, kRuns = 2;
   static constexpr bool kHasMin = false;
+  struct Row {
+    const uint8_t* q;  // 16 bytes a block
+    const uint8_t* d;
+  };
   struct Raw {
     uint4 q;
     float d;
   };
-  __device__ static void Load(const uint8_t* w, int64_t rows, int64_t cols, int64_t row, int64_t u,
-                              Raw& raw) {
-    const int64_t blocks = cols / 32;
-    raw.q = LoadStream16(w + (row * blocks + u) * 16);
-    const uint8_t* d = w + AlignUp256(rows * cols / 2);
-    raw.d = LoadHalfAt(d + (row * blocks + u) * 2);
+  __device__ static Row RowOf(const uint8_t* w, int64_t rows, int64_t cols, int64_t row) {
+    return {w + row * (cols / 32) * 16, w + AlignUp256(rows * cols / 2) + row * (cols / 32) * 2};
   }
-  __device__ static int64_t RunStart(int64_t u, int run) { return u * 32 + run * 16; }
-  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    raw.q = LoadStream16(row.q + u * 16);
+    raw.d = LoadHalfAt(row.d + u * 2);
+  }
+  __device__ static int RunStart(int u, int run) { return u * 32 + run * 16; }
+  __device__ static void Decode(const Raw& raw, int /*u*/, int run, float (&q)[16], float& scale,
+                                float& min) {
     BytesAsFloats(Map4(raw.q, 0x0F0F0F0Fu, 4 * run), kTwo23 + 8.0f, q);
     scale = raw.d;
     min = 0.0f;
@@ -110,21 +122,26 @@ template <>
 struct Quant<DType::kQ4_K> {
   static constexpr int kUnitElements = 32, kRuns = 2;
   static constexpr bool kHasMin = true;
+  struct Row {
+    const uint8_t* blocks;  // 144 bytes each
+  };
   struct Raw {
     uint4 header;  // d, dmin, 12 bytes of 6-bit scales and mins
     uint4 q;       // 16 bytes of a pair of sub-blocks' quants
-    int j;         // the unit within its block: pair j / 2, half j % 2
   };
-  __device__ static void Load(const uint8_t* w, int64_t /*rows*/, int64_t cols, int64_t row,
-                              int64_t u, Raw& raw) {
-    const uint8_t* block = w + (row * (cols / 256) + u / 8) * 144;
-    raw.j = static_cast<int>(u % 8);
-    raw.header = __ldg(reinterpret_cast<const uint4*>(block));
-    raw.q = LoadStream16(block + 16 + (raw.j / 2) * 32 + (raw.j % 2) * 16);
+  __device__ static Row RowOf(const uint8_t* w, int64_t /*rows*/, int64_t cols, int64_t row) {
+    return {w + row * (cols / 256) * 144};
   }
-  __device__ static int64_t RunStart(int64_t u, int run) {
-    const int64_t j = u % 8;
-    return (u / 8) * 256 + (j / 2) * 64 + run * 32 + (j % 2) * 16;
+  // Unit u is unit j = u % 8 of block u / 8: pair j / 2 of sub-blocks, half j % 2 of their bytes.
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const uint8_t* block = row.blocks + (u >> 3) * 144;
+    const int j = u & 7;
+    raw.header = __ldg(reinterpret_cast<const uint4*>(block));
+    raw.q = LoadStream16(block + 16 + (j >> 1) * 32 + (j & 1) * 16);
+  }
+  __device__ static int RunStart(int u, int run) {
+    const int j = u & 7;
+    return (u >> 3) * 256 + (j >> 1) * 64 + run * 32 + (j & 1) * 16;
   }
   // Sub-block s's 6-bit scale and min (ScaleMinK4 of kernels/cpu/dequant.cc): the 12 bytes
   // q[0..11] from byte 4 of the header are its words y, z, w; byte s & 3 of each.
@@ -140,10 +157,11 @@ struct Quant<DType::kQ4_K> {
       mn = SmallUintAsFloat((w >> 4) | ((z >> 6) << 4));
     }
   }
-  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+  __device__ static void Decode(const Raw& raw, int u, int run, float (&q)[16], float& scale,
+                                float& min) {
     BytesAsFloats(Map4(raw.q, 0x0F0F0F0Fu, 4 * run), kTwo23, q);
     float sc, mn;
-    ScaleMin(raw.header, (raw.j / 2) * 2 + run, sc, mn);
+    ScaleMin(raw.header, ((u & 7) >> 1) * 2 + run, sc, mn);
     scale = __fmul_rn(HalfBits(raw.header.x), sc);
     min = __fmul_rn(HalfBits(raw.header.x >> 16), mn);
   }
@@ -153,31 +171,38 @@ template <>
 struct Quant<DType::kQ6_K> {
   static constexpr int kUnitElements = 64, kRuns = 4;
   static constexpr bool kHasMin = false;
+  struct Row {
+    const uint8_t* q;       // ql and qh, 192 bytes a block
+    const uint8_t* scales;  // 16 a block
+    const uint8_t* d;       // fp16, one a block
+  };
   struct Raw {
     uint4 ql0, ql1, qh;
     uint4 scales;  // the block's 16 int8 scales
     float d;
-    int j;  // the unit within its block: half j / 2, l from 16 * (j % 2)
   };
-  __device__ static void Load(const uint8_t* w, int64_t rows, int64_t cols, int64_t row, int64_t u,
-                              Raw& raw) {
-    const int64_t blocks = rows * (cols / 256);
-    const int64_t b = row * (cols / 256) + u / 4;
-    raw.j = static_cast<int>(u % 4);
-    const int half = raw.j / 2, l = (raw.j % 2) * 16;
-    const uint8_t* block = w + b * 192;
+  __device__ static Row RowOf(const uint8_t* w, int64_t rows, int64_t cols, int64_t row) {
+    const int64_t blocks = rows * (cols / 256), first = row * (cols / 256);
+    const uint8_t* scales = w + AlignUp256(blocks * 192);
+    return {w + first * 192, scales + first * 16, scales + AlignUp256(blocks * 16) + first * 2};
+  }
+  // Unit u is unit j = u % 4 of block u / 4: half j / 2, from l = 16 * (j % 2).
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const int b = u >> 2, j = u & 3;
+    const int half = j >> 1, l = (j & 1) * 16;
+    const uint8_t* block = row.q + b * 192;
     raw.ql0 = LoadStream16(block + 64 * half + l);
     raw.ql1 = LoadStream16(block + 64 * half + 32 + l);
     raw.qh = LoadStream16(block + 128 + 32 * half + l);
-    const uint8_t* scales = w + AlignUp256(blocks * 192);
-    raw.scales = __ldg(reinterpret_cast<const uint4*>(scales + b * 16));
-    raw.d = LoadHalfAt(scales + AlignUp256(blocks * 16) + b * 2);
+    raw.scales = __ldg(reinterpret_cast<const uint4*>(row.scales + b * 16));
+    raw.d = LoadHalfAt(row.d + b * 2);
   }
-  __device__ static int64_t RunStart(int64_t u, int run) {
-    const int64_t j = u % 4;
-    return (u / 4) * 256 + (j / 2) * 128 + (j % 2) * 16 + run * 32;
+  __device__ static int RunStart(int u, int run) {
+    const int j = u & 3;
+    return (u >> 2) * 256 + (j >> 1) * 128 + (j & 1) * 16 + run * 32;
   }
-  __device__ static void Decode(const Raw& raw, int run, float (&q)[16], float& scale, float& min) {
+  __device__ static void Decode(const Raw& raw, int u, int run, float (&q)[16], float& scale,
+                                float& min) {
     // Runs 0..3: ql0 low, ql1 low, ql0 high, ql1 high nibbles, qh bits 2 * run.
     const uint4& ql = run % 2 == 0 ? raw.ql0 : raw.ql1;
     const uint4 low = Map4(ql, 0x0F0F0F0Fu, 4 * (run / 2));
@@ -186,10 +211,11 @@ struct Quant<DType::kQ6_K> {
                              low.w | (high.w << 4)),
                   kTwo23 + 32.0f, q);
     // Scale 8 * half + (j % 2) + 2 * run: word 2 * half + run / 2, byte (j % 2) + 2 * (run % 2).
-    const bool high_half = raw.j >= 2;
+    const int j = u & 3;
+    const bool high_half = j >= 2;
     const uint32_t word = run < 2 ? (high_half ? raw.scales.z : raw.scales.x)
                                   : (high_half ? raw.scales.w : raw.scales.y);
-    const int byte = (raw.j % 2) + 2 * (run % 2);
+    const int byte = (j & 1) + 2 * (run % 2);
     const int sc = static_cast<int32_t>(word << (24 - 8 * byte)) >> 24;  // sign-extended
     scale = __fmul_rn(raw.d, static_cast<float>(sc));
     min = 0.0f;
@@ -200,8 +226,6 @@ struct Quant<DType::kQ6_K> {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = 2;
-constexpr int kUnroll = 2;  // units of each row in flight per lane
 
 template <typename T>
 __device__ __forceinline__ void StoreOut(T* p, float v) {
@@ -212,116 +236,173 @@ __device__ __forceinline__ void StoreOut<float>(float* p, float v) {
   *p = v;
 }
 
-// acc[r][t] += W run . x run (16 elements from `start`), for the first m of M tokens.
-template <DType kType, typename T, int M>
-__device__ __forceinline__ void MultiplyUnit(const typename Quant<kType>::Raw (&raw)[kRowsPerWarp],
-                                             int64_t u, const T* x, int64_t x_stride, int m,
-                                             float (&acc)[kRowsPerWarp][M]) {
+// 16 elements of x from `p` (16-byte aligned) as floats.
+template <typename T>
+__device__ __forceinline__ void LoadX16(const T* p, float (&out)[16]) {
+  const uint4* v = reinterpret_cast<const uint4*>(p);
+  float (&lo)[8] = *reinterpret_cast<float(*)[8]>(out);
+  float (&hi)[8] = *reinterpret_cast<float(*)[8]>(out + 8);
+  Unpack8<T>(__ldg(v), lo);
+  Unpack8<T>(__ldg(v + 1), hi);
+}
+
+// acc[r][t] += W row r's unit u . x, for the first m of M tokens, R rows.
+// M <= 2: x first (M x 16 floats), then each row decoded and multiplied; Q4_K's min through
+// the run's sum of x (sum (s q - mn) x = s sum q x - mn sum x), shared by the R rows.
+// M > 2: each row decoded (and dequantized, with a min) first, then x a token at a time.
+template <DType kType, typename T, int M, int R>
+__device__ __forceinline__ void MultiplyUnit(const typename Quant<kType>::Raw (&raw)[R], int u,
+                                             const T* x, int64_t x_stride, int m,
+                                             float (&acc)[R][M]) {
   using Q = Quant<kType>;
 #pragma unroll
   for (int run = 0; run < Q::kRuns; ++run) {
-    float w[kRowsPerWarp][16], scale[kRowsPerWarp];
+    const int start = Q::RunStart(u, run);
+    if constexpr (M <= 2) {
+      float xf[M][16], sum_x[M];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      float min;
-      Q::Decode(raw[r], run, w[r], scale[r], min);
-      if constexpr (Q::kHasMin) {
+      for (int t = 0; t < M; ++t) {
+        if (t < m) {
+          LoadX16(x + t * x_stride + start, xf[t]);
+        } else {
 #pragma unroll
-        for (int e = 0; e < 16; ++e) w[r][e] = fmaf(scale[r], w[r][e], -min);
+          for (int e = 0; e < 16; ++e) xf[t][e] = 0.0f;
+        }
+        if constexpr (Q::kHasMin) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 16; e += 2) s0 += xf[t][e], s1 += xf[t][e + 1];
+          sum_x[t] = s0 + s1;
+        }
       }
-    }
-    const int64_t start = Q::RunStart(u, run);
 #pragma unroll
-    for (int t = 0; t < M; ++t) {
-      if (t >= m) break;
-      const uint4* xp = reinterpret_cast<const uint4*>(x + t * x_stride + start);
-      float xf[16];
-      float(&x_lo)[8] = *reinterpret_cast<float(*)[8]>(xf);
-      float(&x_hi)[8] = *reinterpret_cast<float(*)[8]>(xf + 8);
-      Unpack8<T>(__ldg(xp), x_lo);
-      Unpack8<T>(__ldg(xp + 1), x_hi);
+      for (int r = 0; r < R; ++r) {
+        float q[16], scale, min;
+        Q::Decode(raw[r], u, run, q, scale, min);
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        float sum = 0.0f;
+        for (int t = 0; t < M; ++t) {
+          float s0 = 0.0f, s1 = 0.0f;  // two chains: half the dependent latency
 #pragma unroll
-        for (int e = 0; e < 16; ++e) sum = fmaf(w[r][e], xf[e], sum);
-        acc[r][t] = Q::kHasMin ? acc[r][t] + sum : fmaf(scale[r], sum, acc[r][t]);
+          for (int e = 0; e < 16; e += 2) {
+            s0 = fmaf(q[e], xf[t][e], s0);
+            s1 = fmaf(q[e + 1], xf[t][e + 1], s1);
+          }
+          acc[r][t] = fmaf(scale, s0 + s1, acc[r][t]);
+          if constexpr (Q::kHasMin) acc[r][t] = fmaf(-min, sum_x[t], acc[r][t]);
+        }
+      }
+    } else {
+      float w[R][16], scale[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float min;
+        Q::Decode(raw[r], u, run, w[r], scale[r], min);
+        if constexpr (Q::kHasMin) {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) w[r][e] = fmaf(scale[r], w[r][e], -min);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        if (t >= m) break;
+        float xf[16];
+        LoadX16(x + t * x_stride + start, xf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 16; e += 2) {
+            s0 = fmaf(w[r][e], xf[e], s0);
+            s1 = fmaf(w[r][e + 1], xf[e + 1], s1);
+          }
+          acc[r][t] = Q::kHasMin ? acc[r][t] + (s0 + s1) : fmaf(scale[r], s0 + s1, acc[r][t]);
+        }
       }
     }
   }
 }
 
-// grid: ceil(n / (kWarps * kRowsPerWarp)) blocks; warp w takes rows 2w, 2w + 1 (with
-// silu_and_mul: gate row w and up row w + n/2).
-template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
+// A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows) and walks
+// their units, U of each in flight per lane, the next step's loads issued before the current
+// step's products. grid: ceil(outputs / (kWarps * outputs a warp)).
+template <DType kType, typename T, typename OutT, int M, int R, int U, bool kSiluAndMul,
           GateActivation kActivation>
 __global__ void __launch_bounds__(kThreads)
     QuantSkinnyGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                           OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
                           int64_t y_stride, bool late_dependents) {
   using Q = Quant<kType>;
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;  // outputs a warp
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
-  const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
-  if (row0 >= (kSiluAndMul ? n / 2 : n)) {
+  const int out0 = warp_index * kOutputs;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  if (out0 >= num_outputs) {
     WaitForPriorKernels();
     return;
   }
-  const int row_step = kSiluAndMul ? n / 2 : 1;
-  int rows[kRowsPerWarp];
+  typename Q::Row row_places[R];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) rows[r] = min(row0 + r * row_step, n - 1);
-  float acc[kRowsPerWarp][M];
+  for (int r = 0; r < R; ++r) {
+    // Rows past the end read the last row (their outputs are not stored).
+    const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2)
+                                : out0 + r;
+    row_places[r] = Q::RowOf(w, n, k, min(row, n - 1));
+  }
+  float acc[R][M];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
   }
-  const int64_t units = k / Q::kUnitElements;
-  typename Q::Raw raw[kUnroll][kRowsPerWarp];
-  auto load = [&](int64_t u0) {
+  const int units = k / Q::kUnitElements;
+  typename Q::Raw raw[U][R];
+  auto load = [&](int u0, typename Q::Raw (&into)[U][R]) {
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      const int64_t u = u0 + 32 * i;
+    for (int i = 0; i < U; ++i) {
+      const int u = u0 + 32 * i;
       if (u >= units) break;
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) Q::Load(w, n, k, rows[r], u, raw[i][r]);
+      for (int r = 0; r < R; ++r) Q::Load(row_places[r], u, into[i][r]);
     }
   };
-  int64_t u0 = lane;
-  load(u0);  // weights before the wait (skinny_gemm.cu says why)
+  load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
-  for (; u0 < units; u0 += 32 * kUnroll) {
-    if (u0 != lane) load(u0);
+  for (int u0 = lane; u0 < units; u0 += 32 * U) {
+    typename Q::Raw next[U][R];
+    if (u0 + 32 * U < units) load(u0 + 32 * U, next);  // in flight during the products
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      const int64_t u = u0 + 32 * i;
+    for (int i = 0; i < U; ++i) {
+      const int u = u0 + 32 * i;
       if (u >= units) break;
-      MultiplyUnit<kType, T, M>(raw[i], u, x, x_stride, m, acc);
+      MultiplyUnit<kType, T, M, R>(raw[i], u, x, x_stride, m, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[i][r] = next[i][r];
     }
   }
   if (late_dependents) AllowDependentLaunch();
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
   }
   if (lane != 0) return;
-  if constexpr (kSiluAndMul) {
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) {
+    if (out0 + o >= num_outputs) break;
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       if (t >= m) break;
-      const float gate = ToFloat(FromFloat<T>(acc[0][t])), up = ToFloat(FromFloat<T>(acc[1][t]));
-      StoreOut(y + t * y_stride + row0, GateActivationOf<kActivation, true>(gate) * up);
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      if (row0 + r >= n) continue;
-#pragma unroll
-      for (int t = 0; t < M; ++t) {
-        if (t < m) StoreOut(y + t * y_stride + row0 + r, acc[r][t]);
+      if constexpr (kSiluAndMul) {
+        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
+        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
+        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
+      } else {
+        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
       }
     }
   }
@@ -331,19 +412,25 @@ template <DType kType, typename T, typename OutT, bool kSiluAndMul, GateActivati
 cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
   const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
-  const unsigned blocks = static_cast<unsigned>(CeilDiv(p.n, int64_t{kWarps} * kRowsPerWarp));
+  const int64_t outputs = kSiluAndMul ? p.n / 2 : p.n;
   const T* x = static_cast<const T*>(p.x);
   const auto* w = static_cast<const uint8_t*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-#define LMSERVE_QUANT_SKINNY(M)                                                                   \
-  return LaunchKernel(QuantSkinnyGemmKernel<kType, T, OutT, M, kSiluAndMul, kActivation>, blocks, \
-                      kThreads, 0, stream, x, w, y, m, n, k, x_stride, y_stride,                  \
+  // One or two tokens: 4 rows a warp (x read once for four; Q6_K's larger units: 2); more: 2
+  // rows (registers for M tokens' sums). One unit of each row a step, the next step's loads in
+  // flight during its products. (Registers, sm_90: 100-160 a thread, Q6_K's up to 255.)
+  constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
+#define LMSERVE_QUANT_SKINNY(M, R, U)                                                           \
+  return LaunchKernel(QuantSkinnyGemmKernel<kType, T, OutT, M, R, U, kSiluAndMul, kActivation>, \
+                      static_cast<unsigned>(                                                    \
+                          CeilDiv(outputs, int64_t{kWarps} * (kSiluAndMul ? R / 2 : R))),       \
+                      kThreads, 0, stream, x, w, y, m, n, k, x_stride, y_stride,                \
                       p.late_dependents)
-  if (m == 1) LMSERVE_QUANT_SKINNY(1);
-  if (m == 2) LMSERVE_QUANT_SKINNY(2);
-  if (m <= 4) LMSERVE_QUANT_SKINNY(4);
-  LMSERVE_QUANT_SKINNY(8);
+  if (m == 1) LMSERVE_QUANT_SKINNY(1, kRowsFew, 1);
+  if (m == 2) LMSERVE_QUANT_SKINNY(2, kRowsFew, 1);
+  if (m <= 4) LMSERVE_QUANT_SKINNY(4, 2, 1);
+  LMSERVE_QUANT_SKINNY(8, 2, 1);
 #undef LMSERVE_QUANT_SKINNY
 }
 
@@ -371,21 +458,22 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t units = cols / Q::kUnitElements;
   const int64_t index = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (index >= rows * units) return;
-  const int64_t row = index / units, u = index % units;
+  const int64_t row = index / units;
+  const int u = static_cast<int>(index % units);
   typename Q::Raw raw;
-  Q::Load(w, rows, cols, row, u, raw);
+  Q::Load(Q::RowOf(w, rows, cols, row), u, raw);
 #pragma unroll
   for (int run = 0; run < Q::kRuns; ++run) {
     float q[16], scale, min;
-    Q::Decode(raw, run, q, scale, min);
+    Q::Decode(raw, u, run, q, scale, min);
     float v[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       v[e] = Q::kHasMin ? __fsub_rn(__fmul_rn(scale, q[e]), min) : __fmul_rn(q[e], scale);
     }
     __nv_bfloat16* out = dst + row * cols + Q::RunStart(u, run);
-    float(&lo)[8] = *reinterpret_cast<float(*)[8]>(v);
-    float(&hi)[8] = *reinterpret_cast<float(*)[8]>(v + 8);
+    float (&lo)[8] = *reinterpret_cast<float(*)[8]>(v);
+    float (&hi)[8] = *reinterpret_cast<float(*)[8]>(v + 8);
     Store8(out, lo);
     Store8(out + 8, hi);
   }
