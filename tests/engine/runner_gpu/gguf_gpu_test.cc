@@ -1,14 +1,14 @@
 // GGUF blocks on the CUDA runner (issue 23): fixture models written as GGUF in Q8_0, Q4_0, Q4_K,
 // Q6_K and a Q4_K_M-like mix (engine/model/gguf_writer.h: Q4_K with the v and down projections
 // in Q6_K, so the fused QKV holds two block types; llama-hd128's down projection, 640 columns,
-// falls back to Q8_0 in its K-quant files), served with their blocks kept on the
-// GPU (--quantization auto), against the CPU runner's float32 path on the same file (the blocks
-// dequantized exactly, fp32 GEMMs). Each prompt runs whole (its 33- and 130-token prompts through
-// the dequantize-then-cuBLASLt path) and in chunks of 8 (the quantized skinny kernel), and the
-// runner's weight bytes are the blocks' (below the dequantized bf16 runner's). The bound is
-// bf16's: the same as the bf16 runner that dequantizes the blocks at load (--quantization none),
-// whose error against the CPU is measured beside it, with a little room (bf16 rounding of other
-// values differs between the two), and at most 3e-2 relative L2.
+// falls back to Q8_0 in its K-quant files), served with their blocks kept on the GPU
+// (--quantization auto), against the CPU runner's float32 path on the same file (the blocks
+// dequantized exactly, fp32 GEMMs). Each prompt runs whole (its 33- and 130-token prompts
+// through the dequantize-then-cuBLASLt path) and in chunks of 8 and 3 (the quantized skinny
+// kernel), and the runner's weight bytes are the blocks' (below the dequantized bf16 runner's).
+// The bound is bf16's: the same as the bf16 runner that dequantizes the blocks at load
+// (--quantization none), whose error against the CPU is measured beside it, with a little room
+// (bf16 rounding of other values differs between the two), and at most 3e-2 relative L2.
 // Also: dummy weights in each block type (--load-format dummy --quantization q4_k ...), and the
 // refusals. Skipped without a GPU.
 
@@ -20,6 +20,7 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/model/gguf_writer.h"
+#include "common/strings.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_main/kernel_path.h"
@@ -77,8 +78,10 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
       ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kNone, DecodeGemm::kAuto));
   ASSERT_TRUE(dequantized.ok()) << dequantized.status();
   ASSERT_EQ((*dequantized)->stats().quantization, RunnerQuantization::kNone);
-  for (const size_t chunk : {size_t{0}, size_t{8}}) {
-    SCOPED_TRACE(chunk == 0 ? "whole prompts" : "chunks of 8");
+  // Whole prompts; chunks of 8 (steps of 8 tokens and the prompts' remainders 1, 7 and 2) and
+  // of 3 (the kernel's 4-token form): every form of the skinny kernel.
+  for (const size_t chunk : {size_t{0}, size_t{8}, size_t{3}}) {
+    SCOPED_TRACE(chunk == 0 ? std::string("whole prompts") : StrCat("chunks of ", chunk));
     auto blocks =
         ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
     ASSERT_TRUE(blocks.ok()) << blocks.status();
@@ -96,7 +99,7 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
     std::printf(
         "[ gguf     ] %-28s %-5s %-6s weights %lld of %lld bytes; relative L2 to the CPU "
         "%.3g (dequantized at load: %.3g), top-1 %lld of %lld decisive rows\n",
-        c.model, c.type_name, chunk == 0 ? "whole" : "chunks",
+        c.model, c.type_name, chunk == 0 ? "whole" : chunk == 8 ? "chunk8" : "chunk3",
         static_cast<long long>((*blocks)->stats().weight_bytes),
         static_cast<long long>((*dequantized)->stats().weight_bytes), accuracy.relative_l2(),
         baseline.relative_l2(), static_cast<long long>(accuracy.decisive_agree),
