@@ -19,9 +19,9 @@
 // which holds everything in fp32: twice the bytes). With --quantization fp8 the linear layers'
 // weights are E4M3 (one byte a weight, plus a 4-byte scale a row): the runner's weight bytes, and
 // so the decode floor, are FP8's; the prefill floor stays at the bf16 GEMM rate. Likewise GGUF
-// blocks (--quantization q8_0|q4_0|q4_k|q6_k with --dummy, or a GGUF model's blocks kept under
-// auto): the weight bytes are the blocks' (quant_gemm.h's device layout), so the decode floor
-// is the quantized bytes read.
+// blocks (--quantization q8_0|q4_0|q4_k|q6_k with --dummy, or a GGUF model's blocks kept with
+// --quantization gguf): the weight bytes are the blocks' (quant_gemm.h's device layout), so the
+// decode floor is the quantized bytes read.
 //
 // With --timeline, one more decode step of each batch (and one more prefill step) runs with its
 // kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between

@@ -165,11 +165,12 @@ enum class RunnerQuantization : uint8_t {
           // channel (a bf16 checkpoint's weights quantized at load, kernels/cpu/fp8.h); the CPU
           // runner refuses it
   // GGUF block formats on the CUDA runner in bf16 (kernels/cuda/quant_gemm.h). kGguf keeps a
-  // GGUF checkpoint's Q8_0 / Q4_0 / Q4_K / Q6_K matrices in their blocks (what kAuto does with
-  // a GGUF checkpoint there; other types are dequantized at load, as is every GGUF tensor
-  // with kNone). kQ8_0 .. kQ6_K hold every linear layer in that format, for
-  // LoadFormat::kDummy only (nothing quantizes a checkpoint to them). The CPU runner keeps GGUF
-  // blocks natively anyway and refuses kQ8_0 .. kQ6_K.
+  // GGUF checkpoint's Q8_0 / Q4_0 / Q4_K / Q6_K matrices in their blocks (other types are
+  // dequantized at load, as is every GGUF tensor with kAuto and kNone: blocks are opt-in while
+  // decode batches of more than 8 sequences run slower on them, bench/results section 19).
+  // kQ8_0 .. kQ6_K hold every linear layer in that format, for LoadFormat::kDummy only
+  // (nothing quantizes a checkpoint to them). The CPU runner keeps GGUF blocks natively anyway
+  // and refuses kQ8_0 .. kQ6_K.
   kGguf,
   kQ8_0,
   kQ4_0,

@@ -93,8 +93,7 @@ BlockTypes ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint
   BlockTypes types(static_cast<size_t>(plan.size()));
   const std::optional<DType> dummy_type = RunnerQuantizationBlockType(quantization);
   const bool keep_file_blocks =
-      (quantization == RunnerQuantization::kAuto || quantization == RunnerQuantization::kGguf) &&
-      format == LoadFormat::kCheckpoint;
+      quantization == RunnerQuantization::kGguf && format == LoadFormat::kCheckpoint;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (!IsQuantLinear(spec) || spec.parts.empty()) continue;

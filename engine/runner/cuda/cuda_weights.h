@@ -46,11 +46,11 @@ bool IsQuantLinear(const WeightSpec& spec);
 // The GGUF block type of each part of each tensor of `plan` held in blocks, by tensor index (an
 // empty list: held in the runner's dtype). With a block type of RunnerQuantization (dummy
 // weights), that type for every part of the IsQuantLinear tensors whose shapes it takes; with
-// kAuto or kGguf, each IsQuantLinear tensor (whole or split by rows) whose every part is of a
+// kGguf, each IsQuantLinear tensor (whole or split by rows) whose every part is of a
 // type the GPU holds in blocks (kernels::cuda::SupportsQuantWeights) in a shape it takes, the
 // parts' types; the gate/up projection only with one type for both (its epilogue pairs their
-// rows). Everything else (other types, column slices of tensor parallelism, kNone, kFp8):
-// empty.
+// rows). Everything else (other types, column slices of tensor parallelism, kAuto, kNone,
+// kFp8): empty.
 using BlockTypes = std::vector<std::vector<kernels::DType>>;
 BlockTypes ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint,
                             RunnerQuantization quantization, LoadFormat format);

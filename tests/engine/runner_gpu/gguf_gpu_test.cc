@@ -2,7 +2,7 @@
 // Q6_K and a Q4_K_M-like mix (engine/model/gguf_writer.h: Q4_K with the v and down projections
 // in Q6_K, so the fused QKV holds two block types; llama-hd128's down projection, 640 columns,
 // falls back to Q8_0 in its K-quant files), served with their blocks kept on the GPU
-// (--quantization auto), against the CPU runner's float32 path on the same file (the blocks
+// (--quantization gguf), against the CPU runner's float32 path on the same file (the blocks
 // dequantized exactly, fp32 GEMMs). Each prompt runs whole (its 33- and 130-token prompts
 // through the dequantize-then-cuBLASLt path) and in chunks of 8 and 3 (the quantized skinny
 // kernel), and the runner's weight bytes are the blocks' (below the dequantized bf16 runner's).
@@ -78,12 +78,18 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
       ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kNone, DecodeGemm::kAuto));
   ASSERT_TRUE(dequantized.ok()) << dequantized.status();
   ASSERT_EQ((*dequantized)->stats().quantization, RunnerQuantization::kNone);
+  // Blocks are opt-in: auto dequantizes them at load, as none does.
+  auto automatic = ModelRunner::Create(**checkpoint,
+                                       GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ((*automatic)->stats().quantization, RunnerQuantization::kNone);
+  EXPECT_EQ((*automatic)->stats().weight_bytes, (*dequantized)->stats().weight_bytes);
   // Whole prompts; chunks of 8 (steps of 8 tokens and the prompts' remainders 1, 7 and 2) and
   // of 3 (the kernel's 4-token form): every form of the skinny kernel.
   for (const size_t chunk : {size_t{0}, size_t{8}, size_t{3}}) {
     SCOPED_TRACE(chunk == 0 ? std::string("whole prompts") : StrCat("chunks of ", chunk));
     auto blocks =
-        ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
+        ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kGguf, DecodeGemm::kAuto));
     ASSERT_TRUE(blocks.ok()) << blocks.status();
     EXPECT_EQ((*blocks)->stats().quantization, RunnerQuantization::kGguf);
     EXPECT_LT((*blocks)->stats().weight_bytes, (*dequantized)->stats().weight_bytes);
