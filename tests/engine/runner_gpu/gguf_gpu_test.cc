@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "common/strings.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/gguf_writer.h"
-#include "common/strings.h"
 #include "engine/runner/model_runner.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_main/kernel_path.h"
@@ -79,8 +79,8 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
   ASSERT_TRUE(dequantized.ok()) << dequantized.status();
   ASSERT_EQ((*dequantized)->stats().quantization, RunnerQuantization::kNone);
   // Blocks are opt-in: auto dequantizes them at load, as none does.
-  auto automatic = ModelRunner::Create(**checkpoint,
-                                       GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
+  auto automatic =
+      ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kAuto, DecodeGemm::kAuto));
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ((*automatic)->stats().quantization, RunnerQuantization::kNone);
   EXPECT_EQ((*automatic)->stats().weight_bytes, (*dequantized)->stats().weight_bytes);
@@ -105,7 +105,10 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
     std::printf(
         "[ gguf     ] %-28s %-5s %-6s weights %lld of %lld bytes; relative L2 to the CPU "
         "%.3g (dequantized at load: %.3g), top-1 %lld of %lld decisive rows\n",
-        c.model, c.type_name, chunk == 0 ? "whole" : chunk == 8 ? "chunk8" : "chunk3",
+        c.model, c.type_name,
+        chunk == 0   ? "whole"
+        : chunk == 8 ? "chunk8"
+                     : "chunk3",
         static_cast<long long>((*blocks)->stats().weight_bytes),
         static_cast<long long>((*dequantized)->stats().weight_bytes), accuracy.relative_l2(),
         baseline.relative_l2(), static_cast<long long>(accuracy.decisive_agree),
