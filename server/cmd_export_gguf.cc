@@ -1,4 +1,5 @@
-// lmserve export-gguf --model PATH --type f32|f16|q8_0 --out FILE: writes a model as GGUF v3.
+// lmserve export-gguf --model PATH --type f32|f16|q8_0|q4_0|q4_k|q6_k|q4_k_m --out FILE: writes a
+// model as GGUF v3.
 
 #include <cstdio>
 #include <memory>
@@ -42,8 +43,11 @@ CommandRunner DeclareExportGguf(CLI::App* command) {
                 "a Hugging Face model directory or a .gguf file")
       ->required();
   AddChoiceFlag<engine::GgufOutputType>(
-      command, "--type", &options->type, engine::GgufOutputTypeFromName, "f32, f16, q8_0", "f16",
-      "tensor type of the matrices: f32, f16 or q8_0 (1-D tensors stay f32)");
+      command, "--type", &options->type, engine::GgufOutputTypeFromName,
+      "f32, f16, q8_0, q4_0, q4_k, q6_k, q4_k_m", "f16",
+      "tensor type of the matrices: f32, f16, q8_0, q4_0, q4_k, q6_k or q4_k_m (q4_k with the v "
+      "and down projections in q6_k); 1-D tensors stay f32; the k-quants fall back to q8_0 for "
+      "rows that are not a multiple of 256");
   AddStringFlag(command, "--out", &options->out, "the .gguf file to write")->required();
   return [options] { return Run(*options); };
 }

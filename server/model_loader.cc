@@ -85,9 +85,12 @@ engine::RunnerConfig MakeRunnerConfig(const ServeConfig& config, engine::Backend
 void LogRunner(std::string_view backend, const engine::ModelRunner& runner) {
   const engine::RunnerStats stats = runner.stats();
   LogInfo("runner: ", backend, " in ", engine::RunnerDTypeName(stats.dtype),
-          stats.quantization == engine::RunnerQuantization::kFp8 ? " (linear layers in FP8)" : "",
-          " on ",
-          stats.device_name, ", weights ", stats.weight_bytes >> 20, " MiB, KV cache ",
+          stats.quantization == engine::RunnerQuantization::kFp8 ? " (linear layers in FP8)"
+          : stats.quantization != engine::RunnerQuantization::kNone
+              ? StrCat(" (linear layers in GGUF blocks: ",
+                       engine::RunnerQuantizationName(stats.quantization), ")")
+              : std::string(),
+          " on ", stats.device_name, ", weights ", stats.weight_bytes >> 20, " MiB, KV cache ",
           stats.kv_cache_bytes >> 20, " MiB (", runner.num_kv_blocks(), " blocks of ",
           runner.block_size_tokens(), " tokens), ",
           stats.workspace_bytes > 0  // the CPU runner's grow with the batch

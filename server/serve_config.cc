@@ -206,12 +206,17 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       ->group(kRunnerGroup);
   AddChoiceFlag<engine::RunnerQuantization>(
       command, "--quantization", &runner->quantization, engine::RunnerQuantizationFromName,
-      "auto, none, fp8", std::string(engine::RunnerQuantizationName(runner->quantization)),
+      "auto, none, fp8, gguf, q8_0, q4_0, q4_k, q6_k",
+      std::string(engine::RunnerQuantizationName(runner->quantization)),
       "the linear layers' weights: auto (the checkpoint's: an FP8 checkpoint in FP8 on a GPU of "
-      "compute capability 8.9+, dequantized elsewhere), none (the --dtype; FP8 checkpoints "
-      "dequantized) or fp8 (cuda in bfloat16 on compute capability 8.9+ only: E4M3 weights with "
-      "a scale per output channel, a bfloat16 checkpoint quantized at load; embeddings, norms, "
-      "the LM head and experts stay bfloat16)")
+      "compute capability 8.9+, dequantized elsewhere; GGUF blocks dequantized), none (the "
+      "--dtype; FP8 checkpoints and GGUF blocks dequantized), fp8 (cuda in bfloat16 on compute "
+      "capability 8.9+ only: E4M3 weights with a scale per output channel, a bfloat16 "
+      "checkpoint quantized at load; embeddings, norms, the LM head and experts stay bfloat16), "
+      "gguf (cuda in bfloat16: a GGUF checkpoint's Q8_0, Q4_0, Q4_K and Q6_K linear layers kept "
+      "in their blocks, a quarter to a half of the memory; faster decode at 1-8 sequences, "
+      "slower beyond for now) or q8_0, q4_0, q4_k, q6_k (cuda with --load-format dummy only: "
+      "dummy weights in that GGUF block type)")
       ->group(kRunnerGroup);
   AddChoiceFlag<engine::LoadFormat>(
       command, "--load-format", &runner->load_format,

@@ -42,6 +42,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/qkv_postprocess.h"
+#include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/ssm.h"
@@ -669,6 +670,99 @@ class Bench {
           if (!plan.ok()) continue;
           auto [us, min_us] = Time([&] { (*plan)->Run(x.get(), w.get(), y.get(), stream_); });
           Record({"cuBLASLt GEMM", shape_text, us, min_us, bytes, 0});
+        }
+      }
+    }
+    if (Selected("quantized")) {
+      // GGUF blocks on the GPU (quant_gemm.h): the quantized skinny kernel over Llama-3-8B's
+      // decode projections, its bytes the blocks' (quantized W, bf16 x and y); and the
+      // dequantization to bf16 that larger steps run before cuBLASLt (bytes: blocks + bf16 out).
+      struct Projection {
+        const char* name;
+        int64_t n, k;
+      };
+      for (DType dtype : {DType::kQ4_K, DType::kQ8_0, DType::kQ4_0, DType::kQ6_K}) {
+        for (const Projection& proj : {Projection{"qkv", 6144, 4096},
+                                       {"o", 4096, 4096},
+                                       {"gate_up", 28672, 4096},
+                                       {"down", 4096, 14336}}) {
+          const int64_t w_bytes = QuantMatrixBytes(dtype, proj.n, proj.k);
+          Buffer w(w_bytes), x(8 * proj.k * 2), y(8 * proj.n * 2), wd(proj.n * proj.k * 2);
+          const QuantDummyFillParams fill{.dst = w.get(),
+                                          .dtype = dtype,
+                                          .matrix_rows = proj.n,
+                                          .cols = proj.k,
+                                          .first_row = 0,
+                                          .rows = proj.n,
+                                          .high = 0.05f,
+                                          .seed = 7};
+          CHECK_CUDA(Launch(fill, stream_));
+          FillBf16(x);
+          for (int64_t m : {1, 2, 4, 8}) {
+            char shape_text[80];
+            std::snprintf(shape_text, sizeof(shape_text), "%s %s m %lld n %lld k %lld",
+                          std::string(DTypeName(dtype)).c_str(), proj.name,
+                          static_cast<long long>(m), static_cast<long long>(proj.n),
+                          static_cast<long long>(proj.k));
+            const double bytes = static_cast<double>(w_bytes) + 2.0 * m * (proj.k + proj.n);
+            QuantSkinnyGemmParams p{.x = x.get(),
+                                    .w = w.get(),
+                                    .w_dtype = dtype,
+                                    .y = y.get(),
+                                    .m = m,
+                                    .n = proj.n,
+                                    .k = proj.k};
+            auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+            Record({"quant skinny GEMM", shape_text, us, min_us, bytes, 0});
+            if (std::string_view(proj.name) == "gate_up") {
+              p.silu_and_mul = true;
+              auto [fused_us, fused_min] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+              Record({"quant skinny GEMM + SiLU", shape_text, fused_us, fused_min,
+                      bytes - m * proj.n, 0});
+            }
+          }
+          const QuantDequantizeParams dq{
+              .w = w.get(), .dst = wd.get(), .dtype = dtype, .rows = proj.n, .cols = proj.k};
+          auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(dq, stream_)); });
+          // A check, not a test (tests/kernels_gpu/quant_gemm_test.cc is): the skinny kernel at
+          // m 8 against cuBLASLt's bf16 GEMM over the dequantized weight, relative L2.
+          {
+            GemmShape shape;
+            shape.m = 8;
+            shape.n = proj.n;
+            shape.k = proj.k;
+            auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
+                                         gemm_workspace_->bytes(), false, stream_);
+            Buffer y_ref(8 * proj.n * 2);
+            const QuantSkinnyGemmParams p{.x = x.get(),
+                                          .w = w.get(),
+                                          .w_dtype = dtype,
+                                          .y = y.get(),
+                                          .m = 8,
+                                          .n = proj.n,
+                                          .k = proj.k};
+            CHECK_CUDA(Launch(p, stream_));
+            if (plan.ok()) (*plan)->Run(x.get(), wd.get(), y_ref.get(), stream_);
+            CHECK_CUDA(cudaStreamSynchronize(stream_));
+            std::vector<uint16_t> a(8 * proj.n), b(8 * proj.n);
+            CHECK_CUDA(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(b.data(), y_ref.get(), b.size() * 2, cudaMemcpyDeviceToHost));
+            double diff = 0, norm = 0;
+            for (size_t i = 0; i < a.size(); ++i) {
+              const double d = static_cast<double>(Bf16ToF32(a[i])) - Bf16ToF32(b[i]);
+              diff += d * d;
+              norm += static_cast<double>(Bf16ToF32(b[i])) * Bf16ToF32(b[i]);
+            }
+            std::printf("check %s %s: skinny m 8 vs dequantize + cuBLASLt: relative L2 %.3g%s\n",
+                        std::string(DTypeName(dtype)).c_str(), proj.name,
+                        norm > 0 ? std::sqrt(diff / norm) : -1.0, plan.ok() ? "" : " (no plan)");
+          }
+          char shape_text[80];
+          std::snprintf(shape_text, sizeof(shape_text), "%s %s n %lld k %lld",
+                        std::string(DTypeName(dtype)).c_str(), proj.name,
+                        static_cast<long long>(proj.n), static_cast<long long>(proj.k));
+          Record({"quant dequantize -> bf16", shape_text, us, min_us,
+                  static_cast<double>(w_bytes) + 2.0 * proj.n * proj.k, 0});
         }
       }
     }

@@ -18,18 +18,22 @@
 // Weight and KV bytes are those of the runner's dtype (--dtype: bfloat16, the default, or float32,
 // which holds everything in fp32: twice the bytes). With --quantization fp8 the linear layers'
 // weights are E4M3 (one byte a weight, plus a 4-byte scale a row): the runner's weight bytes, and
-// so the decode floor, are FP8's; the prefill floor stays at the bf16 GEMM rate.
+// so the decode floor, are FP8's; the prefill floor stays at the bf16 GEMM rate. Likewise GGUF
+// blocks (--quantization q8_0|q4_0|q4_k|q6_k with --dummy, or a GGUF model's blocks kept with
+// --quantization gguf): the weight bytes are the blocks' (quant_gemm.h's device layout), so the
+// decode floor is the quantized bytes read.
 //
 // With --timeline, one more decode step of each batch (and one more prefill step) runs with its
-// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
-// kernel adds to the critical path, overlaps of programmatic dependent launch included.
+// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between
+// consecutive kernels' ends: what each kernel adds to the critical path, overlaps of programmatic
+// dependent launch included.
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
 //        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--no-ssm-norm-fusion]
 //        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
-//        [--tensor-parallel-size N] [--quantization auto|none|fp8]
+//        [--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
@@ -110,7 +114,8 @@ int Usage(const char* message) {
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
-               "[--tensor-parallel-size N] [--quantization auto|none|fp8] [--json FILE] "
+               "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
+               "[--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked]\n",
                message);
   return 2;
@@ -303,16 +308,19 @@ int Run(const Options& o) {
     return 1;
   }
   const engine::RunnerStats stats = (*runner)->stats();
-  std::printf("model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
-              "%.2f GiB %s%s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
-              o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
-              static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
-              static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
-              static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
-              std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
-              stats.quantization == engine::RunnerQuantization::kFp8 ? " (linear layers FP8)" : "",
-              stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(),
-              stats.startup_seconds, stats.num_cuda_graphs);
+  std::printf(
+      "model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
+      "%.2f GiB %s%s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+      o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
+      static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
+      static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
+      static_cast<long long>(c.vocab_size), stats.weight_bytes / 1073741824.0,
+      std::string(engine::RunnerDTypeName(stats.dtype)).c_str(),
+      stats.quantization == engine::RunnerQuantization::kFp8    ? " (linear layers FP8)"
+      : stats.quantization == engine::RunnerQuantization::kNone ? ""
+                                                                : " (linear layers in GGUF blocks)",
+      stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(), stats.startup_seconds,
+      stats.num_cuda_graphs);
   // The runner has set the process-wide path (the current GPU's code decides; ranks' GPUs alike).
   const bool hopper_kernels = kernels::cuda::UseHopperKernels();
   const int code_capability = kernels::cuda::KernelCodeCapability(0);
@@ -536,7 +544,9 @@ int main(int argc, char** argv) {
       const std::string name = value();
       const auto quantization = lmserve::engine::RunnerQuantizationFromName(name);
       if (!quantization.has_value()) {
-        return lmserve::Usage(("--quantization: '" + name + "' is not auto, none or fp8").c_str());
+        return lmserve::Usage(("--quantization: '" + name +
+                               "' is not auto, none, fp8, gguf, q8_0, q4_0, q4_k or q6_k")
+                                  .c_str());
       }
       o.quantization = *quantization;
     } else if (arg == "--no-graphs") {

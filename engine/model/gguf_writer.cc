@@ -23,7 +23,11 @@ constexpr uint32_t kQuantizationVersion = 2;  // GGML_QUANT_VERSION
 // llama_ftype of general.file_type.
 constexpr uint32_t kFileTypeAllF32 = 0;
 constexpr uint32_t kFileTypeMostlyF16 = 1;
+constexpr uint32_t kFileTypeMostlyQ4_0 = 2;
 constexpr uint32_t kFileTypeMostlyQ8_0 = 7;
+constexpr uint32_t kFileTypeMostlyQ4_KS = 14;
+constexpr uint32_t kFileTypeMostlyQ4_KM = 15;
+constexpr uint32_t kFileTypeMostlyQ6_K = 18;
 
 template <typename T>
 void AppendPod(std::string* out, T value) {
@@ -159,6 +163,10 @@ std::optional<GgufOutputType> GgufOutputTypeFromName(std::string_view name) {
   if (name == "f32") return GgufOutputType::kF32;
   if (name == "f16") return GgufOutputType::kF16;
   if (name == "q8_0") return GgufOutputType::kQ8_0;
+  if (name == "q4_0") return GgufOutputType::kQ4_0;
+  if (name == "q4_k") return GgufOutputType::kQ4_K;
+  if (name == "q6_k") return GgufOutputType::kQ6_K;
+  if (name == "q4_k_m") return GgufOutputType::kQ4_K_M;
   return std::nullopt;
 }
 
@@ -203,9 +211,30 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
   writer.Add("general.architecture", GgufValue::String(arch));
   writer.Add("general.name", GgufValue::String(c.name));
   writer.Add("general.alignment", U32(GgufFile::kDefaultAlignment));
-  writer.Add("general.file_type", U32(type == GgufOutputType::kF32   ? kFileTypeAllF32
-                                      : type == GgufOutputType::kF16 ? kFileTypeMostlyF16
-                                                                     : kFileTypeMostlyQ8_0));
+  uint32_t file_type = kFileTypeMostlyQ8_0;
+  switch (type) {
+    case GgufOutputType::kF32:
+      file_type = kFileTypeAllF32;
+      break;
+    case GgufOutputType::kF16:
+      file_type = kFileTypeMostlyF16;
+      break;
+    case GgufOutputType::kQ8_0:
+      break;
+    case GgufOutputType::kQ4_0:
+      file_type = kFileTypeMostlyQ4_0;
+      break;
+    case GgufOutputType::kQ4_K:
+      file_type = kFileTypeMostlyQ4_KS;
+      break;
+    case GgufOutputType::kQ6_K:
+      file_type = kFileTypeMostlyQ6_K;
+      break;
+    case GgufOutputType::kQ4_K_M:
+      file_type = kFileTypeMostlyQ4_KM;
+      break;
+  }
+  writer.Add("general.file_type", U32(file_type));
   writer.Add("general.quantization_version", U32(kQuantizationVersion));
   auto key = [&](std::string_view suffix) { return StrCat(arch, ".", suffix); };
   writer.Add(key("vocab_size"), U32(c.vocab_size));
@@ -388,6 +417,19 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
     if (matrix && type == GgufOutputType::kQ8_0) {
       out_dtype = cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
     }
+    if (matrix && type == GgufOutputType::kQ4_0) {
+      out_dtype = cols % 32 == 0 ? DType::kQ4_0 : DType::kF16;
+    }
+    if (matrix && (type == GgufOutputType::kQ4_K || type == GgufOutputType::kQ6_K ||
+                   type == GgufOutputType::kQ4_K_M)) {
+      // Rows that are not whole super-blocks fall back as llama.cpp's quantizer does: to Q8_0.
+      const bool six_bits =
+          type == GgufOutputType::kQ6_K ||
+          (type == GgufOutputType::kQ4_K_M &&
+           (view->name.ends_with("v_proj.weight") || view->name.ends_with("down_proj.weight")));
+      const DType k_type = six_bits ? DType::kQ6_K : DType::kQ4_K;
+      out_dtype = cols % 256 == 0 ? k_type : cols % 32 == 0 ? DType::kQ8_0 : DType::kF16;
+    }
     // The number of heads whose rows to reorder, or 0.
     int64_t permute_heads = 0;
     if (c.rope.layout != target_layout) {
@@ -429,7 +471,11 @@ absl::Status WriteGgufCheckpoint(const Checkpoint& checkpoint, GgufOutputType ty
               }
               break;
             case DType::kQ8_0:
-              kernels::QuantizeQ8_0(values.data(), out.data(), static_cast<int64_t>(values.size()));
+            case DType::kQ4_0:
+            case DType::kQ4_K:
+            case DType::kQ6_K:
+              kernels::QuantizeBlocks(out_dtype, values.data(), out.data(),
+                                      static_cast<int64_t>(values.size()));
               break;
             default:
               break;

@@ -61,15 +61,21 @@ class GgufWriter {
 };
 
 // The tensor types of `lmserve export-gguf --type`.
-enum class GgufOutputType { kF32, kF16, kQ8_0 };
-std::optional<GgufOutputType> GgufOutputTypeFromName(std::string_view name);  // f32, f16, q8_0
+// Q4_0, Q4_K and Q6_K are written by plain quantizers (kernels/cpu/dequant.h: valid blocks of
+// about llama.cpp's error, not its searched scales), for tests and experiments. kQ4_K_M mixes
+// them as llama.cpp's Q4_K_M does, simplified: the v and down projections in Q6_K (llama.cpp:
+// in some layers), every other matrix in Q4_K.
+enum class GgufOutputType { kF32, kF16, kQ8_0, kQ4_0, kQ4_K, kQ6_K, kQ4_K_M };
+// f32, f16, q8_0, q4_0, q4_k, q6_k, q4_k_m
+std::optional<GgufOutputType> GgufOutputTypeFromName(std::string_view name);
 
 // Writes `checkpoint` as GGUF v3, as convert_hf_to_gguf.py would:
 // - metadata general.architecture (llama for Llama and Mistral, qwen2), general.name,
 //   general.alignment (32), general.file_type, {arch}.* hyper-parameters; tokenizer.* keys copied
 //   through from a GGUF source, otherwise the bos/eos ids of the config;
-// - tensors under llama.cpp's names; matrices in `type` (Q8_0 falls back to F16 for rows that are
-//   not a multiple of 32), 1-D tensors (norms, biases) always F32;
+// - tensors under llama.cpp's names; matrices in `type` (Q8_0 and Q4_0 fall back to F16 for rows
+//   that are not a multiple of 32; Q4_K and Q6_K to Q8_0 for rows that are not whole super-blocks
+//   of 256, then F16), 1-D tensors (norms, biases) always F32;
 // - for the llama architecture, the Q/K rows permuted for llama.cpp's interleaved rotary
 //   (LlamaModel.permute), unless the source already has that layout;
 // - llama3 rope scaling as a rope_freqs.weight tensor (F32, head_dim / 2 divisors of the

@@ -355,6 +355,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
         "GPU of compute capability 8.9 or newer (an FP8 checkpoint is dequantized on the CPU with "
         "--quantization auto or none)");
   }
+  if (RunnerQuantizationBlockType(config.quantization).has_value()) {
+    return absl::InvalidArgumentError(StrCat(
+        "CPU runner: --quantization ", RunnerQuantizationName(config.quantization),
+        " is not supported: it makes dummy weights of that GGUF type for the CUDA runner (the CPU "
+        "runner keeps a GGUF checkpoint's blocks as they are)"));
+  }
   if (model.head_dim > kernels::PagedAttentionParams::kMaxHeadDim) {
     return absl::UnimplementedError(StrCat("CPU runner: head_dim ", model.head_dim,
                                            " is not supported (at most ",

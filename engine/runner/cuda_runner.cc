@@ -221,6 +221,12 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::string cuda_kernels_;  // RunnerStats::cuda_kernels
   bool fp8_ = false;          // the linear layers in FP8 (RunnerQuantization, resolved)
   CudaBuffer f8_inputs_;      // FP8 projections' per-token quantized inputs and their scales
+  // GGUF blocks (cuda::ChooseBlockTypes, by Weight::index; empty: none), what RunnerStats
+  // reports for them, and the scratch that larger steps dequantize such a weight into.
+  cuda::BlockTypes block_types_;
+  RunnerQuantization block_quantization_ = RunnerQuantization::kNone;
+  int64_t dequant_scratch_bytes_ = 0;
+  CudaBuffer dequant_scratch_;
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::BlasLtHandle> blas_;
@@ -380,6 +386,33 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   const bool fp8 = config.quantization == RunnerQuantization::kFp8 ||
                    (config.quantization == RunnerQuantization::kAuto && model.fp8.present &&
                     fp8_capable && dtype == RunnerDType::kBFloat16);
+  // GGUF blocks: dummy weights of a block type, or a GGUF checkpoint's blocks (kAuto, kGguf).
+  const bool dummy_blocks = RunnerQuantizationBlockType(config.quantization).has_value();
+  if (dummy_blocks && config.load_format != LoadFormat::kDummy) {
+    return absl::InvalidArgumentError(StrCat(
+        "CUDA runner: --quantization ", RunnerQuantizationName(config.quantization),
+        " makes dummy weights (--load-format dummy); a GGUF checkpoint's blocks are kept with "
+        "--quantization auto or gguf"));
+  }
+  if ((dummy_blocks || config.quantization == RunnerQuantization::kGguf) &&
+      dtype != RunnerDType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        StrCat("CUDA runner: --quantization ", RunnerQuantizationName(config.quantization),
+               " needs --dtype bfloat16 (or auto), not ", RunnerDTypeName(dtype)));
+  }
+  cuda::BlockTypes block_types;
+  if (!fp8 && dtype == RunnerDType::kBFloat16) {
+    block_types = cuda::ChooseBlockTypes(model_description->weights(), checkpoint,
+                                         config.quantization, config.load_format);
+  }
+  int64_t dequant_scratch_bytes = 0;
+  for (size_t i = 0; i < block_types.size(); ++i) {
+    if (block_types[i].empty()) continue;
+    const WeightSpec& spec = model_description->weights().specs()[i];
+    dequant_scratch_bytes =
+        std::max(dequant_scratch_bytes, (spec.rows * spec.cols * 2 + 255) / 256 * 256);
+  }
+  if (dequant_scratch_bytes == 0) block_types.clear();
   if (model.ssm.num_heads > 0) {
     const SsmConfig& ssm = model.ssm;
     if (!kc::SupportsSsmStateSize(ssm.state_size) || ssm.head_dim % 8 != 0 ||
@@ -433,13 +466,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     MemoryPlan plan;
     plan.device = StrCat("GPU memory (", prop.name, ")");
     plan.weight_bytes = cuda::CudaWeights::Bytes(
-        model_description->weights(),
-        dtype == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16, fp8);
+        model_description->weights(), dtype == RunnerDType::kFloat32 ? DType::kF32 : DType::kBF16,
+        fp8, block_types);
     int64_t f8_input_bytes = 0;
     if (fp8) f8_input_bytes = max_tokens * (MaxF8Columns(model_description->weights()) + 4) + 512;
-    plan.workspace_bytes = f8_input_bytes + max_tokens * activation_elements * 4 +
-                           logits_rows * model.vocab_size * 4 +
-                           static_cast<int64_t>(kGemmWorkspaceBytes);
+    plan.workspace_bytes =
+        f8_input_bytes + dequant_scratch_bytes + max_tokens * activation_elements * 4 +
+        logits_rows * model.vocab_size * 4 + static_cast<int64_t>(kGemmWorkspaceBytes);
     plan.kv_cache_bytes = config.kv_cache_bytes > 0
                               ? config.kv_cache_bytes
                               : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
@@ -466,6 +499,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));
   runner->device_name_ = prop.name;
   runner->fp8_ = fp8;
+  if (!block_types.empty()) {
+    runner->block_quantization_ = dummy_blocks ? config.quantization : RunnerQuantization::kGguf;
+  }
+  runner->block_types_ = std::move(block_types);
+  runner->dequant_scratch_bytes_ = dequant_scratch_bytes;
   {
     const int code = kc::KernelCodeCapability(config.device);
     runner->cuda_kernels_ =
@@ -491,9 +529,8 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   gemms_->set_split_k(runner_config_.skinny_split_k);
 
   // Weights, then the rotary tables (fp32, every position the model takes).
-  LMSERVE_ASSIGN_OR_RETURN(weights_,
-                           cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_, fp8_,
-                                                       stream_));
+  LMSERVE_ASSIGN_OR_RETURN(weights_, cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_,
+                                                                 fp8_, block_types_, stream_));
   LMSERVE_RETURN_IF_ERROR(
       LoadWeights(model_->weights(), checkpoint, runner_config_.load_format, weights_));
   for (const RopeConfig& rope : model_->rotary()) {
@@ -549,6 +586,11 @@ absl::Status CudaRunner::AllocateWorkspaces() {
                              CudaBuffer::Device(x_bytes + t * 4, "FP8 GEMM inputs"));
     gemms_->SetF8Workspace(f8_inputs_.get(), f8_inputs_.at<float>(x_bytes), t,
                            columns);
+  }
+  if (dequant_scratch_bytes_ > 0) {  // weights in GGUF blocks, dequantized for larger steps
+    LMSERVE_ASSIGN_OR_RETURN(dequant_scratch_,
+                             CudaBuffer::Device(dequant_scratch_bytes_, "the dequantized weight"));
+    gemms_->SetDequantWorkspace(dequant_scratch_.get(), dequant_scratch_bytes_);
   }
   LMSERVE_ASSIGN_OR_RETURN(sampled_, CudaBuffer::Device(t * 4, "sampled tokens"));
   LMSERVE_ASSIGN_OR_RETURN(sampler_workspace_,
@@ -678,6 +720,7 @@ std::pair<int, int64_t> CudaRunner::Projection(Weight weight, bool logits) {
       weight_layer_[w.index] = static_cast<int64_t>(projection.weights.size());
       projection.weights.push_back(weights_[w]);
       projection.scales.push_back(weights_.Scales(w));
+      projection.blocks.push_back(weights_.Blocks(w));
     }
     const int id = gemms_->Add(std::move(projection));
     for (Weight w : of_kind) weight_projection_[w.index] = id;
@@ -1368,15 +1411,14 @@ absl::Status CudaRunner::CaptureGraphs() {
 RunnerStats CudaRunner::stats() const {
   RunnerStats s;
   s.dtype = dtype_;
-  s.quantization = fp8_ ? RunnerQuantization::kFp8 : RunnerQuantization::kNone;
+  s.quantization = fp8_ ? RunnerQuantization::kFp8 : block_quantization_;
   s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = kv_pool_.bytes() + (num_state_slots_ > 0 ? state_pool_.bytes() : 0);
-  s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
-                      inputs_.device_bytes() + decode_workspace_.bytes() +
-                      prefill_workspace_.bytes() + moe_workspace_.bytes() +
-                      gemm_workspace_.bytes() + sampled_.bytes() + rank_logits_.bytes() +
-                      gathered_logits_.bytes() +
-                      sampler_workspace_.bytes();
+  s.workspace_bytes =
+      gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() + inputs_.device_bytes() +
+      decode_workspace_.bytes() + prefill_workspace_.bytes() + moe_workspace_.bytes() +
+      gemm_workspace_.bytes() + sampled_.bytes() + rank_logits_.bytes() + gathered_logits_.bytes() +
+      dequant_scratch_.bytes() + sampler_workspace_.bytes();
   for (const CudaBuffer& buffer : buffers_) s.workspace_bytes += buffer.bytes();
   for (const CudaBuffer& table : cos_sin_) s.workspace_bytes += table.bytes();
   size_t free_bytes = 0, total_bytes = 0;

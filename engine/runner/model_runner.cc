@@ -377,13 +377,40 @@ std::string_view RunnerQuantizationName(RunnerQuantization quantization) {
       return "none";
     case RunnerQuantization::kFp8:
       return "fp8";
+    case RunnerQuantization::kGguf:
+      return "gguf";
+    case RunnerQuantization::kQ8_0:
+      return "q8_0";
+    case RunnerQuantization::kQ4_0:
+      return "q4_0";
+    case RunnerQuantization::kQ4_K:
+      return "q4_k";
+    case RunnerQuantization::kQ6_K:
+      return "q6_k";
   }
   return "unknown";
 }
 
+std::optional<kernels::DType> RunnerQuantizationBlockType(RunnerQuantization quantization) {
+  switch (quantization) {
+    case RunnerQuantization::kQ8_0:
+      return kernels::DType::kQ8_0;
+    case RunnerQuantization::kQ4_0:
+      return kernels::DType::kQ4_0;
+    case RunnerQuantization::kQ4_K:
+      return kernels::DType::kQ4_K;
+    case RunnerQuantization::kQ6_K:
+      return kernels::DType::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
 std::optional<RunnerQuantization> RunnerQuantizationFromName(std::string_view name) {
   for (RunnerQuantization q :
-       {RunnerQuantization::kAuto, RunnerQuantization::kNone, RunnerQuantization::kFp8}) {
+       {RunnerQuantization::kAuto, RunnerQuantization::kNone, RunnerQuantization::kFp8,
+        RunnerQuantization::kGguf, RunnerQuantization::kQ8_0, RunnerQuantization::kQ4_0,
+        RunnerQuantization::kQ4_K, RunnerQuantization::kQ6_K}) {
     if (RunnerQuantizationName(q) == name) return q;
   }
   return std::nullopt;

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/kv_cache_groups.h"
 #include "engine/model/model_config.h"
+#include "kernels/dtype.h"
 
 namespace lmserve::engine {
 
@@ -163,10 +164,25 @@ enum class RunnerQuantization : uint8_t {
   kFp8,   // CUDA runner in bf16 on compute capability 8.9+: FP8 E4M3 with a scale per output
           // channel (a bf16 checkpoint's weights quantized at load, kernels/cpu/fp8.h); the CPU
           // runner refuses it
+  // GGUF block formats on the CUDA runner in bf16 (kernels/cuda/quant_gemm.h). kGguf keeps a
+  // GGUF checkpoint's Q8_0 / Q4_0 / Q4_K / Q6_K matrices in their blocks (other types are
+  // dequantized at load, as is every GGUF tensor with kAuto and kNone: blocks are opt-in while
+  // decode batches of more than 8 sequences run slower on them, bench/results section 20).
+  // kQ8_0 .. kQ6_K hold every linear layer in that format, for LoadFormat::kDummy only
+  // (nothing quantizes a checkpoint to them). The CPU runner keeps GGUF blocks natively anyway
+  // and refuses kQ8_0 .. kQ6_K.
+  kGguf,
+  kQ8_0,
+  kQ4_0,
+  kQ4_K,
+  kQ6_K,
 };
-// "auto", "none", "fp8"; and the inverse (nullopt for any other name).
+// "auto", "none", "fp8", "gguf", "q8_0", "q4_0", "q4_k", "q6_k"; and the inverse (nullopt for any
+// other name).
 std::string_view RunnerQuantizationName(RunnerQuantization quantization);
 std::optional<RunnerQuantization> RunnerQuantizationFromName(std::string_view name);
+// The block format of kQ8_0 .. kQ6_K; nullopt for the others.
+std::optional<kernels::DType> RunnerQuantizationBlockType(RunnerQuantization quantization);
 
 // Where the weights come from.
 enum class LoadFormat {

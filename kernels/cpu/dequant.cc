@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
@@ -236,6 +237,142 @@ void QuantizeQ8_0(const float* src, void* dst, int64_t num_elements) {
       const float clamped = std::isnan(x0) ? 0.0f : std::fmin(std::fmax(x0, -128.0f), 127.0f);
       out[BlockQ8_0::kQs + j] = static_cast<uint8_t>(static_cast<int8_t>(clamped));
     }
+  }
+}
+
+void QuantizeQ4_0(const float* src, void* dst, int64_t num_elements) {
+  if (num_elements % kQK != 0) DieNotMultiple(DType::kQ4_0, num_elements, kQK);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < num_elements / kQK; ++i, src += kQK, out += BlockQ4_0::kBytes) {
+    float amax = 0.0f, max = 0.0f;  // the value of largest magnitude, with its sign
+    for (int j = 0; j < kQK; ++j) {
+      if (amax < std::fabs(src[j])) amax = std::fabs(src[j]), max = src[j];
+    }
+    const float d = max / -8;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t d_bits = F32ToF16(d);
+    std::memcpy(out + BlockQ4_0::kD, &d_bits, 2);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const auto q0 = static_cast<uint8_t>(std::fmin(15.0f, std::fmax(0.0f, src[j] * id + 8.5f)));
+      const auto q1 =
+          static_cast<uint8_t>(std::fmin(15.0f, std::fmax(0.0f, src[j + kQK / 2] * id + 8.5f)));
+      out[BlockQ4_0::kQs + j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+namespace {
+
+// Rounds v / step to an integer in [lo, hi] (0 where step is 0).
+int RoundTo(float v, float step, int lo, int hi) {
+  if (!(step != 0.0f)) return 0;
+  const float q = std::nearbyint(v / step);
+  return static_cast<int>(std::fmin(std::fmax(q, static_cast<float>(lo)), static_cast<float>(hi)));
+}
+
+}  // namespace
+
+void QuantizeQ4_K(const float* src, void* dst, int64_t num_elements) {
+  if (num_elements % kQKK != 0) DieNotMultiple(DType::kQ4_K, num_elements, kQKK);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < num_elements / kQKK; ++i, src += kQKK, out += BlockQ4K::kBytes) {
+    // Each sub-block of 32: x ~ scale * q - min, q in [0, 15], min >= 0 (the range includes 0).
+    float scales[8], mins[8], max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0.0f, hi = 0.0f;
+      for (int l = 0; l < 32; ++l)
+        lo = std::fmin(lo, src[32 * j + l]), hi = std::fmax(hi, src[32 * j + l]);
+      scales[j] = (hi - lo) / 15.0f;
+      mins[j] = -lo;
+      max_scale = std::fmax(max_scale, scales[j]);
+      max_min = std::fmax(max_min, mins[j]);
+    }
+    const float d = F16ToF32(F32ToF16(max_scale / 63.0f));
+    const float dmin = F16ToF32(F32ToF16(max_min / 63.0f));
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; ++j) {
+      ls[j] = static_cast<uint8_t>(RoundTo(scales[j], d, 0, 63));
+      lm[j] = static_cast<uint8_t>(RoundTo(mins[j], dmin, 0, 63));
+    }
+    const uint16_t d_bits = F32ToF16(d), dmin_bits = F32ToF16(dmin);
+    std::memcpy(out + BlockQ4K::kD, &d_bits, 2);
+    std::memcpy(out + BlockQ4K::kDmin, &dmin_bits, 2);
+    uint8_t* sc = out + BlockQ4K::kScales;
+    for (int j = 0; j < 4; ++j) sc[j] = ls[j], sc[j + 4] = lm[j];
+    for (int j = 4; j < 8; ++j) {
+      sc[j + 4] = static_cast<uint8_t>((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+      sc[j - 4] = static_cast<uint8_t>(sc[j - 4] | ((ls[j] >> 4) << 6));
+      sc[j] = static_cast<uint8_t>(sc[j] | ((lm[j] >> 4) << 6));
+    }
+    uint8_t q[kQKK];
+    for (int j = 0; j < 8; ++j) {
+      const float step = d * static_cast<float>(ls[j]), offset = dmin * static_cast<float>(lm[j]);
+      for (int l = 0; l < 32; ++l) {
+        q[32 * j + l] = static_cast<uint8_t>(RoundTo(src[32 * j + l] + offset, step, 0, 15));
+      }
+    }
+    uint8_t* qs = out + BlockQ4K::kQs;
+    for (int p = 0; p < 4; ++p) {
+      for (int l = 0; l < 32; ++l) {
+        qs[32 * p + l] = static_cast<uint8_t>(q[64 * p + l] | (q[64 * p + 32 + l] << 4));
+      }
+    }
+  }
+}
+
+void QuantizeQ6_K(const float* src, void* dst, int64_t num_elements) {
+  if (num_elements % kQKK != 0) DieNotMultiple(DType::kQ6_K, num_elements, kQKK);
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < num_elements / kQKK; ++i, src += kQKK, out += BlockQ6K::kBytes) {
+    // Each sub-block of 16: x ~ d * scale * q, q in [-32, 31], scale an int8.
+    float scales[16], max_scale = 0.0f;
+    for (int s = 0; s < 16; ++s) {
+      float amax = 0.0f;
+      for (int l = 0; l < 16; ++l) amax = std::fmax(amax, std::fabs(src[16 * s + l]));
+      scales[s] = amax / 31.0f;
+      max_scale = std::fmax(max_scale, scales[s]);
+    }
+    const float d = F16ToF32(F32ToF16(max_scale / 127.0f));
+    auto* sc = reinterpret_cast<int8_t*>(out + BlockQ6K::kScales);
+    uint8_t q[kQKK];
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = static_cast<int8_t>(RoundTo(scales[s], d, -128, 127));
+      const float step = d * static_cast<float>(sc[s]);
+      for (int l = 0; l < 16; ++l) {
+        q[16 * s + l] = static_cast<uint8_t>(RoundTo(src[16 * s + l], step, -32, 31) + 32);
+      }
+    }
+    const uint16_t d_bits = F32ToF16(d);
+    std::memcpy(out + BlockQ6K::kD, &d_bits, 2);
+    uint8_t* ql = out + BlockQ6K::kQl;
+    uint8_t* qh = out + BlockQ6K::kQh;
+    for (int n = 0; n < 2; ++n) {
+      for (int l = 0; l < 32; ++l) {
+        const int q1 = q[128 * n + l], q2 = q[128 * n + l + 32], q3 = q[128 * n + l + 64],
+                  q4 = q[128 * n + l + 96];
+        ql[64 * n + l] = static_cast<uint8_t>((q1 & 0xF) | ((q3 & 0xF) << 4));
+        ql[64 * n + l + 32] = static_cast<uint8_t>((q2 & 0xF) | ((q4 & 0xF) << 4));
+        qh[32 * n + l] = static_cast<uint8_t>((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) |
+                                              ((q4 >> 4) << 6));
+      }
+    }
+  }
+}
+
+void QuantizeBlocks(DType dtype, const float* src, void* dst, int64_t num_elements) {
+  switch (dtype) {
+    case DType::kQ8_0:
+      return QuantizeQ8_0(src, dst, num_elements);
+    case DType::kQ4_0:
+      return QuantizeQ4_0(src, dst, num_elements);
+    case DType::kQ4_K:
+      return QuantizeQ4_K(src, dst, num_elements);
+    case DType::kQ6_K:
+      return QuantizeQ6_K(src, dst, num_elements);
+    default:
+      std::fprintf(stderr, "QuantizeBlocks: %s is not a type it writes\n",
+                   std::string(DTypeName(dtype)).c_str());
+      std::abort();
   }
 }
 

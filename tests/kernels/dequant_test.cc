@@ -367,5 +367,43 @@ TEST(QuantizeTest, Q8_0RoundTripWithinHalfAStep) {
   }
 }
 
+// The writer's quantizers (Q4_0, Q4_K, Q6_K): what they write dequantizes to the input within a
+// fraction of its steps. Per block the step is about the range over 15 (4 bits) or the largest
+// magnitude over 31 (Q6_K's 6 bits), 6-bit scale rounding adds up to half a scale step of
+// 1/63 (Q4_K) or 1/127 (Q6_K) of the largest: the bounds are the relative L2 errors those give
+// with room.
+TEST(QuantizeTest, BlockQuantizersRoundTrip) {
+  std::mt19937 rng(4321);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const struct {
+    DType dtype;
+    double max_relative_l2;
+  } cases[] = {
+      {DType::kQ8_0, 0.01}, {DType::kQ4_0, 0.15}, {DType::kQ4_K, 0.15}, {DType::kQ6_K, 0.04}};
+  for (const auto& c : cases) {
+    std::vector<float> x(256 * 16);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (1.0f + (i / 256) % 4);
+    std::vector<uint8_t> q(static_cast<size_t>(RowBytes(c.dtype, static_cast<int64_t>(x.size()))));
+    QuantizeBlocks(c.dtype, x.data(), q.data(), static_cast<int64_t>(x.size()));
+    std::vector<float> y(x.size());
+    DequantizeToF32(c.dtype, q.data(), y.data(), static_cast<int64_t>(y.size()));
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      diff += (static_cast<double>(y[i]) - x[i]) * (static_cast<double>(y[i]) - x[i]);
+      norm += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_LE(std::sqrt(diff / norm), c.max_relative_l2) << DTypeName(c.dtype);
+    EXPECT_GT(std::sqrt(diff / norm), 0.0) << DTypeName(c.dtype);
+  }
+  // A zero block stays zero.
+  for (DType dtype : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    std::vector<float> zeros(256, 0.0f), y(256, 1.0f);
+    std::vector<uint8_t> q(static_cast<size_t>(RowBytes(dtype, 256)), 0xAB);
+    QuantizeBlocks(dtype, zeros.data(), q.data(), 256);
+    DequantizeToF32(dtype, q.data(), y.data(), 256);
+    for (float v : y) EXPECT_EQ(v, 0.0f) << DTypeName(dtype);
+  }
+}
+
 }  // namespace
 }  // namespace lmserve::kernels

@@ -1,7 +1,11 @@
 #include "engine/runner/cuda/cuda_weights.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -10,6 +14,7 @@
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/random_fill.h"
 
 namespace lmserve::engine::cuda {
@@ -20,10 +25,46 @@ using kernels::DType;
 
 int64_t Align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// The bytes of `spec`'s storage: FP8 bytes then scales, or elements of element_bytes.
-int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8) {
+// The segments of `spec` held in blocks of `part_types` (one a part; empty: none), their data
+// at offsets from 0 (each 256-byte aligned, in row order).
+std::vector<BlockSegment> Segments(const WeightSpec& spec, const std::vector<DType>& part_types) {
+  std::vector<BlockSegment> segments;
+  int64_t row = 0, offset = 0;
+  for (size_t p = 0; p < part_types.size() && p < spec.parts.size(); ++p) {
+    if (segments.empty() || segments.back().type != part_types[p]) {
+      if (!segments.empty()) {
+        const BlockSegment& last = segments.back();
+        offset += Align256(kc::QuantMatrixBytes(last.type, last.rows, spec.cols));
+      }
+      segments.push_back({.type = part_types[p],
+                          .data = reinterpret_cast<const void*>(offset),
+                          .first_row = row,
+                          .rows = 0});
+    }
+    segments.back().rows += spec.parts[p].rows;
+    row += spec.parts[p].rows;
+  }
+  return segments;
+}
+
+// The bytes of `spec`'s storage: FP8 bytes then scales, the device layouts of its GGUF block
+// segments, or elements of element_bytes.
+int64_t StorageBytes(const WeightSpec& spec, int64_t element_bytes, bool f8,
+                     const std::vector<DType>& part_types) {
   if (f8) return Align256(spec.rows * spec.cols) + Align256(spec.rows * int64_t{sizeof(float)});
+  if (!part_types.empty()) {
+    int64_t bytes = 0;
+    for (const BlockSegment& segment : Segments(spec, part_types)) {
+      bytes += Align256(kc::QuantMatrixBytes(segment.type, segment.rows, spec.cols));
+    }
+    return bytes;
+  }
   return Align256(spec.num_elements() * element_bytes);
+}
+
+const std::vector<DType>& PartTypesAt(const BlockTypes& block_types, size_t index) {
+  static const std::vector<DType> kNone;
+  return index < block_types.size() ? block_types[index] : kNone;
 }
 
 }  // namespace
@@ -39,16 +80,81 @@ bool IsF8Linear(const WeightSpec& spec) {
   return false;
 }
 
-int64_t CudaWeights::Bytes(const WeightPlan& plan, DType dtype, bool fp8) {
+bool IsQuantLinear(const WeightSpec& spec) {
+  if (!spec.is_matrix() || spec.tied_to.present() || spec.offset != 0) return false;
+  for (const char* kind : {"qkv", "o_proj", "gate_up", "down_proj"}) {
+    if (spec.kind == kind) return true;
+  }
+  return false;
+}
+
+BlockTypes ChooseBlockTypes(const WeightPlan& plan, const Checkpoint& checkpoint,
+                            RunnerQuantization quantization, LoadFormat format) {
+  BlockTypes types(static_cast<size_t>(plan.size()));
+  const std::optional<DType> dummy_type = RunnerQuantizationBlockType(quantization);
+  const bool keep_file_blocks =
+      quantization == RunnerQuantization::kGguf && format == LoadFormat::kCheckpoint;
+  for (int32_t i = 0; i < plan.size(); ++i) {
+    const WeightSpec& spec = plan.specs()[i];
+    if (!IsQuantLinear(spec) || spec.parts.empty()) continue;
+    if (!dummy_type.has_value() &&
+        (!keep_file_blocks || (spec.tensor_parallel_size > 1 && spec.split != Split::kReplicated &&
+                               spec.split != Split::kRows))) {
+      continue;
+    }
+    std::vector<DType> part_types;
+    for (const WeightPart& part : spec.parts) {
+      std::optional<DType> type = dummy_type;
+      if (!type.has_value()) {
+        const auto it = checkpoint.tensors().find(part.name);
+        if (it != checkpoint.tensors().end()) type = it->second.dtype;
+      }
+      if (!type.has_value() || !kc::SupportsQuantWeights(*type) ||
+          !kc::CheckQuantMatrix(*type, part.rows, spec.cols).ok()) {
+        part_types.clear();
+        break;
+      }
+      part_types.push_back(*type);
+    }
+    const bool gated = spec.kind == "gate_up";
+    if (gated && !part_types.empty() &&
+        std::count(part_types.begin(), part_types.end(), part_types[0]) !=
+            static_cast<std::ptrdiff_t>(part_types.size())) {
+      part_types.clear();
+    }
+    types[i] = std::move(part_types);
+  }
+  return types;
+}
+
+int64_t CudaWeights::Bytes(const WeightPlan& plan, DType dtype, bool fp8,
+                           const BlockTypes& block_types) {
   int64_t total = 0;
-  for (const WeightSpec& spec : plan.specs()) {
+  for (int32_t i = 0; i < plan.size(); ++i) {
+    const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
-    total += StorageBytes(spec, dtype == DType::kF32 ? 4 : 2, fp8 && IsF8Linear(spec));
+    total += StorageBytes(spec, dtype == DType::kF32 ? 4 : 2, fp8 && IsF8Linear(spec),
+                          PartTypesAt(block_types, i));
   }
   return total;
 }
 
+bool CudaWeights::HoldsBlocks() const {
+  for (const std::vector<BlockSegment>& segments : segments_) {
+    if (!segments.empty()) return true;
+  }
+  return false;
+}
+
+const BlockSegment* CudaWeights::SegmentOf(const WeightSpec& spec, int64_t row) const {
+  for (const BlockSegment& segment : segments_[Index(spec)]) {
+    if (row >= segment.first_row && row < segment.first_row + segment.rows) return &segment;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType dtype, bool fp8,
+                                                  const BlockTypes& block_types,
                                                   cudaStream_t stream) {
   CudaWeights weights;
   weights.plan_ = &plan;
@@ -56,19 +162,32 @@ absl::StatusOr<CudaWeights> CudaWeights::Allocate(const WeightPlan& plan, DType 
   weights.element_bytes_ = dtype == DType::kF32 ? 4 : 2;
   weights.fp8_ = fp8 && dtype == DType::kBF16;
   weights.stream_ = stream;
+  weights.segments_.resize(static_cast<size_t>(plan.size()));
   weights.offsets_.assign(static_cast<size_t>(plan.size()), 0);
   int64_t total = 0;
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) continue;
     weights.offsets_[i] = total;
-    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec));
+    const std::vector<DType>& part_types = PartTypesAt(block_types, i);
+    if (!part_types.empty() && (weights.fp8_ || dtype != DType::kBF16)) {
+      return absl::InvalidArgumentError(
+          "CUDA runner: GGUF blocks are held in bfloat16 runners without FP8 only");
+    }
+    weights.segments_[i] = Segments(spec, part_types);
+    total += StorageBytes(spec, weights.element_bytes_, weights.IsF8(spec), part_types);
   }
   for (int32_t i = 0; i < plan.size(); ++i) {
     const WeightSpec& spec = plan.specs()[i];
     if (spec.tied_to.present()) weights.offsets_[i] = weights.offsets_[spec.tied_to.index];
   }
   LMSERVE_ASSIGN_OR_RETURN(weights.buffer_, CudaBuffer::Device(total, "the weights"));
+  for (int32_t i = 0; i < plan.size(); ++i) {  // the segments' offsets become addresses
+    for (BlockSegment& segment : weights.segments_[i]) {
+      segment.data =
+          weights.buffer_.at(weights.offsets_[i] + reinterpret_cast<intptr_t>(segment.data));
+    }
+  }
   return weights;
 }
 
@@ -126,6 +245,20 @@ absl::Status CudaWeights::StoreF8(const WeightSpec& spec, int64_t first_row,
 absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
                                      const WeightPart& part) {
   const DummyRange range = DummyWeightRange(part.name, spec.fan_in());
+  if (const BlockSegment* segment = SegmentOf(spec, first_row); segment != nullptr) {
+    const kc::QuantDummyFillParams fill{
+        .dst = const_cast<void*>(segment->data),
+        .dtype = segment->type,
+        .matrix_rows = segment->rows,
+        .cols = spec.cols,
+        .first_row = first_row - segment->first_row,
+        .rows = part.rows,
+        .high = std::max(std::fabs(range.low), std::fabs(range.high)),
+        .seed = DummyTensorSeed(part.name)};
+    LMSERVE_RETURN_IF_ERROR(fill.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(fill, stream_), StrCat("dummy blocks of ", part.name));
+    return absl::OkStatus();
+  }
   CudaBuffer staging;
   if (IsF8(spec)) {  // drawn in bf16, then quantized
     LMSERVE_ASSIGN_OR_RETURN(staging,
@@ -144,6 +277,32 @@ absl::Status CudaWeights::StoreDummy(const WeightSpec& spec, int64_t first_row,
 
 absl::Status CudaWeights::Store(const WeightSpec& spec, int64_t first_row, const TensorView& t) {
   const std::string& name = t.name;
+  if (const BlockSegment* segment = SegmentOf(spec, first_row); segment != nullptr) {
+    // The file's blocks as they are, regrouped into the segment's device layout.
+    const int64_t rows = t.shape.empty() ? 0 : t.shape[0];
+    if (t.dtype != segment->type || t.num_bytes != rows * kernels::RowBytes(t.dtype, spec.cols)) {
+      return absl::InternalError(StrCat("CUDA runner: tensor ", name, " (",
+                                        kernels::DTypeName(t.dtype), ") does not fit its ",
+                                        kernels::DTypeName(segment->type), " storage ", spec.name));
+    }
+    LMSERVE_ASSIGN_OR_RETURN(CudaBuffer staging,
+                             CudaBuffer::Device(t.num_bytes, StrCat("staging ", name)));
+    LMSERVE_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(staging.get(), t.data, static_cast<size_t>(t.num_bytes),
+                        cudaMemcpyHostToDevice, stream_),
+        StrCat("uploading ", name));
+    const kc::QuantRepackParams repack{.src = staging.get(),
+                                       .dst = const_cast<void*>(segment->data),
+                                       .dtype = segment->type,
+                                       .matrix_rows = segment->rows,
+                                       .cols = spec.cols,
+                                       .first_row = first_row - segment->first_row,
+                                       .rows = rows};
+    LMSERVE_RETURN_IF_ERROR(repack.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(repack, stream_), StrCat("repacking ", name));
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), StrCat("repacking ", name));
+    return absl::OkStatus();
+  }
   if (IsF8(spec)) {
     // In bf16 first (the path below, into a staging buffer), then quantized per row.
     const int64_t rows = t.NumElements() / spec.cols;

@@ -9,6 +9,7 @@
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::engine::cuda {
@@ -95,15 +96,18 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   if (capturing != cudaStreamCaptureStatusNone) return Kernel::kBlas;
   // The candidates, each a pass over every layer's weights.
   std::vector<std::pair<Kernel, std::function<void()>>> candidates;
+  // (Only the layers held in the runner's dtype: a layer in GGUF blocks has its own kernels.)
   candidates.emplace_back(Kernel::kBlas, [&] {
-    for (const void* w : projection.weights) {
-      plan.Run(x, w, y, stream_);
+    for (size_t i = 0; i < projection.weights.size(); ++i) {
+      if (HeldInBlocks(projection, i)) continue;
+      plan.Run(x, projection.weights[i], y, stream_);
       if (act != nullptr) kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_);
     }
   });
   candidates.emplace_back(Kernel::kSkinny, [&] {
-    for (const void* w : projection.weights) {
-      skinny.w = w;
+    for (size_t i = 0; i < projection.weights.size(); ++i) {
+      if (HeldInBlocks(projection, i)) continue;
+      skinny.w = projection.weights[i];
       kc::Launch(skinny, stream_);
     }
   });
@@ -260,9 +264,79 @@ bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
          k % 8 == 0;
 }
 
+absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y,
+                                     void* act, bool late_dependents,
+                                     kernels::GateActivation activation) {
+  const GemmProjection& projection = projections_[id];
+  const std::vector<BlockSegment>& segments = projection.blocks[layer];
+  if (act != nullptr && segments.size() != 1) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
+                                      ": a gated activation over ", segments.size(),
+                                      " block segments"));
+  }
+  if (m <= kc::kMaxSkinnyGemmRows && choice_ != DecodeGemm::kBlas) {
+    const int64_t out_bytes = projection.output_dtype == kernels::DType::kF32 ? 4 : 2;
+    for (const BlockSegment& segment : segments) {
+      const kc::QuantSkinnyGemmParams params{
+          .x = x,
+          .w = segment.data,
+          .w_dtype = segment.type,
+          .y = act != nullptr ? act : static_cast<char*>(y) + segment.first_row * out_bytes,
+          .m = m,
+          .n = segment.rows,
+          .k = projection.k,
+          .y_stride = act != nullptr ? 0 : projection.n,
+          .input_dtype = dtype_,
+          .output_dtype = projection.output_dtype,
+          .silu_and_mul = act != nullptr,
+          .activation = activation,
+          .late_dependents = late_dependents};
+      LMSERVE_RETURN_IF_ERROR(params.Validate());
+      LMSERVE_RETURN_IF_CUDA_ERROR(
+          kc::Launch(params, stream_),
+          StrCat(kernels::DTypeName(segment.type), " skinny GEMM (", projection.kind, ")"));
+    }
+    return absl::OkStatus();
+  }
+  if (projection.n * projection.k * 2 > dequant_bytes_) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " [", projection.n, ", ",
+                                      projection.k, "] exceeds the dequantization scratch (",
+                                      dequant_bytes_, " bytes)"));
+  }
+  for (const BlockSegment& segment : segments) {
+    const kc::QuantDequantizeParams dequantize{
+        .w = segment.data,
+        .dst = static_cast<char*>(dequant_) + segment.first_row * projection.k * 2,
+        .dtype = segment.type,
+        .rows = segment.rows,
+        .cols = projection.k};
+    LMSERVE_RETURN_IF_ERROR(dequantize.Validate());
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(dequantize, stream_),
+                                 StrCat("dequantizing ", projection.kind));
+  }
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  if (const cublasStatus_t status = plan->Run(x, dequant_, y, stream_);
+      status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",
+                                      static_cast<int>(status)));
+  }
+  if (act != nullptr) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_),
+                                 "gated activation");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                                bool late_dependents, kernels::GateActivation activation,
                                const GemmNormEpilogue* norm) {
+  if (HeldInBlocks(projections_[id], static_cast<size_t>(layer))) {
+    if (norm != nullptr) {  // the quantized kernels have no norm epilogue
+      return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
+                                        ": a norm epilogue on a projection in GGUF blocks"));
+    }
+    return RunBlocks(id, layer, m, x, y, act, late_dependents, activation);
+  }
   if (projections_[id].f8) {
     if (norm != nullptr) {  // the FP8 kernels have no norm epilogue (SkinnyAtOneRow says so)
       return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,

@@ -28,6 +28,16 @@
 
 namespace lmserve::engine::cuda {
 
+// Rows [first_row, first_row + rows) of a weight held in GGUF blocks, in one block type: the
+// device layout of kernels/cuda/quant_gemm.h of a [rows, k] matrix. A fused weight whose parts
+// are of different types (a Q4_K_M file's Q4_K q/k and Q6_K v) is several segments.
+struct BlockSegment {
+  kernels::DType type = kernels::DType::kQ4_K;
+  const void* data = nullptr;  // device
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+
 struct GemmProjection {
   std::string kind;                                     // for messages: "qkv"
   int64_t n = 0;                                        // output features
@@ -40,6 +50,12 @@ struct GemmProjection {
   // quantize x per token and run cuBLASLt's FP8 GEMM (kernels/cuda/fp8.h, gemm.h).
   bool f8 = false;
   std::vector<const float*> scales;
+  // Per layer: the segments of a weight held in GGUF blocks (empty, or no entry, for the
+  // runner's dtype; one segment with an activation epilogue). Steps of up to kMaxSkinnyGemmRows
+  // tokens run the quantized skinny kernel on each segment (W4A16 / W8A16, untimed: a GEMM
+  // would first dequantize all of W), larger ones (and every step under DecodeGemm::kBlas)
+  // dequantize W into the dequant workspace and run the bf16 cuBLASLt plan.
+  std::vector<std::vector<BlockSegment>> blocks;
 };
 
 // The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
@@ -62,6 +78,12 @@ class GemmSelector {
   // kMaxSkinnyGemmRows tokens. Required before such a step runs an FP8 projection.
   void SetF8Workspace(void* x_q, float* x_scales, int64_t max_rows, int64_t max_cols) {
     f8_x_ = x_q, f8_x_scales_ = x_scales, f8_max_rows_ = max_rows, f8_max_cols_ = max_cols;
+  }
+
+  // The scratch that weights held in GGUF blocks are dequantized into for larger steps: bytes
+  // (device, 16-byte aligned) for the largest such [n, k] in bf16. Required before such a step.
+  void SetDequantWorkspace(void* scratch, int64_t bytes) {
+    dequant_ = scratch, dequant_bytes_ = bytes;
   }
 
   // Registers a projection and returns its id.
@@ -118,6 +140,13 @@ class GemmSelector {
   absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                          kernels::GateActivation activation);
 
+  // Run() of a weight held in GGUF blocks.
+  absl::Status RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
+                         bool late_dependents, kernels::GateActivation activation);
+  bool HeldInBlocks(const GemmProjection& projection, size_t layer) const {
+    return layer < projection.blocks.size() && !projection.blocks[layer].empty();
+  }
+
   // act = activation(gate) * up of the [gate; up] rows `gate_up` of projection's output, m rows:
   // the kernel that follows cuBLASLt where the skinny GEMM's epilogue does not.
   kernels::cuda::SiluAndMulParams SiluAndMul(const GemmProjection& projection, int64_t m,
@@ -134,6 +163,8 @@ class GemmSelector {
   void* f8_x_ = nullptr;
   float* f8_x_scales_ = nullptr;
   int64_t f8_max_rows_ = 0, f8_max_cols_ = 0;
+  void* dequant_ = nullptr;
+  int64_t dequant_bytes_ = 0;
   int64_t l2_prefetch_bytes_ = 0;
   bool split_k_ = true;
   std::vector<GemmProjection> projections_;

@@ -5,13 +5,14 @@
 #include "engine/model/gguf.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -729,6 +730,58 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufFixtureTest,
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// The 4- and 6-bit export types: matrices in the type where their rows are whole blocks (Q4_K and
+// Q6_K fall back to Q8_0 otherwise: llama-hd128's down projection, 640 columns), the values
+// within the types' steps of the source (relative L2 per tensor), 1-D tensors F32.
+TEST(GgufWriterTest, FourAndSixBitTypes) {
+  auto hf = OpenCheckpoint(testing::HfTinyDir("llama-hd128"));
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const struct {
+    const char* name;
+    DType dtype;
+    double max_relative_l2;
+  } cases[] = {{"q4_0", DType::kQ4_0, 0.15},
+               {"q4_k", DType::kQ4_K, 0.15},
+               {"q6_k", DType::kQ6_K, 0.04},
+               {"q4_k_m", DType::kQ4_K, 0.15}};  // v and down projections Q6_K
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::optional<GgufOutputType> type = GgufOutputTypeFromName(c.name);
+    ASSERT_TRUE(type.has_value());
+    const ScratchFile scratch(StrCat("llama-hd128.", c.name, ".gguf"));
+    ASSERT_TRUE(WriteGgufCheckpoint(**hf, *type, scratch.path()).ok());
+    auto gguf = OpenCheckpoint(scratch.path());
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    for (const auto& [name, hf_view] : (*hf)->tensors()) {
+      SCOPED_TRACE(name);
+      auto view = (*gguf)->Find(name);
+      ASSERT_TRUE(view.ok()) << view.status();
+      if (hf_view.shape.size() != 2) {
+        EXPECT_EQ((*view)->dtype, DType::kF32);
+        continue;
+      }
+      const int64_t cols = hf_view.shape[1];
+      const int64_t block = c.dtype == DType::kQ4_0 ? 32 : 256;
+      const bool six_bits = std::string_view(c.name) == "q4_k_m" &&
+                            (name.ends_with("v_proj.weight") || name.ends_with("down_proj.weight"));
+      EXPECT_EQ((*view)->dtype, cols % block != 0 ? DType::kQ8_0
+                                : six_bits        ? DType::kQ6_K
+                                                  : c.dtype);
+      // As sorted values (Q/K rows are permuted in the file): a bound on the distributions, at
+      // most the element-wise error; the runner tests measure the logits end to end.
+      std::vector<float> want = ToF32(hf_view), got = ToF32(**view);
+      std::sort(want.begin(), want.end());
+      std::sort(got.begin(), got.end());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+        norm += static_cast<double>(want[i]) * want[i];
+      }
+      EXPECT_LE(std::sqrt(diff / norm), c.max_relative_l2);
+    }
+  }
+}
 
 TEST(GgufCorruptTest, TruncatedFileOnDiskNamesFileAndTensor) {
   auto hf = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));

@@ -217,5 +217,29 @@ TEST(Fp8CheckpointConfigTest, CpuRunnerRefusesFp8Quantization) {
   EXPECT_NE(runner.status().message().find("CUDA backend"), std::string::npos) << runner.status();
 }
 
+// Likewise the GGUF block types of dummy weights (issue 23's third part), which only the CUDA
+// runner holds; the CPU runner keeps a GGUF checkpoint's blocks natively whatever --quantization.
+TEST(QuantizationConfigTest, CpuRunnerRefusesGgufBlockTypes) {
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  for (RunnerQuantization q : {RunnerQuantization::kQ8_0, RunnerQuantization::kQ4_0,
+                               RunnerQuantization::kQ4_K, RunnerQuantization::kQ6_K}) {
+    RunnerConfig config;
+    config.kv_cache_bytes = int64_t{8} << 20;
+    config.quantization = q;
+    config.load_format = LoadFormat::kDummy;
+    auto runner = ModelRunner::Create(**checkpoint, config);
+    ASSERT_FALSE(runner.ok());
+    EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(runner.status().message()).find(std::string(RunnerQuantizationName(q))),
+              std::string::npos)
+        << runner.status();
+  }
+  RunnerConfig gguf;  // kGguf: the CPU runner's own blocks, as always
+  gguf.kv_cache_bytes = int64_t{8} << 20;
+  gguf.quantization = RunnerQuantization::kGguf;
+  EXPECT_TRUE(ModelRunner::Create(**checkpoint, gguf).ok());
+}
+
 }  // namespace
 }  // namespace lmserve::engine

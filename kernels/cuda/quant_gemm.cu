@@ -1,0 +1,639 @@
+// The quantized-weight kernels (quant_gemm.h).
+//
+// Every type is read in units: a unit is one lane's share of a row, 32 weights (Q8_0, Q4_0,
+// Q4_K) or 64 (Q6_K), brought in by 16-byte loads, and decodes to runs of 16 consecutive
+// weights, each run w = scale * q - min (min only in Q4_K) with q small integers. The integers
+// become floats by the exponent trick (q | 0x4B000000 is 2^23 + q as a float; one byte permute
+// and one subtraction an element).
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quant_gemm.h"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+__host__ __device__ constexpr int64_t AlignUp256(int64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+__device__ __forceinline__ float HalfBits(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
+}
+__device__ __forceinline__ float LoadHalfAt(const uint8_t* p) {  // 2-byte aligned
+  return HalfBits(*reinterpret_cast<const unsigned short*>(p));
+}
+
+// Byte i (0..3) of `word` as the float 2^23 + byte, less `offset` (2^23 + the quants' zero).
+template <int kByte>
+__device__ __forceinline__ float ByteAsFloat(uint32_t word, float offset) {
+  return __uint_as_float(__byte_perm(word, 0x4B00u, 0x5440u + kByte)) - offset;
+}
+// The 16 bytes of v (lowest first) as floats, less offset.
+__device__ __forceinline__ void BytesAsFloats(const uint4& v, float offset, float (&out)[16]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[4 * i + 0] = ByteAsFloat<0>(words[i], offset);
+    out[4 * i + 1] = ByteAsFloat<1>(words[i], offset);
+    out[4 * i + 2] = ByteAsFloat<2>(words[i], offset);
+    out[4 * i + 3] = ByteAsFloat<3>(words[i], offset);
+  }
+}
+__device__ __forceinline__ uint4 Map4(const uint4& v, uint32_t mask, int shift) {
+  return make_uint4((v.x >> shift) & mask, (v.y >> shift) & mask, (v.z >> shift) & mask,
+                    (v.w >> shift) & mask);
+}
+// A small non-negative integer (below 2^23) as a float: the exponent trick.
+__device__ __forceinline__ float SmallUintAsFloat(uint32_t v) {
+  return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+}
+
+constexpr float kTwo23 = 8388608.0f;
+
+// The device layout of a matrix (quant_gemm.h) and its units. Row() finds a row's places once;
+// Load() brings unit u of the row (u < 2^24: offsets in 32 bits); Decode() gives run `run` of
+// it as small integers in floats, q[16], with the run's scale and min: w = scale * q - min.
+template <DType kType>
+struct Quant;
+
+template <>
+struct Quant<DType::kQ8_0> {
+  static constexpr int kUnitElements = 32, kRuns = 2;
+  static constexpr bool kHasMin = false;
+  struct Row {
+    const uint8_t* q;  // the row's quants, k bytes
+    const uint8_t* d;  // its blocks' fp16 scales
+  };
+  struct Raw {
+    uint4 q[2];
+    float d;
+  };
+  __device__ static Row RowOf(const uint8_t* w, int64_t rows, int64_t cols, int64_t row) {
+    return {w + row * cols, w + AlignUp256(rows * cols) + row * (cols / 32) * 2};
+  }
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const uint8_t* q = row.q + u * 32;
+    raw.q[0] = LoadStream16(q);
+    raw.q[1] = LoadStream16(q + 16);
+    raw.d = LoadHalfAt(row.d + u * 2);
+  }
+  __device__ static int RunStart(int u, int run) { return u * 32 + run * 16; }
+  __device__ static void Decode(const Raw& raw, int /*u*/, int run, float (&q)[16], float& scale,
+                                float& min) {
+    const uint4 v = raw.q[run];
+    BytesAsFloats(
+        make_uint4(v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u),
+        kTwo23 + 128.0f, q);
+    scale = raw.d;
+    min = 0.0f;
+  }
+};
+
+template <>
+struct Quant<DType::kQ4_0> {
+  static constexpr int kUnitElements = 32, kRuns = 2;
+  static constexpr bool kHasMin = false;
+  struct Row {
+    const uint8_t* q;  // 16 bytes a block
+    const uint8_t* d;
+  };
+  struct Raw {
+    uint4 q;
+    float d;
+  };
+  __device__ static Row RowOf(const uint8_t* w, int64_t rows, int64_t cols, int64_t row) {
+    return {w + row * (cols / 32) * 16, w + AlignUp256(rows * cols / 2) + row * (cols / 32) * 2};
+  }
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    raw.q = LoadStream16(row.q + u * 16);
+    raw.d = LoadHalfAt(row.d + u * 2);
+  }
+  __device__ static int RunStart(int u, int run) { return u * 32 + run * 16; }
+  __device__ static void Decode(const Raw& raw, int /*u*/, int run, float (&q)[16], float& scale,
+                                float& min) {
+    BytesAsFloats(Map4(raw.q, 0x0F0F0F0Fu, 4 * run), kTwo23 + 8.0f, q);
+    scale = raw.d;
+    min = 0.0f;
+  }
+};
+
+template <>
+struct Quant<DType::kQ4_K> {
+  static constexpr int kUnitElements = 32, kRuns = 2;
+  static constexpr bool kHasMin = true;
+  struct Row {
+    const uint8_t* blocks;  // 144 bytes each
+  };
+  struct Raw {
+    uint4 header;  // d, dmin, 12 bytes of 6-bit scales and mins
+    uint4 q;       // 16 bytes of a pair of sub-blocks' quants
+  };
+  __device__ static Row RowOf(const uint8_t* w, int64_t /*rows*/, int64_t cols, int64_t row) {
+    return {w + row * (cols / 256) * 144};
+  }
+  // Unit u is unit j = u % 8 of block u / 8: pair j / 2 of sub-blocks, half j % 2 of their bytes.
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const uint8_t* block = row.blocks + (u >> 3) * 144;
+    const int j = u & 7;
+    raw.header = __ldg(reinterpret_cast<const uint4*>(block));
+    raw.q = LoadStream16(block + 16 + (j >> 1) * 32 + (j & 1) * 16);
+  }
+  __device__ static int RunStart(int u, int run) {
+    const int j = u & 7;
+    return (u >> 3) * 256 + (j >> 1) * 64 + run * 32 + (j & 1) * 16;
+  }
+  // Sub-block s's 6-bit scale and min (ScaleMinK4 of kernels/cpu/dequant.cc): the 12 bytes
+  // q[0..11] from byte 4 of the header are its words y, z, w; byte s & 3 of each.
+  __device__ static void ScaleMin(const uint4& header, int s, float& sc, float& mn) {
+    const int shift = 8 * (s & 3);
+    const uint32_t y = (header.y >> shift) & 0xFFu, z = (header.z >> shift) & 0xFFu,
+                   w = (header.w >> shift) & 0xFFu;
+    if (s < 4) {  // q[s] & 63, q[s + 4] & 63
+      sc = SmallUintAsFloat(y & 63u);
+      mn = SmallUintAsFloat(z & 63u);
+    } else {  // (q[s + 4] & 15) | (q[s - 4] >> 6) << 4, (q[s + 4] >> 4) | (q[s] >> 6) << 4
+      sc = SmallUintAsFloat((w & 0xFu) | ((y >> 6) << 4));
+      mn = SmallUintAsFloat((w >> 4) | ((z >> 6) << 4));
+    }
+  }
+  __device__ static void Decode(const Raw& raw, int u, int run, float (&q)[16], float& scale,
+                                float& min) {
+    BytesAsFloats(Map4(raw.q, 0x0F0F0F0Fu, 4 * run), kTwo23, q);
+    float sc, mn;
+    ScaleMin(raw.header, ((u & 7) >> 1) * 2 + run, sc, mn);
+    scale = __fmul_rn(HalfBits(raw.header.x), sc);
+    min = __fmul_rn(HalfBits(raw.header.x >> 16), mn);
+  }
+};
+
+template <>
+struct Quant<DType::kQ6_K> {
+  static constexpr int kUnitElements = 64, kRuns = 4;
+  static constexpr bool kHasMin = false;
+  struct Row {
+    const uint8_t* q;       // ql and qh, 192 bytes a block
+    const uint8_t* scales;  // 16 a block
+    const uint8_t* d;       // fp16, one a block
+  };
+  struct Raw {
+    uint4 ql0, ql1, qh;
+    uint4 scales;  // the block's 16 int8 scales
+    float d;
+  };
+  __device__ static Row RowOf(const uint8_t* w, int64_t rows, int64_t cols, int64_t row) {
+    const int64_t blocks = rows * (cols / 256), first = row * (cols / 256);
+    const uint8_t* scales = w + AlignUp256(blocks * 192);
+    return {w + first * 192, scales + first * 16, scales + AlignUp256(blocks * 16) + first * 2};
+  }
+  // Unit u is unit j = u % 4 of block u / 4: half j / 2, from l = 16 * (j % 2).
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const int b = u >> 2, j = u & 3;
+    const int half = j >> 1, l = (j & 1) * 16;
+    const uint8_t* block = row.q + b * 192;
+    raw.ql0 = LoadStream16(block + 64 * half + l);
+    raw.ql1 = LoadStream16(block + 64 * half + 32 + l);
+    raw.qh = LoadStream16(block + 128 + 32 * half + l);
+    raw.scales = __ldg(reinterpret_cast<const uint4*>(row.scales + b * 16));
+    raw.d = LoadHalfAt(row.d + b * 2);
+  }
+  __device__ static int RunStart(int u, int run) {
+    const int j = u & 3;
+    return (u >> 2) * 256 + (j >> 1) * 128 + (j & 1) * 16 + run * 32;
+  }
+  __device__ static void Decode(const Raw& raw, int u, int run, float (&q)[16], float& scale,
+                                float& min) {
+    // Runs 0..3: ql0 low, ql1 low, ql0 high, ql1 high nibbles, qh bits 2 * run.
+    const uint4& ql = run % 2 == 0 ? raw.ql0 : raw.ql1;
+    const uint4 low = Map4(ql, 0x0F0F0F0Fu, 4 * (run / 2));
+    const uint4 high = Map4(raw.qh, 0x03030303u, 2 * run);
+    BytesAsFloats(make_uint4(low.x | (high.x << 4), low.y | (high.y << 4), low.z | (high.z << 4),
+                             low.w | (high.w << 4)),
+                  kTwo23 + 32.0f, q);
+    // Scale 8 * half + (j % 2) + 2 * run: word 2 * half + run / 2, byte (j % 2) + 2 * (run % 2).
+    const int j = u & 3;
+    const bool high_half = j >= 2;
+    const uint32_t word = run < 2 ? (high_half ? raw.scales.z : raw.scales.x)
+                                  : (high_half ? raw.scales.w : raw.scales.y);
+    const int byte = (j & 1) + 2 * (run % 2);
+    const int sc = static_cast<int32_t>(word << (24 - 8 * byte)) >> 24;  // sign-extended
+    scale = __fmul_rn(raw.d, static_cast<float>(sc));
+    min = 0.0f;
+  }
+};
+
+// ---- QuantSkinnyGemm.
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <typename T>
+__device__ __forceinline__ void StoreOut(T* p, float v) {
+  *p = FromFloat<T>(v);
+}
+template <>
+__device__ __forceinline__ void StoreOut<float>(float* p, float v) {
+  *p = v;
+}
+
+// 16 elements of x from `p` (16-byte aligned) as floats.
+template <typename T>
+__device__ __forceinline__ void LoadX16(const T* p, float (&out)[16]) {
+  const uint4* v = reinterpret_cast<const uint4*>(p);
+  float (&lo)[8] = *reinterpret_cast<float(*)[8]>(out);
+  float (&hi)[8] = *reinterpret_cast<float(*)[8]>(out + 8);
+  Unpack8<T>(__ldg(v), lo);
+  Unpack8<T>(__ldg(v + 1), hi);
+}
+
+// acc[r][t] += W row r's unit u . x, for the first m of M tokens, R rows.
+// M <= 2: x first (M x 16 floats), then each row decoded and multiplied; Q4_K's min through
+// the run's sum of x (sum (s q - mn) x = s sum q x - mn sum x), shared by the R rows.
+// M > 2: each row decoded (and dequantized, with a min) first, then x a token at a time.
+template <DType kType, typename T, int M, int R>
+__device__ __forceinline__ void MultiplyUnit(const typename Quant<kType>::Raw (&raw)[R], int u,
+                                             const T* x, int64_t x_stride, int m,
+                                             float (&acc)[R][M]) {
+  using Q = Quant<kType>;
+#pragma unroll
+  for (int run = 0; run < Q::kRuns; ++run) {
+    const int start = Q::RunStart(u, run);
+    if constexpr (M <= 2) {
+      float xf[M][16], sum_x[M];
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        if (t < m) {
+          LoadX16(x + t * x_stride + start, xf[t]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) xf[t][e] = 0.0f;
+        }
+        if constexpr (Q::kHasMin) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 16; e += 2) s0 += xf[t][e], s1 += xf[t][e + 1];
+          sum_x[t] = s0 + s1;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float q[16], scale, min;
+        Q::Decode(raw[r], u, run, q, scale, min);
+#pragma unroll
+        for (int t = 0; t < M; ++t) {
+          float s0 = 0.0f, s1 = 0.0f;  // two chains: half the dependent latency
+#pragma unroll
+          for (int e = 0; e < 16; e += 2) {
+            s0 = fmaf(q[e], xf[t][e], s0);
+            s1 = fmaf(q[e + 1], xf[t][e + 1], s1);
+          }
+          acc[r][t] = fmaf(scale, s0 + s1, acc[r][t]);
+          if constexpr (Q::kHasMin) acc[r][t] = fmaf(-min, sum_x[t], acc[r][t]);
+        }
+      }
+    } else {
+      float w[R][16], scale[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float min;
+        Q::Decode(raw[r], u, run, w[r], scale[r], min);
+        if constexpr (Q::kHasMin) {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) w[r][e] = fmaf(scale[r], w[r][e], -min);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        if (t >= m) break;
+        float xf[16];
+        LoadX16(x + t * x_stride + start, xf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 16; e += 2) {
+            s0 = fmaf(w[r][e], xf[e], s0);
+            s1 = fmaf(w[r][e + 1], xf[e + 1], s1);
+          }
+          acc[r][t] = Q::kHasMin ? acc[r][t] + (s0 + s1) : fmaf(scale[r], s0 + s1, acc[r][t]);
+        }
+      }
+    }
+  }
+}
+
+// A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows) and walks
+// their units, U of each in flight per lane, the next step's loads issued before the current
+// step's products. grid: ceil(outputs / (kWarps * outputs a warp)).
+template <DType kType, typename T, typename OutT, int M, int R, int U, bool kSiluAndMul,
+          GateActivation kActivation>
+__global__ void __launch_bounds__(kThreads)
+    QuantSkinnyGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                          OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
+                          int64_t y_stride, bool late_dependents) {
+  using Q = Quant<kType>;
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;  // outputs a warp
+  const int lane = threadIdx.x % 32;
+  const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int out0 = warp_index * kOutputs;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  if (out0 >= num_outputs) {
+    WaitForPriorKernels();
+    return;
+  }
+  typename Q::Row row_places[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    // Rows past the end read the last row (their outputs are not stored).
+    const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2)
+                                : out0 + r;
+    row_places[r] = Q::RowOf(w, n, k, min(row, n - 1));
+  }
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  }
+  const int units = k / Q::kUnitElements;
+  typename Q::Raw raw[U][R];
+  auto load = [&](int u0, typename Q::Raw (&into)[U][R]) {
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int u = u0 + 32 * i;
+      if (u >= units) break;
+#pragma unroll
+      for (int r = 0; r < R; ++r) Q::Load(row_places[r], u, into[i][r]);
+    }
+  };
+  load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  for (int u0 = lane; u0 < units; u0 += 32 * U) {
+    typename Q::Raw next[U][R];
+    if (u0 + 32 * U < units) load(u0 + 32 * U, next);  // in flight during the products
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int u = u0 + 32 * i;
+      if (u >= units) break;
+      MultiplyUnit<kType, T, M, R>(raw[i], u, x, x_stride, m, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[i][r] = next[i][r];
+    }
+  }
+  if (late_dependents) AllowDependentLaunch();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) {
+    if (out0 + o >= num_outputs) break;
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      if (t >= m) break;
+      if constexpr (kSiluAndMul) {
+        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
+        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
+        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
+      } else {
+        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
+      }
+    }
+  }
+}
+
+template <DType kType, typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>
+cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
+  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : (kSiluAndMul ? p.n / 2 : p.n);
+  const int64_t outputs = kSiluAndMul ? p.n / 2 : p.n;
+  const T* x = static_cast<const T*>(p.x);
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  OutT* y = static_cast<OutT*>(p.y);
+  const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  // One or two tokens: 4 rows a warp (x read once for four; Q6_K's larger units: 2); more: 2
+  // rows (registers for M tokens' sums). One unit of each row a step, the next step's loads in
+  // flight during its products. (Registers, sm_90: 100-160 a thread, Q6_K's up to 255.)
+  constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
+#define LMSERVE_QUANT_SKINNY(M, R, U)                                                           \
+  return LaunchKernel(QuantSkinnyGemmKernel<kType, T, OutT, M, R, U, kSiluAndMul, kActivation>, \
+                      static_cast<unsigned>(                                                    \
+                          CeilDiv(outputs, int64_t{kWarps} * (kSiluAndMul ? R / 2 : R))),       \
+                      kThreads, 0, stream, x, w, y, m, n, k, x_stride, y_stride,                \
+                      p.late_dependents)
+  if (m == 1) LMSERVE_QUANT_SKINNY(1, kRowsFew, 1);
+  if (m == 2) LMSERVE_QUANT_SKINNY(2, kRowsFew, 1);
+  if (m <= 4) LMSERVE_QUANT_SKINNY(4, 2, 1);
+  LMSERVE_QUANT_SKINNY(8, 2, 1);
+#undef LMSERVE_QUANT_SKINNY
+}
+
+template <DType kType>
+cudaError_t LaunchSkinnyOf(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  using T = __nv_bfloat16;
+  if (p.output_dtype == DType::kF32) {
+    return LaunchSkinny<kType, T, float, false, GateActivation::kSilu>(p, stream);
+  }
+  if (p.silu_and_mul && p.activation == GateActivation::kGeluTanh) {
+    return LaunchSkinny<kType, T, T, true, GateActivation::kGeluTanh>(p, stream);
+  }
+  if (p.silu_and_mul) return LaunchSkinny<kType, T, T, true, GateActivation::kSilu>(p, stream);
+  return LaunchSkinny<kType, T, T, false, GateActivation::kSilu>(p, stream);
+}
+
+// ---- QuantDequantize: a thread per unit, the CPU's arithmetic (no contraction).
+
+template <DType kType>
+__global__ void __launch_bounds__(kThreads)
+    QuantDequantizeKernel(const uint8_t* __restrict__ w, __nv_bfloat16* __restrict__ dst,
+                          int64_t rows, int64_t cols) {
+  using Q = Quant<kType>;
+  BeginDependentKernel();
+  const int64_t units = cols / Q::kUnitElements;
+  const int64_t index = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (index >= rows * units) return;
+  const int64_t row = index / units;
+  const int u = static_cast<int>(index % units);
+  typename Q::Raw raw;
+  Q::Load(Q::RowOf(w, rows, cols, row), u, raw);
+#pragma unroll
+  for (int run = 0; run < Q::kRuns; ++run) {
+    float q[16], scale, min;
+    Q::Decode(raw, u, run, q, scale, min);
+    float v[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      v[e] = Q::kHasMin ? __fsub_rn(__fmul_rn(scale, q[e]), min) : __fmul_rn(q[e], scale);
+    }
+    __nv_bfloat16* out = dst + row * cols + Q::RunStart(u, run);
+    float (&lo)[8] = *reinterpret_cast<float(*)[8]>(v);
+    float (&hi)[8] = *reinterpret_cast<float(*)[8]>(v + 8);
+    Store8(out, lo);
+    Store8(out + 8, hi);
+  }
+}
+
+// ---- QuantRepack and QuantDummyFill: a thread per block of a row.
+
+// Where block b (of the matrix's rows * nb) goes in the layout.
+struct BlockPlaces {
+  uint8_t* quants;  // Q8_0 32, Q4_0 16, Q6_K 192 bytes; Q4_K the whole block (144)
+  uint8_t* d;       // fp16 (not Q4_K)
+  uint8_t* scales;  // Q6_K: 16 bytes
+};
+__device__ BlockPlaces PlaceBlock(uint8_t* dst, DType dtype, int64_t matrix_rows, int64_t cols,
+                                  int64_t b) {
+  BlockPlaces p{};
+  if (dtype == DType::kQ8_0) {
+    p.quants = dst + b * 32;
+    p.d = dst + AlignUp256(matrix_rows * cols) + b * 2;
+  } else if (dtype == DType::kQ4_0) {
+    p.quants = dst + b * 16;
+    p.d = dst + AlignUp256(matrix_rows * cols / 2) + b * 2;
+  } else if (dtype == DType::kQ4_K) {
+    p.quants = dst + b * 144;
+  } else {  // kQ6_K
+    const int64_t blocks = matrix_rows * (cols / 256);
+    p.quants = dst + b * 192;
+    p.scales = dst + AlignUp256(blocks * 192) + b * 16;
+    p.d = dst + AlignUp256(blocks * 192) + AlignUp256(blocks * 16) + b * 2;
+  }
+  return p;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    QuantRepackKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, DType dtype,
+                      int64_t matrix_rows, int64_t cols, int64_t first_block, int64_t num_blocks,
+                      int block_bytes) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= num_blocks) return;
+  const uint8_t* in = src + i * block_bytes;
+  const BlockPlaces p = PlaceBlock(dst, dtype, matrix_rows, cols, first_block + i);
+  if (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) {  // d, then the quants
+    p.d[0] = in[0], p.d[1] = in[1];
+    for (int j = 0; j < block_bytes - 2; ++j) p.quants[j] = in[2 + j];
+  } else if (dtype == DType::kQ4_K) {
+    for (int j = 0; j < 144; ++j) p.quants[j] = in[j];
+  } else {  // Q6_K: ql, qh (192), scales (16), d
+    for (int j = 0; j < 192; ++j) p.quants[j] = in[j];
+    for (int j = 0; j < 16; ++j) p.scales[j] = in[192 + j];
+    p.d[0] = in[208], p.d[1] = in[209];
+  }
+}
+
+__device__ __forceinline__ uint32_t HashWord(uint64_t seed, uint64_t index) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+__device__ __forceinline__ void StoreHalf(uint8_t* p, float v) {
+  const unsigned short bits = __half_as_ushort(__float2half_rn(v));
+  p[0] = static_cast<uint8_t>(bits & 0xff), p[1] = static_cast<uint8_t>(bits >> 8);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    QuantDummyFillKernel(uint8_t* __restrict__ dst, DType dtype, int64_t matrix_rows, int64_t cols,
+                         int64_t first_block, int64_t num_blocks, float high, uint64_t seed) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= num_blocks) return;
+  const int64_t b = first_block + i;
+  const BlockPlaces p = PlaceBlock(dst, dtype, matrix_rows, cols, b);
+  auto fill = [&](uint8_t* out, int bytes) {  // 4-byte aligned runs of random bytes
+    for (int j = 0; j < bytes; j += 4) {
+      *reinterpret_cast<uint32_t*>(out + j) = HashWord(seed, static_cast<uint64_t>(b) * 64 + j / 4);
+    }
+  };
+  if (dtype == DType::kQ8_0) {
+    fill(p.quants, 32);
+    StoreHalf(p.d, high / 127.0f);
+  } else if (dtype == DType::kQ4_0) {
+    fill(p.quants, 16);
+    StoreHalf(p.d, high / 8.0f);
+  } else if (dtype == DType::kQ4_K) {
+    // Every sub-block's scale and min 32 (the first four) or 15 (the last four) with min = 7.5
+    // steps: values d * sc * (q - 7.5) within +-high.
+    const float d = high / (32.0f * 7.5f);
+    fill(p.quants + 16, 128);
+    StoreHalf(p.quants, d);
+    StoreHalf(p.quants + 2, d * 7.5f);
+    for (int j = 0; j < 8; ++j) p.quants[4 + j] = 32;
+    for (int j = 8; j < 12; ++j) p.quants[4 + j] = 0xFF;
+  } else {  // Q6_K: scales 16, values d * 16 * (q - 32)
+    fill(p.quants, 192);
+    for (int j = 0; j < 16; ++j) p.scales[j] = 16;
+    StoreHalf(p.d, high / (16.0f * 32.0f));
+  }
+}
+
+}  // namespace
+
+cudaError_t Launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok() || p.input_dtype != DType::kBF16) return cudaErrorInvalidValue;
+  switch (p.w_dtype) {
+    case DType::kQ8_0:
+      return LaunchSkinnyOf<DType::kQ8_0>(p, stream);
+    case DType::kQ4_0:
+      return LaunchSkinnyOf<DType::kQ4_0>(p, stream);
+    case DType::kQ4_K:
+      return LaunchSkinnyOf<DType::kQ4_K>(p, stream);
+    case DType::kQ6_K:
+      return LaunchSkinnyOf<DType::kQ6_K>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t Launch(const QuantDequantizeParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  const auto* w = static_cast<const uint8_t*>(p.w);
+  auto* dst = static_cast<__nv_bfloat16*>(p.dst);
+  auto launch = [&](auto kernel, int unit_elements) {
+    const int64_t threads = p.rows * (p.cols / unit_elements);
+    return LaunchKernel(kernel, static_cast<unsigned>(CeilDiv(threads, kThreads)), kThreads, 0,
+                        stream, w, dst, p.rows, p.cols);
+  };
+  switch (p.dtype) {
+    case DType::kQ8_0:
+      return launch(QuantDequantizeKernel<DType::kQ8_0>, 32);
+    case DType::kQ4_0:
+      return launch(QuantDequantizeKernel<DType::kQ4_0>, 32);
+    case DType::kQ4_K:
+      return launch(QuantDequantizeKernel<DType::kQ4_K>, 32);
+    case DType::kQ6_K:
+      return launch(QuantDequantizeKernel<DType::kQ6_K>, 64);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t Launch(const QuantRepackParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  const BlockLayout layout = GetBlockLayout(p.dtype);
+  const int64_t per_row = p.cols / layout.elements_per_block;
+  const int64_t blocks = p.rows * per_row;
+  QuantRepackKernel<<<static_cast<unsigned>(CeilDiv(blocks, kThreads)), kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(p.src), static_cast<uint8_t*>(p.dst), p.dtype, p.matrix_rows,
+      p.cols, p.first_row * per_row, blocks, static_cast<int>(layout.bytes_per_block));
+  return cudaGetLastError();
+}
+
+cudaError_t Launch(const QuantDummyFillParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  const int64_t per_row = p.cols / GetBlockLayout(p.dtype).elements_per_block;
+  const int64_t blocks = p.rows * per_row;
+  QuantDummyFillKernel<<<static_cast<unsigned>(CeilDiv(blocks, kThreads)), kThreads, 0, stream>>>(
+      static_cast<uint8_t*>(p.dst), p.dtype, p.matrix_rows, p.cols, p.first_row * per_row, blocks,
+      p.high, p.seed);
+  return cudaGetLastError();
+}
+
+}  // namespace lmserve::kernels::cuda

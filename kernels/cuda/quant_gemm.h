@@ -1,0 +1,111 @@
+// GGUF-quantized weights held quantized on the GPU (issue 23): Q8_0, Q4_0, Q4_K and Q6_K matrices
+// in a device layout of their blocks, the linear layer for a few tokens over them (W8A16 /
+// W4A16 / W6A16), and their dequantization to bf16 for larger steps. CPU twin: the GGUF blocks'
+// DequantizeToF32 (kernels/cpu/dequant.h) and an fp32 product.
+//
+// The device layout (QuantMatrixBytes) holds the blocks' own bytes, regrouped so that every load
+// is 16-byte aligned (Q8_0's 34-byte and Q4_0's 18-byte blocks, Q6_K's 210-byte super-blocks
+// are not): per matrix [rows, cols], with nb = cols / block elements blocks a row,
+//   Q8_0: quants int8 [rows, cols]           | d fp16 [rows, nb]
+//   Q4_0: quants [rows, nb, 16 bytes]        | d fp16 [rows, nb]      (nibbles as in the block)
+//   Q4_K: the blocks as stored [rows, nb, 144 bytes]
+//   Q6_K: ql, qh [rows, nb, 128 + 64 bytes]  | scales int8 [rows, nb, 16] | d fp16 [rows, nb]
+// each region 256-byte aligned: the bytes of the file's blocks plus at most 512.
+// QuantRepack writes it from the file's blocks (GGUF's layout, on the device), QuantDummyFill
+// from nothing (--load-format dummy: random quants, scales that give values within +-high).
+//
+// QuantSkinnyGemm: y[m, n] = x[m, k] W[n, k]^T for m <= kMaxSkinnyGemmRows, x bf16 or fp16 as it
+// is, W decoded in registers (the blocks' arithmetic, llama.cpp's), fp32 sums: a warp takes two
+// rows of W and walks their blocks in units of 32 or 64 weights a lane (one or two 16-byte
+// loads of quants each), several units in flight; its time is W's quantized bytes over the
+// memory bandwidth. With silu_and_mul, W is the fused [gate; up] projection and y = act(gate) *
+// up (skinny_gemm.h's epilogue).
+// QuantDequantize: W to bf16 [rows, cols], bit-exact with F32ToBf16(DequantizeToF32(blocks)):
+// larger steps dequantize a weight into a scratch and run the bf16 GEMM (gemm.h) on it.
+
+#ifndef LMSERVE_KERNELS_CUDA_QUANT_GEMM_H_
+#define LMSERVE_KERNELS_CUDA_QUANT_GEMM_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace lmserve::kernels::cuda {
+
+// Whether matrices of `dtype` may be held quantized on the GPU (Q8_0, Q4_0, Q4_K, Q6_K).
+bool SupportsQuantWeights(DType dtype);
+// OK if a [rows, cols] matrix of `dtype` may be held quantized: a supported type, cols a
+// multiple of its block (32 or 256), rows even (the skinny kernel's row pairs).
+absl::Status CheckQuantMatrix(DType dtype, int64_t rows, int64_t cols);
+// Bytes of the device layout of a [rows, cols] matrix. REQUIRES: CheckQuantMatrix is OK.
+int64_t QuantMatrixBytes(DType dtype, int64_t rows, int64_t cols);
+
+// The file's blocks of rows [first_row, first_row + rows) into the device layout of the whole
+// matrix.
+struct QuantRepackParams {
+  const void* src = nullptr;  // [rows, cols] in GGUF's block layout; device, any alignment
+  void* dst = nullptr;        // the matrix's device layout; device, 256-byte aligned
+  DType dtype = DType::kQ4_K;
+  int64_t matrix_rows = 0;  // of dst
+  int64_t cols = 0;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+
+  absl::Status Validate() const;
+};
+cudaError_t Launch(const QuantRepackParams& params, cudaStream_t stream);
+
+// Random quants for rows [first_row, first_row + rows) of the matrix at dst, deterministic in
+// `seed`, with scales that keep every value within about +-high.
+struct QuantDummyFillParams {
+  void* dst = nullptr;  // the matrix's device layout; device, 256-byte aligned
+  DType dtype = DType::kQ4_K;
+  int64_t matrix_rows = 0;
+  int64_t cols = 0;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+  float high = 0.05f;  // > 0
+  uint64_t seed = 0;
+
+  absl::Status Validate() const;
+};
+cudaError_t Launch(const QuantDummyFillParams& params, cudaStream_t stream);
+
+struct QuantDequantizeParams {
+  const void* w = nullptr;  // the device layout of a [rows, cols] matrix of dtype; device
+  void* dst = nullptr;      // [rows, cols] bf16; device, 16-byte aligned
+  DType dtype = DType::kQ4_K;
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  absl::Status Validate() const;
+};
+cudaError_t Launch(const QuantDequantizeParams& params, cudaStream_t stream);
+
+struct QuantSkinnyGemmParams {
+  const void* x = nullptr;  // [m, k] of input_dtype, row stride x_stride; device, 16-byte aligned
+  const void* w = nullptr;  // the device layout of W [n, k] of w_dtype; device, 256-byte aligned
+  DType w_dtype = DType::kQ4_K;
+  void* y = nullptr;                  // [m, n] of output_dtype, row stride y_stride; device
+  int64_t m = 0;                      // 1 .. kMaxSkinnyGemmRows (skinny_gemm.h)
+  int64_t n = 0;                      // even
+  int64_t k = 0;                      // a multiple of w_dtype's block
+  int64_t x_stride = 0;               // multiple of 8; 0 means k
+  int64_t y_stride = 0;               // 0 means n (n / 2 with silu_and_mul)
+  DType input_dtype = DType::kBF16;   // of x: kBF16
+  DType output_dtype = DType::kBF16;  // input_dtype or kF32
+  // As SkinnyGemmParams: y[m, n/2] = act(gate) * up, each rounded to the input type first.
+  bool silu_and_mul = false;
+  GateActivation activation = GateActivation::kSilu;
+  bool late_dependents = true;  // as SkinnyGemmParams::late_dependents
+
+  absl::Status Validate() const;
+};
+cudaError_t Launch(const QuantSkinnyGemmParams& params, cudaStream_t stream);
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_QUANT_GEMM_H_

@@ -1,0 +1,253 @@
+// The quantized-weight kernels (kernels/cuda/quant_gemm.h) against their CPU twin, the GGUF
+// blocks' DequantizeToF32 (kernels/cpu/dequant.h): blocks written by the CPU quantizers from fresh
+// random values, repacked into the device layout in two parts (first_row), then dequantized to
+// bf16 (bit for bit) and multiplied by the skinny kernel for every row count, with its
+// gated-activation epilogue, into poisoned outputs; and the dummy fill's values.
+
+#include "kernels/cuda/quant_gemm.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cuda/skinny_gemm.h"
+#include "tests/kernels_gpu/gpu_test_util.h"
+
+namespace lmserve::kernels::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::FreshSeed;
+using testing::HalfToFloat;
+using testing::RandomFloats;
+using testing::RelativeL2;
+using testing::RoundToHalf;
+
+constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K};
+
+// A [rows, cols] matrix of `dtype`: its GGUF blocks, their fp32 values (the CPU twin's), and the
+// device layout, repacked from the blocks in two parts.
+struct QuantMatrix {
+  std::vector<uint8_t> blocks;
+  std::vector<float> values;
+  DeviceBuffer<uint8_t> device;
+};
+QuantMatrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng, float stddev) {
+  QuantMatrix out;
+  const std::vector<float> w = RandomFloats(rows * cols, rng, stddev);
+  out.blocks.resize(rows * RowBytes(dtype, cols));
+  QuantizeBlocks(dtype, w.data(), out.blocks.data(), rows * cols);
+  out.values.resize(rows * cols);
+  DequantizeToF32(dtype, out.blocks.data(), out.values.data(), rows * cols);
+  DeviceBuffer<uint8_t> blocks(out.blocks);
+  out.device = DeviceBuffer<uint8_t>(QuantMatrixBytes(dtype, rows, cols));
+  out.device.Poison();
+  const int64_t split = rows / 2 / 2 * 2;
+  for (auto [first, count] : {std::pair<int64_t, int64_t>{0, split}, {split, rows - split}}) {
+    const QuantRepackParams p{.src = blocks.get() + first * RowBytes(dtype, cols),
+                              .dst = out.device.get(),
+                              .dtype = dtype,
+                              .matrix_rows = rows,
+                              .cols = cols,
+                              .first_row = first,
+                              .rows = count};
+    EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+    EXPECT_EQ(Launch(p, nullptr), cudaSuccess);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return out;
+}
+
+// y = x W^T in double, rounded to float.
+std::vector<float> Reference(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
+                             int64_t n, int64_t k) {
+  std::vector<float> y(m * n);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum += static_cast<double>(x[t * k + i]) * w[j * k + i];
+      y[t * n + j] = static_cast<float>(sum);
+    }
+  }
+  return y;
+}
+
+int64_t Block(DType dtype) { return GetBlockLayout(dtype).elements_per_block; }
+
+TEST(QuantGemmGpuTest, DequantizeIsBitExactWithTheCpu) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : kTypes) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{2, 1}, {34, 9}, {130, 16}}) {
+      cols *= Block(dtype);
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " rows " << rows << " cols "
+                                        << cols << " seed " << seed);
+      std::mt19937 rng(seed);
+      QuantMatrix w = MakeMatrix(dtype, rows, cols, rng, 0.5f);
+      DeviceBuffer<uint16_t> d_out(rows * cols);
+      d_out.Poison();
+      const QuantDequantizeParams p{
+          .w = w.device.get(), .dst = d_out.get(), .dtype = dtype, .rows = rows, .cols = cols};
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      std::vector<uint16_t> expected(w.values.size());
+      for (size_t i = 0; i < expected.size(); ++i) expected[i] = F32ToBf16(w.values[i]);
+      EXPECT_EQ(d_out.Download(), expected);
+    }
+  }
+}
+
+TEST(QuantGemmGpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : kTypes) {
+    for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+      for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
+        // k in blocks: one; 9 (a lane's units do not fill a step); 16 and 56 (4096 and 14336 for
+        // the K-quants). n = 66: a last block with idle warps.
+        for (auto [n, k_blocks] :
+             {std::pair<int64_t, int64_t>{2, 1}, {66, 9}, {1034, 16}, {130, 56}}) {
+          const int64_t k = k_blocks * Block(dtype);
+          const uint32_t seed = FreshSeed();
+          SCOPED_TRACE(::testing::Message()
+                       << DTypeName(dtype).data() << " m " << m << " n " << n << " k " << k
+                       << " out " << DTypeName(out_dtype).data() << " seed " << seed);
+          std::mt19937 rng(seed);
+          std::vector<float> x = RandomFloats(m * k, rng);
+          DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+          QuantMatrix w = MakeMatrix(dtype, n, k, rng, 0.05f);
+          const std::vector<float> ref = Reference(x, w.values, m, n, k);
+          DeviceBuffer<uint8_t> d_y = testing::Poisoned(m * n, out_dtype);
+          const QuantSkinnyGemmParams p{.x = d_x.get(),
+                                        .w = w.device.get(),
+                                        .w_dtype = dtype,
+                                        .y = d_y.get(),
+                                        .m = m,
+                                        .n = n,
+                                        .k = k,
+                                        .output_dtype = out_dtype};
+          ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+          CUDA_ASSERT(Launch(p, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          EXPECT_LE(RelativeL2(testing::Download(d_y, out_dtype), ref),
+                    out_dtype == DType::kF32 ? 1e-5 : 1e-2);
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantGemmGpuTest, SkinnyGemmSiluAndMulEpilogue) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : kTypes) {
+    for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+      for (int64_t m : {1, 5, 8}) {
+        const int64_t inter = 1032, k = 2 * 256, n = 2 * inter;
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(dtype).data() << " activation " << static_cast<int>(activation)
+                     << " m " << m << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> x = RandomFloats(m * k, rng);
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+        QuantMatrix w = MakeMatrix(dtype, n, k, rng, 0.1f);
+        const std::vector<float> gate_up = Reference(x, w.values, m, n, k);
+        std::vector<float> ref(m * inter);
+        kernels::SiluAndMulParams act;
+        act.gate_up = gate_up.data();
+        act.output = ref.data();
+        act.num_tokens = m;
+        act.intermediate_size = inter;
+        act.activation = activation;
+        kernels::SiluAndMul(act);
+        DeviceBuffer<uint16_t> d_y(m * inter);
+        d_y.Poison();
+        const QuantSkinnyGemmParams p{.x = d_x.get(),
+                                      .w = w.device.get(),
+                                      .w_dtype = dtype,
+                                      .y = d_y.get(),
+                                      .m = m,
+                                      .n = n,
+                                      .k = k,
+                                      .silu_and_mul = true,
+                                      .activation = activation};
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2);
+      }
+    }
+  }
+}
+
+// Dummy weights: finite, within about +-high, not constant, and the same for the same seed.
+TEST(QuantGemmGpuTest, DummyFillGivesBoundedVariedValues) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : kTypes) {
+    SCOPED_TRACE(DTypeName(dtype).data());
+    const int64_t rows = 64, cols = 4 * 256;
+    const float high = 0.02f;
+    std::vector<uint16_t> first;
+    for (int pass = 0; pass < 2; ++pass) {
+      DeviceBuffer<uint8_t> w(QuantMatrixBytes(dtype, rows, cols));
+      w.Poison();
+      for (int64_t first_row : {int64_t{0}, rows / 2}) {
+        const QuantDummyFillParams fill{.dst = w.get(),
+                                        .dtype = dtype,
+                                        .matrix_rows = rows,
+                                        .cols = cols,
+                                        .first_row = first_row,
+                                        .rows = rows / 2,
+                                        .high = high,
+                                        .seed = 42};
+        ASSERT_TRUE(fill.Validate().ok()) << fill.Validate();
+        CUDA_ASSERT(Launch(fill, nullptr));
+      }
+      DeviceBuffer<uint16_t> d_out(rows * cols);
+      const QuantDequantizeParams p{
+          .w = w.get(), .dst = d_out.get(), .dtype = dtype, .rows = rows, .cols = cols};
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<uint16_t> bits = d_out.Download();
+      const std::vector<float> values = HalfToFloat(bits, DType::kBF16);
+      float lo = values[0], hi = values[0];
+      for (float v : values) {
+        ASSERT_TRUE(std::isfinite(v));
+        lo = std::fmin(lo, v), hi = std::fmax(hi, v);
+      }
+      EXPECT_LE(hi, high * 1.05f);
+      EXPECT_GE(lo, -high * 1.05f);
+      EXPECT_GT(hi - lo, high / 2);
+      if (pass == 0)
+        first = bits;
+      else
+        EXPECT_EQ(bits, first);
+    }
+  }
+}
+
+TEST(QuantGemmGpuTest, ValidateNamesWhatIsNotSupported) {
+  EXPECT_THAT(std::string(CheckQuantMatrix(DType::kQ4_K, 8, 128).message()),
+              ::testing::HasSubstr("multiple of 256"));
+  EXPECT_THAT(std::string(CheckQuantMatrix(DType::kQ5_K, 8, 256).message()),
+              ::testing::HasSubstr("Q8_0, Q4_0, Q4_K, Q6_K"));
+  EXPECT_THAT(std::string(CheckQuantMatrix(DType::kQ8_0, 7, 64).message()),
+              ::testing::HasSubstr("rows even"));
+  const QuantSkinnyGemmParams f16{.m = 1, .n = 2, .k = 32, .input_dtype = DType::kF16};
+  EXPECT_THAT(std::string(f16.Validate().message()), ::testing::HasSubstr("bf16"));
+  EXPECT_TRUE(SupportsQuantWeights(DType::kQ6_K));
+  EXPECT_FALSE(SupportsQuantWeights(DType::kQ4_1));
+}
+
+}  // namespace
+}  // namespace lmserve::kernels::cuda
