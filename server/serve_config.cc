@@ -213,6 +213,13 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       "a scale per output channel, a bfloat16 checkpoint quantized at load; embeddings, norms, "
       "the LM head and experts stay bfloat16)")
       ->group(kRunnerGroup);
+  AddChoiceFlag<engine::KvCacheDType>(
+      command, "--kv-cache-dtype", &runner->kv_cache_dtype, engine::KvCacheDTypeFromName,
+      "auto, bf16, fp8", std::string(engine::KvCacheDTypeName(runner->kv_cache_dtype)),
+      "the KV cache's element type: auto (the --dtype's), bf16 (cuda in bfloat16: the same as "
+      "auto) or fp8 (cuda in bfloat16 on compute capability 8.9+ only: E4M3 keys and values with "
+      "a scale of 1.0 per layer, as vLLM's default; twice the tokens in the same memory)")
+      ->group(kRunnerGroup);
   AddChoiceFlag<engine::LoadFormat>(
       command, "--load-format", &runner->load_format,
       [](std::string_view name) -> std::optional<engine::LoadFormat> {
@@ -355,6 +362,7 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       "  backend: ", BackendFlagName(model.backend),
       ", dtype: ", engine::RunnerDTypeName(runner.dtype),
       ", quantization: ", engine::RunnerQuantizationName(runner.quantization),
+      ", KV cache dtype: ", engine::KvCacheDTypeName(runner.kv_cache_dtype),
       ", threads: ", runner.num_threads,
       ", load format: ", runner.load_format == engine::LoadFormat::kDummy ? "dummy" : "auto",
       ", GPU memory utilization: ", runner.gpu_memory_utilization,

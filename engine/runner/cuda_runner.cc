@@ -220,6 +220,11 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::string device_name_;
   std::string cuda_kernels_;  // RunnerStats::cuda_kernels
   bool fp8_ = false;          // the linear layers in FP8 (RunnerQuantization, resolved)
+  // The KV cache in FP8 E4M3 (KvCacheDType, resolved), with its scales: every layer's 1.0 (no
+  // checkpoint's calibrated scales are read yet).
+  bool kv_fp8_ = false;
+  float k_scale_ = 1.0f, v_scale_ = 1.0f;
+  int64_t KvElementBytes() const { return kv_fp8_ ? 1 : element_bytes_; }
   CudaBuffer f8_inputs_;      // FP8 projections' per-token quantized inputs and their scales
 
   cudaStream_t stream_ = nullptr;
@@ -380,6 +385,27 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   const bool fp8 = config.quantization == RunnerQuantization::kFp8 ||
                    (config.quantization == RunnerQuantization::kAuto && model.fp8.present &&
                     fp8_capable && dtype == RunnerDType::kBFloat16);
+  // The KV cache's type: FP8 only where asked for, in bf16, on 8.9+.
+  if (config.kv_cache_dtype != KvCacheDType::kAuto && dtype != RunnerDType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        StrCat("CUDA runner: --kv-cache-dtype ", KvCacheDTypeName(config.kv_cache_dtype),
+               " needs --dtype bfloat16 (or auto), not ", RunnerDTypeName(dtype),
+               " (in float32 the KV cache is float32: --kv-cache-dtype auto)"));
+  }
+  const bool kv_fp8 = config.kv_cache_dtype == KvCacheDType::kFp8;
+  if (kv_fp8 && !fp8_capable) {
+    return absl::FailedPreconditionError(
+        StrCat("CUDA runner: --kv-cache-dtype fp8 needs a GPU of compute capability 8.9 or newer "
+               "(Ada, Hopper); ",
+               prop.name, " is ", prop.major, ".", prop.minor));
+  }
+  if (kv_fp8 && model.head_dim == 256 && prop.major < 9) {
+    // The prefill kernel's FP8 staging tiles do not fit beside its 16-bit ones in sm_89's 99 KB.
+    return absl::UnimplementedError(
+        StrCat("CUDA runner: --kv-cache-dtype fp8 at head_dim 256 needs compute capability 9.0 "
+               "(the prefill kernel's shared memory); ",
+               prop.name, " is ", prop.major, ".", prop.minor));
+  }
   if (model.ssm.num_heads > 0) {
     const SsmConfig& ssm = model.ssm;
     if (!kc::SupportsSsmStateSize(ssm.state_size) || ssm.head_dim % 8 != 0 ||
@@ -440,9 +466,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     plan.workspace_bytes = f8_input_bytes + max_tokens * activation_elements * 4 +
                            logits_rows * model.vocab_size * 4 +
                            static_cast<int64_t>(kGemmWorkspaceBytes);
-    plan.kv_cache_bytes = config.kv_cache_bytes > 0
-                              ? config.kv_cache_bytes
-                              : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
+    plan.kv_cache_bytes =
+        config.kv_cache_bytes > 0
+            ? config.kv_cache_bytes
+            : CudaKvBlockBytes(model, config.block_size_tokens, dtype, config.kv_cache_dtype);
     plan.state_bytes = int64_t{config.max_num_seqs} * CudaStateSlotBytes(model);
     plan.available_bytes = static_cast<int64_t>(free_bytes) -
                            static_cast<int64_t>((1.0 - config.gpu_memory_utilization) *
@@ -466,6 +493,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   std::unique_ptr<CudaRunner> runner(new CudaRunner(std::move(model_description), config));
   runner->device_name_ = prop.name;
   runner->fp8_ = fp8;
+  runner->kv_fp8_ = kv_fp8;
   {
     const int code = kc::KernelCodeCapability(config.device);
     runner->cuda_kernels_ =
@@ -584,7 +612,7 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   for (int64_t b = 1; dtype_ == RunnerDType::kBFloat16 && HasAttentionLayers(c) && b <= max_seqs_;
        ++b) {
     const int splits = kc::DecodeAttentionParams::ChooseMaxSplits(
-        b, c.num_attention_heads, c.num_kv_heads, c.head_dim, DType::kBF16);
+        b, c.num_attention_heads, c.num_kv_heads, c.head_dim, DType::kBF16, 1.0, kv_fp8_);
     decode_splits_[b] = splits;
     decode_bytes = std::max(decode_bytes, kc::DecodeAttentionParams::WorkspaceBytes(
                                               b, c.num_attention_heads, c.head_dim, splits));
@@ -623,7 +651,7 @@ absl::Status CudaRunner::AllocateKvPool() {
   // What the memory budget leaves, or what the caller fixed.
   const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
   const int64_t block_bytes =
-      2 * int64_t{groups_.layers_per_block} * block_size_ * kv_dim * element_bytes_;
+      2 * int64_t{groups_.layers_per_block} * block_size_ * kv_dim * KvElementBytes();
   if (block_bytes == 0) {
     // No KV cache layers (state-space layers only): blocks hold nothing; enough ids that the
     // engine's block accounting never limits the model.
@@ -651,7 +679,7 @@ absl::Status CudaRunner::AllocateKvPool() {
   }
   num_blocks_ = static_cast<int32_t>(
       std::min<int64_t>(kv_bytes / block_bytes, std::numeric_limits<int32_t>::max()));
-  layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim * element_bytes_;
+  layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim * KvElementBytes();
   LMSERVE_ASSIGN_OR_RETURN(
       kv_pool_, CudaBuffer::Device(2 * int64_t{groups_.layers_per_block} * layer_cache_bytes_,
                                    "the KV cache"));
@@ -838,6 +866,9 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
                                                         : kernels::RotaryLayout::kHalfSplit,
       .dtype = kernel_dtype_};
   post.rotary_dim = RotaryDim(rope, c.head_dim);
+  post.cache_fp8 = kv_fp8_;
+  post.k_scale = k_scale_;
+  post.v_scale = v_scale_;
   if (layer.q_norm.present()) {
     post.q_norm = weights_[layer.q_norm];
     post.k_norm = weights_[layer.k_norm];
@@ -905,11 +936,17 @@ absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buff
     auto attn = PagedAttentionParams<kc::DecodeAttentionParams>(layer, qkv, out);
     attn.workspace = decode_workspace_.get();
     attn.max_splits = decode_splits_.at(step_.seqs);
+    attn.cache_fp8 = kv_fp8_;
+    attn.k_scale = k_scale_;
+    attn.v_scale = v_scale_;
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(attn, stream_), "decode attention");
   } else {
     auto attn = RaggedAttentionParams<kc::PrefillAttentionParams>(layer, qkv, out);
     attn.workspace = prefill_workspace_.get();
     attn.plan_ready = true;  // Embed planned the step
+    attn.cache_fp8 = kv_fp8_;
+    attn.k_scale = k_scale_;
+    attn.v_scale = v_scale_;
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(attn, stream_), "prefill attention");
   }
   return absl::OkStatus();
@@ -1369,6 +1406,7 @@ RunnerStats CudaRunner::stats() const {
   RunnerStats s;
   s.dtype = dtype_;
   s.quantization = fp8_ ? RunnerQuantization::kFp8 : RunnerQuantization::kNone;
+  s.kv_cache_dtype = kv_fp8_ ? KvCacheDType::kFp8 : KvCacheDType::kAuto;
   s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = kv_pool_.bytes() + (num_state_slots_ > 0 ? state_pool_.bytes() : 0);
   s.workspace_bytes = gate_up_.bytes() + final_rows_.bytes() + logits_.bytes() +
