@@ -6,6 +6,7 @@
 // where block -1 would be) and score soft-caps.
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 #include <ostream>
@@ -15,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/paged_attention_f32.h"
@@ -64,11 +66,23 @@ struct PagedBatch {
   const void* device_value() const { return d_value.get() + guard() * cache_element_bytes(); }
 };
 
+// A device copy of `values` as FP8 E4M3 bytes of value / scale (an FP8 KV cache's layout,
+// kernels/cuda/fp8_cache.cuh); `values` becomes what the device holds: scale times each byte's
+// value (NaN stays NaN).
+DeviceBuffer<uint8_t> UploadF8(std::vector<float>& values, float scale) {
+  std::vector<uint8_t> bytes(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bytes[i] = F32ToF8E4M3(values[i] / scale);
+    if (!std::isnan(values[i])) values[i] = scale * F8E4M3ToF32(bytes[i]);
+  }
+  return DeviceBuffer<uint8_t>(bytes);
+}
+
 // Uploads b's caches (rounding the host copies to what the device holds).
 void UploadCaches(PagedBatch& b) {
   if (b.fp8_cache) {
-    b.d_key = testing::UploadF8(b.key_cache, b.k_scale);
-    b.d_value = testing::UploadF8(b.value_cache, b.v_scale);
+    b.d_key = UploadF8(b.key_cache, b.k_scale);
+    b.d_value = UploadF8(b.value_cache, b.v_scale);
   } else {
     b.d_key = testing::Upload(b.key_cache, b.dtype);
     b.d_value = testing::Upload(b.value_cache, b.dtype);

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/device.h"
 #include "kernels/dtype.h"
@@ -164,17 +163,6 @@ inline DeviceBuffer<uint8_t> Upload(std::vector<float>& values, DType dtype) {
   const std::vector<uint16_t> bits = RoundToHalf(values, dtype);
   if (!bits.empty()) cudaMemcpy(buffer.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice);
   return buffer;
-}
-// A device copy of `values` as FP8 E4M3 bytes of value / scale (an FP8 KV cache's layout,
-// kernels/cuda/fp8_cache.cuh); `values` becomes what the device holds: scale times each byte's
-// value (NaN stays NaN).
-inline DeviceBuffer<uint8_t> UploadF8(std::vector<float>& values, float scale) {
-  std::vector<uint8_t> bytes(values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    bytes[i] = F32ToF8E4M3(values[i] / scale);
-    if (!std::isnan(values[i])) values[i] = scale * F8E4M3ToF32(bytes[i]);
-  }
-  return DeviceBuffer<uint8_t>(bytes);
 }
 // A device buffer of `count` elements of `dtype`, every byte 0xff (NaN in each type).
 inline DeviceBuffer<uint8_t> Poisoned(size_t count, DType dtype) {
