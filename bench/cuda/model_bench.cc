@@ -310,7 +310,8 @@ int Run(const Options& o) {
   }
   const engine::RunnerStats stats = (*runner)->stats();
   std::printf("model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
-              "%.2f GiB %s%s, KV pool %.1f GiB%s (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+              "%.2f GiB %s%s, KV pool %.1f GiB%s (%d blocks); start-up %.1f s with %d CUDA "
+              "graphs\n",
               o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
               static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
@@ -553,7 +554,8 @@ int main(int argc, char** argv) {
       const std::string name = value();
       const auto kv_dtype = lmserve::engine::KvCacheDTypeFromName(name);
       if (!kv_dtype.has_value()) {
-        return lmserve::Usage(("--kv-cache-dtype: '" + name + "' is not auto, bf16 or fp8").c_str());
+        return lmserve::Usage(
+            ("--kv-cache-dtype: '" + name + "' is not auto, bf16 or fp8").c_str());
       }
       o.kv_cache_dtype = *kv_dtype;
     } else if (arg == "--no-graphs") {

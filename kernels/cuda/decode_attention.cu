@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
   C* ring = reinterpret_cast<C*>(smem_raw + warp * Shape::kWarpBytes);
   // kF8: the widened tile [K, V][key][kStride]; else unused.
-  T* widened = reinterpret_cast<T*>(smem_raw + warp * Shape::kWarpBytes + Shape::kRingBytes);
+  [[maybe_unused]] T* widened =
+      reinterpret_cast<T*>(smem_raw + warp * Shape::kWarpBytes + Shape::kRingBytes);
   const C* key_cache = static_cast<const C*>(a.key_cache);
   const C* value_cache = static_cast<const C*>(a.value_cache);
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
@@ -288,7 +289,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       const uint8_t* src_stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;
 #pragma unroll
       for (int c = lane; c < 2 * kTileN * kChunks; c += 32) {
-        const int kv_row = c / kChunks, col = (c - kv_row * kChunks) * 16;  // kv_row: K rows, then V
+        // kv_row: the K rows, then the V rows.
+        const int kv_row = c / kChunks, col = (c - kv_row * kChunks) * 16;
         const uint4 in = *reinterpret_cast<const uint4*>(src_stage + kv_row * kCacheStride + col);
         uint4 lo, hi;
         F8x16Widen<T>(in, lo, hi);

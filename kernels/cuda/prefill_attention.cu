@@ -108,9 +108,9 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   T* s_k = s_q + kBlockM * kStride;       // [2][kBlockN][kStride]
   T* s_v = s_k + 2 * kBlockN * kStride;   // [2][kBlockN][kStride]
   // kF8: [2][K, V][kBlockN][kF8Stride] bytes.
-  uint8_t* s_f8 = reinterpret_cast<uint8_t*>(s_v + 2 * kBlockN * kStride);
-  constexpr int kF8Stride = Shape::kF8Stride;
-  constexpr int kF8Chunks = kHeadDim / 16;  // 16-byte chunks of an E4M3 row
+  [[maybe_unused]] uint8_t* s_f8 = reinterpret_cast<uint8_t*>(s_v + 2 * kBlockN * kStride);
+  [[maybe_unused]] constexpr int kF8Stride = Shape::kF8Stride;
+  [[maybe_unused]] constexpr int kF8Chunks = kHeadDim / 16;  // 16-byte chunks of an E4M3 row
 
   PrefillTile t;
   if (!LocatePrefillTile(static_cast<int>(gridDim.x - 1 - blockIdx.x), kBlockM, a.num_seqs,
