@@ -220,11 +220,19 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::string device_name_;
   std::string cuda_kernels_;  // RunnerStats::cuda_kernels
   bool fp8_ = false;          // the linear layers in FP8 (RunnerQuantization, resolved)
-  // The KV cache in FP8 E4M3 (KvCacheDType, resolved), with its scales: every layer's 1.0 (no
-  // checkpoint's calibrated scales are read yet).
+  // The KV cache in FP8 E4M3 (KvCacheDType, resolved), with its scales by KV cache layer: the
+  // checkpoint's (ReadKvCacheScales) or 1.0.
   bool kv_fp8_ = false;
-  float k_scale_ = 1.0f, v_scale_ = 1.0f;
+  KvCacheScales kv_scales_;
   int64_t KvElementBytes() const { return kv_fp8_ ? 1 : element_bytes_; }
+  // An attention kernel's FP8 cache fields for `layer` (none without an FP8 cache).
+  template <typename Params>
+  void SetKvScales(const AttentionLayer& layer, Params& params) const {
+    if (!kv_fp8_) return;
+    params.cache_fp8 = true;
+    params.k_scale = kv_scales_.k[static_cast<size_t>(layer.layer)];
+    params.v_scale = kv_scales_.v[static_cast<size_t>(layer.layer)];
+  }
   CudaBuffer f8_inputs_;      // FP8 projections' per-token quantized inputs and their scales
 
   cudaStream_t stream_ = nullptr;
@@ -507,6 +515,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
 }
 
 absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
+  if (kv_fp8_) {
+    // A KV cache layer is its decoder layer where every layer attends; a hybrid's (state-space
+    // layers beside attention) keep 1.0.
+    const int64_t kv_layers = static_cast<int64_t>(model_->kv_windows().size());
+    if (config_.ssm.num_heads > 0) {
+      kv_scales_.k.assign(static_cast<size_t>(kv_layers), 1.0f);
+      kv_scales_.v.assign(static_cast<size_t>(kv_layers), 1.0f);
+    } else {
+      LMSERVE_ASSIGN_OR_RETURN(kv_scales_, ReadKvCacheScales(checkpoint, kv_layers));
+    }
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                "cudaStreamCreate");
   LMSERVE_ASSIGN_OR_RETURN(blas_, kc::BlasLtHandle::Create());
@@ -866,9 +885,11 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
                                                         : kernels::RotaryLayout::kHalfSplit,
       .dtype = kernel_dtype_};
   post.rotary_dim = RotaryDim(rope, c.head_dim);
-  post.cache_fp8 = kv_fp8_;
-  post.k_scale = k_scale_;
-  post.v_scale = v_scale_;
+  if (kv_fp8_) {
+    post.cache_fp8 = true;
+    post.k_scale = kv_scales_.k[static_cast<size_t>(layer.layer)];
+    post.v_scale = kv_scales_.v[static_cast<size_t>(layer.layer)];
+  }
   if (layer.q_norm.present()) {
     post.q_norm = weights_[layer.q_norm];
     post.k_norm = weights_[layer.k_norm];
@@ -936,17 +957,13 @@ absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buff
     auto attn = PagedAttentionParams<kc::DecodeAttentionParams>(layer, qkv, out);
     attn.workspace = decode_workspace_.get();
     attn.max_splits = decode_splits_.at(step_.seqs);
-    attn.cache_fp8 = kv_fp8_;
-    attn.k_scale = k_scale_;
-    attn.v_scale = v_scale_;
+    SetKvScales(layer, attn);
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(attn, stream_), "decode attention");
   } else {
     auto attn = RaggedAttentionParams<kc::PrefillAttentionParams>(layer, qkv, out);
     attn.workspace = prefill_workspace_.get();
     attn.plan_ready = true;  // Embed planned the step
-    attn.cache_fp8 = kv_fp8_;
-    attn.k_scale = k_scale_;
-    attn.v_scale = v_scale_;
+    SetKvScales(layer, attn);
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(attn, stream_), "prefill attention");
   }
   return absl::OkStatus();
