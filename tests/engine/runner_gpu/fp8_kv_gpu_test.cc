@@ -23,6 +23,7 @@
 #include "kernels/cuda/fp8.h"
 #include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
+#include "tests/testing/fp8_checkpoint.h"
 #include "tests/testing/step_batches.h"
 
 namespace lmserve::engine {
@@ -147,6 +148,45 @@ TEST(Fp8KvCachePoolGpuTest, TwiceTheBlocksAndRefusals) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("--dtype bfloat16"), std::string::npos)
       << refused.status();
+}
+
+// A checkpoint's calibrated scales (compressed-tensors' kv_cache_scheme: self_attn.k_scale and
+// v_scale per layer, here 0.05 x (layer + 1) and 0.05 x (layer + 2) / 2) are the cache's: the
+// FP8 cache with them against the same checkpoint's bf16 cache, a token a step and in chunks of
+// 8 (a scale applied on one side only would be off by 20x and more).
+TEST(Fp8KvCachePoolGpuTest, CheckpointScales) {
+  if (!CheckFp8Device().ok()) GTEST_SKIP() << "FP8 GPU test skipped: " << CheckFp8Device();
+  const std::string fixture = testing::HfTinyDir("llama-gqa");
+  auto dir = testing::WriteFp8Checkpoint(fixture,
+                                         testing::Fp8CheckpointLayout::kCompressedTensorsChannel,
+                                         32, 64, true, /*kv_scale=*/0.05f);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto checkpoint = OpenCheckpoint(*dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const testing::HfTinyReference ref = testing::LoadReference(fixture);
+  for (const size_t chunk : {size_t{1}, size_t{8}}) {
+    SCOPED_TRACE(chunk == 1 ? "decode" : "chunks");
+    testing::QuantizedAccuracy accuracy;
+    for (const auto& prompt : ref.prompts) {
+      RunnerConfig config = KvConfig(KvCacheDType::kFp8, 0);
+      config.quantization = RunnerQuantization::kNone;  // the weights dequantized: KV alone
+      auto fp8 = ModelRunner::Create(**checkpoint, config);
+      ASSERT_TRUE(fp8.ok()) << fp8.status();
+      config.kv_cache_dtype = KvCacheDType::kAuto;
+      auto bf16 = ModelRunner::Create(**checkpoint, config);
+      ASSERT_TRUE(bf16.ok()) << bf16.status();
+      const std::vector<float> got = testing::PromptLogits(**fp8, prompt, chunk);
+      const std::vector<float> want = testing::PromptLogits(**bf16, prompt, chunk);
+      ASSERT_EQ(got.size(), want.size());
+      accuracy.Add(got, want, (*fp8)->model_config().vocab_size);
+    }
+    std::printf("[ fp8 kv   ] llama-gqa, checkpoint scales, against its bf16 cache: relative L2 "
+                "%.3g, top-1 %lld of %lld decisive rows\n",
+                accuracy.relative_l2(), static_cast<long long>(accuracy.decisive_agree),
+                static_cast<long long>(accuracy.decisive_rows));
+    EXPECT_LE(accuracy.relative_l2(), 4e-2);
+    EXPECT_GE(accuracy.top1_agreement(), 0.98);
+  }
 }
 
 }  // namespace
