@@ -44,8 +44,9 @@ __device__ __forceinline__ float Rotated(float a, float b, float c, float s, boo
 // grid (num_tokens, ceil(num_all_heads * lanes_per_head / kThreads)). Thread `lane` of a head's
 // lanes_per_head consecutive threads holds the head's elements [16 lane, 16 lane + 16) in fp32
 // registers (lanes past head_dim / 16 hold none). Every thread of a block reaches the shuffles
-// and the warp barrier: none returns early.
-template <typename T, bool kInterleaved>
+// and the warp barrier: none returns early. kF8: the caches hold E4M3 (fp8_cache.cuh): a key or
+// value thread stores its 16 values as 16 bytes.
+template <typename T, bool kInterleaved, bool kF8>
 __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
   // A head's values after the bias and the norm, for the rotary partners held by other lanes.
   __shared__ __align__(16) float s_x[kThreads * kUnit];
