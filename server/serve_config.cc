@@ -218,7 +218,8 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       "auto, bf16, fp8", std::string(engine::KvCacheDTypeName(runner->kv_cache_dtype)),
       "the KV cache's element type: auto (the --dtype's), bf16 (cuda in bfloat16: the same as "
       "auto) or fp8 (cuda in bfloat16 on compute capability 8.9+ only: E4M3 keys and values with "
-      "a scale of 1.0 per layer, as vLLM's default; twice the tokens in the same memory)")
+      "a scale per layer, the checkpoint's k_scale / v_scale or 1.0; twice the tokens in the same "
+      "memory)")
       ->group(kRunnerGroup);
   AddChoiceFlag<engine::LoadFormat>(
       command, "--load-format", &runner->load_format,

@@ -310,6 +310,24 @@ TEST(ServeConfigTest, QuantizationTakesAutoNoneAndFp8) {
   EXPECT_THAT(config.status().message(), HasSubstr("--quantization"));
 }
 
+TEST(ServeConfigTest, KvCacheDtypeTakesAutoBf16AndFp8) {
+  absl::StatusOr<ServeConfig> config = Parse({});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->runner.kv_cache_dtype, engine::KvCacheDType::kAuto);
+  for (const char* name : {"auto", "bf16", "fp8"}) {
+    config = Parse({"--kv-cache-dtype", name});
+    ASSERT_TRUE(config.ok()) << name << ": " << config.status();
+    EXPECT_EQ(engine::KvCacheDTypeName(config->runner.kv_cache_dtype), name);
+    EXPECT_THAT(DescribeServeConfig(*config), HasSubstr(std::string("KV cache dtype: ") + name));
+  }
+  config = Parse({"--kv-cache-dtype", "fp8_e4m3"});  // vLLM's name
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->runner.kv_cache_dtype, engine::KvCacheDType::kFp8);
+  config = Parse({"--kv-cache-dtype", "int8"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("--kv-cache-dtype"));
+}
+
 TEST(ServeConfigTest, DtypeTakesAutoBfloat16AndFloat32) {
   for (const char* backend : {"auto", "cuda"}) {
     for (const char* dtype : {"auto", "bfloat16", "float32"}) {
