@@ -254,7 +254,8 @@ TEST(Fp8CheckpointConfigTest, KvCacheScalesPerLayer) {
   config.num_threads = 1;
   EXPECT_TRUE(ModelRunner::Create(**checkpoint, config).ok());
 
-  // An infinite scale is refused, by name: layer 1's key scale, 2 * 3e38, overflows.
+  // An infinite scale is refused, by name: layer 0's value scale, 3e38 * 2 / 2, overflows (in
+  // the product) to infinity.
   auto zero = testing::WriteFp8Checkpoint(fixture, Fp8CheckpointLayout::kCompressedTensorsChannel,
                                           32, 64, true, /*kv_scale=*/3e38f);
   ASSERT_TRUE(zero.ok()) << zero.status();
@@ -262,7 +263,7 @@ TEST(Fp8CheckpointConfigTest, KvCacheScalesPerLayer) {
   ASSERT_TRUE(zero_checkpoint.ok()) << zero_checkpoint.status();
   auto refused = ReadKvCacheScales(**zero_checkpoint, layers);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("model.layers.1.self_attn.k_scale"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("model.layers.0.self_attn.v_scale"), std::string::npos)
       << refused.status();
 }
 
