@@ -325,10 +325,12 @@ class Bench {
             0, 0, "", ">=85% copy", 0.85});
   }
 
-  void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0) {
+  void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0,
+              const std::string& tag = "") {
     const bool fp8 = options_.kv_fp8;
     const std::string name = "decode attention b" + std::to_string(batch) +
-                             (fp8 ? " fp8 KV" : "") + (forced_splits > 0 ? " (fixed splits)" : "");
+                             (fp8 ? " fp8 KV" : "") + (forced_splits > 0 ? " (fixed splits)" : "") +
+                             tag;
     if (!Selected("decode")) return;
     const int64_t heads = 32, kv_heads = 8, head_dim = 128, block = 16;
     const int64_t kv_element_bytes = fp8 ? 1 : 2;
@@ -385,7 +387,7 @@ class Bench {
                   static_cast<long long>(context), max_splits);
     char target_text[32];
     std::snprintf(target_text, sizeof(target_text), ">=%.0f%% copy", 100 * target);
-    if (forced_splits > 0) {
+    if (forced_splits > 0 || target <= 0) {
       Record({name, shape, us, min_us, bytes, 0});
     } else {
       Record({name, shape, us, min_us, bytes, 0, 0, 0, 0, "", target_text, target});
@@ -786,6 +788,14 @@ int Main(int argc, char** argv) {
   bench.Decode(1, 32768, 0.60);
   bench.Decode(64, 4096, 0, 5);     // run 2's split cap, for comparison
   bench.Decode(1, 32768, 0, 128);
+  if (options.kv_fp8) {
+    // An FP8 cache's tiles by one bulk copy a row, as bf16's (decode_attention.h), for
+    // comparison with the default cp.async loads.
+    SetDecodeF8BulkCopies(true);
+    bench.Decode(64, 4096, 0, 0, " [bulk]");
+    bench.Decode(1, 32768, 0, 0, " [bulk]");
+    SetDecodeF8BulkCopies(false);
+  }
   // Issue 25's targets against torch SDPA's cuDNN backend on the same shapes
   // (bench/sdpa_reference.py; 601 / 420 TFLOP/s on an H100 in the issue's lease): 0.95x at
   // 1 x 8192 d128, 0.9x at 4 x 2048 and at 1 x 8192 d64. 4 x 1024: the 8B-shaped prefill step's.

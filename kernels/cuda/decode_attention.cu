@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <type_traits>
@@ -79,8 +80,9 @@ struct DecodeShape {
   static constexpr int kTileN = 16;  // keys per warp step
   static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
   // Hopper: three stages up to head dim 128. Portable: two, so that 4 warps at head dim 128 fit
-  // the 99 KB a block of sm_86 and sm_89 (three take 102 KB).
-  static constexpr int kStages = kBulk && kHeadDim <= 128 ? 3 : 2;
+  // the 99 KB a block of sm_86 and sm_89 (three take 102 KB); an FP8 ring, half the bytes, takes
+  // three either way (4 warps at head dim 128: 90 KB with the widened tiles).
+  static constexpr int kStages = (kBulk || kF8) && kHeadDim <= 128 ? 3 : 2;
   static constexpr int kTileElements = kTileN * kStride;
   static constexpr int kCacheBytes = kF8 ? 1 : 2;  // of a cache element
   // A ring row, in cache elements (16-byte multiples).
@@ -490,6 +492,9 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
+// FP8 tiles by bulk copies on Hopper (SetDecodeF8BulkCopies), else by cp.async.
+std::atomic<bool> f8_bulk_copies{false};
+
 // DecodeWarps for a head dim, path and cache type.
 template <int kHeadDim, bool kF8>
 int DecodeWarpsFor(bool bulk, int64_t blocks, int sms) {
@@ -515,6 +520,8 @@ cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
 
 }  // namespace
 
+void SetDecodeF8BulkCopies(bool on) { f8_bulk_copies.store(on); }
+
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype,
                                            double min_waves, bool cache_fp8) {
@@ -524,7 +531,7 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
   if (sms <= 0) return 1;
   int resident = 0;
   int64_t blocks = 0;
-  const bool bulk = UseHopperKernels();
+  const bool bulk = UseHopperKernels() && (!cache_fp8 || f8_bulk_copies.load());
   const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
@@ -595,7 +602,7 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
     a.cap_log2 = 0.0f;
   }
   const int sms = CurrentMultiprocessorCount();
-  const bool bulk = UseHopperKernels();
+  const bool bulk = UseHopperKernels() && (!p.cache_fp8 || f8_bulk_copies.load());
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.cache_fp8) {

@@ -350,6 +350,13 @@ TEST(DecodeAttentionGpuTest, Fp8CacheMatchesCpu) {
     RunDecodeCase(DType::kBF16, 5, 1, 12, 80, kBlockSize, {37, 5.0f, true}, {true, 0.5f, 0.25f});
     RunDecodeCase(DType::kBF16, 17, 2, 4, 64, 5, {100, 0.0f, true}, {true, 1.0f, 1.0f});
   }
+  // The tiles by bulk copies on Hopper (SetDecodeF8BulkCopies; a no-op elsewhere).
+  SetDecodeF8BulkCopies(true);
+  for (int64_t head_dim : {64, 80, 128, 256}) {
+    RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {}, {true, 16.0f, 2.0f});
+  }
+  RunDecodeCase(DType::kF16, 64, 8, 4, 128, 24, {37, 5.0f, true}, {true, 0.5f, 0.25f});
+  SetDecodeF8BulkCopies(false);
 }
 
 TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
