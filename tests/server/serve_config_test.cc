@@ -168,6 +168,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
       "--debug-log-text",
       "--extra-chat-roles",
       "developer,ipython",
+      "--kv-cache-dtype",
+      "fp8",
   });
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServeConfig& config = *parsed;
@@ -178,6 +180,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   EXPECT_EQ(config.model.backend, engine::Backend::kCuda);
   EXPECT_EQ(config.runner.dtype, engine::RunnerDType::kFloat32);
   EXPECT_EQ(config.runner.load_format, engine::LoadFormat::kDummy);
+  EXPECT_EQ(config.runner.kv_cache_dtype, engine::KvCacheDType::kFp8);
   EXPECT_EQ(config.runner.kv_cache_bytes, int64_t{256} << 20);
   EXPECT_EQ(config.runner.num_threads, 3);
   EXPECT_EQ(config.runner.gpu_memory_utilization, 0.5);
@@ -207,8 +210,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
 
   // The summary shows the settings and never the token.
   const std::string summary = DescribeServeConfig(config);
-  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, quantization: auto, threads: 3, "
-                                 "load format: dummy"));
+  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, quantization: auto, KV cache "
+                                 "dtype: fp8, threads: 3, load format: dummy"));
   EXPECT_THAT(summary, HasSubstr("CUDA graphs: off, fp32 residual: off"));
   EXPECT_THAT(summary, HasSubstr("CUDA kernel path: portable"));
   EXPECT_THAT(summary, HasSubstr("KV cache: 256 MiB, max model len: 1024, prefix caching: off"));
