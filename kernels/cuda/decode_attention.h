@@ -108,6 +108,14 @@ struct DecodeAttentionParams {
 
 cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
 
+// How an FP8 cache's tiles reach shared memory on the Hopper path: by cp.async in 16-byte pieces
+// (the default, as on the portable path) or, on, by a bulk copy a row as the 16-bit caches'. A
+// bulk copy a row moves 128 bytes of an E4M3 row at head dim 128 against bf16's 256, and the
+// copies' count, not their bytes, looked like their bound (an H100, batch 64 x 4096 keys: 342 us,
+// 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). Process-wide (an
+// atomic read at each launch); for benchmarks and tests.
+void SetDecodeF8BulkCopies(bool on);
+
 }  // namespace lmserve::kernels::cuda
 
 #endif  // LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
