@@ -11,6 +11,7 @@
 // compute capability 8.9+.
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,19 +79,23 @@ TEST_P(Fp8KvCacheGpuTest, MatchesTheReference) {
     const char* mode = chunk == 0 ? "whole" : chunk == 8 ? "chunks" : "decode";
     SCOPED_TRACE(mode);
     testing::QuantizedAccuracy accuracy;
+    // One runner a context length (the prompts overwrite the same blocks in turn).
+    std::map<int64_t, std::unique_ptr<ModelRunner>> runners;
     for (size_t j = 0; j < ref.prompts.size(); ++j) {
       const int64_t context =
           ContextFor((*checkpoint)->config(),
                      static_cast<int64_t>(ref.prompts[j].size() + ref.greedy[j].size()));
-      auto runner = ModelRunner::Create(**checkpoint, KvConfig(KvCacheDType::kFp8, context));
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      ASSERT_EQ((*runner)->stats().kv_cache_dtype, KvCacheDType::kFp8);
-      const int32_t state_slot = (*runner)->num_state_slots() > 0 ? 0 : -1;
-      const std::vector<float> got =
-          testing::PromptLogits(**runner, ref.prompts[j], chunk, state_slot);
+      std::unique_ptr<ModelRunner>& runner = runners[context];
+      if (runner == nullptr) {
+        auto created = ModelRunner::Create(**checkpoint, KvConfig(KvCacheDType::kFp8, context));
+        ASSERT_TRUE(created.ok()) << created.status();
+        runner = std::move(*created);
+      }
+      ASSERT_EQ(runner->stats().kv_cache_dtype, KvCacheDType::kFp8);
+      const std::vector<float> got = testing::PromptLogits(*runner, ref.prompts[j], chunk);
       const std::vector<float> want = testing::LoadReferenceLogits(dir, static_cast<int>(j));
       ASSERT_EQ(got.size(), want.size());
-      accuracy.Add(got, want, (*runner)->model_config().vocab_size);
+      accuracy.Add(got, want, runner->model_config().vocab_size);
     }
     std::printf("[ fp8 kv   ] %-34s %-6s relative L2 %.3g, top-1 %lld of %lld decisive rows "
                 "(%lld rows)\n",
@@ -164,17 +169,17 @@ TEST(Fp8KvCachePoolGpuTest, CheckpointScales) {
   auto checkpoint = OpenCheckpoint(*dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const testing::HfTinyReference ref = testing::LoadReference(fixture);
+  RunnerConfig config = KvConfig(KvCacheDType::kFp8, 0);
+  config.quantization = RunnerQuantization::kNone;  // the weights dequantized: KV alone
+  auto fp8 = ModelRunner::Create(**checkpoint, config);
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  config.kv_cache_dtype = KvCacheDType::kAuto;
+  auto bf16 = ModelRunner::Create(**checkpoint, config);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
   for (const size_t chunk : {size_t{1}, size_t{8}}) {
     SCOPED_TRACE(chunk == 1 ? "decode" : "chunks");
     testing::QuantizedAccuracy accuracy;
     for (const auto& prompt : ref.prompts) {
-      RunnerConfig config = KvConfig(KvCacheDType::kFp8, 0);
-      config.quantization = RunnerQuantization::kNone;  // the weights dequantized: KV alone
-      auto fp8 = ModelRunner::Create(**checkpoint, config);
-      ASSERT_TRUE(fp8.ok()) << fp8.status();
-      config.kv_cache_dtype = KvCacheDType::kAuto;
-      auto bf16 = ModelRunner::Create(**checkpoint, config);
-      ASSERT_TRUE(bf16.ok()) << bf16.status();
       const std::vector<float> got = testing::PromptLogits(**fp8, prompt, chunk);
       const std::vector<float> want = testing::PromptLogits(**bf16, prompt, chunk);
       ASSERT_EQ(got.size(), want.size());
