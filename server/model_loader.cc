@@ -91,6 +91,7 @@ void LogRunner(std::string_view backend, const engine::ModelRunner& runner) {
                        engine::RunnerQuantizationName(stats.quantization), ")")
               : std::string(),
           " on ", stats.device_name, ", weights ", stats.weight_bytes >> 20, " MiB, KV cache ",
+          stats.kv_cache_dtype == engine::KvCacheDType::kFp8 ? "(FP8) " : "",
           stats.kv_cache_bytes >> 20, " MiB (", runner.num_kv_blocks(), " blocks of ",
           runner.block_size_tokens(), " tokens), ",
           stats.workspace_bytes > 0  // the CPU runner's grow with the batch

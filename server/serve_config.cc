@@ -218,6 +218,14 @@ void BindRunnerFlags(CLI::App* command, engine::RunnerConfig* runner) {
       "slower beyond for now) or q8_0, q4_0, q4_k, q6_k (cuda with --load-format dummy only: "
       "dummy weights in that GGUF block type)")
       ->group(kRunnerGroup);
+  AddChoiceFlag<engine::KvCacheDType>(
+      command, "--kv-cache-dtype", &runner->kv_cache_dtype, engine::KvCacheDTypeFromName,
+      "auto, bf16, fp8", std::string(engine::KvCacheDTypeName(runner->kv_cache_dtype)),
+      "the KV cache's element type: auto (the --dtype's), bf16 (cuda in bfloat16: the same as "
+      "auto) or fp8 (cuda in bfloat16 on compute capability 8.9+ only: E4M3 keys and values with "
+      "a scale per layer, the checkpoint's k_scale / v_scale or 1.0; twice the tokens in the same "
+      "memory)")
+      ->group(kRunnerGroup);
   AddChoiceFlag<engine::LoadFormat>(
       command, "--load-format", &runner->load_format,
       [](std::string_view name) -> std::optional<engine::LoadFormat> {
@@ -360,6 +368,7 @@ std::string DescribeServeConfig(const ServeConfig& config) {
       "  backend: ", BackendFlagName(model.backend),
       ", dtype: ", engine::RunnerDTypeName(runner.dtype),
       ", quantization: ", engine::RunnerQuantizationName(runner.quantization),
+      ", KV cache dtype: ", engine::KvCacheDTypeName(runner.kv_cache_dtype),
       ", threads: ", runner.num_threads,
       ", load format: ", runner.load_format == engine::LoadFormat::kDummy ? "dummy" : "auto",
       ", GPU memory utilization: ", runner.gpu_memory_utilization,

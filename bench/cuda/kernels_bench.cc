@@ -9,9 +9,11 @@
 // zeros.
 //
 // Usage: lmserve-kernels-bench [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING]
-//                              [--cuda-kernel-path auto|portable]
+//                              [--cuda-kernel-path auto|portable] [--kv-cache-dtype bf16|fp8]
 // (--cuda-kernel-path portable: the kernels' portable path on a Hopper GPU too, device.h; decode
 // attention is the kernel whose figures it changes, and no kernel chains by programmatic launch.)
+// (--kv-cache-dtype fp8: decode and prefill attention read an FP8 E4M3 cache, and the decode
+// rows' bytes are its one byte an element; the rows' names say "fp8 KV".)
 
 #include <cuda_runtime.h>
 
@@ -30,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/qkv_postprocess.h"
 #include "kernels/cuda/activation.h"
@@ -66,6 +69,7 @@ struct Options {
   std::string command;
   int iters = 30;
   std::string filter;
+  bool kv_fp8 = false;  // --kv-cache-dtype fp8
 };
 
 // Device memory owned for the whole run.
@@ -104,6 +108,12 @@ void FillBf16(const Buffer& b, float stddev = 1.0f) {
   std::vector<uint16_t> host(std::min<size_t>(b.bytes() / 2, size_t{1} << 22));
   for (auto& x : host) x = F32ToBf16(dist(rng));
   FillRepeated(b, host.data(), host.size() * 2);
+}
+void FillF8(const Buffer& b, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<uint8_t> host(std::min<size_t>(b.bytes(), size_t{1} << 22));
+  for (auto& x : host) x = F32ToF8E4M3(dist(rng));
+  FillRepeated(b, host.data(), host.size());
 }
 void FillF32(const Buffer& b, float stddev = 1.0f) {
   std::normal_distribution<float> dist(0.0f, stddev);
@@ -316,19 +326,28 @@ class Bench {
             0, 0, "", ">=85% copy", 0.85});
   }
 
-  void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0) {
+  void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0,
+              const std::string& tag = "") {
+    const bool fp8 = options_.kv_fp8;
     const std::string name = "decode attention b" + std::to_string(batch) +
-                             (forced_splits > 0 ? " (fixed splits)" : "");
+                             (fp8 ? " fp8 KV" : "") + (forced_splits > 0 ? " (fixed splits)" : "") +
+                             tag;
     if (!Selected("decode")) return;
     const int64_t heads = 32, kv_heads = 8, head_dim = 128, block = 16;
+    const int64_t kv_element_bytes = fp8 ? 1 : 2;
     const int64_t blocks_per_seq = (context + block - 1) / block;
     const int64_t num_blocks = batch * blocks_per_seq;
     Buffer q(batch * heads * head_dim * 2), out(q.bytes()),
-        k(num_blocks * block * kv_heads * head_dim * 2), v(k.bytes()), lens(batch * 4),
-        starts((batch + 1) * 4), ids(num_blocks * 4);
+        k(num_blocks * block * kv_heads * head_dim * kv_element_bytes), v(k.bytes()),
+        lens(batch * 4), starts((batch + 1) * 4), ids(num_blocks * 4);
     FillBf16(q);
-    FillBf16(k);
-    FillBf16(v);
+    if (fp8) {
+      FillF8(k);
+      FillF8(v);
+    } else {
+      FillBf16(k);
+      FillBf16(v);
+    }
     std::vector<int32_t> block_ids(num_blocks);
     std::iota(block_ids.begin(), block_ids.end(), 0);
     std::shuffle(block_ids.begin(), block_ids.end(), rng);
@@ -340,9 +359,11 @@ class Bench {
     const int max_splits =
         forced_splits > 0
             ? forced_splits
-            : DecodeAttentionParams::ChooseMaxSplits(batch, heads, kv_heads, head_dim, DType::kBF16);
+            : DecodeAttentionParams::ChooseMaxSplits(batch, heads, kv_heads, head_dim, DType::kBF16,
+                                                     1.0, fp8);
     Buffer ws(DecodeAttentionParams::WorkspaceBytes(batch, heads, head_dim, max_splits));
     DecodeAttentionParams p;
+    p.cache_fp8 = fp8;
     p.query = q.get();
     p.key_cache = k.get();
     p.value_cache = v.get();
@@ -360,14 +381,14 @@ class Bench {
     p.max_splits = max_splits;
     p.scale = 1.0f / std::sqrt(128.0f);
     auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-    const double bytes = 2.0 * batch * context * kv_heads * head_dim * 2 +
+    const double bytes = 2.0 * batch * context * kv_heads * head_dim * kv_element_bytes +
                          2.0 * batch * heads * head_dim * 2 + batch * (4 + blocks_per_seq * 4);
     char shape[96];
     std::snprintf(shape, sizeof(shape), "ctx %lld, 32/8 heads, d128, blk16, splits<=%d",
                   static_cast<long long>(context), max_splits);
     char target_text[32];
     std::snprintf(target_text, sizeof(target_text), ">=%.0f%% copy", 100 * target);
-    if (forced_splits > 0) {
+    if (forced_splits > 0 || target <= 0) {
       Record({name, shape, us, min_us, bytes, 0});
     } else {
       Record({name, shape, us, min_us, bytes, 0, 0, 0, 0, "", target_text, target});
@@ -376,8 +397,10 @@ class Bench {
 
   void Prefill(const std::vector<int32_t>& seq_lens, int64_t head_dim, const std::string& name,
                double target_tflops) {
+    const bool fp8 = options_.kv_fp8;
     if (!Selected(name)) return;
     const int64_t heads = 32, kv_heads = 8, block = 16;
+    const int64_t kv_element_bytes = fp8 ? 1 : 2;
     int64_t tokens = 0, num_blocks = 0;
     double flops = 0;
     std::vector<int32_t> query_start{0}, table_start{0}, table_ids;
@@ -392,12 +415,17 @@ class Bench {
     }
     std::shuffle(table_ids.begin(), table_ids.end(), rng);
     Buffer q(tokens * heads * head_dim * 2), out(q.bytes()),
-        k(num_blocks * block * kv_heads * head_dim * 2), v(k.bytes()),
+        k(num_blocks * block * kv_heads * head_dim * kv_element_bytes), v(k.bytes()),
         qs(query_start.size() * 4), lens(seq_lens.size() * 4), ts(table_start.size() * 4),
         ids(table_ids.size() * 4), ws(PrefillAttentionParams::WorkspaceBytes(seq_lens.size()));
     FillBf16(q);
-    FillBf16(k);
-    FillBf16(v);
+    if (fp8) {
+      FillF8(k);
+      FillF8(v);
+    } else {
+      FillBf16(k);
+      FillBf16(v);
+    }
     Upload(qs, query_start);
     Upload(lens, seq_lens);
     Upload(ts, table_start);
@@ -420,13 +448,15 @@ class Bench {
     p.block_size = block;
     p.num_blocks = num_blocks;
     p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    p.cache_fp8 = fp8;
     CHECK_CUDA(LaunchPrefillPlan(p, stream_));
     p.plan_ready = true;
     auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
     char shape[96];
-    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok, 32/8 heads, d%lld, causal, %s",
+    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok, 32/8 heads, d%lld, causal, %s%s",
                   seq_lens.size(), static_cast<long long>(tokens), static_cast<long long>(head_dim),
-                  ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90 ? "wgmma" : "mma.sync");
+                  ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90 ? "wgmma" : "mma.sync",
+                  fp8 ? ", fp8 KV" : "");
     Result r{name, shape, us, min_us, 0, flops};
     if (target_tflops > 0) {
       char target_text[32];
@@ -864,10 +894,17 @@ int Main(int argc, char** argv) {
         return 2;
       }
       SetKernelPath(path == "portable" ? KernelPath::kPortable : KernelPath::kAuto);
+    } else if (arg == "--kv-cache-dtype") {
+      const std::string kv_dtype = next();
+      if (kv_dtype != "auto" && kv_dtype != "bf16" && kv_dtype != "fp8") {
+        std::fprintf(stderr, "--kv-cache-dtype: '%s' is not auto, bf16 or fp8\n", kv_dtype.c_str());
+        return 2;
+      }
+      options.kv_fp8 = kv_dtype == "fp8";
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--commit SHA] [--iters N] [--filter SUBSTRING] "
-                   "[--cuda-kernel-path auto|portable]\n",
+                   "[--cuda-kernel-path auto|portable] [--kv-cache-dtype bf16|fp8]\n",
                    argv[0]);
       return 2;
     }
@@ -883,6 +920,14 @@ int Main(int argc, char** argv) {
   bench.Decode(1, 32768, 0.60);
   bench.Decode(64, 4096, 0, 5);     // run 2's split cap, for comparison
   bench.Decode(1, 32768, 0, 128);
+  if (options.kv_fp8) {
+    // An FP8 cache's tiles by one bulk copy a row, as bf16's (decode_attention.h), for
+    // comparison with the default cp.async loads.
+    SetDecodeF8BulkCopies(true);
+    bench.Decode(64, 4096, 0, 0, " [bulk]");
+    bench.Decode(1, 32768, 0, 0, " [bulk]");
+    SetDecodeF8BulkCopies(false);
+  }
   // Issue 25's targets against torch SDPA's cuDNN backend on the same shapes
   // (bench/sdpa_reference.py; 601 / 420 TFLOP/s on an H100 in the issue's lease): 0.95x at
   // 1 x 8192 d128, 0.9x at 4 x 2048 and at 1 x 8192 d64. 4 x 1024: the 8B-shaped prefill step's.

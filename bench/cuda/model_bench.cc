@@ -22,6 +22,8 @@
 // blocks (--quantization q8_0|q4_0|q4_k|q6_k with --dummy, or a GGUF model's blocks kept with
 // --quantization gguf): the weight bytes are the blocks' (quant_gemm.h's device layout), so the
 // decode floor is the quantized bytes read.
+// With --kv-cache-dtype fp8 the KV cache holds E4M3 keys and values (one byte each): the decode
+// floor's KV bytes are FP8's.
 //
 // With --timeline, one more decode step of each batch (and one more prefill step) runs with its
 // kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between
@@ -34,6 +36,7 @@
 //        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--no-ssm-norm-fusion]
 //        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k]
+//        [--kv-cache-dtype auto|bf16|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
@@ -101,6 +104,7 @@ struct Options {
   int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   engine::RunnerQuantization quantization = engine::RunnerQuantization::kAuto;
+  engine::KvCacheDType kv_cache_dtype = engine::KvCacheDType::kAuto;
   std::string json;
   std::string timeline;
   std::string draw = "greedy";
@@ -115,7 +119,7 @@ int Usage(const char* message) {
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
-               "[--json FILE] "
+               "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked]\n",
                message);
   return 2;
@@ -287,6 +291,7 @@ int Run(const Options& o) {
   config.backend = engine::Backend::kCuda;
   config.dtype = o.dtype;
   config.quantization = o.quantization;
+  config.kv_cache_dtype = o.kv_cache_dtype;
   config.load_format = o.dummy ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   // The prefill's sequences need state slots too (state-space layers: one a sequence).
   config.max_num_seqs = std::max(max_batch, o.prefill_seqs);
@@ -310,7 +315,7 @@ int Run(const Options& o) {
   const engine::RunnerStats stats = (*runner)->stats();
   std::printf(
       "model: %s (%s): %lld layers, hidden %lld, heads %lld/%lld, vocab %lld; weights "
-      "%.2f GiB %s%s, KV pool %.1f GiB (%d blocks); start-up %.1f s with %d CUDA graphs\n",
+      "%.2f GiB %s%s, KV pool %.1f GiB%s (%d blocks); start-up %.1f s with %d CUDA graphs\n",
       o.model.c_str(), o.dummy ? "dummy weights" : "checkpoint",
       static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
       static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_kv_heads),
@@ -319,18 +324,19 @@ int Run(const Options& o) {
       stats.quantization == engine::RunnerQuantization::kFp8    ? " (linear layers FP8)"
       : stats.quantization == engine::RunnerQuantization::kNone ? ""
                                                                 : " (linear layers in GGUF blocks)",
-      stats.kv_cache_bytes / 1073741824.0, (*runner)->num_kv_blocks(), stats.startup_seconds,
-      stats.num_cuda_graphs);
+      stats.kv_cache_bytes / 1073741824.0,
+      stats.kv_cache_dtype == engine::KvCacheDType::kFp8 ? " FP8" : "", (*runner)->num_kv_blocks(),
+      stats.startup_seconds, stats.num_cuda_graphs);
   // The runner has set the process-wide path (the current GPU's code decides; ranks' GPUs alike).
   const bool hopper_kernels = kernels::cuda::UseHopperKernels();
   const int code_capability = kernels::cuda::KernelCodeCapability(0);
-  std::printf("kernels: %s path (--cuda-kernel-path %s; code for compute %d.%d loaded on "
-              "compute capability %d.%d), programmatic dependent launch %s\n",
-              hopper_kernels ? "Hopper" : "portable",
-              std::string(engine::CudaKernelPathName(o.kernel_path)).c_str(),
-              code_capability / 10, code_capability % 10, devices[0].compute_capability_major,
-              devices[0].compute_capability_minor,
-              o.programmatic_launch && hopper_kernels ? "on" : "off");
+  std::printf(
+      "kernels: %s path (--cuda-kernel-path %s; code for compute %d.%d loaded on "
+      "compute capability %d.%d), programmatic dependent launch %s\n",
+      hopper_kernels ? "Hopper" : "portable",
+      std::string(engine::CudaKernelPathName(o.kernel_path)).c_str(), code_capability / 10,
+      code_capability % 10, devices[0].compute_capability_major,
+      devices[0].compute_capability_minor, o.programmatic_launch && hopper_kernels ? "on" : "off");
 
   const int32_t block = (*runner)->block_size_tokens();
   // With tensor parallelism the floors are one GPU's: its share of the weights and the KV cache
@@ -380,7 +386,8 @@ int Run(const Options& o) {
     }
     return bytes;
   };
-  const int64_t kv_token_bytes = engine::CudaKvBlockBytes(shard, 1, stats.dtype);
+  const int64_t kv_token_bytes =
+      engine::CudaKvBlockBytes(shard, 1, stats.dtype, stats.kv_cache_dtype);
   // A sequence's recurrent state, read and written once a decode step (state-space layers).
   const double state_step_bytes = 2.0 * static_cast<double>(engine::StateSlotBytes(shard));
   int64_t params = stats.weight_bytes / element_bytes / tp;  // one GPU's
@@ -399,6 +406,7 @@ int Run(const Options& o) {
       {"cuda_graphs", o.graphs},
       {"dtype", dtype_name},
       {"quantization", engine::RunnerQuantizationName(stats.quantization)},
+      {"kv_cache_dtype", engine::KvCacheDTypeName(stats.kv_cache_dtype)},
       {"fp32_residual", o.fp32_residual},
       {"fuse_ssm_norm", o.fuse_ssm_norm},
       {"skinny_l2_prefetch_bytes", o.l2_prefetch_bytes},
@@ -549,6 +557,14 @@ int main(int argc, char** argv) {
                                   .c_str());
       }
       o.quantization = *quantization;
+    } else if (arg == "--kv-cache-dtype") {
+      const std::string name = value();
+      const auto kv_dtype = lmserve::engine::KvCacheDTypeFromName(name);
+      if (!kv_dtype.has_value()) {
+        return lmserve::Usage(
+            ("--kv-cache-dtype: '" + name + "' is not auto, bf16 or fp8").c_str());
+      }
+      o.kv_cache_dtype = *kv_dtype;
     } else if (arg == "--no-graphs") {
       o.graphs = false;
     } else if (arg == "--decode-gemm") {

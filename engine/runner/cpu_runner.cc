@@ -361,6 +361,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CpuRunner::Create(
         " is not supported: it makes dummy weights of that GGUF type for the CUDA runner (the CPU "
         "runner keeps a GGUF checkpoint's blocks as they are)"));
   }
+  if (config.kv_cache_dtype != KvCacheDType::kAuto) {
+    return absl::InvalidArgumentError(
+        StrCat("CPU runner: --kv-cache-dtype ", KvCacheDTypeName(config.kv_cache_dtype),
+               " is not supported: the CPU runner's KV cache is float32 (--kv-cache-dtype auto); "
+               "an FP8 KV cache needs the CUDA backend on a GPU of compute capability 8.9 or "
+               "newer"));
+  }
   if (model.head_dim > kernels::PagedAttentionParams::kMaxHeadDim) {
     return absl::UnimplementedError(StrCat("CPU runner: head_dim ", model.head_dim,
                                            " is not supported (at most ",

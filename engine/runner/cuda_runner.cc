@@ -220,6 +220,19 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   std::string device_name_;
   std::string cuda_kernels_;  // RunnerStats::cuda_kernels
   bool fp8_ = false;          // the linear layers in FP8 (RunnerQuantization, resolved)
+  // The KV cache in FP8 E4M3 (KvCacheDType, resolved), with its scales by KV cache layer: the
+  // checkpoint's (ReadKvCacheScales) or 1.0.
+  bool kv_fp8_ = false;
+  KvCacheScales kv_scales_;
+  int64_t KvElementBytes() const { return kv_fp8_ ? 1 : element_bytes_; }
+  // An attention kernel's FP8 cache fields for `layer` (none without an FP8 cache).
+  template <typename Params>
+  void SetKvScales(const AttentionLayer& layer, Params& params) const {
+    if (!kv_fp8_) return;
+    params.cache_fp8 = true;
+    params.k_scale = kv_scales_.k[static_cast<size_t>(layer.layer)];
+    params.v_scale = kv_scales_.v[static_cast<size_t>(layer.layer)];
+  }
   CudaBuffer f8_inputs_;      // FP8 projections' per-token quantized inputs and their scales
   // GGUF blocks (cuda::ChooseBlockTypes, by Weight::index; empty: none), what RunnerStats
   // reports for them, and the scratch that larger steps dequantize such a weight into.
@@ -413,6 +426,27 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
         std::max(dequant_scratch_bytes, (spec.rows * spec.cols * 2 + 255) / 256 * 256);
   }
   if (dequant_scratch_bytes == 0) block_types.clear();
+  // The KV cache's type: FP8 only where asked for, in bf16, on 8.9+.
+  if (config.kv_cache_dtype != KvCacheDType::kAuto && dtype != RunnerDType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        StrCat("CUDA runner: --kv-cache-dtype ", KvCacheDTypeName(config.kv_cache_dtype),
+               " needs --dtype bfloat16 (or auto), not ", RunnerDTypeName(dtype),
+               " (in float32 the KV cache is float32: --kv-cache-dtype auto)"));
+  }
+  const bool kv_fp8 = config.kv_cache_dtype == KvCacheDType::kFp8;
+  if (kv_fp8 && !fp8_capable) {
+    return absl::FailedPreconditionError(
+        StrCat("CUDA runner: --kv-cache-dtype fp8 needs a GPU of compute capability 8.9 or newer "
+               "(Ada, Hopper); ",
+               prop.name, " is ", prop.major, ".", prop.minor));
+  }
+  if (kv_fp8 && model.head_dim == 256 && prop.major < 9) {
+    // The prefill kernel's FP8 staging tiles do not fit beside its 16-bit ones in sm_89's 99 KB.
+    return absl::UnimplementedError(
+        StrCat("CUDA runner: --kv-cache-dtype fp8 at head_dim 256 needs compute capability 9.0 "
+               "(the prefill kernel's shared memory); ",
+               prop.name, " is ", prop.major, ".", prop.minor));
+  }
   if (model.ssm.num_heads > 0) {
     const SsmConfig& ssm = model.ssm;
     if (!kc::SupportsSsmStateSize(ssm.state_size) || ssm.head_dim % 8 != 0 ||
@@ -473,9 +507,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
     plan.workspace_bytes =
         f8_input_bytes + dequant_scratch_bytes + max_tokens * activation_elements * 4 +
         logits_rows * model.vocab_size * 4 + static_cast<int64_t>(kGemmWorkspaceBytes);
-    plan.kv_cache_bytes = config.kv_cache_bytes > 0
-                              ? config.kv_cache_bytes
-                              : CudaKvBlockBytes(model, config.block_size_tokens, dtype);
+    plan.kv_cache_bytes =
+        config.kv_cache_bytes > 0
+            ? config.kv_cache_bytes
+            : CudaKvBlockBytes(model, config.block_size_tokens, dtype, config.kv_cache_dtype);
     plan.state_bytes = int64_t{config.max_num_seqs} * CudaStateSlotBytes(model);
     plan.available_bytes = static_cast<int64_t>(free_bytes) -
                            static_cast<int64_t>((1.0 - config.gpu_memory_utilization) *
@@ -504,6 +539,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
   }
   runner->block_types_ = std::move(block_types);
   runner->dequant_scratch_bytes_ = dequant_scratch_bytes;
+  runner->kv_fp8_ = kv_fp8;
   {
     const int code = kc::KernelCodeCapability(config.device);
     runner->cuda_kernels_ =
@@ -517,6 +553,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
 }
 
 absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
+  if (kv_fp8_) {
+    // A KV cache layer is its decoder layer where every layer attends; a hybrid's (state-space
+    // layers beside attention) keep 1.0.
+    const int64_t kv_layers = static_cast<int64_t>(model_->kv_windows().size());
+    if (config_.ssm.num_heads > 0) {
+      kv_scales_.k.assign(static_cast<size_t>(kv_layers), 1.0f);
+      kv_scales_.v.assign(static_cast<size_t>(kv_layers), 1.0f);
+    } else {
+      LMSERVE_ASSIGN_OR_RETURN(kv_scales_, ReadKvCacheScales(checkpoint, kv_layers));
+    }
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                "cudaStreamCreate");
   LMSERVE_ASSIGN_OR_RETURN(blas_, kc::BlasLtHandle::Create());
@@ -626,7 +673,7 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   for (int64_t b = 1; dtype_ == RunnerDType::kBFloat16 && HasAttentionLayers(c) && b <= max_seqs_;
        ++b) {
     const int splits = kc::DecodeAttentionParams::ChooseMaxSplits(
-        b, c.num_attention_heads, c.num_kv_heads, c.head_dim, DType::kBF16);
+        b, c.num_attention_heads, c.num_kv_heads, c.head_dim, DType::kBF16, 1.0, kv_fp8_);
     decode_splits_[b] = splits;
     decode_bytes = std::max(decode_bytes, kc::DecodeAttentionParams::WorkspaceBytes(
                                               b, c.num_attention_heads, c.head_dim, splits));
@@ -665,7 +712,7 @@ absl::Status CudaRunner::AllocateKvPool() {
   // What the memory budget leaves, or what the caller fixed.
   const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
   const int64_t block_bytes =
-      2 * int64_t{groups_.layers_per_block} * block_size_ * kv_dim * element_bytes_;
+      2 * int64_t{groups_.layers_per_block} * block_size_ * kv_dim * KvElementBytes();
   if (block_bytes == 0) {
     // No KV cache layers (state-space layers only): blocks hold nothing; enough ids that the
     // engine's block accounting never limits the model.
@@ -693,7 +740,7 @@ absl::Status CudaRunner::AllocateKvPool() {
   }
   num_blocks_ = static_cast<int32_t>(
       std::min<int64_t>(kv_bytes / block_bytes, std::numeric_limits<int32_t>::max()));
-  layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim * element_bytes_;
+  layer_cache_bytes_ = int64_t{num_blocks_} * block_size_ * kv_dim * KvElementBytes();
   LMSERVE_ASSIGN_OR_RETURN(
       kv_pool_, CudaBuffer::Device(2 * int64_t{groups_.layers_per_block} * layer_cache_bytes_,
                                    "the KV cache"));
@@ -881,6 +928,11 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
                                                         : kernels::RotaryLayout::kHalfSplit,
       .dtype = kernel_dtype_};
   post.rotary_dim = RotaryDim(rope, c.head_dim);
+  if (kv_fp8_) {
+    post.cache_fp8 = true;
+    post.k_scale = kv_scales_.k[static_cast<size_t>(layer.layer)];
+    post.v_scale = kv_scales_.v[static_cast<size_t>(layer.layer)];
+  }
   if (layer.q_norm.present()) {
     post.q_norm = weights_[layer.q_norm];
     post.k_norm = weights_[layer.k_norm];
@@ -948,11 +1000,13 @@ absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buff
     auto attn = PagedAttentionParams<kc::DecodeAttentionParams>(layer, qkv, out);
     attn.workspace = decode_workspace_.get();
     attn.max_splits = decode_splits_.at(step_.seqs);
+    SetKvScales(layer, attn);
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(attn, stream_), "decode attention");
   } else {
     auto attn = RaggedAttentionParams<kc::PrefillAttentionParams>(layer, qkv, out);
     attn.workspace = prefill_workspace_.get();
     attn.plan_ready = true;  // Embed planned the step
+    SetKvScales(layer, attn);
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(attn, stream_), "prefill attention");
   }
   return absl::OkStatus();
@@ -1412,6 +1466,7 @@ RunnerStats CudaRunner::stats() const {
   RunnerStats s;
   s.dtype = dtype_;
   s.quantization = fp8_ ? RunnerQuantization::kFp8 : block_quantization_;
+  s.kv_cache_dtype = kv_fp8_ ? KvCacheDType::kFp8 : KvCacheDType::kAuto;
   s.weight_bytes = weights_.bytes();
   s.kv_cache_bytes = kv_pool_.bytes() + (num_state_slots_ > 0 ? state_pool_.bytes() : 0);
   s.workspace_bytes =

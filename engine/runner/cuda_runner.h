@@ -67,8 +67,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaRunner(
 
 // Bytes of one KV block in the CUDA runner: keys and values of the layers a block holds
 // (KvLayersPerBlock: every layer, or one KV cache group's), in `dtype` (kAuto: the CUDA runner's
-// default, bf16).
-int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype);
+// default, bf16), or one byte an element with an FP8 cache (`kv_dtype` kFp8).
+int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype,
+                         KvCacheDType kv_dtype = KvCacheDType::kAuto);
 // Bytes of one state slot in the CUDA runner (models with state-space layers; 0 for others):
 // every such layer's conv ring (conv_kernel rows of conv_dim) and SSM state, fp32.
 int64_t CudaStateSlotBytes(const ModelConfig& config);

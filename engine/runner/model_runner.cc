@@ -327,9 +327,34 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const Checkpoin
       StrCat("unknown runner backend ", static_cast<int>(config.backend)));
 }
 
-int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype) {
+int64_t CudaKvBlockBytes(const ModelConfig& config, int32_t block_size_tokens, RunnerDType dtype,
+                         KvCacheDType kv_dtype) {
+  const int64_t element_bytes = kv_dtype == KvCacheDType::kFp8
+                                    ? 1
+                                    : RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
   return 2 * KvLayersPerBlock(config) * int64_t{block_size_tokens} * config.num_kv_heads *
-         config.head_dim * RunnerDTypeBytes(ResolveRunnerDType(dtype, Backend::kCuda));
+         config.head_dim * element_bytes;
+}
+
+std::string_view KvCacheDTypeName(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kAuto:
+      return "auto";
+    case KvCacheDType::kBFloat16:
+      return "bf16";
+    case KvCacheDType::kFp8:
+      return "fp8";
+  }
+  return "unknown";
+}
+
+std::optional<KvCacheDType> KvCacheDTypeFromName(std::string_view name) {
+  if (name == "bfloat16") return KvCacheDType::kBFloat16;
+  if (name == "fp8_e4m3") return KvCacheDType::kFp8;
+  for (KvCacheDType d : {KvCacheDType::kAuto, KvCacheDType::kBFloat16, KvCacheDType::kFp8}) {
+    if (KvCacheDTypeName(d) == name) return d;
+  }
+  return std::nullopt;
 }
 
 int64_t CudaStateSlotBytes(const ModelConfig& config) {

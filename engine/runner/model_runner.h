@@ -184,6 +184,19 @@ std::optional<RunnerQuantization> RunnerQuantizationFromName(std::string_view na
 // The block format of kQ8_0 .. kQ6_K; nullopt for the others.
 std::optional<kernels::DType> RunnerQuantizationBlockType(RunnerQuantization quantization);
 
+// The KV cache's element type, as vLLM's --kv-cache-dtype.
+enum class KvCacheDType : uint8_t {
+  kAuto,      // the runner's dtype (bf16 or fp32 on CUDA, fp32 on the CPU)
+  kBFloat16,  // CUDA runner in bf16 only (the same as kAuto there)
+  kFp8,       // CUDA runner in bf16 on compute capability 8.9+: E4M3 keys and values with one scale
+              // per layer for each (1.0, as vLLM's default without calibrated scales), half
+              // bf16's bytes a block; the CPU runner refuses it
+};
+// "auto", "bf16", "fp8"; the inverse also takes vLLM's "bfloat16" and "fp8_e4m3" (nullopt for any
+// other name).
+std::string_view KvCacheDTypeName(KvCacheDType dtype);
+std::optional<KvCacheDType> KvCacheDTypeFromName(std::string_view name);
+
 // Where the weights come from.
 enum class LoadFormat {
   kCheckpoint,  // the checkpoint's tensors
@@ -219,6 +232,7 @@ struct RunnerConfig {
   // Weights, activations and KV cache. The CPU runner rejects kBFloat16 (InvalidArgument).
   RunnerDType dtype = RunnerDType::kAuto;
   RunnerQuantization quantization = RunnerQuantization::kAuto;
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
   LoadFormat load_format = LoadFormat::kCheckpoint;
   int32_t block_size_tokens = 16;
   // Memory for the KV pool, all layers. The CUDA runner: 0 sizes the pool from
@@ -292,6 +306,8 @@ struct RunnerStats {
   RunnerDType dtype = RunnerDType::kFloat32;  // what the runner holds and computes in (resolved)
   // The linear layers' weights (resolved: kNone or kFp8).
   RunnerQuantization quantization = RunnerQuantization::kNone;
+  // The KV cache's element type (resolved: kFp8, or kAuto for the runner's dtype).
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
   int64_t weight_bytes = 0;     // weights as the runner holds them
   int64_t kv_cache_bytes = 0;   // the KV pool
   int64_t workspace_bytes = 0;  // device buffers besides weights and KV (activations, logits,

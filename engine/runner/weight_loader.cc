@@ -1,6 +1,9 @@
 #include "engine/runner/weight_loader.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -182,6 +185,49 @@ absl::Status LoadWeights(const WeightPlan& plan, const Checkpoint& checkpoint, L
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<KvCacheScales> ReadKvCacheScales(const Checkpoint& checkpoint,
+                                                int64_t num_layers) {
+  KvCacheScales scales;
+  scales.k.assign(static_cast<size_t>(num_layers), 1.0f);
+  scales.v.assign(static_cast<size_t>(num_layers), 1.0f);
+  const auto& tensors = checkpoint.tensors();
+  // The scale of `which` ("k" or "v") of layer `layer`, if the checkpoint has one.
+  auto read = [&](int64_t layer, const char* which) -> absl::StatusOr<std::optional<float>> {
+    const std::string prefix = StrCat("model.layers.", layer, ".self_attn.");
+    for (const std::string& name :
+         {StrCat(prefix, which, "_scale"), StrCat(prefix, which, "_proj.output_scale"),
+          StrCat(prefix, which, "_proj.", which, "_scale")}) {
+      const auto it = tensors.find(name);
+      if (it == tensors.end()) continue;
+      const TensorView& tensor = it->second;
+      LMSERVE_RETURN_IF_ERROR(CheckTensorBytes(tensor));
+      if (tensor.NumElements() != 1 ||
+          (tensor.dtype != kernels::DType::kF32 && tensor.dtype != kernels::DType::kBF16 &&
+           tensor.dtype != kernels::DType::kF16)) {
+        return absl::InvalidArgumentError(
+            StrCat(tensor.file, ": the KV cache scale '", name, "' ", tensor.ShapeString(), " of ",
+                   kernels::DTypeName(tensor.dtype), " is not one F32, BF16 or F16 value"));
+      }
+      float value = 0;
+      kernels::DequantizeToF32(tensor.dtype, tensor.data, &value, 1);
+      if (!(value > 0) || !std::isfinite(value)) {
+        return absl::InvalidArgumentError(StrCat(tensor.file, ": the KV cache scale '", name,
+                                                 "' is ", value, ", not positive and finite"));
+      }
+      return value;
+    }
+    return std::nullopt;
+  };
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<float> k, read(layer, "k"));
+    LMSERVE_ASSIGN_OR_RETURN(std::optional<float> v, read(layer, "v"));
+    if (k.has_value()) scales.k[static_cast<size_t>(layer)] = *k;
+    if (v.has_value()) scales.v[static_cast<size_t>(layer)] = *v;
+    if (k.has_value() || v.has_value()) ++scales.layers_from_checkpoint;
+  }
+  return scales;
 }
 
 }  // namespace lmserve::engine

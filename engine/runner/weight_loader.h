@@ -53,6 +53,19 @@ struct F8Scales {
 };
 absl::StatusOr<F8Scales> ReadF8Scales(const Checkpoint& checkpoint, const TensorView& tensor);
 
+// An FP8 KV cache's scales of each decoder layer (--kv-cache-dtype fp8): a stored key is
+// E4M3(key / k_scale), a value E4M3(value / v_scale). Read from a checkpoint's one-element
+// tensors where it has them, under the names vLLM reads: `model.layers.N.self_attn.k_scale`
+// (compressed-tensors' kv_cache_scheme), `....self_attn.k_proj.output_scale` (older
+// llm-compressor) or `....self_attn.k_proj.k_scale` (ModelOpt), and the same for v; 1.0 where a
+// layer has none (vLLM's default). InvalidArgument for a scale that is not one positive, finite
+// F32/BF16/F16 value.
+struct KvCacheScales {
+  std::vector<float> k, v;  // [num_layers]
+  int64_t layers_from_checkpoint = 0;  // layers whose scales the checkpoint held
+};
+absl::StatusOr<KvCacheScales> ReadKvCacheScales(const Checkpoint& checkpoint, int64_t num_layers);
+
 }  // namespace lmserve::engine
 
 #endif  // LMSERVE_ENGINE_RUNNER_WEIGHT_LOADER_H_

@@ -47,6 +47,11 @@ absl::Status DecodeAttentionParams::Validate() const {
   if (!(scale > 0) || !std::isfinite(scale)) {
     return KernelError(kName, "scale must be positive and finite");
   }
+  if (cache_fp8 && !(k_scale > 0 && v_scale > 0 && std::isfinite(k_scale) &&
+                     std::isfinite(v_scale))) {
+    return KernelError(kName, StrCat("the FP8 cache's scales must be positive and finite (k_scale ",
+                                     k_scale, ", v_scale ", v_scale, ")"));
+  }
   LMSERVE_RETURN_IF_ERROR(CheckWindowAndSoftcap(kName, window, softcap));
   if (num_seqs == 0) return absl::OkStatus();
   if (query == nullptr || key_cache == nullptr || value_cache == nullptr ||

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <type_traits>
@@ -7,6 +8,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace lmserve::kernels::cuda {
@@ -33,6 +35,8 @@ struct DecodeArgs {
   // softcap * log2(e)).
   float score_scale;
   float cap_log2;  // 0: no soft-cap
+  // The output's factor: the FP8 cache's value scale (kF8 only).
+  float out_scale;
 };
 
 // The keys a sequence's one query token sees: [first, context_len), first > 0 only with a window.
@@ -61,28 +65,43 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 // 1024 keys ran at 72% of the copy bandwidth in two waves of 4-warp blocks, and at 87% at 4096
 // keys, whose blocks stream four times longer.) Where a block of 4 warps would take more shared
 // memory than the device gives a block, 2 warps (head dim 256 on sm_86/sm_89, 99 KB a block).
-template <int kHeadDim, int kWarps_, bool kBulk_>
+//
+// kF8 (an FP8 cache): the ring holds E4M3 rows of kHeadDim bytes, padded to kCacheStride, and
+// each warp has a 16-bit tile [K, V][key][kStride] beside its ring that a landed stage is widened
+// into (fp8_cache.cuh) before the mma.sync code reads it as it reads a 16-bit stage. The ring's
+// stages stay as deep as bf16's: its bytes in flight are half of bf16's.
+template <int kHeadDim, int kWarps_, bool kBulk_, bool kF8_ = false>
 struct DecodeShape {
   static constexpr int kWarps = kWarps_;
   static constexpr bool kBulk = kBulk_;
+  static constexpr bool kF8 = kF8_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = kDecodeRows;
   static constexpr int kTileN = 16;  // keys per warp step
   static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
   // Hopper: three stages up to head dim 128. Portable: two, so that 4 warps at head dim 128 fit
-  // the 99 KB a block of sm_86 and sm_89 (three take 102 KB).
-  static constexpr int kStages = kBulk && kHeadDim <= 128 ? 3 : 2;
+  // the 99 KB a block of sm_86 and sm_89 (three take 102 KB); an FP8 ring, half the bytes, takes
+  // three either way (4 warps at head dim 128: 90 KB with the widened tiles).
+  static constexpr int kStages = (kBulk || kF8) && kHeadDim <= 128 ? 3 : 2;
   static constexpr int kTileElements = kTileN * kStride;
-  static constexpr int kWarpElements = kStages * 2 * kTileElements;  // [stage][K, V][key][dim]
-  static constexpr int kLoadBytes = kWarps * kWarpElements * 2;
+  static constexpr int kCacheBytes = kF8 ? 1 : 2;  // of a cache element
+  // A ring row, in cache elements (16-byte multiples).
+  static constexpr int kCacheStride = kF8 ? kHeadDim + 16 : kStride;
+  static constexpr int kCacheTileElements = kTileN * kCacheStride;
+  // A warp's ring ([stage][K, V][key][dim] cache elements), then (kF8) its widened tile.
+  static constexpr int kRingBytes = kStages * 2 * kCacheTileElements * kCacheBytes;
+  static constexpr int kWarpBytes = kRingBytes + (kF8 ? 2 * kTileElements * 2 : 0);
+  static constexpr int kLoadBytes = kWarps * kWarpBytes;
   static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;
   static constexpr int kSmemBytes = kLoadBytes > kMergeBytes ? kLoadBytes : kMergeBytes;
 };
 
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
-template <typename T, int kHeadDim, int kWarps, bool kBulk>
+template <typename T, int kHeadDim, int kWarps, bool kBulk, bool kF8>
 __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
-  using Shape = DecodeShape<kHeadDim, kWarps, kBulk>;
+  using Shape = DecodeShape<kHeadDim, kWarps, kBulk, kF8>;
+  using C = std::conditional_t<kF8, uint8_t, T>;  // a cache element
+  constexpr int kCacheStride = Shape::kCacheStride;
   constexpr int kThreads = Shape::kThreads;
   constexpr int kRows = Shape::kRows;
   constexpr int kTileN = Shape::kTileN;
@@ -130,9 +149,12 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   // This warp's tiles: warp, warp + kWarps, ... of the split's tiles.
   const int num_tiles = (end - begin + kTileN - 1) / kTileN;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
-  T* ring = reinterpret_cast<T*>(smem_raw) + warp * Shape::kWarpElements;
-  const T* key_cache = static_cast<const T*>(a.key_cache);
-  const T* value_cache = static_cast<const T*>(a.value_cache);
+  C* ring = reinterpret_cast<C*>(smem_raw + warp * Shape::kWarpBytes);
+  // kF8: the widened tile [K, V][key][kStride]; else unused.
+  [[maybe_unused]] T* widened =
+      reinterpret_cast<T*>(smem_raw + warp * Shape::kWarpBytes + Shape::kRingBytes);
+  const C* key_cache = static_cast<const C*>(a.key_cache);
+  const C* value_cache = static_cast<const C*>(a.value_cache);
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
   const int new_key = context_len - 1;  // written by the previous kernel
@@ -144,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   // lanes 2r and 2r + 1 copy key and value rows r in cp.async pieces of 16 bytes (one table
   // lookup a lane), a commit group a tile. A row past the split's end copies the tile's first row
   // instead: any finite data will do, its score is masked to a weight of 0.
-  constexpr uint32_t kRowBytes = kHeadDim * sizeof(T);
+  constexpr uint32_t kRowBytes = kHeadDim * sizeof(C);
   static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
   if constexpr (kBulk) {
     if (lane == 0) {
@@ -157,7 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
   auto load = [&](int j, Rows which) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
-    T* const stage = ring + (j % kStages) * 2 * Shape::kTileElements;  // [K, V][key][dim]
+    C* const stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;  // [K, V][key][dim]
     if constexpr (kBulk) {
       // Lane r: key row r; lane 16 + r: value row r.
       const int row = lane % 16;
@@ -171,17 +193,20 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       const int block_index = pos / a.block_size;
       const int64_t slot =
           int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-      const T* src = (lane < 16 ? key_cache : value_cache) + slot * token_stride +
+      const C* src = (lane < 16 ? key_cache : value_cache) + slot * token_stride +
                      int64_t{kv_head} * kHeadDim;
-      BulkCopy(stage + (lane < 16 ? 0 : Shape::kTileElements) + row * kStride, src, kRowBytes,
-               &s_bar[warp][j % kStages]);
+      BulkCopy(stage + (lane < 16 ? 0 : Shape::kCacheTileElements) + row * kCacheStride, src,
+               kRowBytes, &s_bar[warp][j % kStages]);
     } else {
       // Lanes 2r and 2r + 1: key and value rows r, in alternate 16-byte pieces, so that each
       // request of the warp covers 16 rows of 32 contiguous bytes (whole sectors; a row a lane
       // took 32 rows of 16 bytes a request). The caller commits the cp.async group; the new key's
       // rows, written by the previous kernel, are copied by plain loads and stores through L2, so
       // that they need no group of their own.
-      static_assert(kHeadDim % 16 == 0, "two lanes share a row's 16-byte pieces evenly");
+      // (An FP8 row of 80 or 96 bytes has an odd number of pieces: the second lane takes one
+      // fewer.)
+      constexpr int kPiece = 16 / sizeof(C);  // elements of a 16-byte piece
+      static_assert(kHeadDim % 16 == 0, "rows are whole 16-byte pieces");
       const int row = lane / 2;
       int pos = t0 + row;
       if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
@@ -189,11 +214,13 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       const int block_index = pos / a.block_size;
       const int64_t slot =
           int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-      const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + 8 * (lane % 2);
-      T* const dst_key = stage + row * kStride + 8 * (lane % 2);
-      T* const dst_value = dst_key + Shape::kTileElements;
+      const int piece0 = kPiece * (lane % 2);
+      const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + piece0;
+      C* const dst_key = stage + row * kCacheStride + piece0;
+      C* const dst_value = dst_key + Shape::kCacheTileElements;
 #pragma unroll
-      for (int c = 0; c < kHeadDim; c += 16) {
+      for (int c = 0; c < kHeadDim; c += 2 * kPiece) {
+        if (piece0 + c >= kHeadDim) break;
         if (which == kNewOnly) {
           Store16(dst_key + c, __ldcg(reinterpret_cast<const uint4*>(key_cache + offset + c)));
           Store16(dst_value + c, __ldcg(reinterpret_cast<const uint4*>(value_cache + offset + c)));
@@ -257,7 +284,27 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       CpAsyncWait<kStages - 1>();
       __syncwarp();
     }
-    const T* sk = ring + (j % kStages) * 2 * Shape::kTileElements;
+    const T* sk;
+    if constexpr (kF8) {
+      // Widen the landed stage into this warp's 16-bit tile, 16 bytes a lane at a time.
+      constexpr int kChunks = kHeadDim / 16;  // 16-byte chunks of an E4M3 row
+      const uint8_t* src_stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;
+#pragma unroll
+      for (int c = lane; c < 2 * kTileN * kChunks; c += 32) {
+        // kv_row: the K rows, then the V rows.
+        const int kv_row = c / kChunks, col = (c - kv_row * kChunks) * 16;
+        const uint4 in = *reinterpret_cast<const uint4*>(src_stage + kv_row * kCacheStride + col);
+        uint4 lo, hi;
+        F8x16Widen<T>(in, lo, hi);
+        T* dst = widened + kv_row * kStride + col;
+        Store16(dst, lo);
+        Store16(dst + 8, hi);
+      }
+      __syncwarp();
+      sk = widened;
+    } else {
+      sk = ring + (j % kStages) * 2 * Shape::kTileElements;
+    }
     const T* sv = sk + Shape::kTileElements;
 
     float s[2][4] = {};
@@ -355,11 +402,13 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       sum_l += s_l[w][g] * weight;
       out += s_acc[w][g][d] * weight;
     }
+    float value = out / sum_l;
+    if constexpr (kF8) value *= a.out_scale;
     if (plan.num_splits == 1) {
-      output[i] = FromFloat<T>(out / sum_l);
+      output[i] = FromFloat<T>(value);
     } else {
       const int64_t index = (int64_t{seq} * a.num_heads + head0 + g) * a.max_splits + split;
-      a.partial_out[index * kHeadDim + d] = out / sum_l;
+      a.partial_out[index * kHeadDim + d] = value;
       if (d == 0) a.partial_lse[index] = max_m + log2f(sum_l);
     }
   }
@@ -443,12 +492,21 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
-// DecodeWarps for a head dim and path.
-template <int kHeadDim>
+// FP8 tiles by bulk copies on Hopper (SetDecodeF8BulkCopies), else by cp.async.
+std::atomic<bool> f8_bulk_copies{false};
+
+// DecodeWarps for a head dim, path and cache type.
+template <int kHeadDim, bool kF8>
 int DecodeWarpsFor(bool bulk, int64_t blocks, int sms) {
   return DecodeWarps(blocks, sms,
-                     bulk ? DecodeShape<kHeadDim, 4, true>::kSmemBytes
-                          : DecodeShape<kHeadDim, 4, false>::kSmemBytes);
+                     bulk ? DecodeShape<kHeadDim, 4, true, kF8>::kSmemBytes
+                          : DecodeShape<kHeadDim, 4, false, kF8>::kSmemBytes);
+}
+
+// f(std::bool_constant<cache_fp8>{}).
+template <typename F>
+cudaError_t DispatchCacheFp8(bool cache_fp8, F&& f) {
+  return cache_fp8 ? f(std::true_type{}) : f(std::false_type{});
 }
 
 // f(warps, bulk) with both as compile-time constants (std::integral_constant).
@@ -462,30 +520,35 @@ cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
 
 }  // namespace
 
+void SetDecodeF8BulkCopies(bool on) { f8_bulk_copies.store(on); }
+
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype,
-                                           double min_waves) {
+                                           double min_waves, bool cache_fp8) {
   if (num_seqs <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return 1;
   const int64_t group_size = num_heads / num_kv_heads;
   const int sms = CurrentMultiprocessorCount();
   if (sms <= 0) return 1;
   int resident = 0;
   int64_t blocks = 0;
-  const bool bulk = UseHopperKernels();
+  const bool bulk = UseHopperKernels() && (!cache_fp8 || f8_bulk_copies.load());
   const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchHeadDim(head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
-      blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows);
-      const int warps = DecodeWarpsFor<kHeadDim>(bulk, blocks, sms);
-      return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
-        using Shape =
-            DecodeShape<kHeadDim, decltype(warps_constant)::value, decltype(bulk_constant)::value>;
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk>;
-        LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads,
-                                                             Shape::kSmemBytes);
+      return DispatchCacheFp8(cache_fp8, [&](auto f8_constant) {
+        constexpr bool kF8 = decltype(f8_constant)::value;
+        blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows);
+        const int warps = DecodeWarpsFor<kHeadDim, kF8>(bulk, blocks, sms);
+        return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
+          using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value,
+                                    decltype(bulk_constant)::value, kF8>;
+          auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk, kF8>;
+          LMSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes));
+          return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kThreads,
+                                                               Shape::kSmemBytes);
+        });
       });
     });
   });
@@ -539,20 +602,26 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
     a.cap_log2 = 0.0f;
   }
   const int sms = CurrentMultiprocessorCount();
-  const bool bulk = UseHopperKernels();
+  const bool bulk = UseHopperKernels() && (!p.cache_fp8 || f8_bulk_copies.load());
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (p.cache_fp8) {
+      a.score_scale *= p.k_scale;
+      a.out_scale = p.v_scale;
+    }
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
+      return DispatchCacheFp8(p.cache_fp8, [&](auto f8_constant) {
+      constexpr bool kF8 = decltype(f8_constant)::value;
       a.head_chunks = static_cast<int>(CeilDiv(group_size, kDecodeRows));
       const int64_t blocks = p.num_kv_heads * a.head_chunks * p.num_seqs;
-      const int warps = DecodeWarpsFor<kHeadDim>(bulk, blocks, sms);
+      const int warps = DecodeWarpsFor<kHeadDim, kF8>(bulk, blocks, sms);
       return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
-        using Shape =
-            DecodeShape<kHeadDim, decltype(warps_constant)::value, decltype(bulk_constant)::value>;
+        using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value,
+                                  decltype(bulk_constant)::value, kF8>;
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
-        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk>;
+        auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk, kF8>;
         LMSERVE_CUDA_RETURN_IF_ERROR(
             SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
         LMSERVE_CUDA_RETURN_IF_ERROR(
@@ -562,6 +631,7 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
                                 static_cast<unsigned>(p.num_seqs));
         return LaunchKernel(DecodeCombineKernel<T>, combine_grid, kCombineThreads, 0, stream, a,
                             static_cast<int>(kHeadDim));
+      });
       });
     });
   });

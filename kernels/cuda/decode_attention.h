@@ -18,6 +18,11 @@
 // memory (no block barrier in the loop), computes the group's scores and weighted values with
 // mma.sync, and keeps its own online softmax; the warps merge at the end. bf16 or fp16 query,
 // cache and output; fp32 scores, softmax and accumulation.
+//
+// FP8 cache (cache_fp8; fp8_cache.cuh): the ring holds the tiles' E4M3 bytes (half the bytes
+// streamed from memory), and each warp widens a landed tile into a 16-bit tile of its own in
+// shared memory (exactly: E4M3 values are bf16 and fp16 values), which the same mma.sync code
+// reads; the keys' scale is folded into the score scale, the values' into the output.
 
 #ifndef LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
@@ -79,7 +84,12 @@ struct DecodeAttentionParams {
   float scale = 0;           // score multiplier, usually 1 / sqrt(head_dim)
   int32_t window = 0;  // > 0: the token at position p attends to (p - window, p]; 0: to [0, p]
   float softcap = 0;   // > 0: scores are softcap * tanh(scale * q.k / softcap); 0: none
-  DType dtype = DType::kBF16;  // of query, caches and output: kBF16 or kF16
+  DType dtype = DType::kBF16;  // of query, caches (unless cache_fp8) and output: kBF16 or kF16
+  // The caches hold FP8 E4M3 bytes: key = k_scale * E4M3 value, value = v_scale * E4M3 value
+  // (QkvPostProcessParams::cache_fp8 writes them).
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;  // > 0, finite
+  float v_scale = 1.0f;  // > 0, finite
 
   // Scratch for the split partial results.
   static int64_t WorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
@@ -87,14 +97,24 @@ struct DecodeAttentionParams {
   // A split cap for this batch shape on the current device: the smallest that fills the
   // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
   // Lengths are not needed: shorter contexts take fewer splits on the device. `min_waves` (a
-  // tuning knob for benchmarks; at least 1) asks for at least that many waves.
+  // tuning knob for benchmarks; at least 1) asks for at least that many waves. `cache_fp8`: the
+  // FP8 cache's kernel (its shared memory differs).
   static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, DType dtype, double min_waves = 1.0);
+                             int64_t head_dim, DType dtype, double min_waves = 1.0,
+                             bool cache_fp8 = false);
 
   absl::Status Validate() const;  // shapes and pointers; the lengths and tables live on the device
 };
 
 cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
+
+// How an FP8 cache's tiles reach shared memory on the Hopper path: by cp.async in 16-byte pieces
+// (the default, as on the portable path) or, on, by a bulk copy a row as the 16-bit caches'. A
+// bulk copy a row moves 128 bytes of an E4M3 row at head dim 128 against bf16's 256, and the
+// copies' count, not their bytes, looked like their bound (an H100, batch 64 x 4096 keys: 342 us,
+// 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). Process-wide (an
+// atomic read at each launch); for benchmarks and tests.
+void SetDecodeF8BulkCopies(bool on);
 
 }  // namespace lmserve::kernels::cuda
 

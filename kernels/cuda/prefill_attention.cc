@@ -39,6 +39,11 @@ absl::Status PrefillAttentionParams::Validate() const {
   if (!(scale > 0) || !std::isfinite(scale)) {
     return KernelError(kName, "scale must be positive and finite");
   }
+  if (cache_fp8 && !(k_scale > 0 && v_scale > 0 && std::isfinite(k_scale) &&
+                     std::isfinite(v_scale))) {
+    return KernelError(kName, StrCat("the FP8 cache's scales must be positive and finite (k_scale ",
+                                     k_scale, ", v_scale ", v_scale, ")"));
+  }
   LMSERVE_RETURN_IF_ERROR(CheckWindowAndSoftcap(kName, window, softcap));
   if (num_seqs == 0) return absl::OkStatus();
   if (query == nullptr || key_cache == nullptr || value_cache == nullptr ||
@@ -54,7 +59,9 @@ absl::Status PrefillAttentionParams::Validate() const {
 }
 
 PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params) {
-  if (UseHopperKernels() && PrefillSm90Supports(params) && PrefillSm90Available()) {
+  // The Hopper kernel reads 16-bit caches only: an FP8 cache runs the mma.sync kernel.
+  if (!params.cache_fp8 && UseHopperKernels() && PrefillSm90Supports(params) &&
+      PrefillSm90Available()) {
     return PrefillKernelKind::kWgmmaSm90;
   }
   return PrefillKernelKind::kMmaSync;

@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
@@ -29,6 +30,7 @@ struct PrefillArgs {
   // cap_log2 * tanh(q.k * score_scale) (scale / softcap, softcap * log2(e)).
   float score_scale;
   float cap_log2;  // 0: no soft-cap
+  float out_scale;  // the FP8 cache's value scale (kF8 only)
 };
 
 template <int kHeadDim>
@@ -42,6 +44,9 @@ struct PrefillShape {
   static constexpr int kBlockN = kHeadDim <= 64 ? 64 : 32;
   static constexpr int kStride = kHeadDim + 8;  // shared-memory row, padded: ldmatrix conflict-free
   static constexpr int kSmemElements = (kBlockM + 4 * kBlockN) * kStride;  // Q, 2 x (K, V)
+  // An FP8 cache: 2 x (K, V) tiles of E4M3 rows (padded to 16-byte multiples) after them.
+  static constexpr int kF8Stride = kHeadDim + 16;
+  static constexpr int kF8StagingBytes = 4 * kBlockN * kF8Stride;
 };
 
 // One block: tile_start[i] = sum over j < i of ceil(query_len_j / kBlockM).
@@ -89,7 +94,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 // grid (ceil(num_tokens / kBlockM) + num_seqs, num_heads): block x takes tile
 // gridDim.x - 1 - x of the plan (the last, longest tiles of each sequence start first) or exits.
-template <typename T, int kHeadDim>
+// kF8: the caches hold E4M3 (fp8_cache.cuh), staged and widened into s_k / s_v.
+template <typename T, int kHeadDim, bool kF8>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a) {
   using Shape = PrefillShape<kHeadDim>;
   constexpr int kMTiles = Shape::kMTiles;
@@ -101,6 +107,10 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   T* s_q = reinterpret_cast<T*>(smem_raw);
   T* s_k = s_q + kBlockM * kStride;       // [2][kBlockN][kStride]
   T* s_v = s_k + 2 * kBlockN * kStride;   // [2][kBlockN][kStride]
+  // kF8: [2][K, V][kBlockN][kF8Stride] bytes.
+  [[maybe_unused]] uint8_t* s_f8 = reinterpret_cast<uint8_t*>(s_v + 2 * kBlockN * kStride);
+  [[maybe_unused]] constexpr int kF8Stride = Shape::kF8Stride;
+  [[maybe_unused]] constexpr int kF8Chunks = kHeadDim / 16;  // 16-byte chunks of an E4M3 row
 
   PrefillTile t;
   if (!LocatePrefillTile(static_cast<int>(gridDim.x - 1 - blockIdx.x), kBlockM, a.num_seqs,
@@ -137,6 +147,27 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
   auto load_kv = [&](int kv_tile, int buffer) {
     const int n0 = kv_tile * kBlockN;
+    if constexpr (kF8) {
+      const uint8_t* key_bytes = static_cast<const uint8_t*>(a.key_cache);
+      const uint8_t* value_bytes = static_cast<const uint8_t*>(a.value_cache);
+      uint8_t* dst_k = s_f8 + buffer * 2 * kBlockN * kF8Stride;
+      uint8_t* dst_v = dst_k + kBlockN * kF8Stride;
+      for (int c = tid; c < kBlockN * kF8Chunks; c += kThreads) {
+        const int r = c / kF8Chunks, col = (c % kF8Chunks) * 16;
+        const int pos = n0 + r;
+        const bool valid = pos >= kv_begin && pos < kv_end;
+        int64_t offset = 0;
+        if (valid) {
+          const int block_index = pos / a.block_size;
+          const int64_t slot =
+              int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+          offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
+        }
+        CpAsync16(dst_k + r * kF8Stride + col, key_bytes + offset, valid);
+        CpAsync16(dst_v + r * kF8Stride + col, value_bytes + offset, valid);
+      }
+      return;
+    }
     T* dst_k = s_k + buffer * kBlockN * kStride;
     T* dst_v = s_v + buffer * kBlockN * kStride;
     for (int c = tid; c < kBlockN * kChunks; c += kThreads) {
@@ -174,6 +205,21 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
+    if constexpr (kF8) {
+      // Widen the landed E4M3 tiles into the 16-bit ones (zeros, where cp.async filled zeros).
+      const uint8_t* src = s_f8 + (j & 1) * 2 * kBlockN * kF8Stride;
+      for (int c = tid; c < 2 * kBlockN * kF8Chunks; c += kThreads) {
+        const int kv_row = c / kF8Chunks, col = (c - kv_row * kF8Chunks) * 16;  // K rows, then V
+        const uint4 in = *reinterpret_cast<const uint4*>(src + kv_row * kF8Stride + col);
+        uint4 lo, hi;
+        F8x16Widen<T>(in, lo, hi);
+        T* dst = (kv_row < kBlockN ? s_k + kv_row * kStride : s_v + (kv_row - kBlockN) * kStride) +
+                 (j & 1) * kBlockN * kStride + col;
+        Store16(dst, lo);
+        Store16(dst + 8, hi);
+      }
+      __syncthreads();
+    }
     const T* sk = s_k + (j & 1) * kBlockN * kStride;
     const T* sv = s_v + (j & 1) * kBlockN * kStride;
 
@@ -299,6 +345,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
       l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
       l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
       inv_l[r] = l[mt][r] > 0.0f ? 1.0f / l[mt][r] : 0.0f;
+      if constexpr (kF8) inv_l[r] *= a.out_scale;
     }
     const int row_a = warp_row0 + mt * 16 + lane / 4, row_b = row_a + 8;
 #pragma unroll
@@ -315,10 +362,11 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   }
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kF8>
 cudaError_t LaunchPrefillKernel(const PrefillArgs& a, int64_t num_tokens, cudaStream_t stream) {
-  auto kernel = PrefillAttentionKernel<T, kHeadDim>;
-  constexpr int kSmemBytes = PrefillShape<kHeadDim>::kSmemElements * static_cast<int>(sizeof(T));
+  auto kernel = PrefillAttentionKernel<T, kHeadDim, kF8>;
+  constexpr int kSmemBytes = PrefillShape<kHeadDim>::kSmemElements * static_cast<int>(sizeof(T)) +
+                             (kF8 ? PrefillShape<kHeadDim>::kF8StagingBytes : 0);
   LMSERVE_CUDA_RETURN_IF_ERROR(
       SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), kSmemBytes));
   const dim3 grid(static_cast<unsigned>(CeilDiv(num_tokens, PrefillShape<kHeadDim>::kBlockM) + a.num_seqs),
@@ -370,8 +418,14 @@ cudaError_t Launch(const PrefillAttentionParams& p, cudaStream_t stream) {
   }
   return DispatchActivationDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (p.cache_fp8) {
+      a.score_scale *= p.k_scale;
+      a.out_scale = p.v_scale;
+    }
     return DispatchHeadDim(p.head_dim, [&](auto head_dim_constant) {
-      return LaunchPrefillKernel<T, decltype(head_dim_constant)::value>(a, p.num_tokens, stream);
+      constexpr int kHeadDim = decltype(head_dim_constant)::value;
+      return p.cache_fp8 ? LaunchPrefillKernel<T, kHeadDim, true>(a, p.num_tokens, stream)
+                         : LaunchPrefillKernel<T, kHeadDim, false>(a, p.num_tokens, stream);
     });
   });
 }

@@ -54,7 +54,14 @@ struct PrefillAttentionParams {
   float scale = 0;           // score multiplier, usually 1 / sqrt(head_dim)
   int32_t window = 0;  // > 0: the token at position p attends to (p - window, p]; 0: to [0, p]
   float softcap = 0;   // > 0: scores are softcap * tanh(scale * q.k / softcap); 0: none
-  DType dtype = DType::kBF16;  // of query, caches and output: kBF16 or kF16
+  DType dtype = DType::kBF16;  // of query, caches (unless cache_fp8) and output: kBF16 or kF16
+  // The caches hold FP8 E4M3 bytes: key = k_scale * E4M3 value, value = v_scale * E4M3 value
+  // (fp8_cache.cuh). The mma.sync kernel reads them (the Hopper kernel does not): each tile's
+  // bytes land by cp.async in a staging buffer of their own and are widened into the 16-bit K and
+  // V tiles before the tile's products.
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;  // > 0, finite
+  float v_scale = 1.0f;  // > 0, finite
   // The workspace already holds this batch's tile plan (LaunchPrefillPlan ran after the batch's
   // query_start was last written): Launch skips recomputing it. Plan once per step, run per layer.
   bool plan_ready = false;
@@ -67,7 +74,8 @@ struct PrefillAttentionParams {
 // The two kernels behind Launch. kWgmmaSm90 (prefill_attention_sm90.h): FlashAttention-3's
 // manner, TMA producer warps and two wgmma consumer warpgroups, head dims 64/80/96/128, no window
 // and no soft-cap, on a compute capability 9.0 GPU on the Hopper kernel path
-// (UseHopperKernels()). kMmaSync (this file's): everything else, and the portable path.
+// (UseHopperKernels()), 16-bit caches. kMmaSync (this file's): everything else (an FP8 cache
+// included), and the portable path.
 enum class PrefillKernelKind : uint8_t { kMmaSync, kWgmmaSm90 };
 // Which kernel Launch runs for these (valid) params on the current device and kernel path.
 PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params);

@@ -24,6 +24,13 @@ absl::Status QkvPostProcessParams::Validate() const {
                                      " is not supported (even, at most head_dim ", head_dim,
                                      "; 0 for head_dim)"));
   }
+  if (cache_fp8 && dtype == DType::kF32) {
+    return KernelError(kName, "an FP8 cache needs bf16 or f16 activations, not f32");
+  }
+  if (cache_fp8 && !(k_scale > 0 && v_scale > 0)) {
+    return KernelError(kName, StrCat("the FP8 cache's scales must be positive (k_scale ", k_scale,
+                                     ", v_scale ", v_scale, ")"));
+  }
   if ((q_norm == nullptr) != (k_norm == nullptr)) {
     return KernelError(kName, "q_norm and k_norm come together");
   }

@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/qkv_postprocess.h"
 
 namespace lmserve::kernels::cuda {
@@ -23,6 +24,7 @@ struct QkvArgs {
   int lanes_per_head;  // head_dim / kUnit rounded up to a power of two (at most 32)
   int64_t qkv_stride, query_out_stride, max_position;
   float norm_epsilon;
+  float k_inv_scale, v_inv_scale;  // the FP8 cache's (kF8 only)
 };
 
 // The rotation of a pair (a, b) by (cos c, sin s): (a c - b s, a s + b c); the first component
@@ -42,8 +44,9 @@ __device__ __forceinline__ float Rotated(float a, float b, float c, float s, boo
 // grid (num_tokens, ceil(num_all_heads * lanes_per_head / kThreads)). Thread `lane` of a head's
 // lanes_per_head consecutive threads holds the head's elements [16 lane, 16 lane + 16) in fp32
 // registers (lanes past head_dim / 16 hold none). Every thread of a block reaches the shuffles
-// and the warp barrier: none returns early.
-template <typename T, bool kInterleaved>
+// and the warp barrier: none returns early. kF8: the caches hold E4M3 (fp8_cache.cuh): a key or
+// value thread stores its 16 values as 16 bytes.
+template <typename T, bool kInterleaved, bool kF8>
 __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
   // A head's values after the bias and the norm, for the rotary partners held by other lanes.
   __shared__ __align__(16) float s_x[kThreads * kUnit];
@@ -152,8 +155,16 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     const int64_t slot = a.slot_mapping[token];
     if (slot < 0) return;
     const int kv_head = is_value ? head - a.num_heads - a.num_kv_heads : head - a.num_heads;
-    T* cache = static_cast<T*>(is_value ? a.value_cache : a.key_cache);
-    dst = cache + (slot * a.num_kv_heads + kv_head) * a.head_dim;
+    const int64_t element = (slot * a.num_kv_heads + kv_head) * a.head_dim;
+    if constexpr (kF8) {
+      const float inv_scale = is_value ? a.v_inv_scale : a.k_inv_scale;
+      uint8_t* cache = static_cast<uint8_t*>(is_value ? a.value_cache : a.key_cache);
+      Store16(cache + element + off,
+              make_uint4(F8x4Quantize(x, inv_scale), F8x4Quantize(x + 4, inv_scale),
+                         F8x4Quantize(x + 8, inv_scale), F8x4Quantize(x + 12, inv_scale)));
+      return;
+    }
+    dst = static_cast<T*>(is_value ? a.value_cache : a.key_cache) + element;
   }
   Store8<T>(dst + off, *reinterpret_cast<const float(*)[8]>(x));
   Store8<T>(dst + off + 8, *reinterpret_cast<const float(*)[8]>(x + 8));
@@ -184,16 +195,26 @@ cudaError_t Launch(const QkvPostProcessParams& p, cudaStream_t stream) {
             p.qkv_stride != 0 ? p.qkv_stride : (p.num_heads + 2 * p.num_kv_heads) * p.head_dim,
             p.query_out_stride != 0 ? p.query_out_stride : p.num_heads * p.head_dim,
             p.max_position,
-            p.norm_epsilon};
+            p.norm_epsilon,
+            1.0f / p.k_scale,
+            1.0f / p.v_scale};
   const int64_t threads = (p.num_heads + 2 * p.num_kv_heads) * lanes_per_head;
   const dim3 grid(static_cast<unsigned>(p.num_tokens),
                   static_cast<unsigned>(CeilDiv(threads, kThreads)));
   return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.layout == RotaryLayout::kInterleaved) {
-      return LaunchKernel(QkvPostProcessKernel<T, true>, grid, kThreads, 0, stream, a);
+    const bool interleaved = p.layout == RotaryLayout::kInterleaved;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (p.cache_fp8) {
+        return interleaved
+                   ? LaunchKernel(QkvPostProcessKernel<T, true, true>, grid, kThreads, 0, stream, a)
+                   : LaunchKernel(QkvPostProcessKernel<T, false, true>, grid, kThreads, 0, stream,
+                                  a);
+      }
     }
-    return LaunchKernel(QkvPostProcessKernel<T, false>, grid, kThreads, 0, stream, a);
+    return interleaved
+               ? LaunchKernel(QkvPostProcessKernel<T, true, false>, grid, kThreads, 0, stream, a)
+               : LaunchKernel(QkvPostProcessKernel<T, false, false>, grid, kThreads, 0, stream, a);
   });
 }
 

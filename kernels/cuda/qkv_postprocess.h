@@ -47,6 +47,12 @@ struct QkvPostProcessParams {
                               // device; may be qkv itself (query_out_stride = qkv_stride)
   void* key_cache = nullptr;    // [num_blocks, block_size, num_kv_heads, head_dim]; device
   void* value_cache = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]; device
+  // The caches hold FP8 E4M3 bytes (fp8_cache.cuh): a key x is stored as E4M3(x * (1 / k_scale)),
+  // a value as E4M3(x * (1 / v_scale)), rounded to nearest even and saturated at +-448. Only with
+  // dtype kBF16 or kF16.
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;  // > 0
+  float v_scale = 1.0f;  // > 0
   int64_t num_tokens = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
@@ -59,8 +65,8 @@ struct QkvPostProcessParams {
   int64_t max_position = 0;      // rows of cos_sin
   RotaryLayout layout = RotaryLayout::kHalfSplit;
   float norm_epsilon = 1e-6f;  // of q_norm and k_norm
-  DType dtype = DType::kBF16;  // of qkv, bias, q_norm, k_norm, query_out and the caches: kBF16,
-                               // kF16 or kF32
+  DType dtype = DType::kBF16;  // of qkv, bias, q_norm, k_norm, query_out and the caches (unless
+                               // cache_fp8): kBF16, kF16 or kF32
 
   absl::Status Validate() const;
 };

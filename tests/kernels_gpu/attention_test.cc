@@ -6,6 +6,7 @@
 // where block -1 would be) and score soft-caps.
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 #include <ostream>
@@ -15,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/paged_attention_f32.h"
@@ -48,18 +50,44 @@ struct PagedBatch {
   std::vector<int32_t> query_start{0}, context_lens, table_start{0}, table_ids;
   // A guard block of NaN, then the cache ([num_blocks, block_size, kv heads, head_dim]).
   std::vector<float> query, key_cache, value_cache;
+  // An FP8 E4M3 cache (kernels/cuda/fp8_cache.cuh) with these scales: the host caches hold the
+  // values the device's bytes stand for.
+  bool fp8_cache = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
   DeviceBuffer<uint8_t> d_query, d_key, d_value;
   DeviceBuffer<int32_t> d_query_start, d_context_lens, d_table_start, d_table_ids;
 
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
   int64_t num_tokens() const { return query_start.back(); }
   int64_t guard() const { return block_size * num_kv_heads * head_dim; }  // elements
+  int64_t cache_element_bytes() const { return fp8_cache ? 1 : testing::ElementBytes(dtype); }
   // The caches past their guard block, on the device.
-  const void* device_key() const { return d_key.get() + guard() * testing::ElementBytes(dtype); }
-  const void* device_value() const {
-    return d_value.get() + guard() * testing::ElementBytes(dtype);
-  }
+  const void* device_key() const { return d_key.get() + guard() * cache_element_bytes(); }
+  const void* device_value() const { return d_value.get() + guard() * cache_element_bytes(); }
 };
+
+// A device copy of `values` as FP8 E4M3 bytes of value / scale (an FP8 KV cache's layout,
+// kernels/cuda/fp8_cache.cuh); `values` becomes what the device holds: scale times each byte's
+// value (NaN stays NaN).
+DeviceBuffer<uint8_t> UploadF8(std::vector<float>& values, float scale) {
+  std::vector<uint8_t> bytes(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bytes[i] = F32ToF8E4M3(values[i] / scale);
+    if (!std::isnan(values[i])) values[i] = scale * F8E4M3ToF32(bytes[i]);
+  }
+  return DeviceBuffer<uint8_t>(bytes);
+}
+
+// Uploads b's caches (rounding the host copies to what the device holds).
+void UploadCaches(PagedBatch& b) {
+  if (b.fp8_cache) {
+    b.d_key = UploadF8(b.key_cache, b.k_scale);
+    b.d_value = UploadF8(b.value_cache, b.v_scale);
+  } else {
+    b.d_key = testing::Upload(b.key_cache, b.dtype);
+    b.d_value = testing::Upload(b.value_cache, b.dtype);
+  }
+}
 
 // Builds a batch of (query_len, context_len) sequences with shuffled, distinct cache blocks.
 void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& seqs,
@@ -85,8 +113,7 @@ void BuildBatch(PagedBatch& b, const std::vector<std::pair<int32_t, int32_t>>& s
   std::fill_n(b.key_cache.begin(), b.guard(), NAN);
   std::fill_n(b.value_cache.begin(), b.guard(), NAN);
   b.d_query = testing::Upload(b.query, b.dtype);
-  b.d_key = testing::Upload(b.key_cache, b.dtype);
-  b.d_value = testing::Upload(b.value_cache, b.dtype);
+  UploadCaches(b);
   b.d_query_start = DeviceBuffer<int32_t>(b.query_start);
   b.d_context_lens = DeviceBuffer<int32_t>(b.context_lens);
   b.d_table_start = DeviceBuffer<int32_t>(b.table_start);
@@ -112,8 +139,7 @@ int64_t FreeBlocksBeforeWindow(PagedBatch& b) {
       ++freed;
     }
   }
-  b.d_key = testing::Upload(b.key_cache, b.dtype);
-  b.d_value = testing::Upload(b.value_cache, b.dtype);
+  UploadCaches(b);
   b.d_table_ids = DeviceBuffer<int32_t>(b.table_ids);
   return freed;
 }
@@ -179,7 +205,21 @@ DecodeAttentionParams DecodeParams(const PagedBatch& b, void* output, void* work
   auto p = PagedParams<DecodeAttentionParams>(b, output);
   p.workspace = workspace;
   p.max_splits = max_splits;
+  p.cache_fp8 = b.fp8_cache;
+  p.k_scale = b.k_scale;
+  p.v_scale = b.v_scale;
   return p;
+}
+
+// An FP8 cache for a case, and its scales.
+struct KvF8 {
+  bool on = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
+};
+
+std::ostream& operator<<(std::ostream& os, const KvF8& f8) {
+  if (!f8.on) return os << "16-bit cache";
+  return os << "FP8 cache (k_scale " << f8.k_scale << ", v_scale " << f8.v_scale << ")";
 }
 
 constexpr int32_t kLengths[] = {1, 15, 16, 17, 97, 4099};
@@ -206,23 +246,26 @@ void ApplyMasking(PagedBatch& b, const Masking& masking) {
 
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
                    int64_t head_dim, int64_t block_size = kBlockSize,
-                   const Masking& masking = {}) {
+                   const Masking& masking = {}, const KvF8& f8 = {}) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
                                     << num_kv_heads << " group " << group << " head_dim "
                                     << head_dim << " block size " << block_size << " " << masking
-                                    << " seed " << seed);
+                                    << " " << f8 << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   b.block_size = block_size;
+  b.fp8_cache = f8.on;
+  b.k_scale = f8.k_scale;
+  b.v_scale = f8.v_scale;
   std::vector<std::pair<int32_t, int32_t>> seqs;
   for (int64_t i = 0; i < batch; ++i) seqs.push_back({1, kLengths[(i + 5) % 6]});
   BuildBatch(b, seqs, rng);
   ApplyMasking(b, masking);
   const std::vector<float> ref = CpuAttention(b);
 
-  const int chosen =
-      DecodeAttentionParams::ChooseMaxSplits(batch, b.num_heads, num_kv_heads, head_dim, dtype);
+  const int chosen = DecodeAttentionParams::ChooseMaxSplits(batch, b.num_heads, num_kv_heads,
+                                                            head_dim, dtype, 1.0, f8.on);
   for (int max_splits : {1, 7, chosen, kDecodeMaxSplits}) {
     SCOPED_TRACE(::testing::Message() << "max_splits " << max_splits);
     DeviceBuffer<uint16_t> d_out(ref.size());
@@ -288,6 +331,34 @@ TEST(DecodeAttentionGpuTest, SlidingWindowAndSoftcap) {
 // The portable path (cp.async) against Hopper's (bulk copies and mbarriers) on the same inputs:
 // only the loads into shared memory differ, the math is the same code, so the outputs (and the
 // splits' partial results) must be equal bit for bit. Needs a GPU and build that run Hopper's.
+// An FP8 E4M3 cache (QkvPostProcess writes it; fp8_cache.cuh): the kernel against the CPU twin
+// over the values its bytes stand for (scale times E4M3 value), at the 16-bit tolerance: the
+// widening is exact, so the only rounding left is the 16-bit kernel's own. Scales of 1 (vLLM's
+// default) and others (values up to ~5 stored as up to ~100, and as ~0.3: E4M3's subnormals);
+// both kernel paths, every head dim, windows and soft-caps.
+TEST(DecodeAttentionGpuTest, Fp8CacheMatchesCpu) {
+  LMSERVE_REQUIRE_GPU();
+  for (KernelPath path : {KernelPath::kAuto, KernelPath::kPortable}) {
+    ScopedKernelPath scoped(path);
+    SCOPED_TRACE(path == KernelPath::kAuto ? "auto path" : "portable path");
+    for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
+      RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {}, {true, 1.0f, 1.0f});
+    }
+    RunDecodeCase(DType::kBF16, 64, 8, 4, 128, kBlockSize, {}, {true, 0.05f, 0.05f});
+    RunDecodeCase(DType::kBF16, 17, 2, 8, 128, 24, {}, {true, 16.0f, 2.0f});
+    RunDecodeCase(DType::kF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f});
+    RunDecodeCase(DType::kBF16, 5, 1, 12, 80, kBlockSize, {37, 5.0f, true}, {true, 0.5f, 0.25f});
+    RunDecodeCase(DType::kBF16, 17, 2, 4, 64, 5, {100, 0.0f, true}, {true, 1.0f, 1.0f});
+  }
+  // The tiles by bulk copies on Hopper (SetDecodeF8BulkCopies; a no-op elsewhere).
+  SetDecodeF8BulkCopies(true);
+  for (int64_t head_dim : {64, 80, 128, 256}) {
+    RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {}, {true, 16.0f, 2.0f});
+  }
+  RunDecodeCase(DType::kF16, 64, 8, 4, 128, 24, {37, 5.0f, true}, {true, 0.5f, 0.25f});
+  SetDecodeF8BulkCopies(false);
+}
+
 TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
   LMSERVE_REQUIRE_GPU();
   {
@@ -404,8 +475,7 @@ void PoisonSlotsPastContext(PagedBatch& b) {
       std::fill_n(b.value_cache.begin() + begin, row, NAN);
     }
   }
-  b.d_key = testing::Upload(b.key_cache, b.dtype);
-  b.d_value = testing::Upload(b.value_cache, b.dtype);
+  UploadCaches(b);
 }
 
 struct PrefillLayout {
@@ -415,17 +485,21 @@ struct PrefillLayout {
 
 void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t head_dim,
                     const std::vector<std::pair<int32_t, int32_t>>& seqs,
-                    const Masking& masking = {}, const PrefillLayout& layout = {}) {
+                    const Masking& masking = {}, const PrefillLayout& layout = {},
+                    const KvF8& f8 = {}) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " kv heads " << num_kv_heads
                                     << " group " << group << " head_dim " << head_dim
                                     << " seqs " << seqs.size() << " " << masking
                                     << " block size " << layout.block_size
                                     << (layout.nan_past_context ? " NaN past the context" : "")
-                                    << " seed " << seed);
+                                    << " " << f8 << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   b.block_size = layout.block_size;
+  b.fp8_cache = f8.on;
+  b.k_scale = f8.k_scale;
+  b.v_scale = f8.v_scale;
   BuildBatch(b, seqs, rng);
   ApplyMasking(b, masking);
   if (layout.nan_past_context) PoisonSlotsPastContext(b);
@@ -436,6 +510,12 @@ void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t he
   d_ws.Poison();
   auto p = RaggedParams<PrefillAttentionParams>(b, d_out.get());
   p.workspace = d_ws.get();
+  p.cache_fp8 = b.fp8_cache;
+  p.k_scale = b.k_scale;
+  p.v_scale = b.v_scale;
+  if (b.fp8_cache) {
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
+  }
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   CUDA_ASSERT(Launch(p, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -494,6 +574,24 @@ TEST(PrefillAttentionGpuTest, LongPrefill) {
 // Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
 // 64, 80, 96 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the
 // mma.sync kernel otherwise, and always on the portable path.
+// An FP8 E4M3 cache: the mma.sync kernel (ChoosePrefillKernel takes it on every GPU) against the
+// CPU twin over the values the bytes stand for; fresh prefills, prefix-cache hits and chunked
+// prefill (queries from mid-sequence against a cached prefix) and decode tokens in one batch.
+TEST(PrefillAttentionGpuTest, Fp8CacheMatchesCpu) {
+  LMSERVE_REQUIRE_GPU();
+  for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
+    RunPrefillCase(DType::kBF16, 2, 4, head_dim, kMixedBatch, {}, {}, {true, 1.0f, 1.0f});
+  }
+  RunPrefillCase(DType::kBF16, 2, 8, 128, kMixedBatch, {}, {}, {true, 0.05f, 0.05f});
+  RunPrefillCase(DType::kF16, 2, 4, 128, kMixedBatch, {}, {}, {true, 16.0f, 2.0f});
+  RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch, {50, 30.0f, true}, {}, {true, 1.0f, 1.0f});
+  RunPrefillCase(DType::kBF16, 1, 8, 64, kMixedBatch, {}, {24, false}, {true, 1.0f, 1.0f});
+  {
+    ScopedKernelPath portable(KernelPath::kPortable);
+    RunPrefillCase(DType::kBF16, 2, 4, 128, kMixedBatch, {}, {}, {true, 1.0f, 1.0f});
+  }
+}
+
 TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   LMSERVE_REQUIRE_GPU();
   PrefillAttentionParams p;

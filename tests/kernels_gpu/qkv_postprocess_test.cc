@@ -7,10 +7,13 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/model/model_config.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/qkv_postprocess.h"
 #include "kernels/cuda/qkv_postprocess.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
@@ -48,6 +51,9 @@ struct QkvCase {
   int64_t rotary_dim = 0;  // 0: head_dim
   double attention_factor = 1.0;
   bool norm = false;  // q_norm and k_norm
+  // An FP8 E4M3 cache with these scales (kernels/cuda/fp8_cache.cuh); 16-bit dtypes only.
+  bool fp8_cache = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 void RunQkvCase(const QkvCase& c) {
@@ -58,7 +64,8 @@ void RunQkvCase(const QkvCase& c) {
                << (c.layout == RotaryLayout::kInterleaved) << " scaling "
                << static_cast<int>(c.scaling) << " bias " << c.bias << " rotary_dim "
                << c.rotary_dim << " attention factor " << c.attention_factor << " norm "
-               << c.norm << " seed " << seed);
+               << c.norm << (c.fp8_cache ? " FP8 cache k_scale " : "")
+               << (c.fp8_cache ? std::to_string(c.k_scale) : "") << " seed " << seed);
   std::mt19937 rng(seed);
   const int64_t row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const int64_t stride = row + 8;
@@ -93,8 +100,11 @@ void RunQkvCase(const QkvCase& c) {
   DeviceBuffer<float> d_table(table);
   const int64_t cache_elements = num_blocks * block_size * kv_row;
   DeviceBuffer<uint8_t> d_q = Poisoned(c.tokens * c.num_heads * c.head_dim, c.dtype);
-  DeviceBuffer<uint8_t> d_k = Poisoned(cache_elements, c.dtype);
-  DeviceBuffer<uint8_t> d_v = Poisoned(cache_elements, c.dtype);
+  // E4M3's 0xff is NaN too.
+  DeviceBuffer<uint8_t> d_k = c.fp8_cache ? Poisoned(cache_elements / 2, DType::kBF16)
+                                          : Poisoned(cache_elements, c.dtype);
+  DeviceBuffer<uint8_t> d_v = c.fp8_cache ? Poisoned(cache_elements / 2, DType::kBF16)
+                                          : Poisoned(cache_elements, c.dtype);
   QkvPostProcessParams p;
   p.qkv = d_qkv.get();
   p.bias = c.bias ? d_bias.get() : nullptr;
@@ -117,6 +127,9 @@ void RunQkvCase(const QkvCase& c) {
   p.max_position = max_position;
   p.layout = c.layout;
   p.dtype = c.dtype;
+  p.cache_fp8 = c.fp8_cache;
+  p.k_scale = c.k_scale;
+  p.v_scale = c.v_scale;
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   CUDA_ASSERT(Launch(p, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -163,7 +176,26 @@ void RunQkvCase(const QkvCase& c) {
   };
   check(Download(d_q, c.dtype), ref_q);
   // Written slots match; every other slot still holds the poison (NaN).
-  const std::vector<float> k_all = Download(d_k, c.dtype), v_all = Download(d_v, c.dtype);
+  std::vector<float> k_all, v_all;
+  if (c.fp8_cache) {
+    // The values the bytes stand for; the twin's values quantized on the host as the kernel does
+    // (x * (1 / scale), rounded to nearest even): equal but where the GPU's fp32 value before the
+    // rounding differs from the twin's across a rounding boundary (a step of 1/16 in a few
+    // elements).
+    auto dequantize = [](const std::vector<uint8_t>& bytes, float scale) {
+      std::vector<float> values(bytes.size());
+      for (size_t i = 0; i < bytes.size(); ++i) values[i] = scale * F8E4M3ToF32(bytes[i]);
+      return values;
+    };
+    k_all = dequantize(d_k.Download(), c.k_scale);
+    v_all = dequantize(d_v.Download(), c.v_scale);
+    const float k_inv = 1.0f / c.k_scale, v_inv = 1.0f / c.v_scale;
+    for (float& x : ref_k) x = c.k_scale * F8E4M3ToF32(F32ToF8E4M3(x * k_inv));
+    for (float& x : ref_v) x = c.v_scale * F8E4M3ToF32(F32ToF8E4M3(x * v_inv));
+  } else {
+    k_all = Download(d_k, c.dtype);
+    v_all = Download(d_v, c.dtype);
+  }
   std::vector<bool> written(num_blocks * block_size, false);
   for (int64_t s : slots) {
     if (s >= 0) written[s] = true;
@@ -182,6 +214,11 @@ void RunQkvCase(const QkvCase& c) {
       exp_k.push_back(ref_k[e]);
       exp_v.push_back(ref_v[e]);
     }
+  }
+  if (c.fp8_cache) {
+    EXPECT_LE(RelativeL2(out_k, exp_k), 1e-2);
+    EXPECT_LE(RelativeL2(out_v, exp_v), 1e-2);
+    return;
   }
   check(out_k, exp_k);
   check(out_v, exp_v);
@@ -246,6 +283,43 @@ TEST(QkvPostProcessGpuTest, PartialRotaryAttentionFactorAndQkNorm) {
       }
     }
   }
+}
+
+// The FP8 cache write: E4M3 bytes of each key / k_scale and value / v_scale, in bf16 and fp16,
+// with scales of 1 and others (large values saturating at 448 * scale, small ones subnormal),
+// a norm, a bias and partial rotary; unwritten slots untouched.
+TEST(QkvPostProcessGpuTest, Fp8CacheWrite) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (int64_t head_dim : {64, 80, 128, 256}) {
+      QkvCase c{dtype, 17, 8, 2, head_dim, RotaryLayout::kHalfSplit, engine::RopeScaling::kDefault,
+                true};
+      c.fp8_cache = true;
+      RunQkvCase(c);
+      c.k_scale = 0.004f;  // |x| > 1.8 saturates
+      c.v_scale = 8.0f;    // |x| < 0.125 subnormal
+      c.norm = true;
+      c.rotary_dim = head_dim / 2;
+      c.layout = RotaryLayout::kInterleaved;
+      RunQkvCase(c);
+    }
+  }
+}
+
+TEST(QkvPostProcessGpuTest, ValidateRejectsFp8CacheInF32AndBadScales) {
+  QkvPostProcessParams p;
+  p.num_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.block_size = 16;
+  p.num_blocks = 1;
+  p.cache_fp8 = true;
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  p.k_scale = 0.0f;
+  EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("scales must be positive"));
+  p.k_scale = 1.0f;
+  p.dtype = DType::kF32;
+  EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("bf16 or f16"));
 }
 
 TEST(QkvPostProcessGpuTest, ValidateRejectsHalfANormAndBadRotaryDim) {

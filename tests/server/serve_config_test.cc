@@ -168,6 +168,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
       "--debug-log-text",
       "--extra-chat-roles",
       "developer,ipython",
+      "--kv-cache-dtype",
+      "fp8",
   });
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServeConfig& config = *parsed;
@@ -178,6 +180,7 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
   EXPECT_EQ(config.model.backend, engine::Backend::kCuda);
   EXPECT_EQ(config.runner.dtype, engine::RunnerDType::kFloat32);
   EXPECT_EQ(config.runner.load_format, engine::LoadFormat::kDummy);
+  EXPECT_EQ(config.runner.kv_cache_dtype, engine::KvCacheDType::kFp8);
   EXPECT_EQ(config.runner.kv_cache_bytes, int64_t{256} << 20);
   EXPECT_EQ(config.runner.num_threads, 3);
   EXPECT_EQ(config.runner.gpu_memory_utilization, 0.5);
@@ -207,8 +210,8 @@ TEST(ServeConfigTest, EveryFlagsValueLandsInTheTypedConfig) {
 
   // The summary shows the settings and never the token.
   const std::string summary = DescribeServeConfig(config);
-  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, quantization: auto, threads: 3, "
-                                 "load format: dummy"));
+  EXPECT_THAT(summary, HasSubstr("backend: cuda, dtype: float32, quantization: auto, KV cache "
+                                 "dtype: fp8, threads: 3, load format: dummy"));
   EXPECT_THAT(summary, HasSubstr("CUDA graphs: off, fp32 residual: off"));
   EXPECT_THAT(summary, HasSubstr("CUDA kernel path: portable"));
   EXPECT_THAT(summary, HasSubstr("KV cache: 256 MiB, max model len: 1024, prefix caching: off"));
@@ -308,6 +311,24 @@ TEST(ServeConfigTest, QuantizationTakesAutoNoneAndFp8) {
   config = Parse({"--quantization", "int4"});
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(config.status().message(), HasSubstr("--quantization"));
+}
+
+TEST(ServeConfigTest, KvCacheDtypeTakesAutoBf16AndFp8) {
+  absl::StatusOr<ServeConfig> config = Parse({});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->runner.kv_cache_dtype, engine::KvCacheDType::kAuto);
+  for (const char* name : {"auto", "bf16", "fp8"}) {
+    config = Parse({"--kv-cache-dtype", name});
+    ASSERT_TRUE(config.ok()) << name << ": " << config.status();
+    EXPECT_EQ(engine::KvCacheDTypeName(config->runner.kv_cache_dtype), name);
+    EXPECT_THAT(DescribeServeConfig(*config), HasSubstr(std::string("KV cache dtype: ") + name));
+  }
+  config = Parse({"--kv-cache-dtype", "fp8_e4m3"});  // vLLM's name
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->runner.kv_cache_dtype, engine::KvCacheDType::kFp8);
+  config = Parse({"--kv-cache-dtype", "int8"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("--kv-cache-dtype"));
 }
 
 TEST(ServeConfigTest, DtypeTakesAutoBfloat16AndFloat32) {

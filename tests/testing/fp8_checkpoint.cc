@@ -63,7 +63,8 @@ void QuantizeBlocks(const std::vector<float>& values, int64_t rows, int64_t cols
 
 absl::StatusOr<std::string> WriteFp8Checkpoint(const std::string& fixture_dir,
                                                Fp8CheckpointLayout layout, int64_t block_rows,
-                                               int64_t block_cols, bool quantize_experts) {
+                                               int64_t block_cols, bool quantize_experts,
+                                               float kv_scale) {
   namespace fs = std::filesystem;
   static int count = 0;
   const std::string dir = StrCat(TempDir(), "/fp8-", count++);
@@ -102,6 +103,12 @@ absl::StatusOr<std::string> WriteFp8Checkpoint(const std::string& fixture_dir,
                                        {"weight_block_size", {block_rows, block_cols}}};
       break;
   }
+  const int64_t num_layers = config.value("num_hidden_layers", int64_t{0});
+  if (kv_scale > 0) {
+    config["quantization_config"]["kv_cache_scheme"] = {
+        {"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false},
+        {"symmetric", true}};
+  }
   std::ofstream(dir + "/config.json") << config.dump(2);
 
   LMSERVE_ASSIGN_OR_RETURN(auto file,
@@ -111,7 +118,7 @@ absl::StatusOr<std::string> WriteFp8Checkpoint(const std::string& fixture_dir,
   std::vector<std::vector<float>> floats;
   std::vector<std::vector<uint16_t>> halves;
   bytes.reserve(file->tensors().size());
-  floats.reserve(2 * file->tensors().size());
+  floats.reserve(2 * file->tensors().size() + 2 * static_cast<size_t>(num_layers));
   halves.reserve(file->tensors().size());
   std::vector<engine::TensorToWrite> out;
   for (const auto& [name, view] : file->tensors()) {
@@ -151,6 +158,18 @@ absl::StatusOr<std::string> WriteFp8Checkpoint(const std::string& fixture_dir,
                        {(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols},
                        Bytes(scales)});
         break;
+      }
+    }
+  }
+  if (kv_scale > 0) {
+    for (int64_t layer = 0; layer < num_layers; ++layer) {
+      for (bool value : {false, true}) {
+        std::vector<float>& scale =
+            floats.emplace_back(1, KvCacheScaleForTest(kv_scale, layer, value));
+        out.push_back({StrCat("model.layers.", layer, ".self_attn.", value ? "v" : "k", "_scale"),
+                       DType::kF32,
+                       {},
+                       Bytes(scale)});
       }
     }
   }

@@ -28,10 +28,18 @@ enum class Fp8CheckpointLayout {
 // one model.safetensors) with the linear layers' weights (every `*_proj.weight` of the decoder
 // layers, the experts' too unless !quantize_experts) in F8_E4M3 and their scales as `layout` stores them, every other
 // tensor as it is, and config.json's quantization_config to match. Returns the directory.
+// With kv_scale > 0 (compressed-tensors layouts), also an FP8 KV cache's scales as
+// llm-compressor's kv_cache_scheme writes them: `model.layers.N.self_attn.k_scale` = kv_scale *
+// (N + 1) and `v_scale` = kv_scale * (N + 2) / 2, fp32 of shape [] (KvCacheScaleForTest).
 absl::StatusOr<std::string> WriteFp8Checkpoint(const std::string& fixture_dir,
                                                Fp8CheckpointLayout layout,
                                                int64_t block_rows = 32, int64_t block_cols = 64,
-                                               bool quantize_experts = true);
+                                               bool quantize_experts = true, float kv_scale = 0);
+// The scale WriteFp8Checkpoint writes for layer `layer`'s keys (!value) or values.
+inline float KvCacheScaleForTest(float kv_scale, int64_t layer, bool value) {
+  return value ? kv_scale * static_cast<float>(layer + 2) / 2
+               : kv_scale * static_cast<float>(layer + 1);
+}
 
 // Quantized logits against the float64 reference, as issue 23 bounds them: the relative L2 error
 // over every logit, and top-1 agreement counted at the rows whose reference top-2 margin exceeds

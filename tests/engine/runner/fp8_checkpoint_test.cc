@@ -15,6 +15,7 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/runner/model_runner.h"
+#include "engine/runner/weight_loader.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fixtures.h"
@@ -239,6 +240,55 @@ TEST(QuantizationConfigTest, CpuRunnerRefusesGgufBlockTypes) {
   gguf.kv_cache_bytes = int64_t{8} << 20;
   gguf.quantization = RunnerQuantization::kGguf;
   EXPECT_TRUE(ModelRunner::Create(**checkpoint, gguf).ok());
+}
+
+// An FP8 KV cache's scales (--kv-cache-dtype fp8): read per layer from compressed-tensors'
+// `self_attn.k_scale` / `v_scale` where the checkpoint has them, 1.0 elsewhere; a malformed one
+// is refused by name. (The CUDA runner quantizes its cache with them: runner_gpu's
+// fp8_kv_gpu_test.cc serves such a checkpoint.)
+TEST(Fp8CheckpointConfigTest, KvCacheScalesPerLayer) {
+  const std::string fixture = testing::HfTinyDir("llama-gqa");
+  auto plain = OpenCheckpoint(fixture);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const int64_t layers = (*plain)->config().num_layers;
+  ASSERT_GE(layers, 2);
+  auto ones = ReadKvCacheScales(**plain, layers);
+  ASSERT_TRUE(ones.ok()) << ones.status();
+  EXPECT_EQ(ones->layers_from_checkpoint, 0);
+  EXPECT_EQ(ones->k, std::vector<float>(static_cast<size_t>(layers), 1.0f));
+  EXPECT_EQ(ones->v, std::vector<float>(static_cast<size_t>(layers), 1.0f));
+
+  auto dir = testing::WriteFp8Checkpoint(fixture, Fp8CheckpointLayout::kCompressedTensorsChannel,
+                                         32, 64, true, /*kv_scale=*/0.125f);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto checkpoint = OpenCheckpoint(*dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto scales = ReadKvCacheScales(**checkpoint, layers);
+  ASSERT_TRUE(scales.ok()) << scales.status();
+  EXPECT_EQ(scales->layers_from_checkpoint, layers);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    EXPECT_EQ(scales->k[static_cast<size_t>(layer)],
+              testing::KvCacheScaleForTest(0.125f, layer, false));
+    EXPECT_EQ(scales->v[static_cast<size_t>(layer)],
+              testing::KvCacheScaleForTest(0.125f, layer, true));
+  }
+  // The CPU runner serves the checkpoint (its cache is fp32: the scales are not used there).
+  RunnerConfig config;
+  config.kv_cache_bytes = int64_t{8} << 20;
+  config.num_threads = 1;
+  EXPECT_TRUE(ModelRunner::Create(**checkpoint, config).ok());
+
+  // An infinite scale is refused, by name: layer 0's value scale, 3e38 * 2 / 2, overflows (in
+  // the product) to infinity.
+  auto zero = testing::WriteFp8Checkpoint(fixture, Fp8CheckpointLayout::kCompressedTensorsChannel,
+                                          32, 64, true, /*kv_scale=*/3e38f);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  auto zero_checkpoint = OpenCheckpoint(*zero);
+  ASSERT_TRUE(zero_checkpoint.ok()) << zero_checkpoint.status();
+  auto refused = ReadKvCacheScales(**zero_checkpoint, layers);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("model.layers.0.self_attn.v_scale"), std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

@@ -270,5 +270,37 @@ TEST(RunnerDTypeTest, TheCpuRunnerIsNativeOrFloat32) {
   EXPECT_THAT(bf16.status().message(), HasSubstr("bfloat16 needs the CUDA backend"));
 }
 
+// --kv-cache-dtype: names (vLLM's aliases too), an FP8 block's bytes (half bf16's), and the CPU
+// runner's refusal of anything but auto (its cache is float32).
+TEST(KvCacheDTypeTest, NamesBytesAndTheCpuRunnersRefusal) {
+  for (KvCacheDType d : {KvCacheDType::kAuto, KvCacheDType::kBFloat16, KvCacheDType::kFp8}) {
+    EXPECT_EQ(KvCacheDTypeFromName(KvCacheDTypeName(d)), d);
+  }
+  EXPECT_EQ(KvCacheDTypeFromName("bfloat16"), KvCacheDType::kBFloat16);
+  EXPECT_EQ(KvCacheDTypeFromName("fp8_e4m3"), KvCacheDType::kFp8);
+  EXPECT_EQ(KvCacheDTypeFromName("fp8_e5m2"), std::nullopt);
+  EXPECT_EQ(KvCacheDTypeFromName("int8"), std::nullopt);
+  ModelConfig config;
+  config.num_layers = 30;
+  config.num_kv_heads = 3;
+  config.head_dim = 64;
+  const int64_t elements = 2 * 30 * 16 * 3 * 64;
+  EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kAuto, KvCacheDType::kFp8), elements);
+  EXPECT_EQ(CudaKvBlockBytes(config, 16, RunnerDType::kAuto, KvCacheDType::kBFloat16),
+            elements * 2);
+
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig runner_config;
+  runner_config.kv_cache_bytes = 1 << 20;
+  for (KvCacheDType d : {KvCacheDType::kBFloat16, KvCacheDType::kFp8}) {
+    runner_config.kv_cache_dtype = d;
+    auto refused = ModelRunner::Create(**checkpoint, runner_config);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(), HasSubstr("--kv-cache-dtype"));
+    EXPECT_THAT(refused.status().message(), HasSubstr("CUDA backend"));
+  }
+}
+
 }  // namespace
 }  // namespace lmserve::engine
