@@ -31,11 +31,19 @@
 //        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
+//        [--tune-prefill-gemms] [--fuse-residual-gemm] [--gemm-table]
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
 // or sampled at temperature 1 behind a token bitmask (structured output on the device) that
 // keeps every 64th token, as a JSON state drops most of the vocabulary; the masks are written
 // before each step (Execute), so the draw's wait for them ends at once.
+//
+// --tune-prefill-gemms: RunnerConfig::tune_prefill_gemms (cuBLASLt's algorithm for steps of many
+// tokens timed on the step's operands, not the heuristic's first). --fuse-residual-gemm:
+// RunnerConfig::fuse_residual_gemm (o_proj and down add into the fp32 residual in cuBLASLt's
+// epilogue in steps of many tokens). --gemm-table: before the
+// runner starts, the prefill's projections at its token count, each through cuBLASLt's heuristic
+// choice and its fastest candidate, on random data (PrefillGemmTable).
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -68,6 +76,7 @@
 #include "engine/runner/model_runner.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/random_fill.h"
 #include "nlohmann/json.hpp"
 
 namespace lmserve {
@@ -100,6 +109,9 @@ struct Options {
   std::string json;
   std::string timeline;
   std::string draw = "greedy";
+  bool tune_prefill_gemms = false;
+  bool fuse_residual_gemm = false;
+  bool gemm_table = false;
 };
 
 int Usage(const char* message) {
@@ -111,7 +123,8 @@ int Usage(const char* message) {
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8] [--json FILE] "
-               "[--timeline FILE] [--draw greedy|sample|masked]\n",
+               "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
+               "[--fuse-residual-gemm] [--gemm-table]\n",
                message);
   return 2;
 }
@@ -148,9 +161,58 @@ double CopyBandwidth() {
   return Median(rates);
 }
 
-// The GEMM rate of cuBLASLt at 8192^3 on random-ish data in `dtype` (bf16: the tensor cores;
-// f32: true fp32, as the runner's float32 mode runs its projections), FLOP/s.
-double GemmRate(kernels::DType dtype) {
+// What a GEMM's operands hold: a tensor-core GEMM's speed depends on its data (the power its bit
+// flips draw sets the clock the GPU holds).
+enum class GemmData {
+  kConstant,  // every byte 0x3b (bf16 and fp32 about 0.003): the floor's data until 2026-11-26
+  kRandom,    // x uniform in [-1, 1), W uniform within 1/sqrt(k) (the dummy weights' range)
+};
+
+void FillOperand(void* data, int64_t elements, kernels::DType dtype, GemmData kind, float bound,
+                 uint64_t seed) {
+  const size_t bytes = static_cast<size_t>(elements) * (dtype == kernels::DType::kF32 ? 4 : 2);
+  if (kind == GemmData::kConstant) {
+    cudaMemset(data, 0x3b, bytes);
+    return;
+  }
+  (void)kernels::cuda::Launch(kernels::cuda::RandomFillParams{.output = data,
+                                                              .num_elements = elements,
+                                                              .low = -bound,
+                                                              .high = bound,
+                                                              .seed = seed,
+                                                              .dtype = dtype},
+                              nullptr);
+}
+
+// Runs `run` back to back for `sustain_ms` of device time (at least 3 runs), then returns the
+// median of `iters` timed runs, in seconds.
+template <typename Run>
+double TimeGemm(const Run& run, double sustain_ms, int iters) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  auto timed_ms = [&] {
+    cudaEventRecord(start);
+    run();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    return double{ms};
+  };
+  double warm_ms = 0;
+  for (int i = 0; i < 3 || warm_ms < sustain_ms; ++i) warm_ms += timed_ms();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) times.push_back(timed_ms() * 1e-3);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return Median(times);
+}
+
+// The GEMM rate of cuBLASLt at 8192^3 in `dtype` (bf16: the tensor cores; f32: true fp32, as the
+// runner's float32 mode runs its projections), FLOP/s: on `data`, after `sustain_ms` of
+// back-to-back runs (0: 3 warm-ups), the median of 10 (0) or 20 timed runs.
+double GemmRate(kernels::DType dtype, GemmData data, double sustain_ms) {
   namespace kc = kernels::cuda;
   const int64_t n = 8192;
   const size_t bytes = n * n * (dtype == kernels::DType::kF32 ? 4 : 2);
@@ -162,30 +224,16 @@ double GemmRate(kernels::DType dtype) {
   cudaMalloc(&w, bytes);
   cudaMalloc(&y, bytes);
   cudaMalloc(&ws, ws_bytes);
-  cudaMemset(x, 0x3b, bytes);
-  cudaMemset(w, 0x3b, bytes);
+  FillOperand(x, n * n, dtype, data, 1.0f, 1);
+  FillOperand(w, n * n, dtype, data, 1.0f / std::sqrt(static_cast<float>(n)), 2);
   auto plan = kc::GemmPlan::Create(
       (*handle)->get(), {.m = n, .n = n, .k = n, .input_dtype = dtype, .output_dtype = dtype}, ws,
       ws_bytes, /*autotune=*/true, nullptr);
   double rate = 0;
   if (plan.ok()) {
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    for (int i = 0; i < 3; ++i) (*plan)->Run(x, w, y, nullptr);
-    std::vector<double> rates;
-    for (int i = 0; i < 10; ++i) {
-      cudaEventRecord(start);
-      (*plan)->Run(x, w, y, nullptr);
-      cudaEventRecord(stop);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      rates.push_back(2.0 * n * n * n / (ms * 1e-3));
-    }
-    rate = Median(rates);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    const double seconds =
+        TimeGemm([&] { (*plan)->Run(x, w, y, nullptr); }, sustain_ms, sustain_ms > 0 ? 20 : 10);
+    rate = 2.0 * n * n * n / seconds;
   }
   plan = absl::InternalError("released");
   cudaFree(x);
@@ -193,6 +241,63 @@ double GemmRate(kernels::DType dtype) {
   cudaFree(y);
   cudaFree(ws);
   return rate;
+}
+
+// The prefill's projections (layer 0's weight of each kind; not the embedding or the LM head) at
+// m rows through cuBLASLt, on random data, each after 200 ms of back-to-back runs: the
+// heuristic's algorithm (the runner's choice without --tune-prefill-gemms) against the fastest
+// candidate (GemmPlan's autotune). Prints a line each and the sums a layer.
+void PrefillGemmTable(const engine::ModelConfig& shard, int64_t m) {
+  namespace kc = kernels::cuda;
+  auto model = engine::DescribeModel(shard);
+  auto handle = kc::BlasLtHandle::Create();
+  if (!model.ok() || !handle.ok()) return;
+  void* ws = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  cudaMalloc(&ws, ws_bytes);
+  double heuristic_sum = 0, tuned_sum = 0;
+  std::printf("\nprefill GEMMs at %lld rows (random data, 200 ms back to back each): cuBLASLt's "
+              "heuristic choice against its fastest candidate\n",
+              static_cast<long long>(m));
+  for (const engine::WeightSpec& spec : (*model)->weights().specs()) {
+    if (spec.layer != 0 || !spec.is_matrix() || spec.tied_to.present()) continue;
+    const kc::GemmShape shape{.m = m, .n = spec.rows, .k = spec.cols};
+    void *x = nullptr, *w = nullptr, *y = nullptr;
+    if (cudaMalloc(&x, m * spec.cols * 2) != cudaSuccess ||
+        cudaMalloc(&w, spec.rows * spec.cols * 2) != cudaSuccess ||
+        cudaMalloc(&y, m * spec.rows * 2) != cudaSuccess) {
+      cudaFree(x);
+      cudaFree(w);
+      cudaGetLastError();
+      std::printf("  %s: no memory\n", spec.kind.c_str());
+      continue;
+    }
+    FillOperand(x, m * spec.cols, kernels::DType::kBF16, GemmData::kRandom, 1.0f, 3);
+    FillOperand(w, spec.rows * spec.cols, kernels::DType::kBF16, GemmData::kRandom,
+                1.0f / std::sqrt(static_cast<float>(spec.cols)), 4);
+    auto heuristic = kc::GemmPlan::Create((*handle)->get(), shape, ws, ws_bytes, false, nullptr);
+    auto tuned = kc::GemmPlan::Create((*handle)->get(), shape, ws, ws_bytes, true, nullptr);
+    if (heuristic.ok() && tuned.ok()) {
+      const double flops = 2.0 * m * spec.rows * spec.cols;
+      const double h = TimeGemm([&] { (*heuristic)->Run(x, w, y, nullptr); }, 200, 20);
+      const double t = TimeGemm([&] { (*tuned)->Run(x, w, y, nullptr); }, 200, 20);
+      heuristic_sum += h;
+      tuned_sum += t;
+      std::printf("  %-12s %6lld -> %-6lld heuristic %7.3f ms (%4.0f TFLOP/s), tuned %7.3f ms "
+                  "(%4.0f TFLOP/s, %d candidates)\n",
+                  spec.kind.c_str(), static_cast<long long>(spec.cols),
+                  static_cast<long long>(spec.rows), h * 1e3, flops / h / 1e12, t * 1e3,
+                  flops / t / 1e12, (*tuned)->candidates_tried());
+    }
+    heuristic = absl::InternalError("released");
+    tuned = absl::InternalError("released");
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+  }
+  cudaFree(ws);
+  std::printf("  a layer: heuristic %.3f ms, tuned %.3f ms\n", heuristic_sum * 1e3,
+              tuned_sum * 1e3);
 }
 
 // Seconds per Execute of `batch`, median of `iters` after 3 warm-ups.
@@ -274,9 +379,18 @@ int Run(const Options& o) {
   const bool f32 = o.dtype == engine::RunnerDType::kFloat32;
   const std::string dtype_name(engine::RunnerDTypeName(o.dtype));
   const double bandwidth = CopyBandwidth();
-  const double gemm_rate = GemmRate(f32 ? kernels::DType::kF32 : kernels::DType::kBF16);
-  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); %s GEMM %.0f TFLOP/s\n",
-              devices[0].name.c_str(), bandwidth / 1e9, dtype_name.c_str(), gemm_rate / 1e12);
+  const kernels::DType gemm_dtype = f32 ? kernels::DType::kF32 : kernels::DType::kBF16;
+  const double gemm_rate = GemmRate(gemm_dtype, GemmData::kConstant, 0);
+  const double gemm_rate_random = GemmRate(gemm_dtype, GemmData::kRandom, 0);
+  const double gemm_rate_sustained = GemmRate(gemm_dtype, GemmData::kRandom, 500);
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); %s GEMM %.0f TFLOP/s "
+              "(constant data, 3 warm-ups); random data %.0f, after 500 ms back to back %.0f\n",
+              devices[0].name.c_str(), bandwidth / 1e9, dtype_name.c_str(), gemm_rate / 1e12,
+              gemm_rate_random / 1e12, gemm_rate_sustained / 1e12);
+  if (o.gemm_table && !f32) {
+    auto shard = engine::ShardModelConfig(c, o.tensor_parallel_size, 0);
+    if (shard.ok()) PrefillGemmTable(*shard, int64_t{o.prefill_seqs} * o.prefill_tokens);
+  }
 
   engine::RunnerConfig config;
   config.backend = engine::Backend::kCuda;
@@ -297,6 +411,8 @@ int Run(const Options& o) {
   config.skinny_split_k = o.skinny_split_k;
   config.ssm_decode_late_dependents = o.ssm_decode_late_dependents;
   config.tensor_parallel_size = o.tensor_parallel_size;
+  config.tune_prefill_gemms = o.tune_prefill_gemms;
+  config.fuse_residual_gemm = o.fuse_residual_gemm;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -403,6 +519,10 @@ int Run(const Options& o) {
       {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
+      {"gemm_flops_per_s_random", gemm_rate_random},
+      {"gemm_flops_per_s_random_sustained", gemm_rate_sustained},
+      {"tune_prefill_gemms", o.tune_prefill_gemms},
+      {"fuse_residual_gemm", o.fuse_residual_gemm},
       {"weight_bytes", stats.weight_bytes},
       {"startup_seconds", stats.startup_seconds},
       {"decode", nlohmann::json::array()}};
@@ -487,9 +607,12 @@ int Run(const Options& o) {
                          2.0 * head_params * o.prefill_seqs;
     const double floor = flops / gemm_rate;
     std::printf("\nprefill %d x %d tokens: %.2f ms (%.0f tokens/s, %.0f TFLOP/s); floor %.2f ms; "
-                "ratio %.2f\n",
+                "ratio %.2f; against the random-data rates: floor %.2f ms, ratio %.2f "
+                "(sustained: %.2f ms, %.2f)\n",
                 o.prefill_seqs, n, seconds * 1e3, total_tokens / seconds, flops / seconds / 1e12,
-                floor * 1e3, seconds / floor);
+                floor * 1e3, seconds / floor, flops / gemm_rate_random * 1e3,
+                seconds * gemm_rate_random / flops, flops / gemm_rate_sustained * 1e3,
+                seconds * gemm_rate_sustained / flops);
     results["prefill"] = {{"seqs", o.prefill_seqs}, {"tokens_per_seq", n},
                           {"step_seconds", seconds}, {"flops", flops},
                           {"floor_seconds", floor}, {"ratio", seconds / floor},
@@ -590,6 +713,12 @@ int main(int argc, char** argv) {
       o.json = value();
     } else if (arg == "--timeline") {
       o.timeline = value();
+    } else if (arg == "--tune-prefill-gemms") {
+      o.tune_prefill_gemms = true;
+    } else if (arg == "--fuse-residual-gemm") {
+      o.fuse_residual_gemm = true;
+    } else if (arg == "--gemm-table") {
+      o.gemm_table = true;
     } else if (arg == "--draw") {
       o.draw = value();
       if (o.draw != "greedy" && o.draw != "sample" && o.draw != "masked") {
