@@ -14,15 +14,22 @@
 //     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
 //     head on the S last rows; a state-space layer's scan, on the CUDA cores, is not counted: its
 //     time is in the ratio) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
-//     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32).
+//     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32), on random data (x
+//     uniform in [-1, 1), W within the dummy weights' 1/sqrt(k)) after half a second idle. A
+//     tensor-core GEMM's speed depends on its data: the power its bit flips draw sets the clock
+//     an H100 holds under its power cap, and the constant data this floor was measured on until
+//     2026-11-26 (memset bytes) ran 12-15% faster than random data (bench/results section 18.1);
+//     that rate and the ratio against it are printed beside.
 // Weight and KV bytes are those of the runner's dtype (--dtype: bfloat16, the default, or float32,
 // which holds everything in fp32: twice the bytes). With --quantization fp8 the linear layers'
 // weights are E4M3 (one byte a weight, plus a 4-byte scale a row): the runner's weight bytes, and
 // so the decode floor, are FP8's; the prefill floor stays at the bf16 GEMM rate.
 //
-// With --timeline, one more decode step of each batch (and one more prefill step) runs with its
-// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between consecutive kernels' ends: what each
-// kernel adds to the critical path, overlaps of programmatic dependent launch included.
+// With --timeline, one more decode step of each batch (and two more prefill steps, in one
+// recording) runs with its kernels recorded (CUPTI), and the step's time is attributed to them by
+// the gaps between consecutive kernels' ends: what each kernel adds to the critical path,
+// overlaps of programmatic dependent launch included. The prefill line is followed by the host's
+// time in Launch (enqueueing the step) and Finish (waiting for it).
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
@@ -31,7 +38,7 @@
 //        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
-//        [--tune-prefill-gemms] [--fuse-residual-gemm] [--gemm-table]
+//        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--gemm-table]
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
 // or sampled at temperature 1 behind a token bitmask (structured output on the device) that
@@ -39,9 +46,9 @@
 // before each step (Execute), so the draw's wait for them ends at once.
 //
 // --tune-prefill-gemms: RunnerConfig::tune_prefill_gemms (cuBLASLt's algorithm for steps of many
-// tokens timed on the step's operands, not the heuristic's first). --fuse-residual-gemm:
-// RunnerConfig::fuse_residual_gemm (o_proj and down add into the fp32 residual in cuBLASLt's
-// epilogue in steps of many tokens). --gemm-table: before the
+// tokens timed on the step's operands, not the heuristic's first). --no-fuse-residual-gemm:
+// RunnerConfig::fuse_residual_gemm off (o_proj and down then write bf16 rows that the next norm
+// adds to the fp32 residual, as before 2026-11-26). --gemm-table: before the
 // runner starts, the prefill's projections at its token count, each through cuBLASLt's heuristic
 // choice and its fastest candidate, on random data (PrefillGemmTable).
 //
@@ -65,6 +72,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "bench/cuda/kernel_timeline.h"
@@ -110,7 +118,7 @@ struct Options {
   std::string timeline;
   std::string draw = "greedy";
   bool tune_prefill_gemms = false;
-  bool fuse_residual_gemm = false;
+  bool fuse_residual_gemm = true;
   bool gemm_table = false;
 };
 
@@ -124,7 +132,7 @@ int Usage(const char* message) {
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8] [--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
-               "[--fuse-residual-gemm] [--gemm-table]\n",
+               "[--no-fuse-residual-gemm] [--gemm-table]\n",
                message);
   return 2;
 }
@@ -210,8 +218,9 @@ double TimeGemm(const Run& run, double sustain_ms, int iters) {
 }
 
 // The GEMM rate of cuBLASLt at 8192^3 in `dtype` (bf16: the tensor cores; f32: true fp32, as the
-// runner's float32 mode runs its projections), FLOP/s: on `data`, after `sustain_ms` of
-// back-to-back runs (0: 3 warm-ups), the median of 10 (0) or 20 timed runs.
+// runner's float32 mode runs its projections), FLOP/s: on `data`, after half a second idle (the
+// clocks recover from what ran before) and `sustain_ms` of back-to-back runs (0: 3 warm-ups), the
+// median of 10 (0) or 20 timed runs.
 double GemmRate(kernels::DType dtype, GemmData data, double sustain_ms) {
   namespace kc = kernels::cuda;
   const int64_t n = 8192;
@@ -230,6 +239,8 @@ double GemmRate(kernels::DType dtype, GemmData data, double sustain_ms) {
       (*handle)->get(), {.m = n, .n = n, .k = n, .input_dtype = dtype, .output_dtype = dtype}, ws,
       ws_bytes, /*autotune=*/true, nullptr);
   double rate = 0;
+  cudaDeviceSynchronize();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   if (plan.ok()) {
     const double seconds =
         TimeGemm([&] { (*plan)->Run(x, w, y, nullptr); }, sustain_ms, sustain_ms > 0 ? 20 : 10);
@@ -323,18 +334,19 @@ double TimeSteps(engine::ModelRunner& runner, const StepBatch& batch, int iters)
   return Median(times);
 }
 
-// One more step of `batch` with its kernels recorded: prints the kernels by their share of the
-// critical path, and returns the records (times relative to the first kernel's start, in us).
+// `steps` more steps of `batch` (one by default) with their kernels recorded: prints the kernels
+// by their share of the critical path, and returns the records (times relative to the first
+// kernel's start, in us).
 // `b`: the decode batch, or 0 for the prefill step (`label` names the step in the printout).
 nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batch, int b,
-                              const std::string& label) {
+                              const std::string& label, int steps = 1) {
   auto timeline = bench::KernelTimeline::Start();
   if (!timeline.ok()) {
     std::printf("  timeline: %s\n", timeline.status().ToString().c_str());
     return nlohmann::json::object();
   }
   StepOutput out;
-  (void)runner.Execute(batch, &out);
+  for (int i = 0; i < steps; ++i) (void)runner.Execute(batch, &out);
   cudaDeviceSynchronize();
   const std::vector<bench::KernelRecord> records = (*timeline)->Stop();
   if (records.empty()) return nlohmann::json::object();
@@ -380,13 +392,20 @@ int Run(const Options& o) {
   const std::string dtype_name(engine::RunnerDTypeName(o.dtype));
   const double bandwidth = CopyBandwidth();
   const kernels::DType gemm_dtype = f32 ? kernels::DType::kF32 : kernels::DType::kBF16;
-  const double gemm_rate = GemmRate(gemm_dtype, GemmData::kConstant, 0);
-  const double gemm_rate_random = GemmRate(gemm_dtype, GemmData::kRandom, 0);
-  const double gemm_rate_sustained = GemmRate(gemm_dtype, GemmData::kRandom, 500);
+  // The prefill floor's rate: random data (the dummy weights' kind). The constant data of the
+  // floor until 2026-11-26 runs faster than any real weights can (bench/results section 18.1).
+  const double gemm_rate = GemmRate(gemm_dtype, GemmData::kRandom, 0);
+  const double gemm_rate_constant = GemmRate(gemm_dtype, GemmData::kConstant, 0);
+  const double gemm_rate_sustained =
+      o.gemm_table ? GemmRate(gemm_dtype, GemmData::kRandom, 500) : 0;
   std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); %s GEMM %.0f TFLOP/s "
-              "(constant data, 3 warm-ups); random data %.0f, after 500 ms back to back %.0f\n",
+              "(random data; constant data %.0f",
               devices[0].name.c_str(), bandwidth / 1e9, dtype_name.c_str(), gemm_rate / 1e12,
-              gemm_rate_random / 1e12, gemm_rate_sustained / 1e12);
+              gemm_rate_constant / 1e12);
+  if (o.gemm_table) {
+    std::printf("; random, after 500 ms back to back %.0f", gemm_rate_sustained / 1e12);
+  }
+  std::printf(")\n");
   if (o.gemm_table && !f32) {
     auto shard = engine::ShardModelConfig(c, o.tensor_parallel_size, 0);
     if (shard.ok()) PrefillGemmTable(*shard, int64_t{o.prefill_seqs} * o.prefill_tokens);
@@ -519,7 +538,7 @@ int Run(const Options& o) {
       {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
-      {"gemm_flops_per_s_random", gemm_rate_random},
+      {"gemm_flops_per_s_constant_data", gemm_rate_constant},
       {"gemm_flops_per_s_random_sustained", gemm_rate_sustained},
       {"tune_prefill_gemms", o.tune_prefill_gemms},
       {"fuse_residual_gemm", o.fuse_residual_gemm},
@@ -606,21 +625,41 @@ int Run(const Options& o) {
     const double flops = 2.0 * body_params * total_tokens + attention_flops +
                          2.0 * head_params * o.prefill_seqs;
     const double floor = flops / gemm_rate;
+    const double constant_floor = flops / gemm_rate_constant;
     std::printf("\nprefill %d x %d tokens: %.2f ms (%.0f tokens/s, %.0f TFLOP/s); floor %.2f ms; "
-                "ratio %.2f; against the random-data rates: floor %.2f ms, ratio %.2f "
-                "(sustained: %.2f ms, %.2f)\n",
+                "ratio %.2f (constant-data floor %.2f ms: ratio %.2f)\n",
                 o.prefill_seqs, n, seconds * 1e3, total_tokens / seconds, flops / seconds / 1e12,
-                floor * 1e3, seconds / floor, flops / gemm_rate_random * 1e3,
-                seconds * gemm_rate_random / flops, flops / gemm_rate_sustained * 1e3,
-                seconds * gemm_rate_sustained / flops);
+                floor * 1e3, seconds / floor, constant_floor * 1e3, seconds / constant_floor);
+    // Where the host's time goes: enqueueing the step (Launch) and waiting for it (Finish).
+    {
+      std::vector<double> launch_ms, finish_ms;
+      StepOutput out;
+      for (int i = 0; i < 5; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)(*runner)->Launch(batch, &out);
+        const auto t1 = std::chrono::steady_clock::now();
+        (void)(*runner)->Finish();
+        const auto t2 = std::chrono::steady_clock::now();
+        launch_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        finish_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      }
+      std::printf("  host: Launch %.2f ms, Finish %.2f ms (medians of 5)\n", Median(launch_ms),
+                  Median(finish_ms));
+      results["prefill_launch_ms"] = Median(launch_ms);
+      results["prefill_finish_ms"] = Median(finish_ms);
+    }
     results["prefill"] = {{"seqs", o.prefill_seqs}, {"tokens_per_seq", n},
                           {"step_seconds", seconds}, {"flops", flops},
                           {"floor_seconds", floor}, {"ratio", seconds / floor},
+                          {"constant_data_floor_seconds", constant_floor},
                           {"tokens_per_second", total_tokens / seconds}};
     if (!o.timeline.empty()) {
+      // Two steps in one recording: a gap in the first that the second lacks is the recording's
+      // own (CUPTI starting up), not the step's.
       timelines.push_back(RecordTimeline(
-          **runner, batch, 0, "prefill " + std::to_string(o.prefill_seqs) + " x " +
-                                  std::to_string(n)));
+          **runner, batch, 0,
+          "prefill " + std::to_string(o.prefill_seqs) + " x " + std::to_string(n) + ", 2 steps",
+          2));
     }
   }
   if (!o.timeline.empty()) std::ofstream(o.timeline) << timelines.dump(1) << "\n";
@@ -715,8 +754,8 @@ int main(int argc, char** argv) {
       o.timeline = value();
     } else if (arg == "--tune-prefill-gemms") {
       o.tune_prefill_gemms = true;
-    } else if (arg == "--fuse-residual-gemm") {
-      o.fuse_residual_gemm = true;
+    } else if (arg == "--no-fuse-residual-gemm") {
+      o.fuse_residual_gemm = false;
     } else if (arg == "--gemm-table") {
       o.gemm_table = true;
     } else if (arg == "--draw") {

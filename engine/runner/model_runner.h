@@ -266,7 +266,7 @@ struct RunnerConfig {
   // (Linear into kProjected, then AddRmsNorm or FinalNorm of it: o_proj and down in Llama) adds
   // itself to the fp32 residual in cuBLASLt's epilogue (beta 1, unrounded), and the norm reads the
   // residual alone: one pass over the rows fewer, and no rounding of the product to bf16.
-  bool fuse_residual_gemm = false;
+  bool fuse_residual_gemm = true;
   // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
   // stores are issued, instead of right after its wait (ssm.h, late_dependents).
   bool ssm_decode_late_dependents = false;
