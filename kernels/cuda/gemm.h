@@ -13,7 +13,7 @@
 // (2^-9 relative) and one more pass over y.
 //
 // A GemmPlan fixes the shape and chooses the algorithm once: cuBLASLt's heuristic candidates
-// (up to 16), each timed on the device when `autotune` (on random scratch data), or later by Tune
+// (up to 16), each timed on the device when `autotune` (on scratch data), or later by Tune
 // on the caller's own operands, the fastest kept; else the heuristic's first. The runner creates
 // one plan per (projection, token count) and runs it every step.
 
