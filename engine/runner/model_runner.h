@@ -259,7 +259,8 @@ struct RunnerConfig {
   // CUDA runner: a cuBLASLt GEMM of more than kMinTunedGemmRows (gemm_selector.h) tokens has its
   // algorithm chosen by timing cuBLASLt's candidates on the step's own operands, once per
   // projection and power-of-two bucket of token counts (the first step of a bucket takes the
-  // time, tens of ms a projection at thousands of tokens); off: cuBLASLt's heuristic choice.
+  // time, tens of ms a projection at thousands of tokens); off: cuBLASLt's heuristic choice,
+  // which measured as fast at the 8B prefill's shapes (bench/results section 18.1).
   bool tune_prefill_gemms = false;
   // CUDA runner, bf16 with the fp32 residual, whole models: in steps of more than
   // kMinTunedGemmRows tokens, a projection whose output is next added to the residual stream

@@ -322,9 +322,9 @@ absl::Status GemmPlan::TimeCandidates(const void* x, const std::vector<const voi
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   algo_ = candidates_[best < 0 ? 0 : best];
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
-    return absl::InternalError(StrCat("Gemm autotune: ", cudaGetErrorString(e)));
-  }
+  // A candidate that failed to run may have left its launch error behind: not the next
+  // kernel's to report.
+  cudaGetLastError();
   return absl::OkStatus();
 }
 
