@@ -793,12 +793,12 @@ absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
 }
 
 bool CudaRunner::FusesIntoResidual(Weight weight) const {
-  // Steps of many tokens (cuBLASLt, never a graph's), whole models (a split projection's partial
-  // sums are all-reduced before they are added), bf16 with the fp32 residual, 16-bit weights;
-  // the tuning runs' outputs fit in gate_up_ (free between the MLP's activation and the next
-  // gate/up).
+  // Steps of many tokens with prompt tokens among them (cuBLASLt; decode-only steps, graphs
+  // included, stay as they were measured), whole models (a split projection's partial sums are
+  // all-reduced before they are added), bf16 with the fp32 residual, 16-bit weights; the tuning
+  // runs' outputs fit in gate_up_ (free between the MLP's activation and the next gate/up).
   const WeightSpec& spec = model_->weights()[weight];
-  return runner_config_.fuse_residual_gemm && comm_ == nullptr &&
+  return runner_config_.fuse_residual_gemm && comm_ == nullptr && !step_.decode_only &&
          kernel_dtype_ == DType::kBF16 && residual_dtype_ == DType::kF32 &&
          step_.tokens > cuda::kMinTunedGemmRows && !weights_.IsF8(weight) &&
          !pending_ssm_norm_.has_value() && spec.rows == config_.hidden_size &&

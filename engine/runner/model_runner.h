@@ -262,11 +262,11 @@ struct RunnerConfig {
   // time, tens of ms a projection at thousands of tokens); off: cuBLASLt's heuristic choice,
   // which measured as fast at the 8B prefill's shapes (bench/results section 18.1).
   bool tune_prefill_gemms = false;
-  // CUDA runner, bf16 with the fp32 residual, whole models: in steps of more than
-  // kMinTunedGemmRows tokens, a projection whose output is next added to the residual stream
-  // (Linear into kProjected, then AddRmsNorm or FinalNorm of it: o_proj and down in Llama) adds
-  // itself to the fp32 residual in cuBLASLt's epilogue (beta 1, unrounded), and the norm reads the
-  // residual alone: one pass over the rows fewer, and no rounding of the product to bf16.
+  // CUDA runner, bf16 fp32 residual, whole models: in steps of more than kMinTunedGemmRows tokens,
+  // not decode-only, a projection whose output is next added to the residual stream (Linear into
+  // kProjected, then AddRmsNorm or FinalNorm of it: o_proj and down in Llama) adds itself to the
+  // fp32 residual in cuBLASLt's epilogue (beta 1, unrounded), and the norm reads the residual
+  // alone: one pass over the rows fewer, and no rounding of the product to bf16.
   bool fuse_residual_gemm = true;
   // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
   // stores are issued, instead of right after its wait (ssm.h, late_dependents).
