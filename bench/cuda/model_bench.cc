@@ -14,7 +14,12 @@
 //     (2 * parameters * tokens for the projections, the causal attention's QK^T and PV, the LM
 //     head on the S last rows; a state-space layer's scan, on the CUDA cores, is not counted: its
 //     time is in the ratio) over the GEMM rate of the runner's dtype measured here (cuBLASLt,
-//     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32).
+//     8192^3: bf16 on the tensor cores, or true fp32 for --dtype float32), on random data (x
+//     uniform in [-1, 1), W within the dummy weights' 1/sqrt(k)) after half a second idle. A
+//     tensor-core GEMM's speed depends on its data: the power its bit flips draw sets the clock
+//     an H100 holds under its power cap, and the constant data this floor was measured on until
+//     2026-11-26 (memset bytes) ran 12-15% faster than random data (bench/results section 18.1);
+//     that rate and the ratio against it are printed beside.
 // Weight and KV bytes are those of the runner's dtype (--dtype: bfloat16, the default, or float32,
 // which holds everything in fp32: twice the bytes). With --quantization fp8 the linear layers'
 // weights are E4M3 (one byte a weight, plus a 4-byte scale a row): the runner's weight bytes, and
@@ -25,10 +30,11 @@
 // With --kv-cache-dtype fp8 the KV cache holds E4M3 keys and values (one byte each): the decode
 // floor's KV bytes are FP8's.
 //
-// With --timeline, one more decode step of each batch (and one more prefill step) runs with its
-// kernels recorded (CUPTI), and the step's time is attributed to them by the gaps between
-// consecutive kernels' ends: what each kernel adds to the critical path, overlaps of programmatic
-// dependent launch included.
+// With --timeline, one more decode step of each batch (and two more prefill steps, in one
+// recording) runs with its kernels recorded (CUPTI), and the step's time is attributed to them by
+// the gaps between consecutive kernels' ends: what each kernel adds to the critical path,
+// overlaps of programmatic dependent launch included. The prefill line is followed by the host's
+// time in Launch (enqueueing the step) and Finish (waiting for it).
 //
 // Usage: lmserve-model-bench --model PATH [--dummy] [--dtype bfloat16|float32]
 //        [--batches 1,8,64,256] [--context 1024] [--prefill-seqs 4 --prefill-tokens 1024]
@@ -38,11 +44,19 @@
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k]
 //        [--kv-cache-dtype auto|bf16|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
+//        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--gemm-table]
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
 // or sampled at temperature 1 behind a token bitmask (structured output on the device) that
 // keeps every 64th token, as a JSON state drops most of the vocabulary; the masks are written
 // before each step (Execute), so the draw's wait for them ends at once.
+//
+// --tune-prefill-gemms: RunnerConfig::tune_prefill_gemms (cuBLASLt's algorithm for steps of many
+// tokens timed on the step's operands, not the heuristic's first). --no-fuse-residual-gemm:
+// RunnerConfig::fuse_residual_gemm off (o_proj and down then write bf16 rows that the next norm
+// adds to the fp32 residual, as before 2026-11-26). --gemm-table: before the
+// runner starts, the prefill's projections at its token count, each through cuBLASLt's heuristic
+// choice and its fastest candidate, on random data (PrefillGemmTable).
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -64,6 +78,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "bench/cuda/kernel_timeline.h"
@@ -75,6 +90,7 @@
 #include "engine/runner/model_runner.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/random_fill.h"
 #include "nlohmann/json.hpp"
 
 namespace lmserve {
@@ -108,6 +124,9 @@ struct Options {
   std::string json;
   std::string timeline;
   std::string draw = "greedy";
+  bool tune_prefill_gemms = false;
+  bool fuse_residual_gemm = true;
+  bool gemm_table = false;
 };
 
 int Usage(const char* message) {
@@ -120,7 +139,8 @@ int Usage(const char* message) {
                "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
                "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
-               "[--timeline FILE] [--draw greedy|sample|masked]\n",
+               "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
+               "[--no-fuse-residual-gemm] [--gemm-table]\n",
                message);
   return 2;
 }
@@ -157,9 +177,59 @@ double CopyBandwidth() {
   return Median(rates);
 }
 
-// The GEMM rate of cuBLASLt at 8192^3 on random-ish data in `dtype` (bf16: the tensor cores;
-// f32: true fp32, as the runner's float32 mode runs its projections), FLOP/s.
-double GemmRate(kernels::DType dtype) {
+// What a GEMM's operands hold: a tensor-core GEMM's speed depends on its data (the power its bit
+// flips draw sets the clock the GPU holds).
+enum class GemmData {
+  kConstant,  // every byte 0x3b (bf16 and fp32 about 0.003): the floor's data until 2026-11-26
+  kRandom,    // x uniform in [-1, 1), W uniform within 1/sqrt(k) (the dummy weights' range)
+};
+
+void FillOperand(void* data, int64_t elements, kernels::DType dtype, GemmData kind, float bound,
+                 uint64_t seed) {
+  const size_t bytes = static_cast<size_t>(elements) * (dtype == kernels::DType::kF32 ? 4 : 2);
+  if (kind == GemmData::kConstant) {
+    cudaMemset(data, 0x3b, bytes);
+    return;
+  }
+  (void)kernels::cuda::Launch(kernels::cuda::RandomFillParams{.output = data,
+                                                              .num_elements = elements,
+                                                              .low = -bound,
+                                                              .high = bound,
+                                                              .seed = seed,
+                                                              .dtype = dtype},
+                              nullptr);
+}
+
+// Runs `run` back to back for `sustain_ms` of device time (at least 3 runs), then returns the
+// median of `iters` timed runs, in seconds.
+template <typename Run>
+double TimeGemm(const Run& run, double sustain_ms, int iters) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  auto timed_ms = [&] {
+    cudaEventRecord(start);
+    run();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    return double{ms};
+  };
+  double warm_ms = 0;
+  for (int i = 0; i < 3 || warm_ms < sustain_ms; ++i) warm_ms += timed_ms();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) times.push_back(timed_ms() * 1e-3);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return Median(times);
+}
+
+// The GEMM rate of cuBLASLt at 8192^3 in `dtype` (bf16: the tensor cores; f32: true fp32, as the
+// runner's float32 mode runs its projections), FLOP/s: on `data`, after half a second idle (the
+// clocks recover from what ran before) and `sustain_ms` of back-to-back runs (0: 3 warm-ups), the
+// median of 10 (0) or 20 timed runs.
+double GemmRate(kernels::DType dtype, GemmData data, double sustain_ms) {
   namespace kc = kernels::cuda;
   const int64_t n = 8192;
   const size_t bytes = n * n * (dtype == kernels::DType::kF32 ? 4 : 2);
@@ -171,30 +241,18 @@ double GemmRate(kernels::DType dtype) {
   cudaMalloc(&w, bytes);
   cudaMalloc(&y, bytes);
   cudaMalloc(&ws, ws_bytes);
-  cudaMemset(x, 0x3b, bytes);
-  cudaMemset(w, 0x3b, bytes);
+  FillOperand(x, n * n, dtype, data, 1.0f, 1);
+  FillOperand(w, n * n, dtype, data, 1.0f / std::sqrt(static_cast<float>(n)), 2);
   auto plan = kc::GemmPlan::Create(
       (*handle)->get(), {.m = n, .n = n, .k = n, .input_dtype = dtype, .output_dtype = dtype}, ws,
       ws_bytes, /*autotune=*/true, nullptr);
   double rate = 0;
+  cudaDeviceSynchronize();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   if (plan.ok()) {
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    for (int i = 0; i < 3; ++i) (*plan)->Run(x, w, y, nullptr);
-    std::vector<double> rates;
-    for (int i = 0; i < 10; ++i) {
-      cudaEventRecord(start);
-      (*plan)->Run(x, w, y, nullptr);
-      cudaEventRecord(stop);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      rates.push_back(2.0 * n * n * n / (ms * 1e-3));
-    }
-    rate = Median(rates);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    const double seconds =
+        TimeGemm([&] { (*plan)->Run(x, w, y, nullptr); }, sustain_ms, sustain_ms > 0 ? 20 : 10);
+    rate = 2.0 * n * n * n / seconds;
   }
   plan = absl::InternalError("released");
   cudaFree(x);
@@ -202,6 +260,63 @@ double GemmRate(kernels::DType dtype) {
   cudaFree(y);
   cudaFree(ws);
   return rate;
+}
+
+// The prefill's projections (layer 0's weight of each kind; not the embedding or the LM head) at
+// m rows through cuBLASLt, on random data, each after 200 ms of back-to-back runs: the
+// heuristic's algorithm (the runner's choice without --tune-prefill-gemms) against the fastest
+// candidate (GemmPlan's autotune). Prints a line each and the sums a layer.
+void PrefillGemmTable(const engine::ModelConfig& shard, int64_t m) {
+  namespace kc = kernels::cuda;
+  auto model = engine::DescribeModel(shard);
+  auto handle = kc::BlasLtHandle::Create();
+  if (!model.ok() || !handle.ok()) return;
+  void* ws = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  cudaMalloc(&ws, ws_bytes);
+  double heuristic_sum = 0, tuned_sum = 0;
+  std::printf("\nprefill GEMMs at %lld rows (random data, 200 ms back to back each): cuBLASLt's "
+              "heuristic choice against its fastest candidate\n",
+              static_cast<long long>(m));
+  for (const engine::WeightSpec& spec : (*model)->weights().specs()) {
+    if (spec.layer != 0 || !spec.is_matrix() || spec.tied_to.present()) continue;
+    const kc::GemmShape shape{.m = m, .n = spec.rows, .k = spec.cols};
+    void *x = nullptr, *w = nullptr, *y = nullptr;
+    if (cudaMalloc(&x, m * spec.cols * 2) != cudaSuccess ||
+        cudaMalloc(&w, spec.rows * spec.cols * 2) != cudaSuccess ||
+        cudaMalloc(&y, m * spec.rows * 2) != cudaSuccess) {
+      cudaFree(x);
+      cudaFree(w);
+      cudaGetLastError();
+      std::printf("  %s: no memory\n", spec.kind.c_str());
+      continue;
+    }
+    FillOperand(x, m * spec.cols, kernels::DType::kBF16, GemmData::kRandom, 1.0f, 3);
+    FillOperand(w, spec.rows * spec.cols, kernels::DType::kBF16, GemmData::kRandom,
+                1.0f / std::sqrt(static_cast<float>(spec.cols)), 4);
+    auto heuristic = kc::GemmPlan::Create((*handle)->get(), shape, ws, ws_bytes, false, nullptr);
+    auto tuned = kc::GemmPlan::Create((*handle)->get(), shape, ws, ws_bytes, true, nullptr);
+    if (heuristic.ok() && tuned.ok()) {
+      const double flops = 2.0 * m * spec.rows * spec.cols;
+      const double h = TimeGemm([&] { (*heuristic)->Run(x, w, y, nullptr); }, 200, 20);
+      const double t = TimeGemm([&] { (*tuned)->Run(x, w, y, nullptr); }, 200, 20);
+      heuristic_sum += h;
+      tuned_sum += t;
+      std::printf("  %-12s %6lld -> %-6lld heuristic %7.3f ms (%4.0f TFLOP/s), tuned %7.3f ms "
+                  "(%4.0f TFLOP/s, %d candidates)\n",
+                  spec.kind.c_str(), static_cast<long long>(spec.cols),
+                  static_cast<long long>(spec.rows), h * 1e3, flops / h / 1e12, t * 1e3,
+                  flops / t / 1e12, (*tuned)->candidates_tried());
+    }
+    heuristic = absl::InternalError("released");
+    tuned = absl::InternalError("released");
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+  }
+  cudaFree(ws);
+  std::printf("  a layer: heuristic %.3f ms, tuned %.3f ms\n", heuristic_sum * 1e3,
+              tuned_sum * 1e3);
 }
 
 // Seconds per Execute of `batch`, median of `iters` after 3 warm-ups.
@@ -227,18 +342,19 @@ double TimeSteps(engine::ModelRunner& runner, const StepBatch& batch, int iters)
   return Median(times);
 }
 
-// One more step of `batch` with its kernels recorded: prints the kernels by their share of the
-// critical path, and returns the records (times relative to the first kernel's start, in us).
+// `steps` more steps of `batch` (one by default) with their kernels recorded: prints the kernels
+// by their share of the critical path, and returns the records (times relative to the first
+// kernel's start, in us).
 // `b`: the decode batch, or 0 for the prefill step (`label` names the step in the printout).
 nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batch, int b,
-                              const std::string& label) {
+                              const std::string& label, int steps = 1) {
   auto timeline = bench::KernelTimeline::Start();
   if (!timeline.ok()) {
     std::printf("  timeline: %s\n", timeline.status().ToString().c_str());
     return nlohmann::json::object();
   }
   StepOutput out;
-  (void)runner.Execute(batch, &out);
+  for (int i = 0; i < steps; ++i) (void)runner.Execute(batch, &out);
   cudaDeviceSynchronize();
   const std::vector<bench::KernelRecord> records = (*timeline)->Stop();
   if (records.empty()) return nlohmann::json::object();
@@ -283,9 +399,25 @@ int Run(const Options& o) {
   const bool f32 = o.dtype == engine::RunnerDType::kFloat32;
   const std::string dtype_name(engine::RunnerDTypeName(o.dtype));
   const double bandwidth = CopyBandwidth();
-  const double gemm_rate = GemmRate(f32 ? kernels::DType::kF32 : kernels::DType::kBF16);
-  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); %s GEMM %.0f TFLOP/s\n",
-              devices[0].name.c_str(), bandwidth / 1e9, dtype_name.c_str(), gemm_rate / 1e12);
+  const kernels::DType gemm_dtype = f32 ? kernels::DType::kF32 : kernels::DType::kBF16;
+  // The prefill floor's rate: random data (the dummy weights' kind). The constant data of the
+  // floor until 2026-11-26 runs faster than any real weights can (bench/results section 18.1).
+  const double gemm_rate = GemmRate(gemm_dtype, GemmData::kRandom, 0);
+  const double gemm_rate_constant = GemmRate(gemm_dtype, GemmData::kConstant, 0);
+  const double gemm_rate_sustained =
+      o.gemm_table ? GemmRate(gemm_dtype, GemmData::kRandom, 500) : 0;
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read + write); %s GEMM %.0f TFLOP/s "
+              "(random data; constant data %.0f",
+              devices[0].name.c_str(), bandwidth / 1e9, dtype_name.c_str(), gemm_rate / 1e12,
+              gemm_rate_constant / 1e12);
+  if (o.gemm_table) {
+    std::printf("; random, after 500 ms back to back %.0f", gemm_rate_sustained / 1e12);
+  }
+  std::printf(")\n");
+  if (o.gemm_table && !f32) {
+    auto shard = engine::ShardModelConfig(c, o.tensor_parallel_size, 0);
+    if (shard.ok()) PrefillGemmTable(*shard, int64_t{o.prefill_seqs} * o.prefill_tokens);
+  }
 
   engine::RunnerConfig config;
   config.backend = engine::Backend::kCuda;
@@ -307,6 +439,8 @@ int Run(const Options& o) {
   config.skinny_split_k = o.skinny_split_k;
   config.ssm_decode_late_dependents = o.ssm_decode_late_dependents;
   config.tensor_parallel_size = o.tensor_parallel_size;
+  config.tune_prefill_gemms = o.tune_prefill_gemms;
+  config.fuse_residual_gemm = o.fuse_residual_gemm;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -419,6 +553,10 @@ int Run(const Options& o) {
       {"tensor_parallel_size", tp},
       {"copy_bandwidth_bytes_per_s", bandwidth},
       {"gemm_flops_per_s", gemm_rate},
+      {"gemm_flops_per_s_constant_data", gemm_rate_constant},
+      {"gemm_flops_per_s_random_sustained", gemm_rate_sustained},
+      {"tune_prefill_gemms", o.tune_prefill_gemms},
+      {"fuse_residual_gemm", o.fuse_residual_gemm},
       {"weight_bytes", stats.weight_bytes},
       {"startup_seconds", stats.startup_seconds},
       {"decode", nlohmann::json::array()}};
@@ -502,18 +640,41 @@ int Run(const Options& o) {
     const double flops = 2.0 * body_params * total_tokens + attention_flops +
                          2.0 * head_params * o.prefill_seqs;
     const double floor = flops / gemm_rate;
+    const double constant_floor = flops / gemm_rate_constant;
     std::printf("\nprefill %d x %d tokens: %.2f ms (%.0f tokens/s, %.0f TFLOP/s); floor %.2f ms; "
-                "ratio %.2f\n",
+                "ratio %.2f (constant-data floor %.2f ms: ratio %.2f)\n",
                 o.prefill_seqs, n, seconds * 1e3, total_tokens / seconds, flops / seconds / 1e12,
-                floor * 1e3, seconds / floor);
+                floor * 1e3, seconds / floor, constant_floor * 1e3, seconds / constant_floor);
+    // Where the host's time goes: enqueueing the step (Launch) and waiting for it (Finish).
+    {
+      std::vector<double> launch_ms, finish_ms;
+      StepOutput out;
+      for (int i = 0; i < 5; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)(*runner)->Launch(batch, &out);
+        const auto t1 = std::chrono::steady_clock::now();
+        (void)(*runner)->Finish();
+        const auto t2 = std::chrono::steady_clock::now();
+        launch_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        finish_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      }
+      std::printf("  host: Launch %.2f ms, Finish %.2f ms (medians of 5)\n", Median(launch_ms),
+                  Median(finish_ms));
+      results["prefill_launch_ms"] = Median(launch_ms);
+      results["prefill_finish_ms"] = Median(finish_ms);
+    }
     results["prefill"] = {{"seqs", o.prefill_seqs}, {"tokens_per_seq", n},
                           {"step_seconds", seconds}, {"flops", flops},
                           {"floor_seconds", floor}, {"ratio", seconds / floor},
+                          {"constant_data_floor_seconds", constant_floor},
                           {"tokens_per_second", total_tokens / seconds}};
     if (!o.timeline.empty()) {
+      // Two steps in one recording: a gap in the first that the second lacks is the recording's
+      // own (CUPTI starting up), not the step's.
       timelines.push_back(RecordTimeline(
-          **runner, batch, 0, "prefill " + std::to_string(o.prefill_seqs) + " x " +
-                                  std::to_string(n)));
+          **runner, batch, 0,
+          "prefill " + std::to_string(o.prefill_seqs) + " x " + std::to_string(n) + ", 2 steps",
+          2));
     }
   }
   if (!o.timeline.empty()) std::ofstream(o.timeline) << timelines.dump(1) << "\n";
@@ -616,6 +777,12 @@ int main(int argc, char** argv) {
       o.json = value();
     } else if (arg == "--timeline") {
       o.timeline = value();
+    } else if (arg == "--tune-prefill-gemms") {
+      o.tune_prefill_gemms = true;
+    } else if (arg == "--no-fuse-residual-gemm") {
+      o.fuse_residual_gemm = false;
+    } else if (arg == "--gemm-table") {
+      o.gemm_table = true;
     } else if (arg == "--draw") {
       o.draw = value();
       if (o.draw != "greedy" && o.draw != "sample" && o.draw != "masked") {

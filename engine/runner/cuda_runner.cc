@@ -153,6 +153,13 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
   std::pair<int, int64_t> Projection(Weight weight, bool logits);
+  // The projection of `weight`'s kind that adds into the fp32 residual (fp32 output).
+  int ResidualProjection(Weight weight);
+  // Whether Linear(weight, in, Buffer::kProjected) may be held back to add into the residual.
+  bool FusesIntoResidual(Weight weight) const;
+  // Linear as asked; and the held-back one, if any, run as asked (before any other op).
+  absl::Status LinearNow(Weight weight, Buffer in, Buffer out);
+  absl::Status FlushLinear();
   // The fields that DecodeAttentionParams, PrefillAttentionParams and PagedAttentionF32Params
   // share, for `layer`'s cache and the step's `seqs` sequences.
   template <typename Params>
@@ -256,10 +263,21 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     bool gated = false;  // GatedRmsNorm has run
   };
   std::optional<PendingSsmNorm> pending_ssm_norm_;
+  // A projection into Buffer::kProjected held back by Linear (RunnerConfig::fuse_residual_gemm,
+  // FusesIntoResidual): if the next op is the add + RMSNorm of kProjected into the residual, the
+  // GEMM adds itself to the fp32 residual in its epilogue and the norm reads the residual only;
+  // any other op first runs it as asked (FlushLinear).
+  struct DeferredLinear {
+    Weight weight;
+    Buffer in;
+  };
+  std::optional<DeferredLinear> deferred_linear_;
   // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
   // (-1 before), and the weight's place among its kind's.
   std::vector<int> weight_projection_;
   std::vector<int64_t> weight_layer_;
+  // The same for the projections that add into the fp32 residual (fp32 output).
+  std::vector<int> weight_residual_projection_;
 
   cuda::CudaWeights weights_;
   std::vector<CudaBuffer> cos_sin_;  // by rotary embedding: [max_position, head_dim] fp32
@@ -341,6 +359,7 @@ CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
       max_seqs_(runner_config.max_num_seqs),
       weight_projection_(static_cast<size_t>(model_->weights().size()), -1),
       weight_layer_(static_cast<size_t>(model_->weights().size()), -1),
+      weight_residual_projection_(static_cast<size_t>(model_->weights().size()), -1),
       groups_(PlanKvCacheGroups(model_->kv_windows())) {}
 
 CudaRunner::~CudaRunner() {
@@ -574,6 +593,7 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
                                            stream_, kernel_dtype_, runner_config_.decode_gemm);
   gemms_->set_l2_prefetch_bytes(runner_config_.skinny_l2_prefetch_bytes);
   gemms_->set_split_k(runner_config_.skinny_split_k);
+  gemms_->set_tune_large(runner_config_.tune_prefill_gemms);
 
   // Weights, then the rotary tables (fp32, every position the model takes).
   LMSERVE_ASSIGN_OR_RETURN(weights_, cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_,
@@ -781,6 +801,7 @@ absl::Status CudaRunner::AllReduce(Buffer buffer, int64_t width) {
 }
 
 absl::Status CudaRunner::Embed(Weight table, float scale) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   const ModelConfig& c = config_;
   const Step& s = step_;
   const WeightSpec& spec = model_->weights()[table];
@@ -806,6 +827,7 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
 }
 
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -823,6 +845,18 @@ absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer
 
 absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                                     Buffer out) {
+  if (deferred_linear_.has_value() && add == Buffer::kProjected &&
+      residual == Buffer::kResidual) {
+    // residual += in W^T in the GEMM's epilogue (fp32, unrounded), then the norm of the residual.
+    const DeferredLinear deferred = *deferred_linear_;
+    deferred_linear_.reset();
+    const int id = ResidualProjection(deferred.weight);
+    const int64_t layer = weight_layer_[deferred.weight.index];
+    LMSERVE_RETURN_IF_ERROR(gemms_->RunAccumulate(id, layer, step_.tokens, Buf(deferred.in),
+                                                  Buf(Buffer::kResidual), gate_up_.get()));
+    return RmsNorm(Buffer::kResidual, weight, epsilon, out);
+  }
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (BufDType(add) != kernel_dtype_ || BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -840,6 +874,50 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
 }
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  if (out == Buffer::kProjected && FusesIntoResidual(weight)) {
+    deferred_linear_ = DeferredLinear{.weight = weight, .in = in};
+    return absl::OkStatus();
+  }
+  return LinearNow(weight, in, out);
+}
+
+bool CudaRunner::FusesIntoResidual(Weight weight) const {
+  // Steps of many tokens with prompt tokens among them (cuBLASLt; decode-only steps, graphs
+  // included, stay as they were measured), whole models (a split projection's partial sums are
+  // all-reduced before they are added), bf16 with the fp32 residual, 16-bit weights; the tuning
+  // runs' outputs fit in gate_up_ (free between the MLP's activation and the next gate/up).
+  const WeightSpec& spec = model_->weights()[weight];
+  return runner_config_.fuse_residual_gemm && comm_ == nullptr && !step_.decode_only &&
+         kernel_dtype_ == DType::kBF16 && residual_dtype_ == DType::kF32 &&
+         step_.tokens > cuda::kMinTunedGemmRows && !weights_.IsF8(weight) &&
+         !pending_ssm_norm_.has_value() && spec.rows == config_.hidden_size &&
+         step_.tokens * spec.rows * int64_t{sizeof(float)} <= gate_up_.bytes();
+}
+
+absl::Status CudaRunner::FlushLinear() {
+  if (!deferred_linear_.has_value()) return absl::OkStatus();
+  const DeferredLinear deferred = *deferred_linear_;
+  deferred_linear_.reset();
+  return LinearNow(deferred.weight, deferred.in, Buffer::kProjected);
+}
+
+int CudaRunner::ResidualProjection(Weight weight) {
+  if (weight_residual_projection_[weight.index] < 0) {
+    const auto [id, layer] = Projection(weight, /*logits=*/false);
+    (void)layer;
+    cuda::GemmProjection projection = gemms_->projection(id);
+    projection.kind += " (into the residual)";
+    projection.output_dtype = DType::kF32;
+    const int fused = gemms_->Add(std::move(projection));
+    for (Weight w : model_->weights().OfKind(model_->weights()[weight].kind)) {
+      weight_residual_projection_[w.index] = fused;
+    }
+  }
+  return weight_residual_projection_[weight.index];
+}
+
+absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out) {
   const auto [id, layer] = Projection(weight, /*logits=*/false);
   std::optional<PendingSsmNorm> norm;
   norm.swap(pending_ssm_norm_);
@@ -856,6 +934,7 @@ absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
 }
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   kernels::GateActivation activation;
   switch (act) {
     case Activation::kSilu:
@@ -875,6 +954,7 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
 }
 
 absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (moe.act != Activation::kSilu) {
     return absl::UnimplementedError("CUDA runner: unsupported activation of the experts");
   }
@@ -902,6 +982,7 @@ absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   const ModelConfig& c = config_;
   const StepLayout& l = *step_.layout;
   const int64_t qkv_dim = BufferWidth(Buffer::kQkv, c);
@@ -991,6 +1072,7 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(int64_t layer) const {
 }
 
 absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   LMSERVE_RETURN_IF_ERROR(CheckLayerWindow(layer, groups_));
   if (dtype_ == RunnerDType::kFloat32) {
     // One fp32 kernel for decode and prefill tokens alike (the others are bf16 tensor-core ones).
@@ -1052,6 +1134,7 @@ kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Bu
 }
 
 absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   // A decode-only step runs the conv inside SsmScan's fused kernel.
   if (step_.decode_only) return absl::OkStatus();
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SsmConvParams(layer, in, conv), stream_), "SSM conv1d");
@@ -1059,6 +1142,7 @@ absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) 
 }
 
 absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (step_.decode_only) {
     const SsmConfig& ssm = config_.ssm;
     kc::SsmDecodeParams decode{.conv = SsmConvParams(layer, in, conv),
@@ -1096,6 +1180,7 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
 }
 
 absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   const SsmConfig& ssm = config_.ssm;
   if (pending_ssm_norm_.has_value()) {  // done by the decode kernel and the next product
     if (pending_ssm_norm_->gated || pending_ssm_norm_->out != y || y != out) {
@@ -1120,7 +1205,7 @@ absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y
 }
 
 absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
-  if (step_.rows == 0) return absl::OkStatus();
+  if (step_.rows == 0) return FlushLinear();
   // Every token (cheaper than a gather first), then the rows that need logits.
   LMSERVE_RETURN_IF_ERROR(AddRmsNorm(residual, add, weight, epsilon, Buffer::kNormed));
   final_rows_source_ = Buf(Buffer::kNormed);
@@ -1139,6 +1224,7 @@ absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, f
 }
 
 absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   lm_head_ = lm_head;
   logit_softcap_ = softcap;
   if (step_.rows == 0) return absl::OkStatus();
@@ -1148,6 +1234,7 @@ absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
 }
 
 absl::Status CudaRunner::Sample() {
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (step_.rows == 0) return absl::OkStatus();
   return SampleRows(0, std::min(step_.rows, logits_chunk_rows_), gate_masks_);
 }
@@ -1231,7 +1318,9 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
 absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
   pending_ssm_norm_.reset();
+  deferred_linear_.reset();
   LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (pending_ssm_norm_.has_value()) {
     return absl::InternalError("CUDA runner: an SSM decode kernel's gated norm was left to a "
                                "product that never came");

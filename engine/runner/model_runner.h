@@ -286,6 +286,18 @@ struct RunnerConfig {
   // CUDA runner: the skinny GEMM at one row splits k over two warps a row pair where its grid
   // would make fewer than 2 blocks a multiprocessor (skinny_gemm.h, k_split 0); off: never.
   bool skinny_split_k = true;
+  // CUDA runner: a cuBLASLt GEMM of more than kMinTunedGemmRows (gemm_selector.h) tokens has its
+  // algorithm chosen by timing cuBLASLt's candidates on the step's own operands, once per
+  // projection and power-of-two bucket of token counts (the first step of a bucket takes the
+  // time, tens of ms a projection at thousands of tokens); off: cuBLASLt's heuristic choice,
+  // which measured as fast at the 8B prefill's shapes (bench/results section 18.1).
+  bool tune_prefill_gemms = false;
+  // CUDA runner, bf16 fp32 residual, whole models: in steps of more than kMinTunedGemmRows tokens,
+  // not decode-only, a projection whose output is next added to the residual stream (Linear into
+  // kProjected, then AddRmsNorm or FinalNorm of it: o_proj and down in Llama) adds itself to the
+  // fp32 residual in cuBLASLt's epilogue (beta 1, unrounded), and the norm reads the residual
+  // alone: one pass over the rows fewer, and no rounding of the product to bf16.
+  bool fuse_residual_gemm = true;
   // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
   // stores are issued, instead of right after its wait (ssm.h, late_dependents).
   bool ssm_decode_late_dependents = false;

@@ -25,6 +25,7 @@ struct LtApi {
   decltype(&::cublasLtDestroy) Destroy = nullptr;
   decltype(&::cublasLtGetStatusString) GetStatusString = nullptr;
   decltype(&::cublasLtMatmul) Matmul = nullptr;
+  decltype(&::cublasLtMatmulAlgoCheck) MatmulAlgoCheck = nullptr;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
   decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
   decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
@@ -65,6 +66,7 @@ const LtApi& Lt() {
     LMSERVE_LT_SYMBOL(Destroy, cublasLtDestroy);
     LMSERVE_LT_SYMBOL(GetStatusString, cublasLtGetStatusString);
     LMSERVE_LT_SYMBOL(Matmul, cublasLtMatmul);
+    LMSERVE_LT_SYMBOL(MatmulAlgoCheck, cublasLtMatmulAlgoCheck);
     LMSERVE_LT_SYMBOL(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
     LMSERVE_LT_SYMBOL(MatmulDescCreate, cublasLtMatmulDescCreate);
     LMSERVE_LT_SYMBOL(MatmulDescDestroy, cublasLtMatmulDescDestroy);
@@ -234,11 +236,14 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   }
   plan->algo_ = results[0].algo;
   plan->candidates_tried_ = 1;
+  for (int i = 0; i < returned; ++i) plan->candidates_.push_back(results[i].algo);
   if (!autotune || returned == 1) return plan;
 
   // Time each candidate on scratch data (small random-ish values: never zeros). A decode step
   // reads W from memory, not from the L2: the timed runs rotate over enough copies of W that
-  // none is still cached when it comes round again.
+  // none is still cached when it comes round again. (Constant bytes, as before: random data
+  // draws more power and so runs slower on the tensor cores, bench/results section 18.1, but
+  // timed on it the decode plans came out no faster, batch 64 0.8% slower over four runs.)
   const size_t in_bytes = shape.input_dtype == DType::kF32 ? 4 : fp8 ? 1 : 2;
   const size_t out_bytes = shape.output_dtype == DType::kF32 ? 4 : 2;
   const size_t w_bytes = shape.n * shape.k * in_bytes;
@@ -250,21 +255,21 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   const int w_copies =
       static_cast<int>(std::clamp<size_t>(2 * static_cast<size_t>(l2_bytes) / w_bytes + 1, 1, 8));
   void *x = nullptr, *y = nullptr, *scales = nullptr;
-  std::vector<void*> w(w_copies, nullptr);
-  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<const void*> w(w_copies, nullptr);
   auto release = [&] {
     cudaFree(x);
     cudaFree(scales);
-    for (void* copy : w) cudaFree(copy);
+    for (const void* copy : w) cudaFree(const_cast<void*>(copy));
     cudaFree(y);
-    if (start != nullptr) cudaEventDestroy(start);
-    if (stop != nullptr) cudaEventDestroy(stop);
   };
   bool allocated = cudaMalloc(&x, x_stride * shape.m * in_bytes) == cudaSuccess &&
                    cudaMalloc(&y, y_stride * shape.m * out_bytes) == cudaSuccess &&
-                   cudaMalloc(&scales, std::max(shape.m, shape.n) * sizeof(float)) == cudaSuccess &&
-                   cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
-  for (void*& copy : w) allocated = allocated && cudaMalloc(&copy, w_bytes) == cudaSuccess;
+                   cudaMalloc(&scales, std::max(shape.m, shape.n) * sizeof(float)) == cudaSuccess;
+  for (const void*& copy : w) {
+    void* allocation = nullptr;
+    allocated = allocated && cudaMalloc(&allocation, w_bytes) == cudaSuccess;
+    copy = allocation;
+  }
   if (!allocated) {
     release();
     cudaGetLastError();
@@ -272,20 +277,38 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
   }
   // 0x3c00 is 1.0 in fp16, 0x3f80 in bf16; 0x3b ~ a value below 1 in every type (fp32: 0.003).
   cudaMemsetAsync(x, 0x3b, x_stride * shape.m * in_bytes, stream);
+  for (const void* copy : w) cudaMemsetAsync(const_cast<void*>(copy), 0x3b, w_bytes, stream);
   cudaMemsetAsync(scales, 0x3c, std::max(shape.m, shape.n) * sizeof(float), stream);  // ~0.01
   const float* scale = static_cast<const float*>(scales);
-  for (void* copy : w) cudaMemsetAsync(copy, 0x3b, w_bytes, stream);
+  const absl::Status timed = plan->TimeCandidates(x, w, y, stream, scale, scale);
+  cudaStreamSynchronize(stream);
+  release();
+  LMSERVE_RETURN_IF_ERROR(timed);
+  return plan;
+}
+
+absl::Status GemmPlan::TimeCandidates(const void* x, const std::vector<const void*>& w, void* y,
+                                      cudaStream_t stream, const float* w_scales,
+                                      const float* x_scales) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start != nullptr) cudaEventDestroy(start);
+    cudaGetLastError();
+    return absl::InternalError("Gemm autotune: cannot create CUDA events");
+  }
   float best_ms = 0;
   int best = -1;
-  int turn = 0;
-  for (int i = 0; i < returned; ++i) {
-    plan->algo_ = results[i].algo;
-    if (plan->Run(x, w[0], y, stream, scale, scale) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+  size_t turn = 0;
+  candidates_tried_ = 0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    algo_ = candidates_[i];
+    // The warm-up; a candidate that fails to run is passed over.
+    if (Run(x, w[0], y, stream, w_scales, x_scales) != CUBLAS_STATUS_SUCCESS) continue;
     std::vector<float> times;
     for (int r = 0; r < 5; ++r) {
-      const void* w_now = w[++turn % w_copies];
+      const void* w_now = w[++turn % w.size()];
       cudaEventRecord(start, stream);
-      plan->Run(x, w_now, y, stream, scale, scale);
+      Run(x, w_now, y, stream, w_scales, x_scales);
       cudaEventRecord(stop, stream);
       cudaEventSynchronize(stop);
       float ms = 0;
@@ -293,13 +316,35 @@ absl::StatusOr<std::unique_ptr<GemmPlan>> GemmPlan::Create(cublasLtHandle_t hand
       times.push_back(ms);
     }
     std::nth_element(times.begin(), times.begin() + 2, times.end());
-    ++plan->candidates_tried_;
-    if (best < 0 || times[2] < best_ms) best = i, best_ms = times[2];
+    ++candidates_tried_;
+    if (best < 0 || times[2] < best_ms) best = static_cast<int>(i), best_ms = times[2];
   }
-  cudaStreamSynchronize(stream);
-  release();
-  plan->algo_ = results[best < 0 ? 0 : best].algo;
-  return plan;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  algo_ = candidates_[best < 0 ? 0 : best];
+  // A candidate that failed to run may have left its launch error behind: not the next
+  // kernel's to report.
+  cudaGetLastError();
+  return absl::OkStatus();
+}
+
+absl::Status GemmPlan::Tune(const void* x, const void* w, void* y, cudaStream_t stream) {
+  if (shape_.input_dtype == DType::kF8E4M3) {
+    return absl::InvalidArgumentError("GemmPlan::Tune: FP8 plans are tuned at Create");
+  }
+  if (candidates_.size() <= 1) return absl::OkStatus();
+  return TimeCandidates(x, {w}, y, stream, nullptr, nullptr);
+}
+
+bool GemmPlan::TryAlgorithm(const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t result = {};
+  if (Lt().MatmulAlgoCheck(handle_, desc_, a_layout_, b_layout_, c_layout_, c_layout_, &algo,
+                           &result) != CUBLAS_STATUS_SUCCESS ||
+      result.workspaceSize > workspace_bytes_) {
+    return false;
+  }
+  algo_ = algo;
+  return true;
 }
 
 GemmPlan::~GemmPlan() {
@@ -339,6 +384,14 @@ cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t
   }
   return Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_, &beta, y, c_layout_, y,
                         c_layout_, &algo_, workspace_, workspace_bytes_, stream);
+}
+
+cublasStatus_t GemmPlan::RunAccumulate(const void* x, const void* w, void* y,
+                                       cudaStream_t stream) const {
+  if (shape_.input_dtype == DType::kF8E4M3) return CUBLAS_STATUS_INVALID_VALUE;
+  const float alpha = 1.0f, beta = 1.0f;
+  return Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_, &beta, y, c_layout_, y,
+                     c_layout_, &algo_, workspace_, workspace_bytes_, stream);
 }
 
 }  // namespace lmserve::kernels::cuda

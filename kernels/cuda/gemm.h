@@ -12,9 +12,10 @@
 // F8ScaleOutput (fp8.h), which multiplies y in place by s_x[t] s_w[j]: one more rounding to bf16
 // (2^-9 relative) and one more pass over y.
 //
-// A GemmPlan fixes the shape and chooses the algorithm once, at start-up: cuBLASLt's heuristic
-// candidates, each timed on the device when `autotune`, the fastest kept. The runner creates one
-// plan per (projection, token-count bucket) and runs it every step.
+// A GemmPlan fixes the shape and chooses the algorithm once: cuBLASLt's heuristic candidates
+// (up to 16), each timed on the device when `autotune` (on scratch data), or later by Tune
+// on the caller's own operands, the fastest kept; else the heuristic's first. The runner creates
+// one plan per (projection, token count) and runs it every step.
 
 #ifndef LMSERVE_KERNELS_CUDA_GEMM_H_
 #define LMSERVE_KERNELS_CUDA_GEMM_H_
@@ -24,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -77,6 +79,19 @@ class GemmPlan {
   cublasStatus_t Run(const void* x, const void* w, void* y, cudaStream_t stream,
                      const float* w_scales = nullptr, const float* x_scales = nullptr) const;
 
+  // y += x W^T (beta 1; y is both cuBLASLt's C and D, in the output type): a projection added
+  // to an fp32 residual in the epilogue. Not for FP8 plans (CUBLAS_STATUS_INVALID_VALUE).
+  cublasStatus_t RunAccumulate(const void* x, const void* w, void* y, cudaStream_t stream) const;
+
+  // Times every heuristic candidate on these operands (y is overwritten; x and w as Run takes
+  // them) and keeps the fastest. Not for FP8 plans. REQUIRES: `stream` is not capturing; it
+  // synchronizes with the stream.
+  absl::Status Tune(const void* x, const void* w, void* y, cudaStream_t stream);
+  // Takes `algo` (another plan's, of the same types) if cuBLASLt accepts it for this shape within
+  // the workspace; returns whether it did.
+  bool TryAlgorithm(const cublasLtMatmulAlgo_t& algo);
+  const cublasLtMatmulAlgo_t& algorithm() const { return algo_; }
+
   const GemmShape& shape() const { return shape_; }
   // FP8: whether cuBLASLt applies the scales itself (else a kernel after it).
   bool fp8_outer_vector_scales() const { return fp8_outer_vector_scales_; }
@@ -84,11 +99,16 @@ class GemmPlan {
 
  private:
   GemmPlan() = default;
+  // Times candidates_ on x and each of `w` in turn (a decode-sized W from memory), keeps the
+  // fastest in algo_ and counts them in candidates_tried_.
+  absl::Status TimeCandidates(const void* x, const std::vector<const void*>& w, void* y,
+                              cudaStream_t stream, const float* w_scales, const float* x_scales);
   GemmShape shape_;
   cublasLtHandle_t handle_ = nullptr;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_layout_ = nullptr, b_layout_ = nullptr, c_layout_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  std::vector<cublasLtMatmulAlgo_t> candidates_;  // the heuristic's, best first
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   int candidates_tried_ = 0;

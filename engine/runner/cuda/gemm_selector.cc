@@ -115,6 +115,28 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::Choose(int id, const kc::Gemm
   return kernels_[key] = best;
 }
 
+absl::Status GemmSelector::SettleLarge(int id, kc::GemmPlan* plan, const void* x, const void* w,
+                                       void* y) {
+  const int64_t m = plan->shape().m;
+  if (settled_[{id, m}]) return absl::OkStatus();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamIsCapturing(stream_, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) return absl::OkStatus();
+  int64_t bucket = kMinTunedGemmRows;
+  while (bucket < m) bucket *= 2;
+  settled_[{id, m}] = true;
+  if (auto it = tuned_.find({id, bucket}); it != tuned_.end()) {
+    plan->TryAlgorithm(it->second);  // else the heuristic's choice stays
+    return absl::OkStatus();
+  }
+  if (const absl::Status s = plan->Tune(x, w, y, stream_); !s.ok()) {
+    return absl::InternalError(
+        StrCat("CUDA runner: tuning the ", projections_[id].kind, " GEMM: ", s.message()));
+  }
+  tuned_[{id, bucket}] = plan->algorithm();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<GemmSelector::Kernel> GemmSelector::Fastest(
     const std::vector<std::pair<Kernel, std::function<void()>>>& candidates,
     const std::string& kind) {
@@ -258,6 +280,27 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
   return absl::OkStatus();
 }
 
+absl::Status GemmSelector::RunAccumulate(int id, int64_t layer, int64_t m, const void* x, void* y,
+                                         void* tune_scratch) {
+  const GemmProjection& projection = projections_[id];
+  if (projection.f8) {
+    return absl::InternalError(
+        StrCat("CUDA runner: ", projection.kind, ": an accumulating FP8 projection"));
+  }
+  LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
+  const void* w = projection.weights[layer];
+  if (m > kMinTunedGemmRows && tune_large_) {
+    LMSERVE_RETURN_IF_ERROR(SettleLarge(id, plans_[{id, m}].get(), x, w, tune_scratch));
+  }
+  if (const cublasStatus_t status = plan->RunAccumulate(x, w, y, stream_);
+      status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
+                                      " GEMM (accumulating): cuBLAS status ",
+                                      static_cast<int>(status)));
+  }
+  return absl::OkStatus();
+}
+
 bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
   // Choose's rule at one row; Validate's shape (the pointers are the runner's, 16-byte aligned).
   return dtype_ == kernels::DType::kBF16 && choice_ != DecodeGemm::kBlas && n % 2 == 0 &&
@@ -347,6 +390,9 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
+  if (m > kMinTunedGemmRows && tune_large_) {
+    LMSERVE_RETURN_IF_ERROR(SettleLarge(id, plans_[{id, m}].get(), x, w, y));
+  }
   if (m <= kc::kMaxSkinnyGemmRows) {
     LMSERVE_ASSIGN_OR_RETURN(const Kernel kernel, Choose(id, *plan, x, y, act, activation));
     if (kernel == Kernel::kSkinny) {

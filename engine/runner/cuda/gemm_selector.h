@@ -6,6 +6,13 @@
 // token count: by RunnerConfig::decode_gemm, or by timing both kernels in turn over every layer's
 // weights (so that they come from memory, as in a step). Timing never happens while a CUDA graph
 // is being captured: the graphs' choices are made in their warm-up runs.
+//
+// Steps of more than kMinTunedGemmRows tokens (prefill), with set_tune_large(true): cuBLASLt's
+// algorithm is chosen by timing the heuristic's candidates on the first such step's own operands
+// (GemmPlan::Tune), once per projection and bucket of token counts (the next power of two); a
+// later token count of the bucket takes the tuned algorithm where cuBLASLt accepts it for its
+// shape (else the heuristic's). These products are bound by compute, so one W, timed from the L2
+// or not, ranks the candidates as a step does.
 
 #ifndef LMSERVE_ENGINE_RUNNER_CUDA_GEMM_SELECTOR_H_
 #define LMSERVE_ENGINE_RUNNER_CUDA_GEMM_SELECTOR_H_
@@ -37,6 +44,9 @@ struct BlockSegment {
   int64_t first_row = 0;
   int64_t rows = 0;
 };
+
+// Token counts above which cuBLASLt's algorithm may be tuned on the step's operands.
+inline constexpr int64_t kMinTunedGemmRows = 256;
 
 struct GemmProjection {
   std::string kind;                                     // for messages: "qkv"
@@ -106,6 +116,12 @@ class GemmSelector {
                    kernels::GateActivation activation = kernels::GateActivation::kSilu,
                    const GemmNormEpilogue* norm = nullptr);
 
+  // y += x W^T through cuBLASLt (GemmPlan::RunAccumulate), y in the projection's output type
+  // (fp32: the residual stream). `tune_scratch` (device, m n output elements) takes the tuning
+  // runs' outputs where set_tune_large holds, so that y is written once. Not for FP8 projections.
+  absl::Status RunAccumulate(int id, int64_t layer, int64_t m, const void* x, void* y,
+                             void* tune_scratch);
+
   // Whether a product of n outputs and k inputs (not the LM head) runs the skinny kernel at one
   // row: untimed there, it does unless every GEMM is cuBLASLt's or its shape is not the skinny
   // kernel's.
@@ -116,6 +132,9 @@ class GemmSelector {
   void set_l2_prefetch_bytes(int64_t bytes) { l2_prefetch_bytes_ = bytes; }
   // Whether the skinny kernel may split k at one row (SkinnyGemmParams::k_split 0, else 1).
   void set_split_k(bool split) { split_k_ = split; }
+  // Whether products of more than kMinTunedGemmRows rows are tuned on their first step's
+  // operands (above).
+  void set_tune_large(bool tune) { tune_large_ = tune; }
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -125,6 +144,10 @@ class GemmSelector {
   // The kernel for projection `id` at m <= kMaxSkinnyGemmRows rows.
   absl::StatusOr<Kernel> Choose(int id, const kernels::cuda::GemmPlan& plan, const void* x, void* y,
                                 void* act, kernels::GateActivation activation);
+  // Settles the algorithm of a plan of more than kMinTunedGemmRows rows on its first run (the
+  // bucket's tuned algorithm, or tuning on x, w, y). A no-op while capturing.
+  absl::Status SettleLarge(int id, kernels::cuda::GemmPlan* plan, const void* x, const void* w,
+                           void* y);
 
   // The fastest of `candidates` (each a pass over a projection's layers; rounds of each in turn,
   // the median kept; a tie goes to the later one). REQUIRES: not capturing.
@@ -167,9 +190,14 @@ class GemmSelector {
   int64_t dequant_bytes_ = 0;
   int64_t l2_prefetch_bytes_ = 0;
   bool split_k_ = true;
+  bool tune_large_ = false;
   std::vector<GemmProjection> projections_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, Kernel> kernels_;
+  // Plans of more than kMinTunedGemmRows rows whose algorithm is settled, by (id, m); the tuned
+  // algorithm of each (id, bucket).
+  std::map<std::pair<int, int64_t>, bool> settled_;
+  std::map<std::pair<int, int64_t>, cublasLtMatmulAlgo_t> tuned_;
 };
 
 }  // namespace lmserve::engine::cuda

@@ -710,6 +710,68 @@ TEST(CudaRunnerTest, Float32DummyWeightsAgreeWithTheCpuRunner) {
   CheckDummyWeights(RunnerDType::kFloat32);
 }
 
+// RunnerConfig::tune_prefill_gemms and fuse_residual_gemm, in steps of more than kMinTunedGemmRows
+// tokens: cuBLASLt's candidates timed on the step's own operands, the fastest kept (a later step
+// of another token count in the same bucket, here 512, takes that algorithm), and o_proj and down
+// adding into the fp32 residual in the GEMM's epilogue. Every step's logits agree with the CPU
+// runner's on the same dummy weights, and with those of the runner without either option.
+TEST(CudaRunnerTest, TunedAndFusedPrefillGemmsAgreeWithTheCpuRunner) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenConfigOnlyCheckpoint(testing::HfTinyDir("llama-gqa") + "/config.json");
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig gpu_config = CudaConfig();
+  gpu_config.load_format = LoadFormat::kDummy;
+  gpu_config.tune_prefill_gemms = true;
+  gpu_config.fuse_residual_gemm = true;
+  RunnerConfig untuned_config = gpu_config;
+  untuned_config.tune_prefill_gemms = false;
+  untuned_config.fuse_residual_gemm = false;
+  RunnerConfig cpu_config;
+  cpu_config.load_format = LoadFormat::kDummy;
+  cpu_config.kv_cache_bytes = int64_t{16} << 20;
+  auto tuned = MakeRunner(**checkpoint, gpu_config);
+  auto untuned = MakeRunner(**checkpoint, untuned_config);
+  auto cpu = MakeRunner(**checkpoint, cpu_config);
+  ASSERT_NE(tuned, nullptr);
+  ASSERT_NE(untuned, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  // 400 tokens tune bucket 512; 300 and 290 (two sequences) take its algorithms.
+  for (const std::vector<int64_t>& lengths :
+       std::vector<std::vector<int64_t>>{{400}, {300}, {170, 120}}) {
+    SCOPED_TRACE(::testing::PrintToString(lengths));
+    StepBatch batch;
+    int32_t first_block = 0;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t length : lengths) {
+      std::vector<int32_t> prompt(static_cast<size_t>(length));
+      for (int64_t i = 0; i < length; ++i) {
+        prompt[i] = static_cast<int32_t>((i * 97 + length) % vocab);
+      }
+      prompts.push_back(std::move(prompt));
+    }
+    for (const std::vector<int32_t>& prompt : prompts) {
+      const std::vector<int32_t> blocks = Blocks(first_block, prompt.size(), 16);
+      first_block += static_cast<int32_t>(blocks.size());
+      batch.AddSequence(prompt, 0, blocks, LogitsMode::kAll);
+    }
+    StepOutput t, u, c;
+    ASSERT_TRUE(tuned->Execute(batch, &t).ok());
+    ASSERT_TRUE(untuned->Execute(batch, &u).ok());
+    ASSERT_TRUE(cpu->Execute(batch, &c).ok());
+    ASSERT_EQ(t.logits.size(), c.logits.size());
+    ASSERT_EQ(u.logits.size(), c.logits.size());
+    for (float x : t.logits) ASSERT_TRUE(std::isfinite(x));
+    const double against_cpu = RelativeL2(t.logits.data(), c.logits.data(), c.logits.size());
+    const double against_untuned = RelativeL2(t.logits.data(), u.logits.data(), u.logits.size());
+    EXPECT_LE(against_cpu, 3e-2);
+    EXPECT_LE(against_untuned, 3e-2);
+    std::printf("tuned and fused prefill GEMMs, %zu tokens: relative L2 %.3g against the CPU "
+                "runner, %.3g against the runner without them\n",
+                t.logits.size() / static_cast<size_t>(vocab), against_cpu, against_untuned);
+  }
+}
+
 // The configured path is the one the kernels take: the portable path when the run forces it (and
 // always below Hopper), Hopper's where the GPU and the loaded code are sm_90 (an sm_90 build on an
 // H100) and the configuration leaves it to the device.
