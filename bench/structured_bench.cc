@@ -20,11 +20,22 @@
 //   no mask is shared). The model (--model, --load-format dummy for random weights of its shape)
 //   and its tokenizer (--tokenizer; default: the model's) are served by --backend cpu|cuda; every
 //   request has a --prompt-tokens prompt and up to --max-tokens tokens at temperature 1
-//   (unconstrained: EOS ignored). Reported: the median and p90 wall time of the decode-only steps
-//   with the whole batch running, constrained / unconstrained, and the engine's host mask time
-//   per step (EngineStats::mask_seconds: the wall time of a step's masks, which overlap the
-//   forward pass), and how many of those steps replayed a CUDA graph (RunnerStats::
-//   num_graph_replays; masked steps do too). --device-mask 1 samples the constrained rows on the device
+//   (unconstrained: EOS ignored). One runner and engine serve every setting, --rounds times in
+//   turn (unconstrained, shared, cold, unconstrained, ...): a runner times its GEMM candidates at
+//   start-up, and two runners may choose differently, so ratios are taken within one runner.
+//   Reported: the median, p90 and mean wall time of the decode-only steps with the whole batch
+//   running, constrained / unconstrained (overall and per round), and the step's parts (median
+//   and mean; the means add up to the mean step): the host's work before the launch (EngineStats::
+//   total_prepare_seconds), the launch, the host masks (EngineStats::total_mask_seconds: the wall
+//   time of a step's masks, which overlap the forward pass), Finish (which waits for the GPU), the
+//   host's work after it (total_process_seconds: the tokens appended, grammars advanced); on CUDA
+//   the step's time on the GPU (--device-time 1: CUDA events; RunnerStats::
+//   total_device_step_seconds), the masks' upload in Finish and how long the draw waited on the
+//   device for their release (RunnerStats::total_mask_upload_seconds, total_mask_wait_seconds);
+//   and how many of those steps replayed a CUDA graph (RunnerStats::num_graph_replays; masked
+//   steps do too). --mask-poll one|per-row|both: the gated token bitmask's wait, one poller a
+//   step (the runner's) or every masked row's block (RunnerConfig::device_mask_poll_per_row, the
+//   former design), each on its own runner. --device-mask 1 samples the constrained rows on the device
 //   (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
 //   kernels/cuda/token_bitmask.h before the device sampler); 0 (the default) brings their logits
 //   to the host, where the engine masks and samples them. --overlap 0 computes the masks before
@@ -37,7 +48,8 @@
 //        lmserve-structured-bench step --model PATH [--tokenizer PATH] [--backend cpu|cuda]
 //          [--load-format dummy] [--batch 64] [--prompt-tokens 32] [--max-tokens 128]
 //          [--schema FILE] [--threads 0] [--kv-cache-mib 2048] [--device-mask 0|1]
-//          [--schemas shared|cold|both] [--overlap 0|1] [--mask-threads 0]
+//          [--schemas shared|cold|both] [--overlap 0|1] [--mask-threads 0] [--rounds 2]
+//          [--device-time 0|1] [--mask-poll one|per-row|both]
 
 #include <time.h>
 
@@ -110,7 +122,8 @@ struct Flags {
   std::string tokenizer, model, schema_file, backend = "cpu", load_format, schemas = "both";
   int64_t sequences = 64, tokens = 128, seed = 1, batch = 64, prompt_tokens = 32,
           max_tokens = 128, threads = 0, kv_cache_mib = 2048, device_mask = 0, overlap = 1,
-          mask_threads = 0;
+          mask_threads = 0, rounds = 2, device_time = 1;
+  std::string mask_poll = "one";
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -143,6 +156,9 @@ Flags ParseFlags(int argc, char** argv) {
     else if (flag == "--schemas") flags.schemas = value;
     else if (flag == "--overlap") flags.overlap = number();
     else if (flag == "--mask-threads") flags.mask_threads = number();
+    else if (flag == "--rounds") flags.rounds = number();
+    else if (flag == "--device-time") flags.device_time = number();
+    else if (flag == "--mask-poll") flags.mask_poll = value;
     else Fail(StrCat("unknown flag ", flag));
   }
   return flags;
@@ -236,11 +252,30 @@ int RunMask(const Flags& flags) {
   return 0;
 }
 
+// One setting's full decode steps (all rounds), each step's parts.
+struct StepSamples {
+  std::vector<double> step, prepare, launch, masks, finish, process, device, upload, wait;
+  int64_t graph_replays = 0, tokens = 0;
+  std::map<std::string, int> reasons;
+  std::string first_error;
+};
+
+double Mean(const std::vector<double>& values) {
+  if (values.empty()) return 0.0;
+  double sum = 0.0;
+  for (double v : values) sum += v;
+  return sum / static_cast<double>(values.size());
+}
+
 int RunStep(const Flags& flags) {
   if (flags.model.empty()) Fail("step: --model is required");
   if (flags.schemas != "shared" && flags.schemas != "cold" && flags.schemas != "both") {
     Fail(StrCat("--schemas: shared, cold or both, not ", flags.schemas));
   }
+  if (flags.mask_poll != "one" && flags.mask_poll != "per-row" && flags.mask_poll != "both") {
+    Fail(StrCat("--mask-poll: one, per-row or both, not ", flags.mask_poll));
+  }
+  if (flags.rounds < 1) Fail("--rounds: at least 1");
   absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
       flags.load_format == "dummy" ? engine::OpenConfigOnlyCheckpoint(flags.model)
                                    : engine::OpenCheckpoint(flags.model);
@@ -256,19 +291,31 @@ int RunStep(const Flags& flags) {
   std::vector<Setting> settings = {Setting::kUnconstrained};
   if (flags.schemas != "cold") settings.push_back(Setting::kShared);
   if (flags.schemas != "shared") settings.push_back(Setting::kCold);
+  const auto setting_name = [](Setting setting) {
+    return setting == Setting::kUnconstrained ? "unconstrained"
+           : setting == Setting::kShared      ? "schema-shared"
+                                              : "schema-cold";
+  };
   // The server's compiler: one per tokenizer, caching compiled constraints by content.
   structured::ConstraintCompiler compiler(std::move(trie), structured::GrammarLimits{});
-  double unconstrained_median = 0.0;
-  for (const Setting setting : settings) {
-    const bool constrained = setting != Setting::kUnconstrained;
+  std::vector<bool> poll_per_row;
+  if (flags.mask_poll != "per-row") poll_per_row.push_back(false);
+  if (flags.mask_poll != "one") poll_per_row.push_back(true);
+  for (const bool per_row : poll_per_row) {
+    // One runner and engine for every setting and round: a runner's GEMM plans are chosen by
+    // timing at its start, and two runners may choose differently (tens of us a step), so each
+    // ratio compares steps of the same plans.
     engine::RunnerConfig runner_config;
-    runner_config.backend = flags.backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
+    runner_config.backend =
+        flags.backend == "cuda" ? engine::Backend::kCuda : engine::Backend::kCpu;
     runner_config.load_format =
         flags.load_format == "dummy" ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
     runner_config.kv_cache_bytes = flags.kv_cache_mib << 20;
     runner_config.num_threads = static_cast<int32_t>(flags.threads);
     runner_config.max_num_seqs = static_cast<int32_t>(std::max<int64_t>(flags.batch, 1));
     runner_config.device_token_bitmask = flags.device_mask != 0;
+    runner_config.device_mask_poll_per_row = per_row;
+    runner_config.time_device_steps = flags.device_time != 0;
     absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
         engine::ModelRunner::Create(**checkpoint, runner_config);
     if (!runner.ok()) Fail(runner.status().ToString());
@@ -280,92 +327,133 @@ int RunStep(const Flags& flags) {
     absl::StatusOr<std::unique_ptr<engine::EngineCore>> core =
         engine::EngineCore::Create(*std::move(runner), config, nullptr);
     if (!core.ok()) Fail(core.status().ToString());
-    std::mt19937 rng(static_cast<uint32_t>(flags.seed));
-    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.vocab_size) - 1);
-    std::vector<std::shared_ptr<engine::OutputStream>> streams;
-    for (int64_t i = 0; i < flags.batch; ++i) {
-      engine::Request request;
-      request.prompt_token_ids.resize(static_cast<size_t>(flags.prompt_tokens));
-      for (int32_t& id : request.prompt_token_ids) id = token(rng);
-      request.sampling.temperature = 1.0;
-      request.sampling.seed = static_cast<uint64_t>(i);
-      request.sampling.max_tokens = static_cast<int32_t>(flags.max_tokens);
-      if (setting == Setting::kShared) {
-        // Every request brings the schema; the compiler's cache gives all the same grammar.
-        absl::StatusOr<std::shared_ptr<structured::CompiledGrammar>> compiled =
-            compiler.Compile({structured::ConstraintKind::kJsonSchema, schema});
-        if (!compiled.ok()) Fail(compiled.status().ToString());
-        request.sampling.constraint = *std::move(compiled);
-      } else if (setting == Setting::kCold) {
-        // Each request its own compiled schema: no mask is shared between sequences.
-        request.sampling.constraint = CompileSchema(schema, *trie_ptr);
+    const char* poll = flags.backend != "cuda" || flags.device_mask == 0 ? ""
+                       : per_row                                          ? " [poll per row]"
+                                                                          : " [one poller]";
+    std::map<Setting, StepSamples> samples;
+    std::map<Setting, std::vector<double>> round_medians;
+    engine::RequestId next_id = 1;
+    for (int64_t round = 0; round < flags.rounds; ++round) {
+      for (const Setting setting : settings) {
+        const bool constrained = setting != Setting::kUnconstrained;
+        std::mt19937 rng(static_cast<uint32_t>(flags.seed));
+        std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.vocab_size) - 1);
+        std::vector<std::shared_ptr<engine::OutputStream>> streams;
+        for (int64_t i = 0; i < flags.batch; ++i) {
+          engine::Request request;
+          request.prompt_token_ids.resize(static_cast<size_t>(flags.prompt_tokens));
+          for (int32_t& id : request.prompt_token_ids) id = token(rng);
+          request.sampling.temperature = 1.0;
+          request.sampling.seed = static_cast<uint64_t>(i);
+          request.sampling.max_tokens = static_cast<int32_t>(flags.max_tokens);
+          if (setting == Setting::kShared) {
+            // Every request brings the schema; the compiler's cache gives all the same grammar.
+            absl::StatusOr<std::shared_ptr<structured::CompiledGrammar>> compiled =
+                compiler.Compile({structured::ConstraintKind::kJsonSchema, schema});
+            if (!compiled.ok()) Fail(compiled.status().ToString());
+            request.sampling.constraint = *std::move(compiled);
+          } else if (setting == Setting::kCold) {
+            // Each request its own compiled schema: no mask is shared between sequences.
+            request.sampling.constraint = CompileSchema(schema, *trie_ptr);
+          }
+          request.sampling.ignore_eos = !constrained;
+          const engine::RequestId id = next_id++;
+          streams.push_back(std::make_shared<engine::OutputStream>(id, 1));
+          (*core)->AddRequest(id, std::move(request), 0.0, streams.back());
+        }
+        StepSamples& out = samples[setting];
+        std::vector<double> round_steps;
+        while ((*core)->HasWork()) {
+          const engine::RunnerStats runner_before = (*core)->runner().stats();
+          const engine::EngineStats before = (*core)->Stats();
+          const double start = WallSeconds();
+          (*core)->Step();
+          const double seconds = WallSeconds() - start;
+          const auto& scheduled = (*core)->last_scheduled();
+          const bool full_decode =
+              static_cast<int64_t>(scheduled.size()) == flags.batch &&
+              std::all_of(scheduled.begin(), scheduled.end(),
+                          [](const engine::EngineCore::StepEntry& e) {
+                            return e.num_new_tokens == 1;
+                          });
+          if (!full_decode) continue;
+          const engine::EngineStats after = (*core)->Stats();
+          const engine::RunnerStats runner_after = (*core)->runner().stats();
+          round_steps.push_back(seconds);
+          out.step.push_back(seconds);
+          out.prepare.push_back(after.total_prepare_seconds - before.total_prepare_seconds);
+          out.launch.push_back(after.total_launch_seconds - before.total_launch_seconds);
+          out.masks.push_back(after.total_mask_seconds - before.total_mask_seconds);
+          out.finish.push_back(after.total_finish_seconds - before.total_finish_seconds);
+          out.process.push_back(after.total_process_seconds - before.total_process_seconds);
+          out.device.push_back(runner_after.total_device_step_seconds -
+                               runner_before.total_device_step_seconds);
+          out.upload.push_back(runner_after.total_mask_upload_seconds -
+                               runner_before.total_mask_upload_seconds);
+          out.wait.push_back(runner_after.total_mask_wait_seconds -
+                             runner_before.total_mask_wait_seconds);
+          out.graph_replays += runner_after.num_graph_replays - runner_before.num_graph_replays;
+        }
+        round_medians[setting].push_back(Percentile(round_steps, 0.5));
+        // How the requests ended (a constrained one by its constraint or EOS; an error is a bug).
+        for (const auto& stream : streams) {
+          engine::RequestOutput output;
+          while (stream->Next(&output, absl::ZeroDuration()) ==
+                 engine::OutputStream::NextResult::kOutput) {
+            out.tokens += static_cast<int64_t>(output.token_ids.size());
+            if (!output.finished) continue;
+            ++out.reasons[std::string(engine::FinishReasonName(output.finish_reason))];
+            if (!output.error.empty() && out.first_error.empty()) out.first_error = output.error;
+          }
+        }
+        std::printf("%s round %lld %-13s: %zu full decode steps, median %.3f ms\n", poll,
+                    static_cast<long long>(round + 1), setting_name(setting), round_steps.size(),
+                    1e3 * round_medians[setting].back());
       }
-      request.sampling.ignore_eos = !constrained;
-      streams.push_back(
-          std::make_shared<engine::OutputStream>(static_cast<engine::RequestId>(i + 1), 1));
-      (*core)->AddRequest(static_cast<engine::RequestId>(i + 1), std::move(request), 0.0,
-                          streams.back());
     }
-    std::vector<double> steps, masks, launches, finishes;
-    int64_t graph_replays = 0;  // of the full decode steps
-    while ((*core)->HasWork()) {
-      const int64_t replays_before = (*core)->runner().stats().num_graph_replays;
-      const engine::EngineStats before = (*core)->Stats();
-      const double start = WallSeconds();
-      (*core)->Step();
-      const double seconds = WallSeconds() - start;
-      const auto& scheduled = (*core)->last_scheduled();
-      const bool full_decode =
-          static_cast<int64_t>(scheduled.size()) == flags.batch &&
-          std::all_of(scheduled.begin(), scheduled.end(),
-                      [](const engine::EngineCore::StepEntry& e) { return e.num_new_tokens == 1; });
-      if (full_decode) {
-        const engine::EngineStats after = (*core)->Stats();
-        steps.push_back(seconds);
-        masks.push_back(after.total_mask_seconds - before.total_mask_seconds);
-        launches.push_back(after.total_launch_seconds - before.total_launch_seconds);
-        finishes.push_back(after.total_finish_seconds - before.total_finish_seconds);
-        graph_replays += (*core)->runner().stats().num_graph_replays - replays_before;
+    const double unconstrained_median =
+        Percentile(samples[Setting::kUnconstrained].step, 0.5);
+    for (const Setting setting : settings) {
+      const StepSamples& out = samples[setting];
+      const double median = Percentile(out.step, 0.5);
+      std::string rounds;
+      if (setting != Setting::kUnconstrained) {
+        for (size_t r = 0; r < round_medians[setting].size(); ++r) {
+          rounds += StrCat(r == 0 ? "" : ", ",
+                           round_medians[setting][r] / round_medians[Setting::kUnconstrained][r]);
+        }
+        rounds = StrCat(" (", median / unconstrained_median, "x unconstrained; by round: ", rounds,
+                        ")");
       }
-    }
-    const double median = Percentile(steps, 0.5);
-    const char* name = setting == Setting::kUnconstrained ? "unconstrained"
-                       : setting == Setting::kShared      ? "schema-shared"
-                                                          : "schema-cold";
-    std::printf(
-        "%-13s batch %lld: %zu full decode steps (%lld replayed CUDA graphs), median %.3f ms, "
-        "p90 %.3f ms%s\n"
-        "              per step (median, p90): launch %.3f, %.3f ms; host masks %.3f, %.3f ms; "
-        "finish (waits for the GPU) %.3f, %.3f ms\n",
-        name, static_cast<long long>(flags.batch), steps.size(),
-        static_cast<long long>(graph_replays), 1e3 * median,
-        1e3 * Percentile(steps, 0.9),
-        constrained && unconstrained_median > 0.0
-            ? StrCat(" (", median / unconstrained_median, "x unconstrained)").c_str()
-            : "",
-        1e3 * Percentile(launches, 0.5), 1e3 * Percentile(launches, 0.9),
-        1e3 * Percentile(masks, 0.5), 1e3 * Percentile(masks, 0.9),
-        1e3 * Percentile(finishes, 0.5), 1e3 * Percentile(finishes, 0.9));
-    // How the requests ended (a constrained one by its constraint or EOS; an error is a bug).
-    std::map<std::string, int> reasons;
-    std::string first_error;
-    int64_t tokens = 0;
-    for (const auto& stream : streams) {
-      engine::RequestOutput output;
-      while (stream->Next(&output, absl::ZeroDuration()) ==
-             engine::OutputStream::NextResult::kOutput) {
-        tokens += static_cast<int64_t>(output.token_ids.size());
-        if (!output.finished) continue;
-        ++reasons[std::string(engine::FinishReasonName(output.finish_reason))];
-        if (!output.error.empty() && first_error.empty()) first_error = output.error;
+      std::printf(
+          "%-13s%s batch %lld: %zu full decode steps (%lld replayed CUDA graphs), median %.3f ms, "
+          "p90 %.3f ms, mean %.3f ms%s\n",
+          setting_name(setting), poll, static_cast<long long>(flags.batch), out.step.size(),
+          static_cast<long long>(out.graph_replays), 1e3 * median, 1e3 * Percentile(out.step, 0.9),
+          1e3 * Mean(out.step), rounds.c_str());
+      // The parts of a step, in order; their means add up to the mean step (medians do not).
+      std::printf(
+          "              per step, median / mean ms: prepare %.3f / %.3f; launch %.3f / %.3f; "
+          "host masks %.3f / %.3f; finish (waits for the GPU) %.3f / %.3f; process %.3f / %.3f\n",
+          1e3 * Percentile(out.prepare, 0.5), 1e3 * Mean(out.prepare),
+          1e3 * Percentile(out.launch, 0.5), 1e3 * Mean(out.launch),
+          1e3 * Percentile(out.masks, 0.5), 1e3 * Mean(out.masks),
+          1e3 * Percentile(out.finish, 0.5), 1e3 * Mean(out.finish),
+          1e3 * Percentile(out.process, 0.5), 1e3 * Mean(out.process));
+      if (flags.backend == "cuda") {
+        std::printf(
+            "              device, median / mean ms: step on the GPU %.3f / %.3f; in finish, "
+            "masks' upload %.3f / %.3f; the draw's wait for the release %.3f / %.3f\n",
+            1e3 * Percentile(out.device, 0.5), 1e3 * Mean(out.device),
+            1e3 * Percentile(out.upload, 0.5), 1e3 * Mean(out.upload),
+            1e3 * Percentile(out.wait, 0.5), 1e3 * Mean(out.wait));
       }
+      std::string summary;
+      for (const auto& [reason, count] : out.reasons) summary += StrCat(" ", reason, " ", count);
+      if (!out.first_error.empty()) summary += StrCat("; first error: ", out.first_error);
+      std::printf("              %lld tokens; finished:%s\n", static_cast<long long>(out.tokens),
+                  summary.c_str());
     }
-    std::string summary;
-    for (const auto& [reason, count] : reasons) summary += StrCat(" ", reason, " ", count);
-    if (!first_error.empty()) summary += StrCat("; first error: ", first_error);
-    std::printf("              %lld tokens; finished:%s\n", static_cast<long long>(tokens),
-                summary.c_str());
-    if (!constrained) unconstrained_median = median;
   }
   return 0;
 }

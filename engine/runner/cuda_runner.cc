@@ -274,13 +274,16 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // them); the release word (at byte 0) and the timed-out word (at byte 64, its own cache line),
   // pinned, which the gated token bitmask reads and writes by their device addresses (d_*).
   CudaBuffer token_bitmask_;
+  CudaBuffer mask_gate_;  // [1] uint64: the gated token bitmask's wait outcome
   CudaBuffer h_token_bitmask_;
   CudaBuffer h_mask_sync_;
   cudaStream_t mask_stream_ = nullptr;
   const uint64_t* d_mask_release_ = nullptr;
   uint64_t* d_mask_timed_out_ = nullptr;
+  uint64_t* d_mask_waited_ns_ = nullptr;  // byte 72: how long the last masked step's draw waited
   uint64_t* mask_release() const { return h_mask_sync_.as<uint64_t>(); }
   const uint64_t* mask_timed_out() const { return h_mask_sync_.at<const uint64_t>(64); }
+  const uint64_t* mask_waited_ns() const { return h_mask_sync_.at<const uint64_t>(72); }
   uint64_t mask_step_ = 0;      // the last masked step's number (released in order: 1, 2, ...)
   bool masks_pending_ = false;  // a masked step is launched and its masks not yet released
   CudaBuffer decode_workspace_;
@@ -304,6 +307,15 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   float logit_softcap_ = 0;                  // and its soft-cap
   double startup_seconds_ = 0;
   int64_t num_graph_replays_ = 0;  // RunnerStats::num_graph_replays
+  // RunnerStats' structured-output and device-time counters.
+  int64_t num_masked_steps_ = 0;
+  double mask_upload_seconds_ = 0.0;
+  double mask_wait_seconds_ = 0.0;
+  // time_device_steps: events around the launched step's work on stream_.
+  cudaEvent_t step_start_event_ = nullptr;
+  cudaEvent_t step_end_event_ = nullptr;
+  int64_t num_timed_device_steps_ = 0;
+  double device_step_seconds_ = 0.0;
 };
 
 CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
@@ -333,6 +345,8 @@ CudaRunner::~CudaRunner() {
   blas_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (mask_stream_ != nullptr) cudaStreamDestroy(mask_stream_);
+  if (step_start_event_ != nullptr) cudaEventDestroy(step_start_event_);
+  if (step_end_event_ != nullptr) cudaEventDestroy(step_end_event_);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
@@ -559,6 +573,7 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   if (runner_config_.device_token_bitmask) {
     const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
     LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
+    LMSERVE_ASSIGN_OR_RETURN(mask_gate_, CudaBuffer::Device(16, "the token bitmasks' gate"));
     LMSERVE_ASSIGN_OR_RETURN(h_token_bitmask_, CudaBuffer::Pinned(mask_bytes, "token bitmasks"));
     LMSERVE_ASSIGN_OR_RETURN(h_mask_sync_, CudaBuffer::Pinned(128, "the token bitmasks' release"));
     std::memset(h_mask_sync_.get(), 0, 128);
@@ -570,6 +585,11 @@ absl::Status CudaRunner::AllocateWorkspaces() {
                                  "mapping the token bitmasks' release");
     d_mask_release_ = static_cast<const uint64_t*>(device_address);
     d_mask_timed_out_ = static_cast<uint64_t*>(device_address) + 8;
+    d_mask_waited_ns_ = static_cast<uint64_t*>(device_address) + 9;
+  }
+  if (runner_config_.time_device_steps) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_start_event_), "cudaEventCreate");
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_end_event_), "cudaEventCreate");
   }
 
   // Inputs: every table at most ceil(max position / block size) blocks long, one per group.
@@ -1107,6 +1127,9 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
         .step = In<uint64_t>(l.mask_step),
         .release = d_mask_release_,
         .timed_out = d_mask_timed_out_,
+        .gate = mask_gate_.as<uint64_t>(),
+        .waited_ns = d_mask_waited_ns_,
+        .poll_per_row = runner_config_.device_mask_poll_per_row,
         .num_rows = num_rows,
         .vocab_size = config_.vocab_size,
         .timeout_ns = static_cast<int64_t>(runner_config_.device_mask_wait_seconds * 1e9)};
@@ -1198,7 +1221,13 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const int64_t step_tokens = decode_only ? padded : tokens;
-  absl::Status status = inputs_.Upload(layout_, stream_);
+  absl::Status status;
+  if (step_start_event_ != nullptr) {
+    if (const cudaError_t e = cudaEventRecord(step_start_event_, stream_); e != cudaSuccess) {
+      status = cuda::CudaError(e, "timing the step");
+    }
+  }
+  if (status.ok()) status = inputs_.Upload(layout_, stream_);
   bool rows_are_tokens = num_rows == step_tokens;
   for (int64_t r = 0; rows_are_tokens && r < num_rows; ++r) rows_are_tokens = rows[r].token == r;
   const Step step{.layout = &layout_,
@@ -1244,6 +1273,7 @@ absl::Status CudaRunner::Finish() {
     // previous step's draw has finished reading them: its Finish waited for the stream. (The
     // draw's kernel could read the pinned rows itself, but 64 rows of 6 KB read over PCIe from
     // the kernel cost the step more than this copy does.)
+    const auto upload_start = std::chrono::steady_clock::now();
     const size_t words = static_cast<size_t>((config_.vocab_size + 31) / 32);
     for (const cuda::LogitsRow& row : rows) {
       if (!row.sampled || !batch.sampling[row.seq].masked) continue;
@@ -1257,6 +1287,9 @@ absl::Status CudaRunner::Finish() {
                         cudaMemcpyHostToDevice, mask_stream_);
     if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
     ReleaseMasks(/*abandoned=*/copied != cudaSuccess);
+    ++num_masked_steps_;
+    mask_upload_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - upload_start).count();
     LMSERVE_RETURN_IF_CUDA_ERROR(copied, "copying the token bitmasks");
   }
   if (seqs == 0) return absl::OkStatus();
@@ -1302,7 +1335,20 @@ absl::Status CudaRunner::Finish() {
       r = end;
     }
   }
+  if (step_end_event_ != nullptr) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventRecord(step_end_event_, stream_), "timing the step");
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "running the step");
+  if (step_end_event_ != nullptr) {
+    float ms = 0.0f;
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, step_start_event_, step_end_event_),
+                                 "timing the step");
+    ++num_timed_device_steps_;
+    device_step_seconds_ += 1e-3 * ms;
+  }
+  if (masked && !runner_config_.device_mask_poll_per_row) {
+    mask_wait_seconds_ += 1e-9 * static_cast<double>(kc::TokenBitmaskWaitedNs(mask_waited_ns()));
+  }
   if (masked && kc::TokenBitmaskTimedOutStep(mask_timed_out()) == mask_step_) {
     return absl::DeadlineExceededError(StrCat(
         "CUDA runner: the step's draw waited ", runner_config_.device_mask_wait_seconds,
@@ -1389,6 +1435,11 @@ RunnerStats CudaRunner::stats() const {
   s.startup_seconds = startup_seconds_;
   s.num_cuda_graphs = graphs_.size();
   s.num_graph_replays = num_graph_replays_;
+  s.num_masked_steps = num_masked_steps_;
+  s.total_mask_upload_seconds = mask_upload_seconds_;
+  s.total_mask_wait_seconds = mask_wait_seconds_;
+  s.num_timed_device_steps = num_timed_device_steps_;
+  s.total_device_step_seconds = device_step_seconds_;
   s.device_name = device_name_;
   s.cuda_kernels = cuda_kernels_;
   return s;
