@@ -271,8 +271,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
   // device_token_bitmask only: the step's masks, [max_seqs, ceil(vocab / 32)] uint32, on the
   // device and their pinned staging (Finish copies them on mask_stream_ and waits, then releases
-  // them); the release word (at byte 0) and the timed-out word (at byte 64, its own cache line),
-  // pinned, which the gated token bitmask reads and writes by their device addresses (d_*).
+  // them); the release word (at byte 0) and the timed-out and waited words (at bytes 64 and 72,
+  // their own cache line), pinned, which the gated token bitmask reads and writes by their device
+  // addresses (d_*); the wait's outcome for the masking kernel (mask_gate_, device memory).
   CudaBuffer token_bitmask_;
   CudaBuffer mask_gate_;  // [1] uint64: the gated token bitmask's wait outcome
   CudaBuffer h_token_bitmask_;
@@ -280,7 +281,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   cudaStream_t mask_stream_ = nullptr;
   const uint64_t* d_mask_release_ = nullptr;
   uint64_t* d_mask_timed_out_ = nullptr;
-  uint64_t* d_mask_waited_ns_ = nullptr;  // byte 72: how long the last masked step's draw waited
+  // Byte 72, beside the timed-out word: how long the last masked step's draw waited (ns; every
+  // masked step's draw writes it, after the release or at its timeout).
+  uint64_t* d_mask_waited_ns_ = nullptr;
   uint64_t* mask_release() const { return h_mask_sync_.as<uint64_t>(); }
   const uint64_t* mask_timed_out() const { return h_mask_sync_.at<const uint64_t>(64); }
   const uint64_t* mask_waited_ns() const { return h_mask_sync_.at<const uint64_t>(72); }

@@ -210,7 +210,9 @@ TEST(TokenBitmaskGpuTest, GatedWaitGivesUpAfterItsTimeout) {
     CUDA_ASSERT(Launch(c.params, nullptr));
     CUDA_ASSERT(cudaDeviceSynchronize());
     EXPECT_EQ(c.timed_out_step(), 7u);
-    if (!per_row) EXPECT_GE(c.waited_ns(), 1000u * 1000u);  // the whole timeout
+    if (!per_row) {
+      EXPECT_GE(c.waited_ns(), 1000u * 1000u);  // the whole timeout
+    }
     EXPECT_EQ(c.d_logits.Download(), logits);
   }
 }
