@@ -10,7 +10,10 @@
 //   two settings, "shared" (one compiled grammar for all sequences, as the server shares one per
 //   schema: its mask cache serves repeated states) and "cold" (a fresh compiled grammar per
 //   sequence: every state's first walk of the trie, the worst case), and the trie's size. Times are
-//   the thread's CPU time.
+//   the thread's CPU time; besides, the wall time of each drawn token's GrammarMatcher::AcceptToken
+//   (the engine's host work per constrained token after a step, serial with the GPU), and of the
+//   same advance with the state found by hashing it (CompiledGrammar::AdvanceBytes without the
+//   matcher's DFA id), each first in turn.
 //
 // step: engine step time at a batch of --batch sequences, each with the JSON schema, against the
 //   same batch unconstrained. Two settings of the schema (--schemas shared|cold|both): "shared",
