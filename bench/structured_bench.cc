@@ -24,8 +24,11 @@
 //   and its tokenizer (--tokenizer; default: the model's) are served by --backend cpu|cuda; every
 //   request has a --prompt-tokens prompt and up to --max-tokens tokens at temperature 1
 //   (unconstrained: EOS ignored). One runner and engine serve every setting, --rounds times in
-//   turn (unconstrained, shared, cold, unconstrained, ...): a runner times its GEMM candidates at
-//   start-up, and two runners may choose differently, so ratios are taken within one runner.
+//   turn (unconstrained, shared, cold, unconstrained, ...) after one round of warm-up that is not
+//   counted: a runner times its GEMM candidates at start-up, and two runners may choose
+//   differently, so ratios are taken within one runner. A constrained round stops earlier (its
+//   first constraint end), so its ratio is also given over the same contexts (each round's first
+//   n full decode steps of both settings).
 //   Reported: the median, p90 and mean wall time of the decode-only steps with the whole batch
 //   running, constrained / unconstrained (overall and per round), and the step's parts (median
 //   and mean; the means add up to the mean step): the host's work before the launch (EngineStats::
@@ -36,9 +39,12 @@
 //   total_device_step_seconds), the masks' upload in Finish and how long the draw waited on the
 //   device for their release (RunnerStats::total_mask_upload_seconds, total_mask_wait_seconds);
 //   and how many of those steps replayed a CUDA graph (RunnerStats::num_graph_replays; masked
-//   steps do too). --mask-poll one|per-row|both: the gated token bitmask's wait, one poller a
-//   step (the runner's) or every masked row's block (RunnerConfig::device_mask_poll_per_row, the
-//   former design), each on its own runner. --device-mask 1 samples the constrained rows on the device
+//   steps do too). --variants one,per-row,one-pinned: the device draws to compare, each on its own
+//   runner: one poller a step (the runner's), every masked row's block polling
+//   (RunnerConfig::device_mask_poll_per_row, the former design), one poller with the kernel
+//   reading the masks from pinned memory (device_mask_read_pinned). --timeline FILE (CUDA builds):
+//   one more round (unconstrained, shared) whose full decode steps 20, 40 and 60 record their
+//   kernels (CUPTI), printed by share and written to FILE as JSON. --device-mask 1 samples the constrained rows on the device
 //   (RunnerConfig::device_token_bitmask: the engine's host masks uploaded and applied by
 //   kernels/cuda/token_bitmask.h before the device sampler); 0 (the default) brings their logits
 //   to the host, where the engine masks and samples them. --overlap 0 computes the masks before
@@ -52,7 +58,7 @@
 //          [--load-format dummy] [--batch 64] [--prompt-tokens 32] [--max-tokens 128]
 //          [--schema FILE] [--threads 0] [--kv-cache-mib 2048] [--device-mask 0|1]
 //          [--schemas shared|cold|both] [--overlap 0|1] [--mask-threads 0] [--rounds 2]
-//          [--device-time 0|1] [--mask-poll one|per-row|both]
+//          [--device-time 0|1] [--variants one,per-row,one-pinned] [--timeline FILE]
 
 #include <time.h>
 
@@ -68,6 +74,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "common/strings.h"
 #include "engine/core/engine_core.h"
 #include "engine/model/checkpoint.h"
@@ -76,6 +83,10 @@
 #include "engine/structured/matcher.h"
 #include "engine/structured/token_trie.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#ifdef LMSERVE_STRUCTURED_BENCH_TIMELINE
+#include "bench/cuda/kernel_timeline.h"
+#endif
 
 namespace {
 
@@ -133,7 +144,7 @@ struct Flags {
   int64_t sequences = 64, tokens = 128, seed = 1, batch = 64, prompt_tokens = 32,
           max_tokens = 128, threads = 0, kv_cache_mib = 2048, device_mask = 0, overlap = 1,
           mask_threads = 0, rounds = 2, device_time = 1;
-  std::string mask_poll = "one";
+  std::string variants = "one", timeline;
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -168,7 +179,8 @@ Flags ParseFlags(int argc, char** argv) {
     else if (flag == "--mask-threads") flags.mask_threads = number();
     else if (flag == "--rounds") flags.rounds = number();
     else if (flag == "--device-time") flags.device_time = number();
-    else if (flag == "--mask-poll") flags.mask_poll = value;
+    else if (flag == "--variants") flags.variants = value;
+    else if (flag == "--timeline") flags.timeline = value;
     else Fail(StrCat("unknown flag ", flag));
   }
   return flags;
@@ -294,6 +306,74 @@ int RunMask(const Flags& flags) {
   return 0;
 }
 
+// The kernels of one engine step (CUPTI, bench/cuda/kernel_timeline.h; CUDA builds only): started
+// before the step, finished after it (Step has waited for the GPU). Finish prints the step's
+// kernels by their share of the critical path and the draw's kernels one by one, and returns them.
+class TimelineRecorder {
+ public:
+  TimelineRecorder() {
+#ifdef LMSERVE_STRUCTURED_BENCH_TIMELINE
+    auto timeline = lmserve::bench::KernelTimeline::Start();
+    if (timeline.ok()) {
+      timeline_ = *std::move(timeline);
+    } else {
+      error_ = timeline.status().ToString();
+    }
+#else
+    error_ = "kernel timelines need a CUDA build";
+#endif
+  }
+
+  nlohmann::json Finish(const std::string& label) {
+#ifdef LMSERVE_STRUCTURED_BENCH_TIMELINE
+    if (timeline_ != nullptr) {
+      const std::vector<lmserve::bench::KernelRecord> records = timeline_->Stop();
+      timeline_.reset();
+      if (records.empty()) return nlohmann::json::object();
+      uint64_t first = records.front().start_ns;
+      for (const auto& r : records) first = std::min(first, r.start_ns);
+      const double span_us = 1e-3 * static_cast<double>(records.back().end_ns - first);
+      std::printf("  timeline, %s: %zu kernels over %.1f us; by share of the critical path:\n",
+                  label.c_str(), records.size(), span_us);
+      nlohmann::json shares = nlohmann::json::array();
+      for (const lmserve::bench::KernelShare& k : lmserve::bench::Summarize(records)) {
+        if (k.critical_us >= 0.01 * span_us) {
+          std::printf("    %8.1f us %5.1f%%  %4d x %7.2f us busy  %s\n", k.critical_us,
+                      100.0 * k.critical_us / span_us, k.count, k.busy_us / k.count,
+                      k.name.c_str());
+        }
+        shares.push_back({{"name", k.name}, {"count", k.count}, {"busy_us", k.busy_us},
+                          {"critical_us", k.critical_us}});
+      }
+      // The step's last kernels (the LM head and the draw), start and end from the first start.
+      std::printf("    the last kernels (start, end, busy us):\n");
+      const size_t tail = std::min<size_t>(records.size(), 6);
+      for (size_t i = records.size() - tail; i < records.size(); ++i) {
+        const auto& r = records[i];
+        std::printf("      %9.2f %9.2f %7.2f  %s\n", 1e-3 * static_cast<double>(r.start_ns - first),
+                    1e-3 * static_cast<double>(r.end_ns - first),
+                    1e-3 * static_cast<double>(r.end_ns - r.start_ns), r.name.c_str());
+      }
+      nlohmann::json kernels = nlohmann::json::array();
+      for (const auto& r : records) {
+        kernels.push_back({{"name", r.name},
+                           {"start_us", 1e-3 * static_cast<double>(r.start_ns - first)},
+                           {"end_us", 1e-3 * static_cast<double>(r.end_ns - first)}});
+      }
+      return {{"step", label}, {"span_us", span_us}, {"shares", shares}, {"kernels", kernels}};
+    }
+#endif
+    std::printf("  timeline, %s: %s\n", label.c_str(), error_.c_str());
+    return nlohmann::json::object();
+  }
+
+ private:
+#ifdef LMSERVE_STRUCTURED_BENCH_TIMELINE
+  std::unique_ptr<lmserve::bench::KernelTimeline> timeline_;
+#endif
+  std::string error_;
+};
+
 // One setting's full decode steps (all rounds), each step's parts.
 struct StepSamples {
   std::vector<double> step, prepare, launch, masks, finish, process, device, upload, wait;
@@ -307,8 +387,23 @@ int RunStep(const Flags& flags) {
   if (flags.schemas != "shared" && flags.schemas != "cold" && flags.schemas != "both") {
     Fail(StrCat("--schemas: shared, cold or both, not ", flags.schemas));
   }
-  if (flags.mask_poll != "one" && flags.mask_poll != "per-row" && flags.mask_poll != "both") {
-    Fail(StrCat("--mask-poll: one, per-row or both, not ", flags.mask_poll));
+  // The device draw's designs to compare, each on its own runner: one poller a step (the
+  // runner's), every masked row's block polling, one poller with the masks read from pinned memory.
+  struct Variant {
+    std::string name;
+    bool per_row = false, pinned = false;
+  };
+  std::vector<Variant> variants;
+  for (const std::string& name : std::vector<std::string>(absl::StrSplit(flags.variants, ','))) {
+    if (name == "one") {
+      variants.push_back({"one poller", false, false});
+    } else if (name == "per-row") {
+      variants.push_back({"poll per row", true, false});
+    } else if (name == "one-pinned") {
+      variants.push_back({"one poller, pinned masks", false, true});
+    } else {
+      Fail(StrCat("--variants: one, per-row or one-pinned, not ", name));
+    }
   }
   if (flags.rounds < 1) Fail("--rounds: at least 1");
   absl::StatusOr<std::unique_ptr<engine::Checkpoint>> checkpoint =
@@ -333,10 +428,9 @@ int RunStep(const Flags& flags) {
   };
   // The server's compiler: one per tokenizer, caching compiled constraints by content.
   structured::ConstraintCompiler compiler(std::move(trie), structured::GrammarLimits{});
-  std::vector<bool> poll_per_row;
-  if (flags.mask_poll != "per-row") poll_per_row.push_back(false);
-  if (flags.mask_poll != "one") poll_per_row.push_back(true);
-  for (const bool per_row : poll_per_row) {
+  std::vector<nlohmann::json> timelines;
+  for (const Variant& variant : variants) {
+    const bool per_row = variant.per_row;
     // One runner and engine for every setting and round: a runner's GEMM plans are chosen by
     // timing at its start, and two runners may choose differently (tens of us a step), so each
     // ratio compares steps of the same plans.
@@ -350,6 +444,7 @@ int RunStep(const Flags& flags) {
     runner_config.max_num_seqs = static_cast<int32_t>(std::max<int64_t>(flags.batch, 1));
     runner_config.device_token_bitmask = flags.device_mask != 0;
     runner_config.device_mask_poll_per_row = per_row;
+    runner_config.device_mask_read_pinned = variant.pinned;
     runner_config.time_device_steps = flags.device_time != 0;
     absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner =
         engine::ModelRunner::Create(**checkpoint, runner_config);
@@ -362,14 +457,23 @@ int RunStep(const Flags& flags) {
     absl::StatusOr<std::unique_ptr<engine::EngineCore>> core =
         engine::EngineCore::Create(*std::move(runner), config, nullptr);
     if (!core.ok()) Fail(core.status().ToString());
-    const char* poll = flags.backend != "cuda" || flags.device_mask == 0 ? ""
-                       : per_row                                          ? " [poll per row]"
-                                                                          : " [one poller]";
+    const std::string poll_name = flags.backend != "cuda" || flags.device_mask == 0
+                                      ? std::string()
+                                      : StrCat(" [", variant.name, "]");
+    const char* poll = poll_name.c_str();
     std::map<Setting, StepSamples> samples;
     std::map<Setting, std::vector<double>> round_medians;
+    // Each round's step times in order: step i of every setting has the same context length.
+    std::map<Setting, std::vector<std::vector<double>>> round_steps_by_setting;
     engine::RequestId next_id = 1;
-    for (int64_t round = 0; round < flags.rounds; ++round) {
+    // Round 0 warms up (the shared grammar's tables and masks, the runner); not counted. The
+    // last round, with --timeline, records kernel timelines of a few steps instead.
+    const bool timeline_round = !flags.timeline.empty() && flags.backend == "cuda";
+    for (int64_t round = 0; round <= flags.rounds + (timeline_round ? 1 : 0); ++round) {
+      const bool warmup = round == 0;
+      const bool recording = timeline_round && round == flags.rounds + 1;
       for (const Setting setting : settings) {
+        if (recording && setting == Setting::kCold) continue;
         const bool constrained = setting != Setting::kUnconstrained;
         std::mt19937 rng(static_cast<uint32_t>(flags.seed));
         std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.vocab_size) - 1);
@@ -396,14 +500,25 @@ int RunStep(const Flags& flags) {
           streams.push_back(std::make_shared<engine::OutputStream>(id, 1));
           (*core)->AddRequest(id, std::move(request), 0.0, streams.back());
         }
-        StepSamples& out = samples[setting];
+        StepSamples discarded;
+        StepSamples& out = warmup || recording ? discarded : samples[setting];
         std::vector<double> round_steps;
+        int64_t full_steps = 0;
         while ((*core)->HasWork()) {
           const engine::RunnerStats runner_before = (*core)->runner().stats();
           const engine::EngineStats before = (*core)->Stats();
+          // Recording: the kernels of a few full decode steps, the same ones in every setting.
+          const bool record = recording && (full_steps == 20 || full_steps == 40 ||
+                                            full_steps == 60);
+          std::unique_ptr<TimelineRecorder> recorder;
+          if (record) recorder = std::make_unique<TimelineRecorder>();
           const double start = WallSeconds();
           (*core)->Step();
           const double seconds = WallSeconds() - start;
+          if (recorder != nullptr) {
+            timelines.push_back(recorder->Finish(StrCat(variant.name, " / ", setting_name(setting),
+                                                        " / full decode step ", full_steps)));
+          }
           const auto& scheduled = (*core)->last_scheduled();
           const bool full_decode =
               static_cast<int64_t>(scheduled.size()) == flags.batch &&
@@ -412,6 +527,7 @@ int RunStep(const Flags& flags) {
                             return e.num_new_tokens == 1;
                           });
           if (!full_decode) continue;
+          ++full_steps;
           const engine::EngineStats after = (*core)->Stats();
           const engine::RunnerStats runner_after = (*core)->runner().stats();
           round_steps.push_back(seconds);
@@ -429,7 +545,12 @@ int RunStep(const Flags& flags) {
                              runner_before.total_mask_wait_seconds);
           out.graph_replays += runner_after.num_graph_replays - runner_before.num_graph_replays;
         }
+        if (warmup || recording) {
+          // The requests' outputs are dropped with their streams.
+          continue;
+        }
         round_medians[setting].push_back(Percentile(round_steps, 0.5));
+        round_steps_by_setting[setting].push_back(round_steps);
         // How the requests ended (a constrained one by its constraint or EOS; an error is a bug).
         for (const auto& stream : streams) {
           engine::RequestOutput output;
@@ -442,7 +563,7 @@ int RunStep(const Flags& flags) {
           }
         }
         std::printf("%s round %lld %-13s: %zu full decode steps, median %.3f ms\n", poll,
-                    static_cast<long long>(round + 1), setting_name(setting), round_steps.size(),
+                    static_cast<long long>(round), setting_name(setting), round_steps.size(),
                     1e3 * round_medians[setting].back());
       }
     }
@@ -453,12 +574,23 @@ int RunStep(const Flags& flags) {
       const double median = Percentile(out.step, 0.5);
       std::string rounds;
       if (setting != Setting::kUnconstrained) {
+        // Matched: each round's first n steps of both (n the fewer), so that the two medians
+        // cover the same context lengths (an unconstrained round runs longer, to longer contexts).
+        std::vector<double> matched_u, matched_c;
         for (size_t r = 0; r < round_medians[setting].size(); ++r) {
-          rounds += StrCat(r == 0 ? "" : ", ",
-                           round_medians[setting][r] / round_medians[Setting::kUnconstrained][r]);
+          const std::vector<double>& u = round_steps_by_setting[Setting::kUnconstrained][r];
+          const std::vector<double>& c = round_steps_by_setting[setting][r];
+          const size_t n = std::min(u.size(), c.size());
+          const std::vector<double> u_n(u.begin(), u.begin() + static_cast<ptrdiff_t>(n));
+          const std::vector<double> c_n(c.begin(), c.begin() + static_cast<ptrdiff_t>(n));
+          matched_u.insert(matched_u.end(), u_n.begin(), u_n.end());
+          matched_c.insert(matched_c.end(), c_n.begin(), c_n.end());
+          rounds += StrCat(r == 0 ? "" : ", ", Percentile(c_n, 0.5) / Percentile(u_n, 0.5));
         }
-        rounds = StrCat(" (", median / unconstrained_median, "x unconstrained; by round: ", rounds,
-                        ")");
+        rounds = StrCat(" (", median / unconstrained_median,
+                        "x unconstrained; over the same contexts: ",
+                        Percentile(matched_c, 0.5) / Percentile(matched_u, 0.5), "x, by round: ",
+                        rounds, ")");
       }
       std::printf(
           "%-13s%s batch %lld: %zu full decode steps (%lld replayed CUDA graphs), median %.3f ms, "
@@ -492,6 +624,9 @@ int RunStep(const Flags& flags) {
       std::printf("              %lld tokens; finished:%s\n", static_cast<long long>(out.tokens),
                   summary.c_str());
     }
+  }
+  if (!flags.timeline.empty()) {
+    std::ofstream(flags.timeline) << nlohmann::json(timelines).dump(1) << "\n";
   }
   return 0;
 }

@@ -281,6 +281,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   cudaStream_t mask_stream_ = nullptr;
   const uint64_t* d_mask_release_ = nullptr;
   uint64_t* d_mask_timed_out_ = nullptr;
+  const uint32_t* d_pinned_token_bitmask_ = nullptr;  // device_mask_read_pinned: the staging's
+                                                      // device address
   // Byte 72, beside the timed-out word: how long the last masked step's draw waited (ns; every
   // masked step's draw writes it, after the release or at its timeout).
   uint64_t* d_mask_waited_ns_ = nullptr;
@@ -589,6 +591,12 @@ absl::Status CudaRunner::AllocateWorkspaces() {
     d_mask_release_ = static_cast<const uint64_t*>(device_address);
     d_mask_timed_out_ = static_cast<uint64_t*>(device_address) + 8;
     d_mask_waited_ns_ = static_cast<uint64_t*>(device_address) + 9;
+    if (runner_config_.device_mask_read_pinned) {
+      LMSERVE_RETURN_IF_CUDA_ERROR(
+          cudaHostGetDevicePointer(&device_address, h_token_bitmask_.get(), 0),
+          "mapping the token bitmasks");
+      d_pinned_token_bitmask_ = static_cast<const uint32_t*>(device_address);
+    }
   }
   if (runner_config_.time_device_steps) {
     LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_start_event_), "cudaEventCreate");
@@ -1125,7 +1133,8 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
     // the tokens their bitmask clears; other rows (mask -1) pass at once.
     const kc::GatedTokenBitmaskParams mask{
         .logits = logits_.as<float>(),
-        .bitmask = token_bitmask_.as<uint32_t>(),
+        .bitmask = d_pinned_token_bitmask_ != nullptr ? d_pinned_token_bitmask_
+                                                      : token_bitmask_.as<uint32_t>(),
         .mask_index = In<int32_t>(l.mask_index) + first_row,
         .step = In<uint64_t>(l.mask_step),
         .release = d_mask_release_,
@@ -1284,11 +1293,13 @@ absl::Status CudaRunner::Finish() {
       std::memcpy(h_token_bitmask_.as<uint32_t>() + at, batch.token_bitmask.data() + at,
                   words * sizeof(uint32_t));
     }
-    cudaError_t copied =
-        cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
-                        static_cast<size_t>(seqs) * words * sizeof(uint32_t),
-                        cudaMemcpyHostToDevice, mask_stream_);
-    if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
+    cudaError_t copied = cudaSuccess;
+    if (d_pinned_token_bitmask_ == nullptr) {  // else the kernel reads the pinned rows
+      copied = cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
+                               static_cast<size_t>(seqs) * words * sizeof(uint32_t),
+                               cudaMemcpyHostToDevice, mask_stream_);
+      if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
+    }
     ReleaseMasks(/*abandoned=*/copied != cudaSuccess);
     ++num_masked_steps_;
     mask_upload_seconds_ +=

@@ -241,6 +241,9 @@ struct RunnerConfig {
   // word itself (the design before one poller a step: 64 rows' polls made the masking kernel take
   // ~70 us on an H100). For measurements against it only.
   bool device_mask_poll_per_row = false;
+  // CUDA runner, device_token_bitmask: the masking kernel reads the masks from their pinned
+  // staging over PCIe (no copy to the device while the forward pass runs). For measurements.
+  bool device_mask_read_pinned = false;
   // CUDA runner: time each step on the device (CUDA events around its work on the stream) into
   // RunnerStats::total_device_step_seconds. For benchmarks: two event records a step.
   bool time_device_steps = false;

@@ -54,13 +54,12 @@ __device__ __forceinline__ bool WaitForRelease(uint64_t want, const uint64_t* re
                                                uint64_t* waited) {
   const uint64_t start = GlobalTimerNs();
   uint64_t seen = LoadAcquireSystem(release);
-  uint64_t now = start;
   while ((seen & ~kTokenBitmaskAbandoned) < want &&
-         (now = GlobalTimerNs()) - start < static_cast<uint64_t>(timeout_ns)) {
+         GlobalTimerNs() - start < static_cast<uint64_t>(timeout_ns)) {
     __nanosleep(200);
     seen = LoadAcquireSystem(release);
   }
-  *waited = now - start;
+  *waited = GlobalTimerNs() - start;  // the first read's own latency included
   if ((seen & ~kTokenBitmaskAbandoned) < want) {
     StoreRelaxedSystem(timed_out, want);
     return false;

@@ -59,7 +59,8 @@ struct GatedTokenBitmaskParams {
                                            // host-mapped
   uint64_t* gate = nullptr;                // [1]: the wait's outcome for the masking; device
   // Optional ([1], host-mapped, or null): a masked step's wait writes how long it waited for the
-  // release, in ns of the GPU's clock (0 when the release came before it).
+  // release, in ns of the GPU's clock, from its first read of the release word (whose latency is
+  // included) to the read that saw the step.
   uint64_t* waited_ns = nullptr;
   // Every masked row's block polls the release itself (the former design; for measurements):
   // one launch, no gate; waited_ns is not written.

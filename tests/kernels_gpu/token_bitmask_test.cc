@@ -172,7 +172,8 @@ TEST(TokenBitmaskGpuTest, GatedMatchesCpuWithMasksWrittenAfterTheLaunch) {
   cudaStreamDestroy(stream);
 }
 
-// Released before the launch: the masks are applied and the wait says it took no time.
+// Released before the launch: the masks are applied, and the wait's time is written (one read of
+// the release word: far below the test's bound of a second).
 TEST(TokenBitmaskGpuTest, GatedReleasedBeforeTheLaunchDoesNotWait) {
   LMSERVE_REQUIRE_GPU();
   std::mt19937 rng(FreshSeed());
@@ -187,7 +188,8 @@ TEST(TokenBitmaskGpuTest, GatedReleasedBeforeTheLaunchDoesNotWait) {
   CUDA_ASSERT(Launch(c.params, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
   EXPECT_EQ(c.timed_out_step(), 0u);
-  EXPECT_EQ(c.waited_ns(), 0u);
+  EXPECT_NE(c.waited_ns(), 12345u);
+  EXPECT_LT(c.waited_ns(), 1000u * 1000u * 1000u);
   std::vector<float> expected = logits;
   for (int64_t r : {0, 2, 3}) {
     kernels::ApplyTokenBitmask(expected.data() + r * vocab, mask.data(), vocab);

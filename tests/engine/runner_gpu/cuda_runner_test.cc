@@ -525,9 +525,10 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
 // A masked decode step replays a CUDA graph (its draw waits on the device for masks written after
 // Launch) and draws the tokens of the eager path: a runner without graphs, given the same masks
 // from the start. float32, so that the two paths' logits agree to ~1e-6 and the draws at
-// temperature 1 with them. Both waits: one poller a step (the default) and every masked row's
-// block (device_mask_poll_per_row); the runner counts the masked steps and, with
-// time_device_steps, times every step on the device.
+// temperature 1 with them. Every design of the draw: one poller a step (the default), every masked
+// row's block polling (device_mask_poll_per_row), the masks read from pinned memory
+// (device_mask_read_pinned); the runner counts the masked steps and, with time_device_steps,
+// times every step on the device.
 TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
@@ -536,10 +537,12 @@ TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
   const int64_t words = (vocab + 31) / 32;
   const std::vector<int32_t> allowed = {3, 40, 41, 500, static_cast<int32_t>(vocab - 1)};
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
-  for (const bool per_row : {false, true}) {
-    SCOPED_TRACE(::testing::Message() << "poll per row " << per_row);
+  for (const auto [per_row, pinned] : {std::pair{false, false}, std::pair{true, false},
+                                       std::pair{false, true}}) {
+    SCOPED_TRACE(::testing::Message() << "poll per row " << per_row << " pinned " << pinned);
     RunnerConfig graphed_config = CudaConfig(true, RunnerDType::kFloat32);
     graphed_config.device_mask_poll_per_row = per_row;
+    graphed_config.device_mask_read_pinned = pinned;
     graphed_config.time_device_steps = true;
     auto graphed = MakeRunner(**checkpoint, graphed_config);
     auto eager = MakeRunner(**checkpoint, CudaConfig(false, RunnerDType::kFloat32));
