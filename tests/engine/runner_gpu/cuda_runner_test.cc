@@ -537,8 +537,8 @@ TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
   const int64_t words = (vocab + 31) / 32;
   const std::vector<int32_t> allowed = {3, 40, 41, 500, static_cast<int32_t>(vocab - 1)};
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
-  for (const auto [per_row, pinned] : {std::pair{false, false}, std::pair{true, false},
-                                       std::pair{false, true}}) {
+  for (const auto& [per_row, pinned] : {std::pair{false, false}, std::pair{true, false},
+                                        std::pair{false, true}}) {
     SCOPED_TRACE(::testing::Message() << "poll per row " << per_row << " pinned " << pinned);
     RunnerConfig graphed_config = CudaConfig(true, RunnerDType::kFloat32);
     graphed_config.device_mask_poll_per_row = per_row;
