@@ -273,6 +273,7 @@ bool EngineCore::Step() {
   // it); the masked draw waits for them (Finish). Serially, they come before the launch.
   if (!config_.overlap_structured_masks) ComputeMasks();
   const double launch_start = clock_->NowSeconds();
+  stats_.total_prepare_seconds += launch_start - start;
   absl::Status status = runner_->Launch(batch_, &step_output_);
   stats_.total_launch_seconds += clock_->NowSeconds() - launch_start;
   if (status.ok()) {
@@ -302,6 +303,7 @@ bool EngineCore::Step() {
   }
   if (status.ok()) MeasureStep(plan, prefill_budget, now - start);  // before the reap
   ReapFinishedRequests();
+  stats_.total_process_seconds += clock_->NowSeconds() - now;
 
   ++stats_.num_steps;
   stats_.last_step_seconds = now - start;

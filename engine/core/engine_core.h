@@ -109,6 +109,12 @@ struct EngineStats {
   // waits for the step's end.
   double total_launch_seconds = 0.0;
   double total_finish_seconds = 0.0;
+  // The host's work of a step before its launch (scheduling, the batch; the masks too where they
+  // are not overlapped) and after its Finish (each sequence's token: grammars advanced, outputs
+  // emitted; finished requests reaped): the wall time in which the GPU has nothing of this engine
+  // to run.
+  double total_prepare_seconds = 0.0;
+  double total_process_seconds = 0.0;
 };
 
 // Whether the runner's own sampler (LogitsMode::kSample) can pick this sequence's next token

@@ -308,16 +308,24 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
   // device_token_bitmask only: the step's masks, [max_seqs, ceil(vocab / 32)] uint32, on the
   // device and their pinned staging (Finish copies them on mask_stream_ and waits, then releases
-  // them); the release word (at byte 0) and the timed-out word (at byte 64, its own cache line),
-  // pinned, which the gated token bitmask reads and writes by their device addresses (d_*).
+  // them); the release word (at byte 0) and the timed-out and waited words (at bytes 64 and 72,
+  // their own cache line), pinned, which the gated token bitmask reads and writes by their device
+  // addresses (d_*); the wait's outcome for the masking kernel (mask_gate_, device memory).
   CudaBuffer token_bitmask_;
+  CudaBuffer mask_gate_;  // [1] uint64: the gated token bitmask's wait outcome
   CudaBuffer h_token_bitmask_;
   CudaBuffer h_mask_sync_;
   cudaStream_t mask_stream_ = nullptr;
   const uint64_t* d_mask_release_ = nullptr;
   uint64_t* d_mask_timed_out_ = nullptr;
+  const uint32_t* d_pinned_token_bitmask_ = nullptr;  // device_mask_read_pinned: the staging's
+                                                      // device address
+  // Byte 72, beside the timed-out word: how long the last masked step's draw waited (ns; every
+  // masked step's draw writes it, after the release or at its timeout).
+  uint64_t* d_mask_waited_ns_ = nullptr;
   uint64_t* mask_release() const { return h_mask_sync_.as<uint64_t>(); }
   const uint64_t* mask_timed_out() const { return h_mask_sync_.at<const uint64_t>(64); }
+  const uint64_t* mask_waited_ns() const { return h_mask_sync_.at<const uint64_t>(72); }
   uint64_t mask_step_ = 0;      // the last masked step's number (released in order: 1, 2, ...)
   bool masks_pending_ = false;  // a masked step is launched and its masks not yet released
   CudaBuffer decode_workspace_;
@@ -341,6 +349,15 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   float logit_softcap_ = 0;                  // and its soft-cap
   double startup_seconds_ = 0;
   int64_t num_graph_replays_ = 0;  // RunnerStats::num_graph_replays
+  // RunnerStats' structured-output and device-time counters.
+  int64_t num_masked_steps_ = 0;
+  double mask_upload_seconds_ = 0.0;
+  double mask_wait_seconds_ = 0.0;
+  // time_device_steps: events around the launched step's work on stream_.
+  cudaEvent_t step_start_event_ = nullptr;
+  cudaEvent_t step_end_event_ = nullptr;
+  int64_t num_timed_device_steps_ = 0;
+  double device_step_seconds_ = 0.0;
 };
 
 CudaRunner::CudaRunner(std::unique_ptr<const ModelDescription> model,
@@ -371,6 +388,8 @@ CudaRunner::~CudaRunner() {
   blas_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (mask_stream_ != nullptr) cudaStreamDestroy(mask_stream_);
+  if (step_start_event_ != nullptr) cudaEventDestroy(step_start_event_);
+  if (step_end_event_ != nullptr) cudaEventDestroy(step_end_event_);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
@@ -668,6 +687,7 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   if (runner_config_.device_token_bitmask) {
     const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
     LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
+    LMSERVE_ASSIGN_OR_RETURN(mask_gate_, CudaBuffer::Device(16, "the token bitmasks' gate"));
     LMSERVE_ASSIGN_OR_RETURN(h_token_bitmask_, CudaBuffer::Pinned(mask_bytes, "token bitmasks"));
     LMSERVE_ASSIGN_OR_RETURN(h_mask_sync_, CudaBuffer::Pinned(128, "the token bitmasks' release"));
     std::memset(h_mask_sync_.get(), 0, 128);
@@ -679,6 +699,17 @@ absl::Status CudaRunner::AllocateWorkspaces() {
                                  "mapping the token bitmasks' release");
     d_mask_release_ = static_cast<const uint64_t*>(device_address);
     d_mask_timed_out_ = static_cast<uint64_t*>(device_address) + 8;
+    d_mask_waited_ns_ = static_cast<uint64_t*>(device_address) + 9;
+    if (runner_config_.device_mask_read_pinned) {
+      LMSERVE_RETURN_IF_CUDA_ERROR(
+          cudaHostGetDevicePointer(&device_address, h_token_bitmask_.get(), 0),
+          "mapping the token bitmasks");
+      d_pinned_token_bitmask_ = static_cast<const uint32_t*>(device_address);
+    }
+  }
+  if (runner_config_.time_device_steps) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_start_event_), "cudaEventCreate");
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_end_event_), "cudaEventCreate");
   }
 
   // Inputs: every table at most ceil(max position / block size) blocks long, one per group.
@@ -1286,11 +1317,15 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool ma
     // the tokens their bitmask clears; other rows (mask -1) pass at once.
     const kc::GatedTokenBitmaskParams mask{
         .logits = logits_.as<float>(),
-        .bitmask = token_bitmask_.as<uint32_t>(),
+        .bitmask = d_pinned_token_bitmask_ != nullptr ? d_pinned_token_bitmask_
+                                                      : token_bitmask_.as<uint32_t>(),
         .mask_index = In<int32_t>(l.mask_index) + first_row,
         .step = In<uint64_t>(l.mask_step),
         .release = d_mask_release_,
         .timed_out = d_mask_timed_out_,
+        .gate = mask_gate_.as<uint64_t>(),
+        .waited_ns = d_mask_waited_ns_,
+        .poll_per_row = runner_config_.device_mask_poll_per_row,
         .num_rows = num_rows,
         .vocab_size = config_.vocab_size,
         .timeout_ns = static_cast<int64_t>(runner_config_.device_mask_wait_seconds * 1e9)};
@@ -1384,7 +1419,13 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const int64_t step_tokens = decode_only ? padded : tokens;
-  absl::Status status = inputs_.Upload(layout_, stream_);
+  absl::Status status;
+  if (step_start_event_ != nullptr) {
+    if (const cudaError_t e = cudaEventRecord(step_start_event_, stream_); e != cudaSuccess) {
+      status = cuda::CudaError(e, "timing the step");
+    }
+  }
+  if (status.ok()) status = inputs_.Upload(layout_, stream_);
   bool rows_are_tokens = num_rows == step_tokens;
   for (int64_t r = 0; rows_are_tokens && r < num_rows; ++r) rows_are_tokens = rows[r].token == r;
   const Step step{.layout = &layout_,
@@ -1430,6 +1471,7 @@ absl::Status CudaRunner::Finish() {
     // previous step's draw has finished reading them: its Finish waited for the stream. (The
     // draw's kernel could read the pinned rows itself, but 64 rows of 6 KB read over PCIe from
     // the kernel cost the step more than this copy does.)
+    const auto upload_start = std::chrono::steady_clock::now();
     const size_t words = static_cast<size_t>((config_.vocab_size + 31) / 32);
     for (const cuda::LogitsRow& row : rows) {
       if (!row.sampled || !batch.sampling[row.seq].masked) continue;
@@ -1437,12 +1479,17 @@ absl::Status CudaRunner::Finish() {
       std::memcpy(h_token_bitmask_.as<uint32_t>() + at, batch.token_bitmask.data() + at,
                   words * sizeof(uint32_t));
     }
-    cudaError_t copied =
-        cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
-                        static_cast<size_t>(seqs) * words * sizeof(uint32_t),
-                        cudaMemcpyHostToDevice, mask_stream_);
-    if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
+    cudaError_t copied = cudaSuccess;
+    if (d_pinned_token_bitmask_ == nullptr) {  // else the kernel reads the pinned rows
+      copied = cudaMemcpyAsync(token_bitmask_.get(), h_token_bitmask_.get(),
+                               static_cast<size_t>(seqs) * words * sizeof(uint32_t),
+                               cudaMemcpyHostToDevice, mask_stream_);
+      if (copied == cudaSuccess) copied = cudaStreamSynchronize(mask_stream_);
+    }
     ReleaseMasks(/*abandoned=*/copied != cudaSuccess);
+    ++num_masked_steps_;
+    mask_upload_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - upload_start).count();
     LMSERVE_RETURN_IF_CUDA_ERROR(copied, "copying the token bitmasks");
   }
   if (seqs == 0) return absl::OkStatus();
@@ -1488,7 +1535,20 @@ absl::Status CudaRunner::Finish() {
       r = end;
     }
   }
+  if (step_end_event_ != nullptr) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventRecord(step_end_event_, stream_), "timing the step");
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "running the step");
+  if (step_end_event_ != nullptr) {
+    float ms = 0.0f;
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, step_start_event_, step_end_event_),
+                                 "timing the step");
+    ++num_timed_device_steps_;
+    device_step_seconds_ += 1e-3 * ms;
+  }
+  if (masked && !runner_config_.device_mask_poll_per_row) {
+    mask_wait_seconds_ += 1e-9 * static_cast<double>(kc::TokenBitmaskWaitedNs(mask_waited_ns()));
+  }
   if (masked && kc::TokenBitmaskTimedOutStep(mask_timed_out()) == mask_step_) {
     return absl::DeadlineExceededError(StrCat(
         "CUDA runner: the step's draw waited ", runner_config_.device_mask_wait_seconds,
@@ -1575,6 +1635,11 @@ RunnerStats CudaRunner::stats() const {
   s.startup_seconds = startup_seconds_;
   s.num_cuda_graphs = graphs_.size();
   s.num_graph_replays = num_graph_replays_;
+  s.num_masked_steps = num_masked_steps_;
+  s.total_mask_upload_seconds = mask_upload_seconds_;
+  s.total_mask_wait_seconds = mask_wait_seconds_;
+  s.num_timed_device_steps = num_timed_device_steps_;
+  s.total_device_step_seconds = device_step_seconds_;
   s.device_name = device_name_;
   s.cuda_kernels = cuda_kernels_;
   return s;

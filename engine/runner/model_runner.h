@@ -267,6 +267,16 @@ struct RunnerConfig {
   // unmasked and the step fails (DeadlineExceeded). A bound, so that a host that never finishes
   // a step cannot hang the GPU; far above any step's mask time.
   double device_mask_wait_seconds = 10.0;
+  // CUDA runner, device_token_bitmask: every masked row's block polls the host-mapped release
+  // word itself (the design before one poller a step: 64 rows' polls made the masking kernel take
+  // ~70 us on an H100). For measurements against it only.
+  bool device_mask_poll_per_row = false;
+  // CUDA runner, device_token_bitmask: the masking kernel reads the masks from their pinned
+  // staging over PCIe (no copy to the device while the forward pass runs). For measurements.
+  bool device_mask_read_pinned = false;
+  // CUDA runner: time each step on the device (CUDA events around its work on the stream) into
+  // RunnerStats::total_device_step_seconds. For benchmarks: two event records a step.
+  bool time_device_steps = false;
   int32_t device = 0;                   // CUDA device ordinal
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
   // CUDA runner in bf16: hold the residual stream in fp32 (the embeddings, every residual add,
@@ -333,6 +343,17 @@ struct RunnerStats {
   // CUDA: the kernels' path as resolved on the device ("Hopper kernels (sm_90 code)",
   // "portable kernels (sm_80 code)"); empty on the CPU.
   std::string cuda_kernels;
+  // CUDA runner, structured output on the device (device_token_bitmask): steps with masked rows,
+  // the host's time in Finish uploading their masks (copy into pinned memory, the copy to the
+  // device, waited for, then the release), and the device's time waiting for the release (the
+  // draw's poll, from the GPU's clock: > 0 when the host's masks came after the forward pass).
+  int64_t num_masked_steps = 0;
+  double total_mask_upload_seconds = 0;
+  double total_mask_wait_seconds = 0;
+  // time_device_steps: the steps' device time (from the first kernel enqueued to the last copy
+  // back) and how many steps were timed.
+  int64_t num_timed_device_steps = 0;
+  double total_device_step_seconds = 0;
 };
 
 class ModelRunner {

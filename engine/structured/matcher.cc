@@ -138,8 +138,17 @@ int32_t CompiledGrammar::InternState(const State& state) {
     row.fill(kUnknown);
     dfa_next_.push_back(row);
     dfa_accept_only_.push_back(state.size() == 1 && state[0] == kAccept);
+    dfa_mask_.push_back(nullptr);
   }
   return it->second;
+}
+
+int32_t CompiledGrammar::Resolve(const State& state, DfaRef ref) {
+  if (ref.id >= 0 && ref.generation == dfa_generation_ &&
+      static_cast<size_t>(ref.id) < dfa_states_.size()) {
+    return ref.id;
+  }
+  return InternState(state);
 }
 
 int32_t CompiledGrammar::DfaStep(int32_t dstate, uint8_t byte, bool* failed) {
@@ -162,7 +171,9 @@ void CompiledGrammar::ResetDfaIfFull() {
   dfa_states_.clear();
   dfa_next_.clear();
   dfa_accept_only_.clear();
+  dfa_mask_.clear();
   dfa_ids_.clear();
+  ++dfa_generation_;
 }
 
 void CompiledGrammar::Advance(const State& state, uint8_t byte, State* out, bool* failed) {
@@ -170,34 +181,44 @@ void CompiledGrammar::Advance(const State& state, uint8_t byte, State* out, bool
   AdvanceLocked(state, byte, out, failed);
 }
 
-void CompiledGrammar::AdvanceBytes(const State& state, std::string_view bytes, State* out,
-                                   bool* failed) {
+CompiledGrammar::DfaRef CompiledGrammar::AdvanceBytes(const State& state, DfaRef ref,
+                                                      std::string_view bytes, State* out,
+                                                      bool* failed) {
   absl::MutexLock lock(&mu_);
   out->clear();
-  if (state.empty()) return;
+  if (state.empty()) return {};
   ResetDfaIfFull();
-  int32_t dstate = InternState(state);
+  int32_t dstate = Resolve(state, ref);
   for (char c : bytes) {
     dstate = DfaStep(dstate, static_cast<uint8_t>(c), failed);
-    if (dstate == kDead) return;
+    if (dstate == kDead) return {};
   }
   *out = dfa_states_[static_cast<size_t>(dstate)];
+  return {.id = dstate, .generation = dfa_generation_};
 }
 
-void CompiledGrammar::FillMask(const State& state, std::span<uint32_t> mask, bool* failed) {
+void CompiledGrammar::FillMask(const State& state, DfaRef* ref, std::span<uint32_t> mask,
+                               bool* failed) {
   absl::MutexLock lock(&mu_);
+  ResetDfaIfFull();
+  const int32_t start = Resolve(state, *ref);
+  *ref = {.id = start, .generation = dfa_generation_};
+  if (const uint32_t* cached = dfa_mask_[static_cast<size_t>(start)]; cached != nullptr) {
+    std::memcpy(mask.data(), cached, mask.size_bytes());
+    return;
+  }
   std::string key = StateKey(state);
   if (auto it = mask_cache_.find(key); it != mask_cache_.end()) {
     std::memcpy(mask.data(), it->second.data(), mask.size_bytes());
+    dfa_mask_[static_cast<size_t>(start)] = it->second.data();
     return;
   }
   ++num_mask_walks_;
   std::fill(mask.begin(), mask.end(), 0u);
   const std::vector<TokenTrie::Node>& nodes = trie_->nodes();
   const std::vector<int32_t>& tokens = trie_->node_tokens();
-  ResetDfaIfFull();
   walk_states_.resize(static_cast<size_t>(trie_->max_depth()) + 1);
-  walk_states_[0] = InternState(state);
+  walk_states_[0] = start;
   const auto num_nodes = static_cast<int32_t>(nodes.size());
   for (int32_t i = 1; i < num_nodes;) {
     const TokenTrie::Node& node = nodes[i];
@@ -225,8 +246,13 @@ void CompiledGrammar::FillMask(const State& state, std::span<uint32_t> mask, boo
       if (eos >= 0 && eos < trie_->vocab_size()) mask[eos >> 5] |= uint32_t{1} << (eos & 31);
     }
   }
-  if (mask_cache_.size() >= kMaxCachedMasks) mask_cache_.clear();
-  mask_cache_.emplace(std::move(key), std::vector<uint32_t>(mask.begin(), mask.end()));
+  if (mask_cache_.size() >= kMaxCachedMasks) {
+    mask_cache_.clear();
+    std::fill(dfa_mask_.begin(), dfa_mask_.end(), nullptr);
+  }
+  const auto it =
+      mask_cache_.emplace(std::move(key), std::vector<uint32_t>(mask.begin(), mask.end())).first;
+  dfa_mask_[static_cast<size_t>(start)] = it->second.data();
 }
 
 int64_t CompiledGrammar::num_pool_nodes() {
@@ -247,9 +273,11 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar)
 bool GrammarMatcher::AcceptBytes(std::string_view bytes) {
   if (ended_ || failed_) return false;
   if (bytes.empty()) return true;
-  grammar_->AdvanceBytes(state_, bytes, &scratch_, &failed_);
+  const CompiledGrammar::DfaRef next = grammar_->AdvanceBytes(state_, dfa_, bytes, &scratch_,
+                                                              &failed_);
   if (failed_ || scratch_.empty()) return false;
   std::swap(state_, scratch_);
+  dfa_ = next;
   return true;
 }
 
@@ -271,7 +299,7 @@ void GrammarMatcher::FillMask(std::span<uint32_t> mask) {
     std::fill(mask.begin(), mask.end(), 0u);
     return;
   }
-  grammar_->FillMask(state_, mask, &failed_);
+  grammar_->FillMask(state_, &dfa_, mask, &failed_);
 }
 
 bool GrammarMatcher::CanEnd() const { return !state_.empty() && state_[0] == kAccept; }

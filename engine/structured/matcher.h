@@ -62,15 +62,33 @@ class CompiledGrammar {
   const TokenTrie& trie() const { return *trie_; }
   const std::string& description() const { return description_; }
 
+  // A state's id in the lazy DFA, as a matcher keeps it beside the state so that its next
+  // advance and mask skip the state's lookup (hashing it): valid while `generation` is the DFA's
+  // (the tables restart when full); id < 0: none.
+  struct DfaRef {
+    int32_t id = -1;
+    uint64_t generation = 0;
+  };
+
   // The state before any byte. Empty when the pool bound is exceeded.
   State Initial();
   // The state after `byte`; empty when the byte is not allowed (or a bound is exceeded: `failed`).
   void Advance(const State& state, uint8_t byte, State* out, bool* failed);
   // The state after `bytes` (a token's), through the lazy DFA that the mask walks fill, under one
   // lock: a token the last mask allowed costs a table read per byte. Empty as Advance.
-  void AdvanceBytes(const State& state, std::string_view bytes, State* out, bool* failed);
+  // `ref`: the state's DfaRef, if known; returns out's (none when out is empty).
+  DfaRef AdvanceBytes(const State& state, DfaRef ref, std::string_view bytes, State* out,
+                      bool* failed);
+  void AdvanceBytes(const State& state, std::string_view bytes, State* out, bool* failed) {
+    AdvanceBytes(state, DfaRef{}, bytes, out, failed);
+  }
   // Fills `mask` ([trie().mask_words()] words; bit t of word t / 32 for token t) for `state`.
-  void FillMask(const State& state, std::span<uint32_t> mask, bool* failed);
+  // `ref`: the state's DfaRef, if known; updated to it.
+  void FillMask(const State& state, DfaRef* ref, std::span<uint32_t> mask, bool* failed);
+  void FillMask(const State& state, std::span<uint32_t> mask, bool* failed) {
+    DfaRef ref;
+    FillMask(state, &ref, mask, failed);
+  }
 
   // Work counters, for tests and benchmarks.
   int64_t num_pool_nodes();
@@ -95,6 +113,8 @@ class CompiledGrammar {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lazy DFA: the id of `state`, and the id after a byte (kDead: none).
   int32_t InternState(const State& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `state`'s id: ref's where it is of this generation, else interned.
+  int32_t Resolve(const State& state, DfaRef ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t DfaStep(int32_t dstate, uint8_t byte, bool* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the DFA's tables when they hold more than kMaxDfaStates states.
   void ResetDfaIfFull() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -115,6 +135,10 @@ class CompiledGrammar {
   std::vector<State> dfa_states_ ABSL_GUARDED_BY(mu_);
   std::vector<std::array<int32_t, 256>> dfa_next_ ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t> dfa_accept_only_ ABSL_GUARDED_BY(mu_);  // the state is {kAccept}
+  // Per DFA state, its mask in mask_cache_ (a vector's data, stable until the cache is cleared),
+  // or null: a cached mask found without hashing the state.
+  std::vector<const uint32_t*> dfa_mask_ ABSL_GUARDED_BY(mu_);
+  uint64_t dfa_generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when the tables restart
   absl::flat_hash_map<std::string, int32_t> dfa_ids_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> walk_states_ ABSL_GUARDED_BY(mu_);  // DFA state per trie depth
   State scratch_state_ ABSL_GUARDED_BY(mu_);
@@ -143,6 +167,7 @@ class GrammarMatcher {
  private:
   std::shared_ptr<CompiledGrammar> grammar_;
   State state_;
+  CompiledGrammar::DfaRef dfa_;  // state_'s, where known
   State scratch_;
   bool ended_ = false;
   bool failed_ = false;

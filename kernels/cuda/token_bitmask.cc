@@ -38,7 +38,8 @@ absl::Status GatedTokenBitmaskParams::Validate() const {
   }
   if (num_rows > 0 && vocab_size > 0 &&
       (logits == nullptr || bitmask == nullptr || mask_index == nullptr || step == nullptr ||
-       release == nullptr || timed_out == nullptr)) {
+       release == nullptr || timed_out == nullptr ||
+       (!poll_per_row && gate == nullptr))) {
     return KernelError("GatedTokenBitmask", "null pointer");
   }
   return absl::OkStatus();
@@ -53,6 +54,10 @@ void ReleaseTokenBitmasks(uint64_t* release, uint64_t step, bool abandoned) {
 
 uint64_t TokenBitmaskTimedOutStep(const uint64_t* timed_out) {
   return std::atomic_ref<const uint64_t>(*timed_out).load(std::memory_order_acquire);
+}
+
+uint64_t TokenBitmaskWaitedNs(const uint64_t* waited_ns) {
+  return std::atomic_ref<const uint64_t>(*waited_ns).load(std::memory_order_acquire);
 }
 
 }  // namespace lmserve::kernels::cuda

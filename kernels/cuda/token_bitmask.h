@@ -9,14 +9,15 @@
 // GatedTokenBitmaskParams: the same masking where the masks come after the launch. The host
 // writes them (into device memory by a copy it has waited for, or into pinned, host-mapped
 // memory) while the kernels before this one run, then releases the step by storing its number
-// into a host-mapped word (ReleaseTokenBitmasks). Each masked row's block waits on the device
-// until the release reaches the step's number, then reads its mask (ld.global.cv: never a stale
-// cached line) and applies it; a row without a mask neither waits nor reads, so a
-// step with no masked row costs one launch whose blocks return at once. That lets a CUDA graph
-// hold the draw of every decode step, masked or not. The wait is bounded: after timeout_ns
-// without the release the block gives up, leaves its row unmasked and writes the step's number to
-// *timed_out (host-mapped), which the host checks after the step to fail it. A release with
-// kTokenBitmaskAbandoned set ends the wait without masking (the host has given the step up).
+// into a host-mapped word (ReleaseTokenBitmasks). One thread on the device waits until the
+// release reaches the step's number and passes the outcome on through device memory; then each
+// masked row's block reads its mask (ld.global.cv: never a stale cached line) and applies it. A
+// row without a mask neither waits nor reads, so a step with no masked row costs two launches
+// that return at once. That lets a CUDA graph hold the draw of every decode step, masked or not.
+// The wait is bounded: after timeout_ns without the release the wait gives up, the rows are left
+// unmasked and the step's number is written to *timed_out (host-mapped), which the host checks
+// after the step to fail it. A release with kTokenBitmaskAbandoned set ends the wait without
+// masking (the host has given the step up).
 
 #ifndef LMSERVE_KERNELS_CUDA_TOKEN_BITMASK_H_
 #define LMSERVE_KERNELS_CUDA_TOKEN_BITMASK_H_
@@ -56,6 +57,14 @@ struct GatedTokenBitmaskParams {
                                            // host-mapped, written by the host only
   uint64_t* timed_out = nullptr;           // [1]: set to the step number when a wait times out;
                                            // host-mapped
+  uint64_t* gate = nullptr;                // [1]: the wait's outcome for the masking; device
+  // Optional ([1], host-mapped, or null): a masked step's wait writes how long it waited for the
+  // release, in ns of the GPU's clock, from its first read of the release word (whose latency is
+  // included) to the read that saw the step.
+  uint64_t* waited_ns = nullptr;
+  // Every masked row's block polls the release itself (the former design; for measurements):
+  // one launch, no gate; waited_ns is not written.
+  bool poll_per_row = false;
   int64_t num_rows = 0;
   int64_t vocab_size = 0;
   int64_t logits_stride = 0;  // 0 means vocab_size
@@ -64,8 +73,12 @@ struct GatedTokenBitmaskParams {
   absl::Status Validate() const;
 };
 
-// One block a row (at most 2^31 - 1 rows). Plain launch (no programmatic dependent
-// launch): it starts after the kernels before it have completed.
+// Two plain launches (no programmatic dependent launch: each starts after the kernels before it
+// have completed): one thread polls the release for the whole step and writes the outcome to
+// *gate (every masked row's block polling the host-mapped word at once made the masking take
+// ~70 us on an H100: reads of one host line completing one after another); then one block a row
+// (at most 2^31 - 1 rows) masks where the gate says so. A step without masked rows neither polls
+// nor writes.
 cudaError_t Launch(const GatedTokenBitmaskParams& params, cudaStream_t stream);
 
 // The host's side: stores `step` (| kTokenBitmaskAbandoned when `abandoned`) into `release` (the
@@ -74,6 +87,8 @@ cudaError_t Launch(const GatedTokenBitmaskParams& params, cudaStream_t stream);
 void ReleaseTokenBitmasks(uint64_t* release, uint64_t step, bool abandoned);
 // The host's read of GatedTokenBitmaskParams::timed_out (its host address), after the step.
 uint64_t TokenBitmaskTimedOutStep(const uint64_t* timed_out);
+// The host's read of GatedTokenBitmaskParams::waited_ns (its host address), after the step.
+uint64_t TokenBitmaskWaitedNs(const uint64_t* waited_ns);
 
 }  // namespace lmserve::kernels::cuda
 

@@ -525,42 +525,61 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
 // A masked decode step replays a CUDA graph (its draw waits on the device for masks written after
 // Launch) and draws the tokens of the eager path: a runner without graphs, given the same masks
 // from the start. float32, so that the two paths' logits agree to ~1e-6 and the draws at
-// temperature 1 with them.
+// temperature 1 with them. Every design of the draw: one poller a step (the default), every masked
+// row's block polling (device_mask_poll_per_row), the masks read from pinned memory
+// (device_mask_read_pinned); the runner counts the masked steps and, with time_device_steps,
+// times every step on the device.
 TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  auto graphed = MakeRunner(**checkpoint, CudaConfig(true, RunnerDType::kFloat32));
-  auto eager = MakeRunner(**checkpoint, CudaConfig(false, RunnerDType::kFloat32));
-  ASSERT_NE(graphed, nullptr);
-  ASSERT_NE(eager, nullptr);
-  ASSERT_GT(graphed->stats().num_cuda_graphs, 0);
   const int64_t vocab = (*checkpoint)->config().vocab_size;
   const int64_t words = (vocab + 31) / 32;
   const std::vector<int32_t> allowed = {3, 40, 41, 500, static_cast<int32_t>(vocab - 1)};
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
-    StepOutput ignored;
-    ASSERT_TRUE(graphed->Execute(MaskingPrefill(prompt), &ignored).ok());
-    ASSERT_TRUE(eager->Execute(MaskingPrefill(prompt), &ignored).ok());
-    StepBatch batch = MaskingStep(prompt, /*decode=*/true, seed, /*masked=*/true, words);
-    testing::AllowOnly(&batch, kMaskedRows, allowed);
-    StepOutput expected, replayed;
-    ASSERT_TRUE(eager->Execute(batch, &expected).ok());
-    const int64_t replays = graphed->stats().num_graph_replays;
-    testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
-    ASSERT_TRUE(graphed->Launch(batch, &replayed).ok());
-    testing::AllowOnly(&batch, kMaskedRows, allowed);  // the host's masks, after the launch
-    absl::Status status = graphed->Finish();
-    ASSERT_TRUE(status.ok()) << status;
-    EXPECT_EQ(graphed->stats().num_graph_replays, replays + 1) << "seed " << seed;
-    EXPECT_EQ(eager->stats().num_graph_replays, 0);
-    EXPECT_EQ(replayed.sampled_tokens, expected.sampled_tokens) << "seed " << seed;
-    for (int s : {0, 2}) {
-      EXPECT_NE(std::find(allowed.begin(), allowed.end(), replayed.sampled_tokens[s]),
-                allowed.end())
-          << "seed " << seed << " row " << s;
+  for (const auto& [per_row, pinned] : {std::pair{false, false}, std::pair{true, false},
+                                        std::pair{false, true}}) {
+    SCOPED_TRACE(::testing::Message() << "poll per row " << per_row << " pinned " << pinned);
+    RunnerConfig graphed_config = CudaConfig(true, RunnerDType::kFloat32);
+    graphed_config.device_mask_poll_per_row = per_row;
+    graphed_config.device_mask_read_pinned = pinned;
+    graphed_config.time_device_steps = true;
+    auto graphed = MakeRunner(**checkpoint, graphed_config);
+    auto eager = MakeRunner(**checkpoint, CudaConfig(false, RunnerDType::kFloat32));
+    ASSERT_NE(graphed, nullptr);
+    ASSERT_NE(eager, nullptr);
+    ASSERT_GT(graphed->stats().num_cuda_graphs, 0);
+    int64_t steps = 0;
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      StepOutput ignored;
+      ASSERT_TRUE(graphed->Execute(MaskingPrefill(prompt), &ignored).ok());
+      ASSERT_TRUE(eager->Execute(MaskingPrefill(prompt), &ignored).ok());
+      StepBatch batch = MaskingStep(prompt, /*decode=*/true, seed, /*masked=*/true, words);
+      testing::AllowOnly(&batch, kMaskedRows, allowed);
+      StepOutput expected, replayed;
+      ASSERT_TRUE(eager->Execute(batch, &expected).ok());
+      const int64_t replays = graphed->stats().num_graph_replays;
+      testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
+      ASSERT_TRUE(graphed->Launch(batch, &replayed).ok());
+      testing::AllowOnly(&batch, kMaskedRows, allowed);  // the host's masks, after the launch
+      absl::Status status = graphed->Finish();
+      ASSERT_TRUE(status.ok()) << status;
+      steps += 2;
+      EXPECT_EQ(graphed->stats().num_graph_replays, replays + 1) << "seed " << seed;
+      EXPECT_EQ(eager->stats().num_graph_replays, 0);
+      EXPECT_EQ(replayed.sampled_tokens, expected.sampled_tokens) << "seed " << seed;
+      for (int s : {0, 2}) {
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), replayed.sampled_tokens[s]),
+                  allowed.end())
+            << "seed " << seed << " row " << s;
+      }
     }
+    const RunnerStats stats = graphed->stats();
+    EXPECT_EQ(stats.num_masked_steps, 6);
+    EXPECT_EQ(stats.num_timed_device_steps, steps);
+    EXPECT_GT(stats.total_device_step_seconds, 0.0);
+    EXPECT_GE(stats.total_mask_wait_seconds, 0.0);
+    EXPECT_EQ(eager->stats().num_timed_device_steps, 0);  // not asked to
   }
 }
 
