@@ -75,8 +75,7 @@ class Team {
 
  private:
   static constexpr uint64_t kGenerationMask = (uint64_t{1} << 24) - 1;
-  static constexpr uint64_t kFieldMask =
-      (uint64_t{1} << 20) - 1;  // ranges (Run's callers bound them)
+  static constexpr uint64_t kFieldMask = (uint64_t{1} << 20) - 1;  // ranges (Run's callers bound them)
 
   void Publish(uint64_t state) {
     state_.store(state);  // seq_cst: ordered before the load of sleepers_ (Work's mirror image)
