@@ -358,7 +358,10 @@ struct SsdShape {
   static constexpr int kBytes = kDtOff + kSsdChunk * 4;
   static constexpr int kYTiles = kP / 2 / 8;  // n-tiles of 8 columns a warp's Y holds
   static constexpr int kRowBlocks = kP / 16;  // of the state
-  static constexpr int kParts = kSsdWarps / kRowBlocks;
+  // Warps a row block of the state is split over (by columns, 16 at least); the warps past
+  // kRowBlocks * kParts hold none of it (small states).
+  static constexpr int kParts =
+      kSsdWarps / kRowBlocks < kN / 16 ? kSsdWarps / kRowBlocks : kN / 16;
   static constexpr int kSTiles = kN / kParts / 8;  // n-tiles a warp's state holds
   static_assert(kP % 32 == 0 && kSsdWarps % kRowBlocks == 0 && kSTiles % 2 == 0 && kN % 16 == 0);
 };
@@ -394,8 +397,9 @@ __global__ void __launch_bounds__(kSsdThreads, 2) SsdScanKernel(ScanArgs<T> a) {
   // The state: warp's rows sp0 + fr (+ 8), columns sn0 + 8 j + fc (+ 1).
   const int sp0 = (warp % Shape::kRowBlocks) * 16;
   const int sn0 = (warp / Shape::kRowBlocks) * (kN / Shape::kParts);
+  const bool s_owner = warp < Shape::kRowBlocks * Shape::kParts;
   float st[Shape::kSTiles][4];
-  const bool fresh = ctx == len;
+  const bool fresh = ctx == len || !s_owner;
 #pragma unroll
   for (int j = 0; j < Shape::kSTiles; ++j) {
 #pragma unroll
@@ -408,6 +412,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) SsdScanKernel(ScanArgs<T> a) {
     }
   }
   auto store_state_copy = [&] {
+    if (!s_owner) return;
 #pragma unroll
     for (int j = 0; j < Shape::kSTiles; ++j) {
 #pragma unroll
@@ -551,7 +556,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) SsdScanKernel(ScanArgs<T> a) {
         }
       }
     }
-    {
+    if (s_owner) {
       // S = exp(cum_last) S + (X o w)^T B.
       const float cum_last = cums[kQ - 1];
       const float decay = __expf(cum_last);
@@ -591,6 +596,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) SsdScanKernel(ScanArgs<T> a) {
     __syncthreads();  // every warp is done with the chunk's buffers and the state copy
     if (c0 + kQ < len) store_state_copy();
   }
+  if (!s_owner) return;
 #pragma unroll
   for (int j = 0; j < Shape::kSTiles; ++j) {
 #pragma unroll
@@ -962,9 +968,13 @@ cudaError_t Launch(const SsmConvParams& p, cudaStream_t stream) {
 namespace {
 
 // Calls f(std::integral_constant<int, P>, std::integral_constant<int, N>) for the head shapes
-// the SSD kernel is built for: (head_dim, state) (64, 128) (Mamba-2's), (64, 64) and (32, 128).
+// the SSD kernel is built for: (head_dim, state) (64, 128) (Mamba-2's), (64, 64), (32, 128) and
+// (32, 16) (the mamba2-ssm test fixture's).
 template <typename F>
 cudaError_t DispatchSsdShape(int64_t head_dim, int64_t state_size, F&& f) {
+  if (head_dim == 32 && state_size == 16) {
+    return f(std::integral_constant<int, 32>{}, std::integral_constant<int, 16>{});
+  }
   if (head_dim == 64 && state_size == 128) {
     return f(std::integral_constant<int, 64>{}, std::integral_constant<int, 128>{});
   }
@@ -984,7 +994,7 @@ bool SsmScanUsesSsd(const SsmScanParams& p) {
     return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
   };
   const bool shape = (p.head_dim == 64 && (p.state_size == 128 || p.state_size == 64)) ||
-                     (p.head_dim == 32 && p.state_size == 128);
+                     (p.head_dim == 32 && (p.state_size == 128 || p.state_size == 16));
   return !p.recurrence && shape && p.dtype != DType::kF32 && p.xbc_stride % 8 == 0 &&
          aligned(p.xbc, 16) && aligned(p.output, 4) && aligned(p.ssm_states, 8);
 }

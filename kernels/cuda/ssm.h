@@ -20,7 +20,7 @@
 //   each token's window read afresh. Then a second kernel writes each sequence's last inputs into
 //   its ring.
 // - SsmScan: the scan over any step. bf16 and fp16 (SsmScanUsesSsd: head_dim 64 with state 64 or
-//   128, head_dim 32 with state 128, rows aligned to 8 elements): the chunked SSD form, one block
+//   128, head_dim 32 with state 128 or 16, rows aligned to 8 elements): the chunked SSD form, one block
 //   of 8 warps per (head, sequence), chunks of kSsdChunk tokens whose intra-chunk products
 //   (C B^T masked by the decays, times x; C times the incoming state; the chunk's contribution
 //   to the state, B^T times decay-weighted x) run on tensor cores with 16-bit operands and fp32

@@ -595,7 +595,7 @@ TEST(SsmGpuTest, VectorizedConvMatchesTheCpuOverThreeSteps) {
 }
 
 // The chunked SSD scan (tensor cores) against the CPU twin's scan and the GPU's recurrence:
-// three head shapes it is built for, bf16 and fp16, two steps of four sequences in odd slots —
+// the four head shapes it is built for (state 16: warps that hold none of the state), bf16 and fp16, two steps of four sequences in odd slots —
 // lengths 1, 64, 200 (four chunks, the last short) and 130 from zero state, then 1, 1, 65 and 127
 // continuing from the states the first step left (carried state, 1-token sequences in a
 // prefill step). Then one prompt of 150 tokens fed in pieces of 1, 7, 32, 50 and 60 (state
@@ -610,7 +610,8 @@ TEST(SsmGpuTest, SsdScanMatchesTheCpuAndTheRecurrence) {
   LMSERVE_REQUIRE_GPU();
   constexpr int64_t kSlotCount = 6;
   for (const SsdShapeCase& shape :
-       {SsdShapeCase{4, 64, 128, 1}, SsdShapeCase{4, 64, 64, 2}, SsdShapeCase{2, 32, 128, 1}}) {
+       {SsdShapeCase{4, 64, 128, 1}, SsdShapeCase{4, 64, 64, 2}, SsdShapeCase{2, 32, 128, 1},
+        SsdShapeCase{8, 32, 16, 1}}) {
     for (DType dtype : {DType::kBF16, DType::kF16}) {
       const int64_t heads = shape.heads, hd = shape.head_dim, n = shape.state;
       const int64_t inner = heads * hd, xbc_width = inner + 2 * shape.groups * n;
