@@ -749,7 +749,8 @@ TEST(SsmGpuTest, SsdScanMatchesTheCpuAndTheRecurrence) {
 
 // Shapes, types and layouts the SSD kernel is not built for run the recurrence.
 TEST(SsmGpuTest, SsdScanFallsBackToTheRecurrence) {
-  SsmScanParams scan{.xbc_stride = 64 * 4 + 256,
+  SsmScanParams scan{.seqs = {},
+                     .xbc_stride = 64 * 4 + 256,
                      .num_heads = 4,
                      .head_dim = 64,
                      .state_size = 128,
