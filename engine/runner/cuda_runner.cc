@@ -1163,7 +1163,8 @@ kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Bu
           .dt_min = static_cast<float>(ssm.time_step_min),
           .dt_max = static_cast<float>(ssm.time_step_max),
           .dtype = kernel_dtype_,
-          .recurrence = runner_config_.ssm_prefill_legacy};
+          .recurrence = runner_config_.ssm_prefill_legacy,
+          .ssd_warps = runner_config_.ssm_scan_warps};
 }
 
 absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) {

@@ -316,6 +316,9 @@ struct RunnerConfig {
   // chunked SSD scan on tensor cores (kernels/cuda/ssm.h; for A/B runs). float32 runs the
   // recurrence either way.
   bool ssm_prefill_legacy = false;
+  // CUDA runner: the SSD scan's warps a block (kernels/cuda/ssm.h, ssd_warps): 4 or 8; 0: the
+  // kernel's default.
+  int ssm_scan_warps = 0;
   // The CUDA kernels' path; kPortable also turns programmatic dependent launch off (it is
   // Hopper's). Process-wide in effect, as programmatic_launch.
   CudaKernelPath cuda_kernel_path = CudaKernelPath::kAuto;

@@ -328,7 +328,7 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
 }
 
 // The chunked SSD scan (the Mamba-2 paper's algorithm) for 16-bit activations: one block of
-// kSsdWarps warps per (head, sequence) walks the sequence's tokens in chunks of kSsdChunk, the
+// warps per (head, sequence) walks the sequence's tokens in chunks of kSsdChunk, the
 // state carried from chunk to chunk in fp32 registers (mma accumulators). For a chunk of tokens
 // t, u with cum_t = sum of dt_u A over u <= t in the chunk:
 //   Y = exp(cum_t) (C S^T)[t, p] + ((C B^T) o L) X + D X,  L[t, u] = exp(cum_t - cum_u) dt_u (u <= t)
@@ -337,14 +337,14 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
 // C B^T and C S^T with the state rounded to the 16-bit type as an operand (it stays fp32 in the
 // accumulators), (C B^T o L) rounded likewise, X o w too. The decays and cum in fp32. Rows past
 // a short chunk's end are zero (dt 0: no decay, no contribution).
-// Warps: for Y, warp w takes rows t [16 (w % 4), + 16) and columns p [(w / 4) P / 2, + P / 2)
-// (the two warps of a row block each compute the row block's C B^T, skipping tiles above the
-// diagonal); for S, warp w takes state rows p [16 (w % (P / 16)), + 16) and a part of the columns.
-constexpr int kSsdWarps = 8;
-constexpr int kSsdThreads = kSsdWarps * 32;
-
-template <int kP, int kN>
+// Blocks of kWarps = 4 or 8 warps. For Y, warp w takes rows t [16 (w % 4), + 16) and columns p
+// [(w / 4) P / 2, + P / 2) with 8 warps, all of them with 4 (the two warps of a row block each
+// compute its C B^T; tiles above the diagonal are skipped); for S, warp w takes state rows p
+// [16 (w % (P / 16)), + 16) and a part of the columns. 8 warps: 2 blocks a multiprocessor (128
+// registers a thread); 4 warps: 3 (more registers a thread, no C B^T computed twice).
+template <int kP, int kN, int kWarps>
 struct SsdShape {
+  static constexpr int kThreads = kWarps * 32;
   // Rows padded by 8 elements (16 bytes): an odd number of 16-byte units a row, so that
   // ldmatrix's 8 rows fall in distinct banks.
   static constexpr int kNs = kN + 8;  // row stride of C, B and the 16-bit state copy
@@ -356,20 +356,25 @@ struct SsdShape {
   static constexpr int kCumOff = kSOff + kP * kNs * 2;
   static constexpr int kDtOff = kCumOff + kSsdChunk * 4;
   static constexpr int kBytes = kDtOff + kSsdChunk * 4;
-  static constexpr int kYTiles = kP / 2 / 8;  // n-tiles of 8 columns a warp's Y holds
+  static constexpr int kYParts = kWarps / 4;      // warps a row block of Y is split over
+  static constexpr int kYTiles = kP / kYParts / 8;  // n-tiles of 8 columns a warp's Y holds
   static constexpr int kRowBlocks = kP / 16;  // of the state
   // Warps a row block of the state is split over (by columns, 16 at least); the warps past
   // kRowBlocks * kParts hold none of it (small states).
   static constexpr int kParts =
-      kSsdWarps / kRowBlocks < kN / 16 ? kSsdWarps / kRowBlocks : kN / 16;
+      kWarps / kRowBlocks < kN / 16 ? kWarps / kRowBlocks : kN / 16;
   static constexpr int kSTiles = kN / kParts / 8;  // n-tiles a warp's state holds
-  static_assert(kP % 32 == 0 && kSsdWarps % kRowBlocks == 0 && kSTiles % 2 == 0 && kN % 16 == 0);
+  static_assert(kP % 32 == 0 && kWarps % kRowBlocks == 0 && kSTiles % 2 == 0 &&
+                kN % 16 == 0 && kYTiles % 2 == 0 && (kWarps == 4 || kWarps == 8));
+  static constexpr int kMinBlocks = kWarps == 8 ? 2 : 3;  // a multiprocessor
 };
 
-template <typename T, int kP, int kN>
-__global__ void __launch_bounds__(kSsdThreads, 2) SsdScanKernel(ScanArgs<T> a) {
-  using Shape = SsdShape<kP, kN>;
+template <typename T, int kP, int kN, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, SsdShape<kP, kN, kWarps>::kMinBlocks)
+    SsdScanKernel(ScanArgs<T> a) {
+  using Shape = SsdShape<kP, kN, kWarps>;
   constexpr int kQ = kSsdChunk, kNs = Shape::kNs, kPs = Shape::kPs;
+  constexpr int kSsdThreads = Shape::kThreads;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   T* cs = reinterpret_cast<T*>(smem + Shape::kCOff);   // [kQ][kNs]: C of the chunk's tokens
@@ -428,7 +433,7 @@ __global__ void __launch_bounds__(kSsdThreads, 2) SsdScanKernel(ScanArgs<T> a) {
   const int64_t b_col = inner + static_cast<int64_t>(g) * kN;
   const int64_t c_col = inner + static_cast<int64_t>(a.n_groups + g) * kN;
   const int rt = warp % 4, t0w = rt * 16;  // the warp's rows of Y
-  const int pw0 = (warp / 4) * (kP / 2);   // and its first column
+  const int pw0 = (warp / 4) * (kP / Shape::kYParts);  // and its first column
   for (int c0 = 0; c0 < len; c0 += kQ) {
     const int l = min(kQ, len - c0);
     // The chunk's B, C and x rows (zero past l), 16 bytes a copy.
@@ -972,6 +977,7 @@ namespace {
 // (32, 16) (the mamba2-ssm test fixture's).
 template <typename F>
 cudaError_t DispatchSsdShape(int64_t head_dim, int64_t state_size, F&& f) {
+  static_assert(kSsdChunk == 64, "the kernel's warps take 16 rows each of 64");
   if (head_dim == 32 && state_size == 16) {
     return f(std::integral_constant<int, 32>{}, std::integral_constant<int, 16>{});
   }
@@ -1008,11 +1014,18 @@ cudaError_t Launch(const SsmScanParams& p, cudaStream_t stream) {
       using T = typename decltype(tag)::type;
       return DispatchSsdShape(p.head_dim, p.state_size, [&](auto p_tag, auto n_tag) {
         constexpr int kP = decltype(p_tag)::value, kN = decltype(n_tag)::value;
-        constexpr int smem = SsdShape<kP, kN>::kBytes;
-        LMSERVE_CUDA_RETURN_IF_ERROR(
-            SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(SsdScanKernel<T, kP, kN>), smem));
-        return LaunchKernel(SsdScanKernel<T, kP, kN>, grid, dim3(kSsdThreads),
-                            static_cast<size_t>(smem), stream, MakeScanArgs<T>(p));
+        auto run = [&](auto kernel, int threads, int smem) {
+          LMSERVE_CUDA_RETURN_IF_ERROR(
+              SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem));
+          return LaunchKernel(kernel, grid, dim3(static_cast<unsigned>(threads)),
+                              static_cast<size_t>(smem), stream, MakeScanArgs<T>(p));
+        };
+        if (p.ssd_warps == 8) {
+          using Shape = SsdShape<kP, kN, 8>;
+          return run(SsdScanKernel<T, kP, kN, 8>, Shape::kThreads, Shape::kBytes);
+        }
+        using Shape = SsdShape<kP, kN, 4>;
+        return run(SsdScanKernel<T, kP, kN, 4>, Shape::kThreads, Shape::kBytes);
       });
     };
     if (p.dtype == DType::kBF16) return launch(TypeTag<__nv_bfloat16>{});

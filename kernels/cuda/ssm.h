@@ -21,7 +21,7 @@
 //   its ring.
 // - SsmScan: the scan over any step. bf16 and fp16 (SsmScanUsesSsd: head_dim 64 with state 64 or
 //   128, head_dim 32 with state 128 or 16, rows aligned to 8 elements): the chunked SSD form, one block
-//   of 8 warps per (head, sequence), chunks of kSsdChunk tokens whose intra-chunk products
+//   of 4 warps (or 8: ssd_warps) per (head, sequence), chunks of kSsdChunk tokens whose intra-chunk products
 //   (C B^T masked by the decays, times x; C times the incoming state; the chunk's contribution
 //   to the state, B^T times decay-weighted x) run on tensor cores with 16-bit operands and fp32
 //   accumulation; the state is carried between chunks in fp32 (a 16-bit copy of it is the
@@ -116,6 +116,9 @@ struct SsmScanParams {
   DType dtype = DType::kBF16;  // of xbc, dt, the per-head weights and output
   // The CUDA-core recurrence even where the SSD kernel would run (for A/B runs).
   bool recurrence = false;
+  // The SSD kernel's warps a block: 4 (3 blocks a multiprocessor) or 8 (2; C B^T computed twice
+  // a block, fewer registers a thread); 0: the default (4).
+  int ssd_warps = 0;
 
   absl::Status Validate() const;
 };

@@ -8,6 +8,7 @@
 // at most 130 steps of a decaying recurrence), the output rounding (1e-2) in bf16.
 
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -595,9 +596,10 @@ TEST(SsmGpuTest, VectorizedConvMatchesTheCpuOverThreeSteps) {
 }
 
 // The chunked SSD scan (tensor cores) against the CPU twin's scan and the GPU's recurrence:
-// the four head shapes it is built for (state 16: warps that hold none of the state), bf16 and fp16, two steps of four sequences in odd slots —
-// lengths 1, 64, 200 (four chunks, the last short) and 130 from zero state, then 1, 1, 65 and 127
-// continuing from the states the first step left (carried state, 1-token sequences in a
+// the four head shapes it is built for (state 16: warps that hold none of the state), blocks of
+// 4 warps (the default) in bf16 and fp16 and of 8 in bf16; two steps of four sequences in odd
+// slots — lengths 1, 64, 200 (four chunks, the last short) and 130 from zero state, then 1, 1,
+// 65 and 127 continuing from the states the first step left (carried state, 1-token sequences in a
 // prefill step). Then one prompt of 150 tokens fed in pieces of 1, 7, 32, 50 and 60 (state
 // carried through the slot) against the same prompt at once. Bounds (relative L2): 1e-2 on the
 // outputs (16-bit operands of the products: C B^T, the mask, the state copy, x o w), 2e-2 on the
@@ -612,14 +614,17 @@ TEST(SsmGpuTest, SsdScanMatchesTheCpuAndTheRecurrence) {
   for (const SsdShapeCase& shape :
        {SsdShapeCase{4, 64, 128, 1}, SsdShapeCase{4, 64, 64, 2}, SsdShapeCase{2, 32, 128, 1},
         SsdShapeCase{8, 32, 16, 1}}) {
-    for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const std::pair<DType, int>& variant :
+         {std::pair{DType::kBF16, 4}, std::pair{DType::kF16, 4}, std::pair{DType::kBF16, 8}}) {
+      const DType dtype = variant.first;
+      const int warps = variant.second;
       const int64_t heads = shape.heads, hd = shape.head_dim, n = shape.state;
       const int64_t inner = heads * hd, xbc_width = inner + 2 * shape.groups * n;
       const int64_t dt_stride = heads + 8;
       const uint32_t seed = FreshSeed();
       SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " heads " << heads << " x "
                                         << hd << ", state " << n << ", groups " << shape.groups
-                                        << ", seed " << seed);
+                                        << ", " << warps << " warps a block, seed " << seed);
       std::mt19937 rng(seed);
       std::vector<float> dt_bias = RandomFloats(heads, rng, 0.5f, -1.0f);
       std::vector<float> a_log = RandomFloats(heads, rng, 0.5f);
@@ -680,7 +685,8 @@ TEST(SsmGpuTest, SsdScanMatchesTheCpuAndTheRecurrence) {
                            .head_dim = hd,
                            .state_size = n,
                            .n_groups = shape.groups,
-                           .dtype = dtype};
+                           .dtype = dtype,
+                           .ssd_warps = warps};
         EXPECT_TRUE(SsmScanUsesSsd(scan));
         EXPECT_EQ(Launch(scan, nullptr), cudaSuccess);
         scan.recurrence = true;
