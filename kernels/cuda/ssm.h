@@ -14,8 +14,8 @@
 // [num_slots, num_heads, head_dim, state_size], as on the CPU.
 //
 // - SsmConv: the causal depthwise conv1d + SiLU over any step (prefill chunks, decodes): a
-//   thread per (8 channels, sequence, 32 tokens), 16-byte loads and stores, the window slid in
-//   registers so that each input is read once (kernels of up to 4 taps, rows aligned to 8
+//   thread per (8 channels, sequence, 16 tokens), 16-byte loads and stores, the window slid in
+//   registers so that each input is read once, SiLU with the fast exponential and division (kernels of up to 4 taps, rows aligned to 8
 //   elements: SsmConvUsesVectors); else (or `scalar`) a thread per (channel, sequence, 16 tokens),
 //   each token's window read afresh. Then a second kernel writes each sequence's last inputs into
 //   its ring.
