@@ -41,6 +41,7 @@
 //        [--iters 30] [--no-graphs] [--decode-gemm auto|blas|skinny] [--no-pdl]
 //        [--cuda-kernel-path auto|portable] [--no-fp32-residual] [--no-ssm-norm-fusion]
 //        [--l2-prefetch-mib N] [--no-skinny-split-k] [--ssm-decode-late-dependents]
+//        [--ssm-prefill-legacy] [--ssm-scan-warps 4|8]
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k]
 //        [--kv-cache-dtype auto|bf16|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
@@ -117,6 +118,8 @@ struct Options {
   int64_t l2_prefetch_bytes = 0;
   bool skinny_split_k = true;
   bool ssm_decode_late_dependents = false;
+  bool ssm_prefill_legacy = false;
+  int ssm_scan_warps = 0;
   int tensor_parallel_size = 1;
   engine::RunnerDType dtype = engine::RunnerDType::kBFloat16;
   engine::RunnerQuantization quantization = engine::RunnerQuantization::kAuto;
@@ -136,7 +139,7 @@ int Usage(const char* message) {
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
-               "[--no-skinny-split-k] [--ssm-decode-late-dependents] "
+               "[--no-skinny-split-k] [--ssm-decode-late-dependents] [--ssm-prefill-legacy] [--ssm-scan-warps 4|8] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
                "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
@@ -438,6 +441,8 @@ int Run(const Options& o) {
   config.skinny_l2_prefetch_bytes = o.l2_prefetch_bytes;
   config.skinny_split_k = o.skinny_split_k;
   config.ssm_decode_late_dependents = o.ssm_decode_late_dependents;
+  config.ssm_prefill_legacy = o.ssm_prefill_legacy;
+  config.ssm_scan_warps = o.ssm_scan_warps;
   config.tensor_parallel_size = o.tensor_parallel_size;
   config.tune_prefill_gemms = o.tune_prefill_gemms;
   config.fuse_residual_gemm = o.fuse_residual_gemm;
@@ -546,6 +551,8 @@ int Run(const Options& o) {
       {"skinny_l2_prefetch_bytes", o.l2_prefetch_bytes},
       {"skinny_split_k", o.skinny_split_k},
       {"ssm_decode_late_dependents", o.ssm_decode_late_dependents},
+      {"ssm_prefill_legacy", o.ssm_prefill_legacy},
+      {"ssm_scan_warps", o.ssm_scan_warps},
       {"cuda_kernel_path", engine::CudaKernelPathName(o.kernel_path)},
       {"kernels", hopper_kernels ? "hopper" : "portable"},
       {"kernel_code_capability", code_capability},
@@ -753,6 +760,13 @@ int main(int argc, char** argv) {
       o.skinny_split_k = false;
     } else if (arg == "--ssm-decode-late-dependents") {
       o.ssm_decode_late_dependents = true;
+    } else if (arg == "--ssm-prefill-legacy") {
+      o.ssm_prefill_legacy = true;
+    } else if (arg == "--ssm-scan-warps") {
+      o.ssm_scan_warps = std::atoi(value().c_str());
+      if (o.ssm_scan_warps != 4 && o.ssm_scan_warps != 8) {
+        return lmserve::Usage("--ssm-scan-warps: 4 or 8");
+      }
     } else if (arg == "--l2-prefetch-mib") {
       const double mib = std::atof(value().c_str());
       if (!(mib >= 0)) return lmserve::Usage("--l2-prefetch-mib: a size of at least 0");

@@ -1138,7 +1138,8 @@ kc::SsmConvParams CudaRunner::SsmConvParams(const SsmLayer& layer, Buffer in, Bu
           .channels = ssm.conv_dim(),
           .kernel = ssm.conv_kernel,
           .dtype = kernel_dtype_,
-          .num_tokens = step_.tokens};
+          .num_tokens = step_.tokens,
+          .scalar = runner_config_.ssm_prefill_legacy};
 }
 
 kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Buffer conv,
@@ -1161,7 +1162,9 @@ kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Bu
           .n_groups = ssm.n_groups,
           .dt_min = static_cast<float>(ssm.time_step_min),
           .dt_max = static_cast<float>(ssm.time_step_max),
-          .dtype = kernel_dtype_};
+          .dtype = kernel_dtype_,
+          .recurrence = runner_config_.ssm_prefill_legacy,
+          .ssd_warps = runner_config_.ssm_scan_warps};
 }
 
 absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) {

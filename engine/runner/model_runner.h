@@ -311,6 +311,14 @@ struct RunnerConfig {
   // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
   // stores are issued, instead of right after its wait (ssm.h, late_dependents).
   bool ssm_decode_late_dependents = false;
+  // CUDA runner: a prefill step's SSM conv and scan by the earlier kernels (the one-channel-a-
+  // thread conv, the scan's recurrence on the CUDA cores) instead of the vectorized conv and the
+  // chunked SSD scan on tensor cores (kernels/cuda/ssm.h; for A/B runs). float32 runs the
+  // recurrence either way.
+  bool ssm_prefill_legacy = false;
+  // CUDA runner: the SSD scan's warps a block (kernels/cuda/ssm.h, ssd_warps): 4 or 8; 0: the
+  // kernel's default.
+  int ssm_scan_warps = 0;
   // The CUDA kernels' path; kPortable also turns programmatic dependent launch off (it is
   // Hopper's). Process-wide in effect, as programmatic_launch.
   CudaKernelPath cuda_kernel_path = CudaKernelPath::kAuto;

@@ -62,6 +62,9 @@ absl::Status SsmScanParams::Validate() const {
                             d == nullptr || output == nullptr || ssm_states == nullptr)) {
     return KernelError("SsmScan", "null input, parameter, output or states");
   }
+  if (ssd_warps != 0 && ssd_warps != 4 && ssd_warps != 8) {
+    return KernelError("SsmScan", StrCat("ssd_warps ", ssd_warps, " (0, 4 or 8)"));
+  }
   return absl::OkStatus();
 }
 

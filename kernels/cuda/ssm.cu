@@ -5,6 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ssm.h"
 
 namespace lmserve::kernels::cuda {
@@ -14,6 +15,10 @@ constexpr int kConvThreads = 128;
 constexpr int kLanesPerRow = 4;  // threads per head dim in the scans: each holds state_size / 4
 
 __device__ __forceinline__ float Silu(float v) { return v / (1.0f + expf(-v)); }
+// With the fast exponential and division (a few ulp; past v = -87 the result is -0 rather than a
+// tiny negative): the prefill conv's SiLU, where the precise one's instructions cost as much as
+// the kernel's bytes.
+__device__ __forceinline__ float FastSilu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
 
 // softplus as PyTorch computes it (threshold 20), then the clamp of kernels/cpu/ssm.h.
 __device__ __forceinline__ float StepSize(float raw, float dt_min, float dt_max) {
@@ -104,6 +109,93 @@ __global__ void __launch_bounds__(kConvThreads) SsmConvStateKernel(ConvArgs<T> a
   for (int q = max(start, ctx - (a.kernel - 1)); q < ctx; ++q) {
     ring[static_cast<int64_t>(q % a.kernel) * a.channels + c] =
         ToFloat(a.input[(first + q - start) * a.input_stride + c]);
+  }
+}
+
+constexpr int kConvRun = 16;   // tokens a thread of SsmConvVecKernel computes
+constexpr int kConvVecTaps = 4;  // its window: kernels of 2 to 4 taps (Mamba-2's is 4)
+
+// The conv over 8 channels a thread (16-byte loads and stores) and a run of kConvRun tokens of
+// one sequence, the window slid in registers: each input is read once (the taps before the run
+// come from the step's inputs or, before the step, the ring), 4 tokens' loads issued together.
+// A kernel of fewer than kConvVecTaps taps takes the window's last taps (the first weights zero).
+// REQUIRES: channels, the input stride and the pointers aligned to 8 elements (16 bytes).
+template <typename T>
+__global__ void __launch_bounds__(kConvThreads) SsmConvVecKernel(ConvArgs<T> a) {
+  constexpr int kK = kConvVecTaps;
+  constexpr int kStep = 4;  // tokens whose loads are issued together
+  const int c = (blockIdx.x * kConvThreads + threadIdx.x) * 8;
+  const int i = blockIdx.y;
+  const int pad = kK - a.kernel;
+  float w[kK][8] = {};
+  float bias[8] = {};
+  if (c < a.channels) {  // weights: constant, read before the wait
+#pragma unroll
+    for (int ch = 0; ch < 8; ++ch) {
+#pragma unroll
+      for (int k = 0; k < kK; ++k) {
+        if (k >= pad) w[k][ch] = ToFloat(a.weight[static_cast<int64_t>(c + ch) * a.kernel + k - pad]);
+      }
+    }
+    if (a.bias != nullptr) Load8<T>(a.bias + c, bias);
+  }
+  BeginDependentKernel();
+  if (c >= a.channels) return;
+  const int ctx = a.seqs.context_lens[i];
+  const int first = a.seqs.query_start[i];
+  const int len = a.seqs.query_start[i + 1] - first;
+  const int t0 = blockIdx.z * kConvRun;
+  if (ctx == 0 || t0 >= len) return;
+  const int start = ctx - len;
+  const float* ring =
+      a.states + static_cast<int64_t>(a.seqs.state_slots[i]) * a.kernel * a.channels;
+  // win[k]: the input kK - 1 - k tokens before the current one.
+  float win[kK - 1][8];
+#pragma unroll
+  for (int k = 0; k < kK - 1; ++k) {
+    const int j = t0 - (kK - 1) + k;  // step token (j < 0: position start + j)
+    const int q = start + j;
+    if (j >= 0) {
+      Load8<T>(a.input + (first + j) * a.input_stride + c, win[k]);
+    } else if (k >= pad && start > 0 && q >= 0) {
+      Load8<float>(ring + static_cast<int64_t>(q % a.kernel) * a.channels + c, win[k]);
+    } else {
+#pragma unroll
+      for (int ch = 0; ch < 8; ++ch) win[k][ch] = 0.0f;
+    }
+  }
+  const int end = min(len, t0 + kConvRun);
+  for (int t = t0; t < end; t += kStep) {
+    float x[kStep][8];
+#pragma unroll
+    for (int s = 0; s < kStep; ++s) {
+      if (t + s < end) {
+        Load8<T>(a.input + (first + t + s) * a.input_stride + c, x[s]);
+      } else {
+#pragma unroll
+        for (int ch = 0; ch < 8; ++ch) x[s][ch] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kStep; ++s) {
+      float o[8];
+#pragma unroll
+      for (int ch = 0; ch < 8; ++ch) {
+        float acc = bias[ch];
+#pragma unroll
+        for (int k = 0; k < kK - 1; ++k) acc += w[k][ch] * win[k][ch];
+        acc += w[kK - 1][ch] * x[s][ch];
+        o[ch] = FastSilu(acc);
+      }
+#pragma unroll
+      for (int k = 0; k < kK - 2; ++k) {
+#pragma unroll
+        for (int ch = 0; ch < 8; ++ch) win[k][ch] = win[k + 1][ch];
+      }
+#pragma unroll
+      for (int ch = 0; ch < 8; ++ch) win[kK - 2][ch] = x[s][ch];
+      if (t + s < end) Store8<T>(a.output + (first + t + s) * static_cast<int64_t>(a.channels) + c, o);
+    }
   }
 }
 
@@ -237,6 +329,291 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
     }
   }
   st.Store(state, s);
+}
+
+// The chunked SSD scan (the Mamba-2 paper's algorithm) for 16-bit activations: one block of
+// warps per (head, sequence) walks the sequence's tokens in chunks of kSsdChunk, the
+// state carried from chunk to chunk in fp32 registers (mma accumulators). For a chunk of tokens
+// t, u with cum_t = sum of dt_u A over u <= t in the chunk:
+//   Y = exp(cum_t) (C S^T)[t, p] + ((C B^T) o L) X + D X,  L[t, u] = exp(cum_t - cum_u) dt_u (u <= t)
+//   S' = exp(cum_last) S + (X o w)^T B,                     w_u = exp(cum_last - cum_u) dt_u
+// The four products run on tensor cores (mma.sync m16n8k16, 16-bit operands, fp32 accumulation):
+// C B^T and C S^T with the state rounded to the 16-bit type as an operand (it stays fp32 in the
+// accumulators), (C B^T o L) rounded likewise, X o w too. The decays and cum in fp32. Rows past
+// a short chunk's end are zero (dt 0: no decay, no contribution).
+// Blocks of kWarps = 4 or 8 warps. For Y, warp w takes rows t [16 (w % 4), + 16) and columns p
+// [(w / 4) P / 2, + P / 2) with 8 warps, all of them with 4 (the two warps of a row block each
+// compute its C B^T; tiles above the diagonal are skipped); for S, warp w takes state rows p
+// [16 (w % (P / 16)), + 16) and a part of the columns. 8 warps: 2 blocks a multiprocessor (128
+// registers a thread); 4 warps: 3 (more registers a thread, no C B^T computed twice).
+template <int kP, int kN, int kWarps>
+struct SsdShape {
+  static constexpr int kThreads = kWarps * 32;
+  // Rows padded by 8 elements (16 bytes): an odd number of 16-byte units a row, so that
+  // ldmatrix's 8 rows fall in distinct banks.
+  static constexpr int kNs = kN + 8;  // row stride of C, B and the 16-bit state copy
+  static constexpr int kPs = kP + 8;  // row stride of X
+  static constexpr int kCOff = 0;
+  static constexpr int kBOff = kCOff + kSsdChunk * kNs * 2;
+  static constexpr int kXOff = kBOff + kSsdChunk * kNs * 2;
+  static constexpr int kSOff = kXOff + kSsdChunk * kPs * 2;
+  static constexpr int kCumOff = kSOff + kP * kNs * 2;
+  static constexpr int kDtOff = kCumOff + kSsdChunk * 4;
+  static constexpr int kBytes = kDtOff + kSsdChunk * 4;
+  static constexpr int kYParts = kWarps / 4;      // warps a row block of Y is split over
+  static constexpr int kYTiles = kP / kYParts / 8;  // n-tiles of 8 columns a warp's Y holds
+  static constexpr int kRowBlocks = kP / 16;  // of the state
+  // Warps a row block of the state is split over (by columns, 16 at least); the warps past
+  // kRowBlocks * kParts hold none of it (small states).
+  static constexpr int kParts =
+      kWarps / kRowBlocks < kN / 16 ? kWarps / kRowBlocks : kN / 16;
+  static constexpr int kSTiles = kN / kParts / 8;  // n-tiles a warp's state holds
+  static_assert(kP % 32 == 0 && kWarps % kRowBlocks == 0 && kSTiles % 2 == 0 &&
+                kN % 16 == 0 && kYTiles % 2 == 0 && (kWarps == 4 || kWarps == 8));
+  static constexpr int kMinBlocks = kWarps == 8 ? 2 : 3;  // a multiprocessor
+};
+
+template <typename T, int kP, int kN, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, SsdShape<kP, kN, kWarps>::kMinBlocks)
+    SsdScanKernel(ScanArgs<T> a) {
+  using Shape = SsdShape<kP, kN, kWarps>;
+  constexpr int kQ = kSsdChunk, kNs = Shape::kNs, kPs = Shape::kPs;
+  constexpr int kSsdThreads = Shape::kThreads;
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  T* cs = reinterpret_cast<T*>(smem + Shape::kCOff);   // [kQ][kNs]: C of the chunk's tokens
+  T* bs = reinterpret_cast<T*>(smem + Shape::kBOff);   // [kQ][kNs]: B
+  T* xs = reinterpret_cast<T*>(smem + Shape::kXOff);   // [kQ][kPs]: x of the head
+  T* ss = reinterpret_cast<T*>(smem + Shape::kSOff);   // [kP][kNs]: the state entering the chunk
+  float* cums = reinterpret_cast<float*>(smem + Shape::kCumOff);  // [kQ]
+  float* dts = reinterpret_cast<float*>(smem + Shape::kDtOff);    // [kQ]
+  const int h = blockIdx.x, i = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int fr = lane / 4, fc = (lane % 4) * 2;  // an mma fragment's row and first column
+  const int lm = lane / 8, lr = lane % 8;        // ldmatrix: the lane's matrix and row
+  const int g = h / (a.num_heads / a.n_groups);
+  const int64_t inner = static_cast<int64_t>(a.num_heads) * kP;
+  const float A = -expf(ToFloat(a.a_log[h]));
+  const float dh = ToFloat(a.d[h]);
+  const float dt_bias = ToFloat(a.dt_bias[h]);
+  BeginDependentKernel();
+  const int ctx = a.seqs.context_lens[i];
+  const int first = a.seqs.query_start[i];
+  const int len = a.seqs.query_start[i + 1] - first;
+  if (ctx == 0 || len == 0) return;  // the whole block
+  float* state = a.states + (static_cast<int64_t>(a.seqs.state_slots[i]) * a.num_heads + h) *
+                                static_cast<int64_t>(kP) * kN;
+  // The state: warp's rows sp0 + fr (+ 8), columns sn0 + 8 j + fc (+ 1).
+  const int sp0 = (warp % Shape::kRowBlocks) * 16;
+  const int sn0 = (warp / Shape::kRowBlocks) * (kN / Shape::kParts);
+  const bool s_owner = warp < Shape::kRowBlocks * Shape::kParts;
+  float st[Shape::kSTiles][4];
+  const bool fresh = ctx == len || !s_owner;
+#pragma unroll
+  for (int j = 0; j < Shape::kSTiles; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int p = sp0 + fr + half * 8, n = sn0 + j * 8 + fc;
+      const float2 v = fresh ? make_float2(0.f, 0.f)
+                             : *reinterpret_cast<const float2*>(state + p * kN + n);
+      st[j][2 * half] = v.x;
+      st[j][2 * half + 1] = v.y;
+    }
+  }
+  auto store_state_copy = [&] {
+    if (!s_owner) return;
+#pragma unroll
+    for (int j = 0; j < Shape::kSTiles; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int p = sp0 + fr + half * 8, n = sn0 + j * 8 + fc;
+        *reinterpret_cast<uint32_t*>(ss + p * kNs + n) =
+            Pack2<T>(st[j][2 * half], st[j][2 * half + 1]);
+      }
+    }
+  };
+  store_state_copy();
+  const int64_t x_col = static_cast<int64_t>(h) * kP;
+  const int64_t b_col = inner + static_cast<int64_t>(g) * kN;
+  const int64_t c_col = inner + static_cast<int64_t>(a.n_groups + g) * kN;
+  const int rt = warp % 4, t0w = rt * 16;  // the warp's rows of Y
+  const int pw0 = (warp / 4) * (kP / Shape::kYParts);  // and its first column
+  for (int c0 = 0; c0 < len; c0 += kQ) {
+    const int l = min(kQ, len - c0);
+    // The chunk's B, C and x rows (zero past l), 16 bytes a copy.
+    for (int idx = threadIdx.x; idx < kQ * (kN / 8); idx += kSsdThreads) {
+      const int t = idx / (kN / 8), q = (idx % (kN / 8)) * 8;
+      const T* row = a.xbc + (first + c0 + min(t, l - 1)) * a.xbc_stride;
+      CpAsync16(cs + t * kNs + q, row + c_col + q, t < l);
+      CpAsync16(bs + t * kNs + q, row + b_col + q, t < l);
+    }
+    for (int idx = threadIdx.x; idx < kQ * (kP / 8); idx += kSsdThreads) {
+      const int t = idx / (kP / 8), q = (idx % (kP / 8)) * 8;
+      const T* row = a.xbc + (first + c0 + min(t, l - 1)) * a.xbc_stride;
+      CpAsync16(xs + t * kPs + q, row + x_col + q, t < l);
+    }
+    CpAsyncCommit();
+    if (warp == 0) {  // dt and the inclusive sum of dt A over the chunk (lane: tokens lane, lane + 32)
+      float v[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = lane + 32 * r;
+        const float dt =
+            t < l ? StepSize(ToFloat(a.dt[(first + c0 + t) * a.dt_stride + h]) + dt_bias,
+                             a.dt_min, a.dt_max)
+                  : 0.0f;
+        dts[t] = dt;
+        v[r] = dt * A;
+      }
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float up = __shfl_up_sync(0xffffffffu, v[r], o);
+          if (lane >= o) v[r] += up;
+        }
+      }
+      v[1] += __shfl_sync(0xffffffffu, v[0], 31);
+      cums[lane] = v[0];
+      cums[lane + 32] = v[1];
+    }
+    CpAsyncWait<0>();
+    __syncthreads();
+    {
+      // G = C B^T, rows t0w.., the u tiles at or below the diagonal.
+      float gacc[kQ / 8][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t af[4];
+        LdMatrixX4(af, cs + (t0w + lane % 16) * kNs + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int ju = 0; ju < kQ / 8; ju += 2) {
+          if (ju <= 2 * rt) {
+            uint32_t bf[4];
+            LdMatrixX4(bf, bs + (ju * 8 + lr + (lm / 2) * 8) * kNs + kk * 16 + (lm % 2) * 8);
+            Mma16816<T>(gacc[ju], af, bf[0], bf[1]);
+            Mma16816<T>(gacc[ju + 1], af, bf[2], bf[3]);
+          }
+        }
+      }
+      // M = G o L as the A operand of M X, 16 tokens u a k step.
+      const float cum_lo = cums[t0w + fr], cum_hi = cums[t0w + fr + 8];
+      uint32_t mf[kQ / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kQ / 16; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = 2 * kk + half;
+          const int u = j * 8 + fc;
+          float m[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int t = t0w + fr + (e / 2) * 8, uu = u + e % 2;
+            const float cum_t = e < 2 ? cum_lo : cum_hi;
+            m[e] = uu <= t ? gacc[j][e] * __expf(cum_t - cums[uu]) * dts[uu] : 0.0f;
+          }
+          mf[kk][2 * half] = Pack2<T>(m[0], m[1]);
+          mf[kk][2 * half + 1] = Pack2<T>(m[2], m[3]);
+        }
+      }
+      // Y = C S^T, scaled by exp(cum_t) a row, then + M X.
+      float y[Shape::kYTiles][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t af[4];
+        LdMatrixX4(af, cs + (t0w + lane % 16) * kNs + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int jp = 0; jp < Shape::kYTiles; jp += 2) {
+          uint32_t bf[4];
+          LdMatrixX4(bf, ss + (pw0 + jp * 8 + lr + (lm / 2) * 8) * kNs + kk * 16 + (lm % 2) * 8);
+          Mma16816<T>(y[jp], af, bf[0], bf[1]);
+          Mma16816<T>(y[jp + 1], af, bf[2], bf[3]);
+        }
+      }
+      const float decay_lo = __expf(cum_lo), decay_hi = __expf(cum_hi);
+#pragma unroll
+      for (int jp = 0; jp < Shape::kYTiles; ++jp) {
+        y[jp][0] *= decay_lo;
+        y[jp][1] *= decay_lo;
+        y[jp][2] *= decay_hi;
+        y[jp][3] *= decay_hi;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kQ / 16; ++kk) {
+        if (kk <= rt) {
+#pragma unroll
+          for (int jp = 0; jp < Shape::kYTiles; jp += 2) {
+            uint32_t bf[4];
+            LdMatrixX4Trans(bf, xs + (kk * 16 + lr + (lm % 2) * 8) * kPs + pw0 + jp * 8 +
+                                    (lm / 2) * 8);
+            Mma16816<T>(y[jp], mf[kk], bf[0], bf[1]);
+            Mma16816<T>(y[jp + 1], mf[kk], bf[2], bf[3]);
+          }
+        }
+      }
+      // + D x; rows past the chunk's end are not stored.
+#pragma unroll
+      for (int jp = 0; jp < Shape::kYTiles; ++jp) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int t = t0w + fr + half * 8, p = pw0 + jp * 8 + fc;
+          if (t < l) {
+            const float2 x = Unpack2<T>(*reinterpret_cast<const uint32_t*>(xs + t * kPs + p));
+            *reinterpret_cast<uint32_t*>(a.output + (first + c0 + t) * inner + x_col + p) =
+                Pack2<T>(y[jp][2 * half] + dh * x.x, y[jp][2 * half + 1] + dh * x.y);
+          }
+        }
+      }
+    }
+    if (s_owner) {
+      // S = exp(cum_last) S + (X o w)^T B.
+      const float cum_last = cums[kQ - 1];
+      const float decay = __expf(cum_last);
+#pragma unroll
+      for (int j = 0; j < Shape::kSTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] *= decay;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kQ / 16; ++kk) {
+        if (kk * 16 < l) {
+          uint32_t af[4];  // X^T: rows p, columns u
+          LdMatrixX4Trans(af, xs + (kk * 16 + lr + (lm / 2) * 8) * kPs + sp0 + (lm % 2) * 8);
+          float wgt[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int u = kk * 16 + fc + (e / 2) * 8 + e % 2;
+            wgt[e] = __expf(cum_last - cums[u]) * dts[u];
+          }
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float2 v = Unpack2<T>(af[r]);
+            const int e = (r / 2) * 2;  // a0, a1: columns fc, fc + 1; a2, a3: fc + 8, fc + 9
+            af[r] = Pack2<T>(v.x * wgt[e], v.y * wgt[e + 1]);
+          }
+#pragma unroll
+          for (int jn = 0; jn < Shape::kSTiles; jn += 2) {
+            uint32_t bf[4];
+            LdMatrixX4Trans(bf, bs + (kk * 16 + lr + (lm % 2) * 8) * kNs + sn0 + jn * 8 +
+                                    (lm / 2) * 8);
+            Mma16816<T>(st[jn], af, bf[0], bf[1]);
+            Mma16816<T>(st[jn + 1], af, bf[2], bf[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with the chunk's buffers and the state copy
+    if (c0 + kQ < len) store_state_copy();
+  }
+  if (!s_owner) return;
+#pragma unroll
+  for (int j = 0; j < Shape::kSTiles; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int p = sp0 + fr + half * 8, n = sn0 + j * 8 + fc;
+      *reinterpret_cast<float2*>(state + p * kN + n) = make_float2(st[j][2 * half], st[j][2 * half + 1]);
+    }
+  }
 }
 
 constexpr int kDecodeThreads = 256;
@@ -564,25 +941,100 @@ cudaError_t DispatchStateSize(int64_t state_size, F&& f) {
 
 }  // namespace
 
+bool SsmConvUsesVectors(const SsmConvParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return !p.scalar && p.kernel <= kConvVecTaps && p.channels % 8 == 0 && p.input_stride % 8 == 0 &&
+         aligned(p.input) && aligned(p.output) && aligned(p.conv_states) &&
+         (p.bias == nullptr || aligned(p.bias));
+}
+
 cudaError_t Launch(const SsmConvParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.seqs.num_seqs == 0) return cudaSuccess;
   return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const dim3 grid(static_cast<unsigned>(CeilDiv(p.channels, kConvThreads)),
-                    static_cast<unsigned>(p.seqs.num_seqs),
-                    static_cast<unsigned>(CeilDiv(std::max<int64_t>(p.num_tokens, 1), kConvTokens)));
-    LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(SsmConvKernel<T>, grid, dim3(kConvThreads), 0,
-                                              stream, MakeConvArgs<T>(p)));
-    const dim3 state_grid(grid.x, grid.y);
+    const int64_t tokens = std::max<int64_t>(p.num_tokens, 1);
+    if (SsmConvUsesVectors(p)) {
+      const dim3 grid(static_cast<unsigned>(CeilDiv(p.channels / 8, kConvThreads)),
+                      static_cast<unsigned>(p.seqs.num_seqs),
+                      static_cast<unsigned>(CeilDiv(tokens, kConvRun)));
+      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(SsmConvVecKernel<T>, grid, dim3(kConvThreads), 0,
+                                                stream, MakeConvArgs<T>(p)));
+    } else {
+      const dim3 grid(static_cast<unsigned>(CeilDiv(p.channels, kConvThreads)),
+                      static_cast<unsigned>(p.seqs.num_seqs),
+                      static_cast<unsigned>(CeilDiv(tokens, kConvTokens)));
+      LMSERVE_CUDA_RETURN_IF_ERROR(LaunchKernel(SsmConvKernel<T>, grid, dim3(kConvThreads), 0,
+                                                stream, MakeConvArgs<T>(p)));
+    }
+    const dim3 state_grid(static_cast<unsigned>(CeilDiv(p.channels, kConvThreads)),
+                          static_cast<unsigned>(p.seqs.num_seqs));
     return LaunchKernel(SsmConvStateKernel<T>, state_grid, dim3(kConvThreads), 0, stream,
                         MakeConvArgs<T>(p));
   });
 }
 
+namespace {
+
+// Calls f(std::integral_constant<int, P>, std::integral_constant<int, N>) for the head shapes
+// the SSD kernel is built for: (head_dim, state) (64, 128) (Mamba-2's), (64, 64), (32, 128) and
+// (32, 16) (the mamba2-ssm test fixture's).
+template <typename F>
+cudaError_t DispatchSsdShape(int64_t head_dim, int64_t state_size, F&& f) {
+  static_assert(kSsdChunk == 64, "the kernel's warps take 16 rows each of 64");
+  if (head_dim == 32 && state_size == 16) {
+    return f(std::integral_constant<int, 32>{}, std::integral_constant<int, 16>{});
+  }
+  if (head_dim == 64 && state_size == 128) {
+    return f(std::integral_constant<int, 64>{}, std::integral_constant<int, 128>{});
+  }
+  if (head_dim == 64 && state_size == 64) {
+    return f(std::integral_constant<int, 64>{}, std::integral_constant<int, 64>{});
+  }
+  if (head_dim == 32 && state_size == 128) {
+    return f(std::integral_constant<int, 32>{}, std::integral_constant<int, 128>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+bool SsmScanUsesSsd(const SsmScanParams& p) {
+  auto aligned = [](const void* ptr, int bytes) {
+    return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+  };
+  const bool shape = (p.head_dim == 64 && (p.state_size == 128 || p.state_size == 64)) ||
+                     (p.head_dim == 32 && (p.state_size == 128 || p.state_size == 16));
+  return !p.recurrence && shape && p.dtype != DType::kF32 && p.xbc_stride % 8 == 0 &&
+         aligned(p.xbc, 16) && aligned(p.output, 4) && aligned(p.ssm_states, 8);
+}
+
 cudaError_t Launch(const SsmScanParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.seqs.num_seqs == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.seqs.num_seqs));
+  if (SsmScanUsesSsd(p)) {
+    auto launch = [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      return DispatchSsdShape(p.head_dim, p.state_size, [&](auto p_tag, auto n_tag) {
+        constexpr int kP = decltype(p_tag)::value, kN = decltype(n_tag)::value;
+        auto run = [&](auto kernel, int threads, int smem) {
+          LMSERVE_CUDA_RETURN_IF_ERROR(
+              SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem));
+          return LaunchKernel(kernel, grid, dim3(static_cast<unsigned>(threads)),
+                              static_cast<size_t>(smem), stream, MakeScanArgs<T>(p));
+        };
+        if (p.ssd_warps == 8) {
+          using Shape = SsdShape<kP, kN, 8>;
+          return run(SsdScanKernel<T, kP, kN, 8>, Shape::kThreads, Shape::kBytes);
+        }
+        using Shape = SsdShape<kP, kN, 4>;
+        return run(SsdScanKernel<T, kP, kN, 4>, Shape::kThreads, Shape::kBytes);
+      });
+    };
+    if (p.dtype == DType::kBF16) return launch(TypeTag<__nv_bfloat16>{});
+    return launch(TypeTag<__half>{});
+  }
   return DispatchElementwiseDType(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return DispatchStateSize(p.state_size, [&](auto n_tag) {
@@ -591,7 +1043,6 @@ cudaError_t Launch(const SsmScanParams& p, cudaStream_t stream) {
                                         static_cast<int64_t>(sizeof(float)));
       LMSERVE_CUDA_RETURN_IF_ERROR(
           SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(SsmScanKernel<T, kN>), smem));
-      const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.seqs.num_seqs));
       const dim3 block(static_cast<unsigned>(p.head_dim * kLanesPerRow));
       return LaunchKernel(SsmScanKernel<T, kN>, grid, block, static_cast<size_t>(smem), stream,
                           MakeScanArgs<T>(p));

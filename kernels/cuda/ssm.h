@@ -14,11 +14,21 @@
 // [num_slots, num_heads, head_dim, state_size], as on the CPU.
 //
 // - SsmConv: the causal depthwise conv1d + SiLU over any step (prefill chunks, decodes): a
-//   thread per (channel, sequence, 16 tokens), each token's window read afresh; then a second
-//   kernel writes each sequence's last inputs into its ring.
-// - SsmScan: the scan over any step, in chunks of kScanChunk tokens staged in shared memory
-//   (x, B, C, dt), the recurrence within a chunk: one block per (sequence, head), 4 threads per
-//   head dim, each holding state_size / 4 of its state row in registers.
+//   thread per (8 channels, sequence, 16 tokens), 16-byte loads and stores, the window slid in
+//   registers so that each input is read once, SiLU with the fast exponential and division (kernels of up to 4 taps, rows aligned to 8
+//   elements: SsmConvUsesVectors); else (or `scalar`) a thread per (channel, sequence, 16 tokens),
+//   each token's window read afresh. Then a second kernel writes each sequence's last inputs into
+//   its ring.
+// - SsmScan: the scan over any step. bf16 and fp16 (SsmScanUsesSsd: head_dim 64 with state 64 or
+//   128, head_dim 32 with state 128 or 16, rows aligned to 8 elements): the chunked SSD form, one block
+//   of 4 warps (or 8: ssd_warps) per (head, sequence), chunks of kSsdChunk tokens whose intra-chunk products
+//   (C B^T masked by the decays, times x; C times the incoming state; the chunk's contribution
+//   to the state, B^T times decay-weighted x) run on tensor cores with 16-bit operands and fp32
+//   accumulation; the state is carried between chunks in fp32 (a 16-bit copy of it is the
+//   operand of C S^T), the decays in fp32. Else (fp32, other shapes, or `recurrence`): the exact
+//   recurrence on the CUDA cores, in chunks of kScanChunk tokens staged in shared memory (x, B,
+//   C, dt): one block per (sequence, head), 4 threads per head dim, each holding state_size / 4
+//   of its state row in registers.
 // - SsmDecode: a decode-only step (one token a sequence, or padding) in one kernel: the conv
 //   update of the head's x channels and its group's B and C channels, then the SSM update.
 //   Blocks of 256 threads in two shapes: at small batches a block takes 16 rows of a head (16
@@ -77,9 +87,14 @@ struct SsmConvParams {
   // The step's tokens (an upper bound on any sequence's): the grid covers them. SsmDecode does
   // not read it.
   int64_t num_tokens = 0;
+  // The one-channel-a-thread kernel even where the vectorized one would run (for A/B runs).
+  bool scalar = false;
 
   absl::Status Validate() const;
 };
+
+// Whether Launch(SsmConvParams) runs the vectorized kernel.
+bool SsmConvUsesVectors(const SsmConvParams& params);
 
 struct SsmScanParams {
   SsmDeviceSequences seqs;
@@ -99,9 +114,20 @@ struct SsmScanParams {
   float dt_min = 0.0f;
   float dt_max = 0.0f;  // 0: no upper bound
   DType dtype = DType::kBF16;  // of xbc, dt, the per-head weights and output
+  // The CUDA-core recurrence even where the SSD kernel would run (for A/B runs).
+  bool recurrence = false;
+  // The SSD kernel's warps a block: 4 (3 blocks a multiprocessor) or 8 (2; C B^T computed twice
+  // a block, fewer registers a thread); 0: the default (4).
+  int ssd_warps = 0;
 
   absl::Status Validate() const;
 };
+
+// The SSD kernel's chunk: tokens whose products a block computes at once.
+inline constexpr int kSsdChunk = 64;
+// Whether Launch(SsmScanParams) runs the chunked SSD kernel (tensor cores) rather than the
+// recurrence.
+bool SsmScanUsesSsd(const SsmScanParams& params);
 
 // A decode-only step: SsmConv and SsmScan of one token a sequence in one kernel. `scan.xbc` is
 // not read (the conv's output stays in shared memory); `conv.input` is in_proj's x B C columns.

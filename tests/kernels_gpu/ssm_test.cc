@@ -8,6 +8,7 @@
 // at most 130 steps of a decaying recurrence), the output rounding (1e-2) in bf16.
 
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -516,6 +517,274 @@ TEST(SsmGpuTest, UnsupportedShapesAreRefused) {
   EXPECT_FALSE(scan.Validate().ok());
   scan.state_size = 16;
   EXPECT_TRUE(scan.Validate().ok()) << scan.Validate();
+}
+
+
+// The vectorized conv (8 channels a thread, the window in registers) and the scalar one against
+// the CPU twin over three steps that continue each other's rings: prefills of 1, 40 and 97
+// tokens, then 1, 5 and 33 tokens, then 2, 1 and 64; conv kernels of 4 taps (Mamba-2's) and 2
+// (the window's first taps unused). Channels 136: a partial block of threads.
+TEST(SsmGpuTest, VectorizedConvMatchesTheCpuOverThreeSteps) {
+  LMSERVE_REQUIRE_GPU();
+  constexpr int64_t kChannels = 136, kStride = 160, kSlotCount = 4;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t taps : {4, 2}) {
+      for (bool scalar : {false, true}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " kernel " << taps
+                                          << (scalar ? " scalar" : " vectorized") << " seed "
+                                          << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> w = RandomFloats(kChannels * taps, rng, 0.5f);
+        std::vector<float> b = RandomFloats(kChannels, rng, 0.1f);
+        DeviceBuffer<uint8_t> d_w = Upload(w, dtype), d_b = Upload(b, dtype);
+        const std::vector<int32_t> slots = {2, 0, 3};
+        DeviceBuffer<int32_t> d_slots(slots);
+        std::vector<float> cpu_ring(kSlotCount * (taps - 1) * kChannels, 7.0f);
+        DeviceBuffer<float> gpu_ring(static_cast<size_t>(kSlotCount * taps * kChannels));
+        gpu_ring.Poison(0x40);
+        const Step steps[] = {{{1, 40, 97}, {1, 40, 97}},
+                              {{1, 5, 33}, {2, 45, 130}},
+                              {{2, 1, 64}, {4, 46, 194}}};
+        for (size_t k = 0; k < 3; ++k) {
+          SCOPED_TRACE(::testing::Message() << "step " << k);
+          std::vector<int32_t> query_start = {0};
+          for (int32_t len : steps[k].lens) query_start.push_back(query_start.back() + len);
+          const int64_t tokens = query_start.back();
+          std::vector<float> in = RandomFloats(tokens * kStride, rng);
+          DeviceBuffer<uint8_t> d_in = Upload(in, dtype);
+          DeviceBuffer<int32_t> d_qs(query_start), d_ctx(steps[k].context_lens);
+          std::vector<float> want(tokens * kChannels);
+          kernels::CausalConv1d({.seqs = {.query_start = query_start.data(),
+                                          .context_lens = steps[k].context_lens.data(),
+                                          .state_slots = slots.data(),
+                                          .num_seqs = 3,
+                                          .num_slots = kSlotCount},
+                                 .input = in.data(),
+                                 .input_stride = kStride,
+                                 .weight = w.data(),
+                                 .bias = b.data(),
+                                 .output = want.data(),
+                                 .conv_states = cpu_ring.data(),
+                                 .channels = kChannels,
+                                 .kernel = taps});
+          DeviceBuffer<uint8_t> d_out = Poisoned(tokens * kChannels, dtype);
+          const SsmConvParams conv{.seqs = {.query_start = d_qs.get(),
+                                            .context_lens = d_ctx.get(),
+                                            .state_slots = d_slots.get(),
+                                            .num_seqs = 3,
+                                            .num_slots = kSlotCount},
+                                   .input = d_in.get(),
+                                   .input_stride = kStride,
+                                   .weight = d_w.get(),
+                                   .bias = d_b.get(),
+                                   .output = d_out.get(),
+                                   .conv_states = gpu_ring.get(),
+                                   .channels = kChannels,
+                                   .kernel = taps,
+                                   .dtype = dtype,
+                                   .num_tokens = tokens,
+                                   .scalar = scalar};
+          EXPECT_EQ(SsmConvUsesVectors(conv), !scalar);
+          CUDA_ASSERT(Launch(conv, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          EXPECT_LE(RelativeL2(Download(d_out, dtype), want), testing::Tolerance(dtype));
+        }
+      }
+    }
+  }
+}
+
+// The chunked SSD scan (tensor cores) against the CPU twin's scan and the GPU's recurrence:
+// the four head shapes it is built for (state 16: warps that hold none of the state), blocks of
+// 4 warps (the default) in bf16 and fp16 and of 8 in bf16; two steps of four sequences in odd
+// slots — lengths 1, 64, 200 (four chunks, the last short) and 130 from zero state, then 1, 1,
+// 65 and 127 continuing from the states the first step left (carried state, 1-token sequences in a
+// prefill step). Then one prompt of 150 tokens fed in pieces of 1, 7, 32, 50 and 60 (state
+// carried through the slot) against the same prompt at once. Bounds (relative L2): 1e-2 on the
+// outputs (16-bit operands of the products: C B^T, the mask, the state copy, x o w), 2e-2 on the
+// fp32 states.
+struct SsdShapeCase {
+  int64_t heads, head_dim, state, groups;
+};
+
+TEST(SsmGpuTest, SsdScanMatchesTheCpuAndTheRecurrence) {
+  LMSERVE_REQUIRE_GPU();
+  constexpr int64_t kSlotCount = 6;
+  for (const SsdShapeCase& shape :
+       {SsdShapeCase{4, 64, 128, 1}, SsdShapeCase{4, 64, 64, 2}, SsdShapeCase{2, 32, 128, 1},
+        SsdShapeCase{8, 32, 16, 1}}) {
+    for (const std::pair<DType, int>& variant :
+         {std::pair{DType::kBF16, 4}, std::pair{DType::kF16, 4}, std::pair{DType::kBF16, 8}}) {
+      const DType dtype = variant.first;
+      const int warps = variant.second;
+      const int64_t heads = shape.heads, hd = shape.head_dim, n = shape.state;
+      const int64_t inner = heads * hd, xbc_width = inner + 2 * shape.groups * n;
+      const int64_t dt_stride = heads + 8;
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " heads " << heads << " x "
+                                        << hd << ", state " << n << ", groups " << shape.groups
+                                        << ", " << warps << " warps a block, seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> dt_bias = RandomFloats(heads, rng, 0.5f, -1.0f);
+      std::vector<float> a_log = RandomFloats(heads, rng, 0.5f);
+      std::vector<float> d = RandomFloats(heads, rng, 1.0f);
+      DeviceBuffer<uint8_t> d_dt_bias = Upload(dt_bias, dtype), d_a_log = Upload(a_log, dtype),
+                            d_d = Upload(d, dtype);
+      const size_t state_floats = static_cast<size_t>(kSlotCount * heads * hd * n);
+      std::vector<float> cpu_ssm(state_floats, 7.0f);
+      DeviceBuffer<float> ssd_ssm(cpu_ssm), rec_ssm(cpu_ssm);
+      // One step of `lens` tokens a sequence in `slots`, on the CPU, the SSD kernel and the
+      // recurrence; returns the SSD kernel's outputs.
+      auto run_step = [&](const std::vector<int32_t>& lens, const std::vector<int32_t>& context,
+                          const std::vector<int32_t>& slots, std::vector<float>& xbc,
+                          std::vector<float>& dt, bool compare) {
+        const int64_t seqs = static_cast<int64_t>(lens.size());
+        std::vector<int32_t> query_start = {0};
+        for (int32_t len : lens) query_start.push_back(query_start.back() + len);
+        const int64_t tokens = query_start.back();
+        DeviceBuffer<uint8_t> d_xbc = Upload(xbc, dtype), d_dt = Upload(dt, dtype);
+        DeviceBuffer<int32_t> d_qs(query_start), d_ctx(context), d_slots(slots);
+        std::vector<float> want(tokens * inner);
+        kernels::SsmScan({.seqs = {.query_start = query_start.data(),
+                                   .context_lens = context.data(),
+                                   .state_slots = slots.data(),
+                                   .num_seqs = seqs,
+                                   .num_slots = kSlotCount},
+                          .xbc = xbc.data(),
+                          .xbc_stride = xbc_width,
+                          .dt = dt.data(),
+                          .dt_stride = dt_stride,
+                          .dt_bias = dt_bias.data(),
+                          .a_log = a_log.data(),
+                          .d = d.data(),
+                          .output = want.data(),
+                          .ssm_states = cpu_ssm.data(),
+                          .num_heads = heads,
+                          .head_dim = hd,
+                          .state_size = n,
+                          .n_groups = shape.groups,
+                          .chunk_size = 16});
+        DeviceBuffer<uint8_t> ssd_y = Poisoned(tokens * inner, dtype);
+        DeviceBuffer<uint8_t> rec_y = Poisoned(tokens * inner, dtype);
+        SsmScanParams scan{.seqs = {.query_start = d_qs.get(),
+                                    .context_lens = d_ctx.get(),
+                                    .state_slots = d_slots.get(),
+                                    .num_seqs = seqs,
+                                    .num_slots = kSlotCount},
+                           .xbc = d_xbc.get(),
+                           .xbc_stride = xbc_width,
+                           .dt = d_dt.get(),
+                           .dt_stride = dt_stride,
+                           .dt_bias = d_dt_bias.get(),
+                           .a_log = d_a_log.get(),
+                           .d = d_d.get(),
+                           .output = ssd_y.get(),
+                           .ssm_states = ssd_ssm.get(),
+                           .num_heads = heads,
+                           .head_dim = hd,
+                           .state_size = n,
+                           .n_groups = shape.groups,
+                           .dtype = dtype,
+                           .ssd_warps = warps};
+        EXPECT_TRUE(SsmScanUsesSsd(scan));
+        EXPECT_EQ(Launch(scan, nullptr), cudaSuccess);
+        scan.recurrence = true;
+        scan.output = rec_y.get();
+        scan.ssm_states = rec_ssm.get();
+        EXPECT_FALSE(SsmScanUsesSsd(scan));
+        EXPECT_EQ(Launch(scan, nullptr), cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> got = Download(ssd_y, dtype);
+        if (compare) {
+          EXPECT_LE(RelativeL2(got, want), 1e-2) << "SSD output against the CPU";
+          EXPECT_LE(RelativeL2(got, Download(rec_y, dtype)), 1e-2)
+              << "SSD output against the recurrence";
+          EXPECT_LE(RelativeL2(ssd_ssm.Download(), cpu_ssm), 2e-2) << "SSD states against the CPU";
+        }
+        return got;
+      };
+      auto inputs = [&](int64_t tokens, std::vector<float>& xbc, std::vector<float>& dt) {
+        xbc = RandomFloats(tokens * xbc_width, rng);
+        dt = RandomFloats(tokens * dt_stride, rng);
+      };
+      std::vector<float> xbc, dt;
+      {
+        SCOPED_TRACE("step 1 (from zero)");
+        inputs(1 + 64 + 200 + 130, xbc, dt);
+        run_step({1, 64, 200, 130}, {1, 64, 200, 130}, {5, 0, 3, 1}, xbc, dt, true);
+      }
+      {
+        SCOPED_TRACE("step 2 (continuing)");
+        inputs(1 + 1 + 65 + 127, xbc, dt);
+        run_step({1, 1, 65, 127}, {2, 65, 265, 257}, {5, 0, 3, 1}, xbc, dt, true);
+      }
+      // One prompt at once (slot 2) and in pieces (slot 4).
+      const int64_t prompt = 150;
+      std::vector<float> p_xbc, p_dt;
+      inputs(prompt, p_xbc, p_dt);
+      std::vector<float> whole;
+      {
+        SCOPED_TRACE("the prompt at once");
+        whole = run_step({static_cast<int32_t>(prompt)}, {static_cast<int32_t>(prompt)}, {2},
+                         p_xbc, p_dt, true);
+      }
+      std::vector<float> pieces;
+      int32_t done = 0;
+      for (int32_t piece : {1, 7, 32, 50, 60}) {
+        SCOPED_TRACE(::testing::Message() << "a piece of " << piece << " after " << done);
+        std::vector<float> x(p_xbc.begin() + done * xbc_width,
+                             p_xbc.begin() + (done + piece) * xbc_width);
+        std::vector<float> t(p_dt.begin() + done * dt_stride,
+                             p_dt.begin() + (done + piece) * dt_stride);
+        done += piece;
+        const std::vector<float> got = run_step({piece}, {done}, {4}, x, t, true);
+        pieces.insert(pieces.end(), got.begin(), got.end());
+      }
+      EXPECT_LE(RelativeL2(pieces, whole), 1e-2) << "pieces against the prompt at once";
+      const std::vector<float> states = ssd_ssm.Download();
+      const size_t slot_floats = static_cast<size_t>(heads * hd * n);
+      const std::vector<float> at_once(states.begin() + 2 * slot_floats,
+                                       states.begin() + 3 * slot_floats);
+      const std::vector<float> in_pieces(states.begin() + 4 * slot_floats,
+                                         states.begin() + 5 * slot_floats);
+      EXPECT_LE(RelativeL2(in_pieces, at_once), 2e-2) << "states: pieces against at once";
+    }
+  }
+}
+
+// Shapes, types and layouts the SSD kernel is not built for run the recurrence.
+TEST(SsmGpuTest, SsdScanFallsBackToTheRecurrence) {
+  SsmScanParams scan{.seqs = {},
+                     .xbc_stride = 64 * 4 + 256,
+                     .num_heads = 4,
+                     .head_dim = 64,
+                     .state_size = 128,
+                     .n_groups = 1,
+                     .dtype = DType::kBF16};
+  alignas(16) static char buffer[64];
+  scan.xbc = buffer;
+  scan.output = buffer;
+  scan.ssm_states = reinterpret_cast<float*>(buffer);
+  EXPECT_TRUE(SsmScanUsesSsd(scan));
+  SsmScanParams other = scan;
+  other.dtype = DType::kF32;
+  EXPECT_FALSE(SsmScanUsesSsd(other)) << "fp32";
+  other = scan;
+  other.state_size = 256;
+  EXPECT_FALSE(SsmScanUsesSsd(other)) << "state 256";
+  other = scan;
+  other.head_dim = 16;
+  EXPECT_FALSE(SsmScanUsesSsd(other)) << "head_dim 16";
+  other = scan;
+  other.xbc_stride += 4;
+  EXPECT_FALSE(SsmScanUsesSsd(other)) << "a stride not a multiple of 8";
+  other = scan;
+  other.xbc = buffer + 2;
+  EXPECT_FALSE(SsmScanUsesSsd(other)) << "unaligned rows";
+  other = scan;
+  other.recurrence = true;
+  EXPECT_FALSE(SsmScanUsesSsd(other)) << "asked for the recurrence";
 }
 
 }  // namespace
