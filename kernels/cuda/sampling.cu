@@ -444,7 +444,9 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       if (batch + 1 < batches) load_batch(batch + 1, next);
       float batch_max = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < 4 * kPassSegments; ++e) batch_max = fmaxf(batch_max, x[e]);  // NaN ignored
+      for (int e = 0; e < 4 * kPassSegments; ++e) {
+        batch_max = fmaxf(batch_max, x[e]);  // NaN ignored
+      }
       if (batch_max > m) {
         s *= __expf(m - batch_max);  // m = -inf: s is 0
         m = batch_max;
