@@ -337,6 +337,56 @@ __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size,
   }
 }
 
+// A warp's region is about to overflow (the one-pass path): raises the warp's floor from `admit`
+// a nat at a time until the region's entries and the batch's kept elements (bits of `keep` over
+// x) at or above it fill at most half the region, drops the entries below it (in place, in
+// order) and returns it; *count gets the entries left. After 64 nats (logits of absurd range or
+// precision) it drops every entry and returns +inf: the region lost tokens it should hold.
+// Warp-uniform arguments; the whole warp calls it.
+template <int kElements>
+__device__ __forceinline__ float RaiseWarpFloor(uint32_t* keys, uint16_t* offsets, int* count,
+                                                int capacity, float admit,
+                                                const float (&x)[kElements], unsigned keep) {
+  const unsigned lanes_below = (1u << (threadIdx.x % 32)) - 1u;
+  __syncwarp();  // the region's entries, written by any lane, are visible to every lane
+  float level = admit;
+  for (int step = 1;; ++step) {
+    if (step > 64) {
+      level = INFINITY;
+      break;
+    }
+    level += 1.0f;
+    int kept = 0;
+    for (int i0 = 0; i0 < *count; i0 += 32) {
+      const int i = i0 + static_cast<int>(threadIdx.x % 32);
+      kept += __popc(__ballot_sync(0xffffffffu, i < *count && KeyToFloat(keys[i]) >= level));
+    }
+    int batch_kept = 0;
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) batch_kept += ((keep >> e) & 1u) && x[e] >= level;
+    kept += __reduce_add_sync(0xffffffffu, batch_kept);
+    if (kept <= capacity / 2) break;
+  }
+  int out = 0;
+  for (int i0 = 0; i0 < *count; i0 += 32) {
+    const int i = i0 + static_cast<int>(threadIdx.x % 32);
+    const uint32_t key = i < *count ? keys[i] : 0u;
+    const uint16_t offset = i < *count ? offsets[i] : 0;
+    const bool in = i < *count && level < INFINITY && KeyToFloat(key) >= level;
+    const unsigned votes = __ballot_sync(0xffffffffu, in);
+    __syncwarp();  // the chunk is read before any lane writes (writes land at or below it)
+    if (in) {
+      const int at = out + __popc(votes & lanes_below);
+      keys[at] = key;
+      offsets[at] = offset;
+    }
+    out += __popc(votes);
+    __syncwarp();
+  }
+  *count = out;
+  return level;
+}
+
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_warp[32];
@@ -347,7 +397,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
   SamplerSmem& big = *sh.big;
   __shared__ uint32_t s_refresh[2][kWarpsPerRow];
-  __shared__ int s_region_count[kWarpsPerRow];
+  __shared__ uint32_t s_region_floor[kWarpsPerRow];
   __shared__ int s_window_count[kWarpsPerRow][kWindows];
   __shared__ float s_window_mass[kWarpsPerRow][kWindows];
   // The candidates' area (max_candidates * kCandidateBytes): the one-pass path's final arrays
@@ -409,8 +459,9 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     //    kFusedNats of max(its own running maximum, the block's maximum at the last barrier), in
     //    vocabulary order, in its own region of shared memory: key and 16-bit offset into its
     //    part. Both maxima are at most the row's, so every token within kFusedNats of the row's
-    //    maximum is kept, and the rule depends on the row alone (not on timing): the candidates,
-    //    and whether a region overflowed, are the same on every launch.
+    //    maximum is kept, and the rule depends on the row alone (not on timing): the candidates
+    //    and the warps' floors (RaiseWarpFloor, where a region would overflow) are the same on
+    //    every launch.
     const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
     const unsigned lanes_below = (1u << lane) - 1u;
     const int n4 = vocab / 4;
@@ -433,7 +484,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
     uint32_t warp_key = 0u;         // key of the warp's running maximum (0: none yet)
     uint32_t block_key = 0u;        // key of the block's maximum at the last barrier
-    int count = 0;                  // the warp's candidates so far (past region_capacity: lost)
+    int count = 0;                  // the warp's candidates so far
+    // The warp keeps no token below this (raised when its region would overflow): its region
+    // holds every token of its part at or above max(warp_floor, the row's maximum - kFusedNats).
+    float warp_floor = -INFINITY;
     for (int batch = 0; batch < batches; ++batch) {
       float x[4 * kPassSegments];  // element e of segment j: x[4 * j + e]
 #pragma unroll
@@ -461,19 +515,27 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         __syncthreads();
         block_key = __reduce_max_sync(0xffffffffu, s_refresh[batch & 1][lane]);
       }
-      const float admit = KeyToFloat(max(warp_key, block_key)) - kFusedNats;
+      // The batch's tokens to keep (bit 4 * j + e: element e of segment j) and how many.
+      const float admit = fmaxf(KeyToFloat(max(warp_key, block_key)) - kFusedNats, warp_floor);
+      unsigned keep = 0;
+#pragma unroll
+      for (int e = 0; e < 4 * kPassSegments; ++e) {
+        if (x[e] > -INFINITY && x[e] >= admit) keep |= 1u << e;
+      }
+      if (count + __reduce_add_sync(0xffffffffu, __popc(keep)) > region_capacity) {
+        warp_floor = RaiseWarpFloor(my_keys, my_offsets, &count, region_capacity, admit, x, keep);
+#pragma unroll
+        for (int e = 0; e < 4 * kPassSegments; ++e) {
+          if (!(x[e] >= warp_floor) || warp_floor == INFINITY) keep &= ~(1u << e);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kPassSegments; ++j) {
-        unsigned keep = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (x[4 * j + e] > -INFINITY && x[4 * j + e] >= admit) keep |= 1u << e;
-        }
         // Vocabulary order within the segment: lane, then element.
         int before = 0, total = 0;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const unsigned votes = __ballot_sync(0xffffffffu, (keep >> e) & 1u);
+          const unsigned votes = __ballot_sync(0xffffffffu, (keep >> (4 * j + e)) & 1u);
           before += __popc(votes & lanes_below);
           total += __popc(votes);
         }
@@ -482,11 +544,9 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         const int offset = 4 * ((batch * kPassSegments + j) * 32 + lane);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if ((keep >> e) & 1u) {
-            if (slot < region_capacity) {
-              my_keys[slot] = OrderedKey(x[4 * j + e]);
-              my_offsets[slot] = static_cast<uint16_t>(offset + e);
-            }
+          if ((keep >> (4 * j + e)) & 1u) {
+            my_keys[slot] = OrderedKey(x[4 * j + e]);
+            my_offsets[slot] = static_cast<uint16_t>(offset + e);
             ++slot;
           }
         }
@@ -505,10 +565,13 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     //    min-p's range) and fit the final arrays; its tokens, gathered in vocabulary order,
     //    are the candidates. Counts are exact; each warp's masses are summed in a fixed order,
     //    then the warps' in warp order: every warp computes the same sums.
-    if (lane == 0) s_region_count[warp] = count;
+    //    A window reaching below some warp's floor is incomplete, and not taken.
+    if (lane == 0) {  // +inf: the region lost tokens (RaiseWarpFloor), no window is whole
+      s_region_floor[warp] = warp_floor == INFINITY ? 0xffffffffu : OrderedKey(warp_floor);
+    }
     __syncthreads();
-    const bool overflow = __any_sync(0xffffffffu, s_region_count[lane] > region_capacity);
-    if (!overflow) {  // the same in every thread
+    const uint32_t floor_key = __reduce_max_sync(0xffffffffu, s_region_floor[lane]);
+    {
       uint32_t window_lower[kWindows];
 #pragma unroll
       for (int k = 0; k < kWindows; ++k) window_lower[k] = OrderedKey(max_z - WindowNats(k));
@@ -545,7 +608,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
           covered = -logf(min_p) <= WindowNats(k) - 0.5f;
         }
-        if (selected < 0 && covered && in_window <= final_capacity) {
+        if (selected < 0 && covered && in_window <= final_capacity &&
+            window_lower[k] >= floor_key) {
           selected = k, selected_count = in_window;
         }
       }

@@ -8,14 +8,16 @@
 //      32 warps reads its own contiguous part of the row (coalesced float4 segments, the next
 //      batch's loads in flight) and keeps the tokens within 10.5 nats of max(its own running
 //      maximum, the block's maximum shared at a barrier after each of its first 4 batches) in its
-//      own region of shared memory (a key and a 16-bit offset), with no other block barrier. Both
-//      maxima are at most the row's, so the regions hold every token within 10.5 nats of the
-//      row's maximum, and what they hold depends on the row alone. Then the smallest of five
-//      windows (4, 6, 8, 9, 10 nats below the maximum) whose tokens hold the kept set (top-k's k
-//      tokens, top-p's mass, min-p's range) is gathered, in vocabulary order, and step 4 runs on
-//      it: the row is read once (typical logits; the truncation first, as Qrita's
-//      sigma-truncation and FlashInfer's pivots avoid a sort, but exact). Otherwise (flat rows, a
-//      region past its capacity, or a window past the gathered arrays' capacity):
+//      own region of shared memory (a key and a 16-bit offset), with no other block barrier; a
+//      warp whose region would overflow raises a floor under its tokens a nat at a time until it
+//      is half full. Both maxima are at most the row's, so a region holds every token of its
+//      part within 10.5 nats of the row's maximum and at or above its floor, and what it holds
+//      depends on the row alone. Then the smallest of five windows (4, 6, 8, 9, 10 nats below the
+//      maximum) whose tokens hold the kept set (top-k's k tokens, top-p's mass, min-p's range),
+//      above every warp's floor, is gathered, in vocabulary order, and step 4 runs on it: the row
+//      is read once (typical logits; the truncation first, as Qrita's sigma-truncation and
+//      FlashInfer's pivots avoid a sort, but exact). Otherwise (flat rows, or a window past a
+//      floor or past the gathered arrays' capacity):
 //   2. one pass for a count histogram of the distance from the maximum,
 //      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
 //      top-p by a lower bound on each bin's weight, min-p directly);
