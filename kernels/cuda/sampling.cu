@@ -410,8 +410,8 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   uint32_t* cand_key = reinterpret_cast<uint32_t*>(candidate_area);
   float* cand_weight = reinterpret_cast<float*>(cand_key + final_share);
   int32_t* cand_index = reinterpret_cast<int32_t*>(cand_weight + final_share);
-  const int region_capacity = (max_candidates - final_share) * kCandidateBytes /
-                              (kWarpsPerRow * kRegionEntryBytes) / 2 * 2;
+  const int region_capacity =
+      (max_candidates - final_share) * kCandidateBytes / (kWarpsPerRow * kRegionEntryBytes) / 2 * 2;
   uint32_t* const region_key = reinterpret_cast<uint32_t*>(cand_index + final_share);
   uint16_t* const region_offset =
       reinterpret_cast<uint16_t*>(region_key + kWarpsPerRow * region_capacity);
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         if (x[e] > -INFINITY) s += __expf(x[e] - m);  // not NaN, not -inf: m is finite
       }
       warp_key = max(warp_key, __reduce_max_sync(0xffffffffu, OrderedKey(batch_max)));
-      if (batch < kRefreshBatches) {  // the same in every thread: uniform barrier
+      if (batch < kRefreshBatches) {            // the same in every thread: uniform barrier
         s_refresh[batch & 1][warp] = warp_key;  // two buffers: no warp still reads this one
         __syncthreads();
         block_key = __reduce_max_sync(0xffffffffu, s_refresh[batch & 1][lane]);
