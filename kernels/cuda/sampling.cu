@@ -309,20 +309,22 @@ constexpr int kTileItems = kItems * kThreads;
 // The one-pass path (filtered rows, vocabularies up to kWarpPassMaxVocab): each warp reads its own
 // part of the row and keeps its candidates in its own region (a key and a 16-bit offset into its
 // part, kRegionEntryBytes); the smallest window of kWindows (WindowNats) that holds the kept set
-// is then gathered into the final arrays (max_candidates / kFinalShare entries).
+// is then gathered into the final arrays (max_candidates * kFinalEighths / 8 entries: 6,144 on
+// the Hopper path, where a row of the kernel bench whose maximum is low needs ~5,000 for top-p
+// 0.9; the regions get the rest, 640 entries a warp).
 constexpr int kWarpsPerRow = kThreads / 32;
 constexpr int kPassSegments = 4;    // float4 loads a lane has in flight (and as many next)
-constexpr int kRefreshBatches = 4;  // batches after which the block's maximum is shared
+constexpr int kRefreshBatches = 8;  // batches after which the block's maximum is shared
 constexpr int kRegionEntryBytes = 4 + 2;
-constexpr int kFinalShare = 4;
+constexpr int kFinalEighths = 3;
 constexpr int64_t kWarpPassMaxVocab = int64_t{kWarpsPerRow} * 65536;  // offsets fit 16 bits
 constexpr int kWindows = 5;
 // Window k keeps the tokens within WindowNats(k) of the maximum: 4, 6, 8, 9, 10 nats.
 __device__ __forceinline__ constexpr float WindowNats(int k) {
   return k < 3 ? 4.0f + 2.0f * static_cast<float>(k) : 6.0f + static_cast<float>(k);
 }
-static_assert(kSamplingCandidatesPortable % (4 * kFinalShare) == 0 &&
-                  kSamplingCandidates % (4 * kFinalShare) == 0,
+static_assert(kSamplingCandidatesPortable * kFinalEighths % 32 == 0 &&
+                  kSamplingCandidates * kFinalEighths % 32 == 0,
               "the final arrays start 16-byte aligned and hold a multiple of 4");
 
 // 16 contiguous logits from i0 (a multiple of 16); past the end: NaN, which is never kept.
@@ -401,12 +403,12 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   __shared__ int s_window_count[kWarpsPerRow][kWindows];
   __shared__ float s_window_mass[kWarpsPerRow][kWindows];
   // The candidates' area (max_candidates * kCandidateBytes): the one-pass path's final arrays
-  // (max_candidates / kFinalShare of each: keys, weights, indices), then its warps' regions
+  // (final_share of each: keys, weights, indices), then its warps' regions
   // (region_capacity keys each, then region_capacity 16-bit offsets each); the histogram path's
   // arrays (max_candidates of each) over all of it.
   const int max_candidates = a.max_candidates;
   unsigned char* const candidate_area = smem_raw + sizeof(SamplerSmem);
-  const int final_share = max_candidates / kFinalShare;
+  const int final_share = max_candidates * kFinalEighths / 8;
   uint32_t* cand_key = reinterpret_cast<uint32_t*>(candidate_area);
   float* cand_weight = reinterpret_cast<float*>(cand_key + final_share);
   int32_t* cand_index = reinterpret_cast<int32_t*>(cand_weight + final_share);
@@ -594,7 +596,6 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         if (lane == 0) s_window_count[warp][k] = window_count[k], s_window_mass[warp][k] = mass;
       }
       __syncthreads();
-      const int final_capacity = max_candidates / kFinalShare;
       int selected = -1, selected_count = 0;
 #pragma unroll
       for (int k = 0; k < kWindows; ++k) {
@@ -608,7 +609,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
         } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
           covered = -logf(min_p) <= WindowNats(k) - 0.5f;
         }
-        if (selected < 0 && covered && in_window <= final_capacity &&
+        if (selected < 0 && covered && in_window <= final_share &&
             window_lower[k] >= floor_key) {
           selected = k, selected_count = in_window;
         }

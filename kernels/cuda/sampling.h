@@ -7,7 +7,7 @@
 //      most 32 x 65,536), the same pass also collects the candidates, warp by warp: each of the
 //      32 warps reads its own contiguous part of the row (coalesced float4 segments, the next
 //      batch's loads in flight) and keeps the tokens within 10.5 nats of max(its own running
-//      maximum, the block's maximum shared at a barrier after each of its first 4 batches) in its
+//      maximum, the block's maximum shared at a barrier after each of its first 8 batches) in its
 //      own region of shared memory (a key and a 16-bit offset), with no other block barrier; a
 //      warp whose region would overflow raises a floor under its tokens a nat at a time until it
 //      is half full. Both maxima are at most the row's, so a region holds every token of its

@@ -378,7 +378,7 @@ TEST(SamplingGpuTest, WarpRegionsAndWindowsMatchCpu) {
     const std::vector<RowSettings> settings = {
         {0.5f, 0, 0.9f, 0.0f},    {0.8f, 0, 0.9f, 0.0f},  {0.8f, 0, 0.9f, 0.0f},
         {0.8f, 50, 0.9f, 0.0f},   {0.8f, 0, 1.0f, 0.05f}, {0.8f, 0, 1.0f, 0.001f},
-        {0.8f, 6000, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f},  {1.0f, 0, 0.9f, 0.0f},
+        {0.8f, 7000, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f},  {1.0f, 0, 0.9f, 0.0f},
         {1.0f, 0, 0.9f, 0.0f},    {1.0f, 20, 1.0f, 0.0f},
     };
     const auto rows = static_cast<int64_t>(settings.size());
