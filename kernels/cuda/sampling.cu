@@ -579,21 +579,21 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
       for (int k = 0; k < kWindows; ++k) window_lower[k] = OrderedKey(max_z - WindowNats(k));
       int window_count[kWindows] = {};
       float window_mass[kWindows] = {};
-      for (int i0 = 0; i0 < count; i0 += 32) {
-        const int i = i0 + lane;
-        const uint32_t key = i < count ? my_keys[i] : 0u;  // key 0: below every window
-        const float w = i < count ? __expf(KeyToFloat(key) - max_z) : 0.0f;
+      // The windows are nested: k = kWindows - 1 is the widest.
+      for (int i = lane; i < count; i += 32) {
+        const uint32_t key = my_keys[i];
+        if (key < window_lower[kWindows - 1]) continue;
+        const float w = __expf(KeyToFloat(key) - max_z);
 #pragma unroll
         for (int k = 0; k < kWindows; ++k) {
-          const bool in = key >= window_lower[k] && key != 0u;
-          window_count[k] += __popc(__ballot_sync(0xffffffffu, in));
-          if (in) window_mass[k] += w;
+          if (key >= window_lower[k]) window_count[k] += 1, window_mass[k] += w;
         }
       }
 #pragma unroll
       for (int k = 0; k < kWindows; ++k) {
+        const int in_window = __reduce_add_sync(0xffffffffu, window_count[k]);
         const float mass = WarpSum(window_mass[k]);
-        if (lane == 0) s_window_count[warp][k] = window_count[k], s_window_mass[warp][k] = mass;
+        if (lane == 0) s_window_count[warp][k] = in_window, s_window_mass[warp][k] = mass;
       }
       __syncthreads();
       int selected = -1, selected_count = 0;
