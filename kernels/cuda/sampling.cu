@@ -44,6 +44,11 @@ __device__ __forceinline__ uint32_t OrderedKey(float z) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// The inverse of OrderedKey for every key of a number (key 0, NaN's, gives a NaN).
+__device__ __forceinline__ float KeyToFloat(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 // Argmax order: a number beats NaN, a larger value beats a smaller, a lower index breaks ties.
 __device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i) {
   const bool nan_v = v != v, nan_best = best_v != best_v;
@@ -187,35 +192,6 @@ __device__ float BlockScan(float x, float* exclusive, float* total, float* s_sca
   return inclusive;
 }
 
-// Exclusive prefix sum of 64-bit integers over the block, in thread order; *total gets the
-// block's sum. Exact (integers), so the sampler packs four 16-bit counts into one value (each
-// field's block total below 2^16: no carries between fields). Barriers inside; s_warp: [32].
-__device__ unsigned long long BlockScanU64(unsigned long long x, unsigned long long* total,
-                                          unsigned long long* s_warp) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  unsigned long long v = x;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const unsigned long long t = __shfl_up_sync(0xffffffffu, v, offset);
-    if (lane >= offset) v += t;
-  }
-  __syncthreads();  // s_warp may still be read by a previous call
-  if (lane == 31) s_warp[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    unsigned long long w = s_warp[lane];
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const unsigned long long t = __shfl_up_sync(0xffffffffu, w, offset);
-      if (lane >= offset) w += t;
-    }
-    s_warp[lane] = w;
-  }
-  __syncthreads();
-  *total = s_warp[kThreads / 32 - 1];
-  return (warp > 0 ? s_warp[warp - 1] : 0ull) + v - x;
-}
-
 struct Shared {
   SamplerSmem* big;
   float* warp;      // [32]
@@ -330,6 +306,27 @@ constexpr float kFusedNats = 10.5f;  // pass 1 keeps the tokens within this of t
 constexpr int kItems = 16;           // contiguous elements per thread in the ordered passes
 constexpr int kTileItems = kItems * kThreads;
 
+// The one-pass path (filtered rows, vocabularies up to kWarpPassMaxVocab): each warp reads its own
+// part of the row and keeps its candidates in its own region (a key and a 16-bit offset into its
+// part, kRegionEntryBytes); the smallest window of kWindows (WindowNats) that holds the kept set
+// is then gathered into the final arrays (max_candidates * kFinalEighths / 8 entries: 6,144 on
+// the Hopper path, where a row of the kernel bench whose maximum is low needs ~5,000 for top-p
+// 0.9; the regions get the rest, 640 entries a warp).
+constexpr int kWarpsPerRow = kThreads / 32;
+constexpr int kPassSegments = 4;    // float4 loads a lane has in flight (and as many next)
+constexpr int kRefreshBatches = 8;  // batches after which the block's maximum is shared
+constexpr int kRegionEntryBytes = 4 + 2;
+constexpr int kFinalEighths = 3;
+constexpr int64_t kWarpPassMaxVocab = int64_t{kWarpsPerRow} * 65536;  // offsets fit 16 bits
+constexpr int kWindows = 5;
+// Window k keeps the tokens within WindowNats(k) of the maximum: 4, 6, 8, 9, 10 nats.
+__device__ __forceinline__ constexpr float WindowNats(int k) {
+  return k < 3 ? 4.0f + 2.0f * static_cast<float>(k) : 6.0f + static_cast<float>(k);
+}
+static_assert(kSamplingCandidatesPortable * kFinalEighths % 32 == 0 &&
+                  kSamplingCandidates * kFinalEighths % 32 == 0,
+              "the final arrays start 16-byte aligned and hold a multiple of 4");
+
 // 16 contiguous logits from i0 (a multiple of 16); past the end: NaN, which is never kept.
 __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size, int i0,
                                                float (&x)[kItems]) {
@@ -342,20 +339,84 @@ __device__ __forceinline__ void LoadContiguous(const float* row, int vocab_size,
   }
 }
 
+// A warp's region is about to overflow (the one-pass path): raises the warp's floor from `admit`
+// a nat at a time until the region's entries and the batch's kept elements (bits of `keep` over
+// x) at or above it fill at most half the region, drops the entries below it (in place, in
+// order) and returns it; *count gets the entries left. After 64 nats (logits of absurd range or
+// precision) it drops every entry and returns +inf: the region lost tokens it should hold.
+// Warp-uniform arguments; the whole warp calls it.
+template <int kElements>
+__device__ __forceinline__ float RaiseWarpFloor(uint32_t* keys, uint16_t* offsets, int* count,
+                                                int capacity, float admit,
+                                                const float (&x)[kElements], unsigned keep) {
+  const unsigned lanes_below = (1u << (threadIdx.x % 32)) - 1u;
+  __syncwarp();  // the region's entries, written by any lane, are visible to every lane
+  float level = admit;
+  for (int step = 1;; ++step) {
+    if (step > 64) {
+      level = INFINITY;
+      break;
+    }
+    level += 1.0f;
+    int kept = 0;
+    for (int i0 = 0; i0 < *count; i0 += 32) {
+      const int i = i0 + static_cast<int>(threadIdx.x % 32);
+      kept += __popc(__ballot_sync(0xffffffffu, i < *count && KeyToFloat(keys[i]) >= level));
+    }
+    int batch_kept = 0;
+#pragma unroll
+    for (int e = 0; e < kElements; ++e) batch_kept += ((keep >> e) & 1u) && x[e] >= level;
+    kept += __reduce_add_sync(0xffffffffu, batch_kept);
+    if (kept <= capacity / 2) break;
+  }
+  int out = 0;
+  for (int i0 = 0; i0 < *count; i0 += 32) {
+    const int i = i0 + static_cast<int>(threadIdx.x % 32);
+    const uint32_t key = i < *count ? keys[i] : 0u;
+    const uint16_t offset = i < *count ? offsets[i] : 0;
+    const bool in = i < *count && level < INFINITY && KeyToFloat(key) >= level;
+    const unsigned votes = __ballot_sync(0xffffffffu, in);
+    __syncwarp();  // the chunk is read before any lane writes (writes land at or below it)
+    if (in) {
+      const int at = out + __popc(votes & lanes_below);
+      keys[at] = key;
+      offsets[at] = offset;
+    }
+    out += __popc(votes);
+    __syncwarp();
+  }
+  *count = out;
+  return level;
+}
+
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ float s_warp[32];
-  __shared__ unsigned long long s_warp64[32];
   __shared__ int s_warp_index[32];
   __shared__ int s_best_bin;
   __shared__ float s_best_above;
   __shared__ int s_token;
   Shared sh{reinterpret_cast<SamplerSmem*>(smem_raw), s_warp, &s_best_bin, &s_best_above};
   SamplerSmem& big = *sh.big;
+  __shared__ uint32_t s_refresh[2][kWarpsPerRow];
+  __shared__ uint32_t s_region_floor[kWarpsPerRow];
+  __shared__ int s_window_count[kWarpsPerRow][kWindows];
+  __shared__ float s_window_mass[kWarpsPerRow][kWindows];
+  // The candidates' area (max_candidates * kCandidateBytes): the one-pass path's final arrays
+  // (final_share of each: keys, weights, indices), then its warps' regions
+  // (region_capacity keys each, then region_capacity 16-bit offsets each); the histogram path's
+  // arrays (max_candidates of each) over all of it.
   const int max_candidates = a.max_candidates;
-  uint32_t* const cand_key = reinterpret_cast<uint32_t*>(smem_raw + sizeof(SamplerSmem));
-  float* const cand_weight = reinterpret_cast<float*>(cand_key + max_candidates);
-  int32_t* const cand_index = reinterpret_cast<int32_t*>(cand_weight + max_candidates);
+  unsigned char* const candidate_area = smem_raw + sizeof(SamplerSmem);
+  const int final_share = max_candidates * kFinalEighths / 8;
+  uint32_t* cand_key = reinterpret_cast<uint32_t*>(candidate_area);
+  float* cand_weight = reinterpret_cast<float*>(cand_key + final_share);
+  int32_t* cand_index = reinterpret_cast<int32_t*>(cand_weight + final_share);
+  const int region_capacity =
+      (max_candidates - final_share) * kCandidateBytes / (kWarpsPerRow * kRegionEntryBytes) / 2 * 2;
+  uint32_t* const region_key = reinterpret_cast<uint32_t*>(cand_index + final_share);
+  uint16_t* const region_offset =
+      reinterpret_cast<uint16_t*>(region_key + kWarpsPerRow * region_capacity);
 
   const int row_index = blockIdx.x;
   const float* row = a.logits + row_index * a.stride;
@@ -389,83 +450,198 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
   const bool filtered = use_top_k || use_top_p || use_min_p;
   float max_z, total_weight;
-  int fused = -1;  // the candidates pass 1 kept in shared memory (filtered rows); -1: none
-  if (filtered) {
-    // 1. Maximum and normalizer, and in the same pass the candidates: the tokens within
-    //    kFusedNats of the block's running maximum (a superset of those within kFusedNats of the
-    //    row's), compacted in vocabulary order. The next tile's loads are issued before a tile's
-    //    barriers, so that the row streams at the memory's pace.
-    float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
-    float run_max = -INFINITY;      // the block's maximum over the tiles so far
-    int base = 0;                   // candidates so far
-    // A tile is kItems / 4 = 4 slices of kThreads float4s, each slice read coalesced (thread t
-    // takes float4 t of the slice); its candidates keep vocabulary order: slice, thread, element.
-    constexpr int kSlices = kItems / 4;
-    const float4* row4 = reinterpret_cast<const float4*>(row);
+  uint32_t lower = 0;
+  int num_candidates = -1;  // the candidates in shared memory; -1: none (read global memory)
+  if (filtered && vocab <= kWarpPassMaxVocab) {
+    // 1. One pass for the maximum, the normalizer and the candidates, each warp on its own
+    //    contiguous part of the row (warp_float4s float4s, a multiple of 32 but the last), with no
+    //    block barrier but one after each of the first kRefreshBatches batches. A batch is
+    //    kPassSegments segments of 32 float4s a warp (each read coalesced, one float4 a lane; the
+    //    next batch's loads are issued before this one is used). A warp keeps the tokens within
+    //    kFusedNats of max(its own running maximum, the block's maximum at the last barrier), in
+    //    vocabulary order, in its own region of shared memory: key and 16-bit offset into its
+    //    part. Both maxima are at most the row's, so every token within kFusedNats of the row's
+    //    maximum is kept, and the rule depends on the row alone (not on timing): the candidates
+    //    and the warps' floors (RaiseWarpFloor, where a region would overflow) are the same on
+    //    every launch.
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+    const unsigned lanes_below = (1u << lane) - 1u;
     const int n4 = vocab / 4;
-    auto load_tile = [&](int tile4, float4 (&dst)[kSlices]) {
+    const int warp_float4s = (n4 + 32 * kWarpsPerRow - 1) / (32 * kWarpsPerRow) * 32;
+    const int part_begin = min(warp * warp_float4s, n4);
+    const int part_end = min(part_begin + warp_float4s, n4);
+    const int batches = (warp_float4s + 32 * kPassSegments - 1) / (32 * kPassSegments);
+    uint32_t* const my_keys = region_key + warp * region_capacity;
+    uint16_t* const my_offsets = region_offset + warp * region_capacity;
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    auto load_batch = [&](int batch, float4 (&dst)[kPassSegments]) {
 #pragma unroll
-      for (int j = 0; j < kSlices; ++j) {
-        const int v = tile4 + j * kThreads + static_cast<int>(threadIdx.x);
-        dst[j] = v < n4 ? __ldg(row4 + v) : make_float4(NAN, NAN, NAN, NAN);
+      for (int j = 0; j < kPassSegments; ++j) {
+        const int v = part_begin + (batch * kPassSegments + j) * 32 + lane;
+        dst[j] = v < part_end ? __ldg(row4 + v) : make_float4(NAN, NAN, NAN, NAN);
       }
     };
-    float4 next[kSlices];
-    load_tile(0, next);
-    for (int tile4 = 0; tile4 < n4; tile4 += kSlices * kThreads) {
-      float x[kItems];  // element e of slice j: x[4 * j + e]
+    float4 next[kPassSegments];
+    load_batch(0, next);
+    float m = -INFINITY, s = 0.0f;  // this thread's running maximum and sum of exp(z - m)
+    uint32_t warp_key = 0u;         // key of the warp's running maximum (0: none yet)
+    uint32_t block_key = 0u;        // key of the block's maximum at the last barrier
+    int count = 0;                  // the warp's candidates so far
+    // The warp keeps no token below this (raised when its region would overflow): its region
+    // holds every token of its part at or above max(warp_floor, the row's maximum - kFusedNats).
+    float warp_floor = -INFINITY;
+    for (int batch = 0; batch < batches; ++batch) {
+      float x[4 * kPassSegments];  // element e of segment j: x[4 * j + e]
 #pragma unroll
-      for (int j = 0; j < kSlices; ++j) {  // z; NaN (and past the end) stays NaN
+      for (int j = 0; j < kPassSegments; ++j) {  // z; NaN (and past the end) stays NaN
         x[4 * j] = next[j].x * inv_t, x[4 * j + 1] = next[j].y * inv_t;
         x[4 * j + 2] = next[j].z * inv_t, x[4 * j + 3] = next[j].w * inv_t;
       }
-      if (tile4 + kSlices * kThreads < n4) load_tile(tile4 + kSlices * kThreads, next);
-      float tile_max = -INFINITY;
+      if (batch + 1 < batches) load_batch(batch + 1, next);
+      float batch_max = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) tile_max = fmaxf(tile_max, x[e]);  // NaN ignored
-      if (tile_max > m) {
-        s *= __expf(m - tile_max);  // m = -inf: s is 0
-        m = tile_max;
+      for (int e = 0; e < 4 * kPassSegments; ++e) {
+        batch_max = fmaxf(batch_max, x[e]);  // NaN ignored
+      }
+      if (batch_max > m) {
+        s *= __expf(m - batch_max);  // m = -inf: s is 0
+        m = batch_max;
       }
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) {
+      for (int e = 0; e < 4 * kPassSegments; ++e) {
         if (x[e] > -INFINITY) s += __expf(x[e] - m);  // not NaN, not -inf: m is finite
       }
-      run_max = fmaxf(run_max, BlockMax(tile_max, s_warp));
-      const float admit = run_max - kFusedNats;
-      uint32_t keep = 0;
-      unsigned long long counts = 0;  // 16 bits a slice
+      warp_key = max(warp_key, __reduce_max_sync(0xffffffffu, OrderedKey(batch_max)));
+      if (batch < kRefreshBatches) {            // the same in every thread: uniform barrier
+        s_refresh[batch & 1][warp] = warp_key;  // two buffers: no warp still reads this one
+        __syncthreads();
+        block_key = __reduce_max_sync(0xffffffffu, s_refresh[batch & 1][lane]);
+      }
+      // The batch's tokens to keep (bit 4 * j + e: element e of segment j) and how many.
+      const float admit = fmaxf(KeyToFloat(max(warp_key, block_key)) - kFusedNats, warp_floor);
+      unsigned keep = 0;
 #pragma unroll
-      for (int e = 0; e < kItems; ++e) {
-        if (x[e] > -INFINITY && x[e] >= admit) {
-          keep |= 1u << e;
-          counts += 1ull << (16 * (e / 4));
+      for (int e = 0; e < 4 * kPassSegments; ++e) {
+        if (x[e] > -INFINITY && x[e] >= admit) keep |= 1u << e;
+      }
+      if (count + __reduce_add_sync(0xffffffffu, __popc(keep)) > region_capacity) {
+        warp_floor = RaiseWarpFloor(my_keys, my_offsets, &count, region_capacity, admit, x, keep);
+#pragma unroll
+        for (int e = 0; e < 4 * kPassSegments; ++e) {
+          if (!(x[e] >= warp_floor) || warp_floor == INFINITY) keep &= ~(1u << e);
         }
       }
-      unsigned long long totals;
-      const unsigned long long before = BlockScanU64(counts, &totals, s_warp64);
-      int slice_start = base;
 #pragma unroll
-      for (int j = 0; j < kSlices; ++j) {
-        int slot = slice_start + static_cast<int>((before >> (16 * j)) & 0xffffu);
+      for (int j = 0; j < kPassSegments; ++j) {
+        // Vocabulary order within the segment: lane, then element.
+        int before = 0, total = 0;
 #pragma unroll
-        for (int e = 4 * j; e < 4 * j + 4; ++e) {
-          if (keep & (1u << e)) {
-            if (slot < max_candidates) {
-              cand_key[slot] = OrderedKey(x[e]);
-              cand_weight[slot] = x[e];  // z for now: the weight needs the row's maximum
-              cand_index[slot] = 4 * (tile4 + j * kThreads + static_cast<int>(threadIdx.x)) + e % 4;
-            }
+        for (int e = 0; e < 4; ++e) {
+          const unsigned votes = __ballot_sync(0xffffffffu, (keep >> (4 * j + e)) & 1u);
+          before += __popc(votes & lanes_below);
+          total += __popc(votes);
+        }
+        if (total == 0) continue;  // the same in every lane
+        int slot = count + before;
+        const int offset = 4 * ((batch * kPassSegments + j) * 32 + lane);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if ((keep >> (4 * j + e)) & 1u) {
+            my_keys[slot] = OrderedKey(x[4 * j + e]);
+            my_offsets[slot] = static_cast<uint16_t>(offset + e);
             ++slot;
           }
         }
-        slice_start += static_cast<int>((totals >> (16 * j)) & 0xffffu);
+        count += total;
       }
-      base = slice_start;
     }
     max_z = BlockMax(m, s_warp);
     total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
-    fused = base <= max_candidates ? base : -1;
+    stamp(1);
+    if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
+      if (threadIdx.x == 0) a.output[row_index] = 0;
+      return;
+    }
+    // 2. The smallest window (WindowNats, each within kFusedNats - 0.5 of the maximum: the
+    //    margin covers rounding) whose tokens hold the kept set (top-k's k tokens, top-p's mass,
+    //    min-p's range) and fit the final arrays; its tokens, gathered in vocabulary order,
+    //    are the candidates. Counts are exact; each warp's masses are summed in a fixed order,
+    //    then the warps' in warp order: every warp computes the same sums.
+    //    A window reaching below some warp's floor is incomplete, and not taken.
+    if (lane == 0) {  // +inf: the region lost tokens (RaiseWarpFloor), no window is whole
+      s_region_floor[warp] = warp_floor == INFINITY ? 0xffffffffu : OrderedKey(warp_floor);
+    }
+    __syncthreads();
+    const uint32_t floor_key = __reduce_max_sync(0xffffffffu, s_region_floor[lane]);
+    {
+      uint32_t window_lower[kWindows];
+#pragma unroll
+      for (int k = 0; k < kWindows; ++k) window_lower[k] = OrderedKey(max_z - WindowNats(k));
+      int window_count[kWindows] = {};
+      float window_mass[kWindows] = {};
+      // The windows are nested: k = kWindows - 1 is the widest.
+      for (int i = lane; i < count; i += 32) {
+        const uint32_t key = my_keys[i];
+        if (key < window_lower[kWindows - 1]) continue;
+        const float w = __expf(KeyToFloat(key) - max_z);
+#pragma unroll
+        for (int k = 0; k < kWindows; ++k) {
+          if (key >= window_lower[k]) window_count[k] += 1, window_mass[k] += w;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kWindows; ++k) {
+        const int in_window = __reduce_add_sync(0xffffffffu, window_count[k]);
+        const float mass = WarpSum(window_mass[k]);
+        if (lane == 0) s_window_count[warp][k] = in_window, s_window_mass[warp][k] = mass;
+      }
+      __syncthreads();
+      int selected = -1, selected_count = 0;
+#pragma unroll
+      for (int k = 0; k < kWindows; ++k) {
+        const int in_window = __reduce_add_sync(0xffffffffu, s_window_count[lane][k]);
+        const float mass = WarpSum(s_window_mass[lane][k]);  // the same bits in every lane
+        bool covered;
+        if (use_top_k) {
+          covered = in_window >= top_k;
+        } else if (use_top_p) {
+          covered = mass >= 1.001f * fmaxf(top_p * total_weight, FLT_MIN);
+        } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
+          covered = -logf(min_p) <= WindowNats(k) - 0.5f;
+        }
+        if (selected < 0 && covered && in_window <= final_share &&
+            window_lower[k] >= floor_key) {
+          selected = k, selected_count = in_window;
+        }
+      }
+      if (selected >= 0) {  // the same in every thread
+        // Gather: warp w's tokens of the window go after those of warps 0..w-1.
+        uint32_t window = 0u;
+        int mine = 0;
+#pragma unroll
+        for (int k = 0; k < kWindows; ++k) {
+          if (k == selected) window = window_lower[k], mine = s_window_count[lane][k];
+        }
+        int slot = __reduce_add_sync(0xffffffffu, lane < warp ? mine : 0);
+        const int part_first_index = 4 * part_begin;
+        for (int i0 = 0; i0 < count; i0 += 32) {
+          const int i = i0 + lane;
+          const uint32_t key = i < count ? my_keys[i] : 0u;
+          const bool in = key >= window && key != 0u;
+          const unsigned votes = __ballot_sync(0xffffffffu, in);
+          if (in) {
+            const int at = slot + __popc(votes & lanes_below);
+            cand_key[at] = key;
+            cand_weight[at] = __expf(KeyToFloat(key) - max_z);
+            cand_index[at] = part_first_index + my_offsets[i];
+          }
+          slot += __popc(votes);
+        }
+        __syncthreads();
+        lower = window;
+        num_candidates = selected_count;
+      }
+    }
   } else {
     // 1. Maximum and normalizer (online: a running maximum per thread).
     float m = -INFINITY, s = 0.0f;
@@ -480,11 +656,16 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     });
     max_z = BlockMax(m, s_warp);
     total_weight = BlockSum(m == -INFINITY ? 0.0f : s * __expf(m - max_z), s_warp);
+    stamp(1);
+    if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
+      if (threadIdx.x == 0) a.output[row_index] = 0;
+      return;
+    }
   }
-  stamp(1);
-  if (!(max_z > -INFINITY)) {  // every logit NaN or -inf
-    if (threadIdx.x == 0) a.output[row_index] = 0;
-    return;
+  if (num_candidates < 0) {  // the histogram path's layout: max_candidates of each array
+    cand_key = reinterpret_cast<uint32_t*>(candidate_area);
+    cand_weight = reinterpret_cast<float*>(cand_key + max_candidates);
+    cand_index = reinterpret_cast<int32_t*>(cand_weight + max_candidates);
   }
   auto weight_of = [&](float z) { return z == z ? __expf(z - max_z) : 0.0f; };
   auto global_for_each = [&](auto&& f) {
@@ -494,31 +675,6 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
     });
   };
   const uint32_t upper = OrderedKey(max_z);  // every key is at most this
-
-  uint32_t lower = 0;
-  int num_candidates = -1;  // -1: read global memory
-  if (fused >= 0) {
-    // 2. Whether pass 1's candidates hold the kept set: every token within kFusedNats - 0.5 of
-    //    the maximum is among them (the margin covers rounding), so the thresholds are exact
-    //    over them when that set holds top-k's k tokens, top-p's mass, or min-p's range.
-    for (int i = threadIdx.x; i < fused; i += kThreads) cand_weight[i] = weight_of(cand_weight[i]);
-    const uint32_t fused_lower = OrderedKey(max_z - (kFusedNats - 0.5f));
-    float count = 0.0f, mass = 0.0f;
-    for (int i = threadIdx.x; i < fused; i += kThreads) {
-      if (cand_key[i] >= fused_lower) count += 1.0f, mass += cand_weight[i];
-    }
-    count = BlockSum(count, s_warp);
-    mass = BlockSum(mass, s_warp);
-    bool covered;
-    if (use_top_k) {
-      covered = count >= static_cast<float>(top_k);
-    } else if (use_top_p) {
-      covered = mass >= 1.001f * fmaxf(top_p * total_weight, FLT_MIN);
-    } else {  // min-p alone: w >= min_p needs d <= -log(min_p)
-      covered = -logf(min_p) <= kFusedNats - 1.0f;
-    }
-    if (covered) lower = fused_lower, num_candidates = fused;
-  }
   stamp(2);
 
   // 2'. Otherwise a lower bound on the kept keys from a count histogram of d = max - z over

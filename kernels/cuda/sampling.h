@@ -3,14 +3,21 @@
 // gives the exact definition both implement.
 //
 // The sampler never sorts the vocabulary. One thread block of 1024 threads per row:
-//   1. one pass for the maximum and the softmax normalizer; with a filter, the same pass also
-//      compacts the tokens within 10.5 nats of the block's running maximum (a superset of those
-//      within 10.5 nats of the row's), in vocabulary order, into shared memory (the capacity
-//      below), reading each tile coalesced (4 slices of a float4 a thread) and ordering the
-//      candidates by one integer block scan of four packed 16-bit counts. When the tokens within 10 nats of the maximum hold the kept set (top-k's k tokens,
-//      top-p's mass, min-p's range), step 4 runs on them and the row is read once (typical
-//      logits; the truncation first, as Qrita's sigma-truncation and FlashInfer's pivots avoid a
-//      sort, but exact). Otherwise (flat rows, or more candidates than fit):
+//   1. one pass for the maximum and the softmax normalizer; with a filter (and a vocabulary of at
+//      most 32 x 65,536), the same pass also collects the candidates, warp by warp: each of the
+//      32 warps reads its own contiguous part of the row (coalesced float4 segments, the next
+//      batch's loads in flight) and keeps the tokens within 10.5 nats of max(its own running
+//      maximum, the block's maximum shared at a barrier after each of its first 8 batches) in its
+//      own region of shared memory (a key and a 16-bit offset), with no other block barrier; a
+//      warp whose region would overflow raises a floor under its tokens a nat at a time until it
+//      is half full. Both maxima are at most the row's, so a region holds every token of its
+//      part within 10.5 nats of the row's maximum and at or above its floor, and what it holds
+//      depends on the row alone. Then the smallest of five windows (4, 6, 8, 9, 10 nats below the
+//      maximum) whose tokens hold the kept set (top-k's k tokens, top-p's mass, min-p's range),
+//      above every warp's floor, is gathered, in vocabulary order, and step 4 runs on it: the row
+//      is read once (typical logits; the truncation first, as Qrita's sigma-truncation and
+//      FlashInfer's pivots avoid a sort, but exact). Otherwise (flat rows, or a window past a
+//      floor or past the gathered arrays' capacity):
 //   2. one pass for a count histogram of the distance from the maximum,
 //      d = max z - z in [0, 16) in 2048 bins, which bounds the kept set from below (top-k by count,
 //      top-p by a lower bound on each bin's weight, min-p directly);
@@ -78,9 +85,9 @@ struct SamplingParams {
   void* workspace = nullptr;
   // Diagnostics (lmserve-kernels-bench): when set, [num_rows, kSamplingProfileStamps] device
   // memory that each sampled row's block fills with SM clock stamps (clock64, thread 0) at the
-  // ends of its steps: its start, pass 1, the coverage test, the histogram path, the thresholds,
-  // the kept weight, the token. Greedy rows write nothing; rows with no finite logit only the
-  // first two.
+  // ends of its steps: its start, pass 1, the window and its gathering, the histogram path, the
+  // thresholds, the kept weight, the token. Greedy rows write nothing; rows with no finite logit
+  // only the first two.
   long long* profile = nullptr;
 
   absl::Status Validate() const;

@@ -360,6 +360,64 @@ TEST(SamplingGpuTest, LongVocabularyMatchesCpu) {
   RunSamplingRows(vocab, logits, settings, rng);
 }
 
+// The one-pass path's warps each keep their part's candidates in a region of their own (raising
+// a floor under them where it would overflow), then the smallest window that holds the kept set
+// is gathered. Rows for each outcome: peaked rows (the narrowest window), the kernel bench's rows
+// (N(0, 3) at T 0.8, top-p 0.9: windows of 8-10 nats), min-p ranges of 3 and 7 nats, a top-k
+// larger than the final arrays (the histogram path); N(0, 1) rows with a flat part of 4096
+// tokens in [5, 6) (warp 3's part): the row's maximum at its end (every warp fills its region
+// before it is seen, and raises its floor), in its first token (no floor), or in the flat part
+// itself (warp 3's floor cuts every window: the histogram path).
+TEST(SamplingGpuTest, WarpRegionsAndWindowsMatchCpu) {
+  LMSERVE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  {
+    const int64_t vocab = 128256;
+    const std::vector<RowSettings> settings = {
+        {0.5f, 0, 0.9f, 0.0f},    {0.8f, 0, 0.9f, 0.0f},  {0.8f, 0, 0.9f, 0.0f},
+        {0.8f, 50, 0.9f, 0.0f},   {0.8f, 0, 1.0f, 0.05f}, {0.8f, 0, 1.0f, 0.001f},
+        {0.8f, 7000, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f},  {1.0f, 0, 0.9f, 0.0f},
+        {1.0f, 0, 0.9f, 0.0f},    {1.0f, 20, 1.0f, 0.0f},
+    };
+    const auto rows = static_cast<int64_t>(settings.size());
+    std::vector<float> logits = RandomFloats(rows * vocab, rng, 3.0f);
+    for (int64_t r = 7; r < rows; ++r) {  // N(0, 1); tokens [3 * 4096, 4 * 4096) in [5, 6)
+      float* row = logits.data() + r * vocab;
+      const std::vector<float> v = RandomFloats(vocab, rng, 1.0f);
+      std::copy(v.begin(), v.end(), row);
+      std::uniform_real_distribution<float> flat(5.0f, 6.0f);
+      for (int64_t i = 3 * 4096; i < 4 * 4096; ++i) row[i] = flat(rng);
+    }
+    logits[8 * vocab - 1] = 20.0f;  // row 7: the maximum in the last token
+    logits[8 * vocab] = 30.0f;      // row 8: the maximum in the first
+    logits[11 * vocab - 1] = 9.0f;  // row 10: the maximum in the last token, 3-4 nats above
+                                    // the flat part (top-k 20 from both)
+    RunSamplingRows(vocab, logits, settings, rng);
+  }
+}
+
+// Rows of exactly 32 x 65,536 tokens, the largest vocabulary whose warps' offsets fit 16 bits on
+// the one-pass path: N(-30, 1) but three tokens, the maximum in the last; top-k 1 must find it,
+// top-p 0.9 keeps all three.
+TEST(SamplingGpuTest, LargestOnePassVocabularyMatchesCpu) {
+  LMSERVE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int64_t vocab = int64_t{32} * 65536;
+  const std::vector<RowSettings> settings = {{1.0f, 1, 1.0f, 0.0f}, {1.0f, 0, 0.9f, 0.0f}};
+  std::vector<float> logits = RandomFloats(2 * vocab, rng, 1.0f);
+  for (float& x : logits) x -= 30.0f;
+  for (int64_t r = 0; r < 2; ++r) {
+    logits[r * vocab + 5] = 0.5f;
+    logits[r * vocab + vocab / 2 + 7] = 0.0f;
+    logits[r * vocab + vocab - 1] = 1.0f;
+  }
+  RunSamplingRows(vocab, logits, settings, rng);
+}
+
 TEST(SamplingGpuTest, DrawsFollowTheDistribution) {
   LMSERVE_REQUIRE_GPU();
   // 4096 rows of the same 8 logits, different seeds: token frequencies near the probabilities.
