@@ -927,6 +927,12 @@ int Main(int argc, char** argv) {
     bench.Decode(64, 4096, 0, 0, " [bulk]");
     bench.Decode(1, 32768, 0, 0, " [bulk]");
     SetDecodeF8BulkCopies(false);
+    // The E4M3 bytes widened by integer operations instead of the device's conversion
+    // instructions (decode_attention.h).
+    SetDecodeF8IntegerWidening(true);
+    bench.Decode(64, 4096, 0, 0, " [integer widening]");
+    bench.Decode(1, 32768, 0, 0, " [integer widening]");
+    SetDecodeF8IntegerWidening(false);
   }
   // Issue 25's targets against torch SDPA's cuDNN backend on the same shapes
   // (bench/sdpa_reference.py; 601 / 420 TFLOP/s on an H100 in the issue's lease): 0.95x at

@@ -20,9 +20,10 @@
 // cache and output; fp32 scores, softmax and accumulation.
 //
 // FP8 cache (cache_fp8; fp8_cache.cuh): the ring holds the tiles' E4M3 bytes (half the bytes
-// streamed from memory), and each warp widens a landed tile into a 16-bit tile of its own in
-// shared memory (exactly: E4M3 values are bf16 and fp16 values), which the same mma.sync code
-// reads; the keys' scale is folded into the score scale, the values' into the output.
+// streamed from memory); each lane reads its tensor-core operands' bytes straight from the ring
+// and widens them in registers to fp16 (exactly: E4M3 values are fp16 values), and the products
+// run in fp16 (a bf16 query scaled by a power of two a row into fp16's range); the keys' scale is
+// folded into the score scale, the values' into the output.
 
 #ifndef LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
@@ -115,6 +116,13 @@ cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
 // 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). Process-wide (an
 // atomic read at each launch); for benchmarks and tests.
 void SetDecodeF8BulkCopies(bool on);
+
+// How an FP8 cache's bytes are widened to fp16 in registers where the device converts E4M3
+// itself (sm_89+): by its conversion instructions (the default) or, on, by integer operations and
+// a multiply (fp8_cache.cuh's F8x4Widen, the path of older devices), at head dim 128 on the
+// cp.async path only (elsewhere it changes nothing). Process-wide, as SetDecodeF8BulkCopies; for
+// the benchmark's comparison.
+void SetDecodeF8IntegerWidening(bool on);
 
 }  // namespace lmserve::kernels::cuda
 
