@@ -933,6 +933,8 @@ int Main(int argc, char** argv) {
     bench.Decode(64, 4096, 0, 0, " [integer widening]");
     bench.Decode(1, 32768, 0, 0, " [integer widening]");
     SetDecodeF8IntegerWidening(false);
+    // Other split caps at batch 64 (the default's is in the shape column).
+    for (int splits : {1, 2, 4, 6}) bench.Decode(64, 4096, 0, splits);
   }
   // Issue 25's targets against torch SDPA's cuDNN backend on the same shapes
   // (bench/sdpa_reference.py; 601 / 420 TFLOP/s on an H100 in the issue's lease): 0.95x at

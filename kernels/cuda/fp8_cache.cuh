@@ -56,25 +56,6 @@ __device__ __forceinline__ void F8x4Widen(uint32_t word, uint32_t& lo, uint32_t&
   }
 }
 
-// Bytes 0..3 of `word` (four E4M3 values) as two fp16 pairs, exactly: `lo` holds bytes 0 and 1
-// (byte 0 in its low half), `hi` bytes 2 and 3. Where the device converts E4M3 itself (sm_89+)
-// and !kAlu, two conversion instructions (cvt.rn.f16x2.e4m3x2, one a pair, against F8x4Widen's
-// five integer and FMA operations a pair); else F8x4Widen<__half>. E4M3's NaN (0x7f, 0xff) is NaN
-// by the instructions and +-480 by F8x4Widen; caches hold no NaN.
-template <bool kAlu = false>
-__device__ __forceinline__ void F8x4ToF16(uint32_t word, uint32_t& lo, uint32_t& hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (!kAlu) {
-    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
-        "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(word));
-    return;
-  }
-#endif
-  F8x4Widen<__half>(word, lo, hi);
-}
-
 // 16 E4M3 values (16 bytes) as 16 values of T in two 16-byte vectors, exactly.
 template <typename T>
 __device__ __forceinline__ void F8x16Widen(const uint4& in, uint4& out0, uint4& out1) {
