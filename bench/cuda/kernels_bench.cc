@@ -928,11 +928,13 @@ int Main(int argc, char** argv) {
     bench.Decode(1, 32768, 0, 0, " [bulk]");
     SetDecodeF8BulkCopies(false);
     // The E4M3 bytes widened by integer operations instead of the device's conversion
-    // instructions (decode_attention.h).
-    SetDecodeF8IntegerWidening(true);
+    // instructions, or the values only (decode_attention.h).
+    SetDecodeF8Widening(DecodeF8Widening::kInteger);
     bench.Decode(64, 4096, 0, 0, " [integer widening]");
     bench.Decode(1, 32768, 0, 0, " [integer widening]");
-    SetDecodeF8IntegerWidening(false);
+    SetDecodeF8Widening(DecodeF8Widening::kConvertKeys);
+    bench.Decode(64, 4096, 0, 0, " [integer values]");
+    SetDecodeF8Widening(DecodeF8Widening::kConvert);
     // Other split caps at batch 64 (the default's is in the shape column).
     for (int splits : {1, 2, 4, 6}) bench.Decode(64, 4096, 0, splits);
   }

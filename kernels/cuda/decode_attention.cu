@@ -105,23 +105,53 @@ struct DecodeShape {
   static constexpr int kSmemBytes = kLoadBytes > kMergeBytes ? kLoadBytes : kMergeBytes;
 };
 
-// Bytes 0..3 of `word` (four E4M3 values) as two fp16 pairs, exactly: `lo` holds bytes 0 and 1
-// (byte 0 in its low half), `hi` bytes 2 and 3. Where the device converts E4M3 itself (sm_89+)
-// and !kAlu, two conversion instructions (cvt.rn.f16x2.e4m3x2, one a pair, against F8x4Widen's
-// five integer and FMA operations a pair); else fp8_cache.cuh's F8x4Widen<__half>. E4M3's NaN
-// (0x7f, 0xff) is NaN by the instructions and +-480 by F8x4Widen; caches hold no NaN.
-template <bool kAlu>
-__device__ __forceinline__ void F8x4ToF16(uint32_t word, uint32_t& lo, uint32_t& hi) {
+// Whether this device code converts E4M3 by instruction (sm_89+).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if constexpr (!kAlu) {
+constexpr bool kDeviceConvertsF8 = true;
+#else
+constexpr bool kDeviceConvertsF8 = false;
+#endif
+
+// Bytes 0 and 1 of `word` (two E4M3 values) as an fp16 pair (byte 0 in the low half), and bytes 2
+// and 3 likewise, exactly. kInteger: by integer operations (a byte permute, a shift and two logic
+// operations a pair: the byte seeeemmm placed as the fp16 s 0eeee mmm0000000, which reads as its
+// value times 2^-8, E4M3's subnormals landing on fp16 subnormals); the caller applies the 2^8.
+// Else by two conversion instructions (cvt.rn.f16x2.e4m3x2, sm_89+ only), the values themselves.
+// Either way E4M3's NaN (0x7f, 0xff) is not read as such (the instruction gives NaN, the integer
+// operations 480 times 2^-8); caches hold no NaN.
+template <bool kInteger>
+__device__ __forceinline__ void F8x4ToF16(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  if constexpr (kInteger) {
+    // Bytes b of the word in the high bytes of both halves (the low bytes are masked off).
+    const uint32_t a = __byte_perm(word, 0u, 0x1100u), b = __byte_perm(word, 0u, 0x3322u);
+    lo = ((a >> 1) & 0x3f803f80u) | (a & 0x80008000u);
+    hi = ((b >> 1) & 0x3f803f80u) | (b & 0x80008000u);
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
         "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(word));
-    return;
-  }
+#else
+    __trap();  // callers take kInteger where !kDeviceConvertsF8
 #endif
-  F8x4Widen<__half>(word, lo, hi);
+  }
+}
+
+// Values: the pair (byte i of `first`, byte i of `second`) as an fp16 pair, for i = 2p and 2p + 1
+// (`lo`, `hi`), as F8x4ToF16 widens.
+template <bool kInteger>
+__device__ __forceinline__ void F8PairsToF16(uint32_t first, uint32_t second, int p, uint32_t& lo,
+                                             uint32_t& hi) {
+  if constexpr (kInteger) {
+    // Byte i of each word into the high byte of its half, one permute a pair.
+    const uint32_t a = __byte_perm(first, second, p == 0 ? 0x4400u : 0x6622u);
+    const uint32_t b = __byte_perm(first, second, p == 0 ? 0x5511u : 0x7733u);
+    lo = ((a >> 1) & 0x3f803f80u) | (a & 0x80008000u);
+    hi = ((b >> 1) & 0x3f803f80u) | (b & 0x80008000u);
+  } else {
+    F8x4ToF16<false>(__byte_perm(first, second, p == 0 ? 0x5140u : 0x7362u), lo, hi);
+  }
 }
 
 // kF8: the bytes of a landed E4M3 stage that lane (g = lane / 4, t = lane % 4) reads, and the
@@ -185,9 +215,9 @@ __device__ __forceinline__ int F16QueryShift(float max_abs) {
 }
 
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
-// kAlu (kF8 only): widen by integer operations even where the device converts E4M3 itself
-// (F8x4ToF16), for the benchmark's comparison.
-template <typename T, int kHeadDim, int kWarps, bool kBulk, bool kF8, bool kAlu = false>
+// kWidening (kF8 only): a DecodeF8Widening, how the keys and values are widened where the device
+// converts E4M3 itself (elsewhere by integer operations).
+template <typename T, int kHeadDim, int kWarps, bool kBulk, bool kF8, int kWidening = 0>
 __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
   using Shape = DecodeShape<kHeadDim, kWarps, kBulk, kF8>;
   using C = std::conditional_t<kF8, uint8_t, T>;  // a cache element
@@ -199,6 +229,9 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   constexpr int kStages = Shape::kStages;
   using M = std::conditional_t<kF8, __half, T>;  // the products' 16-bit type
   using L = F8Layout<kHeadDim>;
+  constexpr auto kMode = static_cast<DecodeF8Widening>(kWidening);
+  constexpr bool kKeysByInteger = !kDeviceConvertsF8 || kMode == DecodeF8Widening::kInteger;
+  constexpr bool kValuesByInteger = !kDeviceConvertsF8 || kMode != DecodeF8Widening::kConvert;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // The warps' rings; after the loop the whole buffer is reused for the merge.
   auto s_acc = reinterpret_cast<float (*)[kRows][Shape::kAccStride]>(smem_raw);
@@ -374,7 +407,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, 2));
       const int q_shift = std::is_same_v<T, __half> ? 0 : F16QueryShift(max_abs);
       const float q_scale = ldexpf(1.0f, q_shift);
-      q_unscale[r] = ldexpf(1.0f, -q_shift);
+      // Keys widened by integer operations are 2^-8 times their values (F8x4ToF16).
+      q_unscale[r] = ldexpf(1.0f, (kKeysByInteger ? 8 : 0) - q_shift);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         qa[kk][r] = Pack2<__half>(q[4 * kk] * q_scale, q[4 * kk + 1] * q_scale);
@@ -430,8 +464,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 #pragma unroll
         for (int w = 0; w < L::kKeyLoad / 4; ++w) {
           uint32_t kb[4];
-          F8x4ToF16<kAlu>(low[w], kb[0], kb[1]);
-          F8x4ToF16<kAlu>(high[w], kb[2], kb[3]);
+          F8x4ToF16<kKeysByInteger>(low[w], kb[0], kb[1]);
+          F8x4ToF16<kKeysByInteger>(high[w], kb[2], kb[3]);
           Mma16816<__half>(s[0], qa[c / 4 + w], kb[0], kb[1]);
           Mma16816<__half>(s[1], qa[c / 4 + w], kb[2], kb[3]);
         }
@@ -505,12 +539,11 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
         LoadSharedWords<L::kValLoad>(value_row + 9 * kCacheStride + c, v[3]);
 #pragma unroll
         for (int p = 0; p < L::kValLoad / 2; ++p) {
-          // Bytes 2 (p % 2) and 2 (p % 2) + 1 of word p / 2 of two rows, interleaved:
+          // Bytes 2 (p % 2) and 2 (p % 2) + 1 of word p / 2 of two rows, paired:
           // (row 2t, row 2t + 1) of the first dimension, then of the second.
-          const uint32_t pairs = p % 2 == 0 ? 0x5140u : 0x7362u;
           uint32_t vb[4];
-          F8x4ToF16<kAlu>(__byte_perm(v[0][p / 2], v[1][p / 2], pairs), vb[0], vb[1]);
-          F8x4ToF16<kAlu>(__byte_perm(v[2][p / 2], v[3][p / 2], pairs), vb[2], vb[3]);
+          F8PairsToF16<kValuesByInteger>(v[0][p / 2], v[1][p / 2], p % 2, vb[0], vb[1]);
+          F8PairsToF16<kValuesByInteger>(v[2][p / 2], v[3][p / 2], p % 2, vb[2], vb[3]);
           Mma16816<__half>(o[c + 2 * p], pa, vb[0], vb[2]);
           Mma16816<__half>(o[c + 2 * p + 1], pa, vb[1], vb[3]);
         }
@@ -572,7 +605,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       out += s_acc[w][h][acc_column(d)] * weight;
     }
     float value = out / sum_l;
-    if constexpr (kF8) value *= a.out_scale;
+    // Values widened by integer operations are 2^-8 times their values (F8x4ToF16).
+    if constexpr (kF8) value *= kValuesByInteger ? 256.0f * a.out_scale : a.out_scale;
     if (plan.num_splits == 1) {
       output[i] = FromFloat<T>(value);
     } else {
@@ -663,8 +697,8 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
 
 // FP8 tiles by bulk copies on Hopper (SetDecodeF8BulkCopies), else by cp.async.
 std::atomic<bool> f8_bulk_copies{false};
-// FP8 tiles widened by integer operations (SetDecodeF8IntegerWidening).
-std::atomic<bool> f8_integer_widening{false};
+// How FP8 tiles are widened (SetDecodeF8Widening).
+std::atomic<DecodeF8Widening> f8_widening{DecodeF8Widening::kConvert};
 
 // DecodeWarps for a head dim, path and cache type.
 template <int kHeadDim, bool kF8>
@@ -692,7 +726,7 @@ cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
 }  // namespace
 
 void SetDecodeF8BulkCopies(bool on) { f8_bulk_copies.store(on); }
-void SetDecodeF8IntegerWidening(bool on) { f8_integer_widening.store(on); }
+void SetDecodeF8Widening(DecodeF8Widening widening) { f8_widening.store(widening); }
 
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype,
@@ -795,8 +829,18 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
                         static_cast<unsigned>(p.num_seqs));
         auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk, kF8>;
         if constexpr (kF8 && kHeadDim == 128 && !Shape::kBulk) {
-          if (f8_integer_widening.load()) {
-            kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, false, true, true>;
+          constexpr int kWarpCount = Shape::kWarps;
+          switch (f8_widening.load()) {
+            case DecodeF8Widening::kInteger:
+              kernel = DecodeAttentionKernel<T, kHeadDim, kWarpCount, false, true,
+                                             static_cast<int>(DecodeF8Widening::kInteger)>;
+              break;
+            case DecodeF8Widening::kConvertKeys:
+              kernel = DecodeAttentionKernel<T, kHeadDim, kWarpCount, false, true,
+                                             static_cast<int>(DecodeF8Widening::kConvertKeys)>;
+              break;
+            case DecodeF8Widening::kConvert:
+              break;
           }
         }
         LMSERVE_CUDA_RETURN_IF_ERROR(

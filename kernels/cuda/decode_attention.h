@@ -118,11 +118,14 @@ cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
 void SetDecodeF8BulkCopies(bool on);
 
 // How an FP8 cache's bytes are widened to fp16 in registers where the device converts E4M3
-// itself (sm_89+): by its conversion instructions (the default) or, on, by integer operations and
-// a multiply (fp8_cache.cuh's F8x4Widen, the path of older devices), at head dim 128 on the
-// cp.async path only (elsewhere it changes nothing). Process-wide, as SetDecodeF8BulkCopies; for
-// the benchmark's comparison.
-void SetDecodeF8IntegerWidening(bool on);
+// itself (sm_89+; elsewhere always by integer operations): by its conversion instructions (one a
+// pair of values), by integer operations (four a pair: the bits moved, the 2^8 they lack applied
+// to the scores and the output), or the keys by instruction and the values by integer operations
+// (their work on different units). The last two at head dim 128 on the cp.async path only
+// (elsewhere the setting changes nothing). Process-wide, as SetDecodeF8BulkCopies; for the
+// benchmark's comparison.
+enum class DecodeF8Widening { kConvert, kInteger, kConvertKeys };
+void SetDecodeF8Widening(DecodeF8Widening widening);
 
 }  // namespace lmserve::kernels::cuda
 

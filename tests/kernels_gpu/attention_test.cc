@@ -375,7 +375,7 @@ TEST(DecodeAttentionGpuTest, Fp8CacheMatchesCpu) {
 // fp16's range by a power of two a row and its scores scaled back. Queries far beyond fp16's
 // largest value (2^20 times the usual, ~1e6) and far below its smallest normal one (2^-30, ~1e-9)
 // give the same attention as usual ones, at bf16's tolerance; on both kernel paths, with a
-// soft-cap, and with the integer widening (SetDecodeF8IntegerWidening) as well as the default.
+// soft-cap, and with the integer widenings (SetDecodeF8Widening) as well as the default.
 TEST(DecodeAttentionGpuTest, Fp8CacheQueriesOfAnyMagnitude) {
   LMSERVE_REQUIRE_GPU();
   for (KernelPath path : {KernelPath::kAuto, KernelPath::kPortable}) {
@@ -385,16 +385,21 @@ TEST(DecodeAttentionGpuTest, Fp8CacheQueriesOfAnyMagnitude) {
       RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, factor);
       RunDecodeCase(DType::kBF16, 17, 2, 8, 64, kBlockSize, {0, 50.0f, false}, {true, 0.5f, 0.25f},
                     factor);
-      SetDecodeF8IntegerWidening(true);
-      RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, factor);
-      SetDecodeF8IntegerWidening(false);
+      for (DecodeF8Widening widening :
+           {DecodeF8Widening::kInteger, DecodeF8Widening::kConvertKeys}) {
+        SetDecodeF8Widening(widening);
+        RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, factor);
+      }
+      SetDecodeF8Widening(DecodeF8Widening::kConvert);
     }
   }
-  // The integer widening on the usual cases, both activation types.
-  SetDecodeF8IntegerWidening(true);
-  RunDecodeCase(DType::kBF16, 64, 8, 4, 128, kBlockSize, {}, {true, 0.05f, 0.05f});
-  RunDecodeCase(DType::kF16, 17, 2, 8, 128, 24, {37, 5.0f, true}, {true, 16.0f, 2.0f});
-  SetDecodeF8IntegerWidening(false);
+  // The integer widenings on the usual cases, both activation types.
+  for (DecodeF8Widening widening : {DecodeF8Widening::kInteger, DecodeF8Widening::kConvertKeys}) {
+    SetDecodeF8Widening(widening);
+    RunDecodeCase(DType::kBF16, 64, 8, 4, 128, kBlockSize, {}, {true, 0.05f, 0.05f});
+    RunDecodeCase(DType::kF16, 17, 2, 8, 128, 24, {37, 5.0f, true}, {true, 16.0f, 2.0f});
+  }
+  SetDecodeF8Widening(DecodeF8Widening::kConvert);
 }
 
 TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
