@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   // lookup and address per piece and 201 registers against 120; on an H200 the bulk copies took
   // batch 1's attention from 6.0 to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) Portable:
   // lanes 2r and 2r + 1 copy key and value rows r in cp.async pieces of 16 bytes (one table
-  // lookup a lane), a commit group a tile. A row past the split's end copies the tile's first row
+  // lookup a lane), a commit group a tile; an FP8 tile's pieces are spread over the warp in row
+  // order instead, the rows' table entries shuffled from lanes 0-15. A row past the split's end copies the tile's first row
   // instead: any finite data will do, its score is masked to a weight of 0. A lane's table entry
   // for a tile is read one iteration of the loop before its copies (entry_of), so that the copies
   // do not wait for it.
@@ -300,7 +301,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     __syncwarp();
   }
   enum Rows { kAll, kAllButNew, kNewOnly };
-  const int load_row = kBulk ? lane % 16 : lane / 2;  // the row of a tile this lane copies
+  // The row of a tile whose table entry this lane reads (and, but for kF8 by cp.async, copies).
+  const int load_row = kBulk || kF8 ? lane % 16 : lane / 2;
   // The table entry of the cache block holding this lane's row of tile j (0 past my_tiles).
   auto entry_of = [&](int j) -> int32_t {
     if (j >= my_tiles) return 0;
@@ -329,14 +331,44 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
                      int64_t{kv_head} * kHeadDim;
       BulkCopy(stage + (lane < 16 ? 0 : Shape::kCacheTileElements) + row * kCacheStride, src,
                kRowBytes, &s_bar[warp][j % kStages]);
+    } else if constexpr (kF8) {
+      // The tile's 16 key rows of kHeadDim bytes, then its 16 value rows, as consecutive 16-byte
+      // pieces, piece c by lane c % 32: each request of the warp covers whole rows (4 rows of 128
+      // bytes at head dim 128). Lane r (< 16) has row r's table entry. (Lanes 2r and 2r + 1 taking
+      // rows r in alternate pieces, as the 16-bit rows below, made 16 requests of 32 bytes each:
+      // on an H100 at batch 64 x 4096 keys the L2 was 80% busy at 61% of the DRAM bandwidth.)
+      constexpr int kPieces = kHeadDim / 16;  // of a row
+#pragma unroll
+      for (int i = 0; i < (16 * kPieces + 31) / 32; ++i) {
+        const int c = lane + 32 * i;  // the piece of the key rows (and of the value rows)
+        const int row = min(c / kPieces, kTileN - 1), piece = c - row * kPieces;
+        const int32_t row_entry = __shfl_sync(0xffffffffu, entry, row);
+        if (16 * kPieces % 32 != 0 && c >= 16 * kPieces) continue;
+        int pos = t0 + row;
+        if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) {
+          continue;
+        }
+        if (pos >= end) pos = t0;
+        const int block_index = pos / a.block_size;
+        const int64_t slot =
+            int64_t{row_entry} * a.block_size + (pos - block_index * a.block_size);
+        const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + piece * 16;
+        C* const dst_key = stage + row * kCacheStride + piece * 16;
+        C* const dst_value = dst_key + Shape::kCacheTileElements;
+        if (which == kNewOnly) {
+          Store16(dst_key, __ldcg(reinterpret_cast<const uint4*>(key_cache + offset)));
+          Store16(dst_value, __ldcg(reinterpret_cast<const uint4*>(value_cache + offset)));
+        } else {
+          CpAsync16(dst_key, key_cache + offset, true);
+          CpAsync16(dst_value, value_cache + offset, true);
+        }
+      }
     } else {
       // Lanes 2r and 2r + 1: key and value rows r, in alternate 16-byte pieces, so that each
       // request of the warp covers 16 rows of 32 contiguous bytes (whole sectors; a row a lane
       // took 32 rows of 16 bytes a request). The caller commits the cp.async group; the new key's
       // rows, written by the previous kernel, are copied by plain loads and stores through L2, so
       // that they need no group of their own.
-      // (An FP8 row of 80 or 96 bytes has an odd number of pieces: the second lane takes one
-      // fewer.)
       constexpr int kPiece = 16 / sizeof(C);  // elements of a 16-byte piece
       static_assert(kHeadDim % 16 == 0, "rows are whole 16-byte pieces");
       const int row = load_row;
@@ -762,6 +794,11 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
     cudaGetLastError();
     resident = 2;
   }
+  // An FP8 cache's blocks take half the shared memory, so more of them fit (6 of 2 warps on an
+  // H100 at head dim 128), but a launch of one wave of as many blocks as bf16's (4 a
+  // multiprocessor) streams faster than two waves of 6: at batch 64 x 4096 keys on an H100, 1
+  // split (0.65 of a wave of 6) took 262-267 us, 3 splits (1.94 waves) 275 us.
+  if (cache_fp8) resident = std::min(resident, 4);
   const double slots = static_cast<double>(sms) * resident * std::max(1.0, min_waves);
   int best = 1;
   double best_efficiency = 0;

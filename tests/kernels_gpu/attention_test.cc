@@ -371,6 +371,19 @@ TEST(DecodeAttentionGpuTest, Fp8CacheMatchesCpu) {
   SetDecodeF8BulkCopies(false);
 }
 
+// A few small FP8 cases over both loads (cp.async, and bulk copies on Hopper) at head dims whose
+// E4M3 rows are 8 and 5 16-byte pieces (the warp's pieces cover the tile's rows whole or not):
+// short enough for compute-sanitizer.
+TEST(DecodeAttentionGpuTest, Fp8CacheSmallBothLoads) {
+  LMSERVE_REQUIRE_GPU();
+  for (bool bulk : {false, true}) {
+    SetDecodeF8BulkCopies(bulk);
+    RunDecodeCase(DType::kBF16, 3, 1, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f});
+    RunDecodeCase(DType::kBF16, 3, 2, 8, 80, 5, {37, 5.0f, true}, {true, 0.5f, 0.25f});
+  }
+  SetDecodeF8BulkCopies(false);
+}
+
 // Over an FP8 cache the products run in fp16 (decode_attention.cu): a bf16 query is scaled into
 // fp16's range by a power of two a row and its scores scaled back. Queries far beyond fp16's
 // largest value (2^20 times the usual, ~1e6) and far below its smallest normal one (2^-30, ~1e-9)
