@@ -188,8 +188,7 @@ struct F8Layout {
 // kBytes (16, 8, 4 or 2) bytes of shared memory at p, aligned to kBytes, as 32-bit words (2 bytes:
 // the low half of one).
 template <int kBytes>
-__device__ __forceinline__ void LoadSharedWords(const uint8_t* p,
-                                                uint32_t (&w)[(kBytes + 3) / 4]) {
+__device__ __forceinline__ void LoadSharedWords(const uint8_t* p, uint32_t (&w)[(kBytes + 3) / 4]) {
   if constexpr (kBytes == 16) {
     const uint4 v = *reinterpret_cast<const uint4*>(p);
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;

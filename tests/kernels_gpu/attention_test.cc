@@ -251,8 +251,8 @@ void ApplyMasking(PagedBatch& b, const Masking& masking) {
 // query_factor: the queries are multiplied by it (a power of two) and the score scale divided by
 // it: the same scores from queries of another magnitude.
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
-                   int64_t head_dim, int64_t block_size = kBlockSize,
-                   const Masking& masking = {}, const KvF8& f8 = {}, float query_factor = 1.0f) {
+                   int64_t head_dim, int64_t block_size = kBlockSize, const Masking& masking = {},
+                   const KvF8& f8 = {}, float query_factor = 1.0f) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
                                     << num_kv_heads << " group " << group << " head_dim "
