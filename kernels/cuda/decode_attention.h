@@ -99,7 +99,8 @@ struct DecodeAttentionParams {
   // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
   // Lengths are not needed: shorter contexts take fewer splits on the device. `min_waves` (a
   // tuning knob for benchmarks; at least 1) asks for at least that many waves. `cache_fp8`: the
-  // FP8 cache's kernel (its shared memory differs).
+  // FP8 cache's kernel (its shared memory differs; at most 4 of its blocks a multiprocessor are
+  // counted, as many as bf16's fit: one wave of them streamed faster than two of more).
   static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                              int64_t head_dim, DType dtype, double min_waves = 1.0,
                              bool cache_fp8 = false);
