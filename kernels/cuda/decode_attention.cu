@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       // pieces, piece c by lane c % 32: each request of the warp covers whole rows (4 rows of 128
       // bytes at head dim 128). Lane r (< 16) has row r's table entry. (Lanes 2r and 2r + 1 taking
       // rows r in alternate pieces, as the 16-bit rows below, made 16 requests of 32 bytes each:
-      // on an H100 at batch 64 x 4096 keys the L2 was 80% busy at 61% of the DRAM bandwidth.)
+      // on an H100 at batch 64 x 4096 keys the L2 was 80% busy at 61% of the DRAM bandwidth, and
+      // 3 splits took 275 us against 228 us now.)
       constexpr int kPieces = kHeadDim / 16;  // of a row
 #pragma unroll
       for (int i = 0; i < (16 * kPieces + 31) / 32; ++i) {
@@ -796,7 +797,8 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
   // An FP8 cache's blocks take half the shared memory, so more of them fit (6 of 2 warps on an
   // H100 at head dim 128), but a launch of one wave of as many blocks as bf16's (4 a
   // multiprocessor) streams faster than two waves of 6: at batch 64 x 4096 keys on an H100, 1
-  // split (0.65 of a wave of 6) took 262-267 us, 3 splits (1.94 waves) 275 us.
+  // split (0.65 of a wave of 6) took 217.5 us, 2 splits 273, 3 splits (1.94 waves) 228
+  // (bench/results section 17.3).
   if (cache_fp8) resident = std::min(resident, 4);
   const double slots = static_cast<double>(sms) * resident * std::max(1.0, min_waves);
   int best = 1;

@@ -114,8 +114,10 @@ cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
 // (the default, as on the portable path) or, on, by a bulk copy a row as the 16-bit caches'. A
 // bulk copy a row moves 128 bytes of an E4M3 row at head dim 128 against bf16's 256, and the
 // copies' count, not their bytes, looked like their bound (an H100, batch 64 x 4096 keys: 342 us,
-// 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). Process-wide (an
-// atomic read at each launch); for benchmarks and tests.
+// 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). With the fragments
+// widened in registers (section 17.3) the bulk copies took 267 us at 1 split and 241 at 3,
+// against the cp.async pieces' 217.5 and 228. Process-wide (an atomic read at each launch); for
+// benchmarks and tests.
 void SetDecodeF8BulkCopies(bool on);
 
 // How an FP8 cache's bytes are widened to fp16 in registers where the device converts E4M3
