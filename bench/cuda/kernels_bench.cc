@@ -926,7 +926,18 @@ int Main(int argc, char** argv) {
     SetDecodeF8BulkCopies(true);
     bench.Decode(64, 4096, 0, 0, " [bulk]");
     bench.Decode(1, 32768, 0, 0, " [bulk]");
+    for (int splits : {1, 3}) bench.Decode(64, 4096, 0, splits, " [bulk]");
     SetDecodeF8BulkCopies(false);
+    // The E4M3 bytes widened by integer operations instead of the device's conversion
+    // instructions, or the values only (decode_attention.h).
+    SetDecodeF8Widening(DecodeF8Widening::kInteger);
+    bench.Decode(64, 4096, 0, 0, " [integer widening]");
+    bench.Decode(1, 32768, 0, 0, " [integer widening]");
+    SetDecodeF8Widening(DecodeF8Widening::kConvertKeys);
+    bench.Decode(64, 4096, 0, 0, " [integer values]");
+    SetDecodeF8Widening(DecodeF8Widening::kConvert);
+    // Other split caps at batch 64 (the default's is in the shape column).
+    for (int splits : {1, 2, 3, 4, 6}) bench.Decode(64, 4096, 0, splits);
   }
   // Issue 25's targets against torch SDPA's cuDNN backend on the same shapes
   // (bench/sdpa_reference.py; 601 / 420 TFLOP/s on an H100 in the issue's lease): 0.95x at

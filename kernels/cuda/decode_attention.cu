@@ -67,9 +67,17 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 // memory than the device gives a block, 2 warps (head dim 256 on sm_86/sm_89, 99 KB a block).
 //
 // kF8 (an FP8 cache): the ring holds E4M3 rows of kHeadDim bytes, padded to kCacheStride, and
-// each warp has a 16-bit tile [K, V][key][kStride] beside its ring that a landed stage is widened
-// into (fp8_cache.cuh) before the mma.sync code reads it as it reads a 16-bit stage. The ring's
-// stages stay as deep as bf16's: its bytes in flight are half of bf16's.
+// each lane reads the bytes of its own mma.sync B fragments straight from a landed stage (16-byte
+// shared-memory loads at head dim 128) and widens them in registers to fp16 (fp8_cache.cuh's
+// F8x4ToF16): no 16-bit copy of the tile, no ldmatrix. The products run in fp16 whatever T is
+// (E4M3 values are fp16 values; the query is scaled by a power of two a row into fp16's range and
+// the scores scaled back). For a lane's fragment bytes to be contiguous, the products take the
+// head dimension in another order, the same for the query and the keys (a dot product does not
+// depend on the order of its terms), and the values' head dimension in another order too, undone
+// when the warps merge; the layouts are at F8Layout. (Run 2 of branch fp8-kv widened each landed
+// stage into a 16-bit tile in shared memory for the 16-bit code's ldmatrix reads: 24-32 KB of
+// shared-memory traffic a tile of 4 KB, 62% of the copy bandwidth at batch 64 x 4096 keys on an
+// H100.) The ring's stages stay as deep as bf16's: its bytes in flight are half of bf16's.
 template <int kHeadDim, int kWarps_, bool kBulk_, bool kF8_ = false>
 struct DecodeShape {
   static constexpr int kWarps = kWarps_;
@@ -81,23 +89,134 @@ struct DecodeShape {
   static constexpr int kStride = kHeadDim + 8;  // padded shared-memory row: ldmatrix conflict-free
   // Hopper: three stages up to head dim 128. Portable: two, so that 4 warps at head dim 128 fit
   // the 99 KB a block of sm_86 and sm_89 (three take 102 KB); an FP8 ring, half the bytes, takes
-  // three either way (4 warps at head dim 128: 90 KB with the widened tiles).
+  // three either way (4 warps at head dim 128: 55 KB).
   static constexpr int kStages = (kBulk || kF8) && kHeadDim <= 128 ? 3 : 2;
-  static constexpr int kTileElements = kTileN * kStride;
   static constexpr int kCacheBytes = kF8 ? 1 : 2;  // of a cache element
   // A ring row, in cache elements (16-byte multiples).
   static constexpr int kCacheStride = kF8 ? kHeadDim + 16 : kStride;
   static constexpr int kCacheTileElements = kTileN * kCacheStride;
-  // A warp's ring ([stage][K, V][key][dim] cache elements), then (kF8) its widened tile.
-  static constexpr int kRingBytes = kStages * 2 * kCacheTileElements * kCacheBytes;
-  static constexpr int kWarpBytes = kRingBytes + (kF8 ? 2 * kTileElements * 2 : 0);
+  // A warp's ring: [stage][K, V][key][dim] cache elements.
+  static constexpr int kWarpBytes = kStages * 2 * kCacheTileElements * kCacheBytes;
   static constexpr int kLoadBytes = kWarps * kWarpBytes;
-  static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4;
+  // The merge's rows of fp32 values (kF8: a float of padding every 32, for the scattered stores
+  // of the reordered dimensions).
+  static constexpr int kAccStride = kF8 ? kHeadDim + kHeadDim / 32 : kHeadDim;
+  static constexpr int kMergeBytes = kWarps * kRows * kAccStride * 4;
   static constexpr int kSmemBytes = kLoadBytes > kMergeBytes ? kLoadBytes : kMergeBytes;
 };
 
+// Whether this device code converts E4M3 by instruction (sm_89+).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr bool kDeviceConvertsF8 = true;
+#else
+constexpr bool kDeviceConvertsF8 = false;
+#endif
+
+// Bytes 0 and 1 of `word` (two E4M3 values) as an fp16 pair (byte 0 in the low half), and bytes 2
+// and 3 likewise, exactly. kInteger: by integer operations (a byte permute, a shift and two logic
+// operations a pair: the byte seeeemmm placed as the fp16 s 0eeee mmm0000000, which reads as its
+// value times 2^-8, E4M3's subnormals landing on fp16 subnormals); the caller applies the 2^8.
+// Else by two conversion instructions (cvt.rn.f16x2.e4m3x2, sm_89+ only), the values themselves.
+// Either way E4M3's NaN (0x7f, 0xff) is not read as such (the instruction gives NaN, the integer
+// operations 480 times 2^-8); caches hold no NaN.
+template <bool kInteger>
+__device__ __forceinline__ void F8x4ToF16(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  if constexpr (kInteger) {
+    // Bytes b of the word in the high bytes of both halves (the low bytes are masked off).
+    const uint32_t a = __byte_perm(word, 0u, 0x1100u), b = __byte_perm(word, 0u, 0x3322u);
+    lo = ((a >> 1) & 0x3f803f80u) | (a & 0x80008000u);
+    hi = ((b >> 1) & 0x3f803f80u) | (b & 0x80008000u);
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+        "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(word));
+#else
+    __trap();  // callers take kInteger where !kDeviceConvertsF8
+#endif
+  }
+}
+
+// Values: the pair (byte i of `first`, byte i of `second`) as an fp16 pair, for i = 2p and 2p + 1
+// (`lo`, `hi`), as F8x4ToF16 widens.
+template <bool kInteger>
+__device__ __forceinline__ void F8PairsToF16(uint32_t first, uint32_t second, int p, uint32_t& lo,
+                                             uint32_t& hi) {
+  if constexpr (kInteger) {
+    // Byte i of each word into the high byte of its half, one permute a pair.
+    const uint32_t a = __byte_perm(first, second, p == 0 ? 0x4400u : 0x6622u);
+    const uint32_t b = __byte_perm(first, second, p == 0 ? 0x5511u : 0x7733u);
+    lo = ((a >> 1) & 0x3f803f80u) | (a & 0x80008000u);
+    hi = ((b >> 1) & 0x3f803f80u) | (b & 0x80008000u);
+  } else {
+    F8x4ToF16<false>(__byte_perm(first, second, p == 0 ? 0x5140u : 0x7362u), lo, hi);
+  }
+}
+
+// kF8: the bytes of a landed E4M3 stage that lane (g = lane / 4, t = lane % 4) reads, and the
+// orders of the head dimension that make them contiguous.
+//
+// Keys (S = Q K^T; the B operand of m16n8k16, [dim][key]): the lane holds, of each 16-slot slice
+// kk of the products' head order, key g's elements (and key 8 + g's) at slots 2t, 2t + 1 (one
+// register) and 2t + 8, 2t + 9 (another): the slots of its query A fragment. Slot
+// 2t + (i & 1) + 8 (i >> 1) of slice kk is dimension t kKeyBytes + 4 kk + i of the cache and of
+// the query, so the lane reads the kKeyBytes = kHeadDim / 4 bytes of key rows g and 8 + g from
+// t kKeyBytes, a 32-bit word a slice (F8x4ToF16's lo and hi are its two registers).
+//
+// Values (O += P V; the B operand, [key][dim]): the lane holds, of each n-tile dt of 8 output
+// columns, column g of keys 2t, 2t + 1 (one register) and of 2t + 8, 2t + 9 (another). Column g of
+// n-tile dt is dimension g kValBytes + dt, kValBytes = kHeadDim / 8, so the lane reads the
+// kValBytes bytes from g kValBytes of value rows 2t, 2t + 1, 2t + 8 and 2t + 9, and a byte permute
+// pairs rows 2t and 2t + 1 (2t + 8 and 2t + 9) before the widening. Accumulator o[dt][e] (row g,
+// or g + 8 where e >= 2; column 2t + (e & 1)) is dimension (2t + (e & 1)) kValBytes + dt.
+//
+// Each run is read in the widest loads of 16, 8, 4 or 2 bytes that its offsets align to (at
+// head dim 128: 16-byte loads, two a key row and one a value row, conflict-free).
+template <int kHeadDim>
+struct F8Layout {
+  static constexpr int kKeyBytes = kHeadDim / 4;
+  static constexpr int kValBytes = kHeadDim / 8;
+  static constexpr int Load(int bytes) {
+    return bytes % 16 == 0 ? 16 : bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : 2;
+  }
+  static constexpr int kKeyLoad = Load(kKeyBytes);
+  static constexpr int kValLoad = Load(kValBytes);
+  static_assert(kHeadDim % 16 == 0 && kKeyLoad >= 4, "a key slice is one 32-bit word");
+};
+
+// kBytes (16, 8, 4 or 2) bytes of shared memory at p, aligned to kBytes, as 32-bit words (2 bytes:
+// the low half of one).
+template <int kBytes>
+__device__ __forceinline__ void LoadSharedWords(const uint8_t* p, uint32_t (&w)[(kBytes + 3) / 4]) {
+  if constexpr (kBytes == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+  } else if constexpr (kBytes == 4) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    static_assert(kBytes == 2, "16, 8, 4 or 2 bytes");
+    w[0] = *reinterpret_cast<const uint16_t*>(p);
+  }
+}
+
+// kF8: the exponent `shift` that scales a query row whose largest magnitude is max_abs into
+// [2^14, 2^15), inside fp16's range (65504): every bf16 element within 2^-31 of the largest
+// converts to fp16 exactly. 0 for a zero row (and for infinities and NaN, which stay as they are).
+__device__ __forceinline__ int F16QueryShift(float max_abs) {
+  if (!(max_abs > 0.0f) || isinf(max_abs)) return 0;
+  int exponent;
+  frexpf(max_abs, &exponent);  // max_abs in [2^(exponent - 1), 2^exponent)
+  return min(max(15 - exponent, -64), 64);
+}
+
 // grid (max_splits, num_kv_heads * head_chunks, num_seqs), head_chunks = ceil(group / 16).
-template <typename T, int kHeadDim, int kWarps, bool kBulk, bool kF8>
+// kWidening (kF8 only): a DecodeF8Widening, how the keys and values are widened where the device
+// converts E4M3 itself (elsewhere by integer operations).
+template <typename T, int kHeadDim, int kWarps, bool kBulk, bool kF8, int kWidening = 0>
 __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs a) {
   using Shape = DecodeShape<kHeadDim, kWarps, kBulk, kF8>;
   using C = std::conditional_t<kF8, uint8_t, T>;  // a cache element
@@ -107,9 +226,14 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   constexpr int kTileN = Shape::kTileN;
   constexpr int kStride = Shape::kStride;
   constexpr int kStages = Shape::kStages;
+  using M = std::conditional_t<kF8, __half, T>;  // the products' 16-bit type
+  using L = F8Layout<kHeadDim>;
+  constexpr auto kMode = static_cast<DecodeF8Widening>(kWidening);
+  constexpr bool kKeysByInteger = !kDeviceConvertsF8 || kMode == DecodeF8Widening::kInteger;
+  constexpr bool kValuesByInteger = !kDeviceConvertsF8 || kMode != DecodeF8Widening::kConvert;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // The warps' rings; after the loop the whole buffer is reused for the merge.
-  auto s_acc = reinterpret_cast<float (*)[kRows][kHeadDim]>(smem_raw);
+  auto s_acc = reinterpret_cast<float (*)[kRows][Shape::kAccStride]>(smem_raw);
   __shared__ float s_m[kWarps][kRows];
   __shared__ float s_l[kWarps][kRows];
   // Each warp's ring (kBulk): a stage's keys and values landed.
@@ -150,9 +274,6 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const int num_tiles = (end - begin + kTileN - 1) / kTileN;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
   C* ring = reinterpret_cast<C*>(smem_raw + warp * Shape::kWarpBytes);
-  // kF8: the widened tile [K, V][key][kStride]; else unused.
-  [[maybe_unused]] T* widened =
-      reinterpret_cast<T*>(smem_raw + warp * Shape::kWarpBytes + Shape::kRingBytes);
   const C* key_cache = static_cast<const C*>(a.key_cache);
   const C* value_cache = static_cast<const C*>(a.value_cache);
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
@@ -164,8 +285,11 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   // lookup and address per piece and 201 registers against 120; on an H200 the bulk copies took
   // batch 1's attention from 6.0 to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) Portable:
   // lanes 2r and 2r + 1 copy key and value rows r in cp.async pieces of 16 bytes (one table
-  // lookup a lane), a commit group a tile. A row past the split's end copies the tile's first row
-  // instead: any finite data will do, its score is masked to a weight of 0.
+  // lookup a lane), a commit group a tile; an FP8 tile's pieces are spread over the warp in row
+  // order instead, the rows' table entries shuffled from lanes 0-15. A row past the split's end
+  // copies the tile's first row instead: any finite data will do, its score is masked to a
+  // weight of 0. A lane's table entry for a tile is read one iteration of the loop before its
+  // copies (entry_of), so that the copies do not wait for it.
   constexpr uint32_t kRowBytes = kHeadDim * sizeof(C);
   static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
   if constexpr (kBulk) {
@@ -176,13 +300,23 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     __syncwarp();
   }
   enum Rows { kAll, kAllButNew, kNewOnly };
+  // The row of a tile whose table entry this lane reads (and, but for kF8 by cp.async, copies).
+  const int load_row = kBulk || kF8 ? lane % 16 : lane / 2;
+  // The table entry of the cache block holding this lane's row of tile j (0 past my_tiles).
+  auto entry_of = [&](int j) -> int32_t {
+    if (j >= my_tiles) return 0;
+    const int t0 = begin + (warp + j * kWarps) * kTileN;
+    const int pos = t0 + load_row < end ? t0 + load_row : t0;
+    return table[pos / a.block_size];
+  };
   // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
-  auto load = [&](int j, Rows which) {
+  // `entry`: entry_of(j).
+  auto load = [&](int j, Rows which, int32_t entry) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
     C* const stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;  // [K, V][key][dim]
     if constexpr (kBulk) {
       // Lane r: key row r; lane 16 + r: value row r.
-      const int row = lane % 16;
+      const int row = load_row;
       if (which != kNewOnly && lane == 0) {
         MbarrierArriveExpectTx(&s_bar[warp][j % kStages], 2 * kTileN * kRowBytes);
       }
@@ -191,29 +325,58 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
       if (pos >= end) pos = t0;
       const int block_index = pos / a.block_size;
-      const int64_t slot =
-          int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+      const int64_t slot = int64_t{entry} * a.block_size + (pos - block_index * a.block_size);
       const C* src = (lane < 16 ? key_cache : value_cache) + slot * token_stride +
                      int64_t{kv_head} * kHeadDim;
       BulkCopy(stage + (lane < 16 ? 0 : Shape::kCacheTileElements) + row * kCacheStride, src,
                kRowBytes, &s_bar[warp][j % kStages]);
+    } else if constexpr (kF8) {
+      // The tile's 16 key rows of kHeadDim bytes, then its 16 value rows, as consecutive 16-byte
+      // pieces, piece c by lane c % 32: each request of the warp covers whole rows (4 rows of 128
+      // bytes at head dim 128). Lane r (< 16) has row r's table entry. (Lanes 2r and 2r + 1 taking
+      // rows r in alternate pieces, as the 16-bit rows below, made 16 requests of 32 bytes each:
+      // on an H100 at batch 64 x 4096 keys the L2 was 80% busy at 61% of the DRAM bandwidth, and
+      // 3 splits took 275 us against 228 us now.)
+      constexpr int kPieces = kHeadDim / 16;  // of a row
+#pragma unroll
+      for (int i = 0; i < (16 * kPieces + 31) / 32; ++i) {
+        const int c = lane + 32 * i;  // the piece of the key rows (and of the value rows)
+        const int row = min(c / kPieces, kTileN - 1), piece = c - row * kPieces;
+        const int32_t row_entry = __shfl_sync(0xffffffffu, entry, row);
+        if (16 * kPieces % 32 != 0 && c >= 16 * kPieces) continue;
+        int pos = t0 + row;
+        if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) {
+          continue;
+        }
+        if (pos >= end) pos = t0;
+        const int block_index = pos / a.block_size;
+        const int64_t slot =
+            int64_t{row_entry} * a.block_size + (pos - block_index * a.block_size);
+        const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + piece * 16;
+        C* const dst_key = stage + row * kCacheStride + piece * 16;
+        C* const dst_value = dst_key + Shape::kCacheTileElements;
+        if (which == kNewOnly) {
+          Store16(dst_key, __ldcg(reinterpret_cast<const uint4*>(key_cache + offset)));
+          Store16(dst_value, __ldcg(reinterpret_cast<const uint4*>(value_cache + offset)));
+        } else {
+          CpAsync16(dst_key, key_cache + offset, true);
+          CpAsync16(dst_value, value_cache + offset, true);
+        }
+      }
     } else {
       // Lanes 2r and 2r + 1: key and value rows r, in alternate 16-byte pieces, so that each
       // request of the warp covers 16 rows of 32 contiguous bytes (whole sectors; a row a lane
       // took 32 rows of 16 bytes a request). The caller commits the cp.async group; the new key's
       // rows, written by the previous kernel, are copied by plain loads and stores through L2, so
       // that they need no group of their own.
-      // (An FP8 row of 80 or 96 bytes has an odd number of pieces: the second lane takes one
-      // fewer.)
       constexpr int kPiece = 16 / sizeof(C);  // elements of a 16-byte piece
       static_assert(kHeadDim % 16 == 0, "rows are whole 16-byte pieces");
-      const int row = lane / 2;
+      const int row = load_row;
       int pos = t0 + row;
       if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
       if (pos >= end) pos = t0;
       const int block_index = pos / a.block_size;
-      const int64_t slot =
-          int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+      const int64_t slot = int64_t{entry} * a.block_size + (pos - block_index * a.block_size);
       const int piece0 = kPiece * (lane % 2);
       const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + piece0;
       C* const dst_key = stage + row * kCacheStride + piece0;
@@ -237,7 +400,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
     if (j < my_tiles) {
-      load(j, kAllButNew);
+      load(j, kAllButNew, entry_of(j));
       const int t0 = begin + (warp + j * kWarps) * kTileN;
       new_key_early |= t0 <= new_key && new_key < t0 + kTileN;
     }
@@ -246,14 +409,46 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   BeginDependentKernel();
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
-    if (new_key_early && j < my_tiles) load(j, kNewOnly);
+    if (new_key_early && j < my_tiles) load(j, kNewOnly, entry_of(j));
   }
   // The query rows (zero past the group) as mma.sync A fragments, straight from memory: rows
-  // lane / 4 and lane / 4 + 8, columns 2 (lane % 4) + {0, 1} and 8 further, of each 16-wide slice.
+  // lane / 4 and lane / 4 + 8, columns 2 (lane % 4) + {0, 1} and 8 further, of each 16-wide slice
+  // (kF8: of the products' head order, F8Layout, in fp16 scaled by 2^q_shift a row).
   const T* q_base = static_cast<const T*>(a.query) + seq * a.query_stride + int64_t{head0} * kHeadDim;
   uint32_t qa[kHeadDim / 16][4];
-  {
-    const int g = lane / 4, t2 = 2 * (lane % 4);
+  const int g = lane / 4, t = lane % 4;  // the row and column pair of mma.sync fragments
+  // kF8: 2^-q_shift of rows g and g + 8, undone on their scores.
+  [[maybe_unused]] float q_unscale[2] = {1.0f, 1.0f};
+  if constexpr (kF8) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // Dimensions t kKeyBytes .. (t + 1) kKeyBytes of row g + 8r.
+      const bool valid = g + 8 * r < heads_here;
+      const uint32_t* row =
+          reinterpret_cast<const uint32_t*>(q_base + (g + 8 * r) * kHeadDim + t * L::kKeyBytes);
+      float q[L::kKeyBytes];
+      float max_abs = 0.0f;
+#pragma unroll
+      for (int i = 0; i < L::kKeyBytes / 2; ++i) {
+        const float2 v = valid ? Unpack2<T>(row[i]) : make_float2(0.0f, 0.0f);
+        q[2 * i] = v.x;
+        q[2 * i + 1] = v.y;
+        max_abs = fmaxf(max_abs, fmaxf(fabsf(v.x), fabsf(v.y)));
+      }
+      max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, 1));
+      max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, 2));
+      const int q_shift = std::is_same_v<T, __half> ? 0 : F16QueryShift(max_abs);
+      const float q_scale = ldexpf(1.0f, q_shift);
+      // Keys widened by integer operations are 2^-8 times their values (F8x4ToF16).
+      q_unscale[r] = ldexpf(1.0f, (kKeysByInteger ? 8 : 0) - q_shift);
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        qa[kk][r] = Pack2<__half>(q[4 * kk] * q_scale, q[4 * kk + 1] * q_scale);
+        qa[kk][2 + r] = Pack2<__half>(q[4 * kk + 2] * q_scale, q[4 * kk + 3] * q_scale);
+      }
+    }
+  } else {
+    const int t2 = 2 * t;
     const bool low = g < heads_here, high = g + 8 < heads_here;
     const uint32_t* row_low = reinterpret_cast<const uint32_t*>(q_base + g * kHeadDim + t2);
     const uint32_t* row_high = reinterpret_cast<const uint32_t*>(q_base + (g + 8) * kHeadDim + t2);
@@ -270,10 +465,12 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 #pragma unroll
   for (int i = 0; i < kHeadDim / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8
-  const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row of this lane
+  [[maybe_unused]] const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row
 
+  int32_t next_entry = entry_of(kStages - 1);
   for (int j = 0; j < my_tiles; ++j) {
-    if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll);
+    if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll, next_entry);
+    next_entry = entry_of(j + kStages);
     if constexpr (kBulk) {
       MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
     } else {
@@ -284,36 +481,35 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       CpAsyncWait<kStages - 1>();
       __syncwarp();
     }
-    const T* sk;
-    if constexpr (kF8) {
-      // Widen the landed stage into this warp's 16-bit tile, 16 bytes a lane at a time.
-      constexpr int kChunks = kHeadDim / 16;  // 16-byte chunks of an E4M3 row
-      const uint8_t* src_stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;
-#pragma unroll
-      for (int c = lane; c < 2 * kTileN * kChunks; c += 32) {
-        // kv_row: the K rows, then the V rows.
-        const int kv_row = c / kChunks, col = (c - kv_row * kChunks) * 16;
-        const uint4 in = *reinterpret_cast<const uint4*>(src_stage + kv_row * kCacheStride + col);
-        uint4 lo, hi;
-        F8x16Widen<T>(in, lo, hi);
-        T* dst = widened + kv_row * kStride + col;
-        Store16(dst, lo);
-        Store16(dst + 8, hi);
-      }
-      __syncwarp();
-      sk = widened;
-    } else {
-      sk = ring + (j % kStages) * 2 * Shape::kTileElements;
-    }
-    const T* sv = sk + Shape::kTileElements;
-
+    // This stage's keys and values: [K, V][key][dim] cache elements.
+    const C* const stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;
     float s[2][4] = {};
+    if constexpr (kF8) {
+      // Key rows g and 8 + g, the lane's kKeyBytes (F8Layout), widened a word (a slice) at a time.
+      const uint8_t* key_low = stage + g * kCacheStride + t * L::kKeyBytes;
+      const uint8_t* key_high = key_low + 8 * kCacheStride;
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t kb[4];
-      LdMatrixX4(kb, sk + ((ldm / 2) * 8 + ldr) * kStride + kk * 16 + (ldm % 2) * 8);
-      Mma16816<T>(s[0], qa[kk], kb[0], kb[1]);
-      Mma16816<T>(s[1], qa[kk], kb[2], kb[3]);
+      for (int c = 0; c < L::kKeyBytes; c += L::kKeyLoad) {
+        uint32_t low[L::kKeyLoad / 4], high[L::kKeyLoad / 4];
+        LoadSharedWords<L::kKeyLoad>(key_low + c, low);
+        LoadSharedWords<L::kKeyLoad>(key_high + c, high);
+#pragma unroll
+        for (int w = 0; w < L::kKeyLoad / 4; ++w) {
+          uint32_t kb[4];
+          F8x4ToF16<kKeysByInteger>(low[w], kb[0], kb[1]);
+          F8x4ToF16<kKeysByInteger>(high[w], kb[2], kb[3]);
+          Mma16816<__half>(s[0], qa[c / 4 + w], kb[0], kb[1]);
+          Mma16816<__half>(s[1], qa[c / 4 + w], kb[2], kb[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t kb[4];
+        LdMatrixX4(kb, stage + ((ldm / 2) * 8 + ldr) * kStride + kk * 16 + (ldm % 2) * 8);
+        Mma16816<T>(s[0], qa[kk], kb[0], kb[1]);
+        Mma16816<T>(s[1], qa[kk], kb[2], kb[3]);
+      }
     }
     const int t0 = begin + (warp + j * kWarps) * kTileN;
     float row_max[2] = {-INFINITY, -INFINITY};
@@ -321,8 +517,10 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = t0 + nt * 8 + 2 * (lane % 4) + (e & 1);
-        s[nt][e] = key < end ? DecodeScore(s[nt][e], a) : -INFINITY;
+        const int key = t0 + nt * 8 + 2 * t + (e & 1);
+        float dot = s[nt][e];
+        if constexpr (kF8) dot *= q_unscale[e / 2];
+        s[nt][e] = key < end ? DecodeScore(dot, a) : -INFINITY;
         row_max[e / 2] = fmaxf(row_max[e / 2], s[nt][e]);
       }
     }
@@ -355,16 +553,41 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     // O += P V, P straight from the score registers (two 8-key accumulator tiles are one 16-key
     // A operand).
     uint32_t pa[4];
-    pa[0] = Pack2<T>(s[0][0], s[0][1]);
-    pa[1] = Pack2<T>(s[0][2], s[0][3]);
-    pa[2] = Pack2<T>(s[1][0], s[1][1]);
-    pa[3] = Pack2<T>(s[1][2], s[1][3]);
+    pa[0] = Pack2<M>(s[0][0], s[0][1]);
+    pa[1] = Pack2<M>(s[0][2], s[0][3]);
+    pa[2] = Pack2<M>(s[1][0], s[1][1]);
+    pa[3] = Pack2<M>(s[1][2], s[1][3]);
+    const C* const sv = stage + Shape::kCacheTileElements;
+    if constexpr (kF8) {
+      // Value rows 2t, 2t + 1, 2t + 8 and 2t + 9, the lane's kValBytes (F8Layout): dimension pair
+      // (c + 2p, c + 2p + 1) is n-tiles c + 2p and c + 2p + 1.
+      const uint8_t* value_row = sv + 2 * t * kCacheStride + g * L::kValBytes;
 #pragma unroll
-    for (int dd = 0; dd < kHeadDim / 16; ++dd) {
-      uint32_t vb[4];
-      LdMatrixX4Trans(vb, sv + ((ldm % 2) * 8 + ldr) * kStride + dd * 16 + (ldm / 2) * 8);
-      Mma16816<T>(o[2 * dd], pa, vb[0], vb[1]);
-      Mma16816<T>(o[2 * dd + 1], pa, vb[2], vb[3]);
+      for (int c = 0; c < L::kValBytes; c += L::kValLoad) {
+        uint32_t v[4][(L::kValLoad + 3) / 4];
+        LoadSharedWords<L::kValLoad>(value_row + c, v[0]);
+        LoadSharedWords<L::kValLoad>(value_row + kCacheStride + c, v[1]);
+        LoadSharedWords<L::kValLoad>(value_row + 8 * kCacheStride + c, v[2]);
+        LoadSharedWords<L::kValLoad>(value_row + 9 * kCacheStride + c, v[3]);
+#pragma unroll
+        for (int p = 0; p < L::kValLoad / 2; ++p) {
+          // Bytes 2 (p % 2) and 2 (p % 2) + 1 of word p / 2 of two rows, paired:
+          // (row 2t, row 2t + 1) of the first dimension, then of the second.
+          uint32_t vb[4];
+          F8PairsToF16<kValuesByInteger>(v[0][p / 2], v[1][p / 2], p % 2, vb[0], vb[1]);
+          F8PairsToF16<kValuesByInteger>(v[2][p / 2], v[3][p / 2], p % 2, vb[2], vb[3]);
+          Mma16816<__half>(o[c + 2 * p], pa, vb[0], vb[2]);
+          Mma16816<__half>(o[c + 2 * p + 1], pa, vb[1], vb[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+        uint32_t vb[4];
+        LdMatrixX4Trans(vb, sv + ((ldm % 2) * 8 + ldr) * kStride + dd * 16 + (ldm / 2) * 8);
+        Mma16816<T>(o[2 * dd], pa, vb[0], vb[1]);
+        Mma16816<T>(o[2 * dd + 1], pa, vb[2], vb[3]);
+      }
     }
     __syncwarp();  // every lane is done with this stage before it is loaded again
   }
@@ -383,31 +606,43 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
     s_l[warp][row_a] = l[0];
     s_l[warp][row_b] = l[1];
   }
+  // kF8: a padding float every 32 (kAccStride), so that the lanes' columns fall in distinct banks.
+  auto acc_column = [](int d) { return kF8 ? d + d / 32 : d; };
 #pragma unroll
   for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-    const int col = dt * 8 + 2 * (lane % 4);
-    *reinterpret_cast<float2*>(&s_acc[warp][row_a][col]) = make_float2(o[dt][0], o[dt][1]);
-    *reinterpret_cast<float2*>(&s_acc[warp][row_b][col]) = make_float2(o[dt][2], o[dt][3]);
+    if constexpr (kF8) {
+      // o[dt][e]: dimension (2t + (e & 1)) kValBytes + dt (F8Layout).
+      const int d0 = 2 * t * L::kValBytes + dt, d1 = d0 + L::kValBytes;
+      s_acc[warp][row_a][acc_column(d0)] = o[dt][0];
+      s_acc[warp][row_a][acc_column(d1)] = o[dt][1];
+      s_acc[warp][row_b][acc_column(d0)] = o[dt][2];
+      s_acc[warp][row_b][acc_column(d1)] = o[dt][3];
+    } else {
+      const int col = dt * 8 + 2 * t;
+      *reinterpret_cast<float2*>(&s_acc[warp][row_a][col]) = make_float2(o[dt][0], o[dt][1]);
+      *reinterpret_cast<float2*>(&s_acc[warp][row_b][col]) = make_float2(o[dt][2], o[dt][3]);
+    }
   }
   __syncthreads();
   for (int i = tid; i < heads_here * kHeadDim; i += kThreads) {
-    const int g = i / kHeadDim, d = i - g * kHeadDim;
+    const int h = i / kHeadDim, d = i - h * kHeadDim;
     float max_m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) max_m = fmaxf(max_m, s_m[w][g]);
+    for (int w = 0; w < kWarps; ++w) max_m = fmaxf(max_m, s_m[w][h]);
     float sum_l = 0.0f, out = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float weight = s_m[w][g] == -INFINITY ? 0.0f : exp2f(s_m[w][g] - max_m);
-      sum_l += s_l[w][g] * weight;
-      out += s_acc[w][g][d] * weight;
+      const float weight = s_m[w][h] == -INFINITY ? 0.0f : exp2f(s_m[w][h] - max_m);
+      sum_l += s_l[w][h] * weight;
+      out += s_acc[w][h][acc_column(d)] * weight;
     }
     float value = out / sum_l;
-    if constexpr (kF8) value *= a.out_scale;
+    // Values widened by integer operations are 2^-8 times their values (F8x4ToF16).
+    if constexpr (kF8) value *= kValuesByInteger ? 256.0f * a.out_scale : a.out_scale;
     if (plan.num_splits == 1) {
       output[i] = FromFloat<T>(value);
     } else {
-      const int64_t index = (int64_t{seq} * a.num_heads + head0 + g) * a.max_splits + split;
+      const int64_t index = (int64_t{seq} * a.num_heads + head0 + h) * a.max_splits + split;
       a.partial_out[index * kHeadDim + d] = value;
       if (d == 0) a.partial_lse[index] = max_m + log2f(sum_l);
     }
@@ -494,6 +729,8 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
 
 // FP8 tiles by bulk copies on Hopper (SetDecodeF8BulkCopies), else by cp.async.
 std::atomic<bool> f8_bulk_copies{false};
+// How FP8 tiles are widened (SetDecodeF8Widening).
+std::atomic<DecodeF8Widening> f8_widening{DecodeF8Widening::kConvert};
 
 // DecodeWarps for a head dim, path and cache type.
 template <int kHeadDim, bool kF8>
@@ -521,6 +758,7 @@ cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
 }  // namespace
 
 void SetDecodeF8BulkCopies(bool on) { f8_bulk_copies.store(on); }
+void SetDecodeF8Widening(DecodeF8Widening widening) { f8_widening.store(widening); }
 
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype,
@@ -556,6 +794,12 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
     cudaGetLastError();
     resident = 2;
   }
+  // An FP8 cache's blocks take half the shared memory, so more of them fit (6 of 2 warps on an
+  // H100 at head dim 128), but a launch of one wave of as many blocks as bf16's (4 a
+  // multiprocessor) streams faster than two waves of 6: at batch 64 x 4096 keys on an H100, 1
+  // split (0.65 of a wave of 6) took 217.5 us, 2 splits 273, 3 splits (1.94 waves) 228
+  // (bench/results section 17.3).
+  if (cache_fp8) resident = std::min(resident, 4);
   const double slots = static_cast<double>(sms) * resident * std::max(1.0, min_waves);
   int best = 1;
   double best_efficiency = 0;
@@ -622,6 +866,21 @@ cudaError_t Launch(const DecodeAttentionParams& p, cudaStream_t stream) {
         const dim3 grid(p.max_splits, static_cast<unsigned>(p.num_kv_heads * a.head_chunks),
                         static_cast<unsigned>(p.num_seqs));
         auto kernel = DecodeAttentionKernel<T, kHeadDim, Shape::kWarps, Shape::kBulk, kF8>;
+        if constexpr (kF8 && kHeadDim == 128 && !Shape::kBulk) {
+          constexpr int kWarpCount = Shape::kWarps;
+          switch (f8_widening.load()) {
+            case DecodeF8Widening::kInteger:
+              kernel = DecodeAttentionKernel<T, kHeadDim, kWarpCount, false, true,
+                                             static_cast<int>(DecodeF8Widening::kInteger)>;
+              break;
+            case DecodeF8Widening::kConvertKeys:
+              kernel = DecodeAttentionKernel<T, kHeadDim, kWarpCount, false, true,
+                                             static_cast<int>(DecodeF8Widening::kConvertKeys)>;
+              break;
+            case DecodeF8Widening::kConvert:
+              break;
+          }
+        }
         LMSERVE_CUDA_RETURN_IF_ERROR(
             SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSmemBytes));
         LMSERVE_CUDA_RETURN_IF_ERROR(

@@ -20,9 +20,10 @@
 // cache and output; fp32 scores, softmax and accumulation.
 //
 // FP8 cache (cache_fp8; fp8_cache.cuh): the ring holds the tiles' E4M3 bytes (half the bytes
-// streamed from memory), and each warp widens a landed tile into a 16-bit tile of its own in
-// shared memory (exactly: E4M3 values are bf16 and fp16 values), which the same mma.sync code
-// reads; the keys' scale is folded into the score scale, the values' into the output.
+// streamed from memory); each lane reads its tensor-core operands' bytes straight from the ring
+// and widens them in registers to fp16 (exactly: E4M3 values are fp16 values), and the products
+// run in fp16 (a bf16 query scaled by a power of two a row into fp16's range); the keys' scale is
+// folded into the score scale, the values' into the output.
 
 #ifndef LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
 #define LMSERVE_KERNELS_CUDA_DECODE_ATTENTION_H_
@@ -98,7 +99,8 @@ struct DecodeAttentionParams {
   // multiprocessors in whole waves (blocks resident at once, from the kernel's occupancy), or 1.
   // Lengths are not needed: shorter contexts take fewer splits on the device. `min_waves` (a
   // tuning knob for benchmarks; at least 1) asks for at least that many waves. `cache_fp8`: the
-  // FP8 cache's kernel (its shared memory differs).
+  // FP8 cache's kernel (its shared memory differs; at most 4 of its blocks a multiprocessor are
+  // counted, as many as bf16's fit: one wave of them streamed faster than two of more).
   static int ChooseMaxSplits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                              int64_t head_dim, DType dtype, double min_waves = 1.0,
                              bool cache_fp8 = false);
@@ -112,9 +114,21 @@ cudaError_t Launch(const DecodeAttentionParams& params, cudaStream_t stream);
 // (the default, as on the portable path) or, on, by a bulk copy a row as the 16-bit caches'. A
 // bulk copy a row moves 128 bytes of an E4M3 row at head dim 128 against bf16's 256, and the
 // copies' count, not their bytes, looked like their bound (an H100, batch 64 x 4096 keys: 342 us,
-// 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). Process-wide (an
-// atomic read at each launch); for benchmarks and tests.
+// 52% of the copy bandwidth, 87% of bf16's time; bench/results section 17.2). With the fragments
+// widened in registers (section 17.3) the bulk copies took 267 us at 1 split and 241 at 3,
+// against the cp.async pieces' 217.5 and 228. Process-wide (an atomic read at each launch); for
+// benchmarks and tests.
 void SetDecodeF8BulkCopies(bool on);
+
+// How an FP8 cache's bytes are widened to fp16 in registers where the device converts E4M3
+// itself (sm_89+; elsewhere always by integer operations): by its conversion instructions (one a
+// pair of values), by integer operations (four a pair: the bits moved, the 2^8 they lack applied
+// to the scores and the output), or the keys by instruction and the values by integer operations
+// (their work on different units). The last two at head dim 128 on the cp.async path only
+// (elsewhere the setting changes nothing). Process-wide, as SetDecodeF8BulkCopies; for the
+// benchmark's comparison.
+enum class DecodeF8Widening { kConvert, kInteger, kConvertKeys };
+void SetDecodeF8Widening(DecodeF8Widening widening);
 
 }  // namespace lmserve::kernels::cuda
 

@@ -7,13 +7,13 @@
 // their tensor-core operands and apply the scales outside the products: the keys' in the score
 // scale, the values' to the output.
 //
-// The widening moves bits and multiplies once, without conversion instructions (which issue at a
-// quarter of the rate of integer and FMA ones: four of them a pair, cvt e4m3x2 -> f16x2 -> f32 ->
-// bf16x2, would cost decode attention more than its halved bytes save). The byte seeeemmm placed
-// in a bf16 as s 0000eeee mmm0000 (an fp16: s 0eeee mmm0000000) reads as q * 2^-120 (q * 2^-8),
-// E4M3's subnormals landing on subnormals of the same scaled value; one multiply by 2^120 (2^8),
-// exact, gives q. E4M3's NaN (0x7f, 0xff) widens to +-480, finite: caches hold no NaN (the write
-// saturates).
+// F8x4Widen moves bits and multiplies once, without conversion instructions (four of them a pair
+// to reach bf16: cvt e4m3x2 -> f16x2 -> f32 -> bf16x2); prefill attention's tiles take it. Decode
+// attention widens in registers to fp16 and takes one instruction a pair where the device has it
+// (decode_attention.cu's F8x4ToF16). The byte seeeemmm placed in a bf16 as s 0000eeee mmm0000
+// (an fp16: s 0eeee mmm0000000) reads as q * 2^-120 (q * 2^-8), E4M3's subnormals landing on
+// subnormals of the same scaled value; one multiply by 2^120 (2^8), exact, gives q. E4M3's NaN
+// (0x7f, 0xff) widens to +-480, finite: caches hold no NaN (the write saturates).
 
 #ifndef LMSERVE_KERNELS_CUDA_FP8_CACHE_CUH_
 #define LMSERVE_KERNELS_CUDA_FP8_CACHE_CUH_

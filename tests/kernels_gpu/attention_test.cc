@@ -47,6 +47,7 @@ struct PagedBatch {
   int64_t block_size = kBlockSize;  // tokens per cache block
   int32_t window = 0;               // the attention's sliding window; 0: none
   float softcap = 0;                // the attention's score soft-cap; 0: none
+  float scale = 0;                  // the score multiplier; 0: 1 / sqrt(head_dim)
   std::vector<int32_t> query_start{0}, context_lens, table_start{0}, table_ids;
   // A guard block of NaN, then the cache ([num_blocks, block_size, kv heads, head_dim]).
   std::vector<float> query, key_cache, value_cache;
@@ -61,6 +62,9 @@ struct PagedBatch {
   int64_t num_tokens() const { return query_start.back(); }
   int64_t guard() const { return block_size * num_kv_heads * head_dim; }  // elements
   int64_t cache_element_bytes() const { return fp8_cache ? 1 : testing::ElementBytes(dtype); }
+  float score_scale() const {
+    return scale != 0 ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
   // The caches past their guard block, on the device.
   const void* device_key() const { return d_key.get() + guard() * cache_element_bytes(); }
   const void* device_value() const { return d_value.get() + guard() * cache_element_bytes(); }
@@ -168,7 +172,7 @@ std::vector<float> CpuAttention(const PagedBatch& b) {
   p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
   p.max_context_len = max_context;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  p.scale = b.score_scale();
   p.window = b.window;
   p.softcap = b.softcap;
   p.num_threads = threads;
@@ -193,7 +197,7 @@ Params PagedParams(const PagedBatch& b, void* output) {
   p.head_dim = b.head_dim;
   p.block_size = b.block_size;
   p.num_blocks = b.num_blocks;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(b.head_dim));
+  p.scale = b.score_scale();
   p.window = b.window;
   p.softcap = b.softcap;
   p.dtype = b.dtype;
@@ -244,14 +248,17 @@ void ApplyMasking(PagedBatch& b, const Masking& masking) {
   if (masking.free_blocks) FreeBlocksBeforeWindow(b);
 }
 
+// query_factor: the queries are multiplied by it (a power of two) and the score scale divided by
+// it: the same scores from queries of another magnitude.
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
-                   int64_t head_dim, int64_t block_size = kBlockSize,
-                   const Masking& masking = {}, const KvF8& f8 = {}) {
+                   int64_t head_dim, int64_t block_size = kBlockSize, const Masking& masking = {},
+                   const KvF8& f8 = {}, float query_factor = 1.0f) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
                                     << num_kv_heads << " group " << group << " head_dim "
                                     << head_dim << " block size " << block_size << " " << masking
-                                    << " " << f8 << " seed " << seed);
+                                    << " " << f8 << " query factor " << query_factor << " seed "
+                                    << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   b.block_size = block_size;
@@ -261,6 +268,11 @@ void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t gro
   std::vector<std::pair<int32_t, int32_t>> seqs;
   for (int64_t i = 0; i < batch; ++i) seqs.push_back({1, kLengths[(i + 5) % 6]});
   BuildBatch(b, seqs, rng);
+  if (query_factor != 1.0f) {
+    for (float& q : b.query) q *= query_factor;
+    b.d_query = testing::Upload(b.query, dtype);
+    b.scale = 1.0f / std::sqrt(static_cast<float>(head_dim)) / query_factor;
+  }
   ApplyMasking(b, masking);
   const std::vector<float> ref = CpuAttention(b);
 
@@ -357,6 +369,50 @@ TEST(DecodeAttentionGpuTest, Fp8CacheMatchesCpu) {
   }
   RunDecodeCase(DType::kF16, 64, 8, 4, 128, 24, {37, 5.0f, true}, {true, 0.5f, 0.25f});
   SetDecodeF8BulkCopies(false);
+}
+
+// A few small FP8 cases over both loads (cp.async, and bulk copies on Hopper) at head dims whose
+// E4M3 rows are 8 and 5 16-byte pieces (the warp's pieces cover the tile's rows whole or not):
+// short enough for compute-sanitizer.
+TEST(DecodeAttentionGpuTest, Fp8CacheSmallBothLoads) {
+  LMSERVE_REQUIRE_GPU();
+  for (bool bulk : {false, true}) {
+    SetDecodeF8BulkCopies(bulk);
+    RunDecodeCase(DType::kBF16, 3, 1, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f});
+    RunDecodeCase(DType::kBF16, 3, 2, 8, 80, 5, {37, 5.0f, true}, {true, 0.5f, 0.25f});
+  }
+  SetDecodeF8BulkCopies(false);
+}
+
+// Over an FP8 cache the products run in fp16 (decode_attention.cu): a bf16 query is scaled into
+// fp16's range by a power of two a row and its scores scaled back. Queries far beyond fp16's
+// largest value (2^20 times the usual, ~1e6) and far below its smallest normal one (2^-30, ~1e-9)
+// give the same attention as usual ones, at bf16's tolerance; on both kernel paths, with a
+// soft-cap, and with the integer widenings (SetDecodeF8Widening) as well as the default.
+TEST(DecodeAttentionGpuTest, Fp8CacheQueriesOfAnyMagnitude) {
+  LMSERVE_REQUIRE_GPU();
+  for (KernelPath path : {KernelPath::kAuto, KernelPath::kPortable}) {
+    ScopedKernelPath scoped(path);
+    SCOPED_TRACE(path == KernelPath::kAuto ? "auto path" : "portable path");
+    for (float factor : {0x1p20f, 0x1p-30f}) {
+      RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, factor);
+      RunDecodeCase(DType::kBF16, 17, 2, 8, 64, kBlockSize, {0, 50.0f, false}, {true, 0.5f, 0.25f},
+                    factor);
+      for (DecodeF8Widening widening :
+           {DecodeF8Widening::kInteger, DecodeF8Widening::kConvertKeys}) {
+        SetDecodeF8Widening(widening);
+        RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, factor);
+      }
+      SetDecodeF8Widening(DecodeF8Widening::kConvert);
+    }
+  }
+  // The integer widenings on the usual cases, both activation types.
+  for (DecodeF8Widening widening : {DecodeF8Widening::kInteger, DecodeF8Widening::kConvertKeys}) {
+    SetDecodeF8Widening(widening);
+    RunDecodeCase(DType::kBF16, 64, 8, 4, 128, kBlockSize, {}, {true, 0.05f, 0.05f});
+    RunDecodeCase(DType::kF16, 17, 2, 8, 128, 24, {37, 5.0f, true}, {true, 16.0f, 2.0f});
+  }
+  SetDecodeF8Widening(DecodeF8Widening::kConvert);
 }
 
 TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
