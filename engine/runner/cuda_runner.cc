@@ -105,12 +105,14 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override;
   // Launch uploads the step's inputs and enqueues the forward pass, the first chunk of logits and
-  // its draw (a decode graph's replay, or eagerly), masked or not: a masked step's draw waits on
-  // the device for its masks (the gated token bitmask, kernels/cuda/token_bitmask.h). Finish
-  // writes the masks into pinned memory and releases them, enqueues any further logits chunks
-  // and the copies back, and waits for the stream. Every path out of a launched masked step
-  // releases its masks: Finish, a failed Launch, the next Launch without a Finish (abandoned),
-  // and the destructor; and the device's wait is bounded (device_mask_wait_seconds).
+  // its draw (a decode graph's replay, or eagerly). A decode graph's draw, masked or not, waits on
+  // the device for the step's masks (the gated token bitmask, kernels/cuda/token_bitmask.h); an
+  // eager step with masked rows leaves its draw to Finish. Finish writes the masks into pinned
+  // memory, copies them to the device and releases them, enqueues an eager masked step's draw
+  // (the plain token bitmask), any further logits chunks and the copies back, and waits for the
+  // stream. Every path out of a launched masked step releases its masks: Finish, a failed
+  // Launch, the next Launch without a Finish (abandoned), and the destructor; and the device's
+  // wait is bounded (device_mask_wait_seconds).
   absl::Status Launch(const StepBatch& batch, StepOutput* output) override;
   absl::Status Finish() override;
 
@@ -126,9 +128,12 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status Forward(const Step& step);
   // Logits rows [first_row, first_row + num_rows) into logits_, from the final norm's rows.
   absl::Status LogitsChunk(int64_t first_row, int64_t num_rows);
+  // How a draw masks its rows: not at all; the gated token bitmask (masked rows wait on the
+  // device for the step's release: decode graphs); or the plain one, over masks already on the
+  // device (or pinned) and released (eager steps, enqueued by Finish).
+  enum class Masking { kNone, kGated, kReady };
   // The sampler over those rows; their tokens reach h_sampled_ when the stream gets there.
-  // `masked`: the gated token bitmask first (masked rows wait for the step's release).
-  absl::Status SampleRows(int64_t first_row, int64_t num_rows, bool masked);
+  absl::Status SampleRows(int64_t first_row, int64_t num_rows, Masking masking);
   // Releases the launched masked step's masks (mask_step_) to the device; `abandoned`: the step
   // is given up, its rows not masked. Clears masks_pending_.
   void ReleaseMasks(bool abandoned);
@@ -148,7 +153,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) override;
   absl::Status FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) override;
   absl::Status LmHead(Weight lm_head, float softcap) override;
-  // The first logits chunk's draw; behind the gated token bitmask where gate_masks_.
+  // The first logits chunk's draw: behind the gated token bitmask where gate_masks_ (captures);
+  // none where draw_in_finish_.
   absl::Status Sample() override;
 
   // The GEMM projection of `weight`'s kind (registered on first use), and `weight`'s place in it.
@@ -336,7 +342,12 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // Decode graphs: the whole step, the draw included, behind the gated token bitmask where
   // device_token_bitmask (a step with masked rows replays the same graph as any other).
   cuda::DecodeGraphs graphs_;
-  bool gate_masks_ = false;  // the Sample op enqueues the gated token bitmask (captures, masked steps)
+  bool gate_masks_ = false;  // the Sample op enqueues the gated token bitmask (captures)
+  // An eager step with masked rows: the Sample op enqueues nothing, Finish enqueues the draw once
+  // the masks are on the device. (Eager draws behind the gated bitmask, its two plain launches
+  // among the step's programmatic ones, left the decode graphs replayed after them ~10% slower
+  // on an H100 until the next eager step without them: bench/results 15.)
+  bool draw_in_finish_ = false;
 
   // The step being enqueued, for the ops; between Launch and Finish, the launched step (its
   // batch, output and inputs' layout).
@@ -1270,7 +1281,9 @@ absl::Status CudaRunner::LmHead(Weight lm_head, float softcap) {
 absl::Status CudaRunner::Sample() {
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (step_.rows == 0) return absl::OkStatus();
-  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_), gate_masks_);
+  if (draw_in_finish_) return absl::OkStatus();
+  return SampleRows(0, std::min(step_.rows, logits_chunk_rows_),
+                    gate_masks_ ? Masking::kGated : Masking::kNone);
 }
 
 void CudaRunner::ReleaseMasks(bool abandoned) {
@@ -1312,16 +1325,26 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, bool masked) {
+absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, Masking masking) {
   // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   const StepLayout& l = *step_.layout;
-  if (masked) {
+  const uint32_t* bitmask = d_pinned_token_bitmask_ != nullptr ? d_pinned_token_bitmask_
+                                                                : token_bitmask_.as<uint32_t>();
+  if (masking == Masking::kReady) {
+    // Structured output, the masks on the device and released: masked rows lose the tokens their
+    // bitmask clears; other rows (mask -1) pass.
+    const kc::TokenBitmaskParams mask{.logits = logits_.as<float>(),
+                                      .bitmask = bitmask,
+                                      .mask_index = In<int32_t>(l.mask_index) + first_row,
+                                      .num_rows = num_rows,
+                                      .vocab_size = config_.vocab_size};
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(mask, stream_), "masking the logits");
+  } else if (masking == Masking::kGated) {
     // Structured output: masked rows wait for the step's masks (Finish releases them), then lose
     // the tokens their bitmask clears; other rows (mask -1) pass at once.
     const kc::GatedTokenBitmaskParams mask{
         .logits = logits_.as<float>(),
-        .bitmask = d_pinned_token_bitmask_ != nullptr ? d_pinned_token_bitmask_
-                                                      : token_bitmask_.as<uint32_t>(),
+        .bitmask = bitmask,
         .mask_index = In<int32_t>(l.mask_index) + first_row,
         .step = In<uint64_t>(l.mask_step),
         .release = d_mask_release_,
@@ -1374,6 +1397,7 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
 absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   launched_batch_ = nullptr;
   launched_output_ = nullptr;
+  draw_in_finish_ = false;
   // The step before was launched and never finished (a broken contract): its draw stops waiting.
   if (masks_pending_) ReleaseMasks(/*abandoned=*/true);
   LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
@@ -1412,11 +1436,12 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   for (int64_t i = 0; i < seqs; ++i) {
     if (batch.logits_modes[i] == LogitsMode::kNone) decode_only = false;
   }
-  // A masked step's draw waits on the device for its masks (released by Finish): a decode step
-  // replays its graph, masked or not (the graphs hold the gated token bitmask).
+  // A decode step replays its graph, masked or not: the graph's draw waits on the device for the
+  // step's masks (released by Finish). An eager step with masked rows draws in Finish.
   if (masked) ++mask_step_;
-  gate_masks_ = masked;
   const int64_t bucket = decode_only ? graphs_.BucketFor(seqs) : 0;
+  gate_masks_ = false;
+  draw_in_finish_ = masked && bucket == 0;
   const int64_t padded = bucket > 0 ? bucket : seqs;
   layout_ = inputs_.Pack(batch, padded, decode_only, block_size_, mask_step_);
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
@@ -1495,6 +1520,12 @@ absl::Status CudaRunner::Finish() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - upload_start).count();
     LMSERVE_RETURN_IF_CUDA_ERROR(copied, "copying the token bitmasks");
   }
+  if (draw_in_finish_) {
+    // An eager masked step's first chunk: the masks are on the device.
+    draw_in_finish_ = false;
+    LMSERVE_RETURN_IF_ERROR(
+        SampleRows(0, std::min(step_.rows, logits_chunk_rows_), Masking::kReady));
+  }
   if (seqs == 0) return absl::OkStatus();
 
   // Outputs: logits rows of kLast/kAll sequences, tokens of kSample ones.
@@ -1511,14 +1542,18 @@ absl::Status CudaRunner::Finish() {
   output->logits.resize(static_cast<size_t>(num_output_rows * vocab));
   for (int64_t chunk_start = 0; chunk_start < num_rows; chunk_start += logits_chunk_rows_) {
     const int64_t chunk = std::min(logits_chunk_rows_, num_rows - chunk_start);
-    // The first chunk's logits and draw came with the forward pass (or the graph). A sampled
-    // row can sit past the first chunk (a long kAll sequence before it): its masks are released.
+    // The first chunk's logits came with the forward pass (or the graph), and its draw too, or
+    // above. A sampled row can sit past the first chunk (a long kAll sequence before it): its
+    // masks are on the device.
     if (chunk_start > 0) LMSERVE_RETURN_IF_ERROR(LogitsChunk(chunk_start, chunk));
     const bool sample =
         chunk_start > 0 &&
         std::any_of(rows.begin() + chunk_start, rows.begin() + chunk_start + chunk,
                     [](const cuda::LogitsRow& row) { return row.sampled; });
-    if (sample) LMSERVE_RETURN_IF_ERROR(SampleRows(chunk_start, chunk, masked));
+    if (sample) {
+      LMSERVE_RETURN_IF_ERROR(
+          SampleRows(chunk_start, chunk, masked ? Masking::kReady : Masking::kNone));
+    }
     // Copy each run of consecutive output rows at once.
     for (int64_t r = chunk_start; r < chunk_start + chunk;) {
       if (rows[r].output_row < 0) {
