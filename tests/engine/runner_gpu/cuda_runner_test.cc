@@ -522,6 +522,47 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
   }
 }
 
+// An eager step with masked rows (a prefill; a decode step on a runner without graphs) draws in
+// Finish, after its masks are on the device: it never waits for them on the device, so masks
+// written long after Launch (the GPU idle, far past a 1 ms device wait) are applied and the step
+// succeeds, where a decode graph's draw would give up and fail the step (the last case of
+// MaskedStepWithoutItsMasksFailsInsteadOfHanging).
+TEST(CudaRunnerTest, EagerMaskedStepDrawsInFinishWithoutWaitingOnTheDevice) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int64_t words = (vocab + 31) / 32;
+  const std::vector<int32_t> allowed = {3, 40, static_cast<int32_t>(vocab - 1)};
+  const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
+  for (const bool decode : {false, true}) {
+    RunnerConfig config = CudaConfig(/*graphs=*/false);
+    config.device_token_bitmask = true;
+    config.device_mask_wait_seconds = 1e-3;
+    auto runner = MakeRunner(**checkpoint, config);
+    ASSERT_NE(runner, nullptr);
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      StepOutput ignored;
+      if (decode) ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+      StepBatch batch = MaskingStep(prompt, decode, seed, /*masked=*/true, words);
+      testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
+      StepOutput output;
+      ASSERT_TRUE(runner->Launch(batch, &output).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      testing::AllowOnly(&batch, kMaskedRows, allowed);  // long after the launch
+      const absl::Status status = runner->Finish();
+      ASSERT_TRUE(status.ok()) << "decode " << decode << " seed " << seed << ": " << status;
+      for (int s : {0, 2}) {
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), output.sampled_tokens[s]),
+                  allowed.end())
+            << "decode " << decode << " seed " << seed << " row " << s << " drew "
+            << output.sampled_tokens[s];
+      }
+    }
+    EXPECT_EQ(runner->stats().num_graph_replays, 0);
+  }
+}
+
 // A masked decode step replays a CUDA graph (its draw waits on the device for masks written after
 // Launch) and draws the tokens of the eager path: a runner without graphs, given the same masks
 // from the start. float32, so that the two paths' logits agree to ~1e-6 and the draws at
