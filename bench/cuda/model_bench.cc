@@ -139,7 +139,8 @@ int Usage(const char* message) {
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
-               "[--no-skinny-split-k] [--ssm-decode-late-dependents] [--ssm-prefill-legacy] [--ssm-scan-warps 4|8] "
+               "[--no-skinny-split-k] [--ssm-decode-late-dependents] [--ssm-prefill-legacy] "
+               "[--ssm-scan-warps 4|8] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
                "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
@@ -739,7 +740,8 @@ int main(int argc, char** argv) {
       const std::string name = value();
       const auto choice = lmserve::engine::DecodeGemmFromName(name);
       if (!choice.has_value()) {
-        return lmserve::Usage(("--decode-gemm: '" + name + "' is not auto, blas or skinny").c_str());
+        return lmserve::Usage(
+            ("--decode-gemm: '" + name + "' is not auto, blas or skinny").c_str());
       }
       o.decode_gemm = *choice;
     } else if (arg == "--no-pdl") {

@@ -145,6 +145,13 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table_ids + a.block_table_start[seq];
   const int64_t token_stride = int64_t{a.num_kv_heads} * kHeadDim;
+  // Elements into the cache of position `pos`'s KV head row, from column `col`.
+  auto cache_offset = [&](int pos, int col) {
+    const int block_index = pos / a.block_size;
+    const int64_t slot =
+        int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
+    return slot * token_stride + int64_t{kv_head} * kHeadDim + col;
+  };
   auto load_kv = [&](int kv_tile, int buffer) {
     const int n0 = kv_tile * kBlockN;
     if constexpr (kF8) {
@@ -156,13 +163,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
         const int r = c / kF8Chunks, col = (c % kF8Chunks) * 16;
         const int pos = n0 + r;
         const bool valid = pos >= kv_begin && pos < kv_end;
-        int64_t offset = 0;
-        if (valid) {
-          const int block_index = pos / a.block_size;
-          const int64_t slot =
-              int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-          offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
-        }
+        const int64_t offset = valid ? cache_offset(pos, col) : 0;
         CpAsync16(dst_k + r * kF8Stride + col, key_bytes + offset, valid);
         CpAsync16(dst_v + r * kF8Stride + col, value_bytes + offset, valid);
       }
@@ -174,13 +175,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
       const int r = c / kChunks, col = (c % kChunks) * 8;
       const int pos = n0 + r;
       const bool valid = pos >= kv_begin && pos < kv_end;
-      int64_t offset = 0;
-      if (valid) {
-        const int block_index = pos / a.block_size;
-        const int64_t slot =
-            int64_t{table[block_index]} * a.block_size + (pos - block_index * a.block_size);
-        offset = slot * token_stride + int64_t{kv_head} * kHeadDim + col;
-      }
+      const int64_t offset = valid ? cache_offset(pos, col) : 0;
       CpAsync16(dst_k + r * kStride + col, key_cache + offset, valid);
       CpAsync16(dst_v + r * kStride + col, value_cache + offset, valid);
     }

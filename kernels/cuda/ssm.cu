@@ -33,6 +33,16 @@ struct Sequences {
   const int32_t* state_slots;
 };
 
+// Sequence i's tokens in the step: its context after the step, the row of its first new token,
+// and how many new tokens it has.
+struct SequenceTokens {
+  int ctx, first, len;
+};
+__device__ __forceinline__ SequenceTokens TokensOf(const Sequences& seqs, int i) {
+  const int first = seqs.query_start[i];
+  return {seqs.context_lens[i], first, seqs.query_start[i + 1] - first};
+}
+
 template <typename T>
 struct ConvArgs {
   Sequences seqs;
@@ -67,9 +77,8 @@ __global__ void __launch_bounds__(kConvThreads) SsmConvKernel(ConvArgs<T> a) {
   }
   BeginDependentKernel();
   if (c >= a.channels) return;
-  const int ctx = a.seqs.context_lens[i];
-  const int first = a.seqs.query_start[i];
-  const int len = a.seqs.query_start[i + 1] - first;
+  const SequenceTokens tokens = TokensOf(a.seqs, i);
+  const int ctx = tokens.ctx, first = tokens.first, len = tokens.len;
   const int t0 = blockIdx.z * kConvTokens;
   if (ctx == 0 || t0 >= len) return;
   const int start = ctx - len, k1 = a.kernel - 1;
@@ -100,9 +109,8 @@ __global__ void __launch_bounds__(kConvThreads) SsmConvStateKernel(ConvArgs<T> a
   const int i = blockIdx.y;
   BeginDependentKernel();
   if (c >= a.channels) return;
-  const int ctx = a.seqs.context_lens[i];
-  const int first = a.seqs.query_start[i];
-  const int len = a.seqs.query_start[i + 1] - first;
+  const SequenceTokens tokens = TokensOf(a.seqs, i);
+  const int ctx = tokens.ctx, first = tokens.first, len = tokens.len;
   if (ctx == 0 || len == 0) return;
   const int start = ctx - len;
   float* ring = a.states + static_cast<int64_t>(a.seqs.state_slots[i]) * a.kernel * a.channels;
@@ -134,16 +142,17 @@ __global__ void __launch_bounds__(kConvThreads) SsmConvVecKernel(ConvArgs<T> a) 
     for (int ch = 0; ch < 8; ++ch) {
 #pragma unroll
       for (int k = 0; k < kK; ++k) {
-        if (k >= pad) w[k][ch] = ToFloat(a.weight[static_cast<int64_t>(c + ch) * a.kernel + k - pad]);
+        if (k >= pad) {
+          w[k][ch] = ToFloat(a.weight[static_cast<int64_t>(c + ch) * a.kernel + k - pad]);
+        }
       }
     }
     if (a.bias != nullptr) Load8<T>(a.bias + c, bias);
   }
   BeginDependentKernel();
   if (c >= a.channels) return;
-  const int ctx = a.seqs.context_lens[i];
-  const int first = a.seqs.query_start[i];
-  const int len = a.seqs.query_start[i + 1] - first;
+  const SequenceTokens tokens = TokensOf(a.seqs, i);
+  const int ctx = tokens.ctx, first = tokens.first, len = tokens.len;
   const int t0 = blockIdx.z * kConvRun;
   if (ctx == 0 || t0 >= len) return;
   const int start = ctx - len;
@@ -194,7 +203,9 @@ __global__ void __launch_bounds__(kConvThreads) SsmConvVecKernel(ConvArgs<T> a) 
       }
 #pragma unroll
       for (int ch = 0; ch < 8; ++ch) win[kK - 2][ch] = x[s][ch];
-      if (t + s < end) Store8<T>(a.output + (first + t + s) * static_cast<int64_t>(a.channels) + c, o);
+      if (t + s < end) {
+        Store8<T>(a.output + (first + t + s) * static_cast<int64_t>(a.channels) + c, o);
+      }
     }
   }
 }
@@ -217,6 +228,15 @@ struct ScanArgs {
   float dt_min;
   float dt_max;
 };
+
+// Head h's constants: A = -exp(A_log), D and dt's bias.
+struct HeadConstants {
+  float A, d, dt_bias;
+};
+template <typename T>
+__device__ __forceinline__ HeadConstants HeadOf(const ScanArgs<T>& a, int h) {
+  return {-expf(ToFloat(a.a_log[h])), ToFloat(a.d[h]), ToFloat(a.dt_bias[h])};
+}
 
 // The state entries a thread holds of one state row split over kL adjacent lanes of a warp:
 // lane s holds the float4s j * kL + s (j < kN / (4 * kL)), so that a row's lanes move
@@ -287,13 +307,11 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
   const int p = threadIdx.x / kLanesPerRow, s = threadIdx.x % kLanesPerRow;
   const int g = h / (a.num_heads / a.n_groups);
   const int64_t inner = static_cast<int64_t>(a.num_heads) * hd;
-  const float A = -expf(ToFloat(a.a_log[h]));
-  const float dh = ToFloat(a.d[h]);
-  const float dt_bias = ToFloat(a.dt_bias[h]);
+  const HeadConstants head = HeadOf(a, h);
+  const float A = head.A, dh = head.d, dt_bias = head.dt_bias;
   BeginDependentKernel();
-  const int ctx = a.seqs.context_lens[i];
-  const int first = a.seqs.query_start[i];
-  const int len = a.seqs.query_start[i + 1] - first;
+  const SequenceTokens tokens = TokensOf(a.seqs, i);
+  const int ctx = tokens.ctx, first = tokens.first, len = tokens.len;
   if (ctx == 0 || len == 0) return;  // the whole block
   float* state = a.states +
                  ((static_cast<int64_t>(a.seqs.state_slots[i]) * a.num_heads + h) * hd + p) * kN;
@@ -335,7 +353,8 @@ __global__ void SsmScanKernel(ScanArgs<T> a) {
 // warps per (head, sequence) walks the sequence's tokens in chunks of kSsdChunk, the
 // state carried from chunk to chunk in fp32 registers (mma accumulators). For a chunk of tokens
 // t, u with cum_t = sum of dt_u A over u <= t in the chunk:
-//   Y = exp(cum_t) (C S^T)[t, p] + ((C B^T) o L) X + D X,  L[t, u] = exp(cum_t - cum_u) dt_u (u <= t)
+//   Y = exp(cum_t) (C S^T)[t, p] + ((C B^T) o L) X + D X,
+//   L[t, u] = exp(cum_t - cum_u) dt_u (u <= t)
 //   S' = exp(cum_last) S + (X o w)^T B,                     w_u = exp(cum_last - cum_u) dt_u
 // The four products run on tensor cores (mma.sync m16n8k16, 16-bit operands, fp32 accumulation):
 // C B^T and C S^T with the state rounded to the 16-bit type as an operand (it stays fp32 in the
@@ -393,13 +412,11 @@ __global__ void __launch_bounds__(kWarps * 32, SsdShape<kP, kN, kWarps>::kMinBlo
   const int lm = lane / 8, lr = lane % 8;        // ldmatrix: the lane's matrix and row
   const int g = h / (a.num_heads / a.n_groups);
   const int64_t inner = static_cast<int64_t>(a.num_heads) * kP;
-  const float A = -expf(ToFloat(a.a_log[h]));
-  const float dh = ToFloat(a.d[h]);
-  const float dt_bias = ToFloat(a.dt_bias[h]);
+  const HeadConstants head = HeadOf(a, h);
+  const float A = head.A, dh = head.d, dt_bias = head.dt_bias;
   BeginDependentKernel();
-  const int ctx = a.seqs.context_lens[i];
-  const int first = a.seqs.query_start[i];
-  const int len = a.seqs.query_start[i + 1] - first;
+  const SequenceTokens tokens = TokensOf(a.seqs, i);
+  const int ctx = tokens.ctx, first = tokens.first, len = tokens.len;
   if (ctx == 0 || len == 0) return;  // the whole block
   float* state = a.states + (static_cast<int64_t>(a.seqs.state_slots[i]) * a.num_heads + h) *
                                 static_cast<int64_t>(kP) * kN;
@@ -453,7 +470,8 @@ __global__ void __launch_bounds__(kWarps * 32, SsdShape<kP, kN, kWarps>::kMinBlo
       CpAsync16(xs + t * kPs + q, row + x_col + q, t < l);
     }
     CpAsyncCommit();
-    if (warp == 0) {  // dt and the inclusive sum of dt A over the chunk (lane: tokens lane, lane + 32)
+    // dt and the inclusive sum of dt A over the chunk (lane: tokens lane, lane + 32)
+    if (warp == 0) {
       float v[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -611,7 +629,8 @@ __global__ void __launch_bounds__(kWarps * 32, SsdShape<kP, kN, kWarps>::kMinBlo
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int p = sp0 + fr + half * 8, n = sn0 + j * 8 + fc;
-      *reinterpret_cast<float2*>(state + p * kN + n) = make_float2(st[j][2 * half], st[j][2 * half + 1]);
+      *reinterpret_cast<float2*>(state + p * kN + n) =
+          make_float2(st[j][2 * half], st[j][2 * half + 1]);
     }
   }
 }
@@ -680,9 +699,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const bool bc_owner = h % heads_per_group == 0 && p0 == 0;
   const int num_channels = 2 * kN + min(kRows, hd - p0);
   const int64_t inner = static_cast<int64_t>(a.num_heads) * hd;
-  const float A = -expf(ToFloat(a.a_log[h]));
-  const float dh = ToFloat(a.d[h]);
-  const float dt_bias = ToFloat(a.dt_bias[h]);
+  const HeadConstants head = HeadOf(a, h);
+  const float A = head.A, dh = head.d, dt_bias = head.dt_bias;
   const int ctx = __ldcg(a.seqs.context_lens + i);  // step inputs: uploaded before the step
   const int k1 = conv.kernel - 1;
   const int pos = ctx - 1;

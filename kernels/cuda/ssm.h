@@ -15,20 +15,20 @@
 //
 // - SsmConv: the causal depthwise conv1d + SiLU over any step (prefill chunks, decodes): a
 //   thread per (8 channels, sequence, 16 tokens), 16-byte loads and stores, the window slid in
-//   registers so that each input is read once, SiLU with the fast exponential and division (kernels of up to 4 taps, rows aligned to 8
-//   elements: SsmConvUsesVectors); else (or `scalar`) a thread per (channel, sequence, 16 tokens),
-//   each token's window read afresh. Then a second kernel writes each sequence's last inputs into
-//   its ring.
+//   registers so that each input is read once, SiLU with the fast exponential and division
+//   (kernels of up to 4 taps, rows aligned to 8 elements: SsmConvUsesVectors); else (or
+//   `scalar`) a thread per (channel, sequence, 16 tokens), each token's window read afresh.
+//   Then a second kernel writes each sequence's last inputs into its ring.
 // - SsmScan: the scan over any step. bf16 and fp16 (SsmScanUsesSsd: head_dim 64 with state 64 or
-//   128, head_dim 32 with state 128 or 16, rows aligned to 8 elements): the chunked SSD form, one block
-//   of 4 warps (or 8: ssd_warps) per (head, sequence), chunks of kSsdChunk tokens whose intra-chunk products
-//   (C B^T masked by the decays, times x; C times the incoming state; the chunk's contribution
-//   to the state, B^T times decay-weighted x) run on tensor cores with 16-bit operands and fp32
-//   accumulation; the state is carried between chunks in fp32 (a 16-bit copy of it is the
-//   operand of C S^T), the decays in fp32. Else (fp32, other shapes, or `recurrence`): the exact
-//   recurrence on the CUDA cores, in chunks of kScanChunk tokens staged in shared memory (x, B,
-//   C, dt): one block per (sequence, head), 4 threads per head dim, each holding state_size / 4
-//   of its state row in registers.
+//   128, head_dim 32 with state 128 or 16, rows aligned to 8 elements): the chunked SSD form, one
+//   block of 4 warps (or 8: ssd_warps) per (head, sequence), chunks of kSsdChunk tokens whose
+//   intra-chunk products (C B^T masked by the decays, times x; C times the incoming state; the
+//   chunk's contribution to the state, B^T times decay-weighted x) run on tensor cores with
+//   16-bit operands and fp32 accumulation; the state is carried between chunks in fp32 (a
+//   16-bit copy of it is the operand of C S^T), the decays in fp32. Else (fp32, other shapes, or
+//   `recurrence`): the exact recurrence on the CUDA cores, in chunks of kScanChunk tokens staged
+//   in shared memory (x, B, C, dt): one block per (sequence, head), 4 threads per head dim, each
+//   holding state_size / 4 of its state row in registers.
 // - SsmDecode: a decode-only step (one token a sequence, or padding) in one kernel: the conv
 //   update of the head's x channels and its group's B and C channels, then the SSM update.
 //   Blocks of 256 threads in two shapes: at small batches a block takes 16 rows of a head (16

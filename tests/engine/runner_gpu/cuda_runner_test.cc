@@ -428,6 +428,15 @@ StepBatch MaskingStep(const std::vector<int32_t>& prompt, bool decode, uint64_t 
 
 constexpr int32_t kMaskedRows[] = {0, 2};
 
+// Each masked row of a MaskingStep's output drew one of `allowed`.
+void ExpectMaskedRowsDrawAllowed(const StepOutput& output, const std::vector<int32_t>& allowed) {
+  for (const int32_t s : kMaskedRows) {
+    const int32_t token = output.sampled_tokens[static_cast<size_t>(s)];
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), token), allowed.end())
+        << "row " << s << " drew " << token;
+  }
+}
+
 // Before a decode MaskingStep: the KV of the prompt but its last token, unmasked.
 StepBatch MaskingPrefill(const std::vector<int32_t>& prompt) {
   StepBatch prefill;
@@ -459,6 +468,7 @@ TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
   for (const bool decode : {false, true}) {
     for (uint64_t seed = 1; seed <= 8; ++seed) {
+      SCOPED_TRACE(::testing::Message() << "decode " << decode << " seed " << seed);
       if (decode) {  // the prompt's KV first (unmasked), then the decode step
         StepOutput ignored;
         ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
@@ -470,12 +480,7 @@ TEST(CudaRunnerTest, TokenBitmasksHoldMaskedRowsToTheirTokens) {
       ASSERT_TRUE(runner->Execute(with_masks, &masked).ok());
       ASSERT_TRUE(plain->Execute(MaskingStep(prompt, decode, seed, false, words), &unmasked).ok());
       ASSERT_EQ(masked.sampled_tokens.size(), 3u);
-      for (int s : {0, 2}) {
-        EXPECT_NE(std::find(allowed.begin(), allowed.end(), masked.sampled_tokens[s]),
-                  allowed.end())
-            << "decode " << decode << " seed " << seed << " row " << s << " drew "
-            << masked.sampled_tokens[s];
-      }
+      ExpectMaskedRowsDrawAllowed(masked, allowed);
       EXPECT_EQ(masked.sampled_tokens[1], unmasked.sampled_tokens[1]) << "seed " << seed;
     }
   }
@@ -498,6 +503,7 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
   const std::vector<int32_t> prompt = {1, 5, 9, 200, 17};
   for (const bool decode : {false, true}) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
+      SCOPED_TRACE(::testing::Message() << "decode " << decode << " seed " << seed);
       StepBatch batch = MaskingStep(prompt, decode, seed, /*masked=*/true, words);
       if (decode) {  // the prompt's KV first (unmasked)
         StepOutput ignored;
@@ -513,11 +519,7 @@ TEST(CudaRunnerTest, TokenBitmasksWrittenAfterLaunchAreTheOnesApplied) {
       ASSERT_TRUE(runner->Finish().ok());
       EXPECT_EQ(overlapped.sampled_tokens, expected.sampled_tokens)
           << "decode " << decode << " seed " << seed;
-      for (int s : {0, 2}) {
-        EXPECT_NE(std::find(allowed.begin(), allowed.end(), overlapped.sampled_tokens[s]),
-                  allowed.end())
-            << "decode " << decode << " seed " << seed << " row " << s;
-      }
+      ExpectMaskedRowsDrawAllowed(overlapped, allowed);
     }
   }
 }
@@ -542,8 +544,11 @@ TEST(CudaRunnerTest, EagerMaskedStepDrawsInFinishWithoutWaitingOnTheDevice) {
     auto runner = MakeRunner(**checkpoint, config);
     ASSERT_NE(runner, nullptr);
     for (uint64_t seed = 1; seed <= 4; ++seed) {
+      SCOPED_TRACE(::testing::Message() << "decode " << decode << " seed " << seed);
       StepOutput ignored;
-      if (decode) ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+      if (decode) {
+        ASSERT_TRUE(runner->Execute(MaskingPrefill(prompt), &ignored).ok());
+      }
       StepBatch batch = MaskingStep(prompt, decode, seed, /*masked=*/true, words);
       testing::AllowOnly(&batch, kMaskedRows, std::vector<int32_t>{7});
       StepOutput output;
@@ -552,12 +557,7 @@ TEST(CudaRunnerTest, EagerMaskedStepDrawsInFinishWithoutWaitingOnTheDevice) {
       testing::AllowOnly(&batch, kMaskedRows, allowed);  // long after the launch
       const absl::Status status = runner->Finish();
       ASSERT_TRUE(status.ok()) << "decode " << decode << " seed " << seed << ": " << status;
-      for (int s : {0, 2}) {
-        EXPECT_NE(std::find(allowed.begin(), allowed.end(), output.sampled_tokens[s]),
-                  allowed.end())
-            << "decode " << decode << " seed " << seed << " row " << s << " drew "
-            << output.sampled_tokens[s];
-      }
+      ExpectMaskedRowsDrawAllowed(output, allowed);
     }
     EXPECT_EQ(runner->stats().num_graph_replays, 0);
   }
@@ -592,6 +592,7 @@ TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
     ASSERT_GT(graphed->stats().num_cuda_graphs, 0);
     int64_t steps = 0;
     for (uint64_t seed = 1; seed <= 6; ++seed) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed);
       StepOutput ignored;
       ASSERT_TRUE(graphed->Execute(MaskingPrefill(prompt), &ignored).ok());
       ASSERT_TRUE(eager->Execute(MaskingPrefill(prompt), &ignored).ok());
@@ -609,11 +610,7 @@ TEST(CudaRunnerTest, MaskedDecodeStepReplayedFromAGraphDrawsTheEagerTokens) {
       EXPECT_EQ(graphed->stats().num_graph_replays, replays + 1) << "seed " << seed;
       EXPECT_EQ(eager->stats().num_graph_replays, 0);
       EXPECT_EQ(replayed.sampled_tokens, expected.sampled_tokens) << "seed " << seed;
-      for (int s : {0, 2}) {
-        EXPECT_NE(std::find(allowed.begin(), allowed.end(), replayed.sampled_tokens[s]),
-                  allowed.end())
-            << "seed " << seed << " row " << s;
-      }
+      ExpectMaskedRowsDrawAllowed(replayed, allowed);
     }
     const RunnerStats stats = graphed->stats();
     EXPECT_EQ(stats.num_masked_steps, 6);
@@ -662,9 +659,7 @@ TEST(CudaRunnerTest, MaskedStepWithoutItsMasksFailsInsteadOfHanging) {
     StepOutput output;
     absl::Status status = runner->Execute(batch, &output);
     ASSERT_TRUE(status.ok()) << status;
-    for (int s : {0, 2}) {
-      EXPECT_NE(std::find(allowed.begin(), allowed.end(), output.sampled_tokens[s]), allowed.end());
-    }
+    ExpectMaskedRowsDrawAllowed(output, allowed);
   }
   {
     // The masks come after the device gave up waiting (1 ms; the test waits for the GPU to idle
