@@ -68,8 +68,8 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 //
 // kF8 (an FP8 cache): the ring holds E4M3 rows of kHeadDim bytes, padded to kCacheStride, and
 // each lane reads the bytes of its own mma.sync B fragments straight from a landed stage (16-byte
-// shared-memory loads at head dim 128) and widens them in registers to fp16 (fp8_cache.cuh's
-// F8x4ToF16): no 16-bit copy of the tile, no ldmatrix. The products run in fp16 whatever T is
+// shared-memory loads at head dim 128) and widens them in registers to fp16 (F8x4ToF16 below):
+// no 16-bit copy of the tile, no ldmatrix. The products run in fp16 whatever T is
 // (E4M3 values are fp16 values; the query is scaled by a power of two a row into fp16's range and
 // the scores scaled back). For a lane's fragment bytes to be contiguous, the products take the
 // head dimension in another order, the same for the query and the keys (a dot product does not
@@ -122,10 +122,9 @@ constexpr bool kDeviceConvertsF8 = false;
 template <bool kInteger>
 __device__ __forceinline__ void F8x4ToF16(uint32_t word, uint32_t& lo, uint32_t& hi) {
   if constexpr (kInteger) {
-    // Bytes b of the word in the high bytes of both halves (the low bytes are masked off).
-    const uint32_t a = __byte_perm(word, 0u, 0x1100u), b = __byte_perm(word, 0u, 0x3322u);
-    lo = ((a >> 1) & 0x3f803f80u) | (a & 0x80008000u);
-    hi = ((b >> 1) & 0x3f803f80u) | (b & 0x80008000u);
+    // Bytes 0, 1 (then 2, 3) in the high bytes of the halves (fp8_cache.cuh's F8PairScaledBits).
+    lo = F8PairScaledBits<__half>(__byte_perm(word, 0u, 0x1100u));
+    hi = F8PairScaledBits<__half>(__byte_perm(word, 0u, 0x3322u));
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
@@ -145,10 +144,8 @@ __device__ __forceinline__ void F8PairsToF16(uint32_t first, uint32_t second, in
                                              uint32_t& hi) {
   if constexpr (kInteger) {
     // Byte i of each word into the high byte of its half, one permute a pair.
-    const uint32_t a = __byte_perm(first, second, p == 0 ? 0x4400u : 0x6622u);
-    const uint32_t b = __byte_perm(first, second, p == 0 ? 0x5511u : 0x7733u);
-    lo = ((a >> 1) & 0x3f803f80u) | (a & 0x80008000u);
-    hi = ((b >> 1) & 0x3f803f80u) | (b & 0x80008000u);
+    lo = F8PairScaledBits<__half>(__byte_perm(first, second, p == 0 ? 0x4400u : 0x6622u));
+    hi = F8PairScaledBits<__half>(__byte_perm(first, second, p == 0 ? 0x5511u : 0x7733u));
   } else {
     F8x4ToF16<false>(__byte_perm(first, second, p == 0 ? 0x5140u : 0x7362u), lo, hi);
   }

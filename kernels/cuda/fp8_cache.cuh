@@ -27,20 +27,27 @@
 
 namespace lmserve::kernels::cuda {
 
+// The two E4M3 values in the high bytes of `pair`'s halves (its low bytes ignored) as a pair of T
+// holding the values times 2^-8 (fp16) or 2^-120 (bf16), exactly (the placement at the top of
+// this file): a shift and two logic operations.
+template <typename T>
+__device__ __forceinline__ uint32_t F8PairScaledBits(uint32_t pair) {
+  constexpr int kShift = std::is_same_v<T, __half> ? 1 : 4;
+  constexpr uint32_t kMagnitude = 0x7f007f00u >> kShift, kSign = 0x80008000u;
+  return ((pair >> kShift) & kMagnitude) | (pair & kSign);
+}
+
 // Bytes 0..3 of `word` (four E4M3 values, element 0 in the lowest byte) as two pairs of T
 // (element 0 in the low half of `lo`), exactly: a byte permute, a shift, a logic op and a multiply
 // a pair.
 template <typename T>
 __device__ __forceinline__ void F8x4Widen(uint32_t word, uint32_t& lo, uint32_t& hi) {
   constexpr bool kHalf = std::is_same_v<T, __half>;
-  constexpr int kShift = kHalf ? 1 : 4;
   // 2^8 as fp16 (0x5c00) or 2^120 as bf16 (0x7b80), twice.
   constexpr uint32_t kFactor = kHalf ? 0x5c005c00u : 0x7b807b80u;
-  const uint32_t a = __byte_perm(word, 0u, 0x1404u);  // bytes 0, 1 as the halves' high bytes
-  const uint32_t b = __byte_perm(word, 0u, 0x3424u);  // bytes 2, 3
-  constexpr uint32_t kMagnitude = 0x7f007f00u >> kShift, kSign = 0x80008000u;
-  const uint32_t a_bits = ((a >> kShift) & kMagnitude) | (a & kSign);
-  const uint32_t b_bits = ((b >> kShift) & kMagnitude) | (b & kSign);
+  // Bytes 0, 1 (then 2, 3) as the halves' high bytes.
+  const uint32_t a_bits = F8PairScaledBits<T>(__byte_perm(word, 0u, 0x1404u));
+  const uint32_t b_bits = F8PairScaledBits<T>(__byte_perm(word, 0u, 0x3424u));
   if constexpr (kHalf) {
     const __half2 factor = *reinterpret_cast<const __half2*>(&kFactor);
     const __half2 lo2 = __hmul2(*reinterpret_cast<const __half2*>(&a_bits), factor);
