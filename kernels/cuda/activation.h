@@ -23,6 +23,12 @@ struct SiluAndMulParams {
   int64_t intermediate_size = 0;  // multiple of 8
   DType dtype = DType::kBF16;     // kBF16, kF16 or kF32
   GateActivation activation = GateActivation::kSilu;  // act() of the gate
+  // The scales of an FP8 GEMM that left gate_up unscaled (GemmPlan::Run's `unscaled`), applied
+  // as each value is read: gate_up[t, j] * (row_scales[t] * col_scales[j]), rounded to bf16
+  // before the activation, so that the output is bit for bit F8ScaleOutput's followed by this
+  // kernel's. Both or neither; bf16 only.
+  const float* row_scales = nullptr;  // [num_tokens]; device
+  const float* col_scales = nullptr;  // [2 * intermediate_size], 16-byte aligned; device
 
   absl::Status Validate() const;
 };

@@ -16,10 +16,13 @@ constexpr int kThreads = 256;
 // Each thread handles 8 outputs per step of a grid-stride loop; two independent loads in flight.
 // The 16-bit types take the fast exponential (its error is far below their rounding); fp32 takes
 // expf, as the CPU twin's std::exp. GELU-tanh takes tanhf for every type (GateActivationOf).
-template <typename T, GateActivation kActivation>
+// kScaled: an FP8 GEMM's output scales first (SiluAndMulParams::row_scales), each value then
+// rounded to T as F8ScaleOutput (fp8.cu) stores it.
+template <typename T, GateActivation kActivation, bool kScaled = false>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const T* __restrict__ gate_up, T* __restrict__ output, int64_t num_vecs,
-                     int64_t vecs_per_row) {
+                     int64_t vecs_per_row, const float* __restrict__ row_scales,
+                     const float* __restrict__ col_scales) {
   BeginDependentKernel();
   for (int64_t v = blockIdx.x * int64_t{kThreads} + threadIdx.x; v < num_vecs;
        v += int64_t{gridDim.x} * kThreads) {
@@ -29,6 +32,17 @@ __global__ void __launch_bounds__(kThreads)
     float g[8], u[8];
     LoadStream8<T>(gate_ptr, g);
     LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
+    if constexpr (kScaled) {
+      const float row_scale = row_scales[token];
+      float gs[8], us[8];
+      Load8<float>(col_scales + col * 8, gs);
+      Load8<float>(col_scales + (vecs_per_row + col) * 8, us);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        g[j] = ToFloat(FromFloat<T>(g[j] * (row_scale * gs[j])));
+        u[j] = ToFloat(FromFloat<T>(u[j] * (row_scale * us[j])));
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       g[j] = GateActivationOf<kActivation, !std::is_same_v<T, float>>(g[j]) * u[j];
@@ -104,12 +118,18 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     const int64_t vecs_per_row = p.intermediate_size / 8;
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
     const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), GridLimit());
-    auto kernel = p.activation == GateActivation::kGeluTanh
-                      ? SiluAndMulKernel<T, GateActivation::kGeluTanh>
-                      : SiluAndMulKernel<T, GateActivation::kSilu>;
+    const bool gelu = p.activation == GateActivation::kGeluTanh;
+    auto kernel = gelu ? SiluAndMulKernel<T, GateActivation::kGeluTanh>
+                       : SiluAndMulKernel<T, GateActivation::kSilu>;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // Validate(): scales with bf16 only
+      if (p.row_scales != nullptr) {
+        kernel = gelu ? SiluAndMulKernel<T, GateActivation::kGeluTanh, true>
+                      : SiluAndMulKernel<T, GateActivation::kSilu, true>;
+      }
+    }
     return LaunchKernel(kernel, static_cast<unsigned>(blocks), kThreads, 0, stream,
                         static_cast<const T*>(p.gate_up), static_cast<T*>(p.output), num_vecs,
-                        vecs_per_row);
+                        vecs_per_row, p.row_scales, p.col_scales);
   });
 }
 

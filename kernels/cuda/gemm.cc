@@ -355,7 +355,7 @@ GemmPlan::~GemmPlan() {
 }
 
 cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t stream,
-                             const float* w_scales, const float* x_scales) const {
+                             const float* w_scales, const float* x_scales, bool unscaled) const {
   const float alpha = 1.0f, beta = 0.0f;
   if (shape_.input_dtype == DType::kF8E4M3) {
     if (w_scales == nullptr || x_scales == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -363,7 +363,7 @@ cublasStatus_t GemmPlan::Run(const void* x, const void* w, void* y, cudaStream_t
       const cublasStatus_t s = Lt().Matmul(handle_, desc_, &alpha, w, a_layout_, x, b_layout_,
                                            &beta, y, c_layout_, y, c_layout_, &algo_, workspace_,
                                            workspace_bytes_, stream);
-      if (s != CUBLAS_STATUS_SUCCESS) return s;
+      if (s != CUBLAS_STATUS_SUCCESS || unscaled) return s;
       const F8ScaleOutputParams scale{.y = y,
                                       .row_scales = x_scales,
                                       .col_scales = w_scales,

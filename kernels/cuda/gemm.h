@@ -75,9 +75,13 @@ class GemmPlan {
 
   // y = x W^T. x: [m, k] (row stride x_stride), w: [n, k] contiguous, y: [m, n] (row stride
   // y_stride); device, 16-byte aligned. FP8: w_scales [n] and x_scales [m] (device fp32) are
-  // W's and x's scales, required; other types ignore them.
+  // W's and x's scales, required; other types ignore them. With `unscaled`, a plan whose scales
+  // would be applied by F8ScaleOutput after the GEMM (!fp8_outer_vector_scales()) leaves y
+  // unscaled, for the kernel that reads y next to apply them as it reads (SiluAndMulParams's
+  // row_scales and col_scales); a plan whose GEMM applies them ignores `unscaled`.
   cublasStatus_t Run(const void* x, const void* w, void* y, cudaStream_t stream,
-                     const float* w_scales = nullptr, const float* x_scales = nullptr) const;
+                     const float* w_scales = nullptr, const float* x_scales = nullptr,
+                     bool unscaled = false) const;
 
   // y += x W^T (beta 1; y is both cuBLASLt's C and D, in the output type): a projection added
   // to an fp32 residual in the epilogue. Not for FP8 plans (CUBLAS_STATUS_INVALID_VALUE).

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -274,6 +275,60 @@ TEST(Fp8GpuTest, ScaleOutputMultipliesRowsAndColumns) {
       ASSERT_EQ(out[t * stride + j], want) << t << " " << j;
     }
   }
+}
+
+// The gated activation applying an FP8 GEMM's output scales as it reads the product (the runner's
+// path where cuBLASLt leaves them to a kernel): bit for bit F8ScaleOutput followed by the plain
+// activation, both activations, and its refusals.
+TEST(Fp8GpuTest, GatedActivationAppliesOutputScalesAsScaleOutputThenActivation) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const int64_t m = 5, inter = 264, n = 2 * inter;
+  for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(activation) << " seed "
+                                      << seed);
+    std::mt19937 rng(seed);
+    // Unscaled FP8 products are large (E4M3 values up to 448, summed over k); scales small.
+    std::vector<float> products = RandomFloats(m * n, rng, 3000.0f);
+    const std::vector<uint16_t> gate_up = RoundToHalf(products, DType::kBF16);
+    std::vector<float> rows = RandomFloats(m, rng, 0.01f), cols = RandomFloats(n, rng, 0.01f);
+    for (float& r : rows) r = std::abs(r) + 1e-4f;
+    for (float& c : cols) c = std::abs(c) + 1e-4f;
+    DeviceBuffer<uint16_t> d_scaled(gate_up), d_unscaled(gate_up), d_want(m * inter),
+        d_got(m * inter);
+    DeviceBuffer<float> d_rows(rows), d_cols(cols);
+    d_got.Poison();
+    const F8ScaleOutputParams scale{
+        .y = d_scaled.get(), .row_scales = d_rows.get(), .col_scales = d_cols.get(), .m = m, .n = n};
+    CUDA_ASSERT(Launch(scale, nullptr));
+    SiluAndMulParams act{.gate_up = d_scaled.get(),
+                         .output = d_want.get(),
+                         .num_tokens = m,
+                         .intermediate_size = inter,
+                         .activation = activation};
+    CUDA_ASSERT(Launch(act, nullptr));
+    act.gate_up = d_unscaled.get();
+    act.output = d_got.get();
+    act.row_scales = d_rows.get();
+    act.col_scales = d_cols.get();
+    ASSERT_TRUE(act.Validate().ok()) << act.Validate();
+    CUDA_ASSERT(Launch(act, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(d_got.Download(), d_want.Download());
+  }
+  SiluAndMulParams bad{.gate_up = reinterpret_cast<void*>(256),
+                       .output = reinterpret_cast<void*>(256),
+                       .num_tokens = 1,
+                       .intermediate_size = 8,
+                       .row_scales = reinterpret_cast<const float*>(256)};
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("come together"));
+  bad.col_scales = reinterpret_cast<const float*>(256);
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.dtype = DType::kF16;
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("bf16"));
+  bad.dtype = DType::kBF16;
+  bad.col_scales = reinterpret_cast<const float*>(260);
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("aligned"));
 }
 
 }  // namespace

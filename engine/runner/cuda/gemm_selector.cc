@@ -1,6 +1,7 @@
 #include "engine/runner/cuda/gemm_selector.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <limits>
 
@@ -268,14 +269,24 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(quantize, stream_),
                                StrCat("quantizing the input of ", projection.kind));
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
-  if (const cublasStatus_t status = plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_);
+  // Where a kernel after cuBLASLt would apply the scales (gemm.h), the gated activation applies
+  // them as it reads the product instead: one pass over [m, n] less.
+  const bool scales_in_activation = act != nullptr && !plan->fp8_outer_vector_scales() &&
+                                    dtype_ == kernels::DType::kBF16 &&
+                                    reinterpret_cast<uintptr_t>(w_scales) % 16 == 0;
+  if (const cublasStatus_t status =
+          plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_, scales_in_activation);
       status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
                                       " FP8 GEMM: cuBLAS status ", static_cast<int>(status)));
   }
   if (act != nullptr) {
-    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SiluAndMul(projection, m, y, act, activation), stream_),
-                                 "gated activation");
+    kc::SiluAndMulParams params = SiluAndMul(projection, m, y, act, activation);
+    if (scales_in_activation) {
+      params.row_scales = f8_x_scales_;
+      params.col_scales = w_scales;
+    }
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "gated activation");
   }
   return absl::OkStatus();
 }
