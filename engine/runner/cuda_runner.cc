@@ -163,9 +163,15 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   int ResidualProjection(Weight weight);
   // Whether Linear(weight, in, Buffer::kProjected) may be held back to add into the residual.
   bool FusesIntoResidual(Weight weight) const;
-  // Linear as asked; and the held-back one, if any, run as asked (before any other op).
+  // Linear as asked; and the held-back one, if any, run as asked (before any other op), and
+  // unless `keep_scales`, the pending FP8 output scales applied (ApplyPendingScales).
   absl::Status LinearNow(Weight weight, Buffer in, Buffer out);
-  absl::Status FlushLinear();
+  absl::Status FlushLinear(bool keep_scales = false);
+  // F8ScaleOutput over the product that pending_scales_ names, if any.
+  absl::Status ApplyPendingScales();
+  // The scales pending for `buffer`, taken by the op that reads it (null rows: none); scales
+  // pending for another buffer are applied first.
+  absl::StatusOr<cuda::F8OutputScales> TakeScales(Buffer buffer);
   // The fields that DecodeAttentionParams, PrefillAttentionParams and PagedAttentionF32Params
   // share, for `layer`'s cache and the step's `seqs` sequences.
   template <typename Params>
@@ -278,6 +284,14 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     Buffer in;
   };
   std::optional<DeferredLinear> deferred_linear_;
+  // An FP8 product that cuBLASLt left unscaled (GemmSelector::Run's `unscaled`): the op that
+  // reads it next applies its scales as it reads (QKV post-processing for kQkv, the add +
+  // RMSNorm for kProjected), or FlushLinear has F8ScaleOutput apply them first.
+  struct PendingScales {
+    Buffer buffer;
+    cuda::F8OutputScales scales;
+  };
+  std::optional<PendingScales> pending_scales_;
   // By Weight::index, filled for a whole kind on its first GEMM: the kind's projection in gemms_
   // (-1 before), and the weight's place among its kind's.
   std::vector<int> weight_projection_;
@@ -898,7 +912,8 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
                                                   Buf(Buffer::kResidual), gate_up_.get()));
     return RmsNorm(Buffer::kResidual, weight, epsilon, out);
   }
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/true));
+  LMSERVE_ASSIGN_OR_RETURN(const cuda::F8OutputScales scales, TakeScales(add));
   if (BufDType(add) != kernel_dtype_ || BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -910,7 +925,9 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
                                  .hidden_size = model_->weights()[weight].rows,
                                  .epsilon = epsilon,
                                  .dtype = kernel_dtype_,
-                                 .residual_dtype = BufDType(residual)};
+                                 .residual_dtype = BufDType(residual),
+                                 .input_row_scales = scales.rows,
+                                 .input_col_scales = scales.cols};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "add + RMSNorm");
   return absl::OkStatus();
 }
@@ -937,11 +954,37 @@ bool CudaRunner::FusesIntoResidual(Weight weight) const {
          step_.tokens * spec.rows * int64_t{sizeof(float)} <= gate_up_.bytes();
 }
 
-absl::Status CudaRunner::FlushLinear() {
-  if (!deferred_linear_.has_value()) return absl::OkStatus();
-  const DeferredLinear deferred = *deferred_linear_;
-  deferred_linear_.reset();
-  return LinearNow(deferred.weight, deferred.in, Buffer::kProjected);
+absl::Status CudaRunner::FlushLinear(bool keep_scales) {
+  if (deferred_linear_.has_value()) {
+    const DeferredLinear deferred = *deferred_linear_;
+    deferred_linear_.reset();
+    LMSERVE_RETURN_IF_ERROR(LinearNow(deferred.weight, deferred.in, Buffer::kProjected));
+  }
+  return keep_scales ? absl::OkStatus() : ApplyPendingScales();
+}
+
+absl::Status CudaRunner::ApplyPendingScales() {
+  if (!pending_scales_.has_value()) return absl::OkStatus();
+  const PendingScales pending = *pending_scales_;
+  pending_scales_.reset();
+  const kc::F8ScaleOutputParams scale{.y = Buf(pending.buffer),
+                                      .row_scales = pending.scales.rows,
+                                      .col_scales = pending.scales.cols,
+                                      .m = pending.scales.m,
+                                      .n = pending.scales.n,
+                                      .y_stride = pending.scales.y_stride};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(scale, stream_), "FP8 output scales");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cuda::F8OutputScales> CudaRunner::TakeScales(Buffer buffer) {
+  if (pending_scales_.has_value() && pending_scales_->buffer == buffer) {
+    const cuda::F8OutputScales scales = pending_scales_->scales;
+    pending_scales_.reset();
+    return scales;
+  }
+  LMSERVE_RETURN_IF_ERROR(ApplyPendingScales());
+  return cuda::F8OutputScales{};
 }
 
 int CudaRunner::ResidualProjection(Weight weight) {
@@ -967,10 +1010,17 @@ absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out) {
     return absl::InternalError("CUDA runner: the SSM decode kernel's gated norm is not the next "
                                "product's input");
   }
+  const WeightSpec& spec = model_->weights()[weight];
+  // An FP8 product read next by QKV post-processing or the add + RMSNorm may leave its scales to
+  // them (not partial sums to be all-reduced: each rank's would differ).
+  cuda::F8OutputScales unscaled;
+  const bool leave_scales = (out == Buffer::kQkv || out == Buffer::kProjected) &&
+                            spec.split != Split::kCols && !norm.has_value();
   LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out), /*act=*/nullptr,
                                       /*late_dependents=*/false, kernels::GateActivation::kSilu,
-                                      norm.has_value() ? &norm->epilogue : nullptr));
-  const WeightSpec& spec = model_->weights()[weight];
+                                      norm.has_value() ? &norm->epilogue : nullptr,
+                                      leave_scales ? &unscaled : nullptr));
+  if (unscaled.rows != nullptr) pending_scales_ = PendingScales{.buffer = out, .scales = unscaled};
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
 }
@@ -1024,7 +1074,8 @@ absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/true));
+  LMSERVE_ASSIGN_OR_RETURN(const cuda::F8OutputScales scales, TakeScales(qkv));
   const ModelConfig& c = config_;
   const StepLayout& l = *step_.layout;
   const int64_t qkv_dim = BufferWidth(Buffer::kQkv, c);
@@ -1049,7 +1100,9 @@ absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer
       .max_position = c.max_position_embeddings,
       .layout = rope.layout == RopeLayout::kInterleaved ? kernels::RotaryLayout::kInterleaved
                                                         : kernels::RotaryLayout::kHalfSplit,
-      .dtype = kernel_dtype_};
+      .dtype = kernel_dtype_,
+      .qkv_row_scales = scales.rows,
+      .qkv_col_scales = scales.cols};
   post.rotary_dim = RotaryDim(rope, c.head_dim);
   if (kv_fp8_) {
     post.cache_fp8 = true;
@@ -1380,6 +1433,7 @@ absl::Status CudaRunner::Forward(const Step& step) {
   step_ = step;
   pending_ssm_norm_.reset();
   deferred_linear_.reset();
+  pending_scales_.reset();
   LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (pending_ssm_norm_.has_value()) {

@@ -52,6 +52,17 @@ absl::Status CheckWindowAndSoftcap(const char* kernel, int32_t window, float sof
   return absl::OkStatus();
 }
 
+absl::Status CheckF8OutputScales(const char* kernel, const float* rows, const float* cols,
+                                 DType dtype) {
+  if ((rows == nullptr) != (cols == nullptr)) {
+    return KernelError(kernel, "the FP8 output's row and column scales come together");
+  }
+  if (cols == nullptr) return absl::OkStatus();
+  if (dtype != DType::kBF16) return KernelError(kernel, "FP8 output scales need bf16 data");
+  if (!Aligned16(cols)) return KernelError(kernel, "the FP8 column scales must be 16-byte aligned");
+  return absl::OkStatus();
+}
+
 absl::Status KernelError(const char* kernel, const std::string& message) {
   return absl::InvalidArgumentError(StrCat(kernel, ": ", message));
 }

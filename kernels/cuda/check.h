@@ -33,6 +33,12 @@ absl::Status CheckDTypeOrF32(const char* kernel, const char* field, DType dtype,
 // positive and finite) are valid; else names the kernel.
 absl::Status CheckWindowAndSoftcap(const char* kernel, int32_t window, float softcap);
 
+// OK if an FP8 GEMM's output scales, applied by the kernel that reads the product (GemmPlan::Run's
+// `unscaled`: value * (rows[t] * cols[j]), rounded to bf16), are both null, or both set beside bf16
+// data with `cols` 16-byte aligned; else names the kernel.
+absl::Status CheckF8OutputScales(const char* kernel, const float* rows, const float* cols,
+                                 DType dtype);
+
 // InvalidArgument "<kernel>: <message>".
 absl::Status KernelError(const char* kernel, const std::string& message);
 

@@ -27,14 +27,7 @@ absl::Status SiluAndMulParams::Validate() const {
       return KernelError("SiluAndMul", "gate_up and output must be 16-byte aligned");
     }
   }
-  if ((row_scales == nullptr) != (col_scales == nullptr)) {
-    return KernelError("SiluAndMul", "row_scales and col_scales come together");
-  }
-  if (col_scales != nullptr) {
-    if (dtype != DType::kBF16) return KernelError("SiluAndMul", "FP8 output scales need bf16");
-    if (!Aligned16(col_scales)) return KernelError("SiluAndMul", "col_scales must be 16-byte aligned");
-  }
-  return absl::OkStatus();
+  return CheckF8OutputScales("SiluAndMul", row_scales, col_scales, dtype);
 }
 
 absl::Status SoftcapParams::Validate() const {

@@ -16,8 +16,7 @@ constexpr int kThreads = 256;
 // Each thread handles 8 outputs per step of a grid-stride loop; two independent loads in flight.
 // The 16-bit types take the fast exponential (its error is far below their rounding); fp32 takes
 // expf, as the CPU twin's std::exp. GELU-tanh takes tanhf for every type (GateActivationOf).
-// kScaled: an FP8 GEMM's output scales first (SiluAndMulParams::row_scales), each value then
-// rounded to T as F8ScaleOutput (fp8.cu) stores it.
+// kScaled (bf16): an FP8 GEMM's output scales first (SiluAndMulParams::row_scales).
 template <typename T, GateActivation kActivation, bool kScaled = false>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulKernel(const T* __restrict__ gate_up, T* __restrict__ output, int64_t num_vecs,
@@ -34,14 +33,8 @@ __global__ void __launch_bounds__(kThreads)
     LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
     if constexpr (kScaled) {
       const float row_scale = row_scales[token];
-      float gs[8], us[8];
-      Load8<float>(col_scales + col * 8, gs);
-      Load8<float>(col_scales + (vecs_per_row + col) * 8, us);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        g[j] = ToFloat(FromFloat<T>(g[j] * (row_scale * gs[j])));
-        u[j] = ToFloat(FromFloat<T>(u[j] * (row_scale * us[j])));
-      }
+      ApplyF8OutputScales(g, row_scale, col_scales + col * 8);
+      ApplyF8OutputScales(u, row_scale, col_scales + (vecs_per_row + col) * 8);
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

@@ -81,11 +81,7 @@ __global__ void __launch_bounds__(kScaleThreads)
   for (int c = threadIdx.x * 8; c < n; c += kScaleThreads * 8) {
     float v[8];
     Load8(row + c, v);
-    const float4 s0 = *reinterpret_cast<const float4*>(col_scales + c);
-    const float4 s1 = *reinterpret_cast<const float4*>(col_scales + c + 4);
-    const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = v[e] * (row_scale * s[e]);
+    ApplyF8OutputScales(v, row_scale, col_scales + c);  // the rounding Store8 does again
     Store8(row + c, v);
   }
 }

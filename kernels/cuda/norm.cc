@@ -48,6 +48,8 @@ absl::Status FusedAddRmsNormParams::Validate() const {
   LMSERVE_RETURN_IF_ERROR(CheckShape("FusedAddRmsNorm", num_tokens, hidden_size, epsilon));
   LMSERVE_RETURN_IF_ERROR(
       CheckDTypeOrF32("FusedAddRmsNorm", "residual_dtype", dtype, residual_dtype));
+  LMSERVE_RETURN_IF_ERROR(
+      CheckF8OutputScales("FusedAddRmsNorm", input_row_scales, input_col_scales, dtype));
   if (num_tokens > 0) {
     if (residual == nullptr || input == nullptr || weight == nullptr || output == nullptr) {
       return KernelError("FusedAddRmsNorm", "null residual, input, weight or output");

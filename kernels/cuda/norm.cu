@@ -19,7 +19,8 @@ template <typename T, typename R, int kVecs, bool kFused>
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const std::conditional_t<kFused, T, R>* input, int64_t input_stride,
                   R* __restrict__ residual, const T* __restrict__ weight, T* output,
-                  int64_t output_stride, int hidden_size, float epsilon) {
+                  int64_t output_stride, int hidden_size, float epsilon,
+                  const float* __restrict__ in_row_scales, const float* __restrict__ in_col_scales) {
   using In = std::conditional_t<kFused, T, R>;
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
   __shared__ Acc scratch[32];
@@ -43,6 +44,11 @@ __global__ void __launch_bounds__(kNormThreads)
     const int v = threadIdx.x + i * kNormThreads;
     if (v < num_vecs) {
       LoadStream8<In>(in_row + v * 8, x[i]);
+      if constexpr (kFused && std::is_same_v<T, __nv_bfloat16>) {
+        if (in_row_scales != nullptr) {
+          ApplyF8OutputScales(x[i], in_row_scales[token], in_col_scales + v * 8);
+        }
+      }
       if constexpr (kFused) {
         float r[8];
         LoadStream8<R>(res_row + v * 8, r);
@@ -79,7 +85,8 @@ template <typename T, typename R, bool kFused>
 cudaError_t LaunchNorm(const std::conditional_t<kFused, T, R>* input, int64_t input_stride,
                        R* residual, const T* weight, T* output, int64_t output_stride,
                        int64_t num_tokens, int64_t hidden_size, float epsilon,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const float* in_row_scales = nullptr,
+                       const float* in_col_scales = nullptr) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t num_vecs = hidden_size / 8;
   const int64_t vecs_per_thread = CeilDiv(num_vecs, kNormThreads);
@@ -89,7 +96,7 @@ cudaError_t LaunchNorm(const std::conditional_t<kFused, T, R>* input, int64_t in
   const int hidden = static_cast<int>(hidden_size);
   auto launch = [&](auto kernel) {
     return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
-                        output, output_stride, hidden, epsilon);
+                        output, output_stride, hidden, epsilon, in_row_scales, in_col_scales);
   };
   if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, R, 1, kFused>);
   if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, R, 2, kFused>);
@@ -133,7 +140,8 @@ cudaError_t Launch(const FusedAddRmsNormParams& p, cudaStream_t stream) {
     return LaunchNorm<T, R, true>(static_cast<const T*>(p.input), p.hidden_size,
                                   static_cast<R*>(p.residual), static_cast<const T*>(p.weight),
                                   static_cast<T*>(p.output), p.hidden_size, p.num_tokens,
-                                  p.hidden_size, p.epsilon, stream);
+                                  p.hidden_size, p.epsilon, stream, p.input_row_scales,
+                                  p.input_col_scales);
   });
 }
 

@@ -54,6 +54,11 @@ struct FusedAddRmsNormParams {
   DType dtype = DType::kBF16;  // of input, weight and output (and residual by default): kBF16,
                                // kF16 or kF32
   std::optional<DType> residual_dtype = std::nullopt;  // dtype (nullopt: dtype) or kF32
+  // input as an FP8 GEMM left it, unscaled (GemmPlan::Run's `unscaled`): each value is first
+  // multiplied by input_row_scales[t] * input_col_scales[j] and rounded to bf16, as F8ScaleOutput
+  // would have stored it. Both or neither; bf16 only.
+  const float* input_row_scales = nullptr;  // [num_tokens]; device
+  const float* input_col_scales = nullptr;  // [hidden_size]; device, 16-byte aligned
 
   static constexpr int64_t kMaxHiddenSize = RmsNormParams::kMaxHiddenSize;
 

@@ -34,6 +34,7 @@ absl::Status QkvPostProcessParams::Validate() const {
   if ((q_norm == nullptr) != (k_norm == nullptr)) {
     return KernelError(kName, "q_norm and k_norm come together");
   }
+  LMSERVE_RETURN_IF_ERROR(CheckF8OutputScales(kName, qkv_row_scales, qkv_col_scales, dtype));
   if (q_norm != nullptr && !(norm_epsilon > 0)) {
     return KernelError(kName, "norm_epsilon must be positive");
   }

@@ -25,6 +25,8 @@ struct QkvArgs {
   int64_t qkv_stride, query_out_stride, max_position;
   float norm_epsilon;
   float k_inv_scale, v_inv_scale;  // the FP8 cache's (kF8 only)
+  const float* qkv_row_scales;     // an FP8 GEMM's output scales, or null (bf16 only)
+  const float* qkv_col_scales;
 };
 
 // The rotation of a pair (a, b) by (cos c, sin s): (a c - b s, a s + b c); the first component
@@ -72,6 +74,14 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     const T* src = static_cast<const T*>(a.qkv) + token * a.qkv_stride + head * a.head_dim + off;
     Load8<T>(src, *reinterpret_cast<float(*)[8]>(x));
     Load8<T>(src + 8, *reinterpret_cast<float(*)[8]>(x + 8));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (a.qkv_row_scales != nullptr) {
+        const float row_scale = a.qkv_row_scales[token];
+        const float* cols = a.qkv_col_scales + head * a.head_dim + off;
+        ApplyF8OutputScales(*reinterpret_cast<float(*)[8]>(x), row_scale, cols);
+        ApplyF8OutputScales(*reinterpret_cast<float(*)[8]>(x + 8), row_scale, cols + 8);
+      }
+    }
     if (a.bias != nullptr) {
       const T* b = static_cast<const T*>(a.bias) + head * a.head_dim + off;
       float b0[8], b1[8];
@@ -197,7 +207,9 @@ cudaError_t Launch(const QkvPostProcessParams& p, cudaStream_t stream) {
             p.max_position,
             p.norm_epsilon,
             1.0f / p.k_scale,
-            1.0f / p.v_scale};
+            1.0f / p.v_scale,
+            p.qkv_row_scales,
+            p.qkv_col_scales};
   const int64_t threads = (p.num_heads + 2 * p.num_kv_heads) * lanes_per_head;
   const dim3 grid(static_cast<unsigned>(p.num_tokens),
                   static_cast<unsigned>(CeilDiv(threads, kThreads)));

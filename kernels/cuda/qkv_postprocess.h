@@ -67,6 +67,12 @@ struct QkvPostProcessParams {
   float norm_epsilon = 1e-6f;  // of q_norm and k_norm
   DType dtype = DType::kBF16;  // of qkv, bias, q_norm, k_norm, query_out and the caches (unless
                                // cache_fp8): kBF16, kF16 or kF32
+  // qkv as an FP8 GEMM left it, unscaled (GemmPlan::Run's `unscaled`): each value is first
+  // multiplied by qkv_row_scales[t] * qkv_col_scales[column] and rounded to bf16, as
+  // F8ScaleOutput would have stored it. Both or neither; bf16 only.
+  const float* qkv_row_scales = nullptr;  // [num_tokens]; device
+  const float* qkv_col_scales = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim]; device,
+                                          // 16-byte aligned
 
   absl::Status Validate() const;
 };

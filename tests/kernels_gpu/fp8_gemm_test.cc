@@ -21,6 +21,8 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/qkv_postprocess.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -329,6 +331,94 @@ TEST(Fp8GpuTest, GatedActivationAppliesOutputScalesAsScaleOutputThenActivation) 
   bad.dtype = DType::kBF16;
   bad.col_scales = reinterpret_cast<const float*>(260);
   EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("aligned"));
+}
+
+// QKV post-processing and the add + RMSNorm applying an FP8 GEMM's output scales as they read
+// the product: bit for bit F8ScaleOutput followed by the plain kernel (queries, both caches, the
+// residual and the normed output).
+TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenThemselves) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  auto positive = [&](int64_t count) {
+    std::vector<float> v = RandomFloats(count, rng, 0.01f);
+    for (float& x : v) x = std::abs(x) + 1e-4f;
+    return v;
+  };
+  const int64_t tokens = 5, heads = 4, kv_heads = 2, head_dim = 64, max_position = 8;
+  const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  {
+    std::vector<float> products = RandomFloats(tokens * width, rng, 3000.0f);
+    std::vector<float> bias = RandomFloats(width, rng, 0.5f);
+    std::vector<float> cos_sin = RandomFloats(max_position * head_dim, rng);
+    const std::vector<uint16_t> qkv = RoundToHalf(products, DType::kBF16);
+    DeviceBuffer<uint16_t> d_want(qkv), d_got(qkv), d_bias(RoundToHalf(bias, DType::kBF16));
+    DeviceBuffer<float> d_rows(positive(tokens)), d_cols(positive(width)), d_cos_sin(cos_sin);
+    DeviceBuffer<int32_t> d_positions(std::vector<int32_t>{0, 3, 1, 7, 2});
+    DeviceBuffer<int64_t> d_slots(std::vector<int64_t>{4, 0, 9, -1, 15});
+    const int64_t cache = 16 * kv_heads * head_dim;
+    DeviceBuffer<uint16_t> k_want(cache), v_want(cache), k_got(cache), v_got(cache);
+    for (auto* b : {&k_want, &v_want, &k_got, &v_got}) {
+      CUDA_ASSERT(cudaMemset(b->get(), 0, cache * 2));
+    }
+    const F8ScaleOutputParams scale{.y = d_want.get(), .row_scales = d_rows.get(),
+                                    .col_scales = d_cols.get(), .m = tokens, .n = width};
+    CUDA_ASSERT(Launch(scale, nullptr));
+    QkvPostProcessParams post{.qkv = d_want.get(), .bias = d_bias.get(),
+                              .positions = d_positions.get(), .cos_sin = d_cos_sin.get(),
+                              .slot_mapping = d_slots.get(), .query_out = d_want.get(),
+                              .key_cache = k_want.get(), .value_cache = v_want.get(),
+                              .num_tokens = tokens, .num_heads = heads, .num_kv_heads = kv_heads,
+                              .head_dim = head_dim, .block_size = 16, .num_blocks = 1,
+                              .qkv_stride = width, .query_out_stride = width,
+                              .max_position = max_position};
+    CUDA_ASSERT(Launch(post, nullptr));
+    post.qkv = post.query_out = d_got.get();
+    post.key_cache = k_got.get();
+    post.value_cache = v_got.get();
+    post.qkv_row_scales = d_rows.get();
+    post.qkv_col_scales = d_cols.get();
+    ASSERT_TRUE(post.Validate().ok()) << post.Validate();
+    CUDA_ASSERT(Launch(post, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(d_got.Download(), d_want.Download());
+    EXPECT_EQ(k_got.Download(), k_want.Download());
+    EXPECT_EQ(v_got.Download(), v_want.Download());
+    post.qkv_col_scales = nullptr;
+    EXPECT_THAT(std::string(post.Validate().message()), ::testing::HasSubstr("come together"));
+  }
+  {
+    const int64_t hidden = 264;
+    std::vector<float> products = RandomFloats(tokens * hidden, rng, 3000.0f);
+    std::vector<float> weight = RandomFloats(hidden, rng);
+    const std::vector<float> residual = RandomFloats(tokens * hidden, rng, 4.0f);
+    const std::vector<uint16_t> input = RoundToHalf(products, DType::kBF16);
+    DeviceBuffer<uint16_t> in_want(input), in_got(input), d_weight(RoundToHalf(weight, DType::kBF16));
+    DeviceBuffer<uint16_t> out_want(tokens * hidden), out_got(tokens * hidden);
+    DeviceBuffer<float> res_want(residual), res_got(residual);
+    DeviceBuffer<float> d_rows(positive(tokens)), d_cols(positive(hidden));
+    const F8ScaleOutputParams scale{.y = in_want.get(), .row_scales = d_rows.get(),
+                                    .col_scales = d_cols.get(), .m = tokens, .n = hidden};
+    CUDA_ASSERT(Launch(scale, nullptr));
+    FusedAddRmsNormParams norm{.residual = res_want.get(), .input = in_want.get(),
+                               .weight = d_weight.get(), .output = out_want.get(),
+                               .num_tokens = tokens, .hidden_size = hidden,
+                               .residual_dtype = DType::kF32};
+    CUDA_ASSERT(Launch(norm, nullptr));
+    norm.residual = res_got.get();
+    norm.input = in_got.get();
+    norm.output = out_got.get();
+    norm.input_row_scales = d_rows.get();
+    norm.input_col_scales = d_cols.get();
+    ASSERT_TRUE(norm.Validate().ok()) << norm.Validate();
+    CUDA_ASSERT(Launch(norm, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_EQ(res_got.Download(), res_want.Download());
+    EXPECT_EQ(out_got.Download(), out_want.Download());
+    norm.dtype = DType::kF16;
+    EXPECT_THAT(std::string(norm.Validate().message()), ::testing::HasSubstr("bf16"));
+  }
 }
 
 }  // namespace

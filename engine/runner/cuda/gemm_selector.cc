@@ -221,7 +221,7 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::ChooseF8(int id, int64_t m, c
 
 absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x, void* y,
                                  void* act, bool late_dependents,
-                                 kernels::GateActivation activation) {
+                                 kernels::GateActivation activation, F8OutputScales* unscaled) {
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
@@ -247,11 +247,12 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
                                  StrCat("FP8 skinny GEMM (", projection.kind, ")"));
     return absl::OkStatus();
   }
-  return RunF8Blas(id, layer, m, x, y, act, activation);
+  return RunF8Blas(id, layer, m, x, y, act, activation, unscaled);
 }
 
 absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y,
-                                     void* act, kernels::GateActivation activation) {
+                                     void* act, kernels::GateActivation activation,
+                                     F8OutputScales* unscaled) {
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
@@ -270,12 +271,14 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
                                StrCat("quantizing the input of ", projection.kind));
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   // Where a kernel after cuBLASLt would apply the scales (gemm.h), the gated activation applies
-  // them as it reads the product instead: one pass over [m, n] less.
-  const bool scales_in_activation = act != nullptr && !plan->fp8_outer_vector_scales() &&
-                                    dtype_ == kernels::DType::kBF16 &&
-                                    reinterpret_cast<uintptr_t>(w_scales) % 16 == 0;
-  if (const cublasStatus_t status =
-          plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_, scales_in_activation);
+  // them as it reads the product instead, or the caller's next kernel (`unscaled`): one pass
+  // over [m, n] less.
+  const bool scales_later = !plan->fp8_outer_vector_scales() && dtype_ == kernels::DType::kBF16 &&
+                            reinterpret_cast<uintptr_t>(w_scales) % 16 == 0;
+  const bool scales_in_activation = act != nullptr && scales_later;
+  const bool scales_to_caller = act == nullptr && unscaled != nullptr && scales_later;
+  if (const cublasStatus_t status = plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_,
+                                              scales_in_activation || scales_to_caller);
       status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind,
                                       " FP8 GEMM: cuBLAS status ", static_cast<int>(status)));
@@ -287,6 +290,14 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
       params.col_scales = w_scales;
     }
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "gated activation");
+  }
+  if (scales_to_caller) {
+    const kc::GemmShape& shape = plan->shape();
+    *unscaled = {.rows = f8_x_scales_,
+                 .cols = w_scales,
+                 .m = m,
+                 .n = shape.n,
+                 .y_stride = shape.y_stride != 0 ? shape.y_stride : shape.n};
   }
   return absl::OkStatus();
 }
@@ -383,7 +394,8 @@ absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const voi
 
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                                bool late_dependents, kernels::GateActivation activation,
-                               const GemmNormEpilogue* norm) {
+                               const GemmNormEpilogue* norm, F8OutputScales* unscaled) {
+  if (unscaled != nullptr) *unscaled = {};
   if (HeldInBlocks(projections_[id], static_cast<size_t>(layer))) {
     if (norm != nullptr) {  // the quantized kernels have no norm epilogue
       return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
@@ -396,7 +408,7 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
                                         ": a norm epilogue on an FP8 projection"));
     }
-    return RunF8(id, layer, m, x, y, act, late_dependents, activation);
+    return RunF8(id, layer, m, x, y, act, late_dependents, activation, unscaled);
   }
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];

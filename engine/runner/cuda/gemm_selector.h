@@ -70,6 +70,15 @@ struct GemmProjection {
 
 // The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
 // the decode kernel), for Run at one row.
+// An FP8 product y[m, n] (row stride y_stride) left unscaled for the kernel that reads it next
+// (GemmPlan::Run's `unscaled`): y[t, j] is to be multiplied by rows[t] * cols[j]. rows null: y
+// is scaled. `rows` lives in the selector's workspace: valid until its next FP8 GEMM.
+struct F8OutputScales {
+  const float* rows = nullptr;  // device
+  const float* cols = nullptr;  // device, 16-byte aligned
+  int64_t m = 0, n = 0, y_stride = 0;
+};
+
 struct GemmNormEpilogue {
   const float* partials = nullptr;  // the row's partial sums of squares; device
   int64_t num_partials = 0;
@@ -111,10 +120,13 @@ class GemmSelector {
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
   // is kept per projection and row count).
   // `norm`: the norm epilogue, which needs the skinny kernel (SkinnyAtOneRow) at m 1.
+  // `unscaled` (no `act`): an FP8 product whose scales a kernel after cuBLASLt would apply is
+  // left unscaled and *unscaled says so (its rows set; null rows otherwise): the caller's next
+  // kernel applies them (or F8ScaleOutput, if that kernel cannot).
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
                    kernels::GateActivation activation = kernels::GateActivation::kSilu,
-                   const GemmNormEpilogue* norm = nullptr);
+                   const GemmNormEpilogue* norm = nullptr, F8OutputScales* unscaled = nullptr);
 
   // y += x W^T through cuBLASLt (GemmPlan::RunAccumulate), y in the projection's output type
   // (fp32: the residual stream). `tune_scratch` (device, m n output elements) takes the tuning
@@ -157,11 +169,12 @@ class GemmSelector {
   // Run() of an FP8 projection, its kernel choice at up to kMaxSkinnyGemmRows rows, and its
   // cuBLASLt path (x quantized per token into the FP8 workspace, then the FP8 GEMM).
   absl::Status RunF8(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                     bool late_dependents, kernels::GateActivation activation);
+                     bool late_dependents, kernels::GateActivation activation,
+                     F8OutputScales* unscaled = nullptr);
   absl::StatusOr<Kernel> ChooseF8(int id, int64_t m, const void* x, void* y, void* act,
                                   kernels::GateActivation activation);
   absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                         kernels::GateActivation activation);
+                         kernels::GateActivation activation, F8OutputScales* unscaled = nullptr);
 
   // Run() of a weight held in GGUF blocks.
   absl::Status RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
