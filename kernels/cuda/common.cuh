@@ -90,13 +90,20 @@ __device__ __forceinline__ uint4 Pack8(const float (&in)[8]) {
 // reads them: v * (row_scale * col_scales[j]), rounded to bf16 as F8ScaleOutput (fp8.cu) stores
 // it, so that a fused consumer sees exactly what it would read after that kernel. `cols`: the 8
 // columns' scales, 16-byte aligned.
+// The columns' scales are weights (constant): a kernel may load them before its wait.
 __device__ __forceinline__ void ApplyF8OutputScales(float (&v)[8], float row_scale,
-                                                    const float* cols) {
+                                                    const float (&cols)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    v[j] = __bfloat162float(__float2bfloat16_rn(v[j] * (row_scale * cols[j])));
+  }
+}
+__device__ __forceinline__ void LoadAndApplyF8OutputScales(float (&v)[8], float row_scale,
+                                                           const float* cols) {
   const float4 c0 = *reinterpret_cast<const float4*>(cols);
   const float4 c1 = *reinterpret_cast<const float4*>(cols + 4);
   const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__float2bfloat16_rn(v[j] * (row_scale * c[j])));
+  ApplyF8OutputScales(v, row_scale, c);
 }
 
 // 16-byte global loads and stores. REQUIRES: 16-byte aligned addresses.

@@ -33,8 +33,8 @@ __global__ void __launch_bounds__(kThreads)
     LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
     if constexpr (kScaled) {
       const float row_scale = row_scales[token];
-      ApplyF8OutputScales(g, row_scale, col_scales + col * 8);
-      ApplyF8OutputScales(u, row_scale, col_scales + (vecs_per_row + col) * 8);
+      LoadAndApplyF8OutputScales(g, row_scale, col_scales + col * 8);
+      LoadAndApplyF8OutputScales(u, row_scale, col_scales + (vecs_per_row + col) * 8);
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

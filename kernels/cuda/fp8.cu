@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kScaleThreads)
   for (int c = threadIdx.x * 8; c < n; c += kScaleThreads * 8) {
     float v[8];
     Load8(row + c, v);
-    ApplyF8OutputScales(v, row_scale, col_scales + c);  // the rounding Store8 does again
+    LoadAndApplyF8OutputScales(v, row_scale, col_scales + c);  // the rounding Store8 does again
     Store8(row + c, v);
   }
 }

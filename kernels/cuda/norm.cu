@@ -25,37 +25,76 @@ __global__ void __launch_bounds__(kNormThreads)
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
   __shared__ Acc scratch[32];
   const int num_vecs = hidden_size / 8;
-  // The weight is constant: loaded before waiting for the previous kernel, so that after the
-  // wait a token costs one round trip to memory (its rows), not two.
+  // An FP8 product's scales (FusedAddRmsNormParams::input_row_scales): bf16 input only.
+  constexpr bool kMayScale = kFused && std::is_same_v<T, __nv_bfloat16>;
+  const bool scaled = kMayScale && in_row_scales != nullptr;
+  // Up to 4 vectors a thread (hidden sizes up to 8192) every load of the row is issued before
+  // any is used; beyond, vector by vector (registers).
+  constexpr bool kAhead = kVecs <= 4;
+  // The weight (and an FP8 product's column scales) are constant: loaded before waiting for the
+  // previous kernel, so that after the wait a token costs one round trip to memory (its rows),
+  // not two.
   float w[kVecs][8];
+  [[maybe_unused]] float cols[kMayScale && kAhead ? kVecs : 1][8];
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kNormThreads;
-    if (v < num_vecs) Load8<T>(weight + v * 8, w[i]);
+    if (v < num_vecs) {
+      Load8<T>(weight + v * 8, w[i]);
+      if constexpr (kMayScale && kAhead) {
+        if (scaled) Load8<float>(in_col_scales + v * 8, cols[i]);
+      }
+    }
   }
   BeginDependentKernel();
   const int64_t token = blockIdx.x;
   const In* in_row = input + token * input_stride;
   R* res_row = kFused ? residual + token * hidden_size : nullptr;
   float x[kVecs][8];
+  [[maybe_unused]] float r[kFused && kAhead ? kVecs : 1][8];
+  auto load = [&](int i, int v, float (&res)[8]) {
+    LoadStream8<In>(in_row + v * 8, x[i]);
+    if constexpr (kFused) LoadStream8<R>(res_row + v * 8, res);
+  };
+  if constexpr (kFused && kAhead) {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int v = threadIdx.x + i * kNormThreads;
+      if (v < num_vecs) load(i, v, r[i]);
+    }
+  }
+  [[maybe_unused]] const float row_scale = scaled ? in_row_scales[token] : 0.0f;
   Acc sum_squares = 0;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kNormThreads;
     if (v < num_vecs) {
-      LoadStream8<In>(in_row + v * 8, x[i]);
-      if constexpr (kFused && std::is_same_v<T, __nv_bfloat16>) {
-        if (in_row_scales != nullptr) {
-          ApplyF8OutputScales(x[i], in_row_scales[token], in_col_scales + v * 8);
-        }
-      }
       if constexpr (kFused) {
-        float r[8];
-        LoadStream8<R>(res_row + v * 8, r);
+        // The FP8 scales, then the residual's addition, stored rounded as the residual.
+        auto add = [&](const float (&res)[8]) {
+          if constexpr (kMayScale) {
+            if (scaled) {
+              if constexpr (kAhead) {
+                ApplyF8OutputScales(x[i], row_scale, cols[i]);
+              } else {
+                LoadAndApplyF8OutputScales(x[i], row_scale, in_col_scales + v * 8);
+              }
+            }
+          }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) x[i][j] += r[j];
-        RoundTrip8<R>(x[i]);  // normalize the residual as stored
-        Store8<R>(res_row + v * 8, x[i]);
+          for (int j = 0; j < 8; ++j) x[i][j] += res[j];
+          RoundTrip8<R>(x[i]);  // normalize the residual as stored
+          Store8<R>(res_row + v * 8, x[i]);
+        };
+        if constexpr (kAhead) {
+          add(r[i]);
+        } else {
+          float res[8];
+          load(i, v, res);
+          add(res);
+        }
+      } else {
+        LoadStream8<In>(in_row + v * 8, x[i]);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum_squares += static_cast<Acc>(x[i][j]) * x[i][j];
