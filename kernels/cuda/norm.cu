@@ -20,7 +20,8 @@ __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const std::conditional_t<kFused, T, R>* input, int64_t input_stride,
                   R* __restrict__ residual, const T* __restrict__ weight, T* output,
                   int64_t output_stride, int hidden_size, float epsilon,
-                  const float* __restrict__ in_row_scales, const float* __restrict__ in_col_scales) {
+                  const float* __restrict__ in_row_scales,
+                  const float* __restrict__ in_col_scales) {
   using In = std::conditional_t<kFused, T, R>;
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
   __shared__ Acc scratch[32];

@@ -279,6 +279,14 @@ TEST(Fp8GpuTest, ScaleOutputMultipliesRowsAndColumns) {
   }
 }
 
+// FP8 scales as a GEMM's would be: positive, small (unscaled products are large: E4M3 values up to
+// 448, summed over k).
+std::vector<float> PositiveScales(int64_t count, std::mt19937& rng) {
+  std::vector<float> v = RandomFloats(count, rng, 0.01f);
+  for (float& x : v) x = std::abs(x) + 1e-4f;
+  return v;
+}
+
 // The gated activation applying an FP8 GEMM's output scales as it reads the product (the runner's
 // path where cuBLASLt leaves them to a kernel): bit for bit F8ScaleOutput followed by the plain
 // activation, both activations, and its refusals.
@@ -290,18 +298,16 @@ TEST(Fp8GpuTest, GatedActivationAppliesOutputScalesAsScaleOutputThenActivation) 
     SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(activation) << " seed "
                                       << seed);
     std::mt19937 rng(seed);
-    // Unscaled FP8 products are large (E4M3 values up to 448, summed over k); scales small.
     std::vector<float> products = RandomFloats(m * n, rng, 3000.0f);
     const std::vector<uint16_t> gate_up = RoundToHalf(products, DType::kBF16);
-    std::vector<float> rows = RandomFloats(m, rng, 0.01f), cols = RandomFloats(n, rng, 0.01f);
-    for (float& r : rows) r = std::abs(r) + 1e-4f;
-    for (float& c : cols) c = std::abs(c) + 1e-4f;
+    const std::vector<float> rows = PositiveScales(m, rng), cols = PositiveScales(n, rng);
     DeviceBuffer<uint16_t> d_scaled(gate_up), d_unscaled(gate_up), d_want(m * inter),
         d_got(m * inter);
     DeviceBuffer<float> d_rows(rows), d_cols(cols);
     d_got.Poison();
     const F8ScaleOutputParams scale{
-        .y = d_scaled.get(), .row_scales = d_rows.get(), .col_scales = d_cols.get(), .m = m, .n = n};
+        .y = d_scaled.get(), .row_scales = d_rows.get(), .col_scales = d_cols.get(), .m = m,
+        .n = n};
     CUDA_ASSERT(Launch(scale, nullptr));
     SiluAndMulParams act{.gate_up = d_scaled.get(),
                          .output = d_want.get(),
@@ -341,11 +347,6 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  auto positive = [&](int64_t count) {
-    std::vector<float> v = RandomFloats(count, rng, 0.01f);
-    for (float& x : v) x = std::abs(x) + 1e-4f;
-    return v;
-  };
   const int64_t tokens = 5, heads = 4, kv_heads = 2, head_dim = 64, max_position = 8;
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
   {
@@ -354,7 +355,8 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
     std::vector<float> cos_sin = RandomFloats(max_position * head_dim, rng);
     const std::vector<uint16_t> qkv = RoundToHalf(products, DType::kBF16);
     DeviceBuffer<uint16_t> d_want(qkv), d_got(qkv), d_bias(RoundToHalf(bias, DType::kBF16));
-    DeviceBuffer<float> d_rows(positive(tokens)), d_cols(positive(width)), d_cos_sin(cos_sin);
+    DeviceBuffer<float> d_rows(PositiveScales(tokens, rng)), d_cols(PositiveScales(width, rng));
+    DeviceBuffer<float> d_cos_sin(cos_sin);
     DeviceBuffer<int32_t> d_positions(std::vector<int32_t>{0, 3, 1, 7, 2});
     DeviceBuffer<int64_t> d_slots(std::vector<int64_t>{4, 0, 9, -1, 15});
     const int64_t cache = 16 * kv_heads * head_dim;
@@ -401,10 +403,11 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
     std::vector<float> weight = RandomFloats(hidden, rng);
     const std::vector<float> residual = RandomFloats(tokens * hidden, rng, 4.0f);
     const std::vector<uint16_t> input = RoundToHalf(products, DType::kBF16);
-    DeviceBuffer<uint16_t> in_want(input), in_got(input), d_weight(RoundToHalf(weight, DType::kBF16));
+    DeviceBuffer<uint16_t> in_want(input), in_got(input);
+    DeviceBuffer<uint16_t> d_weight(RoundToHalf(weight, DType::kBF16));
     DeviceBuffer<uint16_t> out_want(tokens * hidden), out_got(tokens * hidden);
     DeviceBuffer<float> res_want(residual), res_got(residual);
-    DeviceBuffer<float> d_rows(positive(tokens)), d_cols(positive(hidden));
+    DeviceBuffer<float> d_rows(PositiveScales(tokens, rng)), d_cols(PositiveScales(hidden, rng));
     const F8ScaleOutputParams scale{.y = in_want.get(), .row_scales = d_rows.get(),
                                     .col_scales = d_cols.get(), .m = tokens, .n = hidden};
     CUDA_ASSERT(Launch(scale, nullptr));
