@@ -86,26 +86,6 @@ __device__ __forceinline__ uint4 Pack8(const float (&in)[8]) {
                     Pack2<T>(in[6], in[7]));
 }
 
-// An FP8 GEMM's output scales applied to 8 consecutive values of one row (a token) as a kernel
-// reads them: v * (row_scale * col_scales[j]), rounded to bf16 as F8ScaleOutput (fp8.cu) stores
-// it, so that a fused consumer sees exactly what it would read after that kernel. `cols`: the 8
-// columns' scales, 16-byte aligned.
-// The columns' scales are weights (constant): a kernel may load them before its wait.
-__device__ __forceinline__ void ApplyF8OutputScales(float (&v)[8], float row_scale,
-                                                    const float (&cols)[8]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    v[j] = __bfloat162float(__float2bfloat16_rn(v[j] * (row_scale * cols[j])));
-  }
-}
-__device__ __forceinline__ void LoadAndApplyF8OutputScales(float (&v)[8], float row_scale,
-                                                           const float* cols) {
-  const float4 c0 = *reinterpret_cast<const float4*>(cols);
-  const float4 c1 = *reinterpret_cast<const float4*>(cols + 4);
-  const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-  ApplyF8OutputScales(v, row_scale, c);
-}
-
 // 16-byte global loads and stores. REQUIRES: 16-byte aligned addresses.
 __device__ __forceinline__ uint4 Load16(const void* p) { return *static_cast<const uint4*>(p); }
 // Streaming load: data read once, not kept in L1.
@@ -150,6 +130,26 @@ __device__ __forceinline__ void Store8(T* p, const float (&in)[8]) {
     Store16(p, Pack8<T>(in));
   }
 }
+
+// An FP8 GEMM's output scales applied to 8 consecutive values of one row (a token) as a kernel
+// reads them: v * (row_scale * col_scales[j]), rounded to bf16 as F8ScaleOutput (fp8.cu) stores
+// it, so that a fused consumer sees exactly what it would read after that kernel. `cols`: the 8
+// columns' scales, 16-byte aligned.
+// The columns' scales are weights (constant): a kernel may load them before its wait.
+__device__ __forceinline__ void ApplyF8OutputScales(float (&v)[8], float row_scale,
+                                                    const float (&cols)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    v[j] = __bfloat162float(__float2bfloat16_rn(v[j] * (row_scale * cols[j])));
+  }
+}
+__device__ __forceinline__ void LoadAndApplyF8OutputScales(float (&v)[8], float row_scale,
+                                                           const float* cols) {
+  float c[8];
+  Load8<float>(cols, c);
+  ApplyF8OutputScales(v, row_scale, c);
+}
+
 // Rounds 8 values to T and back, as storing and reloading them would: a no-op for fp32.
 template <typename T>
 __device__ __forceinline__ void RoundTrip8(float (&x)[8]) {

@@ -1,7 +1,6 @@
 #include "engine/runner/cuda/gemm_selector.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <functional>
 #include <limits>
 
@@ -9,6 +8,7 @@
 #include "common/strings.h"
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -274,7 +274,7 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
   // them as it reads the product instead, or the caller's next kernel (`unscaled`): one pass
   // over [m, n] less.
   const bool scales_later = !plan->fp8_outer_vector_scales() && dtype_ == kernels::DType::kBF16 &&
-                            reinterpret_cast<uintptr_t>(w_scales) % 16 == 0;
+                            kc::Aligned16(w_scales);
   const bool scales_in_activation = act != nullptr && scales_later;
   const bool scales_to_caller = act == nullptr && unscaled != nullptr && scales_later;
   if (const cublasStatus_t status = plan->Run(f8_x_, w, y, stream_, w_scales, f8_x_scales_,

@@ -68,8 +68,6 @@ struct GemmProjection {
   std::vector<std::vector<BlockSegment>> blocks;
 };
 
-// The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
-// the decode kernel), for Run at one row.
 // An FP8 product y[m, n] (row stride y_stride) left unscaled for the kernel that reads it next
 // (GemmPlan::Run's `unscaled`): y[t, j] is to be multiplied by rows[t] * cols[j]. rows null: y
 // is scaled. `rows` lives in the selector's workspace: valid until its next FP8 GEMM.
@@ -79,6 +77,8 @@ struct F8OutputScales {
   int64_t m = 0, n = 0, y_stride = 0;
 };
 
+// The skinny kernel's norm epilogue (skinny_gemm.h: Mamba-2's gated RMSNorm, its gating done by
+// the decode kernel), for Run at one row.
 struct GemmNormEpilogue {
   const float* partials = nullptr;  // the row's partial sums of squares; device
   int64_t num_partials = 0;
