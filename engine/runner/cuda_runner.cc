@@ -1014,8 +1014,9 @@ absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out) {
   // An FP8 product read next by QKV post-processing or the add + RMSNorm may leave its scales to
   // them (not partial sums to be all-reduced: each rank's would differ).
   cuda::F8OutputScales unscaled;
-  const bool leave_scales = (out == Buffer::kQkv || out == Buffer::kProjected) &&
-                            spec.split != Split::kCols && !norm.has_value();
+  const bool all_reduced = spec.split == Split::kCols && comm_ != nullptr;
+  const bool leave_scales = (out == Buffer::kQkv || out == Buffer::kProjected) && !all_reduced &&
+                            !norm.has_value();
   LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out), /*act=*/nullptr,
                                       /*late_dependents=*/false, kernels::GateActivation::kSilu,
                                       norm.has_value() ? &norm->epilogue : nullptr,
