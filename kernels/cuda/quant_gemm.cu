@@ -408,6 +408,244 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Q4_K at one or two tokens: the products in integers (dp4a).
+//
+// Decoding every weight to a float costs several instructions a weight, more than the memory
+// system leaves at 4.5 bits a weight. Here each block first writes x into shared memory as
+// integers, per token and 256-element super-block: xq = x * 2^(14 - E), E the exponent of the
+// largest |x| of the 256, so |xq| < 2^15; exact for every element within 2^7 of the largest (bf16
+// holds 8 significant bits), within half of 2^(E - 14) for the rest (a relative L2 of about 5e-6
+// on a product of Gaussian x). xq is kept as two byte digits, hi = xq >> 8 (signed) and
+// lo = xq & 255 (unsigned), beside each 32-element sub-block's sum of xq. Then
+// sum q * xq = 256 * dp4a(q, hi) + dp4a(q, lo) exactly in int32, the 6-bit scales and mins apply
+// in int32 too (|sum q xq| < 32 * 15 * 2^15 a sub-block, times 63, twice: below 2^31), and only
+// d, dmin and the power of two of x in float: about one instruction a weight.
+//
+// Shared memory, per token: the hi digits [k], the lo digits [k], in 16-byte chunks placed so that
+// a warp's lanes read consecutive chunks (chunk i of unit u at i * units + u; a unit is 64 weights,
+// one pair of sub-blocks); after every token's digits, the sub-block sums [m, k / 32] (int) and
+// the powers of two [m, k / 256] (float).
+constexpr int Q4kSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 32)); }
+
+// Four bytes packed, lowest first.
+__device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
+  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+}
+
+// x [m, k] into shared memory as above: a warp per (token, super-block), 8 elements a lane.
+template <typename T>
+__device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_t x_stride, int m,
+                                                 int k, uint8_t* smem) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int blocks = k / 256, units = k / 64;
+  int* sums = reinterpret_cast<int*>(smem + 2 * m * k);
+  auto* dx = reinterpret_cast<float*>(sums + m * (k / 32));
+  for (int item = warp; item < m * blocks; item += kWarps) {
+    const int t = item / blocks, b = item % blocks;
+    const int e0 = b * 256 + lane * 8;
+    float f[8];
+    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + e0)), f);
+    uint32_t e = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e = max(e, (__float_as_uint(f[i]) >> 23) & 0xFFu);
+    // Below 2^-112 the whole super-block rounds to 0 (15: the powers below stay normal floats).
+    e = max(__reduce_max_sync(0xffffffffu, e), 15u);
+    const float to_int = __uint_as_float((268u - e) << 23);  // 2^(14 - E), E = e - 127
+    int q[8], sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = __float2int_rn(f[i] * to_int);
+      sum += q[i];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // the lane's sub-block: 4 lanes
+    // The low byte of each is its lo digit; one byte up, its hi digit.
+    const uint2 lo = make_uint2(PackBytes(q[0], q[1], q[2], q[3]), PackBytes(q[4], q[5], q[6], q[7]));
+    const uint2 hi = make_uint2(PackBytes(q[0] >> 8, q[1] >> 8, q[2] >> 8, q[3] >> 8),
+                                PackBytes(q[4] >> 8, q[5] >> 8, q[6] >> 8, q[7] >> 8));
+    // Element e0 is in unit e0 / 64, chunk (e0 % 64) / 16, half (e0 % 16) / 8.
+    const int place = (((lane % 8) / 2) * units + b * 4 + lane / 8) * 16 + (lane % 2) * 8;
+    *reinterpret_cast<uint2*>(smem + 2 * t * k + place) = hi;
+    *reinterpret_cast<uint2*>(smem + 2 * t * k + k + place) = lo;
+    if (lane % 4 == 0) sums[t * (k / 32) + b * 8 + lane / 4] = sum;
+    if (lane == 0) dx[t * blocks + b] = __uint_as_float((e - 14u) << 23);  // 2^(E - 14)
+  }
+}
+
+// A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows); lane l takes
+// the pair of sub-blocks l % 4 of every eighth super-block, 64 weights of each row a step, the
+// next step's loads in flight during its products. grid: ceil(outputs / (kWarps * outputs a
+// warp)); dynamic shared memory Q4kSmemBytes(M, k).
+template <typename T, typename OutT, int M, int R, bool kSiluAndMul, GateActivation kActivation>
+__global__ void __launch_bounds__(kThreads, 2)
+    Q4kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                      OutT* __restrict__ y, int n, int k, int64_t x_stride, int64_t y_stride,
+                      bool late_dependents) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  const int lane = threadIdx.x % 32;
+  const int out0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kOutputs;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  const int units = k / 64;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    // Rows past the end (and whole warps past it) read the last row; nothing of theirs is stored.
+    const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2)
+                                : out0 + r;
+    rows[r] = w + int64_t{min(row, n - 1)} * (k / 256) * 144;
+  }
+  struct Raw {
+    uint4 header, qa, qb;  // d, dmin and the 6-bit scales; the pair's 32 quant bytes
+  };
+  auto load = [&](int u, Raw (&into)[R]) {
+    const int offset = (u >> 2) * 144, pair = (u & 3) * 32;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      into[r].header = LoadStream16(rows[r] + offset);
+      into[r].qa = LoadStream16(rows[r] + offset + 16 + pair);
+      into[r].qb = LoadStream16(rows[r] + offset + 32 + pair);
+    }
+  };
+  Raw raw[R];
+  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  QuantizeXForDp4a(x, x_stride, M, k, smem);
+  __syncthreads();
+  if (out0 >= num_outputs) return;
+
+  // The lane's pair p = lane % 4: sub-blocks 2p and 2p + 1, whose scale and min bytes
+  // (ScaleMinK4 of kernels/cpu/dequant.cc) sit at bytes jb, jb + 1 of the header's words y, z
+  // (p < 2) or w with the top bits of y, z (p >= 2).
+  const int jb = (2 * lane) & 3;
+  const bool high_pair = (lane & 3) >= 2;
+  const uint32_t select_yz = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
+  const uint32_t select_w = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
+  const int* sums_all = reinterpret_cast<const int*>(smem + 2 * M * k);
+  const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 32));
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  }
+  for (int u = lane; u < units; u += 32) {
+    Raw next[R];
+    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+    const int b = u >> 2;
+    // Per row and token, sum q * xq of sub-blocks a (the low nibbles) and b (the high ones) as
+    // hi (signed) and lo (unsigned) digit sums: qa's bytes against x chunks 0 and 2, then qb's against 1 and 3.
+    int dots[R][M][4] = {};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4 xh[M][2], xl[M][2];
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int chunk = (half + 2 * i) * units + u;
+          xh[t][i] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + chunk * 16);
+          xl[t][i] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + chunk * 16);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 v = half == 0 ? raw[r].qa : raw[r].qb;
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int t = 0; t < M; ++t) {
+          const uint32_t xs[4][4] = {{xh[t][0].x, xh[t][0].y, xh[t][0].z, xh[t][0].w},
+                                     {xl[t][0].x, xl[t][0].y, xl[t][0].z, xl[t][0].w},
+                                     {xh[t][1].x, xh[t][1].y, xh[t][1].z, xh[t][1].w},
+                                     {xl[t][1].x, xl[t][1].y, xl[t][1].z, xl[t][1].w}};
+          int (&dot)[4] = dots[r][t];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int low = static_cast<int>(words[j] & 0x0F0F0F0Fu);
+            const int high = static_cast<int>((words[j] >> 4) & 0x0F0F0F0Fu);
+            dot[0] = __dp4a(low, static_cast<int>(xs[0][j]), dot[0]);
+            dot[1] = static_cast<int>(__dp4a(static_cast<uint32_t>(low), xs[1][j],
+                                             static_cast<uint32_t>(dot[1])));
+            dot[2] = __dp4a(high, static_cast<int>(xs[2][j]), dot[2]);
+            dot[3] = static_cast<int>(__dp4a(static_cast<uint32_t>(high), xs[3][j],
+                                             static_cast<uint32_t>(dot[3])));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const Raw& q = raw[r];
+      // Bytes [sc_a, sc_b, mn_a, mn_b] of the pair's two sub-blocks.
+      const uint32_t yz = __byte_perm(q.header.y, q.header.z, select_yz);
+      const uint32_t low_w = __byte_perm(q.header.w, q.header.w >> 4, select_w);
+      const uint32_t scale_min = high_pair
+                                     ? (low_w & 0x0F0F0F0Fu) | ((yz >> 2) & 0x30303030u)
+                                     : yz & 0x3F3F3F3Fu;
+      const int sc_a = scale_min & 0xFF, sc_b = (scale_min >> 8) & 0xFF;
+      const int mn_a = (scale_min >> 16) & 0xFF, mn_b = scale_min >> 24;
+      const float2 d_dmin = __half22float2(*reinterpret_cast<const __half2*>(&q.header.x));
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        const int (&dot)[4] = dots[r][t];
+        const int2 sum = *reinterpret_cast<const int2*>(sums_all + t * (k / 32) + 8 * b +
+                                                        2 * (u & 3));
+        const int scaled = sc_a * (dot[0] * 256 + dot[1]) + sc_b * (dot[2] * 256 + dot[3]);
+        const int mins = mn_a * sum.x + mn_b * sum.y;
+        acc[r][t] = fmaf(dx_all[t * (k / 256) + b],
+                         fmaf(d_dmin.x, static_cast<float>(scaled),
+                              -d_dmin.y * static_cast<float>(mins)),
+                         acc[r][t]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = next[r];
+  }
+  if (late_dependents) AllowDependentLaunch();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) {
+    if (out0 + o >= num_outputs) break;
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      if constexpr (kSiluAndMul) {
+        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
+        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
+        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
+      } else {
+        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
+      }
+    }
+  }
+}
+
+template <typename T, typename OutT, int M, bool kSiluAndMul, GateActivation kActivation>
+cudaError_t LaunchQ4kDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
+                          cudaStream_t stream) {
+  constexpr int R = M == 1 ? 4 : 2;  // registers: within 128 for two blocks a multiprocessor
+  auto* kernel = Q4kDp4aGemmKernel<T, OutT, M, R, kSiluAndMul, kActivation>;
+  const int k = static_cast<int>(p.k);
+  const int smem = Q4kSmemBytes(M, k);
+  if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int64_t outputs = kSiluAndMul ? p.n / 2 : p.n;
+  return LaunchKernel(
+      kernel,
+      static_cast<unsigned>(CeilDiv(outputs, int64_t{kWarps} * (kSiluAndMul ? R / 2 : R))),
+      kThreads, static_cast<size_t>(smem), stream, static_cast<const T*>(p.x),
+      static_cast<const uint8_t*>(p.w), static_cast<OutT*>(p.y), static_cast<int>(p.n), k,
+      x_stride, y_stride, p.late_dependents);
+}
+
 template <DType kType, typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>
 cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
@@ -421,6 +659,17 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   // rows (registers for M tokens' sums). One unit of each row a step, the next step's loads in
   // flight during its products. (Registers, sm_90: 100-160 a thread, Q6_K's up to 255.)
   constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
+  if constexpr (kType == DType::kQ4_K) {
+    // Q4_K at one or two tokens: the integer products, while x's digits fit a block's shared
+    // memory beside another block's.
+    static_assert(kQ4kIntegerRows == 2);
+    if (m <= kQ4kIntegerRows && p.k <= kQ4kIntegerMaxK) {
+      return m == 1 ? LaunchQ4kDp4a<T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                          stream)
+                    : LaunchQ4kDp4a<T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                          stream);
+    }
+  }
 #define LMSERVE_QUANT_SKINNY(M, R, U)                                                           \
   return LaunchKernel(QuantSkinnyGemmKernel<kType, T, OutT, M, R, U, kSiluAndMul, kActivation>, \
                       static_cast<unsigned>(                                                    \

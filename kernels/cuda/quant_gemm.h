@@ -20,6 +20,11 @@
 // loads of quants each), several units in flight; its time is W's quantized bytes over the
 // memory bandwidth. With silu_and_mul, W is the fused [gate; up] projection and y = act(gate) *
 // up (skinny_gemm.h's epilogue).
+// Q4_K at up to kQ4kIntegerRows tokens (k up to kQ4kIntegerMaxK) multiplies in integers
+// (dp4a), llama.cpp's way for its GPU decode, but with x kept to 16 bits: each token's x is first
+// rounded, per 256-element block, to a multiple of 2^(E - 14), E the exponent of the block's
+// largest |x| (exact for every element within 2^7 of that one); the products of the rounded x are
+// then exact. The rounding adds a relative L2 of about 5e-6 to a product of Gaussian x.
 // QuantDequantize: W to bf16 [rows, cols], bit-exact with F32ToBf16(DequantizeToF32(blocks)):
 // larger steps dequantize a weight into a scratch and run the bf16 GEMM (gemm.h) on it.
 
@@ -34,6 +39,9 @@
 #include "kernels/dtype.h"
 
 namespace lmserve::kernels::cuda {
+
+inline constexpr int kQ4kIntegerRows = 2;
+inline constexpr int64_t kQ4kIntegerMaxK = 16384;
 
 // Whether matrices of `dtype` may be held quantized on the GPU (Q8_0, Q4_0, Q4_K, Q6_K).
 bool SupportsQuantWeights(DType dtype);
