@@ -432,50 +432,69 @@ __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
   return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
 }
 
-// x [m, k] into shared memory as above: a warp per (token, super-block), 8 elements a lane.
+// x [m, k] into shared memory as above: a warp per (token, super-block), 8 elements a lane, the
+// loads of up to four of a warp's super-blocks issued before any is used (x comes from L2, one
+// round trip each otherwise: seven for a row of 14336).
 template <typename T>
 __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_t x_stride, int m,
                                                  int k, uint8_t* smem) {
+  constexpr int kBatch = 4;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int blocks = k / 256, units = k / 64;
+  const int blocks = k / 256, units = k / 64, items = m * blocks;
   int* sums = reinterpret_cast<int*>(smem + 2 * m * k);
   auto* dx = reinterpret_cast<float*>(sums + m * (k / 32));
-  for (int item = warp; item < m * blocks; item += kWarps) {
-    const int t = item / blocks, b = item % blocks;
-    const int e0 = b * 256 + lane * 8;
-    float f[8];
-    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + e0)), f);
-    uint32_t e = 0;
+  for (int first = warp; first < items; first += kWarps * kBatch) {
+    uint4 loaded[kBatch];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) e = max(e, (__float_as_uint(f[i]) >> 23) & 0xFFu);
-    // Below 2^-112 the whole super-block rounds to 0 (15: the powers below stay normal floats).
-    e = max(__reduce_max_sync(0xffffffffu, e), 15u);
-    const float to_int = __uint_as_float((268u - e) << 23);  // 2^(14 - E), E = e - 127
-    int q[8], sum = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = __float2int_rn(f[i] * to_int);
-      sum += q[i];
+    for (int i = 0; i < kBatch; ++i) {
+      const int item = first + i * kWarps;
+      if (item < items) {
+        const int t = item / blocks, b = item % blocks;
+        loaded[i] = __ldg(reinterpret_cast<const uint4*>(x + t * x_stride + b * 256 + lane * 8));
+      }
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // the lane's sub-block: 4 lanes
-    // The low byte of each is its lo digit; one byte up, its hi digit.
-    const uint2 lo = make_uint2(PackBytes(q[0], q[1], q[2], q[3]), PackBytes(q[4], q[5], q[6], q[7]));
-    const uint2 hi = make_uint2(PackBytes(q[0] >> 8, q[1] >> 8, q[2] >> 8, q[3] >> 8),
-                                PackBytes(q[4] >> 8, q[5] >> 8, q[6] >> 8, q[7] >> 8));
-    // Element e0 is in unit e0 / 64, chunk (e0 % 64) / 16, half (e0 % 16) / 8.
-    const int place = (((lane % 8) / 2) * units + b * 4 + lane / 8) * 16 + (lane % 2) * 8;
-    *reinterpret_cast<uint2*>(smem + 2 * t * k + place) = hi;
-    *reinterpret_cast<uint2*>(smem + 2 * t * k + k + place) = lo;
-    if (lane % 4 == 0) sums[t * (k / 32) + b * 8 + lane / 4] = sum;
-    if (lane == 0) dx[t * blocks + b] = __uint_as_float((e - 14u) << 23);  // 2^(E - 14)
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int item = first + i * kWarps;
+      if (item >= items) break;
+      const int t = item / blocks, b = item % blocks;
+      float f[8];
+      Unpack8<T>(loaded[i], f);
+      uint32_t e = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) e = max(e, (__float_as_uint(f[j]) >> 23) & 0xFFu);
+      // Below 2^-112 the whole super-block rounds to 0 (15: the powers below stay normal floats).
+      e = max(__reduce_max_sync(0xffffffffu, e), 15u);
+      const float to_int = __uint_as_float((268u - e) << 23);  // 2^(14 - E), E = e - 127
+      int q[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        q[j] = __float2int_rn(f[j] * to_int);
+        sum += q[j];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // the lane's sub-block: 4 lanes
+      // The low byte of each is its lo digit; one byte up, its hi digit.
+      const uint2 lo =
+          make_uint2(PackBytes(q[0], q[1], q[2], q[3]), PackBytes(q[4], q[5], q[6], q[7]));
+      const uint2 hi = make_uint2(PackBytes(q[0] >> 8, q[1] >> 8, q[2] >> 8, q[3] >> 8),
+                                  PackBytes(q[4] >> 8, q[5] >> 8, q[6] >> 8, q[7] >> 8));
+      // Element b * 256 + 8 lane is in unit 4 b + lane / 8, chunk (lane % 8) / 2, half lane % 2.
+      const int place = (((lane % 8) / 2) * units + b * 4 + lane / 8) * 16 + (lane % 2) * 8;
+      *reinterpret_cast<uint2*>(smem + 2 * t * k + place) = hi;
+      *reinterpret_cast<uint2*>(smem + 2 * t * k + k + place) = lo;
+      if (lane % 4 == 0) sums[t * (k / 32) + b * 8 + lane / 4] = sum;
+      if (lane == 0) dx[t * blocks + b] = __uint_as_float((e - 14u) << 23);  // 2^(E - 14)
+    }
   }
 }
 
 // A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows); lane l takes
-// the pair of sub-blocks l % 4 of every eighth super-block, 64 weights of each row a step, the
-// next step's loads in flight during its products. grid: ceil(outputs / (kWarps * outputs a
-// warp)); dynamic shared memory Q4kSmemBytes(M, k).
+// the units (64 weights, a pair of sub-blocks) l + 32 i, the next step's loads in flight during
+// its products. grid: ceil(outputs / (kWarps * outputs a warp)); dynamic shared memory
+// Q4kSmemBytes(M, k). (Warps sharing a matrix of few rows, each taking a slice of k and adding up
+// in shared memory, made more blocks and so more quantizations of x: slower, 2.70 against 2.62 ms
+// a batch-1 step of Llama-3-8B's shapes.)
 template <typename T, typename OutT, int M, int R, bool kSiluAndMul, GateActivation kActivation>
 __global__ void __launch_bounds__(kThreads, 2)
     Q4kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
@@ -513,7 +532,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (!late_dependents) AllowDependentLaunch();
   QuantizeXForDp4a(x, x_stride, M, k, smem);
   __syncthreads();
-  if (out0 >= num_outputs) return;
 
   // The lane's pair p = lane % 4: sub-blocks 2p and 2p + 1, whose scale and min bytes
   // (ScaleMinK4 of kernels/cpu/dequant.cc) sit at bytes jb, jb + 1 of the header's words y, z
@@ -531,6 +549,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
   }
+  if (out0 >= num_outputs) return;
   for (int u = lane; u < units; u += 32) {
     Raw next[R];
     if (u + 32 < units) load(u + 32, next);  // in flight during the products
