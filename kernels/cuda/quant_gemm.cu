@@ -463,7 +463,8 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
       uint32_t e = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) e = max(e, (__float_as_uint(f[j]) >> 23) & 0xFFu);
-      // Below 2^-112 the whole super-block rounds to 0 (15: the powers below stay normal floats).
+      // E at least -112: both powers of two stay normal floats (a block whose largest |x| is
+      // below 2^-112 is rounded to multiples of 2^-126).
       e = max(__reduce_max_sync(0xffffffffu, e), 15u);
       const float to_int = __uint_as_float((268u - e) << 23);  // 2^(14 - E), E = e - 127
       int q[8], sum = 0;
