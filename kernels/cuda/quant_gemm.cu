@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kThreads)
 // a warp's lanes read consecutive chunks (chunk i of unit u at i * units + u; a unit is 64 weights,
 // one pair of sub-blocks); after every token's digits, the sub-block sums [m, k / 32] (int) and
 // the powers of two [m, k / 256] (float).
-constexpr int Q4kSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 32)); }
+constexpr int Dp4aSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 32)); }
 
 // Four bytes packed, lowest first.
 __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
@@ -490,10 +490,55 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
   }
 }
 
+// The row of W that output slot r of a warp whose outputs start at out0 reads: with
+// silu_and_mul, R / 2 gate rows and their up rows n / 2 further. Rows past the end (and whole
+// warps past it) read the last row; nothing of theirs is stored.
+template <int R, bool kSiluAndMul>
+__device__ __forceinline__ int RowOfSlot(int out0, int r, int n) {
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2) : out0 + r;
+  return min(row, n - 1);
+}
+
+// The warp's sums to y (lane 0), after summing them over the lanes: with silu_and_mul,
+// act(gate) * up, each rounded to T first.
+template <typename T, typename OutT, int M, int R, bool kSiluAndMul, GateActivation kActivation>
+__device__ __forceinline__ void StoreWarpSums(float (&acc)[R][M], OutT* __restrict__ y,
+                                              int64_t y_stride, int out0, int num_outputs) {
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if (threadIdx.x % 32 != 0) return;
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) {
+    if (out0 + o >= num_outputs) break;
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      if constexpr (kSiluAndMul) {
+        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
+        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
+        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
+      } else {
+        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
+      }
+    }
+  }
+}
+
+// dp4a of signed bytes a and unsigned bytes b (the lo digits), added to c.
+__device__ __forceinline__ int Dp4aSignedUnsigned(int a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 // A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows); lane l takes
 // the units (64 weights, a pair of sub-blocks) l + 32 i, the next step's loads in flight during
 // its products. grid: ceil(outputs / (kBlockWarps * outputs a warp)); dynamic shared memory
-// Q4kSmemBytes(M, k). (Warps sharing a matrix of few rows, each taking a slice of k and adding up
+// Dp4aSmemBytes(M, k). (Warps sharing a matrix of few rows, each taking a slice of k and adding up
 // in shared memory, made more blocks and so more quantizations of x: slower, 2.70 against 2.62 ms
 // a batch-1 step of Llama-3-8B's shapes.)
 template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
@@ -511,10 +556,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   const uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    // Rows past the end (and whole warps past it) read the last row; nothing of theirs is stored.
-    const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2)
-                                : out0 + r;
-    rows[r] = w + int64_t{min(row, n - 1)} * (k / 256) * 144;
+    rows[r] = w + int64_t{RowOfSlot<R, kSiluAndMul>(out0, r, n)} * (k / 256) * 144;
   }
   struct Raw {
     uint4 header, qa, qb;  // d, dmin and the 6-bit scales; the pair's 32 quant bytes
@@ -625,41 +667,130 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
     for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
   if (late_dependents) AllowDependentLaunch();
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
+}
+
+// Q8_0 the same way: a unit is 64 weights of a row, two blocks (64 int8 quants and two fp16 d),
+// whose quants meet x's digits chunk for chunk; per block, sum q * xq = 256 * dp4a(q, hi) +
+// dp4a(q, lo) (|.| < 32 * 128 * 2^15, within int32), then d and x's power of two in float.
+template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
+          GateActivation kActivation>
+__global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
+    Q80Dp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                      OutT* __restrict__ y, int n, int k, int64_t x_stride, int64_t y_stride,
+                      bool late_dependents) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  const int lane = threadIdx.x % 32;
+  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  const int units = k / 64;
+  const uint8_t* quants[R];
+  const uint8_t* scales[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = RowOfSlot<R, kSiluAndMul>(out0, r, n);
+    quants[r] = w + row * k;
+    scales[r] = w + AlignUp256(int64_t{n} * k) + row * (k / 32) * 2;
+  }
+  struct Raw {
+    uint4 q[4];  // 64 quants
+    uint32_t d;  // the two blocks' fp16 scales
+  };
+  auto load = [&](int u, Raw (&into)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) into[r].q[i] = LoadStream16(quants[r] + u * 64 + 16 * i);
+      into[r].d = __ldcs(reinterpret_cast<const unsigned int*>(scales[r] + u * 4));
+    }
+  };
+  Raw raw[R];
+  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, k, smem);
+  __syncthreads();
+  const auto* dx_all = reinterpret_cast<const float*>(smem + 2 * M * k + 4 * M * (k / 32));
+
+  float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
   }
-  if (lane != 0) return;
+  if (out0 >= num_outputs) return;
+  for (int u = lane; u < units; u += 32) {
+    Raw next[R];
+    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+    // Per row and token: block 0's hi and lo digit sums (x chunks 0, 1), block 1's (2, 3).
+    int dots[R][M][4] = {};
 #pragma unroll
-  for (int o = 0; o < kOutputs; ++o) {
-    if (out0 + o >= num_outputs) break;
+    for (int i = 0; i < 4; ++i) {
+      uint4 xh[M], xl[M];
 #pragma unroll
-    for (int t = 0; t < M; ++t) {
-      if constexpr (kSiluAndMul) {
-        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
-        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
-        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
-      } else {
-        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
+      for (int t = 0; t < M; ++t) {
+        xh[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + (i * units + u) * 16);
+        xl[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + (i * units + u) * 16);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint4 v = raw[r].q[i];
+        const int words[4] = {static_cast<int>(v.x), static_cast<int>(v.y),
+                              static_cast<int>(v.z), static_cast<int>(v.w)};
+#pragma unroll
+        for (int t = 0; t < M; ++t) {
+          const uint32_t hi[4] = {xh[t].x, xh[t].y, xh[t].z, xh[t].w};
+          const uint32_t lo[4] = {xl[t].x, xl[t].y, xl[t].z, xl[t].w};
+          int (&dot)[4] = dots[r][t];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            dot[2 * (i / 2)] = __dp4a(words[j], static_cast<int>(hi[j]), dot[2 * (i / 2)]);
+            dot[2 * (i / 2) + 1] = Dp4aSignedUnsigned(words[j], lo[j], dot[2 * (i / 2) + 1]);
+          }
+        }
       }
     }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&raw[r].d));
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        const int (&dot)[4] = dots[r][t];
+        acc[r][t] = fmaf(dx_all[t * (k / 256) + (u >> 2)],
+                         fmaf(d.x, static_cast<float>(dot[0] * 256 + dot[1]),
+                              d.y * static_cast<float>(dot[2] * 256 + dot[3])),
+                         acc[r][t]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
+  if (late_dependents) AllowDependentLaunch();
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
 }
 
-template <typename T, typename OutT, int M, bool kSiluAndMul, GateActivation kActivation>
-cudaError_t LaunchQ4kDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
-                          cudaStream_t stream) {
-  // One token: 4 rows a warp, 8 warps a block, two blocks a multiprocessor (128 registers);
-  // two: 2 rows a warp (the registers of the second token's sums), 16 warps a block. Measured on
-  // an H100, steps of Llama-3-8B's shapes: at one token, 4 rows and 16 warps took 2.63-2.66 ms
-  // and 2 rows and 16 warps 2.66-2.67 against 2.60-2.62; at two tokens, 2 rows and 8 warps
-  // 3.16-3.17 against 2.98-3.00.
-  constexpr int R = M == 1 ? 4 : 2;
-  constexpr int kBlockWarps = M == 1 ? 8 : 16;
-  auto* kernel = Q4kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
+template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
+          GateActivation kActivation>
+cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
+                       cudaStream_t stream) {
+  // Q4_K at one token: 4 rows a warp, 8 warps a block, two blocks a multiprocessor (128
+  // registers); else 2 rows a warp (the registers of Q8_0's larger units, of a second token's
+  // sums), 16 warps a block. Measured on an H100, Q4_K steps of Llama-3-8B's shapes: at one
+  // token, 4 rows and 16 warps took 2.63-2.66 ms and 2 rows and 16 warps 2.66-2.67 against
+  // 2.60-2.62; at two tokens, 2 rows and 8 warps 3.16-3.17 against 2.98-3.00.
+  constexpr bool kWide = kType == DType::kQ4_K && M == 1;
+  constexpr int R = kWide ? 4 : 2;
+  constexpr int kBlockWarps = kWide ? 8 : 16;
+  auto* kernel = [] {
+    if constexpr (kType == DType::kQ4_K) {
+      return Q4kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
+    } else {
+      return Q80Dp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
+    }
+  }();
   const int k = static_cast<int>(p.k);
-  const int smem = Q4kSmemBytes(M, k);
+  const int smem = Dp4aSmemBytes(M, k);
   if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
       e != cudaSuccess) {
     return e;
@@ -686,15 +817,15 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   // rows (registers for M tokens' sums). One unit of each row a step, the next step's loads in
   // flight during its products. (Registers, sm_90: 100-160 a thread, Q6_K's up to 255.)
   constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
-  if constexpr (kType == DType::kQ4_K) {
-    // Q4_K at one or two tokens: the integer products, while x's digits fit a block's shared
-    // memory beside another block's.
-    static_assert(kQ4kIntegerRows == 2);
-    if (m <= kQ4kIntegerRows && p.k <= kQ4kIntegerMaxK) {
-      return m == 1 ? LaunchQ4kDp4a<T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                          stream)
-                    : LaunchQ4kDp4a<T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                          stream);
+  if constexpr (kType == DType::kQ4_K || kType == DType::kQ8_0) {
+    // One or two tokens: the integer products (quant_gemm.h).
+    static_assert(kIntegerProductRows == 2);
+    if (QuantSkinnyRoundsX(kType, m, k)) {
+      return m == 1
+                 ? LaunchDp4a<kType, T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                           stream)
+                 : LaunchDp4a<kType, T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                           stream);
     }
   }
 #define LMSERVE_QUANT_SKINNY(M, R, U)                                                           \

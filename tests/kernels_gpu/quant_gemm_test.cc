@@ -84,7 +84,7 @@ std::vector<float> Reference(const std::vector<float>& x, const std::vector<floa
 
 int64_t Block(DType dtype) { return GetBlockLayout(dtype).elements_per_block; }
 
-// x [m, k] as the integer Q4_K products round it (quant_gemm.h): each 256-element block of a
+// x [m, k] as the integer products round it (quant_gemm.h): each 256-element block of a
 // row to a multiple of 2^(E - 14), E the exponent of its largest |x|.
 std::vector<float> RoundedForIntegerProducts(const std::vector<float>& x) {
   std::vector<float> out(x.size());
@@ -146,7 +146,7 @@ TEST(QuantGemmGpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
           // The integer products (quant_gemm.h) are exact for x as they round it; against x
           // itself, that rounding's error (about 5e-6 typically here, 7e-5 at worst over
           // 300 draws of n 2 and k 256 in a simulation) is held to 2e-4.
-          const bool rounds_x = dtype == DType::kQ4_K && m <= kQ4kIntegerRows;
+          const bool rounds_x = QuantSkinnyRoundsX(dtype, m, k);
           const std::vector<float> ref =
               Reference(rounds_x ? RoundedForIntegerProducts(x) : x, w.values, m, n, k);
           DeviceBuffer<uint8_t> d_y = testing::Poisoned(m * n, out_dtype);
