@@ -84,9 +84,10 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ((*automatic)->stats().quantization, RunnerQuantization::kNone);
   EXPECT_EQ((*automatic)->stats().weight_bytes, (*dequantized)->stats().weight_bytes);
-  // Whole prompts; chunks of 8 (steps of 8 tokens and the prompts' remainders 1, 7 and 2) and
-  // of 3 (the kernel's 4-token form): every form of the skinny kernel.
-  for (const size_t chunk : {size_t{0}, size_t{8}, size_t{3}}) {
+  // Whole prompts; chunks of 8 (steps of 8 tokens and the prompts' remainders 1, 7 and 2), of 3
+  // (the kernel's 4-token form) and of 1 (every step a decode step's shape: Q4_K's and Q8_0's
+  // integer products where k allows, quant_gemm.h): every form of the skinny kernel.
+  for (const size_t chunk : {size_t{0}, size_t{8}, size_t{3}, size_t{1}}) {
     SCOPED_TRACE(chunk == 0 ? std::string("whole prompts") : StrCat("chunks of ", chunk));
     auto blocks =
         ModelRunner::Create(**checkpoint, GpuConfig(RunnerQuantization::kGguf, DecodeGemm::kAuto));
@@ -106,9 +107,7 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
         "[ gguf     ] %-28s %-5s %-6s weights %lld of %lld bytes; relative L2 to the CPU "
         "%.3g (dequantized at load: %.3g), top-1 %lld of %lld decisive rows\n",
         c.model, c.type_name,
-        chunk == 0   ? "whole"
-        : chunk == 8 ? "chunk8"
-                     : "chunk3",
+        chunk == 0 ? "whole" : StrCat("chunk", chunk).c_str(),
         static_cast<long long>((*blocks)->stats().weight_bytes),
         static_cast<long long>((*dequantized)->stats().weight_bytes), accuracy.relative_l2(),
         baseline.relative_l2(), static_cast<long long>(accuracy.decisive_agree),
