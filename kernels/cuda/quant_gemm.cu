@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- Q4_K at one or two tokens: the products in integers (dp4a).
+// ---- Q4_K, Q8_0 and Q6_K at one or two tokens: the products in integers (dp4a).
 //
 // Decoding every weight to a float costs several instructions a weight, more than the memory
 // system leaves at 4.5 bits a weight. Here each block first writes x into shared memory as
@@ -416,16 +416,16 @@ __global__ void __launch_bounds__(kThreads)
 // largest |x| of the 256, so |xq| < 2^15; exact for every element within 2^7 of the largest (bf16
 // holds 8 significant bits), within half of 2^(E - 14) for the rest (a relative L2 of about 5e-6
 // on a product of Gaussian x). xq is kept as two byte digits, hi = xq >> 8 (signed) and
-// lo = xq & 255 (unsigned), beside each 32-element sub-block's sum of xq. Then
+// lo = xq & 255 (unsigned), beside each 16 elements' sum of xq. Then
 // sum q * xq = 256 * dp4a(q, hi) + dp4a(q, lo) exactly in int32, the 6-bit scales and mins apply
 // in int32 too (|sum q xq| < 32 * 15 * 2^15 a sub-block, times 63, twice: below 2^31), and only
 // d, dmin and the power of two of x in float: about one instruction a weight.
 //
 // Shared memory, per token: the hi digits [k], the lo digits [k], in 16-byte chunks placed so that
 // a warp's lanes read consecutive chunks (chunk i of unit u at i * units + u; a unit is 64 weights,
-// one pair of sub-blocks); after every token's digits, the sub-block sums [m, k / 32] (int) and
-// the powers of two [m, k / 256] (float).
-constexpr int Dp4aSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 32)); }
+// one pair of sub-blocks); after every token's digits, the sums of 16 elements [m, k / 16] (int)
+// and the powers of two [m, k / 256] (float).
+constexpr int Dp4aSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 16)); }
 
 // Four bytes packed, lowest first.
 __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
@@ -442,7 +442,7 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int blocks = k / 256, units = k / 64, items = m * blocks;
   int* sums = reinterpret_cast<int*>(smem + 2 * m * k);
-  auto* dx = reinterpret_cast<float*>(sums + m * (k / 32));
+  auto* dx = reinterpret_cast<float*>(sums + m * (k / 16));
   for (int first = warp; first < items; first += kBlockWarps * kBatch) {
     uint4 loaded[kBatch];
 #pragma unroll
@@ -473,8 +473,7 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
         q[j] = __float2int_rn(f[j] * to_int);
         sum += q[j];
       }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);  // the lane's sub-block: 4 lanes
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // the lane's 16 elements: 2 lanes
       // The low byte of each is its lo digit; one byte up, its hi digit.
       const uint2 lo =
           make_uint2(PackBytes(q[0], q[1], q[2], q[3]), PackBytes(q[4], q[5], q[6], q[7]));
@@ -484,7 +483,7 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
       const int place = (((lane % 8) / 2) * units + b * 4 + lane / 8) * 16 + (lane % 2) * 8;
       *reinterpret_cast<uint2*>(smem + 2 * t * k + place) = hi;
       *reinterpret_cast<uint2*>(smem + 2 * t * k + k + place) = lo;
-      if (lane % 4 == 0) sums[t * (k / 32) + b * 8 + lane / 4] = sum;
+      if (lane % 2 == 0) sums[t * (k / 16) + b * 16 + lane / 2] = sum;
       if (lane == 0) dx[t * blocks + b] = __uint_as_float((e - 14u) << 23);  // 2^(E - 14)
     }
   }
@@ -585,7 +584,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   const uint32_t select_yz = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
   const uint32_t select_w = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
   const int* sums_all = reinterpret_cast<const int*>(smem + 2 * M * k);
-  const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 32));
+  const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 16));
 
   float acc[R][M];
 #pragma unroll
@@ -653,10 +652,11 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         const int (&dot)[4] = dots[r][t];
-        const int2 sum = *reinterpret_cast<const int2*>(sums_all + t * (k / 32) + 8 * b +
-                                                        2 * (u & 3));
+        // The pair's four 16-element sums: sub-block a's two, b's two.
+        const int4 sum = *reinterpret_cast<const int4*>(sums_all + t * (k / 16) + 16 * b +
+                                                        4 * (u & 3));
         const int scaled = sc_a * (dot[0] * 256 + dot[1]) + sc_b * (dot[2] * 256 + dot[3]);
-        const int mins = mn_a * sum.x + mn_b * sum.y;
+        const int mins = mn_a * (sum.x + sum.y) + mn_b * (sum.z + sum.w);
         acc[r][t] = fmaf(dx_all[t * (k / 256) + b],
                          fmaf(d_dmin.x, static_cast<float>(scaled),
                               -d_dmin.y * static_cast<float>(mins)),
@@ -711,7 +711,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   if (!late_dependents) AllowDependentLaunch();
   QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, k, smem);
   __syncthreads();
-  const auto* dx_all = reinterpret_cast<const float*>(smem + 2 * M * k + 4 * M * (k / 32));
+  const auto* dx_all = reinterpret_cast<const float*>(smem + 2 * M * k + 4 * M * (k / 16));
 
   float acc[R][M];
 #pragma unroll
@@ -770,13 +770,130 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
 }
 
+// Q6_K the same way: a unit is Quant<kQ6_K>'s (64 weights of a row: 16 bytes of ql from each
+// quarter's pair, 16 of qh), four runs of 16 weights with an int8 scale each; a run's 6-bit
+// quants q (ql's nibble, qh's two bits above it) meet its x chunk on dp4a,
+// sum (q - 32) xq = 256 dp4a(q, hi) + dp4a(q, lo) - 32 sum xq (|.| < 16 * 32 * 2^15), and the
+// scales, d and x's power of two apply in float.
+template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
+          GateActivation kActivation>
+__global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
+    Q6kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                      OutT* __restrict__ y, int n, int k, int64_t x_stride, int64_t y_stride,
+                      bool late_dependents) {
+  using Q = Quant<DType::kQ6_K>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  const int lane = threadIdx.x % 32;
+  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  const int units = k / 64;
+  Q::Row rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = Q::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(out0, r, n));
+  struct Raw {
+    uint4 ql0, ql1, qh;
+    uint2 scales;  // the unit's half of its block's 16 int8 scales
+    uint32_t d;    // fp16, low half
+  };
+  // Unit u is unit j = u % 4 of block u / 4: half j / 2, from l = 16 * (j % 2).
+  auto load = [&](int u, Raw (&into)[R]) {
+    const int b = u >> 2, j = u & 3;
+    const int half = j >> 1, l = (j & 1) * 16;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* block = rows[r].q + b * 192;
+      into[r].ql0 = LoadStream16(block + 64 * half + l);
+      into[r].ql1 = LoadStream16(block + 64 * half + 32 + l);
+      into[r].qh = LoadStream16(block + 128 + 32 * half + l);
+      into[r].scales = __ldcs(reinterpret_cast<const uint2*>(rows[r].scales + b * 16 + 8 * half));
+      into[r].d = __ldcs(reinterpret_cast<const unsigned short*>(rows[r].d + b * 2));
+    }
+  };
+  Raw raw[R];
+  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, k, smem);
+  __syncthreads();
+  const int* sums_all = reinterpret_cast<const int*>(smem + 2 * M * k);
+  const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 16));
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  }
+  if (out0 >= num_outputs) return;
+  for (int u = lane; u < units; u += 32) {
+    Raw next[R];
+    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+    const int b = u >> 2, j = u & 3;
+    float part[R][M] = {};
+#pragma unroll
+    for (int run = 0; run < 4; ++run) {
+      // Elements 256 b + 128 half + 32 run + l ...+16: x's unit and chunk, and its 16-sum.
+      const int e0 = b * 256 + (j >> 1) * 128 + run * 32 + (j & 1) * 16;
+      const int chunk = ((e0 % 64) / 16) * units + e0 / 64;
+      uint4 xh[M], xl[M];
+      int sum[M];
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        xh[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + chunk * 16);
+        xl[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + chunk * 16);
+        sum[t] = sums_all[t * (k / 16) + e0 / 16];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        // Runs 0..3: ql0's low, ql1's low, ql0's high, ql1's high nibbles; qh's bits 2 run.
+        const uint4& ql = run % 2 == 0 ? raw[r].ql0 : raw[r].ql1;
+        const uint32_t low[4] = {ql.x, ql.y, ql.z, ql.w};
+        const uint32_t high[4] = {raw[r].qh.x, raw[r].qh.y, raw[r].qh.z, raw[r].qh.w};
+        // Scale 8 half + (j % 2) + 2 run: byte (j % 2) + 2 run of the unit's half.
+        const int byte = (j & 1) + 2 * run;
+        const uint32_t word = byte < 4 ? raw[r].scales.x : raw[r].scales.y;
+        const int sc = static_cast<int32_t>(word << (24 - 8 * (byte & 3))) >> 24;
+#pragma unroll
+        for (int t = 0; t < M; ++t) {
+          const uint32_t hi[4] = {xh[t].x, xh[t].y, xh[t].z, xh[t].w};
+          const uint32_t lo[4] = {xl[t].x, xl[t].y, xl[t].z, xl[t].w};
+          int dot_hi = 0, dot_lo = 0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t q = ((low[i] >> (4 * (run / 2))) & 0x0F0F0F0Fu) |
+                               (((high[i] >> (2 * run)) & 0x03030303u) << 4);
+            dot_hi = __dp4a(static_cast<int>(q), static_cast<int>(hi[i]), dot_hi);
+            dot_lo = static_cast<int>(__dp4a(q, lo[i], static_cast<uint32_t>(dot_lo)));
+          }
+          part[r][t] = fmaf(static_cast<float>(sc),
+                            static_cast<float>(dot_hi * 256 + dot_lo - 32 * sum[t]),
+                            part[r][t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float d = HalfBits(raw[r].d);
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        acc[r][t] = fmaf(dx_all[t * (k / 256) + b] * d, part[r][t], acc[r][t]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = next[r];
+  }
+  if (late_dependents) AllowDependentLaunch();
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
+}
+
 template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
           GateActivation kActivation>
 cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
                        cudaStream_t stream) {
   // Q4_K at one token: 4 rows a warp, 8 warps a block, two blocks a multiprocessor (128
-  // registers); else 2 rows a warp (the registers of Q8_0's larger units, of a second token's
-  // sums), 16 warps a block. Measured on an H100, Q4_K steps of Llama-3-8B's shapes: at one
+  // registers); else 2 rows a warp (the registers of Q8_0's and Q6_K's larger units, of a second
+  // token's sums), 16 warps a block. Measured on an H100, Q4_K steps of Llama-3-8B's shapes: at one
   // token, 4 rows and 16 warps took 2.63-2.66 ms and 2 rows and 16 warps 2.66-2.67 against
   // 2.60-2.62; at two tokens, 2 rows and 8 warps 3.16-3.17 against 2.98-3.00.
   constexpr bool kWide = kType == DType::kQ4_K && M == 1;
@@ -785,8 +902,10 @@ cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t
   auto* kernel = [] {
     if constexpr (kType == DType::kQ4_K) {
       return Q4kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
-    } else {
+    } else if constexpr (kType == DType::kQ8_0) {
       return Q80Dp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
+    } else {
+      return Q6kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
     }
   }();
   const int k = static_cast<int>(p.k);
@@ -817,7 +936,7 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   // rows (registers for M tokens' sums). One unit of each row a step, the next step's loads in
   // flight during its products. (Registers, sm_90: 100-160 a thread, Q6_K's up to 255.)
   constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
-  if constexpr (kType == DType::kQ4_K || kType == DType::kQ8_0) {
+  if constexpr (kType == DType::kQ4_K || kType == DType::kQ8_0 || kType == DType::kQ6_K) {
     // One or two tokens: the integer products (quant_gemm.h).
     static_assert(kIntegerProductRows == 2);
     if (QuantSkinnyRoundsX(kType, m, k)) {
