@@ -425,6 +425,10 @@ __global__ void __launch_bounds__(kThreads)
 // a warp's lanes read consecutive chunks (chunk i of unit u at i * units + u; a unit is 64 weights,
 // one pair of sub-blocks); after every token's digits, the sums of 16 elements [m, k / 16] (int)
 // and the powers of two [m, k / 256] (float).
+// Blocks a multiprocessor the integer kernels are compiled for: two of 8 warps or one of 16 (128
+// registers a thread) at one or two tokens; one beyond (four tokens' sums take more).
+constexpr int Dp4aMinBlocks(int m, int block_warps) { return m <= 2 ? 16 / block_warps : 1; }
+
 constexpr int Dp4aSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 16)); }
 
 // Four bytes packed, lowest first.
@@ -435,9 +439,10 @@ __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
 // x [m, k] into shared memory as above: a warp per (token, super-block), 8 elements a lane, the
 // loads of up to four of a warp's super-blocks issued before any is used (x comes from L2, one
 // round trip each otherwise: seven for a row of 14336).
+// Tokens from `valid` up to m are written as zeros (a launch for M tokens with fewer).
 template <int kBlockWarps, typename T>
 __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_t x_stride, int m,
-                                                 int k, uint8_t* smem) {
+                                                 int valid, int k, uint8_t* smem) {
   constexpr int kBatch = 4;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int blocks = k / 256, units = k / 64, items = m * blocks;
@@ -450,7 +455,9 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
       const int item = first + i * kBlockWarps;
       if (item < items) {
         const int t = item / blocks, b = item % blocks;
-        loaded[i] = __ldg(reinterpret_cast<const uint4*>(x + t * x_stride + b * 256 + lane * 8));
+        loaded[i] = t < valid ? __ldg(reinterpret_cast<const uint4*>(x + t * x_stride +
+                                                                     b * 256 + lane * 8))
+                              : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
@@ -503,7 +510,8 @@ __device__ __forceinline__ int RowOfSlot(int out0, int r, int n) {
 // act(gate) * up, each rounded to T first.
 template <typename T, typename OutT, int M, int R, bool kSiluAndMul, GateActivation kActivation>
 __device__ __forceinline__ void StoreWarpSums(float (&acc)[R][M], OutT* __restrict__ y,
-                                              int64_t y_stride, int out0, int num_outputs) {
+                                              int64_t y_stride, int m, int out0,
+                                              int num_outputs) {
   constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -516,6 +524,7 @@ __device__ __forceinline__ void StoreWarpSums(float (&acc)[R][M], OutT* __restri
     if (out0 + o >= num_outputs) break;
 #pragma unroll
     for (int t = 0; t < M; ++t) {
+      if (t >= m) break;
       if constexpr (kSiluAndMul) {
         const float gate = ToFloat(FromFloat<T>(acc[o][t]));
         const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
@@ -542,10 +551,10 @@ __device__ __forceinline__ int Dp4aSignedUnsigned(int a, uint32_t b, int c) {
 // a batch-1 step of Llama-3-8B's shapes.)
 template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
           GateActivation kActivation>
-__global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
+__global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps))
     Q4kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int n, int k, int64_t x_stride, int64_t y_stride,
-                      bool late_dependents) {
+                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
+                      int64_t y_stride, bool late_dependents) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
   const int lane = threadIdx.x % 32;
@@ -573,7 +582,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
-  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, k, smem);
+  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, m, k, smem);
   __syncthreads();
 
   // The lane's pair p = lane % 4: sub-blocks 2p and 2p + 1, whose scale and min bytes
@@ -598,7 +607,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
     if (u + 32 < units) load(u + 32, next);  // in flight during the products
     const int b = u >> 2;
     // Per row and token, sum q * xq of sub-blocks a (the low nibbles) and b (the high ones) as
-    // hi (signed) and lo (unsigned) digit sums: qa's bytes against x chunks 0 and 2, then qb's against 1 and 3.
+    // hi (signed) and lo (unsigned) digit sums: qa's bytes against x chunks 0 and 2, then qb's
+    // against 1 and 3.
     int dots[R][M][4] = {};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -667,7 +677,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
     for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
   if (late_dependents) AllowDependentLaunch();
-  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
+                                                         num_outputs);
 }
 
 // Q8_0 the same way: a unit is 64 weights of a row, two blocks (64 int8 quants and two fp16 d),
@@ -675,10 +686,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
 // dp4a(q, lo) (|.| < 32 * 128 * 2^15, within int32), then d and x's power of two in float.
 template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
           GateActivation kActivation>
-__global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
+__global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps))
     Q80Dp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int n, int k, int64_t x_stride, int64_t y_stride,
-                      bool late_dependents) {
+                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
+                      int64_t y_stride, bool late_dependents) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
   const int lane = threadIdx.x % 32;
@@ -709,7 +720,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
-  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, k, smem);
+  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, m, k, smem);
   __syncthreads();
   const auto* dx_all = reinterpret_cast<const float*>(smem + 2 * M * k + 4 * M * (k / 16));
 
@@ -767,7 +778,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
     for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
   if (late_dependents) AllowDependentLaunch();
-  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
+                                                         num_outputs);
 }
 
 // Q6_K the same way: a unit is Quant<kQ6_K>'s (64 weights of a row: 16 bytes of ql from each
@@ -777,10 +789,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
 // scales, d and x's power of two apply in float.
 template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
           GateActivation kActivation>
-__global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
+__global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps))
     Q6kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int n, int k, int64_t x_stride, int64_t y_stride,
-                      bool late_dependents) {
+                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
+                      int64_t y_stride, bool late_dependents) {
   using Q = Quant<DType::kQ6_K>;
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
@@ -814,7 +826,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
   if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
-  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, k, smem);
+  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, m, k, smem);
   __syncthreads();
   const int* sums_all = reinterpret_cast<const int*>(smem + 2 * M * k);
   const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 16));
@@ -884,7 +896,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 16 / kBlockWarps)
     for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
   if (late_dependents) AllowDependentLaunch();
-  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, out0, num_outputs);
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
+                                                         num_outputs);
 }
 
 template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
@@ -893,12 +906,13 @@ cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t
                        cudaStream_t stream) {
   // Q4_K at one token: 4 rows a warp, 8 warps a block, two blocks a multiprocessor (128
   // registers); else 2 rows a warp (the registers of Q8_0's and Q6_K's larger units, of a second
-  // token's sums), 16 warps a block. Measured on an H100, Q4_K steps of Llama-3-8B's shapes: at one
-  // token, 4 rows and 16 warps took 2.63-2.66 ms and 2 rows and 16 warps 2.66-2.67 against
-  // 2.60-2.62; at two tokens, 2 rows and 8 warps 3.16-3.17 against 2.98-3.00.
+  // token's sums), 16 warps a block at two tokens and 8 (up to 255 registers) at four. Measured
+  // on an H100, Q4_K steps of Llama-3-8B's shapes: at one token, 4 rows and 16 warps took
+  // 2.63-2.66 ms and 2 rows and 16 warps 2.66-2.67 against 2.60-2.62; at two tokens, 2 rows and
+  // 8 warps 3.16-3.17 against 2.98-3.00.
   constexpr bool kWide = kType == DType::kQ4_K && M == 1;
   constexpr int R = kWide ? 4 : 2;
-  constexpr int kBlockWarps = kWide ? 8 : 16;
+  constexpr int kBlockWarps = kWide || M > 2 ? 8 : 16;
   auto* kernel = [] {
     if constexpr (kType == DType::kQ4_K) {
       return Q4kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
@@ -919,8 +933,8 @@ cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t
       kernel,
       static_cast<unsigned>(CeilDiv(outputs, int64_t{kBlockWarps} * (kSiluAndMul ? R / 2 : R))),
       kBlockWarps * 32, static_cast<size_t>(smem), stream, static_cast<const T*>(p.x),
-      static_cast<const uint8_t*>(p.w), static_cast<OutT*>(p.y), static_cast<int>(p.n), k,
-      x_stride, y_stride, p.late_dependents);
+      static_cast<const uint8_t*>(p.w), static_cast<OutT*>(p.y), static_cast<int>(p.m),
+      static_cast<int>(p.n), k, x_stride, y_stride, p.late_dependents);
 }
 
 template <DType kType, typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>
@@ -938,13 +952,19 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
   if constexpr (kType == DType::kQ4_K || kType == DType::kQ8_0 || kType == DType::kQ6_K) {
     // One or two tokens: the integer products (quant_gemm.h).
-    static_assert(kIntegerProductRows == 2);
     if (QuantSkinnyRoundsX(kType, m, k)) {
-      return m == 1
-                 ? LaunchDp4a<kType, T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                           stream)
-                 : LaunchDp4a<kType, T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                           stream);
+      if (m == 1) {
+        return LaunchDp4a<kType, T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                       stream);
+      }
+      if (m == 2) {
+        return LaunchDp4a<kType, T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                       stream);
+      }
+      if constexpr (kType != DType::kQ6_K) {
+        return LaunchDp4a<kType, T, OutT, 4, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+                                                                       stream);
+      }
     }
   }
 #define LMSERVE_QUANT_SKINNY(M, R, U)                                                           \

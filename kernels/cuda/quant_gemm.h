@@ -20,12 +20,12 @@
 // loads of quants each), several units in flight; its time is W's quantized bytes over the
 // memory bandwidth. With silu_and_mul, W is the fused [gate; up] projection and y = act(gate) *
 // up (skinny_gemm.h's epilogue).
-// Q4_K, Q8_0 and Q6_K at up to kIntegerProductRows tokens (QuantSkinnyRoundsX) multiply in
-// integers (dp4a), llama.cpp's way for its GPU decode, but with x kept to 16 bits: each token's x
-// is first rounded, per 256-element block, to a multiple of 2^(E - 14), E the exponent of the
-// block's largest |x| (exact for every element within 2^7 of that one); the products of the
-// rounded x are then exact. The rounding adds a relative L2 of about 5e-6 to a product of
-// Gaussian x.
+// Q4_K, Q8_0 and Q6_K at one or two tokens (Q4_K and Q8_0 up to four; QuantSkinnyRoundsX)
+// multiply in integers (dp4a), llama.cpp's way for its GPU decode, but with x kept to 16 bits:
+// each token's x is first rounded, per 256-element block, to a multiple of 2^(E - 14), E the
+// exponent of the block's largest |x| (exact for every element within 2^7 of that one); the
+// products of the rounded x are then exact. The rounding adds a relative L2 of about 5e-6 to a
+// product of Gaussian x.
 // QuantDequantize: W to bf16 [rows, cols], bit-exact with F32ToBf16(DequantizeToF32(blocks)):
 // larger steps dequantize a weight into a scratch and run the bf16 GEMM (gemm.h) on it.
 
@@ -41,13 +41,16 @@
 
 namespace lmserve::kernels::cuda {
 
-inline constexpr int kIntegerProductRows = 2;
-// Whether QuantSkinnyGemm over a [n, k] matrix of w_dtype at m tokens rounds x so (k a multiple
-// of 256, at most 16384: x's digits fit a block's shared memory beside another block's).
+// Whether QuantSkinnyGemm over a [n, k] matrix of w_dtype at m tokens rounds x so: k a multiple
+// of 256 and x's digits (2 m k bytes) within a block's shared memory beside another block's: up
+// to 16384 at one or two tokens; Q4_K and Q8_0 also at three or four where m k <= 32768 (four
+// tokens at Llama-3-8B's 4096). (Q6_K at four tokens, and all three at eight, measured slower
+// than the float kernel: bench/results section 24.)
 constexpr bool QuantSkinnyRoundsX(DType w_dtype, int64_t m, int64_t k) {
+  const bool up_to_four =
+      (w_dtype == DType::kQ4_K || w_dtype == DType::kQ8_0) && m <= 4 && m * k <= 32768;
   return (w_dtype == DType::kQ4_K || w_dtype == DType::kQ8_0 || w_dtype == DType::kQ6_K) &&
-         m <= kIntegerProductRows &&
-         k % 256 == 0 && k <= 16384;
+         k % 256 == 0 && k <= 16384 && m >= 1 && (m <= 2 || up_to_four);
 }
 
 // Whether matrices of `dtype` may be held quantized on the GPU (Q8_0, Q4_0, Q4_K, Q6_K).
