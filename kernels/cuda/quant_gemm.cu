@@ -6,6 +6,8 @@
 // become floats by the exponent trick (q | 0x4B000000 is 2^23 + q as a float; one byte permute
 // and one subtraction an element).
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -187,13 +189,17 @@ struct Quant<DType::kQ6_K> {
     return {w + first * 192, scales + first * 16, scales + AlignUp256(blocks * 16) + first * 2};
   }
   // Unit u is unit j = u % 4 of block u / 4: half j / 2, from l = 16 * (j % 2).
-  __device__ static void Load(const Row& row, int u, Raw& raw) {
-    const int b = u >> 2, j = u & 3;
+  __device__ static void LoadQuants(const Row& row, int u, uint4& ql0, uint4& ql1, uint4& qh) {
+    const int j = u & 3;
     const int half = j >> 1, l = (j & 1) * 16;
-    const uint8_t* block = row.q + b * 192;
-    raw.ql0 = LoadStream16(block + 64 * half + l);
-    raw.ql1 = LoadStream16(block + 64 * half + 32 + l);
-    raw.qh = LoadStream16(block + 128 + 32 * half + l);
+    const uint8_t* block = row.q + (u >> 2) * 192;
+    ql0 = LoadStream16(block + 64 * half + l);
+    ql1 = LoadStream16(block + 64 * half + 32 + l);
+    qh = LoadStream16(block + 128 + 32 * half + l);
+  }
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const int b = u >> 2;
+    LoadQuants(row, u, raw.ql0, raw.ql1, raw.qh);
     raw.scales = __ldg(reinterpret_cast<const uint4*>(row.scales + b * 16));
     raw.d = LoadHalfAt(row.d + b * 2);
   }
@@ -244,6 +250,46 @@ __device__ __forceinline__ void LoadX16(const T* p, float (&out)[16]) {
   float (&hi)[8] = *reinterpret_cast<float(*)[8]>(out + 8);
   Unpack8<T>(__ldg(v), lo);
   Unpack8<T>(__ldg(v + 1), hi);
+}
+
+// The row of W that output slot r of a warp whose outputs start at out0 reads: with
+// silu_and_mul, R / 2 gate rows and their up rows n / 2 further. Rows past the end (and whole
+// warps past it) read the last row; nothing of theirs is stored.
+template <int R, bool kSiluAndMul>
+__device__ __forceinline__ int RowOfSlot(int out0, int r, int n) {
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2) : out0 + r;
+  return min(row, n - 1);
+}
+
+// The warp's sums to y (lane 0), after summing them over the lanes: with silu_and_mul,
+// act(gate) * up, each rounded to T first.
+template <typename T, typename OutT, int M, int R, bool kSiluAndMul, GateActivation kActivation>
+__device__ __forceinline__ void StoreWarpSums(float (&acc)[R][M], OutT* __restrict__ y,
+                                              int64_t y_stride, int m, int out0,
+                                              int num_outputs) {
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
+  }
+  if (threadIdx.x % 32 != 0) return;
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) {
+    if (out0 + o >= num_outputs) break;
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      if (t >= m) break;
+      if constexpr (kSiluAndMul) {
+        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
+        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
+        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
+      } else {
+        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
+      }
+    }
+  }
 }
 
 // acc[r][t] += W row r's unit u . x, for the first m of M tokens, R rows.
@@ -344,10 +390,7 @@ __global__ void __launch_bounds__(kThreads)
   typename Q::Row row_places[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    // Rows past the end read the last row (their outputs are not stored).
-    const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2)
-                                : out0 + r;
-    row_places[r] = Q::RowOf(w, n, k, min(row, n - 1));
+    row_places[r] = Q::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(out0, r, n));
   }
   float acc[R][M];
 #pragma unroll
@@ -385,27 +428,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (late_dependents) AllowDependentLaunch();
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
-  }
-  if (lane != 0) return;
-#pragma unroll
-  for (int o = 0; o < kOutputs; ++o) {
-    if (out0 + o >= num_outputs) break;
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-      if (t >= m) break;
-      if constexpr (kSiluAndMul) {
-        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
-        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
-        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
-      } else {
-        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
-      }
-    }
-  }
+  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
+                                                         num_outputs);
 }
 
 // ---- Q4_K, Q8_0 and Q6_K at one or two tokens: the products in integers (dp4a).
@@ -427,9 +451,9 @@ __global__ void __launch_bounds__(kThreads)
 // and the powers of two [m, k / 256] (float).
 // Blocks a multiprocessor the integer kernels are compiled for: two of 8 warps or one of 16 (128
 // registers a thread) at one or two tokens; one beyond (four tokens' sums take more).
-constexpr int Dp4aMinBlocks(int m, int block_warps) { return m <= 2 ? 16 / block_warps : 1; }
+constexpr int IntegerMinBlocks(int m, int block_warps) { return m <= 2 ? 16 / block_warps : 1; }
 
-constexpr int Dp4aSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 16)); }
+constexpr int IntegerSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 16)); }
 
 // Four bytes packed, lowest first.
 __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
@@ -441,8 +465,8 @@ __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
 // round trip each otherwise: seven for a row of 14336).
 // Tokens from `valid` up to m are written as zeros (a launch for M tokens with fewer).
 template <int kBlockWarps, typename T>
-__device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_t x_stride, int m,
-                                                 int valid, int k, uint8_t* smem) {
+__device__ __forceinline__ void QuantizeXDigits(const T* __restrict__ x, int64_t x_stride, int m,
+                                                int valid, int k, uint8_t* smem) {
   constexpr int kBatch = 4;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int blocks = k / 256, units = k / 64, items = m * blocks;
@@ -496,46 +520,6 @@ __device__ __forceinline__ void QuantizeXForDp4a(const T* __restrict__ x, int64_
   }
 }
 
-// The row of W that output slot r of a warp whose outputs start at out0 reads: with
-// silu_and_mul, R / 2 gate rows and their up rows n / 2 further. Rows past the end (and whole
-// warps past it) read the last row; nothing of theirs is stored.
-template <int R, bool kSiluAndMul>
-__device__ __forceinline__ int RowOfSlot(int out0, int r, int n) {
-  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
-  const int row = kSiluAndMul ? (r < kOutputs ? out0 + r : out0 + r - kOutputs + n / 2) : out0 + r;
-  return min(row, n - 1);
-}
-
-// The warp's sums to y (lane 0), after summing them over the lanes: with silu_and_mul,
-// act(gate) * up, each rounded to T first.
-template <typename T, typename OutT, int M, int R, bool kSiluAndMul, GateActivation kActivation>
-__device__ __forceinline__ void StoreWarpSums(float (&acc)[R][M], OutT* __restrict__ y,
-                                              int64_t y_stride, int m, int out0,
-                                              int num_outputs) {
-  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][t] = WarpSum(acc[r][t]);
-  }
-  if (threadIdx.x % 32 != 0) return;
-#pragma unroll
-  for (int o = 0; o < kOutputs; ++o) {
-    if (out0 + o >= num_outputs) break;
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-      if (t >= m) break;
-      if constexpr (kSiluAndMul) {
-        const float gate = ToFloat(FromFloat<T>(acc[o][t]));
-        const float up = ToFloat(FromFloat<T>(acc[o + kOutputs][t]));
-        StoreOut(y + t * y_stride + out0 + o, GateActivationOf<kActivation, true>(gate) * up);
-      } else {
-        StoreOut(y + t * y_stride + out0 + o, acc[o][t]);
-      }
-    }
-  }
-}
-
 // dp4a of signed bytes a and unsigned bytes b (the lo digits), added to c.
 __device__ __forceinline__ int Dp4aSignedUnsigned(int a, uint32_t b, int c) {
   int d;
@@ -543,68 +527,54 @@ __device__ __forceinline__ int Dp4aSignedUnsigned(int a, uint32_t b, int c) {
   return d;
 }
 
-// A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows); lane l takes
-// the units (64 weights, a pair of sub-blocks) l + 32 i, the next step's loads in flight during
-// its products. grid: ceil(outputs / (kBlockWarps * outputs a warp)); dynamic shared memory
-// Dp4aSmemBytes(M, k). (Warps sharing a matrix of few rows, each taking a slice of k and adding up
-// in shared memory, made more blocks and so more quantizations of x: slower, 2.70 against 2.62 ms
-// a batch-1 step of Llama-3-8B's shapes.)
-template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
-          GateActivation kActivation>
-__global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps))
-    Q4kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
-                      int64_t y_stride, bool late_dependents) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
-  const int lane = threadIdx.x % 32;
-  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
-  const int num_outputs = kSiluAndMul ? n / 2 : n;
-  const int units = k / 64;
-  const uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    rows[r] = w + int64_t{RowOfSlot<R, kSiluAndMul>(out0, r, n)} * (k / 256) * 144;
-  }
+// The integer kernels' decoders: a unit is 64 weights of a row, which lane l takes at
+// units l + 32 i. Row() finds a row's places once, Load() brings a unit's bytes, Multiply() adds
+// the unit's products with the x digits in shared memory (the layout above) to acc[R][M].
+
+// x's digits for chunk i (0-3) of unit u of token t: hi and lo, 16 of each.
+__device__ __forceinline__ void LoadDigits(const uint8_t* smem, int k, int t, int i, int u,
+                                           uint4& hi, uint4& lo) {
+  const int offset = (i * (k / 64) + u) * 16;
+  hi = *reinterpret_cast<const uint4*>(smem + 2 * t * k + offset);
+  lo = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + offset);
+}
+__device__ __forceinline__ const int* DigitSums(const uint8_t* smem, int m, int k) {
+  return reinterpret_cast<const int*>(smem + 2 * m * k);
+}
+__device__ __forceinline__ const float* DigitPowers(const uint8_t* smem, int m, int k) {
+  return reinterpret_cast<const float*>(DigitSums(smem, m, k) + m * (k / 16));
+}
+
+// Q4_K: a unit is a pair of sub-blocks (32 quant bytes: the first's low nibbles, the second's
+// high ones) with its block's header. Sums q * xq in int32 (|.| < 32 * 15 * 2^15 a sub-block),
+// the 6-bit scales and mins in int32 too (times 63, twice: below 2^31), d, dmin and x's power of
+// two in float.
+struct Q4kIntegerDecoder {
+  struct Row {
+    const uint8_t* blocks;  // 144 bytes each
+  };
   struct Raw {
     uint4 header, qa, qb;  // d, dmin and the 6-bit scales; the pair's 32 quant bytes
   };
-  auto load = [&](int u, Raw (&into)[R]) {
-    const int offset = (u >> 2) * 144, pair = (u & 3) * 32;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      into[r].header = LoadStream16(rows[r] + offset);
-      into[r].qa = LoadStream16(rows[r] + offset + 16 + pair);
-      into[r].qb = LoadStream16(rows[r] + offset + 32 + pair);
-    }
-  };
-  Raw raw[R];
-  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
-  WaitForPriorKernels();
-  if (!late_dependents) AllowDependentLaunch();
-  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, m, k, smem);
-  __syncthreads();
-
-  // The lane's pair p = lane % 4: sub-blocks 2p and 2p + 1, whose scale and min bytes
-  // (ScaleMinK4 of kernels/cpu/dequant.cc) sit at bytes jb, jb + 1 of the header's words y, z
-  // (p < 2) or w with the top bits of y, z (p >= 2).
-  const int jb = (2 * lane) & 3;
-  const bool high_pair = (lane & 3) >= 2;
-  const uint32_t select_yz = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
-  const uint32_t select_w = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
-  const int* sums_all = reinterpret_cast<const int*>(smem + 2 * M * k);
-  const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 16));
-
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  __device__ static Row RowOf(const uint8_t* w, int /*n*/, int k, int row) {
+    return {w + int64_t{row} * (k / 256) * 144};
   }
-  if (out0 >= num_outputs) return;
-  for (int u = lane; u < units; u += 32) {
-    Raw next[R];
-    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const uint8_t* block = row.blocks + (u >> 2) * 144;
+    const int pair = (u & 3) * 32;
+    raw.header = LoadStream16(block);
+    raw.qa = LoadStream16(block + 16 + pair);
+    raw.qb = LoadStream16(block + 32 + pair);
+  }
+  template <int M, int R>
+  __device__ static void Multiply(const Raw (&raw)[R], int u, const uint8_t* smem, int k,
+                                  float (&acc)[R][M]) {
+    // The pair p = u % 4 (the lane's, always): sub-blocks 2p and 2p + 1, whose scale and min
+    // bytes (ScaleMinK4 of kernels/cpu/dequant.cc) sit at bytes jb, jb + 1 of the header's words
+    // y, z (p < 2) or w with the top bits of y, z (p >= 2).
+    const int jb = (2 * u) & 3;
+    const bool high_pair = (u & 3) >= 2;
+    const uint32_t select = jb | (jb + 1) << 4 | (jb + 4) << 8 | (jb + 5) << 12;
     const int b = u >> 2;
     // Per row and token, sum q * xq of sub-blocks a (the low nibbles) and b (the high ones) as
     // hi (signed) and lo (unsigned) digit sums: qa's bytes against x chunks 0 and 2, then qb's
@@ -616,11 +586,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps
 #pragma unroll
       for (int t = 0; t < M; ++t) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int chunk = (half + 2 * i) * units + u;
-          xh[t][i] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + chunk * 16);
-          xl[t][i] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + chunk * 16);
-        }
+        for (int i = 0; i < 2; ++i) LoadDigits(smem, k, t, half + 2 * i, u, xh[t][i], xl[t][i]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -647,12 +613,14 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps
         }
       }
     }
+    const int* sums = DigitSums(smem, M, k);
+    const float* powers = DigitPowers(smem, M, k);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const Raw& q = raw[r];
       // Bytes [sc_a, sc_b, mn_a, mn_b] of the pair's two sub-blocks.
-      const uint32_t yz = __byte_perm(q.header.y, q.header.z, select_yz);
-      const uint32_t low_w = __byte_perm(q.header.w, q.header.w >> 4, select_w);
+      const uint32_t yz = __byte_perm(q.header.y, q.header.z, select);
+      const uint32_t low_w = __byte_perm(q.header.w, q.header.w >> 4, select);
       const uint32_t scale_min = high_pair
                                      ? (low_w & 0x0F0F0F0Fu) | ((yz >> 2) & 0x30303030u)
                                      : yz & 0x3F3F3F3Fu;
@@ -663,87 +631,48 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps
       for (int t = 0; t < M; ++t) {
         const int (&dot)[4] = dots[r][t];
         // The pair's four 16-element sums: sub-block a's two, b's two.
-        const int4 sum = *reinterpret_cast<const int4*>(sums_all + t * (k / 16) + 16 * b +
-                                                        4 * (u & 3));
+        const int4 sum = *reinterpret_cast<const int4*>(sums + t * (k / 16) + 16 * b + 4 * (u & 3));
         const int scaled = sc_a * (dot[0] * 256 + dot[1]) + sc_b * (dot[2] * 256 + dot[3]);
         const int mins = mn_a * (sum.x + sum.y) + mn_b * (sum.z + sum.w);
-        acc[r][t] = fmaf(dx_all[t * (k / 256) + b],
+        acc[r][t] = fmaf(powers[t * (k / 256) + b],
                          fmaf(d_dmin.x, static_cast<float>(scaled),
                               -d_dmin.y * static_cast<float>(mins)),
                          acc[r][t]);
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
-  if (late_dependents) AllowDependentLaunch();
-  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
-                                                         num_outputs);
-}
+};
 
-// Q8_0 the same way: a unit is 64 weights of a row, two blocks (64 int8 quants and two fp16 d),
-// whose quants meet x's digits chunk for chunk; per block, sum q * xq = 256 * dp4a(q, hi) +
-// dp4a(q, lo) (|.| < 32 * 128 * 2^15, within int32), then d and x's power of two in float.
-template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
-          GateActivation kActivation>
-__global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps))
-    Q80Dp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
-                      int64_t y_stride, bool late_dependents) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
-  const int lane = threadIdx.x % 32;
-  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
-  const int num_outputs = kSiluAndMul ? n / 2 : n;
-  const int units = k / 64;
-  const uint8_t* quants[R];
-  const uint8_t* scales[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = RowOfSlot<R, kSiluAndMul>(out0, r, n);
-    quants[r] = w + row * k;
-    scales[r] = w + AlignUp256(int64_t{n} * k) + row * (k / 32) * 2;
-  }
+// Q8_0: a unit is two blocks (64 int8 quants and two fp16 d), whose quants meet x's digits chunk
+// for chunk; per block, sum q * xq (|.| < 32 * 128 * 2^15, within int32), then d and x's power
+// of two in float.
+struct Q80IntegerDecoder {
+  struct Row {
+    const uint8_t* quants;  // k bytes
+    const uint8_t* d;       // fp16, one a block
+  };
   struct Raw {
     uint4 q[4];  // 64 quants
     uint32_t d;  // the two blocks' fp16 scales
   };
-  auto load = [&](int u, Raw (&into)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) into[r].q[i] = LoadStream16(quants[r] + u * 64 + 16 * i);
-      into[r].d = __ldcs(reinterpret_cast<const unsigned int*>(scales[r] + u * 4));
-    }
-  };
-  Raw raw[R];
-  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
-  WaitForPriorKernels();
-  if (!late_dependents) AllowDependentLaunch();
-  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, m, k, smem);
-  __syncthreads();
-  const auto* dx_all = reinterpret_cast<const float*>(smem + 2 * M * k + 4 * M * (k / 16));
-
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  __device__ static Row RowOf(const uint8_t* w, int n, int k, int row) {
+    return {w + int64_t{row} * k, w + AlignUp256(int64_t{n} * k) + int64_t{row} * (k / 32) * 2};
   }
-  if (out0 >= num_outputs) return;
-  for (int u = lane; u < units; u += 32) {
-    Raw next[R];
-    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) raw.q[i] = LoadStream16(row.quants + u * 64 + 16 * i);
+    raw.d = __ldcs(reinterpret_cast<const unsigned int*>(row.d + u * 4));
+  }
+  template <int M, int R>
+  __device__ static void Multiply(const Raw (&raw)[R], int u, const uint8_t* smem, int k,
+                                  float (&acc)[R][M]) {
     // Per row and token: block 0's hi and lo digit sums (x chunks 0, 1), block 1's (2, 3).
     int dots[R][M][4] = {};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       uint4 xh[M], xl[M];
 #pragma unroll
-      for (int t = 0; t < M; ++t) {
-        xh[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + (i * units + u) * 16);
-        xl[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + (i * units + u) * 16);
-      }
+      for (int t = 0; t < M; ++t) LoadDigits(smem, k, t, i, u, xh[t], xl[t]);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const uint4 v = raw[r].q[i];
@@ -762,99 +691,58 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps
         }
       }
     }
+    const float* powers = DigitPowers(smem, M, k);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&raw[r].d));
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         const int (&dot)[4] = dots[r][t];
-        acc[r][t] = fmaf(dx_all[t * (k / 256) + (u >> 2)],
+        acc[r][t] = fmaf(powers[t * (k / 256) + (u >> 2)],
                          fmaf(d.x, static_cast<float>(dot[0] * 256 + dot[1]),
                               d.y * static_cast<float>(dot[2] * 256 + dot[3])),
                          acc[r][t]);
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
-  if (late_dependents) AllowDependentLaunch();
-  StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
-                                                         num_outputs);
-}
+};
 
-// Q6_K the same way: a unit is Quant<kQ6_K>'s (64 weights of a row: 16 bytes of ql from each
-// quarter's pair, 16 of qh), four runs of 16 weights with an int8 scale each; a run's 6-bit
-// quants q (ql's nibble, qh's two bits above it) meet its x chunk on dp4a,
-// sum (q - 32) xq = 256 dp4a(q, hi) + dp4a(q, lo) - 32 sum xq (|.| < 16 * 32 * 2^15), and the
-// scales, d and x's power of two apply in float.
-template <typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
-          GateActivation kActivation>
-__global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps))
-    Q6kDp4aGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
-                      int64_t y_stride, bool late_dependents) {
-  using Q = Quant<DType::kQ6_K>;
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
-  const int lane = threadIdx.x % 32;
-  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
-  const int num_outputs = kSiluAndMul ? n / 2 : n;
-  const int units = k / 64;
-  Q::Row rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = Q::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(out0, r, n));
+// Q6_K: a unit is Quant<kQ6_K>'s (16 bytes of ql from each quarter's pair, 16 of qh), four runs
+// of 16 weights with an int8 scale each; a run's 6-bit quants q (ql's nibble, qh's two bits
+// above it) meet its x chunk, sum (q - 32) xq = sum q xq - 32 sum xq (|.| < 16 * 32 * 2^15), and
+// the scales, d and x's power of two apply in float.
+struct Q6kIntegerDecoder {
+  using Row = Quant<DType::kQ6_K>::Row;
   struct Raw {
     uint4 ql0, ql1, qh;
     uint2 scales;  // the unit's half of its block's 16 int8 scales
     uint32_t d;    // fp16, low half
   };
-  // Unit u is unit j = u % 4 of block u / 4: half j / 2, from l = 16 * (j % 2).
-  auto load = [&](int u, Raw (&into)[R]) {
-    const int b = u >> 2, j = u & 3;
-    const int half = j >> 1, l = (j & 1) * 16;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* block = rows[r].q + b * 192;
-      into[r].ql0 = LoadStream16(block + 64 * half + l);
-      into[r].ql1 = LoadStream16(block + 64 * half + 32 + l);
-      into[r].qh = LoadStream16(block + 128 + 32 * half + l);
-      into[r].scales = __ldcs(reinterpret_cast<const uint2*>(rows[r].scales + b * 16 + 8 * half));
-      into[r].d = __ldcs(reinterpret_cast<const unsigned short*>(rows[r].d + b * 2));
-    }
-  };
-  Raw raw[R];
-  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
-  WaitForPriorKernels();
-  if (!late_dependents) AllowDependentLaunch();
-  QuantizeXForDp4a<kBlockWarps>(x, x_stride, M, m, k, smem);
-  __syncthreads();
-  const int* sums_all = reinterpret_cast<const int*>(smem + 2 * M * k);
-  const auto* dx_all = reinterpret_cast<const float*>(sums_all + M * (k / 16));
-
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  __device__ static Row RowOf(const uint8_t* w, int n, int k, int row) {
+    return Quant<DType::kQ6_K>::RowOf(w, n, k, row);
   }
-  if (out0 >= num_outputs) return;
-  for (int u = lane; u < units; u += 32) {
-    Raw next[R];
-    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    const int b = u >> 2, half = (u & 3) >> 1;
+    Quant<DType::kQ6_K>::LoadQuants(row, u, raw.ql0, raw.ql1, raw.qh);
+    raw.scales = __ldcs(reinterpret_cast<const uint2*>(row.scales + b * 16 + 8 * half));
+    raw.d = __ldcs(reinterpret_cast<const unsigned short*>(row.d + b * 2));
+  }
+  template <int M, int R>
+  __device__ static void Multiply(const Raw (&raw)[R], int u, const uint8_t* smem, int k,
+                                  float (&acc)[R][M]) {
     const int b = u >> 2, j = u & 3;
+    const int* sums = DigitSums(smem, M, k);
     float part[R][M] = {};
 #pragma unroll
     for (int run = 0; run < 4; ++run) {
       // Elements 256 b + 128 half + 32 run + l ...+16: x's unit and chunk, and its 16-sum.
       const int e0 = b * 256 + (j >> 1) * 128 + run * 32 + (j & 1) * 16;
-      const int chunk = ((e0 % 64) / 16) * units + e0 / 64;
       uint4 xh[M], xl[M];
       int sum[M];
 #pragma unroll
       for (int t = 0; t < M; ++t) {
-        xh[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + chunk * 16);
-        xl[t] = *reinterpret_cast<const uint4*>(smem + 2 * t * k + k + chunk * 16);
-        sum[t] = sums_all[t * (k / 16) + e0 / 16];
+        LoadDigits(smem, k, t, (e0 % 64) / 16, e0 / 64, xh[t], xl[t]);
+        sum[t] = sums[t * (k / 16) + e0 / 16];
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -884,14 +772,60 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps
         }
       }
     }
+    const float* powers = DigitPowers(smem, M, k);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float d = HalfBits(raw[r].d);
 #pragma unroll
       for (int t = 0; t < M; ++t) {
-        acc[r][t] = fmaf(dx_all[t * (k / 256) + b] * d, part[r][t], acc[r][t]);
+        acc[r][t] = fmaf(powers[t * (k / 256) + b] * d, part[r][t], acc[r][t]);
       }
     }
+  }
+};
+
+// A warp takes R rows of W (with silu_and_mul: R / 2 gate rows and their up rows); lane l takes
+// the units l + 32 i, the next step's loads in flight during its products. grid: ceil(outputs /
+// (kBlockWarps * outputs a warp)); dynamic shared memory IntegerSmemBytes(M, k). (Warps sharing a
+// matrix of few rows, each taking a slice of k and adding up in shared memory, made more blocks
+// and so more quantizations of x: slower, 2.70 against 2.62 ms a Q4_K batch-1 step of
+// Llama-3-8B's shapes.)
+template <typename D, typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
+          GateActivation kActivation>
+__global__ void __launch_bounds__(kBlockWarps * 32, IntegerMinBlocks(M, kBlockWarps))
+    IntegerGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
+                      int64_t y_stride, bool late_dependents) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  const int lane = threadIdx.x % 32;
+  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  const int units = k / 64;
+  typename D::Row rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = D::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(out0, r, n));
+  auto load = [&](int u, typename D::Raw (&into)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) D::Load(rows[r], u, into[r]);
+  };
+  typename D::Raw raw[R];
+  if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  QuantizeXDigits<kBlockWarps>(x, x_stride, M, m, k, smem);
+  __syncthreads();
+  if (out0 >= num_outputs) return;
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][t] = 0.0f;
+  }
+  for (int u = lane; u < units; u += 32) {
+    typename D::Raw next[R];
+    if (u + 32 < units) load(u + 32, next);  // in flight during the products
+    D::template Multiply<M, R>(raw, u, smem, k, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
@@ -902,8 +836,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Dp4aMinBlocks(M, kBlockWarps
 
 template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
           GateActivation kActivation>
-cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
-                       cudaStream_t stream) {
+cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
+                          cudaStream_t stream) {
   // Q4_K at one token: 4 rows a warp, 8 warps a block, two blocks a multiprocessor (128
   // registers); else 2 rows a warp (the registers of Q8_0's and Q6_K's larger units, of a second
   // token's sums), 16 warps a block at two tokens and 8 (up to 255 registers) at four. Measured
@@ -913,17 +847,13 @@ cudaError_t LaunchDp4a(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t
   constexpr bool kWide = kType == DType::kQ4_K && M == 1;
   constexpr int R = kWide ? 4 : 2;
   constexpr int kBlockWarps = kWide || M > 2 ? 8 : 16;
-  auto* kernel = [] {
-    if constexpr (kType == DType::kQ4_K) {
-      return Q4kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
-    } else if constexpr (kType == DType::kQ8_0) {
-      return Q80Dp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
-    } else {
-      return Q6kDp4aGemmKernel<T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
-    }
-  }();
+  using Decoder = std::conditional_t<
+      kType == DType::kQ4_K, Q4kIntegerDecoder,
+      std::conditional_t<kType == DType::kQ8_0, Q80IntegerDecoder, Q6kIntegerDecoder>>;
+  auto* kernel =
+      IntegerGemmKernel<Decoder, T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
   const int k = static_cast<int>(p.k);
-  const int smem = Dp4aSmemBytes(M, k);
+  const int smem = IntegerSmemBytes(M, k);
   if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
       e != cudaSuccess) {
     return e;
@@ -954,15 +884,15 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
     // One or two tokens: the integer products (quant_gemm.h).
     if (QuantSkinnyRoundsX(kType, m, k)) {
       if (m == 1) {
-        return LaunchDp4a<kType, T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+        return LaunchInteger<kType, T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
                                                                        stream);
       }
       if (m == 2) {
-        return LaunchDp4a<kType, T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+        return LaunchInteger<kType, T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
                                                                        stream);
       }
       if constexpr (kType != DType::kQ6_K) {
-        return LaunchDp4a<kType, T, OutT, 4, kSiluAndMul, kActivation>(p, x_stride, y_stride,
+        return LaunchInteger<kType, T, OutT, 4, kSiluAndMul, kActivation>(p, x_stride, y_stride,
                                                                        stream);
       }
     }
