@@ -4,7 +4,8 @@
 // Q4_K) or 64 (Q6_K), brought in by 16-byte loads, and decodes to runs of 16 consecutive
 // weights, each run w = scale * q - min (min only in Q4_K) with q small integers. The integers
 // become floats by the exponent trick (q | 0x4B000000 is 2^23 + q as a float; one byte permute
-// and one subtraction an element).
+// and one subtraction an element). Q4_K, Q8_0 and Q6_K at a few tokens skip the floats: their
+// products run in integers against x rounded to 16-bit digits (the section below).
 
 #include <type_traits>
 
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(kThreads)
                                                          num_outputs);
 }
 
-// ---- Q4_K, Q8_0 and Q6_K at one or two tokens: the products in integers (dp4a).
+// ---- Q4_K, Q8_0 and Q6_K at a few tokens (QuantSkinnyRoundsX): the products in integers.
 //
 // Decoding every weight to a float costs several instructions a weight, more than the memory
 // system leaves at 4.5 bits a weight. Here each block first writes x into shared memory as
@@ -441,19 +442,19 @@ __global__ void __launch_bounds__(kThreads)
 // holds 8 significant bits), within half of 2^(E - 14) for the rest (a relative L2 of about 5e-6
 // on a product of Gaussian x). xq is kept as two byte digits, hi = xq >> 8 (signed) and
 // lo = xq & 255 (unsigned), beside each 16 elements' sum of xq. Then
-// sum q * xq = 256 * dp4a(q, hi) + dp4a(q, lo) exactly in int32, the 6-bit scales and mins apply
-// in int32 too (|sum q xq| < 32 * 15 * 2^15 a sub-block, times 63, twice: below 2^31), and only
-// d, dmin and the power of two of x in float: about one instruction a weight.
+// sum q * xq = 256 * dp4a(q, hi) + dp4a(q, lo) exactly in int32, and only the blocks' scales
+// (Q4_K's 6-bit ones in int32 too) and x's power of two in float: about one instruction a
+// weight. The decoders below bound their sums within int32.
 //
 // Shared memory, per token: the hi digits [k], the lo digits [k], in 16-byte chunks placed so that
-// a warp's lanes read consecutive chunks (chunk i of unit u at i * units + u; a unit is 64 weights,
-// one pair of sub-blocks); after every token's digits, the sums of 16 elements [m, k / 16] (int)
-// and the powers of two [m, k / 256] (float).
+// a warp's lanes read consecutive chunks (chunk i of unit u at i * units + u; a unit is 64
+// weights); after every token's digits, the sums of 16 elements [m, k / 16] (int) and the powers
+// of two [m, k / 256] (float).
+constexpr int IntegerSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 16)); }
+
 // Blocks a multiprocessor the integer kernels are compiled for: two of 8 warps or one of 16 (128
 // registers a thread) at one or two tokens; one beyond (four tokens' sums take more).
 constexpr int IntegerMinBlocks(int m, int block_warps) { return m <= 2 ? 16 / block_warps : 1; }
-
-constexpr int IntegerSmemBytes(int m, int k) { return m * (2 * k + 4 * (k / 256) + 4 * (k / 16)); }
 
 // Four bytes packed, lowest first.
 __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
