@@ -848,6 +848,7 @@ cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int6
   constexpr bool kWide = kType == DType::kQ4_K && M == 1;
   constexpr int R = kWide ? 4 : 2;
   constexpr int kBlockWarps = kWide || M > 2 ? 8 : 16;
+  static_assert(kType == DType::kQ4_K || kType == DType::kQ8_0 || kType == DType::kQ6_K);
   using Decoder = std::conditional_t<
       kType == DType::kQ4_K, Q4kIntegerDecoder,
       std::conditional_t<kType == DType::kQ8_0, Q80IntegerDecoder, Q6kIntegerDecoder>>;
@@ -882,19 +883,19 @@ cudaError_t LaunchSkinny(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   // flight during its products. (Registers, sm_90: 100-160 a thread, Q6_K's up to 255.)
   constexpr int kRowsFew = kType == DType::kQ6_K ? 2 : 4;
   if constexpr (kType == DType::kQ4_K || kType == DType::kQ8_0 || kType == DType::kQ6_K) {
-    // One or two tokens: the integer products (quant_gemm.h).
+    // A few tokens: the integer products (QuantSkinnyRoundsX, quant_gemm.h).
     if (QuantSkinnyRoundsX(kType, m, k)) {
       if (m == 1) {
         return LaunchInteger<kType, T, OutT, 1, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                       stream);
+                                                                          stream);
       }
       if (m == 2) {
         return LaunchInteger<kType, T, OutT, 2, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                       stream);
+                                                                          stream);
       }
-      if constexpr (kType != DType::kQ6_K) {
+      if constexpr (kType != DType::kQ6_K) {  // three or four tokens
         return LaunchInteger<kType, T, OutT, 4, kSiluAndMul, kActivation>(p, x_stride, y_stride,
-                                                                       stream);
+                                                                          stream);
       }
     }
   }

@@ -85,8 +85,8 @@ TEST_P(GgufBlocksGpuTest, BlocksOnTheGpuFollowTheCpuFloat32Path) {
   EXPECT_EQ((*automatic)->stats().quantization, RunnerQuantization::kNone);
   EXPECT_EQ((*automatic)->stats().weight_bytes, (*dequantized)->stats().weight_bytes);
   // Whole prompts; chunks of 8 (steps of 8 tokens and the prompts' remainders 1, 7 and 2), of 3
-  // (the kernel's 4-token form) and of 1 (every step a decode step's shape: Q4_K's and Q8_0's
-  // integer products where k allows, quant_gemm.h): every form of the skinny kernel.
+  // (the kernel's 4-token form) and of 1 (every step a decode step's shape: the integer products
+  // of Q4_K, Q8_0 and Q6_K where k allows, quant_gemm.h): every form of the skinny kernel.
   for (const size_t chunk : {size_t{0}, size_t{8}, size_t{3}, size_t{1}}) {
     SCOPED_TRACE(chunk == 0 ? std::string("whole prompts") : StrCat("chunks of ", chunk));
     auto blocks =
