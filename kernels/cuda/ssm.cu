@@ -716,7 +716,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
   float* head_state = a.states + (slot * a.num_heads + h) * static_cast<int64_t>(hd) * kN;
   StateRow<kN, kL> st[kR];
-  float taps[kPerThread][kTaps];  // ring values of the older positions, weighted after the wait
+  float taps[kPerThread][kTaps];  // ring values of the older positions (weighted: kEarlyConv)
   if (ctx != 0) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {  // first, so that its loads are in flight with the ring's
@@ -736,6 +736,27 @@ __global__ void __launch_bounds__(kDecodeThreads)
                                   static_cast<int64_t>(q % conv.kernel) * conv.channels + c)
                          : 0.0f;
       }
+    }
+  }
+  // Small blocks (small batches, where in_proj is the skinny GEMM and launches this kernel while
+  // it finishes): the conv's older part, bias + weighted taps, before the wait too, so that the
+  // conv's weights (not in L2 after a step's other layers) are not read after it.
+  constexpr bool kEarlyConv = kR == 1;
+  [[maybe_unused]] float older[kEarlyConv ? kPerThread : 1];
+  [[maybe_unused]] float newest_w[kEarlyConv ? kPerThread : 1];
+  if constexpr (kEarlyConv) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int k = threadIdx.x + j * kDecodeThreads;
+      const int64_t c = k < num_channels ? channel(k) : 0;
+      const T* w = conv.weight + c * conv.kernel;
+      float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
+#pragma unroll
+      for (int t = 0; t < kTaps; ++t) {
+        if (t < k1) acc += ToFloat(w[t]) * (ctx != 0 ? taps[j][t] : 0.0f);
+      }
+      older[j] = acc;
+      newest_w[j] = ToFloat(w[k1]);
     }
   }
   // The norm's weight of each of the thread's rows (kGated).
@@ -776,13 +797,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int k = threadIdx.x + j * kDecodeThreads;
     if (k < num_channels) {
       const int64_t c = channel(k);
-      const T* w = conv.weight + c * conv.kernel;
-      float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
+      if constexpr (kEarlyConv) {
+        outs[k] = Silu(older[j] + newest_w[j] * x_new[j]);
+      } else {
+        const T* w = conv.weight + c * conv.kernel;
+        float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
 #pragma unroll
-      for (int t = 0; t < kTaps; ++t) {
-        if (t < k1) acc += ToFloat(w[t]) * taps[j][t];
+        for (int t = 0; t < kTaps; ++t) {
+          if (t < k1) acc += ToFloat(w[t]) * taps[j][t];
+        }
+        outs[k] = Silu(acc + ToFloat(w[k1]) * x_new[j]);
       }
-      outs[k] = Silu(acc + ToFloat(w[k1]) * x_new[j]);
       if (k >= 2 * kN || bc_owner) ring_out[c] = x_new[j];
     }
   }

@@ -37,8 +37,9 @@
 //   row and 32 floats of state a thread (a whole head of 64 rows at state 128), so that the
 //   group's B and C conv, which every block computes, is computed once a head. The state rows
 //   and the conv taps of older positions are read before the kernel's programmatic-launch wait
-//   (they overlap in_proj), each state byte read and written once; after the wait one round
-//   trip (the step's conv inputs and dt) before the update. Optionally the gated RMSNorm's
+//   (they overlap in_proj; in small blocks weighted there too, with the conv's weights), each
+//   state byte read and written once; after the wait one round trip (the step's conv inputs and
+//   dt) before the update. Optionally the gated RMSNorm's
 //   gating and weight too, its scale left to out_proj (SsmDecodeGatedNorm).
 // - GatedRmsNorm: one block per (token, norm group) of up to 1024 threads, 16-byte accesses
 //   where rows are aligned, the gated values kept in shared memory between the reduction and
