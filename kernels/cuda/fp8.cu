@@ -5,6 +5,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -131,10 +132,11 @@ __device__ __forceinline__ void MultiplyPiece(const uint4 (&wv)[kRowsPerWarp], c
   }
 }
 
-// grid: ceil(n / (kWarps * kRowsPerWarp)); the mapping of skinny_gemm.cu.
+// grid: ceil(n / (kWarps * kRowsPerWarp)); the mapping of skinny_gemm.cu. At one row, 64
+// registers (four blocks a multiprocessor), as without the scales' copy.
 template <typename T, typename OutT, int M, bool kSiluAndMul,
           GateActivation kActivation = GateActivation::kSilu>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     F8SkinnyGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ w_scales, OutT* __restrict__ y, int n, int k,
                        int64_t x_stride, int64_t y_stride, bool late_dependents) {
@@ -171,6 +173,13 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kStep = 32 * kUnroll;
   int c = lane;
   if (kStep <= chunks) load_w(c);  // weights before the wait (skinny_gemm.cu says why)
+  // The rows' scales too, into shared memory (no registers held through the products): read
+  // after them they would be one more round trip to memory, and not from L2, at every warp's end.
+  static_assert(kRowsPerWarp == 2);
+  __shared__ float row_scales[kWarps][kRowsPerWarp];
+  const int warp = threadIdx.x / 32;
+  if (lane < kRowsPerWarp) CpAsync4(&row_scales[warp][lane], w_scales + (lane == 0 ? rows[0] : rows[1]));
+  CpAsyncCommit();
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
   for (; c - lane + kStep <= chunks; c += kStep) {
@@ -188,9 +197,11 @@ __global__ void __launch_bounds__(kThreads)
     MultiplyPiece<T, M>(tail, x, x_stride, c, acc);
   }
   if (late_dependents) AllowDependentLaunch();
+  CpAsyncWait<0>();
+  __syncwarp();
   float scale[kRowsPerWarp];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = __ldg(w_scales + rows[r]);
+  for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = row_scales[warp][r];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll

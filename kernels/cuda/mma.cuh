@@ -57,6 +57,11 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* global, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddress(smem)),
                "l"(global), "r"(valid ? 16 : 0));
 }
+// 4-byte global -> shared copy (cp.async.ca: sizes under 16 bytes go through L1).
+__device__ __forceinline__ void CpAsync4(void* smem, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddress(smem)),
+               "l"(global));
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
