@@ -8,6 +8,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kUnit = 16;  // elements of a head per thread
+constexpr int kMaxHeadDim = 512;  // Validate's
 
 struct QkvArgs {
   const void* qkv;
@@ -78,7 +79,32 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
       Load8<float>(cols + 8, *reinterpret_cast<float(*)[8]>(col_scales + 8));
     }
   }
+  // So are the bias, the q/k norm's weights and the rotary table; the token's position is a step
+  // input, uploaded before the step's first kernel (read through L2, as the contract in
+  // common.cuh allows, the previous kernel being a GEMM that lets this one launch after its own
+  // wait). The token's cos/sin row goes to shared memory: every head of the block shares it.
+  // Read after the wait, each was one more round trip, mostly not from L2.
+  __shared__ float s_cos_sin[kMaxHeadDim];
+  if (a.cos_sin != nullptr) {
+    int64_t pos = __ldcg(a.positions + token);
+    pos = pos < 0 ? 0 : (pos >= a.max_position ? a.max_position - 1 : pos);
+    for (int i = threadIdx.x; i < a.rotary_dim; i += kThreads) {
+      s_cos_sin[i] = a.cos_sin[pos * a.rotary_dim + i];
+    }
+  }
+  float bias[kUnit], norm_w[kUnit];
+  if (a.bias != nullptr && active) {
+    const T* b = static_cast<const T*>(a.bias) + head * a.head_dim + off;
+    Load8<T>(b, *reinterpret_cast<float(*)[8]>(bias));
+    Load8<T>(b + 8, *reinterpret_cast<float(*)[8]>(bias + 8));
+  }
+  if (a.q_norm != nullptr && active && !is_value) {
+    const T* weight = static_cast<const T*>(is_key ? a.k_norm : a.q_norm) + off;
+    Load8<T>(weight, *reinterpret_cast<float(*)[8]>(norm_w));
+    Load8<T>(weight + 8, *reinterpret_cast<float(*)[8]>(norm_w + 8));
+  }
   WaitForPriorKernels();
+  __syncthreads();  // s_cos_sin
   [[maybe_unused]] const float row_scale = scaled && active ? a.qkv_row_scales[token] : 0.0f;
 
   float x[kUnit];
@@ -95,12 +121,8 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
       }
     }
     if (a.bias != nullptr) {
-      const T* b = static_cast<const T*>(a.bias) + head * a.head_dim + off;
-      float b0[8], b1[8];
-      Load8<T>(b, b0);
-      Load8<T>(b + 8, b1);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] += b0[j], x[j + 8] += b1[j];
+      for (int j = 0; j < kUnit; ++j) x[j] += bias[j];
     }
   } else {
 #pragma unroll
@@ -128,12 +150,8 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
       } else {
         inv_rms = rsqrtf(sum_squares / static_cast<float>(a.head_dim) + a.norm_epsilon);
       }
-      const T* weight = static_cast<const T*>(is_key ? a.k_norm : a.q_norm) + off;
-      float w[kUnit];
-      Load8<T>(weight, *reinterpret_cast<float(*)[8]>(w));
-      Load8<T>(weight + 8, *reinterpret_cast<float(*)[8]>(w + 8));
 #pragma unroll
-      for (int j = 0; j < kUnit; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv_rms), w[j]);
+      for (int j = 0; j < kUnit; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv_rms), norm_w[j]);
     }
   }
 
@@ -148,10 +166,8 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     __syncwarp();
     if (active && !is_value && off < a.rotary_dim) {
       const float* head_x = s_x + (threadIdx.x - u) * kUnit;  // the head's element 0
-      int64_t pos = a.positions[token];
-      pos = pos < 0 ? 0 : (pos >= a.max_position ? a.max_position - 1 : pos);
       const int half = a.rotary_dim / 2;
-      const float* cos_row = a.cos_sin + pos * a.rotary_dim;
+      const float* cos_row = s_cos_sin;
       const float* sin_row = cos_row + half;
 #pragma unroll
       for (int j = 0; j < kUnit; ++j) {
