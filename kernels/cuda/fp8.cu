@@ -178,7 +178,9 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
   static_assert(kRowsPerWarp == 2);
   __shared__ float row_scales[kWarps][kRowsPerWarp];
   const int warp = threadIdx.x / 32;
-  if (lane < kRowsPerWarp) CpAsync4(&row_scales[warp][lane], w_scales + (lane == 0 ? rows[0] : rows[1]));
+  if (lane < kRowsPerWarp) {
+    CpAsync4(&row_scales[warp][lane], w_scales + (lane == 0 ? rows[0] : rows[1]));
+  }
   CpAsyncCommit();
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();

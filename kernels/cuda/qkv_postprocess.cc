@@ -9,9 +9,10 @@ namespace lmserve::kernels::cuda {
 absl::Status QkvPostProcessParams::Validate() const {
   constexpr const char* kName = "QkvPostProcess";
   LMSERVE_RETURN_IF_ERROR(CheckElementwiseDType(kName, dtype));
-  if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > 512) {
+  if (head_dim <= 0 || head_dim % 16 != 0 || head_dim > kQkvMaxHeadDim) {
     return KernelError(kName, StrCat("head_dim ", head_dim,
-                                     " is not supported (a positive multiple of 16, at most 512)"));
+                                     " is not supported (a positive multiple of 16, at most ",
+                                     kQkvMaxHeadDim, ")"));
   }
   if (num_tokens < 0 || num_heads <= 0 || num_kv_heads <= 0 || block_size <= 0 ||
       num_blocks <= 0) {

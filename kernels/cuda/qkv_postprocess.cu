@@ -8,7 +8,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kUnit = 16;  // elements of a head per thread
-constexpr int kMaxHeadDim = 512;  // Validate's
 
 struct QkvArgs {
   const void* qkv;
@@ -84,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
   // common.cuh allows, the previous kernel being a GEMM that lets this one launch after its own
   // wait). The token's cos/sin row goes to shared memory: every head of the block shares it.
   // Read after the wait, each was one more round trip, mostly not from L2.
-  __shared__ float s_cos_sin[kMaxHeadDim];
+  __shared__ float s_cos_sin[kQkvMaxHeadDim];  // rotary_dim <= head_dim
   if (a.cos_sin != nullptr) {
     int64_t pos = __ldcg(a.positions + token);
     pos = pos < 0 ? 0 : (pos >= a.max_position ? a.max_position - 1 : pos);

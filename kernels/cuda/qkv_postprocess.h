@@ -31,6 +31,8 @@
 
 namespace lmserve::kernels::cuda {
 
+inline constexpr int64_t kQkvMaxHeadDim = 512;
+
 struct QkvPostProcessParams {
   const void* qkv = nullptr;   // [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], row
                                // stride qkv_stride: query heads, key heads, value heads; device
@@ -56,7 +58,7 @@ struct QkvPostProcessParams {
   int64_t num_tokens = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;  // multiple of 16, at most 512
+  int64_t head_dim = 0;  // multiple of 16, at most kQkvMaxHeadDim
   int64_t rotary_dim = 0;  // dimensions of a head that rotate: even, <= head_dim; 0: head_dim
   int64_t block_size = 0;
   int64_t num_blocks = 0;

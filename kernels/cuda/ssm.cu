@@ -738,9 +738,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
   }
+  // The conv of the thread's j-th channel c, but for its newest input: bias + the weighted taps
+  // of older positions (taps read only where ctx != 0), and the newest input's weight.
+  auto conv_older = [&](int j, int64_t c, float& older, float& newest_w) {
+    const T* w = conv.weight + c * conv.kernel;
+    float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < kTaps; ++t) {
+      if (t < k1) acc += ToFloat(w[t]) * (ctx != 0 ? taps[j][t] : 0.0f);
+    }
+    older = acc;
+    newest_w = ToFloat(w[k1]);
+  };
   // Small blocks (small batches, where in_proj is the skinny GEMM and launches this kernel while
-  // it finishes): the conv's older part, bias + weighted taps, before the wait too, so that the
-  // conv's weights (not in L2 after a step's other layers) are not read after it.
+  // it finishes): that part before the wait too, so that the conv's weights (not in L2 after a
+  // step's other layers) are not read after it. Large blocks take it after, once the step's
+  // inputs are requested.
   constexpr bool kEarlyConv = kR == 1;
   [[maybe_unused]] float older[kEarlyConv ? kPerThread : 1];
   [[maybe_unused]] float newest_w[kEarlyConv ? kPerThread : 1];
@@ -748,15 +761,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int k = threadIdx.x + j * kDecodeThreads;
-      const int64_t c = k < num_channels ? channel(k) : 0;
-      const T* w = conv.weight + c * conv.kernel;
-      float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
-#pragma unroll
-      for (int t = 0; t < kTaps; ++t) {
-        if (t < k1) acc += ToFloat(w[t]) * (ctx != 0 ? taps[j][t] : 0.0f);
-      }
-      older[j] = acc;
-      newest_w[j] = ToFloat(w[k1]);
+      conv_older(j, k < num_channels ? channel(k) : 0, older[j], newest_w[j]);
     }
   }
   // The norm's weight of each of the thread's rows (kGated).
@@ -797,17 +802,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int k = threadIdx.x + j * kDecodeThreads;
     if (k < num_channels) {
       const int64_t c = channel(k);
+      float conv_part, conv_w;
       if constexpr (kEarlyConv) {
-        outs[k] = Silu(older[j] + newest_w[j] * x_new[j]);
+        conv_part = older[j], conv_w = newest_w[j];
       } else {
-        const T* w = conv.weight + c * conv.kernel;
-        float acc = conv.bias != nullptr ? ToFloat(conv.bias[c]) : 0.0f;
-#pragma unroll
-        for (int t = 0; t < kTaps; ++t) {
-          if (t < k1) acc += ToFloat(w[t]) * taps[j][t];
-        }
-        outs[k] = Silu(acc + ToFloat(w[k1]) * x_new[j]);
+        conv_older(j, c, conv_part, conv_w);
       }
+      outs[k] = Silu(conv_part + conv_w * x_new[j]);
       if (k >= 2 * kN || bc_owner) ring_out[c] = x_new[j];
     }
   }

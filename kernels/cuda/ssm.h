@@ -39,8 +39,8 @@
 //   and the conv taps of older positions are read before the kernel's programmatic-launch wait
 //   (they overlap in_proj; in small blocks weighted there too, with the conv's weights), each
 //   state byte read and written once; after the wait one round trip (the step's conv inputs and
-//   dt) before the update. Optionally the gated RMSNorm's
-//   gating and weight too, its scale left to out_proj (SsmDecodeGatedNorm).
+//   dt) before the update. Optionally the gated RMSNorm's gating and weight too, its scale left
+//   to out_proj (SsmDecodeGatedNorm).
 // - GatedRmsNorm: one block per (token, norm group) of up to 1024 threads, 16-byte accesses
 //   where rows are aligned, the gated values kept in shared memory between the reduction and
 //   the write (a group of at most kSsmMaxNormGroup).
