@@ -165,8 +165,27 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   bool FusesIntoResidual(Weight weight) const;
   // Linear as asked; and the held-back one, if any, run as asked (before any other op), and
   // unless `keep_scales`, the pending FP8 output scales applied (ApplyPendingScales).
-  absl::Status LinearNow(Weight weight, Buffer in, Buffer out);
-  absl::Status FlushLinear(bool keep_scales = false);
+  // `folds`: what the skinny kernel folds in (FoldsFor).
+  absl::Status LinearNow(Weight weight, Buffer in, Buffer out,
+                         const cuda::GemmResidualFolds* folds = nullptr);
+  // Unless `keep_folds`, also the held-back add + RMSNorm run and the residual's debt settled
+  // (FlushAddNorm, SettleResidual); the ops that touch neither the residual nor its addend
+  // instead call CarryFolds with their buffers first.
+  absl::Status FlushLinear(bool keep_scales = false, bool keep_folds = false);
+  // AddRmsNorm as asked (never held back).
+  absl::Status AddRmsNormNow(Buffer residual, Buffer add, Weight weight, float epsilon, Buffer out);
+  // The folded add + RMSNorm (RunnerConfig::fold_add_norm): whether AddRmsNorm may be held back
+  // for the next product; the held-back one run as asked; the residual's debt added in by a
+  // kernel of its own; both of those where an op's `buffers` name the residual or the addend.
+  bool MayFoldAddNorm(Buffer residual, Buffer add, Buffer out) const;
+  absl::Status FlushAddNorm();
+  absl::Status SettleResidual();
+  absl::Status CarryFolds(std::initializer_list<Buffer> buffers);
+  absl::Status CheckUnfolded(std::initializer_list<Buffer> reads) const;
+  // What Linear(weight, *in, out) folds into its skinny GEMM at one token: the held-back add +
+  // RMSNorm (if *in is its output; *in becomes its addend, the product's x), the residual's debt
+  // (if `out` is the addend); what it cannot take is run or settled first.
+  absl::StatusOr<cuda::GemmResidualFolds> FoldsFor(Weight weight, Buffer* in, Buffer out);
   // F8ScaleOutput over the product that pending_scales_ names, if any.
   absl::Status ApplyPendingScales();
   // The scales pending for `buffer`, taken by the op that reads it (null rows: none); scales
@@ -284,6 +303,22 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
     Buffer in;
   };
   std::optional<DeferredLinear> deferred_linear_;
+  // An add + RMSNorm of a step of one token held back by AddRmsNorm (RunnerConfig::fold_add_norm,
+  // MayFoldAddNorm): if the next op is a Linear reading `out` that runs the skinny kernel, that
+  // kernel adds and normalizes x itself (skinny_gemm.h, add_norm_residual) and the residual then
+  // owes `add` (residual_debt_), which the next product writing `add` adds in before its wait
+  // (settle_residual). Any other op first runs the norm as asked (FlushAddNorm), and any op that
+  // names the residual or the addend first settles the debt with a kernel of its own.
+  struct HeldAddNorm {
+    Buffer residual, add, out;
+    Weight weight;
+    float epsilon = 0.0f;
+  };
+  std::optional<HeldAddNorm> held_add_norm_;
+  std::optional<HeldAddNorm> residual_debt_;
+  // The output buffer of a folded add + RMSNorm, never written: an op that reads it before a
+  // norm writes it again is refused (CheckUnfolded), not given stale rows. No family does.
+  std::optional<Buffer> folded_out_;
   // An FP8 product that cuBLASLt left unscaled (GemmSelector::Run's `unscaled`): the op that
   // reads it next applies its scales as it reads (QKV post-processing for kQkv, the add +
   // RMSNorm for kProjected), or FlushLinear has F8ScaleOutput apply them first.
@@ -884,6 +919,8 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
 
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
+  if (folded_out_ == out) folded_out_.reset();
   if (BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -901,6 +938,109 @@ absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer
 
 absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, float epsilon,
                                     Buffer out) {
+  LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({residual, add}));
+  if (folded_out_ == out) folded_out_.reset();
+  if (MayFoldAddNorm(residual, add, out)) {
+    held_add_norm_ = HeldAddNorm{
+        .residual = residual, .add = add, .out = out, .weight = weight, .epsilon = epsilon};
+    return absl::OkStatus();
+  }
+  return AddRmsNormNow(residual, add, weight, epsilon, out);
+}
+
+bool CudaRunner::MayFoldAddNorm(Buffer residual, Buffer add, Buffer out) const {
+  return runner_config_.fold_add_norm && step_.tokens == 1 && comm_ == nullptr &&
+         kernel_dtype_ == DType::kBF16 && BufDType(residual) == DType::kF32 &&
+         BufDType(add) == kernel_dtype_ && BufDType(out) == kernel_dtype_ && add != out &&
+         residual != out && residual != add && !deferred_linear_.has_value() &&
+         !pending_scales_.has_value() && !residual_debt_.has_value() &&
+         !pending_ssm_norm_.has_value();
+}
+
+absl::Status CudaRunner::FlushAddNorm() {
+  if (!held_add_norm_.has_value()) return absl::OkStatus();
+  const HeldAddNorm held = *held_add_norm_;
+  held_add_norm_.reset();
+  return AddRmsNormNow(held.residual, held.add, held.weight, held.epsilon, held.out);
+}
+
+absl::Status CudaRunner::SettleResidual() {
+  if (!residual_debt_.has_value()) return absl::OkStatus();
+  const HeldAddNorm debt = *residual_debt_;
+  residual_debt_.reset();
+  const kc::FusedAddRmsNormParams add{.residual = Buf(debt.residual),
+                                      .input = Buf(debt.add),
+                                      .weight = weights_[debt.weight],
+                                      .output = nullptr,  // the add alone
+                                      .num_tokens = step_.tokens,
+                                      .hidden_size = model_->weights()[debt.weight].rows,
+                                      .epsilon = debt.epsilon,
+                                      .dtype = kernel_dtype_,
+                                      .residual_dtype = BufDType(debt.residual)};
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(add, stream_), "the residual's add");
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::CheckUnfolded(std::initializer_list<Buffer> reads) const {
+  for (Buffer b : reads) {
+    if (folded_out_.has_value() && b == *folded_out_) {
+      return absl::InternalError(
+          "CUDA runner: an op reads the output of an add + RMSNorm folded into a product "
+          "(RunnerConfig::fold_add_norm); the fold assumes the product is its only reader");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaRunner::CarryFolds(std::initializer_list<Buffer> buffers) {
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded(buffers));
+  LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
+  if (!residual_debt_.has_value()) return absl::OkStatus();
+  for (Buffer b : buffers) {
+    if (b == residual_debt_->residual || b == residual_debt_->add) return SettleResidual();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buffer* x,
+                                                             Buffer out) {
+  const Buffer in = *x;
+  cuda::GemmResidualFolds folds;
+  if (!held_add_norm_.has_value() && !residual_debt_.has_value()) return folds;
+  const auto [id, layer] = Projection(weight, /*logits=*/false);
+  const cuda::GemmProjection& projection = gemms_->projection(id);
+  const bool skinny = step_.tokens == 1 && gemms_->FoldsAtOneRow(id, layer);
+  if (held_add_norm_.has_value()) {
+    const HeldAddNorm held = *held_add_norm_;
+    if (skinny && in == held.out && out != held.add && out != held.residual &&
+        projection.k == model_->weights()[held.weight].rows) {
+      held_add_norm_.reset();
+      folds.add_norm_residual = static_cast<const float*>(Buf(held.residual));
+      folds.add_norm_weight = weights_[held.weight];
+      folds.add_norm_epsilon = held.epsilon;
+      residual_debt_ = held;
+      folded_out_ = held.out;
+      *x = held.add;
+      return folds;
+    }
+    LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
+  }
+  if (residual_debt_.has_value()) {
+    const HeldAddNorm debt = *residual_debt_;
+    if (skinny && out == debt.add && in != debt.add && in != debt.residual &&
+        projection.n == model_->weights()[debt.weight].rows) {
+      residual_debt_.reset();
+      folds.settle_residual = static_cast<float*>(Buf(debt.residual));
+      return folds;
+    }
+    LMSERVE_RETURN_IF_ERROR(CarryFolds({in, out}));
+  }
+  return folds;
+}
+
+absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weight, float epsilon,
+                                       Buffer out) {
   if (deferred_linear_.has_value() && add == Buffer::kProjected &&
       residual == Buffer::kResidual) {
     // residual += in W^T in the GEMM's epilogue (fp32, unrounded), then the norm of the residual.
@@ -933,7 +1073,12 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
 }
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
+  LMSERVE_ASSIGN_OR_RETURN(const cuda::GemmResidualFolds folds, FoldsFor(weight, &in, out));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
+  if (folds.add_norm_residual != nullptr || folds.settle_residual != nullptr) {
+    return LinearNow(weight, in, out, &folds);
+  }
   if (out == Buffer::kProjected && FusesIntoResidual(weight)) {
     deferred_linear_ = DeferredLinear{.weight = weight, .in = in};
     return absl::OkStatus();
@@ -954,7 +1099,11 @@ bool CudaRunner::FusesIntoResidual(Weight weight) const {
          step_.tokens * spec.rows * int64_t{sizeof(float)} <= gate_up_.bytes();
 }
 
-absl::Status CudaRunner::FlushLinear(bool keep_scales) {
+absl::Status CudaRunner::FlushLinear(bool keep_scales, bool keep_folds) {
+  if (!keep_folds) {
+    LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
+    LMSERVE_RETURN_IF_ERROR(SettleResidual());
+  }
   if (deferred_linear_.has_value()) {
     const DeferredLinear deferred = *deferred_linear_;
     deferred_linear_.reset();
@@ -1002,7 +1151,8 @@ int CudaRunner::ResidualProjection(Weight weight) {
   return weight_residual_projection_[weight.index];
 }
 
-absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out) {
+absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out,
+                                   const cuda::GemmResidualFolds* folds) {
   const auto [id, layer] = Projection(weight, /*logits=*/false);
   std::optional<PendingSsmNorm> norm;
   norm.swap(pending_ssm_norm_);
@@ -1020,7 +1170,7 @@ absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out) {
   LMSERVE_RETURN_IF_ERROR(gemms_->Run(id, layer, step_.tokens, Buf(in), Buf(out), /*act=*/nullptr,
                                       /*late_dependents=*/false, kernels::GateActivation::kSilu,
                                       norm.has_value() ? &norm->epilogue : nullptr,
-                                      leave_scales ? &unscaled : nullptr));
+                                      leave_scales ? &unscaled : nullptr, folds));
   if (unscaled.rows != nullptr) pending_scales_ = PendingScales{.buffer = out, .scales = unscaled};
   if (spec.split == Split::kCols) return AllReduce(out, spec.rows);
   return absl::OkStatus();
@@ -1028,6 +1178,7 @@ absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out) {
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
   kernels::GateActivation activation;
   switch (act) {
     case Activation::kSilu:
@@ -1048,6 +1199,7 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
 
 absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
   if (moe.act != Activation::kSilu) {
     return absl::UnimplementedError("CUDA runner: unsupported activation of the experts");
   }
@@ -1075,7 +1227,8 @@ absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
 }
 
 absl::Status CudaRunner::RotaryAndCacheWrite(const AttentionLayer& layer, Buffer qkv) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/true));
+  LMSERVE_RETURN_IF_ERROR(CarryFolds({qkv}));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/true, /*keep_folds=*/true));
   LMSERVE_ASSIGN_OR_RETURN(const cuda::F8OutputScales scales, TakeScales(qkv));
   const ModelConfig& c = config_;
   const StepLayout& l = *step_.layout;
@@ -1168,7 +1321,8 @@ kc::PrefillAttentionParams CudaRunner::PrefillParams(int64_t layer) const {
 }
 
 absl::Status CudaRunner::Attention(const AttentionLayer& layer, Buffer qkv, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CarryFolds({qkv, out}));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
   LMSERVE_RETURN_IF_ERROR(CheckLayerWindow(layer, groups_));
   if (dtype_ == RunnerDType::kFloat32) {
     // One fp32 kernel for decode and prefill tokens alike (the others are bf16 tensor-core ones).
@@ -1233,7 +1387,8 @@ kc::SsmScanParams CudaRunner::SsmScanParams(const SsmLayer& layer, Buffer in, Bu
 }
 
 absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CarryFolds({in, conv}));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
   // A decode-only step runs the conv inside SsmScan's fused kernel.
   if (step_.decode_only) return absl::OkStatus();
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(SsmConvParams(layer, in, conv), stream_), "SSM conv1d");
@@ -1241,7 +1396,8 @@ absl::Status CudaRunner::SsmConv(const SsmLayer& layer, Buffer in, Buffer conv) 
 }
 
 absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CarryFolds({in, conv, out}));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
   if (step_.decode_only) {
     const SsmConfig& ssm = config_.ssm;
     kc::SsmDecodeParams decode{.conv = SsmConvParams(layer, in, conv),
@@ -1279,7 +1435,8 @@ absl::Status CudaRunner::SsmScan(const SsmLayer& layer, Buffer in, Buffer conv, 
 }
 
 absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
+  LMSERVE_RETURN_IF_ERROR(CarryFolds({in, y, out}));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
   const SsmConfig& ssm = config_.ssm;
   if (pending_ssm_norm_.has_value()) {  // done by the decode kernel and the next product
     if (pending_ssm_norm_->gated || pending_ssm_norm_->out != y || y != out) {
@@ -1305,8 +1462,9 @@ absl::Status CudaRunner::GatedRmsNorm(const SsmLayer& layer, Buffer in, Buffer y
 
 absl::Status CudaRunner::FinalNorm(Buffer residual, Buffer add, Weight weight, float epsilon) {
   if (step_.rows == 0) return FlushLinear();
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({residual, add}));
   // Every token (cheaper than a gather first), then the rows that need logits.
-  LMSERVE_RETURN_IF_ERROR(AddRmsNorm(residual, add, weight, epsilon, Buffer::kNormed));
+  LMSERVE_RETURN_IF_ERROR(AddRmsNormNow(residual, add, weight, epsilon, Buffer::kNormed));
   final_rows_source_ = Buf(Buffer::kNormed);
   if (!step_.rows_are_tokens) {
     kc::EmbeddingParams gather{.table = Buf(Buffer::kNormed),
@@ -1435,6 +1593,9 @@ absl::Status CudaRunner::Forward(const Step& step) {
   pending_ssm_norm_.reset();
   deferred_linear_.reset();
   pending_scales_.reset();
+  held_add_norm_.reset();
+  residual_debt_.reset();
+  folded_out_.reset();
   LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (pending_ssm_norm_.has_value()) {

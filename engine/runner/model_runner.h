@@ -290,6 +290,11 @@ struct RunnerConfig {
   // kernel (its gating) and out_proj's skinny GEMM (its scale) instead of a kernel of its own
   // (kernels/cuda/ssm.h, SsmDecodeGatedNorm).
   bool fuse_ssm_norm = true;
+  // CUDA runner, steps of one token in bf16 with the fp32 residual: the add + RMSNorm before a
+  // product folded into the product's skinny GEMM (each warp adds and normalizes the row itself),
+  // the residual's add left to the next product into the addend (kernels/cuda/skinny_gemm.h,
+  // add_norm_residual and settle_residual), instead of a kernel of its own.
+  bool fold_add_norm = true;
   // CUDA runner: the skinny GEMM's L2 prefetch before its programmatic-launch wait, in bytes a
   // product (kernels/cuda/skinny_gemm.h, l2_prefetch_bytes); 0: none.
   int64_t skinny_l2_prefetch_bytes = 0;

@@ -51,11 +51,12 @@ absl::Status FusedAddRmsNormParams::Validate() const {
   LMSERVE_RETURN_IF_ERROR(
       CheckF8OutputScales("FusedAddRmsNorm", input_row_scales, input_col_scales, dtype));
   if (num_tokens > 0) {
-    if (residual == nullptr || input == nullptr || weight == nullptr || output == nullptr) {
-      return KernelError("FusedAddRmsNorm", "null residual, input, weight or output");
+    if (residual == nullptr || input == nullptr || weight == nullptr) {
+      return KernelError("FusedAddRmsNorm", "null residual, input or weight");
     }
     if (output == residual) return KernelError("FusedAddRmsNorm", "output may not alias residual");
-    if (!Aligned16(residual) || !Aligned16(input) || !Aligned16(weight) || !Aligned16(output)) {
+    if (!Aligned16(residual) || !Aligned16(input) || !Aligned16(weight) ||
+        (output != nullptr && !Aligned16(output))) {
       return KernelError("FusedAddRmsNorm", "every tensor must be 16-byte aligned");
     }
   }

@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(kNormThreads)
       for (int j = 0; j < 8; ++j) sum_squares += static_cast<Acc>(x[i][j]) * x[i][j];
     }
   }
+  if (kFused && output == nullptr) return;  // the add alone (FusedAddRmsNormParams::output)
   sum_squares = BlockSum(sum_squares, scratch);
   float inv_rms;
   if constexpr (std::is_same_v<Acc, double>) {

@@ -47,7 +47,8 @@ struct FusedAddRmsNormParams {
                                  // updated in place
   const void* input = nullptr;   // [num_tokens, hidden_size], contiguous; device; added to residual
   const void* weight = nullptr;  // [hidden_size]; device
-  void* output = nullptr;  // [num_tokens, hidden_size], contiguous; device; may be input, not residual
+  void* output = nullptr;  // [num_tokens, hidden_size], contiguous; device; may be input, not residual;
+                           // null: the add alone (no norm written)
   int64_t num_tokens = 0;
   int64_t hidden_size = 0;  // multiple of 8, at most kMaxHiddenSize
   float epsilon = 1e-6f;

@@ -38,6 +38,20 @@ absl::Status SkinnyGemmParams::Validate() const {
                                             kMaxSkinnyNormPartials,
                                             " partials and a width, and no silu_and_mul"));
   }
+  if (add_norm_residual != nullptr &&
+      (silu_and_mul || m != 1 || norm_partials != nullptr || output_dtype != input_dtype ||
+       k_split == 2 || k > kMaxSkinnyAddNormK || add_norm_weight == nullptr ||
+       !Aligned16(add_norm_residual) ||
+       !Aligned16(add_norm_weight))) {
+    return KernelError("SkinnyGemm",
+                       StrCat("the folded add + RMSNorm takes one row, y in the input type, k up "
+                              "to ", kMaxSkinnyAddNormK, ", no silu_and_mul, norm epilogue or k "
+                              "split, and an aligned residual and weight"));
+  }
+  if (settle_residual != nullptr && (silu_and_mul || m != 1 || output_dtype != input_dtype)) {
+    return KernelError("SkinnyGemm",
+                       "settle_residual takes one row, y in the input type and no silu_and_mul");
+  }
   if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
   if (!Aligned16(x) || !Aligned16(w)) {
     return KernelError("SkinnyGemm", "x and W must be 16-byte aligned");

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -43,8 +44,14 @@ struct SkinnyExtras {
   int wave_warps = 0;
   const float* norm_partials = nullptr;
   int num_norm_partials = 0;
-  float inv_norm_width = 0.0f;
+  float inv_norm_width = 0.0f;  // of the norm epilogue, or of the add + RMSNorm (kAddNorm)
   float norm_epsilon = 0.0f;
+  // The add + RMSNorm folded in (kAddNorm; SkinnyGemmParams::add_norm_residual): the fp32
+  // residual and the norm's weight (the input type), both [k].
+  const float* add_norm_residual = nullptr;
+  const void* add_norm_weight = nullptr;
+  // SkinnyGemmParams::settle_residual: [n], fp32; null: none.
+  float* settle_residual = nullptr;
 };
 
 // Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned).
@@ -56,23 +63,72 @@ __device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
 
 // kSplit (1 or 2): warps a row pair, each taking a contiguous 1 / kSplit of k, their sums added
 // through shared memory (SkinnyGemmParams::k_split; every warp of the grid then has rows).
+// kAddNorm: the add + RMSNorm before the product (SkinnyGemmParams::add_norm_residual). After
+// the wait the block's threads write (residual + x) * weight into shared memory in the input
+// type, 8 elements at a time, and sum the squares of residual + x; the warps then read their x
+// from there, and the epilogue applies the norm's scale. (Each warp reading the residual, x and
+// the weight itself, four times the bytes of x alone, made the product L1-bound: Mamba-2-2.7B
+// at batch 1 went from 2.63 ms a step to 2.84 on an H100.)
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu, bool kNorm = false, int kSplit = 1>
-__global__ void __launch_bounds__(kThreads)
+          GateActivation kActivation = GateActivation::kSilu, bool kNorm = false, int kSplit = 1,
+          bool kAddNorm = false>
+__global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M 1 without, 64
     SkinnyGemmKernel(const T* __restrict__ x, const T* __restrict__ w, OutT* __restrict__ y,
                      int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
                      SkinnyExtras extras) {
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
   static_assert(!kNorm || (M == 1 && !kSiluAndMul), "the norm epilogue takes one row");
   static_assert(kSplit == 1 || !kSiluAndMul);
+  static_assert(!kAddNorm || (M == 1 && !kSiluAndMul && !kNorm && kSplit == 1),
+                "the folded add + RMSNorm takes one row and the whole of k");
   const int lane = threadIdx.x % 32;
   const int warp_in_block = threadIdx.x / 32;
   const int slice = warp_in_block % kSplit;  // of k
   const int warp_index = blockIdx.x * (kWarps / kSplit) + warp_in_block / kSplit;  // row pair
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
+  // kAddNorm: the row in shared memory ([k] of T) and the sum of its squares.
+  [[maybe_unused]] extern __shared__ uint4 add_norm_row[];
+  auto add_norm_prologue = [&]() -> float {
+    __shared__ float warp_squares[kWarps];
+    float squares = 0.0f;
+    for (int v = threadIdx.x; v < k / 8; v += kThreads) {
+      float h[8], wn[8];
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x) + v), h);
+      const float4* res = reinterpret_cast<const float4*>(extras.add_norm_residual) + 2 * v;
+      const float4 r0 = __ldg(res), r1 = __ldg(res + 1);
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(extras.add_norm_weight) + v), wn);
+      const float rv[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        h[e] += rv[e];
+        squares = fmaf(h[e], h[e], squares);
+        h[e] *= wn[e];
+      }
+      add_norm_row[v] = Pack8<T>(h);
+    }
+    squares = WarpSum(squares);
+    if (lane == 0) warp_squares[warp_in_block] = squares;
+    __syncthreads();
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) sum += warp_squares[i];
+    return sum;
+  };
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
+    if constexpr (kAddNorm) add_norm_prologue();  // its share of the row, and the barrier
     return;
+  }
+  // What a folded add + RMSNorm left unadded: y's previous rows, into the residual. Only this
+  // warp writes its rows of y, after its wait, and every kernel that read the residual before
+  // has completed (common.cuh: the previous kernel lets this one launch only after its wait).
+  // First, before W's pieces are requested: done with before they take their registers (after
+  // them, the kernels at one row went from 64 registers to 76-95).
+  if (extras.settle_residual != nullptr && slice == 0 && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      if (row0 + r < n) extras.settle_residual[row0 + r] += ToFloat(y[row0 + r]);
+    }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
   const int chunks = k / 8 / kSplit;  // of this warp's slice
@@ -125,6 +181,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if constexpr (kAddNorm) {  // the norm's weight, constant: into L2 before the wait
+    if (warp_in_block == 0 && lane == 0) {
+      PrefetchL2(extras.add_norm_weight, k * static_cast<int>(sizeof(T)));
+    }
+  }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
   // The norm epilogue's partial sums: requested now, summed after the products.
@@ -136,6 +197,16 @@ __global__ void __launch_bounds__(kThreads)
       partials[j] = index < extras.num_norm_partials ? extras.norm_partials[index] : 0.0f;
     }
   }
+  [[maybe_unused]] float add_norm_squares = 0.0f;
+  if constexpr (kAddNorm) add_norm_squares = add_norm_prologue();
+  // Row t's 8 inputs of chunk `chunk` (kAddNorm: from shared memory).
+  auto load_x = [&](int t, int chunk, float (&xf)[8]) {
+    if constexpr (kAddNorm) {
+      Unpack8<T>(add_norm_row[chunk], xf);
+    } else {
+      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + chunk * 8)), xf);
+    }
+  };
   for (; c - lane + kStep <= chunks; c += kStep) {
     if (c != lane) {
       load_w(c);
@@ -151,7 +222,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < M; ++t) {
         float xf[8];
-        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + (c + 32 * u) * 8)), xf);
+        load_x(t, c + 32 * u, xf);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
           float wf[8];
@@ -169,7 +240,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       float xf[8];
-      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + c * 8)), xf);
+      load_x(t, c, xf);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         float wf[8];
@@ -214,6 +285,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kNormPartialsPerLane; ++j) sum += partials[j];
     const float scale = rsqrtf(WarpSum(sum) * extras.inv_norm_width + extras.norm_epsilon);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= scale;
+  }
+  if constexpr (kAddNorm) {
+    const float scale = rsqrtf(add_norm_squares * extras.inv_norm_width + extras.norm_epsilon);
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= scale;
   }
@@ -264,6 +340,7 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   // resident ones (they start only as others finish: the kernel's tail), where they fit; then
   // what is left, spread over every row past the pieces of the kernel's first step (loaded into
   // registers before the wait).
+  size_t smem = 0;  // dynamic shared memory: kAddNorm's row
   auto launch = [&](auto kernel, auto&&... args) {
     int64_t budget = p.l2_prefetch_bytes;
     const int64_t row_bytes = p.k * static_cast<int64_t>(sizeof(T));
@@ -288,11 +365,23 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
         extras.prefetch_bytes = static_cast<int>(per_row);
       }
     }
-    return LaunchKernel(kernel, blocks, kThreads, 0, stream, args..., extras);
+    return LaunchKernel(kernel, blocks, kThreads, smem, stream, args..., extras);
   };
   [[maybe_unused]] auto launch_split = [&](auto kernel, auto&&... args) {  // no prefetch
     return LaunchKernel(kernel, split_blocks, kThreads, 0, stream, args..., extras);
   };
+  extras.settle_residual = p.settle_residual;
+  if constexpr (!kSiluAndMul && std::is_same_v<OutT, T>) {
+    if (p.add_norm_residual != nullptr) {  // Validate(): one row
+      extras.add_norm_residual = p.add_norm_residual;
+      extras.add_norm_weight = p.add_norm_weight;
+      extras.inv_norm_width = 1.0f / static_cast<float>(p.k);
+      extras.norm_epsilon = p.add_norm_epsilon;
+      smem = static_cast<size_t>(p.k) * sizeof(T);
+      return launch(SkinnyGemmKernel<T, OutT, 1, false, kActivation, false, 1, true>, x, w, y, n,
+                    k, x_stride, y_stride, p.late_dependents);
+    }
+  }
   if constexpr (!kSiluAndMul) {
     if (p.norm_partials != nullptr) {  // Validate(): one row
       extras.norm_partials = p.norm_partials;

@@ -23,6 +23,10 @@
 namespace lmserve::kernels::cuda {
 
 inline constexpr int64_t kMaxSkinnyGemmRows = 8;
+// The largest k of the folded add + RMSNorm (SkinnyGemmParams::add_norm_residual): its row is
+// held in shared memory, 2 bytes an element.
+inline constexpr int64_t kMaxSkinnyAddNormK = 16384;
+
 // The most partial sums the norm epilogue (SkinnyGemmParams::norm_partials) takes a row.
 inline constexpr int kMaxSkinnyNormPartials = 512;
 
@@ -68,6 +72,23 @@ struct SkinnyGemmParams {
   int64_t num_norm_partials = 0;
   int64_t norm_width = 0;
   float norm_epsilon = 0.0f;
+  // The add + RMSNorm before the product folded into it (decode steps of one token: one norm
+  // kernel fewer between two products): x is the norm's addend, added to the fp32 residual as
+  // the kernel reads it, h = add_norm_residual + x, and y = rsqrt(mean(h^2) + add_norm_epsilon) *
+  // ((h * add_norm_weight) W^T). Each block computes h * add_norm_weight into shared memory
+  // (rounded to the input type) and the sum of h^2 itself: no reduction across blocks. The
+  // residual is not written (settle_residual, in a later product, adds x into it). One row, y in
+  // the input type, k at most kMaxSkinnyAddNormK, no silu_and_mul, no norm epilogue; k is not
+  // split. Null: none.
+  const float* add_norm_residual = nullptr;  // [k], fp32; device, 16-byte aligned
+  const void* add_norm_weight = nullptr;     // [k], the input type; device, 16-byte aligned
+  float add_norm_epsilon = 0.0f;
+  // Before its wait for the previous kernel, each warp adds its rows' values of y as they are
+  // (what a folded add + RMSNorm left unadded, when y is its addend) into settle_residual, then
+  // the kernel overwrites y. Every kernel that reads the residual before must have completed by
+  // the time this one launches (common.cuh's chain does that). One row, y in the input type.
+  // Null: none.
+  float* settle_residual = nullptr;  // [n], fp32; device
 
   absl::Status Validate() const;
 };

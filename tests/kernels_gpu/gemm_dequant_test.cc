@@ -1,6 +1,7 @@
 // cuBLASLt GEMM plans (bf16, and true fp32) and the skinny GEMM against the CPU linear layer, and
 // dequantization to bf16 and to fp32 bit for bit against the CPU's llama.cpp-exact dequantization.
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/dequant.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 
@@ -192,6 +194,166 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
   f32.input_dtype = f32.output_dtype = DType::kF32;
   EXPECT_THAT(std::string(f32.Validate().message()), ::testing::HasSubstr("GemmPlan"));
   EXPECT_EQ(Launch(f32, nullptr), cudaErrorInvalidValue);
+}
+
+// The add + RMSNorm folded into the skinny GEMM (add_norm_residual): against the CPU's add, norm
+// (unrounded) and linear layer, and against the norm kernel followed by the plain skinny GEMM on
+// the same device, both within bf16's rounding of the output and of the normed row; the
+// residual is left as it was. Shapes: Mamba-2-2.7B's in_proj (661 blocks, more than a wave),
+// k in the loop's whole steps plus its tail (1824), and k in the tail alone (64).
+TEST(SkinnyGemmGpuTest, FoldedAddRmsNormMatchesTheNormKernel) {
+  LMSERVE_REQUIRE_GPU();
+  for (auto [n, k] :
+       {std::pair<int64_t, int64_t>{10576, 2560}, {96, 1824}, {130, 64}}) {
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "n " << n << " k " << k << " seed " << seed);
+    std::mt19937 rng(seed);
+    const float eps = 1e-5f;
+    std::vector<float> add = RandomFloats(k, rng), residual = RandomFloats(k, rng, 2.0f);
+    std::vector<float> norm_w = RandomFloats(k, rng, 0.2f, 1.0f);
+    std::vector<float> w = RandomFloats(n * k, rng, 0.05f);
+    RoundToHalf(add, DType::kBF16);
+    RoundToHalf(norm_w, DType::kBF16);
+    RoundToHalf(w, DType::kBF16);
+    DeviceBuffer<uint16_t> d_add(RoundToHalf(add, DType::kBF16));
+    DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16));
+    DeviceBuffer<uint16_t> d_w(RoundToHalf(w, DType::kBF16));
+    DeviceBuffer<float> d_residual(residual), d_residual2(residual);
+    DeviceBuffer<uint16_t> d_y(n), d_normed(k), d_y2(n);
+    d_y.Poison();
+    d_normed.Poison();
+    d_y2.Poison();
+    SkinnyGemmParams folded;
+    folded.x = d_add.get();
+    folded.w = d_w.get();
+    folded.y = d_y.get();
+    folded.m = 1;
+    folded.n = n;
+    folded.k = k;
+    folded.k_split = 0;  // the fold takes k whole all the same
+    folded.l2_prefetch_bytes = int64_t{1} << 24;
+    folded.add_norm_residual = d_residual.get();
+    folded.add_norm_weight = d_norm_w.get();
+    folded.add_norm_epsilon = eps;
+    ASSERT_TRUE(folded.Validate().ok()) << folded.Validate();
+    CUDA_ASSERT(Launch(folded, nullptr));
+    // The two kernels it replaces.
+    const FusedAddRmsNormParams norm{.residual = d_residual2.get(),
+                                     .input = d_add.get(),
+                                     .weight = d_norm_w.get(),
+                                     .output = d_normed.get(),
+                                     .num_tokens = 1,
+                                     .hidden_size = k,
+                                     .epsilon = eps,
+                                     .dtype = DType::kBF16,
+                                     .residual_dtype = DType::kF32};
+    CUDA_ASSERT(Launch(norm, nullptr));
+    SkinnyGemmParams plain;
+    plain.x = d_normed.get();
+    plain.w = d_w.get();
+    plain.y = d_y2.get();
+    plain.m = 1;
+    plain.n = n;
+    plain.k = k;
+    CUDA_ASSERT(Launch(plain, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<float> h(k), normed(k);
+    double squares = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      h[i] = residual[i] + add[i];
+      squares += double{h[i]} * h[i];
+    }
+    const double scale = 1.0 / std::sqrt(squares / k + eps);
+    for (int64_t i = 0; i < k; ++i) normed[i] = static_cast<float>(h[i] * scale * norm_w[i]);
+    const std::vector<float> y = HalfToFloat(d_y.Download(), DType::kBF16);
+    EXPECT_LE(RelativeL2(y, CpuLinear(normed, w, 1, n, k)), 1e-2) << "against the CPU";
+    EXPECT_LE(RelativeL2(y, HalfToFloat(d_y2.Download(), DType::kBF16)), 1e-2)
+        << "against the two kernels";
+    EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
+    EXPECT_EQ(d_residual2.Download(), h) << "the norm kernel's residual";
+  }
+  SkinnyGemmParams bad;
+  bad.x = bad.w = bad.y = reinterpret_cast<void*>(256);
+  bad.n = 8;
+  bad.k = 8;
+  bad.add_norm_residual = reinterpret_cast<const float*>(256);
+  bad.add_norm_weight = reinterpret_cast<const void*>(256);
+  bad.m = 2;
+  EXPECT_FALSE(bad.Validate().ok()) << "two rows";
+  bad.m = 1;
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.silu_and_mul = true;
+  EXPECT_FALSE(bad.Validate().ok()) << "with the activation";
+  bad.silu_and_mul = false;
+  bad.k_split = 2;
+  EXPECT_FALSE(bad.Validate().ok()) << "k split";
+  bad.k_split = 1;
+  bad.k = kMaxSkinnyAddNormK + 8;
+  EXPECT_FALSE(bad.Validate().ok()) << "k past the shared memory's row";
+  bad.k = 8;
+  bad.add_norm_weight = nullptr;
+  EXPECT_FALSE(bad.Validate().ok()) << "no weight";
+}
+
+// settle_residual: the product's output buffer holds the addend a folded norm left unadded; the
+// kernel adds it into the residual before overwriting it. The residual bit for bit (one fp32
+// addition of the same values), the product against the CPU; k split over two warps or not, with
+// and without the norm epilogue (Mamba-2-2.7B's out_proj: n 2560, k 5120, the gated norm).
+TEST(SkinnyGemmGpuTest, SettledResidualAddsTheOutputItOverwrites) {
+  LMSERVE_REQUIRE_GPU();
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{2560, 5120}, {130, 1824}}) {
+    for (const int k_split : {0, 1}) {
+      for (const bool gated : {false, true}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "n " << n << " k " << k << " k_split " << k_split
+                                          << (gated ? " gated" : "") << " seed " << seed);
+        std::mt19937 rng(seed);
+        const float eps = 1e-5f;
+        std::vector<float> x = RandomFloats(k, rng), w = RandomFloats(n * k, rng, 0.05f);
+        std::vector<float> before = RandomFloats(n, rng), residual = RandomFloats(n, rng, 2.0f);
+        RoundToHalf(before, DType::kBF16);
+        std::vector<float> partials = {0.25f * k, 0.5f * k, 0.25f * k};
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
+        DeviceBuffer<uint16_t> d_y(RoundToHalf(before, DType::kBF16));
+        DeviceBuffer<float> d_residual(residual), d_partials(partials);
+        SkinnyGemmParams p;
+        p.x = d_x.get();
+        p.w = d_w.get();
+        p.y = d_y.get();
+        p.m = 1;
+        p.n = n;
+        p.k = k;
+        p.k_split = k_split;
+        p.settle_residual = d_residual.get();
+        if (gated) {
+          p.norm_partials = d_partials.get();
+          p.num_norm_partials = 3;
+          p.norm_width = k;
+          p.norm_epsilon = eps;
+        }
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        std::vector<float> product = CpuLinear(x, w, 1, n, k);
+        if (gated) {
+          for (float& v : product) v /= std::sqrt(1.0f + eps);
+        }
+        for (int64_t i = 0; i < n; ++i) residual[i] += before[i];
+        EXPECT_EQ(d_residual.Download(), residual);
+        EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), product), 1e-2);
+      }
+    }
+  }
+  SkinnyGemmParams bad;
+  bad.x = bad.w = bad.y = reinterpret_cast<void*>(256);
+  bad.m = 2;
+  bad.n = 8;
+  bad.k = 8;
+  bad.settle_residual = reinterpret_cast<float*>(256);
+  EXPECT_FALSE(bad.Validate().ok()) << "two rows";
+  bad.m = 1;
+  bad.output_dtype = DType::kF32;
+  EXPECT_FALSE(bad.Validate().ok()) << "fp32 out";
 }
 
 // The gated-activation epilogue (SiLU and GELU-tanh): against the CPU's linear layer and

@@ -329,6 +329,13 @@ bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
          k % 8 == 0;
 }
 
+bool GemmSelector::FoldsAtOneRow(int id, int64_t layer) const {
+  const GemmProjection& projection = projections_[id];
+  return !projection.f8 && !projection.logits &&
+         !HeldInBlocks(projection, static_cast<size_t>(layer)) &&
+         SkinnyAtOneRow(projection.n, projection.k);
+}
+
 absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y,
                                      void* act, bool late_dependents,
                                      kernels::GateActivation activation) {
@@ -394,8 +401,13 @@ absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const voi
 
 absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                                bool late_dependents, kernels::GateActivation activation,
-                               const GemmNormEpilogue* norm, F8OutputScales* unscaled) {
+                               const GemmNormEpilogue* norm, F8OutputScales* unscaled,
+                               const GemmResidualFolds* folds) {
   if (unscaled != nullptr) *unscaled = {};
+  if (folds != nullptr && (m != 1 || act != nullptr || !FoldsAtOneRow(id, layer))) {
+    return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind, " at ", m,
+                                      " rows: residual folds without the skinny GEMM"));
+  }
   if (HeldInBlocks(projections_[id], static_cast<size_t>(layer))) {
     if (norm != nullptr) {  // the quantized kernels have no norm epilogue
       return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
@@ -431,13 +443,20 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
         params.norm_width = norm->width;
         params.norm_epsilon = norm->epsilon;
       }
+      if (folds != nullptr) {
+        params.add_norm_residual = folds->add_norm_residual;
+        params.add_norm_weight = folds->add_norm_weight;
+        params.add_norm_epsilon = folds->add_norm_epsilon;
+        params.settle_residual = folds->settle_residual;
+      }
       LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "skinny GEMM");
       return absl::OkStatus();
     }
   }
-  if (norm != nullptr) {
+  if (norm != nullptr || folds != nullptr) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
-                                      " rows: a norm epilogue without the skinny GEMM"));
+                                      " rows: a norm epilogue or residual folds without the "
+                                      "skinny GEMM"));
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",

@@ -86,6 +86,15 @@ struct GemmNormEpilogue {
   float epsilon = 0.0f;
 };
 
+// What the skinny kernel folds in around a one-row product (skinny_gemm.h): the add + RMSNorm
+// before it (its residual set) and the residual it settles (settle_residual set).
+struct GemmResidualFolds {
+  const float* add_norm_residual = nullptr;  // fp32 [k]; device
+  const void* add_norm_weight = nullptr;     // [k]; device
+  float add_norm_epsilon = 0.0f;
+  float* settle_residual = nullptr;          // fp32 [n]; device
+};
+
 class GemmSelector {
  public:
   // `workspace` (device, workspace_bytes) serves every plan; all work goes to `stream`.
@@ -120,13 +129,15 @@ class GemmSelector {
   // (skinny_gemm.h). A projection is always run with the same activation (the choice of kernel
   // is kept per projection and row count).
   // `norm`: the norm epilogue, which needs the skinny kernel (SkinnyAtOneRow) at m 1.
+  // `folds`: the same for GemmResidualFolds (FoldsAtOneRow).
   // `unscaled` (no `act`): an FP8 product whose scales a kernel after cuBLASLt would apply is
   // left unscaled and *unscaled says so (its rows set; null rows otherwise): the caller's next
   // kernel applies them (or F8ScaleOutput, if that kernel cannot).
   absl::Status Run(int id, int64_t layer, int64_t m, const void* x, void* y, void* act = nullptr,
                    bool late_dependents = false,
                    kernels::GateActivation activation = kernels::GateActivation::kSilu,
-                   const GemmNormEpilogue* norm = nullptr, F8OutputScales* unscaled = nullptr);
+                   const GemmNormEpilogue* norm = nullptr, F8OutputScales* unscaled = nullptr,
+                   const GemmResidualFolds* folds = nullptr);
 
   // y += x W^T through cuBLASLt (GemmPlan::RunAccumulate), y in the projection's output type
   // (fp32: the residual stream). `tune_scratch` (device, m n output elements) takes the tuning
@@ -138,6 +149,10 @@ class GemmSelector {
   // row: untimed there, it does unless every GEMM is cuBLASLt's or its shape is not the skinny
   // kernel's.
   bool SkinnyAtOneRow(int64_t n, int64_t k) const;
+
+  // Whether projection `id`'s `layer`th product at one row runs the 16-bit skinny kernel (not
+  // FP8, not GGUF blocks), which takes GemmResidualFolds.
+  bool FoldsAtOneRow(int id, int64_t layer) const;
 
   // The skinny kernel's L2 prefetch before its wait (SkinnyGemmParams::l2_prefetch_bytes), in
   // every product it runs in steps from now on; 0: none.

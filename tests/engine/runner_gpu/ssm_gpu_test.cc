@@ -39,11 +39,13 @@ class SsmGpuRunnerTest : public ::testing::Test {
   }
 
   std::unique_ptr<ModelRunner> Runner(Backend backend, RunnerDType dtype = RunnerDType::kFloat32,
-                                      bool fuse_ssm_norm = true, bool prefill_legacy = false) {
+                                      bool fuse_ssm_norm = true, bool prefill_legacy = false,
+                                      bool fold_add_norm = true) {
     RunnerConfig config;
     config.backend = backend;
     config.dtype = dtype;
     config.fuse_ssm_norm = fuse_ssm_norm;
+    config.fold_add_norm = fold_add_norm;
     config.ssm_prefill_legacy = prefill_legacy;
     if (backend == Backend::kCuda) {
       config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
@@ -92,20 +94,34 @@ TEST_F(SsmGpuRunnerTest, Float32ChunkedPrefillAndTheCpuRunnerAgree) {
 
 // Bfloat16 decode steps of one token (chunks of 1 after the first: the SSM decode kernel with the
 // gated RMSNorm's gating folded in, out_proj's skinny GEMM with its scale and k split), which the
-// fixture tests' one-step prefill does not run: teacher-forced logits against the reference's,
-// relative L2 at most 2e-2 and top-1 at least 99% as family_gpu_test.cc holds bf16 to; and against
-// the same steps with the fold off (RunnerConfig::fuse_ssm_norm), within bf16's rounding.
+// fixture tests' one-step prefill does not run; and the second layer's add + RMSNorm folded into
+// in_proj's skinny GEMM, its residual settled by out_proj's): teacher-forced logits against the
+// reference's, relative L2 at most 2e-2 and top-1 at least 99% as family_gpu_test.cc holds bf16
+// to; and against the same steps with both folds off (RunnerConfig::fuse_ssm_norm and
+// fold_add_norm) and with the add + RMSNorm's alone off, within bf16's rounding.
 TEST_F(SsmGpuRunnerTest, Bfloat16DecodeStepsMatchTheReference) {
   std::unique_ptr<ModelRunner> fused = Runner(Backend::kCuda, RunnerDType::kBFloat16, true);
-  std::unique_ptr<ModelRunner> unfused = Runner(Backend::kCuda, RunnerDType::kBFloat16, false);
+  std::unique_ptr<ModelRunner> unfused = Runner(Backend::kCuda, RunnerDType::kBFloat16, false,
+                                                /*prefill_legacy=*/false, /*fold_add_norm=*/false);
+  std::unique_ptr<ModelRunner> norm_kernel = Runner(
+      Backend::kCuda, RunnerDType::kBFloat16, true, /*prefill_legacy=*/false, false);
   ASSERT_NE(fused, nullptr);
   ASSERT_NE(unfused, nullptr);
+  ASSERT_NE(norm_kernel, nullptr);
   const int64_t vocab = fused->model_config().vocab_size;
   int64_t top1 = 0, rows = 0;
   for (size_t j : {size_t{0}, size_t{3}}) {
     const std::vector<int32_t>& prompt = ref_.prompts[j];
     const std::vector<float> got = Logits(*fused, prompt, /*chunk=*/1);
     const std::vector<float> plain = Logits(*unfused, prompt, /*chunk=*/1);
+    const std::vector<float> unfolded = Logits(*norm_kernel, prompt, /*chunk=*/1);
+    ASSERT_EQ(unfolded.size(), got.size());
+    double unfolded_num = 0, unfolded_den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      unfolded_num += (double{got[i]} - unfolded[i]) * (double{got[i]} - unfolded[i]);
+      unfolded_den += double{unfolded[i]} * unfolded[i];
+    }
+    const double add_norm_l2 = std::sqrt(unfolded_num / unfolded_den);
     const std::vector<float> want = testing::LoadReferenceLogits(dir_, static_cast<int>(j));
     ASSERT_EQ(got.size(), want.size());
     ASSERT_EQ(plain.size(), want.size());
@@ -124,10 +140,12 @@ TEST_F(SsmGpuRunnerTest, Bfloat16DecodeStepsMatchTheReference) {
     }
     const double relative_l2 = std::sqrt(num / den), fold_l2 = std::sqrt(fold_num / fold_den);
     std::printf("[ decode   ] bf16 prompt %zu, steps of 1: relative L2 %.3g against the "
-                "reference, %.3g against the unfolded norm\n",
-                j, relative_l2, fold_l2);
+                "reference, %.3g against both norms unfolded, %.3g against the add + RMSNorm "
+                "unfolded\n",
+                j, relative_l2, fold_l2, add_norm_l2);
     EXPECT_LE(relative_l2, 2e-2) << "prompt " << j;
     EXPECT_LE(fold_l2, 2e-2) << "prompt " << j;
+    EXPECT_LE(add_norm_l2, 2e-2) << "prompt " << j;
   }
   std::printf("[ decode   ] bf16 top-1: %lld of %lld rows\n", static_cast<long long>(top1),
               static_cast<long long>(rows));
