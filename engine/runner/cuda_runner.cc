@@ -182,10 +182,12 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   absl::Status SettleResidual();
   absl::Status CarryFolds(std::initializer_list<Buffer> buffers);
   absl::Status CheckUnfolded(std::initializer_list<Buffer> reads) const;
-  // What Linear(weight, *in, out) folds into its skinny GEMM at one token: the held-back add +
-  // RMSNorm (if *in is its output; *in becomes its addend, the product's x), the residual's debt
-  // (if `out` is the addend); what it cannot take is run or settled first.
-  absl::StatusOr<cuda::GemmResidualFolds> FoldsFor(Weight weight, Buffer* in, Buffer out);
+  // What Linear(weight, *in, out) (or GatedLinear: `gated`) folds into its skinny GEMM at one
+  // token: the held-back add + RMSNorm (if *in is its output; *in becomes its addend, the
+  // product's x), the residual's debt (if `out` is the addend, not `gated`); what it cannot take
+  // is run or settled first.
+  absl::StatusOr<cuda::GemmResidualFolds> FoldsFor(Weight weight, Buffer* in, Buffer out,
+                                                   bool gated = false);
   // F8ScaleOutput over the product that pending_scales_ names, if any.
   absl::Status ApplyPendingScales();
   // The scales pending for `buffer`, taken by the op that reads it (null rows: none); scales
@@ -1004,7 +1006,7 @@ absl::Status CudaRunner::CarryFolds(std::initializer_list<Buffer> buffers) {
 }
 
 absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buffer* x,
-                                                             Buffer out) {
+                                                             Buffer out, bool gated) {
   const Buffer in = *x;
   cuda::GemmResidualFolds folds;
   if (!held_add_norm_.has_value() && !residual_debt_.has_value()) return folds;
@@ -1028,7 +1030,7 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
   }
   if (residual_debt_.has_value()) {
     const HeldAddNorm debt = *residual_debt_;
-    if (skinny && out == debt.add && in != debt.add && in != debt.residual &&
+    if (skinny && !gated && out == debt.add && in != debt.add && in != debt.residual &&
         projection.n == model_->weights()[debt.weight].rows) {
       residual_debt_.reset();
       folds.settle_residual = static_cast<float*>(Buf(debt.residual));
@@ -1177,8 +1179,10 @@ absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out,
 }
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(FlushLinear());
   LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
+  LMSERVE_ASSIGN_OR_RETURN(const cuda::GemmResidualFolds folds,
+                           FoldsFor(gate_up, &in, out, /*gated=*/true));
+  LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
   kernels::GateActivation activation;
   switch (act) {
     case Activation::kSilu:
@@ -1194,7 +1198,9 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
   // The down projection follows, another stream of weights: it may launch only once gate/up has
   // read its own.
   return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
-                     /*late_dependents=*/true, activation);
+                     /*late_dependents=*/true, activation, /*norm=*/nullptr,
+                     /*unscaled=*/nullptr,
+                     folds.add_norm_residual != nullptr ? &folds : nullptr);
 }
 
 absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {

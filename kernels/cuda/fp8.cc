@@ -49,6 +49,18 @@ absl::Status F8SkinnyGemmParams::Validate() const {
   if (xs < k || xs % 8 != 0 || ys < y_columns) {
     return KernelError("F8SkinnyGemm", StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
+  if (add_norm_residual != nullptr &&
+      (m != 1 || output_dtype != input_dtype || k > kMaxSkinnyAddNormK ||
+       add_norm_weight == nullptr || !Aligned16(add_norm_residual) ||
+       !Aligned16(add_norm_weight))) {
+    return KernelError("F8SkinnyGemm",
+                       StrCat("the folded add + RMSNorm takes one row, y in the input type, k up "
+                              "to ", kMaxSkinnyAddNormK, ", and an aligned residual and weight"));
+  }
+  if (settle_residual != nullptr && (silu_and_mul || m != 1 || output_dtype != input_dtype)) {
+    return KernelError("F8SkinnyGemm",
+                       "settle_residual takes one row, y in the input type and no silu_and_mul");
+  }
   if (x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr) {
     return KernelError("F8SkinnyGemm", "null pointer");
   }

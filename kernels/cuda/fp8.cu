@@ -2,10 +2,13 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/residual_fold.cuh"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -103,8 +106,9 @@ __device__ __forceinline__ void Store<float>(float* p, float v) {
   *p = v;
 }
 
-// acc[r][t] += W piece r . x piece of token t (16 elements at column chunk c).
-template <typename T, int M>
+// acc[r][t] += W piece r . x piece of token t (16 elements at column chunk c); with kFolded, x
+// is the folded add + RMSNorm's row in shared memory (residual_fold.cuh), one token.
+template <typename T, int M, bool kFolded = false>
 __device__ __forceinline__ void MultiplyPiece(const uint4 (&wv)[kRowsPerWarp], const T* x,
                                               int64_t x_stride, int c,
                                               float (&acc)[kRowsPerWarp][M]) {
@@ -122,8 +126,13 @@ __device__ __forceinline__ void MultiplyPiece(const uint4 (&wv)[kRowsPerWarp], c
     float xf[16];
     float (&x_lo)[8] = *reinterpret_cast<float(*)[8]>(xf);
     float (&x_hi)[8] = *reinterpret_cast<float(*)[8]>(xf + 8);
-    Unpack8<T>(__ldg(xp), x_lo);
-    Unpack8<T>(__ldg(xp + 1), x_hi);
+    if constexpr (kFolded) {
+      Unpack8<T>(xp[0], x_lo);
+      Unpack8<T>(xp[1], x_hi);
+    } else {
+      Unpack8<T>(__ldg(xp), x_lo);
+      Unpack8<T>(__ldg(xp + 1), x_hi);
+    }
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -132,20 +141,42 @@ __device__ __forceinline__ void MultiplyPiece(const uint4 (&wv)[kRowsPerWarp], c
   }
 }
 
+// The add + RMSNorm folded in, and the residual's add settled (F8SkinnyGemmParams): all null
+// where not.
+struct F8ResidualFolds {
+  const float* add_norm_residual = nullptr;
+  const void* add_norm_weight = nullptr;
+  float inv_width = 0.0f;
+  float epsilon = 0.0f;
+  float* settle_residual = nullptr;
+};
+
 // grid: ceil(n / (kWarps * kRowsPerWarp)); the mapping of skinny_gemm.cu. At one row, 64
-// registers (four blocks a multiprocessor), as without the scales' copy.
+// registers (four blocks a multiprocessor), as without the scales' copy. kAddNorm: the add +
+// RMSNorm folded in, as skinny_gemm.cu's (x then reads the row from shared memory).
 template <typename T, typename OutT, int M, bool kSiluAndMul,
-          GateActivation kActivation = GateActivation::kSilu>
+          GateActivation kActivation = GateActivation::kSilu, bool kAddNorm = false>
 __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     F8SkinnyGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ w_scales, OutT* __restrict__ y, int n, int k,
-                       int64_t x_stride, int64_t y_stride, bool late_dependents) {
+                       int64_t x_stride, int64_t y_stride, bool late_dependents,
+                       F8ResidualFolds folds) {
+  static_assert(!kAddNorm || M == 1, "the folded add + RMSNorm takes one row");
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
+    if constexpr (kAddNorm) {  // its share of the row, and the barrier
+      AddNormRow<T, kThreads>(x, folds.add_norm_residual,
+                              static_cast<const T*>(folds.add_norm_weight), k, AddNormRowMemory());
+    }
     return;
+  }
+  if constexpr (!kSiluAndMul) {  // first, before W's pieces take their registers
+    if (folds.settle_residual != nullptr && lane == 0) {
+      SettleResidualRows<OutT, kRowsPerWarp>(folds.settle_residual, y, row0, n);
+    }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;
   const int chunks = k / 16;
@@ -182,21 +213,34 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     CpAsync4(&row_scales[warp][lane], w_scales + (lane == 0 ? rows[0] : rows[1]));
   }
   CpAsyncCommit();
+  if constexpr (kAddNorm) {  // the norm's weight, constant: into L2 before the wait
+    if (warp == 0 && lane == 0) PrefetchL2(folds.add_norm_weight, k * static_cast<int>(sizeof(T)));
+  }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
+  [[maybe_unused]] float add_norm_scale = 1.0f;
+  if constexpr (kAddNorm) {
+    const float squares =
+        AddNormRow<T, kThreads>(x, folds.add_norm_residual,
+                                static_cast<const T*>(folds.add_norm_weight), k, AddNormRowMemory());
+    add_norm_scale = rsqrtf(squares * folds.inv_width + folds.epsilon);
+    x = reinterpret_cast<const T*>(AddNormRowMemory());
+  }
   for (; c - lane + kStep <= chunks; c += kStep) {
     if (c != lane) {
       load_w(c);
       __syncwarp();  // every load of the step before its products (skinny_gemm.cu)
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) MultiplyPiece<T, M>(wv[u], x, x_stride, c + 32 * u, acc);
+    for (int u = 0; u < kUnroll; ++u) {
+      MultiplyPiece<T, M, kAddNorm>(wv[u], x, x_stride, c + 32 * u, acc);
+    }
   }
   for (; c < chunks; c += 32) {  // the tail
     uint4 tail[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) tail[r] = LoadStream16(w_rows[r] + c * 16);
-    MultiplyPiece<T, M>(tail, x, x_stride, c, acc);
+    MultiplyPiece<T, M, kAddNorm>(tail, x, x_stride, c, acc);
   }
   if (late_dependents) AllowDependentLaunch();
   CpAsyncWait<0>();
@@ -204,6 +248,10 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
   float scale[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) scale[r] = row_scales[warp][r];
+  if constexpr (kAddNorm) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) scale[r] *= add_norm_scale;
+  }
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -239,12 +287,24 @@ cudaError_t LaunchSkinny(const F8SkinnyGemmParams& p, cudaStream_t stream) {
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  F8ResidualFolds folds{.settle_residual = p.settle_residual};
+  if constexpr (std::is_same_v<OutT, T>) {
+    if (p.add_norm_residual != nullptr) {  // Validate(): one row
+      folds.add_norm_residual = p.add_norm_residual;
+      folds.add_norm_weight = p.add_norm_weight;
+      folds.inv_width = 1.0f / static_cast<float>(p.k);
+      folds.epsilon = p.add_norm_epsilon;
+      return LaunchKernel(F8SkinnyGemmKernel<T, OutT, 1, kSiluAndMul, kActivation, true>, blocks,
+                          kThreads, static_cast<size_t>(p.k) * sizeof(T), stream, x, w,
+                          p.w_scales, y, n, k, x_stride, y_stride, p.late_dependents, folds);
+    }
+  }
   switch (p.m) {
 #define LMSERVE_F8_SKINNY_CASE(M)                                                              \
   case M:                                                                                      \
     return LaunchKernel(F8SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks,      \
                         kThreads, 0, stream, x, w, p.w_scales, y, n, k, x_stride, y_stride,    \
-                        p.late_dependents);
+                        p.late_dependents, folds);
     LMSERVE_F8_SKINNY_CASE(1)
     LMSERVE_F8_SKINNY_CASE(2)
     LMSERVE_F8_SKINNY_CASE(3)

@@ -39,14 +39,14 @@ absl::Status SkinnyGemmParams::Validate() const {
                                             " partials and a width, and no silu_and_mul"));
   }
   if (add_norm_residual != nullptr &&
-      (silu_and_mul || m != 1 || norm_partials != nullptr || output_dtype != input_dtype ||
+      (m != 1 || norm_partials != nullptr || output_dtype != input_dtype ||
        k_split == 2 || k > kMaxSkinnyAddNormK || add_norm_weight == nullptr ||
        !Aligned16(add_norm_residual) ||
        !Aligned16(add_norm_weight))) {
     return KernelError("SkinnyGemm",
                        StrCat("the folded add + RMSNorm takes one row, y in the input type, k up "
-                              "to ", kMaxSkinnyAddNormK, ", no silu_and_mul, norm epilogue or k "
-                              "split, and an aligned residual and weight"));
+                              "to ", kMaxSkinnyAddNormK, ", no norm epilogue or k split, and an "
+                              "aligned residual and weight"));
   }
   if (settle_residual != nullptr && (silu_and_mul || m != 1 || output_dtype != input_dtype)) {
     return KernelError("SkinnyGemm",

@@ -7,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/residual_fold.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::kernels::cuda {
@@ -54,13 +55,6 @@ struct SkinnyExtras {
   float* settle_residual = nullptr;
 };
 
-// Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned).
-__device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // kSplit (1 or 2): warps a row pair, each taking a contiguous 1 / kSplit of k, their sums added
 // through shared memory (SkinnyGemmParams::k_split; every warp of the grid then has rows).
 // kAddNorm: the add + RMSNorm before the product (SkinnyGemmParams::add_norm_residual). After
@@ -79,40 +73,18 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
   static_assert(!kSiluAndMul || kRowsPerWarp == 2, "a warp holds a gate row and its up row");
   static_assert(!kNorm || (M == 1 && !kSiluAndMul), "the norm epilogue takes one row");
   static_assert(kSplit == 1 || !kSiluAndMul);
-  static_assert(!kAddNorm || (M == 1 && !kSiluAndMul && !kNorm && kSplit == 1),
+  static_assert(!kAddNorm || (M == 1 && !kNorm && kSplit == 1),
                 "the folded add + RMSNorm takes one row and the whole of k");
   const int lane = threadIdx.x % 32;
   const int warp_in_block = threadIdx.x / 32;
   const int slice = warp_in_block % kSplit;  // of k
   const int warp_index = blockIdx.x * (kWarps / kSplit) + warp_in_block / kSplit;  // row pair
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
-  // kAddNorm: the row in shared memory ([k] of T) and the sum of its squares.
-  [[maybe_unused]] extern __shared__ uint4 add_norm_row[];
-  auto add_norm_prologue = [&]() -> float {
-    __shared__ float warp_squares[kWarps];
-    float squares = 0.0f;
-    for (int v = threadIdx.x; v < k / 8; v += kThreads) {
-      float h[8], wn[8];
-      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x) + v), h);
-      const float4* res = reinterpret_cast<const float4*>(extras.add_norm_residual) + 2 * v;
-      const float4 r0 = __ldg(res), r1 = __ldg(res + 1);
-      Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(extras.add_norm_weight) + v), wn);
-      const float rv[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        h[e] += rv[e];
-        squares = fmaf(h[e], h[e], squares);
-        h[e] *= wn[e];
-      }
-      add_norm_row[v] = Pack8<T>(h);
-    }
-    squares = WarpSum(squares);
-    if (lane == 0) warp_squares[warp_in_block] = squares;
-    __syncthreads();
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) sum += warp_squares[i];
-    return sum;
+  // kAddNorm: the row in shared memory and the sum of its squares.
+  auto add_norm_prologue = [&] {
+    return AddNormRow<T, kThreads>(x, extras.add_norm_residual,
+                                   static_cast<const T*>(extras.add_norm_weight), k,
+                                   AddNormRowMemory());
   };
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
@@ -124,10 +96,9 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
   // has completed (common.cuh: the previous kernel lets this one launch only after its wait).
   // First, before W's pieces are requested: done with before they take their registers (after
   // them, the kernels at one row went from 64 registers to 76-95).
-  if (extras.settle_residual != nullptr && slice == 0 && lane == 0) {
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      if (row0 + r < n) extras.settle_residual[row0 + r] += ToFloat(y[row0 + r]);
+  if constexpr (!kSiluAndMul) {
+    if (extras.settle_residual != nullptr && slice == 0 && lane == 0) {
+      SettleResidualRows<OutT, kRowsPerWarp>(extras.settle_residual, y, row0, n);
     }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
@@ -202,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
   // Row t's 8 inputs of chunk `chunk` (kAddNorm: from shared memory).
   auto load_x = [&](int t, int chunk, float (&xf)[8]) {
     if constexpr (kAddNorm) {
-      Unpack8<T>(add_norm_row[chunk], xf);
+      Unpack8<T>(AddNormRowMemory()[chunk], xf);
     } else {
       Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x + t * x_stride + chunk * 8)), xf);
     }
@@ -371,15 +342,15 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
     return LaunchKernel(kernel, split_blocks, kThreads, 0, stream, args..., extras);
   };
   extras.settle_residual = p.settle_residual;
-  if constexpr (!kSiluAndMul && std::is_same_v<OutT, T>) {
+  if constexpr (std::is_same_v<OutT, T>) {
     if (p.add_norm_residual != nullptr) {  // Validate(): one row
       extras.add_norm_residual = p.add_norm_residual;
       extras.add_norm_weight = p.add_norm_weight;
       extras.inv_norm_width = 1.0f / static_cast<float>(p.k);
       extras.norm_epsilon = p.add_norm_epsilon;
       smem = static_cast<size_t>(p.k) * sizeof(T);
-      return launch(SkinnyGemmKernel<T, OutT, 1, false, kActivation, false, 1, true>, x, w, y, n,
-                    k, x_stride, y_stride, p.late_dependents);
+      return launch(SkinnyGemmKernel<T, OutT, 1, kSiluAndMul, kActivation, false, 1, true>, x, w,
+                    y, n, k, x_stride, y_stride, p.late_dependents);
     }
   }
   if constexpr (!kSiluAndMul) {

@@ -78,8 +78,9 @@ struct SkinnyGemmParams {
   // ((h * add_norm_weight) W^T). Each block computes h * add_norm_weight into shared memory
   // (rounded to the input type) and the sum of h^2 itself: no reduction across blocks. The
   // residual is not written (settle_residual, in a later product, adds x into it). One row, y in
-  // the input type, k at most kMaxSkinnyAddNormK, no silu_and_mul, no norm epilogue; k is not
-  // split. Null: none.
+  // the input type, k at most kMaxSkinnyAddNormK, no norm epilogue (silu_and_mul allowed: the
+  // scale applies to the gate and the up rows before the activation); k is not split.
+  // Null: none.
   const float* add_norm_residual = nullptr;  // [k], fp32; device, 16-byte aligned
   const void* add_norm_weight = nullptr;     // [k], the input type; device, 16-byte aligned
   float add_norm_epsilon = 0.0f;

@@ -180,6 +180,105 @@ TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
   }
 }
 
+// The add + RMSNorm folded into the FP8 skinny GEMM (add_norm_residual), plain and with the
+// gated activation, against the norm kernel followed by the same GEMM on the same device, within
+// bf16's rounding of the normed row and of the output; the residual left as it was. Then
+// settle_residual: the residual plus the output buffer's old values, bit for bit, and the
+// product equal bit for bit to the same launch without it. Llama-3-8B's QKV, gate/up and o_proj
+// shapes.
+TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const int64_t k = 4096;
+  for (const bool gated : {false, true}) {
+    const int64_t n = gated ? 2 * 14336 : 6144, y_width = gated ? n / 2 : n;
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << (gated ? "gate/up" : "qkv") << " seed " << seed);
+    std::mt19937 rng(seed);
+    const float eps = 1e-5f;
+    std::vector<float> add = RandomFloats(k, rng), residual = RandomFloats(k, rng, 2.0f);
+    std::vector<float> norm_w = RandomFloats(k, rng, 0.2f, 1.0f);
+    std::vector<float> w = RandomFloats(n * k, rng, 0.02f);
+    DeviceBuffer<uint16_t> d_add(RoundToHalf(add, DType::kBF16));
+    DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16));
+    const HostF8 wq = QuantizeOnHost(w, n, k);
+    DeviceBuffer<uint8_t> d_w(wq.q);
+    DeviceBuffer<float> d_scales(wq.scales), d_residual(residual), d_residual2(residual);
+    DeviceBuffer<uint16_t> d_y(y_width), d_normed(k), d_y2(y_width);
+    d_y.Poison();
+    d_normed.Poison();
+    d_y2.Poison();
+    F8SkinnyGemmParams folded{.x = d_add.get(),
+                              .w = d_w.get(),
+                              .w_scales = d_scales.get(),
+                              .y = d_y.get(),
+                              .m = 1,
+                              .n = n,
+                              .k = k,
+                              .silu_and_mul = gated};
+    folded.add_norm_residual = d_residual.get();
+    folded.add_norm_weight = d_norm_w.get();
+    folded.add_norm_epsilon = eps;
+    ASSERT_TRUE(folded.Validate().ok()) << folded.Validate();
+    CUDA_ASSERT(Launch(folded, nullptr));
+    const FusedAddRmsNormParams norm{.residual = d_residual2.get(),
+                                     .input = d_add.get(),
+                                     .weight = d_norm_w.get(),
+                                     .output = d_normed.get(),
+                                     .num_tokens = 1,
+                                     .hidden_size = k,
+                                     .epsilon = eps,
+                                     .dtype = DType::kBF16,
+                                     .residual_dtype = DType::kF32};
+    CUDA_ASSERT(Launch(norm, nullptr));
+    F8SkinnyGemmParams plain = folded;
+    plain.x = d_normed.get();
+    plain.y = d_y2.get();
+    plain.add_norm_residual = nullptr;
+    plain.add_norm_weight = nullptr;
+    CUDA_ASSERT(Launch(plain, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16),
+                         HalfToFloat(d_y2.Download(), DType::kBF16)),
+              1e-2);
+    EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
+  }
+  // settle_residual, on o_proj's shape (4096 x 4096).
+  const int64_t n = 4096;
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "settle seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> x = RandomFloats(k, rng), w = RandomFloats(n * k, rng, 0.02f);
+  std::vector<float> before = RandomFloats(n, rng), residual = RandomFloats(n, rng, 2.0f);
+  const std::vector<uint16_t> before_bits = RoundToHalf(before, DType::kBF16);
+  const HostF8 wq = QuantizeOnHost(w, n, k);
+  DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_y(before_bits), d_y2(n);
+  DeviceBuffer<uint8_t> d_w(wq.q);
+  DeviceBuffer<float> d_scales(wq.scales), d_residual(residual);
+  F8SkinnyGemmParams p{.x = d_x.get(),
+                       .w = d_w.get(),
+                       .w_scales = d_scales.get(),
+                       .y = d_y.get(),
+                       .m = 1,
+                       .n = n,
+                       .k = k};
+  p.settle_residual = d_residual.get();
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  CUDA_ASSERT(Launch(p, nullptr));
+  F8SkinnyGemmParams q = p;
+  q.y = d_y2.get();
+  q.settle_residual = nullptr;
+  CUDA_ASSERT(Launch(q, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  for (int64_t i = 0; i < n; ++i) residual[i] += before[i];
+  EXPECT_EQ(d_residual.Download(), residual);
+  EXPECT_EQ(d_y.Download(), d_y2.Download());
+  p.silu_and_mul = true;
+  EXPECT_FALSE(p.Validate().ok()) << "settle with the activation";
+  p.silu_and_mul = false;
+  p.m = 2;
+  EXPECT_FALSE(p.Validate().ok()) << "settle at two rows";
+}
+
 // cuBLASLt's FP8 GEMM: x quantized per token on the GPU, W per channel, outer-vector scales (or
 // the scaling kernel after a unit-scale GEMM, where cuBLASLt refuses them), bf16 out, against the
 // CPU's product of the same quantized values.

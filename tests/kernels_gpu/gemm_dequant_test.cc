@@ -200,7 +200,8 @@ TEST(SkinnyGemmGpuTest, MatchesCpuLinearForEveryRowCount) {
 // (unrounded) and linear layer, and against the norm kernel followed by the plain skinny GEMM on
 // the same device, both within bf16's rounding of the output and of the normed row; the
 // residual is left as it was. Shapes: Mamba-2-2.7B's in_proj (661 blocks, more than a wave),
-// k in the loop's whole steps plus its tail (1824), and k in the tail alone (64).
+// k in the loop's whole steps plus its tail (1824), and k in the tail alone (64); and with the
+// gated activation, Llama-3-8B's gate/up.
 TEST(SkinnyGemmGpuTest, FoldedAddRmsNormMatchesTheNormKernel) {
   LMSERVE_REQUIRE_GPU();
   for (auto [n, k] :
@@ -272,6 +273,56 @@ TEST(SkinnyGemmGpuTest, FoldedAddRmsNormMatchesTheNormKernel) {
     EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
     EXPECT_EQ(d_residual2.Download(), h) << "the norm kernel's residual";
   }
+  // With the gated activation (Llama-3-8B's gate/up at one row, against the norm kernel and the
+  // gated skinny GEMM).
+  {
+    const int64_t n = 2 * 14336, k = 4096;
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << "gated, seed " << seed);
+    std::mt19937 rng(seed);
+    std::vector<float> add = RandomFloats(k, rng), residual = RandomFloats(k, rng, 2.0f);
+    std::vector<float> norm_w = RandomFloats(k, rng, 0.2f, 1.0f);
+    std::vector<float> w = RandomFloats(n * k, rng, 0.02f);
+    DeviceBuffer<uint16_t> d_add(RoundToHalf(add, DType::kBF16));
+    DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16));
+    DeviceBuffer<uint16_t> d_w(RoundToHalf(w, DType::kBF16));
+    DeviceBuffer<float> d_residual(residual), d_residual2(residual);
+    DeviceBuffer<uint16_t> d_y(n / 2), d_normed(k), d_y2(n / 2);
+    SkinnyGemmParams folded;
+    folded.x = d_add.get();
+    folded.w = d_w.get();
+    folded.y = d_y.get();
+    folded.m = 1;
+    folded.n = n;
+    folded.k = k;
+    folded.silu_and_mul = true;
+    folded.add_norm_residual = d_residual.get();
+    folded.add_norm_weight = d_norm_w.get();
+    folded.add_norm_epsilon = 1e-5f;
+    ASSERT_TRUE(folded.Validate().ok()) << folded.Validate();
+    CUDA_ASSERT(Launch(folded, nullptr));
+    const FusedAddRmsNormParams norm{.residual = d_residual2.get(),
+                                     .input = d_add.get(),
+                                     .weight = d_norm_w.get(),
+                                     .output = d_normed.get(),
+                                     .num_tokens = 1,
+                                     .hidden_size = k,
+                                     .epsilon = 1e-5f,
+                                     .dtype = DType::kBF16,
+                                     .residual_dtype = DType::kF32};
+    CUDA_ASSERT(Launch(norm, nullptr));
+    SkinnyGemmParams plain = folded;
+    plain.x = d_normed.get();
+    plain.y = d_y2.get();
+    plain.add_norm_residual = nullptr;
+    plain.add_norm_weight = nullptr;
+    CUDA_ASSERT(Launch(plain, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16),
+                         HalfToFloat(d_y2.Download(), DType::kBF16)),
+              1e-2);
+    EXPECT_EQ(d_residual.Download(), residual);
+  }
   SkinnyGemmParams bad;
   bad.x = bad.w = bad.y = reinterpret_cast<void*>(256);
   bad.n = 8;
@@ -282,9 +333,11 @@ TEST(SkinnyGemmGpuTest, FoldedAddRmsNormMatchesTheNormKernel) {
   EXPECT_FALSE(bad.Validate().ok()) << "two rows";
   bad.m = 1;
   EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
-  bad.silu_and_mul = true;
-  EXPECT_FALSE(bad.Validate().ok()) << "with the activation";
-  bad.silu_and_mul = false;
+  bad.norm_partials = reinterpret_cast<const float*>(256);
+  bad.num_norm_partials = 1;
+  bad.norm_width = 8;
+  EXPECT_FALSE(bad.Validate().ok()) << "with the norm epilogue";
+  bad.norm_partials = nullptr;
   bad.k_split = 2;
   EXPECT_FALSE(bad.Validate().ok()) << "k split";
   bad.k_split = 1;

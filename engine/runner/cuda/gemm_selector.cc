@@ -221,7 +221,8 @@ absl::StatusOr<GemmSelector::Kernel> GemmSelector::ChooseF8(int id, int64_t m, c
 
 absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x, void* y,
                                  void* act, bool late_dependents,
-                                 kernels::GateActivation activation, F8OutputScales* unscaled) {
+                                 kernels::GateActivation activation, F8OutputScales* unscaled,
+                                 const GemmResidualFolds* folds) {
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
@@ -230,7 +231,7 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
     LMSERVE_ASSIGN_OR_RETURN(kernel, ChooseF8(id, m, x, y, act, activation));
   }
   if (kernel == Kernel::kSkinny) {
-    const kc::F8SkinnyGemmParams params{.x = x,
+    kc::F8SkinnyGemmParams params{.x = x,
                                         .w = w,
                                         .w_scales = w_scales,
                                         .y = act != nullptr ? act : y,
@@ -242,10 +243,20 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
                                         .silu_and_mul = act != nullptr,
                                         .activation = activation,
                                         .late_dependents = late_dependents};
+    if (folds != nullptr) {
+      params.add_norm_residual = folds->add_norm_residual;
+      params.add_norm_weight = folds->add_norm_weight;
+      params.add_norm_epsilon = folds->add_norm_epsilon;
+      params.settle_residual = folds->settle_residual;
+    }
     LMSERVE_RETURN_IF_ERROR(params.Validate());
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_),
                                  StrCat("FP8 skinny GEMM (", projection.kind, ")"));
     return absl::OkStatus();
+  }
+  if (folds != nullptr) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
+                                      " rows: residual folds without the FP8 skinny GEMM"));
   }
   return RunF8Blas(id, layer, m, x, y, act, activation, unscaled);
 }
@@ -331,9 +342,12 @@ bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
 
 bool GemmSelector::FoldsAtOneRow(int id, int64_t layer) const {
   const GemmProjection& projection = projections_[id];
-  return !projection.f8 && !projection.logits &&
-         !HeldInBlocks(projection, static_cast<size_t>(layer)) &&
-         SkinnyAtOneRow(projection.n, projection.k);
+  if (projection.logits || HeldInBlocks(projection, static_cast<size_t>(layer))) return false;
+  if (projection.f8) {  // ChooseF8's rule at one row; F8SkinnyGemmParams::Validate's shape
+    return dtype_ == kernels::DType::kBF16 && choice_ != DecodeGemm::kBlas &&
+           projection.n % 2 == 0 && projection.k % 16 == 0;
+  }
+  return SkinnyAtOneRow(projection.n, projection.k);
 }
 
 absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y,
@@ -404,7 +418,8 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
                                const GemmNormEpilogue* norm, F8OutputScales* unscaled,
                                const GemmResidualFolds* folds) {
   if (unscaled != nullptr) *unscaled = {};
-  if (folds != nullptr && (m != 1 || act != nullptr || !FoldsAtOneRow(id, layer))) {
+  if (folds != nullptr && (m != 1 || !FoldsAtOneRow(id, layer) ||
+                           (act != nullptr && folds->settle_residual != nullptr))) {
     return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind, " at ", m,
                                       " rows: residual folds without the skinny GEMM"));
   }
@@ -420,7 +435,7 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
                                         ": a norm epilogue on an FP8 projection"));
     }
-    return RunF8(id, layer, m, x, y, act, late_dependents, activation, unscaled);
+    return RunF8(id, layer, m, x, y, act, late_dependents, activation, unscaled, folds);
   }
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   const GemmProjection& projection = projections_[id];

@@ -150,8 +150,9 @@ class GemmSelector {
   // kernel's.
   bool SkinnyAtOneRow(int64_t n, int64_t k) const;
 
-  // Whether projection `id`'s `layer`th product at one row runs the 16-bit skinny kernel (not
-  // FP8, not GGUF blocks), which takes GemmResidualFolds.
+  // Whether projection `id`'s `layer`th product at one row runs the 16-bit or the FP8 skinny
+  // kernel (not GGUF blocks, not the LM head), which take GemmResidualFolds (settle_residual not
+  // with an activation).
   bool FoldsAtOneRow(int id, int64_t layer) const;
 
   // The skinny kernel's L2 prefetch before its wait (SkinnyGemmParams::l2_prefetch_bytes), in
@@ -185,7 +186,8 @@ class GemmSelector {
   // cuBLASLt path (x quantized per token into the FP8 workspace, then the FP8 GEMM).
   absl::Status RunF8(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                      bool late_dependents, kernels::GateActivation activation,
-                     F8OutputScales* unscaled = nullptr);
+                     F8OutputScales* unscaled = nullptr,
+                     const GemmResidualFolds* folds = nullptr);
   absl::StatusOr<Kernel> ChooseF8(int id, int64_t m, const void* x, void* y, void* act,
                                   kernels::GateActivation activation);
   absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,

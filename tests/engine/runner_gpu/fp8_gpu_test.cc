@@ -71,14 +71,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> Fp8Runner(const Checkpoint& checkpo
 }
 
 // Serves every prompt of the fixture at `fixture_dir` from `checkpoint_dir` and checks the
-// logits, whole and in chunks of 8.
+// logits, whole, in chunks of 8 and token by token (steps of one token: the add + RMSNorm folded
+// into the FP8 skinny GEMM, RunnerConfig::fold_add_norm).
 void ExpectAccurate(const std::string& name, const std::string& fixture_dir,
                     const std::string& checkpoint_dir, RunnerQuantization quantization) {
   auto checkpoint = OpenCheckpoint(checkpoint_dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const testing::HfTinyReference ref = testing::LoadReference(fixture_dir);
-  for (const size_t chunk : {size_t{0}, size_t{8}}) {
-    SCOPED_TRACE(chunk == 0 ? "whole prompts" : "chunks of 8");
+  for (const size_t chunk : {size_t{0}, size_t{8}, size_t{1}}) {
+    SCOPED_TRACE(chunk == 0 ? "whole prompts" : chunk == 8 ? "chunks of 8" : "token by token");
     testing::QuantizedAccuracy accuracy;
     for (size_t j = 0; j < ref.prompts.size(); ++j) {
       const int64_t context =
@@ -98,7 +99,8 @@ void ExpectAccurate(const std::string& name, const std::string& fixture_dir,
     }
     std::printf("[ fp8      ] %-34s %-6s relative L2 %.3g, top-1 %lld of %lld decisive rows "
                 "(%lld rows)\n",
-                name.c_str(), chunk == 0 ? "whole" : "chunks", accuracy.relative_l2(),
+                name.c_str(), chunk == 0 ? "whole" : chunk == 8 ? "chunks" : "tokens",
+                accuracy.relative_l2(),
                 static_cast<long long>(accuracy.decisive_agree),
                 static_cast<long long>(accuracy.decisive_rows),
                 static_cast<long long>(accuracy.rows));

@@ -1,0 +1,71 @@
+// The add + RMSNorm folded into a one-row product, and the residual's add it leaves for later
+// (skinny_gemm.h and fp8.h: add_norm_residual, settle_residual): the device side both skinny
+// kernels share.
+#ifndef LMSERVE_KERNELS_CUDA_RESIDUAL_FOLD_CUH_
+#define LMSERVE_KERNELS_CUDA_RESIDUAL_FOLD_CUH_
+
+#include "kernels/cuda/common.cuh"
+
+namespace lmserve::kernels::cuda {
+
+// Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned); nothing before sm_90.
+__device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// The row's shared memory: the kernel's dynamic shared memory, k elements of the input type.
+__device__ __forceinline__ uint4* AddNormRowMemory() {
+  extern __shared__ uint4 add_norm_row[];
+  return add_norm_row;
+}
+
+// After the wait for the previous kernel: the block's kThreads threads write (residual + x) *
+// weight into `row` (shared memory, k elements of T, 8 to a uint4) and return the sum of the
+// squares of residual + x, the same in every thread. x and weight: [k] of T; residual: [k] fp32,
+// all 16-byte aligned, k a multiple of 8. Ends with a block barrier: every thread calls it.
+template <typename T, int kThreads>
+__device__ __forceinline__ float AddNormRow(const T* x, const float* residual, const T* weight,
+                                            int k, uint4* row) {
+  __shared__ float warp_squares[kThreads / 32];
+  float squares = 0.0f;
+  for (int v = threadIdx.x; v < k / 8; v += kThreads) {
+    float h[8], wn[8];
+    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x) + v), h);
+    const float4* res = reinterpret_cast<const float4*>(residual) + 2 * v;
+    const float4 r0 = __ldg(res), r1 = __ldg(res + 1);
+    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(weight) + v), wn);
+    const float rv[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      h[e] += rv[e];
+      squares = fmaf(h[e], h[e], squares);
+      h[e] *= wn[e];
+    }
+    row[v] = Pack8<T>(h);
+  }
+  squares = WarpSum(squares);
+  if (threadIdx.x % 32 == 0) warp_squares[threadIdx.x / 32] = squares;
+  __syncthreads();
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) sum += warp_squares[i];
+  return sum;
+}
+
+// Before the wait for the previous kernel, by the one lane of a warp that writes y's rows
+// [row0, row0 + rows) (those below n) after it: their values as they are (what a folded add +
+// RMSNorm left unadded) into the fp32 residual. Every kernel that read the residual before has
+// completed by then (common.cuh: the previous kernel lets this one launch only after its wait).
+template <typename OutT, int kRows>
+__device__ __forceinline__ void SettleResidualRows(float* residual, const OutT* y, int row0, int n) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (row0 + r < n) residual[row0 + r] += ToFloat(y[row0 + r]);
+  }
+}
+
+}  // namespace lmserve::kernels::cuda
+
+#endif  // LMSERVE_KERNELS_CUDA_RESIDUAL_FOLD_CUH_
