@@ -220,16 +220,8 @@ TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
     folded.add_norm_epsilon = eps;
     ASSERT_TRUE(folded.Validate().ok()) << folded.Validate();
     CUDA_ASSERT(Launch(folded, nullptr));
-    const FusedAddRmsNormParams norm{.residual = d_residual2.get(),
-                                     .input = d_add.get(),
-                                     .weight = d_norm_w.get(),
-                                     .output = d_normed.get(),
-                                     .num_tokens = 1,
-                                     .hidden_size = k,
-                                     .epsilon = eps,
-                                     .dtype = DType::kBF16,
-                                     .residual_dtype = DType::kF32};
-    CUDA_ASSERT(Launch(norm, nullptr));
+    CUDA_ASSERT(testing::LaunchAddRmsNormRow(d_residual2.get(), d_add.get(), d_norm_w.get(),
+                                            d_normed.get(), k, eps));
     F8SkinnyGemmParams plain = folded;
     plain.x = d_normed.get();
     plain.y = d_y2.get();

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/norm.h"
 #include "kernels/dtype.h"
 
 namespace lmserve::kernels::cuda::testing {
@@ -231,6 +232,22 @@ inline const char* Name(DType dtype) {
     default:
       return "other";
   }
+}
+
+// The fused add + RMSNorm kernel on one bf16 row of `k` beside an fp32 residual (updated in
+// place): the two-kernel reference of the skinny GEMMs' folded norm (skinny_gemm.h, fp8.h).
+inline cudaError_t LaunchAddRmsNormRow(float* residual, const uint16_t* add, const uint16_t* weight,
+                                       uint16_t* output, int64_t k, float epsilon) {
+  const FusedAddRmsNormParams norm{.residual = residual,
+                                   .input = add,
+                                   .weight = weight,
+                                   .output = output,
+                                   .num_tokens = 1,
+                                   .hidden_size = k,
+                                   .epsilon = epsilon,
+                                   .dtype = DType::kBF16,
+                                   .residual_dtype = DType::kF32};
+  return Launch(norm, nullptr);
 }
 
 }  // namespace lmserve::kernels::cuda::testing
