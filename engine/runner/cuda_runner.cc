@@ -185,7 +185,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // What Linear(weight, *in, out) (or GatedLinear: `gated`) folds into its skinny GEMM at one
   // token: the held-back add + RMSNorm (if *in is its output; *in becomes its addend, the
   // product's x), the residual's debt (if `out` is the addend, not `gated`); what it cannot take
-  // is run or settled first.
+  // is run or settled first. *in may not be a folded norm's unwritten output (CheckUnfolded).
   absl::StatusOr<cuda::GemmResidualFolds> FoldsFor(Weight weight, Buffer* in, Buffer out,
                                                    bool gated = false);
   // F8ScaleOutput over the product that pending_scales_ names, if any.
@@ -1005,9 +1005,9 @@ absl::Status CudaRunner::CarryFolds(std::initializer_list<Buffer> buffers) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buffer* x,
+absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buffer* in,
                                                              Buffer out, bool gated) {
-  const Buffer in = *x;
+  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({*in}));
   cuda::GemmResidualFolds folds;
   if (!held_add_norm_.has_value() && !residual_debt_.has_value()) return folds;
   const auto [id, layer] = Projection(weight, /*logits=*/false);
@@ -1015,7 +1015,7 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
   const bool skinny = step_.tokens == 1 && gemms_->FoldsAtOneRow(id, layer);
   if (held_add_norm_.has_value()) {
     const HeldAddNorm held = *held_add_norm_;
-    if (skinny && in == held.out && out != held.add && out != held.residual &&
+    if (skinny && *in == held.out && out != held.add && out != held.residual &&
         projection.k == model_->weights()[held.weight].rows) {
       held_add_norm_.reset();
       folds.add_norm_residual = static_cast<const float*>(Buf(held.residual));
@@ -1023,20 +1023,20 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
       folds.add_norm_epsilon = held.epsilon;
       residual_debt_ = held;
       folded_out_ = held.out;
-      *x = held.add;
+      *in = held.add;
       return folds;
     }
     LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
   }
   if (residual_debt_.has_value()) {
     const HeldAddNorm debt = *residual_debt_;
-    if (skinny && !gated && out == debt.add && in != debt.add && in != debt.residual &&
+    if (skinny && !gated && out == debt.add && *in != debt.add && *in != debt.residual &&
         projection.n == model_->weights()[debt.weight].rows) {
       residual_debt_.reset();
       folds.settle_residual = static_cast<float*>(Buf(debt.residual));
       return folds;
     }
-    LMSERVE_RETURN_IF_ERROR(CarryFolds({in, out}));
+    LMSERVE_RETURN_IF_ERROR(CarryFolds({*in, out}));
   }
   return folds;
 }
@@ -1075,7 +1075,6 @@ absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weigh
 }
 
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
   LMSERVE_ASSIGN_OR_RETURN(const cuda::GemmResidualFolds folds, FoldsFor(weight, &in, out));
   LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
   if (folds.add_norm_residual != nullptr || folds.settle_residual != nullptr) {
@@ -1179,7 +1178,6 @@ absl::Status CudaRunner::LinearNow(Weight weight, Buffer in, Buffer out,
 }
 
 absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, Buffer out) {
-  LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
   LMSERVE_ASSIGN_OR_RETURN(const cuda::GemmResidualFolds folds,
                            FoldsFor(gate_up, &in, out, /*gated=*/true));
   LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));

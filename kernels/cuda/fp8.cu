@@ -141,16 +141,6 @@ __device__ __forceinline__ void MultiplyPiece(const uint4 (&wv)[kRowsPerWarp], c
   }
 }
 
-// The add + RMSNorm folded in, and the residual's add settled (F8SkinnyGemmParams): all null
-// where not.
-struct F8ResidualFolds {
-  const float* add_norm_residual = nullptr;
-  const void* add_norm_weight = nullptr;
-  float inv_width = 0.0f;
-  float epsilon = 0.0f;
-  float* settle_residual = nullptr;
-};
-
 // grid: ceil(n / (kWarps * kRowsPerWarp)); the mapping of skinny_gemm.cu. At one row, 64
 // registers (four blocks a multiprocessor), as without the scales' copy. kAddNorm: the add +
 // RMSNorm folded in, as skinny_gemm.cu's (x then reads the row from shared memory).
@@ -160,22 +150,20 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     F8SkinnyGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                        const float* __restrict__ w_scales, OutT* __restrict__ y, int n, int k,
                        int64_t x_stride, int64_t y_stride, bool late_dependents,
-                       F8ResidualFolds folds) {
+                       ResidualFoldArgs fold) {
   static_assert(!kAddNorm || M == 1, "the folded add + RMSNorm takes one row");
   const int lane = threadIdx.x % 32;
   const int warp_index = blockIdx.x * kWarps + threadIdx.x / 32;
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
-    if constexpr (kAddNorm) {  // its share of the row, and the barrier
-      AddNormRow<T, kThreads>(x, folds.add_norm_residual,
-                              static_cast<const T*>(folds.add_norm_weight), k, AddNormRowMemory());
-    }
+    // Its share of the folded norm's row, and the barrier.
+    if constexpr (kAddNorm) AddNormScale<T, kThreads>(x, fold, k);
     return;
   }
   if constexpr (!kSiluAndMul) {  // first, before W's pieces take their registers
-    if (folds.settle_residual != nullptr && lane == 0) {
-      SettleResidualRows<OutT, kRowsPerWarp>(folds.settle_residual, y, row0, n);
+    if (fold.settle_residual != nullptr && lane == 0) {
+      SettleResidualRows<OutT, kRowsPerWarp>(fold.settle_residual, y, row0, n);
     }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;
@@ -213,17 +201,14 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     CpAsync4(&row_scales[warp][lane], w_scales + (lane == 0 ? rows[0] : rows[1]));
   }
   CpAsyncCommit();
-  if constexpr (kAddNorm) {  // the norm's weight, constant: into L2 before the wait
-    if (warp == 0 && lane == 0) PrefetchL2(folds.add_norm_weight, k * static_cast<int>(sizeof(T)));
+  if constexpr (kAddNorm) {
+    if (warp == 0 && lane == 0) PrefetchAddNormWeight<T>(fold, k);
   }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
   [[maybe_unused]] float add_norm_scale = 1.0f;
   if constexpr (kAddNorm) {
-    const float squares =
-        AddNormRow<T, kThreads>(x, folds.add_norm_residual,
-                                static_cast<const T*>(folds.add_norm_weight), k, AddNormRowMemory());
-    add_norm_scale = rsqrtf(squares * folds.inv_width + folds.epsilon);
+    add_norm_scale = AddNormScale<T, kThreads>(x, fold, k);
     x = reinterpret_cast<const T*>(AddNormRowMemory());
   }
   for (; c - lane + kStep <= chunks; c += kStep) {
@@ -287,16 +272,12 @@ cudaError_t LaunchSkinny(const F8SkinnyGemmParams& p, cudaStream_t stream) {
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-  F8ResidualFolds folds{.settle_residual = p.settle_residual};
+  const ResidualFoldArgs fold = ResidualFoldArgsOf(p);
   if constexpr (std::is_same_v<OutT, T>) {
     if (p.add_norm_residual != nullptr) {  // Validate(): one row
-      folds.add_norm_residual = p.add_norm_residual;
-      folds.add_norm_weight = p.add_norm_weight;
-      folds.inv_width = 1.0f / static_cast<float>(p.k);
-      folds.epsilon = p.add_norm_epsilon;
       return LaunchKernel(F8SkinnyGemmKernel<T, OutT, 1, kSiluAndMul, kActivation, true>, blocks,
                           kThreads, static_cast<size_t>(p.k) * sizeof(T), stream, x, w,
-                          p.w_scales, y, n, k, x_stride, y_stride, p.late_dependents, folds);
+                          p.w_scales, y, n, k, x_stride, y_stride, p.late_dependents, fold);
     }
   }
   switch (p.m) {
@@ -304,7 +285,7 @@ cudaError_t LaunchSkinny(const F8SkinnyGemmParams& p, cudaStream_t stream) {
   case M:                                                                                      \
     return LaunchKernel(F8SkinnyGemmKernel<T, OutT, M, kSiluAndMul, kActivation>, blocks,      \
                         kThreads, 0, stream, x, w, p.w_scales, y, n, k, x_stride, y_stride,    \
-                        p.late_dependents, folds);
+                        p.late_dependents, fold);
     LMSERVE_F8_SKINNY_CASE(1)
     LMSERVE_F8_SKINNY_CASE(2)
     LMSERVE_F8_SKINNY_CASE(3)

@@ -21,6 +21,34 @@ __device__ __forceinline__ uint4* AddNormRowMemory() {
   return add_norm_row;
 }
 
+// What a skinny kernel folds in, from its params (SkinnyGemmParams or F8SkinnyGemmParams: the
+// same fields); all null where nothing.
+struct ResidualFoldArgs {
+  const float* add_norm_residual = nullptr;  // [k], fp32
+  const void* add_norm_weight = nullptr;     // [k] of the input type
+  float inv_width = 0.0f;                    // 1 / k
+  float epsilon = 0.0f;
+  float* settle_residual = nullptr;          // [n], fp32
+};
+template <typename Params>
+ResidualFoldArgs ResidualFoldArgsOf(const Params& p) {
+  ResidualFoldArgs f{.settle_residual = p.settle_residual};
+  if (p.add_norm_residual != nullptr) {
+    f.add_norm_residual = p.add_norm_residual;
+    f.add_norm_weight = p.add_norm_weight;
+    f.inv_width = 1.0f / static_cast<float>(p.k);
+    f.epsilon = p.add_norm_epsilon;
+  }
+  return f;
+}
+
+// Before the wait, by one thread of a block: the norm's weight (constant, not in L2 after a
+// step's other layers) asked of L2.
+template <typename T>
+__device__ __forceinline__ void PrefetchAddNormWeight(const ResidualFoldArgs& f, int k) {
+  PrefetchL2(f.add_norm_weight, k * static_cast<int>(sizeof(T)));
+}
+
 // After the wait for the previous kernel: the block's kThreads threads write (residual + x) *
 // weight into `row` (shared memory, k elements of T, 8 to a uint4) and return the sum of the
 // squares of residual + x, the same in every thread. x and weight: [k] of T; residual: [k] fp32,
@@ -52,6 +80,15 @@ __device__ __forceinline__ float AddNormRow(const T* x, const float* residual, c
 #pragma unroll
   for (int i = 0; i < kThreads / 32; ++i) sum += warp_squares[i];
   return sum;
+}
+
+// AddNormRow into AddNormRowMemory() with f's residual and weight, and the norm's scale
+// rsqrt(mean of the squares + epsilon), the same in every thread. Every thread calls it.
+template <typename T, int kThreads>
+__device__ __forceinline__ float AddNormScale(const T* x, const ResidualFoldArgs& f, int k) {
+  const float squares = AddNormRow<T, kThreads>(
+      x, f.add_norm_residual, static_cast<const T*>(f.add_norm_weight), k, AddNormRowMemory());
+  return rsqrtf(squares * f.inv_width + f.epsilon);
 }
 
 // Before the wait for the previous kernel, by the one lane of a warp that writes y's rows

@@ -45,14 +45,10 @@ struct SkinnyExtras {
   int wave_warps = 0;
   const float* norm_partials = nullptr;
   int num_norm_partials = 0;
-  float inv_norm_width = 0.0f;  // of the norm epilogue, or of the add + RMSNorm (kAddNorm)
+  float inv_norm_width = 0.0f;
   float norm_epsilon = 0.0f;
-  // The add + RMSNorm folded in (kAddNorm; SkinnyGemmParams::add_norm_residual): the fp32
-  // residual and the norm's weight (the input type), both [k].
-  const float* add_norm_residual = nullptr;
-  const void* add_norm_weight = nullptr;
-  // SkinnyGemmParams::settle_residual: [n], fp32; null: none.
-  float* settle_residual = nullptr;
+  // The add + RMSNorm folded in (kAddNorm) and the residual's add settled (residual_fold.cuh).
+  ResidualFoldArgs fold;
 };
 
 // kSplit (1 or 2): warps a row pair, each taking a contiguous 1 / kSplit of k, their sums added
@@ -80,25 +76,19 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
   const int slice = warp_in_block % kSplit;  // of k
   const int warp_index = blockIdx.x * (kWarps / kSplit) + warp_in_block / kSplit;  // row pair
   const int row0 = kSiluAndMul ? warp_index : warp_index * kRowsPerWarp;
-  // kAddNorm: the row in shared memory and the sum of its squares.
-  auto add_norm_prologue = [&] {
-    return AddNormRow<T, kThreads>(x, extras.add_norm_residual,
-                                   static_cast<const T*>(extras.add_norm_weight), k,
-                                   AddNormRowMemory());
-  };
   if (row0 >= (kSiluAndMul ? n / 2 : n)) {
     WaitForPriorKernels();
-    if constexpr (kAddNorm) add_norm_prologue();  // its share of the row, and the barrier
+    // Its share of the folded norm's row, and the barrier.
+    if constexpr (kAddNorm) AddNormScale<T, kThreads>(x, extras.fold, k);
     return;
   }
   // What a folded add + RMSNorm left unadded: y's previous rows, into the residual. Only this
   // warp writes its rows of y, after its wait, and every kernel that read the residual before
   // has completed (common.cuh: the previous kernel lets this one launch only after its wait).
-  // First, before W's pieces are requested: done with before they take their registers (after
-  // them, the kernels at one row went from 64 registers to 76-95).
+  // First, before W's pieces are requested, so that its values are not held beside them.
   if constexpr (!kSiluAndMul) {
-    if (extras.settle_residual != nullptr && slice == 0 && lane == 0) {
-      SettleResidualRows<OutT, kRowsPerWarp>(extras.settle_residual, y, row0, n);
+    if (extras.fold.settle_residual != nullptr && slice == 0 && lane == 0) {
+      SettleResidualRows<OutT, kRowsPerWarp>(extras.fold.settle_residual, y, row0, n);
     }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows
@@ -152,10 +142,8 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
       }
     }
   }
-  if constexpr (kAddNorm) {  // the norm's weight, constant: into L2 before the wait
-    if (warp_in_block == 0 && lane == 0) {
-      PrefetchL2(extras.add_norm_weight, k * static_cast<int>(sizeof(T)));
-    }
+  if constexpr (kAddNorm) {
+    if (warp_in_block == 0 && lane == 0) PrefetchAddNormWeight<T>(extras.fold, k);
   }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
@@ -168,8 +156,8 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
       partials[j] = index < extras.num_norm_partials ? extras.norm_partials[index] : 0.0f;
     }
   }
-  [[maybe_unused]] float add_norm_squares = 0.0f;
-  if constexpr (kAddNorm) add_norm_squares = add_norm_prologue();
+  [[maybe_unused]] float add_norm_scale = 1.0f;
+  if constexpr (kAddNorm) add_norm_scale = AddNormScale<T, kThreads>(x, extras.fold, k);
   // Row t's 8 inputs of chunk `chunk` (kAddNorm: from shared memory).
   auto load_x = [&](int t, int chunk, float (&xf)[8]) {
     if constexpr (kAddNorm) {
@@ -260,9 +248,8 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
     for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= scale;
   }
   if constexpr (kAddNorm) {
-    const float scale = rsqrtf(add_norm_squares * extras.inv_norm_width + extras.norm_epsilon);
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= scale;
+    for (int r = 0; r < kRowsPerWarp; ++r) acc[r][0] *= add_norm_scale;
   }
   if constexpr (kSiluAndMul) {
     if (lane == 0) {
@@ -341,13 +328,9 @@ cudaError_t LaunchTyped(const SkinnyGemmParams& p, cudaStream_t stream) {
   [[maybe_unused]] auto launch_split = [&](auto kernel, auto&&... args) {  // no prefetch
     return LaunchKernel(kernel, split_blocks, kThreads, 0, stream, args..., extras);
   };
-  extras.settle_residual = p.settle_residual;
+  extras.fold = ResidualFoldArgsOf(p);
   if constexpr (std::is_same_v<OutT, T>) {
     if (p.add_norm_residual != nullptr) {  // Validate(): one row
-      extras.add_norm_residual = p.add_norm_residual;
-      extras.add_norm_weight = p.add_norm_weight;
-      extras.inv_norm_width = 1.0f / static_cast<float>(p.k);
-      extras.norm_epsilon = p.add_norm_epsilon;
       smem = static_cast<size_t>(p.k) * sizeof(T);
       return launch(SkinnyGemmKernel<T, OutT, 1, kSiluAndMul, kActivation, false, 1, true>, x, w,
                     y, n, k, x_stride, y_stride, p.late_dependents);

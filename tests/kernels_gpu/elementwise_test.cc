@@ -114,6 +114,7 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         std::vector<float> w = RandomFloats(hidden, rng, 0.5f, 1.0f);
         DeviceBuffer<uint8_t> d_x = Upload(x, dtype), d_w = Upload(w, dtype);
         DeviceBuffer<uint8_t> d_res = Upload(residual, residual_dtype);
+        DeviceBuffer<uint8_t> d_res_alone = Upload(residual, residual_dtype);
         DeviceBuffer<uint8_t> d_out = Poisoned(tokens * hidden, dtype);
         FusedAddRmsNormParams p;
         p.residual = d_res.get();
@@ -127,7 +128,16 @@ TEST(NormGpuTest, FusedAddRmsNormMatchesCpu) {
         p.residual_dtype = residual_dtype;
         ASSERT_TRUE(p.Validate().ok()) << p.Validate();
         CUDA_ASSERT(Launch(p, nullptr));
+        // The add alone (no output): the same residual.
+        FusedAddRmsNormParams alone = p;
+        alone.residual = d_res_alone.get();
+        alone.output = nullptr;
+        ASSERT_TRUE(alone.Validate().ok()) << alone.Validate();
+        CUDA_ASSERT(Launch(alone, nullptr));
         CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_TRUE(testing::SameValues(Download(d_res_alone, residual_dtype),
+                                        Download(d_res, residual_dtype)))
+            << "the add alone";
 
         std::vector<float> ref(tokens * hidden);
         kernels::FusedAddRmsNormParams cpu;

@@ -115,30 +115,26 @@ TEST_F(SsmGpuRunnerTest, Bfloat16DecodeStepsMatchTheReference) {
     const std::vector<float> got = Logits(*fused, prompt, /*chunk=*/1);
     const std::vector<float> plain = Logits(*unfused, prompt, /*chunk=*/1);
     const std::vector<float> unfolded = Logits(*norm_kernel, prompt, /*chunk=*/1);
-    ASSERT_EQ(unfolded.size(), got.size());
-    double unfolded_num = 0, unfolded_den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      unfolded_num += (double{got[i]} - unfolded[i]) * (double{got[i]} - unfolded[i]);
-      unfolded_den += double{unfolded[i]} * unfolded[i];
-    }
-    const double add_norm_l2 = std::sqrt(unfolded_num / unfolded_den);
     const std::vector<float> want = testing::LoadReferenceLogits(dir_, static_cast<int>(j));
     ASSERT_EQ(got.size(), want.size());
     ASSERT_EQ(plain.size(), want.size());
-    double num = 0, den = 0, fold_num = 0, fold_den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      num += (double{got[i]} - want[i]) * (double{got[i]} - want[i]);
-      den += double{want[i]} * want[i];
-      fold_num += (double{got[i]} - plain[i]) * (double{got[i]} - plain[i]);
-      fold_den += double{plain[i]} * plain[i];
-    }
+    ASSERT_EQ(unfolded.size(), want.size());
+    auto relative_l2_of_got = [&](const std::vector<float>& against) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        num += (double{got[i]} - against[i]) * (double{got[i]} - against[i]);
+        den += double{against[i]} * against[i];
+      }
+      return std::sqrt(num / den);
+    };
+    const double relative_l2 = relative_l2_of_got(want), fold_l2 = relative_l2_of_got(plain);
+    const double add_norm_l2 = relative_l2_of_got(unfolded);
     for (size_t r = 0; r < prompt.size(); ++r) {
       const float* g = got.data() + r * vocab;
       const float* w = want.data() + r * vocab;
       top1 += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
       ++rows;
     }
-    const double relative_l2 = std::sqrt(num / den), fold_l2 = std::sqrt(fold_num / fold_den);
     std::printf("[ decode   ] bf16 prompt %zu, steps of 1: relative L2 %.3g against the "
                 "reference, %.3g against both norms unfolded, %.3g against the add + RMSNorm "
                 "unfolded\n",
