@@ -172,12 +172,19 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // (FlushAddNorm, SettleResidual); the ops that touch neither the residual nor its addend
   // instead call CarryFolds with their buffers first.
   absl::Status FlushLinear(bool keep_scales = false, bool keep_folds = false);
-  // AddRmsNorm as asked (never held back).
-  absl::Status AddRmsNormNow(Buffer residual, Buffer add, Weight weight, float epsilon, Buffer out);
+  // AddRmsNorm as asked (never held back). `taken`: the FP8 scales pending for `add`, already
+  // taken (HeldAddNorm::input_scales); else they are taken here. `f8_out`: the normed rows go
+  // there quantized per token instead of to `out` (FusedAddRmsNormParams::f8_output).
+  absl::Status AddRmsNormNow(Buffer residual, Buffer add, Weight weight, float epsilon, Buffer out,
+                             const cuda::F8OutputScales* taken = nullptr,
+                             const cuda::F8QuantizedInput* f8_out = nullptr);
   // The folded add + RMSNorm (RunnerConfig::fold_add_norm): whether AddRmsNorm may be held back
   // for the next product; the held-back one run as asked; the residual's debt added in by a
   // kernel of its own; both of those where an op's `buffers` name the residual or the addend.
   bool MayFoldAddNorm(Buffer residual, Buffer add, Buffer out) const;
+  // The same for a step of more than kMaxSkinnyGemmRows tokens of an FP8 model: the next product
+  // may take the norm's rows quantized per token by the norm itself (F8QuantizedInput).
+  bool MayQuantizeAddNorm(Buffer residual, Buffer add, Buffer out) const;
   absl::Status FlushAddNorm();
   absl::Status SettleResidual();
   absl::Status CarryFolds(std::initializer_list<Buffer> buffers);
@@ -186,6 +193,8 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // token: the held-back add + RMSNorm (if *in is its output; *in becomes its addend, the
   // product's x), the residual's debt (if `out` is the addend, not `gated`); what it cannot take
   // is run or settled first. *in may not be a folded norm's unwritten output (CheckUnfolded).
+  // At more than kMaxSkinnyGemmRows tokens, an FP8 product reading the held-back norm's output
+  // has the norm run now with its rows quantized for it (input_quantized).
   absl::StatusOr<cuda::GemmResidualFolds> FoldsFor(Weight weight, Buffer* in, Buffer out,
                                                    bool gated = false);
   // F8ScaleOutput over the product that pending_scales_ names, if any.
@@ -311,10 +320,13 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // owes `add` (residual_debt_), which the next product writing `add` adds in before its wait
   // (settle_residual). Any other op first runs the norm as asked (FlushAddNorm), and any op that
   // names the residual or the addend first settles the debt with a kernel of its own.
+  // MayQuantizeAddNorm holds one back the same way for an FP8 product of a larger step, which
+  // then has it write the rows quantized for the product (FoldsFor).
   struct HeldAddNorm {
     Buffer residual, add, out;
     Weight weight;
     float epsilon = 0.0f;
+    cuda::F8OutputScales input_scales;  // the FP8 scales pending for `add`, taken (rows null: none)
   };
   std::optional<HeldAddNorm> held_add_norm_;
   std::optional<HeldAddNorm> residual_debt_;
@@ -944,8 +956,22 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
   LMSERVE_RETURN_IF_ERROR(CheckUnfolded({residual, add}));
   if (folded_out_ == out) folded_out_.reset();
   if (MayFoldAddNorm(residual, add, out)) {
-    held_add_norm_ = HeldAddNorm{
-        .residual = residual, .add = add, .out = out, .weight = weight, .epsilon = epsilon};
+    held_add_norm_ = HeldAddNorm{.residual = residual,
+                                 .add = add,
+                                 .out = out,
+                                 .weight = weight,
+                                 .epsilon = epsilon,
+                                 .input_scales = {}};
+    return absl::OkStatus();
+  }
+  if (MayQuantizeAddNorm(residual, add, out)) {
+    LMSERVE_ASSIGN_OR_RETURN(const cuda::F8OutputScales scales, TakeScales(add));
+    held_add_norm_ = HeldAddNorm{.residual = residual,
+                                 .add = add,
+                                 .out = out,
+                                 .weight = weight,
+                                 .epsilon = epsilon,
+                                 .input_scales = scales};
     return absl::OkStatus();
   }
   return AddRmsNormNow(residual, add, weight, epsilon, out);
@@ -960,11 +986,21 @@ bool CudaRunner::MayFoldAddNorm(Buffer residual, Buffer add, Buffer out) const {
          !pending_ssm_norm_.has_value();
 }
 
+bool CudaRunner::MayQuantizeAddNorm(Buffer residual, Buffer add, Buffer out) const {
+  return runner_config_.fold_add_norm && fp8_ && step_.tokens > kc::kMaxSkinnyGemmRows &&
+         comm_ == nullptr && kernel_dtype_ == DType::kBF16 && BufDType(add) == kernel_dtype_ &&
+         BufDType(out) == kernel_dtype_ && add != out && residual != out && residual != add &&
+         !deferred_linear_.has_value() &&
+         (!pending_scales_.has_value() || pending_scales_->buffer == add) &&
+         !residual_debt_.has_value() && !pending_ssm_norm_.has_value();
+}
+
 absl::Status CudaRunner::FlushAddNorm() {
   if (!held_add_norm_.has_value()) return absl::OkStatus();
   const HeldAddNorm held = *held_add_norm_;
   held_add_norm_.reset();
-  return AddRmsNormNow(held.residual, held.add, held.weight, held.epsilon, held.out);
+  return AddRmsNormNow(held.residual, held.add, held.weight, held.epsilon, held.out,
+                       &held.input_scales);
 }
 
 absl::Status CudaRunner::SettleResidual() {
@@ -1015,8 +1051,9 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
   const bool skinny = step_.tokens == 1 && gemms_->FoldsAtOneRow(id, layer);
   if (held_add_norm_.has_value()) {
     const HeldAddNorm held = *held_add_norm_;
-    if (skinny && *in == held.out && out != held.add && out != held.residual &&
-        projection.k == model_->weights()[held.weight].rows) {
+    const bool reads_norm = *in == held.out && out != held.add && out != held.residual &&
+                            projection.k == model_->weights()[held.weight].rows;
+    if (skinny && reads_norm && held.input_scales.rows == nullptr) {
       held_add_norm_.reset();
       folds.add_norm_residual = static_cast<const float*>(Buf(held.residual));
       folds.add_norm_weight = weights_[held.weight];
@@ -1024,6 +1061,17 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
       residual_debt_ = held;
       folded_out_ = held.out;
       *in = held.add;
+      return folds;
+    }
+    if (const std::optional<cuda::F8QuantizedInput> f8_in =
+            step_.tokens > kc::kMaxSkinnyGemmRows ? gemms_->QuantizedInput(id, step_.tokens)
+                                                  : std::nullopt;
+        f8_in.has_value() && reads_norm) {
+      held_add_norm_.reset();
+      LMSERVE_RETURN_IF_ERROR(AddRmsNormNow(held.residual, held.add, held.weight, held.epsilon,
+                                            held.out, &held.input_scales, &*f8_in));
+      folds.input_quantized = true;
+      folded_out_ = held.out;
       return folds;
     }
     LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
@@ -1042,7 +1090,8 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
 }
 
 absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weight, float epsilon,
-                                       Buffer out) {
+                                       Buffer out, const cuda::F8OutputScales* taken,
+                                       const cuda::F8QuantizedInput* f8_out) {
   if (deferred_linear_.has_value() && add == Buffer::kProjected &&
       residual == Buffer::kResidual) {
     // residual += in W^T in the GEMM's epilogue (fp32, unrounded), then the norm of the residual.
@@ -1055,14 +1104,19 @@ absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weigh
     return RmsNorm(Buffer::kResidual, weight, epsilon, out);
   }
   LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/true));
-  LMSERVE_ASSIGN_OR_RETURN(const cuda::F8OutputScales scales, TakeScales(add));
+  cuda::F8OutputScales scales;
+  if (taken != nullptr) {
+    scales = *taken;
+  } else {
+    LMSERVE_ASSIGN_OR_RETURN(scales, TakeScales(add));
+  }
   if (BufDType(add) != kernel_dtype_ || BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
   kc::FusedAddRmsNormParams norm{.residual = Buf(residual),
                                  .input = Buf(add),
                                  .weight = weights_[weight],
-                                 .output = Buf(out),
+                                 .output = f8_out != nullptr ? nullptr : Buf(out),
                                  .num_tokens = step_.tokens,
                                  .hidden_size = model_->weights()[weight].rows,
                                  .epsilon = epsilon,
@@ -1070,6 +1124,10 @@ absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weigh
                                  .residual_dtype = BufDType(residual),
                                  .input_row_scales = scales.rows,
                                  .input_col_scales = scales.cols};
+  if (f8_out != nullptr) {
+    norm.f8_output = f8_out->rows;
+    norm.f8_output_scales = f8_out->scales;
+  }
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(norm, stream_), "add + RMSNorm");
   return absl::OkStatus();
 }
@@ -1077,9 +1135,7 @@ absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weigh
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
   LMSERVE_ASSIGN_OR_RETURN(const cuda::GemmResidualFolds folds, FoldsFor(weight, &in, out));
   LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
-  if (folds.add_norm_residual != nullptr || folds.settle_residual != nullptr) {
-    return LinearNow(weight, in, out, &folds);
-  }
+  if (folds.OneRow() || folds.input_quantized) return LinearNow(weight, in, out, &folds);
   if (out == Buffer::kProjected && FusesIntoResidual(weight)) {
     deferred_linear_ = DeferredLinear{.weight = weight, .in = in};
     return absl::OkStatus();
@@ -1198,7 +1254,8 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
   return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
                      /*late_dependents=*/true, activation, /*norm=*/nullptr,
                      /*unscaled=*/nullptr,
-                     folds.add_norm_residual != nullptr ? &folds : nullptr);
+                     folds.add_norm_residual != nullptr || folds.input_quantized ? &folds
+                                                                                 : nullptr);
 }
 
 absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {

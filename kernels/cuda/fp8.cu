@@ -7,13 +7,12 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/residual_fold.cuh"
 
 namespace lmserve::kernels::cuda {
 namespace {
-
-constexpr float kF8Max = 448.0f;  // kernels/cpu/fp8.h, kF8E4M3Max
 
 // 8 fp32 values to 8 E4M3 bytes (round to nearest even, saturating: the CPU's F32ToF8E4M3).
 __device__ __forceinline__ uint2 PackF8x8(const float (&v)[8]) {
@@ -60,9 +59,8 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
   }
   amax = BlockMax(amax, scratch);
-  // The CPU's arithmetic: one IEEE division for the multiplier, one product an element.
-  const float multiplier = amax > 0.0f ? __fdiv_rn(kF8Max, amax) : 0.0f;
-  if (threadIdx.x == 0) scales[blockIdx.x] = amax > 0.0f ? __fdiv_rn(amax, kF8Max) : 1.0f;
+  const float multiplier = F8RowMultiplier(amax);
+  if (threadIdx.x == 0) scales[blockIdx.x] = F8RowScale(amax);
   for (int c = threadIdx.x * 8; c < cols; c += kQuantizeThreads * 8) {
     float v[8];
     Load8(row + c, v);

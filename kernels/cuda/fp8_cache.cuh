@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/fp8.h"
+
 namespace lmserve::kernels::cuda {
 
 // The two E4M3 values in the high bytes of `pair`'s halves (its low bytes ignored) as a pair of T
@@ -80,6 +82,17 @@ __device__ __forceinline__ uint32_t F8x4Quantize(const float* x, float inv_scale
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x[2] * inv_scale, x[3] * inv_scale),
                                                __NV_SATFINITE, __NV_E4M3);
   return lo | (hi << 16);
+}
+
+// The per-token quantization of activations (F8QuantizeRows, fp8.h; the CPU's arithmetic in
+// kernels/cpu/fp8.h): a row whose largest magnitude is amax is stored as
+// E4M3(x * F8RowMultiplier(amax)) (F8x4Quantize) with the scale F8RowScale(amax), one IEEE
+// division each.
+__device__ __forceinline__ float F8RowMultiplier(float amax) {
+  return amax > 0.0f ? __fdiv_rn(kF8E4M3Max, amax) : 0.0f;
+}
+__device__ __forceinline__ float F8RowScale(float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
 }
 
 }  // namespace lmserve::kernels::cuda

@@ -55,6 +55,14 @@ absl::Status FusedAddRmsNormParams::Validate() const {
       return KernelError("FusedAddRmsNorm", "null residual, input or weight");
     }
     if (output == residual) return KernelError("FusedAddRmsNorm", "output may not alias residual");
+    if ((f8_output == nullptr) != (f8_output_scales == nullptr)) {
+      return KernelError("FusedAddRmsNorm", "f8_output and f8_output_scales go together");
+    }
+    if (f8_output != nullptr && (dtype != DType::kBF16 || output != nullptr ||
+                                 reinterpret_cast<uintptr_t>(f8_output) % 8 != 0)) {
+      return KernelError("FusedAddRmsNorm",
+                         "an FP8 output takes bf16, no output beside it and 8-byte alignment");
+    }
     if (!Aligned16(residual) || !Aligned16(input) || !Aligned16(weight) ||
         (output != nullptr && !Aligned16(output))) {
       return KernelError("FusedAddRmsNorm", "every tensor must be 16-byte aligned");

@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/norm.h"
 
 namespace lmserve::kernels::cuda {
@@ -21,7 +22,8 @@ __global__ void __launch_bounds__(kNormThreads)
                   R* __restrict__ residual, const T* __restrict__ weight, T* output,
                   int64_t output_stride, int hidden_size, float epsilon,
                   const float* __restrict__ in_row_scales,
-                  const float* __restrict__ in_col_scales) {
+                  const float* __restrict__ in_col_scales, uint8_t* __restrict__ f8_output,
+                  float* f8_scales) {
   using In = std::conditional_t<kFused, T, R>;
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
   __shared__ Acc scratch[32];
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(kNormThreads)
       for (int j = 0; j < 8; ++j) sum_squares += static_cast<Acc>(x[i][j]) * x[i][j];
     }
   }
-  if (kFused && output == nullptr) return;  // the add alone (FusedAddRmsNormParams::output)
+  // The add alone (FusedAddRmsNormParams::output).
+  if (kFused && output == nullptr && f8_output == nullptr) return;
   sum_squares = BlockSum(sum_squares, scratch);
   float inv_rms;
   if constexpr (std::is_same_v<Acc, double>) {
@@ -109,6 +112,38 @@ __global__ void __launch_bounds__(kNormThreads)
         1.0 / sqrt(sum_squares / static_cast<double>(hidden_size) + static_cast<double>(epsilon)));
   } else {
     inv_rms = rsqrtf(sum_squares / static_cast<float>(hidden_size) + epsilon);
+  }
+  if constexpr (kMayScale) {
+    if (f8_output != nullptr) {
+      // The rows F8QuantizeRows would read (rounded to bf16), their largest magnitude, then its
+      // arithmetic. The row's input scale was read above, before BlockSum's barriers: the scale
+      // written here may overwrite it.
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int v = threadIdx.x + i * kNormThreads;
+        if (v < num_vecs) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) x[i][j] = x[i][j] * inv_rms * w[i][j];
+          RoundTrip8<T>(x[i]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[i][j]));
+        }
+      }
+      amax = BlockMax(amax, scratch);
+      const float multiplier = F8RowMultiplier(amax);
+      if (threadIdx.x == 0) f8_scales[token] = F8RowScale(amax);
+      uint8_t* q_row = f8_output + token * hidden_size;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int v = threadIdx.x + i * kNormThreads;
+        if (v < num_vecs) {
+          *reinterpret_cast<uint2*>(q_row + v * 8) =
+              make_uint2(F8x4Quantize(x[i], multiplier), F8x4Quantize(x[i] + 4, multiplier));
+        }
+      }
+      return;
+    }
   }
   T* out_row = output + token * output_stride;
 #pragma unroll
@@ -127,7 +162,8 @@ cudaError_t LaunchNorm(const std::conditional_t<kFused, T, R>* input, int64_t in
                        R* residual, const T* weight, T* output, int64_t output_stride,
                        int64_t num_tokens, int64_t hidden_size, float epsilon,
                        cudaStream_t stream, const float* in_row_scales = nullptr,
-                       const float* in_col_scales = nullptr) {
+                       const float* in_col_scales = nullptr, uint8_t* f8_output = nullptr,
+                       float* f8_scales = nullptr) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t num_vecs = hidden_size / 8;
   const int64_t vecs_per_thread = CeilDiv(num_vecs, kNormThreads);
@@ -137,7 +173,8 @@ cudaError_t LaunchNorm(const std::conditional_t<kFused, T, R>* input, int64_t in
   const int hidden = static_cast<int>(hidden_size);
   auto launch = [&](auto kernel) {
     return LaunchKernel(kernel, grid, threads, 0, stream, input, input_stride, residual, weight,
-                        output, output_stride, hidden, epsilon, in_row_scales, in_col_scales);
+                        output, output_stride, hidden, epsilon, in_row_scales, in_col_scales,
+                        f8_output, f8_scales);
   };
   if (vecs_per_thread <= 1) return launch(RmsNormKernel<T, R, 1, kFused>);
   if (vecs_per_thread <= 2) return launch(RmsNormKernel<T, R, 2, kFused>);
@@ -182,7 +219,8 @@ cudaError_t Launch(const FusedAddRmsNormParams& p, cudaStream_t stream) {
                                   static_cast<R*>(p.residual), static_cast<const T*>(p.weight),
                                   static_cast<T*>(p.output), p.hidden_size, p.num_tokens,
                                   p.hidden_size, p.epsilon, stream, p.input_row_scales,
-                                  p.input_col_scales);
+                                  p.input_col_scales, static_cast<uint8_t*>(p.f8_output),
+                                  p.f8_output_scales);
   });
 }
 

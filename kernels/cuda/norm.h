@@ -60,6 +60,13 @@ struct FusedAddRmsNormParams {
   // would have stored it. Both or neither; bf16 only.
   const float* input_row_scales = nullptr;  // [num_tokens]; device
   const float* input_col_scales = nullptr;  // [hidden_size]; device, 16-byte aligned
+  // The normed rows quantized per token for an FP8 GEMM instead of written to `output` (null
+  // then): E4M3 bytes and a scale a row, bit for bit what F8QuantizeRows (fp8.h) makes of the
+  // bf16 rows `output` would have held. bf16 only. f8_output_scales may be input_row_scales (a
+  // row's block reads its input scale before it writes its own).
+  void* f8_output = nullptr;          // [num_tokens, hidden_size] bytes, contiguous; device,
+                                      // 8-byte aligned
+  float* f8_output_scales = nullptr;  // [num_tokens]; device
 
   static constexpr int64_t kMaxHiddenSize = RmsNormParams::kMaxHiddenSize;
 

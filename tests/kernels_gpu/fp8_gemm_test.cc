@@ -522,5 +522,99 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
   }
 }
 
+// The add + RMSNorm writing its rows quantized per token for an FP8 GEMM (f8_output): bit for
+// bit the norm's bf16 rows through F8QuantizeRows (the bytes, the scales, and the residual), at
+// hidden sizes held in registers ahead of use and not (264, 4096; 14336, 32768), an fp32 and a
+// bf16 residual, a zero row (scale 1, zero bytes), and with an FP8 product's input scales
+// applied as it reads, whose array the new scales then overwrite (the runner's in-place use).
+TEST(Fp8GpuTest, AddRmsNormQuantizesItsRowsAsQuantizeRowsDoes) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int64_t tokens = 5;
+  for (const int64_t hidden : {264, 4096, 14336, 32768}) {
+    for (const DType residual_dtype : {DType::kF32, DType::kBF16}) {
+      for (const bool scaled : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "hidden " << hidden << " residual "
+                                          << testing::Name(residual_dtype)
+                                          << (scaled ? " scaled input" : ""));
+        std::vector<float> products = RandomFloats(tokens * hidden, rng, scaled ? 3000.0f : 2.0f);
+        std::vector<float> residual = RandomFloats(tokens * hidden, rng, 4.0f);
+        for (int64_t j = 0; j < hidden; ++j) products[2 * hidden + j] = residual[2 * hidden + j] = 0;
+        const std::vector<uint16_t> input = RoundToHalf(products, DType::kBF16);
+        DeviceBuffer<uint16_t> d_input(input), scaled_input(input);
+        std::vector<float> weight = RandomFloats(hidden, rng);
+        DeviceBuffer<uint16_t> d_weight(RoundToHalf(weight, DType::kBF16));
+        const bool f32 = residual_dtype == DType::kF32;
+        DeviceBuffer<float> res32_want(residual), res32_got(residual);
+        DeviceBuffer<uint16_t> res16_want(RoundToHalf(residual, DType::kBF16)),
+            res16_got(RoundToHalf(residual, DType::kBF16));
+        const std::vector<float> row_scales = PositiveScales(tokens, rng);
+        DeviceBuffer<float> d_rows(row_scales), d_cols(PositiveScales(hidden, rng));
+        DeviceBuffer<uint16_t> normed(tokens * hidden);
+        DeviceBuffer<uint8_t> q_want(tokens * hidden), q_got(tokens * hidden);
+        DeviceBuffer<float> s_want(tokens), s_got(row_scales);  // s_got: the input's, then ours
+        q_got.Poison();
+        // Want: the product's scales applied (F8ScaleOutput), the norm's bf16 rows, quantized.
+        if (scaled) {
+          const F8ScaleOutputParams scale{.y = scaled_input.get(), .row_scales = d_rows.get(),
+                                          .col_scales = d_cols.get(), .m = tokens, .n = hidden};
+          CUDA_ASSERT(Launch(scale, nullptr));
+        }
+        FusedAddRmsNormParams norm{
+            .residual = f32 ? static_cast<void*>(res32_want.get()) : res16_want.get(),
+            .input = scaled ? scaled_input.get() : d_input.get(),
+            .weight = d_weight.get(),
+            .output = normed.get(),
+            .num_tokens = tokens,
+            .hidden_size = hidden,
+            .residual_dtype = residual_dtype};
+        CUDA_ASSERT(Launch(norm, nullptr));
+        const F8QuantizeRowsParams quantize{.src = normed.get(), .dst = q_want.get(),
+                                            .scales = s_want.get(), .rows = tokens,
+                                            .cols = hidden};
+        CUDA_ASSERT(Launch(quantize, nullptr));
+        // Got: one kernel.
+        norm.residual = f32 ? static_cast<void*>(res32_got.get()) : res16_got.get();
+        norm.input = d_input.get();
+        norm.output = nullptr;
+        norm.f8_output = q_got.get();
+        norm.f8_output_scales = s_got.get();
+        if (scaled) {
+          norm.input_row_scales = s_got.get();
+          norm.input_col_scales = d_cols.get();
+        }
+        ASSERT_TRUE(norm.Validate().ok()) << norm.Validate();
+        CUDA_ASSERT(Launch(norm, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_EQ(q_got.Download(), q_want.Download());
+        const std::vector<float> got_scales = s_got.Download();
+        EXPECT_EQ(got_scales, s_want.Download());
+        EXPECT_EQ(got_scales[2], 1.0f);  // the zero row
+        if (f32) {
+          EXPECT_EQ(res32_got.Download(), res32_want.Download());
+        } else {
+          EXPECT_EQ(res16_got.Download(), res16_want.Download());
+        }
+      }
+    }
+  }
+  FusedAddRmsNormParams bad{.residual = reinterpret_cast<void*>(256),
+                            .input = reinterpret_cast<const void*>(512),
+                            .weight = reinterpret_cast<const void*>(768),
+                            .num_tokens = 1,
+                            .hidden_size = 64,
+                            .f8_output = reinterpret_cast<void*>(1024)};
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("go together"));
+  bad.f8_output_scales = reinterpret_cast<float*>(1280);
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.output = reinterpret_cast<void*>(1536);
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("no output beside"));
+  bad.output = nullptr;
+  bad.dtype = DType::kF16;
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("bf16"));
+}
+
 }  // namespace
 }  // namespace lmserve::kernels::cuda

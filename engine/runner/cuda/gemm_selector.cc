@@ -226,6 +226,11 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
+  const bool input_quantized = folds != nullptr && folds->input_quantized;
+  if (input_quantized && !QuantizedInput(id, m).has_value()) {
+    return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
+                                      " rows quantizes no input, yet was given one quantized"));
+  }
   Kernel kernel = Kernel::kBlas;
   if (m <= kc::kMaxSkinnyGemmRows) {
     LMSERVE_ASSIGN_OR_RETURN(kernel, ChooseF8(id, m, x, y, act, activation));
@@ -243,7 +248,7 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
                                         .silu_and_mul = act != nullptr,
                                         .activation = activation,
                                         .late_dependents = late_dependents};
-    if (folds != nullptr) {
+    if (folds != nullptr && folds->OneRow()) {
       params.add_norm_residual = folds->add_norm_residual;
       params.add_norm_weight = folds->add_norm_weight;
       params.add_norm_epsilon = folds->add_norm_epsilon;
@@ -254,16 +259,25 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
                                  StrCat("FP8 skinny GEMM (", projection.kind, ")"));
     return absl::OkStatus();
   }
-  if (folds != nullptr) {
+  if (folds != nullptr && folds->OneRow()) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
                                       " rows: residual folds without the FP8 skinny GEMM"));
   }
-  return RunF8Blas(id, layer, m, x, y, act, activation, unscaled);
+  return RunF8Blas(id, layer, m, x, y, act, activation, unscaled, input_quantized);
+}
+
+std::optional<F8QuantizedInput> GemmSelector::QuantizedInput(int id, int64_t m) const {
+  const GemmProjection& projection = projections_[id];
+  if (!projection.f8 || m <= kc::kMaxSkinnyGemmRows || dtype_ != kernels::DType::kBF16 ||
+      f8_x_ == nullptr || m > f8_max_rows_ || projection.k > f8_max_cols_) {
+    return std::nullopt;
+  }
+  return F8QuantizedInput{.rows = f8_x_, .scales = f8_x_scales_};
 }
 
 absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y,
                                      void* act, kernels::GateActivation activation,
-                                     F8OutputScales* unscaled) {
+                                     F8OutputScales* unscaled, bool input_quantized) {
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
@@ -278,8 +292,10 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
                                           .rows = m,
                                           .cols = projection.k,
                                           .src_dtype = dtype_};
-  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(quantize, stream_),
-                               StrCat("quantizing the input of ", projection.kind));
+  if (!input_quantized) {
+    LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(quantize, stream_),
+                                 StrCat("quantizing the input of ", projection.kind));
+  }
   LMSERVE_ASSIGN_OR_RETURN(const kc::GemmPlan* plan, Plan(id, m));
   // Where a kernel after cuBLASLt would apply the scales (gemm.h), the gated activation applies
   // them as it reads the product instead, or the caller's next kernel (`unscaled`): one pass
@@ -418,8 +434,9 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
                                const GemmNormEpilogue* norm, F8OutputScales* unscaled,
                                const GemmResidualFolds* folds) {
   if (unscaled != nullptr) *unscaled = {};
-  if (folds != nullptr && (m != 1 || !FoldsAtOneRow(id, layer) ||
-                           (act != nullptr && folds->settle_residual != nullptr))) {
+  if (folds != nullptr && folds->OneRow() &&
+      (m != 1 || !FoldsAtOneRow(id, layer) ||
+       (act != nullptr && folds->settle_residual != nullptr))) {
     return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind, " at ", m,
                                       " rows: residual folds without the skinny GEMM"));
   }

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,13 +87,27 @@ struct GemmNormEpilogue {
   float epsilon = 0.0f;
 };
 
-// What the skinny kernel folds in around a one-row product (skinny_gemm.h): the add + RMSNorm
-// before it (its residual set) and the residual it settles (settle_residual set).
+// What is folded into the kernels around a product. At one row, what the skinny kernel folds in
+// (skinny_gemm.h): the add + RMSNorm before it (its residual set) and the residual it settles
+// (settle_residual set). At more than kMaxSkinnyGemmRows rows of an FP8 projection,
+// `input_quantized`: the kernel before it wrote x's rows quantized per token where
+// GemmSelector::QuantizedInput says (the fused add + RMSNorm's FP8 output), and x itself was not
+// written; the product takes them as they are.
 struct GemmResidualFolds {
   const float* add_norm_residual = nullptr;  // fp32 [k]; device
   const void* add_norm_weight = nullptr;     // [k]; device
   float add_norm_epsilon = 0.0f;
   float* settle_residual = nullptr;          // fp32 [n]; device
+  bool input_quantized = false;
+  // Whether the skinny kernel's folds are set.
+  bool OneRow() const { return add_norm_residual != nullptr || settle_residual != nullptr; }
+};
+
+// Where an FP8 product's per-token quantized input goes: E4M3 rows [m, k] (contiguous) and a
+// scale a row [m] (F8QuantizeRows' layout, kernels/cuda/fp8.h); device.
+struct F8QuantizedInput {
+  void* rows = nullptr;
+  float* scales = nullptr;
 };
 
 class GemmSelector {
@@ -145,6 +160,11 @@ class GemmSelector {
   absl::Status RunAccumulate(int id, int64_t layer, int64_t m, const void* x, void* y,
                              void* tune_scratch);
 
+  // Where the FP8 projection `id` at m rows takes cuBLASLt's path (more than kMaxSkinnyGemmRows
+  // rows; bf16 activations): where its quantized input goes, for the kernel before it to write
+  // (GemmResidualFolds::input_quantized). Nullopt where it quantizes no input at m rows.
+  std::optional<F8QuantizedInput> QuantizedInput(int id, int64_t m) const;
+
   // Whether a product of n outputs and k inputs (not the LM head) runs the skinny kernel at one
   // row: untimed there, it does unless every GEMM is cuBLASLt's or its shape is not the skinny
   // kernel's.
@@ -190,8 +210,10 @@ class GemmSelector {
                      const GemmResidualFolds* folds = nullptr);
   absl::StatusOr<Kernel> ChooseF8(int id, int64_t m, const void* x, void* y, void* act,
                                   kernels::GateActivation activation);
+  // `input_quantized`: x's rows are already in the quantized input's scratch (QuantizedInput).
   absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                         kernels::GateActivation activation, F8OutputScales* unscaled = nullptr);
+                         kernels::GateActivation activation, F8OutputScales* unscaled = nullptr,
+                         bool input_quantized = false);
 
   // Run() of a weight held in GGUF blocks.
   absl::Status RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,

@@ -56,8 +56,10 @@ int64_t ContextFor(const ModelConfig& config, int64_t tokens) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> Fp8Runner(const Checkpoint& checkpoint,
                                                         RunnerQuantization quantization,
-                                                        int64_t context, DecodeGemm decode_gemm) {
+                                                        int64_t context, DecodeGemm decode_gemm,
+                                                        bool fold_add_norm = true) {
   RunnerConfig config;
+  config.fold_add_norm = fold_add_norm;
   config.decode_gemm = decode_gemm;
   config.backend = Backend::kCuda;
   config.cuda_kernel_path = lmserve::testing::KernelPathUnderTest<CudaKernelPath>();
@@ -72,7 +74,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> Fp8Runner(const Checkpoint& checkpo
 
 // Serves every prompt of the fixture at `fixture_dir` from `checkpoint_dir` and checks the
 // logits, whole, in chunks of 8 and token by token (steps of one token: the add + RMSNorm folded
-// into the FP8 skinny GEMM, RunnerConfig::fold_add_norm).
+// into the FP8 skinny GEMM, RunnerConfig::fold_add_norm). Whole prompts also run with the folds
+// off: the add + RMSNorm then writes its bf16 rows and the product quantizes them, which the
+// norm otherwise does itself for the product (FusedAddRmsNormParams::f8_output): the same
+// logits bit for bit.
 void ExpectAccurate(const std::string& name, const std::string& fixture_dir,
                     const std::string& checkpoint_dir, RunnerQuantization quantization) {
   auto checkpoint = OpenCheckpoint(checkpoint_dir);
@@ -93,6 +98,13 @@ void ExpectAccurate(const std::string& name, const std::string& fixture_dir,
       const int32_t state_slot = (*runner)->num_state_slots() > 0 ? 0 : -1;
       const std::vector<float> got =
           testing::PromptLogits(**runner, ref.prompts[j], chunk, state_slot);
+      if (chunk == 0) {
+        auto unfolded = Fp8Runner(**checkpoint, quantization, context, DecodeGemm::kAuto,
+                                  /*fold_add_norm=*/false);
+        ASSERT_TRUE(unfolded.ok()) << unfolded.status();
+        EXPECT_EQ(testing::PromptLogits(**unfolded, ref.prompts[j], chunk, state_slot), got)
+            << "prompt " << j << ": the norm's quantized rows differ from the product's own";
+      }
       const std::vector<float> want = testing::LoadReferenceLogits(fixture_dir, static_cast<int>(j));
       ASSERT_EQ(got.size(), want.size());
       accuracy.Add(got, want, (*runner)->model_config().vocab_size);
