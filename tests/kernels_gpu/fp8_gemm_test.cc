@@ -524,7 +524,7 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
 
 // The add + RMSNorm writing its rows quantized per token for an FP8 GEMM (f8_output): bit for
 // bit the norm's bf16 rows through F8QuantizeRows (the bytes, the scales, and the residual), at
-// hidden sizes held in registers ahead of use and not (264, 4096; 14336, 32768), an fp32 and a
+// hidden sizes held in registers ahead of use and not (272, 4096; 14336, 32768), an fp32 and a
 // bf16 residual, a zero row (scale 1, zero bytes), and with an FP8 product's input scales
 // applied as it reads, whose array the new scales then overwrite (the runner's in-place use).
 TEST(Fp8GpuTest, AddRmsNormQuantizesItsRowsAsQuantizeRowsDoes) {
@@ -533,7 +533,7 @@ TEST(Fp8GpuTest, AddRmsNormQuantizesItsRowsAsQuantizeRowsDoes) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   const int64_t tokens = 5;
-  for (const int64_t hidden : {264, 4096, 14336, 32768}) {
+  for (const int64_t hidden : {272, 4096, 14336, 32768}) {
     for (const DType residual_dtype : {DType::kF32, DType::kBF16}) {
       for (const bool scaled : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "hidden " << hidden << " residual "
