@@ -330,9 +330,23 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   };
   std::optional<HeldAddNorm> held_add_norm_;
   std::optional<HeldAddNorm> residual_debt_;
-  // The output buffer of a folded add + RMSNorm, never written: an op that reads it before a
-  // norm writes it again is refused (CheckUnfolded), not given stale rows. No family does.
-  std::optional<Buffer> folded_out_;
+  // The output buffers of a folded add + RMSNorm or gated activation, never written: an op that
+  // reads one before an op writes it again is refused (CheckUnfolded), not given stale rows. No
+  // family does.
+  std::vector<Buffer> folded_outs_;
+  void MarkFolded(Buffer b) {
+    if (std::find(folded_outs_.begin(), folded_outs_.end(), b) == folded_outs_.end()) {
+      folded_outs_.push_back(b);
+    }
+  }
+  void Unfold(Buffer b) { std::erase(folded_outs_, b); }
+  // GatedLinear's output at a step of more than kMaxSkinnyGemmRows tokens of an FP8 model, whose
+  // gated activation the GEMM selector holds back (GemmResidualFolds::hold_activation): if the
+  // next op is a Linear reading it whose product quantizes its input, the activation writes that
+  // quantized input instead (GemmSelector::RunHeldActivation); any other op first has it run as
+  // asked (FlushAddNorm).
+  std::optional<Buffer> held_activation_;
+  bool MayHoldActivation(int gate_up_id, Buffer in, Buffer out) const;
   // An FP8 product that cuBLASLt left unscaled (GemmSelector::Run's `unscaled`): the op that
   // reads it next applies its scales as it reads (QKV post-processing for kQkv, the add +
   // RMSNorm for kProjected), or FlushLinear has F8ScaleOutput apply them first.
@@ -934,7 +948,7 @@ absl::Status CudaRunner::Embed(Weight table, float scale) {
 absl::Status CudaRunner::RmsNorm(Buffer in, Weight weight, float epsilon, Buffer out) {
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
   LMSERVE_RETURN_IF_ERROR(CheckUnfolded({in}));
-  if (folded_out_ == out) folded_out_.reset();
+  Unfold(out);
   if (BufDType(out) != kernel_dtype_) {
     return absl::UnimplementedError(kResidualOnlyThere);
   }
@@ -954,7 +968,7 @@ absl::Status CudaRunner::AddRmsNorm(Buffer residual, Buffer add, Weight weight, 
                                     Buffer out) {
   LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
   LMSERVE_RETURN_IF_ERROR(CheckUnfolded({residual, add}));
-  if (folded_out_ == out) folded_out_.reset();
+  Unfold(out);
   if (MayFoldAddNorm(residual, add, out)) {
     held_add_norm_ = HeldAddNorm{.residual = residual,
                                  .add = add,
@@ -996,6 +1010,11 @@ bool CudaRunner::MayQuantizeAddNorm(Buffer residual, Buffer add, Buffer out) con
 }
 
 absl::Status CudaRunner::FlushAddNorm() {
+  if (held_activation_.has_value()) {
+    Unfold(*held_activation_);
+    held_activation_.reset();
+    LMSERVE_RETURN_IF_ERROR(gemms_->RunHeldActivation());
+  }
   if (!held_add_norm_.has_value()) return absl::OkStatus();
   const HeldAddNorm held = *held_add_norm_;
   held_add_norm_.reset();
@@ -1022,10 +1041,11 @@ absl::Status CudaRunner::SettleResidual() {
 
 absl::Status CudaRunner::CheckUnfolded(std::initializer_list<Buffer> reads) const {
   for (Buffer b : reads) {
-    if (folded_out_.has_value() && b == *folded_out_) {
+    if (std::find(folded_outs_.begin(), folded_outs_.end(), b) != folded_outs_.end()) {
       return absl::InternalError(
-          "CUDA runner: an op reads the output of an add + RMSNorm folded into a product "
-          "(RunnerConfig::fold_add_norm); the fold assumes the product is its only reader");
+          "CUDA runner: an op reads the output of an add + RMSNorm or a gated activation folded "
+          "into a product (RunnerConfig::fold_add_norm); the fold assumes the product is its "
+          "only reader");
     }
   }
   return absl::OkStatus();
@@ -1045,8 +1065,21 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
                                                              Buffer out, bool gated) {
   LMSERVE_RETURN_IF_ERROR(CheckUnfolded({*in}));
   cuda::GemmResidualFolds folds;
-  if (!held_add_norm_.has_value() && !residual_debt_.has_value()) return folds;
   const auto [id, layer] = Projection(weight, /*logits=*/false);
+  if (held_activation_.has_value() && *in == *held_activation_ && !gated &&
+      gemms_->QuantizedInput(id, step_.tokens).has_value()) {
+    held_activation_.reset();
+    LMSERVE_RETURN_IF_ERROR(gemms_->RunHeldActivation(id));
+    MarkFolded(*in);
+    folds.input_quantized = true;
+    // Neither a held norm nor a debt can be pending here (AddRmsNorm runs a held activation
+    // first; debts are a one-token step's), but run them as any other op would.
+    LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
+    LMSERVE_RETURN_IF_ERROR(SettleResidual());
+    return folds;
+  }
+  if (held_activation_.has_value()) LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
+  if (!held_add_norm_.has_value() && !residual_debt_.has_value()) return folds;
   const cuda::GemmProjection& projection = gemms_->projection(id);
   const bool skinny = step_.tokens == 1 && gemms_->FoldsAtOneRow(id, layer);
   if (held_add_norm_.has_value()) {
@@ -1059,7 +1092,7 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
       folds.add_norm_weight = weights_[held.weight];
       folds.add_norm_epsilon = held.epsilon;
       residual_debt_ = held;
-      folded_out_ = held.out;
+      MarkFolded(held.out);
       *in = held.add;
       return folds;
     }
@@ -1071,7 +1104,7 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
       LMSERVE_RETURN_IF_ERROR(AddRmsNormNow(held.residual, held.add, held.weight, held.epsilon,
                                             held.out, &held.input_scales, &*f8_in));
       folds.input_quantized = true;
-      folded_out_ = held.out;
+      MarkFolded(held.out);
       return folds;
     }
     LMSERVE_RETURN_IF_ERROR(FlushAddNorm());
@@ -1135,6 +1168,7 @@ absl::Status CudaRunner::AddRmsNormNow(Buffer residual, Buffer add, Weight weigh
 absl::Status CudaRunner::Linear(Weight weight, Buffer in, Buffer out) {
   LMSERVE_ASSIGN_OR_RETURN(const cuda::GemmResidualFolds folds, FoldsFor(weight, &in, out));
   LMSERVE_RETURN_IF_ERROR(FlushLinear(/*keep_scales=*/false, /*keep_folds=*/true));
+  Unfold(out);
   if (folds.OneRow() || folds.input_quantized) return LinearNow(weight, in, out, &folds);
   if (out == Buffer::kProjected && FusesIntoResidual(weight)) {
     deferred_linear_ = DeferredLinear{.weight = weight, .in = in};
@@ -1249,13 +1283,27 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
       return absl::UnimplementedError("CUDA runner: unsupported activation");
   }
   const auto [id, layer] = Projection(gate_up, /*logits=*/false);
+  cuda::GemmResidualFolds run_folds = folds;
+  run_folds.hold_activation = MayHoldActivation(id, in, out);
+  Unfold(out);
   // The down projection follows, another stream of weights: it may launch only once gate/up has
   // read its own.
-  return gemms_->Run(id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out),
-                     /*late_dependents=*/true, activation, /*norm=*/nullptr,
-                     /*unscaled=*/nullptr,
-                     folds.add_norm_residual != nullptr || folds.input_quantized ? &folds
-                                                                                 : nullptr);
+  LMSERVE_RETURN_IF_ERROR(gemms_->Run(
+      id, layer, step_.tokens, Buf(in), gate_up_.get(), Buf(out), /*late_dependents=*/true,
+      activation, /*norm=*/nullptr, /*unscaled=*/nullptr,
+      run_folds.add_norm_residual != nullptr || run_folds.input_quantized ||
+              run_folds.hold_activation
+          ? &run_folds
+          : nullptr));
+  if (run_folds.hold_activation) held_activation_ = out;
+  return absl::OkStatus();
+}
+
+bool CudaRunner::MayHoldActivation(int gate_up_id, Buffer in, Buffer out) const {
+  return runner_config_.fold_add_norm && fp8_ && step_.tokens > kc::kMaxSkinnyGemmRows &&
+         comm_ == nullptr && kernel_dtype_ == DType::kBF16 && in != out &&
+         BufDType(out) == kernel_dtype_ &&
+         gemms_->QuantizedInput(gate_up_id, step_.tokens).has_value();
 }
 
 absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
@@ -1656,7 +1704,9 @@ absl::Status CudaRunner::Forward(const Step& step) {
   pending_scales_.reset();
   held_add_norm_.reset();
   residual_debt_.reset();
-  folded_out_.reset();
+  folded_outs_.clear();
+  held_activation_.reset();
+  gemms_->DropHeldActivation();
   LMSERVE_RETURN_IF_ERROR(model_->Forward(*this));
   LMSERVE_RETURN_IF_ERROR(FlushLinear());
   if (pending_ssm_norm_.has_value()) {

@@ -29,6 +29,13 @@ struct SiluAndMulParams {
   // kernel's. Both or neither; bf16 only.
   const float* row_scales = nullptr;  // [num_tokens]; device
   const float* col_scales = nullptr;  // [2 * intermediate_size], 16-byte aligned; device
+  // The output rows quantized per token for an FP8 GEMM instead of written to `output` (null
+  // then): E4M3 bytes and a scale a row, bit for bit what F8QuantizeRows (fp8.h) makes of the
+  // bf16 rows `output` would have held. bf16 only. f8_output_scales may be row_scales (a row's
+  // block reads its scale before it writes its own).
+  void* f8_output = nullptr;          // [num_tokens, intermediate_size] bytes; device, 8-byte
+                                      // aligned
+  float* f8_output_scales = nullptr;  // [num_tokens]; device
 
   absl::Status Validate() const;
 };

@@ -21,10 +21,20 @@ absl::Status SiluAndMulParams::Validate() const {
     return KernelError("SiluAndMul",
                        StrCat("unknown activation ", static_cast<int>(activation)));
   }
+  if ((f8_output == nullptr) != (f8_output_scales == nullptr)) {
+    return KernelError("SiluAndMul", "f8_output and f8_output_scales go together");
+  }
+  if (f8_output != nullptr && (dtype != DType::kBF16 || output != nullptr)) {
+    return KernelError("SiluAndMul", "an FP8 output takes bf16 and no output beside it");
+  }
   if (num_tokens > 0) {
-    if (gate_up == nullptr || output == nullptr) return KernelError("SiluAndMul", "null pointer");
-    if (!Aligned16(gate_up) || !Aligned16(output)) {
-      return KernelError("SiluAndMul", "gate_up and output must be 16-byte aligned");
+    if (gate_up == nullptr || (output == nullptr && f8_output == nullptr)) {
+      return KernelError("SiluAndMul", "null pointer");
+    }
+    if (!Aligned16(gate_up) || (output != nullptr && !Aligned16(output)) ||
+        reinterpret_cast<uintptr_t>(f8_output) % 8 != 0) {
+      return KernelError("SiluAndMul",
+                         "gate_up and output must be 16-byte aligned, an FP8 output 8-byte");
     }
   }
   return CheckF8OutputScales("SiluAndMul", row_scales, col_scales, dtype);

@@ -7,6 +7,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8_cache.cuh"
 
 namespace lmserve::kernels::cuda {
 namespace {
@@ -41,6 +42,53 @@ __global__ void __launch_bounds__(kThreads)
       g[j] = GateActivationOf<kActivation, !std::is_same_v<T, float>>(g[j]) * u[j];
     }
     Store8<T>(output + v * 8, g);
+  }
+}
+
+// The same with the output quantized per token (SiluAndMulParams::f8_output), bf16: one block a
+// row, which computes its outputs twice (the second time from L2): first for their largest
+// magnitude, then to quantize them.
+template <GateActivation kActivation, bool kScaled>
+__global__ void __launch_bounds__(kThreads)
+    SiluAndMulF8Kernel(const __nv_bfloat16* __restrict__ gate_up, uint8_t* __restrict__ output,
+                       float* output_scales, int64_t vecs_per_row, const float* row_scales,
+                       const float* __restrict__ col_scales) {
+  using T = __nv_bfloat16;
+  __shared__ float scratch[32];
+  BeginDependentKernel();
+  const int64_t token = blockIdx.x;
+  // Read once, before BlockMax's barriers: output_scales may be row_scales.
+  const float row_scale = kScaled ? row_scales[token] : 0.0f;
+  // Outputs 8 col .. 8 col + 7 of the row, rounded to bf16 as the plain kernel stores them.
+  auto outputs = [&](int64_t col, float (&g)[8]) {
+    const T* gate_ptr = gate_up + (token * 2 * vecs_per_row + col) * 8;
+    float u[8];
+    Load8<T>(gate_ptr, g);
+    Load8<T>(gate_ptr + vecs_per_row * 8, u);
+    if constexpr (kScaled) {
+      LoadAndApplyF8OutputScales(g, row_scale, col_scales + col * 8);
+      LoadAndApplyF8OutputScales(u, row_scale, col_scales + (vecs_per_row + col) * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) g[j] = GateActivationOf<kActivation, true>(g[j]) * u[j];
+    RoundTrip8<T>(g);
+  };
+  float amax = 0.0f;
+  for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
+    float g[8];
+    outputs(col, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
+  }
+  amax = BlockMax(amax, scratch);
+  const float multiplier = F8RowMultiplier(amax);
+  if (threadIdx.x == 0) output_scales[token] = F8RowScale(amax);
+  uint8_t* out_row = output + token * vecs_per_row * 8;
+  for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
+    float g[8];
+    outputs(col, g);
+    *reinterpret_cast<uint2*>(out_row + col * 8) =
+        make_uint2(F8x4Quantize(g, multiplier), F8x4Quantize(g + 4, multiplier));
   }
 }
 
@@ -112,6 +160,18 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     const int64_t num_vecs = p.num_tokens * vecs_per_row;
     const int64_t blocks = std::min<int64_t>(CeilDiv(num_vecs, kThreads), GridLimit());
     const bool gelu = p.activation == GateActivation::kGeluTanh;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // Validate(): an FP8 output with bf16 only
+      if (p.f8_output != nullptr) {
+        const bool scaled = p.row_scales != nullptr;
+        auto kernel = gelu ? (scaled ? SiluAndMulF8Kernel<GateActivation::kGeluTanh, true>
+                                     : SiluAndMulF8Kernel<GateActivation::kGeluTanh, false>)
+                           : (scaled ? SiluAndMulF8Kernel<GateActivation::kSilu, true>
+                                     : SiluAndMulF8Kernel<GateActivation::kSilu, false>);
+        return LaunchKernel(kernel, static_cast<unsigned>(p.num_tokens), kThreads, 0, stream,
+                            static_cast<const T*>(p.gate_up), static_cast<uint8_t*>(p.f8_output),
+                            p.f8_output_scales, vecs_per_row, p.row_scales, p.col_scales);
+      }
+    }
     auto kernel = gelu ? SiluAndMulKernel<T, GateActivation::kGeluTanh>
                        : SiluAndMulKernel<T, GateActivation::kSilu>;
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // Validate(): scales with bf16 only

@@ -522,6 +522,73 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
   }
 }
 
+// The gated activation writing its rows quantized per token for an FP8 GEMM (f8_output): bit
+// for bit its bf16 rows through F8QuantizeRows, both activations, widths of one and of several
+// vectors a thread (272, 14336), a zero row, with and without an FP8 product's scales applied as
+// it reads, whose row array the new scales then overwrite (the runner's in-place use).
+TEST(Fp8GpuTest, GatedActivationQuantizesItsRowsAsQuantizeRowsDoes) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  const int64_t m = 5;
+  for (const int64_t inter : {272, 14336}) {
+    for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+      for (const bool scaled : {false, true}) {
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << "intermediate " << inter << " activation "
+                                          << static_cast<int>(activation)
+                                          << (scaled ? " scaled" : "") << " seed " << seed);
+        std::mt19937 rng(seed);
+        const int64_t n = 2 * inter;
+        std::vector<float> products = RandomFloats(m * n, rng, scaled ? 3000.0f : 3.0f);
+        for (int64_t j = 0; j < n; ++j) products[3 * n + j] = 0.0f;  // a zero row
+        const std::vector<uint16_t> gate_up = RoundToHalf(products, DType::kBF16);
+        const std::vector<float> rows = PositiveScales(m, rng), cols = PositiveScales(n, rng);
+        DeviceBuffer<uint16_t> d_want_in(gate_up), d_got_in(gate_up), d_act(m * inter);
+        DeviceBuffer<float> d_rows(rows), d_cols(cols), s_want(m), s_got(rows);
+        DeviceBuffer<uint8_t> q_want(m * inter), q_got(m * inter);
+        q_got.Poison();
+        if (scaled) {
+          const F8ScaleOutputParams scale{.y = d_want_in.get(), .row_scales = d_rows.get(),
+                                          .col_scales = d_cols.get(), .m = m, .n = n};
+          CUDA_ASSERT(Launch(scale, nullptr));
+        }
+        SiluAndMulParams act{.gate_up = d_want_in.get(),
+                             .output = d_act.get(),
+                             .num_tokens = m,
+                             .intermediate_size = inter,
+                             .activation = activation};
+        CUDA_ASSERT(Launch(act, nullptr));
+        const F8QuantizeRowsParams quantize{.src = d_act.get(), .dst = q_want.get(),
+                                            .scales = s_want.get(), .rows = m, .cols = inter};
+        CUDA_ASSERT(Launch(quantize, nullptr));
+        act.gate_up = d_got_in.get();
+        act.output = nullptr;
+        act.f8_output = q_got.get();
+        act.f8_output_scales = s_got.get();
+        if (scaled) {
+          act.row_scales = s_got.get();
+          act.col_scales = d_cols.get();
+        }
+        ASSERT_TRUE(act.Validate().ok()) << act.Validate();
+        CUDA_ASSERT(Launch(act, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_EQ(q_got.Download(), q_want.Download());
+        const std::vector<float> got_scales = s_got.Download();
+        EXPECT_EQ(got_scales, s_want.Download());
+        EXPECT_EQ(got_scales[3], 1.0f);
+      }
+    }
+  }
+  SiluAndMulParams bad{.gate_up = reinterpret_cast<void*>(256),
+                       .num_tokens = 1,
+                       .intermediate_size = 8,
+                       .f8_output = reinterpret_cast<void*>(512)};
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("go together"));
+  bad.f8_output_scales = reinterpret_cast<float*>(768);
+  EXPECT_TRUE(bad.Validate().ok()) << bad.Validate();
+  bad.output = reinterpret_cast<void*>(1024);
+  EXPECT_THAT(std::string(bad.Validate().message()), ::testing::HasSubstr("no output beside"));
+}
+
 // The add + RMSNorm writing its rows quantized per token for an FP8 GEMM (f8_output): bit for
 // bit the norm's bf16 rows through F8QuantizeRows (the bytes, the scales, and the residual), at
 // hidden sizes held in registers ahead of use and not (272, 4096; 14336, 32768), an fp32 and a

@@ -227,9 +227,11 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
   const bool input_quantized = folds != nullptr && folds->input_quantized;
-  if (input_quantized && !QuantizedInput(id, m).has_value()) {
+  const bool hold_activation = folds != nullptr && folds->hold_activation;
+  if ((input_quantized || hold_activation) && !QuantizedInput(id, m).has_value()) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
-                                      " rows quantizes no input, yet was given one quantized"));
+                                      " rows quantizes no input, yet was given one quantized "
+                                      "or asked to hold its activation"));
   }
   Kernel kernel = Kernel::kBlas;
   if (m <= kc::kMaxSkinnyGemmRows) {
@@ -263,7 +265,26 @@ absl::Status GemmSelector::RunF8(int id, int64_t layer, int64_t m, const void* x
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
                                       " rows: residual folds without the FP8 skinny GEMM"));
   }
-  return RunF8Blas(id, layer, m, x, y, act, activation, unscaled, input_quantized);
+  return RunF8Blas(id, layer, m, x, y, act, activation, unscaled, input_quantized,
+                   hold_activation && act != nullptr);
+}
+
+absl::Status GemmSelector::RunHeldActivation(int id) {
+  if (!held_activation_.has_value()) return absl::OkStatus();
+  kc::SiluAndMulParams params = *held_activation_;
+  held_activation_.reset();
+  if (id >= 0) {
+    const std::optional<F8QuantizedInput> input = QuantizedInput(id, params.num_tokens);
+    if (!input.has_value() || projections_[id].k != params.intermediate_size) {
+      return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
+                                        " cannot take the held activation's rows quantized"));
+    }
+    params.output = nullptr;
+    params.f8_output = input->rows;
+    params.f8_output_scales = input->scales;
+  }
+  LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "gated activation");
+  return absl::OkStatus();
 }
 
 std::optional<F8QuantizedInput> GemmSelector::QuantizedInput(int id, int64_t m) const {
@@ -277,7 +298,8 @@ std::optional<F8QuantizedInput> GemmSelector::QuantizedInput(int id, int64_t m) 
 
 absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y,
                                      void* act, kernels::GateActivation activation,
-                                     F8OutputScales* unscaled, bool input_quantized) {
+                                     F8OutputScales* unscaled, bool input_quantized,
+                                     bool hold_activation) {
   const GemmProjection& projection = projections_[id];
   const void* w = projection.weights[layer];
   const float* w_scales = projection.scales[layer];
@@ -315,6 +337,10 @@ absl::Status GemmSelector::RunF8Blas(int id, int64_t layer, int64_t m, const voi
     if (scales_in_activation) {
       params.row_scales = f8_x_scales_;
       params.col_scales = w_scales;
+    }
+    if (hold_activation) {
+      held_activation_ = params;
+      return absl::OkStatus();
     }
     LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "gated activation");
   }
@@ -434,6 +460,10 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
                                const GemmNormEpilogue* norm, F8OutputScales* unscaled,
                                const GemmResidualFolds* folds) {
   if (unscaled != nullptr) *unscaled = {};
+  if (held_activation_.has_value()) {
+    return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
+                                      " runs while a held gated activation was never run"));
+  }
   if (folds != nullptr && folds->OneRow() &&
       (m != 1 || !FoldsAtOneRow(id, layer) ||
        (act != nullptr && folds->settle_residual != nullptr))) {

@@ -89,16 +89,19 @@ struct GemmNormEpilogue {
 
 // What is folded into the kernels around a product. At one row, what the skinny kernel folds in
 // (skinny_gemm.h): the add + RMSNorm before it (its residual set) and the residual it settles
-// (settle_residual set). At more than kMaxSkinnyGemmRows rows of an FP8 projection,
-// `input_quantized`: the kernel before it wrote x's rows quantized per token where
-// GemmSelector::QuantizedInput says (the fused add + RMSNorm's FP8 output), and x itself was not
-// written; the product takes them as they are.
+// (settle_residual set). At more than kMaxSkinnyGemmRows rows of an FP8 projection:
+// - `input_quantized`: the kernel before it wrote x's rows quantized per token where
+//   GemmSelector::QuantizedInput says (the add + RMSNorm's or the gated activation's FP8 output),
+//   and x itself was not written; the product takes them as they are;
+// - `hold_activation` (with `act`): the gated activation after cuBLASLt is held back, for
+//   GemmSelector::RunHeldActivation to run into the next product's quantized input.
 struct GemmResidualFolds {
   const float* add_norm_residual = nullptr;  // fp32 [k]; device
   const void* add_norm_weight = nullptr;     // [k]; device
   float add_norm_epsilon = 0.0f;
   float* settle_residual = nullptr;          // fp32 [n]; device
   bool input_quantized = false;
+  bool hold_activation = false;
   // Whether the skinny kernel's folds are set.
   bool OneRow() const { return add_norm_residual != nullptr || settle_residual != nullptr; }
 };
@@ -165,6 +168,14 @@ class GemmSelector {
   // (GemmResidualFolds::input_quantized). Nullopt where it quantizes no input at m rows.
   std::optional<F8QuantizedInput> QuantizedInput(int id, int64_t m) const;
 
+  // The gated activation that Run held back (GemmResidualFolds::hold_activation), run now: with
+  // `id` >= 0, into the quantized input of FP8 projection `id` at the activation's rows (which
+  // QuantizedInput must give; then Run `id` with input_quantized), else as asked (act's bf16
+  // rows). Nothing where none is held. Run refuses any product while one is held.
+  absl::Status RunHeldActivation(int id = -1);
+  // Forgets a held activation (a step that failed before running it).
+  void DropHeldActivation() { held_activation_.reset(); }
+
   // Whether a product of n outputs and k inputs (not the LM head) runs the skinny kernel at one
   // row: untimed there, it does unless every GEMM is cuBLASLt's or its shape is not the skinny
   // kernel's.
@@ -211,9 +222,10 @@ class GemmSelector {
   absl::StatusOr<Kernel> ChooseF8(int id, int64_t m, const void* x, void* y, void* act,
                                   kernels::GateActivation activation);
   // `input_quantized`: x's rows are already in the quantized input's scratch (QuantizedInput).
+  // `hold_activation`: GemmResidualFolds::hold_activation.
   absl::Status RunF8Blas(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
                          kernels::GateActivation activation, F8OutputScales* unscaled = nullptr,
-                         bool input_quantized = false);
+                         bool input_quantized = false, bool hold_activation = false);
 
   // Run() of a weight held in GGUF blocks.
   absl::Status RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
@@ -237,6 +249,7 @@ class GemmSelector {
   bool autotune_ = false;
   void* f8_x_ = nullptr;
   float* f8_x_scales_ = nullptr;
+  std::optional<kernels::cuda::SiluAndMulParams> held_activation_;  // RunHeldActivation's
   int64_t f8_max_rows_ = 0, f8_max_cols_ = 0;
   void* dequant_ = nullptr;
   int64_t dequant_bytes_ = 0;

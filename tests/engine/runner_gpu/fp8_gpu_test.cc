@@ -76,9 +76,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> Fp8Runner(const Checkpoint& checkpo
 // Serves every prompt of the fixture at `fixture_dir` from `checkpoint_dir` and checks the
 // logits, whole, in chunks of 8 and token by token (steps of one token: the add + RMSNorm folded
 // into the FP8 skinny GEMM, RunnerConfig::fold_add_norm). Whole prompts of more than
-// kMaxSkinnyGemmRows tokens also run with the folds off: the add + RMSNorm then writes its bf16
-// rows and the product quantizes them, which the norm otherwise does itself for the product
-// (FusedAddRmsNormParams::f8_output): the same logits bit for bit. (Prompts of one token take
+// kMaxSkinnyGemmRows tokens also run with the folds off: the add + RMSNorm and the gated
+// activation then write their bf16 rows and the next product quantizes them, which they
+// otherwise do themselves for it (FusedAddRmsNormParams and SiluAndMulParams::f8_output): the
+// same logits bit for bit. (Prompts of one token take
 // the one-token fold, whose sums differ in their rounding: checked against the reference only.)
 void ExpectAccurate(const std::string& name, const std::string& fixture_dir,
                     const std::string& checkpoint_dir, RunnerQuantization quantization) {
