@@ -46,9 +46,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The same with the output quantized per token (SiluAndMulParams::f8_output), bf16: one block a
-// row, which computes its outputs twice (the second time from L2): first for their largest
-// magnitude, then to quantize them.
-template <GateActivation kActivation, bool kScaled>
+// row. kVecs > 0: each thread keeps its up to kVecs vectors of 8 outputs in registers (bf16, as
+// the plain kernel stores them) between the row's largest magnitude and their quantization; 0
+// (rows wider than 8 vectors a thread): it computes them twice, the second time from L2.
+template <GateActivation kActivation, bool kScaled, int kVecs>
 __global__ void __launch_bounds__(kThreads)
     SiluAndMulF8Kernel(const __nv_bfloat16* __restrict__ gate_up, uint8_t* __restrict__ output,
                        float* output_scales, int64_t vecs_per_row, const float* row_scales,
@@ -63,8 +64,13 @@ __global__ void __launch_bounds__(kThreads)
   auto outputs = [&](int64_t col, float (&g)[8]) {
     const T* gate_ptr = gate_up + (token * 2 * vecs_per_row + col) * 8;
     float u[8];
-    Load8<T>(gate_ptr, g);
-    Load8<T>(gate_ptr + vecs_per_row * 8, u);
+    if constexpr (kVecs > 0) {
+      LoadStream8<T>(gate_ptr, g);
+      LoadStream8<T>(gate_ptr + vecs_per_row * 8, u);
+    } else {  // read again by the second pass
+      Load8<T>(gate_ptr, g);
+      Load8<T>(gate_ptr + vecs_per_row * 8, u);
+    }
     if constexpr (kScaled) {
       LoadAndApplyF8OutputScales(g, row_scale, col_scales + col * 8);
       LoadAndApplyF8OutputScales(u, row_scale, col_scales + (vecs_per_row + col) * 8);
@@ -73,23 +79,65 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 8; ++j) g[j] = GateActivationOf<kActivation, true>(g[j]) * u[j];
     RoundTrip8<T>(g);
   };
-  float amax = 0.0f;
-  for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
-    float g[8];
-    outputs(col, g);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
-  }
-  amax = BlockMax(amax, scratch);
-  const float multiplier = F8RowMultiplier(amax);
-  if (threadIdx.x == 0) output_scales[token] = F8RowScale(amax);
   uint8_t* out_row = output + token * vecs_per_row * 8;
-  for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
-    float g[8];
-    outputs(col, g);
+  auto store = [&](int64_t col, const float (&g)[8], float multiplier) {
     *reinterpret_cast<uint2*>(out_row + col * 8) =
         make_uint2(F8x4Quantize(g, multiplier), F8x4Quantize(g + 4, multiplier));
+  };
+  float amax = 0.0f;
+  if constexpr (kVecs > 0) {
+    uint4 held[kVecs];
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = threadIdx.x + int64_t{i} * kThreads;
+      if (col < vecs_per_row) {
+        float g[8];
+        outputs(col, g);
+        held[i] = Pack8<T>(g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
+      }
+    }
+    amax = BlockMax(amax, scratch);
+    const float multiplier = F8RowMultiplier(amax);
+    if (threadIdx.x == 0) output_scales[token] = F8RowScale(amax);
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = threadIdx.x + int64_t{i} * kThreads;
+      if (col < vecs_per_row) {
+        float g[8];
+        Unpack8<T>(held[i], g);
+        store(col, g, multiplier);
+      }
+    }
+  } else {
+    for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
+      float g[8];
+      outputs(col, g);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
+    }
+    amax = BlockMax(amax, scratch);
+    const float multiplier = F8RowMultiplier(amax);
+    if (threadIdx.x == 0) output_scales[token] = F8RowScale(amax);
+    for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
+      float g[8];
+      outputs(col, g);
+      store(col, g, multiplier);
+    }
   }
+}
+
+// SiluAndMulF8Kernel for a row of `vecs_per_row` vectors: the fewest registers that hold it, or
+// two passes.
+template <GateActivation kActivation, bool kScaled>
+auto SiluAndMulF8KernelFor(int64_t vecs_per_row) {
+  const int64_t per_thread = CeilDiv(vecs_per_row, int64_t{kThreads});
+  if (per_thread <= 1) return SiluAndMulF8Kernel<kActivation, kScaled, 1>;
+  if (per_thread <= 2) return SiluAndMulF8Kernel<kActivation, kScaled, 2>;
+  if (per_thread <= 4) return SiluAndMulF8Kernel<kActivation, kScaled, 4>;
+  if (per_thread <= 8) return SiluAndMulF8Kernel<kActivation, kScaled, 8>;
+  return SiluAndMulF8Kernel<kActivation, kScaled, 0>;
 }
 
 // cap * tanh(x / cap), grid-stride.
@@ -163,10 +211,11 @@ cudaError_t Launch(const SiluAndMulParams& p, cudaStream_t stream) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // Validate(): an FP8 output with bf16 only
       if (p.f8_output != nullptr) {
         const bool scaled = p.row_scales != nullptr;
-        auto kernel = gelu ? (scaled ? SiluAndMulF8Kernel<GateActivation::kGeluTanh, true>
-                                     : SiluAndMulF8Kernel<GateActivation::kGeluTanh, false>)
-                           : (scaled ? SiluAndMulF8Kernel<GateActivation::kSilu, true>
-                                     : SiluAndMulF8Kernel<GateActivation::kSilu, false>);
+        auto kernel =
+            gelu ? (scaled ? SiluAndMulF8KernelFor<GateActivation::kGeluTanh, true>(vecs_per_row)
+                           : SiluAndMulF8KernelFor<GateActivation::kGeluTanh, false>(vecs_per_row))
+                 : (scaled ? SiluAndMulF8KernelFor<GateActivation::kSilu, true>(vecs_per_row)
+                           : SiluAndMulF8KernelFor<GateActivation::kSilu, false>(vecs_per_row));
         return LaunchKernel(kernel, static_cast<unsigned>(p.num_tokens), kThreads, 0, stream,
                             static_cast<const T*>(p.gate_up), static_cast<uint8_t*>(p.f8_output),
                             p.f8_output_scales, vecs_per_row, p.row_scales, p.col_scales);

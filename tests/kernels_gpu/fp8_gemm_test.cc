@@ -523,13 +523,14 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
 }
 
 // The gated activation writing its rows quantized per token for an FP8 GEMM (f8_output): bit
-// for bit its bf16 rows through F8QuantizeRows, both activations, widths of one and of several
-// vectors a thread (272, 14336), a zero row, with and without an FP8 product's scales applied as
-// it reads, whose row array the new scales then overwrite (the runner's in-place use).
+// for bit its bf16 rows through F8QuantizeRows, both activations, rows held in registers (272,
+// 14336: one and seven vectors a thread) and rows computed twice (16400), a zero row, with and
+// without an FP8 product's scales applied as it reads, whose row array the new scales then
+// overwrite (the runner's in-place use).
 TEST(Fp8GpuTest, GatedActivationQuantizesItsRowsAsQuantizeRowsDoes) {
   LMSERVE_REQUIRE_FP8_GPU();
   const int64_t m = 5;
-  for (const int64_t inter : {272, 14336}) {
+  for (const int64_t inter : {272, 14336, 16400}) {
     for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
       for (const bool scaled : {false, true}) {
         const uint32_t seed = FreshSeed();
