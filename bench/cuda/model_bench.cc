@@ -56,7 +56,8 @@
 // tokens timed on the step's operands, not the heuristic's first). --no-fuse-residual-gemm:
 // RunnerConfig::fuse_residual_gemm off (o_proj and down then write bf16 rows that the next norm
 // adds to the fp32 residual, as before 2026-11-26). --no-add-norm-fold: RunnerConfig::fold_add_norm
-// off (steps of one token run the add + RMSNorm before a product as a kernel of its own, as before
+// off (steps of one token run the add + RMSNorm before a product as a kernel of its own, and FP8
+// steps of more than 8 tokens quantize each FP8 GEMM's input in a pass of their own, as before
 // 2026-11-27). --gemm-table: before the
 // runner starts, the prefill's projections at its token count, each through cuBLASLt's heuristic
 // choice and its fastest candidate, on random data (PrefillGemmTable).

@@ -293,7 +293,11 @@ struct RunnerConfig {
   // CUDA runner, steps of one token in bf16 with the fp32 residual: the add + RMSNorm before a
   // product folded into the product's skinny GEMM (each warp adds and normalizes the row itself),
   // the residual's add left to the next product into the addend (kernels/cuda/skinny_gemm.h,
-  // add_norm_residual and settle_residual), instead of a kernel of its own.
+  // add_norm_residual and settle_residual), instead of a kernel of its own. And in FP8 steps of
+  // more than 8 tokens, the per-token quantization of an FP8 GEMM's input done by the add +
+  // RMSNorm or the gated activation before it, which write E4M3 rows and their scales instead of
+  // bf16 rows (FusedAddRmsNormParams and SiluAndMulParams::f8_output), instead of a pass of its
+  // own.
   bool fold_add_norm = true;
   // CUDA runner: the skinny GEMM's L2 prefetch before its programmatic-launch wait, in bytes a
   // product (kernels/cuda/skinny_gemm.h, l2_prefetch_bytes); 0: none.
