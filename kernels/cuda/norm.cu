@@ -113,6 +113,13 @@ __global__ void __launch_bounds__(kNormThreads)
   } else {
     inv_rms = rsqrtf(sum_squares / static_cast<float>(hidden_size) + epsilon);
   }
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    if (threadIdx.x + i * kNormThreads < num_vecs) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[i][j] = x[i][j] * inv_rms * w[i][j];
+    }
+  }
   if constexpr (kMayScale) {
     if (f8_output != nullptr) {
       // The rows F8QuantizeRows would read (rounded to bf16), their largest magnitude, then its
@@ -121,10 +128,7 @@ __global__ void __launch_bounds__(kNormThreads)
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int v = threadIdx.x + i * kNormThreads;
-        if (v < num_vecs) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) x[i][j] = x[i][j] * inv_rms * w[i][j];
+        if (threadIdx.x + i * kNormThreads < num_vecs) {
           RoundTrip8<T>(x[i]);
 #pragma unroll
           for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[i][j]));
@@ -149,11 +153,7 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int v = threadIdx.x + i * kNormThreads;
-    if (v < num_vecs) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) x[i][j] = x[i][j] * inv_rms * w[i][j];
-      Store8<T>(out_row + v * 8, x[i]);
-    }
+    if (v < num_vecs) Store8<T>(out_row + v * 8, x[i]);
   }
 }
 
