@@ -313,6 +313,29 @@ class Bench {
     const double bytes = 2.0 * tokens * row * 2 + tokens * (4 + 8 + head_dim * 4);
     Record({"QKV post-processing (rotary+KV)", "8192 tok, 32/8 heads, d128, bf16", us, min_us,
             bytes, 0, 0, 0, 0, "", ">=75% copy", 0.75});
+    // As an FP8 serving step has it: 8 sequences of 1024 positions, the query written over qkv,
+    // an FP8 GEMM's output scales applied, and an FP8 cache.
+    std::vector<int32_t> step_positions(tokens);
+    for (int64_t t = 0; t < tokens; ++t) step_positions[t] = static_cast<int32_t>(t % 1024);
+    Upload(pos, step_positions);
+    Buffer row_scales(tokens * 4), col_scales(row * 4);
+    FillF32(row_scales, 0.01f);
+    FillF32(col_scales, 0.01f);
+    p.query_out = qkv.get();
+    p.query_out_stride = row;
+    for (const bool f8 : {false, true}) {
+      // qkv read, queries and the cache written, positions, slots and row scales read.
+      const double step_bytes = tokens * row * 2.0 + tokens * heads * head_dim * 2.0 +
+                                2.0 * tokens * kv_heads * head_dim * (f8 ? 1 : 2) +
+                                tokens * (4 + 8 + 4);
+      p.cache_fp8 = f8;
+      p.qkv_row_scales = f8 ? row_scales.get<float>() : nullptr;
+      p.qkv_col_scales = f8 ? col_scales.get<float>() : nullptr;
+      auto [step_us, step_min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Record({"QKV post-processing (rotary+KV)",
+              f8 ? "8 x 1024 tok, in place, FP8 scales and cache" : "8 x 1024 tok, in place",
+              step_us, step_min_us, step_bytes, 0, 0, 0, 0, "", "", 0});
+    }
   }
 
   void Silu() {

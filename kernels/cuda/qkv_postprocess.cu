@@ -154,9 +154,46 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     }
   }
 
-  // Rotary embedding of the first rotary_dim dimensions: pairs (k, k + rotary_dim / 2) or
-  // (2k, 2k + 1), whose partners may sit in another lane: exchanged through shared memory.
-  if (a.cos_sin != nullptr) {
+  // Rotary embedding of the first rotary_dim dimensions: pairs (2k, 2k + 1), in the same lane,
+  // or (k, k + rotary_dim / 2), whose partners sit in another lane: where rotary_dim / 2 is a
+  // multiple of kUnit (every family but some partial rotaries), element j of the lane
+  // rotary_dim / (2 kUnit) lanes away, fetched by a shuffle; elsewhere exchanged through shared
+  // memory. (The exchange through shared memory for every layout, whose reads of a warp's four
+  // heads hit the same banks 8 ways, held an H200 to 29% of the copy bandwidth at 8192 tokens:
+  // bench/results section 28.)
+  const int half = a.rotary_dim / 2;
+  if (a.cos_sin != nullptr && (kInterleaved || half % kUnit == 0)) {
+    const bool first = off < half;  // of the pairs' first elements (half split)
+    [[maybe_unused]] float partner[kUnit];
+    if constexpr (!kInterleaved) {
+      const int lane = threadIdx.x % 32, apart = half / kUnit;
+#pragma unroll
+      for (int j = 0; j < kUnit; ++j) {
+        partner[j] = __shfl_sync(0xffffffffu, x[j], first ? lane + apart : lane - apart);
+      }
+    }
+    if (active && !is_value && off < a.rotary_dim) {
+      // The lane's 16 pairs' cosines and sines, from k0 on (interleaved: 8, from off / 2).
+      const int k0 = kInterleaved ? off / 2 : (first ? off : off - half);
+      const float* cos_row = s_cos_sin + k0;
+      const float* sin_row = s_cos_sin + half + k0;
+      if constexpr (kInterleaved) {
+#pragma unroll
+        for (int k = 0; k < kUnit / 2; ++k) {
+          if (off + 2 * k >= a.rotary_dim) break;  // rotary_dim and off are even
+          const float first_x = x[2 * k], second_x = x[2 * k + 1];
+          x[2 * k] = Rotated<kExact>(first_x, second_x, cos_row[k], sin_row[k], true);
+          x[2 * k + 1] = Rotated<kExact>(first_x, second_x, cos_row[k], sin_row[k], false);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kUnit; ++j) {
+          x[j] = first ? Rotated<kExact>(x[j], partner[j], cos_row[j], sin_row[j], true)
+                       : Rotated<kExact>(partner[j], x[j], cos_row[j], sin_row[j], false);
+        }
+      }
+    }
+  } else if (a.cos_sin != nullptr) {
     auto* mine = reinterpret_cast<float4*>(s_x + threadIdx.x * kUnit);
 #pragma unroll
     for (int q = 0; q < kUnit / 4; ++q) {
@@ -165,7 +202,6 @@ __global__ void __launch_bounds__(kThreads) QkvPostProcessKernel(QkvArgs a) {
     __syncwarp();
     if (active && !is_value && off < a.rotary_dim) {
       const float* head_x = s_x + (threadIdx.x - u) * kUnit;  // the head's element 0
-      const int half = a.rotary_dim / 2;
       const float* cos_row = s_cos_sin;
       const float* sin_row = cos_row + half;
 #pragma unroll
