@@ -12,8 +12,10 @@
 //
 // Work: 16 contiguous elements of one head of one token per thread (two 8-element loads and
 // stores); a head's threads are consecutive lanes of one warp (head_dim / 16 of them, padded to a
-// power of two), which sum the norm's squares with shuffles and exchange rotary partners through
-// shared memory. bf16, fp16 or fp32 in and out, fp32 math. With fp32 the rotation and the norm
+// power of two), which sum the norm's squares with shuffles; a rotary partner is in the same
+// lane (interleaved pairs), a shuffle away (split halves whose half is a multiple of 16), or
+// exchanged through shared memory (other partial rotaries). bf16, fp16 or fp32 in and out, fp32
+// math. With fp32 the rotation and the norm
 // round each product and sum on their own (no fused multiply-adds) and the norm sums its squares
 // in double, as the CPU twin does: the results are the CPU's bit for bit (up to the order of the
 // double sum of squares, which decides a rounding about once in 10^8 heads).
