@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   uint8_t* out_row = output + token * vecs_per_row * 8;
   auto store = [&](int64_t col, const float (&g)[8], float multiplier) {
-    *reinterpret_cast<uint2*>(out_row + col * 8) =
-        make_uint2(F8x4Quantize(g, multiplier), F8x4Quantize(g + 4, multiplier));
+    *reinterpret_cast<uint2*>(out_row + col * 8) = F8x8Quantize(g, multiplier);
   };
   float amax = 0.0f;
   if constexpr (kVecs > 0) {
@@ -98,9 +97,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
       }
     }
-    amax = BlockMax(amax, scratch);
-    const float multiplier = F8RowMultiplier(amax);
-    if (threadIdx.x == 0) output_scales[token] = F8RowScale(amax);
+    const float multiplier = F8RowMultiplier(BlockMax(amax, scratch), output_scales + token);
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int64_t col = threadIdx.x + int64_t{i} * kThreads;
@@ -117,9 +114,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
     }
-    amax = BlockMax(amax, scratch);
-    const float multiplier = F8RowMultiplier(amax);
-    if (threadIdx.x == 0) output_scales[token] = F8RowScale(amax);
+    const float multiplier = F8RowMultiplier(BlockMax(amax, scratch), output_scales + token);
     for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
       float g[8];
       outputs(col, g);

@@ -14,20 +14,6 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
-// 8 fp32 values to 8 E4M3 bytes (round to nearest even, saturating: the CPU's F32ToF8E4M3).
-__device__ __forceinline__ uint2 PackF8x8(const float (&v)[8]) {
-  uint32_t words[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h], v[4 * h + 1]),
-                                                 __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h + 2], v[4 * h + 3]),
-                                                 __NV_SATFINITE, __NV_E4M3);
-    words[h] = lo | (hi << 16);
-  }
-  return make_uint2(words[0], words[1]);
-}
-
 // 4 E4M3 bytes of a word (lowest byte first) to fp32.
 __device__ __forceinline__ void UnpackF8x4(uint32_t word, float* out) {
   const __half2_raw lo =
@@ -58,15 +44,11 @@ __global__ void __launch_bounds__(kQuantizeThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
   }
-  amax = BlockMax(amax, scratch);
-  const float multiplier = F8RowMultiplier(amax);
-  if (threadIdx.x == 0) scales[blockIdx.x] = F8RowScale(amax);
+  const float multiplier = F8RowMultiplier(BlockMax(amax, scratch), scales + blockIdx.x);
   for (int c = threadIdx.x * 8; c < cols; c += kQuantizeThreads * 8) {
     float v[8];
     Load8(row + c, v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], multiplier);
-    *reinterpret_cast<uint2*>(out + c) = PackF8x8(v);
+    *reinterpret_cast<uint2*>(out + c) = F8x8Quantize(v, multiplier);
   }
 }
 

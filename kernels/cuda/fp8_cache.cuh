@@ -1,5 +1,7 @@
 // The FP8 (E4M3) KV cache's element conversions, shared by the cache write (qkv_postprocess.cu)
-// and the attention kernels that read it (decode_attention.cu, prefill_attention.cu).
+// and the attention kernels that read it (decode_attention.cu, prefill_attention.cu); and the
+// per-token quantization of an FP8 GEMM's input (F8QuantizeRows in fp8.cu, and the norm and the
+// gated activation that quantize their own rows), at the end.
 //
 // A cache holding E4M3 stores q = E4M3(x * (1 / scale)) (round to nearest even, saturating at
 // +-448, as kernels/cpu/fp8.h's F32ToF8E4M3), one scale per layer for the keys and one for the
@@ -84,15 +86,18 @@ __device__ __forceinline__ uint32_t F8x4Quantize(const float* x, float inv_scale
   return lo | (hi << 16);
 }
 
-// The per-token quantization of activations (F8QuantizeRows, fp8.h; the CPU's arithmetic in
-// kernels/cpu/fp8.h): a row whose largest magnitude is amax is stored as
-// E4M3(x * F8RowMultiplier(amax)) (F8x4Quantize) with the scale F8RowScale(amax), one IEEE
-// division each.
-__device__ __forceinline__ float F8RowMultiplier(float amax) {
-  return amax > 0.0f ? __fdiv_rn(kF8E4M3Max, amax) : 0.0f;
+// Eight fp32 values, each times `multiplier`, as eight E4M3 bytes (F8x4Quantize twice).
+__device__ __forceinline__ uint2 F8x8Quantize(const float (&x)[8], float multiplier) {
+  return make_uint2(F8x4Quantize(x, multiplier), F8x4Quantize(x + 4, multiplier));
 }
-__device__ __forceinline__ float F8RowScale(float amax) {
-  return amax > 0.0f ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
+
+// The per-token quantization of activations (F8QuantizeRows, fp8.h; the CPU's arithmetic in
+// kernels/cpu/fp8.h), once a row's block knows the row's largest magnitude `amax` (the same in
+// every thread): thread 0 writes the row's scale to *scale, and the row is stored as
+// F8x8Quantize(x, the multiplier returned); one IEEE division each.
+__device__ __forceinline__ float F8RowMultiplier(float amax, float* scale) {
+  if (threadIdx.x == 0) *scale = amax > 0.0f ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
+  return amax > 0.0f ? __fdiv_rn(kF8E4M3Max, amax) : 0.0f;
 }
 
 }  // namespace lmserve::kernels::cuda

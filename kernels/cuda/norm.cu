@@ -134,17 +134,12 @@ __global__ void __launch_bounds__(kNormThreads)
           for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[i][j]));
         }
       }
-      amax = BlockMax(amax, scratch);
-      const float multiplier = F8RowMultiplier(amax);
-      if (threadIdx.x == 0) f8_scales[token] = F8RowScale(amax);
+      const float multiplier = F8RowMultiplier(BlockMax(amax, scratch), f8_scales + token);
       uint8_t* q_row = f8_output + token * hidden_size;
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
         const int v = threadIdx.x + i * kNormThreads;
-        if (v < num_vecs) {
-          *reinterpret_cast<uint2*>(q_row + v * 8) =
-              make_uint2(F8x4Quantize(x[i], multiplier), F8x4Quantize(x[i] + 4, multiplier));
-        }
+        if (v < num_vecs) *reinterpret_cast<uint2*>(q_row + v * 8) = F8x8Quantize(x[i], multiplier);
       }
       return;
     }

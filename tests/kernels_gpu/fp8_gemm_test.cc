@@ -522,6 +522,24 @@ TEST(Fp8GpuTest, QkvPostProcessAndAddRmsNormApplyOutputScalesAsScaleOutputThenTh
   }
 }
 
+// A kernel's rows quantized per token by itself (`got`, `got_scales`; its f8_output) against
+// F8QuantizeRows of the bf16 rows its plain form wrote (`rows`, [m, cols]), bit for bit; row
+// `zero_row` is all zeros (scale 1).
+void ExpectQuantizedAsQuantizeRows(const DeviceBuffer<uint16_t>& rows, int64_t m, int64_t cols,
+                                   const DeviceBuffer<uint8_t>& got,
+                                   const DeviceBuffer<float>& got_scales, int64_t zero_row) {
+  DeviceBuffer<uint8_t> want(m * cols);
+  DeviceBuffer<float> want_scales(m);
+  const F8QuantizeRowsParams quantize{.src = rows.get(), .dst = want.get(),
+                                      .scales = want_scales.get(), .rows = m, .cols = cols};
+  CUDA_ASSERT(Launch(quantize, nullptr));
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  EXPECT_EQ(got.Download(), want.Download());
+  const std::vector<float> scales = got_scales.Download();
+  EXPECT_EQ(scales, want_scales.Download());
+  EXPECT_EQ(scales[zero_row], 1.0f);
+}
+
 // The gated activation writing its rows quantized per token for an FP8 GEMM (f8_output): bit
 // for bit its bf16 rows through F8QuantizeRows, both activations, rows held in registers (272,
 // 14336: one and seven vectors a thread) and rows computed twice (16400), a zero row, with and
@@ -544,8 +562,8 @@ TEST(Fp8GpuTest, GatedActivationQuantizesItsRowsAsQuantizeRowsDoes) {
         const std::vector<uint16_t> gate_up = RoundToHalf(products, DType::kBF16);
         const std::vector<float> rows = PositiveScales(m, rng), cols = PositiveScales(n, rng);
         DeviceBuffer<uint16_t> d_want_in(gate_up), d_got_in(gate_up), d_act(m * inter);
-        DeviceBuffer<float> d_rows(rows), d_cols(cols), s_want(m), s_got(rows);
-        DeviceBuffer<uint8_t> q_want(m * inter), q_got(m * inter);
+        DeviceBuffer<float> d_rows(rows), d_cols(cols), s_got(rows);  // the input's, then ours
+        DeviceBuffer<uint8_t> q_got(m * inter);
         q_got.Poison();
         if (scaled) {
           const F8ScaleOutputParams scale{.y = d_want_in.get(), .row_scales = d_rows.get(),
@@ -558,9 +576,6 @@ TEST(Fp8GpuTest, GatedActivationQuantizesItsRowsAsQuantizeRowsDoes) {
                              .intermediate_size = inter,
                              .activation = activation};
         CUDA_ASSERT(Launch(act, nullptr));
-        const F8QuantizeRowsParams quantize{.src = d_act.get(), .dst = q_want.get(),
-                                            .scales = s_want.get(), .rows = m, .cols = inter};
-        CUDA_ASSERT(Launch(quantize, nullptr));
         act.gate_up = d_got_in.get();
         act.output = nullptr;
         act.f8_output = q_got.get();
@@ -571,11 +586,7 @@ TEST(Fp8GpuTest, GatedActivationQuantizesItsRowsAsQuantizeRowsDoes) {
         }
         ASSERT_TRUE(act.Validate().ok()) << act.Validate();
         CUDA_ASSERT(Launch(act, nullptr));
-        CUDA_ASSERT(cudaDeviceSynchronize());
-        EXPECT_EQ(q_got.Download(), q_want.Download());
-        const std::vector<float> got_scales = s_got.Download();
-        EXPECT_EQ(got_scales, s_want.Download());
-        EXPECT_EQ(got_scales[3], 1.0f);
+        ExpectQuantizedAsQuantizeRows(d_act, m, inter, q_got, s_got, /*zero_row=*/3);
       }
     }
   }
@@ -621,10 +632,11 @@ TEST(Fp8GpuTest, AddRmsNormQuantizesItsRowsAsQuantizeRowsDoes) {
         const std::vector<float> row_scales = PositiveScales(tokens, rng);
         DeviceBuffer<float> d_rows(row_scales), d_cols(PositiveScales(hidden, rng));
         DeviceBuffer<uint16_t> normed(tokens * hidden);
-        DeviceBuffer<uint8_t> q_want(tokens * hidden), q_got(tokens * hidden);
-        DeviceBuffer<float> s_want(tokens), s_got(row_scales);  // s_got: the input's, then ours
+        DeviceBuffer<uint8_t> q_got(tokens * hidden);
+        DeviceBuffer<float> s_got(row_scales);  // the input's, then ours
         q_got.Poison();
-        // Want: the product's scales applied (F8ScaleOutput), the norm's bf16 rows, quantized.
+        // Want: the product's scales applied (F8ScaleOutput), the norm's bf16 rows (quantized by
+        // ExpectQuantizedAsQuantizeRows).
         if (scaled) {
           const F8ScaleOutputParams scale{.y = scaled_input.get(), .row_scales = d_rows.get(),
                                           .col_scales = d_cols.get(), .m = tokens, .n = hidden};
@@ -639,10 +651,6 @@ TEST(Fp8GpuTest, AddRmsNormQuantizesItsRowsAsQuantizeRowsDoes) {
             .hidden_size = hidden,
             .residual_dtype = residual_dtype};
         CUDA_ASSERT(Launch(norm, nullptr));
-        const F8QuantizeRowsParams quantize{.src = normed.get(), .dst = q_want.get(),
-                                            .scales = s_want.get(), .rows = tokens,
-                                            .cols = hidden};
-        CUDA_ASSERT(Launch(quantize, nullptr));
         // Got: one kernel.
         norm.residual = f32 ? static_cast<void*>(res32_got.get()) : res16_got.get();
         norm.input = d_input.get();
@@ -655,11 +663,7 @@ TEST(Fp8GpuTest, AddRmsNormQuantizesItsRowsAsQuantizeRowsDoes) {
         }
         ASSERT_TRUE(norm.Validate().ok()) << norm.Validate();
         CUDA_ASSERT(Launch(norm, nullptr));
-        CUDA_ASSERT(cudaDeviceSynchronize());
-        EXPECT_EQ(q_got.Download(), q_want.Download());
-        const std::vector<float> got_scales = s_got.Download();
-        EXPECT_EQ(got_scales, s_want.Download());
-        EXPECT_EQ(got_scales[2], 1.0f);  // the zero row
+        ExpectQuantizedAsQuantizeRows(normed, tokens, hidden, q_got, s_got, /*zero_row=*/2);
         if (f32) {
           EXPECT_EQ(res32_got.Download(), res32_want.Download());
         } else {
