@@ -185,6 +185,10 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // The same for a step of more than kMaxSkinnyGemmRows tokens of an FP8 model: the next product
   // may take the norm's rows quantized per token by the norm itself (F8QuantizedInput).
   bool MayQuantizeAddNorm(Buffer residual, Buffer add, Buffer out) const;
+  // Whether this step's FP8 products may take their input quantized by the kernel before them
+  // (MayQuantizeAddNorm, MayHoldActivation): folds on, FP8, more than kMaxSkinnyGemmRows tokens,
+  // one GPU, bf16.
+  bool FoldsF8Quantization() const;
   absl::Status FlushAddNorm();
   absl::Status SettleResidual();
   absl::Status CarryFolds(std::initializer_list<Buffer> buffers);
@@ -1001,8 +1005,7 @@ bool CudaRunner::MayFoldAddNorm(Buffer residual, Buffer add, Buffer out) const {
 }
 
 bool CudaRunner::MayQuantizeAddNorm(Buffer residual, Buffer add, Buffer out) const {
-  return runner_config_.fold_add_norm && fp8_ && step_.tokens > kc::kMaxSkinnyGemmRows &&
-         comm_ == nullptr && kernel_dtype_ == DType::kBF16 && BufDType(add) == kernel_dtype_ &&
+  return FoldsF8Quantization() && BufDType(add) == kernel_dtype_ &&
          BufDType(out) == kernel_dtype_ && add != out && residual != out && residual != add &&
          !deferred_linear_.has_value() &&
          (!pending_scales_.has_value() || pending_scales_->buffer == add) &&
@@ -1300,10 +1303,13 @@ absl::Status CudaRunner::GatedLinear(Weight gate_up, Activation act, Buffer in, 
 }
 
 bool CudaRunner::MayHoldActivation(int gate_up_id, Buffer in, Buffer out) const {
-  return runner_config_.fold_add_norm && fp8_ && step_.tokens > kc::kMaxSkinnyGemmRows &&
-         comm_ == nullptr && kernel_dtype_ == DType::kBF16 && in != out &&
-         BufDType(out) == kernel_dtype_ &&
+  return FoldsF8Quantization() && in != out && BufDType(out) == kernel_dtype_ &&
          gemms_->QuantizedInput(gate_up_id, step_.tokens).has_value();
+}
+
+bool CudaRunner::FoldsF8Quantization() const {
+  return runner_config_.fold_add_norm && fp8_ && step_.tokens > kc::kMaxSkinnyGemmRows &&
+         comm_ == nullptr && kernel_dtype_ == DType::kBF16;
 }
 
 absl::Status CudaRunner::Moe(const MoeLayer& moe, Buffer in, Buffer out) {
