@@ -418,8 +418,10 @@ class Bench {
     }
   }
 
+  // window, softcap: the attention's sliding window and score soft-cap (0: none); the FLOPs
+  // count the keys inside each row's window alone.
   void Prefill(const std::vector<int32_t>& seq_lens, int64_t head_dim, const std::string& name,
-               double target_tflops) {
+               double target_tflops, int32_t window = 0, float softcap = 0) {
     const bool fp8 = options_.kv_fp8;
     if (!Selected(name)) return;
     const int64_t heads = 32, kv_heads = 8, block = 16;
@@ -434,7 +436,8 @@ class Bench {
       for (int64_t j = 0; j < nb; ++j) table_ids.push_back(static_cast<int32_t>(num_blocks + j));
       num_blocks += nb;
       table_start.push_back(static_cast<int32_t>(table_ids.size()));
-      flops += 4.0 * head_dim * heads * (static_cast<double>(len) * (len + 1) / 2);
+      const double w = window > 0 ? std::min(window, len) : len;  // keys of the last rows
+      flops += 4.0 * head_dim * heads * (w * (w + 1) / 2 + (len - w) * w);
     }
     std::shuffle(table_ids.begin(), table_ids.end(), rng);
     Buffer q(tokens * heads * head_dim * 2), out(q.bytes()),
@@ -472,14 +475,16 @@ class Bench {
     p.num_blocks = num_blocks;
     p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     p.cache_fp8 = fp8;
+    p.window = window;
+    p.softcap = softcap;
     CHECK_CUDA(LaunchPrefillPlan(p, stream_));
     p.plan_ready = true;
     auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-    char shape[96];
-    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok, 32/8 heads, d%lld, causal, %s%s",
+    char shape[128];
+    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok, 32/8 heads, d%lld, causal, %s%s%s",
                   seq_lens.size(), static_cast<long long>(tokens), static_cast<long long>(head_dim),
                   ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90 ? "wgmma" : "mma.sync",
-                  fp8 ? ", fp8 KV" : "");
+                  fp8 ? ", fp8 KV" : "", window > 0 || softcap > 0 ? ", window/softcap" : "");
     Result r{name, shape, us, min_us, 0, flops};
     if (target_tflops > 0) {
       char target_text[32];
@@ -969,6 +974,9 @@ int Main(int argc, char** argv) {
   bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
   bench.Prefill({8192}, 64, "prefill attention d64", 378.0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024)", 0);
+  // Mistral's sliding window (4096) over a longer prompt, and Gemma 2's soft-cap (50).
+  bench.Prefill({8192}, 128, "prefill attention window 4096", 0, 4096);
+  bench.Prefill({8192}, 128, "prefill attention softcap 50", 0, 0, 50.0f);
   // The Hopper kernel's other consumer loops (prefill_attention_sm90.h; the rows above run the
   // default, ping-pong), for comparison: serial (no QK^T/softmax over PV overlap) and pipelined
   // (that overlap, without the groups taking turns). --filter selects rows by name.

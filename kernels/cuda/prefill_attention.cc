@@ -59,9 +59,7 @@ absl::Status PrefillAttentionParams::Validate() const {
 }
 
 PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params) {
-  // The Hopper kernel reads 16-bit caches only: an FP8 cache runs the mma.sync kernel.
-  if (!params.cache_fp8 && UseHopperKernels() && PrefillSm90Supports(params) &&
-      PrefillSm90Available()) {
+  if (UseHopperKernels() && PrefillSm90Supports(params) && PrefillSm90Available()) {
     return PrefillKernelKind::kWgmmaSm90;
   }
   return PrefillKernelKind::kMmaSync;

@@ -56,9 +56,8 @@ struct PrefillAttentionParams {
   float softcap = 0;   // > 0: scores are softcap * tanh(scale * q.k / softcap); 0: none
   DType dtype = DType::kBF16;  // of query, caches (unless cache_fp8) and output: kBF16 or kF16
   // The caches hold FP8 E4M3 bytes: key = k_scale * E4M3 value, value = v_scale * E4M3 value
-  // (fp8_cache.cuh). The mma.sync kernel reads them (the Hopper kernel does not): each tile's
-  // bytes land by cp.async in a staging buffer of their own and are widened into the 16-bit K and
-  // V tiles before the tile's products.
+  // (fp8_cache.cuh). Both kernels stage each tile's bytes in a buffer of their own (cp.async, or
+  // TMA on Hopper) and widen them into the 16-bit K and V tiles their products read.
   bool cache_fp8 = false;
   float k_scale = 1.0f;  // > 0, finite
   float v_scale = 1.0f;  // > 0, finite
@@ -72,10 +71,10 @@ struct PrefillAttentionParams {
 };
 
 // The two kernels behind Launch. kWgmmaSm90 (prefill_attention_sm90.h): FlashAttention-3's
-// manner, TMA producer warps and two wgmma consumer warpgroups, head dims 64/80/96/128, no window
-// and no soft-cap, on a compute capability 9.0 GPU on the Hopper kernel path
-// (UseHopperKernels()), 16-bit caches. kMmaSync (this file's): everything else (an FP8 cache
-// included), and the portable path.
+// manner, TMA producer warps and two wgmma consumer warpgroups, head dims 64/80/96/128 (windows,
+// soft-caps and FP8 caches included), on a compute capability 9.0 GPU on the Hopper kernel path
+// (UseHopperKernels()). kMmaSync (this file's): everything else (head dims 32 and 256, block
+// sizes the TMA boxes do not fit), and the portable path.
 enum class PrefillKernelKind : uint8_t { kMmaSync, kWgmmaSm90 };
 // Which kernel Launch runs for these (valid) params on the current device and kernel path.
 PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params);

@@ -28,6 +28,14 @@
 // Head dims 64 and 128; 80 and 96 run the head-dim-128 kernel, the tensor maps' columns past the
 // head dim reading as zeros.
 //
+// Sliding windows and soft-caps (Gemma 2, Mistral; the kMasking instantiations): an item's key
+// tiles start at its first row's window (earlier boxes, whose blocks may be gone from the table,
+// are never read), tiles that cross a row's window start are masked as those that cross its
+// diagonal, and the scores are capped before the softmax. FP8 E4M3 caches (kF8): the producer's
+// two loading warps bring each tile's bytes by TMA into a staging ring, and its other two warps
+// (idle otherwise) widen them exactly into the 16-bit stage the consumers read (fp8_cache.cuh),
+// the keys' scale taken into the score scale and the values' into the output.
+//
 // Cache slots past a sequence's context length hold whatever the pool held (possibly NaN bit
 // patterns): their scores are masked, but P = 0 times a NaN value is NaN, so on the tile that
 // reaches past the context the V warp waits for V itself, zeroes those rows and only then
@@ -41,6 +49,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/prefill_tiles.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -61,24 +70,32 @@ static_assert(128 * (kLaunchRegisters - kProducerRegisters) ==
 static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
               "the plan and the kernel agree on the query tile");
 
-template <int kHeadDim>
+// kF8: the caches hold E4M3 bytes (PrefillAttentionParams::cache_fp8). Their tiles land by TMA
+// in a staging ring of their own ([128 rows][kHeadDim bytes]) and are widened into the 16-bit
+// tiles the consumers read; two 16-bit stages at head dim 128 leave room for it.
+template <int kHeadDim, bool kF8>
 struct Sm90Shape {
   static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
   static constexpr int kColumns = kHeadDim / 64;             // 64-element atom columns
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;     // K/V ring depth
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : kF8 ? 2 : 3;  // K/V ring depth
   static constexpr int kQGroupBytes = 64 * kHeadDim * 2;     // one consumer group's Q rows
   static constexpr int kQColumnBytes = 64 * kRowBytes;       // 64 rows of one column
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // a K or V tile
   static constexpr int kColumnBytes = kBlockN * kRowBytes;   // 128 rows of one column
+  static constexpr int kF8TileBytes = kF8 ? kBlockN * kHeadDim : 0;  // a staged E4M3 tile
   static constexpr int kKOffset = 2 * kQGroupBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytes;
-  // q_full, q_empty, v_tail, k_full[], v_full[], k_empty[], v_empty[]
-  static constexpr int kBarriers = 3 + 4 * kStages;
+  static constexpr int kF8KOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kF8VOffset = kF8KOffset + kStages * kF8TileBytes;
+  static constexpr int kBarrierOffset = kF8VOffset + kStages * kF8TileBytes;
+  // q_full, q_empty, v_tail, k_full[], v_full[], k_empty[], v_empty[]; with kF8 also the staging
+  // ring's f8_k_full[], f8_v_full[], f8_k_empty[], f8_v_empty[].
+  static constexpr int kBarriers = 3 + (kF8 ? 8 : 4) * kStages;
   // A float per consumer thread that the overlapped loops store their row sums to each tile (see
   // the loop): written, never read.
   static constexpr int kSinkOffset = kBarrierOffset + kBarriers * 8;
   static constexpr int kSmemBytes = kSinkOffset + 256 * 4 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "a Hopper multiprocessor's shared memory for a block");
 };
 
 // A K or V tile's layout in shared memory, 128-byte rows of 64 elements in 8-row atoms, as the
@@ -106,7 +123,10 @@ struct Sm90Args {
   int num_seqs, group_size, num_heads, block_size;
   int box_rows;       // cache slots per TMA box: min(block_size, kBlockN)
   int num_slots;      // num_blocks * block_size: a box there reads zeros
-  float score_scale;  // scale * log2(e)
+  float score_scale;  // scale * log2(e); with a soft-cap scale / softcap (times k_scale: kF8)
+  float cap_log2;     // softcap * log2(e), 0 for none (kMasking)
+  int window;         // the sliding window, 0 for none (kMasking)
+  float out_scale;    // the output's factor: v_scale (kF8), else 1
   int heads_fastest;  // the work items' order: heads fastest (else tiles fastest)
   int head_dim;       // <= kHeadDim: the tensors' (80 and 96 run padded to 128, reading zeros)
 };
@@ -123,15 +143,23 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
+// The first key an item's rows attend to: 0, or with a sliding window (kMasking, a.window > 0)
+// the window's start for its first row.
+__device__ __forceinline__ int FirstKey(const Sm90Args& a, bool masking, int first_pos) {
+  return masking && a.window > 0 ? max(0, first_pos - a.window + 1) : 0;
+}
+
 // kPaired: K and V tiles in the paired layout (TileRowOffset), k_map and v_map 5-D maps
 // (EncodePairedMap); else unpaired, 3-D maps (EncodeMap).
-template <typename T, int kHeadDim, int kLoop, bool kPaired>
+// kF8: E4M3 caches (Sm90Shape), unpaired; k_map and v_map are maps of bytes (EncodeF8Map).
+// kMasking: a sliding window and a soft-cap, as a.window and a.cap_log2 say (either may be 0).
+template <typename T, int kHeadDim, int kLoop, bool kPaired, bool kF8, bool kMasking>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(const __grid_constant__ CUtensorMap q_map,
                       const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const Sm90Args a) {
-  using Shape = Sm90Shape<kHeadDim>;
-  static_assert(!kPaired || Shape::kColumns == 2, "pairs of columns");
+  using Shape = Sm90Shape<kHeadDim, kF8>;
+  static_assert(!kPaired || (Shape::kColumns == 2 && !kF8), "pairs of 16-bit columns");
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int kStages = Shape::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -147,6 +175,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;
   uint64_t* v_empty = k_empty + kStages;
+  uint64_t* f8_k_full = v_empty + kStages;  // kF8 alone: the staging ring
+  uint64_t* f8_v_full = f8_k_full + kStages;
+  uint64_t* f8_k_empty = f8_v_full + kStages;
+  uint64_t* f8_v_empty = f8_k_empty + kStages;
 
   const int tid = threadIdx.x, lane = tid % 32;
   if (tid == 0) {
@@ -158,6 +190,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarrierInit(v_full + s, 1);
       MbarrierInit(k_empty + s, 8);  // every consumer warp
       MbarrierInit(v_empty + s, 8);
+      if constexpr (kF8) {  // two warps widen each tile: they fill k_full and v_full
+        MbarrierInit(k_full + s, 2);
+        MbarrierInit(v_full + s, 2);
+        MbarrierInit(f8_k_full + s, 1);
+        MbarrierInit(f8_v_full + s, 1);
+        MbarrierInit(f8_k_empty + s, 2);
+        MbarrierInit(f8_v_empty + s, 2);
+      }
     }
   }
   __syncthreads();
@@ -185,13 +225,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid < 128) {  // the producer warpgroup
     sm90::SetMaxRegistersDec<kProducerRegisters>();
-    if (tid >= 64) return;
-    // Warp 0 loads Q and K, warp 1 V: two warps issue the many small boxes side by side.
-    const bool loads_v = tid >= 32;
+    if (tid >= (kF8 ? 128 : 64)) return;
+    // Warp 0 loads Q and K, warp 1 V: two warps issue the many small boxes side by side. With
+    // kF8 they load into the staging ring, and warps 0 and 2 (K), 1 and 3 (V) widen each staged
+    // tile into its 16-bit stage, half its rows each.
+    const int warp = tid / 32;
+    const bool loads_v = warp % 2 == 1;
     unsigned char* const s_kv = loads_v ? s_v : s_k;
+    unsigned char* const s_f8 = smem + (loads_v ? Shape::kF8VOffset : Shape::kF8KOffset);
     const CUtensorMap* const kv_map = loads_v ? &v_map : &k_map;
     uint64_t* const kv_full = loads_v ? v_full : k_full;
     uint64_t* const kv_empty = loads_v ? v_empty : k_empty;
+    uint64_t* const f8_full = loads_v ? f8_v_full : f8_k_full;
+    uint64_t* const f8_empty = loads_v ? f8_v_empty : f8_k_empty;
+    // kF8: lane i widens 16-byte chunk i % kChunksPerRow of rows i / kChunksPerRow + kRowsPerPass
+    // * p (16 E4M3 values into two 16-byte chunks of the row's 128-byte-swizzled column, where
+    // TMA would have placed them); this warp takes passes p = warp / 2, warp / 2 + 2, ..., so a
+    // row's swizzle (row % 8) is the same at each of a lane's passes.
+    constexpr int kChunksPerRow = kHeadDim / 16, kRowsPerPass = 32 / kChunksPerRow;
+    static_assert(2 * kRowsPerPass % 8 == 0, "a lane's rows share their swizzle");
+    const int widen_row0 = lane / kChunksPerRow + (warp / 2) * kRowsPerPass;
+    const int widen_c16 = (lane % kChunksPerRow) % 4 * 2;  // the first of its two chunks
+    const int widen_base = TileRowOffset<Shape, false>(widen_row0, lane % kChunksPerRow / 4);
+    const int widen_lo = widen_base + ((widen_c16 ^ (widen_row0 % 8)) << 4);
+    const int widen_hi = widen_base + (((widen_c16 + 1) ^ (widen_row0 % 8)) << 4);
     int tiles_done = 0, items_done = 0, tails_done = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++items_done) {
       PrefillTile t;
@@ -201,6 +258,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int context_len = t.context_len;
       const int kv_end = min(context_len, t.first_pos + t.rows);  // keys [0, kv_end)
       const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+      const int first_key = FirstKey(a, kMasking, t.first_pos);
+      const int first_tile = first_key / kBlockN;  // the tiles before hold no key of the item's
       if (tid == 0) {  // Q, once the consumers are done with the last item's
         MbarrierWait(q_empty, (items_done & 1) ^ 1);
         MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
@@ -213,18 +272,71 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int32_t* table = a.block_table_ids + a.block_table_start[t.seq];
       const int boxes = kBlockN / a.box_rows;  // <= 16: box_rows >= 8
-      for (int j = 0; j < num_kv_tiles; ++j) {
-        const int stage = stage_of(tiles_done + j);
-        const uint32_t phase = phase_of(tiles_done + j);
-        const int n0 = j * kBlockN;
-        // Lane b's box: keys n0 + b * box_rows onwards, in one cache block (its first slot a
-        // multiple of 8).
-        int slot = a.num_slots;
-        const int pos = n0 + lane * a.box_rows;
-        if (lane < boxes && pos < kv_end) {
+      // Lane b's box of tile j: keys j * kBlockN + b * box_rows onwards, in one cache block (its
+      // first slot a multiple of 8). A box wholly before the item's first key reads zeros: its
+      // block may have left every query's window (-1 in the table).
+      auto box_slot = [&](int j) {
+        const int pos = j * kBlockN + lane * a.box_rows;
+        if (lane < boxes && pos < kv_end && pos + a.box_rows > first_key) {
           const int block_index = pos / a.block_size;
-          slot = table[block_index] * a.block_size + (pos - block_index * a.block_size);
+          return table[block_index] * a.block_size + (pos - block_index * a.block_size);
         }
+        return a.num_slots;
+      };
+      if constexpr (kF8) {
+        // Warps 0 and 1 stage tile j + 1's bytes, then each warp widens its half of tile j.
+        auto stage_tile = [&](int j) {
+          const int ring = tiles_done + j - first_tile;
+          const int stage = stage_of(ring);
+          const int slot = box_slot(j);
+          if (lane == 0) {
+            MbarrierWait(f8_empty + stage, phase_of(ring) ^ 1);
+            MbarrierArriveExpectTx(f8_full + stage, Shape::kF8TileBytes);
+          }
+          __syncwarp();
+          if (lane < boxes) {
+            sm90::TmaLoad3d(s_f8 + stage * Shape::kF8TileBytes + lane * a.box_rows * kHeadDim,
+                            kv_map, 0, kv_head, slot, f8_full + stage);
+          }
+        };
+        if (warp < 2) stage_tile(first_tile);
+        for (int j = first_tile; j < num_kv_tiles; ++j) {
+          if (warp < 2 && j + 1 < num_kv_tiles) stage_tile(j + 1);
+          const int ring = tiles_done + j - first_tile;
+          const int stage = stage_of(ring);
+          const uint32_t phase = phase_of(ring);
+          MbarrierWait(f8_full + stage, phase);
+          MbarrierWait(kv_empty + stage, phase ^ 1);
+          // E4M3 bytes past the context widen to finite values (fp8_cache.cuh): V needs no
+          // tail zeroing.
+          const unsigned char* in = s_f8 + stage * Shape::kF8TileBytes +
+                                    widen_row0 * kHeadDim + (lane % kChunksPerRow) * 16;
+          unsigned char* out = s_kv + stage * Shape::kTileBytes;
+#pragma unroll 4
+          for (int p = 0; p < kBlockN / kRowsPerPass / 2; ++p) {
+            const uint4 bytes =
+                *reinterpret_cast<const uint4*>(in + p * 2 * kRowsPerPass * kHeadDim);
+            uint4 lo, hi;
+            F8x16Widen<T>(bytes, lo, hi);
+            *reinterpret_cast<uint4*>(out + widen_lo + p * 2 * kRowsPerPass * kRowBytes) = lo;
+            *reinterpret_cast<uint4*>(out + widen_hi + p * 2 * kRowsPerPass * kRowBytes) = hi;
+          }
+          sm90::FenceProxyAsyncShared();  // the 16-bit tile, for wgmma's reads
+          __syncwarp();
+          if (lane == 0) {
+            sm90::MbarrierArrive(f8_empty + stage);
+            sm90::MbarrierArrive(kv_full + stage);
+          }
+        }
+        tiles_done += num_kv_tiles - first_tile;
+        continue;
+      }
+      for (int j = first_tile; j < num_kv_tiles; ++j) {
+        const int ring = tiles_done + j - first_tile;
+        const int stage = stage_of(ring);
+        const uint32_t phase = phase_of(ring);
+        const int n0 = j * kBlockN;
+        const int slot = box_slot(j);
         // The last tile, when it reaches past the context's end: a box loaded for keys below
         // kv_end may hold slots past the context (kv_end < context_len too, for a query tile that
         // is not the sequence's last), so V's rows from the context's end on are zeroed before
@@ -267,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (lane == 0) sm90::MbarrierArrive(v_full + stage);
         }
       }
-      tiles_done += num_kv_tiles;
+      tiles_done += num_kv_tiles - first_tile;
     }
     return;
   }
@@ -278,7 +390,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_in_group = (tid % 128) / 32;
   const int row_a = warp_in_group * 16 + lane / 4;  // this thread's rows: row_a, row_a + 8
   const unsigned char* q_group = s_q + group * Shape::kQGroupBytes;
-  const float scale = a.score_scale;
+  // The exponentials' factor: scores arrive in log2 units already when soft-capped.
+  const float scale = kMasking && a.cap_log2 > 0.0f ? 1.0f : a.score_scale;
   volatile float* sink = reinterpret_cast<volatile float*>(smem + Shape::kSinkOffset);
 
   float o[kHeadDim / 2];
@@ -289,6 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int pos_a = 0, pos_b = 0;                // this thread's rows' positions
   int kv_end = 0;                          // the item's keys: [0, kv_end)
   int tiles_done = 0;                      // the ring's tiles before this item's
+  int first_tile = 0;                      // the item's first key tile (a window's start)
 
   // From one 8-row atom of a K or V column to the next.
   constexpr uint32_t kAtomStride = TileRowOffset<Shape, kPaired>(8, 0);
@@ -329,15 +443,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   // pipelined loop splits its tiles so that no branch sits between a wgmma and its wait (ptxas
   // would serialize the wgmmas).
   auto softmax = [&](int j, auto kMasked, float& rescale_a, float& rescale_b) {
+    if constexpr (kMasking) {  // the soft-cap: cap_log2 * tanh(q.k * scale / softcap)
+      if (a.cap_log2 > 0.0f) {
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) {
+          s[i] = a.cap_log2 * sm90::TanhApprox(s[i] * a.score_scale);
+        }
+      }
+    }
     if (decltype(kMasked)::value) {
       // Score i's key is j * kBlockN + 2 * (lane % 4) + a constant: a row keeps the keys up to its
-      // position and below kv_end, i.e. constants up to its limit.
+      // position and below kv_end, i.e. constants up to its limit, and with a window those from
+      // its window's start on (constants from its low).
       const int base = j * kBlockN + 2 * (lane % 4);
       const int limit_a = min(pos_a, kv_end - 1) - base;
       const int limit_b = min(pos_b, kv_end - 1) - base;
+      [[maybe_unused]] const bool windowed = kMasking && a.window > 0;
+      [[maybe_unused]] const int low_a = windowed ? pos_a - a.window + 1 - base : -kBlockN;
+      [[maybe_unused]] const int low_b = windowed ? pos_b - a.window + 1 - base : -kBlockN;
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
-        if (8 * (i / 4) + (i & 1) > ((i & 2) ? limit_b : limit_a)) s[i] = -INFINITY;
+        const int key = 8 * (i / 4) + (i & 1);
+        if (key > ((i & 2) ? limit_b : limit_a)) s[i] = -INFINITY;
+        if constexpr (kMasking) {
+          if (key < ((i & 2) ? low_b : low_a)) s[i] = -INFINITY;
+        }
       }
     }
     float max_a = m_a, max_b = m_b;
@@ -410,6 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_pos = t.first_pos;  // position of the item's row 0
     kv_end = min(t.context_len, first_pos + t.rows);
     const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
+    first_tile = FirstKey(a, kMasking, first_pos) / kBlockN;
     const int group_first_pos = first_pos + group * 64;
     pos_a = group_first_pos + row_a;
     pos_b = pos_a + 8;
@@ -430,13 +561,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int mask_bound = min(group_first_pos - (kBlockN - 1), kv_end - kBlockN);
       const int first_masked = mask_bound < 0 ? 0 : mask_bound / kBlockN + 1;
       auto step = [&](int j, auto kMasked) {
-        const int stage = stage_of(tiles_done + j), prev = stage_of(tiles_done + j - 1);
+        const int ring = tiles_done + j - first_tile;
+        const int stage = stage_of(ring), prev = stage_of(ring - 1);
         pack_p();
-        sm90::MbarrierWaitNoBranch(k_full + stage, phase_of(tiles_done + j));
+        sm90::MbarrierWaitNoBranch(k_full + stage, phase_of(ring));
         turn_begin();
         sm90::WgmmaFence();
         issue_qk(stage);
-        sm90::MbarrierWaitNoBranch(v_full + prev, phase_of(tiles_done + j - 1));
+        sm90::MbarrierWaitNoBranch(v_full + prev, phase_of(ring - 1));
         sm90::WgmmaFence();  // else ptxas inserts one after the wait's branch, and serializes
         issue_pv(prev);
         turn_end();
@@ -453,6 +585,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         rescale_o(rescale_a, rescale_b);
         release(v_empty + prev);
       };
+      // With a window, tiles before window_end may hold keys before some row's window.
+      const int window_end =
+          kMasking && a.window > 0
+              ? max(0, group_first_pos + 64 - a.window + kBlockN - 1) / kBlockN
+              : 0;
       const int stage0 = stage_of(tiles_done);
       MbarrierWait(k_full + stage0, phase_of(tiles_done));
       turn_begin();
@@ -462,12 +599,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(s);
       release(k_empty + stage0);
-      softmax(0, std::true_type{}, rescale_a, rescale_b);
-      const int unmasked_end = min(first_masked, group_tiles);
-      for (int j = 1; j < unmasked_end; ++j) step(j, std::false_type{});
-      for (int j = max(1, unmasked_end); j < group_tiles; ++j) step(j, std::true_type{});
+      softmax(first_tile, std::true_type{}, rescale_a, rescale_b);
+      // Tiles [first_tile + 1, group_tiles): masked below window_end, unmasked up to
+      // first_masked, masked from there.
+      const int unmasked_begin = max(first_tile + 1, min(window_end, group_tiles));
+      const int unmasked_end = max(unmasked_begin, min(first_masked, group_tiles));
+      for (int j = first_tile + 1; j < unmasked_begin; ++j) step(j, std::true_type{});
+      for (int j = unmasked_begin; j < unmasked_end; ++j) step(j, std::false_type{});
+      for (int j = unmasked_end; j < group_tiles; ++j) step(j, std::true_type{});
       release(q_empty);  // every QK^T of the item is done
-      const int last = tiles_done + group_tiles - 1, stage = stage_of(last);
+      const int last = tiles_done + group_tiles - 1 - first_tile, stage = stage_of(last);
       pack_p();
       MbarrierWait(v_full + stage, phase_of(last));
       turn_begin();
@@ -478,9 +619,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm90::FenceRegisters(o);
       release(v_empty + stage);
     } else {
-      for (int j = 0; j < group_tiles; ++j) {
-        const int stage = stage_of(tiles_done + j);
-        const uint32_t phase = phase_of(tiles_done + j);
+      for (int j = first_tile; j < group_tiles; ++j) {
+        const int stage = stage_of(tiles_done + j - first_tile);
+        const uint32_t phase = phase_of(tiles_done + j - first_tile);
         MbarrierWait(k_full + stage, phase);
         sm90::WgmmaFence();
         issue_qk(stage);
@@ -501,8 +642,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // The tiles past this group's rows (the other group's diagonal): only freed.
     for (int j = group_tiles; j < num_kv_tiles; ++j) {
-      const int stage = stage_of(tiles_done + j);
-      const uint32_t phase = phase_of(tiles_done + j);
+      const int stage = stage_of(tiles_done + j - first_tile);
+      const uint32_t phase = phase_of(tiles_done + j - first_tile);
       turn_begin();
       turn_end();
       MbarrierWait(k_full + stage, phase);
@@ -510,14 +651,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarrierWait(v_full + stage, phase);
       release(v_empty + stage);
     }
-    tiles_done += num_kv_tiles;
+    tiles_done += num_kv_tiles - first_tile;
 
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
-    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+    const float inv_a = l_a > 0.0f ? a.out_scale / l_a : 0.0f;
+    const float inv_b = l_b > 0.0f ? a.out_scale / l_b : 0.0f;
     const int64_t out_stride = int64_t{a.num_heads} * a.head_dim;
     const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
     T* out = static_cast<T*>(a.output) + int64_t{t.seq_token0 + t.row0} * out_stride +
@@ -580,6 +721,22 @@ bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, u
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A 3-D map over E4M3 bytes [dim2][dim1][dim0] (dim0 contiguous), boxes of box0 x 1 x box_rows
+// landing row after row (box0 bytes each, unswizzled), zeros out of bounds.
+bool EncodeF8Map(CUtensorMap* map, const void* base, uint64_t dim0, uint64_t dim1, uint64_t dim2,
+                 uint32_t box0, uint32_t box_rows) {
+  const EncodeTiledFn encode = EncodeTiled();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {dim0, dim1, dim2};
+  const cuuint64_t strides[2] = {dim0, dim0 * dim1};
+  const cuuint32_t box[3] = {box0, 1, box_rows};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // A K or V cache [slots][kv heads][128] of 16-bit elements as the 5-D map of the paired layout
 // (TileRowOffset): dims (innermost first) 64 elements, 8 slots, 2 columns, slots / 8, kv heads;
 // a box of 64 x 8 x 2 x box_rows / 8 x 1 lands as [row / 8][column][row % 8]. Slots past the
@@ -633,7 +790,6 @@ cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtenso
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
-  using Shape = Sm90Shape<kHeadDim>;
   PrefillSm90Options options;
   {
     std::lock_guard<std::mutex> lock(options_mu);
@@ -643,26 +799,36 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   const int64_t head_dim = p.head_dim;  // kHeadDim, or 80 or 96 under kHeadDim 128
   const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
   const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
+  const bool f8 = p.cache_fp8;
+  const bool masking = p.window > 0 || p.softcap > 0;
   CUtensorMap q_map, k_map, v_map;
-  // Head dim 128: K and V in the paired layout (one box per block for both columns), unless the
-  // driver refuses the 5-D maps or the options ask for the unpaired layout.
+  // Head dim 128: 16-bit K and V in the paired layout (one box per block for both columns),
+  // unless the driver refuses the 5-D maps or the options ask for the unpaired layout.
   bool paired = false;
   if constexpr (kHeadDim == 128) {
-    paired = head_dim == 128 && options.paired &&
+    paired = !f8 && head_dim == 128 && options.paired &&
              EncodePairedMap(&k_map, p.dtype, p.key_cache, p.num_kv_heads, num_slots, box_rows) &&
              EncodePairedMap(&v_map, p.dtype, p.value_cache, p.num_kv_heads, num_slots, box_rows);
   }
   // The maps span the tensors' head dim: a box's columns past it read as zeros, which pad 80 and
   // 96 to 128 (zero scores' terms, zero output columns, left unstored).
-  if (!EncodeMap(&q_map, p.dtype, p.query, head_dim, p.num_heads, p.num_tokens, head_dim * 2,
-                 query_stride * 2, 64) ||
-      (!paired && (!EncodeMap(&k_map, p.dtype, p.key_cache, head_dim, p.num_kv_heads, num_slots,
-                              head_dim * 2, p.num_kv_heads * head_dim * 2, box_rows) ||
-                   !EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads,
-                              num_slots, head_dim * 2, p.num_kv_heads * head_dim * 2,
-                              box_rows)))) {
+  bool kv_maps = paired;
+  if (f8) {
+    kv_maps = EncodeF8Map(&k_map, p.key_cache, head_dim, p.num_kv_heads, num_slots, kHeadDim,
+                          box_rows) &&
+              EncodeF8Map(&v_map, p.value_cache, head_dim, p.num_kv_heads, num_slots, kHeadDim,
+                          box_rows);
+  } else if (!paired) {
+    kv_maps = EncodeMap(&k_map, p.dtype, p.key_cache, head_dim, p.num_kv_heads, num_slots,
+                        head_dim * 2, p.num_kv_heads * head_dim * 2, box_rows) &&
+              EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads, num_slots,
+                        head_dim * 2, p.num_kv_heads * head_dim * 2, box_rows);
+  }
+  if (!kv_maps || !EncodeMap(&q_map, p.dtype, p.query, head_dim, p.num_heads, p.num_tokens,
+                             head_dim * 2, query_stride * 2, 64)) {
     return cudaErrorInvalidValue;
   }
+  constexpr float kLog2e = 1.4426950408889634f;
   Sm90Args a{};
   a.query_start = p.query_start;
   a.context_lens = p.context_lens;
@@ -676,7 +842,11 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.block_size = static_cast<int>(p.block_size);
   a.box_rows = box_rows;
   a.num_slots = static_cast<int>(num_slots);
-  a.score_scale = p.scale * 1.4426950408889634f;
+  // The keys' scale in the scores', the values' in the output (fp8_cache.cuh).
+  a.score_scale = (p.softcap > 0 ? p.scale / p.softcap : p.scale * kLog2e) * (f8 ? p.k_scale : 1);
+  a.cap_log2 = p.softcap > 0 ? p.softcap * kLog2e : 0.0f;
+  a.window = p.window;
+  a.out_scale = f8 ? p.v_scale : 1.0f;
   a.head_dim = static_cast<int>(head_dim);
   // At most this many work items (the plan, on the device, has the exact count).
   const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
@@ -689,22 +859,27 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(blocks));
   const PrefillSm90Loop loop = loop_choice.load(std::memory_order_relaxed);
-  auto pick = [&](auto kPaired) {
-    constexpr bool kPairedValue = decltype(kPaired)::value;
-    return loop == PrefillSm90Loop::kSerial
-               ? PrefillSm90Kernel<T, kHeadDim, kSerial, kPairedValue>
-           : loop == PrefillSm90Loop::kPingpong
-               ? PrefillSm90Kernel<T, kHeadDim, kPingpong, kPairedValue>
-               : PrefillSm90Kernel<T, kHeadDim, kPipelined, kPairedValue>;
+  // The instantiation for these switches (each a std::integral_constant<bool, ...>).
+  auto launch = [&](auto kPaired, auto kF8, auto kMasking) {
+    constexpr bool kP = decltype(kPaired)::value, kF = decltype(kF8)::value,
+                   kM = decltype(kMasking)::value;
+    const auto kernel = loop == PrefillSm90Loop::kSerial
+                            ? PrefillSm90Kernel<T, kHeadDim, kSerial, kP, kF, kM>
+                        : loop == PrefillSm90Loop::kPingpong
+                            ? PrefillSm90Kernel<T, kHeadDim, kPingpong, kP, kF, kM>
+                            : PrefillSm90Kernel<T, kHeadDim, kPipelined, kP, kF, kM>;
+    return LaunchKernel(kernel, Sm90Shape<kHeadDim, kF>::kSmemBytes, grid, q_map, k_map, v_map,
+                        a, stream);
   };
+  auto with_masking = [&](auto kPaired, auto kF8) {
+    return masking ? launch(kPaired, kF8, std::true_type{})
+                   : launch(kPaired, kF8, std::false_type{});
+  };
+  if (f8) return with_masking(std::false_type{}, std::true_type{});
   if constexpr (kHeadDim == 128) {
-    if (paired) {
-      return LaunchKernel(pick(std::true_type{}), Shape::kSmemBytes, grid, q_map, k_map, v_map, a,
-                          stream);
-    }
+    if (paired) return with_masking(std::true_type{}, std::false_type{});
   }
-  return LaunchKernel(pick(std::false_type{}), Shape::kSmemBytes, grid, q_map, k_map, v_map, a,
-                      stream);
+  return with_masking(std::false_type{}, std::false_type{});
 }
 
 }  // namespace
@@ -713,7 +888,7 @@ bool PrefillSm90Supports(const PrefillAttentionParams& p) {
   const bool block_fits =
       p.block_size % 8 == 0 && (kBlockN % p.block_size == 0 || p.block_size % kBlockN == 0);
   return (p.head_dim == 64 || p.head_dim == 80 || p.head_dim == 96 || p.head_dim == 128) &&
-         p.window == 0 && p.softcap == 0 && block_fits &&
+         block_fits &&
          p.num_blocks * p.block_size < (int64_t{1} << 31) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
 }
@@ -743,7 +918,7 @@ bool PrefillSm90Available() {
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
     const void* kernel =
-        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true>);
+        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true, false, false>);
     ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
   }
   cudaGetLastError();

@@ -12,9 +12,9 @@
 
 namespace lmserve::kernels::cuda {
 
-// Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128, no window, no
-// soft-cap, a block size that is a multiple of 8 and divides 128 or is a multiple of it. Host
-// only; says nothing of the device.
+// Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128 (any window,
+// soft-cap and cache type), a block size that is a multiple of 8 and divides 128 or is a multiple
+// of it. Host only; says nothing of the device.
 bool PrefillSm90Supports(const PrefillAttentionParams& params);
 // Whether the current device runs the sm_90a code (compute capability 9.0 and the kernel's code
 // loads there). Cached per device.

@@ -569,9 +569,6 @@ void RunPrefillCase(DType dtype, int64_t num_kv_heads, int64_t group, int64_t he
   p.cache_fp8 = b.fp8_cache;
   p.k_scale = b.k_scale;
   p.v_scale = b.v_scale;
-  if (b.fp8_cache) {
-    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
-  }
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   CUDA_ASSERT(Launch(p, nullptr));
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -622,17 +619,25 @@ TEST(PrefillAttentionGpuTest, SlidingWindowAndSoftcap) {
                  {1024, 0.0f, true});
 }
 
+// Small cases of the sm_90a kernel's windows, soft-caps and FP8 staging for compute-sanitizer
+// (memcheck, racecheck); the mma.sync kernel elsewhere.
+TEST(PrefillAttentionGpuTest, SmallWindowSoftcapFp8) {
+  LMSERVE_REQUIRE_GPU();
+  const std::vector<std::pair<int32_t, int32_t>> seqs = {{17, 17}, {1, 33}, {130, 200}};
+  RunPrefillCase(DType::kBF16, 1, 4, 128, seqs, {50, 30.0f, true}, {16, true});
+  RunPrefillCase(DType::kBF16, 1, 4, 128, seqs, {}, {16, true}, {true, 0.5f, 2.0f});
+  RunPrefillCase(DType::kF16, 1, 4, 64, seqs, {40, 0.0f, true}, {32, true}, {true, 1.0f, 1.0f});
+}
+
 TEST(PrefillAttentionGpuTest, LongPrefill) {
   LMSERVE_REQUIRE_GPU();
   RunPrefillCase(DType::kBF16, 2, 4, 128, {{4099, 4099}, {15, 15}, {1, 97}});
 }
 
-// Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
-// 64, 80, 96 and 128 without window or soft-cap at the block sizes its TMA boxes fit; the
-// mma.sync kernel otherwise, and always on the portable path.
-// An FP8 E4M3 cache: the mma.sync kernel (ChoosePrefillKernel takes it on every GPU) against the
-// CPU twin over the values the bytes stand for; fresh prefills, prefix-cache hits and chunked
-// prefill (queries from mid-sequence against a cached prefix) and decode tokens in one batch.
+// An FP8 E4M3 cache against the CPU twin over the values the bytes stand for; fresh prefills,
+// prefix-cache hits and chunked prefill (queries from mid-sequence against a cached prefix) and
+// decode tokens in one batch. On Hopper head dims 64 to 128 run the sm_90a kernel (more of its
+// shapes in HopperKernelShapes), 32 and 256 and the portable path the mma.sync kernel.
 TEST(PrefillAttentionGpuTest, Fp8CacheMatchesCpu) {
   LMSERVE_REQUIRE_GPU();
   for (int64_t head_dim : {32, 64, 80, 96, 128, 256}) {
@@ -648,6 +653,9 @@ TEST(PrefillAttentionGpuTest, Fp8CacheMatchesCpu) {
   }
 }
 
+// Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
+// 64, 80, 96 and 128 at the block sizes its TMA boxes fit, with or without a window, a soft-cap
+// or an FP8 cache; the mma.sync kernel otherwise, and always on the portable path.
 TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   LMSERVE_REQUIRE_GPU();
   PrefillAttentionParams p;
@@ -692,9 +700,12 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   }
   p.head_dim = 128;
   p.window = 64;
-  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
-  p.window = 0;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
   p.softcap = 30.0f;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
+  p.cache_fp8 = true;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
+  p.head_dim = 256;
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
 }
 
@@ -774,6 +785,35 @@ void RunHopperKernelShapes() {
     RunPrefillCase(DType::kBF16, 1, 8, head_dim, kMixedBatch, {}, {16, true});
     RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
   }
+  // Sliding windows (from one key to longer than a key tile, starting mid-tile at every offset
+  // of the chunks, the blocks before every query's window freed) and soft-caps, alone and
+  // together.
+  for (int64_t head_dim : {64, 128}) {
+    for (int32_t window : {1, 33, 128, 129, 200}) {
+      RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {window, 0.0f, true}, {16, true});
+    }
+    RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {0, 30.0f, false}, {64, true});
+    RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {100, 5.0f, true}, {8, true});
+  }
+  RunPrefillCase(DType::kBF16, 2, 4, 96, chunked, {77, 50.0f, true}, {256, true});
+  RunPrefillCase(DType::kBF16, 2, 4, 128, {{1024, 1024}, {1024, 1024}}, {300, 50.0f, true},
+                 {16, false});
+  // FP8 E4M3 caches (staged, then widened): the block sizes, NaN bytes past every context, GQA,
+  // fp16, the padded head dims, scales other than 1, with a window and a soft-cap.
+  for (int64_t head_dim : {64, 128}) {
+    for (int64_t block_size : {8, 16, 128, 256}) {
+      RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {block_size, true},
+                     {true, 0.5f, 2.0f});
+    }
+    RunPrefillCase(DType::kBF16, 1, 8, head_dim, kMixedBatch, {}, {16, true}, {true, 1.0f, 1.0f});
+    RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true}, {true, 16.0f, 2.0f});
+  }
+  for (int64_t head_dim : {80, 96}) {
+    RunPrefillCase(DType::kBF16, 2, 4, head_dim, chunked, {}, {16, true}, {true, 1.0f, 1.0f});
+  }
+  RunPrefillCase(DType::kBF16, 2, 4, 128, chunked, {50, 30.0f, true}, {32, true},
+                 {true, 1.0f, 1.0f});
+  RunPrefillCase(DType::kBF16, 2, 4, 128, {{2048, 2048}}, {}, {16, false}, {true, 0.05f, 0.05f});
   // The benchmark's shapes, smaller: one long prompt, four equal ones.
   RunPrefillCase(DType::kBF16, 2, 4, 128, {{2048, 2048}}, {}, {16, false});
   RunPrefillCase(DType::kBF16, 2, 4, 64, {{1024, 1024}, {1024, 1024}, {1024, 1024}}, {},
