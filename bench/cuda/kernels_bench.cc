@@ -974,7 +974,9 @@ int Main(int argc, char** argv) {
   bench.Prefill({2048, 2048, 2048, 2048}, 128, "prefill attention (4 seqs)", 0);
   bench.Prefill({8192}, 64, "prefill attention d64", 378.0);
   bench.Prefill({1024, 1024, 1024, 1024}, 128, "prefill attention (4 x 1024)", 0);
-  // Mistral's sliding window (4096) over a longer prompt, and Gemma 2's soft-cap (50).
+  // Head dim 256 (Gemma 2 and 3; key tiles of 64 on Hopper). Mistral's sliding window (4096)
+  // over a longer prompt, and Gemma 2's soft-cap (50).
+  bench.Prefill({8192}, 256, "prefill attention d256", 0);
   bench.Prefill({8192}, 128, "prefill attention window 4096", 0, 4096);
   bench.Prefill({8192}, 128, "prefill attention softcap 50", 0, 0, 50.0f);
   // The Hopper kernel's other consumer loops (prefill_attention_sm90.h; the rows above run the

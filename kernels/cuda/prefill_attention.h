@@ -27,7 +27,8 @@
 
 namespace lmserve::kernels::cuda {
 
-// Query rows per thread block: 4 warps of 32 rows, or of 16 rows for head dim 256.
+// Query rows per thread block of the mma.sync kernel: 4 warps of 32 rows, or of 16 rows for head
+// dim 256 (the Hopper kernel takes 128 at every head dim: LaunchPrefillPlan).
 constexpr int PrefillBlockRows(int64_t head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 struct PrefillAttentionParams {
@@ -62,7 +63,8 @@ struct PrefillAttentionParams {
   float k_scale = 1.0f;  // > 0, finite
   float v_scale = 1.0f;  // > 0, finite
   // The workspace already holds this batch's tile plan (LaunchPrefillPlan ran after the batch's
-  // query_start was last written): Launch skips recomputing it. Plan once per step, run per layer.
+  // query_start was last written, for params that choose the same kernel): Launch skips
+  // recomputing it. Plan once per step, run per layer.
   bool plan_ready = false;
 
   static int64_t WorkspaceBytes(int64_t num_seqs) { return (num_seqs + 1) * 4; }
@@ -71,10 +73,10 @@ struct PrefillAttentionParams {
 };
 
 // The two kernels behind Launch. kWgmmaSm90 (prefill_attention_sm90.h): FlashAttention-3's
-// manner, TMA producer warps and two wgmma consumer warpgroups, head dims 64/80/96/128 (windows,
-// soft-caps and FP8 caches included), on a compute capability 9.0 GPU on the Hopper kernel path
-// (UseHopperKernels()). kMmaSync (this file's): everything else (head dims 32 and 256, block
-// sizes the TMA boxes do not fit), and the portable path.
+// manner, TMA producer warps and two wgmma consumer warpgroups, head dims 64/80/96/128/256
+// (windows, soft-caps and FP8 caches included, but FP8 at 256), on a compute capability 9.0 GPU
+// on the Hopper kernel path (UseHopperKernels()). kMmaSync (this file's): everything else (head
+// dim 32, FP8 at 256, block sizes the TMA boxes do not fit), and the portable path.
 enum class PrefillKernelKind : uint8_t { kMmaSync, kWgmmaSm90 };
 // Which kernel Launch runs for these (valid) params on the current device and kernel path.
 PrefillKernelKind ChoosePrefillKernel(const PrefillAttentionParams& params);

@@ -1,10 +1,10 @@
 // Hopper prefill attention over the paged KV cache, in FlashAttention-3's manner (built for sm_90a
 // alone: kernels/CMakeLists.txt, target lmserve_kernels_cuda_sm90a).
 //
-// Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (the
-// same PrefillBlockRows), longest tiles first and heads fastest (a KV head's query heads side by
-// side). By default a block takes one item; persistent blocks (PrefillSm90Options: a block a
-// multiprocessor taking items in turn) run the same code. A block has three warpgroups:
+// Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (at
+// 128 rows for every head dim), longest tiles first and heads fastest (a KV head's query heads
+// side by side). By default a block takes one item; persistent blocks (PrefillSm90Options: a
+// block a multiprocessor taking items in turn) run the same code. A block has three warpgroups:
 //   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
 //     warp 1 loads V (the other two warps leave at once, and the group gives its registers up
 //     with setmaxnreg), for each tile of 128 keys into a ring of shared-memory stages, by TMA: a
@@ -25,8 +25,10 @@
 // loops (PrefillSm90Loop): serial, pipelined (tile j's QK^T and softmax under tile j-1's PV) and
 // the default, ping-pong (pipelined, and the two groups take turns at issuing wgmmas through two
 // named barriers, so one group's softmax runs under the other's matrix products).
-// Head dims 64 and 128; 80 and 96 run the head-dim-128 kernel, the tensor maps' columns past the
-// head dim reading as zeros.
+// Head dims 64, 128 and 256; 80 and 96 run the head-dim-128 kernel, the tensor maps' columns past
+// the head dim reading as zeros. At 256 a key tile is 64 keys (two stages of K and V beside Q's
+// 64 KB), the scores m64n64 wgmmas and O's 256 columns two m64n128 products a step, in the serial
+// loop (the overlapped ones spill there).
 //
 // Sliding windows and soft-caps (Gemma 2, Mistral; the kMasking instantiations): an item's key
 // tiles start at its first row's window (earlier boxes, whose blocks may be gone from the table,
@@ -58,7 +60,8 @@ namespace lmserve::kernels::cuda {
 namespace {
 
 constexpr int kBlockM = 128;    // query rows per block (== PrefillBlockRows for head dims <= 128)
-constexpr int kBlockN = 128;    // keys per tile
+// Keys per tile: 128, or 64 at head dim 256 (the shared memory's room for two stages).
+constexpr int Sm90BlockN(int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
 constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 constexpr int kRowBytes = 128;  // a swizzled row: 64 16-bit elements
 // setmaxnreg's shares: the block is launched with 168 registers a thread (the launch bound's
@@ -68,7 +71,8 @@ static_assert(128 * (kLaunchRegisters - kProducerRegisters) ==
                   256 * (kConsumerRegisters - kLaunchRegisters),
               "the consumers take what the producer gives up");
 static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
-              "the plan and the kernel agree on the query tile");
+              "the plan and the kernel agree on the query tile (at head dim 256 the plan takes "
+              "the kernel's 128 rows: LaunchPrefillPlan)");
 
 // kF8: the caches hold E4M3 bytes (PrefillAttentionParams::cache_fp8). Their tiles land by TMA
 // in a staging ring of their own ([128 rows][kHeadDim bytes]) and are widened into the 16-bit
@@ -76,12 +80,14 @@ static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64
 template <int kHeadDim, bool kF8>
 struct Sm90Shape {
   static_assert(kHeadDim % 64 == 0, "head dims of whole 128-byte atoms");
+  static_assert(!kF8 || kHeadDim <= 128, "FP8 staging at head dims up to 128");
+  static constexpr int kBlockN = Sm90BlockN(kHeadDim);  // keys per tile
   static constexpr int kColumns = kHeadDim / 64;             // 64-element atom columns
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : kF8 ? 2 : 3;  // K/V ring depth
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : kF8 || kHeadDim > 128 ? 2 : 3;  // ring depth
   static constexpr int kQGroupBytes = 64 * kHeadDim * 2;     // one consumer group's Q rows
   static constexpr int kQColumnBytes = 64 * kRowBytes;       // 64 rows of one column
   static constexpr int kTileBytes = kBlockN * kHeadDim * 2;  // a K or V tile
-  static constexpr int kColumnBytes = kBlockN * kRowBytes;   // 128 rows of one column
+  static constexpr int kColumnBytes = kBlockN * kRowBytes;   // a tile's rows of one column
   static constexpr int kF8TileBytes = kF8 ? kBlockN * kHeadDim : 0;  // a staged E4M3 tile
   static constexpr int kKOffset = 2 * kQGroupBytes;
   static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
@@ -160,6 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap v_map, const Sm90Args a) {
   using Shape = Sm90Shape<kHeadDim, kF8>;
   static_assert(!kPaired || (Shape::kColumns == 2 && !kF8), "pairs of 16-bit columns");
+  constexpr int kBlockN = Shape::kBlockN;
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int kStages = Shape::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -243,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // TMA would have placed them); this warp takes passes p = warp / 2, warp / 2 + 2, ..., so a
     // row's swizzle (row % 8) is the same at each of a lane's passes.
     constexpr int kChunksPerRow = kHeadDim / 16, kRowsPerPass = 32 / kChunksPerRow;
-    static_assert(2 * kRowsPerPass % 8 == 0, "a lane's rows share their swizzle");
+    static_assert(!kF8 || 2 * kRowsPerPass % 8 == 0, "a lane's rows share their swizzle");
     const int widen_row0 = lane / kChunksPerRow + (warp / 2) * kRowsPerPass;
     const int widen_c16 = (lane % kChunksPerRow) % 4 * 2;  // the first of its two chunks
     const int widen_base = TileRowOffset<Shape, false>(widen_row0, lane % kChunksPerRow / 4);
@@ -328,55 +335,54 @@ __global__ void __launch_bounds__(kThreads, 1)
             sm90::MbarrierArrive(kv_full + stage);
           }
         }
-        tiles_done += num_kv_tiles - first_tile;
-        continue;
-      }
-      for (int j = first_tile; j < num_kv_tiles; ++j) {
-        const int ring = tiles_done + j - first_tile;
-        const int stage = stage_of(ring);
-        const uint32_t phase = phase_of(ring);
-        const int n0 = j * kBlockN;
-        const int slot = box_slot(j);
-        // The last tile, when it reaches past the context's end: a box loaded for keys below
-        // kv_end may hold slots past the context (kv_end < context_len too, for a query tile that
-        // is not the sequence's last), so V's rows from the context's end on are zeroed before
-        // the consumers see them.
-        const bool tail = loads_v && j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
-        // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
-        if (lane == 0) {
-          MbarrierWait(kv_empty + stage, phase ^ 1);
-          MbarrierArriveExpectTx(tail ? v_tail : kv_full + stage, Shape::kTileBytes);
-        }
-        __syncwarp();
-        if (lane < boxes) {
-          unsigned char* box = s_kv + stage * Shape::kTileBytes;
-          if constexpr (kPaired) {  // both columns in one box
-            sm90::TmaLoad5d(box + lane * a.box_rows * 2 * kRowBytes, kv_map, 0, 0, 0, slot / 8,
-                            kv_head, tail ? v_tail : kv_full + stage);
-          } else {
-#pragma unroll
-            for (int c = 0; c < Shape::kColumns; ++c) {
-              sm90::TmaLoad3d(box + c * Shape::kColumnBytes + lane * a.box_rows * kRowBytes,
-                              kv_map, c * 64, kv_head, slot, tail ? v_tail : kv_full + stage);
+      } else {
+        for (int j = first_tile; j < num_kv_tiles; ++j) {
+          const int ring = tiles_done + j - first_tile;
+          const int stage = stage_of(ring);
+          const uint32_t phase = phase_of(ring);
+          const int n0 = j * kBlockN;
+          const int slot = box_slot(j);
+          // The last tile, when it reaches past the context's end: a box loaded for keys below
+          // kv_end may hold slots past the context (kv_end < context_len too, for a query tile that
+          // is not the sequence's last), so V's rows from the context's end on are zeroed before
+          // the consumers see them.
+          const bool tail = loads_v && j == num_kv_tiles - 1 && n0 + kBlockN > context_len;
+          // K and V stages are freed apart (K once QK^T is done, V once PV is), so K runs ahead.
+          if (lane == 0) {
+            MbarrierWait(kv_empty + stage, phase ^ 1);
+            MbarrierArriveExpectTx(tail ? v_tail : kv_full + stage, Shape::kTileBytes);
+          }
+          __syncwarp();
+          if (lane < boxes) {
+            unsigned char* box = s_kv + stage * Shape::kTileBytes;
+            if constexpr (kPaired) {  // both columns in one box
+              sm90::TmaLoad5d(box + lane * a.box_rows * 2 * kRowBytes, kv_map, 0, 0, 0, slot / 8,
+                              kv_head, tail ? v_tail : kv_full + stage);
+            } else {
+  #pragma unroll
+              for (int c = 0; c < Shape::kColumns; ++c) {
+                sm90::TmaLoad3d(box + c * Shape::kColumnBytes + lane * a.box_rows * kRowBytes,
+                                kv_map, c * 64, kv_head, slot, tail ? v_tail : kv_full + stage);
+              }
             }
           }
-        }
-        if (tail) {
-          MbarrierWait(v_tail, tails_done & 1);  // at most one tail tile per item
-          ++tails_done;
-          const int first_row = context_len - n0;
-          const int chunks = (kBlockN - first_row) * Shape::kColumns * (kRowBytes / 16);
-          unsigned char* tile = s_v + stage * Shape::kTileBytes;
-          for (int i = lane; i < chunks; i += 32) {  // 16-byte chunks of the rows' columns
-            const int per_row = Shape::kColumns * (kRowBytes / 16);
-            const int row = first_row + i / per_row, c = (i % per_row) / (kRowBytes / 16);
-            const int chunk = i % (kRowBytes / 16);
-            *reinterpret_cast<uint4*>(tile + TileRowOffset<Shape, kPaired>(row, c) + chunk * 16) =
-                make_uint4(0, 0, 0, 0);
+          if (tail) {
+            MbarrierWait(v_tail, tails_done & 1);  // at most one tail tile per item
+            ++tails_done;
+            const int first_row = context_len - n0;
+            const int chunks = (kBlockN - first_row) * Shape::kColumns * (kRowBytes / 16);
+            unsigned char* tile = s_v + stage * Shape::kTileBytes;
+            for (int i = lane; i < chunks; i += 32) {  // 16-byte chunks of the rows' columns
+              const int per_row = Shape::kColumns * (kRowBytes / 16);
+              const int row = first_row + i / per_row, c = (i % per_row) / (kRowBytes / 16);
+              const int chunk = i % (kRowBytes / 16);
+              *reinterpret_cast<uint4*>(tile + TileRowOffset<Shape, kPaired>(row, c) + chunk * 16) =
+                  make_uint4(0, 0, 0, 0);
+            }
+            sm90::FenceProxyAsyncShared();
+            __syncwarp();
+            if (lane == 0) sm90::MbarrierArrive(v_full + stage);
           }
-          sm90::FenceProxyAsyncShared();
-          __syncwarp();
-          if (lane == 0) sm90::MbarrierArrive(v_full + stage);
         }
       }
       tiles_done += num_kv_tiles - first_tile;
@@ -411,12 +417,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < Shape::kColumns; ++c) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        sm90::WgmmaSS_N128<kF16>(
-            s, sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0),
-            sm90::SmemDescriptor(
-                s_k + stage * Shape::kTileBytes + TileRowOffset<Shape, kPaired>(0, c) + kk * 32, 0,
-                kAtomStride),
-            (c | kk) != 0 ? 1 : 0);
+        const uint64_t q_desc =
+            sm90::SmemDescriptor(q_group + c * Shape::kQColumnBytes + kk * 32, 0);
+        const uint64_t k_desc = sm90::SmemDescriptor(
+            s_k + stage * Shape::kTileBytes + TileRowOffset<Shape, kPaired>(0, c) + kk * 32, 0,
+            kAtomStride);
+        if constexpr (kBlockN == 128) {
+          sm90::WgmmaSS_N128<kF16>(s, q_desc, k_desc, (c | kk) != 0 ? 1 : 0);
+        } else {
+          sm90::WgmmaSS_N64<kF16>(s, q_desc, k_desc, (c | kk) != 0 ? 1 : 0);
+        }
       }
     }
     sm90::WgmmaCommit();
@@ -429,7 +439,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t v_desc =
           sm90::SmemDescriptor(v_tile + TileRowOffset<Shape, kPaired>(kk * 16, 0),
                                TileRowOffset<Shape, kPaired>(0, 1), kAtomStride);
-      if constexpr (kHeadDim == 128) {
+      if constexpr (kHeadDim == 256) {  // two products of 128 output columns
+        const uint64_t v_desc_hi =
+            sm90::SmemDescriptor(v_tile + TileRowOffset<Shape, kPaired>(kk * 16, 2),
+                                 TileRowOffset<Shape, kPaired>(0, 1), kAtomStride);
+        sm90::WgmmaRS_N128<kF16>(*reinterpret_cast<float(*)[64]>(o), pa, v_desc, 1);
+        sm90::WgmmaRS_N128<kF16>(*reinterpret_cast<float(*)[64]>(o + 64), pa, v_desc_hi, 1);
+      } else if constexpr (kHeadDim == 128) {
         sm90::WgmmaRS_N128<kF16>(o, pa, v_desc, 1);
       } else {
         sm90::WgmmaRS_N64<kF16>(o, pa, v_desc, 1);
@@ -797,7 +813,7 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   }
   const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   const int64_t head_dim = p.head_dim;  // kHeadDim, or 80 or 96 under kHeadDim 128
-  const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, kBlockN));
+  const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, Sm90BlockN(kHeadDim)));
   const uint64_t num_slots = static_cast<uint64_t>(p.num_blocks * p.block_size);
   const bool f8 = p.cache_fp8;
   const bool masking = p.window > 0 || p.softcap > 0;
@@ -863,19 +879,28 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   auto launch = [&](auto kPaired, auto kF8, auto kMasking) {
     constexpr bool kP = decltype(kPaired)::value, kF = decltype(kF8)::value,
                    kM = decltype(kMasking)::value;
-    const auto kernel = loop == PrefillSm90Loop::kSerial
-                            ? PrefillSm90Kernel<T, kHeadDim, kSerial, kP, kF, kM>
-                        : loop == PrefillSm90Loop::kPingpong
-                            ? PrefillSm90Kernel<T, kHeadDim, kPingpong, kP, kF, kM>
-                            : PrefillSm90Kernel<T, kHeadDim, kPipelined, kP, kF, kM>;
-    return LaunchKernel(kernel, Sm90Shape<kHeadDim, kF>::kSmemBytes, grid, q_map, k_map, v_map,
-                        a, stream);
+    constexpr int kSmemBytes = Sm90Shape<kHeadDim, kF>::kSmemBytes;
+    // Head dim 256 runs the serial loop whatever the choice: the overlapped loops keep a second
+    // tile's scores beside O's 128 floats a thread and spill (bench/results section 29).
+    if constexpr (kHeadDim == 256) {
+      return LaunchKernel(PrefillSm90Kernel<T, kHeadDim, kSerial, kP, kF, kM>, kSmemBytes, grid,
+                          q_map, k_map, v_map, a, stream);
+    } else {
+      const auto kernel = loop == PrefillSm90Loop::kSerial
+                              ? PrefillSm90Kernel<T, kHeadDim, kSerial, kP, kF, kM>
+                          : loop == PrefillSm90Loop::kPingpong
+                              ? PrefillSm90Kernel<T, kHeadDim, kPingpong, kP, kF, kM>
+                              : PrefillSm90Kernel<T, kHeadDim, kPipelined, kP, kF, kM>;
+      return LaunchKernel(kernel, kSmemBytes, grid, q_map, k_map, v_map, a, stream);
+    }
   };
   auto with_masking = [&](auto kPaired, auto kF8) {
     return masking ? launch(kPaired, kF8, std::true_type{})
                    : launch(kPaired, kF8, std::false_type{});
   };
-  if (f8) return with_masking(std::false_type{}, std::true_type{});
+  if constexpr (kHeadDim <= 128) {  // PrefillSm90Supports: no FP8 at head dim 256
+    if (f8) return with_masking(std::false_type{}, std::true_type{});
+  }
   if constexpr (kHeadDim == 128) {
     if (paired) return with_masking(std::true_type{}, std::false_type{});
   }
@@ -886,8 +911,10 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
 
 bool PrefillSm90Supports(const PrefillAttentionParams& p) {
   const bool block_fits =
-      p.block_size % 8 == 0 && (kBlockN % p.block_size == 0 || p.block_size % kBlockN == 0);
-  return (p.head_dim == 64 || p.head_dim == 80 || p.head_dim == 96 || p.head_dim == 128) &&
+      p.block_size % 8 == 0 && (Sm90BlockN(p.head_dim) % p.block_size == 0 ||
+                                p.block_size % Sm90BlockN(p.head_dim) == 0);
+  return (p.head_dim == 64 || p.head_dim == 80 || p.head_dim == 96 || p.head_dim == 128 ||
+          (p.head_dim == 256 && !p.cache_fp8)) &&
          block_fits &&
          p.num_blocks * p.block_size < (int64_t{1} << 31) &&
          (p.dtype == DType::kBF16 || p.dtype == DType::kF16);
@@ -918,7 +945,8 @@ bool PrefillSm90Available() {
   if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
     cudaFuncAttributes attributes{};
     const void* kernel =
-        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true, false, false>);
+        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true,
+                                                         /*kF8=*/false, /*kMasking=*/false>);
     ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
   }
   cudaGetLastError();
@@ -930,6 +958,10 @@ cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& p, cudaStream_t stre
   if (p.head_dim == 64) {
     return p.dtype == DType::kF16 ? LaunchTyped<__half, 64>(p, stream)
                                   : LaunchTyped<__nv_bfloat16, 64>(p, stream);
+  }
+  if (p.head_dim == 256) {
+    return p.dtype == DType::kF16 ? LaunchTyped<__half, 256>(p, stream)
+                                  : LaunchTyped<__nv_bfloat16, 256>(p, stream);
   }
   // 80, 96 and 128: 80 and 96 padded to 128.
   return p.dtype == DType::kF16 ? LaunchTyped<__half, 128>(p, stream)

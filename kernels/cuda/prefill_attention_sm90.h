@@ -13,13 +13,15 @@
 namespace lmserve::kernels::cuda {
 
 // Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128 (any window,
-// soft-cap and cache type), a block size that is a multiple of 8 and divides 128 or is a multiple
-// of it. Host only; says nothing of the device.
+// soft-cap and cache type) or 256 (16-bit caches), a block size that is a multiple of 8 and
+// divides the key tile (128 keys, 64 at head dim 256) or is a multiple of it. Host only; says
+// nothing of the device.
 bool PrefillSm90Supports(const PrefillAttentionParams& params);
 // Whether the current device runs the sm_90a code (compute capability 9.0 and the kernel's code
 // loads there). Cached per device.
 bool PrefillSm90Available();
-// Which consumer loop the kernel runs (process-wide; tests and the benchmark compare them).
+// Which consumer loop the kernel runs (process-wide; tests and the benchmark compare them). Head
+// dim 256 runs kSerial whatever the choice.
 enum class PrefillSm90Loop : uint8_t {
   kSerial,     // each tile's QK^T, softmax and PV in turn
   kPipelined,  // tile j's QK^T and softmax overlap tile j-1's PV (FlashAttention-3's

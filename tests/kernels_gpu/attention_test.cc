@@ -619,14 +619,15 @@ TEST(PrefillAttentionGpuTest, SlidingWindowAndSoftcap) {
                  {1024, 0.0f, true});
 }
 
-// Small cases of the sm_90a kernel's windows, soft-caps and FP8 staging for compute-sanitizer
-// (memcheck, racecheck); the mma.sync kernel elsewhere.
+// Small cases of the sm_90a kernel's windows, soft-caps, FP8 staging and head dim 256 for
+// compute-sanitizer (memcheck, racecheck); the mma.sync kernel elsewhere.
 TEST(PrefillAttentionGpuTest, SmallWindowSoftcapFp8) {
   LMSERVE_REQUIRE_GPU();
   const std::vector<std::pair<int32_t, int32_t>> seqs = {{17, 17}, {1, 33}, {130, 200}};
   RunPrefillCase(DType::kBF16, 1, 4, 128, seqs, {50, 30.0f, true}, {16, true});
   RunPrefillCase(DType::kBF16, 1, 4, 128, seqs, {}, {16, true}, {true, 0.5f, 2.0f});
   RunPrefillCase(DType::kF16, 1, 4, 64, seqs, {40, 0.0f, true}, {32, true}, {true, 1.0f, 1.0f});
+  RunPrefillCase(DType::kBF16, 1, 4, 256, seqs, {20, 30.0f, true}, {16, true});
 }
 
 TEST(PrefillAttentionGpuTest, LongPrefill) {
@@ -654,8 +655,9 @@ TEST(PrefillAttentionGpuTest, Fp8CacheMatchesCpu) {
 }
 
 // Which kernel Launch picks: on a Hopper GPU on the Hopper path, the sm_90a kernel for head dims
-// 64, 80, 96 and 128 at the block sizes its TMA boxes fit, with or without a window, a soft-cap
-// or an FP8 cache; the mma.sync kernel otherwise, and always on the portable path.
+// 64, 80, 96, 128 and 256 at the block sizes its TMA boxes fit, with or without a window, a
+// soft-cap or an FP8 cache (not at 256); the mma.sync kernel otherwise, and always on the portable
+// path.
 TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   LMSERVE_REQUIRE_GPU();
   PrefillAttentionParams p;
@@ -694,10 +696,14 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
     p.head_dim = head_dim;
     EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90) << head_dim;
   }
-  for (int64_t head_dim : {32, 256}) {
-    p.head_dim = head_dim;
-    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync) << head_dim;
+  p.head_dim = 256;  // key tiles of 64
+  for (int64_t block_size : {8, 16, 64, 128, 256}) {
+    p.block_size = block_size;
+    EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90) << block_size;
   }
+  p.block_size = 16;
+  p.head_dim = 32;
+  EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
   p.head_dim = 128;
   p.window = 64;
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
@@ -705,7 +711,7 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
   p.cache_fp8 = true;
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
-  p.head_dim = 256;
+  p.head_dim = 256;  // no room for the FP8 staging ring
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kMmaSync);
 }
 
@@ -785,6 +791,15 @@ void RunHopperKernelShapes() {
     RunPrefillCase(DType::kBF16, 1, 8, head_dim, kMixedBatch, {}, {16, true});
     RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
   }
+  // Head dim 256: key tiles of 64 (blocks of 128 and 256 hold two or four), GQA, fp16, a window
+  // and a soft-cap (Gemma 2's); the serial loop whatever the loop chosen.
+  for (int64_t block_size : {8, 16, 64, 256}) {
+    RunPrefillCase(DType::kBF16, 2, 4, 256, chunked, {}, {block_size, true});
+  }
+  RunPrefillCase(DType::kBF16, 1, 8, 256, kMixedBatch, {}, {16, true});
+  RunPrefillCase(DType::kF16, 2, 4, 256, chunked, {}, {16, true});
+  RunPrefillCase(DType::kBF16, 2, 2, 256, chunked, {65, 50.0f, true}, {16, true});
+  RunPrefillCase(DType::kBF16, 2, 2, 256, {{1024, 1024}, {700, 700}}, {}, {16, false});
   // Sliding windows (from one key to longer than a key tile, starting mid-tile at every offset
   // of the chunks, the blocks before every query's window freed) and soft-caps, alone and
   // together.
