@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               sm90::TmaLoad5d(box + lane * a.box_rows * 2 * kRowBytes, kv_map, 0, 0, 0, slot / 8,
                               kv_head, tail ? v_tail : kv_full + stage);
             } else {
-  #pragma unroll
+#pragma unroll
               for (int c = 0; c < Shape::kColumns; ++c) {
                 sm90::TmaLoad3d(box + c * Shape::kColumnBytes + lane * a.box_rows * kRowBytes,
                                 kv_map, c * 64, kv_head, slot, tail ? v_tail : kv_full + stage);
