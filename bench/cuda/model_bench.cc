@@ -389,6 +389,22 @@ nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batc
           {"kernels", kernels}};
 }
 
+// Adds sequence s of `count` to `batch` with a block table of `per_table` blocks in each of the
+// runner's `groups` KV cache groups (engine/model/kv_cache_groups.h: Gemma 2's windowed and full
+// layers), every table its own blocks: group g's table of s starts at block (g * count + s) *
+// per_table.
+void AddBenchSequence(StepBatch& batch, std::span<const int32_t> tokens, int32_t computed, int s,
+                      int count, int per_table, int groups) {
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(groups));
+  std::vector<std::span<const int32_t>> spans;
+  for (int g = 0; g < groups; ++g) {
+    tables[g].resize(static_cast<size_t>(per_table));
+    std::iota(tables[g].begin(), tables[g].end(), (g * count + s) * per_table);
+    spans.emplace_back(tables[g]);
+  }
+  batch.AddSequence(tokens, computed, spans, LogitsMode::kSample);
+}
+
 int Run(const Options& o) {
   const std::vector<kernels::cuda::DeviceInfo> devices = kernels::cuda::ListDevices();
   if (devices.empty()) {
@@ -484,6 +500,7 @@ int Run(const Options& o) {
       devices[0].compute_capability_minor, o.programmatic_launch && hopper_kernels ? "on" : "off");
 
   const int32_t block = (*runner)->block_size_tokens();
+  const int groups = static_cast<int>((*runner)->kv_group_windows().size());
   // With tensor parallelism the floors are one GPU's: its share of the weights and the KV cache
   // (every rank reads its share at once; the all-reduces are not in the floor).
   const int tp = o.tensor_parallel_size;
@@ -580,18 +597,16 @@ int Run(const Options& o) {
   const int blocks_per_seq = (o.context + 1 + block - 1) / block;
   nlohmann::json timelines = nlohmann::json::array();
   for (int b : o.batches) {
-    if (int64_t{b} * blocks_per_seq > (*runner)->num_kv_blocks()) {
+    if (int64_t{b} * blocks_per_seq * groups > (*runner)->num_kv_blocks()) {
       std::printf("%-8d %-8d skipped: the KV pool holds %d blocks, this needs %lld\n", b,
                   o.context, (*runner)->num_kv_blocks(),
-                  static_cast<long long>(int64_t{b} * blocks_per_seq));
+                  static_cast<long long>(int64_t{b} * blocks_per_seq * groups));
       continue;
     }
     StepBatch batch;
     for (int s = 0; s < b; ++s) {
-      std::vector<int32_t> blocks(static_cast<size_t>(blocks_per_seq));
-      std::iota(blocks.begin(), blocks.end(), s * blocks_per_seq);
       const int32_t token = static_cast<int32_t>((s * 7919 + 13) % c.vocab_size);
-      batch.AddSequence(std::span(&token, 1), o.context, blocks, LogitsMode::kSample);
+      AddBenchSequence(batch, std::span(&token, 1), o.context, s, b, blocks_per_seq, groups);
       batch.sampling.push_back({});
       if (o.draw != "greedy") {
         batch.sampling.back().temperature = 1.0f;
@@ -631,9 +646,7 @@ int Run(const Options& o) {
     std::vector<int32_t> tokens(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % c.vocab_size);
     for (int s = 0; s < o.prefill_seqs; ++s) {
-      std::vector<int32_t> blocks(static_cast<size_t>(nb));
-      std::iota(blocks.begin(), blocks.end(), s * nb);
-      batch.AddSequence(tokens, 0, blocks, LogitsMode::kSample);
+      AddBenchSequence(batch, tokens, 0, s, o.prefill_seqs, nb, groups);
       batch.sampling.push_back({});
     }
     const double seconds = TimeSteps(**runner, batch, std::max(5, o.iters / 3));
