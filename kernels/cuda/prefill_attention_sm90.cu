@@ -6,16 +6,17 @@
 // side by side). By default a block takes one item; persistent blocks (PrefillSm90Options: a
 // block a multiprocessor taking items in turn) run the same code. A block has three warpgroups:
 //   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
-//     warp 1 loads V (the other two warps leave at once, and the group gives its registers up
-//     with setmaxnreg), for each tile of 128 keys into a ring of shared-memory stages, by TMA: a
-//     box per cache block (R = min(block_size, 128) slots of one KV head), so a paged block costs
+//     warp 1 loads V (the other two warps leave at once but with an FP8 cache, below, and the
+//     group gives its registers up with setmaxnreg), for each tile of 128 keys (64 at head dim
+//     256) into a ring of shared-memory stages, by TMA: a box per cache block (R =
+//     min(block_size, tile) slots of one KV head), so a paged block costs
 //     one descriptor-based copy whatever its place in the pool, landing in the 128-byte-swizzled
 //     layout wgmma reads. At head dim 128 one 5-D box brings both 64-element columns (the
 //     "paired" layout, TileRowOffset); else a 3-D box per column. Boxes past the queries' last
 //     key point past the pool's end and read as zeros. The many small boxes of the default block
 //     size (16) are what the loads cost, not their bytes (bench/results/README.md, section 16).
 //   - two consumer warpgroups, each owning 64 of the query rows: S = Q K^T by wgmma
-//     (m64n128k16, both operands in shared memory), scale, mask (only on tiles that cross a
+//     (m64n128k16, m64n64k16 at head dim 256, both operands in shared memory), scale, mask (only on tiles that cross a
 //     row's diagonal or the context's end), online softmax in fp32 registers, then O += P V by
 //     wgmma with P straight from registers (the accumulator layout of S is the A-fragment
 //     layout) and V read N-major (transposed) from the same swizzled tile. Each warp of both
@@ -34,9 +35,10 @@
 // tiles start at its first row's window (earlier boxes, whose blocks may be gone from the table,
 // are never read), tiles that cross a row's window start are masked as those that cross its
 // diagonal, and the scores are capped before the softmax. FP8 E4M3 caches (kF8): the producer's
-// two loading warps bring each tile's bytes by TMA into a staging ring, and its other two warps
-// (idle otherwise) widen them exactly into the 16-bit stage the consumers read (fp8_cache.cuh),
-// the keys' scale taken into the score scale and the values' into the output.
+// two loading warps bring each tile's bytes by TMA into a staging ring, and all four of its warps
+// (the loading ones between their loads) widen them exactly into the 16-bit stage the consumers
+// read (fp8_cache.cuh), half a tile's rows each of two warps a tensor; the keys' scale goes into
+// the score scale and the values' into the output.
 //
 // Cache slots past a sequence's context length hold whatever the pool held (possibly NaN bit
 // patterns): their scores are masked, but P = 0 times a NaN value is NaN, so on the tile that
