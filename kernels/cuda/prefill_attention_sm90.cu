@@ -16,8 +16,9 @@
 //     key point past the pool's end and read as zeros. The many small boxes of the default block
 //     size (16) are what the loads cost, not their bytes (bench/results/README.md, section 16).
 //   - two consumer warpgroups, each owning 64 of the query rows: S = Q K^T by wgmma
-//     (m64n128k16, m64n64k16 at head dim 256, both operands in shared memory), scale, mask (only on tiles that cross a
-//     row's diagonal or the context's end), online softmax in fp32 registers, then O += P V by
+//     (m64n128k16, m64n64k16 at head dim 256, both operands in shared memory), scale, mask
+//     (only on tiles that cross a row's diagonal or the context's end), online softmax in fp32
+//     registers, then O += P V by
 //     wgmma with P straight from registers (the accumulator layout of S is the A-fragment
 //     layout) and V read N-major (transposed) from the same swizzled tile. Each warp of both
 //     groups frees a stage's K once its QK^T is done and its V once its PV is (mbarriers of 8
