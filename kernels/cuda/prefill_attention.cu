@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillArgs a
   const int kv_end = min(context_len, first_pos + rows);  // keys [kv_begin, kv_end)
   // With a window, row 0's window starts the keys any row sees; tiles before it are skipped and
   // positions before it never loaded (their table entries may be -1).
-  const int kv_begin = a.window > 0 ? max(0, first_pos - a.window + 1) : 0;
+  const int kv_begin = PrefillFirstKey(first_pos, a.window);
   const int first_kv_tile = kv_begin / kBlockN;
   const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN - first_kv_tile;
 

@@ -152,12 +152,6 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
-// The first key an item's rows attend to: 0, or with a sliding window (kMasking, a.window > 0)
-// the window's start for its first row.
-__device__ __forceinline__ int FirstKey(const Sm90Args& a, bool masking, int first_pos) {
-  return masking && a.window > 0 ? max(0, first_pos - a.window + 1) : 0;
-}
-
 // kPaired: K and V tiles in the paired layout (TileRowOffset), k_map and v_map 5-D maps
 // (EncodePairedMap); else unpaired, 3-D maps (EncodeMap).
 // kF8: E4M3 caches (Sm90Shape), unpaired; k_map and v_map are maps of bytes (EncodeF8Map).
@@ -268,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int context_len = t.context_len;
       const int kv_end = min(context_len, t.first_pos + t.rows);  // keys [0, kv_end)
       const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
-      const int first_key = FirstKey(a, kMasking, t.first_pos);
+      const int first_key = PrefillFirstKey(t.first_pos, kMasking ? a.window : 0);
       const int first_tile = first_key / kBlockN;  // the tiles before hold no key of the item's
       if (tid == 0) {  // Q, once the consumers are done with the last item's
         MbarrierWait(q_empty, (items_done & 1) ^ 1);
@@ -559,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_pos = t.first_pos;  // position of the item's row 0
     kv_end = min(t.context_len, first_pos + t.rows);
     const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
-    first_tile = FirstKey(a, kMasking, first_pos) / kBlockN;
+    first_tile = PrefillFirstKey(first_pos, kMasking ? a.window : 0) / kBlockN;
     const int group_first_pos = first_pos + group * 64;
     pos_a = group_first_pos + row_a;
     pos_b = pos_a + 8;

@@ -48,6 +48,13 @@ __device__ inline bool LocatePrefillTile(int tile, int block_m, int num_seqs,
   return true;
 }
 
+// The first key any row of a tile whose row 0 sits at `first_pos` attends to: row 0's window's
+// start with a sliding window (`window` > 0: the token at p attends to (p - window, p]), else 0.
+// Keys before it are never loaded (their blocks may have left the table: -1).
+__device__ inline int PrefillFirstKey(int first_pos, int window) {
+  return window > 0 ? max(0, first_pos - window + 1) : 0;
+}
+
 }  // namespace lmserve::kernels::cuda
 
 #endif  // LMSERVE_KERNELS_CUDA_PREFILL_TILES_CUH_
