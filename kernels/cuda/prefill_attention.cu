@@ -375,9 +375,8 @@ cudaError_t LaunchPrefillKernel(const PrefillArgs& a, int64_t num_tokens, cudaSt
 cudaError_t LaunchPrefillPlan(const PrefillAttentionParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_seqs == 0) return cudaSuccess;
-  // The Hopper kernel's query tiles are 128 rows at every head dim (256 included).
   const int rows = ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90
-                       ? 128
+                       ? kPrefillSm90BlockRows
                        : static_cast<int>(PrefillBlockRows(p.head_dim));
   PrefillPlanKernel<<<1, kPlanThreads, 0, stream>>>(p.query_start, static_cast<int>(p.num_seqs),
                                                    rows,

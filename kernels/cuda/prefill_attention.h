@@ -28,7 +28,7 @@
 namespace lmserve::kernels::cuda {
 
 // Query rows per thread block of the mma.sync kernel: 4 warps of 32 rows, or of 16 rows for head
-// dim 256 (the Hopper kernel takes 128 at every head dim: LaunchPrefillPlan).
+// dim 256 (the Hopper kernel's: kPrefillSm90BlockRows, prefill_attention_sm90.h).
 constexpr int PrefillBlockRows(int64_t head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 struct PrefillAttentionParams {

@@ -62,7 +62,7 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
-constexpr int kBlockM = 128;    // query rows per block (== PrefillBlockRows for head dims <= 128)
+constexpr int kBlockM = kPrefillSm90BlockRows;  // query rows per block (the plan's: LaunchPrefillPlan)
 // Keys per tile: 128, or 64 at head dim 256 (the shared memory's room for two stages).
 constexpr int Sm90BlockN(int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
 constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
@@ -73,9 +73,6 @@ constexpr int kLaunchRegisters = 168, kProducerRegisters = 40, kConsumerRegister
 static_assert(128 * (kLaunchRegisters - kProducerRegisters) ==
                   256 * (kConsumerRegisters - kLaunchRegisters),
               "the consumers take what the producer gives up");
-static_assert(kBlockM == PrefillBlockRows(128) && kBlockM == PrefillBlockRows(64),
-              "the plan and the kernel agree on the query tile (at head dim 256 the plan takes "
-              "the kernel's 128 rows: LaunchPrefillPlan)");
 
 // kF8: the caches hold E4M3 bytes (PrefillAttentionParams::cache_fp8). Their tiles land by TMA
 // in a staging ring of their own ([128 rows][kHeadDim bytes]) and are widened into the 16-bit

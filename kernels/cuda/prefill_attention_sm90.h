@@ -12,6 +12,10 @@
 
 namespace lmserve::kernels::cuda {
 
+// Query rows of the sm_90a kernel's work items at every head dim: the tile plan's rows when it
+// runs (LaunchPrefillPlan; the mma.sync kernel's are PrefillBlockRows).
+constexpr int kPrefillSm90BlockRows = 128;
+
 // Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128 (any window,
 // soft-cap and cache type) or 256 (16-bit caches), a block size that is a multiple of 8 and
 // divides the key tile (128 keys, 64 at head dim 256) or is a multiple of it. Host only; says
