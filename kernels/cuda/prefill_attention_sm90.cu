@@ -62,7 +62,8 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
-constexpr int kBlockM = kPrefillSm90BlockRows;  // query rows per block (the plan's: LaunchPrefillPlan)
+// Query rows per block: the plan's when this kernel runs (LaunchPrefillPlan).
+constexpr int kBlockM = kPrefillSm90BlockRows;
 // Keys per tile: 128, or 64 at head dim 256 (the shared memory's room for two stages).
 constexpr int Sm90BlockN(int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
 constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
