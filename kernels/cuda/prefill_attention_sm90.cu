@@ -57,6 +57,7 @@
 #include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/prefill_tiles.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace lmserve::kernels::cuda {
@@ -690,27 +691,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kLoop == kPingpong) {
     if (group == 0) NamedBarrierSync(1);  // group 1's last hand-over
   }
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda).
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn EncodeTiled() {
-  static const EncodeTiledFn fn = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult query{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault,
-                                         &query) != cudaSuccess ||
-        query != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return EncodeTiledFn{nullptr};
-    }
-    return reinterpret_cast<EncodeTiledFn>(entry);
-  }();
-  return fn;
 }
 
 // A 3-D map over 16-bit elements [dim2][dim1][dim0] (dim0 contiguous), boxes of
