@@ -319,8 +319,10 @@ struct RunnerConfig {
   bool fuse_residual_gemm = true;
   // CUDA runner, Hopper, 16-bit weights: a gated MLP's [gate; up] product in steps of at least
   // kMinSm90GatedRows (gemm_selector.h) tokens runs the GEMM of our own with the activation in its
-  // epilogue (kernels/cuda/gemm_sm90.h) instead of cuBLASLt and the SiLU-and-mul kernel.
-  bool sm90_gated_gemm = true;
+  // epilogue (kernels/cuda/gemm_sm90.h) instead of cuBLASLt and the SiLU-and-mul kernel. Off: in
+  // the 8B prefill step the fused kernel took as long as the two it replaces (bench/results
+  // section 30), its product alone 9% slower than cuBLASLt's.
+  bool sm90_gated_gemm = false;
   // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
   // stores are issued, instead of right after its wait (ssm.h, late_dependents).
   bool ssm_decode_late_dependents = false;
