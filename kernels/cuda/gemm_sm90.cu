@@ -2,8 +2,8 @@
 // tiles of 128 x 256 in turn (unit b, b + gridDim.x, ...; clusters of two take pairs of row tiles):
 //   warp group 0, the producer: one thread brings each 64-wide step of K, x's 128 rows (16 KB)
 //     and W's 256 rows (two boxes of 128: with a gated epilogue the gate rows and their up rows),
-//     by TMA into the next of 3 or 4 stages (128-byte swizzle), counted off the stage's `full` barrier
-//     once every consumer warp has freed it (`empty`);
+//     by TMA into the next of 3 or 4 stages (128-byte swizzle), counted off the stage's `full`
+//     barrier once every consumer warp has freed it (`empty`);
 //   warp groups 1 and 2, the consumers: rows 0-63 and 64-127 of the tile, four m64n256k16 wgmmas
 //     a stage into 128 fp32 accumulators a thread; a stage is freed once the wgmmas of the next
 //     one are issued and its own have completed (one group in flight). The epilogue writes the
@@ -24,8 +24,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -252,21 +250,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // of 64 x box_rows, 128-byte swizzle, zeros out of bounds.
 bool Encode2d(CUtensorMap* map, DType dtype, const void* base, uint64_t cols, uint64_t rows,
               uint64_t stride, uint32_t box_rows) {
-  const EncodeTiledFn encode = EncodeTiled();
-  if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {stride * 2};
   const cuuint32_t box[2] = {64, box_rows};
-  const cuuint32_t element_strides[2] = {1, 1};
-  return encode(map,
-                dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                2, const_cast<void*>(base), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeSwizzled16(map, dtype, base, 2, dims, strides, box);
 }
-
 
 // Launches the kernel on persistent blocks: one a multiprocessor (or max_blocks), in clusters of
 // kCluster, as many as fit at once; `units` counts the (row tile group, column tile) units.
@@ -347,31 +335,8 @@ int64_t OutputColumns(const Sm90GemmParams& p) { return Gated(p.epilogue) ? p.n 
 }  // namespace
 
 bool Sm90GemmAvailable() {
-  static std::mutex mu;
-  static std::map<int, bool> available;  // per device
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = available.find(device);
-  if (it != available.end()) return it->second;
-  int major = 0, minor = 0;
-  bool ok =
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-      major == 9 && minor == 0 && EncodeTiled() != nullptr;
-  if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
-    cudaFuncAttributes attributes{};
-    ok = cudaFuncGetAttributes(&attributes,
-                               reinterpret_cast<const void*>(
-                                   GemmSm90Kernel<__nv_bfloat16, Sm90GemmEpilogue::kStore, 1>)) ==
-         cudaSuccess;
-  }
-  cudaGetLastError();
-  available[device] = ok;
-  return ok;
+  return Sm90KernelRuns(
+      reinterpret_cast<const void*>(GemmSm90Kernel<__nv_bfloat16, Sm90GemmEpilogue::kStore, 1>));
 }
 
 bool Sm90GemmSupports(const Sm90GemmParams& p) {

@@ -28,8 +28,8 @@ struct Sm90GemmParams {
   const void* w = nullptr;  // [n, k] contiguous
   void* y = nullptr;        // [m, n] (gated: [m, n / 2]), row stride y_stride
   int64_t m = 0, n = 0, k = 0;
-  int64_t x_stride = 0;  // 0: k
-  int64_t y_stride = 0;  // 0: the output's width
+  int64_t x_stride = 0;        // 0: k
+  int64_t y_stride = 0;        // 0: the output's width
   DType dtype = DType::kBF16;  // kBF16 or kF16
   Sm90GemmEpilogue epilogue = Sm90GemmEpilogue::kStore;
   int group_m = 8;     // tiles' order: groups of group_m row tiles, rows fastest within a group
