@@ -41,6 +41,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemm_sm90.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
@@ -850,6 +851,115 @@ class Bench {
     }
   }
 
+  // The Hopper GEMM of our own (gemm_sm90.h) against cuBLASLt at the 8B model's prefill
+  // projections (4,096 tokens), and its SiLU-and-mul epilogue against cuBLASLt followed by the
+  // gated activation's kernel. The kernels of a shape run in turn, iteration by iteration (each
+  // after an L2 flush), so that the GPU's warming (its clock under the power cap) falls on all
+  // of them alike; medians.
+  void Sm90Gemms() {
+    if (!Selected("sm90 gemm") || !Sm90GemmAvailable()) return;
+    struct Case {
+      const char* name;
+      int64_t m, n, k;
+    };
+    for (const Case& c : {Case{"qkv", 4096, 6144, 4096}, Case{"o", 4096, 4096, 4096},
+                          Case{"gate_up", 4096, 28672, 4096}, Case{"gate_up", 2048, 28672, 4096},
+                          Case{"down", 4096, 4096, 14336},
+                          Case{"square", 8192, 8192, 8192}}) {
+      const bool gated = std::string(c.name) == "gate_up";
+      Buffer x(c.m * c.k * 2), w(c.n * c.k * 2), y(c.m * c.n * 2), y2(c.m * c.n * 2),
+          act(c.m * c.n);
+      FillBf16(x);
+      FillBf16(w, 1.0f / std::sqrt(static_cast<float>(c.k)));
+      GemmShape shape;
+      shape.m = c.m;
+      shape.n = c.n;
+      shape.k = c.k;
+      auto plan = GemmPlan::Create(handle_->get(), shape, gemm_workspace_->get(),
+                                   gemm_workspace_->bytes(), false, stream_);
+      if (!plan.ok()) continue;
+      std::vector<std::pair<std::string, std::function<void()>>> kernels;
+      kernels.emplace_back("cuBLASLt", [&] { (*plan)->Run(x.get(), w.get(), y.get(), stream_); });
+      for (int cluster : {1, 2}) {
+        Sm90GemmParams p{.x = x.get(), .w = w.get(), .y = y2.get(), .m = c.m, .n = c.n, .k = c.k};
+        p.cluster = cluster;
+        kernels.emplace_back(cluster == 1 ? "ours" : "ours, clusters of 2",
+                             [&, p] { CHECK_CUDA(LaunchSm90Gemm(p, stream_)); });
+      }
+      if (gated) {
+        SiluAndMulParams silu{.gate_up = y.get(), .output = act.get(), .num_tokens = c.m,
+                              .intermediate_size = c.n / 2};
+        kernels.emplace_back("cuBLASLt + SiluAndMul", [&, silu] {
+          (*plan)->Run(x.get(), w.get(), y.get(), stream_);
+          CHECK_CUDA(Launch(silu, stream_));
+        });
+        for (int cluster : {1, 2}) {
+          Sm90GemmParams p{.x = x.get(), .w = w.get(), .y = act.get(), .m = c.m, .n = c.n,
+                           .k = c.k, .epilogue = Sm90GemmEpilogue::kSiluAndMul};
+          p.cluster = cluster;
+          kernels.emplace_back(cluster == 1 ? "ours, SiLU epilogue"
+                                            : "ours, SiLU epilogue, clusters of 2",
+                               [&, p] { CHECK_CUDA(LaunchSm90Gemm(p, stream_)); });
+        }
+      }
+      const std::vector<std::pair<double, double>> times = TimeInTurn(kernels);
+      char shape_text[80];
+      std::snprintf(shape_text, sizeof(shape_text), "%s m %lld n %lld k %lld", c.name,
+                    static_cast<long long>(c.m), static_cast<long long>(c.n),
+                    static_cast<long long>(c.k));
+      for (size_t i = 0; i < kernels.size(); ++i) {
+        Record({"sm90 gemm: " + kernels[i].first, shape_text, times[i].first, times[i].second, 0,
+                2.0 * c.m * c.n * c.k});
+      }
+      // A check, not a test (tests/kernels_gpu/gemm_sm90_test.cc is): ours against cuBLASLt.
+      kernels[0].second();
+      kernels[1].second();
+      CHECK_CUDA(cudaStreamSynchronize(stream_));
+      std::vector<uint16_t> a(c.m * c.n), b(c.m * c.n);
+      CHECK_CUDA(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(b.data(), y2.get(), b.size() * 2, cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double d = Bf16ToF32(a[i]) - Bf16ToF32(b[i]);
+        num += d * d;
+        den += static_cast<double>(Bf16ToF32(a[i])) * Bf16ToF32(a[i]);
+      }
+      std::printf("  relative L2 against cuBLASLt: %.2e\n", std::sqrt(num / std::max(den, 1e-30)));
+    }
+  }
+
+  // Median and minimum time in microseconds of each kernel, run in turn iters times (the first
+  // of the turn rotating), each after an L2 flush, after 3 warm-up turns.
+  std::vector<std::pair<double, double>> TimeInTurn(
+      const std::vector<std::pair<std::string, std::function<void()>>>& kernels) {
+    const size_t count = kernels.size();
+    for (int i = 0; i < 3; ++i) {
+      for (const auto& k : kernels) k.second();
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<std::vector<double>> times(count);
+    for (int i = 0; i < options_.iters; ++i) {
+      for (size_t j = 0; j < count; ++j) {
+        const size_t which = (i + j) % count;
+        CHECK_CUDA(cudaMemsetAsync(flush_->get(), i & 0xff, flush_->bytes(), stream_));
+        CHECK_CUDA(cudaEventRecord(start_, stream_));
+        kernels[which].second();
+        CHECK_CUDA(cudaEventRecord(stop_, stream_));
+        CHECK_CUDA(cudaEventSynchronize(stop_));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+        times[which].push_back(ms * 1e3);
+      }
+    }
+    CHECK_CUDA(cudaGetLastError());
+    std::vector<std::pair<double, double>> out;
+    for (auto& t : times) {
+      std::sort(t.begin(), t.end());
+      out.emplace_back(t[t.size() / 2], t.front());
+    }
+    return out;
+  }
+
   void WriteJson() const {
     if (options_.json_path.empty()) return;
     FILE* f = std::fopen(options_.json_path.c_str(), "w");
@@ -944,6 +1054,7 @@ int Main(int argc, char** argv) {
   bench.Norms();
   bench.Qkv();
   bench.Silu();
+  bench.Sm90Gemms();
   bench.Decode(64, 4096, 0.80);
   bench.Decode(1, 32768, 0.60);
   bench.Decode(64, 4096, 0, 5);     // run 2's split cap, for comparison

@@ -45,7 +45,8 @@
 //        [--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k]
 //        [--kv-cache-dtype auto|bf16|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
-//        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--no-add-norm-fold] [--gemm-table]
+//        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--sm90-gated-gemm]
+//        [--no-add-norm-fold] [--gemm-table]
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
 // or sampled at temperature 1 behind a token bitmask (structured output on the device) that
@@ -55,7 +56,9 @@
 // --tune-prefill-gemms: RunnerConfig::tune_prefill_gemms (cuBLASLt's algorithm for steps of many
 // tokens timed on the step's operands, not the heuristic's first). --no-fuse-residual-gemm:
 // RunnerConfig::fuse_residual_gemm off (o_proj and down then write bf16 rows that the next norm
-// adds to the fp32 residual, as before 2026-11-26). --no-add-norm-fold: RunnerConfig::fold_add_norm
+// adds to the fp32 residual, as before 2026-11-26). --sm90-gated-gemm:
+// RunnerConfig::sm90_gated_gemm on (the gate/up product of 2,048 tokens and more through the
+// Hopper GEMM of our own with the activation in its epilogue). --no-add-norm-fold: RunnerConfig::fold_add_norm
 // off (steps of one token run the add + RMSNorm before a product as a kernel of its own, and FP8
 // steps of more than 8 tokens quantize each FP8 GEMM's input in a pass of their own, as before
 // 2026-11-27). --gemm-table: before the
@@ -132,6 +135,7 @@ struct Options {
   std::string draw = "greedy";
   bool tune_prefill_gemms = false;
   bool fuse_residual_gemm = true;
+  bool sm90_gated_gemm = false;
   bool fold_add_norm = true;
   bool gemm_table = false;
 };
@@ -148,7 +152,8 @@ int Usage(const char* message) {
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
                "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
-               "[--no-fuse-residual-gemm] [--no-add-norm-fold] [--gemm-table]\n",
+               "[--no-fuse-residual-gemm] [--sm90-gated-gemm] [--no-add-norm-fold] "
+               "[--gemm-table]\n",
                message);
   return 2;
 }
@@ -467,6 +472,7 @@ int Run(const Options& o) {
   config.tensor_parallel_size = o.tensor_parallel_size;
   config.tune_prefill_gemms = o.tune_prefill_gemms;
   config.fuse_residual_gemm = o.fuse_residual_gemm;
+  config.sm90_gated_gemm = o.sm90_gated_gemm;
   config.fold_add_norm = o.fold_add_norm;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
@@ -587,6 +593,7 @@ int Run(const Options& o) {
       {"gemm_flops_per_s_random_sustained", gemm_rate_sustained},
       {"tune_prefill_gemms", o.tune_prefill_gemms},
       {"fuse_residual_gemm", o.fuse_residual_gemm},
+      {"sm90_gated_gemm", o.sm90_gated_gemm},
       {"fold_add_norm", o.fold_add_norm},
       {"weight_bytes", stats.weight_bytes},
       {"startup_seconds", stats.startup_seconds},
@@ -816,6 +823,8 @@ int main(int argc, char** argv) {
       o.tune_prefill_gemms = true;
     } else if (arg == "--no-fuse-residual-gemm") {
       o.fuse_residual_gemm = false;
+    } else if (arg == "--sm90-gated-gemm") {
+      o.sm90_gated_gemm = true;
     } else if (arg == "--no-add-norm-fold") {
       o.fold_add_norm = false;
     } else if (arg == "--gemm-table") {

@@ -705,6 +705,7 @@ absl::Status CudaRunner::Init(const Checkpoint& checkpoint) {
   gemms_->set_l2_prefetch_bytes(runner_config_.skinny_l2_prefetch_bytes);
   gemms_->set_split_k(runner_config_.skinny_split_k);
   gemms_->set_tune_large(runner_config_.tune_prefill_gemms);
+  gemms_->set_sm90_gated(runner_config_.sm90_gated_gemm);
 
   // Weights, then the rotary tables (fp32, every position the model takes).
   LMSERVE_ASSIGN_OR_RETURN(weights_, cuda::CudaWeights::Allocate(model_->weights(), kernel_dtype_,
@@ -2006,6 +2007,7 @@ RunnerStats CudaRunner::stats() const {
   s.startup_seconds = startup_seconds_;
   s.num_cuda_graphs = graphs_.size();
   s.num_graph_replays = num_graph_replays_;
+  s.num_sm90_gated_gemms = gemms_ != nullptr ? gemms_->sm90_gated_runs() : 0;
   s.num_masked_steps = num_masked_steps_;
   s.total_mask_upload_seconds = mask_upload_seconds_;
   s.total_mask_wait_seconds = mask_wait_seconds_;

@@ -317,6 +317,12 @@ struct RunnerConfig {
   // fp32 residual in cuBLASLt's epilogue (beta 1, unrounded), and the norm reads the residual
   // alone: one pass over the rows fewer, and no rounding of the product to bf16.
   bool fuse_residual_gemm = true;
+  // CUDA runner, Hopper, 16-bit weights: a gated MLP's [gate; up] product in steps of at least
+  // kMinSm90GatedRows (gemm_selector.h) tokens runs the GEMM of our own with the activation in its
+  // epilogue (kernels/cuda/gemm_sm90.h) instead of cuBLASLt and the SiLU-and-mul kernel. Off: in
+  // the 8B prefill step the fused kernel took as long as the two it replaces (bench/results
+  // section 30), its product alone 9% slower than cuBLASLt's.
+  bool sm90_gated_gemm = false;
   // CUDA runner: the SSM decode kernel lets the next kernel (out_proj) launch only once its own
   // stores are issued, instead of right after its wait (ssm.h, late_dependents).
   bool ssm_decode_late_dependents = false;
@@ -356,6 +362,9 @@ struct RunnerStats {
   double startup_seconds = 0;   // Create(), weights, graph capture included
   int32_t num_cuda_graphs = 0;  // decode batch sizes captured
   int64_t num_graph_replays = 0;  // steps run by replaying one (masked steps included)
+  // CUDA: gated products run by the Hopper GEMM with the activation in its epilogue
+  // (RunnerConfig::sm90_gated_gemm), counted as they are enqueued.
+  int64_t num_sm90_gated_gemms = 0;
   std::string device_name;      // "NVIDIA H100 80GB HBM3", or "cpu"
   // CUDA: the kernels' path as resolved on the device ("Hopper kernels (sm_90 code)",
   // "portable kernels (sm_80 code)"); empty on the CPU.

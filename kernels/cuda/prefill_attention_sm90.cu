@@ -49,7 +49,6 @@
 #include <cuda.h>
 
 #include <atomic>
-#include <map>
 #include <mutex>
 #include <type_traits>
 
@@ -57,6 +56,7 @@
 #include "kernels/cuda/fp8_cache.cuh"
 #include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/prefill_tiles.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace lmserve::kernels::cuda {
@@ -692,44 +692,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda).
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn EncodeTiled() {
-  static const EncodeTiledFn fn = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult query{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000, cudaEnableDefault,
-                                         &query) != cudaSuccess ||
-        query != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return EncodeTiledFn{nullptr};
-    }
-    return reinterpret_cast<EncodeTiledFn>(entry);
-  }();
-  return fn;
-}
-
 // A 3-D map over 16-bit elements [dim2][dim1][dim0] (dim0 contiguous), boxes of
 // 64 x 1 x box_rows, 128-byte swizzle, zeros out of bounds.
 bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, uint64_t dim1,
                uint64_t dim2, uint64_t stride1_bytes, uint64_t stride2_bytes, uint32_t box_rows) {
-  const EncodeTiledFn encode = EncodeTiled();
-  if (encode == nullptr) return false;
   const cuuint64_t dims[3] = {dim0, dim1, dim2};
   const cuuint64_t strides[2] = {stride1_bytes, stride2_bytes};
   const cuuint32_t box[3] = {64, 1, box_rows};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode(map,
-                dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                3, const_cast<void*>(base), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeSwizzled16(map, dtype, base, 3, dims, strides, box);
 }
 
 // A 3-D map over E4M3 bytes [dim2][dim1][dim0] (dim0 contiguous), boxes of box0 x 1 x box_rows
@@ -754,20 +724,12 @@ bool EncodeF8Map(CUtensorMap* map, const void* base, uint64_t dim0, uint64_t dim
 // pool's end read as zeros.
 bool EncodePairedMap(CUtensorMap* map, DType dtype, const void* base, uint64_t num_kv_heads,
                      uint64_t num_slots, uint32_t box_rows) {
-  const EncodeTiledFn encode = EncodeTiled();
-  if (encode == nullptr || num_slots % 8 != 0) return false;
+  if (num_slots % 8 != 0) return false;
   const uint64_t slot_bytes = num_kv_heads * 128 * 2;
   const cuuint64_t dims[5] = {64, 8, 2, num_slots / 8, num_kv_heads};
   const cuuint64_t strides[4] = {slot_bytes, 128, 8 * slot_bytes, 128 * 2};
   const cuuint32_t box[5] = {64, 8, 2, box_rows / 8, 1};
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  return encode(map,
-                dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                5, const_cast<void*>(base), dims, strides, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return EncodeSwizzled16(map, dtype, base, 5, dims, strides, box);
 }
 
 std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
@@ -922,31 +884,8 @@ void SetPrefillSm90Options(const PrefillSm90Options& options) {
 }
 
 bool PrefillSm90Available() {
-  static std::mutex mu;
-  static std::map<int, bool> available;  // per device
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = available.find(device);
-  if (it != available.end()) return it->second;
-  int major = 0, minor = 0;
-  bool ok =
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-      major == 9 && minor == 0 && EncodeTiled() != nullptr;
-  if (ok) {  // sm_90a code runs on compute capability 9.0 alone; check that it loaded
-    cudaFuncAttributes attributes{};
-    const void* kernel =
-        reinterpret_cast<const void*>(PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true,
-                                                         /*kF8=*/false, /*kMasking=*/false>);
-    ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
-  }
-  cudaGetLastError();
-  available[device] = ok;
-  return ok;
+  return Sm90KernelRuns(reinterpret_cast<const void*>(
+      PrefillSm90Kernel<__nv_bfloat16, 128, kPingpong, true, /*kF8=*/false, /*kMasking=*/false>));
 }
 
 cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& p, cudaStream_t stream) {

@@ -22,27 +22,13 @@
 namespace lmserve::kernels::cuda {
 namespace {
 
+using testing::CpuLinear;
 using testing::DeviceBuffer;
 using testing::FreshSeed;
 using testing::HalfToFloat;
 using testing::RandomFloats;
 using testing::RelativeL2;
 using testing::RoundToHalf;
-
-// The CPU linear layer: y[m, n] = x[m, k] w[n, k]^T in fp32.
-std::vector<float> CpuLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
-                             int64_t n, int64_t k) {
-  std::vector<float> y(m * n);
-  kernels::LinearParams linear;
-  linear.input = x.data();
-  linear.weight = w.data();
-  linear.output = y.data();
-  linear.num_tokens = m;
-  linear.in_features = k;
-  linear.out_features = n;
-  kernels::Linear(linear);
-  return y;
-}
 
 TEST(GemmGpuTest, MatchesCpuLinear) {
   LMSERVE_REQUIRE_GPU();

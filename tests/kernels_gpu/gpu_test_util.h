@@ -17,6 +17,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/dtype.h"
@@ -147,6 +148,22 @@ inline double RelativeL2(const std::vector<float>& out, const std::vector<float>
     norm += static_cast<double>(ref[i]) * ref[i];
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// The CPU linear layer: y[m, n] = x[m, k] w[n, k]^T in fp32, x's rows x_stride apart (0: k).
+inline std::vector<float> CpuLinear(const std::vector<float>& x, const std::vector<float>& w,
+                                    int64_t m, int64_t n, int64_t k, int64_t x_stride = 0) {
+  std::vector<float> y(m * n);
+  kernels::LinearParams linear;
+  linear.input = x.data();
+  linear.weight = w.data();
+  linear.output = y.data();
+  linear.num_tokens = m;
+  linear.in_features = k;
+  linear.out_features = n;
+  linear.input_stride = x_stride;
+  kernels::Linear(linear);
+  return y;
 }
 
 inline int64_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }

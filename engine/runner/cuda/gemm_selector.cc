@@ -10,6 +10,7 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fp8.h"
+#include "kernels/cuda/gemm_sm90.h"
 #include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -519,6 +520,27 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " at ", m,
                                       " rows: a norm epilogue or residual folds without the "
                                       "skinny GEMM"));
+  }
+  if (act != nullptr && sm90_gated_ && m >= kMinSm90GatedRows &&
+      projection.output_dtype == dtype_ && kc::Sm90GemmAvailable()) {
+    const kc::Sm90GemmParams params{
+        .x = x,
+        .w = w,
+        .y = act,
+        .m = m,
+        .n = projection.n,
+        .k = projection.k,
+        .dtype = dtype_,
+        .epilogue = activation == kernels::GateActivation::kSilu
+                        ? kc::Sm90GemmEpilogue::kSiluAndMul
+                        : kc::Sm90GemmEpilogue::kGeluTanhAndMul,
+        .cluster = 2};
+    if (kc::Sm90GemmSupports(params)) {
+      LMSERVE_RETURN_IF_CUDA_ERROR(kc::LaunchSm90Gemm(params, stream_),
+                                   StrCat("Hopper GEMM (", projection.kind, ")"));
+      ++sm90_gated_runs_;
+      return absl::OkStatus();
+    }
   }
   if (const cublasStatus_t status = plan->Run(x, w, y, stream_); status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(StrCat("CUDA runner: ", projection.kind, " GEMM: cuBLAS status ",

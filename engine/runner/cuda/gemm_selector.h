@@ -48,6 +48,10 @@ struct BlockSegment {
 
 // Token counts above which cuBLASLt's algorithm may be tuned on the step's operands.
 inline constexpr int64_t kMinTunedGemmRows = 256;
+// Token counts from which a gated product may run the Hopper GEMM (set_sm90_gated): its tiles are
+// 128 rows, so below this its grid leaves multiprocessors idle where cuBLASLt's smaller tiles
+// would not.
+inline constexpr int64_t kMinSm90GatedRows = 2048;
 
 struct GemmProjection {
   std::string kind;                                     // for messages: "qkv"
@@ -194,6 +198,12 @@ class GemmSelector {
   // Whether products of more than kMinTunedGemmRows rows are tuned on their first step's
   // operands (above).
   void set_tune_large(bool tune) { tune_large_ = tune; }
+  // Whether a gated product (16-bit weights) of at least kMinSm90GatedRows rows runs the Hopper
+  // GEMM with the activation in its epilogue (kernels/cuda/gemm_sm90.h), where the device runs
+  // it and the shape suits it, instead of cuBLASLt followed by the SiLU-and-mul kernel.
+  void set_sm90_gated(bool on) { sm90_gated_ = on; }
+  // The gated products run so (enqueued) since the selector was created.
+  int64_t sm90_gated_runs() const { return sm90_gated_runs_; }
 
   // The plan of projection `id` at m rows, created on first use.
   absl::StatusOr<const kernels::cuda::GemmPlan*> Plan(int id, int64_t m);
@@ -256,6 +266,8 @@ class GemmSelector {
   int64_t l2_prefetch_bytes_ = 0;
   bool split_k_ = true;
   bool tune_large_ = false;
+  bool sm90_gated_ = false;
+  int64_t sm90_gated_runs_ = 0;
   std::vector<GemmProjection> projections_;
   std::map<std::pair<int, int64_t>, std::unique_ptr<kernels::cuda::GemmPlan>> plans_;
   std::map<std::pair<int, int64_t>, Kernel> kernels_;

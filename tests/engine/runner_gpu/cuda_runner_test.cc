@@ -17,12 +17,14 @@
 
 #include "engine/model/checkpoint.h"
 #include "engine/model/gguf.h"
+#include "engine/runner/cuda/gemm_selector.h"
 #include "engine/runner/model_runner.h"
 #include "engine/tokenizer/gguf_tokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm_sm90.h"
 #include "tests/gpu_main/kernel_path.h"
 #include "tests/testing/fixtures.h"
 #include "tests/testing/step_batches.h"
@@ -824,6 +826,82 @@ TEST(CudaRunnerTest, TunedAndFusedPrefillGemmsAgreeWithTheCpuRunner) {
     std::printf("tuned and fused prefill GEMMs, %zu tokens: relative L2 %.3g against the CPU "
                 "runner, %.3g against the runner without them\n",
                 t.logits.size() / static_cast<size_t>(vocab), against_cpu, against_untuned);
+  }
+}
+
+// RunnerConfig::sm90_gated_gemm: in a step of at least kMinSm90GatedRows tokens the gated MLP's
+// [gate; up] product runs the Hopper GEMM with SiLU (Llama) or GELU-tanh (Gemma 2) in its
+// epilogue. Every position's logits agree with the CPU runner's and with the runner's that takes
+// cuBLASLt and the SiLU-and-mul kernel. (The kernel itself is tested in
+// tests/kernels_gpu/gemm_sm90_test.cc; where the device does not run it, both runners here take
+// cuBLASLt.)
+TEST(CudaRunnerTest, Sm90GatedGemmAgreesWithCublasAndTheCpuRunner) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  for (const std::string& dir : {testing::HfTinyDir("llama-mqa-tied-llama3rope"),
+                                 testing::HfFamilyDir("gemma2-softcap-sliding")}) {
+    SCOPED_TRACE(dir);
+    auto checkpoint = OpenCheckpoint(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    RunnerConfig fused_config = CudaConfig(/*graphs=*/false);
+    fused_config.max_num_batched_tokens = 4096;
+    fused_config.sm90_gated_gemm = true;
+    RunnerConfig blas_config = fused_config;
+    blas_config.sm90_gated_gemm = false;
+    RunnerConfig cpu_config;
+    cpu_config.kv_cache_bytes = int64_t{64} << 20;
+    cpu_config.max_num_batched_tokens = 4096;
+    auto fused = MakeRunner(**checkpoint, fused_config);
+    auto blas = MakeRunner(**checkpoint, blas_config);
+    auto cpu = MakeRunner(**checkpoint, cpu_config);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_NE(blas, nullptr);
+    ASSERT_NE(cpu, nullptr);
+    const int64_t vocab = (*checkpoint)->config().vocab_size;
+    // 2,100 tokens in three sequences (the fixtures take 1,024 positions): 17 row tiles of 128,
+    // the last one partial. Each runner's batch has a block table in each of its KV cache groups
+    // (Gemma 2 has two).
+    auto batch_for = [&](const ModelRunner& runner) {
+      StepBatch batch;
+      int32_t first_block = 0;
+      for (int64_t length : {700, 900, 500}) {
+        std::vector<int32_t> prompt(static_cast<size_t>(length));
+        for (int64_t i = 0; i < length; ++i) {
+          prompt[i] = static_cast<int32_t>((i * 131 + 7 * length) % vocab);
+        }
+        const std::vector<int32_t> blocks =
+            lmserve::testing::ConsecutiveBlocks(runner, length, first_block);
+        first_block += static_cast<int32_t>(blocks.size());
+        lmserve::testing::AddSequenceToEveryGroup(&batch, runner, prompt, 0, blocks,
+                                                  LogitsMode::kAll);
+      }
+      return batch;
+    };
+    const StepBatch fused_batch = batch_for(*fused);
+    ASSERT_GE(fused_batch.num_tokens(), cuda::kMinSm90GatedRows);
+    StepOutput f, b, c;
+    const absl::Status fs = fused->Execute(fused_batch, &f);
+    const absl::Status bs = blas->Execute(batch_for(*blas), &b);
+    ASSERT_TRUE(fs.ok()) << fs;
+    ASSERT_TRUE(bs.ok()) << bs;
+    ASSERT_TRUE(cpu->Execute(batch_for(*cpu), &c).ok());
+    // Each layer's gated product took the Hopper GEMM where the device runs it, and never with
+    // the option off.
+    const int64_t layers = (*checkpoint)->config().num_layers;
+    EXPECT_EQ(fused->stats().num_sm90_gated_gemms,
+              kernels::cuda::Sm90GemmAvailable() ? layers : 0);
+    EXPECT_EQ(blas->stats().num_sm90_gated_gemms, 0);
+    ASSERT_EQ(f.logits.size(), c.logits.size());
+    ASSERT_EQ(b.logits.size(), c.logits.size());
+    for (float x : f.logits) ASSERT_TRUE(std::isfinite(x));
+    const double against_cpu = RelativeL2(f.logits.data(), c.logits.data(), c.logits.size());
+    const double against_blas = RelativeL2(f.logits.data(), b.logits.data(), b.logits.size());
+    const double blas_against_cpu = RelativeL2(b.logits.data(), c.logits.data(), c.logits.size());
+    EXPECT_LE(against_cpu, 3e-2);
+    EXPECT_LE(against_blas, 3e-2);
+    std::printf("Hopper gated GEMM, %lld tokens: relative L2 %.3g against the CPU runner (cuBLASLt's "
+                "runner: %.3g), %.3g against cuBLASLt's runner\n",
+                static_cast<long long>(fused_batch.num_tokens()), against_cpu, blas_against_cpu,
+                against_blas);
   }
 }
 
