@@ -9,6 +9,7 @@
 #include "engine/runner/cuda/cuda_buffer.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm_sm90.h"
 #include "kernels/cuda/quant_gemm.h"
@@ -522,7 +523,7 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
                                       "skinny GEMM"));
   }
   if (act != nullptr && sm90_gated_ && m >= kMinSm90GatedRows &&
-      projection.output_dtype == dtype_ && kc::Sm90GemmAvailable()) {
+      projection.output_dtype == dtype_ && kc::UseHopperKernels() && kc::Sm90GemmAvailable()) {
     const kc::Sm90GemmParams params{
         .x = x,
         .w = w,

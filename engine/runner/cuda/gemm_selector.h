@@ -200,7 +200,8 @@ class GemmSelector {
   void set_tune_large(bool tune) { tune_large_ = tune; }
   // Whether a gated product (16-bit weights) of at least kMinSm90GatedRows rows runs the Hopper
   // GEMM with the activation in its epilogue (kernels/cuda/gemm_sm90.h), where the device runs
-  // it and the shape suits it, instead of cuBLASLt followed by the SiLU-and-mul kernel.
+  // it, the kernels take the Hopper path (UseHopperKernels) and the shape suits it, instead of
+  // cuBLASLt followed by the SiLU-and-mul kernel.
   void set_sm90_gated(bool on) { sm90_gated_ = on; }
   // The gated products run so (enqueued) since the selector was created.
   int64_t sm90_gated_runs() const { return sm90_gated_runs_; }
