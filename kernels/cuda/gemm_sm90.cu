@@ -18,8 +18,9 @@
 // (Measured on an H100 at the 8B model's prefill shapes: the epilogue storing from registers,
 // with 4 stages, ran at 85-88% of the TMA epilogue's rate, since every block's epilogue idled the
 // tensor cores at once; a cluster launch attribute of 1 x 1 x 1 cost 8-12%, so blocks without
-// clusters are launched without it; remote arrivals with .release.cluster semantics halved the
-// clustered kernel's rate.)
+// clusters are launched without it; remote arrivals with .release.cluster semantics cut the
+// clustered kernel to 40% of its rate; clusters of 2 x 2, sharing x's tiles too, were slower than
+// clusters of two: bench/results section 30.)
 
 #include <cuda.h>
 
