@@ -122,6 +122,21 @@ void FillF32(const Buffer& b, float stddev = 1.0f) {
   for (auto& x : host) x = dist(rng);
   FillRepeated(b, host.data(), host.size() * 4);
 }
+// ||out - ref|| / ||ref|| of two bf16 arrays on the device of `count` elements, in double; -1
+// where ref is all zeros. A check printed beside a timing, not a test.
+double RelativeL2Bf16(const void* out, const void* ref, size_t count) {
+  std::vector<uint16_t> a(count), b(count);
+  CHECK_CUDA(cudaMemcpy(a.data(), out, count * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(b.data(), ref, count * 2, cudaMemcpyDeviceToHost));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double d = static_cast<double>(Bf16ToF32(a[i])) - Bf16ToF32(b[i]);
+    diff += d * d;
+    norm += static_cast<double>(Bf16ToF32(b[i])) * Bf16ToF32(b[i]);
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : -1.0;
+}
+
 template <typename T>
 void Upload(const Buffer& b, const std::vector<T>& host) {
   CHECK_CUDA(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -803,18 +818,10 @@ class Bench {
             CHECK_CUDA(Launch(p, stream_));
             if (plan.ok()) (*plan)->Run(x.get(), wd.get(), y_ref.get(), stream_);
             CHECK_CUDA(cudaStreamSynchronize(stream_));
-            std::vector<uint16_t> a(8 * proj.n), b(8 * proj.n);
-            CHECK_CUDA(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
-            CHECK_CUDA(cudaMemcpy(b.data(), y_ref.get(), b.size() * 2, cudaMemcpyDeviceToHost));
-            double diff = 0, norm = 0;
-            for (size_t i = 0; i < a.size(); ++i) {
-              const double d = static_cast<double>(Bf16ToF32(a[i])) - Bf16ToF32(b[i]);
-              diff += d * d;
-              norm += static_cast<double>(Bf16ToF32(b[i])) * Bf16ToF32(b[i]);
-            }
             std::printf("check %s %s: skinny m 8 vs dequantize + cuBLASLt: relative L2 %.3g%s\n",
                         std::string(DTypeName(dtype)).c_str(), proj.name,
-                        norm > 0 ? std::sqrt(diff / norm) : -1.0, plan.ok() ? "" : " (no plan)");
+                        RelativeL2Bf16(y.get(), y_ref.get(), 8 * proj.n),
+                        plan.ok() ? "" : " (no plan)");
           }
           char shape_text[80];
           std::snprintf(shape_text, sizeof(shape_text), "%s %s n %lld k %lld",
@@ -915,16 +922,8 @@ class Bench {
       kernels[0].second();
       kernels[1].second();
       CHECK_CUDA(cudaStreamSynchronize(stream_));
-      std::vector<uint16_t> a(c.m * c.n), b(c.m * c.n);
-      CHECK_CUDA(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(b.data(), y2.get(), b.size() * 2, cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const double d = Bf16ToF32(a[i]) - Bf16ToF32(b[i]);
-        num += d * d;
-        den += static_cast<double>(Bf16ToF32(a[i])) * Bf16ToF32(a[i]);
-      }
-      std::printf("  relative L2 against cuBLASLt: %.2e\n", std::sqrt(num / std::max(den, 1e-30)));
+      std::printf("  relative L2 against cuBLASLt: %.2e\n",
+                  RelativeL2Bf16(y2.get(), y.get(), c.m * c.n));
     }
   }
 

@@ -25,7 +25,10 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_sm90.h"
@@ -257,6 +260,29 @@ bool Encode2d(CUtensorMap* map, DType dtype, const void* base, uint64_t cols, ui
   return EncodeSwizzled16(map, dtype, base, 2, dims, strides, box);
 }
 
+// How many clusters of `config` (its grid, block, shared memory and cluster attribute) of
+// `kernel` fit on the current device at once; 0 where none does. Asked of the driver once per
+// device and kernel: a step launches the same few kernels every layer.
+int ClustersThatFit(const void* kernel, const cudaLaunchConfig_t& config) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> fits;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device, kernel);
+  if (const auto it = fits.find(key); it != fits.end()) return it->second;
+  int fit = 0;
+  if (cudaOccupancyMaxActiveClusters(&fit, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();
+    fit = 0;
+  }
+  fits[key] = fit;
+  return fit;
+}
+
 // Launches the kernel on persistent blocks: one a multiprocessor (or max_blocks), in clusters of
 // kCluster, as many as fit at once; `units` counts the (row tile group, column tile) units.
 template <typename T, Sm90GemmEpilogue kEpilogue, int kCluster>
@@ -267,10 +293,8 @@ cudaError_t LaunchTyped(const CUtensorMap& a_map, const CUtensorMap& b_map,
   constexpr int kSmemBytes = GemmShapeOf<kEpilogue>::kSmemBytes;
   LMSERVE_CUDA_RETURN_IF_ERROR(
       SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), kSmemBytes));
-  int device = 0, sms = 0;
-  LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  LMSERVE_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = CurrentMultiprocessorCount();
+  if (sms < 1) return cudaErrorInvalidDevice;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
@@ -289,9 +313,8 @@ cudaError_t LaunchTyped(const CUtensorMap& a_map, const CUtensorMap& b_map,
   int clusters = sms / kCluster;
   if constexpr (kCluster > 1) {  // clusters sit within one GPC: fewer may fit at once
     config.gridDim = dim3(clusters * kCluster);
-    int fit = 0;
-    if (cudaOccupancyMaxActiveClusters(&fit, kernel, &config) != cudaSuccess || fit < 1) {
-      cudaGetLastError();  // no cluster of two fits (a partitioned GPU): blocks alone
+    const int fit = ClustersThatFit(reinterpret_cast<const void*>(kernel), config);
+    if (fit < 1) {  // no cluster of two fits (a partitioned GPU): blocks alone
       GemmArgs single = args;
       single.num_m = args.num_m * 2;  // row tiles, not pairs (a last one past m reads zeros)
       return LaunchTyped<T, kEpilogue, 1>(a_map, b_map, y_map, single, units * 2, max_blocks,
@@ -331,7 +354,14 @@ cudaError_t LaunchFor(const Sm90GemmParams& p, const CUtensorMap& a_map, const C
   }
 }
 
-int64_t OutputColumns(const Sm90GemmParams& p) { return Gated(p.epilogue) ? p.n / 2 : p.n; }
+// The strides and output width a launch of `p` uses (its zeros resolved).
+struct Layout {
+  int64_t x_stride, out_cols, y_stride;
+};
+Layout LayoutOf(const Sm90GemmParams& p) {
+  const int64_t out_cols = Gated(p.epilogue) ? p.n / 2 : p.n;
+  return {p.x_stride != 0 ? p.x_stride : p.k, out_cols, p.y_stride != 0 ? p.y_stride : out_cols};
+}
 
 }  // namespace
 
@@ -341,9 +371,7 @@ bool Sm90GemmAvailable() {
 }
 
 bool Sm90GemmSupports(const Sm90GemmParams& p) {
-  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
-  const int64_t out_cols = OutputColumns(p);
-  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : out_cols;
+  const auto [x_stride, out_cols, y_stride] = LayoutOf(p);
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return (p.dtype == DType::kBF16 || p.dtype == DType::kF16) && p.m > 0 && p.n > 0 && p.k > 0 &&
          p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) && p.k % 8 == 0 && p.n % 8 == 0 &&
@@ -354,9 +382,7 @@ bool Sm90GemmSupports(const Sm90GemmParams& p) {
 
 cudaError_t LaunchSm90Gemm(const Sm90GemmParams& p, cudaStream_t stream) {
   if (!Sm90GemmSupports(p)) return cudaErrorInvalidValue;
-  const int64_t x_stride = p.x_stride != 0 ? p.x_stride : p.k;
-  const int64_t out_cols = OutputColumns(p);
-  const int64_t y_stride = p.y_stride != 0 ? p.y_stride : out_cols;
+  const auto [x_stride, out_cols, y_stride] = LayoutOf(p);
   CUtensorMap a_map, b_map, y_map;
   if (!Encode2d(&a_map, p.dtype, p.x, p.k, p.m, x_stride, kBlockM) ||
       !Encode2d(&b_map, p.dtype, p.w, p.k, p.n, p.k, kBlockN / 2) ||

@@ -736,21 +736,6 @@ std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
 std::mutex options_mu;
 PrefillSm90Options options_choice;  // guarded by options_mu
 
-// The current device's multiprocessor count, cached per device.
-cudaError_t MultiprocessorCount(int* count) {
-  static std::atomic<int> cached[64];
-  int device = 0;
-  LMSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) {
-    *count = cached[device].load(std::memory_order_relaxed);
-    return cudaSuccess;
-  }
-  LMSERVE_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device));
-  if (device < 64) cached[device].store(*count, std::memory_order_relaxed);
-  return cudaSuccess;
-}
-
 template <typename Kernel>
 cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtensorMap& q_map,
                          const CUtensorMap& k_map, const CUtensorMap& v_map, const Sm90Args& a,
@@ -826,8 +811,8 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.heads_fastest = options.heads_first ? 1 : 0;
   int64_t blocks = max_items;  // one item a block
   if (options.persistent) {
-    int sms = 0;
-    LMSERVE_CUDA_RETURN_IF_ERROR(MultiprocessorCount(&sms));
+    const int sms = CurrentMultiprocessorCount();
+    if (sms < 1) return cudaErrorInvalidDevice;
     blocks = std::min<int64_t>(max_items, options.max_blocks > 0 ? options.max_blocks : sms);
   }
   const dim3 grid(static_cast<unsigned>(blocks));
