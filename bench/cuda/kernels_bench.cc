@@ -172,25 +172,9 @@ class Bench {
     flush_ = std::make_unique<Buffer>(std::max<int64_t>(device_.l2_cache_bytes * 2, 64 << 20));
   }
 
-  // Median time of `fn` in microseconds over iters launches, each after an L2 flush.
+  // Median (and minimum) time of `fn` in microseconds over iters launches, each after an L2 flush.
   std::pair<double, double> Time(const std::function<void()>& fn, int warmup = 3) {
-    for (int i = 0; i < warmup; ++i) fn();
-    CHECK_CUDA(cudaStreamSynchronize(stream_));
-    CHECK_CUDA(cudaGetLastError());
-    std::vector<double> times;
-    for (int i = 0; i < options_.iters; ++i) {
-      CHECK_CUDA(cudaMemsetAsync(flush_->get(), i & 0xff, flush_->bytes(), stream_));
-      CHECK_CUDA(cudaEventRecord(start_, stream_));
-      fn();
-      CHECK_CUDA(cudaEventRecord(stop_, stream_));
-      CHECK_CUDA(cudaEventSynchronize(stop_));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-      times.push_back(ms * 1e3);
-    }
-    CHECK_CUDA(cudaGetLastError());
-    std::sort(times.begin(), times.end());
-    return {times[times.size() / 2], times.front()};
+    return TimeInTurn({{std::string(), fn}}, warmup).front();
   }
 
   bool Selected(const std::string& name) const {
@@ -928,14 +912,15 @@ class Bench {
   }
 
   // Median and minimum time in microseconds of each kernel, run in turn iters times (the first
-  // of the turn rotating), each after an L2 flush, after 3 warm-up turns.
+  // of the turn rotating), each after an L2 flush, after `warmup` turns.
   std::vector<std::pair<double, double>> TimeInTurn(
-      const std::vector<std::pair<std::string, std::function<void()>>>& kernels) {
+      const std::vector<std::pair<std::string, std::function<void()>>>& kernels, int warmup = 3) {
     const size_t count = kernels.size();
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < warmup; ++i) {
       for (const auto& k : kernels) k.second();
     }
     CHECK_CUDA(cudaStreamSynchronize(stream_));
+    CHECK_CUDA(cudaGetLastError());
     std::vector<std::vector<double>> times(count);
     for (int i = 0; i < options_.iters; ++i) {
       for (size_t j = 0; j < count; ++j) {
