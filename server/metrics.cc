@@ -47,6 +47,9 @@ using prometheus::Counter;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
+// lmserve_engine_step_phase_seconds_total's phase labels.
+constexpr std::array<std::string_view, 4> kStepPhases = {"prepare", "launch", "finish", "process"};
+
 // vLLM's time-to-first-token buckets.
 const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,  0.1,
                                           0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,   10.0,
@@ -166,6 +169,8 @@ struct Metrics::Impl {
   Counter* prompt_tokens = nullptr;
   Counter* generation_tokens = nullptr;
   Counter* steps = nullptr;
+  // The engine's step time by phase (EngineStats' total_*_seconds), in kStepPhases' order.
+  std::array<Counter*, 4> step_phases{};
   prometheus::Family<Counter>* success_family = nullptr;
   std::map<std::string, Counter*, std::less<>> success;  // by finished_reason, made up front
   prometheus::Family<Counter>* rpc_family = nullptr;
@@ -280,6 +285,19 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& host
   m.generation_tokens = m.MakeCounter("lmserve_generation_tokens_total",
                                       "Number of generation tokens processed.");
   m.steps = m.MakeCounter("lmserve_engine_steps_total", "Number of engine steps run.");
+  auto& phase_family =
+      BuildCounter()
+          .Name("lmserve_engine_step_phase_seconds_total")
+          .Help("Engine step time by phase: prepare (scheduling and the batch, before the launch) "
+                "and process (each sequence's token, outputs emitted, after the step) are host "
+                "work with no forward pass of this engine running; launch and finish are the "
+                "runner's halves (a GPU runner's finish waits for the step's end).")
+          .Register(*m.registry);
+  for (size_t i = 0; i < kStepPhases.size(); ++i) {
+    prometheus::Labels labels = m.labels;
+    labels["phase"] = std::string(kStepPhases[i]);
+    m.step_phases[i] = &phase_family.Add(labels);
+  }
   m.success_family = &BuildCounter()
                           .Name("lmserve_request_success_total")
                           .Help("Count of successfully processed requests.")
@@ -438,6 +456,14 @@ void Metrics::UpdateEngineStats(const engine::EngineStats& stats) {
                 stats.total_step_seconds - last.total_step_seconds);
     ObserveMany(m.iteration_tokens, m.iteration_token_buckets, new_steps,
                 static_cast<double>(stats.total_step_tokens - last.total_step_tokens));
+  }
+  const std::array<double, 4> phases = {
+      stats.total_prepare_seconds - last.total_prepare_seconds,
+      stats.total_launch_seconds - last.total_launch_seconds,
+      stats.total_finish_seconds - last.total_finish_seconds,
+      stats.total_process_seconds - last.total_process_seconds};
+  for (size_t i = 0; i < phases.size(); ++i) {
+    if (phases[i] > 0.0) m.step_phases[i]->Increment(phases[i]);
   }
   m.last_stats = stats;
 }

@@ -167,6 +167,8 @@ absl::StatusOr<std::unique_ptr<ServingModel>> Load(const ServeConfig& config,
     engine_config.max_step_slowdown = backend == engine::Backend::kCpu ? kCpuStepSlowdown : 0.0;
   }
   engine_config.max_logprobs = api_limits.max_logprobs;
+  // The streams' readers are woken off the stepping thread (EngineConfig::emit_outputs_on_thread).
+  engine_config.emit_outputs_on_thread = true;
   engine_config.max_n = api_limits.max_n;
   std::unique_ptr<engine::TextDecoder> decoder = text->NewTextDecoder();
   auto model = std::make_unique<ServingModel>();

@@ -9,8 +9,9 @@
 namespace lmserve::bench {
 
 // The sum over every label set of the samples named exactly `name` (e.g.
-// "lmserve_time_to_first_token_seconds_sum"); 0 when there are none.
-double SumSamples(std::string_view exposition, std::string_view name);
+// "lmserve_time_to_first_token_seconds_sum"); 0 when there are none. With `label` (e.g.
+// `phase="process"`), only the samples that carry that label and value.
+double SumSamples(std::string_view exposition, std::string_view name, std::string_view label = {});
 
 // A histogram's _sum and _count, summed over label sets.
 struct HistogramTotals {

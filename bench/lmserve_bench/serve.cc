@@ -16,6 +16,7 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "bench/lmserve_bench/client.h"
@@ -169,7 +171,13 @@ struct ServerDeltas {
   HistogramTotals ttft;
   double prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache
   double prefix_cache_hits = 0;     // of which found: repeated prompts would skew TTFT low
+  double steps = 0;
+  // lmserve_engine_step_phase_seconds_total by kStepPhases: prepare and process are the host's
+  // time with no forward pass of the engine running.
+  std::array<double, 4> step_phase_seconds{};
 };
+
+constexpr std::array<std::string_view, 4> kStepPhases = {"prepare", "launch", "finish", "process"};
 
 absl::StatusOr<ServerDeltas> Scrape(const std::string& url) {
   LMSERVE_ASSIGN_OR_RETURN(std::string text, HttpGet(url, 10));
@@ -177,6 +185,11 @@ absl::StatusOr<ServerDeltas> Scrape(const std::string& url) {
   values.ttft = ReadHistogram(text, kTtftHistogram);
   values.prefix_cache_queries = SumSamples(text, "lmserve_prefix_cache_queries_total");
   values.prefix_cache_hits = SumSamples(text, "lmserve_prefix_cache_hits_total");
+  values.steps = SumSamples(text, "lmserve_engine_steps_total");
+  for (size_t i = 0; i < kStepPhases.size(); ++i) {
+    values.step_phase_seconds[i] = SumSamples(text, "lmserve_engine_step_phase_seconds_total",
+                                              StrCat("phase=\"", kStepPhases[i], "\""));
+  }
   return values;
 }
 
@@ -473,6 +486,11 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
       deltas.prefix_cache_queries =
           after->prefix_cache_queries - metrics_before->prefix_cache_queries;
       deltas.prefix_cache_hits = after->prefix_cache_hits - metrics_before->prefix_cache_hits;
+      deltas.steps = after->steps - metrics_before->steps;
+      for (size_t i = 0; i < kStepPhases.size(); ++i) {
+        deltas.step_phase_seconds[i] =
+            after->step_phase_seconds[i] - metrics_before->step_phase_seconds[i];
+      }
       server_ttft.count = deltas.ttft.count;
       if (server_ttft.count > 0) {
         server_ttft.measured = true;
@@ -523,6 +541,15 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
                        static_cast<int64_t>(deltas.prefix_cache_queries)));
     } else {
       PrintLine("Server mean TTFT:", StrCat("not measured: ", server_ttft.error));
+    }
+    if (server_ttft.measured && deltas.steps > 0) {
+      PrintLine("Server engine steps:", StrCat(static_cast<int64_t>(deltas.steps)));
+      for (size_t i = 0; i < kStepPhases.size(); ++i) {
+        PrintLine(
+            StrCat("Server step ", kStepPhases[i], " (s, % of run):"),
+            StrCat(Fixed(deltas.step_phase_seconds[i]), " (",
+                   Fixed(100 * deltas.step_phase_seconds[i] / summary.duration_seconds), " %)"));
+      }
     }
   }
   std::printf("==================================================\n");
@@ -586,6 +613,10 @@ int RunServe(const ServeFlags& flags, const std::string& command_line) {
         server["relative_difference"] = relative_difference;
         server["prefix_cache_queries"] = deltas.prefix_cache_queries;
         server["prefix_cache_hits"] = deltas.prefix_cache_hits;
+        server["engine_steps"] = deltas.steps;
+        for (size_t i = 0; i < kStepPhases.size(); ++i) {
+          server[StrCat("step_", kStepPhases[i], "_s")] = deltas.step_phase_seconds[i];
+        }
       } else {
         server["error"] = server_ttft.error;
       }

@@ -154,7 +154,8 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
                               1, INT32_MAX))),
       mask_threads_(config.structured_mask_threads > 0
                         ? config.structured_mask_threads
-                        : std::min(4, kernels::PhysicalCoreCount())) {}
+                        : std::min(4, kernels::PhysicalCoreCount())),
+      emitter_(config.emit_outputs_on_thread ? std::make_unique<OutputEmitter>() : nullptr) {}
 
 EngineCore::~EngineCore() = default;
 
@@ -213,6 +214,7 @@ void EngineCore::Abort(RequestId id) {
     if (!sample->finished) FinishSample(sample.get(), FinishReason::kAborted, now, {});
   }
   ReapFinishedRequests();
+  if (emitter_ != nullptr) emitter_->Flush();
 }
 
 void EngineCore::ReapFinishedRequests() {
@@ -303,6 +305,7 @@ bool EngineCore::Step() {
   }
   if (status.ok()) MeasureStep(plan, prefill_budget, now - start);  // before the reap
   ReapFinishedRequests();
+  if (emitter_ != nullptr) emitter_->Flush();
   stats_.total_process_seconds += clock_->NowSeconds() - now;
 
   ++stats_.num_steps;
@@ -687,7 +690,11 @@ void EngineCore::FinishSample(SampleState* sample, FinishReason reason, double n
 void EngineCore::Emit(SampleState* sample, RequestOutput output) {
   output.request_id = sample->request->id;
   output.sample_index = sample->seq.sample_index;
-  sample->request->stream->Push(std::move(output));
+  if (emitter_ != nullptr) {
+    emitter_->Add(sample->request->stream, std::move(output));
+  } else {
+    sample->request->stream->Push(std::move(output));
+  }
 }
 
 EngineStats EngineCore::Stats() const {

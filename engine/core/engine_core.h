@@ -60,6 +60,12 @@ struct EngineConfig {
   int32_t structured_mask_threads = 0;
   // false: the masks are computed before the step is launched (the serial path, for comparison).
   bool overlap_structured_masks = true;
+  // Outputs are pushed into their streams by a thread of the engine's own (OutputEmitter) rather
+  // than by the thread that steps, which then only queues them: waking the streams' readers (a
+  // front end's thread per push) leaves the time between two steps, in which the GPU waits. A
+  // step's outputs are all handed over before Step (or Abort) returns, but may reach their streams
+  // a moment after. The server turns it on; off, a stream holds a step's outputs when Step returns.
+  bool emit_outputs_on_thread = false;
   const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
 };
 
@@ -241,6 +247,9 @@ class EngineCore {
   double prefill_chunk_tokens_ = 0.0;
   int32_t max_prompt_logits_rows_ = 1;  // rows of prompt logprobs per step
   int32_t mask_threads_ = 1;            // EngineConfig::structured_mask_threads, resolved
+  // EngineConfig::emit_outputs_on_thread's thread (null: outputs pushed by Emit itself); last, so
+  // that it is destroyed first, pushing what it still holds.
+  std::unique_ptr<OutputEmitter> emitter_;
 };
 
 }  // namespace lmserve::engine

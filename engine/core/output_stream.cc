@@ -1,5 +1,6 @@
 #include "engine/core/output_stream.h"
 
+#include <iterator>
 #include <utility>
 
 #include "engine/core/check.h"
@@ -60,6 +61,52 @@ void OutputStream::SetListener(std::function<void()> listener) {
     waiting = !queue_.empty();
   }
   if (waiting) (*shared)();
+}
+
+OutputEmitter::OutputEmitter() : thread_([this] { Loop(); }) {}
+
+OutputEmitter::~OutputEmitter() {
+  Flush();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void OutputEmitter::Add(std::shared_ptr<OutputStream> stream, RequestOutput output) {
+  pending_.push_back({std::move(stream), std::move(output)});
+  if (pending_.size() >= kBatch) Flush();
+}
+
+void OutputEmitter::Flush() {
+  if (pending_.empty()) return;
+  absl::MutexLock lock(&mu_);
+  if (queue_.empty()) {
+    queue_.swap(pending_);
+  } else {
+    queue_.insert(queue_.end(), std::make_move_iterator(pending_.begin()),
+                  std::make_move_iterator(pending_.end()));
+    pending_.clear();
+  }
+}
+
+void OutputEmitter::Loop() {
+  std::vector<Item> batch;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](OutputEmitter* emitter) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return emitter->stop_ || !emitter->queue_.empty();
+          },
+          this));
+      if (queue_.empty() && stop_) return;
+      batch.swap(queue_);
+    }
+    for (Item& item : batch) item.stream->Push(std::move(item.output));
+    batch.clear();
+  }
 }
 
 }  // namespace lmserve::engine

@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -54,6 +55,39 @@ class OutputStream {
   std::deque<RequestOutput> queue_ ABSL_GUARDED_BY(mu_);
   int32_t num_unfinished_samples_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const std::function<void()>> listener_ ABSL_GUARDED_BY(mu_);
+};
+
+// Pushes outputs into their streams on a thread of its own, so that the engine's thread does not
+// spend its time between steps waking the streams' readers (a push runs the stream's listener,
+// which posts to a front end's thread). One queue and one thread: outputs reach their streams in
+// the order they were added, so each stream keeps its order. The engine adds a step's outputs as
+// it computes them and flushes them in batches.
+class OutputEmitter {
+ public:
+  OutputEmitter();
+  OutputEmitter(const OutputEmitter&) = delete;
+  OutputEmitter& operator=(const OutputEmitter&) = delete;
+  // Pushes everything added, then stops the thread.
+  ~OutputEmitter();
+
+  // The adding thread's side (one thread): queues `output` for `stream`; every kBatch outputs,
+  // and at Flush, the queued ones go to the emitting thread.
+  void Add(std::shared_ptr<OutputStream> stream, RequestOutput output);
+  void Flush();
+
+ private:
+  static constexpr size_t kBatch = 32;
+  struct Item {
+    std::shared_ptr<OutputStream> stream;
+    RequestOutput output;
+  };
+  void Loop();
+
+  std::vector<Item> pending_;  // the adding thread's, not yet handed over
+  absl::Mutex mu_;
+  std::vector<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the fields above
 };
 
 }  // namespace lmserve::engine

@@ -90,5 +90,21 @@ TEST(PrometheusTextTest, SumsAHistogramOverLabelSets) {
   EXPECT_DOUBLE_EQ(SumSamples(exposition, "absent_metric"), 0);
 }
 
+TEST(PrometheusTextTest, SumsTheSamplesOfOneLabelValue) {
+  const std::string exposition =
+      "lmserve_engine_step_phase_seconds_total{model_name=\"m\",phase=\"prepare\"} 1.25\n"
+      "lmserve_engine_step_phase_seconds_total{phase=\"process\",model_name=\"m\"} 2\n"
+      "lmserve_engine_step_phase_seconds_total{model_name=\"phase=\\\"process\\\"\",phase="
+      "\"launch\"} 4\n"
+      "lmserve_engine_step_phase_seconds_total{model_name=\"m\",phase=\"process_x\"} 8\n"
+      "lmserve_engine_step_phase_seconds_total 16\n";
+  const std::string_view name = "lmserve_engine_step_phase_seconds_total";
+  EXPECT_DOUBLE_EQ(SumSamples(exposition, name, "phase=\"prepare\""), 1.25);
+  EXPECT_DOUBLE_EQ(SumSamples(exposition, name, "phase=\"process\""), 2);
+  EXPECT_DOUBLE_EQ(SumSamples(exposition, name, "phase=\"launch\""), 4);
+  EXPECT_DOUBLE_EQ(SumSamples(exposition, name, "phase=\"finish\""), 0);
+  EXPECT_DOUBLE_EQ(SumSamples(exposition, name), 31.25);
+}
+
 }  // namespace
 }  // namespace lmserve::bench

@@ -47,6 +47,7 @@ QUERIES_WITH_DATA = [
     "lmserve_request_generation_tokens_sum",
     "lmserve_iteration_tokens_total_count",
     "histogram_quantile(0.99, sum by (le) (rate(lmserve_engine_step_duration_seconds_bucket[1m])))",
+    'lmserve_engine_step_phase_seconds_total{phase="process"}',
     'lmserve_grpc_server_handled_total{grpc_method="CompleteStream",grpc_code="OK"}',
     'lmserve_grpc_server_handled_total{grpc_code="INVALID_ARGUMENT"}',
 ]
@@ -183,6 +184,15 @@ def main():
                     failures.append(f"no data: {promql}")
             except (OSError, RuntimeError) as e:
                 failures.append(f"query failed: {promql}: {e}")
+        # A step's phases up to its end make up its duration (the rest is the masks, none here,
+        # and a check of the output); both come from the same engine snapshots.
+        phases = scalar(prometheus_port,
+                        'sum(lmserve_engine_step_phase_seconds_total{phase!="process"})')
+        step_seconds = scalar(prometheus_port, "sum(lmserve_engine_step_duration_seconds_sum)")
+        if (phases is None or step_seconds is None
+                or not 0.8 * step_seconds <= phases <= 1.0001 * step_seconds + 1e-6):
+            failures.append(f"step phases before the step's end sum to {phases} s, the step "
+                            f"duration histogram to {step_seconds} s")
         # The dashboard's queries and the rules' expressions, NaN not counted as data.
         checker = subprocess.run(
             [sys.executable, os.path.join(REPO, "tests", "deploy", "query_prometheus.py"),

@@ -16,12 +16,23 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::unique_ptr<Engine> MakeEngine(FakeRunnerOptions options = {}, EngineConfig config = {}) {
-  if (options.num_kv_blocks == 64) options.num_kv_blocks = 128;
-  auto engine = Engine::Create(std::make_unique<FakeRunner>(options), config);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return *std::move(engine);
-}
+// Every test runs twice: outputs pushed by the stepping thread, and by the emitter thread
+// (EngineConfig::emit_outputs_on_thread, as the server runs it).
+class EngineThreadTest : public ::testing::TestWithParam<bool> {
+ protected:
+  std::unique_ptr<Engine> MakeEngine(FakeRunnerOptions options = {}, EngineConfig config = {}) {
+    if (options.num_kv_blocks == 64) options.num_kv_blocks = 128;
+    config.emit_outputs_on_thread = GetParam();
+    auto engine = Engine::Create(std::make_unique<FakeRunner>(options), config);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return *std::move(engine);
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Emitter, EngineThreadTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OnItsThread" : "ByTheEngineThread";
+                         });
 
 std::vector<int32_t> PromptFor(int i, int length) {
   std::vector<int32_t> prompt(static_cast<size_t>(length));
@@ -49,7 +60,7 @@ std::vector<int32_t> ReadAll(OutputStream& stream, RequestOutput* final_output) 
   return tokens;
 }
 
-TEST(EngineThreadTest, SubmitAndReadToTheEnd) {
+TEST_P(EngineThreadTest, SubmitAndReadToTheEnd) {
   auto engine = MakeEngine();
   const std::vector<int32_t> prompt = PromptFor(1, 9);
   auto handle = engine->Submit(Greedy(prompt, 12));
@@ -65,7 +76,7 @@ TEST(EngineThreadTest, SubmitAndReadToTheEnd) {
   EXPECT_EQ(handle->stream->Next(&after, absl::ZeroDuration()), OutputStream::NextResult::kEnded);
 }
 
-TEST(EngineThreadTest, InvalidRequestsFailAtSubmissionNamingTheField) {
+TEST_P(EngineThreadTest, InvalidRequestsFailAtSubmissionNamingTheField) {
   auto engine = MakeEngine();
   Request request = Greedy(PromptFor(1, 4), 4);
   request.sampling.top_p = 1.5;
@@ -74,7 +85,7 @@ TEST(EngineThreadTest, InvalidRequestsFailAtSubmissionNamingTheField) {
   EXPECT_THAT(handle.status().message(), HasSubstr("sampling.top_p"));
 }
 
-TEST(EngineThreadTest, ManyThreadsSubmitConcurrently) {
+TEST_P(EngineThreadTest, ManyThreadsSubmitConcurrently) {
   FakeRunnerOptions options;
   options.num_kv_blocks = 40;  // tight: preemption happens
   EngineConfig config;
@@ -124,7 +135,7 @@ TEST(EngineThreadTest, ManyThreadsSubmitConcurrently) {
   EXPECT_GT(stats.total_step_tokens, 0);
 }
 
-TEST(EngineThreadTest, AbortFromAnotherThreadEndsTheStreamAndFreesBlocks) {
+TEST_P(EngineThreadTest, AbortFromAnotherThreadEndsTheStreamAndFreesBlocks) {
   FakeRunnerOptions options;
   options.on_execute = [] { std::this_thread::sleep_for(std::chrono::microseconds(200)); };
   auto engine = MakeEngine(options);
@@ -149,7 +160,7 @@ TEST(EngineThreadTest, AbortFromAnotherThreadEndsTheStreamAndFreesBlocks) {
   EXPECT_EQ(stats.num_unfinished_requests, 0);
 }
 
-TEST(EngineThreadTest, PollingWithATimeout) {
+TEST_P(EngineThreadTest, PollingWithATimeout) {
   std::atomic<bool> release{false};
   FakeRunnerOptions options;
   options.on_execute = [&] {
@@ -166,7 +177,7 @@ TEST(EngineThreadTest, PollingWithATimeout) {
   EXPECT_EQ(ReadAll(*handle->stream, &final_output).size(), 2u);
 }
 
-TEST(EngineThreadTest, ShutdownAbortsWhatIsLeftAndRefusesNewRequests) {
+TEST_P(EngineThreadTest, ShutdownAbortsWhatIsLeftAndRefusesNewRequests) {
   FakeRunnerOptions options;
   options.on_execute = [] { std::this_thread::sleep_for(std::chrono::microseconds(200)); };
   auto engine = MakeEngine(options);
