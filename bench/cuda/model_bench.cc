@@ -46,7 +46,13 @@
 //        [--kv-cache-dtype auto|bf16|fp8]
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
 //        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--sm90-gated-gemm]
-//        [--no-add-norm-fold] [--gemm-table]
+//        [--no-add-norm-fold] [--gemm-table] [--mixed] [--no-split-attention]
+//
+// --mixed: after the decode and prefill steps, one step of each batch's decodes (at --context)
+// together with the prefill's sequences (--prefill-seqs x --prefill-tokens from position 0), as a
+// serving step of continuous batching carries them: its time, its time a token, and with
+// --timeline its kernels. --no-split-attention: RunnerConfig::split_mixed_attention off (every
+// sequence of such a step on the prefill attention kernel).
 //
 // --draw: how the decode rows pick their token: greedy (the default), sampled at temperature 1,
 // or sampled at temperature 1 behind a token bitmask (structured output on the device) that
@@ -138,6 +144,8 @@ struct Options {
   bool sm90_gated_gemm = false;
   bool fold_add_norm = true;
   bool gemm_table = false;
+  bool mixed = false;
+  bool split_mixed_attention = true;
 };
 
 int Usage(const char* message) {
@@ -153,7 +161,7 @@ int Usage(const char* message) {
                "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
                "[--timeline FILE] [--draw greedy|sample|masked] [--tune-prefill-gemms] "
                "[--no-fuse-residual-gemm] [--sm90-gated-gemm] [--no-add-norm-fold] "
-               "[--gemm-table]\n",
+               "[--gemm-table] [--mixed] [--no-split-attention]\n",
                message);
   return 2;
 }
@@ -455,8 +463,9 @@ int Run(const Options& o) {
   config.kv_cache_dtype = o.kv_cache_dtype;
   config.load_format = o.dummy ? engine::LoadFormat::kDummy : engine::LoadFormat::kCheckpoint;
   // The prefill's sequences need state slots too (state-space layers: one a sequence).
-  config.max_num_seqs = std::max(max_batch, o.prefill_seqs);
-  config.max_num_batched_tokens = std::max(o.prefill_seqs * o.prefill_tokens, 256);
+  config.max_num_seqs = o.mixed ? max_batch + o.prefill_seqs : std::max(max_batch, o.prefill_seqs);
+  config.max_num_batched_tokens =
+      std::max(o.prefill_seqs * o.prefill_tokens + (o.mixed ? max_batch : 0), 256);
   config.kv_cache_bytes = 0;
   config.cuda_graphs = o.graphs;
   config.decode_gemm = o.decode_gemm;
@@ -474,6 +483,7 @@ int Run(const Options& o) {
   config.fuse_residual_gemm = o.fuse_residual_gemm;
   config.sm90_gated_gemm = o.sm90_gated_gemm;
   config.fold_add_norm = o.fold_add_norm;
+  config.split_mixed_attention = o.split_mixed_attention;
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -711,6 +721,47 @@ int Run(const Options& o) {
           2));
     }
   }
+  // Mixed: each batch's decodes and the prefill's sequences in one step.
+  if (o.mixed && o.prefill_seqs > 0 && o.prefill_tokens > 0) {
+    const int n = o.prefill_tokens;
+    const int per_table = std::max(blocks_per_seq, (n + block - 1) / block);
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % c.vocab_size);
+    results["mixed"] = nlohmann::json::array();
+    std::printf("\n%-8s %-8s %-12s %12s %16s\n", "decodes", "context", "prefill", "step (ms)",
+                "us a token");
+    for (int b : o.batches) {
+      const int count = b + o.prefill_seqs;
+      if (int64_t{count} * per_table * groups > (*runner)->num_kv_blocks()) {
+        std::printf("%-8d skipped: the KV pool holds %d blocks\n", b, (*runner)->num_kv_blocks());
+        continue;
+      }
+      StepBatch batch;
+      for (int s = 0; s < b; ++s) {
+        const int32_t token = static_cast<int32_t>((s * 7919 + 13) % c.vocab_size);
+        AddBenchSequence(batch, std::span(&token, 1), o.context, s, count, per_table, groups);
+        batch.sampling.push_back({});
+      }
+      for (int s = 0; s < o.prefill_seqs; ++s) {
+        AddBenchSequence(batch, tokens, 0, b + s, count, per_table, groups);
+        batch.sampling.push_back({});
+      }
+      const double seconds = TimeSteps(**runner, batch, std::max(5, o.iters / 3));
+      const int64_t step_tokens = int64_t{b} + int64_t{o.prefill_seqs} * n;
+      const std::string prefill = std::to_string(o.prefill_seqs) + " x " + std::to_string(n);
+      std::printf("%-8d %-8d %-12s %12.3f %16.2f\n", b, o.context + 1, prefill.c_str(),
+                  seconds * 1e3, seconds * 1e6 / static_cast<double>(step_tokens));
+      results["mixed"].push_back({{"decodes", b},
+                                  {"context", o.context + 1},
+                                  {"prefill_seqs", o.prefill_seqs},
+                                  {"prefill_tokens_per_seq", n},
+                                  {"step_seconds", seconds}});
+      if (!o.timeline.empty()) {
+        timelines.push_back(RecordTimeline(**runner, batch, b,
+                                           "mixed " + std::to_string(b) + " + " + prefill));
+      }
+    }
+  }
   if (!o.timeline.empty()) std::ofstream(o.timeline) << timelines.dump(1) << "\n";
   if (!o.json.empty()) {
     std::ofstream(o.json) << results.dump(2) << "\n";
@@ -829,6 +880,10 @@ int main(int argc, char** argv) {
       o.fold_add_norm = false;
     } else if (arg == "--gemm-table") {
       o.gemm_table = true;
+    } else if (arg == "--mixed") {
+      o.mixed = true;
+    } else if (arg == "--no-split-attention") {
+      o.split_mixed_attention = false;
     } else if (arg == "--draw") {
       o.draw = value();
       if (o.draw != "greedy" && o.draw != "sample" && o.draw != "masked") {

@@ -254,6 +254,10 @@ bool EngineCore::Step() {
   const double start = clock_->NowSeconds();
   const int32_t prefill_budget = PrefillBudget();
   last_schedule_ = scheduler_.Schedule(prefill_budget);
+  // Sequences of one new token first (decodes, in the scheduler's order), then the chunks: a
+  // GPU runner gives that leading run to its decode attention kernel in one launch.
+  std::stable_partition(last_schedule_.scheduled.begin(), last_schedule_.scheduled.end(),
+                        [](const ScheduledSequence& s) { return s.num_new_tokens == 1; });
   stats_.last_prefill_budget = prefill_budget == Scheduler::kNoPrefillBudget ? 0 : prefill_budget;
   const SchedulerOutput& plan = last_schedule_;
   LMSERVE_CORE_CHECK(!plan.scheduled.empty(), "an empty plan with ", scheduler_.num_running(),

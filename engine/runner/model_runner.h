@@ -63,7 +63,9 @@ struct RunnerSampling {
   bool masked = false;
 };
 
-// One step's batch, in the compressed-sparse-row form that GPU kernels take.
+// One step's batch, in the compressed-sparse-row form that GPU kernels take. Sequences may come in
+// any order; the engine puts those of one new token first, which the CUDA runner's attention takes
+// in one decode-kernel launch (the rest on its prefill kernel).
 //
 // Block tables: the model's KV cache layers come in `num_kv_groups` groups
 // (ModelRunner::kv_group_windows, engine/model/kv_cache_groups.h), each with a table per sequence;
@@ -299,6 +301,10 @@ struct RunnerConfig {
   // bf16 rows (FusedAddRmsNormParams and SiluAndMulParams::f8_output), instead of a pass of its
   // own.
   bool fold_add_norm = true;
+  // CUDA runner: in an eager step, the leading sequences of one new token run on the decode
+  // attention kernel and the rest on the prefill kernel; false: every sequence on the prefill
+  // kernel (as before 2026-11-27, for comparison).
+  bool split_mixed_attention = true;
   // CUDA runner: the skinny GEMM's L2 prefetch before its programmatic-launch wait, in bytes a
   // product (kernels/cuda/skinny_gemm.h, l2_prefetch_bytes); 0: none.
   int64_t skinny_l2_prefetch_bytes = 0;
@@ -365,6 +371,9 @@ struct RunnerStats {
   // CUDA: gated products run by the Hopper GEMM with the activation in its epilogue
   // (RunnerConfig::sm90_gated_gemm), counted as they are enqueued.
   int64_t num_sm90_gated_gemms = 0;
+  // CUDA: eager steps whose attention ran on both kernels: their leading sequences of one new
+  // token on the decode kernel, the rest on the prefill kernel.
+  int64_t num_split_attention_steps = 0;
   std::string device_name;      // "NVIDIA H100 80GB HBM3", or "cpu"
   // CUDA: the kernels' path as resolved on the device ("Hopper kernels (sm_90 code)",
   // "portable kernels (sm_80 code)"); empty on the CPU.

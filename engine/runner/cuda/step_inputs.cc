@@ -23,6 +23,7 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
   l.token_ids = take(4 * tokens);
   l.positions = take(4 * tokens);
   l.query_start = take(4 * (seqs + 1));
+  l.tail_query_start = take(4 * (seqs + 1));
   l.context_lens = take(4 * seqs);
   l.state_slots = take(4 * seqs);
   l.block_table_start = take(4 * groups * (seqs + 1));
@@ -49,7 +50,7 @@ absl::StatusOr<StepInputs> StepInputs::Create(int64_t max_tokens, int64_t max_se
 }
 
 StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
-                            int32_t block_size, uint64_t mask_step) {
+                            int32_t block_size, uint64_t mask_step, bool split) {
   const int64_t seqs = batch.num_seqs();
   const int64_t tokens = decode_only ? padded_seqs : batch.num_tokens();
   // Device rows: every kLast/kSample sequence's last token, every kAll sequence's tokens; a
@@ -82,7 +83,12 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   const int64_t table_ids = static_cast<int64_t>(batch.block_table_ids.size());
   const int64_t layout_seqs = decode_only ? padded_seqs : seqs;
   const int64_t groups = num_groups_;
-  const StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids, groups);
+  StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids, groups);
+  l.one_token_prefix = decode_only ? layout_seqs : 0;
+  while (split && l.one_token_prefix < seqs &&
+         batch.query_start[l.one_token_prefix + 1] - batch.query_start[l.one_token_prefix] == 1) {
+    ++l.one_token_prefix;
+  }
 
   *Host<uint64_t>(l.mask_step) = mask_step;
   int64_t* slots = Host<int64_t>(l.slots);
@@ -112,6 +118,11 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
     state_slots[i] = 0;
   }
   query_start[layout_seqs] = static_cast<int32_t>(tokens);
+  int32_t* tail_query_start = Host<int32_t>(l.tail_query_start);
+  for (int64_t i = l.one_token_prefix; i <= layout_seqs; ++i) {
+    tail_query_start[i - l.one_token_prefix] =
+        query_start[i] - static_cast<int32_t>(l.one_token_prefix);
+  }
   // Each group's slots and tables in turn (the batch holds them sequence by sequence).
   int32_t* table_ids_out = Host<int32_t>(l.block_table_ids);
   int32_t num_ids = 0;

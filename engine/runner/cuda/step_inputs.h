@@ -33,6 +33,9 @@ struct StepLayout {
   size_t token_ids = 0;          // int32 [tokens]
   size_t positions = 0;          // int32 [tokens]
   size_t query_start = 0;        // int32 [seqs + 1]
+  // int32 [seqs + 1]: the query starts of the sequences after the leading ones of one token
+  // (one_token_prefix of them), from 0: that part of the step as a batch of its own.
+  size_t tail_query_start = 0;
   size_t context_lens = 0;       // int32 [seqs]
   size_t state_slots = 0;        // int32 [seqs]: StepBatch::state_slots (0 where none, padding)
   size_t block_table_start = 0;  // int32 [groups, seqs + 1]
@@ -44,6 +47,10 @@ struct StepLayout {
   size_t mask_index = 0;         // int32 [rows]: a masked row's sequence (its bitmask row), else -1
   size_t block_table_ids = 0;    // int32 [table ids]
   size_t total = 0;
+  // Not an offset: how many of the step's first sequences have one new token each (Pack's
+  // count; every sequence in a decode-only step). Attention runs them on the decode kernel and
+  // the rest, from tail_query_start, on the prefill kernel.
+  int64_t one_token_prefix = 0;
 
   static StepLayout For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids,
                         int64_t groups);
@@ -71,8 +78,9 @@ class StepInputs {
   // sequences have context 0, empty tables and cache slot -1, so they read and write nothing, and
   // a greedy logits row each. `mask_step`: the number whose release the step's masked rows wait
   // for. Fills rows().
+  // `split`: count StepLayout::one_token_prefix (else 0 outside a decode-only step).
   StepLayout Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
-                  int32_t block_size_tokens, uint64_t mask_step = 0);
+                  int32_t block_size_tokens, uint64_t mask_step = 0, bool split = true);
   // Copies the packed inputs of `layout` to the device, on `stream`.
   absl::Status Upload(const StepLayout& layout, cudaStream_t stream) const;
 
