@@ -76,7 +76,7 @@ class OutputEmitter {
   void Flush();
 
  private:
-  static constexpr size_t kBatch = 32;
+  static constexpr size_t kBatch = 256;
   struct Item {
     std::shared_ptr<OutputStream> stream;
     RequestOutput output;
