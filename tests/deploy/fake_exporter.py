@@ -28,6 +28,8 @@ EXTRA_LABELS = {
     "lmserve_http_requests_total": ['route="/v1/completions",code="200"',
                                     'route="/v1/chat/completions",code="400"'],
     "lmserve_time_to_first_token_seconds": ['front_end="grpc"', 'front_end="http"'],
+    "lmserve_engine_step_phase_seconds_total": [f'phase="{p}"' for p in
+                                                ("prepare", "launch", "finish", "process")],
 }
 BUCKETS = [0.01, 0.1, 1, 10, 100, 1000]
 
