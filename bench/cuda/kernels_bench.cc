@@ -1043,6 +1043,21 @@ int Main(int argc, char** argv) {
   bench.Decode(1, 32768, 0.60);
   bench.Decode(64, 4096, 0, 5);     // run 2's split cap, for comparison
   bench.Decode(1, 32768, 0, 128);
+  // Serving's decode steps: many sequences, short contexts (128 in / 128 out at 1,024 streams).
+  bench.Decode(1024, 193, 0);
+  SetDecodeWarps(4);
+  bench.Decode(1024, 193, 0, 0, " [4 warps]");
+  bench.Decode(512, 193, 0, 0, " [4 warps]");
+  SetDecodeWarps(0);
+  bench.Decode(512, 193, 0);
+  if (options.kv_fp8) {
+    SetDecodeF8BulkCopies(true);
+    bench.Decode(1024, 193, 0, 0, " [bulk]");
+    SetDecodeF8BulkCopies(false);
+    SetDecodeF8Widening(DecodeF8Widening::kInteger);
+    bench.Decode(1024, 193, 0, 0, " [integer widening]");
+    SetDecodeF8Widening(DecodeF8Widening::kConvert);
+  }
   if (options.kv_fp8) {
     // An FP8 cache's tiles by one bulk copy a row, as bf16's (decode_attention.h), for
     // comparison with the default cp.async loads.

@@ -712,6 +712,9 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
 // Warps per block (DecodeShape): 2 where `blocks` (a launch's blocks per split) fill the device
 // without splits at 4 of them a multiprocessor, or where a block of 4 (`four_warp_bytes` of
 // shared memory) would not fit the current device's limit; else 4.
+// SetDecodeWarps' setting (0: chosen).
+std::atomic<int> forced_warps{0};
+
 int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
   int device = 0, max_bytes = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -721,6 +724,7 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
     max_bytes = 0;
   }
   if (max_bytes > 0 && four_warp_bytes > max_bytes) return 2;
+  if (const int forced = forced_warps.load(); forced == 2 || forced == 4) return forced;
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
@@ -756,6 +760,7 @@ cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
 
 void SetDecodeF8BulkCopies(bool on) { f8_bulk_copies.store(on); }
 void SetDecodeF8Widening(DecodeF8Widening widening) { f8_widening.store(widening); }
+void SetDecodeWarps(int warps) { forced_warps.store(warps); }
 
 int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
                                            int64_t num_kv_heads, int64_t head_dim, DType dtype,
