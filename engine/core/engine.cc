@@ -77,6 +77,7 @@ void Engine::Loop() {
     aborts.clear();
     if (shutdown) {
       core_->AbortAll();
+      core_->StopEmitter();  // every output in its stream before Shutdown returns
     } else {
       core_->Step();
     }

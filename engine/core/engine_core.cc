@@ -217,6 +217,8 @@ void EngineCore::Abort(RequestId id) {
   if (emitter_ != nullptr) emitter_->Flush();
 }
 
+void EngineCore::StopEmitter() { emitter_.reset(); }
+
 void EngineCore::ReapFinishedRequests() {
   std::vector<RequestId> done;
   for (SampleState* sample : finished_this_step_) {

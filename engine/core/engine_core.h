@@ -152,6 +152,10 @@ class EngineCore {
   void Abort(RequestId id);
   // Aborts every request.
   void AbortAll();
+  // With EngineConfig::emit_outputs_on_thread: returns once every output so far is in its stream,
+  // and stops the emitting thread (later outputs are pushed by Emit itself). Engine calls it as it
+  // shuts down, so that no push reaches a front end after Engine::Shutdown returns.
+  void StopEmitter();
 
   // Runs one step. Returns false when there was nothing to do.
   bool Step();

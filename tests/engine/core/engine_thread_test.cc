@@ -188,6 +188,9 @@ TEST_P(EngineThreadTest, ShutdownAbortsWhatIsLeftAndRefusesNewRequests) {
     handles.push_back(*handle);
   }
   engine->Shutdown();
+  // Every final output is in its stream when Shutdown returns (the emitter thread's too): the
+  // server destroys its front ends' executors, which the streams' listeners post to, after it.
+  for (RequestHandle& handle : handles) EXPECT_TRUE(handle.stream->finished());
   for (RequestHandle& handle : handles) {
     RequestOutput final_output;
     ReadAll(*handle.stream, &final_output);
