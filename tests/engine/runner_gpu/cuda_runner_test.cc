@@ -171,79 +171,101 @@ TEST(CudaRunnerTest, TeacherForcedLogitsMatchHuggingFace) {
 // prompt, against the float64 reference at every position it returns. The leading sequences of
 // one token run on the decode attention kernel and the rest on the prefill kernel
 // (RunnerStats::num_split_attention_steps); a one-token sequence after the prompt, on the prefill
-// kernel, is checked as well. Bounds as TeacherForcedLogitsMatchHuggingFace's.
+// kernel, is checked as well. The relative L2 bound is the teacher-forced test's for a bf16 cache
+// (2e-2) and issue 23's for an FP8 one (6e-2); top-1 must agree on every decisive row (the
+// reference's top-2 margin above 0.1 x the row's standard deviation, issue 23's definition).
+void CheckMixedStep(const std::string& dir, KvCacheDType kv_dtype) {
+  SCOPED_TRACE(dir + (kv_dtype == KvCacheDType::kFp8 ? " FP8 cache" : ""));
+  auto checkpoint = OpenCheckpoint(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  RunnerConfig config = CudaConfig();
+  config.kv_cache_dtype = kv_dtype;
+  auto runner = MakeRunner(**checkpoint, config);
+  ASSERT_NE(runner, nullptr);
+  const int64_t vocab = (*checkpoint)->config().vocab_size;
+  const int32_t bs = runner->block_size_tokens();
+  const testing::HfTinyReference reference = testing::LoadReference(dir);
+  ASSERT_GE(reference.prompts.size(), 4u);
+  ASSERT_EQ(reference.prompts[0].size(), 1u);
+  ASSERT_GT(reference.prompts[1].size(), 1u);
+  // Prompts 2 and 3 decode their last token, prompt 0 (one token) its only one; prompt 1 is
+  // prefilled whole after the first two, prompt 3's token after it.
+  std::vector<std::vector<int32_t>> blocks(reference.prompts.size());
+  for (size_t j = 0; j < reference.prompts.size(); ++j) {
+    blocks[j] = Blocks(static_cast<int32_t>(j * 64), reference.prompts[j].size(), bs);
+  }
+  StepBatch first;
+  for (size_t j : {size_t{2}, size_t{3}}) {
+    const std::vector<int32_t>& prompt = reference.prompts[j];
+    testing::AddSequenceToEveryGroup(&first, *runner, std::span(prompt).first(prompt.size() - 1),
+                                     0, blocks[j], LogitsMode::kNone);
+  }
+  StepOutput out;
+  absl::Status status = runner->Execute(first, &out);
+  ASSERT_TRUE(status.ok()) << status;
+  const int64_t split_before = runner->stats().num_split_attention_steps;
+  EXPECT_EQ(split_before, 0);
+  StepBatch mixed;
+  auto add_last = [&](StepBatch& batch, size_t j) {
+    const std::vector<int32_t>& prompt = reference.prompts[j];
+    const int32_t last = static_cast<int32_t>(prompt.size()) - 1;
+    testing::AddSequenceToEveryGroup(&batch, *runner, std::span(prompt).subspan(last), last,
+                                     blocks[j], LogitsMode::kLast);
+  };
+  add_last(mixed, 2);
+  add_last(mixed, 0);
+  testing::AddSequenceToEveryGroup(&mixed, *runner, reference.prompts[1], 0, blocks[1],
+                                   LogitsMode::kAll);
+  add_last(mixed, 3);
+  ASSERT_TRUE((status = runner->Execute(mixed, &out)).ok()) << status;
+  EXPECT_EQ(runner->stats().num_split_attention_steps, split_before + 1);
+  ASSERT_EQ(out.logits_row_start.size(), 5u);
+  const double bound = kv_dtype == KvCacheDType::kFp8 ? 6e-2 : 2e-2;
+  int64_t decisive = 0, agree = 0;
+  auto check = [&](int seq, size_t j, size_t first_position) {
+    const std::vector<float> expected = testing::LoadReferenceLogits(dir, static_cast<int>(j));
+    const int64_t rows = out.logits_row_start[seq + 1] - out.logits_row_start[seq];
+    ASSERT_EQ(static_cast<size_t>(rows), reference.prompts[j].size() - first_position);
+    const float* got = &out.logits[out.logits_row_start[seq] * vocab];
+    const float* want = &expected[first_position * vocab];
+    EXPECT_LE(RelativeL2(got, want, rows * vocab), bound) << "sequence " << seq;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = want + r * vocab;
+      double mean = 0, square = 0;
+      for (int64_t v = 0; v < vocab; ++v) mean += row[v];
+      mean /= static_cast<double>(vocab);
+      for (int64_t v = 0; v < vocab; ++v) square += (row[v] - mean) * (row[v] - mean);
+      if (Margin(row, vocab) <= 0.1 * std::sqrt(square / static_cast<double>(vocab))) continue;
+      ++decisive;
+      agree += ArgMax(got + r * vocab, vocab) == ArgMax(row, vocab);
+    }
+  };
+  check(0, 2, reference.prompts[2].size() - 1);
+  check(1, 0, 0);
+  check(2, 1, 0);
+  check(3, 3, reference.prompts[3].size() - 1);
+  EXPECT_EQ(agree, decisive);
+  std::printf("%s%s: mixed step, top-1 on %lld of %lld decisive rows\n", dir.c_str(),
+              kv_dtype == KvCacheDType::kFp8 ? " (FP8 cache)" : "",
+              static_cast<long long>(agree), static_cast<long long>(decisive));
+  // Decodes alone are no split step.
+  StepBatch decodes;
+  add_last(decodes, 2);
+  add_last(decodes, 3);
+  ASSERT_TRUE((status = runner->Execute(decodes, &out)).ok()) << status;
+  EXPECT_EQ(runner->stats().num_split_attention_steps, split_before + 1);
+}
+
 TEST(CudaRunnerTest, MixedStepsOfDecodesAndPromptsMatchHuggingFace) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   for (const char* model : kFixtureModels) {
-    SCOPED_TRACE(model);
-    auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
-    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-    auto runner = MakeRunner(**checkpoint, CudaConfig());
-    ASSERT_NE(runner, nullptr);
-    const int64_t vocab = (*checkpoint)->config().vocab_size;
-    const int32_t bs = runner->block_size_tokens();
-    const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
-    ASSERT_GE(reference.prompts.size(), 4u);
-    // Prompts 2 and 3 decode their last token, prompt 0 (one token) its only one; prompt 1 (7
-    // tokens) is prefilled whole after the first two, prompt 3's token after it.
-    std::vector<std::vector<int32_t>> blocks(reference.prompts.size());
-    for (size_t j = 0; j < reference.prompts.size(); ++j) {
-      blocks[j] = Blocks(static_cast<int32_t>(j * 64), reference.prompts[j].size(), bs);
+    for (KvCacheDType kv : {KvCacheDType::kAuto, KvCacheDType::kFp8}) {
+      CheckMixedStep(testing::HfTinyDir(model), kv);
     }
-    ASSERT_EQ(reference.prompts[0].size(), 1u);
-    ASSERT_GT(reference.prompts[1].size(), 1u);
-    StepBatch first;
-    for (size_t j : {size_t{2}, size_t{3}}) {
-      const std::vector<int32_t>& prompt = reference.prompts[j];
-      first.AddSequence(std::span(prompt).first(prompt.size() - 1), 0, blocks[j],
-                        LogitsMode::kNone);
-    }
-    StepOutput out;
-    absl::Status status = runner->Execute(first, &out);
-    ASSERT_TRUE(status.ok()) << status;
-    const int64_t split_before = runner->stats().num_split_attention_steps;
-    EXPECT_EQ(split_before, 0);
-    StepBatch mixed;
-    auto add_last = [&](size_t j) {
-      const std::vector<int32_t>& prompt = reference.prompts[j];
-      const int32_t last = static_cast<int32_t>(prompt.size()) - 1;
-      mixed.AddSequence(std::span(prompt).subspan(last), last, blocks[j], LogitsMode::kLast);
-    };
-    add_last(2);
-    add_last(0);
-    mixed.AddSequence(reference.prompts[1], 0, blocks[1], LogitsMode::kAll);
-    add_last(3);
-    ASSERT_TRUE((status = runner->Execute(mixed, &out)).ok()) << status;
-    EXPECT_EQ(runner->stats().num_split_attention_steps, split_before + 1);
-    ASSERT_EQ(out.logits_row_start.size(), 5u);
-    int64_t positions = 0, agree = 0;
-    auto check = [&](int seq, size_t j, size_t first_position) {
-      const std::vector<float> expected =
-          testing::LoadHfTinyReferenceLogits(model, static_cast<int>(j));
-      const int64_t rows = out.logits_row_start[seq + 1] - out.logits_row_start[seq];
-      ASSERT_EQ(static_cast<size_t>(rows), reference.prompts[j].size() - first_position);
-      const float* got = &out.logits[out.logits_row_start[seq] * vocab];
-      const float* want = &expected[first_position * vocab];
-      EXPECT_LE(RelativeL2(got, want, rows * vocab), 2e-2) << "sequence " << seq;
-      for (int64_t r = 0; r < rows; ++r) {
-        ++positions;
-        agree += ArgMax(got + r * vocab, vocab) == ArgMax(want + r * vocab, vocab);
-      }
-    };
-    check(0, 2, reference.prompts[2].size() - 1);
-    check(1, 0, 0);
-    check(2, 1, 0);
-    check(3, 3, reference.prompts[3].size() - 1);
-    EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(positions));
-    // Decodes alone are no split step.
-    StepBatch decodes;
-    for (size_t j : {size_t{2}, size_t{3}}) {
-      const std::vector<int32_t>& prompt = reference.prompts[j];
-      decodes.AddSequence(std::span(prompt).subspan(prompt.size() - 1),
-                          static_cast<int32_t>(prompt.size()) - 1, blocks[j], LogitsMode::kLast);
-    }
-    ASSERT_TRUE((status = runner->Execute(decodes, &out)).ok()) << status;
-    EXPECT_EQ(runner->stats().num_split_attention_steps, split_before + 1);
+  }
+  // Sliding windows (every layer's; two KV cache groups with Gemma 2's soft-caps).
+  for (const char* family : {"mistral-sliding", "gemma2-softcap-sliding"}) {
+    CheckMixedStep(testing::HfFamilyDir(family), KvCacheDType::kAuto);
   }
 }
 
