@@ -1051,17 +1051,10 @@ int Main(int argc, char** argv) {
   SetDecodeWarps(0);
   bench.Decode(512, 193, 0);
   if (options.kv_fp8) {
-    SetDecodeF8BulkCopies(true);
-    bench.Decode(1024, 193, 0, 0, " [bulk]");
-    SetDecodeF8BulkCopies(false);
-    SetDecodeF8Widening(DecodeF8Widening::kInteger);
-    bench.Decode(1024, 193, 0, 0, " [integer widening]");
-    SetDecodeF8Widening(DecodeF8Widening::kConvert);
-  }
-  if (options.kv_fp8) {
     // An FP8 cache's tiles by one bulk copy a row, as bf16's (decode_attention.h), for
     // comparison with the default cp.async loads.
     SetDecodeF8BulkCopies(true);
+    bench.Decode(1024, 193, 0, 0, " [bulk]");
     bench.Decode(64, 4096, 0, 0, " [bulk]");
     bench.Decode(1, 32768, 0, 0, " [bulk]");
     for (int splits : {1, 3}) bench.Decode(64, 4096, 0, splits, " [bulk]");
@@ -1069,6 +1062,7 @@ int Main(int argc, char** argv) {
     // The E4M3 bytes widened by integer operations instead of the device's conversion
     // instructions, or the values only (decode_attention.h).
     SetDecodeF8Widening(DecodeF8Widening::kInteger);
+    bench.Decode(1024, 193, 0, 0, " [integer widening]");
     bench.Decode(64, 4096, 0, 0, " [integer widening]");
     bench.Decode(1, 32768, 0, 0, " [integer widening]");
     SetDecodeF8Widening(DecodeF8Widening::kConvertKeys);

@@ -402,6 +402,17 @@ nlohmann::json RecordTimeline(engine::ModelRunner& runner, const StepBatch& batc
           {"kernels", kernels}};
 }
 
+// The token decode sequence s brings, and a prompt of n tokens: the same in the decode, prefill
+// and mixed steps, so that a mixed step is the other two's sequences in one step.
+int32_t DecodeToken(int s, int64_t vocab_size) {
+  return static_cast<int32_t>((s * 7919 + 13) % vocab_size);
+}
+std::vector<int32_t> PromptTokens(int n, int64_t vocab_size) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % vocab_size);
+  return tokens;
+}
+
 // Adds sequence s of `count` to `batch` with a block table of `per_table` blocks in each of the
 // runner's `groups` KV cache groups (engine/model/kv_cache_groups.h: Gemma 2's windowed and full
 // layers), every table its own blocks: group g's table of s starts at block (g * count + s) *
@@ -622,7 +633,7 @@ int Run(const Options& o) {
     }
     StepBatch batch;
     for (int s = 0; s < b; ++s) {
-      const int32_t token = static_cast<int32_t>((s * 7919 + 13) % c.vocab_size);
+      const int32_t token = DecodeToken(s, c.vocab_size);
       AddBenchSequence(batch, std::span(&token, 1), o.context, s, b, blocks_per_seq, groups);
       batch.sampling.push_back({});
       if (o.draw != "greedy") {
@@ -660,8 +671,7 @@ int Run(const Options& o) {
     const int n = o.prefill_tokens;
     const int nb = (n + block - 1) / block;
     StepBatch batch;
-    std::vector<int32_t> tokens(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % c.vocab_size);
+    const std::vector<int32_t> tokens = PromptTokens(n, c.vocab_size);
     for (int s = 0; s < o.prefill_seqs; ++s) {
       AddBenchSequence(batch, tokens, 0, s, o.prefill_seqs, nb, groups);
       batch.sampling.push_back({});
@@ -725,8 +735,7 @@ int Run(const Options& o) {
   if (o.mixed && o.prefill_seqs > 0 && o.prefill_tokens > 0) {
     const int n = o.prefill_tokens;
     const int per_table = std::max(blocks_per_seq, (n + block - 1) / block);
-    std::vector<int32_t> tokens(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 31 + 7) % c.vocab_size);
+    const std::vector<int32_t> tokens = PromptTokens(n, c.vocab_size);
     results["mixed"] = nlohmann::json::array();
     std::printf("\n%-8s %-8s %-12s %12s %16s\n", "decodes", "context", "prefill", "step (ms)",
                 "us a token");
@@ -738,7 +747,7 @@ int Run(const Options& o) {
       }
       StepBatch batch;
       for (int s = 0; s < b; ++s) {
-        const int32_t token = static_cast<int32_t>((s * 7919 + 13) % c.vocab_size);
+        const int32_t token = DecodeToken(s, c.vocab_size);
         AddBenchSequence(batch, std::span(&token, 1), o.context, s, count, per_table, groups);
         batch.sampling.push_back({});
       }

@@ -709,12 +709,13 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
   }
 }
 
-// Warps per block (DecodeShape): 2 where `blocks` (a launch's blocks per split) fill the device
-// without splits at 4 of them a multiprocessor, or where a block of 4 (`four_warp_bytes` of
-// shared memory) would not fit the current device's limit; else 4.
 // SetDecodeWarps' setting (0: chosen).
 std::atomic<int> forced_warps{0};
 
+// Warps per block (DecodeShape): 2 where a block of 4 (`four_warp_bytes` of shared memory) would
+// not fit the current device's limit; else SetDecodeWarps' 2 or 4 where set; else 2 where
+// `blocks` (a launch's blocks per split) fill the device without splits at 4 of them a
+// multiprocessor, 4 otherwise.
 int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
   int device = 0, max_bytes = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
