@@ -51,6 +51,10 @@ void BindEngineFlags(CLI::App* command, engine::EngineConfig* engine) {
   AddNegatedFlag(command, "--no-prefix-caching", &engine->enable_prefix_caching,
                  "do not reuse the KV cache of shared prompt prefixes")
       ->group(kEngineGroup);
+  AddNegatedFlag(command, "--no-async-scheduling", &engine->async_scheduling,
+                 "finish each step before scheduling the next (by default the next step is "
+                 "launched while the GPU runs this one)")
+      ->group(kEngineGroup);
   AddIntFlag(command, "--seed", &engine->seed, "seeds the random seeds of requests that bring none",
              0, std::numeric_limits<int64_t>::max())
       ->group(kEngineGroup);
@@ -392,7 +396,8 @@ std::string DescribeServeConfig(const ServeConfig& config) {
                                  : StrCat(runner.kv_cache_bytes >> 20, " MiB"),
       ", max model len: ",
       engine.max_model_len == 0 ? std::string("(the model's)") : StrCat(engine.max_model_len),
-      ", prefix caching: ", engine.enable_prefix_caching ? "on" : "off", ", seed: ", engine.seed,
+      ", prefix caching: ", engine.enable_prefix_caching ? "on" : "off",
+      ", async scheduling: ", engine.async_scheduling ? "on" : "off", ", seed: ", engine.seed,
       ", max step slowdown: ",
       engine.max_step_slowdown == kAutoStepSlowdown ? std::string("auto")
       : engine.max_step_slowdown == 0               ? std::string("off")

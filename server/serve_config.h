@@ -67,6 +67,7 @@ inline constexpr double kCpuStepSlowdown = 2.0;
 inline engine::EngineConfig ServeEngineDefaults() {
   engine::EngineConfig engine;
   engine.max_step_slowdown = kAutoStepSlowdown;
+  engine.async_scheduling = true;  // where the runner can (the CUDA runner)
   return engine;
 }
 

@@ -23,6 +23,8 @@ struct EngineCore::SampleState {
   bool finished = false;
   double first_scheduled_seconds = -1.0;
   double first_token_seconds = -1.0;
+  // Async scheduling: its index in the step launched ahead, whose draw is its pending token.
+  int32_t ahead_batch_index = -1;
 };
 
 struct EngineCore::RequestState {
@@ -157,7 +159,10 @@ EngineCore::EngineCore(std::unique_ptr<ModelRunner> runner, const EngineConfig& 
                         : std::min(4, kernels::PhysicalCoreCount())),
       emitter_(config.emit_outputs_on_thread ? std::make_unique<OutputEmitter>() : nullptr) {}
 
-EngineCore::~EngineCore() = default;
+EngineCore::~EngineCore() {
+  // The runner must not be left with a step launched ahead and unfinished.
+  if (ahead_.has_value()) runner_->Finish().IgnoreError();
+}
 
 void EngineCore::AddRequest(RequestId id, Request request, double arrival_seconds,
                             std::shared_ptr<OutputStream> stream) {
@@ -234,6 +239,7 @@ void EngineCore::AbortAll() {
   for (const auto& [id, state] : requests_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   for (RequestId id : ids) Abort(id);
+  if (ahead_.has_value()) FinishAhead();  // its sequences are gone: it only ends
 }
 
 namespace {
@@ -252,7 +258,11 @@ struct FinishOnUnwind {
 }  // namespace
 
 bool EngineCore::Step() {
-  if (!scheduler_.HasWork()) return false;
+  if (!scheduler_.HasWork()) {
+    if (!ahead_.has_value()) return false;
+    FinishAhead();  // the last tokens of a step launched ahead
+    return true;
+  }
   const double start = clock_->NowSeconds();
   const int32_t prefill_budget = PrefillBudget();
   last_schedule_ = scheduler_.Schedule(prefill_budget);
@@ -262,15 +272,22 @@ bool EngineCore::Step() {
                         [](const ScheduledSequence& s) { return s.num_new_tokens == 1; });
   stats_.last_prefill_budget = prefill_budget == Scheduler::kNoPrefillBudget ? 0 : prefill_budget;
   const SchedulerOutput& plan = last_schedule_;
+  if (plan.scheduled.empty() && ahead_.has_value()) {
+    // Every running sequence awaits its last token from the step launched ahead.
+    FinishAhead();
+    return true;
+  }
   LMSERVE_CORE_CHECK(!plan.scheduled.empty(), "an empty plan with ", scheduler_.num_running(),
                      " running and ", scheduler_.num_waiting(), " waiting sequences");
   last_scheduled_.clear();
   last_preempted_.clear();
+  step_seq_ids_.clear();
   for (const ScheduledSequence& scheduled : plan.scheduled) {
     SampleState* sample = samples_by_seq_id_.at(scheduled.seq->seq_id);
     if (sample->first_scheduled_seconds < 0.0) sample->first_scheduled_seconds = start;
     last_scheduled_.push_back(
         {scheduled.seq->request_id, scheduled.seq->sample_index, scheduled.num_new_tokens});
+    step_seq_ids_.push_back(scheduled.seq->seq_id);
   }
   for (const Sequence* seq : plan.preempted) {
     last_preempted_.push_back({seq->request_id, seq->sample_index, 0});
@@ -282,8 +299,34 @@ bool EngineCore::Step() {
   if (!config_.overlap_structured_masks) ComputeMasks();
   const double launch_start = clock_->NowSeconds();
   stats_.total_prepare_seconds += launch_start - start;
-  absl::Status status = runner_->Launch(batch_, &step_output_);
+  absl::Status status = runner_->Launch(*batch_, step_output_);
   stats_.total_launch_seconds += clock_->NowSeconds() - launch_start;
+  int32_t prefill_tokens = 0;
+  // Computed as far as the host is concerned once launched, where a step goes ahead or one is
+  // ahead of it: reading that one's tokens may finish sequences of this plan.
+  const bool computed_at_launch = config_.async_scheduling && status.ok() &&
+                                  (ahead_.has_value() || runner_->CanLaunchAhead());
+  if (computed_at_launch) {
+    scheduler_.OnStepComputed(plan);
+    prefill_tokens = PrefillTokens(plan);
+    if (LaunchAhead()) {
+      if (ahead_.has_value()) FinishAhead();  // the step before it, now that this one is queued
+      ahead_ = AheadStep{.batch = batch_,
+                         .output = step_output_,
+                         .seq_ids = step_seq_ids_,
+                         .started_seconds = start,
+                         .prefill_tokens = prefill_tokens,
+                         .prefill_budget = prefill_budget,
+                         .num_tokens = plan.num_batched_tokens};
+      ++num_steps_launched_ahead_;
+      const int next = batch_ == &batches_[0] ? 1 : 0;
+      batch_ = &batches_[next];
+      step_output_ = &step_outputs_[next];
+      return true;
+    }
+  }
+  // The step launched ahead of this one finishes first (the runner's order).
+  if (ahead_.has_value()) FinishAhead();
   if (status.ok()) {
     // A launched step is always finished: a masked draw waits on the device for the masks that
     // Finish releases, so an exception out of the masks finishes the step on its way out.
@@ -294,32 +337,103 @@ bool EngineCore::Step() {
     status = runner_->Finish();
     stats_.total_finish_seconds += clock_->NowSeconds() - finish_start;
   }
-  if (status.ok()) status = CheckStepOutput(plan);
+  if (status.ok()) status = CheckStepOutput(*batch_, *step_output_);
   const double now = clock_->NowSeconds();
-  if (status.ok()) {
+  if (status.ok() && !computed_at_launch) {
     scheduler_.OnStepComputed(plan);
-    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
-      ProcessSequence(plan.scheduled[i], static_cast<int32_t>(i), now);
-    }
-  } else {
-    for (const ScheduledSequence& scheduled : plan.scheduled) {
-      RequestOutput output;
-      output.error = status.ToString();
-      FinishSample(samples_by_seq_id_.at(scheduled.seq->seq_id), FinishReason::kError, now,
-                   std::move(output));
-    }
+    prefill_tokens = PrefillTokens(plan);
   }
-  if (status.ok()) MeasureStep(plan, prefill_budget, now - start);  // before the reap
+  ProcessStep(status, step_seq_ids_, *batch_, *step_output_, /*launched_ahead=*/false, now);
+  // From its scheduling, or from the end of the step before where that came later (a step
+  // scheduled while the one before ran).
+  const double seconds = now - std::max(start, last_step_end_seconds_);
+  last_step_end_seconds_ = now;
+  if (status.ok()) MeasureStep(prefill_tokens, prefill_budget, seconds);
   ReapFinishedRequests();
   if (emitter_ != nullptr) emitter_->Flush();
   stats_.total_process_seconds += clock_->NowSeconds() - now;
 
   ++stats_.num_steps;
-  stats_.last_step_seconds = now - start;
-  stats_.total_step_seconds += now - start;
+  stats_.last_step_seconds = seconds;
+  stats_.total_step_seconds += seconds;
   stats_.last_step_tokens = plan.num_batched_tokens;
   stats_.total_step_tokens += plan.num_batched_tokens;
   return true;
+}
+
+bool EngineCore::LaunchAhead() {
+  if (!mask_jobs_.empty() || !runner_->CanLaunchAhead()) return false;
+  const std::vector<LogitsMode>& modes = batch_->logits_modes;
+  if (std::any_of(modes.begin(), modes.end(), [](LogitsMode mode) {
+        return mode == LogitsMode::kLast || mode == LogitsMode::kAll;
+      })) {
+    return false;
+  }
+  for (size_t i = 0; i < modes.size(); ++i) {
+    if (modes[i] != LogitsMode::kSample) continue;
+    SampleState* sample = samples_by_seq_id_.at(step_seq_ids_[i]);
+    Sequence& seq = sample->seq;
+    sample->ahead_batch_index = static_cast<int32_t>(i);
+    // The token that reaches the length limit finishes the sequence whatever it is.
+    if (seq.num_known_tokens() + 1 >= sample->request->max_total_tokens) {
+      seq.awaiting_last_token = true;
+    } else {
+      ++seq.num_pending_tokens;
+    }
+  }
+  return true;
+}
+
+void EngineCore::FinishAhead() {
+  AheadStep ahead = *std::move(ahead_);
+  ahead_.reset();
+  const double finish_start = clock_->NowSeconds();
+  absl::Status status = runner_->Finish();
+  stats_.total_finish_seconds += clock_->NowSeconds() - finish_start;
+  if (status.ok()) status = CheckStepOutput(*ahead.batch, *ahead.output);
+  const double now = clock_->NowSeconds();
+  ProcessStep(status, ahead.seq_ids, *ahead.batch, *ahead.output, /*launched_ahead=*/true, now);
+  const double seconds = now - std::max(ahead.started_seconds, last_step_end_seconds_);
+  last_step_end_seconds_ = now;
+  if (status.ok()) MeasureStep(ahead.prefill_tokens, ahead.prefill_budget, seconds);
+  ReapFinishedRequests();
+  if (emitter_ != nullptr) emitter_->Flush();
+  stats_.total_process_seconds += clock_->NowSeconds() - now;
+
+  ++stats_.num_steps;
+  stats_.last_step_seconds = seconds;
+  stats_.total_step_seconds += seconds;
+  stats_.last_step_tokens = ahead.num_tokens;
+  stats_.total_step_tokens += ahead.num_tokens;
+}
+
+void EngineCore::ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids,
+                             const StepBatch& batch, const StepOutput& output,
+                             bool launched_ahead, double now) {
+  for (size_t i = 0; i < seq_ids.size(); ++i) {
+    auto it = samples_by_seq_id_.find(seq_ids[i]);
+    if (it == samples_by_seq_id_.end()) continue;  // finished since (a stop, an abort)
+    SampleState* sample = it->second;
+    if (launched_ahead && batch.logits_modes[i] == LogitsMode::kSample) {
+      // Its oldest unread draw: a pending token, or else the last one it awaits (which no later
+      // step follows).
+      Sequence& seq = sample->seq;
+      if (seq.num_pending_tokens > 0) {
+        --seq.num_pending_tokens;
+      } else {
+        LMSERVE_CORE_CHECK(seq.awaiting_last_token, "seq ", seq.seq_id,
+                           " read a token it did not wait for");
+        seq.awaiting_last_token = false;
+      }
+    }
+    if (!status.ok()) {
+      RequestOutput error;
+      error.error = status.ToString();
+      FinishSample(sample, FinishReason::kError, now, std::move(error));
+      continue;
+    }
+    ProcessSequence(sample, static_cast<int32_t>(i), batch, output, now);
+  }
 }
 
 int32_t EngineCore::PrefillBudget() const {
@@ -336,8 +450,7 @@ int32_t EngineCore::PrefillBudget() const {
                                                  config_.max_num_batched_tokens));
 }
 
-void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget, double seconds) {
-  if (config_.max_step_slowdown <= 0.0 || seconds <= 0.0) return;
+int32_t EngineCore::PrefillTokens(const SchedulerOutput& plan) {
   int32_t prefill_tokens = 0;
   for (const ScheduledSequence& scheduled : plan.scheduled) {
     // Prompt chunks and recomputes (OnStepComputed has advanced num_computed_tokens past them).
@@ -346,6 +459,11 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget
       prefill_tokens += scheduled.num_new_tokens;
     }
   }
+  return prefill_tokens;
+}
+
+void EngineCore::MeasureStep(int32_t prefill_tokens, int32_t prefill_budget, double seconds) {
+  if (config_.max_step_slowdown <= 0.0 || seconds <= 0.0) return;
   if (prefill_tokens == 0) {
     // A decode-only step: an average that follows the batch as it changes.
     decode_step_seconds_ =
@@ -375,10 +493,10 @@ void EngineCore::MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget
 void EngineCore::BuildBatch(const SchedulerOutput& plan) {
   // The runner bitmask's storage (and rows) outlives the batch: a cleared vector resized would
   // zero every row before each launch, where only the masked rows are written and read.
-  if (batch_.token_bitmask.size() > spare_token_bitmask_.size()) {
-    spare_token_bitmask_.swap(batch_.token_bitmask);
+  if (batch_->token_bitmask.size() > spare_token_bitmask_.size()) {
+    spare_token_bitmask_.swap(batch_->token_bitmask);
   }
-  batch_.Clear();
+  batch_->Clear();
   mask_jobs_.clear();
   const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
   for (const ScheduledSequence& scheduled : plan.scheduled) {
@@ -401,13 +519,28 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
     for (int32_t g = 0; g < block_manager_.num_groups(); ++g) {
       group_tables_.push_back(block_manager_.BlockTable(seq.seq_id, g));
     }
-    batch_.AddSequence(
-        std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens), begin,
-        group_tables_, mode, state_slots_.SlotOf(seq.seq_id));
+    std::span<const int32_t> new_tokens;
+    if (end <= seq.num_read_tokens()) {
+      new_tokens = std::span<const int32_t>(seq.tokens).subspan(begin, scheduled.num_new_tokens);
+    } else {
+      // Async scheduling: its last token is the draw of the step launched ahead, not read yet;
+      // the runner takes it on the device.
+      const SampleState& sample = *samples_by_seq_id_.at(seq.seq_id);
+      LMSERVE_CORE_CHECK(ahead_.has_value() && end == seq.num_read_tokens() + 1 &&
+                             seq.num_pending_tokens == 1 && sample.ahead_batch_index >= 0,
+                         "seq ", seq.seq_id, " schedules tokens up to ", end, " with ",
+                         seq.num_read_tokens(), " read and ", seq.num_pending_tokens, " pending");
+      pending_step_tokens_.assign(seq.tokens.begin() + begin, seq.tokens.end());
+      pending_step_tokens_.push_back(0);
+      new_tokens = pending_step_tokens_;
+      batch_->pending_tokens.push_back({.token = batch_->num_tokens() + end - 1 - begin,
+                                        .launched_seq = sample.ahead_batch_index});
+    }
+    batch_->AddSequence(new_tokens, begin, group_tables_, mode, state_slots_.SlotOf(seq.seq_id));
     if (runner_->samples_on_device()) {
       const SamplingParams& p = r.params();
       // The Philox key and counter of the engine's own draw (ProcessSequence): one definition.
-      batch_.sampling.push_back(
+      batch_->sampling.push_back(
           {.temperature = static_cast<float>(p.temperature),
            .top_k = p.top_k,
            .top_p = static_cast<float>(p.top_p),
@@ -416,25 +549,25 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
            .step = static_cast<uint64_t>(seq.num_known_tokens())});
       // The runner masks the row before its draw (ComputeMasks fills its row of the bitmask).
       if (mode == LogitsMode::kSample && samples_by_seq_id_.at(seq.seq_id)->grammar != nullptr) {
-        batch_.sampling.back().masked = true;
+        batch_->sampling.back().masked = true;
       }
     }
     SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
     if (sample->grammar != nullptr && end == seq.num_known_tokens()) {
       // The sequence draws a token this step: its mask is one of the step's (ComputeMasks).
       mask_jobs_.push_back({.sample = sample,
-                            .batch_index = batch_.num_seqs() - 1,
+                            .batch_index = batch_->num_seqs() - 1,
                             .on_runner = mode == LogitsMode::kSample});
     }
   }
   // A row per sequence, in the runner's bitmask and the engine's (only the rows of mask_jobs_
   // are written and read).
-  const size_t mask_words = static_cast<size_t>(batch_.num_seqs()) * words;
+  const size_t mask_words = static_cast<size_t>(batch_->num_seqs()) * words;
   bool on_runner = false, on_host = false;
   for (const MaskJob& job : mask_jobs_) (job.on_runner ? on_runner : on_host) = true;
   if (on_runner) {
-    batch_.token_bitmask.swap(spare_token_bitmask_);
-    batch_.token_bitmask.resize(mask_words);  // zeroes only what it grows by
+    batch_->token_bitmask.swap(spare_token_bitmask_);
+    batch_->token_bitmask.resize(mask_words);  // zeroes only what it grows by
   }
   if (on_host && host_token_bitmask_.size() < mask_words) host_token_bitmask_.resize(mask_words);
 }
@@ -450,7 +583,7 @@ void EngineCore::ComputeMasks() {
 void EngineCore::FillMasks() {
   const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
   auto fill = [&](const MaskJob& job) {
-    std::vector<uint32_t>& masks = job.on_runner ? batch_.token_bitmask : host_token_bitmask_;
+    std::vector<uint32_t>& masks = job.on_runner ? batch_->token_bitmask : host_token_bitmask_;
     const std::span<uint32_t> row =
         std::span<uint32_t>(masks).subspan(static_cast<size_t>(job.batch_index) * words, words);
     structured::GrammarMatcher& matcher = *job.sample->grammar;
@@ -486,22 +619,23 @@ bool RunnerCanSample(const SamplingParams& params, const Sequence& seq, bool run
   return seq.num_output_tokens() >= params.min_tokens;
 }
 
-absl::Status EngineCore::CheckStepOutput(const SchedulerOutput& plan) const {
-  const std::vector<int32_t>& row_start = step_output_.logits_row_start;
-  if (row_start.size() != plan.scheduled.size() + 1 || row_start[0] != 0) {
+absl::Status EngineCore::CheckStepOutput(const StepBatch& batch, const StepOutput& output) const {
+  const auto num_seqs = static_cast<size_t>(batch.num_seqs());
+  const std::vector<int32_t>& row_start = output.logits_row_start;
+  if (row_start.size() != num_seqs + 1 || row_start[0] != 0) {
     return absl::InternalError(StrCat("runner returned ", row_start.size(),
-                                      " logits_row_start entries for ", plan.scheduled.size(),
+                                      " logits_row_start entries for ", num_seqs,
                                       " sequences"));
   }
-  const bool sampled = step_output_.sampled_tokens.size() == plan.scheduled.size();
-  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
-    const int32_t expected = batch_.logits_modes[i] == LogitsMode::kAll
-                                 ? plan.scheduled[i].num_new_tokens
-                             : batch_.logits_modes[i] == LogitsMode::kLast ? 1
+  const bool sampled = output.sampled_tokens.size() == num_seqs;
+  for (size_t i = 0; i < num_seqs; ++i) {
+    const int32_t expected = batch.logits_modes[i] == LogitsMode::kAll
+                                 ? batch.query_start[i + 1] - batch.query_start[i]
+                             : batch.logits_modes[i] == LogitsMode::kLast ? 1
                                                                            : 0;
-    if (batch_.logits_modes[i] == LogitsMode::kSample &&
-        (!sampled || step_output_.sampled_tokens[i] < 0 ||
-         step_output_.sampled_tokens[i] >= vocab_size_)) {
+    if (batch.logits_modes[i] == LogitsMode::kSample &&
+        (!sampled || output.sampled_tokens[i] < 0 ||
+         output.sampled_tokens[i] >= vocab_size_)) {
       return absl::InternalError(StrCat("runner returned no valid sampled token for sequence ", i));
     }
     if (row_start[i + 1] - row_start[i] != expected) {
@@ -509,33 +643,36 @@ absl::Status EngineCore::CheckStepOutput(const SchedulerOutput& plan) const {
                                         " logits rows for sequence ", i, ", expected ", expected));
     }
   }
-  if (static_cast<int64_t>(step_output_.logits.size()) != int64_t{row_start.back()} * vocab_size_) {
-    return absl::InternalError(StrCat("runner returned ", step_output_.logits.size(),
+  if (static_cast<int64_t>(output.logits.size()) != int64_t{row_start.back()} * vocab_size_) {
+    return absl::InternalError(StrCat("runner returned ", output.logits.size(),
                                       " logits for ", row_start.back(), " rows of ", vocab_size_));
   }
   return absl::OkStatus();
 }
 
-void EngineCore::ProcessSequence(const ScheduledSequence& scheduled, int32_t batch_index,
-                                 double now) {
-  SampleState* sample = samples_by_seq_id_.at(scheduled.seq->seq_id);
+void EngineCore::ProcessSequence(SampleState* sample, int32_t batch_index, const StepBatch& batch,
+                                 const StepOutput& output, double now) {
   Sequence& seq = sample->seq;
-  const LogitsMode mode = batch_.logits_modes[batch_index];
+  const int32_t num_new_tokens =
+      batch.query_start[batch_index + 1] - batch.query_start[batch_index];
+  const LogitsMode mode = batch.logits_modes[batch_index];
+  // A chunk mid-sequence. (Read after a later step may have computed the rest: async scheduling.)
+  if (mode == LogitsMode::kNone) return;
   if (mode == LogitsMode::kSample) {
     if (sample->grammar == nullptr || MaskUsable(sample, now)) {
-      AppendToken(sample, step_output_.sampled_tokens[batch_index], nullptr, now);
+      AppendToken(sample, output.sampled_tokens[batch_index], nullptr, now);
     }
     return;
   }
-  const float* rows = step_output_.logits.data() +
-                      int64_t{step_output_.logits_row_start[batch_index]} * vocab_size_;
+  const float* rows = output.logits.data() +
+                      int64_t{output.logits_row_start[batch_index]} * vocab_size_;
   if (mode == LogitsMode::kAll) {
-    RecordPromptLogprobs(sample, seq.num_computed_tokens - scheduled.num_new_tokens,
-                         scheduled.num_new_tokens, rows);
+    RecordPromptLogprobs(sample, seq.num_computed_tokens - num_new_tokens,
+                         num_new_tokens, rows);
   }
   if (seq.num_computed_tokens < seq.num_known_tokens()) return;  // a chunk mid-sequence
   const float* last_row =
-      mode == LogitsMode::kAll ? rows + int64_t{scheduled.num_new_tokens - 1} * vocab_size_ : rows;
+      mode == LogitsMode::kAll ? rows + int64_t{num_new_tokens - 1} * vocab_size_ : rows;
   const RequestState& r = *sample->request;
   std::span<const uint32_t> allowed;
   if (sample->grammar != nullptr) {
@@ -619,7 +756,9 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
     r.prompt_logprobs_sent = true;
   }
 
-  const bool can_stop = seq.num_output_tokens() >= params.min_tokens;
+  // Counted up to this token: with async scheduling a later one may be pending already.
+  const int32_t num_output_tokens = seq.num_read_tokens() - seq.num_prompt_tokens;
+  const bool can_stop = num_output_tokens >= params.min_tokens;
   std::optional<FinishReason> reason;
   if (can_stop && !params.ignore_eos &&
       std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token_id) != eos_token_ids_.end()) {
@@ -640,7 +779,7 @@ void EngineCore::AppendToken(SampleState* sample, int32_t token_id, const float*
   if (!reason.has_value() && sample->grammar != nullptr && sample->grammar->MustEnd()) {
     reason = FinishReason::kConstraintEnd;  // complete: nothing but EOS could follow
   }
-  if (!reason.has_value() && seq.num_known_tokens() >= r.max_total_tokens) {
+  if (!reason.has_value() && seq.num_read_tokens() >= r.max_total_tokens) {
     reason =
         params.max_tokens.has_value() ? FinishReason::kMaxTokens : FinishReason::kContextLength;
   }
@@ -661,8 +800,9 @@ void EngineCore::FinishSample(SampleState* sample, FinishReason reason, double n
   if (sample->decoder != nullptr && !sample->matcher.stopped() &&
       reason != FinishReason::kAborted && reason != FinishReason::kError) {
     std::optional<std::string> matched;
-    output.text += sample->matcher.Push(sample->decoder->Finish(),
-                                        seq.num_output_tokens() >= r.params().min_tokens, &matched);
+    output.text += sample->matcher.Push(
+        sample->decoder->Finish(),
+        seq.num_read_tokens() - seq.num_prompt_tokens >= r.params().min_tokens, &matched);
     if (matched.has_value()) {
       reason = FinishReason::kStopString;
       output.stop_string = *std::move(matched);
@@ -674,7 +814,8 @@ void EngineCore::FinishSample(SampleState* sample, FinishReason reason, double n
   output.finished = true;
   output.finish_reason = reason;
   output.usage.prompt_tokens = seq.num_prompt_tokens;
-  output.usage.completion_tokens = seq.num_output_tokens();
+  // Tokens drawn but not read (async scheduling) were never the client's.
+  output.usage.completion_tokens = seq.num_read_tokens() - seq.num_prompt_tokens;
   output.usage.cached_tokens =
       std::min(seq.num_cached_tokens_at_first_admission, seq.num_prompt_tokens);
   const double scheduled_at =

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,6 +67,16 @@ struct EngineConfig {
   // step's outputs are all handed over before Step (or Abort) returns, but may reach their streams
   // a moment after. The server turns it on; off, a stream holds a step's outputs when Step returns.
   bool emit_outputs_on_thread = false;
+  // Async scheduling: while the runner still runs a step, the engine schedules and launches the
+  // next one (ModelRunner::CanLaunchAhead), whose decodes take their input tokens from the step
+  // before's draws on the device. Scheduling, the batch, the launch and the outputs of the step
+  // before then overlap the GPU's work instead of coming between two steps. Only steps whose
+  // every token is drawn by the runner go ahead (no logits to the host: penalties, logprobs,
+  // structured output masked on the host); others finish before the next is scheduled. A
+  // sequence stopped by a token the engine had not read yet has computed one more position in the
+  // step after, which is dropped; a sequence's last token by its length limit is awaited instead.
+  // The server turns it on for runners that can.
+  bool async_scheduling = false;
   const Clock* clock = nullptr;  // not owned; nullptr: SystemClock
 };
 
@@ -112,7 +123,8 @@ struct EngineStats {
   double total_mask_seconds = 0.0;
   int64_t num_masks = 0;
   // The wall time in the runner's halves (ModelRunner::Launch, Finish): a GPU runner's Finish
-  // waits for the step's end.
+  // waits for the step's end. With async scheduling the prepare, launch and process times below
+  // overlap the step before's on the GPU, and Finish waits for the step launched ahead.
   double total_launch_seconds = 0.0;
   double total_finish_seconds = 0.0;
   // The host's work of a step before its launch (scheduling, the batch; the masks too where they
@@ -157,9 +169,12 @@ class EngineCore {
   // shuts down, so that no push reaches a front end after Engine::Shutdown returns.
   void StopEmitter();
 
-  // Runs one step. Returns false when there was nothing to do.
+  // Runs one step. Returns false when there was nothing to do. With async scheduling a step may
+  // return with its step still running (launched ahead): its tokens are read by the next Step.
   bool Step();
-  bool HasWork() const { return scheduler_.HasWork(); }
+  bool HasWork() const { return scheduler_.HasWork() || ahead_.has_value(); }
+  // Steps launched ahead so far (EngineConfig::async_scheduling).
+  int64_t num_steps_launched_ahead() const { return num_steps_launched_ahead_; }
   EngineStats Stats() const;
 
   // What the last step scheduled and preempted, by id (its sequences may be gone since).
@@ -185,18 +200,31 @@ class EngineCore {
 
   // The next step's prefill budget under config_.max_step_slowdown (Scheduler::Schedule).
   int32_t PrefillBudget() const;
+  // The prompt tokens (chunks and recomputes) of a computed step (after OnStepComputed).
+  static int32_t PrefillTokens(const SchedulerOutput& plan);
   // Folds a step's measured time into the step-time model; `prefill_budget` is the step's.
-  void MeasureStep(const SchedulerOutput& plan, int32_t prefill_budget, double seconds);
+  void MeasureStep(int32_t prefill_tokens, int32_t prefill_budget, double seconds);
   void BuildBatch(const SchedulerOutput& plan);
+  // Async scheduling: whether the launched step may go ahead unfinished, and if so marks the
+  // tokens it draws as pending in their sequences.
+  bool LaunchAhead();
+  // Finishes the step launched ahead: waits for it, reads its tokens, emits them.
+  void FinishAhead();
+  // Reads a finished step's outputs into its sequences (those still alive, by id). An error
+  // finishes them with it.
+  void ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids,
+                   const StepBatch& batch, const StepOutput& output, bool launched_ahead,
+                   double now);
   // The token bitmasks of mask_jobs_ (BuildBatch lists them), on mask_threads_ threads.
   void ComputeMasks();
   void FillMasks();  // ComputeMasks' work
-  absl::Status CheckStepOutput(const SchedulerOutput& plan) const;
+  absl::Status CheckStepOutput(const StepBatch& batch, const StepOutput& output) const;
   // Whether a constrained sequence's mask of this step is usable; if not (a constraint of
   // another vocabulary, a matcher past its bounds), finishes it with the error.
   bool MaskUsable(SampleState* sample, double now);
-  // Consumes the logits rows of one scheduled sequence.
-  void ProcessSequence(const ScheduledSequence& scheduled, int32_t batch_index, double now);
+  // Consumes the logits rows (or drawn token) of the sequence at `batch_index` of `batch`.
+  void ProcessSequence(SampleState* sample, int32_t batch_index, const StepBatch& batch,
+                       const StepOutput& output, double now);
   void RecordPromptLogprobs(SampleState* sample, int32_t first_position, int32_t num_rows,
                             const float* rows);
   void AppendToken(SampleState* sample, int32_t token_id, const float* logits_row, double now);
@@ -228,9 +256,28 @@ class EngineCore {
   SchedulerOutput last_schedule_;  // pointers valid during Step() only
   std::vector<StepEntry> last_scheduled_;
   std::vector<StepEntry> last_preempted_;
-  StepBatch batch_;
+  // Two batches and outputs, alternating: one may belong to a step launched ahead while the next
+  // is built. batch_ and step_output_ point at the step being built and launched.
+  StepBatch batches_[2];
+  StepOutput step_outputs_[2];
+  StepBatch* batch_ = &batches_[0];
+  StepOutput* step_output_ = &step_outputs_[0];
+  std::vector<int64_t> step_seq_ids_;  // batch_'s sequences' ids, by batch index
   std::vector<std::span<const int32_t>> group_tables_;  // one sequence's, while building batch_
-  StepOutput step_output_;
+  std::vector<int32_t> pending_step_tokens_;  // one sequence's new tokens, while building batch_
+  // Async scheduling: the step launched ahead and not yet finished.
+  struct AheadStep {
+    StepBatch* batch = nullptr;
+    StepOutput* output = nullptr;
+    std::vector<int64_t> seq_ids;  // by batch index: they may finish before it is read
+    double started_seconds = 0.0;  // when it was scheduled
+    int32_t prefill_tokens = 0;
+    int32_t prefill_budget = 0;
+    int32_t num_tokens = 0;
+  };
+  std::optional<AheadStep> ahead_;
+  int64_t num_steps_launched_ahead_ = 0;
+  double last_step_end_seconds_ = 0.0;  // when the last step's Finish returned
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
   // The step's constrained sequences that draw a token. Each one's mask goes to its row of
   // batch_.token_bitmask when the runner masks it, else to its row of host_token_bitmask_.

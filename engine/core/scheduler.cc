@@ -54,6 +54,10 @@ SchedulerOutput Scheduler::Schedule(int32_t prefill_budget) {
   size_t index = 0;
   while (index < running_.size() && budget > 0) {
     Sequence* seq = running_[index];
+    if (seq->awaiting_last_token) {  // its last token is drawn already, in a launched step
+      ++index;
+      continue;
+    }
     const int32_t num_lacking = seq->num_known_tokens() - seq->num_computed_tokens;
     LMSERVE_CORE_CHECK(num_lacking > 0, "running seq ", seq->seq_id, " lacks no token");
     const int32_t num_new = CapTokens(*seq, num_lacking, budget, prefill_budget);
@@ -98,7 +102,8 @@ SchedulerOutput Scheduler::Schedule(int32_t prefill_budget) {
     while (it != waiting_.end() && budget > 0 &&
            static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
       Sequence* seq = *it;
-      if (WaitsForPromptSource(seq)) {
+      // Preempted with a token a launched step draws: recomputed once the engine has read it.
+      if (WaitsForPromptSource(seq) || seq->num_pending_tokens > 0 || seq->awaiting_last_token) {
         ++it;
         continue;
       }

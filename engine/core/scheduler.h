@@ -76,8 +76,19 @@ struct Sequence {
   bool admitted_before = false;
   int32_t num_cached_tokens_at_first_admission = 0;
 
-  int32_t num_known_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  // Async scheduling (EngineConfig::async_scheduling): tokens drawn by launched steps that the
+  // engine has not read yet. They follow `tokens` (known, as their values are on the device).
+  int32_t num_pending_tokens = 0;
+  // A launched step draws this sequence's last token (its length limit): the scheduler leaves it
+  // out until the engine has read that token and finished it.
+  bool awaiting_last_token = false;
+
+  int32_t num_known_tokens() const {
+    return static_cast<int32_t>(tokens.size()) + num_pending_tokens;
+  }
   int32_t num_output_tokens() const { return num_known_tokens() - num_prompt_tokens; }
+  // Known tokens whose values the host has: `tokens`.
+  int32_t num_read_tokens() const { return static_cast<int32_t>(tokens.size()); }
 };
 
 struct SchedulerConfig {

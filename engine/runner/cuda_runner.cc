@@ -115,6 +115,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // wait is bounded (device_mask_wait_seconds).
   absl::Status Launch(const StepBatch& batch, StepOutput* output) override;
   absl::Status Finish() override;
+  bool CanLaunchAhead() const override;
 
  private:
   CudaRunner(std::unique_ptr<const ModelDescription> model, const RunnerConfig& runner_config);
@@ -133,7 +134,9 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   // device (or pinned) and released (eager steps, enqueued by Finish).
   enum class Masking { kNone, kGated, kReady };
   // The sampler over those rows; their tokens reach h_sampled_ when the stream gets there.
-  absl::Status SampleRows(int64_t first_row, int64_t num_rows, Masking masking);
+  // `copy`: also copies the tokens to HostSampled(). The Sample op's draw does not: the graphs
+  // would hold the address of one host buffer; Launch copies after the forward pass.
+  absl::Status SampleRows(int64_t first_row, int64_t num_rows, Masking masking, bool copy = true);
   // Releases the launched masked step's masks (mask_step_) to the device; `abandoned`: the step
   // is given up, its rows not masked. Clears masks_pending_.
   void ReleaseMasks(bool abandoned);
@@ -397,7 +400,11 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer rank_logits_, gathered_logits_;
   CudaBuffer sampled_;            // [max_tokens] int32
   CudaBuffer sampler_workspace_;  // kc::kSamplingWorkspaceBytes
-  CudaBuffer h_sampled_;          // [max_tokens] int32, pinned
+  // [max_tokens] int32, pinned: two, a step's draws going to h_sampled_[h_sampled_index_], so
+  // that a step left unfinished (async scheduling) keeps its tokens while the next one draws.
+  CudaBuffer h_sampled_[2];
+  int h_sampled_index_ = 0;
+  int32_t* HostSampled() const { return h_sampled_[h_sampled_index_].as<int32_t>(); }
   // device_token_bitmask only: the step's masks, [max_seqs, ceil(vocab / 32)] uint32, on the
   // device and their pinned staging (Finish copies them on mask_stream_ and waits, then releases
   // them); the release word (at byte 0) and the timed-out and waited words (at bytes 64 and 72,
@@ -442,6 +449,18 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   StepLayout layout_;
   const StepBatch* launched_batch_ = nullptr;
   StepOutput* launched_output_ = nullptr;
+  // Async scheduling (CanLaunchAhead): a step launched before the one launched last and not yet
+  // finished. Its Finish waits for `done` and reads its draws.
+  struct AheadStep {
+    StepOutput* output = nullptr;
+    std::vector<std::pair<int32_t, int32_t>> sampled;  // (logits row, sequence)
+    int h_sampled_index = 0;
+  };
+  std::optional<AheadStep> ahead_;
+  cudaEvent_t ahead_done_event_ = nullptr;
+  // For the step being launched: the logits row of each sequence of the step launched before it
+  // (-1 where it draws nothing), which its pending tokens name.
+  std::vector<int32_t> launched_rows_;
   const void* final_rows_source_ = nullptr;  // the final norm's rows: normed or gathered
   Weight lm_head_;                           // the last LmHead op's weights
   float logit_softcap_ = 0;                  // and its soft-cap
@@ -488,6 +507,7 @@ CudaRunner::~CudaRunner() {
   if (mask_stream_ != nullptr) cudaStreamDestroy(mask_stream_);
   if (step_start_event_ != nullptr) cudaEventDestroy(step_start_event_);
   if (step_end_event_ != nullptr) cudaEventDestroy(step_end_event_);
+  if (ahead_done_event_ != nullptr) cudaEventDestroy(ahead_done_event_);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CudaRunner::Create(
@@ -782,7 +802,11 @@ absl::Status CudaRunner::AllocateWorkspaces() {
                            CudaBuffer::Device(kc::kSamplingWorkspaceBytes, "the sampler"));
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemset(sampler_workspace_.get(), 0, kc::kSamplingWorkspaceBytes),
                                "clearing the sampler's workspace");
-  LMSERVE_ASSIGN_OR_RETURN(h_sampled_, CudaBuffer::Pinned(t * 4, "sampled tokens"));
+  for (CudaBuffer& h : h_sampled_) {
+    LMSERVE_ASSIGN_OR_RETURN(h, CudaBuffer::Pinned(t * 4, "sampled tokens"));
+  }
+  LMSERVE_RETURN_IF_CUDA_ERROR(
+      cudaEventCreateWithFlags(&ahead_done_event_, cudaEventDisableTiming), "cudaEventCreate");
   if (runner_config_.device_token_bitmask) {
     const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
     LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
@@ -1643,7 +1667,7 @@ absl::Status CudaRunner::Sample() {
   if (step_.rows == 0) return absl::OkStatus();
   if (draw_in_finish_) return absl::OkStatus();
   return SampleRows(0, std::min(step_.rows, logits_chunk_rows_),
-                    gate_masks_ ? Masking::kGated : Masking::kNone);
+                    gate_masks_ ? Masking::kGated : Masking::kNone, /*copy=*/false);
 }
 
 void CudaRunner::ReleaseMasks(bool abandoned) {
@@ -1685,7 +1709,8 @@ absl::Status CudaRunner::LogitsChunk(int64_t first_row, int64_t num_rows) {
   return absl::OkStatus();
 }
 
-absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, Masking masking) {
+absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, Masking masking,
+                                    bool copy) {
   // logits_ holds rows [first_row, first_row + num_rows); the settings are indexed by row.
   const StepLayout& l = *step_.layout;
   const uint32_t* bitmask = d_pinned_token_bitmask_ != nullptr ? d_pinned_token_bitmask_
@@ -1729,8 +1754,9 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, Masking
                             .vocab_size = config_.vocab_size,
                             .workspace = sampler_workspace_.get()};
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "sampling");
+  if (!copy) return absl::OkStatus();
   LMSERVE_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(h_sampled_.as<int32_t>() + first_row, sampled_.as<int32_t>() + first_row,
+      cudaMemcpyAsync(HostSampled() + first_row, sampled_.as<int32_t>() + first_row,
                       num_rows * 4, cudaMemcpyDeviceToHost, stream_),
       "copying the sampled tokens");
   return absl::OkStatus();
@@ -1760,7 +1786,39 @@ absl::Status CudaRunner::Execute(const StepBatch& batch, StepOutput* output) {
   return Finish();
 }
 
+bool CudaRunner::CanLaunchAhead() const {
+  // Its Finish must enqueue nothing: no masks to wait for, no draw or logits chunk left to it, no
+  // logits to copy back (those would run after the next step on the stream), no step timing.
+  if (launched_batch_ == nullptr || ahead_.has_value() || masks_pending_ || draw_in_finish_ ||
+      step_start_event_ != nullptr) {
+    return false;
+  }
+  const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
+  if (static_cast<int64_t>(rows.size()) > logits_chunk_rows_) return false;
+  return std::none_of(rows.begin(), rows.end(),
+                      [](const cuda::LogitsRow& row) { return row.output_row >= 0; });
+}
+
 absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
+  launched_rows_.clear();
+  if (launched_batch_ != nullptr && CanLaunchAhead()) {
+    // The launched step goes ahead unfinished: its Finish will only wait for its end and read its
+    // draws, from the host buffer this step does not write.
+    AheadStep ahead;
+    ahead.output = launched_output_;
+    ahead.h_sampled_index = h_sampled_index_;
+    launched_rows_.assign(static_cast<size_t>(launched_batch_->num_seqs()), -1);
+    const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
+    for (int64_t r = 0; r < static_cast<int64_t>(rows.size()); ++r) {
+      if (!rows[r].sampled) continue;
+      ahead.sampled.emplace_back(static_cast<int32_t>(r), rows[r].seq);
+      launched_rows_[static_cast<size_t>(rows[r].seq)] = static_cast<int32_t>(r);
+    }
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventRecord(ahead_done_event_, stream_),
+                                 "marking the end of the step launched ahead");
+    ahead_ = std::move(ahead);
+    h_sampled_index_ ^= 1;
+  }
   launched_batch_ = nullptr;
   launched_output_ = nullptr;
   draw_in_finish_ = false;
@@ -1768,6 +1826,15 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   if (masks_pending_) ReleaseMasks(/*abandoned=*/true);
   LMSERVE_RETURN_IF_ERROR(ValidateStepBatch(batch, config_, block_size_, num_blocks_,
                                             groups_.windows, num_state_slots_));
+  for (const PendingToken& pending : batch.pending_tokens) {
+    const auto seq = static_cast<size_t>(pending.launched_seq);
+    if (seq >= launched_rows_.size() || launched_rows_[seq] < 0) {
+      return absl::InvalidArgumentError(StrCat(
+          "step batch: pending token ", pending.token, " names sequence ", pending.launched_seq,
+          ", which draws no token in a step launched ahead (", launched_rows_.size(),
+          " sequences)"));
+    }
+  }
   // The caller's thread may hold another device (a tensor-parallel rank runs on the engine's).
   LMSERVE_RETURN_IF_CUDA_ERROR(cudaSetDevice(runner_config_.device), "cudaSetDevice");
   const int64_t seqs = batch.num_seqs();
@@ -1810,7 +1877,7 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   draw_in_finish_ = masked && bucket == 0;
   const int64_t padded = bucket > 0 ? bucket : seqs;
   layout_ = inputs_.Pack(batch, padded, decode_only, block_size_, mask_step_,
-                         runner_config_.split_mixed_attention);
+                         runner_config_.split_mixed_attention, launched_rows_);
   const std::vector<cuda::LogitsRow>& rows = inputs_.rows();
   const int64_t num_rows = static_cast<int64_t>(rows.size());
   const int64_t step_tokens = decode_only ? padded : tokens;
@@ -1821,6 +1888,18 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
     }
   }
   if (status.ok()) status = inputs_.Upload(layout_, stream_);
+  if (status.ok() && layout_.num_pending > 0) {
+    // Tokens the step ahead draws: from its draws, still in sampled_ (this step's draw comes
+    // after its forward pass).
+    const kc::PendingTokensParams pending{
+        .ids = const_cast<int32_t*>(inputs_.Device<int32_t>(layout_.token_ids)),
+        .pairs = inputs_.Device<int32_t>(layout_.pending_pairs),
+        .sampled = sampled_.as<int32_t>(),
+        .count = layout_.num_pending};
+    if (const cudaError_t e = kc::Launch(pending, stream_); e != cudaSuccess) {
+      status = cuda::CudaError(e, "the tokens drawn by the step ahead");
+    }
+  }
   bool rows_are_tokens = num_rows == step_tokens;
   for (int64_t r = 0; rows_are_tokens && r < num_rows; ++r) rows_are_tokens = rows[r].token == r;
   const Step step{.layout = &layout_,
@@ -1843,6 +1922,17 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
       ++num_split_attention_steps_;
     }
   }
+  const bool draws = std::any_of(rows.begin(), rows.end(),
+                                 [](const cuda::LogitsRow& row) { return row.sampled; });
+  if (status.ok() && draws && !draw_in_finish_) {
+    // The first chunk's draws (the Sample op's) to the host.
+    const int64_t drawn = std::min(step.rows, logits_chunk_rows_);
+    if (const cudaError_t e = cudaMemcpyAsync(HostSampled(), sampled_.get(), drawn * 4,
+                                              cudaMemcpyDeviceToHost, stream_);
+        e != cudaSuccess) {
+      status = cuda::CudaError(e, "copying the sampled tokens");
+    }
+  }
   if (!status.ok()) {
     // A failed Launch gets no Finish: whatever was enqueued must not wait for masks.
     if (masks_pending_) ReleaseMasks(/*abandoned=*/true);
@@ -1853,6 +1943,14 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
 }
 
 absl::Status CudaRunner::Finish() {
+  if (ahead_.has_value()) {
+    const AheadStep ahead = *std::move(ahead_);
+    ahead_.reset();
+    LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(ahead_done_event_), "running the step");
+    const int32_t* drawn = h_sampled_[ahead.h_sampled_index].as<int32_t>();
+    for (const auto& [row, seq] : ahead.sampled) ahead.output->sampled_tokens[seq] = drawn[row];
+    return absl::OkStatus();
+  }
   if (launched_batch_ == nullptr) {
     return absl::FailedPreconditionError("CUDA runner: Finish without a Launch");
   }
@@ -1964,7 +2062,7 @@ absl::Status CudaRunner::Finish() {
         " s on the GPU for its token bitmasks and gave up (ModelRunner::Finish came too late)"));
   }
   for (int64_t r = 0; r < num_rows; ++r) {
-    if (rows[r].sampled) output->sampled_tokens[rows[r].seq] = h_sampled_.as<int32_t>()[r];
+    if (rows[r].sampled) output->sampled_tokens[rows[r].seq] = HostSampled()[r];
   }
   return absl::OkStatus();
 }

@@ -113,6 +113,7 @@ void StepBatch::Clear() {
   sampling.clear();
   state_slots.clear();
   token_bitmask.clear();
+  pending_tokens.clear();
   num_kv_groups = 1;
 }
 
@@ -171,6 +172,12 @@ absl::Status ValidateStepBatch(const StepBatch& batch, const ModelConfig& config
     if (id < 0 || id >= config.vocab_size) {
       return Malformed(StrCat("token ", t, " has id ", id, ", outside the vocabulary [0, ",
                               config.vocab_size, ")"));
+    }
+  }
+  for (const PendingToken& pending : batch.pending_tokens) {
+    if (pending.token < 0 || pending.token >= num_tokens || pending.launched_seq < 0) {
+      return Malformed(StrCat("a pending token at index ", pending.token, " (of ", num_tokens,
+                              ") from sequence ", pending.launched_seq));
     }
   }
   for (int64_t i = 0; i < num_seqs; ++i) {

@@ -73,6 +73,12 @@ struct RunnerSampling {
 // holding positions [j*B, (j+1)*B) of the group's layers. In a group of window W > 0, the entries
 // of blocks wholly before the first key that the sequence's first new token sees (j with
 // (j+1)*B <= context_len - query_len - W + 1) may be -1: no query of the step reads them.
+// A token of a step that the step launched before it draws (StepBatch::pending_tokens).
+struct PendingToken {
+  int32_t token = 0;         // its index in StepBatch::token_ids
+  int32_t launched_seq = 0;  // the drawing sequence's index in the step launched before
+};
+
 struct StepBatch {
   std::vector<int32_t> token_ids;             // [num_tokens]: every sequence's new tokens, in order
   std::vector<int32_t> query_start;           // [num_seqs + 1]: sequence i owns token_ids[query_start[i]..query_start[i+1])
@@ -89,6 +95,10 @@ struct StepBatch {
   // Only masked rows are read, and only by ModelRunner::Finish (the host may write them while the
   // step's forward pass runs).
   std::vector<uint32_t> token_bitmask;
+  // Async scheduling (ModelRunner::CanLaunchAhead): tokens that the step launched before this one
+  // draws, which the engine has not read yet. token_ids holds 0 at each; the runner takes the
+  // token from that step's draw on the device.
+  std::vector<PendingToken> pending_tokens;
   int32_t num_kv_groups = 1;                  // block tables per sequence
 
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
@@ -443,6 +453,14 @@ class ModelRunner {
   // no overlap, as the tensor-parallel runner does).
   virtual absl::Status Launch(const StepBatch& batch, StepOutput* output);
   virtual absl::Status Finish();
+
+  // Async scheduling: whether the step launched last may stay unfinished while the next one is
+  // launched. Only for a step whose outputs are tokens drawn on the device (kSample and kNone
+  // rows, no token bitmasks): its Finish then only waits and reads them. The next step may take
+  // those tokens as its inputs (StepBatch::pending_tokens). The calls then go Launch(A),
+  // Launch(B), Finish() (A's), Finish() (B's): two steps launched at most, finished in order, and
+  // each one's batch and output alive until its Finish. False by default.
+  virtual bool CanLaunchAhead() const { return false; }
 
  private:
   // The default halves' step, between Launch and Finish.

@@ -45,4 +45,12 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status PendingTokensParams::Validate() const {
+  if (count < 0) return absl::InvalidArgumentError("pending tokens: negative count");
+  if (count > 0 && (ids == nullptr || pairs == nullptr || sampled == nullptr)) {
+    return absl::InvalidArgumentError("pending tokens: null pointer");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace lmserve::kernels::cuda

@@ -914,6 +914,22 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
 
 }  // namespace
 
+__global__ void PendingTokensKernel(int32_t* __restrict__ ids, const int32_t* __restrict__ pairs,
+                                    const int32_t* __restrict__ sampled, int count) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < count) ids[pairs[2 * i]] = sampled[pairs[2 * i + 1]];
+}
+
+cudaError_t Launch(const PendingTokensParams& p, cudaStream_t stream) {
+  if (!p.Validate().ok()) return cudaErrorInvalidValue;
+  if (p.count == 0) return cudaSuccess;
+  constexpr int kBlock = 256;
+  const auto blocks = static_cast<unsigned>((p.count + kBlock - 1) / kBlock);
+  PendingTokensKernel<<<blocks, kBlock, 0, stream>>>(p.ids, p.pairs, p.sampled,
+                                                      static_cast<int>(p.count));
+  return cudaGetLastError();
+}
+
 cudaError_t Launch(const ArgmaxParams& p, cudaStream_t stream) {
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_rows == 0) return cudaSuccess;

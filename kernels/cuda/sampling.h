@@ -93,8 +93,20 @@ struct SamplingParams {
   absl::Status Validate() const;
 };
 
+// Async scheduling: a step's input tokens that the step before it drew, taken from that step's
+// draws on the device: ids[pairs[2i]] = sampled[pairs[2i + 1]] for i < count.
+struct PendingTokensParams {
+  int32_t* ids = nullptr;            // the step's token ids; device
+  const int32_t* pairs = nullptr;    // [count, 2]: (token index, row of `sampled`); device
+  const int32_t* sampled = nullptr;  // the step before's drawn tokens, by logits row; device
+  int64_t count = 0;
+
+  absl::Status Validate() const;
+};
+
 cudaError_t Launch(const ArgmaxParams& params, cudaStream_t stream);
 cudaError_t Launch(const SamplingParams& params, cudaStream_t stream);
+cudaError_t Launch(const PendingTokensParams& params, cudaStream_t stream);
 
 }  // namespace lmserve::kernels::cuda
 

@@ -8,7 +8,7 @@
 namespace lmserve::engine::cuda {
 
 StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids,
-                           int64_t groups) {
+                           int64_t groups, int64_t pending) {
   StepLayout l;
   size_t offset = 0;
   auto take = [&offset](int64_t bytes) {
@@ -34,6 +34,8 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
   l.min_p = take(4 * rows);
   l.mask_index = take(4 * rows);
   l.block_table_ids = take(4 * table_ids);
+  l.pending_pairs = take(8 * pending);
+  l.num_pending = pending;
   l.total = offset;
   return l;
 }
@@ -41,16 +43,21 @@ StepLayout StepLayout::For(int64_t tokens, int64_t seqs, int64_t rows, int64_t t
 absl::StatusOr<StepInputs> StepInputs::Create(int64_t max_tokens, int64_t max_seqs,
                                               int64_t max_table_ids, int64_t num_groups) {
   const int64_t capacity = static_cast<int64_t>(
-      StepLayout::For(max_tokens, max_seqs, max_tokens, max_table_ids, num_groups).total);
+      StepLayout::For(max_tokens, max_seqs, max_tokens, max_table_ids, num_groups, max_tokens)
+          .total);
   StepInputs inputs;
   inputs.num_groups_ = num_groups;
-  LMSERVE_ASSIGN_OR_RETURN(inputs.host_, CudaBuffer::Pinned(capacity, "step inputs"));
+  for (CudaBuffer& host : inputs.hosts_) {
+    LMSERVE_ASSIGN_OR_RETURN(host, CudaBuffer::Pinned(capacity, "step inputs"));
+  }
   LMSERVE_ASSIGN_OR_RETURN(inputs.device_, CudaBuffer::Device(capacity, "step inputs"));
   return inputs;
 }
 
 StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
-                            int32_t block_size, uint64_t mask_step, bool split) {
+                            int32_t block_size, uint64_t mask_step, bool split,
+                            std::span<const int32_t> launched_rows) {
+  host_index_ ^= 1;
   const int64_t seqs = batch.num_seqs();
   const int64_t tokens = decode_only ? padded_seqs : batch.num_tokens();
   // Device rows: every kLast/kSample sequence's last token, every kAll sequence's tokens; a
@@ -83,7 +90,8 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
   const int64_t table_ids = static_cast<int64_t>(batch.block_table_ids.size());
   const int64_t layout_seqs = decode_only ? padded_seqs : seqs;
   const int64_t groups = num_groups_;
-  StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids, groups);
+  const auto pending = static_cast<int64_t>(batch.pending_tokens.size());
+  StepLayout l = StepLayout::For(tokens, layout_seqs, rows, table_ids, groups, pending);
   l.one_token_prefix = decode_only ? layout_seqs : 0;
   while (split && l.one_token_prefix < seqs &&
          batch.query_start[l.one_token_prefix + 1] - batch.query_start[l.one_token_prefix] == 1) {
@@ -169,12 +177,19 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
     steps[r] = s.step;
     mask_index[r] = rows_[r].sampled && s.masked ? rows_[r].seq : -1;
   }
+  int32_t* pairs = Host<int32_t>(l.pending_pairs);
+  for (int64_t i = 0; i < pending; ++i) {
+    const PendingToken& p = batch.pending_tokens[static_cast<size_t>(i)];
+    pairs[2 * i] = p.token;
+    pairs[2 * i + 1] = launched_rows[static_cast<size_t>(p.launched_seq)];
+  }
   return l;
 }
 
 absl::Status StepInputs::Upload(const StepLayout& layout, cudaStream_t stream) const {
   LMSERVE_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(device_.get(), host_.get(), layout.total, cudaMemcpyHostToDevice, stream),
+      cudaMemcpyAsync(device_.get(), hosts_[host_index_].get(), layout.total,
+                      cudaMemcpyHostToDevice, stream),
       "copying the step's inputs");
   return absl::OkStatus();
 }

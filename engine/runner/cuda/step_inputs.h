@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,14 +47,18 @@ struct StepLayout {
   size_t min_p = 0;              // float [rows]
   size_t mask_index = 0;         // int32 [rows]: a masked row's sequence (its bitmask row), else -1
   size_t block_table_ids = 0;    // int32 [table ids]
+  // int32 [pending, 2]: each StepBatch::pending_tokens entry as (its token, the logits row of the
+  // launched step's draw); read by the kernel that writes them into token_ids, outside graphs.
+  size_t pending_pairs = 0;
   size_t total = 0;
   // Not an offset: how many of the step's first sequences have one new token each (Pack's
   // count; every sequence in a decode-only step). Attention runs them on the decode kernel and
   // the rest, from tail_query_start, on the prefill kernel.
   int64_t one_token_prefix = 0;
+  int64_t num_pending = 0;  // pairs at pending_pairs
 
   static StepLayout For(int64_t tokens, int64_t seqs, int64_t rows, int64_t table_ids,
-                        int64_t groups);
+                        int64_t groups, int64_t pending = 0);
 };
 
 // A row of the step's logits on the device: a kLast or kSample sequence's last token, each token
@@ -79,8 +84,13 @@ class StepInputs {
   // a greedy logits row each. `mask_step`: the number whose release the step's masked rows wait
   // for. Fills rows().
   // `split`: count StepLayout::one_token_prefix (else 0 outside a decode-only step).
+  // `launched_rows`: the logits row of each sequence of the step launched before (async
+  // scheduling), for batch.pending_tokens (REQUIRES: each names a row there).
+  // Two host buffers alternate, so that a step is packed while the one before may still wait for
+  // its copy.
   StepLayout Pack(const StepBatch& batch, int64_t padded_seqs, bool decode_only,
-                  int32_t block_size_tokens, uint64_t mask_step = 0, bool split = true);
+                  int32_t block_size_tokens, uint64_t mask_step = 0, bool split = true,
+                  std::span<const int32_t> launched_rows = {});
   // Copies the packed inputs of `layout` to the device, on `stream`.
   absl::Status Upload(const StepLayout& layout, cudaStream_t stream) const;
 
@@ -96,11 +106,12 @@ class StepInputs {
  private:
   template <typename T>
   T* Host(size_t offset) const {
-    return host_.at<T>(static_cast<int64_t>(offset));
+    return hosts_[host_index_].at<T>(static_cast<int64_t>(offset));
   }
 
   int64_t num_groups_ = 1;
-  CudaBuffer host_;  // pinned
+  CudaBuffer hosts_[2];  // pinned; Pack fills hosts_[host_index_]
+  int host_index_ = 0;
   CudaBuffer device_;
   std::vector<LogitsRow> rows_;
 };

@@ -161,6 +161,69 @@ TEST(EngineCoreTest, EosMinTokensAndIgnoreEos) {
   EXPECT_EQ(i.final_output->finish_reason, FinishReason::kMaxTokens);
 }
 
+// Async scheduling over a runner that draws on the device and launches ahead: the same tokens,
+// text and finish reasons as the serial engine; no position computed past a length limit (the
+// last token is awaited), and exactly one dropped where a sequence stops on a token not yet read
+// (EOS). A request whose tokens the engine samples (min_tokens) finishes its steps serially.
+TEST(EngineCoreTest, AsyncSchedulingGivesTheSerialResultsAndDropsOnlyAStoppedPosition) {
+  struct Run {
+    std::vector<SampleResult> results;
+    int64_t step_tokens = 0;
+    int64_t launched_ahead = 0;
+  };
+  auto run = [](bool async, bool with_min_tokens) {
+    FakeRunnerOptions options = Runner();
+    options.samples_on_device = true;
+    options.launch_ahead = async;
+    EngineConfig config = Config();
+    config.async_scheduling = async;
+    CoreHarness h(options, config, FakeText());
+    const std::vector<int32_t> prompt = PromptWithEosAt(h, 2);
+    Request eos = Greedy(prompt, 30);
+    eos.sampling.ignore_eos = false;
+    Request ignore = eos;
+    ignore.sampling.ignore_eos = true;
+    ignore.sampling.max_tokens = 8;
+    std::vector<RequestId> ids = {h.Add("E", eos), h.Add("I", ignore),
+                                  h.Add("L", Greedy(h.Prompt("L", 9), 5))};
+    if (with_min_tokens) {
+      Request min_tokens = eos;
+      min_tokens.sampling.min_tokens = 6;
+      ids.push_back(h.Add("M", min_tokens));
+    }
+    h.RunToCompletion();
+    Run r;
+    for (RequestId id : ids) r.results.push_back(h.result(id));
+    r.step_tokens = h.core().Stats().total_step_tokens;
+    r.launched_ahead = h.core().num_steps_launched_ahead();
+    return r;
+  };
+  for (bool with_min_tokens : {false, true}) {
+    SCOPED_TRACE(with_min_tokens ? "with min_tokens" : "device draws only");
+    const Run serial = run(false, with_min_tokens), async = run(true, with_min_tokens);
+    EXPECT_EQ(serial.launched_ahead, 0);
+    EXPECT_GT(async.launched_ahead, 0);
+    ASSERT_EQ(async.results.size(), serial.results.size());
+    for (size_t i = 0; i < serial.results.size(); ++i) {
+      SCOPED_TRACE(i);
+      const SampleResult& a = async.results[i];
+      const SampleResult& b = serial.results[i];
+      EXPECT_EQ(a.token_ids, b.token_ids);
+      EXPECT_EQ(a.text, b.text);
+      EXPECT_EQ(a.num_finished_outputs, 1);
+      ASSERT_TRUE(a.final_output.has_value() && b.final_output.has_value());
+      EXPECT_EQ(a.final_output->finish_reason, b.final_output->finish_reason);
+      EXPECT_EQ(a.final_output->usage.completion_tokens, static_cast<int32_t>(a.token_ids.size()));
+    }
+    EXPECT_EQ(serial.results[0].final_output->finish_reason, FinishReason::kEos);
+    EXPECT_EQ(serial.results[1].token_ids.size(), 8u);
+    // E stopped on its third token while the step after was launched: one position dropped.
+    if (!with_min_tokens) {
+      EXPECT_EQ(async.step_tokens, serial.step_tokens + 1);
+    }
+  }
+}
+
 TEST(EngineCoreTest, StopTokenIdsEndGenerationWithTheToken) {
   CoreHarness h(Runner(), Config());
   const std::vector<int32_t> prompt = h.Prompt("K", 5);

@@ -108,6 +108,12 @@ struct FakeRunnerOptions {
   double seconds_per_step = 0.0;
   double seconds_per_token = 0.0;
   std::function<void()> on_execute;  // called first in each Execute (engine thread), when set
+  // LogitsMode::kSample: the runner draws (greedy: the row's largest logit) and returns the token.
+  bool samples_on_device = false;
+  // Async scheduling (ModelRunner::CanLaunchAhead): Launch runs the step at once and Finish only
+  // hands it over, so that a step whose tokens are all drawn here may stay unfinished while the
+  // next is launched; pending tokens are taken from its draws. Off: Execute runs in Finish.
+  bool launch_ahead = false;
 };
 
 class FakeRunner final : public ModelRunner {
@@ -127,6 +133,44 @@ class FakeRunner final : public ModelRunner {
   int32_t block_size_tokens() const override { return options_.block_size_tokens; }
   int32_t num_kv_blocks() const override { return options_.num_kv_blocks; }
   std::vector<int32_t> kv_group_windows() const override { return options_.kv_group_windows; }
+  bool samples_on_device() const override { return options_.samples_on_device; }
+
+  absl::Status Launch(const StepBatch& batch, StepOutput* output) override {
+    if (!options_.launch_ahead) return ModelRunner::Launch(batch, output);
+    if (!launched_.empty() && !CanLaunchAhead()) {
+      return absl::FailedPreconditionError("FakeRunner: Launch before the step's Finish");
+    }
+    StepBatch resolved = batch;
+    for (const PendingToken& pending : batch.pending_tokens) {
+      if (launched_.empty() || pending.launched_seq >= launched_.back().num_seqs ||
+          pending.token < 0 || pending.token >= batch.num_tokens() ||
+          batch.token_ids[static_cast<size_t>(pending.token)] != 0) {
+        return absl::InvalidArgumentError("FakeRunner: a pending token without its draw");
+      }
+      const int32_t drawn =
+          launched_.back().output->sampled_tokens[static_cast<size_t>(pending.launched_seq)];
+      if (drawn < 0) return absl::InvalidArgumentError("FakeRunner: a pending token never drawn");
+      resolved.token_ids[static_cast<size_t>(pending.token)] = drawn;
+    }
+    if (absl::Status status = Execute(resolved, output); !status.ok()) return status;
+    const bool tokens_only =
+        batch.token_bitmask.empty() &&
+        std::none_of(batch.logits_modes.begin(), batch.logits_modes.end(), [](LogitsMode mode) {
+          return mode == LogitsMode::kLast || mode == LogitsMode::kAll;
+        });
+    launched_.push_back({output, batch.num_seqs(), tokens_only});
+    num_pending_tokens_ += static_cast<int64_t>(batch.pending_tokens.size());
+    return absl::OkStatus();
+  }
+  absl::Status Finish() override {
+    if (!options_.launch_ahead) return ModelRunner::Finish();
+    if (launched_.empty()) return absl::FailedPreconditionError("FakeRunner: Finish without Launch");
+    launched_.erase(launched_.begin());
+    return absl::OkStatus();
+  }
+  bool CanLaunchAhead() const override {
+    return options_.launch_ahead && launched_.size() == 1 && launched_.back().tokens_only;
+  }
 
   absl::Status Execute(const StepBatch& batch, StepOutput* output) override {
     if (options_.on_execute) options_.on_execute();
@@ -146,6 +190,7 @@ class FakeRunner final : public ModelRunner {
     const int32_t num_groups = static_cast<int32_t>(windows.size());
     output->logits.clear();
     output->logits_row_start.assign(1, 0);
+    output->sampled_tokens.assign(static_cast<size_t>(batch.num_seqs()), -1);
     for (int32_t i = 0; i < batch.num_seqs(); ++i) {
       const int32_t num_new = batch.query_start[i + 1] - batch.query_start[i];
       const int32_t context_len = batch.context_lens[i];
@@ -179,7 +224,16 @@ class FakeRunner final : public ModelRunner {
         FakeLogitsFromHash(hash, options_.vocab_size, output->logits.data() + offset);
       };
       const LogitsMode mode = batch.logits_modes[i];
-      if (FakeIsFullAttentionOnly(windows)) {
+      if (mode == LogitsMode::kSample) {
+        if (!options_.samples_on_device) {
+          return absl::InvalidArgumentError("FakeRunner: kSample without samples_on_device");
+        }
+        std::vector<float> row(static_cast<size_t>(options_.vocab_size));
+        FakeLogitsFromHash(FakeRowHash(context_len - 1, windows, read), options_.vocab_size,
+                           row.data());
+        output->sampled_tokens[static_cast<size_t>(i)] =
+            static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      } else if (FakeIsFullAttentionOnly(windows)) {
         uint64_t hash = kFakeEmptyContextHash;  // one pass over the context
         for (int32_t position = 0; position < context_len; ++position) {
           hash = FakeContextHash(hash, read(0, position));
@@ -205,6 +259,7 @@ class FakeRunner final : public ModelRunner {
   void FailNextStep(absl::Status status) { fail_next_ = std::move(status); }
   int64_t num_steps() const { return num_steps_; }
   int32_t max_batch_tokens() const { return max_batch_tokens_; }
+  int64_t num_pending_tokens() const { return num_pending_tokens_; }
 
  private:
   absl::Status Validate(const StepBatch& batch) const {
@@ -217,6 +272,13 @@ class FakeRunner final : public ModelRunner {
   std::vector<int32_t> slots_;  // [num_kv_blocks * block_size]: the token id written, -1: never
   std::vector<int32_t> slot_groups_;  // the KV cache group that wrote each slot
   absl::Status fail_next_;
+  struct Launched {
+    StepOutput* output = nullptr;
+    int32_t num_seqs = 0;
+    bool tokens_only = false;  // no logits rows, no masks: may stay unfinished (launch_ahead)
+  };
+  std::vector<Launched> launched_;  // launch_ahead: launched, not finished, oldest first
+  int64_t num_pending_tokens_ = 0;
   int64_t num_steps_ = 0;
   int32_t max_batch_tokens_ = 0;
 };

@@ -75,6 +75,9 @@ struct StressConfig {
   int32_t num_requests;
   std::vector<int32_t> kv_group_windows = {0};
   bool expect_preemptions = false;
+  // EngineConfig::async_scheduling over a FakeRunner that draws kSample rows and launches ahead;
+  // some requests ask for logprobs, whose steps the engine samples and finishes before the next.
+  bool async_scheduling = false;
 };
 
 struct Totals {
@@ -82,6 +85,8 @@ struct Totals {
   int64_t preemptions = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t requests = 0;
+  int64_t steps_launched_ahead = 0;
+  int64_t pending_tokens = 0;
 };
 
 void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
@@ -93,7 +98,12 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
   runner_options.num_kv_blocks = sc.num_kv_blocks;
   runner_options.eos_token_ids = {kEos};
   runner_options.kv_group_windows = sc.kv_group_windows;
+  // A step past the context (a sequence scheduled beyond its last token) is refused.
+  runner_options.max_position_embeddings = kContextTokens;
+  runner_options.samples_on_device = sc.async_scheduling;
+  runner_options.launch_ahead = sc.async_scheduling;
   EngineConfig config;
+  config.async_scheduling = sc.async_scheduling;
   config.max_model_len = kContextTokens;
   config.max_num_batched_tokens = sc.max_num_batched_tokens;
   config.max_num_seqs = sc.max_num_seqs;
@@ -137,6 +147,7 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
     if (chance(0.2)) request.sampling.stop_token_ids = {uniform(1, kVocabSize - 1)};
     request.priority = uniform(0, 2);
     if (chance(0.1)) request.sampling.n = uniform(2, 3);
+    if (sc.async_scheduling && chance(0.05)) request.sampling.logprobs = 1;
     return request;
   };
 
@@ -149,6 +160,9 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
       if (output.finished) {
         ++l.num_finished[sample];
         l.reasons[sample] = output.finish_reason;
+        // Every token counted was emitted (none drawn ahead and dropped).
+        ASSERT_EQ(output.usage.completion_tokens, static_cast<int32_t>(l.tokens[sample].size()))
+            << "request " << id;
       }
     }
   };
@@ -226,6 +240,12 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
   totals->preemptions += stats.num_preemptions;
   totals->prefix_hit_tokens += stats.prefix_cache_hit_tokens;
   totals->requests += sc.num_requests;
+  totals->steps_launched_ahead += core.num_steps_launched_ahead();
+  totals->pending_tokens +=
+      dynamic_cast<const FakeRunner&>(core.runner()).num_pending_tokens();
+  if (!sc.async_scheduling) {
+    EXPECT_EQ(core.num_steps_launched_ahead(), 0);
+  }
   if (sc.expect_preemptions) {
     EXPECT_GT(stats.num_preemptions, 0);
   }
@@ -289,6 +309,36 @@ TEST(EngineStressTest, SixThousandRequestsOverWindowedKvCacheGroups) {
   EXPECT_GT(totals.prefix_hit_tokens, 5000);
   std::printf("windowed: preemptions %ld, prefix-hit tokens %ld\n",
               static_cast<long>(totals.preemptions), static_cast<long>(totals.prefix_hit_tokens));
+}
+
+// Async scheduling: steps launched while the one before is unread, their decodes' tokens taken
+// from its draws, sequences that stop on an unread token computing one position more (dropped).
+// The same oracle, aborts and pools as above, full attention and windows.
+TEST(EngineStressTest, AsyncSchedulingGivesTheOraclesTokens) {
+  Totals totals;
+  const std::vector<StressConfig> configs = {
+      {256, 48, 16, 0, 1500, {0}, false, true},
+      {24, 16, 8, 0, 1500, {0}, true, true},
+      {16, 24, 16, 6, 1500, {0}, true, true},
+      {32, 16, 8, 0, 1500, {8, 0}, true, true},
+  };
+  uint64_t seed = 201;
+  for (const StressConfig& sc : configs) {
+    RunStress(sc, seed++, &totals);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(totals.requests, 6000);
+  EXPECT_EQ(totals.reasons[FinishReason::kError], 0);
+  for (FinishReason reason : {FinishReason::kEos, FinishReason::kStopToken,
+                              FinishReason::kMaxTokens, FinishReason::kAborted}) {
+    EXPECT_GT(totals.reasons[reason], 50) << FinishReasonName(reason);
+  }
+  EXPECT_GT(totals.preemptions, 100);
+  EXPECT_GT(totals.steps_launched_ahead, 10000);
+  EXPECT_GT(totals.pending_tokens, 10000);
+  std::printf("async: %ld steps launched ahead, %ld pending tokens, preemptions %ld\n",
+              static_cast<long>(totals.steps_launched_ahead),
+              static_cast<long>(totals.pending_tokens), static_cast<long>(totals.preemptions));
 }
 
 }  // namespace

@@ -466,6 +466,114 @@ TEST(CudaRunnerTest, Float32GraphReplayMatchesEager) {
   CheckGraphReplay(RunnerDType::kFloat32);
 }
 
+// Async scheduling: a step launched while the step before is unfinished, its decodes' tokens
+// taken on the device from that step's draws (StepBatch::pending_tokens), draws the same tokens as
+// the same steps run one after another with the tokens read back. Greedy and seeded rows, one
+// prompt chunked (kNone rows go ahead too), graphs and eager steps.
+void CheckLaunchAhead(const char* model, bool graphs) {
+  SCOPED_TRACE(std::string(model) + (graphs ? " with graphs" : " eager"));
+  auto checkpoint = OpenCheckpoint(testing::HfTinyDir(model));
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto runner = MakeRunner(**checkpoint, CudaConfig(graphs));
+  ASSERT_NE(runner, nullptr);
+  const testing::HfTinyReference reference = testing::LoadHfTinyReference(model);
+  const int32_t bs = runner->block_size_tokens();
+  constexpr int kSteps = 12;
+  const size_t num = 3;  // prompts 1..3 (7, 33 and 130 tokens); the last in two chunks
+  struct Run {
+    std::vector<std::vector<int32_t>> seqs;
+    std::vector<int32_t> computed;
+  };
+  auto start = [&] {
+    Run run;
+    for (size_t s = 0; s < num; ++s) run.seqs.push_back(reference.prompts[s + 1]);
+    run.computed.assign(num, 0);
+    return run;
+  };
+  // Step `step` of `run`: every sequence's uncomputed tokens (the last prompt's first 64 at step
+  // 0). `pending`: a sequence's last token is the launched step's draw, not in run.seqs yet.
+  auto build = [&](Run& run, int step, bool pending, StepBatch* batch) {
+    batch->Clear();
+    for (size_t s = 0; s < num; ++s) {
+      std::vector<int32_t> tokens(run.seqs[s].begin() + run.computed[s], run.seqs[s].end());
+      if (step == 0 && s == 2) tokens.resize(64);
+      const bool draws_pending = pending && step > 0 && !(step == 1 && s == 2);
+      if (draws_pending) {
+        batch->pending_tokens.push_back(
+            {.token = batch->num_tokens() + static_cast<int32_t>(tokens.size()),
+             .launched_seq = static_cast<int32_t>(s)});
+        tokens.push_back(0);
+      }
+      const bool chunk = step == 0 && s == 2;
+      batch->AddSequence(tokens, run.computed[s],
+                         Blocks(static_cast<int32_t>(s * 64), run.seqs[s].size() + kSteps + 1, bs),
+                         chunk ? LogitsMode::kNone : LogitsMode::kSample);
+      run.computed[s] += static_cast<int32_t>(tokens.size());
+      batch->sampling.push_back({.temperature = s == 1 ? 0.8f : 0.0f,
+                                 .seed = 7 + s,
+                                 .step = static_cast<uint64_t>(run.computed[s])});
+    }
+  };
+  // Serially: each step's tokens read before the next step is built.
+  Run serial = start();
+  for (int step = 0; step < kSteps; ++step) {
+    StepBatch batch;
+    build(serial, step, /*pending=*/false, &batch);
+    StepOutput out;
+    absl::Status status = runner->Execute(batch, &out);
+    ASSERT_TRUE(status.ok()) << status;
+    for (size_t s = 0; s < num; ++s) {
+      if (out.sampled_tokens[s] >= 0) serial.seqs[s].push_back(out.sampled_tokens[s]);
+    }
+  }
+  // Ahead: step k + 1 launched before step k is finished.
+  Run ahead = start();
+  StepBatch batches[2];
+  StepOutput outputs[2];
+  for (int step = 0; step <= kSteps; ++step) {
+    if (step < kSteps) {
+      StepBatch& batch = batches[step % 2];
+      build(ahead, step, /*pending=*/true, &batch);
+      if (step > 0) {
+        ASSERT_TRUE(runner->CanLaunchAhead()) << "step " << step - 1;
+      }
+      absl::Status status = runner->Launch(batch, &outputs[step % 2]);
+      ASSERT_TRUE(status.ok()) << status;
+    }
+    if (step == 0) continue;
+    // Finish the step before; its tokens join the sequences (the next build leaves them pending).
+    absl::Status status = runner->Finish();
+    ASSERT_TRUE(status.ok()) << status;
+    const StepOutput& out = outputs[(step - 1) % 2];
+    for (size_t s = 0; s < num; ++s) {
+      if (out.sampled_tokens[s] >= 0) ahead.seqs[s].push_back(out.sampled_tokens[s]);
+    }
+  }
+  EXPECT_FALSE(runner->CanLaunchAhead());
+  for (size_t s = 0; s < num; ++s) EXPECT_EQ(ahead.seqs[s], serial.seqs[s]) << "sequence " << s;
+
+  // A step that returns logits cannot go ahead.
+  StepBatch logits_step;
+  logits_step.AddSequence(reference.prompts[1], 0, Blocks(0, 64, bs), LogitsMode::kLast);
+  StepOutput out;
+  ASSERT_TRUE(runner->Launch(logits_step, &out).ok());
+  EXPECT_FALSE(runner->CanLaunchAhead());
+  ASSERT_TRUE(runner->Finish().ok());
+  // A pending token with no step launched ahead is refused.
+  StepBatch orphan;
+  orphan.AddSequence(std::vector<int32_t>{0}, 0, Blocks(0, 16, bs), LogitsMode::kSample);
+  orphan.sampling.push_back({});
+  orphan.pending_tokens.push_back({.token = 0, .launched_seq = 0});
+  EXPECT_EQ(runner->Launch(orphan, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaRunnerTest, StepsLaunchedAheadTakeTheirTokensOnTheDevice) {
+  LMSERVE_REQUIRE_CUDA_RUNNER();
+  for (const char* model : kFixtureModels) {
+    for (bool graphs : {true, false}) CheckLaunchAhead(model, graphs);
+  }
+}
+
 TEST(CudaRunnerTest, SeededSamplingIsReproducibleAndMixesWithLogitsRows) {
   LMSERVE_REQUIRE_CUDA_RUNNER();
   auto checkpoint = OpenCheckpoint(testing::HfTinyDir("llama-gqa"));
