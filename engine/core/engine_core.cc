@@ -344,11 +344,17 @@ bool EngineCore::Step() {
     prefill_tokens = PrefillTokens(plan);
   }
   ProcessStep(status, step_seq_ids_, *batch_, *step_output_, /*launched_ahead=*/false, now);
+  EndStep(status.ok(), start, now, prefill_tokens, prefill_budget, plan.num_batched_tokens);
+  return true;
+}
+
+void EngineCore::EndStep(bool ok, double started, double now, int32_t prefill_tokens,
+                         int32_t prefill_budget, int32_t num_tokens) {
   // From its scheduling, or from the end of the step before where that came later (a step
   // scheduled while the one before ran).
-  const double seconds = now - std::max(start, last_step_end_seconds_);
+  const double seconds = now - std::max(started, last_step_end_seconds_);
   last_step_end_seconds_ = now;
-  if (status.ok()) MeasureStep(prefill_tokens, prefill_budget, seconds);
+  if (ok) MeasureStep(prefill_tokens, prefill_budget, seconds);
   ReapFinishedRequests();
   if (emitter_ != nullptr) emitter_->Flush();
   stats_.total_process_seconds += clock_->NowSeconds() - now;
@@ -356,9 +362,8 @@ bool EngineCore::Step() {
   ++stats_.num_steps;
   stats_.last_step_seconds = seconds;
   stats_.total_step_seconds += seconds;
-  stats_.last_step_tokens = plan.num_batched_tokens;
-  stats_.total_step_tokens += plan.num_batched_tokens;
-  return true;
+  stats_.last_step_tokens = num_tokens;
+  stats_.total_step_tokens += num_tokens;
 }
 
 bool EngineCore::LaunchAhead() {
@@ -393,18 +398,8 @@ void EngineCore::FinishAhead() {
   if (status.ok()) status = CheckStepOutput(*ahead.batch, *ahead.output);
   const double now = clock_->NowSeconds();
   ProcessStep(status, ahead.seq_ids, *ahead.batch, *ahead.output, /*launched_ahead=*/true, now);
-  const double seconds = now - std::max(ahead.started_seconds, last_step_end_seconds_);
-  last_step_end_seconds_ = now;
-  if (status.ok()) MeasureStep(ahead.prefill_tokens, ahead.prefill_budget, seconds);
-  ReapFinishedRequests();
-  if (emitter_ != nullptr) emitter_->Flush();
-  stats_.total_process_seconds += clock_->NowSeconds() - now;
-
-  ++stats_.num_steps;
-  stats_.last_step_seconds = seconds;
-  stats_.total_step_seconds += seconds;
-  stats_.last_step_tokens = ahead.num_tokens;
-  stats_.total_step_tokens += ahead.num_tokens;
+  EndStep(status.ok(), ahead.started_seconds, now, ahead.prefill_tokens, ahead.prefill_budget,
+          ahead.num_tokens);
 }
 
 void EngineCore::ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids,

@@ -210,6 +210,11 @@ class EngineCore {
   bool LaunchAhead();
   // Finishes the step launched ahead: waits for it, reads its tokens, emits them.
   void FinishAhead();
+  // After a step's outputs are read: its time (from `started`, its scheduling, or the end of the
+  // step before if later) into the step-time model and the stats, the finished requests reaped,
+  // the outputs handed to the emitter.
+  void EndStep(bool ok, double started, double now, int32_t prefill_tokens, int32_t prefill_budget,
+               int32_t num_tokens);
   // Reads a finished step's outputs into its sequences (those still alive, by id). An error
   // finishes them with it.
   void ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids,

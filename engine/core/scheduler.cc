@@ -96,11 +96,15 @@ SchedulerOutput Scheduler::Schedule(int32_t prefill_budget) {
     }
   }
 
-  // 2. Admission, in (priority, arrival) order, unless this step had to preempt.
+  // 2. Admission, in (priority, arrival) order, unless this step had to preempt. A sequence that
+  // only awaits its last token (drawn by a launched step) gives its seat up already: it is in no
+  // step from now on, and its blocks go back once that token is read.
   if (out.preempted.empty()) {
+    const auto num_awaiting = static_cast<int32_t>(std::count_if(
+        running_.begin(), running_.end(), [](const Sequence* s) { return s->awaiting_last_token; }));
     auto it = waiting_.begin();
     while (it != waiting_.end() && budget > 0 &&
-           static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+           static_cast<int32_t>(running_.size()) - num_awaiting < config_.max_num_seqs) {
       Sequence* seq = *it;
       // Preempted with a token a launched step draws: recomputed once the engine has read it.
       if (WaitsForPromptSource(seq) || seq->num_pending_tokens > 0 || seq->awaiting_last_token) {

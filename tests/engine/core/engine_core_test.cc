@@ -224,6 +224,37 @@ TEST(EngineCoreTest, AsyncSchedulingGivesTheSerialResultsAndDropsOnlyAStoppedPos
   }
 }
 
+// With one seat (max_num_seqs 1), a request waiting behind one that only awaits its last token
+// (drawn by the step launched ahead) is admitted into the very next step, as the serial engine
+// admits it once that token is read: the same steps in the same order.
+TEST(EngineCoreTest, AsyncSchedulingAdmitsIntoTheSeatOfASequenceAwaitingItsLastToken) {
+  auto schedules = [](bool async) {
+    FakeRunnerOptions options = Runner();
+    options.samples_on_device = true;
+    options.launch_ahead = async;
+    EngineConfig config = Config();
+    config.max_num_seqs = 1;
+    config.async_scheduling = async;
+    CoreHarness h(options, config);
+    h.AddGreedy("A", 5, 3);
+    h.AddGreedy("B", 6, 2);
+    std::vector<std::string> steps;
+    while (h.core().HasWork()) {
+      h.Step();
+      steps.push_back(h.Scheduled());
+    }
+    return steps;
+  };
+  const std::vector<std::string> serial = schedules(false);
+  EXPECT_EQ(serial, (std::vector<std::string>{"A:5", "A:1", "A:1", "B:6", "B:1"}));
+  // The async engine reads the last step's tokens in one more Step call, which schedules nothing.
+  std::vector<std::string> async = schedules(true);
+  ASSERT_FALSE(async.empty());
+  EXPECT_EQ(async.back(), async[async.size() - 2]);
+  async.pop_back();
+  EXPECT_EQ(async, serial);
+}
+
 TEST(EngineCoreTest, StopTokenIdsEndGenerationWithTheToken) {
   CoreHarness h(Runner(), Config());
   const std::vector<int32_t> prompt = h.Prompt("K", 5);
