@@ -302,14 +302,18 @@ bool EngineCore::Step() {
   absl::Status status = runner_->Launch(*batch_, step_output_);
   stats_.total_launch_seconds += clock_->NowSeconds() - launch_start;
   int32_t prefill_tokens = 0;
+  // Whether the step stays unfinished while the next is scheduled: the runner says so only of a
+  // step whose outputs are tokens drawn on the device (no logits rows, no masks).
+  const bool goes_ahead = config_.async_scheduling && status.ok() && runner_->CanLaunchAhead();
   // Computed as far as the host is concerned once launched, where a step goes ahead or one is
   // ahead of it: reading that one's tokens may finish sequences of this plan.
-  const bool computed_at_launch = config_.async_scheduling && status.ok() &&
-                                  (ahead_.has_value() || runner_->CanLaunchAhead());
+  const bool computed_at_launch =
+      goes_ahead || (config_.async_scheduling && status.ok() && ahead_.has_value());
   if (computed_at_launch) {
     scheduler_.OnStepComputed(plan);
     prefill_tokens = PrefillTokens(plan);
-    if (LaunchAhead()) {
+    if (goes_ahead) {
+      MarkPendingTokens();
       if (ahead_.has_value()) FinishAhead();  // the step before it, now that this one is queued
       ahead_ = AheadStep{.batch = batch_,
                          .output = step_output_,
@@ -366,14 +370,8 @@ void EngineCore::EndStep(bool ok, double started, double now, int32_t prefill_to
   stats_.total_step_tokens += num_tokens;
 }
 
-bool EngineCore::LaunchAhead() {
-  if (!mask_jobs_.empty() || !runner_->CanLaunchAhead()) return false;
+void EngineCore::MarkPendingTokens() {
   const std::vector<LogitsMode>& modes = batch_->logits_modes;
-  if (std::any_of(modes.begin(), modes.end(), [](LogitsMode mode) {
-        return mode == LogitsMode::kLast || mode == LogitsMode::kAll;
-      })) {
-    return false;
-  }
   for (size_t i = 0; i < modes.size(); ++i) {
     if (modes[i] != LogitsMode::kSample) continue;
     SampleState* sample = samples_by_seq_id_.at(step_seq_ids_[i]);
@@ -386,7 +384,6 @@ bool EngineCore::LaunchAhead() {
       ++seq.num_pending_tokens;
     }
   }
-  return true;
 }
 
 void EngineCore::FinishAhead() {
@@ -403,8 +400,8 @@ void EngineCore::FinishAhead() {
 }
 
 void EngineCore::ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids,
-                             const StepBatch& batch, const StepOutput& output,
-                             bool launched_ahead, double now) {
+                             const StepBatch& batch, const StepOutput& output, bool launched_ahead,
+                             double now) {
   for (size_t i = 0; i < seq_ids.size(); ++i) {
     auto it = samples_by_seq_id_.find(seq_ids[i]);
     if (it == samples_by_seq_id_.end()) continue;  // finished since (a stop, an abort)
@@ -496,7 +493,8 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
   const auto words = static_cast<size_t>((vocab_size_ + 31) / 32);
   for (const ScheduledSequence& scheduled : plan.scheduled) {
     const Sequence& seq = *scheduled.seq;
-    const RequestState& r = *samples_by_seq_id_.at(seq.seq_id)->request;
+    SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
+    const RequestState& r = *sample->request;
     const int32_t begin = seq.num_computed_tokens;
     const int32_t end = begin + scheduled.num_new_tokens;
     // Row p predicts token p + 1: prompt logprobs need rows next_position - 1 .. P - 2.
@@ -520,16 +518,15 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
     } else {
       // Async scheduling: its last token is the draw of the step launched ahead, not read yet;
       // the runner takes it on the device.
-      const SampleState& sample = *samples_by_seq_id_.at(seq.seq_id);
       LMSERVE_CORE_CHECK(ahead_.has_value() && end == seq.num_read_tokens() + 1 &&
-                             seq.num_pending_tokens == 1 && sample.ahead_batch_index >= 0,
+                             seq.num_pending_tokens == 1 && sample->ahead_batch_index >= 0,
                          "seq ", seq.seq_id, " schedules tokens up to ", end, " with ",
                          seq.num_read_tokens(), " read and ", seq.num_pending_tokens, " pending");
       pending_step_tokens_.assign(seq.tokens.begin() + begin, seq.tokens.end());
       pending_step_tokens_.push_back(0);
       new_tokens = pending_step_tokens_;
       batch_->pending_tokens.push_back({.token = batch_->num_tokens() + end - 1 - begin,
-                                        .launched_seq = sample.ahead_batch_index});
+                                        .launched_seq = sample->ahead_batch_index});
     }
     batch_->AddSequence(new_tokens, begin, group_tables_, mode, state_slots_.SlotOf(seq.seq_id));
     if (runner_->samples_on_device()) {
@@ -543,11 +540,10 @@ void EngineCore::BuildBatch(const SchedulerOutput& plan) {
            .seed = kernels::SampleStreamKey(r.seed, static_cast<uint64_t>(seq.sample_index)),
            .step = static_cast<uint64_t>(seq.num_known_tokens())});
       // The runner masks the row before its draw (ComputeMasks fills its row of the bitmask).
-      if (mode == LogitsMode::kSample && samples_by_seq_id_.at(seq.seq_id)->grammar != nullptr) {
+      if (mode == LogitsMode::kSample && sample->grammar != nullptr) {
         batch_->sampling.back().masked = true;
       }
     }
-    SampleState* sample = samples_by_seq_id_.at(seq.seq_id);
     if (sample->grammar != nullptr && end == seq.num_known_tokens()) {
       // The sequence draws a token this step: its mask is one of the step's (ComputeMasks).
       mask_jobs_.push_back({.sample = sample,
@@ -619,18 +615,16 @@ absl::Status EngineCore::CheckStepOutput(const StepBatch& batch, const StepOutpu
   const std::vector<int32_t>& row_start = output.logits_row_start;
   if (row_start.size() != num_seqs + 1 || row_start[0] != 0) {
     return absl::InternalError(StrCat("runner returned ", row_start.size(),
-                                      " logits_row_start entries for ", num_seqs,
-                                      " sequences"));
+                                      " logits_row_start entries for ", num_seqs, " sequences"));
   }
   const bool sampled = output.sampled_tokens.size() == num_seqs;
   for (size_t i = 0; i < num_seqs; ++i) {
     const int32_t expected = batch.logits_modes[i] == LogitsMode::kAll
                                  ? batch.query_start[i + 1] - batch.query_start[i]
                              : batch.logits_modes[i] == LogitsMode::kLast ? 1
-                                                                           : 0;
+                                                                          : 0;
     if (batch.logits_modes[i] == LogitsMode::kSample &&
-        (!sampled || output.sampled_tokens[i] < 0 ||
-         output.sampled_tokens[i] >= vocab_size_)) {
+        (!sampled || output.sampled_tokens[i] < 0 || output.sampled_tokens[i] >= vocab_size_)) {
       return absl::InternalError(StrCat("runner returned no valid sampled token for sequence ", i));
     }
     if (row_start[i + 1] - row_start[i] != expected) {
@@ -639,8 +633,8 @@ absl::Status EngineCore::CheckStepOutput(const StepBatch& batch, const StepOutpu
     }
   }
   if (static_cast<int64_t>(output.logits.size()) != int64_t{row_start.back()} * vocab_size_) {
-    return absl::InternalError(StrCat("runner returned ", output.logits.size(),
-                                      " logits for ", row_start.back(), " rows of ", vocab_size_));
+    return absl::InternalError(StrCat("runner returned ", output.logits.size(), " logits for ",
+                                      row_start.back(), " rows of ", vocab_size_));
   }
   return absl::OkStatus();
 }
@@ -659,11 +653,10 @@ void EngineCore::ProcessSequence(SampleState* sample, int32_t batch_index, const
     }
     return;
   }
-  const float* rows = output.logits.data() +
-                      int64_t{output.logits_row_start[batch_index]} * vocab_size_;
+  const float* rows =
+      output.logits.data() + int64_t{output.logits_row_start[batch_index]} * vocab_size_;
   if (mode == LogitsMode::kAll) {
-    RecordPromptLogprobs(sample, seq.num_computed_tokens - num_new_tokens,
-                         num_new_tokens, rows);
+    RecordPromptLogprobs(sample, seq.num_computed_tokens - num_new_tokens, num_new_tokens, rows);
   }
   if (seq.num_computed_tokens < seq.num_known_tokens()) return;  // a chunk mid-sequence
   const float* last_row =

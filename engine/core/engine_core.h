@@ -205,9 +205,9 @@ class EngineCore {
   // Folds a step's measured time into the step-time model; `prefill_budget` is the step's.
   void MeasureStep(int32_t prefill_tokens, int32_t prefill_budget, double seconds);
   void BuildBatch(const SchedulerOutput& plan);
-  // Async scheduling: whether the launched step may go ahead unfinished, and if so marks the
-  // tokens it draws as pending in their sequences.
-  bool LaunchAhead();
+  // Async scheduling: marks the tokens that the launched step, going ahead unfinished, draws as
+  // pending in their sequences (or awaited, where one is a sequence's last).
+  void MarkPendingTokens();
   // Finishes the step launched ahead: waits for it, reads its tokens, emits them.
   void FinishAhead();
   // After a step's outputs are read: its time (from `started`, its scheduling, or the end of the
@@ -217,9 +217,8 @@ class EngineCore {
                int32_t num_tokens);
   // Reads a finished step's outputs into its sequences (those still alive, by id). An error
   // finishes them with it.
-  void ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids,
-                   const StepBatch& batch, const StepOutput& output, bool launched_ahead,
-                   double now);
+  void ProcessStep(absl::Status status, const std::vector<int64_t>& seq_ids, const StepBatch& batch,
+                   const StepOutput& output, bool launched_ahead, double now);
   // The token bitmasks of mask_jobs_ (BuildBatch lists them), on mask_threads_ threads.
   void ComputeMasks();
   void FillMasks();  // ComputeMasks' work
@@ -267,7 +266,7 @@ class EngineCore {
   StepOutput step_outputs_[2];
   StepBatch* batch_ = &batches_[0];
   StepOutput* step_output_ = &step_outputs_[0];
-  std::vector<int64_t> step_seq_ids_;  // batch_'s sequences' ids, by batch index
+  std::vector<int64_t> step_seq_ids_;                   // batch_'s sequences' ids, by batch index
   std::vector<std::span<const int32_t>> group_tables_;  // one sequence's, while building batch_
   std::vector<int32_t> pending_step_tokens_;  // one sequence's new tokens, while building batch_
   // Async scheduling: the step launched ahead and not yet finished.
@@ -282,7 +281,7 @@ class EngineCore {
   };
   std::optional<AheadStep> ahead_;
   int64_t num_steps_launched_ahead_ = 0;
-  double last_step_end_seconds_ = 0.0;  // when the last step's Finish returned
+  double last_step_end_seconds_ = 0.0;            // when the last step's Finish returned
   std::vector<SampleState*> finished_this_step_;  // finished since the last reap
   // The step's constrained sequences that draw a token. Each one's mask goes to its row of
   // batch_.token_bitmask when the runner masks it, else to its row of host_token_bitmask_.

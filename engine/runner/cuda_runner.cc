@@ -805,8 +805,8 @@ absl::Status CudaRunner::AllocateWorkspaces() {
   for (CudaBuffer& h : h_sampled_) {
     LMSERVE_ASSIGN_OR_RETURN(h, CudaBuffer::Pinned(t * 4, "sampled tokens"));
   }
-  LMSERVE_RETURN_IF_CUDA_ERROR(
-      cudaEventCreateWithFlags(&ahead_done_event_, cudaEventDisableTiming), "cudaEventCreate");
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&ahead_done_event_, cudaEventDisableTiming),
+                               "cudaEventCreate");
   if (runner_config_.device_token_bitmask) {
     const int64_t mask_bytes = max_seqs_ * ((c.vocab_size + 31) / 32) * 4;
     LMSERVE_ASSIGN_OR_RETURN(token_bitmask_, CudaBuffer::Device(mask_bytes, "token bitmasks"));
@@ -1756,8 +1756,8 @@ absl::Status CudaRunner::SampleRows(int64_t first_row, int64_t num_rows, Masking
   LMSERVE_RETURN_IF_CUDA_ERROR(kc::Launch(params, stream_), "sampling");
   if (!copy) return absl::OkStatus();
   LMSERVE_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(HostSampled() + first_row, sampled_.as<int32_t>() + first_row,
-                      num_rows * 4, cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(HostSampled() + first_row, sampled_.as<int32_t>() + first_row, num_rows * 4,
+                      cudaMemcpyDeviceToHost, stream_),
       "copying the sampled tokens");
   return absl::OkStatus();
 }
@@ -1829,10 +1829,10 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
   for (const PendingToken& pending : batch.pending_tokens) {
     const auto seq = static_cast<size_t>(pending.launched_seq);
     if (seq >= launched_rows_.size() || launched_rows_[seq] < 0) {
-      return absl::InvalidArgumentError(StrCat(
-          "step batch: pending token ", pending.token, " names sequence ", pending.launched_seq,
-          ", which draws no token in a step launched ahead (", launched_rows_.size(),
-          " sequences)"));
+      return absl::InvalidArgumentError(StrCat("step batch: pending token ", pending.token,
+                                               " names sequence ", pending.launched_seq,
+                                               ", which draws no token in a step launched ahead (",
+                                               launched_rows_.size(), " sequences)"));
     }
   }
   // The caller's thread may hold another device (a tensor-parallel rank runs on the engine's).
@@ -1922,8 +1922,8 @@ absl::Status CudaRunner::Launch(const StepBatch& batch, StepOutput* output) {
       ++num_split_attention_steps_;
     }
   }
-  const bool draws = std::any_of(rows.begin(), rows.end(),
-                                 [](const cuda::LogitsRow& row) { return row.sampled; });
+  const bool draws =
+      std::any_of(rows.begin(), rows.end(), [](const cuda::LogitsRow& row) { return row.sampled; });
   if (status.ok() && draws && !draw_in_finish_) {
     // The first chunk's draws (the Sample op's) to the host.
     const int64_t drawn = std::min(step.rows, logits_chunk_rows_);

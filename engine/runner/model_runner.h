@@ -63,6 +63,12 @@ struct RunnerSampling {
   bool masked = false;
 };
 
+// A token of a step that the step launched before it draws (StepBatch::pending_tokens).
+struct PendingToken {
+  int32_t token = 0;         // its index in StepBatch::token_ids
+  int32_t launched_seq = 0;  // the drawing sequence's index in the step launched before
+};
+
 // One step's batch, in the compressed-sparse-row form that GPU kernels take. Sequences may come in
 // any order; the engine puts those of one new token first, which the CUDA runner's attention takes
 // in one decode-kernel launch (the rest on its prefill kernel).
@@ -73,12 +79,6 @@ struct RunnerSampling {
 // holding positions [j*B, (j+1)*B) of the group's layers. In a group of window W > 0, the entries
 // of blocks wholly before the first key that the sequence's first new token sees (j with
 // (j+1)*B <= context_len - query_len - W + 1) may be -1: no query of the step reads them.
-// A token of a step that the step launched before it draws (StepBatch::pending_tokens).
-struct PendingToken {
-  int32_t token = 0;         // its index in StepBatch::token_ids
-  int32_t launched_seq = 0;  // the drawing sequence's index in the step launched before
-};
-
 struct StepBatch {
   std::vector<int32_t> token_ids;             // [num_tokens]: every sequence's new tokens, in order
   std::vector<int32_t> query_start;           // [num_seqs + 1]: sequence i owns token_ids[query_start[i]..query_start[i+1])

@@ -926,7 +926,7 @@ cudaError_t Launch(const PendingTokensParams& p, cudaStream_t stream) {
   constexpr int kBlock = 256;
   const auto blocks = static_cast<unsigned>((p.count + kBlock - 1) / kBlock);
   PendingTokensKernel<<<blocks, kBlock, 0, stream>>>(p.ids, p.pairs, p.sampled,
-                                                      static_cast<int>(p.count));
+                                                     static_cast<int>(p.count));
   return cudaGetLastError();
 }
 

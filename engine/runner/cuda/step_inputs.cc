@@ -187,10 +187,9 @@ StepLayout StepInputs::Pack(const StepBatch& batch, int64_t padded_seqs, bool de
 }
 
 absl::Status StepInputs::Upload(const StepLayout& layout, cudaStream_t stream) const {
-  LMSERVE_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(device_.get(), hosts_[host_index_].get(), layout.total,
-                      cudaMemcpyHostToDevice, stream),
-      "copying the step's inputs");
+  LMSERVE_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(device_.get(), hosts_[host_index_].get(),
+                                               layout.total, cudaMemcpyHostToDevice, stream),
+                               "copying the step's inputs");
   return absl::OkStatus();
 }
 

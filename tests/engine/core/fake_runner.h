@@ -164,7 +164,9 @@ class FakeRunner final : public ModelRunner {
   }
   absl::Status Finish() override {
     if (!options_.launch_ahead) return ModelRunner::Finish();
-    if (launched_.empty()) return absl::FailedPreconditionError("FakeRunner: Finish without Launch");
+    if (launched_.empty()) {
+      return absl::FailedPreconditionError("FakeRunner: Finish without Launch");
+    }
     launched_.erase(launched_.begin());
     return absl::OkStatus();
   }

@@ -241,8 +241,7 @@ void RunStress(const StressConfig& sc, uint64_t seed, Totals* totals) {
   totals->prefix_hit_tokens += stats.prefix_cache_hit_tokens;
   totals->requests += sc.num_requests;
   totals->steps_launched_ahead += core.num_steps_launched_ahead();
-  totals->pending_tokens +=
-      dynamic_cast<const FakeRunner&>(core.runner()).num_pending_tokens();
+  totals->pending_tokens += dynamic_cast<const FakeRunner&>(core.runner()).num_pending_tokens();
   if (!sc.async_scheduling) {
     EXPECT_EQ(core.num_steps_launched_ahead(), 0);
   }

@@ -197,8 +197,8 @@ void CheckMixedStep(const std::string& dir, KvCacheDType kv_dtype) {
   StepBatch first;
   for (size_t j : {size_t{2}, size_t{3}}) {
     const std::vector<int32_t>& prompt = reference.prompts[j];
-    testing::AddSequenceToEveryGroup(&first, *runner, std::span(prompt).first(prompt.size() - 1),
-                                     0, blocks[j], LogitsMode::kNone);
+    testing::AddSequenceToEveryGroup(&first, *runner, std::span(prompt).first(prompt.size() - 1), 0,
+                                     blocks[j], LogitsMode::kNone);
   }
   StepOutput out;
   absl::Status status = runner->Execute(first, &out);
@@ -246,8 +246,8 @@ void CheckMixedStep(const std::string& dir, KvCacheDType kv_dtype) {
   check(3, 3, reference.prompts[3].size() - 1);
   EXPECT_EQ(agree, decisive);
   std::printf("%s%s: mixed step, top-1 on %lld of %lld decisive rows\n", dir.c_str(),
-              kv_dtype == KvCacheDType::kFp8 ? " (FP8 cache)" : "",
-              static_cast<long long>(agree), static_cast<long long>(decisive));
+              kv_dtype == KvCacheDType::kFp8 ? " (FP8 cache)" : "", static_cast<long long>(agree),
+              static_cast<long long>(decisive));
   // Decodes alone are no split step.
   StepBatch decodes;
   add_last(decodes, 2);
