@@ -349,6 +349,32 @@ class Bench {
             0, 0, "", ">=85% copy", 0.85});
   }
 
+  // The gated activation of an FP8 layer: the FP8 GEMM's unscaled gate/up product in, its scales
+  // applied as read, the output quantized per token for the down projection (SiluAndMulParams's
+  // row_scales, col_scales and f8_output): a serving decode step's 1,024 rows and a big step's.
+  void SiluF8() {
+    if (!Selected("silu")) return;
+    const int64_t inter = 14336;
+    for (int64_t tokens : {int64_t{1024}, int64_t{16384}}) {
+      Buffer in(tokens * inter * 4), out(tokens * inter), out_scales(tokens * 4),
+          row_scales(tokens * 4), col_scales(2 * inter * 4);
+      FillBf16(in, 3.0f);
+      std::vector<float> rs(tokens), cs(2 * inter);
+      std::uniform_real_distribution<float> scale(0.5f, 2.0f);
+      for (float& v : rs) v = scale(rng);
+      for (float& v : cs) v = scale(rng);
+      Upload(row_scales, rs);
+      Upload(col_scales, cs);
+      SiluAndMulParams p{.gate_up = in.get(), .num_tokens = tokens, .intermediate_size = inter,
+                         .row_scales = row_scales.get<float>(),
+                         .col_scales = col_scales.get<float>(), .f8_output = out.get(),
+                         .f8_output_scales = out_scales.get<float>()};
+      auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
+      Record({"SiLU-and-mul FP8", std::to_string(tokens) + " tok x 14336, scaled, E4M3 out", us,
+              min_us, tokens * inter * 5.0 + tokens * 8.0, 0});
+    }
+  }
+
   void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0,
               const std::string& tag = "") {
     const bool fp8 = options_.kv_fp8;
@@ -1038,6 +1064,7 @@ int Main(int argc, char** argv) {
   bench.Norms();
   bench.Qkv();
   bench.Silu();
+  bench.SiluF8();
   bench.Sm90Gemms();
   bench.Decode(64, 4096, 0.80);
   bench.Decode(1, 32768, 0.60);
@@ -1115,6 +1142,29 @@ int Main(int argc, char** argv) {
                   std::string("prefill attention (4 x 1024) ") + v.tag, 0);
   }
   SetPrefillSm90Options({});
+  // Short prompts, as serving's steps have them (items of one or two key tiles): the default
+  // (persistent blocks where the prompts average a query tile or less: PrefillSm90Options), a
+  // block an item, and persistent blocks whatever the lengths.
+  {
+    std::vector<int32_t> mixed(113, 128);
+    mixed[0] = 2048;
+    struct Batch {
+      std::vector<int32_t> lens;
+      const char* tag;
+    };
+    for (const Batch& batch : {Batch{std::vector<int32_t>(120, 128), "(120 x 128)"},
+                               Batch{std::vector<int32_t>(64, 256), "(64 x 256)"},
+                               Batch{std::vector<int32_t>(32, 512), "(32 x 512)"},
+                               Batch{mixed, "(2048 + 112 x 128)"}}) {
+      const std::string name = std::string("prefill attention ") + batch.tag;
+      bench.Prefill(batch.lens, 128, name, 0);
+      SetPrefillSm90Options({.persistent_short = false});
+      bench.Prefill(batch.lens, 128, name + " [a block an item]", 0);
+      SetPrefillSm90Options({.persistent = true});
+      bench.Prefill(batch.lens, 128, name + " [persistent]", 0);
+      SetPrefillSm90Options({});
+    }
+  }
   bench.Sampling();
   bench.SsmDecode();
   bench.Misc();

@@ -60,8 +60,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t token = blockIdx.x;
   // Read once, before BlockMax's barriers: output_scales may be row_scales.
   const float row_scale = kScaled ? row_scales[token] : 0.0f;
+  // The scales of the gate's and the up's columns 8 col .. 8 col + 7 (kScaled), loaded before the
+  // row's values (their loads in that order measured 2% faster on an H100: section 33).
+  auto scales = [&](int64_t col, float (&cg)[8], float (&cu)[8]) {
+    if constexpr (kScaled) {
+      Load8<float>(col_scales + col * 8, cg);
+      Load8<float>(col_scales + (vecs_per_row + col) * 8, cu);
+    }
+  };
   // Outputs 8 col .. 8 col + 7 of the row, rounded to bf16 as the plain kernel stores them.
-  auto outputs = [&](int64_t col, float (&g)[8]) {
+  auto outputs = [&](int64_t col, const float (&cg)[8], const float (&cu)[8], float (&g)[8]) {
     const T* gate_ptr = gate_up + (token * 2 * vecs_per_row + col) * 8;
     float u[8];
     if constexpr (kVecs > 0) {
@@ -72,16 +80,16 @@ __global__ void __launch_bounds__(kThreads)
       Load8<T>(gate_ptr + vecs_per_row * 8, u);
     }
     if constexpr (kScaled) {
-      LoadAndApplyF8OutputScales(g, row_scale, col_scales + col * 8);
-      LoadAndApplyF8OutputScales(u, row_scale, col_scales + (vecs_per_row + col) * 8);
+      ApplyF8OutputScales(g, row_scale, cg);
+      ApplyF8OutputScales(u, row_scale, cu);
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) g[j] = GateActivationOf<kActivation, true>(g[j]) * u[j];
     RoundTrip8<T>(g);
   };
-  uint8_t* out_row = output + token * vecs_per_row * 8;
   auto store = [&](int64_t col, const float (&g)[8], float multiplier) {
-    *reinterpret_cast<uint2*>(out_row + col * 8) = F8x8Quantize(g, multiplier);
+    *reinterpret_cast<uint2*>(output + (token * vecs_per_row + col) * 8) =
+        F8x8Quantize(g, multiplier);
   };
   float amax = 0.0f;
   if constexpr (kVecs > 0) {
@@ -90,8 +98,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kVecs; ++i) {
       const int64_t col = threadIdx.x + int64_t{i} * kThreads;
       if (col < vecs_per_row) {
-        float g[8];
-        outputs(col, g);
+        float cg[8], cu[8], g[8];
+        scales(col, cg, cu);
+        outputs(col, cg, cu, g);
         held[i] = Pack8<T>(g);
 #pragma unroll
         for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
@@ -108,16 +117,19 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   } else {
+    float cg[8], cu[8];
     for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
       float g[8];
-      outputs(col, g);
+      scales(col, cg, cu);
+      outputs(col, cg, cu, g);
 #pragma unroll
       for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(g[j]));
     }
     const float multiplier = F8RowMultiplier(BlockMax(amax, scratch), output_scales + token);
     for (int64_t col = threadIdx.x; col < vecs_per_row; col += kThreads) {
       float g[8];
-      outputs(col, g);
+      scales(col, cg, cu);
+      outputs(col, cg, cu, g);
       store(col, g, multiplier);
     }
   }

@@ -3,8 +3,8 @@
 //
 // Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (at
 // 128 rows for every head dim), longest tiles first and heads fastest (a KV head's query heads
-// side by side). By default a block takes one item; persistent blocks (PrefillSm90Options: a
-// block a multiprocessor taking items in turn) run the same code. A block has three warpgroups:
+// side by side). A block takes one item, or, for batches of short queries (PrefillSm90Options),
+// persistent blocks (a block a multiprocessor) take items in turn; both run the same code. A block has three warpgroups:
 //   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
 //     warp 1 loads V (the other two warps leave at once but with an FP8 cache, below, and the
 //     group gives its registers up with setmaxnreg), for each tile of 128 keys (64 at head dim
@@ -810,7 +810,8 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
   a.heads_fastest = options.heads_first ? 1 : 0;
   int64_t blocks = max_items;  // one item a block
-  if (options.persistent) {
+  if (options.persistent ||
+      (options.persistent_short && p.num_tokens <= kPrefillSm90ShortRows * p.num_seqs)) {
     const int sms = CurrentMultiprocessorCount();
     if (sms < 1) return cudaErrorInvalidDevice;
     blocks = std::min<int64_t>(max_items, options.max_blocks > 0 ? options.max_blocks : sms);

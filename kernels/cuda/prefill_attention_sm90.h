@@ -15,6 +15,8 @@ namespace lmserve::kernels::cuda {
 // Query rows of the sm_90a kernel's work items at every head dim: the tile plan's rows when it
 // runs (LaunchPrefillPlan; the mma.sync kernel's are PrefillBlockRows).
 constexpr int kPrefillSm90BlockRows = 128;
+// PrefillSm90Options::persistent_short's bound on the batch's mean query length.
+constexpr int kPrefillSm90ShortRows = 512;
 
 // Whether the sm_90a kernel covers these (valid) params: head dim 64, 80, 96 or 128 (any window,
 // soft-cap and cache type) or 256 (16-bit caches), a block size that is a multiple of 8 and
@@ -39,10 +41,18 @@ void SetPrefillSm90Loop(PrefillSm90Loop loop);
 // defaults are the fastest measured (H100, bench/results/README.md section 16).
 struct PrefillSm90Options {
   // A block a multiprocessor, each taking work items (a query tile of one head) in turn, so that
-  // one item's loads overlap the last one's end; else (the default) a block per item. Persistent
-  // blocks measured 5-10% slower (their static round-robin share of the items, and Q reloaded only
-  // once the last item's QK^T is done).
+  // one item's loads overlap the last one's end, whatever the batch; else a block per item, but
+  // as persistent_short says. On long prompts persistent blocks measured 5-13% slower (their
+  // static round-robin share of items of unlike cost, and Q reloaded only once the last item's
+  // QK^T is done).
   bool persistent = false;
+  // Persistent blocks also where the batch's queries average at most kPrefillSm90ShortRows a
+  // sequence (num_tokens <= kPrefillSm90ShortRows * num_seqs: short prompts, as serving's). Their
+  // items are a few key tiles each, so a block an item spends much of its time starting and
+  // ending, which a persistent block overlaps with its next item's loads; many items of like
+  // cost also share out evenly. An H100, FP8 cache: 120 prompts of 128 tokens 208 us against
+  // 301, 32 of 512 352 against 420; 4 of 1,024 177 against 156 (bench/results section 33).
+  bool persistent_short = true;
   int max_blocks = 0;  // persistent: at most this many blocks (0: the multiprocessors; tests)
   bool heads_first = true;  // items' order: longest tiles first, heads fastest (else tiles fastest)
   bool paired = true;  // head dim 128: one TMA box for both 64-element columns of a cache block

@@ -727,7 +727,7 @@ void RunHopperKernelShapes();
 // default, which the other prefill tests run too) in a test of its own. Each loop also runs with
 // persistent blocks on 3 blocks (many items a block: the K/V ring, Q's reloads and the ping-pong
 // turns carried from item to item), and ping-pong with each of PrefillSm90Options' other
-// settings.
+// settings. (By default, batches of short queries take persistent blocks: persistent_short.)
 TEST(PrefillAttentionGpuTest, HopperKernelShapes) {
   LMSERVE_REQUIRE_GPU();
   for (PrefillSm90Loop loop : {PrefillSm90Loop::kSerial, PrefillSm90Loop::kPipelined}) {
@@ -757,7 +757,8 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
         Variant{{.persistent = true}, "persistent"},
         Variant{{.persistent = true, .max_blocks = 3, .paired = false},
                 "persistent, on 3 blocks, a box per column"},
-        Variant{{.heads_first = false, .paired = false}, "tiles first, a box per column"}}) {
+        Variant{{.heads_first = false, .paired = false}, "tiles first, a box per column"},
+        Variant{{.persistent_short = false}, "a block an item, short queries too"}}) {
     SCOPED_TRACE(v.name);
     SetPrefillSm90Options(v.options);
     RunHopperKernelShapes();
