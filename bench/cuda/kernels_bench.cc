@@ -365,9 +365,12 @@ class Bench {
       for (float& v : cs) v = scale(rng);
       Upload(row_scales, rs);
       Upload(col_scales, cs);
-      SiluAndMulParams p{.gate_up = in.get(), .num_tokens = tokens, .intermediate_size = inter,
+      SiluAndMulParams p{.gate_up = in.get(),
+                         .num_tokens = tokens,
+                         .intermediate_size = inter,
                          .row_scales = row_scales.get<float>(),
-                         .col_scales = col_scales.get<float>(), .f8_output = out.get(),
+                         .col_scales = col_scales.get<float>(),
+                         .f8_output = out.get(),
                          .f8_output_scales = out_scales.get<float>()};
       auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
       Record({"SiLU-and-mul FP8", std::to_string(tokens) + " tok x 14336, scaled, E4M3 out", us,
@@ -1152,10 +1155,10 @@ int Main(int argc, char** argv) {
       std::vector<int32_t> lens;
       const char* tag;
     };
-    for (const Batch& batch : {Batch{std::vector<int32_t>(120, 128), "(120 x 128)"},
-                               Batch{std::vector<int32_t>(64, 256), "(64 x 256)"},
-                               Batch{std::vector<int32_t>(32, 512), "(32 x 512)"},
-                               Batch{mixed, "(2048 + 112 x 128)"}}) {
+    for (const Batch& batch :
+         {Batch{std::vector<int32_t>(120, 128), "(120 x 128)"},
+          Batch{std::vector<int32_t>(64, 256), "(64 x 256)"},
+          Batch{std::vector<int32_t>(32, 512), "(32 x 512)"}, Batch{mixed, "(2048 + 112 x 128)"}}) {
       const std::string name = std::string("prefill attention ") + batch.tag;
       bench.Prefill(batch.lens, 128, name, 0);
       SetPrefillSm90Options({.persistent_short = false});

@@ -4,7 +4,8 @@
 // Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (at
 // 128 rows for every head dim), longest tiles first and heads fastest (a KV head's query heads
 // side by side). A block takes one item, or, for batches of short queries (PrefillSm90Options),
-// persistent blocks (a block a multiprocessor) take items in turn; both run the same code. A block has three warpgroups:
+// persistent blocks (a block a multiprocessor) take items in turn; both run the same code. A block
+// has three warpgroups:
 //   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
 //     warp 1 loads V (the other two warps leave at once but with an FP8 cache, below, and the
 //     group gives its registers up with setmaxnreg), for each tile of 128 keys (64 at head dim
