@@ -2,7 +2,8 @@
 // kernels/cpu/activation.h):  out[t, i] = act(gate_up[t, i]) * gate_up[t, intermediate_size + i],
 // act SiLU or GELU's tanh approximation (GateActivation); and the soft-cap of final logits.
 // bf16, fp16 or fp32 in and out, fp32 math (fp32: expf and tanhf, as the CPU twin's std::exp and
-// std::tanh up to their last-ulp differences; the 16-bit types: the faster __expf).
+// std::tanh up to their last-ulp differences; the 16-bit types: the faster __expf and SiLU's fast
+// division).
 
 #ifndef LMSERVE_KERNELS_CUDA_ACTIVATION_H_
 #define LMSERVE_KERNELS_CUDA_ACTIVATION_H_

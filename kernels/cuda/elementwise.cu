@@ -15,8 +15,9 @@ namespace {
 constexpr int kThreads = 256;
 
 // Each thread handles 8 outputs per step of a grid-stride loop; two independent loads in flight.
-// The 16-bit types take the fast exponential (its error is far below their rounding); fp32 takes
-// expf, as the CPU twin's std::exp. GELU-tanh takes tanhf for every type (GateActivationOf).
+// The 16-bit types take the fast exponential and division (their errors far below the types'
+// rounding); fp32 takes expf and the IEEE division, as the CPU twin. GELU-tanh takes tanhf for
+// every type (GateActivationOf).
 // kScaled (bf16): an FP8 GEMM's output scales first (SiluAndMulParams::row_scales).
 template <typename T, GateActivation kActivation, bool kScaled = false>
 __global__ void __launch_bounds__(kThreads)
