@@ -158,7 +158,7 @@ __device__ __forceinline__ void RoundTrip8(float (&x)[8]) {
 
 // act(g) of a gated MLP (GateActivation, kernels/dtype.h) in fp32, in the CPU twin's order
 // (kernels/cpu/activation.h). kFastExp: SiLU takes __expf and the fast division (the 16-bit types,
-// whose rounding dwarfs their errors of a few ulps; the division's instruction count bounded the
+// whose rounding dwarfs their errors of a few ulps; the IEEE division's instructions weighed on the
 // FP8 gated activation: bench/results section 33), else expf and the IEEE division. GELU-tanh
 // takes tanhf either way.
 template <GateActivation kActivation, bool kFastExp>
