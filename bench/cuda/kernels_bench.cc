@@ -1145,9 +1145,10 @@ int Main(int argc, char** argv) {
                   std::string("prefill attention (4 x 1024) ") + v.tag, 0);
   }
   SetPrefillSm90Options({});
-  // Short prompts, as serving's steps have them (items of one or two key tiles): the default
-  // (persistent blocks where the prompts average a query tile or less: PrefillSm90Options), a
-  // block an item, and persistent blocks whatever the lengths.
+  // Short prompts, as serving's steps have them (items of a few key tiles): the default
+  // (persistent blocks where the prompts average at most kPrefillSm90ShortRows tokens:
+  // PrefillSm90Options::persistent_short), a block an item, and persistent blocks whatever the
+  // lengths.
   {
     std::vector<int32_t> mixed(113, 128);
     mixed[0] = 2048;
