@@ -378,8 +378,10 @@ class Bench {
     }
   }
 
+  // spread > 0: the sequences' contexts run through context - spread / 2 .. context + spread / 2
+  // - 1 in turn (serving's mix of lengths), not all `context`.
   void Decode(int64_t batch, int64_t context, double target, int forced_splits = 0,
-              const std::string& tag = "") {
+              const std::string& tag = "", int64_t spread = 0) {
     const bool fp8 = options_.kv_fp8;
     const std::string name = "decode attention b" + std::to_string(batch) +
                              (fp8 ? " fp8 KV" : "") + (forced_splits > 0 ? " (fixed splits)" : "") +
@@ -387,7 +389,15 @@ class Bench {
     if (!Selected("decode")) return;
     const int64_t heads = 32, kv_heads = 8, head_dim = 128, block = 16;
     const int64_t kv_element_bytes = fp8 ? 1 : 2;
-    const int64_t blocks_per_seq = (context + block - 1) / block;
+    std::vector<int32_t> context_lens(batch);
+    for (int64_t i = 0; i < batch; ++i) {
+      context_lens[i] =
+          static_cast<int32_t>(spread > 0 ? context - spread / 2 + i % spread : context);
+    }
+    const int64_t total_keys =
+        std::accumulate(context_lens.begin(), context_lens.end(), int64_t{0});
+    const int64_t longest = *std::max_element(context_lens.begin(), context_lens.end());
+    const int64_t blocks_per_seq = (longest + block - 1) / block;
     const int64_t num_blocks = batch * blocks_per_seq;
     Buffer q(batch * heads * head_dim * 2), out(q.bytes()),
         k(num_blocks * block * kv_heads * head_dim * kv_element_bytes), v(k.bytes()),
@@ -405,7 +415,7 @@ class Bench {
     std::shuffle(block_ids.begin(), block_ids.end(), rng);
     std::vector<int32_t> start(batch + 1);
     for (int64_t i = 0; i <= batch; ++i) start[i] = static_cast<int32_t>(i * blocks_per_seq);
-    Upload(lens, std::vector<int32_t>(batch, static_cast<int32_t>(context)));
+    Upload(lens, context_lens);
     Upload(starts, start);
     Upload(ids, block_ids);
     const int max_splits =
@@ -433,11 +443,17 @@ class Bench {
     p.max_splits = max_splits;
     p.scale = 1.0f / std::sqrt(128.0f);
     auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
-    const double bytes = 2.0 * batch * context * kv_heads * head_dim * kv_element_bytes +
+    const double bytes = 2.0 * total_keys * kv_heads * head_dim * kv_element_bytes +
                          2.0 * batch * heads * head_dim * 2 + batch * (4 + blocks_per_seq * 4);
     char shape[96];
-    std::snprintf(shape, sizeof(shape), "ctx %lld, 32/8 heads, d128, blk16, splits<=%d",
-                  static_cast<long long>(context), max_splits);
+    if (spread > 0) {
+      std::snprintf(shape, sizeof(shape), "ctx %lld-%lld, 32/8 heads, d128, blk16, splits<=%d",
+                    static_cast<long long>(context - spread / 2),
+                    static_cast<long long>(context - spread / 2 + spread - 1), max_splits);
+    } else {
+      std::snprintf(shape, sizeof(shape), "ctx %lld, 32/8 heads, d128, blk16, splits<=%d",
+                    static_cast<long long>(context), max_splits);
+    }
     char target_text[32];
     std::snprintf(target_text, sizeof(target_text), ">=%.0f%% copy", 100 * target);
     if (forced_splits > 0 || target <= 0) {
@@ -1080,6 +1096,17 @@ int Main(int argc, char** argv) {
   bench.Decode(512, 193, 0, 0, " [4 warps]");
   SetDecodeWarps(0);
   bench.Decode(512, 193, 0);
+  // Serving's contexts are not all one length: prompts of 128 and 1-128 tokens out.
+  for (int warps : {2, 1}) {
+    SetDecodeWarps(warps);
+    const std::string tag = warps == 1 ? " [1 warp]" : " [2 warps]";
+    bench.Decode(1024, 193, 0, 0, tag);
+    bench.Decode(1024, 193, 0, 0, tag, 128);
+    bench.Decode(512, 193, 0, 0, tag, 128);
+    bench.Decode(256, 193, 0, 0, tag, 128);
+  }
+  SetDecodeWarps(0);
+  bench.Decode(1024, 193, 0, 0, "", 128);
   if (options.kv_fp8) {
     // An FP8 cache's tiles by one bulk copy a row, as bf16's (decode_attention.h), for
     // comparison with the default cp.async loads.

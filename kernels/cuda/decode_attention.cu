@@ -16,6 +16,11 @@ namespace {
 
 constexpr int kCombineThreads = 128;
 constexpr int kDecodeRows = 16;  // query heads per block: the M rows of the mma.sync tiles
+// How far (log2 units) a tile's largest score may pass the running maximum before the softmax's
+// accumulators are rescaled: weights up to 2^8 sit well inside fp16's range (FlashAttention-4's
+// conditional rescaling). At 1,024 sequences of 193 keys on an H100 it took the FP8 cache's
+// kernel from 184.3 to 181.8 us (bench/results section 34); bf16's was unchanged.
+constexpr float kDecodeRescaleSlack = 8.0f;
 
 struct DecodeArgs {
   const void* query;
@@ -65,6 +70,12 @@ __device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
 // 1024 keys ran at 72% of the copy bandwidth in two waves of 4-warp blocks, and at 87% at 4096
 // keys, whose blocks stream four times longer.) Where a block of 4 warps would take more shared
 // memory than the device gives a block, 2 warps (head dim 256 on sm_86/sm_89, 99 KB a block).
+// Blocks of 1 warp where a launch has kDecodeOneWarpBlocks blocks a multiprocessor or more
+// (serving's decode steps of ~1,024 sequences): each warp streams its split alone, with no warp
+// of its block to wait for at the end. On an H100 at 1,024 sequences of 129-256 keys the kernel
+// alone is as fast either way (FP8 cache 179.2 against 180.4 us, bf16 315.0 against 313.1), and
+// FP8 serving at 1,024 streams gained 0.5-0.8% (bench/results section 34); at 256 sequences 1
+// warp was 4-11% slower, hence the bound.
 //
 // kF8 (an FP8 cache): the ring holds E4M3 rows of kHeadDim bytes, padded to kCacheStride, and
 // each lane reads the bytes of its own mma.sync B fragments straight from a landed stage (16-byte
@@ -521,17 +532,36 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
         row_max[e / 2] = fmaxf(row_max[e / 2], s[nt][e]);
       }
     }
-    float base[2], rescale[2];
+    // The running maxima move only where a tile's score exceeds one by more than
+    // kDecodeRescaleSlack (the whole warp then takes the exact maxima and rescales its
+    // accumulators, 64 products a lane at head dim 128); otherwise the weights are taken against
+    // the stale maxima, at most 2^kDecodeRescaleSlack each, and the accumulators stay as they are.
+    // The merge and the splits' log-sum-exps read m, l and o together, so any m will do.
+    bool stale = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
       row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      const float m_new = fmaxf(m[r], row_max[r]);
-      base[r] = m_new == -INFINITY ? 0.0f : m_new;
-      rescale[r] = exp2f(m[r] - base[r]);
-      m[r] = m_new;
-      l[r] *= rescale[r];
+      stale |= row_max[r] > m[r] + kDecodeRescaleSlack;  // m = -inf: any finite score
     }
+    if (__any_sync(0xffffffffu, stale)) {
+      float rescale[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], row_max[r]);
+        rescale[r] = exp2f(m[r] - (m_new == -INFINITY ? 0.0f : m_new));
+        m[r] = m_new;
+        l[r] *= rescale[r];
+      }
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        o[dt][0] *= rescale[0];
+        o[dt][1] *= rescale[0];
+        o[dt][2] *= rescale[1];
+        o[dt][3] *= rescale[1];
+      }
+    }
+    const float base[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -539,13 +569,6 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
         s[nt][e] = exp2f(s[nt][e] - base[e / 2]);
         l[e / 2] += s[nt][e];
       }
-    }
-#pragma unroll
-    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-      o[dt][0] *= rescale[0];
-      o[dt][1] *= rescale[0];
-      o[dt][2] *= rescale[1];
-      o[dt][3] *= rescale[1];
     }
     // O += P V, P straight from the score registers (two 8-key accumulator tiles are one 16-key
     // A operand).
@@ -709,13 +732,17 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
   }
 }
 
+// Blocks of one warp where a launch has at least this many blocks a multiprocessor (DecodeWarps;
+// 1,024 sequences of 8 KV heads are 62 on an H100, 256 are 15.5).
+constexpr int kDecodeOneWarpBlocks = 48;
+
 // SetDecodeWarps' setting (0: chosen).
 std::atomic<int> forced_warps{0};
 
 // Warps per block (DecodeShape): 2 where a block of 4 (`four_warp_bytes` of shared memory) would
-// not fit the current device's limit; else SetDecodeWarps' 2 or 4 where set; else 2 where
-// `blocks` (a launch's blocks per split) fill the device without splits at 4 of them a
-// multiprocessor, 4 otherwise.
+// not fit the current device's limit; else SetDecodeWarps' 1, 2 or 4 where set; else 1 where
+// `blocks` (a launch's blocks per split) are kDecodeOneWarpBlocks a multiprocessor or more, 2
+// where they fill the device without splits at 4 of them a multiprocessor, 4 otherwise.
 int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
   int device = 0, max_bytes = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -725,7 +752,10 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
     max_bytes = 0;
   }
   if (max_bytes > 0 && four_warp_bytes > max_bytes) return 2;
-  if (const int forced = forced_warps.load(); forced == 2 || forced == 4) return forced;
+  if (const int forced = forced_warps.load(); forced == 1 || forced == 2 || forced == 4) {
+    return forced;
+  }
+  if (sms > 0 && blocks >= static_cast<int64_t>(kDecodeOneWarpBlocks) * sms) return 1;
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
@@ -751,8 +781,10 @@ cudaError_t DispatchCacheFp8(bool cache_fp8, F&& f) {
 // f(warps, bulk) with both as compile-time constants (std::integral_constant).
 template <typename F>
 cudaError_t DispatchWarpsAndPath(int warps, bool bulk, F&& f) {
+  using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
   using Four = std::integral_constant<int, 4>;
+  if (warps == 1) return bulk ? f(One{}, std::true_type{}) : f(One{}, std::false_type{});
   if (warps == 2) return bulk ? f(Two{}, std::true_type{}) : f(Two{}, std::false_type{});
   return bulk ? f(Four{}, std::true_type{}) : f(Four{}, std::false_type{});
 }

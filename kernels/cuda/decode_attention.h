@@ -130,9 +130,9 @@ void SetDecodeF8BulkCopies(bool on);
 enum class DecodeF8Widening { kConvert, kInteger, kConvertKeys };
 void SetDecodeF8Widening(DecodeF8Widening widening);
 
-// Warps a block: 0 (the default) chooses (4, or 2 where the launch has blocks enough to fill the
-// device without splits); 2 or 4 forces it where the shared memory allows. Process-wide, as
-// SetDecodeF8BulkCopies; for the benchmark's comparison.
+// Warps a block: 0 (the default) chooses (4; 2 where the launch has blocks enough to fill the
+// device without splits; 1 where it has several times that); 1, 2 or 4 forces it where the shared
+// memory allows. Process-wide, as SetDecodeF8BulkCopies; for the benchmark's comparison and tests.
 void SetDecodeWarps(int warps);
 
 }  // namespace lmserve::kernels::cuda

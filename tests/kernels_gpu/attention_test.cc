@@ -248,17 +248,36 @@ void ApplyMasking(PagedBatch& b, const Masking& masking) {
   if (masking.free_blocks) FreeBlocksBeforeWindow(b);
 }
 
+// Multiplies the key at position p of each sequence of context c by 1 + growth p / c, so that its
+// scores' magnitudes keep rising along the context.
+void GrowKeysAlongTheContext(PagedBatch& b, float growth) {
+  const int64_t row = b.num_kv_heads * b.head_dim;  // a slot's elements
+  for (int64_t s = 0; s < b.num_seqs(); ++s) {
+    const int32_t context = b.context_lens[s];
+    for (int32_t pos = 0; pos < context; ++pos) {
+      const int64_t block = b.table_ids[b.table_start[s] + pos / b.block_size];
+      const int64_t slot = block * b.block_size + pos % b.block_size;
+      const float factor = 1.0f + growth * static_cast<float>(pos) / static_cast<float>(context);
+      float* key = b.key_cache.data() + b.guard() + slot * row;
+      for (int64_t i = 0; i < row; ++i) key[i] *= factor;
+    }
+  }
+  UploadCaches(b);
+}
+
 // query_factor: the queries are multiplied by it (a power of two) and the score scale divided by
-// it: the same scores from queries of another magnitude.
+// it: the same scores from queries of another magnitude. score_factor > 0: the score scale is
+// multiplied by it and the keys grow along the context (GrowKeysAlongTheContext, growth 3): a
+// sequence's largest scores keep rising, by more than the kernel's rescaling slack and by less.
 void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t group,
                    int64_t head_dim, int64_t block_size = kBlockSize, const Masking& masking = {},
-                   const KvF8& f8 = {}, float query_factor = 1.0f) {
+                   const KvF8& f8 = {}, float query_factor = 1.0f, float score_factor = 0.0f) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
                                     << num_kv_heads << " group " << group << " head_dim "
                                     << head_dim << " block size " << block_size << " " << masking
-                                    << " " << f8 << " query factor " << query_factor << " seed "
-                                    << seed);
+                                    << " " << f8 << " query factor " << query_factor
+                                    << " score factor " << score_factor << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   b.block_size = block_size;
@@ -272,6 +291,10 @@ void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t gro
     for (float& q : b.query) q *= query_factor;
     b.d_query = testing::Upload(b.query, dtype);
     b.scale = 1.0f / std::sqrt(static_cast<float>(head_dim)) / query_factor;
+  }
+  if (score_factor > 0.0f) {
+    GrowKeysAlongTheContext(b, 3.0f);
+    b.scale = b.score_scale() * score_factor;
   }
   ApplyMasking(b, masking);
   const std::vector<float> ref = CpuAttention(b);
@@ -413,6 +436,42 @@ TEST(DecodeAttentionGpuTest, Fp8CacheQueriesOfAnyMagnitude) {
     RunDecodeCase(DType::kF16, 17, 2, 8, 128, 24, {37, 5.0f, true}, {true, 16.0f, 2.0f});
   }
   SetDecodeF8Widening(DecodeF8Widening::kConvert);
+}
+
+// The kernel moves its running maxima only where a tile's scores pass them by more than a slack
+// (decode_attention.cu's kDecodeRescaleSlack, 8 in log2 units), rescaling its accumulators then
+// and not otherwise. Scores up to ~16 times the usual (std ~3.8 in log2 units before the factor),
+// on keys that grow along the context: both cases, in every split, with 16-bit and FP8 caches.
+TEST(DecodeAttentionGpuTest, ScoresRisingAlongTheContext) {
+  LMSERVE_REQUIRE_GPU();
+  for (float score_factor : {1.0f, 4.0f}) {
+    RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {}, 1.0f, score_factor);
+    RunDecodeCase(DType::kF16, 17, 1, 8, 64, kBlockSize, {100, 0.0f, true}, {}, 1.0f,
+                  score_factor);
+    RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, 1.0f,
+                  score_factor);
+    RunDecodeCase(DType::kBF16, 6, 2, 4, 80, 24, {0, 50.0f, false}, {true, 0.5f, 0.25f}, 1.0f,
+                  score_factor);
+  }
+}
+
+// Blocks of one warp (each warp a whole split, no merge of warps), forced: 16-bit and FP8 caches,
+// both kernel paths, windows and soft-caps, splits.
+TEST(DecodeAttentionGpuTest, OneWarpBlocks) {
+  LMSERVE_REQUIRE_GPU();
+  SetDecodeWarps(1);
+  for (KernelPath path : {KernelPath::kAuto, KernelPath::kPortable}) {
+    ScopedKernelPath scoped(path);
+    SCOPED_TRACE(path == KernelPath::kAuto ? "auto path" : "portable path");
+    for (int64_t head_dim : {64, 128, 256}) {
+      RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim);
+      RunDecodeCase(DType::kBF16, 17, 2, 4, head_dim, kBlockSize, {}, {true, 1.0f, 1.0f});
+    }
+    RunDecodeCase(DType::kF16, 17, 2, 8, 128, 24, {37, 5.0f, true}, {true, 0.5f, 0.25f});
+    RunDecodeCase(DType::kBF16, 6, 1, 20, 80, 5, {100, 0.0f, true});
+    RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, 1.0f, 4.0f);
+  }
+  SetDecodeWarps(0);
 }
 
 TEST(DecodeAttentionGpuTest, PortablePathEqualsHopperPathBitForBit) {
