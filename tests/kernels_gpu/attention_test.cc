@@ -273,11 +273,11 @@ void RunDecodeCase(DType dtype, int64_t batch, int64_t num_kv_heads, int64_t gro
                    int64_t head_dim, int64_t block_size = kBlockSize, const Masking& masking = {},
                    const KvF8& f8 = {}, float query_factor = 1.0f, float score_factor = 0.0f) {
   const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(::testing::Message() << testing::Name(dtype) << " batch " << batch << " kv heads "
-                                    << num_kv_heads << " group " << group << " head_dim "
-                                    << head_dim << " block size " << block_size << " " << masking
-                                    << " " << f8 << " query factor " << query_factor
-                                    << " score factor " << score_factor << " seed " << seed);
+  SCOPED_TRACE(::testing::Message()
+               << testing::Name(dtype) << " batch " << batch << " kv heads " << num_kv_heads
+               << " group " << group << " head_dim " << head_dim << " block size " << block_size
+               << " " << masking << " " << f8 << " query factor " << query_factor
+               << " score factor " << score_factor << " seed " << seed);
   std::mt19937 rng(seed);
   PagedBatch b{dtype, num_kv_heads * group, num_kv_heads, head_dim};
   b.block_size = block_size;
@@ -446,8 +446,7 @@ TEST(DecodeAttentionGpuTest, ScoresRisingAlongTheContext) {
   LMSERVE_REQUIRE_GPU();
   for (float score_factor : {1.0f, 4.0f}) {
     RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {}, 1.0f, score_factor);
-    RunDecodeCase(DType::kF16, 17, 1, 8, 64, kBlockSize, {100, 0.0f, true}, {}, 1.0f,
-                  score_factor);
+    RunDecodeCase(DType::kF16, 17, 1, 8, 64, kBlockSize, {100, 0.0f, true}, {}, 1.0f, score_factor);
     RunDecodeCase(DType::kBF16, 17, 2, 4, 128, kBlockSize, {}, {true, 1.0f, 1.0f}, 1.0f,
                   score_factor);
     RunDecodeCase(DType::kBF16, 6, 2, 4, 80, 24, {0, 50.0f, false}, {true, 0.5f, 0.25f}, 1.0f,
