@@ -802,6 +802,13 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
   const int64_t group_size = num_heads / num_kv_heads;
   const int sms = CurrentMultiprocessorCount();
   if (sms <= 0) return 1;
+  // One-warp blocks (DecodeWarps): the launch fills the device many times over without splits,
+  // and a split would only add the combine. (The waves' filling below could otherwise ask for 2
+  // splits of a 16-bit cache's launch of 6.2 waves.)
+  if (num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows) >=
+      int64_t{kDecodeOneWarpBlocks} * sms) {
+    return 1;
+  }
   int resident = 0;
   int64_t blocks = 0;
   const bool bulk = UseHopperKernels() && (!cache_fp8 || f8_bulk_copies.load());
