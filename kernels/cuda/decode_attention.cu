@@ -736,6 +736,12 @@ __global__ void __launch_bounds__(kCombineThreads) DecodeCombineKernel(DecodeArg
 // 1,024 sequences of 8 KV heads are 62 on an H100, 256 are 15.5).
 constexpr int kDecodeOneWarpBlocks = 48;
 
+// Whether a launch of `blocks` blocks a split on `sms` multiprocessors is large enough for blocks
+// of one warp (kDecodeOneWarpBlocks).
+bool TakesOneWarpBlocks(int64_t blocks, int sms) {
+  return sms > 0 && blocks >= int64_t{kDecodeOneWarpBlocks} * sms;
+}
+
 // SetDecodeWarps' setting (0: chosen).
 std::atomic<int> forced_warps{0};
 
@@ -755,7 +761,7 @@ int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
   if (const int forced = forced_warps.load(); forced == 1 || forced == 2 || forced == 4) {
     return forced;
   }
-  if (sms > 0 && blocks >= static_cast<int64_t>(kDecodeOneWarpBlocks) * sms) return 1;
+  if (TakesOneWarpBlocks(blocks, sms)) return 1;
   return sms > 0 && blocks >= static_cast<int64_t>(0.85 * 4 * sms) ? 2 : 4;
 }
 
@@ -802,15 +808,12 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
   const int64_t group_size = num_heads / num_kv_heads;
   const int sms = CurrentMultiprocessorCount();
   if (sms <= 0) return 1;
-  // One-warp blocks (DecodeWarps): the launch fills the device many times over without splits,
-  // and a split would only add the combine. (The waves' filling below could otherwise ask for 2
-  // splits of a 16-bit cache's launch of 6.2 waves.)
-  if (num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows) >=
-      int64_t{kDecodeOneWarpBlocks} * sms) {
-    return 1;
-  }
+  const int64_t blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows);
+  // A launch large enough for one-warp blocks (DecodeWarps) fills the device many times over
+  // without splits, and a split would only add the combine. (The waves' filling below could
+  // otherwise ask for 2 splits of a 16-bit cache's launch of 6.2 waves.)
+  if (TakesOneWarpBlocks(blocks, sms)) return 1;
   int resident = 0;
-  int64_t blocks = 0;
   const bool bulk = UseHopperKernels() && (!cache_fp8 || f8_bulk_copies.load());
   const cudaError_t status = DispatchActivationDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -818,7 +821,6 @@ int DecodeAttentionParams::ChooseMaxSplits(int64_t num_seqs, int64_t num_heads,
       constexpr int kHeadDim = decltype(head_dim_constant)::value;
       return DispatchCacheFp8(cache_fp8, [&](auto f8_constant) {
         constexpr bool kF8 = decltype(f8_constant)::value;
-        blocks = num_seqs * num_kv_heads * CeilDiv(group_size, kDecodeRows);
         const int warps = DecodeWarpsFor<kHeadDim, kF8>(bulk, blocks, sms);
         return DispatchWarpsAndPath(warps, bulk, [&](auto warps_constant, auto bulk_constant) {
           using Shape = DecodeShape<kHeadDim, decltype(warps_constant)::value,

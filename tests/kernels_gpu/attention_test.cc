@@ -440,8 +440,9 @@ TEST(DecodeAttentionGpuTest, Fp8CacheQueriesOfAnyMagnitude) {
 
 // The kernel moves its running maxima only where a tile's scores pass them by more than a slack
 // (decode_attention.cu's kDecodeRescaleSlack, 8 in log2 units), rescaling its accumulators then
-// and not otherwise. Scores up to ~16 times the usual (std ~3.8 in log2 units before the factor),
-// on keys that grow along the context: both cases, in every split, with 16-bit and FP8 caches.
+// and not otherwise. Scores up to ~16 times the usual (std ~1.4 in log2 units at the context's
+// start, up to 4 times that at its end, times the factor), on keys that grow along the context:
+// both cases, in every split, with 16-bit and FP8 caches.
 TEST(DecodeAttentionGpuTest, ScoresRisingAlongTheContext) {
   LMSERVE_REQUIRE_GPU();
   for (float score_factor : {1.0f, 4.0f}) {
