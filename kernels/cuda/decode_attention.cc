@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "common/status.h"
 #include "common/strings.h"
@@ -35,6 +37,10 @@ absl::Status DecodeAttentionParams::Validate() const {
   }
   if (block_size <= 0 || num_blocks <= 0) {
     return KernelError(kName, "block_size and num_blocks must be positive");
+  }
+  if (num_blocks > std::numeric_limits<int32_t>::max() / block_size) {
+    return KernelError(kName, StrCat("a cache of ", num_blocks, " blocks of ", block_size,
+                                     " tokens has more slots than int32 indexes"));
   }
   if (query_stride != 0 && (query_stride < num_heads * head_dim || query_stride % 8 != 0)) {
     return KernelError(kName, StrCat("query_stride ", query_stride,

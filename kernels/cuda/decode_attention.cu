@@ -49,9 +49,10 @@ __device__ __forceinline__ int DecodeFirstKey(int context_len, int window) {
   return window > 0 && context_len > window ? context_len - window : 0;
 }
 
-// A raw score q.k in the log2 domain, soft-capped where the launch asks.
-__device__ __forceinline__ float DecodeScore(float dot, const DecodeArgs& a) {
-  return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.score_scale) : dot * a.score_scale;
+// A raw score q.k in the log2 domain, soft-capped where the launch asks; `scale`: the launch's
+// score_scale, or that times a power of two (kF8's query scaling, undone).
+__device__ __forceinline__ float DecodeScore(float dot, float scale, const DecodeArgs& a) {
+  return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * scale) : dot * scale;
 }
 
 // The query heads of a KV head are the M rows of mma.sync m16n8k16 tiles (up to 16 heads; larger
@@ -310,16 +311,24 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   enum Rows { kAll, kAllButNew, kNewOnly };
   // The row of a tile whose table entry this lane reads (and, but for kF8 by cp.async, copies).
   const int load_row = kBulk || kF8 ? lane % 16 : lane / 2;
-  // The table entry of the cache block holding this lane's row of tile j (0 past my_tiles).
-  auto entry_of = [&](int j) -> int32_t {
-    if (j >= my_tiles) return 0;
+  // The cache block holding this lane's row of tile j, as its table entry and the row's offset in
+  // the block ({0, 0} past my_tiles): the one division by the block size a lane and tile, done
+  // where the entry's load is issued, the slot computed where the copies need it (Slot).
+  struct Entry {
+    int32_t id, offset;
+  };
+  auto entry_of = [&](int j) -> Entry {
+    if (j >= my_tiles) return {0, 0};
     const int t0 = begin + (warp + j * kWarps) * kTileN;
     const int pos = t0 + load_row < end ? t0 + load_row : t0;
-    return table[pos / a.block_size];
+    const int block_index = pos / a.block_size;
+    return {table[block_index], pos - block_index * a.block_size};
   };
+  // The row's cache slot (Validate keeps num_blocks * block_size within int32).
+  auto slot_of = [&](Entry entry) -> int32_t { return entry.id * a.block_size + entry.offset; };
   // Tile j into its stage; `which`: every row, all but the new key's, or the new key's only.
   // `entry`: entry_of(j).
-  auto load = [&](int j, Rows which, int32_t entry) {
+  auto load = [&](int j, Rows which, Entry entry) {
     const int t0 = begin + (warp + j * kWarps) * kTileN;
     C* const stage = ring + (j % kStages) * 2 * Shape::kCacheTileElements;  // [K, V][key][dim]
     if constexpr (kBulk) {
@@ -329,13 +338,10 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
         MbarrierArriveExpectTx(&s_bar[warp][j % kStages], 2 * kTileN * kRowBytes);
       }
       __syncwarp();
-      int pos = t0 + row;
+      const int pos = t0 + row;
       if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
-      if (pos >= end) pos = t0;
-      const int block_index = pos / a.block_size;
-      const int64_t slot = int64_t{entry} * a.block_size + (pos - block_index * a.block_size);
-      const C* src = (lane < 16 ? key_cache : value_cache) + slot * token_stride +
-                     int64_t{kv_head} * kHeadDim;
+      const C* src = (lane < 16 ? key_cache : value_cache) +
+                     int64_t{slot_of(entry)} * token_stride + int64_t{kv_head} * kHeadDim;
       BulkCopy(stage + (lane < 16 ? 0 : Shape::kCacheTileElements) + row * kCacheStride, src,
                kRowBytes, &s_bar[warp][j % kStages]);
     } else if constexpr (kF8) {
@@ -346,21 +352,19 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       // on an H100 at batch 64 x 4096 keys the L2 was 80% busy at 61% of the DRAM bandwidth, and
       // 3 splits took 275 us against 228 us now.)
       constexpr int kPieces = kHeadDim / 16;  // of a row
+      const int32_t slot = slot_of(entry);  // lane r < 16: row r's
 #pragma unroll
       for (int i = 0; i < (16 * kPieces + 31) / 32; ++i) {
         const int c = lane + 32 * i;  // the piece of the key rows (and of the value rows)
         const int row = min(c / kPieces, kTileN - 1), piece = c - row * kPieces;
-        const int32_t row_entry = __shfl_sync(0xffffffffu, entry, row);
+        const int32_t row_slot = __shfl_sync(0xffffffffu, slot, row);
         if (16 * kPieces % 32 != 0 && c >= 16 * kPieces) continue;
-        int pos = t0 + row;
+        const int pos = t0 + row;
         if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) {
           continue;
         }
-        if (pos >= end) pos = t0;
-        const int block_index = pos / a.block_size;
-        const int64_t slot =
-            int64_t{row_entry} * a.block_size + (pos - block_index * a.block_size);
-        const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + piece * 16;
+        const int64_t offset =
+            int64_t{row_slot} * token_stride + int64_t{kv_head} * kHeadDim + piece * 16;
         C* const dst_key = stage + row * kCacheStride + piece * 16;
         C* const dst_value = dst_key + Shape::kCacheTileElements;
         if (which == kNewOnly) {
@@ -380,13 +384,11 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       constexpr int kPiece = 16 / sizeof(C);  // elements of a 16-byte piece
       static_assert(kHeadDim % 16 == 0, "rows are whole 16-byte pieces");
       const int row = load_row;
-      int pos = t0 + row;
+      const int pos = t0 + row;
       if ((which == kAllButNew && pos == new_key) || (which == kNewOnly && pos != new_key)) return;
-      if (pos >= end) pos = t0;
-      const int block_index = pos / a.block_size;
-      const int64_t slot = int64_t{entry} * a.block_size + (pos - block_index * a.block_size);
       const int piece0 = kPiece * (lane % 2);
-      const int64_t offset = slot * token_stride + int64_t{kv_head} * kHeadDim + piece0;
+      const int64_t offset =
+          int64_t{slot_of(entry)} * token_stride + int64_t{kv_head} * kHeadDim + piece0;
       C* const dst_key = stage + row * kCacheStride + piece0;
       C* const dst_value = dst_key + Shape::kCacheTileElements;
 #pragma unroll
@@ -425,8 +427,8 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   const T* q_base = static_cast<const T*>(a.query) + seq * a.query_stride + int64_t{head0} * kHeadDim;
   uint32_t qa[kHeadDim / 16][4];
   const int g = lane / 4, t = lane % 4;  // the row and column pair of mma.sync fragments
-  // kF8: 2^-q_shift of rows g and g + 8, undone on their scores.
-  [[maybe_unused]] float q_unscale[2] = {1.0f, 1.0f};
+  // The score scale of rows g and g + 8 (kF8: times 2^-q_shift, undoing the query's scaling).
+  float row_scale[2] = {a.score_scale, a.score_scale};
   if constexpr (kF8) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -447,8 +449,9 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
       max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, 2));
       const int q_shift = std::is_same_v<T, __half> ? 0 : F16QueryShift(max_abs);
       const float q_scale = ldexpf(1.0f, q_shift);
-      // Keys widened by integer operations are 2^-8 times their values (F8x4ToF16).
-      q_unscale[r] = ldexpf(1.0f, (kKeysByInteger ? 8 : 0) - q_shift);
+      // Keys widened by integer operations are 2^-8 times their values (F8x4ToF16). A power of
+      // two, so the score scale times it scales a dot product as the two factors in turn do.
+      row_scale[r] = a.score_scale * ldexpf(1.0f, (kKeysByInteger ? 8 : 0) - q_shift);
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         qa[kk][r] = Pack2<__half>(q[4 * kk] * q_scale, q[4 * kk + 1] * q_scale);
@@ -475,10 +478,14 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane / 4 and lane / 4 + 8
   [[maybe_unused]] const int ldm = lane / 8, ldr = lane % 8;  // ldmatrix: matrix and row
 
-  int32_t next_entry = entry_of(kStages - 1);
+  // The table entries of the next two tiles to load, each read two iterations before its copies
+  // are issued (one iteration was not enough: at 1,024 sequences of 193 keys on an H100 the FP8
+  // kernel's warps waited on the entry's load about as often as on the tiles themselves).
+  Entry next_entry = entry_of(kStages - 1), entry_after = entry_of(kStages);
   for (int j = 0; j < my_tiles; ++j) {
     if (j + kStages - 1 < my_tiles) load(j + kStages - 1, kAll, next_entry);
-    next_entry = entry_of(j + kStages);
+    next_entry = entry_after;
+    entry_after = entry_of(j + kStages + 1);
     if constexpr (kBulk) {
       MbarrierWait(&s_bar[warp][j % kStages], (j / kStages) & 1);
     } else {
@@ -526,9 +533,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = t0 + nt * 8 + 2 * t + (e & 1);
-        float dot = s[nt][e];
-        if constexpr (kF8) dot *= q_unscale[e / 2];
-        s[nt][e] = key < end ? DecodeScore(dot, a) : -INFINITY;
+        s[nt][e] = key < end ? DecodeScore(s[nt][e], row_scale[e / 2], a) : -INFINITY;
         row_max[e / 2] = fmaxf(row_max[e / 2], s[nt][e]);
       }
     }
