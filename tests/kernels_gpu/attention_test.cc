@@ -1077,5 +1077,16 @@ TEST(PagedAttentionF32GpuTest, ValidateExplainsDtypes) {
               ::testing::HasSubstr("PagedAttentionF32"));
 }
 
+// Decode attention indexes the cache's slots (block id x block size + offset) in int32: a cache
+// with more slots is refused, one with as many as int32 holds is not.
+TEST(DecodeAttentionGpuTest, ValidateRefusesMoreSlotsThanInt32Indexes) {
+  auto p = ShapeOnly<DecodeAttentionParams>(DType::kBF16);
+  p.block_size = 16;
+  p.num_blocks = int64_t{1} << 27;  // 2^31 slots
+  EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("int32"));
+  p.num_blocks = (int64_t{1} << 27) - 1;
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+}
+
 }  // namespace
 }  // namespace lmserve::kernels::cuda
