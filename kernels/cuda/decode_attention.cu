@@ -295,10 +295,10 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeAttentionKernel(DecodeArgs 
   // batch 1's attention from 6.0 to 5.3 us a layer, batch 64's from 80.8 to 79.5 us.) Portable:
   // lanes 2r and 2r + 1 copy key and value rows r in cp.async pieces of 16 bytes (one table
   // lookup a lane), a commit group a tile; an FP8 tile's pieces are spread over the warp in row
-  // order instead, the rows' table entries shuffled from lanes 0-15. A row past the split's end
-  // copies the tile's first row instead: any finite data will do, its score is masked to a
-  // weight of 0. A lane's table entry for a tile is read one iteration of the loop before its
-  // copies (entry_of), so that the copies do not wait for it.
+  // order instead, the rows' slots shuffled from lanes 0-15. A row past the split's end copies
+  // the tile's first row instead: any finite data will do, its score is masked to a weight of 0.
+  // A lane's table entry for a tile is read one iteration of the loop before its copies
+  // (entry_of; the loop says what that hides).
   constexpr uint32_t kRowBytes = kHeadDim * sizeof(C);
   static_assert(kTileN == 16, "lane r and lane 16 + r copy key and value row r");
   if constexpr (kBulk) {
