@@ -432,6 +432,7 @@ class CudaRunner final : public ModelRunner, private ForwardOps {
   CudaBuffer moe_workspace_;  // kc::MoeParams::WorkspaceBytes; models with experts only
   std::map<int64_t, int> decode_splits_;  // batch size -> DecodeAttentionParams max_splits
   int64_t num_split_attention_steps_ = 0;  // RunnerStats::num_split_attention_steps
+  int64_t num_folded_add_norms_ = 0;       // RunnerStats::num_folded_add_norms
 
   // Decode graphs: the whole step, the draw included, behind the gated token bitmask where
   // device_token_bitmask (a step with masked rows replays the same graph as any other).
@@ -1131,6 +1132,7 @@ absl::StatusOr<cuda::GemmResidualFolds> CudaRunner::FoldsFor(Weight weight, Buff
       residual_debt_ = held;
       MarkFolded(held.out);
       *in = held.add;
+      ++num_folded_add_norms_;
       return folds;
     }
     if (const std::optional<cuda::F8QuantizedInput> f8_in =
@@ -2144,6 +2146,7 @@ RunnerStats CudaRunner::stats() const {
   s.num_graph_replays = num_graph_replays_;
   s.num_sm90_gated_gemms = gemms_ != nullptr ? gemms_->sm90_gated_runs() : 0;
   s.num_split_attention_steps = num_split_attention_steps_;
+  s.num_folded_add_norms = num_folded_add_norms_;
   s.num_masked_steps = num_masked_steps_;
   s.total_mask_upload_seconds = mask_upload_seconds_;
   s.total_mask_wait_seconds = mask_wait_seconds_;

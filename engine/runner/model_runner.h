@@ -303,7 +303,8 @@ struct RunnerConfig {
   // (kernels/cuda/ssm.h, SsmDecodeGatedNorm).
   bool fuse_ssm_norm = true;
   // CUDA runner, steps of one token in bf16 with the fp32 residual: the add + RMSNorm before a
-  // product folded into the product's skinny GEMM (each warp adds and normalizes the row itself),
+  // product folded into the product's skinny GEMM (the 16-bit, the FP8 or GGUF blocks' integer
+  // products, kernels/cuda/quant_gemm.h: each block adds and normalizes the row itself),
   // the residual's add left to the next product into the addend (kernels/cuda/skinny_gemm.h,
   // add_norm_residual and settle_residual), instead of a kernel of its own. And in FP8 steps of
   // more than 8 tokens, the per-token quantization of an FP8 GEMM's input done by the add +
@@ -384,6 +385,9 @@ struct RunnerStats {
   // CUDA: eager steps whose attention ran on both kernels: their leading sequences of one new
   // token on the decode kernel, the rest on the prefill kernel.
   int64_t num_split_attention_steps = 0;
+  // CUDA: add + RMSNorms folded into the product after them (RunnerConfig::fold_add_norm, steps
+  // of one token), counted as they are enqueued (eager steps and graph captures, not replays).
+  int64_t num_folded_add_norms = 0;
   std::string device_name;      // "NVIDIA H100 80GB HBM3", or "cpu"
   // CUDA: the kernels' path as resolved on the device ("Hopper kernels (sm_90 code)",
   // "portable kernels (sm_80 code)"); empty on the CPU.

@@ -57,9 +57,11 @@ absl::Status F8SkinnyGemmParams::Validate() const {
                        StrCat("the folded add + RMSNorm takes one row, y in the input type, k up "
                               "to ", kMaxSkinnyAddNormK, ", and an aligned residual and weight"));
   }
-  if (settle_residual != nullptr && (silu_and_mul || m != 1 || output_dtype != input_dtype)) {
+  if (settle_residual != nullptr &&
+      (silu_and_mul || m != 1 || output_dtype != input_dtype || add_norm_residual != nullptr)) {
     return KernelError("F8SkinnyGemm",
-                       "settle_residual takes one row, y in the input type and no silu_and_mul");
+                       "settle_residual takes one row, y in the input type, no silu_and_mul and no "
+                       "folded add + RMSNorm");
   }
   if (x == nullptr || w == nullptr || w_scales == nullptr || y == nullptr) {
     return KernelError("F8SkinnyGemm", "null pointer");

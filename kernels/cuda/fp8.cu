@@ -141,9 +141,10 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
     if constexpr (kAddNorm) AddNormScale<T, kThreads>(x, fold, k);
     return;
   }
-  if constexpr (!kSiluAndMul) {  // first, before W's pieces take their registers
-    if (fold.settle_residual != nullptr && lane == 0) {
-      SettleResidualRows<OutT, kRowsPerWarp>(fold.settle_residual, y, row0, n);
+  // The settle first, before W's pieces are requested (residual_fold.cuh says why).
+  if constexpr (!kSiluAndMul && !kAddNorm) {  // Validate(): never both
+    if (fold.settle_residual != nullptr) {
+      SettleResidualRows<OutT, kRowsPerWarp>(fold.settle_residual, y, row0, n, lane);
     }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;

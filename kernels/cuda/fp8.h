@@ -66,7 +66,7 @@ struct F8SkinnyGemmParams {
   // As SkinnyGemmParams (skinny_gemm.h): the add + RMSNorm before the product folded in (one row,
   // y in the input type, k at most kMaxSkinnyAddNormK; silu_and_mul allowed), and the residual's
   // add that such a fold leaves, settled before the wait (one row, y in the input type, no
-  // silu_and_mul). Null: none.
+  // silu_and_mul, not with the fold). Null: none.
   const float* add_norm_residual = nullptr;  // [k], fp32; device, 16-byte aligned
   const void* add_norm_weight = nullptr;     // [k] of input_dtype; device, 16-byte aligned
   float add_norm_epsilon = 0.0f;

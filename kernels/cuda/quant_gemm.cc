@@ -122,6 +122,22 @@ absl::Status QuantSkinnyGemmParams::Validate() const {
     return KernelError("QuantSkinnyGemm",
                        StrCat("strides x ", xs, ", y ", ys, " are not supported"));
   }
+  const bool integer_row =
+      m == 1 && QuantSkinnyRoundsX(w_dtype, 1, k) && output_dtype == input_dtype;
+  if (add_norm_residual != nullptr &&
+      (!integer_row || add_norm_weight == nullptr || !Aligned16(add_norm_residual) ||
+       !Aligned16(add_norm_weight))) {
+    return KernelError("QuantSkinnyGemm",
+                       "the folded add + RMSNorm takes one row of the integer products "
+                       "(Q4_K, Q8_0 or Q6_K, k a multiple of 256 up to 16384), y in the input "
+                       "type, and an aligned residual and weight");
+  }
+  if (settle_residual != nullptr &&
+      (!integer_row || silu_and_mul || add_norm_residual != nullptr)) {
+    return KernelError("QuantSkinnyGemm",
+                       "settle_residual takes one row of the integer products, y in the input "
+                       "type, no silu_and_mul and no folded add + RMSNorm");
+  }
   if (x == nullptr || y == nullptr || !Aligned16(x)) {
     return KernelError("QuantSkinnyGemm", "x (16-byte aligned) and y must be device addresses");
   }

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant_gemm.h"
+#include "kernels/cuda/residual_fold.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace lmserve::kernels::cuda {
@@ -465,16 +466,30 @@ __device__ __forceinline__ uint32_t PackBytes(int b0, int b1, int b2, int b3) {
 // loads of up to four of a warp's super-blocks issued before any is used (x comes from L2, one
 // round trip each otherwise: seven for a row of 14336).
 // Tokens from `valid` up to m are written as zeros (a launch for M tokens with fewer).
-template <int kBlockWarps, typename T>
-__device__ __forceinline__ void QuantizeXDigits(const T* __restrict__ x, int64_t x_stride, int m,
-                                                int valid, int k, uint8_t* smem) {
-  constexpr int kBatch = 4;
+// kAddNorm (one token): x is the add + RMSNorm's addend; the digits are those of
+// (fold_residual + x) * fold_weight rounded to T (residual_fold.cuh's AddNormRow), and the
+// function returns this warp's share of the sum of the squares of residual + x, summed over its
+// lanes (else 0). The norm's scale is the caller's to apply to the sums: a block's digits are
+// relative to its largest element, so they need not see it.
+template <int kBlockWarps, typename T, bool kAddNorm = false>
+__device__ __forceinline__ float QuantizeXDigits(const T* __restrict__ x, int64_t x_stride, int m,
+                                                 int valid, int k, uint8_t* smem,
+                                                 const float* __restrict__ fold_residual = nullptr,
+                                                 const T* __restrict__ fold_weight = nullptr) {
+  // The fold's loads are three times x's (its residual in fp32 and its weight): two in flight
+  // (every super-block of a warp at k 4096, the hidden sizes the fold sees; Q4_K's one-token
+  // form then spills one value in its main loop, two iterations at that k, where one in flight
+  // spills none but waits twice).
+  constexpr int kBatch = kAddNorm ? 2 : 4;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int blocks = k / 256, units = k / 64, items = m * blocks;
   int* sums = reinterpret_cast<int*>(smem + 2 * m * k);
   auto* dx = reinterpret_cast<float*>(sums + m * (k / 16));
+  [[maybe_unused]] float squares = 0.0f;
   for (int first = warp; first < items; first += kBlockWarps * kBatch) {
     uint4 loaded[kBatch];
+    [[maybe_unused]] uint4 weight[kBatch];
+    [[maybe_unused]] float4 residual[kBatch][2];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int item = first + i * kBlockWarps;
@@ -483,6 +498,13 @@ __device__ __forceinline__ void QuantizeXDigits(const T* __restrict__ x, int64_t
         loaded[i] = t < valid ? __ldg(reinterpret_cast<const uint4*>(x + t * x_stride +
                                                                      b * 256 + lane * 8))
                               : make_uint4(0, 0, 0, 0);
+        if constexpr (kAddNorm) {       // t is 0: one token
+          const int v = b * 32 + lane;  // the lane's 8 elements, as uint4s of T
+          weight[i] = __ldg(reinterpret_cast<const uint4*>(fold_weight) + v);
+          const float4* res = reinterpret_cast<const float4*>(fold_residual) + 2 * v;
+          residual[i][0] = __ldg(res);
+          residual[i][1] = __ldg(res + 1);
+        }
       }
     }
 #pragma unroll
@@ -492,6 +514,19 @@ __device__ __forceinline__ void QuantizeXDigits(const T* __restrict__ x, int64_t
       const int t = item / blocks, b = item % blocks;
       float f[8];
       Unpack8<T>(loaded[i], f);
+      if constexpr (kAddNorm) {  // AddNormRow's arithmetic
+        float wn[8];
+        Unpack8<T>(weight[i], wn);
+        const float rv[8] = {residual[i][0].x, residual[i][0].y, residual[i][0].z,
+                             residual[i][0].w, residual[i][1].x, residual[i][1].y,
+                             residual[i][1].z, residual[i][1].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float h = f[j] + rv[j];
+          squares = fmaf(h, h, squares);
+          f[j] = ToFloat(FromFloat<T>(h * wn[j]));
+        }
+      }
       uint32_t e = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) e = max(e, (__float_as_uint(f[j]) >> 23) & 0xFFu);
@@ -519,6 +554,8 @@ __device__ __forceinline__ void QuantizeXDigits(const T* __restrict__ x, int64_t
       if (lane == 0) dx[t * blocks + b] = __uint_as_float((e - 14u) << 23);  // 2^(E - 14)
     }
   }
+  if constexpr (kAddNorm) return WarpSum(squares);
+  return 0.0f;
 }
 
 // dp4a of signed bytes a and unsigned bytes b (the lo digits), added to c.
@@ -791,16 +828,21 @@ struct Q6kIntegerDecoder {
 // matrix of few rows, each taking a slice of k and adding up in shared memory, made more blocks
 // and so more quantizations of x: slower, 2.70 against 2.62 ms a Q4_K batch-1 step of
 // Llama-3-8B's shapes.)
+// kAddNorm (M 1): the add + RMSNorm folded in (QuantSkinnyGemmParams::add_norm_residual): the
+// digits are the normed row's before its scale, which the sums then take. fold.settle_residual
+// (not with silu_and_mul): the residual's add settled before the wait, as the other skinny
+// kernels do (residual_fold.cuh).
 template <typename D, typename T, typename OutT, int M, int R, int kBlockWarps, bool kSiluAndMul,
-          GateActivation kActivation>
+          GateActivation kActivation, bool kAddNorm = false>
 __global__ void __launch_bounds__(kBlockWarps * 32, IntegerMinBlocks(M, kBlockWarps))
-    IntegerGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                      OutT* __restrict__ y, int m, int n, int k, int64_t x_stride,
-                      int64_t y_stride, bool late_dependents) {
+    IntegerGemmKernel(const T* __restrict__ x, const uint8_t* __restrict__ w, OutT* __restrict__ y,
+                      int m, int n, int k, int64_t x_stride, int64_t y_stride, bool late_dependents,
+                      ResidualFoldArgs fold) {
+  static_assert(!kAddNorm || M == 1, "the folded add + RMSNorm takes one row");
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
-  const int lane = threadIdx.x % 32;
-  const int out0 = (blockIdx.x * kBlockWarps + threadIdx.x / 32) * kOutputs;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int out0 = (blockIdx.x * kBlockWarps + warp) * kOutputs;
   const int num_outputs = kSiluAndMul ? n / 2 : n;
   const int units = k / 64;
   typename D::Row rows[R];
@@ -812,9 +854,24 @@ __global__ void __launch_bounds__(kBlockWarps * 32, IntegerMinBlocks(M, kBlockWa
   };
   typename D::Raw raw[R];
   if (lane < units) load(lane, raw);  // weights before the wait (skinny_gemm.cu says why)
+  // The settle after W's first units are requested (residual_fold.cuh says why).
+  if constexpr (!kSiluAndMul && !kAddNorm) {  // Validate(): never both
+    if (fold.settle_residual != nullptr) {
+      SettleResidualRows<OutT, R>(fold.settle_residual, y, out0, n, lane);
+    }
+  }
+  if constexpr (kAddNorm) {
+    if (threadIdx.x == 0) PrefetchAddNormWeight<T>(fold, k);
+  }
   WaitForPriorKernels();
   if (!late_dependents) AllowDependentLaunch();
-  QuantizeXDigits<kBlockWarps>(x, x_stride, M, m, k, smem);
+  [[maybe_unused]] const float squares =
+      QuantizeXDigits<kBlockWarps, T, kAddNorm>(x, x_stride, M, m, k, smem, fold.add_norm_residual,
+                                                static_cast<const T*>(fold.add_norm_weight));
+  [[maybe_unused]] __shared__ float warp_squares[kAddNorm ? kBlockWarps : 1];
+  if constexpr (kAddNorm) {
+    if (lane == 0) warp_squares[warp] = squares;
+  }
   __syncthreads();
   if (out0 >= num_outputs) return;
   float acc[R][M];
@@ -831,6 +888,16 @@ __global__ void __launch_bounds__(kBlockWarps * 32, IntegerMinBlocks(M, kBlockWa
     for (int r = 0; r < R; ++r) raw[r] = next[r];
   }
   if (late_dependents) AllowDependentLaunch();
+  if constexpr (kAddNorm) {
+    // The sums are linear in x: the norm's scale on each lane's share (taken here, not held in a
+    // register through the products: Q4_K's one-token form uses all 128).
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kBlockWarps; ++i) sum += warp_squares[i];
+    const float add_norm_scale = rsqrtf(sum * fold.inv_width + fold.epsilon);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] *= add_norm_scale;
+  }
   StoreWarpSums<T, OutT, M, R, kSiluAndMul, kActivation>(acc, y, y_stride, m, out0,
                                                          num_outputs);
 }
@@ -852,8 +919,15 @@ cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int6
   using Decoder = std::conditional_t<
       kType == DType::kQ4_K, Q4kIntegerDecoder,
       std::conditional_t<kType == DType::kQ8_0, Q80IntegerDecoder, Q6kIntegerDecoder>>;
+  const ResidualFoldArgs fold = ResidualFoldArgsOf(p);
   auto* kernel =
       IntegerGemmKernel<Decoder, T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation>;
+  if constexpr (M == 1 && std::is_same_v<OutT, T>) {
+    if (p.add_norm_residual != nullptr) {  // Validate(): one row
+      kernel =
+          IntegerGemmKernel<Decoder, T, OutT, M, R, kBlockWarps, kSiluAndMul, kActivation, true>;
+    }
+  }
   const int k = static_cast<int>(p.k);
   const int smem = IntegerSmemBytes(M, k);
   if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
@@ -866,7 +940,7 @@ cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int6
       static_cast<unsigned>(CeilDiv(outputs, int64_t{kBlockWarps} * (kSiluAndMul ? R / 2 : R))),
       kBlockWarps * 32, static_cast<size_t>(smem), stream, static_cast<const T*>(p.x),
       static_cast<const uint8_t*>(p.w), static_cast<OutT*>(p.y), static_cast<int>(p.m),
-      static_cast<int>(p.n), k, x_stride, y_stride, p.late_dependents);
+      static_cast<int>(p.n), k, x_stride, y_stride, p.late_dependents, fold);
 }
 
 template <DType kType, typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>

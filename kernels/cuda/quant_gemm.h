@@ -119,6 +119,16 @@ struct QuantSkinnyGemmParams {
   bool silu_and_mul = false;
   GateActivation activation = GateActivation::kSilu;
   bool late_dependents = true;  // as SkinnyGemmParams::late_dependents
+  // As SkinnyGemmParams (skinny_gemm.h): the add + RMSNorm before the product folded in, and the
+  // residual's add that such a fold leaves, settled before the wait. Both at one row on the
+  // integer products only (QuantSkinnyRoundsX(w_dtype, 1, k)), y in the input type; the fold
+  // with silu_and_mul too, the settle without. The fold's row is rounded to bf16 before x's
+  // digits (h * weight, the norm's scale applied to the sums, as the other skinny kernels do).
+  // Null: none.
+  const float* add_norm_residual = nullptr;  // [k], fp32; device, 16-byte aligned
+  const void* add_norm_weight = nullptr;     // [k] of input_dtype; device, 16-byte aligned
+  float add_norm_epsilon = 0.0f;
+  float* settle_residual = nullptr;  // [n], fp32; device
 
   absl::Status Validate() const;
 };

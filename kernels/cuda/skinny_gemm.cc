@@ -48,9 +48,11 @@ absl::Status SkinnyGemmParams::Validate() const {
                               "to ", kMaxSkinnyAddNormK, ", no norm epilogue or k split, and an "
                               "aligned residual and weight"));
   }
-  if (settle_residual != nullptr && (silu_and_mul || m != 1 || output_dtype != input_dtype)) {
+  if (settle_residual != nullptr &&
+      (silu_and_mul || m != 1 || output_dtype != input_dtype || add_norm_residual != nullptr)) {
     return KernelError("SkinnyGemm",
-                       "settle_residual takes one row, y in the input type and no silu_and_mul");
+                       "settle_residual takes one row, y in the input type, no silu_and_mul and no "
+                       "folded add + RMSNorm");
   }
   if (x == nullptr || w == nullptr || y == nullptr) return KernelError("SkinnyGemm", "null pointer");
   if (!Aligned16(x) || !Aligned16(w)) {

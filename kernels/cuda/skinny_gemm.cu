@@ -82,13 +82,12 @@ __global__ void __launch_bounds__(kThreads, kAddNorm ? 4 : 0)  // kAddNorm: as M
     if constexpr (kAddNorm) AddNormScale<T, kThreads>(x, extras.fold, k);
     return;
   }
-  // What a folded add + RMSNorm left unadded: y's previous rows, into the residual. Only this
-  // warp writes its rows of y, after its wait, and every kernel that read the residual before
-  // has completed (common.cuh: the previous kernel lets this one launch only after its wait).
-  // First, before W's pieces are requested, so that its values are not held beside them.
-  if constexpr (!kSiluAndMul) {
-    if (extras.fold.settle_residual != nullptr && slice == 0 && lane == 0) {
-      SettleResidualRows<OutT, kRowsPerWarp>(extras.fold.settle_residual, y, row0, n);
+  // What a folded add + RMSNorm left unadded: y's previous rows, into the residual (only this
+  // warp writes its rows of y, after its wait); first, before W's pieces are requested
+  // (residual_fold.cuh says why).
+  if constexpr (!kSiluAndMul && !kAddNorm) {  // Validate(): never both
+    if (extras.fold.settle_residual != nullptr && slice == 0) {
+      SettleResidualRows<OutT, kRowsPerWarp>(extras.fold.settle_residual, y, row0, n, lane);
     }
   }
   const int row_step = kSiluAndMul ? n / 2 : 1;  // between a warp's rows

@@ -87,8 +87,8 @@ struct SkinnyGemmParams {
   // Before its wait for the previous kernel, each warp adds its rows' values of y as they are
   // (what a folded add + RMSNorm left unadded, when y is its addend) into settle_residual, then
   // the kernel overwrites y. Every kernel that reads the residual before must have completed by
-  // the time this one launches (common.cuh's chain does that). One row, y in the input type.
-  // Null: none.
+  // the time this one launches (common.cuh's chain does that). One row, y in the input type, no
+  // silu_and_mul, not with add_norm_residual. Null: none.
   float* settle_residual = nullptr;  // [n], fp32; device
 
   absl::Status Validate() const;

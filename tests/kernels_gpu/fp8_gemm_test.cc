@@ -264,6 +264,11 @@ TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
   for (int64_t i = 0; i < n; ++i) residual[i] += before[i];
   EXPECT_EQ(d_residual.Download(), residual);
   EXPECT_EQ(d_y.Download(), d_y2.Download());
+  p.add_norm_residual = d_residual.get();
+  p.add_norm_weight = d_x.get();
+  EXPECT_FALSE(p.Validate().ok()) << "settle with the fold";
+  p.add_norm_residual = nullptr;
+  p.add_norm_weight = nullptr;
   p.silu_and_mul = true;
   EXPECT_FALSE(p.Validate().ok()) << "settle with the activation";
   p.silu_and_mul = false;

@@ -276,6 +276,9 @@ TEST(SkinnyGemmGpuTest, FoldedAddRmsNormMatchesTheNormKernel) {
   bad.k = kMaxSkinnyAddNormK + 8;
   EXPECT_FALSE(bad.Validate().ok()) << "k past the shared memory's row";
   bad.k = 8;
+  bad.settle_residual = reinterpret_cast<float*>(256);
+  EXPECT_FALSE(bad.Validate().ok()) << "with the settle (its kernels leave it out)";
+  bad.settle_residual = nullptr;
   bad.add_norm_weight = nullptr;
   EXPECT_FALSE(bad.Validate().ok()) << "no weight";
 }

@@ -216,6 +216,148 @@ TEST(QuantGemmGpuTest, SkinnyGemmSiluAndMulEpilogue) {
   }
 }
 
+// The add + RMSNorm folded into the integer products at one token (add_norm_residual), plain and
+// with the gated activation, against the norm kernel followed by the same launch on its output,
+// within bf16's rounding of the normed row and of the output (the fold rounds h * weight to
+// bf16 and applies the norm's scale to the sums; the kernel rounds the normed row once); the
+// residual left as it was. Then settle_residual: the residual plus the output buffer's old
+// values, bit for bit, and the product equal bit for bit to the same launch without it. Each
+// integer type, at Llama-3-8B's k (4096) and a small one; and what Validate refuses.
+TEST(QuantGemmGpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
+  LMSERVE_REQUIRE_GPU();
+  for (DType dtype : {DType::kQ4_K, DType::kQ8_0, DType::kQ6_K}) {
+    for (const int64_t k : {int64_t{256}, int64_t{4096}}) {
+      for (const bool gated : {false, true}) {
+        const int64_t n = gated ? 2 * 1032 : 1034, y_width = gated ? n / 2 : n;
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " k " << k
+                                          << (gated ? " gated" : "") << " seed " << seed);
+        std::mt19937 rng(seed);
+        const float eps = 1e-5f;
+        std::vector<float> add = RandomFloats(k, rng), residual = RandomFloats(k, rng, 2.0f);
+        std::vector<float> norm_w = RandomFloats(k, rng, 0.2f, 1.0f);
+        QuantMatrix w = MakeMatrix(dtype, n, k, rng, 0.05f);
+        DeviceBuffer<uint16_t> d_add(RoundToHalf(add, DType::kBF16));
+        DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16));
+        DeviceBuffer<float> d_residual(residual), d_residual2(residual);
+        DeviceBuffer<uint16_t> d_y(y_width), d_normed(k), d_y2(y_width);
+        d_y.Poison();
+        d_normed.Poison();
+        d_y2.Poison();
+        QuantSkinnyGemmParams folded{.x = d_add.get(),
+                                     .w = w.device.get(),
+                                     .w_dtype = dtype,
+                                     .y = d_y.get(),
+                                     .m = 1,
+                                     .n = n,
+                                     .k = k,
+                                     .silu_and_mul = gated};
+        folded.add_norm_residual = d_residual.get();
+        folded.add_norm_weight = d_norm_w.get();
+        folded.add_norm_epsilon = eps;
+        ASSERT_TRUE(folded.Validate().ok()) << folded.Validate();
+        CUDA_ASSERT(Launch(folded, nullptr));
+        CUDA_ASSERT(testing::LaunchAddRmsNormRow(d_residual2.get(), d_add.get(), d_norm_w.get(),
+                                                 d_normed.get(), k, eps));
+        QuantSkinnyGemmParams plain = folded;
+        plain.x = d_normed.get();
+        plain.y = d_y2.get();
+        plain.add_norm_residual = nullptr;
+        plain.add_norm_weight = nullptr;
+        CUDA_ASSERT(Launch(plain, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        const std::vector<float> got = HalfToFloat(d_y.Download(), DType::kBF16);
+        const std::vector<float> want = HalfToFloat(d_y2.Download(), DType::kBF16);
+        EXPECT_LE(RelativeL2(got, want), 1e-2);
+        if (!gated) {  // and against the double-precision product of the normed row
+          // (add and norm_w as rounded to bf16 above)
+          double squares = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const double h = static_cast<double>(add[i]) + residual[i];
+            squares += h * h;
+          }
+          const double scale = 1.0 / std::sqrt(squares / static_cast<double>(k) + eps);
+          std::vector<float> normed(k);
+          for (int64_t i = 0; i < k; ++i) {
+            normed[i] =
+                static_cast<float>((static_cast<double>(add[i]) + residual[i]) * scale * norm_w[i]);
+          }
+          EXPECT_LE(RelativeL2(got, Reference(normed, w.values, 1, n, k)), 1e-2);
+        }
+        EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
+      }
+    }
+    // settle_residual, on o_proj's shape (4096 x 4096).
+    const int64_t n = 4096, k = 4096;
+    const uint32_t seed = FreshSeed();
+    SCOPED_TRACE(::testing::Message() << DTypeName(dtype).data() << " settle seed " << seed);
+    std::mt19937 rng(seed);
+    std::vector<float> x = RandomFloats(k, rng), before = RandomFloats(n, rng);
+    std::vector<float> residual = RandomFloats(n, rng, 2.0f);
+    QuantMatrix w = MakeMatrix(dtype, n, k, rng, 0.02f);
+    const std::vector<uint16_t> before_bits = RoundToHalf(before, DType::kBF16);  // in place
+    DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_y(before_bits), d_y2(n);
+    DeviceBuffer<float> d_residual(residual);
+    QuantSkinnyGemmParams p{.x = d_x.get(),
+                            .w = w.device.get(),
+                            .w_dtype = dtype,
+                            .y = d_y.get(),
+                            .m = 1,
+                            .n = n,
+                            .k = k};
+    p.settle_residual = d_residual.get();
+    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+    CUDA_ASSERT(Launch(p, nullptr));
+    QuantSkinnyGemmParams q = p;
+    q.y = d_y2.get();
+    q.settle_residual = nullptr;
+    CUDA_ASSERT(Launch(q, nullptr));
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    for (int64_t i = 0; i < n; ++i) residual[i] += before[i];
+    EXPECT_EQ(d_residual.Download(), residual);
+    EXPECT_EQ(d_y.Download(), d_y2.Download());
+    // Refusals: the settle with the fold, with the activation, or at two rows.
+    p.add_norm_residual = d_residual.get();
+    p.add_norm_weight = d_x.get();
+    EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("settle_residual"));
+    p.add_norm_residual = nullptr;
+    p.add_norm_weight = nullptr;
+    p.silu_and_mul = true;
+    EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("settle_residual"));
+    p.silu_and_mul = false;
+    p.m = 2;
+    EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("settle_residual"));
+  }
+  // The fold where the float kernel would run: Q4_0, a k that is no multiple of 256, two rows,
+  // an fp32 output.
+  std::mt19937 rng(FreshSeed());
+  QuantMatrix q40 = MakeMatrix(DType::kQ4_0, 2, 512, rng, 0.05f);
+  QuantMatrix q8 = MakeMatrix(DType::kQ8_0, 2, 96, rng, 0.05f);
+  QuantMatrix q8_512 = MakeMatrix(DType::kQ8_0, 2, 512, rng, 0.05f);
+  DeviceBuffer<uint16_t> d_x(512), d_w(512);
+  DeviceBuffer<float> d_residual(512), d_y(4);
+  for (auto [matrix, dtype, m, k, out] :
+       {std::tuple<const QuantMatrix*, DType, int64_t, int64_t, DType>{&q40, DType::kQ4_0, 1, 512,
+                                                                       DType::kBF16},
+        {&q8, DType::kQ8_0, 1, 96, DType::kBF16},
+        {&q8_512, DType::kQ8_0, 2, 512, DType::kBF16},
+        {&q8_512, DType::kQ8_0, 1, 512, DType::kF32}}) {
+    QuantSkinnyGemmParams p{.x = d_x.get(),
+                            .w = matrix->device.get(),
+                            .w_dtype = dtype,
+                            .y = d_y.get(),
+                            .m = m,
+                            .n = 2,
+                            .k = k,
+                            .output_dtype = out};
+    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+    p.add_norm_residual = d_residual.get();
+    p.add_norm_weight = d_w.get();
+    EXPECT_THAT(std::string(p.Validate().message()), ::testing::HasSubstr("integer products"))
+        << DTypeName(dtype).data() << " m " << m << " k " << k;
+  }
+}
+
 // Dummy weights: finite, within about +-high, not constant, and the same for the same seed.
 TEST(QuantGemmGpuTest, DummyFillGivesBoundedVariedValues) {
   LMSERVE_REQUIRE_GPU();

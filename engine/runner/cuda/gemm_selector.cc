@@ -386,7 +386,15 @@ bool GemmSelector::SkinnyAtOneRow(int64_t n, int64_t k) const {
 
 bool GemmSelector::FoldsAtOneRow(int id, int64_t layer) const {
   const GemmProjection& projection = projections_[id];
-  if (projection.logits || HeldInBlocks(projection, static_cast<size_t>(layer))) return false;
+  if (projection.logits) return false;
+  if (HeldInBlocks(projection, static_cast<size_t>(layer))) {
+    // RunBlocks' rule at one row: every segment on the integer products (quant_gemm.h).
+    if (choice_ == DecodeGemm::kBlas || projection.output_dtype != dtype_) return false;
+    for (const BlockSegment& segment : projection.blocks[static_cast<size_t>(layer)]) {
+      if (!kc::QuantSkinnyRoundsX(segment.type, 1, projection.k)) return false;
+    }
+    return true;
+  }
   if (projection.f8) {  // ChooseF8's rule at one row; F8SkinnyGemmParams::Validate's shape
     return dtype_ == kernels::DType::kBF16 && choice_ != DecodeGemm::kBlas &&
            projection.n % 2 == 0 && projection.k % 16 == 0;
@@ -396,7 +404,8 @@ bool GemmSelector::FoldsAtOneRow(int id, int64_t layer) const {
 
 absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y,
                                      void* act, bool late_dependents,
-                                     kernels::GateActivation activation) {
+                                     kernels::GateActivation activation,
+                                     const GemmResidualFolds* folds) {
   const GemmProjection& projection = projections_[id];
   const std::vector<BlockSegment>& segments = projection.blocks[layer];
   if (act != nullptr && segments.size() != 1) {
@@ -407,7 +416,7 @@ absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const voi
   if (m <= kc::kMaxSkinnyGemmRows && choice_ != DecodeGemm::kBlas) {
     const int64_t out_bytes = projection.output_dtype == kernels::DType::kF32 ? 4 : 2;
     for (const BlockSegment& segment : segments) {
-      const kc::QuantSkinnyGemmParams params{
+      kc::QuantSkinnyGemmParams params{
           .x = x,
           .w = segment.data,
           .w_dtype = segment.type,
@@ -421,6 +430,14 @@ absl::Status GemmSelector::RunBlocks(int id, int64_t layer, int64_t m, const voi
           .silu_and_mul = act != nullptr,
           .activation = activation,
           .late_dependents = late_dependents};
+      if (folds != nullptr && folds->OneRow()) {  // each segment folds the norm of the whole row
+        params.add_norm_residual = folds->add_norm_residual;
+        params.add_norm_weight = folds->add_norm_weight;
+        params.add_norm_epsilon = folds->add_norm_epsilon;
+        if (folds->settle_residual != nullptr) {  // and settles its own rows
+          params.settle_residual = folds->settle_residual + segment.first_row;
+        }
+      }
       LMSERVE_RETURN_IF_ERROR(params.Validate());
       LMSERVE_RETURN_IF_CUDA_ERROR(
           kc::Launch(params, stream_),
@@ -477,7 +494,7 @@ absl::Status GemmSelector::Run(int id, int64_t layer, int64_t m, const void* x, 
       return absl::InternalError(StrCat("CUDA runner: ", projections_[id].kind,
                                         ": a norm epilogue on a projection in GGUF blocks"));
     }
-    return RunBlocks(id, layer, m, x, y, act, late_dependents, activation);
+    return RunBlocks(id, layer, m, x, y, act, late_dependents, activation, folds);
   }
   if (projections_[id].f8) {
     if (norm != nullptr) {  // the FP8 kernels have no norm epilogue (SkinnyAtOneRow says so)

@@ -186,8 +186,8 @@ class GemmSelector {
   bool SkinnyAtOneRow(int64_t n, int64_t k) const;
 
   // Whether projection `id`'s `layer`th product at one row runs the 16-bit or the FP8 skinny
-  // kernel (not GGUF blocks, not the LM head), which take GemmResidualFolds (settle_residual not
-  // with an activation).
+  // kernel, or GGUF blocks' integer products (quant_gemm.h, every segment; not the LM head),
+  // which take GemmResidualFolds (settle_residual not with an activation).
   bool FoldsAtOneRow(int id, int64_t layer) const;
 
   // The skinny kernel's L2 prefetch before its wait (SkinnyGemmParams::l2_prefetch_bytes), in
@@ -240,7 +240,8 @@ class GemmSelector {
 
   // Run() of a weight held in GGUF blocks.
   absl::Status RunBlocks(int id, int64_t layer, int64_t m, const void* x, void* y, void* act,
-                         bool late_dependents, kernels::GateActivation activation);
+                         bool late_dependents, kernels::GateActivation activation,
+                         const GemmResidualFolds* folds);
   bool HeldInBlocks(const GemmProjection& projection, size_t layer) const {
     return layer < projection.blocks.size() && !projection.blocks[layer].empty();
   }
