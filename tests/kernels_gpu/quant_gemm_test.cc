@@ -131,9 +131,10 @@ TEST(QuantGemmGpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
     for (DType out_dtype : {DType::kBF16, DType::kF32}) {
       for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
         // k in blocks: one; 9 (a lane's units do not fill a step); 16 and 56 (4096 and 14336 for
-        // the K-quants). n = 66: a last block with idle warps.
+        // the K-quants). n = 66: a last block with idle warps. n = 6144: more blocks than
+        // multiprocessors at Q4_K's one token (its kernel keeps two units ahead at fewer).
         for (auto [n, k_blocks] :
-             {std::pair<int64_t, int64_t>{2, 1}, {66, 9}, {1034, 16}, {130, 56}}) {
+             {std::pair<int64_t, int64_t>{2, 1}, {66, 9}, {1034, 16}, {130, 56}, {6144, 16}}) {
           const int64_t k = k_blocks * Block(dtype);
           const uint32_t seed = FreshSeed();
           SCOPED_TRACE(::testing::Message()
