@@ -515,18 +515,10 @@ __device__ __forceinline__ float QuantizeXDigits(const T* __restrict__ x, int64_
       const int t = item / blocks, b = item % blocks;
       float f[8];
       Unpack8<T>(loaded[i], f);
-      if constexpr (kAddNorm) {  // AddNormRow's arithmetic
-        float wn[8];
-        Unpack8<T>(weight[i], wn);
-        const float rv[8] = {residual[i][0].x, residual[i][0].y, residual[i][0].z,
-                             residual[i][0].w, residual[i][1].x, residual[i][1].y,
-                             residual[i][1].z, residual[i][1].w};
+      if constexpr (kAddNorm) {  // AddNormRow's arithmetic, its rounding to T
+        AddNormEight<T>(f, residual[i][0], residual[i][1], weight[i], squares);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float h = f[j] + rv[j];
-          squares = fmaf(h, h, squares);
-          f[j] = ToFloat(FromFloat<T>(h * wn[j]));
-        }
+        for (int j = 0; j < 8; ++j) f[j] = ToFloat(FromFloat<T>(f[j]));
       }
       uint32_t e = 0;
 #pragma unroll
@@ -911,7 +903,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32,
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kBlockWarps; ++i) sum += warp_squares[i];
-    const float add_norm_scale = rsqrtf(sum * fold.inv_width + fold.epsilon);
+    const float add_norm_scale = AddNormScaleOf(fold, sum);
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][0] *= add_norm_scale;
   }

@@ -49,6 +49,28 @@ __device__ __forceinline__ void PrefetchAddNormWeight(const ResidualFoldArgs& f,
   PrefetchL2(f.add_norm_weight, k * static_cast<int>(sizeof(T)));
 }
 
+// Eight elements of the folded row: h (x on entry) becomes (residual + x) * weight, and the
+// squares of residual + x are added to `squares`. residual: the eight fp32 values as two
+// float4s; weight: eight values of T.
+template <typename T>
+__device__ __forceinline__ void AddNormEight(float (&h)[8], const float4& r0, const float4& r1,
+                                             uint4 weight, float& squares) {
+  float wn[8];
+  Unpack8<T>(weight, wn);
+  const float rv[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    h[e] += rv[e];
+    squares = fmaf(h[e], h[e], squares);
+    h[e] *= wn[e];
+  }
+}
+
+// The norm's scale rsqrt(mean of the squares + epsilon), from the row's sum of squares.
+__device__ __forceinline__ float AddNormScaleOf(const ResidualFoldArgs& f, float squares) {
+  return rsqrtf(squares * f.inv_width + f.epsilon);
+}
+
 // After the wait for the previous kernel: the block's kThreads threads write (residual + x) *
 // weight into `row` (shared memory, k elements of T, 8 to a uint4) and return the sum of the
 // squares of residual + x, the same in every thread. x and weight: [k] of T; residual: [k] fp32,
@@ -59,18 +81,11 @@ __device__ __forceinline__ float AddNormRow(const T* x, const float* residual, c
   __shared__ float warp_squares[kThreads / 32];
   float squares = 0.0f;
   for (int v = threadIdx.x; v < k / 8; v += kThreads) {
-    float h[8], wn[8];
+    float h[8];
     Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(x) + v), h);
     const float4* res = reinterpret_cast<const float4*>(residual) + 2 * v;
-    const float4 r0 = __ldg(res), r1 = __ldg(res + 1);
-    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(weight) + v), wn);
-    const float rv[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      h[e] += rv[e];
-      squares = fmaf(h[e], h[e], squares);
-      h[e] *= wn[e];
-    }
+    AddNormEight<T>(h, __ldg(res), __ldg(res + 1),
+                    __ldg(reinterpret_cast<const uint4*>(weight) + v), squares);
     row[v] = Pack8<T>(h);
   }
   squares = WarpSum(squares);
@@ -88,7 +103,7 @@ template <typename T, int kThreads>
 __device__ __forceinline__ float AddNormScale(const T* x, const ResidualFoldArgs& f, int k) {
   const float squares = AddNormRow<T, kThreads>(
       x, f.add_norm_residual, static_cast<const T*>(f.add_norm_weight), k, AddNormRowMemory());
-  return rsqrtf(squares * f.inv_width + f.epsilon);
+  return AddNormScaleOf(f, squares);
 }
 
 // Before the wait for the previous kernel, by every lane of the warp that writes y's rows
