@@ -229,14 +229,7 @@ TEST(SkinnyGemmGpuTest, FoldedAddRmsNormMatchesTheNormKernel) {
     ASSERT_TRUE(folded.Validate().ok()) << folded.Validate();
     CUDA_ASSERT(Launch(folded, nullptr));
     // The two kernels it replaces.
-    CUDA_ASSERT(testing::LaunchAddRmsNormRow(d_residual2.get(), d_add.get(), d_norm_w.get(),
-                                            d_normed.get(), k, eps));
-    SkinnyGemmParams plain = folded;
-    plain.x = d_normed.get();
-    plain.y = d_y2.get();
-    plain.add_norm_residual = nullptr;
-    plain.add_norm_weight = nullptr;
-    CUDA_ASSERT(Launch(plain, nullptr));
+    CUDA_ASSERT(testing::LaunchUnfolded(folded, d_residual2.get(), d_normed.get(), d_y2.get()));
     CUDA_ASSERT(cudaDeviceSynchronize());
     std::vector<float> h(k), normed(k);
     double squares = 0;

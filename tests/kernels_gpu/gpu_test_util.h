@@ -267,6 +267,26 @@ inline cudaError_t LaunchAddRmsNormRow(float* residual, const uint16_t* add, con
   return Launch(norm, nullptr);
 }
 
+// The two kernels a folded add + RMSNorm replaces (add_norm_residual of SkinnyGemmParams,
+// F8SkinnyGemmParams or QuantSkinnyGemmParams): the norm kernel on `folded`'s addend (x, bf16)
+// and weight beside `residual` (a copy of the fold's: the norm kernel adds into it), into
+// `normed` ([k] bf16), then `folded`'s launch without the fold on that row, into y.
+template <typename Params>
+cudaError_t LaunchUnfolded(Params folded, float* residual, uint16_t* normed, void* y) {
+  if (const cudaError_t e =
+          LaunchAddRmsNormRow(residual, static_cast<const uint16_t*>(folded.x),
+                              static_cast<const uint16_t*>(folded.add_norm_weight), normed,
+                              folded.k, folded.add_norm_epsilon);
+      e != cudaSuccess) {
+    return e;
+  }
+  folded.x = normed;
+  folded.y = y;
+  folded.add_norm_residual = nullptr;
+  folded.add_norm_weight = nullptr;
+  return Launch(folded, nullptr);
+}
+
 }  // namespace lmserve::kernels::cuda::testing
 
 #endif  // LMSERVE_TESTS_KERNELS_GPU_GPU_TEST_UTIL_H_
