@@ -7,10 +7,12 @@
 // and one subtraction an element). Q4_K, Q8_0 and Q6_K at a few tokens skip the floats: their
 // products run in integers against x rounded to 16-bit digits (the section below).
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/quant_gemm.h"
 #include "kernels/cuda/residual_fold.cuh"
 #include "kernels/cuda/skinny_gemm.h"
@@ -590,12 +592,22 @@ struct Q4kIntegerDecoder {
   __device__ static Row RowOf(const uint8_t* w, int /*n*/, int k, int row) {
     return {w + int64_t{row} * (k / 256) * 144};
   }
-  __device__ static void Load(const Row& row, int u, Raw& raw) {
+  // A unit's bytes are three 16-byte pieces: the header, qa, qb. 32 units (a pass of
+  // IntegerStreamKernel) are 8 blocks, contiguous in the row.
+  static constexpr int kPieces = 3;
+  static constexpr int kPassBytes = 8 * 144;
+  __device__ static const uint8_t* PieceOf(const Row& row, int u, int i) {
     const uint8_t* block = row.blocks + (u >> 2) * 144;
-    const int pair = (u & 3) * 32;
-    raw.header = LoadStream16(block);
-    raw.qa = LoadStream16(block + 16 + pair);
-    raw.qb = LoadStream16(block + 32 + pair);
+    return i == 0 ? block : block + 16 * i + (u & 3) * 32;
+  }
+  __device__ static void FromPieces(const uint4 (&pieces)[kPieces], Raw& raw) {
+    raw = {pieces[0], pieces[1], pieces[2]};
+  }
+  __device__ static void Load(const Row& row, int u, Raw& raw) {
+    uint4 pieces[kPieces];
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) pieces[i] = LoadStream16(PieceOf(row, u, i));
+    FromPieces(pieces, raw);
   }
   template <int M, int R>
   __device__ static void Multiply(const Raw (&raw)[R], int u, const uint8_t* smem, int k,
@@ -911,6 +923,157 @@ __global__ void __launch_bounds__(kBlockWarps * 32,
                                                          num_outputs);
 }
 
+// The one-token products streamed through shared memory (QuantSkinnyStreams, quant_gemm.h): a
+// block of kStreamWarps warps a multiprocessor, whose warps take R rows at a time (a group; with
+// silu_and_mul a gate row and its up row), groups first + i * (warps in the grid), each in passes
+// of 32 units (lane l: unit 32 p + l). A warp copies each pass's bytes of its rows (contiguous in
+// the row: D::kPassBytes) into one of its kStreamStages stages (cp.async, 16 bytes a lane in
+// turn, so every byte is fetched once), up to kStreamStages - 1 passes ahead of the one it
+// multiplies, across groups; the first ones requested before the wait. No registers are held
+// while they are in flight, and x's digits (and a folded add + RMSNorm) are made once a block,
+// not once every 16 outputs as IntegerGemmKernel's grids of several waves do. Measured on an
+// H200 (bench/results section 37): 16 warps and 3 stages, one block a multiprocessor, took
+// Llama-3-8B's Q4_K gate/up from 24.5 to 20.2 us a layer; 8 warps a block (one, two or three
+// blocks a multiprocessor) were no faster than IntegerGemmKernel, and no form was on the small
+// qkv and o, whose warps take one or two groups (hence QuantSkinnyStreams's floor). (Each lane
+// copying its own units' pieces instead, 16 bytes of each 32-byte sector a copy so that every
+// sector was read twice, made the step 39% slower at 8 warps.)
+constexpr int kStreamWarps = 16;
+constexpr int kStreamStages = 3;
+static_assert(kStreamWarps * 4 == kQuantStreamPassesPerMultiprocessor);
+constexpr int StreamStagesOffset(int k) { return (IntegerSmemBytes(1, k) + 15) / 16 * 16; }
+template <typename D, int R>
+constexpr int StreamSmemBytes(int k) {  // at k 16384: 148 KB
+  return StreamStagesOffset(k) + kStreamWarps * kStreamStages * R * D::kPassBytes;
+}
+
+template <typename D, typename T, typename OutT, int R, bool kSiluAndMul,
+          GateActivation kActivation, bool kAddNorm>
+__global__ void __launch_bounds__(kStreamWarps * 32, 1)
+    IntegerStreamKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                        OutT* __restrict__ y, int n, int k, bool late_dependents,
+                        ResidualFoldArgs fold) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kOutputs = kSiluAndMul ? R / 2 : R;
+  constexpr int kStageBytes = R * D::kPassBytes;  // a warp's
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int num_outputs = kSiluAndMul ? n / 2 : n;
+  const int units = k / 64, passes = (units + 31) / 32;
+  const int groups = (num_outputs + kOutputs - 1) / kOutputs;
+  const int warps = gridDim.x * kStreamWarps, first = blockIdx.x * kStreamWarps + warp;
+  const int my_groups = first < groups ? (groups - 1 - first) / warps + 1 : 0;
+  const int items = my_groups * passes;  // (group, pass), passes innermost
+  uint8_t* stages = smem + StreamStagesOffset(k) + warp * kStreamStages * kStageBytes;
+  auto issue = [&](int item) {
+    const int group = first + (item / passes) * warps, pass = item % passes;
+    // The pass's bytes: all of kPassBytes but in a last pass of fewer units.
+    const int chunks = min(units - pass * 32, 32) * (D::kPassBytes / 32) / 16;
+    uint8_t* stage = stages + (item % kStreamStages) * kStageBytes;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const typename D::Row row =
+          D::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(group * kOutputs, r, n));
+      const uint8_t* from = D::PieceOf(row, pass * 32, 0);
+      for (int c = lane; c < chunks; c += 32) {
+        CpAsync16(stage + r * D::kPassBytes + 16 * c, from + 16 * c, true);
+      }
+    }
+  };
+  for (int s = 0; s < kStreamStages - 1; ++s) {
+    if (s < items) issue(s);
+    CpAsyncCommit();
+  }
+  if constexpr (!kSiluAndMul && !kAddNorm) {  // Validate(): never both
+    if (fold.settle_residual != nullptr) {
+      for (int g = 0; g < my_groups; ++g) {
+        SettleResidualRows<OutT, R>(fold.settle_residual, y, (first + g * warps) * kOutputs, n,
+                                    lane);
+      }
+    }
+  }
+  if constexpr (kAddNorm) {
+    if (threadIdx.x == 0) PrefetchAddNormWeight<T>(fold, k);
+  }
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  [[maybe_unused]] const float squares = QuantizeXDigits<kStreamWarps, T, kAddNorm>(
+      x, k, 1, 1, k, smem, fold.add_norm_residual, static_cast<const T*>(fold.add_norm_weight));
+  [[maybe_unused]] __shared__ float warp_squares[kAddNorm ? kStreamWarps : 1];
+  if constexpr (kAddNorm) {
+    if (lane == 0) warp_squares[warp] = squares;
+  }
+  __syncthreads();
+  [[maybe_unused]] float add_norm_scale = 1.0f;
+  if constexpr (kAddNorm) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kStreamWarps; ++i) sum += warp_squares[i];
+    add_norm_scale = AddNormScaleOf(fold, sum);
+  }
+  float acc[R][1] = {};
+  for (int item = 0; item < items; ++item) {
+    __syncwarp();  // every lane's reads of the stage refilled below are done
+    if (item + kStreamStages - 1 < items) issue(item + kStreamStages - 1);
+    CpAsyncCommit();
+    CpAsyncWait<kStreamStages - 1>();  // this lane's copies of `item` have landed
+    __syncwarp();                      // and every lane's
+    const int pass = item % passes, u = pass * 32 + lane;
+    if (u < units) {
+      const uint8_t* stage = stages + (item % kStreamStages) * kStageBytes;
+      typename D::Raw raw[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        // The stage holds the pass's bytes as the row does: lane l's unit is unit l of it.
+        const typename D::Row copy{stage + r * D::kPassBytes};
+        uint4 pieces[D::kPieces];
+#pragma unroll
+        for (int i = 0; i < D::kPieces; ++i) {
+          pieces[i] = *reinterpret_cast<const uint4*>(D::PieceOf(copy, lane, i));
+        }
+        D::FromPieces(pieces, raw[r]);
+      }
+      D::template Multiply<1, R>(raw, u, smem, k, acc);
+    }
+    if (pass == passes - 1) {
+      if constexpr (kAddNorm) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][0] *= add_norm_scale;
+      }
+      const int group = first + (item / passes) * warps;
+      StoreWarpSums<T, OutT, 1, R, kSiluAndMul, kActivation>(acc, y, 0, 1, group * kOutputs,
+                                                             num_outputs);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    }
+  }
+  if (late_dependents) AllowDependentLaunch();
+}
+
+template <typename D, typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>
+cudaError_t LaunchStream(const QuantSkinnyGemmParams& p, const ResidualFoldArgs& fold,
+                         cudaStream_t stream) {
+  constexpr int R = 2;
+  auto* kernel = IntegerStreamKernel<D, T, OutT, R, kSiluAndMul, kActivation, false>;
+  if constexpr (std::is_same_v<OutT, T>) {
+    if (p.add_norm_residual != nullptr) {  // Validate(): one row, y in the input type
+      kernel = IntegerStreamKernel<D, T, OutT, R, kSiluAndMul, kActivation, true>;
+    }
+  }
+  const int k = static_cast<int>(p.k);
+  const int smem = StreamSmemBytes<D, R>(k);
+  if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int64_t groups = kSiluAndMul ? p.n / 2 : CeilDiv(p.n, R);
+  const int64_t blocks =
+      std::min<int64_t>(CeilDiv(groups, kStreamWarps), CurrentMultiprocessorCount());
+  return LaunchKernel(kernel, static_cast<unsigned>(blocks), kStreamWarps * 32,
+                      static_cast<size_t>(smem), stream, static_cast<const T*>(p.x),
+                      static_cast<const uint8_t*>(p.w), static_cast<OutT*>(p.y),
+                      static_cast<int>(p.n), k, p.late_dependents, fold);
+}
+
 template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
           GateActivation kActivation>
 cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
@@ -953,6 +1116,11 @@ cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int6
     }
   }
   const int k = static_cast<int>(p.k);
+  if constexpr (kType == DType::kQ4_K && M == 1) {
+    if (QuantSkinnyStreams(kType, p.m, p.n, p.k, kSiluAndMul, CurrentMultiprocessorCount())) {
+      return LaunchStream<Decoder, T, OutT, kSiluAndMul, kActivation>(p, fold, stream);
+    }
+  }
   const int smem = IntegerSmemBytes(M, k);
   if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
       e != cudaSuccess) {

@@ -53,6 +53,21 @@ constexpr bool QuantSkinnyRoundsX(DType w_dtype, int64_t m, int64_t k) {
          k % 256 == 0 && k <= 16384 && m >= 1 && (m <= 2 || up_to_four);
 }
 
+// Whether a product's integer form streams W through shared memory (quant_gemm.cu's
+// IntegerStreamKernel: one block a multiprocessor, its warps taking two rows at a time, 32 units
+// of them a pass, several passes in flight): Q4_K at one token where the matrix gives the grid's
+// warps four passes each or more on average (Llama-3-8B's gate/up and down), so that they keep
+// streaming; smaller ones (its qkv and o) keep every warp's loads in registers, all requested
+// at once.
+inline constexpr int64_t kQuantStreamPassesPerMultiprocessor = 64;
+constexpr bool QuantSkinnyStreams(DType w_dtype, int64_t m, int64_t n, int64_t k, bool silu_and_mul,
+                                  int64_t multiprocessors) {
+  const int64_t groups = silu_and_mul ? n / 2 : (n + 1) / 2;
+  const int64_t passes = (k / 64 + 31) / 32;
+  return w_dtype == DType::kQ4_K && m == 1 && QuantSkinnyRoundsX(w_dtype, m, k) &&
+         groups * passes >= kQuantStreamPassesPerMultiprocessor * multiprocessors;
+}
+
 // Whether matrices of `dtype` may be held quantized on the GPU (Q8_0, Q4_0, Q4_K, Q6_K).
 bool SupportsQuantWeights(DType dtype);
 // OK if a [rows, cols] matrix of `dtype` may be held quantized: a supported type, cols a
