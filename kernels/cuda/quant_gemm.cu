@@ -932,15 +932,15 @@ __global__ void __launch_bounds__(kBlockWarps * 32,
 // multiplies, across groups; the first ones requested before the wait. No registers are held
 // while they are in flight, and x's digits (and a folded add + RMSNorm) are made once a block,
 // not once every 16 outputs as IntegerGemmKernel's grids of several waves do. Measured on an
-// H200 (bench/results section 37): 16 warps and 3 stages, one block a multiprocessor, took
-// Llama-3-8B's Q4_K gate/up from 24.5 to 20.2 us a layer; 8 warps a block (one, two or three
-// blocks a multiprocessor) were no faster than IntegerGemmKernel, and no form was on the small
-// qkv and o, whose warps take one or two groups (hence QuantSkinnyStreams's floor). (Each lane
-// copying its own units' pieces instead, 16 bytes of each 32-byte sector a copy so that every
-// sector was read twice, made the step 39% slower at 8 warps.)
+// H200 (bench/results section 37), Llama-3-8B's Q4_K step at batch 1: 1.84-1.85 ms against
+// IntegerGemmKernel's 2.09-2.12. 16 warps and 3 stages, one block a multiprocessor; 8 warps a
+// block (one, two or three blocks a multiprocessor) were no faster than IntegerGemmKernel. The
+// next pass's places are followed from pass to pass: finding them from the pass's index (two
+// divisions, the rows' offsets) took as many instructions as the products, and the step 4%
+// longer. (Each lane copying its own units' pieces, 16 bytes of each 32-byte sector a copy so
+// that every sector was read twice, made the step 39% slower at 8 warps.)
 constexpr int kStreamWarps = 16;
 constexpr int kStreamStages = 3;
-static_assert(kStreamWarps * 4 == kQuantStreamPassesPerMultiprocessor);
 constexpr int StreamStagesOffset(int k) { return (IntegerSmemBytes(1, k) + 15) / 16 * 16; }
 template <typename D, int R>
 constexpr int StreamSmemBytes(int k) {  // at k 16384: 148 KB
@@ -964,23 +964,43 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
   const int my_groups = first < groups ? (groups - 1 - first) / warps + 1 : 0;
   const int items = my_groups * passes;  // (group, pass), passes innermost
   uint8_t* stages = smem + StreamStagesOffset(k) + warp * kStreamStages * kStageBytes;
-  auto issue = [&](int item) {
-    const int group = first + (item / passes) * warps, pass = item % passes;
-    // The pass's bytes: all of kPassBytes but in a last pass of fewer units.
-    const int chunks = min(units - pass * 32, 32) * (D::kPassBytes / 32) / 16;
-    uint8_t* stage = stages + (item % kStreamStages) * kStageBytes;
+  // The next pass to copy, followed from pass to pass (its rows' first bytes, its pass and
+  // stage) rather than found from its index. A group's rows are the next group's less
+  // warps * kOutputs rows (n even: no group of two rows runs past the end).
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    rows[r] =
+        D::PieceOf(D::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(first * kOutputs, r, n)), 0, 0);
+  }
+  const int64_t group_stride =
+      int64_t{warps} * kOutputs *
+      (D::PieceOf(D::RowOf(w, n, k, 1), 0, 0) - D::PieceOf(D::RowOf(w, n, k, 0), 0, 0));
+  constexpr int kChunks = D::kPassBytes / 16;  // 16-byte copies a row a pass
+  // A last pass of fewer than 32 units copies their bytes only.
+  const int last_chunks = (units - (passes - 1) * 32) * (D::kPassBytes / 32) / 16;
+  int issue_pass = 0, issue_stage = 0;
+  auto issue = [&]() {
+    const int chunks = issue_pass == passes - 1 ? last_chunks : kChunks;
+    uint8_t* stage = stages + issue_stage * kStageBytes;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const typename D::Row row =
-          D::RowOf(w, n, k, RowOfSlot<R, kSiluAndMul>(group * kOutputs, r, n));
-      const uint8_t* from = D::PieceOf(row, pass * 32, 0);
-      for (int c = lane; c < chunks; c += 32) {
-        CpAsync16(stage + r * D::kPassBytes + 16 * c, from + 16 * c, true);
+      const uint8_t* from = rows[r] + issue_pass * D::kPassBytes;
+#pragma unroll
+      for (int j = 0; j < (kChunks + 31) / 32; ++j) {
+        const int c = lane + 32 * j;
+        if (c < chunks) CpAsync16(stage + r * D::kPassBytes + 16 * c, from + 16 * c, true);
       }
     }
+    if (++issue_pass == passes) {
+      issue_pass = 0;
+#pragma unroll
+      for (int r = 0; r < R; ++r) rows[r] += group_stride;
+    }
+    issue_stage = issue_stage == kStreamStages - 1 ? 0 : issue_stage + 1;
   };
   for (int s = 0; s < kStreamStages - 1; ++s) {
-    if (s < items) issue(s);
+    if (s < items) issue();
     CpAsyncCommit();
   }
   if constexpr (!kSiluAndMul && !kAddNorm) {  // Validate(): never both
@@ -1011,15 +1031,16 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
     add_norm_scale = AddNormScaleOf(fold, sum);
   }
   float acc[R][1] = {};
+  int pass = 0, stage_index = 0, group = first;
   for (int item = 0; item < items; ++item) {
     __syncwarp();  // every lane's reads of the stage refilled below are done
-    if (item + kStreamStages - 1 < items) issue(item + kStreamStages - 1);
+    if (item + kStreamStages - 1 < items) issue();
     CpAsyncCommit();
     CpAsyncWait<kStreamStages - 1>();  // this lane's copies of `item` have landed
     __syncwarp();                      // and every lane's
-    const int pass = item % passes, u = pass * 32 + lane;
+    const int u = pass * 32 + lane;
     if (u < units) {
-      const uint8_t* stage = stages + (item % kStreamStages) * kStageBytes;
+      const uint8_t* stage = stages + stage_index * kStageBytes;
       typename D::Raw raw[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -1034,16 +1055,18 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
       }
       D::template Multiply<1, R>(raw, u, smem, k, acc);
     }
-    if (pass == passes - 1) {
+    stage_index = stage_index == kStreamStages - 1 ? 0 : stage_index + 1;
+    if (++pass == passes) {
       if constexpr (kAddNorm) {
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r][0] *= add_norm_scale;
       }
-      const int group = first + (item / passes) * warps;
       StoreWarpSums<T, OutT, 1, R, kSiluAndMul, kActivation>(acc, y, 0, 1, group * kOutputs,
                                                              num_outputs);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+      pass = 0;
+      group += warps;
     }
   }
   if (late_dependents) AllowDependentLaunch();
@@ -1078,12 +1101,13 @@ template <DType kType, typename T, typename OutT, int M, bool kSiluAndMul,
           GateActivation kActivation>
 cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
                           cudaStream_t stream) {
-  // Q4_K at one token: 4 rows a warp, 8 warps a block, two blocks a multiprocessor (128
-  // registers); else 2 rows a warp (the registers of Q8_0's and Q6_K's larger units, of a second
-  // token's sums), 16 warps a block at two tokens and 8 (up to 255 registers) at four. Measured
-  // on an H100, Q4_K steps of Llama-3-8B's shapes: at one token, 4 rows and 16 warps took
-  // 2.63-2.66 ms and 2 rows and 16 warps 2.66-2.67 against 2.60-2.62; at two tokens, 2 rows and
-  // 8 warps 3.16-3.17 against 2.98-3.00.
+  // Q4_K at one token, where it does not stream (QuantSkinnyStreams: less shared memory): 4
+  // rows a warp, 8 warps a block, two blocks a multiprocessor (128 registers); else 2 rows a warp
+  // (the registers of Q8_0's and Q6_K's larger units, of a second token's sums), 16 warps a block
+  // at two tokens and 8 (up to 255 registers) at four. Measured on an H100, Q4_K steps of
+  // Llama-3-8B's shapes: at one token, 4 rows and 16 warps took 2.63-2.66 ms and 2 rows and 16
+  // warps 2.66-2.67 against 2.60-2.62; at two tokens, 2 rows and 8 warps 3.16-3.17
+  // against 2.98-3.00.
   constexpr bool kWide = kType == DType::kQ4_K && M == 1;
   constexpr int R = kWide ? 4 : 2;
   constexpr int kBlockWarps = kWide || M > 2 ? 8 : 16;
@@ -1092,6 +1116,11 @@ cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int6
       kType == DType::kQ4_K, Q4kIntegerDecoder,
       std::conditional_t<kType == DType::kQ8_0, Q80IntegerDecoder, Q6kIntegerDecoder>>;
   const ResidualFoldArgs fold = ResidualFoldArgsOf(p);
+  if constexpr (kWide) {
+    if (QuantSkinnyStreams(kType, p.m, p.k)) {
+      return LaunchStream<Decoder, T, OutT, kSiluAndMul, kActivation>(p, fold, stream);
+    }
+  }
   const int64_t outputs = kSiluAndMul ? p.n / 2 : p.n;
   const int64_t blocks = CeilDiv(outputs, int64_t{kBlockWarps} * (kSiluAndMul ? R / 2 : R));
   auto* kernel =
@@ -1116,11 +1145,6 @@ cudaError_t LaunchInteger(const QuantSkinnyGemmParams& p, int64_t x_stride, int6
     }
   }
   const int k = static_cast<int>(p.k);
-  if constexpr (kType == DType::kQ4_K && M == 1) {
-    if (QuantSkinnyStreams(kType, p.m, p.n, p.k, kSiluAndMul, CurrentMultiprocessorCount())) {
-      return LaunchStream<Decoder, T, OutT, kSiluAndMul, kActivation>(p, fold, stream);
-    }
-  }
   const int smem = IntegerSmemBytes(M, k);
   if (const cudaError_t e = SetMaxDynamicSharedMemory(reinterpret_cast<const void*>(kernel), smem);
       e != cudaSuccess) {
@@ -1314,6 +1338,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 }  // namespace
+
+bool QuantSkinnyStreams(DType w_dtype, int64_t m, int64_t k) {
+  if (w_dtype != DType::kQ4_K || m != 1 || !QuantSkinnyRoundsX(w_dtype, m, k)) return false;
+  int device = 0, max_bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return StreamSmemBytes<Q4kIntegerDecoder, 2>(static_cast<int>(k)) <= max_bytes;
+}
 
 cudaError_t Launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {
   if (!p.Validate().ok() || p.input_dtype != DType::kBF16) return cudaErrorInvalidValue;

@@ -54,19 +54,12 @@ constexpr bool QuantSkinnyRoundsX(DType w_dtype, int64_t m, int64_t k) {
 }
 
 // Whether a product's integer form streams W through shared memory (quant_gemm.cu's
-// IntegerStreamKernel: one block a multiprocessor, its warps taking two rows at a time, 32 units
-// of them a pass, several passes in flight): Q4_K at one token where the matrix gives the grid's
-// warps four passes each or more on average (Llama-3-8B's gate/up and down), so that they keep
-// streaming; smaller ones (its qkv and o) keep every warp's loads in registers, all requested
-// at once.
-inline constexpr int64_t kQuantStreamPassesPerMultiprocessor = 64;
-constexpr bool QuantSkinnyStreams(DType w_dtype, int64_t m, int64_t n, int64_t k, bool silu_and_mul,
-                                  int64_t multiprocessors) {
-  const int64_t groups = silu_and_mul ? n / 2 : (n + 1) / 2;
-  const int64_t passes = (k / 64 + 31) / 32;
-  return w_dtype == DType::kQ4_K && m == 1 && QuantSkinnyRoundsX(w_dtype, m, k) &&
-         groups * passes >= kQuantStreamPassesPerMultiprocessor * multiprocessors;
-}
+// IntegerStreamKernel: one block of 16 warps a multiprocessor, each warp taking two rows at a
+// time, 32 units of them a pass, two passes in flight): Q4_K at one token
+// (QuantSkinnyRoundsX) where the current device lets a block take the shared memory it needs
+// (120 KB at k 4096, 148 KB at 16384: Hopper's 227 KB and the A100's 163 KB do; the 99 KB of
+// compute capability 8.6 and 8.9 do not, where the products keep their loads in registers).
+bool QuantSkinnyStreams(DType w_dtype, int64_t m, int64_t k);
 
 // Whether matrices of `dtype` may be held quantized on the GPU (Q8_0, Q4_0, Q4_K, Q6_K).
 bool SupportsQuantWeights(DType dtype);
