@@ -102,6 +102,23 @@ std::vector<float> RoundedForIntegerProducts(const std::vector<float>& x) {
   return out;
 }
 
+// The add + RMSNorm's row in double: (add + residual) * rsqrt(mean of its squares + eps) * weight.
+std::vector<float> NormedRow(const std::vector<float>& add, const std::vector<float>& residual,
+                             const std::vector<float>& weight, double eps) {
+  const size_t k = add.size();
+  double squares = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const double h = static_cast<double>(add[i]) + residual[i];
+    squares += h * h;
+  }
+  const double scale = 1.0 / std::sqrt(squares / static_cast<double>(k) + eps);
+  std::vector<float> normed(k);
+  for (size_t i = 0; i < k; ++i) {
+    normed[i] = static_cast<float>((static_cast<double>(add[i]) + residual[i]) * scale * weight[i]);
+  }
+  return normed;
+}
+
 TEST(QuantGemmGpuTest, DequantizeIsBitExactWithTheCpu) {
   LMSERVE_REQUIRE_GPU();
   for (DType dtype : kTypes) {
@@ -266,18 +283,9 @@ TEST(QuantGemmGpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
         EXPECT_LE(RelativeL2(got, want), 1e-2);
         if (!gated) {  // and against the double-precision product of the normed row
           // (add and norm_w as rounded to bf16 above)
-          double squares = 0;
-          for (int64_t i = 0; i < k; ++i) {
-            const double h = static_cast<double>(add[i]) + residual[i];
-            squares += h * h;
-          }
-          const double scale = 1.0 / std::sqrt(squares / static_cast<double>(k) + eps);
-          std::vector<float> normed(k);
-          for (int64_t i = 0; i < k; ++i) {
-            normed[i] =
-                static_cast<float>((static_cast<double>(add[i]) + residual[i]) * scale * norm_w[i]);
-          }
-          EXPECT_LE(RelativeL2(got, Reference(normed, w.values, 1, n, k)), 1e-2);
+          EXPECT_LE(
+              RelativeL2(got, Reference(NormedRow(add, residual, norm_w, eps), w.values, 1, n, k)),
+              1e-2);
         }
         EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
       }
@@ -425,19 +433,9 @@ TEST(QuantGemmGpuTest, SkinnyGemmStreamsLargeOneTokenProducts) {
     CUDA_ASSERT(cudaDeviceSynchronize());
     const std::vector<float> got = testing::Download(d_y, c.out);
     // The row multiplied: x as the integer products round it, or the normed row in double.
-    std::vector<float> row = RoundedForIntegerProducts(x);
-    if (c.fold) {
-      double squares = 0;
-      for (int64_t i = 0; i < c.k; ++i) {
-        const double h = static_cast<double>(x[i]) + residual[i];
-        squares += h * h;
-      }
-      const double scale = 1.0 / std::sqrt(squares / static_cast<double>(c.k) + 1e-5);
-      for (int64_t i = 0; i < c.k; ++i) {
-        row[i] = static_cast<float>((static_cast<double>(x[i]) + residual[i]) * scale * norm_w[i]);
-      }
-    }
-    std::vector<float> want = Reference(row, w.values, 1, n, c.k);
+    std::vector<float> want = Reference(
+        c.fold ? NormedRow(x, residual, norm_w, p.add_norm_epsilon) : RoundedForIntegerProducts(x),
+        w.values, 1, n, c.k);
     if (c.gated) {
       std::vector<float> act(y_width);
       kernels::SiluAndMulParams a;
