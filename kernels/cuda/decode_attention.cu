@@ -758,13 +758,7 @@ std::atomic<int> forced_warps{0};
 // `blocks` (a launch's blocks per split) are kDecodeOneWarpBlocks a multiprocessor or more, 2
 // where they fill the device without splits at 4 of them a multiprocessor, 4 otherwise.
 int DecodeWarps(int64_t blocks, int sms, int four_warp_bytes) {
-  int device = 0, max_bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    max_bytes = 0;
-  }
+  const int max_bytes = CurrentMaxSharedMemoryPerBlock();
   if (max_bytes > 0 && four_warp_bytes > max_bytes) return 2;
   if (const int forced = forced_warps.load(); forced == 1 || forced == 2 || forced == 4) {
     return forced;

@@ -37,6 +37,17 @@ int CurrentMultiprocessorCount() {
   return sms;
 }
 
+int CurrentMaxSharedMemoryPerBlock() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return bytes;
+}
+
 namespace {
 std::atomic<bool> programmatic_launch_allowed{true};
 std::atomic<KernelPath> kernel_path{KernelPath::kAuto};

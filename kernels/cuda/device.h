@@ -24,6 +24,10 @@ std::vector<DeviceInfo> ListDevices();
 
 // Multiprocessors of the current device; 0 when there is none or the runtime fails.
 int CurrentMultiprocessorCount();
+// The most shared memory a block of the current device may opt in to (bytes; 227 KB on Hopper,
+// 163 KB on the A100, 99 KB on compute capability 8.6 and 8.9); 0 when there is no device or the
+// runtime fails.
+int CurrentMaxSharedMemoryPerBlock();
 
 // Whether the kernels may chain by programmatic dependent launch (on by default; used only where
 // UseHopperKernels(), common.cuh). Process-wide; a runner sets it from its configuration at

@@ -8,6 +8,7 @@
 // products run in integers against x rounded to 16-bit digits (the section below).
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -1339,16 +1340,20 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+namespace {
+// SetQuantSkinnyStreaming's setting.
+std::atomic<bool> streaming_allowed{true};
+}  // namespace
+
+void SetQuantSkinnyStreaming(bool allowed) { streaming_allowed.store(allowed); }
+
 bool QuantSkinnyStreams(DType w_dtype, int64_t m, int64_t k) {
-  if (w_dtype != DType::kQ4_K || m != 1 || !QuantSkinnyRoundsX(w_dtype, m, k)) return false;
-  int device = 0, max_bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&max_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    cudaGetLastError();
+  if (w_dtype != DType::kQ4_K || m != 1 || !QuantSkinnyRoundsX(w_dtype, m, k) ||
+      !streaming_allowed.load()) {
     return false;
   }
-  return StreamSmemBytes<Q4kIntegerDecoder, 2>(static_cast<int>(k)) <= max_bytes;
+  return StreamSmemBytes<Q4kIntegerDecoder, 2>(static_cast<int>(k)) <=
+         CurrentMaxSharedMemoryPerBlock();
 }
 
 cudaError_t Launch(const QuantSkinnyGemmParams& p, cudaStream_t stream) {

@@ -58,8 +58,13 @@ constexpr bool QuantSkinnyRoundsX(DType w_dtype, int64_t m, int64_t k) {
 // time, 32 units of them a pass, two passes in flight): Q4_K at one token
 // (QuantSkinnyRoundsX) where the current device lets a block take the shared memory it needs
 // (120 KB at k 4096, 148 KB at 16384: Hopper's 227 KB and the A100's 163 KB do; the 99 KB of
-// compute capability 8.6 and 8.9 do not, where the products keep their loads in registers).
+// compute capability 8.6 and 8.9 do not, where the products keep their loads in registers), and
+// SetQuantSkinnyStreaming has not turned it off.
 bool QuantSkinnyStreams(DType w_dtype, int64_t m, int64_t k);
+// Whether Q4_K's one-token products may stream (on by default). Off, they take the kernel of the
+// GPUs with less shared memory a block, so that tests reach it on the GPUs they have.
+// Process-wide (an atomic read at each launch); for tests and benchmarks.
+void SetQuantSkinnyStreaming(bool allowed);
 
 // Whether matrices of `dtype` may be held quantized on the GPU (Q8_0, Q4_0, Q4_K, Q6_K).
 bool SupportsQuantWeights(DType dtype);

@@ -361,13 +361,24 @@ TEST(QuantGemmGpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
   }
 }
 
+// SetQuantSkinnyStreaming(allowed) for a scope.
+class ScopedStreaming {
+ public:
+  explicit ScopedStreaming(bool allowed) { SetQuantSkinnyStreaming(allowed); }
+  ~ScopedStreaming() { SetQuantSkinnyStreaming(true); }
+  ScopedStreaming(const ScopedStreaming&) = delete;
+  ScopedStreaming& operator=(const ScopedStreaming&) = delete;
+};
+
 // Q4_K's one-token products streamed through shared memory (QuantSkinnyStreams; the row-count
 // test above takes them on small matrices) on matrices whose warps take several groups of rows
 // (sized from this GPU's multiprocessors): plain against the double-precision product of x as
 // rounded, with a last pass of 4 units (k 2304) and at down's k with the residual's settle;
 // gated against the CPU's activation; the add + RMSNorm folded in, against the norm kernel and
-// the same launch, and the double-precision product of the normed row.
-TEST(QuantGemmGpuTest, SkinnyGemmStreamsLargeOneTokenProducts) {
+// the same launch, and the double-precision product of the normed row. Then the same with
+// streaming off: the kernel of the GPUs with less shared memory a block (compute capability 8.6
+// and 8.9), which no test would reach on a Hopper GPU or an A100 otherwise.
+TEST(QuantGemmGpuTest, SkinnyGemmLargeOneTokenProductsStreamedAndNot) {
   LMSERVE_REQUIRE_GPU();
   const int multiprocessors = CurrentMultiprocessorCount();
   struct Case {
@@ -375,86 +386,93 @@ TEST(QuantGemmGpuTest, SkinnyGemmStreamsLargeOneTokenProducts) {
     bool gated, fold, settle;
     DType out;
   };
-  for (const Case c :
-       {Case{2304, false, false, false, DType::kF32}, Case{14336, false, false, true, DType::kBF16},
-        Case{4096, true, false, false, DType::kBF16}, Case{4096, true, true, false, DType::kBF16},
-        Case{4096, false, true, false, DType::kBF16}}) {
-    const int64_t passes = (c.k / 64 + 31) / 32;
-    // Two rows a group (a gate row and its up row gated), n / 2 groups: about four passes for
-    // each of 16 warps a multiprocessor, 3 groups past a multiple.
-    const int64_t n = 2 * (64 * multiprocessors / passes + 3);
-    const int64_t y_width = c.gated ? n / 2 : n;
-    const uint32_t seed = FreshSeed();
-    SCOPED_TRACE(::testing::Message()
-                 << "n " << n << " k " << c.k << (c.gated ? " gated" : "")
-                 << (c.fold ? " fold" : "") << (c.settle ? " settle" : "") << " seed " << seed);
-    ASSERT_TRUE(QuantSkinnyStreams(DType::kQ4_K, 1, c.k)) << "less shared memory a block";
-    std::mt19937 rng(seed);
-    // x, norm_w and before as rounded to bf16 (RoundToHalf, in place) below.
-    std::vector<float> x = RandomFloats(c.k, rng), norm_w = RandomFloats(c.k, rng, 0.2f, 1.0f);
-    std::vector<float> before = RandomFloats(y_width, rng);
-    const std::vector<float> residual = RandomFloats(c.k, rng, 2.0f);
-    std::vector<float> settle = RandomFloats(y_width, rng, 2.0f);
-    QuantMatrix w = MakeMatrix(DType::kQ4_K, n, c.k, rng, 0.05f);
-    DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
-    DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16)), d_normed(c.k);
-    DeviceBuffer<float> d_residual(residual), d_residual2(residual), d_settle(settle);
-    DeviceBuffer<uint8_t> d_y = testing::Poisoned(y_width, c.out);
-    DeviceBuffer<uint8_t> d_y2 = testing::Poisoned(y_width, c.out);
-    if (c.settle) {  // the output buffer holds what the settle adds
-      const std::vector<uint16_t> bits = RoundToHalf(before, DType::kBF16);
-      CUDA_ASSERT(cudaMemcpy(d_y.get(), bits.data(), 2 * y_width, cudaMemcpyHostToDevice));
-    }
-    QuantSkinnyGemmParams p{.x = d_x.get(),
-                            .w = w.device.get(),
-                            .w_dtype = DType::kQ4_K,
-                            .y = d_y.get(),
-                            .m = 1,
-                            .n = n,
-                            .k = c.k,
-                            .output_dtype = c.out,
-                            .silu_and_mul = c.gated};
-    if (c.fold) {
-      p.add_norm_residual = d_residual.get();
-      p.add_norm_weight = d_norm_w.get();
-      p.add_norm_epsilon = 1e-5f;
-    }
-    if (c.settle) p.settle_residual = d_settle.get();
-    ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-    CUDA_ASSERT(Launch(p, nullptr));
-    if (c.settle) {  // the same product without the settle
-      QuantSkinnyGemmParams q = p;
-      q.y = d_y2.get();
-      q.settle_residual = nullptr;
-      CUDA_ASSERT(Launch(q, nullptr));
-    } else if (c.fold) {
-      CUDA_ASSERT(testing::LaunchUnfolded(p, d_residual2.get(), d_normed.get(), d_y2.get()));
-    }
-    CUDA_ASSERT(cudaDeviceSynchronize());
-    const std::vector<float> got = testing::Download(d_y, c.out);
-    // The row multiplied: x as the integer products round it, or the normed row in double.
-    std::vector<float> want = Reference(
-        c.fold ? NormedRow(x, residual, norm_w, p.add_norm_epsilon) : RoundedForIntegerProducts(x),
-        w.values, 1, n, c.k);
-    if (c.gated) {
-      std::vector<float> act(y_width);
-      kernels::SiluAndMulParams a;
-      a.gate_up = want.data();
-      a.output = act.data();
-      a.num_tokens = 1;
-      a.intermediate_size = y_width;
-      kernels::SiluAndMul(a);
-      want = act;
-    }
-    EXPECT_LE(RelativeL2(got, want), c.out == DType::kF32 ? 1e-5 : 1e-2);
-    if (c.fold) {
-      EXPECT_LE(RelativeL2(got, testing::Download(d_y2, c.out)), 1e-2);
-      EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
-    }
-    if (c.settle) {
-      for (int64_t i = 0; i < y_width; ++i) settle[i] += before[i];
-      EXPECT_EQ(d_settle.Download(), settle);
-      EXPECT_EQ(testing::Download(d_y, c.out), testing::Download(d_y2, c.out));
+  for (const bool streaming : {true, false}) {
+    const ScopedStreaming scoped(streaming);
+    for (const Case c :
+         {Case{2304, false, false, false, DType::kF32},
+          Case{14336, false, false, true, DType::kBF16},
+          Case{4096, true, false, false, DType::kBF16}, Case{4096, true, true, false, DType::kBF16},
+          Case{4096, false, true, false, DType::kBF16}}) {
+      const int64_t passes = (c.k / 64 + 31) / 32;
+      // Two rows a group (a gate row and its up row gated), n / 2 groups: about four passes for
+      // each of 16 warps a multiprocessor, 3 groups past a multiple.
+      const int64_t n = 2 * (64 * multiprocessors / passes + 3);
+      const int64_t y_width = c.gated ? n / 2 : n;
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << (streaming ? "streamed" : "not streamed") << ", n " << n << " k " << c.k
+                   << (c.gated ? " gated" : "") << (c.fold ? " fold" : "")
+                   << (c.settle ? " settle" : "") << " seed " << seed);
+      ASSERT_EQ(QuantSkinnyStreams(DType::kQ4_K, 1, c.k), streaming)
+          << "less shared memory a block";
+      std::mt19937 rng(seed);
+      // x, norm_w and before as rounded to bf16 (RoundToHalf, in place) below.
+      std::vector<float> x = RandomFloats(c.k, rng), norm_w = RandomFloats(c.k, rng, 0.2f, 1.0f);
+      std::vector<float> before = RandomFloats(y_width, rng);
+      const std::vector<float> residual = RandomFloats(c.k, rng, 2.0f);
+      std::vector<float> settle = RandomFloats(y_width, rng, 2.0f);
+      QuantMatrix w = MakeMatrix(DType::kQ4_K, n, c.k, rng, 0.05f);
+      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+      DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16)), d_normed(c.k);
+      DeviceBuffer<float> d_residual(residual), d_residual2(residual), d_settle(settle);
+      DeviceBuffer<uint8_t> d_y = testing::Poisoned(y_width, c.out);
+      DeviceBuffer<uint8_t> d_y2 = testing::Poisoned(y_width, c.out);
+      if (c.settle) {  // the output buffer holds what the settle adds
+        const std::vector<uint16_t> bits = RoundToHalf(before, DType::kBF16);
+        CUDA_ASSERT(cudaMemcpy(d_y.get(), bits.data(), 2 * y_width, cudaMemcpyHostToDevice));
+      }
+      QuantSkinnyGemmParams p{.x = d_x.get(),
+                              .w = w.device.get(),
+                              .w_dtype = DType::kQ4_K,
+                              .y = d_y.get(),
+                              .m = 1,
+                              .n = n,
+                              .k = c.k,
+                              .output_dtype = c.out,
+                              .silu_and_mul = c.gated};
+      if (c.fold) {
+        p.add_norm_residual = d_residual.get();
+        p.add_norm_weight = d_norm_w.get();
+        p.add_norm_epsilon = 1e-5f;
+      }
+      if (c.settle) p.settle_residual = d_settle.get();
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      if (c.settle) {  // the same product without the settle
+        QuantSkinnyGemmParams q = p;
+        q.y = d_y2.get();
+        q.settle_residual = nullptr;
+        CUDA_ASSERT(Launch(q, nullptr));
+      } else if (c.fold) {
+        CUDA_ASSERT(testing::LaunchUnfolded(p, d_residual2.get(), d_normed.get(), d_y2.get()));
+      }
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<float> got = testing::Download(d_y, c.out);
+      // The row multiplied: x as the integer products round it, or the normed row in double.
+      std::vector<float> want =
+          Reference(c.fold ? NormedRow(x, residual, norm_w, p.add_norm_epsilon)
+                           : RoundedForIntegerProducts(x),
+                    w.values, 1, n, c.k);
+      if (c.gated) {
+        std::vector<float> act(y_width);
+        kernels::SiluAndMulParams a;
+        a.gate_up = want.data();
+        a.output = act.data();
+        a.num_tokens = 1;
+        a.intermediate_size = y_width;
+        kernels::SiluAndMul(a);
+        want = act;
+      }
+      EXPECT_LE(RelativeL2(got, want), c.out == DType::kF32 ? 1e-5 : 1e-2);
+      if (c.fold) {
+        EXPECT_LE(RelativeL2(got, testing::Download(d_y2, c.out)), 1e-2);
+        EXPECT_EQ(d_residual.Download(), residual) << "the fold does not write the residual";
+      }
+      if (c.settle) {
+        for (int64_t i = 0; i < y_width; ++i) settle[i] += before[i];
+        EXPECT_EQ(d_settle.Download(), settle);
+        EXPECT_EQ(testing::Download(d_y, c.out), testing::Download(d_y2, c.out));
+      }
     }
   }
 }
