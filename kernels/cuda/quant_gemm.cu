@@ -1338,11 +1338,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
-namespace {
 // SetQuantSkinnyStreaming's setting.
 std::atomic<bool> streaming_allowed{true};
+
 }  // namespace
 
 void SetQuantSkinnyStreaming(bool allowed) { streaming_allowed.store(allowed); }
