@@ -47,6 +47,7 @@
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
 //        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--sm90-gated-gemm]
 //        [--no-add-norm-fold] [--gemm-table] [--mixed] [--no-split-attention]
+//        [--f8-skinny-cuda-cores]
 //
 // --mixed: after the decode and prefill steps, one step of each batch's decodes (at --context)
 // together with the prefill's sequences (--prefill-seqs x --prefill-tokens from position 0), as a
@@ -64,12 +65,15 @@
 // RunnerConfig::fuse_residual_gemm off (o_proj and down then write bf16 rows that the next norm
 // adds to the fp32 residual, as before 2026-11-26). --sm90-gated-gemm:
 // RunnerConfig::sm90_gated_gemm on (the gate/up product of 2,048 tokens and more through the
-// Hopper GEMM of our own with the activation in its epilogue). --no-add-norm-fold: RunnerConfig::fold_add_norm
-// off (steps of one token run the add + RMSNorm before a product as a kernel of its own, and FP8
-// steps of more than 8 tokens quantize each FP8 GEMM's input in a pass of their own, as before
-// 2026-11-27). --gemm-table: before the
-// runner starts, the prefill's projections at its token count, each through cuBLASLt's heuristic
-// choice and its fastest candidate, on random data (PrefillGemmTable).
+// Hopper GEMM of our own with the activation in its epilogue). --no-add-norm-fold:
+// RunnerConfig::fold_add_norm off (steps of one token run the add + RMSNorm before a product as a
+// kernel of its own, and FP8 steps of more than 8 tokens quantize each FP8 GEMM's input in a pass
+// of their own, as before 2026-11-27). --gemm-table: before the runner starts, the prefill's
+// projections at its token count, each through cuBLASLt's heuristic choice and its fastest
+// candidate, on random data (PrefillGemmTable).
+//
+// --f8-skinny-cuda-cores: FP8's products of 2 to 8 tokens on the CUDA-core kernel instead of the
+// tensor-core one (fp8.h: SetF8SkinnyTensorCores), as before 2026-11-28.
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -102,6 +106,7 @@
 #include "engine/runner/memory_plan.h"
 #include "engine/runner/model_runner.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/random_fill.h"
 #include "nlohmann/json.hpp"
@@ -129,6 +134,7 @@ struct Options {
   bool fuse_ssm_norm = true;
   int64_t l2_prefetch_bytes = 0;
   bool skinny_split_k = true;
+  bool f8_skinny_tensor_cores = true;
   bool ssm_decode_late_dependents = false;
   bool ssm_prefill_legacy = false;
   int ssm_scan_warps = 0;
@@ -155,7 +161,8 @@ int Usage(const char* message) {
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
-               "[--no-skinny-split-k] [--ssm-decode-late-dependents] [--ssm-prefill-legacy] "
+               "[--no-skinny-split-k] [--f8-skinny-cuda-cores] [--ssm-decode-late-dependents] "
+               "[--ssm-prefill-legacy] "
                "[--ssm-scan-warps 4|8] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
                "[--kv-cache-dtype auto|bf16|fp8] [--json FILE] "
@@ -495,6 +502,7 @@ int Run(const Options& o) {
   config.sm90_gated_gemm = o.sm90_gated_gemm;
   config.fold_add_norm = o.fold_add_norm;
   config.split_mixed_attention = o.split_mixed_attention;
+  kernels::cuda::SetF8SkinnyTensorCores(o.f8_skinny_tensor_cores);
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -600,6 +608,7 @@ int Run(const Options& o) {
       {"fuse_ssm_norm", o.fuse_ssm_norm},
       {"skinny_l2_prefetch_bytes", o.l2_prefetch_bytes},
       {"skinny_split_k", o.skinny_split_k},
+      {"f8_skinny_tensor_cores", o.f8_skinny_tensor_cores},
       {"ssm_decode_late_dependents", o.ssm_decode_late_dependents},
       {"ssm_prefill_legacy", o.ssm_prefill_legacy},
       {"ssm_scan_warps", o.ssm_scan_warps},
@@ -846,6 +855,8 @@ int main(int argc, char** argv) {
       o.fuse_ssm_norm = false;
     } else if (arg == "--no-skinny-split-k") {
       o.skinny_split_k = false;
+    } else if (arg == "--f8-skinny-cuda-cores") {
+      o.f8_skinny_tensor_cores = false;
     } else if (arg == "--ssm-decode-late-dependents") {
       o.ssm_decode_late_dependents = true;
     } else if (arg == "--ssm-prefill-legacy") {

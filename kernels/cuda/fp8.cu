@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -243,6 +244,210 @@ __global__ void __launch_bounds__(kThreads, M == 1 ? 4 : 1)
   }
 }
 
+// ---- F8SkinnyGemm of 2 to 8 tokens on the tensor cores: mma.sync m16n8k16 in fp16 with fp32
+// accumulators, 16 rows of W a block as the A operand (E4M3 pairs widened by one cvt each,
+// exactly: every E4M3 value is an fp16 one) and the tokens as B's 8 columns. A weight costs a
+// cvt for two and a share of an mma whatever the token count, where the kernel above spends a
+// multiply-add a weight and token on the CUDA cores. (At one token that kernel is faster: its
+// rows stream at the copy rate, and this one's block barriers and shorter runs of each row cost
+// more than its instructions save; bench/results section 40.)
+//
+// A block: 8 warps over 16 rows of W (kSiluAndMul: 8 gate rows and the same 8 up rows, so that a
+// thread holds both halves of its outputs), k in chunks of 64 columns; a round of the block takes
+// kMmaUnroll chunks a warp, the warps side by side (one run of each row), and the warps' sums are
+// added through shared memory at the end. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of
+// rows g and g + 8 at column 64c + 16t: for the chunk's mma j, bytes 4j .. 4j + 3 of them are
+// the k indices {2t, 2t + 1, 2t + 8, 2t + 9} of the A fragment, and the B fragment takes x at
+// the same columns, so the sum runs over k in another order. Each chunk's loads for the next
+// round are issued as soon as its products are made. x goes to shared memory once a block, in
+// fp16 with a power of two a (token, chunk) that puts the chunk's largest magnitude in
+// [2^14, 2^15) (bf16 activations reach past fp16's 65,504); each chunk's products are scaled
+// back as they are added into the fp32 accumulators.
+constexpr int kMmaRows = 16;   // rows of W a block
+constexpr int kMmaChunk = 64;  // columns of k a chunk
+constexpr int kMmaUnroll = 4;  // chunks of W in flight a warp
+// x's bytes a block at most: with the partial sums' 4 KB, under the 48 KB a block takes without
+// asking. (64 KB, for down_proj's k of 14,336 at two tokens, made two-token steps 1.5% slower.)
+constexpr int kMmaMaxSmem = 40 * 1024;
+
+std::atomic<bool> f8_tensor_cores{true};
+
+// The kernel's dynamic shared memory: x in fp16 ([m][chunks * 64]), then the chunks' scales
+// ([m][chunks] fp32).
+int64_t MmaSmemBytes(int64_t m, int64_t k) {
+  const int64_t chunks = CeilDiv(k, int64_t{kMmaChunk});
+  return m * chunks * kMmaChunk * 2 + m * chunks * 4;
+}
+
+// Two E4M3 bytes (the low one first) to an fp16 pair.
+__device__ __forceinline__ uint32_t F8PairToHalf2(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+template <typename T, typename OutT, bool kSiluAndMul,
+          GateActivation kActivation = GateActivation::kSilu>
+__global__ void __launch_bounds__(kThreads, 3)
+    F8MmaSkinnyKernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                      const float* __restrict__ w_scales, OutT* __restrict__ y, int m, int n, int k,
+                      int64_t x_stride, int64_t y_stride, bool late_dependents) {
+  extern __shared__ uint4 mma_smem[];
+  __shared__ float partial[kWarps][32][4];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int chunks = (k + kMmaChunk - 1) / kMmaChunk;
+  // Rows g and g + 8 of the block's W (clamped: a row past the end reads a neighbour, unused).
+  int row_lo, row_hi;
+  if constexpr (kSiluAndMul) {
+    const int out = min(static_cast<int>(blockIdx.x) * 8 + g, n / 2 - 1);
+    row_lo = out, row_hi = n / 2 + out;
+  } else {
+    row_lo = min(static_cast<int>(blockIdx.x) * kMmaRows + g, n - 1);
+    row_hi = min(static_cast<int>(blockIdx.x) * kMmaRows + g + 8, n - 1);
+  }
+  const uint8_t* w_lo = w + int64_t{row_lo} * k + 16 * t;
+  const uint8_t* w_hi = w + int64_t{row_hi} * k + 16 * t;
+  constexpr int kRound = kWarps * kMmaUnroll;  // chunks a round of the block
+  uint4 wv[kMmaUnroll][2];
+  // Chunk c into slot u (zeros past k).
+  auto load_chunk = [&](int u, int c) {
+    if (c < chunks && c * kMmaChunk + 16 * t < k) {
+      wv[u][0] = LoadStream16(w_lo + c * kMmaChunk);
+      wv[u][1] = LoadStream16(w_hi + c * kMmaChunk);
+    } else {
+      wv[u][0] = wv[u][1] = make_uint4(0, 0, 0, 0);
+    }
+  };
+  const int first = warp * kMmaUnroll;
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) load_chunk(u, first + u);  // before the wait
+  const float scale_lo = __ldg(w_scales + row_lo), scale_hi = __ldg(w_scales + row_hi);
+  WaitForPriorKernels();
+  if (!late_dependents) AllowDependentLaunch();
+  // x into shared memory as fp16, a power of two a (token, chunk); four threads a chunk.
+  const int kpad = chunks * kMmaChunk;
+  __half* xs = reinterpret_cast<__half*>(mma_smem);
+  float* chunk_scales = reinterpret_cast<float*>(xs + int64_t{m} * kpad);
+  const int pieces = m * chunks * 4;  // a multiple of 4: a chunk's four threads share a warp
+  for (int base = 0; base < pieces; base += kThreads) {
+    const int i = base + threadIdx.x;
+    const bool valid = i < pieces;
+    const int token = valid ? i / (chunks * 4) : 0, col = (valid ? i % (chunks * 4) : 0) * 16;
+    float v[16];
+    float amax = 0.0f;
+    if (valid && col < k) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + token * x_stride + col);
+      Unpack8<T>(__ldg(p), *reinterpret_cast<float(*)[8]>(v));
+      Unpack8<T>(__ldg(p + 1), *reinterpret_cast<float(*)[8]>(v + 8));
+#pragma unroll
+      for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) v[e] = 0.0f;
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    int exponent = 0;  // amax = f * 2^exponent, f in [0.5, 1)
+    if (amax > 0.0f) frexpf(amax, &exponent);
+    const int shift = min(15 - exponent, 100);
+    const float up = ldexpf(1.0f, shift);
+    if (valid) {
+      uint4 packed[2];
+      uint32_t* words = reinterpret_cast<uint32_t*>(packed);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) words[e] = Pack2<__half>(v[2 * e] * up, v[2 * e + 1] * up);
+      uint4* dst = reinterpret_cast<uint4*>(xs + int64_t{token} * kpad + col);
+      dst[0] = packed[0];
+      dst[1] = packed[1];
+      if (i % 4 == 0) chunk_scales[token * chunks + col / kMmaChunk] = ldexpf(1.0f, -shift);
+    }
+  }
+  __syncthreads();
+  // The products. Columns 2t and 2t + 1 of the mma are tokens: past m their x is 0, and their
+  // scales (those of the last token) unused.
+  const bool has_token = g < m;
+  const __half* x_row = xs + int64_t{min(g, m - 1)} * kpad + 16 * t;
+  const float* scales0 = chunk_scales + min(2 * t, m - 1) * chunks;
+  const float* scales1 = chunk_scales + min(2 * t + 1, m - 1) * chunks;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int c0 = first; c0 < chunks; c0 += kRound) {
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int c = c0 + u;
+      if (c >= chunks) break;
+      const uint2* xp = reinterpret_cast<const uint2*>(x_row + c * kMmaChunk);
+      const uint32_t* lo = reinterpret_cast<const uint32_t*>(&wv[u][0]);
+      const uint32_t* hi = reinterpret_cast<const uint32_t*>(&wv[u][1]);
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint2 xb = has_token ? xp[j] : make_uint2(0, 0);
+        const uint32_t a[4] = {F8PairToHalf2(lo[j] & 0xffffu), F8PairToHalf2(hi[j] & 0xffffu),
+                               F8PairToHalf2(lo[j] >> 16), F8PairToHalf2(hi[j] >> 16)};
+        Mma16816<__half>(part, a, xb.x, xb.y);
+      }
+      const float s0 = scales0[c], s1 = scales1[c];
+      acc[0] = fmaf(part[0], s0, acc[0]);
+      acc[1] = fmaf(part[1], s1, acc[1]);
+      acc[2] = fmaf(part[2], s0, acc[2]);
+      acc[3] = fmaf(part[3], s1, acc[3]);
+      if (c + kRound < chunks) load_chunk(u, c + kRound);  // the slot's next round
+    }
+  }
+  if (late_dependents) AllowDependentLaunch();
+#pragma unroll
+  for (int e = 0; e < 4; ++e) partial[warp][lane][e] = acc[e];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) sum += partial[i][lane][e];
+    acc[e] = sum;
+  }
+  // acc: rows g (0, 1) and g + 8 (2, 3), tokens 2t and 2t + 1.
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int token = 2 * t + e;
+    if (token >= m) continue;
+    OutT* out = y + token * y_stride;
+    if constexpr (kSiluAndMul) {
+      const int col = static_cast<int>(blockIdx.x) * 8 + g;
+      if (col < n / 2) {
+        const float gate = ToFloat(FromFloat<T>(acc[e] * scale_lo));
+        const float up = ToFloat(FromFloat<T>(acc[2 + e] * scale_hi));
+        Store(out + col, GateActivationOf<kActivation, true>(gate) * up);
+      }
+    } else {
+      const int row = static_cast<int>(blockIdx.x) * kMmaRows + g;
+      if (row < n) Store(out + row, acc[e] * scale_lo);
+      if (row + 8 < n) Store(out + row + 8, acc[2 + e] * scale_hi);
+    }
+  }
+}
+
+// Whether a launch takes the tensor-core kernel: 2 to 8 tokens, no fold or settle (one token's),
+// x's fp16 copy within kMmaMaxSmem, and SetF8SkinnyTensorCores's setting.
+bool TakesTensorCores(const F8SkinnyGemmParams& p) {
+  return f8_tensor_cores.load(std::memory_order_relaxed) && p.m >= 2 &&
+         p.add_norm_residual == nullptr && p.settle_residual == nullptr &&
+         MmaSmemBytes(p.m, p.k) <= kMmaMaxSmem;
+}
+
+template <typename T, typename OutT, bool kSiluAndMul, GateActivation kActivation>
+cudaError_t LaunchMmaSkinny(const F8SkinnyGemmParams& p, int64_t x_stride, int64_t y_stride,
+                            cudaStream_t stream) {
+  const int64_t rows = kSiluAndMul ? p.n / 2 : p.n;
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(rows, int64_t{kSiluAndMul ? 8 : kMmaRows}));
+  const auto kernel = F8MmaSkinnyKernel<T, OutT, kSiluAndMul, kActivation>;
+  return LaunchKernel(kernel, blocks, kThreads, static_cast<size_t>(MmaSmemBytes(p.m, p.k)), stream,
+                      static_cast<const T*>(p.x), static_cast<const uint8_t*>(p.w), p.w_scales,
+                      static_cast<OutT*>(p.y), static_cast<int>(p.m), static_cast<int>(p.n),
+                      static_cast<int>(p.k), x_stride, y_stride, p.late_dependents);
+}
+
 template <typename T, typename OutT, bool kSiluAndMul,
           GateActivation kActivation = GateActivation::kSilu>
 cudaError_t LaunchSkinny(const F8SkinnyGemmParams& p, cudaStream_t stream) {
@@ -253,6 +458,9 @@ cudaError_t LaunchSkinny(const F8SkinnyGemmParams& p, cudaStream_t stream) {
   const uint8_t* w = static_cast<const uint8_t*>(p.w);
   OutT* y = static_cast<OutT*>(p.y);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  if (TakesTensorCores(p)) {
+    return LaunchMmaSkinny<T, OutT, kSiluAndMul, kActivation>(p, x_stride, y_stride, stream);
+  }
   const ResidualFoldArgs fold = ResidualFoldArgsOf(p);
   if constexpr (std::is_same_v<OutT, T>) {
     if (p.add_norm_residual != nullptr) {  // Validate(): one row
@@ -302,6 +510,10 @@ cudaError_t Launch(const F8ScaleOutputParams& p, cudaStream_t stream) {
   return LaunchKernel(F8ScaleOutputKernel, static_cast<unsigned>(p.m), kScaleThreads, 0, stream,
                       static_cast<__nv_bfloat16*>(p.y), p.row_scales, p.col_scales,
                       static_cast<int>(p.n), p.y_stride != 0 ? p.y_stride : p.n);
+}
+
+void SetF8SkinnyTensorCores(bool allowed) {
+  f8_tensor_cores.store(allowed, std::memory_order_relaxed);
 }
 
 cudaError_t Launch(const F8SkinnyGemmParams& p, cudaStream_t stream) {

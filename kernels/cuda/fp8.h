@@ -7,8 +7,11 @@
 // - F8SkinnyGemm: the linear layer for a few tokens, y[m, n] = (x[m, k] Wq[n, k]^T) * s_w[n],
 //   with x in bf16/fp16 as it is (W8A16: no activation quantization) and W in E4M3: the skinny
 //   GEMM of skinny_gemm.h over one byte a weight, whose time is W's bytes over the memory
-//   bandwidth. A warp takes two rows of W in 16-byte pieces (16 weights), several in flight.
-//   With silu_and_mul, W is the fused [gate; up] projection and y = act(gate) * up.
+//   bandwidth. One token (or where x's fp16 copy would pass 40 KB): a warp takes two rows of W
+//   in 16-byte pieces (16 weights), several in flight, on the CUDA cores. 2 to 8 tokens: the
+//   tensor cores (mma.sync with W widened to fp16, exactly, and x in fp16 scaled by a power of
+//   two a chunk of 64 columns; fp8.cu says how). With silu_and_mul, W is the fused [gate; up]
+//   projection and y = act(gate) * up.
 // The large-batch product (per-token quantized x times W, both E4M3, through cuBLASLt with
 // outer-vector scales) is Fp8 mode of GemmPlan (gemm.h).
 
@@ -76,6 +79,10 @@ struct F8SkinnyGemmParams {
 };
 
 cudaError_t Launch(const F8SkinnyGemmParams& params, cudaStream_t stream);
+// Whether F8SkinnyGemm may take the tensor cores (on by default). Off, every launch runs on the
+// CUDA cores, so that tests reach both kernels. Process-wide (an atomic read at each launch); for
+// tests and benchmarks.
+void SetF8SkinnyTensorCores(bool allowed);
 
 // y[t, j] *= row_scales[t] * col_scales[j], in place, bf16 (rounded once more): the scales of an
 // FP8 GEMM that ran with unit scales (gemm.h's fallback where cuBLASLt has no outer-vector

@@ -59,6 +59,16 @@ HostF8 QuantizeOnHost(const std::vector<float>& values, int64_t rows, int64_t co
   return out;
 }
 
+// SetF8SkinnyTensorCores for a scope: the skinny tests run each case on the tensor-core kernel
+// (where its shared memory holds x) and on the CUDA-core one.
+class ScopedTensorCores {
+ public:
+  explicit ScopedTensorCores(bool on) { SetF8SkinnyTensorCores(on); }
+  ~ScopedTensorCores() { SetF8SkinnyTensorCores(true); }
+  ScopedTensorCores(const ScopedTensorCores&) = delete;
+  ScopedTensorCores& operator=(const ScopedTensorCores&) = delete;
+};
+
 TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
   LMSERVE_REQUIRE_FP8_GPU();
   for (DType dtype : {DType::kBF16, DType::kF32}) {
@@ -95,41 +105,45 @@ TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
 
 TEST(Fp8GpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
   LMSERVE_REQUIRE_FP8_GPU();
-  for (DType out_dtype : {DType::kBF16, DType::kF32}) {
-    for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
-      // k = 3600: a whole step of 128 pieces of 16 and 97 left for the tail; n = 66: a last block
-      // with idle warps.
-      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64},
-                          {4096, 4096},
-                          {1034, 272},
-                          {130, 14336},
-                          {66, 3600}}) {
-        const uint32_t seed = FreshSeed();
-        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " out "
-                                          << DTypeName(out_dtype).data() << " seed " << seed);
-        std::mt19937 rng(seed);
-        std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
-        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
-        const HostF8 wq = QuantizeOnHost(w, n, k);
-        DeviceBuffer<uint8_t> d_w(wq.q);
-        DeviceBuffer<float> d_scales(wq.scales);
-        std::vector<float> ref(m * n);
-        F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, /*quantize_x=*/false,
-                          ref.data());
-        F8SkinnyGemmParams p{.x = d_x.get(),
-                             .w = d_w.get(),
-                             .w_scales = d_scales.get(),
-                             .m = m,
-                             .n = n,
-                             .k = k,
-                             .output_dtype = out_dtype};
-        DeviceBuffer<uint8_t> d_y = testing::Poisoned(m * n, out_dtype);
-        p.y = d_y.get();
-        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-        CUDA_ASSERT(Launch(p, nullptr));
-        CUDA_ASSERT(cudaDeviceSynchronize());
-        EXPECT_LE(RelativeL2(testing::Download(d_y, out_dtype), ref),
-                  out_dtype == DType::kF32 ? 1e-5 : 1e-2);
+  for (const bool tensor_cores : {true, false}) {
+    const ScopedTensorCores scoped(tensor_cores);
+    for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+      for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
+        // k = 3600: a whole step of 128 pieces of 16 and 97 left for the tail; n = 66: a last block
+        // with idle warps.
+        for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 64},
+                            {4096, 4096},
+                            {1034, 272},
+                            {130, 14336},
+                            {66, 3600}}) {
+          const uint32_t seed = FreshSeed();
+          SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k << " out "
+                                            << DTypeName(out_dtype).data() << " tensor cores "
+                                            << tensor_cores << " seed " << seed);
+          std::mt19937 rng(seed);
+          std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+          DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+          const HostF8 wq = QuantizeOnHost(w, n, k);
+          DeviceBuffer<uint8_t> d_w(wq.q);
+          DeviceBuffer<float> d_scales(wq.scales);
+          std::vector<float> ref(m * n);
+          F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, /*quantize_x=*/false,
+                            ref.data());
+          F8SkinnyGemmParams p{.x = d_x.get(),
+                               .w = d_w.get(),
+                               .w_scales = d_scales.get(),
+                               .m = m,
+                               .n = n,
+                               .k = k,
+                               .output_dtype = out_dtype};
+          DeviceBuffer<uint8_t> d_y = testing::Poisoned(m * n, out_dtype);
+          p.y = d_y.get();
+          ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+          CUDA_ASSERT(Launch(p, nullptr));
+          CUDA_ASSERT(cudaDeviceSynchronize());
+          EXPECT_LE(RelativeL2(testing::Download(d_y, out_dtype), ref),
+                    out_dtype == DType::kF32 ? 1e-5 : 1e-2);
+        }
       }
     }
   }
@@ -140,42 +154,46 @@ TEST(Fp8GpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
 // The gated activation epilogue, against the CPU's activation of the reference product.
 TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
   LMSERVE_REQUIRE_FP8_GPU();
-  for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
-    for (int64_t m : {1, 5, 8}) {
-      const int64_t inter = 1032, k = 272, n = 2 * inter;
-      const uint32_t seed = FreshSeed();
-      SCOPED_TRACE(::testing::Message() << "activation " << static_cast<int>(activation) << " m "
-                                        << m << " seed " << seed);
-      std::mt19937 rng(seed);
-      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
-      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
-      const HostF8 wq = QuantizeOnHost(w, n, k);
-      DeviceBuffer<uint8_t> d_w(wq.q);
-      DeviceBuffer<float> d_scales(wq.scales);
-      std::vector<float> gate_up(m * n), ref(m * inter);
-      F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, false, gate_up.data());
-      kernels::SiluAndMulParams act;
-      act.gate_up = gate_up.data();
-      act.output = ref.data();
-      act.num_tokens = m;
-      act.intermediate_size = inter;
-      act.activation = activation;
-      kernels::SiluAndMul(act);
-      DeviceBuffer<uint16_t> d_y(m * inter);
-      d_y.Poison();
-      const F8SkinnyGemmParams p{.x = d_x.get(),
-                                 .w = d_w.get(),
-                                 .w_scales = d_scales.get(),
-                                 .y = d_y.get(),
-                                 .m = m,
-                                 .n = n,
-                                 .k = k,
-                                 .silu_and_mul = true,
-                                 .activation = activation};
-      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
-      CUDA_ASSERT(Launch(p, nullptr));
-      CUDA_ASSERT(cudaDeviceSynchronize());
-      EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2);
+  for (const bool tensor_cores : {true, false}) {
+    const ScopedTensorCores scoped(tensor_cores);
+    for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+      for (int64_t m : {1, 5, 8}) {
+        const int64_t inter = 1032, k = 272, n = 2 * inter;
+        const uint32_t seed = FreshSeed();
+        SCOPED_TRACE(::testing::Message()
+                     << "activation " << static_cast<int>(activation) << " m " << m
+                     << " tensor cores " << tensor_cores << " seed " << seed);
+        std::mt19937 rng(seed);
+        std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
+        DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+        const HostF8 wq = QuantizeOnHost(w, n, k);
+        DeviceBuffer<uint8_t> d_w(wq.q);
+        DeviceBuffer<float> d_scales(wq.scales);
+        std::vector<float> gate_up(m * n), ref(m * inter);
+        F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, false, gate_up.data());
+        kernels::SiluAndMulParams act;
+        act.gate_up = gate_up.data();
+        act.output = ref.data();
+        act.num_tokens = m;
+        act.intermediate_size = inter;
+        act.activation = activation;
+        kernels::SiluAndMul(act);
+        DeviceBuffer<uint16_t> d_y(m * inter);
+        d_y.Poison();
+        const F8SkinnyGemmParams p{.x = d_x.get(),
+                                   .w = d_w.get(),
+                                   .w_scales = d_scales.get(),
+                                   .y = d_y.get(),
+                                   .m = m,
+                                   .n = n,
+                                   .k = k,
+                                   .silu_and_mul = true,
+                                   .activation = activation};
+        ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+        CUDA_ASSERT(Launch(p, nullptr));
+        CUDA_ASSERT(cudaDeviceSynchronize());
+        EXPECT_LE(RelativeL2(HalfToFloat(d_y.Download(), DType::kBF16), ref), 1e-2);
+      }
     }
   }
 }
@@ -267,6 +285,71 @@ TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
   p.silu_and_mul = false;
   p.m = 2;
   EXPECT_FALSE(p.Validate().ok()) << "settle at two rows";
+}
+
+// The activations' range: x past fp16's 65,504 in some chunks and under its normal range
+// (6e-5) in others, and a chunk of zeros. The tensor-core kernel (2 to 8 tokens) takes x in fp16
+// with a power of two a chunk; its output must still match the CPU's fp32 product of the same
+// bf16 values, as the CUDA-core kernel's does.
+TEST(Fp8GpuTest, SkinnyGemmTakesActivationsPastFp16sRange) {
+  LMSERVE_REQUIRE_FP8_GPU();
+  for (const bool tensor_cores : {true, false}) {
+    const ScopedTensorCores scoped(tensor_cores);
+    for (const int64_t m : {1, 2, 5}) {
+      const int64_t n = 272, k = 4096;
+      const uint32_t seed = FreshSeed();
+      SCOPED_TRACE(::testing::Message()
+                   << "m " << m << " tensor cores " << tensor_cores << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t c = 0; c < k; ++c) {
+          const int64_t chunk = c / 64;
+          float& v = x[t * k + c];
+          if (chunk % 4 == 1) v *= 3e5f;   // past fp16's largest finite value
+          if (chunk % 4 == 2) v *= 1e-6f;  // under fp16's smallest normal one
+          if (chunk == 7 + t) v = 0.0f;    // a chunk of zeros
+        }
+      }
+      DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
+      const std::vector<float> x_bf16 = HalfToFloat(RoundToHalf(x, DType::kBF16), DType::kBF16);
+      const HostF8 wq = QuantizeOnHost(w, n, k);
+      DeviceBuffer<uint8_t> d_w(wq.q);
+      DeviceBuffer<float> d_scales(wq.scales);
+      std::vector<float> ref(m * n);
+      F8LinearReference(x_bf16.data(), m, k, wq.q.data(), wq.scales.data(), n, false, ref.data());
+      DeviceBuffer<float> d_y(m * n);
+      d_y.Poison();
+      const F8SkinnyGemmParams p{.x = d_x.get(),
+                                 .w = d_w.get(),
+                                 .w_scales = d_scales.get(),
+                                 .y = d_y.get(),
+                                 .m = m,
+                                 .n = n,
+                                 .k = k,
+                                 .output_dtype = DType::kF32};
+      ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+      CUDA_ASSERT(Launch(p, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      const std::vector<float> got = d_y.Download();
+      EXPECT_LE(RelativeL2(got, ref), 1e-5);
+      // The small chunks' share alone: the product over them only, where the large ones are 0.
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t c = 0; c < k; ++c) {
+          if ((c / 64) % 4 != 2) x[t * k + c] = 0.0f;
+        }
+      }
+      const std::vector<float> small_bf16 = HalfToFloat(RoundToHalf(x, DType::kBF16), DType::kBF16);
+      DeviceBuffer<uint16_t> d_small(RoundToHalf(x, DType::kBF16));
+      F8LinearReference(small_bf16.data(), m, k, wq.q.data(), wq.scales.data(), n, false,
+                        ref.data());
+      F8SkinnyGemmParams q = p;
+      q.x = d_small.get();
+      CUDA_ASSERT(Launch(q, nullptr));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      EXPECT_LE(RelativeL2(d_y.Download(), ref), 1e-5);
+    }
+  }
 }
 
 // cuBLASLt's FP8 GEMM: x quantized per token on the GPU, W per channel, outer-vector scales (or
