@@ -59,16 +59,6 @@ HostF8 QuantizeOnHost(const std::vector<float>& values, int64_t rows, int64_t co
   return out;
 }
 
-// SetF8SkinnyTensorCores for a scope: the skinny tests run each case on the tensor-core kernel
-// (where its shared memory holds x) and on the CUDA-core one.
-class ScopedTensorCores {
- public:
-  explicit ScopedTensorCores(bool on) { SetF8SkinnyTensorCores(on); }
-  ~ScopedTensorCores() { SetF8SkinnyTensorCores(true); }
-  ScopedTensorCores(const ScopedTensorCores&) = delete;
-  ScopedTensorCores& operator=(const ScopedTensorCores&) = delete;
-};
-
 TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
   LMSERVE_REQUIRE_FP8_GPU();
   for (DType dtype : {DType::kBF16, DType::kF32}) {
@@ -106,7 +96,7 @@ TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
 TEST(Fp8GpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
   LMSERVE_REQUIRE_FP8_GPU();
   for (const bool tensor_cores : {true, false}) {
-    const ScopedTensorCores scoped(tensor_cores);
+    const testing::ScopedSwitch scoped(SetF8SkinnyTensorCores, tensor_cores);
     for (DType out_dtype : {DType::kBF16, DType::kF32}) {
       for (int64_t m = 1; m <= kMaxSkinnyGemmRows; ++m) {
         // k = 3600: a whole step of 128 pieces of 16 and 97 left for the tail; n = 66: a last block
@@ -155,7 +145,7 @@ TEST(Fp8GpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
 TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
   LMSERVE_REQUIRE_FP8_GPU();
   for (const bool tensor_cores : {true, false}) {
-    const ScopedTensorCores scoped(tensor_cores);
+    const testing::ScopedSwitch scoped(SetF8SkinnyTensorCores, tensor_cores);
     for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
       for (int64_t m : {1, 5, 8}) {
         const int64_t inter = 1032, k = 272, n = 2 * inter;
@@ -294,7 +284,7 @@ TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
 TEST(Fp8GpuTest, SkinnyGemmTakesActivationsPastFp16sRange) {
   LMSERVE_REQUIRE_FP8_GPU();
   for (const bool tensor_cores : {true, false}) {
-    const ScopedTensorCores scoped(tensor_cores);
+    const testing::ScopedSwitch scoped(SetF8SkinnyTensorCores, tensor_cores);
     for (const int64_t m : {1, 2, 5}) {
       const int64_t n = 272, k = 4096;
       const uint32_t seed = FreshSeed();

@@ -49,6 +49,20 @@ class ScopedKernelPath {
   KernelPath saved_;
 };
 
+// Sets a kernel family's process-wide switch (a `void(bool)` setter whose default is true, such
+// as SetQuantSkinnyStreaming or SetF8SkinnyTensorCores) for a scope, and sets it back to true on
+// leaving it, so that a test may run each case with the switch on and off.
+class ScopedSwitch {
+ public:
+  ScopedSwitch(void (*set)(bool), bool on) : set_(set) { set_(on); }
+  ~ScopedSwitch() { set_(true); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+
+ private:
+  void (*set_)(bool);
+};
+
 #define CUDA_ASSERT(expr)                                                         \
   do {                                                                            \
     const cudaError_t err_ = (expr);                                              \

@@ -361,15 +361,6 @@ TEST(QuantGemmGpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
   }
 }
 
-// SetQuantSkinnyStreaming(allowed) for a scope.
-class ScopedStreaming {
- public:
-  explicit ScopedStreaming(bool allowed) { SetQuantSkinnyStreaming(allowed); }
-  ~ScopedStreaming() { SetQuantSkinnyStreaming(true); }
-  ScopedStreaming(const ScopedStreaming&) = delete;
-  ScopedStreaming& operator=(const ScopedStreaming&) = delete;
-};
-
 // Q4_K's one-token products streamed through shared memory (QuantSkinnyStreams; the row-count
 // test above takes them on small matrices) on matrices whose warps take several groups of rows
 // (sized from this GPU's multiprocessors): plain against the double-precision product of x as
@@ -387,7 +378,7 @@ TEST(QuantGemmGpuTest, SkinnyGemmLargeOneTokenProductsStreamedAndNot) {
     DType out;
   };
   for (const bool streaming : {true, false}) {
-    const ScopedStreaming scoped(streaming);
+    const testing::ScopedSwitch scoped(SetQuantSkinnyStreaming, streaming);
     for (const Case c :
          {Case{2304, false, false, false, DType::kF32},
           Case{14336, false, false, true, DType::kBF16},
