@@ -59,6 +59,30 @@ HostF8 QuantizeOnHost(const std::vector<float>& values, int64_t rows, int64_t co
   return out;
 }
 
+// W [n, k] quantized per row on the host and uploaded: the device's operands and the CPU
+// reference's.
+struct F8Weights {
+  int64_t n = 0, k = 0;
+  HostF8 host;
+  DeviceBuffer<uint8_t> q;
+  DeviceBuffer<float> scales;
+
+  // x [m, k] times W^T on the CPU (kernels/cpu/fp8.h), x as it is or (`quantize_x`) quantized
+  // per token as the W8A8 path does.
+  std::vector<float> Reference(const std::vector<float>& x, int64_t m,
+                               bool quantize_x = false) const {
+    std::vector<float> y(m * n);
+    F8LinearReference(x.data(), m, k, host.q.data(), host.scales.data(), n, quantize_x, y.data());
+    return y;
+  }
+};
+F8Weights UploadF8(const std::vector<float>& w, int64_t n, int64_t k) {
+  HostF8 host = QuantizeOnHost(w, n, k);
+  DeviceBuffer<uint8_t> q(host.q);
+  DeviceBuffer<float> scales(host.scales);
+  return {n, k, std::move(host), std::move(q), std::move(scales)};
+}
+
 TEST(Fp8GpuTest, QuantizeRowsIsBitExactWithTheCpu) {
   LMSERVE_REQUIRE_FP8_GPU();
   for (DType dtype : {DType::kBF16, DType::kF32}) {
@@ -113,15 +137,11 @@ TEST(Fp8GpuTest, SkinnyGemmMatchesTheCpuForEveryRowCount) {
           std::mt19937 rng(seed);
           std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.05f);
           DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
-          const HostF8 wq = QuantizeOnHost(w, n, k);
-          DeviceBuffer<uint8_t> d_w(wq.q);
-          DeviceBuffer<float> d_scales(wq.scales);
-          std::vector<float> ref(m * n);
-          F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, /*quantize_x=*/false,
-                            ref.data());
+          const F8Weights wq = UploadF8(w, n, k);
+          const std::vector<float> ref = wq.Reference(x, m);
           F8SkinnyGemmParams p{.x = d_x.get(),
-                               .w = d_w.get(),
-                               .w_scales = d_scales.get(),
+                               .w = wq.q.get(),
+                               .w_scales = wq.scales.get(),
                                .m = m,
                                .n = n,
                                .k = k,
@@ -156,11 +176,9 @@ TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
         std::mt19937 rng(seed);
         std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
         DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
-        const HostF8 wq = QuantizeOnHost(w, n, k);
-        DeviceBuffer<uint8_t> d_w(wq.q);
-        DeviceBuffer<float> d_scales(wq.scales);
-        std::vector<float> gate_up(m * n), ref(m * inter);
-        F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, false, gate_up.data());
+        const F8Weights wq = UploadF8(w, n, k);
+        const std::vector<float> gate_up = wq.Reference(x, m);
+        std::vector<float> ref(m * inter);
         kernels::SiluAndMulParams act;
         act.gate_up = gate_up.data();
         act.output = ref.data();
@@ -171,8 +189,8 @@ TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
         DeviceBuffer<uint16_t> d_y(m * inter);
         d_y.Poison();
         const F8SkinnyGemmParams p{.x = d_x.get(),
-                                   .w = d_w.get(),
-                                   .w_scales = d_scales.get(),
+                                   .w = wq.q.get(),
+                                   .w_scales = wq.scales.get(),
                                    .y = d_y.get(),
                                    .m = m,
                                    .n = n,
@@ -208,16 +226,15 @@ TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
     std::vector<float> w = RandomFloats(n * k, rng, 0.02f);
     DeviceBuffer<uint16_t> d_add(RoundToHalf(add, DType::kBF16));
     DeviceBuffer<uint16_t> d_norm_w(RoundToHalf(norm_w, DType::kBF16));
-    const HostF8 wq = QuantizeOnHost(w, n, k);
-    DeviceBuffer<uint8_t> d_w(wq.q);
-    DeviceBuffer<float> d_scales(wq.scales), d_residual(residual), d_residual2(residual);
+    const F8Weights wq = UploadF8(w, n, k);
+    DeviceBuffer<float> d_residual(residual), d_residual2(residual);
     DeviceBuffer<uint16_t> d_y(y_width), d_normed(k), d_y2(y_width);
     d_y.Poison();
     d_normed.Poison();
     d_y2.Poison();
     F8SkinnyGemmParams folded{.x = d_add.get(),
-                              .w = d_w.get(),
-                              .w_scales = d_scales.get(),
+                              .w = wq.q.get(),
+                              .w_scales = wq.scales.get(),
                               .y = d_y.get(),
                               .m = 1,
                               .n = n,
@@ -243,13 +260,12 @@ TEST(Fp8GpuTest, SkinnyGemmFoldsTheAddRmsNormAndSettlesTheResidual) {
   std::vector<float> x = RandomFloats(k, rng), w = RandomFloats(n * k, rng, 0.02f);
   std::vector<float> before = RandomFloats(n, rng), residual = RandomFloats(n, rng, 2.0f);
   const std::vector<uint16_t> before_bits = RoundToHalf(before, DType::kBF16);
-  const HostF8 wq = QuantizeOnHost(w, n, k);
+  const F8Weights wq = UploadF8(w, n, k);
   DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_y(before_bits), d_y2(n);
-  DeviceBuffer<uint8_t> d_w(wq.q);
-  DeviceBuffer<float> d_scales(wq.scales), d_residual(residual);
+  DeviceBuffer<float> d_residual(residual);
   F8SkinnyGemmParams p{.x = d_x.get(),
-                       .w = d_w.get(),
-                       .w_scales = d_scales.get(),
+                       .w = wq.q.get(),
+                       .w_scales = wq.scales.get(),
                        .y = d_y.get(),
                        .m = 1,
                        .n = n,
@@ -303,16 +319,13 @@ TEST(Fp8GpuTest, SkinnyGemmTakesActivationsPastFp16sRange) {
       }
       DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
       const std::vector<float> x_bf16 = HalfToFloat(RoundToHalf(x, DType::kBF16), DType::kBF16);
-      const HostF8 wq = QuantizeOnHost(w, n, k);
-      DeviceBuffer<uint8_t> d_w(wq.q);
-      DeviceBuffer<float> d_scales(wq.scales);
-      std::vector<float> ref(m * n);
-      F8LinearReference(x_bf16.data(), m, k, wq.q.data(), wq.scales.data(), n, false, ref.data());
+      const F8Weights wq = UploadF8(w, n, k);
+      const std::vector<float> ref = wq.Reference(x_bf16, m);
       DeviceBuffer<float> d_y(m * n);
       d_y.Poison();
       const F8SkinnyGemmParams p{.x = d_x.get(),
-                                 .w = d_w.get(),
-                                 .w_scales = d_scales.get(),
+                                 .w = wq.q.get(),
+                                 .w_scales = wq.scales.get(),
                                  .y = d_y.get(),
                                  .m = m,
                                  .n = n,
@@ -331,13 +344,12 @@ TEST(Fp8GpuTest, SkinnyGemmTakesActivationsPastFp16sRange) {
       }
       const std::vector<float> small_bf16 = HalfToFloat(RoundToHalf(x, DType::kBF16), DType::kBF16);
       DeviceBuffer<uint16_t> d_small(RoundToHalf(x, DType::kBF16));
-      F8LinearReference(small_bf16.data(), m, k, wq.q.data(), wq.scales.data(), n, false,
-                        ref.data());
+      const std::vector<float> small_ref = wq.Reference(small_bf16, m);
       F8SkinnyGemmParams q = p;
       q.x = d_small.get();
       CUDA_ASSERT(Launch(q, nullptr));
       CUDA_ASSERT(cudaDeviceSynchronize());
-      EXPECT_LE(RelativeL2(d_y.Download(), ref), 1e-5);
+      EXPECT_LE(RelativeL2(d_y.Download(), small_ref), 1e-5);
     }
   }
 }
@@ -366,12 +378,10 @@ TEST(Fp8GpuTest, CublasLtGemmWithPerTokenAndPerChannelScales) {
       for (int64_t c = 0; c < k; ++c) x[(m / 2) * k + c] *= 1000.0f;
       for (int64_t c = 0; c < k; ++c) w[(n - 1) * k + c] *= 1e-3f;
       DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
-      const HostF8 wq = QuantizeOnHost(w, n, k);
-      DeviceBuffer<uint8_t> d_w(wq.q), d_xq(m * k);
-      DeviceBuffer<float> d_w_scales(wq.scales), d_x_scales(m);
-      std::vector<float> ref(m * n);
-      F8LinearReference(x.data(), m, k, wq.q.data(), wq.scales.data(), n, /*quantize_x=*/true,
-                        ref.data());
+      const F8Weights wq = UploadF8(w, n, k);
+      DeviceBuffer<uint8_t> d_xq(m * k);
+      DeviceBuffer<float> d_x_scales(m);
+      const std::vector<float> ref = wq.Reference(x, m, /*quantize_x=*/true);
       const F8QuantizeRowsParams quantize{.src = d_x.get(),
                                           .dst = d_xq.get(),
                                           .scales = d_x_scales.get(),
@@ -390,10 +400,11 @@ TEST(Fp8GpuTest, CublasLtGemmWithPerTokenAndPerChannelScales) {
       }
       DeviceBuffer<uint16_t> d_y(m * n);
       d_y.Poison();
-      ASSERT_EQ((*plan)->Run(d_xq.get(), d_w.get(), d_y.get(), nullptr, d_w_scales.get(),
+      ASSERT_EQ((*plan)->Run(d_xq.get(), wq.q.get(), d_y.get(), nullptr, wq.scales.get(),
                              d_x_scales.get()),
                 CUBLAS_STATUS_SUCCESS);
-      EXPECT_EQ((*plan)->Run(d_xq.get(), d_w.get(), d_y.get(), nullptr), CUBLAS_STATUS_INVALID_VALUE)
+      EXPECT_EQ((*plan)->Run(d_xq.get(), wq.q.get(), d_y.get(), nullptr),
+                CUBLAS_STATUS_INVALID_VALUE)
           << "FP8 without scales is refused";
       CUDA_ASSERT(cudaDeviceSynchronize());
       const std::vector<float> y = HalfToFloat(d_y.Download(), DType::kBF16);
