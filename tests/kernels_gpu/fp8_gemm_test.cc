@@ -178,14 +178,7 @@ TEST(Fp8GpuTest, SkinnyGemmSiluAndMulEpilogue) {
         DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
         const F8Weights wq = UploadF8(w, n, k);
         const std::vector<float> gate_up = wq.Reference(x, m);
-        std::vector<float> ref(m * inter);
-        kernels::SiluAndMulParams act;
-        act.gate_up = gate_up.data();
-        act.output = ref.data();
-        act.num_tokens = m;
-        act.intermediate_size = inter;
-        act.activation = activation;
-        kernels::SiluAndMul(act);
+        const std::vector<float> ref = testing::CpuGatedActivation(gate_up, m, inter, activation);
         DeviceBuffer<uint16_t> d_y(m * inter);
         d_y.Poison();
         const F8SkinnyGemmParams p{.x = d_x.get(),

@@ -355,14 +355,7 @@ TEST(SkinnyGemmGpuTest, SiluAndMulEpilogue) {
         std::vector<float> x = RandomFloats(m * k, rng), w = RandomFloats(n * k, rng, 0.1f);
         DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16)), d_w(RoundToHalf(w, DType::kBF16));
         const std::vector<float> gate_up = CpuLinear(x, w, m, n, k);
-        std::vector<float> ref(m * inter);
-        kernels::SiluAndMulParams act;
-        act.gate_up = gate_up.data();
-        act.output = ref.data();
-        act.num_tokens = m;
-        act.intermediate_size = inter;
-        act.activation = activation;
-        kernels::SiluAndMul(act);
+        const std::vector<float> ref = testing::CpuGatedActivation(gate_up, m, inter, activation);
 
         SkinnyGemmParams p;
         p.x = d_x.get();

@@ -158,14 +158,7 @@ TEST(Sm90GemmGpuTest, GatedEpiloguesMatchCpu) {
         // gated activation.
         std::vector<float> gate_up = CpuLinear(x, w, c.m, c.n, c.k, x_stride);
         testing::RoundToHalf(gate_up, dtype);
-        std::vector<float> ref(c.m * intermediate);
-        kernels::SiluAndMulParams silu;
-        silu.gate_up = gate_up.data();
-        silu.output = ref.data();
-        silu.num_tokens = c.m;
-        silu.intermediate_size = intermediate;
-        silu.activation = act;
-        kernels::SiluAndMul(silu);
+        const std::vector<float> ref = testing::CpuGatedActivation(gate_up, c.m, intermediate, act);
         int64_t touched = 0;
         const std::vector<float> out =
             WithinShape(y, c.m + 1, y_stride, c.m, intermediate, &touched);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/activation.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/device.h"
@@ -178,6 +179,21 @@ inline std::vector<float> CpuLinear(const std::vector<float>& x, const std::vect
   linear.input_stride = x_stride;
   kernels::Linear(linear);
   return y;
+}
+
+// The CPU gated activation (kernels/cpu/activation.h): out[t, i] = act(gate[t, i]) * up[t, i]
+// over gate_up [tokens, 2 * intermediate] (gate rows, then up rows), in fp32.
+inline std::vector<float> CpuGatedActivation(const std::vector<float>& gate_up, int64_t tokens,
+                                             int64_t intermediate, GateActivation activation) {
+  std::vector<float> out(tokens * intermediate);
+  kernels::SiluAndMulParams act;
+  act.gate_up = gate_up.data();
+  act.output = out.data();
+  act.num_tokens = tokens;
+  act.intermediate_size = intermediate;
+  act.activation = activation;
+  kernels::SiluAndMul(act);
+  return out;
 }
 
 inline int64_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }

@@ -207,14 +207,7 @@ TEST(QuantGemmGpuTest, SkinnyGemmSiluAndMulEpilogue) {
         DeviceBuffer<uint16_t> d_x(RoundToHalf(x, DType::kBF16));
         QuantMatrix w = MakeMatrix(dtype, n, k, rng, 0.1f);
         const std::vector<float> gate_up = Reference(x, w.values, m, n, k);
-        std::vector<float> ref(m * inter);
-        kernels::SiluAndMulParams act;
-        act.gate_up = gate_up.data();
-        act.output = ref.data();
-        act.num_tokens = m;
-        act.intermediate_size = inter;
-        act.activation = activation;
-        kernels::SiluAndMul(act);
+        const std::vector<float> ref = testing::CpuGatedActivation(gate_up, m, inter, activation);
         DeviceBuffer<uint16_t> d_y(m * inter);
         d_y.Poison();
         const QuantSkinnyGemmParams p{.x = d_x.get(),
@@ -444,16 +437,7 @@ TEST(QuantGemmGpuTest, SkinnyGemmLargeOneTokenProductsStreamedAndNot) {
           Reference(c.fold ? NormedRow(x, residual, norm_w, p.add_norm_epsilon)
                            : RoundedForIntegerProducts(x),
                     w.values, 1, n, c.k);
-      if (c.gated) {
-        std::vector<float> act(y_width);
-        kernels::SiluAndMulParams a;
-        a.gate_up = want.data();
-        a.output = act.data();
-        a.num_tokens = 1;
-        a.intermediate_size = y_width;
-        kernels::SiluAndMul(a);
-        want = act;
-      }
+      if (c.gated) want = testing::CpuGatedActivation(want, 1, y_width, GateActivation::kSilu);
       EXPECT_LE(RelativeL2(got, want), c.out == DType::kF32 ? 1e-5 : 1e-2);
       if (c.fold) {
         EXPECT_LE(RelativeL2(got, testing::Download(d_y2, c.out)), 1e-2);
