@@ -465,29 +465,39 @@ class Bench {
 
   // window, softcap: the attention's sliding window and score soft-cap (0: none); the FLOPs
   // count the keys inside each row's window alone.
+  // seq_lens: each sequence's new tokens; with `prefix`, each follows a cached prefix of that many
+  // tokens (chunked prefill, speculative decoding's draft tokens), its keys read from the cache.
   void Prefill(const std::vector<int32_t>& seq_lens, int64_t head_dim, const std::string& name,
-               double target_tflops, int32_t window = 0, float softcap = 0) {
+               double target_tflops, int32_t window = 0, float softcap = 0, int32_t prefix = 0) {
     const bool fp8 = options_.kv_fp8;
     if (!Selected(name)) return;
     const int64_t heads = 32, kv_heads = 8, block = 16;
     const int64_t kv_element_bytes = fp8 ? 1 : 2;
     int64_t tokens = 0, num_blocks = 0;
     double flops = 0;
-    std::vector<int32_t> query_start{0}, table_start{0}, table_ids;
+    std::vector<int32_t> query_start{0}, table_start{0}, table_ids, context_lens;
     for (int32_t len : seq_lens) {
       tokens += len;
       query_start.push_back(static_cast<int32_t>(tokens));
-      const int64_t nb = (len + block - 1) / block;
+      const int32_t context = prefix + len;
+      context_lens.push_back(context);
+      const int64_t nb = (context + block - 1) / block;
       for (int64_t j = 0; j < nb; ++j) table_ids.push_back(static_cast<int32_t>(num_blocks + j));
       num_blocks += nb;
       table_start.push_back(static_cast<int32_t>(table_ids.size()));
+      if (prefix > 0) {  // rows at positions prefix .. context - 1, keys up to their own (no
+                         // window: the rows here do not take one)
+        const double n = len;
+        flops += 4.0 * head_dim * heads * (n * prefix + n * (n + 1) / 2);
+        continue;
+      }
       const double w = window > 0 ? std::min(window, len) : len;  // keys of the last rows
       flops += 4.0 * head_dim * heads * (w * (w + 1) / 2 + (len - w) * w);
     }
     std::shuffle(table_ids.begin(), table_ids.end(), rng);
     Buffer q(tokens * heads * head_dim * 2), out(q.bytes()),
         k(num_blocks * block * kv_heads * head_dim * kv_element_bytes), v(k.bytes()),
-        qs(query_start.size() * 4), lens(seq_lens.size() * 4), ts(table_start.size() * 4),
+        qs(query_start.size() * 4), lens(context_lens.size() * 4), ts(table_start.size() * 4),
         ids(table_ids.size() * 4), ws(PrefillAttentionParams::WorkspaceBytes(seq_lens.size()));
     FillBf16(q);
     if (fp8) {
@@ -498,7 +508,7 @@ class Bench {
       FillBf16(v);
     }
     Upload(qs, query_start);
-    Upload(lens, seq_lens);
+    Upload(lens, context_lens);
     Upload(ts, table_start);
     Upload(ids, table_ids);
     PrefillAttentionParams p;
@@ -526,8 +536,10 @@ class Bench {
     p.plan_ready = true;
     auto [us, min_us] = Time([&] { CHECK_CUDA(Launch(p, stream_)); });
     char shape[128];
-    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok, 32/8 heads, d%lld, causal, %s%s%s",
-                  seq_lens.size(), static_cast<long long>(tokens), static_cast<long long>(head_dim),
+    std::snprintf(shape, sizeof(shape), "%zu seq, %lld tok%s, 32/8 heads, d%lld, causal, %s%s%s",
+                  seq_lens.size(), static_cast<long long>(tokens),
+                  prefix > 0 ? (" +" + std::to_string(prefix)).c_str() : "",
+                  static_cast<long long>(head_dim),
                   ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90 ? "wgmma" : "mma.sync",
                   fp8 ? ", fp8 KV" : "", window > 0 || softcap > 0 ? ", window/softcap" : "");
     Result r{name, shape, us, min_us, 0, flops};
@@ -1154,7 +1166,8 @@ int Main(int argc, char** argv) {
   SetPrefillSm90Loop(PrefillSm90Loop::kPingpong);
   // The default's options changed (prefill_attention_sm90.h: PrefillSm90Options): persistent
   // blocks instead of a block per work item; a TMA box per 64-element column at head dim 128
-  // instead of one for both; and that with the tiles-first order too (as main's kernel was).
+  // instead of one for both; and that with the tiles-first order too (as main's kernel was); a
+  // work item a query head instead of the 4 of a KV head (GQA packing).
   struct PrefillVariant {
     PrefillSm90Options options;
     const char* tag;
@@ -1162,7 +1175,8 @@ int Main(int argc, char** argv) {
   for (const PrefillVariant& v :
        {PrefillVariant{{.persistent = true}, "[persistent]"},
         PrefillVariant{{.paired = false}, "[box per column]"},
-        PrefillVariant{{.heads_first = false, .paired = false}, "[tiles first, box per column]"}}) {
+        PrefillVariant{{.heads_first = false, .paired = false}, "[tiles first, box per column]"},
+        PrefillVariant{{.pack_gqa = false}, "[no GQA packing]"}}) {
     SetPrefillSm90Options(v.options);
     bench.Prefill({8192}, 128, std::string("prefill attention ") + v.tag, 0);
     bench.Prefill({2048, 2048, 2048, 2048}, 128, std::string("prefill attention (4 seqs) ") + v.tag,
@@ -1193,8 +1207,21 @@ int Main(int argc, char** argv) {
       bench.Prefill(batch.lens, 128, name + " [a block an item]", 0);
       SetPrefillSm90Options({.persistent = true});
       bench.Prefill(batch.lens, 128, name + " [persistent]", 0);
+      SetPrefillSm90Options({.pack_gqa = false});
+      bench.Prefill(batch.lens, 128, name + " [no GQA packing]", 0);
       SetPrefillSm90Options({});
     }
+  }
+  // Few new tokens a sequence after a cached prefix (speculative decoding's drafts, chunked
+  // prefill's short pieces): a query tile of 128 rows a head holds a few tokens, where GQA
+  // packing (PrefillSm90Options::pack_gqa) fills it with 4 heads' rows.
+  for (auto [seqs, len] : {std::pair{256, 4}, {128, 8}, {64, 16}, {32, 64}}) {
+    const std::string name = "prefill attention (" + std::to_string(seqs) + " x " +
+                             std::to_string(len) + " after 1024)";
+    bench.Prefill(std::vector<int32_t>(seqs, len), 128, name, 0, 0, 0, 1024);
+    SetPrefillSm90Options({.pack_gqa = false});
+    bench.Prefill(std::vector<int32_t>(seqs, len), 128, name + " [no GQA packing]", 0, 0, 0, 1024);
+    SetPrefillSm90Options({});
   }
   bench.Sampling();
   bench.SsmDecode();

@@ -47,7 +47,7 @@
 //        [--json FILE] [--timeline FILE] [--draw greedy|sample|masked]
 //        [--tune-prefill-gemms] [--no-fuse-residual-gemm] [--sm90-gated-gemm]
 //        [--no-add-norm-fold] [--gemm-table] [--mixed] [--no-split-attention]
-//        [--f8-skinny-cuda-cores]
+//        [--f8-skinny-cuda-cores] [--no-gqa-packing]
 //
 // --mixed: after the decode and prefill steps, one step of each batch's decodes (at --context)
 // together with the prefill's sequences (--prefill-seqs x --prefill-tokens from position 0), as a
@@ -73,7 +73,9 @@
 // candidate, on random data (PrefillGemmTable).
 //
 // --f8-skinny-cuda-cores: FP8's products of 2 to 8 tokens on the CUDA-core kernel instead of the
-// tensor-core one (fp8.h: SetF8SkinnyTensorCores), as before 2026-11-28.
+// tensor-core one (fp8.h: SetF8SkinnyTensorCores), as before 2026-11-28. --no-gqa-packing: the
+// Hopper prefill attention kernel's work items a query head each instead of a KV head's query
+// heads together (prefill_attention_sm90.h: PrefillSm90Options::pack_gqa), as before 2026-11-29.
 //
 // --cuda-kernel-path portable runs the kernels' portable path (sm_80's: no bulk copies, no
 // programmatic dependent launch) on a Hopper GPU; the output's "kernels:" line says which path ran
@@ -108,6 +110,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/random_fill.h"
 #include "nlohmann/json.hpp"
 
@@ -135,6 +138,7 @@ struct Options {
   int64_t l2_prefetch_bytes = 0;
   bool skinny_split_k = true;
   bool f8_skinny_tensor_cores = true;
+  bool pack_gqa = true;
   bool ssm_decode_late_dependents = false;
   bool ssm_prefill_legacy = false;
   int ssm_scan_warps = 0;
@@ -161,7 +165,8 @@ int Usage(const char* message) {
                "[--prefill-tokens 1024] [--iters 30] [--no-graphs] "
                "[--decode-gemm auto|blas|skinny] [--no-pdl] [--cuda-kernel-path auto|portable] "
                "[--no-fp32-residual] [--no-ssm-norm-fusion] [--l2-prefetch-mib N] "
-               "[--no-skinny-split-k] [--f8-skinny-cuda-cores] [--ssm-decode-late-dependents] "
+               "[--no-skinny-split-k] [--f8-skinny-cuda-cores] [--no-gqa-packing] "
+               "[--ssm-decode-late-dependents] "
                "[--ssm-prefill-legacy] "
                "[--ssm-scan-warps 4|8] "
                "[--tensor-parallel-size N] [--quantization auto|none|fp8|gguf|q8_0|q4_0|q4_k|q6_k] "
@@ -503,6 +508,7 @@ int Run(const Options& o) {
   config.fold_add_norm = o.fold_add_norm;
   config.split_mixed_attention = o.split_mixed_attention;
   kernels::cuda::SetF8SkinnyTensorCores(o.f8_skinny_tensor_cores);
+  kernels::cuda::SetPrefillSm90Options({.pack_gqa = o.pack_gqa});
   auto runner = engine::ModelRunner::Create(**checkpoint, config);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
@@ -609,6 +615,7 @@ int Run(const Options& o) {
       {"skinny_l2_prefetch_bytes", o.l2_prefetch_bytes},
       {"skinny_split_k", o.skinny_split_k},
       {"f8_skinny_tensor_cores", o.f8_skinny_tensor_cores},
+      {"pack_gqa", o.pack_gqa},
       {"ssm_decode_late_dependents", o.ssm_decode_late_dependents},
       {"ssm_prefill_legacy", o.ssm_prefill_legacy},
       {"ssm_scan_warps", o.ssm_scan_warps},
@@ -857,6 +864,8 @@ int main(int argc, char** argv) {
       o.skinny_split_k = false;
     } else if (arg == "--f8-skinny-cuda-cores") {
       o.f8_skinny_tensor_cores = false;
+    } else if (arg == "--no-gqa-packing") {
+      o.pack_gqa = false;
     } else if (arg == "--ssm-decode-late-dependents") {
       o.ssm_decode_late_dependents = true;
     } else if (arg == "--ssm-prefill-legacy") {

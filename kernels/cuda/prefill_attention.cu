@@ -376,7 +376,7 @@ cudaError_t LaunchPrefillPlan(const PrefillAttentionParams& p, cudaStream_t stre
   if (!p.Validate().ok()) return cudaErrorInvalidValue;
   if (p.num_seqs == 0) return cudaSuccess;
   const int rows = ChoosePrefillKernel(p) == PrefillKernelKind::kWgmmaSm90
-                       ? kPrefillSm90BlockRows
+                       ? PrefillSm90TileTokens(p)
                        : static_cast<int>(PrefillBlockRows(p.head_dim));
   PrefillPlanKernel<<<1, kPlanThreads, 0, stream>>>(p.query_start, static_cast<int>(p.num_seqs),
                                                    rows,

@@ -3,7 +3,9 @@
 //
 // Work items are (query tile of 128 rows, head) pairs, the tile plan of prefill_attention.cu (at
 // 128 rows for every head dim), longest tiles first and heads fastest (a KV head's query heads
-// side by side). A block takes one item, or, for batches of short queries (PrefillSm90Options),
+// side by side). With GQA packing (PrefillSm90Options::pack_gqa) an item's 128 rows are 128 / P
+// tokens of P query heads of one KV head, token by token (row r: token r / P, head r % P), so a
+// K or V tile serves P heads; the rows' positions, the masks and the output follow r / P. A block takes one item, or, for batches of short queries (PrefillSm90Options),
 // persistent blocks (a block a multiprocessor) take items in turn; both run the same code. A block
 // has three warpgroups:
 //   - the producer: warp 0 loads Q (once the consumers are done with the last item's) and K,
@@ -136,6 +138,8 @@ struct Sm90Args {
   int window;         // the sliding window, 0 for none (kMasking)
   float out_scale;    // the output's factor: v_scale (kF8), else 1
   int heads_fastest;  // the work items' order: heads fastest (else tiles fastest)
+  int pack_shift;     // log2 of the query heads an item takes (P above; 0 without packing)
+  int tile_tokens;    // a query tile's tokens: kBlockM >> pack_shift (the plan's rows)
   int head_dim;       // <= kHeadDim: the tensors' (80 and 96 run padded to 128, reading zeros)
 };
 
@@ -205,23 +209,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // The work items, (query tile, head) pairs: block b takes items b, b + gridDim.x, ... (one item
-  // per block when the grid has one block per item), the longest tiles first (a sequence's later
-  // tiles reach more keys), heads fastest unless a.heads_fastest is 0.
+  // The work items, (query tile, head) pairs, or with packing (query tile, P heads from *head):
+  // block b takes items b, b + gridDim.x, ... (one item per block when the grid has one block per
+  // item), the longest tiles first (a sequence's later tiles reach more keys), heads fastest
+  // unless a.heads_fastest is 0.
   const int num_tiles = a.tile_start[a.num_seqs];
-  const int num_items = num_tiles * a.num_heads;
+  const int pack = 1 << a.pack_shift;
+  const int num_units = a.num_heads >> a.pack_shift;  // an item's heads: a unit
+  const int num_items = num_tiles * num_units;
   auto locate = [&](int item, PrefillTile* t, int* head) {
-    int tile_index;
+    int tile_index, unit;
     if (a.heads_fastest) {
-      *head = item % a.num_heads;
-      tile_index = num_tiles - 1 - item / a.num_heads;
+      unit = item % num_units;
+      tile_index = num_tiles - 1 - item / num_units;
     } else {
-      *head = item / num_tiles;
+      unit = item / num_tiles;
       tile_index = num_tiles - 1 - item % num_tiles;
     }
-    LocatePrefillTile(tile_index, kBlockM, a.num_seqs, a.tile_start, a.query_start,
+    *head = unit << a.pack_shift;
+    LocatePrefillTile(tile_index, a.tile_tokens, a.num_seqs, a.tile_start, a.query_start,
                       a.context_lens, t);
   };
+  // Row r of an item: token r / P of its tile, head *head + r % P.
+  auto row_token = [&](int r) { return r >> a.pack_shift; };
   // Stage and phase of the ring's g-th tile (counted over the block's items).
   auto stage_of = [](int g) { return g % kStages; };
   auto phase_of = [](int g) { return static_cast<uint32_t>((g / kStages) & 1); };
@@ -264,12 +274,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int first_key = PrefillFirstKey(t.first_pos, kMasking ? a.window : 0);
       const int first_tile = first_key / kBlockN;  // the tiles before hold no key of the item's
       if (tid == 0) {  // Q, once the consumers are done with the last item's
+        // A box is a group's 64 rows: 64 / P tokens of P heads (q_map's box).
         MbarrierWait(q_empty, (items_done & 1) ^ 1);
         MbarrierArriveExpectTx(q_full, 2 * Shape::kQGroupBytes);
         for (int group = 0; group < 2; ++group) {
           for (int c = 0; c < Shape::kColumns; ++c) {
             sm90::TmaLoad3d(s_q + group * Shape::kQGroupBytes + c * Shape::kQColumnBytes, &q_map,
-                            c * 64, head, t.seq_token0 + t.row0 + group * 64, q_full);
+                            c * 64, head, t.seq_token0 + t.row0 + row_token(group * 64), q_full);
           }
         }
       }
@@ -553,11 +564,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     kv_end = min(t.context_len, first_pos + t.rows);
     const int num_kv_tiles = (kv_end + kBlockN - 1) / kBlockN;
     first_tile = PrefillFirstKey(first_pos, kMasking ? a.window : 0) / kBlockN;
-    const int group_first_pos = first_pos + group * 64;
-    pos_a = group_first_pos + row_a;
-    pos_b = pos_a + 8;
+    // This group's rows' positions: the first and last, and this thread's two.
+    const int group_first_pos = first_pos + row_token(group * 64);
+    const int group_last_pos = first_pos + row_token(group * 64 + 63);
+    pos_a = first_pos + row_token(group * 64 + row_a);
+    pos_b = first_pos + row_token(group * 64 + row_a + 8);
     // The tiles with a key at or before this group's last row: a prefix of the item's tiles.
-    const int group_tiles = min(num_kv_tiles, (group_first_pos + 63) / kBlockN + 1);
+    const int group_tiles = min(num_kv_tiles, group_last_pos / kBlockN + 1);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     m_a = m_b = -INFINITY;
@@ -600,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // With a window, tiles before window_end may hold keys before some row's window.
       const int window_end =
           kMasking && a.window > 0
-              ? max(0, group_first_pos + 64 - a.window + kBlockN - 1) / kBlockN
+              ? max(0, group_last_pos + 1 - a.window + kBlockN - 1) / kBlockN
               : 0;
       const int stage0 = stage_of(tiles_done);
       MbarrierWait(k_full + stage0, phase_of(tiles_done));
@@ -673,17 +686,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float inv_b = l_b > 0.0f ? a.out_scale / l_b : 0.0f;
     const int64_t out_stride = int64_t{a.num_heads} * a.head_dim;
     const int cta_row_a = group * 64 + row_a, cta_row_b = cta_row_a + 8;
+    const int token_a = row_token(cta_row_a), token_b = row_token(cta_row_b);
     T* out = static_cast<T*>(a.output) + int64_t{t.seq_token0 + t.row0} * out_stride +
              int64_t{head} * a.head_dim + 2 * (lane % 4);
+    T* const out_a = out + token_a * out_stride + (cta_row_a & (pack - 1)) * a.head_dim;
+    T* const out_b = out + token_b * out_stride + (cta_row_b & (pack - 1)) * a.head_dim;
 #pragma unroll
     for (int c = 0; c < kHeadDim / 8; ++c) {
       if (c * 8 >= a.head_dim) break;  // the padding's columns (all zero)
-      if (cta_row_a < t.rows) {
-        *reinterpret_cast<uint32_t*>(out + cta_row_a * out_stride + c * 8) =
+      if (token_a < t.rows) {
+        *reinterpret_cast<uint32_t*>(out_a + c * 8) =
             Pack2<T>(o[4 * c] * inv_a, o[4 * c + 1] * inv_a);
       }
-      if (cta_row_b < t.rows) {
-        *reinterpret_cast<uint32_t*>(out + cta_row_b * out_stride + c * 8) =
+      if (token_b < t.rows) {
+        *reinterpret_cast<uint32_t*>(out_b + c * 8) =
             Pack2<T>(o[4 * c + 2] * inv_b, o[4 * c + 3] * inv_b);
       }
     }
@@ -694,12 +710,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // A 3-D map over 16-bit elements [dim2][dim1][dim0] (dim0 contiguous), boxes of
-// 64 x 1 x box_rows, 128-byte swizzle, zeros out of bounds.
+// 64 x box1 x box_rows, 128-byte swizzle, zeros out of bounds.
 bool EncodeMap(CUtensorMap* map, DType dtype, const void* base, uint64_t dim0, uint64_t dim1,
-               uint64_t dim2, uint64_t stride1_bytes, uint64_t stride2_bytes, uint32_t box_rows) {
+               uint64_t dim2, uint64_t stride1_bytes, uint64_t stride2_bytes, uint32_t box_rows,
+               uint32_t box1 = 1) {
   const cuuint64_t dims[3] = {dim0, dim1, dim2};
   const cuuint64_t strides[2] = {stride1_bytes, stride2_bytes};
-  const cuuint32_t box[3] = {64, 1, box_rows};
+  const cuuint32_t box[3] = {64, box1, box_rows};
   return EncodeSwizzled16(map, dtype, base, 3, dims, strides, box);
 }
 
@@ -737,6 +754,20 @@ std::atomic<PrefillSm90Loop> loop_choice{PrefillSm90Loop::kPingpong};
 std::mutex options_mu;
 PrefillSm90Options options_choice;  // guarded by options_mu
 
+PrefillSm90Options CurrentOptions() {
+  std::lock_guard<std::mutex> lock(options_mu);
+  return options_choice;
+}
+
+// PrefillSm90Pack: the largest power of two up to 8 that divides the group, with pack_gqa.
+int PackOf(const PrefillAttentionParams& p, const PrefillSm90Options& options) {
+  if (!options.pack_gqa || p.num_kv_heads <= 0) return 1;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  int pack = 1;
+  while (pack < 8 && group % (2 * pack) == 0) pack *= 2;
+  return pack;
+}
+
 template <typename Kernel>
 cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtensorMap& q_map,
                          const CUtensorMap& k_map, const CUtensorMap& v_map, const Sm90Args& a,
@@ -749,11 +780,7 @@ cudaError_t LaunchKernel(Kernel kernel, int smem_bytes, dim3 grid, const CUtenso
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
-  PrefillSm90Options options;
-  {
-    std::lock_guard<std::mutex> lock(options_mu);
-    options = options_choice;
-  }
+  const PrefillSm90Options options = CurrentOptions();
   const int64_t query_stride = p.query_stride != 0 ? p.query_stride : p.num_heads * p.head_dim;
   const int64_t head_dim = p.head_dim;  // kHeadDim, or 80 or 96 under kHeadDim 128
   const int box_rows = static_cast<int>(std::min<int64_t>(p.block_size, Sm90BlockN(kHeadDim)));
@@ -783,8 +810,10 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
               EncodeMap(&v_map, p.dtype, p.value_cache, head_dim, p.num_kv_heads, num_slots,
                         head_dim * 2, p.num_kv_heads * head_dim * 2, box_rows);
   }
+  // Q: a consumer group's 64 rows a box, 64 / pack tokens of pack heads.
+  const int pack = PackOf(p, options);
   if (!kv_maps || !EncodeMap(&q_map, p.dtype, p.query, head_dim, p.num_heads, p.num_tokens,
-                             head_dim * 2, query_stride * 2, 64)) {
+                             head_dim * 2, query_stride * 2, 64 / pack, pack)) {
     return cudaErrorInvalidValue;
   }
   constexpr float kLog2e = 1.4426950408889634f;
@@ -808,8 +837,11 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.out_scale = f8 ? p.v_scale : 1.0f;
   a.head_dim = static_cast<int>(head_dim);
   // At most this many work items (the plan, on the device, has the exact count).
-  const int64_t max_items = (CeilDiv(p.num_tokens, kBlockM) + p.num_seqs) * p.num_heads;
+  const int64_t max_items =
+      (CeilDiv(p.num_tokens, int64_t{kBlockM / pack}) + p.num_seqs) * (p.num_heads / pack);
   a.heads_fastest = options.heads_first ? 1 : 0;
+  while ((1 << a.pack_shift) < pack) ++a.pack_shift;
+  a.tile_tokens = kBlockM / pack;
   int64_t blocks = max_items;  // one item a block
   if (options.persistent ||
       (options.persistent_short && p.num_tokens <= kPrefillSm90ShortRows * p.num_seqs)) {
@@ -865,6 +897,10 @@ bool PrefillSm90Supports(const PrefillAttentionParams& p) {
 }
 
 void SetPrefillSm90Loop(PrefillSm90Loop loop) { loop_choice.store(loop); }
+int PrefillSm90Pack(const PrefillAttentionParams& p) { return PackOf(p, CurrentOptions()); }
+int PrefillSm90TileTokens(const PrefillAttentionParams& p) {
+  return kBlockM / PrefillSm90Pack(p);
+}
 void SetPrefillSm90Options(const PrefillSm90Options& options) {
   std::lock_guard<std::mutex> lock(options_mu);
   options_choice = options;

@@ -12,8 +12,9 @@
 
 namespace lmserve::kernels::cuda {
 
-// Query rows of the sm_90a kernel's work items at every head dim: the tile plan's rows when it
-// runs (LaunchPrefillPlan; the mma.sync kernel's are PrefillBlockRows).
+// Query rows of the sm_90a kernel's work items at every head dim: a tile of this many tokens of
+// one head, or, with GQA packing (PrefillSm90Options::pack_gqa), of 128 / pack tokens of `pack`
+// query heads that share a KV head (PrefillSm90TileTokens: the tile plan's rows when it runs).
 constexpr int kPrefillSm90BlockRows = 128;
 // PrefillSm90Options::persistent_short's bound on the batch's mean query length.
 constexpr int kPrefillSm90ShortRows = 512;
@@ -56,8 +57,19 @@ struct PrefillSm90Options {
   int max_blocks = 0;  // persistent: at most this many blocks (0: the multiprocessors; tests)
   bool heads_first = true;  // items' order: longest tiles first, heads fastest (else tiles fastest)
   bool paired = true;  // head dim 128: one TMA box for both 64-element columns of a cache block
+  // GQA packing (FlashAttention-3's PackGQA): a work item takes the query heads of one KV head
+  // together (up to 8, a power of two that divides the group), their rows token by token in its
+  // 128 (token i's heads in rows i * pack ... i * pack + pack - 1), so that each K and V tile is
+  // loaded once for all of them instead of once a head. At the default block size a tile is 8
+  // TMA boxes, and the boxes' count is what the loads cost (bench/results section 16).
+  bool pack_gqa = true;
 };
 void SetPrefillSm90Options(const PrefillSm90Options& options);
+// The query heads a work item of the sm_90a kernel takes for these params under the current
+// options (1 without packing), and its tile's tokens, kPrefillSm90BlockRows / pack: the tile
+// plan's rows. A plan computed under one setting of pack_gqa must not be run under another.
+int PrefillSm90Pack(const PrefillAttentionParams& params);
+int PrefillSm90TileTokens(const PrefillAttentionParams& params);
 // REQUIRES: params valid, PrefillSm90Supports(params), the tile plan in params.workspace.
 cudaError_t LaunchPrefillSm90(const PrefillAttentionParams& params, cudaStream_t stream);
 

@@ -742,6 +742,19 @@ TEST(PrefillAttentionGpuTest, HopperKernelTakesTheCommonShapes) {
                     "never runs here";
   }
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
+  // GQA packing: an item takes the 4 query heads of a KV head, tiles of 32 tokens; up to 8 heads,
+  // the largest power of two that divides the group; none when switched off.
+  EXPECT_EQ(PrefillSm90Pack(p), 4);
+  EXPECT_EQ(PrefillSm90TileTokens(p), 32);
+  for (auto [heads, pack] : {std::pair{8, 1}, {16, 2}, {48, 2}, {64, 8}, {128, 8}}) {
+    p.num_heads = heads;
+    EXPECT_EQ(PrefillSm90Pack(p), pack) << heads << " heads";
+  }
+  p.num_heads = 32;
+  SetPrefillSm90Options({.pack_gqa = false});
+  EXPECT_EQ(PrefillSm90Pack(p), 1);
+  EXPECT_EQ(PrefillSm90TileTokens(p), 128);
+  SetPrefillSm90Options({});
   p.head_dim = 64;
   EXPECT_EQ(ChoosePrefillKernel(p), PrefillKernelKind::kWgmmaSm90);
   for (int64_t block_size : {8, 32, 64, 128, 256}) {
@@ -817,7 +830,10 @@ TEST(PrefillAttentionGpuTest, HopperKernelShapesPingpong) {
         Variant{{.persistent = true, .max_blocks = 3, .paired = false},
                 "persistent, on 3 blocks, a box per column"},
         Variant{{.heads_first = false, .paired = false}, "tiles first, a box per column"},
-        Variant{{.persistent_short = false}, "a block an item, short queries too"}}) {
+        Variant{{.persistent_short = false}, "a block an item, short queries too"},
+        Variant{{.pack_gqa = false}, "a head an item (no GQA packing)"},
+        Variant{{.persistent = true, .max_blocks = 3, .pack_gqa = false},
+                "persistent, on 3 blocks, no GQA packing"}}) {
     SCOPED_TRACE(v.name);
     SetPrefillSm90Options(v.options);
     RunHopperKernelShapes();
@@ -841,6 +857,10 @@ void RunHopperKernelShapes() {
       RunPrefillCase(DType::kBF16, 1, group, head_dim, kMixedBatch, {}, {16, true});
     }
     RunPrefillCase(DType::kF16, 2, 4, head_dim, chunked, {}, {16, true});
+    // GQA packing's other widths: 2 heads an item (groups of 2 and 6), 8 of a group of 16.
+    RunPrefillCase(DType::kBF16, 2, 2, head_dim, chunked, {}, {16, true});
+    RunPrefillCase(DType::kBF16, 1, 6, head_dim, kMixedBatch, {}, {32, true});
+    RunPrefillCase(DType::kBF16, 1, 16, head_dim, chunked, {33, 0.0f, true}, {16, true});
   }
   // Head dims 80 and 96: the head-dim-128 kernel over boxes whose columns past the head dim read
   // as zeros.
