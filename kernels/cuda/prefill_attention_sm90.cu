@@ -139,7 +139,6 @@ struct Sm90Args {
   float out_scale;    // the output's factor: v_scale (kF8), else 1
   int heads_fastest;  // the work items' order: heads fastest (else tiles fastest)
   int pack_shift;     // log2 of the query heads an item takes (P above; 0 without packing)
-  int tile_tokens;    // a query tile's tokens: kBlockM >> pack_shift (the plan's rows)
   int head_dim;       // <= kHeadDim: the tensors' (80 and 96 run padded to 128, reading zeros)
 };
 
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_index = num_tiles - 1 - item % num_tiles;
     }
     *head = unit << a.pack_shift;
-    LocatePrefillTile(tile_index, a.tile_tokens, a.num_seqs, a.tile_start, a.query_start,
+    LocatePrefillTile(tile_index, kBlockM >> a.pack_shift, a.num_seqs, a.tile_start, a.query_start,
                       a.context_lens, t);
   };
   // Row r of an item: token r / P of its tile, head *head + r % P.
@@ -836,12 +835,12 @@ cudaError_t LaunchTyped(const PrefillAttentionParams& p, cudaStream_t stream) {
   a.window = p.window;
   a.out_scale = f8 ? p.v_scale : 1.0f;
   a.head_dim = static_cast<int>(head_dim);
-  // At most this many work items (the plan, on the device, has the exact count).
+  // At most this many work items (the plan, on the device, has the exact count; its tiles are
+  // kBlockM / pack tokens).
   const int64_t max_items =
       (CeilDiv(p.num_tokens, int64_t{kBlockM / pack}) + p.num_seqs) * (p.num_heads / pack);
   a.heads_fastest = options.heads_first ? 1 : 0;
   while ((1 << a.pack_shift) < pack) ++a.pack_shift;
-  a.tile_tokens = kBlockM / pack;
   int64_t blocks = max_items;  // one item a block
   if (options.persistent ||
       (options.persistent_short && p.num_tokens <= kPrefillSm90ShortRows * p.num_seqs)) {
